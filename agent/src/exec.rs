@@ -1,0 +1,223 @@
+//! Running one command: spawn in its own session, feed stdin, collect capped output, enforce
+//! the timeout on the whole process group.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use farm_protocol::{AgentError, ErrorKind, ExecRequest, ExecResult, Program};
+
+use crate::sys;
+
+/// How long output is still collected after the command exited, when a background process
+/// it started keeps the pipes open.
+const GRACE_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+pub struct Output {
+    pub result: ExecResult,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Output kept up to a cap; the rest is counted and dropped.
+struct Capped {
+    data: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+    open: bool,
+}
+
+impl Capped {
+    fn new(cap: u64) -> Self {
+        Capped { data: Vec::new(), cap: cap.min(usize::MAX as u64) as usize, truncated: false, open: true }
+    }
+
+    fn take(&mut self, bytes: &[u8]) {
+        let room = self.cap.saturating_sub(self.data.len());
+        if bytes.len() > room {
+            self.truncated = true;
+        }
+        self.data.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<Output, AgentError> {
+    let mut command = match &req.program {
+        Program::Argv(argv) => {
+            let Some((program, args)) = argv.split_first() else {
+                return Err(AgentError { kind: ErrorKind::BadRequest, message: "argv is empty".into() });
+            };
+            let mut c = Command::new(program);
+            c.args(args);
+            c
+        }
+        Program::Shell(script) => {
+            let mut c = Command::new("/bin/sh");
+            c.arg("-c").arg(script);
+            c
+        }
+    };
+    let cwd = req.cwd.clone().unwrap_or_else(default_cwd);
+    command.env_clear().envs(base_env.iter().map(|(k, v)| (k, v))).envs(&req.env).current_dir(&cwd);
+    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: child_setup only calls async-signal-safe functions (setsid, open, write, close).
+    unsafe {
+        command.pre_exec(sys::child_setup);
+    }
+
+    let started = Instant::now();
+    let mut child = command.spawn().map_err(|e| {
+        let what = match &req.program {
+            Program::Argv(argv) => format!("{:?}", argv[0]),
+            Program::Shell(_) => "/bin/sh".to_string(),
+        };
+        AgentError { kind: ErrorKind::Spawn, message: format!("cannot start {what} in {cwd:?}: {e}") }
+    })?;
+    let deadline = req.timeout_ms.map(|ms| started + Duration::from_millis(ms));
+    let (stdout, stderr, timed_out) = pump(&mut child, stdin, req, deadline)
+        .map_err(|e| AgentError { kind: ErrorKind::Internal, message: format!("collecting output failed: {e}") })?;
+    let status = wait(&mut child, if timed_out { None } else { deadline });
+    let (status, timed_out) = match status {
+        Some(status) => (status, timed_out),
+        None => {
+            // Pipes closed but the process lives on past the deadline.
+            sys::kill_group(child.id());
+            (child.wait().map_err(|e| AgentError { kind: ErrorKind::Internal, message: e.to_string() })?, true)
+        }
+    };
+    let duration_us = started.elapsed().as_micros() as u64;
+    Ok(Output {
+        result: ExecResult {
+            exit_code: status.code(),
+            signal: status.signal(),
+            timed_out,
+            stdout_len: stdout.data.len() as u64,
+            stderr_len: stderr.data.len() as u64,
+            stdout_truncated: stdout.truncated,
+            stderr_truncated: stderr.truncated,
+            duration_us,
+        },
+        stdout: stdout.data,
+        stderr: stderr.data,
+    })
+}
+
+fn default_cwd() -> String {
+    if std::path::Path::new("/workspace").is_dir() {
+        "/workspace".into()
+    } else {
+        "/".into()
+    }
+}
+
+/// Moves bytes between the command's pipes and memory until both output pipes close, the
+/// command has exited and a short grace passed, or the deadline passes (then the process
+/// group is killed and `timed_out` is true).
+fn pump(child: &mut Child, stdin: &[u8], req: &ExecRequest, deadline: Option<Instant>) -> io::Result<(Capped, Capped, bool)> {
+    let mut child_stdin = child.stdin.take();
+    let mut child_stdout = child.stdout.take().expect("piped");
+    let mut child_stderr = child.stderr.take().expect("piped");
+    for fd in [child_stdout.as_raw_fd(), child_stderr.as_raw_fd()] {
+        sys::set_nonblocking(fd, true)?;
+    }
+    if let Some(s) = &child_stdin {
+        sys::set_nonblocking(s.as_raw_fd(), true)?;
+    }
+    if stdin.is_empty() {
+        child_stdin = None; // closes it: the command sees end of input at once
+    }
+    let mut written = 0usize;
+    let mut out = Capped::new(req.stdout_cap);
+    let mut err = Capped::new(req.stderr_cap);
+    let mut exited_at: Option<Instant> = None;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if !out.open && !err.open {
+            return Ok((out, err, false));
+        }
+        let now = Instant::now();
+        if let Some(deadline) = deadline {
+            if now >= deadline {
+                sys::kill_group(child.id());
+                return Ok((out, err, true));
+            }
+        }
+        if let Some(at) = exited_at {
+            if now >= at + GRACE_AFTER_EXIT {
+                return Ok((out, err, false));
+            }
+        }
+        let mut fds = Vec::with_capacity(3);
+        if out.open {
+            fds.push(libc::pollfd { fd: child_stdout.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        if err.open {
+            fds.push(libc::pollfd { fd: child_stderr.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        if let Some(s) = &child_stdin {
+            fds.push(libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLOUT, revents: 0 });
+        }
+        let mut timeout = Duration::from_millis(50);
+        if let Some(deadline) = deadline {
+            timeout = timeout.min(deadline.saturating_duration_since(now) + Duration::from_millis(1));
+        }
+        sys::poll(&mut fds, timeout.as_millis() as i32)?;
+        for pfd in &fds {
+            if pfd.revents == 0 {
+                continue;
+            }
+            if pfd.fd == child_stdout.as_raw_fd() {
+                drain(&mut child_stdout, &mut out, &mut buf)?;
+            } else if pfd.fd == child_stderr.as_raw_fd() {
+                drain(&mut child_stderr, &mut err, &mut buf)?;
+            } else if let Some(s) = &mut child_stdin {
+                match s.write(&stdin[written..]) {
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    // The command closed its input early (EPIPE): that is its business.
+                    Err(_) => written = stdin.len(),
+                }
+                if written >= stdin.len() {
+                    child_stdin = None;
+                }
+            }
+        }
+        if exited_at.is_none() && child.try_wait()?.is_some() {
+            exited_at = Some(Instant::now());
+        }
+    }
+}
+
+fn drain(pipe: &mut impl Read, into: &mut Capped, buf: &mut [u8]) -> io::Result<()> {
+    loop {
+        match pipe.read(buf) {
+            Ok(0) => {
+                into.open = false;
+                return Ok(());
+            }
+            Ok(n) => into.take(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Waits for the command to exit, until `deadline` if one is given.
+fn wait(child: &mut Child, deadline: Option<Instant>) -> Option<ExitStatus> {
+    let mut pause = Duration::from_micros(100);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            Err(_) => return child.wait().ok(),
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,310 @@
+//! `farm-agent`: the guest side of farm.
+//!
+//! It is the guest's `/sbin/init` (PID 1). As PID 1 it mounts the pseudo file systems, brings
+//! up loopback, sets the hostname, then forks the *server* process and spends its life
+//! reaping orphans and restarting the server should it die. The server opens the
+//! virtio-serial port named [`farm_protocol::PORT_NAME`] and answers the host's requests, each
+//! on a thread of its own so several can be in flight.
+//!
+//! Outside a guest (`farm-agent --port PATH`) it serves a given file or FIFO, which is how
+//! the protocol is exercised without a VM.
+
+mod exec;
+mod sys;
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use farm_protocol::{
+    AgentError, Envelope, ErrorKind, FrameError, Pong, ReadFileRequest, Request, Response, WriteFileRequest,
+    DEFAULT_MAX_FRAME_BYTES, PORT_NAME, PROTOCOL_VERSION,
+};
+
+const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn log(msg: &str) {
+    // PID 1's stdout/stderr is /dev/console: the serial log the host keeps.
+    eprintln!("farm-agent: {msg}");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--port") {
+        let Some(path) = args.get(2) else {
+            eprintln!("usage: farm-agent --port PATH");
+            std::process::exit(2);
+        };
+        serve(Path::new(path));
+    }
+    if std::process::id() != 1 {
+        eprintln!("farm-agent runs as the guest's init (PID 1), or as `farm-agent --port PATH`");
+        std::process::exit(2);
+    }
+    init();
+}
+
+/// PID 1: prepare the system, then supervise the server and reap every orphan.
+fn init() -> ! {
+    prepare_system();
+    loop {
+        match sys::fork() {
+            Ok(sys::Forked::Child) => {
+                sys::protect_from_oom();
+                serve_guest_port();
+            }
+            Ok(sys::Forked::Parent(server)) => {
+                // Reap until the server itself exits; then start a new one.
+                while let Some(pid) = sys::wait_any() {
+                    if pid == server {
+                        log("server exited; restarting it");
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                log(&format!("fork failed: {e}; retrying"));
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+fn prepare_system() {
+    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
+    let mounts: [(&str, &str, &str, libc::c_ulong, &str); 7] = [
+        ("proc", "/proc", "proc", nosuid_nodev | libc::MS_NOEXEC, ""),
+        ("sysfs", "/sys", "sysfs", nosuid_nodev | libc::MS_NOEXEC, ""),
+        ("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID, "mode=0755"),
+        ("devpts", "/dev/pts", "devpts", libc::MS_NOSUID | libc::MS_NOEXEC, "ptmxmode=0666,gid=5,mode=0620"),
+        ("tmpfs", "/dev/shm", "tmpfs", nosuid_nodev, "mode=1777"),
+        ("tmpfs", "/tmp", "tmpfs", nosuid_nodev, "mode=1777"),
+        ("tmpfs", "/run", "tmpfs", nosuid_nodev, "mode=0755"),
+    ];
+    for (source, target, fstype, flags, data) in mounts {
+        if let Err(e) = sys::mount(source, target, fstype, flags, data) {
+            log(&format!("mounting {fstype} on {target} failed: {e}"));
+        }
+    }
+    if let Err(e) = sys::loopback_up() {
+        log(&format!("bringing up loopback failed: {e}"));
+    }
+    let hostname = std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "farm".into());
+    let _ = sys::set_hostname(hostname.trim());
+    std::env::set_var("PATH", BASE_PATH);
+}
+
+/// Finds the agent's virtio-serial port by its name in sysfs.
+fn find_port() -> Option<PathBuf> {
+    for entry in std::fs::read_dir("/sys/class/virtio-ports").ok()?.flatten() {
+        let name = std::fs::read_to_string(entry.path().join("name")).unwrap_or_default();
+        if name.trim() == PORT_NAME {
+            return Some(Path::new("/dev").join(entry.file_name()));
+        }
+    }
+    None
+}
+
+fn serve_guest_port() -> ! {
+    let mut waited = 0;
+    let port = loop {
+        if let Some(port) = find_port() {
+            break port;
+        }
+        if waited % 50 == 0 {
+            log(&format!("waiting for virtio-serial port {PORT_NAME}"));
+        }
+        waited += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    log(&format!("ready on {}", port.display()));
+    serve(&port)
+}
+
+/// Per-agent state shared by request threads.
+struct State {
+    /// Environment every command starts from; the identity request extends it.
+    base_env: Mutex<BTreeMap<String, String>>,
+    writer: Mutex<File>,
+}
+
+fn serve(path: &Path) -> ! {
+    let open = || OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(path);
+    let mut reader = match open() {
+        Ok(f) => f,
+        Err(e) => {
+            log(&format!("cannot open {}: {e}", path.display()));
+            std::process::exit(1);
+        }
+    };
+    let writer = reader.try_clone().expect("dup of the port");
+    let state = Arc::new(State {
+        base_env: Mutex::new(BTreeMap::from([
+            ("PATH".to_string(), BASE_PATH.to_string()),
+            ("HOME".to_string(), "/root".to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+            ("TERM".to_string(), "dumb".to_string()),
+        ])),
+        writer: Mutex::new(writer),
+    });
+    // Announce readiness: a host that is already connected learns at once that the agent
+    // serves (one that connects later pings).
+    if let Ok((pong, _)) = handle(&state, Request::Ping, Vec::new()) {
+        respond(&state, 0, pong, &[]);
+    }
+    loop {
+        match farm_protocol::read_frame_blocking(&mut reader, DEFAULT_MAX_FRAME_BYTES) {
+            Ok((header, body)) => {
+                let state = Arc::clone(&state);
+                let spawned = std::thread::Builder::new()
+                    .stack_size(256 * 1024)
+                    .spawn(move || handle_frame(&state, &header, body));
+                if let Err(e) = spawned {
+                    log(&format!("cannot start a request thread: {e}"));
+                }
+            }
+            // No host on the other end (a virtio port reads 0 bytes while the host side is
+            // closed); wait for one. A frame cut short by a host that went away is dropped.
+            Err(FrameError::Closed) | Err(FrameError::Truncated) => std::thread::sleep(Duration::from_millis(20)),
+            Err(FrameError::Io(e)) => {
+                log(&format!("reading the port failed: {e}"));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            // The stream lost its framing (a bad length): nothing queued behind it can be
+            // trusted. Tell the host, drop what is queued, and carry on.
+            Err(e) => {
+                log(&format!("bad frame from host: {e}"));
+                respond(&state, 0, Response::Error(bad_request(e.to_string())), &[]);
+                std::thread::sleep(Duration::from_millis(50));
+                drain_queued(&mut reader);
+            }
+        }
+    }
+}
+
+fn drain_queued(file: &mut File) {
+    use std::os::fd::AsRawFd;
+    if sys::set_nonblocking(file.as_raw_fd(), true).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = file.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+    let _ = sys::set_nonblocking(file.as_raw_fd(), false);
+}
+
+fn bad_request(message: String) -> AgentError {
+    AgentError { kind: ErrorKind::BadRequest, message }
+}
+
+fn respond(state: &State, id: u64, msg: Response, body: &[u8]) {
+    let envelope = Envelope { v: PROTOCOL_VERSION, id, msg };
+    let frame = farm_protocol::encode_frame(&envelope, body);
+    let mut writer = state.writer.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = writer.write_all(&frame) {
+        log(&format!("writing response {id} failed: {e}"));
+    }
+}
+
+fn handle_frame(state: &State, header: &[u8], body: Vec<u8>) {
+    let envelope: Envelope<Request> = match farm_protocol::decode_header(header) {
+        Ok(envelope) => envelope,
+        Err(e) => {
+            // Answer under the request's id when it can be read at all.
+            let id = serde_json::from_slice::<serde_json::Value>(header)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|id| id.as_u64()))
+                .unwrap_or(0);
+            respond(state, id, Response::Error(bad_request(e.to_string())), &[]);
+            return;
+        }
+    };
+    let id = envelope.id;
+    let (response, response_body) = match handle(state, envelope.msg, body) {
+        Ok(pair) => pair,
+        Err(e) => (Response::Error(e), Vec::new()),
+    };
+    respond(state, id, response, &response_body);
+}
+
+fn io_error(what: String, e: std::io::Error) -> AgentError {
+    AgentError { kind: ErrorKind::Io, message: format!("{what}: {e}") }
+}
+
+fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, Vec<u8>), AgentError> {
+    match request {
+        Request::Ping => Ok((
+            Response::Pong(Pong {
+                protocol_version: PROTOCOL_VERSION,
+                agent_version: env!("CARGO_PKG_VERSION").to_string(),
+                uptime_secs: sys::uptime_secs(),
+            }),
+            Vec::new(),
+        )),
+        Request::Exec(req) => {
+            let env: Vec<(String, String)> =
+                state.base_env.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let output = exec::run(&req, &env, &body)?;
+            let mut out = output.stdout;
+            out.extend_from_slice(&output.stderr);
+            Ok((Response::Exec(output.result), out))
+        }
+        Request::WriteFile(req) => write_file(&req, &body).map(|bytes| (Response::WriteFile { bytes }, Vec::new())),
+        Request::ReadFile(req) => read_file(&req).map(|(size, data)| {
+            let truncated = (data.len() as u64) < size;
+            (Response::ReadFile { size, truncated }, data)
+        }),
+        Request::Quiesce => {
+            sys::sync_all();
+            Ok((Response::Quiesce, Vec::new()))
+        }
+        Request::Identity(req) => {
+            if !body.is_empty() {
+                sys::add_entropy_and_reseed(&body).map_err(|e| io_error("adding entropy to the kernel RNG".into(), e))?;
+            }
+            sys::set_realtime(req.unix_time_ns).map_err(|e| io_error("setting the clock".into(), e))?;
+            if !req.hostname.is_empty() {
+                sys::set_hostname(&req.hostname).map_err(|e| io_error(format!("setting hostname {:?}", req.hostname), e))?;
+            }
+            state.base_env.lock().unwrap_or_else(|p| p.into_inner()).extend(req.env);
+            Ok((Response::Identity, Vec::new()))
+        }
+    }
+}
+
+fn write_file(req: &WriteFileRequest, contents: &[u8]) -> Result<u64, AgentError> {
+    let path = Path::new(&req.path);
+    if req.create_parents {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io_error(format!("creating {}", parent.display()), e))?;
+        }
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(req.mode)
+        .open(path)
+        .map_err(|e| io_error(format!("opening {} for writing", req.path), e))?;
+    file.write_all(contents).map_err(|e| io_error(format!("writing {}", req.path), e))?;
+    // The mode given at creation is filtered by the umask; set it exactly.
+    file.set_permissions(std::fs::Permissions::from_mode(req.mode))
+        .map_err(|e| io_error(format!("setting the mode of {}", req.path), e))?;
+    Ok(contents.len() as u64)
+}
+
+fn read_file(req: &ReadFileRequest) -> Result<(u64, Vec<u8>), AgentError> {
+    let file = File::open(&req.path).map_err(|e| io_error(format!("opening {}", req.path), e))?;
+    let size = file.metadata().map_err(|e| io_error(format!("reading metadata of {}", req.path), e))?.len();
+    let mut data = Vec::new();
+    file.take(req.max_bytes).read_to_end(&mut data).map_err(|e| io_error(format!("reading {}", req.path), e))?;
+    Ok((size.max(data.len() as u64), data))
+}

@@ -1,0 +1,201 @@
+//! Thin wrappers over the system calls the agent needs that std does not offer: mounts, the
+//! kernel RNG, the clock, the hostname, the loopback interface, fork and reaping.
+//!
+//! Every `unsafe` block of the agent lives here.
+
+use std::ffi::CString;
+use std::io;
+
+fn cstring(s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?} contains a NUL byte")))
+}
+
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Mounts `fstype` at `target`; an already mounted target is not an error.
+pub fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &str) -> io::Result<()> {
+    let _ = std::fs::create_dir_all(target);
+    let (source, target, fstype, data) = (cstring(source)?, cstring(target)?, cstring(fstype)?, cstring(data)?);
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
+    let ret = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };
+    match check(ret) {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
+        other => other,
+    }
+}
+
+/// Adds entropy to the kernel RNG (credited) and forces a reseed of the CRNG, so every
+/// fork of one snapshot draws different random numbers from here on.
+pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info: Vec<u8> = Vec::with_capacity(8 + entropy.len());
+    info.extend_from_slice(&((entropy.len() * 8) as i32).to_ne_bytes());
+    info.extend_from_slice(&(entropy.len() as i32).to_ne_bytes());
+    info.extend_from_slice(entropy);
+    // Pad to a multiple of 4 bytes, as the kernel reads __u32 words.
+    while info.len() % 4 != 0 {
+        info.push(0);
+    }
+    // Keep the buffer 4-byte aligned for the kernel's struct view.
+    let words: Vec<u32> = info.chunks(4).map(|c| u32::from_ne_bytes(c.try_into().expect("4 bytes"))).collect();
+    let random = std::fs::OpenOptions::new().write(true).open("/dev/urandom")?;
+    const RNDADDENTROPY: libc::c_ulong = 0x4008_5203; // _IOW('R', 0x03, int[2])
+    const RNDRESEEDCRNG: libc::c_ulong = 0x5207; // _IO('R', 0x07)
+    // SAFETY: `words` holds a complete rand_pool_info whose buf_size matches the bytes that
+    // follow the header; the fd is open for the duration of the call.
+    check(unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY as _, words.as_ptr()) })?;
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    check(unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG as _) })?;
+    Ok(())
+}
+
+/// Steps the wall clock.
+pub fn set_realtime(unix_time_ns: u64) -> io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: (unix_time_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (unix_time_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `ts` is a valid timespec on the stack.
+    check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) })
+}
+
+pub fn set_hostname(name: &str) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `name`'s bytes.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })
+}
+
+/// Brings the loopback interface up so guest programs can use 127.0.0.1.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket(2) call; the fd is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: an all-zero ifreq is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq naming "lo"; the ioctls read and write only it.
+    let result = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            check(libc::ioctl(fd, libc::SIOCSIFFLAGS, &req))
+        }
+    };
+    // SAFETY: fd was returned by socket() above and is not used afterwards.
+    unsafe { libc::close(fd) };
+    result
+}
+
+pub enum Forked {
+    Child,
+    Parent(libc::pid_t),
+}
+
+/// fork(2). Only called while the process has a single thread.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: the caller guarantees the process is single-threaded, so the child does not
+    // inherit locks held by other threads.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid)),
+    }
+}
+
+/// Waits for any child; returns its pid, or None when there is no child.
+pub fn wait_any() -> Option<libc::pid_t> {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid >= 0 {
+            return Some(pid);
+        }
+        match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            _ => return None,
+        }
+    }
+}
+
+/// Runs in a forked child before exec: new session (and process group) so a timeout can
+/// kill everything the command started, and an ordinary OOM score.
+pub fn child_setup() -> io::Result<()> {
+    // SAFETY: setsid is async-signal-safe and takes no pointers.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let path = b"/proc/self/oom_score_adj\0";
+    // SAFETY: open/write/close are async-signal-safe; the buffers are static.
+    unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+        }
+    }
+    Ok(())
+}
+
+/// Sends SIGKILL to a whole process group.
+pub fn kill_group(pgid: u32) {
+    // SAFETY: plain kill(2); a stale group id only yields ESRCH.
+    unsafe { libc::kill(-(pgid as libc::pid_t), libc::SIGKILL) };
+}
+
+pub fn sync_all() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+/// Seconds since boot (CLOCK_BOOTTIME).
+pub fn uptime_secs() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Sets or clears O_NONBLOCK on an fd.
+pub fn set_nonblocking(fd: std::os::fd::RawFd, nonblocking: bool) -> io::Result<()> {
+    // SAFETY: fcntl on an fd the caller owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let flags = if nonblocking { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+        check(libc::fcntl(fd, libc::F_SETFL, flags))
+    }
+}
+
+/// poll(2) over the given fds; returns revents per fd.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
+    // SAFETY: the pointer and length describe a valid slice of pollfd.
+    let ret = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Protects the agent from the guest's OOM killer: a command that exhausts memory is
+/// killed, not the channel to the host.
+pub fn protect_from_oom() {
+    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
+}

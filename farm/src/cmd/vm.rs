@@ -1,0 +1,129 @@
+//! `farm vm run`: boot a microVM, run one command through the guest agent, mirror its
+//! output and exit code.
+
+use std::io::{IsTerminal, Read, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use vmm::{AccelSetting, ExecOptions, GuestArtifacts, Machine, VmSettings};
+
+#[derive(Subcommand)]
+pub enum VmCommand {
+    /// Boot a microVM from an image and run a command in it.
+    ///
+    /// The command's standard input, output and error are passed through; farm exits with
+    /// the command's exit code (128 + signal if it was killed, 124 on timeout).
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Root image: `minimal` (busybox) or `python` (Debian with python3 and git).
+    #[arg(long, default_value = "minimal")]
+    image: String,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(64..=65536))]
+    memory: u32,
+    /// Virtual CPUs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    cpus: u32,
+    /// Kill the command (its whole process group) after this many seconds; exit code 124.
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Environment variable for the command, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Working directory inside the guest (default /workspace).
+    #[arg(long)]
+    workdir: Option<String>,
+    /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
+    #[arg(long, default_value = "auto")]
+    accel: AccelSetting,
+    /// Seconds to wait for the guest agent after starting QEMU.
+    #[arg(long, default_value_t = 60.0)]
+    boot_timeout: f64,
+    /// Print timings (boot, command) to standard error.
+    #[arg(short, long)]
+    verbose: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+/// Bytes of each output stream kept; beyond this the output is cut and a warning printed.
+const OUTPUT_CAP: u64 = 32 << 20;
+
+pub async fn run(command: VmCommand) -> Result<i32> {
+    match command {
+        VmCommand::Run(args) => run_command(args).await,
+    }
+}
+
+async fn run_command(args: RunArgs) -> Result<i32> {
+    let timeout = match args.timeout {
+        Some(t) if !(t > 0.0 && t.is_finite()) => bail!("--timeout must be a positive number of seconds, got {t}"),
+        t => t.map(Duration::from_secs_f64),
+    };
+    let artifacts = GuestArtifacts::locate(&vmm::artifacts::cache_dir(), &args.image)?;
+    let mut settings = VmSettings::detect(args.accel)?;
+    settings.memory_mib = args.memory;
+    settings.cpus = args.cpus;
+    settings.boot_timeout = Duration::from_secs_f64(args.boot_timeout.max(1.0));
+
+    // Standard input goes to the command in full; a terminal gives none.
+    let stdin = if std::io::stdin().is_terminal() {
+        Vec::new()
+    } else {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf).context("reading standard input")?;
+        buf
+    };
+
+    let started = Instant::now();
+    let machine = Machine::boot(&settings, &artifacts.kernel.path, &artifacts.image.path).await?;
+    let booted = started.elapsed();
+    let options = ExecOptions {
+        cwd: args.workdir,
+        env: args.env,
+        stdin,
+        timeout,
+        stdout_cap: OUTPUT_CAP,
+        stderr_cap: OUTPUT_CAP,
+        ..ExecOptions::argv(&args.command)
+    };
+    let output = machine.agent().exec(options).await.with_context(|| {
+        format!("running {:?} in the guest; last lines of the serial console:\n{}", args.command, machine.console_tail(10))
+    })?;
+    let ran = started.elapsed() - booted;
+    machine.shutdown().await;
+
+    std::io::stdout().write_all(&output.stdout).context("writing standard output")?;
+    std::io::stdout().flush().ok();
+    std::io::stderr().write_all(&output.stderr).ok();
+    let r = &output.result;
+    if r.stdout_truncated || r.stderr_truncated {
+        eprintln!("farm: warning: output beyond {OUTPUT_CAP} bytes per stream was dropped");
+    }
+    if args.verbose {
+        eprintln!(
+            "farm: accel {} boot {:.0} ms, command {:.1} ms in guest, {:.1} ms round trip",
+            settings.accel,
+            booted.as_secs_f64() * 1e3,
+            r.duration_us as f64 / 1e3,
+            ran.as_secs_f64() * 1e3
+        );
+    }
+    if r.timed_out {
+        eprintln!("farm: command timed out after {:.1} s and was killed", timeout.unwrap_or_default().as_secs_f64());
+        return Ok(124);
+    }
+    Ok(output.shell_exit_code())
+}

@@ -1,0 +1,58 @@
+//! `farm`: the command line. Parses arguments, then hands each subcommand to its module.
+//!
+//! Every QEMU this process starts dies with it (see `vmm::process`); the panic hook and the
+//! signal handling here only make teardown orderly (run folders removed, exit codes right).
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "farm", version, about = "A rollout farm: microVM snapshots, copy-on-write forks, protected scoring.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run commands in microVMs.
+    #[command(subcommand)]
+    Vm(cmd::vm::VmCommand),
+}
+
+fn main() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        vmm::process::kill_all();
+        default_hook(info);
+    }));
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("starting the async runtime");
+    let code = runtime.block_on(async {
+        let work = async {
+            match cli.command {
+                Command::Vm(command) => cmd::vm::run(command).await,
+            }
+        };
+        tokio::select! {
+            result = work => match result {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("farm: error: {e:#}");
+                    1
+                }
+            },
+            code = cmd::shutdown_signal() => code,
+        }
+    });
+    // Dropping the runtime drops every machine still owned by a task: QEMUs are killed and
+    // run folders removed before the process exits.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    vmm::process::kill_all();
+    std::process::exit(code);
+}

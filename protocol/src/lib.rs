@@ -1,0 +1,404 @@
+//! The wire protocol between the farm host and the guest agent (`farm-agent`).
+//!
+//! Both ends exchange *frames* over one byte stream (a virtio-serial port in the guest, a UNIX
+//! socket on the host). A frame is
+//!
+//! ```text
+//! +-------------+-------------+----------------------+------------------+
+//! | length: u32 | header: u32 | header bytes (JSON)  | body bytes (raw) |
+//! +-------------+-------------+----------------------+------------------+
+//!   big endian    big endian
+//! length = 4 + header length + body length   (the bytes after the length field)
+//! ```
+//!
+//! The header is a JSON [`Envelope`]: the protocol version, the request id that pairs a
+//! response with its request, and the message. Bulk bytes (stdin, file contents, command
+//! output) travel raw in the body so nothing is base64-encoded. Several requests may be in
+//! flight at once; responses come back in any order, matched by id.
+//!
+//! Limits are part of the protocol: a reader refuses a frame longer than its configured
+//! maximum *before* allocating for it, and a header longer than [`MAX_HEADER_BYTES`].
+//! `docs/agent-protocol.md` describes every message.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this protocol. The agent answers requests of another version with an error.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Name of the virtio-serial port the agent listens on (`virtserialport,name=...`).
+pub const PORT_NAME: &str = "org.farm.agent.0";
+
+/// Largest header a reader accepts.
+pub const MAX_HEADER_BYTES: u32 = 1 << 20;
+
+/// Default largest frame a reader accepts (header + body).
+pub const DEFAULT_MAX_FRAME_BYTES: u32 = 96 << 20;
+
+/// Bytes of the two length fields at the start of every frame.
+pub const PREFIX_BYTES: usize = 8;
+
+/// A frame's header: protocol version, request id and message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope<M> {
+    pub v: u32,
+    pub id: u64,
+    pub msg: M,
+}
+
+/// What the host asks of the agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Liveness and version check. Also used after a fork to learn the agent is serving.
+    Ping,
+    /// Run a command. Body: bytes for its standard input.
+    Exec(ExecRequest),
+    /// Write a file. Body: its contents.
+    WriteFile(WriteFileRequest),
+    /// Read a file. The response body holds at most `max_bytes` of it.
+    ReadFile(ReadFileRequest),
+    /// Flush every file system to the disk (before a snapshot).
+    Quiesce,
+    /// Take a new identity after a fork. Body: entropy bytes for the kernel RNG.
+    Identity(IdentityRequest),
+}
+
+/// The program to run: an argument vector, or a string for `/bin/sh -c`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Program {
+    Argv(Vec<String>),
+    Shell(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    pub program: Program,
+    /// Working directory; the agent's default (`/workspace` or `/`) when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Variables added to (and overriding) the agent's base environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Wall-clock limit; on expiry the command's whole process group is killed.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Bytes of standard output kept; the rest is read and dropped.
+    pub stdout_cap: u64,
+    /// Bytes of standard error kept; the rest is read and dropped.
+    pub stderr_cap: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileRequest {
+    pub path: String,
+    /// Permission bits, e.g. `0o644`.
+    pub mode: u32,
+    /// Create missing parent directories.
+    #[serde(default)]
+    pub create_parents: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileRequest {
+    pub path: String,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityRequest {
+    /// Host wall clock, nanoseconds since the UNIX epoch.
+    pub unix_time_ns: u64,
+    pub hostname: String,
+    /// Variables every later command sees (e.g. `FARM_SEED`, `FARM_FORK_ID`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// What the agent answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Response {
+    Pong(Pong),
+    /// Body: `stdout_len` bytes of standard output, then `stderr_len` bytes of standard error.
+    Exec(ExecResult),
+    WriteFile { bytes: u64 },
+    /// Body: the file's first bytes (at most the requested cap).
+    ReadFile { size: u64, truncated: bool },
+    Quiesce,
+    Identity,
+    Error(AgentError),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pong {
+    pub protocol_version: u32,
+    pub agent_version: String,
+    /// Seconds since the guest booted.
+    pub uptime_secs: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecResult {
+    /// Exit status when the command exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal number when the command was killed by a signal.
+    pub signal: Option<i32>,
+    /// The command ran past its timeout and its process group was killed.
+    pub timed_out: bool,
+    pub stdout_len: u64,
+    pub stderr_len: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Microseconds from spawn to exit, measured in the guest.
+    pub duration_us: u64,
+}
+
+/// A request the agent could not carry out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The frame or request was malformed or of another protocol version.
+    BadRequest,
+    /// The program could not be started (not found, not executable, bad cwd).
+    Spawn,
+    /// A file operation failed.
+    Io,
+    /// Anything else inside the agent.
+    Internal,
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("the channel closed")]
+    Closed,
+    #[error("the channel closed in the middle of a frame")]
+    Truncated,
+    #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { len: u64, max: u64 },
+    #[error("frame is malformed: {0}")]
+    Malformed(String),
+    #[error("frame header is not valid JSON for this message: {0}")]
+    BadHeader(#[source] serde_json::Error),
+    #[error("reading or writing the channel failed")]
+    Io(#[source] io::Error),
+}
+
+/// Encodes a frame: length prefix, JSON header, raw body.
+pub fn encode_frame<M: Serialize>(envelope: &Envelope<M>, body: &[u8]) -> Vec<u8> {
+    let header = serde_json::to_vec(envelope).expect("protocol messages always serialize");
+    let len = 4 + header.len() + body.len();
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(body);
+    out
+}
+
+/// Checks the two length fields at the start of a frame and returns (header, body) lengths.
+///
+/// This runs before anything is allocated for the frame, so a hostile length cannot make the
+/// reader allocate more than `max_frame`.
+pub fn check_prefix(prefix: [u8; PREFIX_BYTES], max_frame: u32) -> Result<(usize, usize), FrameError> {
+    let len = u32::from_be_bytes(prefix[0..4].try_into().expect("4 bytes"));
+    let header_len = u32::from_be_bytes(prefix[4..8].try_into().expect("4 bytes"));
+    if len > max_frame {
+        return Err(FrameError::TooLarge { len: len.into(), max: max_frame.into() });
+    }
+    if len < 4 {
+        return Err(FrameError::Malformed(format!("length {len} is shorter than the header-length field")));
+    }
+    if header_len > MAX_HEADER_BYTES {
+        return Err(FrameError::TooLarge { len: header_len.into(), max: MAX_HEADER_BYTES.into() });
+    }
+    if header_len > len - 4 {
+        return Err(FrameError::Malformed(format!(
+            "header length {header_len} exceeds the frame's remaining {} bytes",
+            len - 4
+        )));
+    }
+    Ok((header_len as usize, (len - 4 - header_len) as usize))
+}
+
+/// Decodes a header read from a frame and checks its protocol version.
+pub fn decode_header<M: for<'de> Deserialize<'de>>(header: &[u8]) -> Result<Envelope<M>, FrameError> {
+    // Read the version first so a peer of another version gets a precise answer rather
+    // than a schema error.
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        v: u32,
+        id: Option<u64>,
+    }
+    let version: VersionOnly = serde_json::from_slice(header).map_err(FrameError::BadHeader)?;
+    if version.v != PROTOCOL_VERSION {
+        return Err(FrameError::Malformed(format!(
+            "protocol version {} (request id {:?}) is not the supported version {PROTOCOL_VERSION}",
+            version.v, version.id
+        )));
+    }
+    serde_json::from_slice(header).map_err(FrameError::BadHeader)
+}
+
+/// Reads one frame, blocking. Returns the header bytes and the body.
+pub fn read_frame_blocking(reader: &mut impl Read, max_frame: u32) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
+    let mut prefix = [0u8; PREFIX_BYTES];
+    read_exact_or_closed(reader, &mut prefix, true)?;
+    let (header_len, body_len) = check_prefix(prefix, max_frame)?;
+    let mut header = vec![0u8; header_len];
+    read_exact_or_closed(reader, &mut header, false)?;
+    let mut body = vec![0u8; body_len];
+    read_exact_or_closed(reader, &mut body, false)?;
+    Ok((header, body))
+}
+
+fn read_exact_or_closed(reader: &mut impl Read, buf: &mut [u8], at_start: bool) -> Result<(), FrameError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) if filled == 0 && at_start => return Err(FrameError::Closed),
+            Ok(0) => return Err(FrameError::Truncated),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FrameError::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Writes one frame, blocking.
+pub fn write_frame_blocking<M: Serialize>(writer: &mut impl Write, envelope: &Envelope<M>, body: &[u8]) -> Result<(), FrameError> {
+    writer.write_all(&encode_frame(envelope, body)).map_err(FrameError::Io)?;
+    writer.flush().map_err(FrameError::Io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec_request() -> Request {
+        Request::Exec(ExecRequest {
+            program: Program::Argv(vec!["echo".into(), "hi".into()]),
+            cwd: Some("/tmp".into()),
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            timeout_ms: Some(1000),
+            stdout_cap: 10,
+            stderr_cap: 10,
+        })
+    }
+
+    #[test]
+    fn frame_round_trips_header_and_binary_body() {
+        let body: Vec<u8> = (0..=255u8).collect();
+        let envelope = Envelope { v: PROTOCOL_VERSION, id: 7, msg: exec_request() };
+        let bytes = encode_frame(&envelope, &body);
+        let (header, read_body) = read_frame_blocking(&mut &bytes[..], DEFAULT_MAX_FRAME_BYTES).unwrap();
+        let decoded: Envelope<Request> = decode_header(&header).unwrap();
+        assert_eq!(decoded, envelope);
+        assert_eq!(read_body, body);
+    }
+
+    #[test]
+    fn every_response_round_trips() {
+        let responses = [
+            Response::Pong(Pong { protocol_version: 1, agent_version: "x".into(), uptime_secs: 1.5 }),
+            Response::Exec(ExecResult {
+                exit_code: Some(3),
+                signal: None,
+                timed_out: false,
+                stdout_len: 1,
+                stderr_len: 2,
+                stdout_truncated: true,
+                stderr_truncated: false,
+                duration_us: 9,
+            }),
+            Response::WriteFile { bytes: 4 },
+            Response::ReadFile { size: 10, truncated: true },
+            Response::Quiesce,
+            Response::Identity,
+            Response::Error(AgentError { kind: ErrorKind::Spawn, message: "nope".into() }),
+        ];
+        for msg in responses {
+            let envelope = Envelope { v: PROTOCOL_VERSION, id: 1, msg };
+            let bytes = encode_frame(&envelope, b"");
+            let (header, _) = read_frame_blocking(&mut &bytes[..], DEFAULT_MAX_FRAME_BYTES).unwrap();
+            assert_eq!(decode_header::<Response>(&header).unwrap(), envelope);
+        }
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_allocation() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+        bytes.extend_from_slice(&4u32.to_be_bytes());
+        let err = read_frame_blocking(&mut &bytes[..], 1024).unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { len, max: 1024 } if len == u32::MAX as u64), "{err}");
+    }
+
+    #[test]
+    fn oversized_header_is_refused() {
+        let prefix = [&(MAX_HEADER_BYTES + 8).to_be_bytes()[..], &(MAX_HEADER_BYTES + 1).to_be_bytes()[..]].concat();
+        let err = check_prefix(prefix.try_into().unwrap(), u32::MAX).unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn header_longer_than_frame_is_malformed() {
+        let prefix = [&10u32.to_be_bytes()[..], &20u32.to_be_bytes()[..]].concat();
+        let err = check_prefix(prefix.try_into().unwrap(), 1024).unwrap_err();
+        assert!(matches!(err, FrameError::Malformed(_)), "{err}");
+        let prefix = [&2u32.to_be_bytes()[..], &0u32.to_be_bytes()[..]].concat();
+        assert!(matches!(check_prefix(prefix.try_into().unwrap(), 1024), Err(FrameError::Malformed(_))));
+    }
+
+    #[test]
+    fn truncated_frames_are_reported_as_truncated_not_closed() {
+        let envelope = Envelope { v: PROTOCOL_VERSION, id: 1, msg: Request::Ping };
+        let bytes = encode_frame(&envelope, b"body");
+        assert!(matches!(read_frame_blocking(&mut &bytes[..0], 1024), Err(FrameError::Closed)));
+        for cut in 1..bytes.len() {
+            let err = read_frame_blocking(&mut &bytes[..cut], 1024).unwrap_err();
+            assert!(matches!(err, FrameError::Truncated), "cut at {cut}: {err}");
+        }
+    }
+
+    #[test]
+    fn garbage_header_is_a_clear_error() {
+        for header in [&b"not json"[..], br#"{"v":1,"id":1,"msg":{"op":"launch_missiles"}}"#, br#"{"v":1}"#, br#"[]"#] {
+            let err = decode_header::<Request>(header).unwrap_err();
+            assert!(matches!(err, FrameError::BadHeader(_) | FrameError::Malformed(_)), "{err}");
+        }
+    }
+
+    #[test]
+    fn other_protocol_version_is_named_in_the_error() {
+        let err = decode_header::<Request>(br#"{"v":99,"id":5,"msg":{"op":"ping"}}"#).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("99") && text.contains("supported version 1"), "{text}");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = decode_header::<Request>(br#"{"v":1,"id":5,"msg":{"op":"ping"},"extra":1}"#);
+        assert!(err.is_err());
+    }
+}

@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# One-command set-up for farm on a Debian 12 machine, run as root.
+#
+# Installs the Debian packages farm needs, then builds, each into the artifact cache
+# (FARM_CACHE_DIR, default ~/.cache/farm) under a key that hashes its inputs:
+#   kernel/<key>/vmlinux         guest kernel from Debian's linux-source-6.1 + scripts/kernel/farm-guest.config
+#   agent/<key>/farm-agent       the guest agent, statically linked
+#   rootfs/python-<key>/         Debian bookworm minbase + python3 + git (debootstrap), no agent
+#   images/<name>-<key>.ext4     the root images `minimal` and `python`, agent included
+# and finally `farm` in release mode (target/release/farm).
+#
+# `current/` holds symlinks to the artifacts of the last successful run; farm reads them.
+# Every artifact directory has a manifest.json with its input hashes, sizes and versions.
+# A second run with nothing changed only checks hashes and finishes in seconds.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${FARM_CACHE_DIR:-$HOME/.cache/farm}"
+JOBS="$(nproc)"
+
+log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "run as root (it installs Debian packages and builds root images)"
+mkdir -p "$CACHE"/{kernel,agent,rootfs,images,current,tmp}
+
+sha() { sha256sum | cut -c1-16; }
+pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
+
+# ---------------------------------------------------------------------------------------------
+# 1. Debian packages.
+PACKAGES=(
+  qemu-system-x86 qemu-utils
+  linux-source-6.1 bc flex bison libelf-dev libssl-dev build-essential cpio xz-utils
+  busybox-static debootstrap e2fsprogs
+  ca-certificates python3 python3-pip
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian 12's qemu-system-x86 (7.2) conflicts with a newer qemu-utils from backports, and apt
+# resolves that by removing qemu-utils: put the matching one back.
+if ! command -v qemu-img >/dev/null; then
+  log "installing qemu-utils matching qemu-system-x86 $(pkg_version qemu-system-x86)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-utils >/dev/null
+fi
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing after install (package qemu-system-x86)"
+command -v qemu-img >/dev/null || die "qemu-img missing after install (package qemu-utils)"
+
+# Write a manifest.json: manifest DIR KEY NAME [extra json fields...]
+manifest() {
+  local dir="$1" key="$2" name="$3"; shift 3
+  local files="" f
+  for f in "$dir"/*; do
+    [ -f "$f" ] || continue
+    [ "$(basename "$f")" = manifest.json ] && continue
+    files+="$(printf '{"name":"%s","bytes":%s,"sha256":"%s"},' "$(basename "$f")" "$(stat -c %s "$f")" "$(sha256sum "$f" | cut -d' ' -f1)")"
+  done
+  printf '{"artifact":"%s","key":"%s","created":"%s","files":[%s]%s}\n' \
+    "$name" "$key" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${files%,}" "${*:+,$*}" >"$dir/manifest.json"
+}
+
+# Point current/NAME at TARGET (relative symlink, replaced atomically).
+publish() {
+  ln -sfn "../$2" "$CACHE/current/.$1.tmp"
+  mv -Tf "$CACHE/current/.$1.tmp" "$CACHE/current/$1"
+}
+
+# ---------------------------------------------------------------------------------------------
+# 2. Guest kernel.
+KERNEL_SRC_VERSION="$(pkg_version linux-source-6.1)"
+KERNEL_KEY="$( { cat "$REPO/scripts/kernel/farm-guest.config"; echo "$KERNEL_SRC_VERSION"; echo kernel-recipe-1; } | sha)"
+KERNEL_DIR="$CACHE/kernel/$KERNEL_KEY"
+if [ ! -f "$KERNEL_DIR/manifest.json" ]; then
+  log "building guest kernel $KERNEL_KEY from linux-source $KERNEL_SRC_VERSION (about 5 minutes on 2 cores)"
+  build="$CACHE/tmp/kernel-build"
+  rm -rf "$build"; mkdir -p "$build"
+  tar -C "$build" -xf /usr/src/linux-source-6.1.tar.xz
+  src="$(echo "$build"/linux-source-6.1)"
+  (
+    cd "$src"
+    make -s tinyconfig >/dev/null
+    args=()
+    while IFS= read -r line; do
+      line="${line%%#*}"; line="${line//[[:space:]]/}"
+      [ -n "$line" ] || continue
+      sym="${line%%=*}"; val="${line#*=}"
+      case "$val" in
+        y) args+=(--enable "$sym") ;;
+        n) args+=(--disable "$sym") ;;
+        *) echo "bad line in farm-guest.config: $line (expected SYMBOL=y or SYMBOL=n)" >&2; exit 1 ;;
+      esac
+    done <"$REPO/scripts/kernel/farm-guest.config"
+    ./scripts/config "${args[@]}"
+    make -s olddefconfig >/dev/null
+    # Every symbol asked for must have survived olddefconfig (a typo or unmet dependency
+    # would otherwise silently produce a kernel that cannot boot the images).
+    while IFS= read -r line; do
+      line="${line%%#*}"; line="${line//[[:space:]]/}"
+      [ -n "$line" ] || continue
+      sym="${line%%=*}"; val="${line#*=}"
+      if [ "$val" = y ] && ! grep -q "^CONFIG_$sym=y" .config; then
+        echo "kernel config: CONFIG_$sym=y did not survive olddefconfig" >&2; exit 1
+      fi
+    done <"$REPO/scripts/kernel/farm-guest.config"
+    make -s -j"$JOBS" vmlinux >/dev/null
+  )
+  tmpdir="$CACHE/kernel/.$KERNEL_KEY.tmp"
+  rm -rf "$tmpdir"; mkdir -p "$tmpdir"
+  cp "$src/vmlinux" "$tmpdir/vmlinux"
+  cp "$src/.config" "$tmpdir/config"
+  manifest "$tmpdir" "$KERNEL_KEY" kernel "\"linux_source\":\"$KERNEL_SRC_VERSION\""
+  rm -rf "$KERNEL_DIR"; mv "$tmpdir" "$KERNEL_DIR"
+  rm -rf "$build"
+fi
+publish kernel "kernel/$KERNEL_KEY"
+log "kernel ready: $KERNEL_DIR/vmlinux"
+
+# ---------------------------------------------------------------------------------------------
+# 3. Guest agent, statically linked. Its key covers the sources of the agent and protocol
+# crates, the lock file and the compiler version.
+RUSTC_VERSION="$(rustc -V)"
+AGENT_KEY="$( { cd "$REPO" && find agent protocol -type f \( -name '*.rs' -o -name Cargo.toml \) | LC_ALL=C sort | xargs sha256sum; sha256sum Cargo.lock Cargo.toml; echo "$RUSTC_VERSION"; } | sha)"
+AGENT_DIR="$CACHE/agent/$AGENT_KEY"
+if [ ! -f "$AGENT_DIR/manifest.json" ]; then
+  log "building guest agent $AGENT_KEY (static)"
+  (
+    cd "$REPO"
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static" \
+      cargo build -q --release --locked -p farm-agent --target x86_64-unknown-linux-gnu \
+      --target-dir "$REPO/target/guest"
+  )
+  bin="$REPO/target/guest/x86_64-unknown-linux-gnu/release/farm-agent"
+  if ldd "$bin" >/dev/null 2>&1 && ! ldd "$bin" 2>&1 | grep -q "not a dynamic executable\|statically linked"; then
+    die "farm-agent is not statically linked: $(ldd "$bin" 2>&1 | head -3)"
+  fi
+  tmpdir="$CACHE/agent/.$AGENT_KEY.tmp"
+  rm -rf "$tmpdir"; mkdir -p "$tmpdir"
+  cp "$bin" "$tmpdir/farm-agent"
+  strip "$tmpdir/farm-agent"
+  manifest "$tmpdir" "$AGENT_KEY" agent "\"rustc\":\"$RUSTC_VERSION\""
+  rm -rf "$AGENT_DIR"; mv "$tmpdir" "$AGENT_DIR"
+fi
+publish agent "agent/$AGENT_KEY"
+log "agent ready: $AGENT_DIR/farm-agent"
+
+# ---------------------------------------------------------------------------------------------
+# 4. Root images. Both use the agent as /sbin/init (it mounts the pseudo file systems, reaps
+# orphans and serves the host), so neither needs an init system.
+
+# Lay out the files every image shares into a root directory.
+common_root() {
+  local root="$1"
+  mkdir -p "$root"/{sbin,bin,dev,proc,sys,tmp,run,root,etc,workspace,var/tmp}
+  chmod 1777 "$root/tmp" "$root/var/tmp"
+  install -m 0755 "$AGENT_DIR/farm-agent" "$root/sbin/farm-agent"
+  echo farm >"$root/etc/hostname"
+  printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
+}
+
+# make_image NAME KEY SIZE ROOTDIR
+make_image() {
+  local name="$1" key="$2" size="$3" root="$4"
+  local dir="$CACHE/images/$name-$key"
+  local tmpdir="$CACHE/images/.$name-$key.tmp"
+  rm -rf "$tmpdir"; mkdir -p "$tmpdir"
+  mkfs.ext4 -q -F -L root -E root_owner=0:0 -d "$root" "$tmpdir/rootfs.ext4" "$size"
+  chmod 0444 "$tmpdir/rootfs.ext4"
+  manifest "$tmpdir" "$key" "image-$name" "\"agent\":\"$AGENT_KEY\",\"size\":\"$size\""
+  rm -rf "$dir"; mv "$tmpdir" "$dir"
+}
+
+# minimal: busybox + agent.
+BUSYBOX_VERSION="$(pkg_version busybox-static)"
+MINIMAL_KEY="$( { echo "$AGENT_KEY" "$BUSYBOX_VERSION" minimal-recipe-1; sed -n '/^common_root()/,/^}/p;/^make_image()/,/^}/p' "$0"; } | sha)"
+if [ ! -f "$CACHE/images/minimal-$MINIMAL_KEY/manifest.json" ]; then
+  log "building image minimal $MINIMAL_KEY"
+  root="$CACHE/tmp/minimal-root"
+  rm -rf "$root"; mkdir -p "$root"
+  common_root "$root"
+  cp /bin/busybox "$root/bin/busybox"
+  for applet in $("$root/bin/busybox" --list-full); do
+    [ -e "$root/$applet" ] || { mkdir -p "$root/$(dirname "$applet")"; ln -s /bin/busybox "$root/$applet"; }
+  done
+  # Keep the agent as init even though busybox offers one.
+  ln -sfn /sbin/farm-agent "$root/sbin/init"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+  make_image minimal "$MINIMAL_KEY" 64M "$root"
+  rm -rf "$root"
+fi
+publish minimal "images/minimal-$MINIMAL_KEY"
+log "image minimal ready"
+
+# python: Debian bookworm minbase + python3 + git. The debootstrap tree is cached on its own
+# (keyed without the agent) so a new agent only repacks the image.
+PYTHON_PACKAGES="python3,git,ca-certificates,procps"
+ROOTFS_KEY="$( { echo bookworm minbase "$PYTHON_PACKAGES" "$(pkg_version debootstrap)" rootfs-recipe-1; } | sha)"
+ROOTFS_DIR="$CACHE/rootfs/python-$ROOTFS_KEY"
+if [ ! -f "$ROOTFS_DIR.done" ]; then
+  log "debootstrap bookworm minbase + $PYTHON_PACKAGES (about a minute)"
+  rm -rf "$ROOTFS_DIR"
+  debootstrap --variant=minbase --include="$PYTHON_PACKAGES" bookworm "$ROOTFS_DIR" >"$CACHE/tmp/debootstrap.log" 2>&1 \
+    || { tail -20 "$CACHE/tmp/debootstrap.log" >&2; die "debootstrap failed (log: $CACHE/tmp/debootstrap.log)"; }
+  # Slim the tree: documentation, caches and apt lists are never used inside a rollout.
+  rm -rf "$ROOTFS_DIR"/usr/share/{doc,man,info,locale}/* "$ROOTFS_DIR"/var/cache/apt/* "$ROOTFS_DIR"/var/lib/apt/lists/*
+  touch "$ROOTFS_DIR.done"
+fi
+PYTHON_KEY="$( { echo "$AGENT_KEY" "$ROOTFS_KEY" python-recipe-1; sed -n '/^common_root()/,/^}/p;/^make_image()/,/^}/p' "$0"; } | sha)"
+if [ ! -f "$CACHE/images/python-$PYTHON_KEY/manifest.json" ]; then
+  log "building image python $PYTHON_KEY"
+  root="$CACHE/tmp/python-root"
+  rm -rf "$root"
+  cp -a "$ROOTFS_DIR" "$root"
+  common_root "$root"
+  ln -sfn /sbin/farm-agent "$root/sbin/init"
+  make_image python "$PYTHON_KEY" 1G "$root"
+  rm -rf "$root"
+fi
+publish python "images/python-$PYTHON_KEY"
+log "image python ready"
+
+# ---------------------------------------------------------------------------------------------
+# 5. farm itself.
+log "building farm (release)"
+(cd "$REPO" && cargo build -q --release --locked -p farm)
+log "done: $REPO/target/release/farm (artifacts in $CACHE)"

@@ -1,0 +1,615 @@
+//! The host end of the guest agent channel.
+//!
+//! Requests are multiplexed over one stream: each gets an id, a reader task routes responses
+//! to their waiters. The guest is untrusted, so the reader bounds everything it accepts:
+//! frames above the size limit or malformed frames close the channel with a reason (the
+//! stream cannot be resynchronised), responses whose body disagrees with their header fail
+//! that request, unsolicited frames are dropped, and every wait has a deadline. A closed
+//! channel fails all pending requests at once; nothing waits forever on a dead guest.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use farm_protocol::{
+    check_prefix, decode_header, encode_frame, Envelope, ExecRequest, ExecResult, FrameError, IdentityRequest,
+    Pong, Program, ReadFileRequest, Request, Response, WriteFileRequest, PREFIX_BYTES, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{oneshot, watch};
+
+/// Largest frame accepted from a guest by default.
+pub const DEFAULT_MAX_RESPONSE_BYTES: u32 = 80 << 20;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AgentError {
+    #[error("the guest agent channel closed: {0}")]
+    ChannelClosed(String),
+    #[error("the guest agent did not answer {op} within {waited:?}")]
+    Timeout { op: &'static str, waited: Duration },
+    #[error("the guest agent sent an invalid response to {op}: {detail}")]
+    BadResponse { op: &'static str, detail: String },
+    #[error("the guest agent refused {op}: {kind:?}: {message}")]
+    Refused { op: &'static str, kind: farm_protocol::ErrorKind, message: String },
+}
+
+type Reply = Result<(Response, Vec<u8>), AgentError>;
+
+struct Shared {
+    pending: HashMap<u64, oneshot::Sender<Reply>>,
+    /// Set once the channel is dead; later requests fail at once with this reason.
+    closed: Option<String>,
+    /// Frames that matched no pending request (late answers, or a misbehaving guest).
+    unsolicited: u64,
+}
+
+/// A handle to one guest agent; cheap to clone, usable from many tasks at once.
+#[derive(Clone)]
+pub struct AgentClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    writer: tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>,
+    shared: Mutex<Shared>,
+    next_id: AtomicU64,
+    /// Becomes true when the agent announced itself (unsolicited pong) or answered a ping.
+    ready: watch::Sender<bool>,
+    reader_task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.reader_task.abort();
+    }
+}
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    pub program: Program,
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+    /// Guest-side limit; the process group is killed when it expires.
+    pub timeout: Option<Duration>,
+    pub stdout_cap: u64,
+    pub stderr_cap: u64,
+}
+
+impl ExecOptions {
+    pub fn argv<S: AsRef<str>>(argv: &[S]) -> Self {
+        Self::new(Program::Argv(argv.iter().map(|s| s.as_ref().to_string()).collect()))
+    }
+
+    pub fn shell(script: impl Into<String>) -> Self {
+        Self::new(Program::Shell(script.into()))
+    }
+
+    fn new(program: Program) -> Self {
+        ExecOptions {
+            program,
+            cwd: None,
+            env: Vec::new(),
+            stdin: Vec::new(),
+            timeout: None,
+            stdout_cap: 1 << 20,
+            stderr_cap: 1 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecOutput {
+    pub result: ExecResult,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl ExecOutput {
+    /// The exit code a shell would report: the code, or 128 + signal.
+    pub fn shell_exit_code(&self) -> i32 {
+        match (self.result.exit_code, self.result.signal) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => 255,
+        }
+    }
+
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+/// Time allowed beyond a command's own timeout for the answer to arrive.
+const EXEC_MARGIN: Duration = Duration::from_secs(10);
+/// Default deadline for short requests (ping, files, identity, quiesce).
+const SHORT_REQUEST: Duration = Duration::from_secs(60);
+
+impl AgentClient {
+    /// Starts serving a connected stream: `reader` and `writer` are its two halves.
+    pub fn new<R, W>(reader: R, writer: W, max_response_bytes: u32) -> AgentClient
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        let (ready, _) = watch::channel(false);
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let weak = weak.clone();
+            let reader_task = tokio::spawn(async move {
+                let reason = read_loop(reader, max_response_bytes, &weak).await;
+                if let Some(inner) = weak.upgrade() {
+                    inner.close(reason);
+                }
+            });
+            Inner {
+                writer: tokio::sync::Mutex::new(Box::new(writer)),
+                shared: Mutex::new(Shared { pending: HashMap::new(), closed: None, unsolicited: 0 }),
+                next_id: AtomicU64::new(1),
+                ready,
+                reader_task,
+            }
+        });
+        AgentClient { inner }
+    }
+
+    /// Whether the channel is known dead, and why.
+    pub fn closed_reason(&self) -> Option<String> {
+        self.inner.shared.lock().unwrap_or_else(|p| p.into_inner()).closed.clone()
+    }
+
+    /// Frames received that answered no pending request.
+    pub fn unsolicited_frames(&self) -> u64 {
+        self.inner.shared.lock().unwrap_or_else(|p| p.into_inner()).unsolicited
+    }
+
+    /// Waits until the agent is serving: it announced itself, or answers a ping. Pings are
+    /// repeated because one sent before the guest opened its port is discarded by the guest.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<Pong, AgentError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut ready = self.inner.ready.subscribe();
+        loop {
+            if let Some(reason) = self.closed_reason() {
+                return Err(AgentError::ChannelClosed(reason));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(AgentError::Timeout { op: "ping", waited: timeout });
+            }
+            let attempt = Duration::from_millis(300).min(deadline - now);
+            tokio::select! {
+                pong = self.ping_within(attempt) => match pong {
+                    Ok(pong) => return Ok(pong),
+                    Err(AgentError::Timeout { .. }) => {}
+                    Err(e) => return Err(e),
+                },
+                _ = ready.wait_for(|r| *r) => {
+                    // Announced; a ping now answers promptly.
+                    return self.ping_within(SHORT_REQUEST.min(deadline.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_secs(1)))).await;
+                }
+            }
+        }
+    }
+
+    pub async fn ping(&self) -> Result<Pong, AgentError> {
+        self.ping_within(SHORT_REQUEST).await
+    }
+
+    async fn ping_within(&self, timeout: Duration) -> Result<Pong, AgentError> {
+        match self.request("ping", Request::Ping, Vec::new(), timeout).await? {
+            (Response::Pong(pong), _) => {
+                let _ = self.inner.ready.send(true);
+                if pong.protocol_version != PROTOCOL_VERSION {
+                    return Err(AgentError::BadResponse {
+                        op: "ping",
+                        detail: format!("agent speaks protocol {}, host speaks {PROTOCOL_VERSION}", pong.protocol_version),
+                    });
+                }
+                Ok(pong)
+            }
+            (other, _) => Err(unexpected("ping", other)),
+        }
+    }
+
+    pub async fn exec(&self, options: ExecOptions) -> Result<ExecOutput, AgentError> {
+        let request = ExecRequest {
+            program: options.program,
+            cwd: options.cwd,
+            env: options.env.into_iter().collect(),
+            timeout_ms: options.timeout.map(|t| t.as_millis() as u64),
+            stdout_cap: options.stdout_cap,
+            stderr_cap: options.stderr_cap,
+        };
+        let wait = options.timeout.map(|t| t + EXEC_MARGIN).unwrap_or(Duration::from_secs(365 * 24 * 3600));
+        let (stdout_cap, stderr_cap) = (request.stdout_cap, request.stderr_cap);
+        match self.request("exec", Request::Exec(request), options.stdin, wait).await? {
+            (Response::Exec(result), body) => {
+                let (out_len, err_len) = (result.stdout_len, result.stderr_len);
+                if out_len > stdout_cap || err_len > stderr_cap {
+                    return Err(AgentError::BadResponse {
+                        op: "exec",
+                        detail: format!("output of {out_len}+{err_len} bytes exceeds the caps {stdout_cap}+{stderr_cap}"),
+                    });
+                }
+                if out_len.checked_add(err_len) != Some(body.len() as u64) {
+                    return Err(AgentError::BadResponse {
+                        op: "exec",
+                        detail: format!("header announces {out_len}+{err_len} bytes of output, body has {}", body.len()),
+                    });
+                }
+                let mut stdout = body;
+                let stderr = stdout.split_off(out_len as usize);
+                Ok(ExecOutput { result, stdout, stderr })
+            }
+            (other, _) => Err(unexpected("exec", other)),
+        }
+    }
+
+    pub async fn write_file(&self, path: &str, contents: Vec<u8>, mode: u32) -> Result<(), AgentError> {
+        let request = WriteFileRequest { path: path.to_string(), mode, create_parents: true };
+        let expected = contents.len() as u64;
+        match self.request("write_file", Request::WriteFile(request), contents, SHORT_REQUEST).await? {
+            (Response::WriteFile { bytes }, _) if bytes == expected => Ok(()),
+            (Response::WriteFile { bytes }, _) => Err(AgentError::BadResponse {
+                op: "write_file",
+                detail: format!("wrote {bytes} bytes of {expected}"),
+            }),
+            (other, _) => Err(unexpected("write_file", other)),
+        }
+    }
+
+    /// Reads at most `max_bytes` of a file; returns (contents, file size).
+    pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, u64), AgentError> {
+        let request = ReadFileRequest { path: path.to_string(), max_bytes };
+        match self.request("read_file", Request::ReadFile(request), Vec::new(), SHORT_REQUEST).await? {
+            (Response::ReadFile { size, .. }, body) if body.len() as u64 <= max_bytes => Ok((body, size)),
+            (Response::ReadFile { .. }, body) => Err(AgentError::BadResponse {
+                op: "read_file",
+                detail: format!("sent {} bytes, more than the {max_bytes} asked for", body.len()),
+            }),
+            (other, _) => Err(unexpected("read_file", other)),
+        }
+    }
+
+    pub async fn quiesce(&self) -> Result<(), AgentError> {
+        match self.request("quiesce", Request::Quiesce, Vec::new(), SHORT_REQUEST).await? {
+            (Response::Quiesce, _) => Ok(()),
+            (other, _) => Err(unexpected("quiesce", other)),
+        }
+    }
+
+    pub async fn set_identity(&self, identity: IdentityRequest, entropy: Vec<u8>) -> Result<(), AgentError> {
+        match self.request("identity", Request::Identity(identity), entropy, SHORT_REQUEST).await? {
+            (Response::Identity, _) => Ok(()),
+            (other, _) => Err(unexpected("identity", other)),
+        }
+    }
+
+    async fn request(&self, op: &'static str, msg: Request, body: Vec<u8>, timeout: Duration) -> Reply {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut shared = self.inner.shared.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(reason) = &shared.closed {
+                return Err(AgentError::ChannelClosed(reason.clone()));
+            }
+            shared.pending.insert(id, tx);
+        }
+        // Removes the waiter however this future ends (answer, timeout, or being dropped).
+        let _guard = PendingGuard { inner: &self.inner, id };
+        let frame = encode_frame(&Envelope { v: PROTOCOL_VERSION, id, msg }, &body);
+        drop(body);
+        let exchange = async {
+            {
+                let mut writer = self.inner.writer.lock().await;
+                if let Err(e) = writer.write_all(&frame).await {
+                    self.inner.close(format!("writing to the agent failed: {e}"));
+                }
+                let _ = writer.flush().await;
+            }
+            drop(frame);
+            match rx.await {
+                Ok(reply) => reply,
+                Err(_) => Err(AgentError::ChannelClosed(self.closed_reason().unwrap_or_else(|| "reader stopped".into()))),
+            }
+        };
+        let (response, body) = match tokio::time::timeout(timeout, exchange).await {
+            Ok(reply) => reply?,
+            Err(_) => return Err(AgentError::Timeout { op, waited: timeout }),
+        };
+        if let Response::Error(e) = response {
+            return Err(AgentError::Refused { op, kind: e.kind, message: e.message });
+        }
+        Ok((response, body))
+    }
+}
+
+struct PendingGuard<'a> {
+    inner: &'a Inner,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.inner.shared.lock().unwrap_or_else(|p| p.into_inner()).pending.remove(&self.id);
+    }
+}
+
+impl Inner {
+    fn close(&self, reason: String) {
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if shared.closed.is_none() {
+            shared.closed = Some(reason.clone());
+        }
+        for (_, waiter) in shared.pending.drain() {
+            let _ = waiter.send(Err(AgentError::ChannelClosed(reason.clone())));
+        }
+    }
+}
+
+fn unexpected(op: &'static str, response: Response) -> AgentError {
+    AgentError::BadResponse { op, detail: format!("unexpected response {response:?}") }
+}
+
+/// Reads frames until the stream fails; returns why it stopped.
+async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, max_frame: u32, inner: &std::sync::Weak<Inner>) -> String {
+    loop {
+        let (header, body) = match read_frame(&mut reader, max_frame).await {
+            Ok(frame) => frame,
+            Err(FrameError::Closed) => return "the guest closed the channel".into(),
+            Err(e) => return format!("the guest broke the protocol: {e}"),
+        };
+        let envelope: Envelope<Response> = match decode_header(&header) {
+            Ok(envelope) => envelope,
+            Err(e) => return format!("the guest broke the protocol: {e}"),
+        };
+        let Some(inner) = inner.upgrade() else { return "client dropped".into() };
+        if envelope.id == 0 {
+            // Unsolicited: the agent announcing itself (pong) or reporting a frame it could
+            // not parse. Neither answers a request.
+            if matches!(envelope.msg, Response::Pong(_)) {
+                let _ = inner.ready.send(true);
+            }
+            continue;
+        }
+        let waiter = {
+            let mut shared = inner.shared.lock().unwrap_or_else(|p| p.into_inner());
+            let waiter = shared.pending.remove(&envelope.id);
+            if waiter.is_none() {
+                shared.unsolicited += 1;
+            }
+            waiter
+        };
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(Ok((envelope.msg, body)));
+        }
+    }
+}
+
+/// Reads one frame, refusing oversized ones before allocating.
+pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max_frame: u32) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
+    let mut prefix = [0u8; PREFIX_BYTES];
+    let mut filled = 0;
+    while filled < PREFIX_BYTES {
+        match reader.read(&mut prefix[filled..]).await {
+            Ok(0) if filled == 0 => return Err(FrameError::Closed),
+            Ok(0) => return Err(FrameError::Truncated),
+            Ok(n) => filled += n,
+            Err(e) => return Err(FrameError::Io(e)),
+        }
+    }
+    let (header_len, body_len) = check_prefix(prefix, max_frame)?;
+    let mut header = vec![0u8; header_len];
+    read_exact(reader, &mut header).await?;
+    let mut body = vec![0u8; body_len];
+    read_exact(reader, &mut body).await?;
+    Ok((header, body))
+}
+
+async fn read_exact<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> Result<(), FrameError> {
+    match reader.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FrameError::Truncated),
+        Err(e) => Err(FrameError::Io(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The client against a scripted fake guest on an in-memory duplex stream.
+    use super::*;
+    use farm_protocol::{AgentError as WireError, ErrorKind};
+    use tokio::io::{duplex, DuplexStream};
+
+    /// A fake guest: reads request frames, answers through `respond`.
+    fn client_with_guest() -> (AgentClient, DuplexStream) {
+        let (host, guest) = duplex(1 << 20);
+        let (read, write) = tokio::io::split(host);
+        (AgentClient::new(read, write, 1 << 16), guest)
+    }
+
+    async fn next_request(guest: &mut DuplexStream) -> (Envelope<Request>, Vec<u8>) {
+        let (header, body) = read_frame(guest, 1 << 24).await.unwrap();
+        (decode_header(&header).unwrap(), body)
+    }
+
+    async fn send(guest: &mut DuplexStream, id: u64, msg: Response, body: &[u8]) {
+        guest.write_all(&encode_frame(&Envelope { v: PROTOCOL_VERSION, id, msg }, body)).await.unwrap();
+    }
+
+    fn exec_result(out: u64, err: u64) -> Response {
+        Response::Exec(ExecResult {
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            stdout_len: out,
+            stderr_len: err,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_us: 1,
+        })
+    }
+
+    #[tokio::test]
+    async fn exec_splits_body_into_stdout_and_stderr() {
+        let (client, mut guest) = client_with_guest();
+        let call = tokio::spawn({
+            let client = client.clone();
+            async move { client.exec(ExecOptions::argv(&["x"])).await }
+        });
+        let (req, _) = next_request(&mut guest).await;
+        send(&mut guest, req.id, exec_result(3, 2), b"outer").await;
+        let out = call.await.unwrap().unwrap();
+        assert_eq!(out.stdout, b"out");
+        assert_eq!(out.stderr, b"er");
+    }
+
+    #[tokio::test]
+    async fn responses_out_of_order_reach_their_requests() {
+        let (client, mut guest) = client_with_guest();
+        let a = tokio::spawn({
+            let c = client.clone();
+            async move { c.read_file("/a", 10).await }
+        });
+        let b = tokio::spawn({
+            let c = client.clone();
+            async move { c.read_file("/b", 10).await }
+        });
+        let (first, _) = next_request(&mut guest).await;
+        let (second, _) = next_request(&mut guest).await;
+        let path_of = |r: &Envelope<Request>| match &r.msg {
+            Request::ReadFile(f) => f.path.clone(),
+            _ => panic!(),
+        };
+        send(&mut guest, second.id, Response::ReadFile { size: 1, truncated: false }, path_of(&second).as_bytes()).await;
+        send(&mut guest, first.id, Response::ReadFile { size: 1, truncated: false }, path_of(&first).as_bytes()).await;
+        assert_eq!(a.await.unwrap().unwrap().0, b"/a");
+        assert_eq!(b.await.unwrap().unwrap().0, b"/b");
+    }
+
+    #[tokio::test]
+    async fn oversized_frame_closes_the_channel_and_fails_pending_requests() {
+        let (client, mut guest) = client_with_guest();
+        let call = tokio::spawn({
+            let c = client.clone();
+            async move { c.ping().await }
+        });
+        let _ = next_request(&mut guest).await;
+        // Announce a 1 GiB frame; the client must refuse without allocating or waiting.
+        guest.write_all(&(1u32 << 30).to_be_bytes()).await.unwrap();
+        guest.write_all(&4u32.to_be_bytes()).await.unwrap();
+        let err = call.await.unwrap().unwrap_err();
+        assert!(matches!(&err, AgentError::ChannelClosed(r) if r.contains("exceeds the limit")), "{err}");
+        // Later requests fail at once.
+        assert!(matches!(client.ping().await, Err(AgentError::ChannelClosed(_))));
+    }
+
+    #[tokio::test]
+    async fn garbage_and_truncation_are_errors_not_hangs() {
+        for garbage in [&b"\x00\x00\x00\x10\x00\x00\x00\x0cnot json!!!!"[..], b"\x00\x00\x00\x40\x00\x00"] {
+            let (client, mut guest) = client_with_guest();
+            let call = tokio::spawn({
+                let c = client.clone();
+                async move { c.ping().await }
+            });
+            let _ = next_request(&mut guest).await;
+            guest.write_all(garbage).await.unwrap();
+            drop(guest); // close mid-frame in the second case
+            let err = call.await.unwrap().unwrap_err();
+            assert!(matches!(err, AgentError::ChannelClosed(_)), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn silent_guest_times_out() {
+        let (client, _guest) = client_with_guest();
+        let err = client.exec(ExecOptions { timeout: Some(Duration::from_millis(1)), ..ExecOptions::argv(&["x"]) });
+        tokio::time::pause();
+        let err = err.await.unwrap_err();
+        assert!(matches!(err, AgentError::Timeout { op: "exec", .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn lying_headers_fail_only_that_request() {
+        let (client, mut guest) = client_with_guest();
+        let call = tokio::spawn({
+            let c = client.clone();
+            async move { c.exec(ExecOptions::argv(&["x"])).await }
+        });
+        let (req, _) = next_request(&mut guest).await;
+        send(&mut guest, req.id, exec_result(100, 0), b"short").await;
+        let err = call.await.unwrap().unwrap_err();
+        assert!(matches!(err, AgentError::BadResponse { op: "exec", .. }), "{err}");
+        // Output beyond the requested cap is refused too.
+        let call = tokio::spawn({
+            let c = client.clone();
+            async move { c.exec(ExecOptions { stdout_cap: 2, ..ExecOptions::argv(&["x"]) }).await }
+        });
+        let (req, _) = next_request(&mut guest).await;
+        send(&mut guest, req.id, exec_result(5, 0), b"12345").await;
+        assert!(matches!(call.await.unwrap(), Err(AgentError::BadResponse { .. })));
+        // The channel still works.
+        let call = tokio::spawn({
+            let c = client.clone();
+            async move { c.quiesce().await }
+        });
+        let (req, _) = next_request(&mut guest).await;
+        send(&mut guest, req.id, Response::Quiesce, b"").await;
+        call.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn unsolicited_frames_are_counted_and_dropped() {
+        let (client, mut guest) = client_with_guest();
+        for id in 100..110 {
+            send(&mut guest, id, Response::Quiesce, b"").await;
+        }
+        let call = tokio::spawn({
+            let c = client.clone();
+            async move { c.quiesce().await }
+        });
+        let (req, _) = next_request(&mut guest).await;
+        send(&mut guest, req.id, Response::Quiesce, b"").await;
+        call.await.unwrap().unwrap();
+        assert_eq!(client.unsolicited_frames(), 10);
+    }
+
+    #[tokio::test]
+    async fn agent_errors_are_reported_with_their_kind() {
+        let (client, mut guest) = client_with_guest();
+        let call = tokio::spawn({
+            let c = client.clone();
+            async move { c.exec(ExecOptions::argv(&["nope"])).await }
+        });
+        let (req, _) = next_request(&mut guest).await;
+        let error = WireError { kind: ErrorKind::Spawn, message: "not found".into() };
+        send(&mut guest, req.id, Response::Error(error), b"").await;
+        let err = call.await.unwrap().unwrap_err();
+        assert!(matches!(err, AgentError::Refused { kind: ErrorKind::Spawn, .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn announced_agent_becomes_ready_without_waiting_for_ping_retries() {
+        let (client, mut guest) = client_with_guest();
+        let wait = tokio::spawn({
+            let c = client.clone();
+            async move { c.wait_ready(Duration::from_secs(30)).await }
+        });
+        let pong = Pong { protocol_version: PROTOCOL_VERSION, agent_version: "t".into(), uptime_secs: 0.0 };
+        send(&mut guest, 0, Response::Pong(pong.clone()), b"").await;
+        // Answer pings until wait_ready returns.
+        loop {
+            let (req, _) = next_request(&mut guest).await;
+            send(&mut guest, req.id, Response::Pong(pong.clone()), b"").await;
+            if wait.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if wait.is_finished() {
+                break;
+            }
+        }
+        assert_eq!(wait.await.unwrap().unwrap().agent_version, "t");
+    }
+}

@@ -1,0 +1,114 @@
+//! Finding the guest kernel and root images that `scripts/setup.sh` built.
+//!
+//! The set-up script keeps artifacts in a cache directory (`FARM_CACHE_DIR`, default
+//! `~/.cache/farm`), each in a folder named by a hash of its inputs with a `manifest.json`,
+//! and points `current/<name>` at the latest build of each.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// The images the set-up script builds.
+pub const IMAGES: [&str; 2] = ["minimal", "python"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("{what} not found at {path}: run scripts/setup.sh to build the guest kernel, agent and images")]
+    Missing { what: String, path: PathBuf },
+    #[error("unknown image {name:?}: expected one of {}", IMAGES.join(", "))]
+    UnknownImage { name: String },
+    #[error("manifest {path} is unreadable or malformed: {detail}; re-run scripts/setup.sh")]
+    BadManifest { path: PathBuf, detail: String },
+}
+
+/// The cache directory: `FARM_CACHE_DIR`, or `~/.cache/farm`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FARM_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    home.join(".cache").join("farm")
+}
+
+/// One built artifact: its file and the key (input hash) from its manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Artifact {
+    pub path: PathBuf,
+    pub key: String,
+}
+
+/// Everything needed to boot an image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestArtifacts {
+    pub image_name: String,
+    pub kernel: Artifact,
+    pub image: Artifact,
+    pub agent: Artifact,
+}
+
+impl GuestArtifacts {
+    pub fn locate(cache: &Path, image_name: &str) -> Result<GuestArtifacts, ArtifactError> {
+        if !IMAGES.contains(&image_name) {
+            return Err(ArtifactError::UnknownImage { name: image_name.to_string() });
+        }
+        let current = cache.join("current");
+        Ok(GuestArtifacts {
+            image_name: image_name.to_string(),
+            kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?,
+            image: artifact(&current.join(image_name), "rootfs.ext4", &format!("root image {image_name:?}"))?,
+            agent: artifact(&current.join("agent"), "farm-agent", "guest agent")?,
+        })
+    }
+}
+
+fn artifact(dir: &Path, file: &str, what: &str) -> Result<Artifact, ArtifactError> {
+    let path = dir.join(file);
+    if !path.is_file() {
+        return Err(ArtifactError::Missing { what: what.to_string(), path });
+    }
+    let manifest_path = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest_path)
+        .map_err(|e| ArtifactError::BadManifest { path: manifest_path.clone(), detail: e.to_string() })?;
+    let manifest: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ArtifactError::BadManifest { path: manifest_path.clone(), detail: e.to_string() })?;
+    let key = manifest
+        .get("key")
+        .and_then(|k| k.as_str())
+        .ok_or_else(|| ArtifactError::BadManifest { path: manifest_path.clone(), detail: "no \"key\" string".into() })?;
+    // Resolve the `current/` symlink so what is recorded names the exact build.
+    let path = path.canonicalize().unwrap_or(path);
+    Ok(Artifact { path, key: key.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_artifacts_point_to_the_setup_script() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = GuestArtifacts::locate(dir.path(), "minimal").unwrap_err().to_string();
+        assert!(err.contains("scripts/setup.sh") && err.contains("vmlinux"), "{err}");
+    }
+
+    #[test]
+    fn unknown_image_lists_the_known_ones() {
+        let err = GuestArtifacts::locate(Path::new("/nonexistent"), "ubuntu").unwrap_err().to_string();
+        assert!(err.contains("minimal, python"), "{err}");
+    }
+
+    #[test]
+    fn keys_come_from_manifests() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, file) in [("kernel", "vmlinux"), ("minimal", "rootfs.ext4"), ("agent", "farm-agent")] {
+            let d = dir.path().join("current").join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(file), b"x").unwrap();
+            std::fs::write(d.join("manifest.json"), format!(r#"{{"key":"k-{name}"}}"#)).unwrap();
+        }
+        let found = GuestArtifacts::locate(dir.path(), "minimal").unwrap();
+        assert_eq!(found.kernel.key, "k-kernel");
+        assert_eq!(found.image.key, "k-minimal");
+        assert_eq!(found.agent.key, "k-agent");
+    }
+}

@@ -1,0 +1,23 @@
+//! The machine layer: microVMs under QEMU.
+//!
+//! Data flows through it like this: [`artifacts`] finds the guest kernel and image built by
+//! `scripts/setup.sh`; [`accel`] picks KVM or TCG for this host; [`qemu`] turns a
+//! [`qemu::MachineSpec`] into QEMU's command line; [`process`] starts QEMU so that it dies
+//! with its owner; [`machine::Machine`] ties the process to its QMP connection ([`qmp`]) and
+//! its guest agent channel ([`agent`]), and boots, snapshots (state-only migration) and
+//! resumes guests.
+//!
+//! `unsafe` is confined to [`process`] (fork-time set-up of QEMU children).
+
+pub mod accel;
+pub mod agent;
+pub mod artifacts;
+pub mod machine;
+pub mod process;
+pub mod qemu;
+pub mod qmp;
+
+pub use accel::{Accel, AccelSetting};
+pub use agent::{AgentClient, AgentError, ExecOptions, ExecOutput};
+pub use artifacts::GuestArtifacts;
+pub use machine::{Machine, MachineError, VmSettings};

@@ -1,0 +1,463 @@
+//! One microVM: a QEMU process, its QMP connection, its agent channel and its run folder.
+//!
+//! Two entry points share one private launch path, as forks need:
+//! - [`Machine::boot`] boots a kernel and image from scratch and waits for the agent;
+//! - [`Machine::launch`] with `incoming = true` starts a paused QEMU that waits for
+//!   migration state; [`Machine::load_state`] then resumes a snapshot in it.
+//!
+//! [`Machine::save_state`] writes a state-only migration stream (guest RAM stays in the
+//! shared memory file thanks to `x-ignore-shared`).
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::accel::{self, Accel, AccelSetting, HostFacts};
+use crate::agent::{AgentClient, AgentError, DEFAULT_MAX_RESPONSE_BYTES};
+use crate::process::QemuProcess;
+use crate::qemu::{MachineSpec, RamBacking, AGENT_FD, QMP_FD};
+use crate::qmp::{Qmp, QmpError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error("{0}")]
+    Artifacts(#[from] crate::artifacts::ArtifactError),
+    #[error(transparent)]
+    Accel(#[from] accel::KvmUnusable),
+    #[error("{binary} not found: install the Debian package qemu-system-x86 (scripts/setup.sh does), or set FARM_QEMU")]
+    QemuNotFound { binary: String },
+    #[error("qemu-img not found: install the Debian package qemu-utils (scripts/setup.sh does)")]
+    QemuImgNotFound,
+    #[error("{what} failed")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("creating the disk overlay failed: {0}")]
+    Overlay(String),
+    #[error("QEMU exited early ({status}); its messages:\n{log}")]
+    QemuExited { status: String, log: String },
+    #[error("QMP {what} failed")]
+    Qmp {
+        what: String,
+        #[source]
+        source: QmpError,
+    },
+    #[error("the guest agent was not ready within {waited:?}; last lines of the serial console:\n{console}")]
+    BootTimeout { waited: Duration, console: String },
+    #[error("the guest went away before its agent was ready ({reason}); last lines of the serial console:\n{console}")]
+    GuestDied { reason: String, console: String },
+    #[error("migration {what} failed: {detail}")]
+    Migration { what: String, detail: String },
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
+    let what = what.into();
+    move |source| MachineError::Io { what, source }
+}
+
+/// Settings shared by every VM of a run.
+#[derive(Debug, Clone)]
+pub struct VmSettings {
+    pub qemu_binary: PathBuf,
+    pub accel: Accel,
+    pub cpu_model: String,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub tcg_tb_size_mib: Option<u32>,
+    pub boot_timeout: Duration,
+    /// Where per-VM run folders are created.
+    pub run_root: PathBuf,
+}
+
+impl VmSettings {
+    /// Resolves the QEMU binary and the accelerator on this host.
+    pub fn detect(accel: AccelSetting) -> Result<VmSettings, MachineError> {
+        let qemu_binary = find_qemu()?;
+        let accel = accel::resolve(accel, &HostFacts::probe())?;
+        Ok(VmSettings {
+            qemu_binary,
+            accel,
+            cpu_model: MachineSpec::default_cpu_model(accel).to_string(),
+            cpus: 1,
+            memory_mib: 256,
+            tcg_tb_size_mib: Some(64),
+            boot_timeout: Duration::from_secs(60),
+            run_root: default_run_root(),
+        })
+    }
+}
+
+/// `FARM_RUN_DIR`, or a folder under the system temporary directory.
+pub fn default_run_root() -> PathBuf {
+    std::env::var_os("FARM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("farm-run"))
+}
+
+/// Finds `qemu-system-x86_64` (or `FARM_QEMU`).
+pub fn find_qemu() -> Result<PathBuf, MachineError> {
+    let name = std::env::var("FARM_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".to_string());
+    find_program(&name).ok_or(MachineError::QemuNotFound { binary: name })
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    let candidate = Path::new(name);
+    if candidate.components().count() > 1 {
+        return candidate.is_file().then(|| candidate.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(name)).find(|p| p.is_file())
+}
+
+/// The version string QEMU reports (`qemu-system-x86_64 --version`, first line).
+pub fn qemu_version(binary: &Path) -> Result<String, MachineError> {
+    let out = Command::new(binary).arg("--version").output().map_err(io_err(format!("running {} --version", binary.display())))?;
+    Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").trim().to_string())
+}
+
+/// A folder holding one VM's overlay, console log, QEMU log and private RAM file; removed
+/// when dropped unless kept.
+#[derive(Debug)]
+pub struct RunDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl RunDir {
+    /// Creates a fresh folder under `root`, first sweeping folders of dead farm processes.
+    pub fn create(root: &Path) -> Result<RunDir, MachineError> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        std::fs::create_dir_all(root).map_err(io_err(format!("creating {}", root.display())))?;
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| sweep_stale_run_dirs(root));
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = root.join(format!("{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).map_err(io_err(format!("creating {}", path.display())))?;
+        Ok(RunDir { path, keep: false })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Removes run folders whose owning process is gone (a farm killed with SIGKILL).
+fn sweep_stale_run_dirs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Creates a qcow2 overlay at `overlay` over `backing` (format `backing_format`).
+pub fn create_overlay(backing: &Path, backing_format: &str, overlay: &Path) -> Result<(), MachineError> {
+    let qemu_img = find_program("qemu-img").ok_or(MachineError::QemuImgNotFound)?;
+    let out = Command::new(qemu_img)
+        .args(["create", "-q", "-f", "qcow2", "-F", backing_format, "-b"])
+        .arg(backing)
+        .arg(overlay)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_err("running qemu-img create"))?;
+    if !out.status.success() {
+        return Err(MachineError::Overlay(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(())
+}
+
+/// The last `lines` lines of a text file (for console and QEMU logs in errors).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    if tail.is_empty() {
+        "(empty)".into()
+    } else {
+        tail
+    }
+}
+
+/// A running (or paused) microVM.
+pub struct Machine {
+    agent: AgentClient,
+    qmp: tokio::sync::Mutex<Qmp>,
+    process: QemuProcess,
+    spec: MachineSpec,
+    run_dir: RunDir,
+}
+
+/// Where a machine's disk and RAM come from.
+pub struct LaunchPlan {
+    pub kernel: PathBuf,
+    /// The qcow2 overlay this VM writes (already created).
+    pub disk: PathBuf,
+    pub ram: RamBacking,
+    /// Wait for migration state instead of booting.
+    pub incoming: bool,
+}
+
+static VM_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Machine {
+    /// Boots `kernel` with a fresh copy-on-write overlay over the read-only raw `image` and
+    /// waits for the guest agent.
+    pub async fn boot(settings: &VmSettings, kernel: &Path, image: &Path) -> Result<Machine, MachineError> {
+        let run_dir = RunDir::create(&settings.run_root)?;
+        let disk = run_dir.path().join("disk.qcow2");
+        create_overlay(image, "raw", &disk)?;
+        let ram = RamBacking { path: run_dir.path().join("memory"), shared: false };
+        let plan = LaunchPlan { kernel: kernel.to_path_buf(), disk, ram, incoming: false };
+        let machine = Machine::launch(settings, plan, run_dir).await?;
+        machine.wait_for_agent(settings.boot_timeout).await?;
+        Ok(machine)
+    }
+
+    /// Starts QEMU for `plan` in `run_dir` and connects QMP and the agent channel. A booting
+    /// machine is not waited for; call [`Machine::wait_for_agent`].
+    pub async fn launch(settings: &VmSettings, plan: LaunchPlan, run_dir: RunDir) -> Result<Machine, MachineError> {
+        let spec = MachineSpec {
+            qemu_binary: settings.qemu_binary.clone(),
+            name: format!("farm-{}-{}", std::process::id(), VM_COUNTER.fetch_add(1, Ordering::Relaxed)),
+            accel: settings.accel,
+            cpu_model: settings.cpu_model.clone(),
+            cpus: settings.cpus,
+            memory_mib: settings.memory_mib,
+            kernel: plan.kernel,
+            disk: plan.disk,
+            ram: plan.ram,
+            console_log: run_dir.path().join("console.log"),
+            tcg_tb_size_mib: settings.tcg_tb_size_mib,
+            incoming: plan.incoming,
+        };
+        let (qmp_host, qmp_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the QMP socket pair"))?;
+        let (agent_host, agent_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
+        let qemu_log = run_dir.path().join("qemu.log");
+        let log_file = std::fs::File::create(&qemu_log).map_err(io_err(format!("creating {}", qemu_log.display())))?;
+        let mut command = Command::new(&spec.qemu_binary);
+        command.args(spec.args()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file);
+        let fds: Vec<(OwnedFd, i32)> = vec![(qmp_child.into(), QMP_FD), (agent_child.into(), AGENT_FD)];
+        let mut process = QemuProcess::spawn(command, fds).map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
+
+        let to_tokio = |s: std::os::unix::net::UnixStream, what: &str| -> Result<tokio::net::UnixStream, MachineError> {
+            s.set_nonblocking(true).map_err(io_err(format!("configuring the {what} socket")))?;
+            tokio::net::UnixStream::from_std(s).map_err(io_err(format!("registering the {what} socket")))
+        };
+        let qmp_stream = to_tokio(qmp_host, "QMP")?;
+        let (agent_read, agent_write) = to_tokio(agent_host, "agent")?.into_split();
+        let agent = AgentClient::new(agent_read, agent_write, DEFAULT_MAX_RESPONSE_BYTES);
+        let qmp = match tokio::time::timeout(Duration::from_secs(30), Qmp::handshake(qmp_stream)).await {
+            Ok(Ok(qmp)) => qmp,
+            Ok(Err(e)) => {
+                // Usually QEMU refused its command line; its stderr says why.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let status = process.try_exit_status().unwrap_or_else(|| "still running".into());
+                return Err(match e {
+                    QmpError::Closed => MachineError::QemuExited { status, log: tail(&qemu_log, 20) },
+                    other => MachineError::Qmp { what: "handshake".into(), source: other },
+                });
+            }
+            Err(_) => {
+                return Err(MachineError::QemuExited {
+                    status: "no QMP greeting within 30 s".into(),
+                    log: tail(&qemu_log, 20),
+                })
+            }
+        };
+        Ok(Machine { agent, qmp: tokio::sync::Mutex::new(qmp), process, spec, run_dir })
+    }
+
+    /// Waits until the guest agent answers, reporting the console if it never does.
+    pub async fn wait_for_agent(&self, timeout: Duration) -> Result<(), MachineError> {
+        match self.agent.wait_ready(timeout).await {
+            Ok(_) => Ok(()),
+            Err(AgentError::Timeout { .. }) => {
+                Err(MachineError::BootTimeout { waited: timeout, console: tail(&self.spec.console_log, 25) })
+            }
+            Err(e) => {
+                // Give QEMU a moment to finish writing the console before reading it.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err(MachineError::GuestDied { reason: e.to_string(), console: tail(&self.spec.console_log, 25) })
+            }
+        }
+    }
+
+    pub fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    pub fn spec(&self) -> &MachineSpec {
+        &self.spec
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        self.run_dir.path()
+    }
+
+    pub fn console_tail(&self, lines: usize) -> String {
+        tail(&self.spec.console_log, lines)
+    }
+
+    /// Keeps the run folder after the machine is gone (for debugging).
+    pub fn keep_run_dir(&mut self) {
+        self.run_dir.keep();
+    }
+
+    /// Runs a QMP command.
+    pub async fn qmp(&self, command: &str, arguments: Option<serde_json::Value>) -> Result<serde_json::Value, MachineError> {
+        let mut qmp = self.qmp.lock().await;
+        qmp.execute(command, arguments).await.map_err(|source| MachineError::Qmp { what: command.to_string(), source })
+    }
+
+    /// Pauses the guest, then writes its device and CPU state (not its shared RAM) to
+    /// `state_path`. The guest stays paused; the disk overlay is flushed.
+    pub async fn save_state(&self, state_path: &Path) -> Result<(), MachineError> {
+        self.qmp("stop", None).await?;
+        self.set_ignore_shared().await?;
+        let uri = format!("exec:cat > {}", shell_quote(&state_path.to_string_lossy()));
+        self.qmp("migrate", Some(json!({ "uri": uri }))).await?;
+        let started = Instant::now();
+        loop {
+            let info = self.qmp("query-migrate", None).await?;
+            match info.get("status").and_then(|s| s.as_str()).unwrap_or("") {
+                "completed" => return Ok(()),
+                "failed" | "cancelled" => {
+                    return Err(MachineError::Migration {
+                        what: "to a state file".into(),
+                        detail: info.get("error-desc").map(|d| d.to_string()).unwrap_or_else(|| info.to_string()),
+                    })
+                }
+                _ if started.elapsed() > Duration::from_secs(120) => {
+                    return Err(MachineError::Migration { what: "to a state file".into(), detail: "did not finish within 120 s".into() })
+                }
+                _ => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+    }
+
+    /// Loads state written by [`Machine::save_state`] into a machine launched with
+    /// `incoming = true`, and resumes the guest.
+    pub async fn load_state(&self, state_path: &Path) -> Result<(), MachineError> {
+        self.set_ignore_shared().await?;
+        let uri = format!("exec:cat {}", shell_quote(&state_path.to_string_lossy()));
+        self.qmp("migrate-incoming", Some(json!({ "uri": uri }))).await?;
+        let started = Instant::now();
+        loop {
+            let status = self.qmp("query-status", None).await?;
+            let state = status.get("status").and_then(|s| s.as_str()).unwrap_or("").to_string();
+            match state.as_str() {
+                "inmigrate" if started.elapsed() < Duration::from_secs(60) => tokio::time::sleep(Duration::from_millis(1)).await,
+                "inmigrate" => {
+                    return Err(MachineError::Migration { what: "from a state file".into(), detail: "did not finish within 60 s".into() })
+                }
+                "paused" | "postmigrate" | "prelaunch" | "running" => break,
+                other => {
+                    let migrate = self.qmp("query-migrate", None).await.map(|v| v.to_string()).unwrap_or_default();
+                    return Err(MachineError::Migration {
+                        what: "from a state file".into(),
+                        detail: format!("guest state {other:?} after loading; {migrate}; QEMU log: {}", tail(&self.run_dir.path().join("qemu.log"), 5)),
+                    });
+                }
+            }
+        }
+        self.qmp("cont", None).await?;
+        Ok(())
+    }
+
+    async fn set_ignore_shared(&self) -> Result<(), MachineError> {
+        self.qmp(
+            "migrate-set-capabilities",
+            Some(json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": true } ] })),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Asks QEMU to quit and waits for it; kills it if it does not go within a second.
+    pub async fn shutdown(mut self) {
+        let quit = tokio::time::timeout(Duration::from_secs(1), self.qmp("quit", None)).await;
+        if quit.is_ok() {
+            for _ in 0..100 {
+                if self.process.try_exit_status().is_some() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.process.kill();
+    }
+
+    /// Kills QEMU at once (the run folder goes when the machine is dropped).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Whether QEMU has exited.
+    pub fn exited(&mut self) -> Option<String> {
+        self.process.try_exit_status()
+    }
+}
+
+/// Quotes a path for the `sh -c` QEMU runs for `exec:` migration URIs.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_survives_quotes_and_spaces() {
+        assert_eq!(shell_quote("/a b/c'd"), r"'/a b/c'\''d'");
+    }
+
+    #[test]
+    fn tail_returns_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("log");
+        std::fs::write(&p, "1\n2\n3\n4\n").unwrap();
+        assert_eq!(tail(&p, 2), "3\n4");
+        assert_eq!(tail(&dir.path().join("missing"), 2), "(empty)");
+    }
+
+    #[test]
+    fn run_dirs_are_removed_on_drop_unless_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = RunDir::create(root.path()).unwrap();
+        let path = dir.path().to_path_buf();
+        assert!(path.is_dir());
+        drop(dir);
+        assert!(!path.exists());
+        let mut dir = RunDir::create(root.path()).unwrap();
+        dir.keep();
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(path.exists());
+    }
+}

@@ -1,0 +1,175 @@
+//! Starting QEMU processes so that none outlives its owner.
+//!
+//! Three layers make the guarantee:
+//! 1. Every QEMU is started with `PR_SET_PDEATHSIG = SIGKILL`. The kernel sends it when the
+//!    *thread* that forked the child exits, so all QEMUs are forked from one dedicated thread
+//!    that lives as long as the process: any death of the owner (exit, panic, SIGTERM,
+//!    SIGKILL) kills every QEMU.
+//! 2. [`QemuProcess`] kills and reaps its child on drop (normal exit and errors).
+//! 3. A registry of live children lets a signal handler or panic hook kill them all before
+//!    the process exits ([`kill_all`]).
+//!
+//! QEMU also gets its own process group, so a Ctrl-C on the terminal reaches only farm, which
+//! then shuts its VMs down in order.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+struct SpawnJob {
+    command: Command,
+    /// (fd in this process, fd number in the child)
+    fds: Vec<(OwnedFd, i32)>,
+    reply: mpsc::Sender<io::Result<Child>>,
+}
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("farm-qemu-spawner".into())
+            .spawn(move || {
+                // This thread never exits while the process lives (the sender is in a static),
+                // which is what keeps PR_SET_PDEATHSIG from firing early.
+                for job in rx {
+                    let SpawnJob { mut command, fds, reply } = job;
+                    let result = spawn_here(&mut command, &fds);
+                    drop(fds);
+                    let _ = reply.send(result);
+                }
+            })
+            .expect("starting the QEMU spawner thread");
+        Mutex::new(tx)
+    })
+}
+
+fn live_children() -> &'static Mutex<HashSet<u32>> {
+    static LIVE: OnceLock<Mutex<HashSet<u32>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)]) -> io::Result<Child> {
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    let mapping: Vec<(i32, i32)> = fds.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)).collect();
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid, kill, fcntl, dup2, setpgid, _exit); it allocates nothing
+    // (`mapping` was built before the fork).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The owner may have died between fork and prctl; then no signal would come.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            // Move each passed fd to its number: first above every target so a source that
+            // happens to equal another's target is not overwritten, then into place.
+            let mut moved = [0i32; 8];
+            for (i, (source, _)) in mapping.iter().enumerate().take(8) {
+                let high = libc::fcntl(*source, libc::F_DUPFD_CLOEXEC, 64);
+                if high < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                moved[i] = high;
+            }
+            for (i, (_, target)) in mapping.iter().enumerate().take(8) {
+                // dup2 clears FD_CLOEXEC on the new descriptor, so QEMU inherits it.
+                if libc::dup2(moved[i], *target) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
+/// A running QEMU. Dropping it kills and reaps the process.
+#[derive(Debug)]
+pub struct QemuProcess {
+    child: Option<Child>,
+    pid: u32,
+}
+
+impl QemuProcess {
+    /// Starts `command` from the spawner thread, passing each `(fd, number)` to the child.
+    pub fn spawn(command: Command, fds: Vec<(OwnedFd, i32)>) -> io::Result<QemuProcess> {
+        assert!(fds.len() <= 8, "at most 8 fds are passed to a child");
+        let (reply, result) = mpsc::channel();
+        spawner()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(SpawnJob { command, fds, reply })
+            .map_err(|_| io::Error::other("the QEMU spawner thread is gone"))?;
+        let child = result.recv().map_err(|_| io::Error::other("the QEMU spawner thread is gone"))??;
+        let pid = child.id();
+        live_children().lock().unwrap_or_else(|p| p.into_inner()).insert(pid);
+        Ok(QemuProcess { child: Some(child), pid })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the process has exited (reaping it if so), with its status text.
+    pub fn try_exit_status(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                self.child = None;
+                live_children().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+                Some(status.to_string())
+            }
+            _ => None,
+        }
+    }
+
+    /// Kills the process and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            live_children().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+        }
+    }
+
+    /// Waits for the process to exit on its own (after `quit`), reaping it.
+    pub fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
+        let status = self.child.as_mut().map(|c| c.wait()).unwrap_or_else(|| Err(io::Error::other("already reaped")))?;
+        self.child = None;
+        live_children().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+        Ok(status)
+    }
+}
+
+impl Drop for QemuProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Kills every QEMU this process started that is still alive. For signal handlers and
+/// panic hooks; normal paths rely on [`QemuProcess`]'s drop.
+pub fn kill_all() {
+    let pids: Vec<u32> = live_children().lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+    for pid in pids {
+        // SAFETY: plain kill(2) of a child we started. A child is removed from the registry
+        // as soon as it is reaped; only a reap racing with this loop could leave a stale pid.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+}
+
+/// Number of QEMU processes this process started that are still alive.
+pub fn live_count() -> usize {
+    live_children().lock().unwrap_or_else(|p| p.into_inner()).len()
+}

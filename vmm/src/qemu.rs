@@ -1,0 +1,195 @@
+//! The QEMU command line of one microVM, built from a plain [`MachineSpec`].
+//!
+//! The layout is fixed by what forks need: guest RAM in a `memory-backend-file` (shared for
+//! a template that will be snapshotted, private for a fork), the root disk as virtio-blk
+//! over a qcow2 overlay, the agent on a virtio-serial port, QMP and the agent channel on
+//! sockets the host passes in as file descriptors, the console on ttyS0 into a file.
+
+use std::path::PathBuf;
+
+use crate::accel::Accel;
+
+/// File descriptor numbers the QEMU child finds its two sockets on.
+pub const QMP_FD: i32 = 3;
+pub const AGENT_FD: i32 = 4;
+
+/// Kernel command line shared by every VM. `acpi=off` is on the QEMU side (machine option);
+/// QEMU then appends the `virtio_mmio.device=` entries the kernel needs to find the devices.
+pub const KERNEL_CMDLINE: &str =
+    "console=ttyS0 reboot=t panic=-1 root=/dev/vda rw rootfstype=ext4 init=/sbin/farm-agent quiet 8250.nr_uarts=1";
+
+/// How guest RAM is backed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RamBacking {
+    /// The file QEMU maps as guest RAM.
+    pub path: PathBuf,
+    /// `share=on` (MAP_SHARED: the guest writes into the file, as a template must) or
+    /// `share=off` (MAP_PRIVATE: copy-on-write over the file, as a fork does).
+    pub shared: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineSpec {
+    pub qemu_binary: PathBuf,
+    /// A name for `ps` and for finding stray processes (`-name`).
+    pub name: String,
+    pub accel: Accel,
+    /// CPU model (`max` under TCG, `host` under KVM by default).
+    pub cpu_model: String,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub kernel: PathBuf,
+    /// The root disk: a qcow2 overlay the VM may write.
+    pub disk: PathBuf,
+    pub ram: RamBacking,
+    pub console_log: PathBuf,
+    /// TCG translation buffer size; smaller buffers keep forks' private memory down.
+    pub tcg_tb_size_mib: Option<u32>,
+    /// Start paused, waiting for migration state (`-incoming defer`).
+    pub incoming: bool,
+}
+
+impl MachineSpec {
+    pub fn default_cpu_model(accel: Accel) -> &'static str {
+        match accel {
+            Accel::Tcg => "max",
+            Accel::Kvm => "host",
+        }
+    }
+
+    /// The argument vector after the program name.
+    pub fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = Vec::new();
+        let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
+        push(&["-name", &self.name]);
+        push(&["-M", "microvm,x-option-roms=off,rtc=off,isa-serial=on,acpi=off,memory-backend=mem"]);
+        let accel = match (self.accel, self.tcg_tb_size_mib) {
+            (Accel::Tcg, Some(mib)) => format!("tcg,tb-size={mib}"),
+            (Accel::Tcg, None) => "tcg".to_string(),
+            (Accel::Kvm, _) => "kvm".to_string(),
+        };
+        push(&["-accel", &accel, "-cpu", &self.cpu_model]);
+        push(&["-smp", &self.cpus.to_string(), "-m", &format!("{}M", self.memory_mib)]);
+        push(&[
+            "-object",
+            &format!(
+                "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
+                self.memory_mib,
+                qemu_escape(&self.ram.path.to_string_lossy()),
+                if self.ram.shared { "on" } else { "off" }
+            ),
+        ]);
+        push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
+        push(&["-serial", &format!("file:{}", self.console_log.to_string_lossy())]);
+        push(&["-kernel", &self.kernel.to_string_lossy(), "-append", KERNEL_CMDLINE]);
+        push(&[
+            "-drive",
+            &format!("id=root,file={},format=qcow2,if=none,cache=unsafe", qemu_escape(&self.disk.to_string_lossy())),
+            "-device",
+            "virtio-blk-device,drive=root",
+        ]);
+        push(&[
+            "-device",
+            "virtio-serial-device,max_ports=2",
+            "-chardev",
+            &format!("socket,id=agent,fd={AGENT_FD},server=off"),
+            "-device",
+            &format!("virtserialport,chardev=agent,name={}", farm_protocol::PORT_NAME),
+        ]);
+        push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=off"), "-mon", "chardev=qmp,mode=control"]);
+        if self.incoming {
+            push(&["-incoming", "defer"]);
+        }
+        args
+    }
+}
+
+/// QEMU option values separate keys with commas; a literal comma is written twice.
+fn qemu_escape(value: &str) -> String {
+    value.replace(',', ",,")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MachineSpec {
+        MachineSpec {
+            qemu_binary: "qemu-system-x86_64".into(),
+            name: "farm-1-0".into(),
+            accel: Accel::Tcg,
+            cpu_model: "max".into(),
+            cpus: 2,
+            memory_mib: 256,
+            kernel: "/k/vmlinux".into(),
+            disk: "/run/a,b/overlay.qcow2".into(),
+            ram: RamBacking { path: "/snap/memory".into(), shared: false },
+            console_log: "/run/console.log".into(),
+            tcg_tb_size_mib: Some(32),
+            incoming: true,
+        }
+    }
+
+    fn value_after<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+        args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+    }
+
+    #[test]
+    fn microvm_without_acpi_and_defaults() {
+        let args = spec().args();
+        let machine = value_after(&args, "-M");
+        assert_eq!(machine.len(), 1);
+        assert!(machine[0].starts_with("microvm,") && machine[0].contains("acpi=off") && machine[0].contains("memory-backend=mem"));
+        assert!(args.iter().any(|a| a == "-nodefaults"));
+        assert!(args.iter().any(|a| a == "-no-reboot"));
+        assert!(!args.iter().any(|a| a.contains("netdev") || a.contains("-net")), "no network device: {args:?}");
+    }
+
+    #[test]
+    fn ram_is_a_memory_backend_file_with_the_requested_sharing() {
+        let mut s = spec();
+        let object = value_after(&s.args(), "-object")[0].to_string();
+        assert_eq!(object, "memory-backend-file,id=mem,size=256M,mem-path=/snap/memory,share=off");
+        s.ram.shared = true;
+        assert!(value_after(&s.args(), "-object")[0].ends_with("share=on"));
+    }
+
+    #[test]
+    fn disk_is_virtio_blk_over_qcow2_with_commas_escaped() {
+        let args = spec().args();
+        let drive = value_after(&args, "-drive")[0];
+        assert!(drive.contains("file=/run/a,,b/overlay.qcow2") && drive.contains("format=qcow2"), "{drive}");
+        assert!(value_after(&args, "-device").contains(&"virtio-blk-device,drive=root"));
+    }
+
+    #[test]
+    fn agent_on_virtio_serial_and_qmp_on_passed_fds() {
+        let args = spec().args();
+        let devices = value_after(&args, "-device");
+        assert!(devices.iter().any(|d| d.starts_with("virtio-serial-device")));
+        assert!(devices.contains(&format!("virtserialport,chardev=agent,name={}", farm_protocol::PORT_NAME).as_str()));
+        let chardevs = value_after(&args, "-chardev");
+        assert!(chardevs.contains(&"socket,id=agent,fd=4,server=off"));
+        assert!(chardevs.contains(&"socket,id=qmp,fd=3,server=off"));
+        assert_eq!(value_after(&args, "-mon"), ["chardev=qmp,mode=control"]);
+    }
+
+    #[test]
+    fn accelerator_and_incoming_follow_the_spec() {
+        let mut s = spec();
+        assert_eq!(value_after(&s.args(), "-accel"), ["tcg,tb-size=32"]);
+        assert_eq!(value_after(&s.args(), "-incoming"), ["defer"]);
+        s.accel = Accel::Kvm;
+        s.incoming = false;
+        assert_eq!(value_after(&s.args(), "-accel"), ["kvm"]);
+        assert!(value_after(&s.args(), "-incoming").is_empty());
+    }
+
+    #[test]
+    fn console_goes_to_the_log_file_and_kernel_boots_the_agent() {
+        let args = spec().args();
+        assert_eq!(value_after(&args, "-serial"), ["file:/run/console.log"]);
+        let append = value_after(&args, "-append")[0];
+        assert!(append.contains("console=ttyS0") && append.contains("init=/sbin/farm-agent") && append.contains("panic=-1"));
+    }
+}

@@ -1,0 +1,90 @@
+//! A small asynchronous QMP client: greeting, capabilities negotiation, one command at a
+//! time, events skipped.
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+
+/// Longest QMP line accepted; QEMU's answers to the commands farm sends are far shorter.
+const MAX_LINE: usize = 4 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    #[error("the QMP connection closed (QEMU exited?)")]
+    Closed,
+    #[error("QMP I/O failed")]
+    Io(#[from] std::io::Error),
+    #[error("QMP sent something that is not JSON: {0}")]
+    BadJson(String),
+    #[error("QMP command {command} failed: {class}: {desc}")]
+    Command { command: String, class: String, desc: String },
+}
+
+pub struct Qmp {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    /// Events received while waiting for command answers, newest last (bounded).
+    pub events: Vec<Value>,
+}
+
+impl Qmp {
+    /// Reads the greeting and enters command mode.
+    pub async fn handshake(stream: UnixStream) -> Result<Qmp, QmpError> {
+        let (read, write) = stream.into_split();
+        let mut qmp = Qmp { reader: BufReader::new(read), writer: write, events: Vec::new() };
+        let greeting = qmp.read_message().await?;
+        if greeting.get("QMP").is_none() {
+            return Err(QmpError::BadJson(format!("expected the QMP greeting, got {greeting}")));
+        }
+        qmp.execute("qmp_capabilities", None).await?;
+        Ok(qmp)
+    }
+
+    async fn read_message(&mut self) -> Result<Value, QmpError> {
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = (&mut self.reader).take(MAX_LINE as u64).read_until(b'\n', &mut line).await?;
+            if n == 0 {
+                return Err(QmpError::Closed);
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            return serde_json::from_slice(&line).map_err(|e| QmpError::BadJson(format!("{e}: {}", String::from_utf8_lossy(&line))));
+        }
+    }
+
+    /// Runs one command and returns its `return` value.
+    pub async fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
+        let mut request = json!({ "execute": command });
+        if let Some(arguments) = arguments {
+            request["arguments"] = arguments;
+        }
+        let mut bytes = serde_json::to_vec(&request).expect("json");
+        bytes.push(b'\n');
+        self.writer.write_all(&bytes).await?;
+        loop {
+            let message = self.read_message().await?;
+            if message.get("event").is_some() {
+                if self.events.len() >= 64 {
+                    self.events.remove(0);
+                }
+                self.events.push(message);
+                continue;
+            }
+            if let Some(ret) = message.get("return") {
+                return Ok(ret.clone());
+            }
+            if let Some(error) = message.get("error") {
+                return Err(QmpError::Command {
+                    command: command.to_string(),
+                    class: error.get("class").and_then(Value::as_str).unwrap_or("?").to_string(),
+                    desc: error.get("desc").and_then(Value::as_str).unwrap_or("?").to_string(),
+                });
+            }
+            return Err(QmpError::BadJson(format!("unexpected QMP message {message}")));
+        }
+    }
+}
