@@ -171,7 +171,7 @@ make_image() {
   local dir="$CACHE/images/$name-$key"
   local tmpdir="$CACHE/images/.$name-$key.tmp"
   rm -rf "$tmpdir"; mkdir -p "$tmpdir"
-  mkfs.ext4 -q -F -L root -E root_owner=0:0 -d "$root" "$tmpdir/rootfs.ext4" "$size"
+  mkfs.ext4 -q -F -L root -E root_owner=0:0 -d "$root" "$tmpdir/rootfs.ext4" "$size" >/dev/null
   chmod 0444 "$tmpdir/rootfs.ext4"
   manifest "$tmpdir" "$key" "image-$name" "\"agent\":\"$AGENT_KEY\",\"size\":\"$size\""
   rm -rf "$dir"; mv "$tmpdir" "$dir"

@@ -158,7 +158,7 @@ fn serve(path: &Path) -> ! {
         respond(&state, 0, pong, &[]);
     }
     loop {
-        match farm_protocol::read_frame_blocking(&mut reader, DEFAULT_MAX_FRAME_BYTES) {
+        match farm_protocol::read_frame_resync(&mut reader, DEFAULT_MAX_FRAME_BYTES) {
             Ok((header, body)) => {
                 let state = Arc::clone(&state);
                 let spawned = std::thread::Builder::new()
@@ -175,8 +175,8 @@ fn serve(path: &Path) -> ! {
                 log(&format!("reading the port failed: {e}"));
                 std::thread::sleep(Duration::from_millis(100));
             }
-            // The stream lost its framing (a bad length): nothing queued behind it can be
-            // trusted. Tell the host, drop what is queued, and carry on.
+            // A bad length after a magic: nothing queued behind it can be trusted. Tell the
+            // host, drop what is queued, and resynchronise on the next magic.
             Err(e) => {
                 log(&format!("bad frame from host: {e}"));
                 respond(&state, 0, Response::Error(bad_request(e.to_string())), &[]);

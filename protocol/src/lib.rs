@@ -4,12 +4,15 @@
 //! socket on the host). A frame is
 //!
 //! ```text
-//! +-------------+-------------+----------------------+------------------+
-//! | length: u32 | header: u32 | header bytes (JSON)  | body bytes (raw) |
-//! +-------------+-------------+----------------------+------------------+
-//!   big endian    big endian
+//! +-------------+-------------+-------------+----------------------+------------------+
+//! | magic "FRM1"| length: u32 | header: u32 | header bytes (JSON)  | body bytes (raw) |
+//! +-------------+-------------+-------------+----------------------+------------------+
+//!                 big endian    big endian
 //! length = 4 + header length + body length   (the bytes after the length field)
 //! ```
+//!
+//! The magic lets the agent find the start of the next frame when the guest kernel dropped
+//! part of the stream (a virtio port discards what arrives before the agent opens it).
 //!
 //! The header is a JSON [`Envelope`]: the protocol version, the request id that pairs a
 //! response with its request, and the message. Bulk bytes (stdin, file contents, command
@@ -38,8 +41,11 @@ pub const MAX_HEADER_BYTES: u32 = 1 << 20;
 /// Default largest frame a reader accepts (header + body).
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 96 << 20;
 
-/// Bytes of the two length fields at the start of every frame.
-pub const PREFIX_BYTES: usize = 8;
+/// The four bytes every frame starts with.
+pub const MAGIC: [u8; 4] = *b"FRM1";
+
+/// Bytes of the magic and the two length fields at the start of every frame.
+pub const PREFIX_BYTES: usize = 12;
 
 /// A frame's header: protocol version, request id and message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -207,7 +213,8 @@ pub enum FrameError {
 pub fn encode_frame<M: Serialize>(envelope: &Envelope<M>, body: &[u8]) -> Vec<u8> {
     let header = serde_json::to_vec(envelope).expect("protocol messages always serialize");
     let len = 4 + header.len() + body.len();
-    let mut out = Vec::with_capacity(4 + len);
+    let mut out = Vec::with_capacity(8 + len);
+    out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&(len as u32).to_be_bytes());
     out.extend_from_slice(&(header.len() as u32).to_be_bytes());
     out.extend_from_slice(&header);
@@ -215,13 +222,17 @@ pub fn encode_frame<M: Serialize>(envelope: &Envelope<M>, body: &[u8]) -> Vec<u8
     out
 }
 
-/// Checks the two length fields at the start of a frame and returns (header, body) lengths.
+/// Checks the magic and the two length fields at the start of a frame and returns the
+/// (header, body) lengths.
 ///
 /// This runs before anything is allocated for the frame, so a hostile length cannot make the
 /// reader allocate more than `max_frame`.
 pub fn check_prefix(prefix: [u8; PREFIX_BYTES], max_frame: u32) -> Result<(usize, usize), FrameError> {
-    let len = u32::from_be_bytes(prefix[0..4].try_into().expect("4 bytes"));
-    let header_len = u32::from_be_bytes(prefix[4..8].try_into().expect("4 bytes"));
+    if prefix[0..4] != MAGIC {
+        return Err(FrameError::Malformed(format!("frame does not start with the magic {MAGIC:?}: {:?}", &prefix[0..4])));
+    }
+    let len = u32::from_be_bytes(prefix[4..8].try_into().expect("4 bytes"));
+    let header_len = u32::from_be_bytes(prefix[8..12].try_into().expect("4 bytes"));
     if len > max_frame {
         return Err(FrameError::TooLarge { len: len.into(), max: max_frame.into() });
     }
@@ -263,6 +274,24 @@ pub fn decode_header<M: for<'de> Deserialize<'de>>(header: &[u8]) -> Result<Enve
 pub fn read_frame_blocking(reader: &mut impl Read, max_frame: u32) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
     let mut prefix = [0u8; PREFIX_BYTES];
     read_exact_or_closed(reader, &mut prefix, true)?;
+    let (header_len, body_len) = check_prefix(prefix, max_frame)?;
+    let mut header = vec![0u8; header_len];
+    read_exact_or_closed(reader, &mut header, false)?;
+    let mut body = vec![0u8; body_len];
+    read_exact_or_closed(reader, &mut body, false)?;
+    Ok((header, body))
+}
+
+/// Reads one frame like [`read_frame_blocking`], but first skips bytes until the magic, so
+/// a reader that joined the stream mid-frame finds the next whole frame.
+pub fn read_frame_resync(reader: &mut impl Read, max_frame: u32) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
+    let mut prefix = [0u8; PREFIX_BYTES];
+    read_exact_or_closed(reader, &mut prefix[..4], true)?;
+    while prefix[..4] != MAGIC {
+        prefix.copy_within(1..4, 0);
+        read_exact_or_closed(reader, &mut prefix[3..4], false)?;
+    }
+    read_exact_or_closed(reader, &mut prefix[4..], false)?;
     let (header_len, body_len) = check_prefix(prefix, max_frame)?;
     let mut header = vec![0u8; header_len];
     read_exact_or_closed(reader, &mut header, false)?;
@@ -346,8 +375,23 @@ mod tests {
     }
 
     #[test]
+    fn resync_skips_garbage_before_the_next_frame() {
+        let envelope = Envelope { v: PROTOCOL_VERSION, id: 3, msg: Request::Ping };
+        let frame = encode_frame(&envelope, b"xyz");
+        // The tail of an earlier frame (including a partial magic), then a whole frame.
+        let mut bytes = b"FRjunk\x00\x01FR".to_vec();
+        bytes.extend_from_slice(&frame[5..]);
+        bytes.extend_from_slice(&frame);
+        let (header, body) = read_frame_resync(&mut &bytes[..], 1024).unwrap();
+        assert_eq!(decode_header::<Request>(&header).unwrap(), envelope);
+        assert_eq!(body, b"xyz");
+        // The strict reader refuses the same stream.
+        assert!(matches!(read_frame_blocking(&mut &bytes[..], 1024), Err(FrameError::Malformed(_))));
+    }
+
+    #[test]
     fn oversized_length_is_refused_before_allocation() {
-        let mut bytes = Vec::new();
+        let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&u32::MAX.to_be_bytes());
         bytes.extend_from_slice(&4u32.to_be_bytes());
         let err = read_frame_blocking(&mut &bytes[..], 1024).unwrap_err();
@@ -356,17 +400,17 @@ mod tests {
 
     #[test]
     fn oversized_header_is_refused() {
-        let prefix = [&(MAX_HEADER_BYTES + 8).to_be_bytes()[..], &(MAX_HEADER_BYTES + 1).to_be_bytes()[..]].concat();
+        let prefix = [&MAGIC[..], &(MAX_HEADER_BYTES + 8).to_be_bytes()[..], &(MAX_HEADER_BYTES + 1).to_be_bytes()[..]].concat();
         let err = check_prefix(prefix.try_into().unwrap(), u32::MAX).unwrap_err();
         assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
     }
 
     #[test]
     fn header_longer_than_frame_is_malformed() {
-        let prefix = [&10u32.to_be_bytes()[..], &20u32.to_be_bytes()[..]].concat();
+        let prefix = [&MAGIC[..], &10u32.to_be_bytes()[..], &20u32.to_be_bytes()[..]].concat();
         let err = check_prefix(prefix.try_into().unwrap(), 1024).unwrap_err();
         assert!(matches!(err, FrameError::Malformed(_)), "{err}");
-        let prefix = [&2u32.to_be_bytes()[..], &0u32.to_be_bytes()[..]].concat();
+        let prefix = [&MAGIC[..], &2u32.to_be_bytes()[..], &0u32.to_be_bytes()[..]].concat();
         assert!(matches!(check_prefix(prefix.try_into().unwrap(), 1024), Err(FrameError::Malformed(_))));
     }
 

@@ -184,7 +184,7 @@ impl AgentClient {
                     Err(AgentError::Timeout { .. }) => {}
                     Err(e) => return Err(e),
                 },
-                _ = ready.wait_for(|r| *r) => {
+                _ = async { ready.wait_for(|r| *r).await.is_ok() } => {
                     // Announced; a ping now answers promptly.
                     return self.ping_within(SHORT_REQUEST.min(deadline.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_secs(1)))).await;
                 }
@@ -497,6 +497,7 @@ mod tests {
         });
         let _ = next_request(&mut guest).await;
         // Announce a 1 GiB frame; the client must refuse without allocating or waiting.
+        guest.write_all(&farm_protocol::MAGIC).await.unwrap();
         guest.write_all(&(1u32 << 30).to_be_bytes()).await.unwrap();
         guest.write_all(&4u32.to_be_bytes()).await.unwrap();
         let err = call.await.unwrap().unwrap_err();
@@ -507,7 +508,7 @@ mod tests {
 
     #[tokio::test]
     async fn garbage_and_truncation_are_errors_not_hangs() {
-        for garbage in [&b"\x00\x00\x00\x10\x00\x00\x00\x0cnot json!!!!"[..], b"\x00\x00\x00\x40\x00\x00"] {
+        for garbage in [&b"FRM1\x00\x00\x00\x10\x00\x00\x00\x0cnot json!!!!"[..], b"FRM1\x00\x00\x00\x40\x00\x00", b"HTTP/1.1 200 OK\r\n"] {
             let (client, mut guest) = client_with_guest();
             let call = tokio::spawn({
                 let c = client.clone();
