@@ -30,7 +30,9 @@ pub enum AgentError {
     Timeout { op: &'static str, waited: Duration },
     #[error("the guest agent sent an invalid response to {op}: {detail}")]
     BadResponse { op: &'static str, detail: String },
-    #[error("the guest agent refused {op}: {kind:?}: {message}")]
+    #[error("the guest agent restarted while {op} was in flight (a command may have killed it)")]
+    AgentRestarted { op: &'static str },
+    #[error("the guest agent refused {op}: {message}")]
     Refused { op: &'static str, kind: farm_protocol::ErrorKind, message: String },
 }
 
@@ -164,11 +166,11 @@ impl AgentClient {
         self.inner.shared.lock().unwrap_or_else(|p| p.into_inner()).unsolicited
     }
 
-    /// Waits until the agent is serving: it announced itself, or answers a ping. Pings are
-    /// repeated because one sent before the guest opened its port is discarded by the guest.
+    /// Waits until the agent is serving. Pings are repeated because one sent before the
+    /// guest opened its port is discarded by the guest; the agent's announcement (an
+    /// unsolicited pong) fails the ping in flight at once, so the next goes out promptly.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<Pong, AgentError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut ready = self.inner.ready.subscribe();
         loop {
             if let Some(reason) = self.closed_reason() {
                 return Err(AgentError::ChannelClosed(reason));
@@ -177,17 +179,11 @@ impl AgentClient {
             if now >= deadline {
                 return Err(AgentError::Timeout { op: "ping", waited: timeout });
             }
-            let attempt = Duration::from_millis(300).min(deadline - now);
-            tokio::select! {
-                pong = self.ping_within(attempt) => match pong {
-                    Ok(pong) => return Ok(pong),
-                    Err(AgentError::Timeout { .. }) => {}
-                    Err(e) => return Err(e),
-                },
-                _ = async { ready.wait_for(|r| *r).await.is_ok() } => {
-                    // Announced; a ping now answers promptly.
-                    return self.ping_within(SHORT_REQUEST.min(deadline.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_secs(1)))).await;
-                }
+            let attempt = if *self.inner.ready.borrow() { Duration::from_secs(5) } else { Duration::from_millis(300) };
+            match self.ping_within(attempt.min(deadline - now)).await {
+                Ok(pong) => return Ok(pong),
+                Err(AgentError::Timeout { .. }) | Err(AgentError::AgentRestarted { .. }) => {}
+                Err(e) => return Err(e),
             }
         }
     }
@@ -367,9 +363,14 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, max_frame: u32, inner: &
         let Some(inner) = inner.upgrade() else { return "client dropped".into() };
         if envelope.id == 0 {
             // Unsolicited: the agent announcing itself (pong) or reporting a frame it could
-            // not parse. Neither answers a request.
+            // not parse. Neither answers a request. An announcement means a (re)started agent:
+            // requests sent to its predecessor will never be answered.
             if matches!(envelope.msg, Response::Pong(_)) {
                 let _ = inner.ready.send(true);
+                let mut shared = inner.shared.lock().unwrap_or_else(|p| p.into_inner());
+                for (_, waiter) in shared.pending.drain() {
+                    let _ = waiter.send(Err(AgentError::AgentRestarted { op: "request" }));
+                }
             }
             continue;
         }

@@ -99,9 +99,26 @@ async fn run_command(args: RunArgs) -> Result<i32> {
         stderr_cap: OUTPUT_CAP,
         ..ExecOptions::argv(&args.command)
     };
-    let output = machine.agent().exec(options).await.with_context(|| {
-        format!("running {:?} in the guest; last lines of the serial console:\n{}", args.command, machine.console_tail(10))
-    })?;
+    let output = match machine.agent().exec(options).await {
+        Ok(output) => output,
+        Err(vmm::AgentError::Refused { kind: farm_protocol::ErrorKind::Spawn, message, .. }) => {
+            // Like a shell: the command could not be started.
+            eprintln!("farm: {message}");
+            machine.shutdown().await;
+            return Ok(127);
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "running {:?} in the guest; last lines of the serial console:\n{}",
+                args.command,
+                machine.console_tail(10)
+            )))
+        }
+    };
+    if std::env::var_os("FARM_TEST_PANIC_AFTER_EXEC").is_some() {
+        // Test aid: proves the no-orphan guarantee on the panic path.
+        panic!("FARM_TEST_PANIC_AFTER_EXEC is set");
+    }
     let ran = started.elapsed() - booted;
     machine.shutdown().await;
 

@@ -1,0 +1,237 @@
+//! The machine layer against real guests: commands, files, limits, concurrency, failures.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{runtime, shared_minimal, shared_python};
+use vmm::{AgentError, ExecOptions};
+
+fn sh(script: &str) -> ExecOptions {
+    ExecOptions::shell(script)
+}
+
+#[test]
+fn exit_codes_and_output_streams() {
+    runtime().block_on(async {
+        let agent = shared_minimal().await.agent();
+        let out = agent.exec(sh("echo out; echo err >&2; exit 7")).await.unwrap();
+        assert_eq!(out.result.exit_code, Some(7));
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+        assert_eq!(out.shell_exit_code(), 7);
+        let ok = agent.exec(ExecOptions::argv(&["true"])).await.unwrap();
+        assert_eq!(ok.result.exit_code, Some(0));
+    });
+}
+
+#[test]
+fn signals_are_reported_as_signals() {
+    runtime().block_on(async {
+        let out = shared_minimal().await.agent().exec(sh("kill -TERM $$")).await.unwrap();
+        assert_eq!(out.result.exit_code, None);
+        assert_eq!(out.result.signal, Some(15));
+        assert_eq!(out.shell_exit_code(), 143);
+    });
+}
+
+#[test]
+fn stdin_env_and_working_directory_reach_the_command() {
+    runtime().block_on(async {
+        let options = ExecOptions {
+            stdin: b"line one\nline two\n".to_vec(),
+            env: vec![("GREETING".into(), "hello farm".into())],
+            cwd: Some("/etc".into()),
+            ..sh("wc -l; echo \"$GREETING\"; pwd")
+        };
+        let out = shared_minimal().await.agent().exec(options).await.unwrap();
+        let text = out.stdout_text();
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        assert_eq!(lines, ["2", "hello farm", "/etc"]);
+    });
+}
+
+#[test]
+fn large_stdin_is_delivered_whole() {
+    runtime().block_on(async {
+        let input: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let options = ExecOptions { stdin: input.clone(), ..sh("md5sum") };
+        let out = shared_minimal().await.agent().exec(options).await.unwrap();
+        let digest = format!("{:x}", md5_of(&input));
+        assert!(out.stdout_text().starts_with(&digest), "{} vs {digest}", out.stdout_text());
+    });
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group() {
+    runtime().block_on(async {
+        let agent = shared_minimal().await.agent();
+        let options = ExecOptions {
+            timeout: Some(Duration::from_millis(1500)),
+            ..sh("sleep 300 & echo $! > /tmp/bg.pid; sleep 300")
+        };
+        let out = agent.exec(options).await.unwrap();
+        assert!(out.result.timed_out);
+        assert_eq!(out.result.signal, Some(9));
+        // The background child died with the group.
+        let check = agent.exec(sh("kill -0 $(cat /tmp/bg.pid) 2>/dev/null && echo alive || echo gone")).await.unwrap();
+        assert_eq!(check.stdout_text().trim(), "gone");
+    });
+}
+
+#[test]
+fn output_beyond_the_cap_is_dropped_and_flagged() {
+    runtime().block_on(async {
+        let options = ExecOptions { stdout_cap: 1000, stderr_cap: 10, ..sh("yes | head -c 100000; yes e | head -c 5000 >&2") };
+        let out = shared_minimal().await.agent().exec(options).await.unwrap();
+        assert_eq!(out.stdout.len(), 1000);
+        assert!(out.result.stdout_truncated);
+        assert_eq!(out.stderr.len(), 10);
+        assert!(out.result.stderr_truncated);
+        assert_eq!(out.result.exit_code, Some(0));
+    });
+}
+
+#[test]
+fn binary_files_round_trip() {
+    runtime().block_on(async {
+        let agent = shared_minimal().await.agent();
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+        agent.write_file("/tmp/deep/dir/blob.bin", data.clone(), 0o640).await.unwrap();
+        let (back, size) = agent.read_file("/tmp/deep/dir/blob.bin", 2 << 20).await.unwrap();
+        assert_eq!(size, data.len() as u64);
+        assert_eq!(back, data);
+        let stat = agent.exec(sh("stat -c %a /tmp/deep/dir/blob.bin")).await.unwrap();
+        assert_eq!(stat.stdout_text().trim(), "640");
+        // A read cap returns the head and the true size.
+        let (head, size) = agent.read_file("/tmp/deep/dir/blob.bin", 10).await.unwrap();
+        assert_eq!(head, &data[..10]);
+        assert_eq!(size, data.len() as u64);
+        let missing = agent.read_file("/no/such/file", 10).await.unwrap_err();
+        assert!(matches!(missing, AgentError::Refused { .. }), "{missing}");
+    });
+}
+
+#[test]
+fn concurrent_requests_overlap() {
+    runtime().block_on(async {
+        let agent = shared_minimal().await.agent();
+        // Each command announces itself, then waits until all six have: this only finishes
+        // if the six requests are in flight at the same time.
+        let script = |i: usize| {
+            format!(
+                "mkdir -p /tmp/barrier; touch /tmp/barrier/{i}; \
+                 for t in $(seq 600); do [ $(ls /tmp/barrier | wc -l) -ge 6 ] && echo {i} && exit 0; sleep 0.1; done; exit 1"
+            )
+        };
+        let calls: Vec<_> = (0..6)
+            .map(|i| {
+                let agent = agent.clone();
+                let options = sh(&script(i));
+                tokio::spawn(async move { agent.exec(options).await })
+            })
+            .collect();
+        let results: Vec<_> = futures_join(calls).await;
+        for (i, out) in results.into_iter().enumerate() {
+            assert_eq!(out.result.exit_code, Some(0), "request {i} never saw the others");
+            assert_eq!(out.stdout_text().trim(), i.to_string());
+        }
+    });
+}
+
+#[test]
+fn unknown_program_is_a_spawn_error() {
+    runtime().block_on(async {
+        let err = shared_minimal().await.agent().exec(ExecOptions::argv(&["/no/such/program"])).await.unwrap_err();
+        assert!(matches!(err, AgentError::Refused { kind: farm_protocol::ErrorKind::Spawn, .. }), "{err}");
+    });
+}
+
+#[test]
+fn python_image_runs_python() {
+    runtime().block_on(async {
+        let out = shared_python().await.agent().exec(ExecOptions::argv(&["python3", "-c", "print(6*7)"])).await.unwrap();
+        assert_eq!(out.stdout_text(), "42\n");
+        let git = shared_python().await.agent().exec(ExecOptions::argv(&["git", "--version"])).await.unwrap();
+        assert!(git.stdout_text().starts_with("git version"));
+    });
+}
+
+#[test]
+fn guest_killed_mid_request_fails_the_request_promptly() {
+    runtime().block_on(async {
+        let mut machine = common::boot("minimal").await;
+        let agent = machine.agent().clone();
+        let call = tokio::spawn(async move { agent.exec(sh("sleep 600")).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        machine.kill();
+        let err = tokio::time::timeout(Duration::from_secs(30), call).await.expect("request must not hang").unwrap().unwrap_err();
+        assert!(matches!(err, AgentError::ChannelClosed(_)), "{err}");
+        assert!(matches!(machine.agent().ping().await, Err(AgentError::ChannelClosed(_))));
+    });
+}
+
+#[test]
+fn killing_the_agent_fails_in_flight_requests_and_it_comes_back() {
+    runtime().block_on(async {
+        let machine = common::boot("minimal").await;
+        let agent = machine.agent();
+        // The server is PID 1's child; the command kills it (not itself: it runs in its
+        // own session, so it survives and its answer is lost with the server).
+        let err = agent.exec(sh("kill -9 $PPID; sleep 5")).await.unwrap_err();
+        assert!(matches!(err, AgentError::AgentRestarted { .. }), "{err}");
+        let pong = agent.ping().await.unwrap();
+        assert_eq!(pong.protocol_version, farm_protocol::PROTOCOL_VERSION);
+        machine.shutdown().await;
+    });
+}
+
+async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<Result<T, AgentError>>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap().unwrap());
+    }
+    out
+}
+
+/// MD5, to compare with busybox md5sum without adding a dependency.
+fn md5_of(data: &[u8]) -> u128 {
+    let s: [u32; 64] = [
+        7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 4,
+        11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
+    ];
+    let k: Vec<u32> = (0..64).map(|i| ((i as f64 + 1.0).sin().abs() * 4294967296.0) as u32).collect();
+    let (mut a0, mut b0, mut c0, mut d0) = (0x67452301u32, 0xefcdab89u32, 0x98badcfeu32, 0x10325476u32);
+    let mut msg = data.to_vec();
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&((data.len() as u64) * 8).to_le_bytes());
+    for chunk in msg.chunks(64) {
+        let m: Vec<u32> = chunk.chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect();
+        let (mut a, mut b, mut c, mut d) = (a0, b0, c0, d0);
+        for i in 0..64 {
+            let (f, g) = match i / 16 {
+                0 => ((b & c) | (!b & d), i),
+                1 => ((d & b) | (!d & c), (5 * i + 1) % 16),
+                2 => (b ^ c ^ d, (3 * i + 5) % 16),
+                _ => (c ^ (b | !d), (7 * i) % 16),
+            };
+            let f = f.wrapping_add(a).wrapping_add(k[i]).wrapping_add(m[g]);
+            a = d;
+            d = c;
+            c = b;
+            b = b.wrapping_add(f.rotate_left(s[i]));
+        }
+        a0 = a0.wrapping_add(a);
+        b0 = b0.wrapping_add(b);
+        c0 = c0.wrapping_add(c);
+        d0 = d0.wrapping_add(d);
+    }
+    let mut out = [0u8; 16];
+    for (i, v) in [a0, b0, c0, d0].iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    u128::from_be_bytes(out)
+}
