@@ -111,12 +111,12 @@ fn find_port() -> Option<PathBuf> {
 }
 
 fn serve_guest_port() -> ! {
-    let mut waited = 0;
+    let mut waited: u32 = 0;
     let port = loop {
         if let Some(port) = find_port() {
             break port;
         }
-        if waited % 50 == 0 {
+        if waited.is_multiple_of(50) {
             log(&format!("waiting for virtio-serial port {PORT_NAME}"));
         }
         waited += 1;

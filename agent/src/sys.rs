@@ -40,7 +40,7 @@ pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
     info.extend_from_slice(&(entropy.len() as i32).to_ne_bytes());
     info.extend_from_slice(entropy);
     // Pad to a multiple of 4 bytes, as the kernel reads __u32 words.
-    while info.len() % 4 != 0 {
+    while !info.len().is_multiple_of(4) {
         info.push(0);
     }
     // Keep the buffer 4-byte aligned for the kernel's struct view.
