@@ -1,1 +1,20 @@
-//! placeholder
+//! Snapshots and forks: boot once, fork many.
+//!
+//! Data flows: a [`template::TemplateConfig`] is built by [`build::build_template`] into a
+//! snapshot directory in the [`store::SnapshotStore`] (content-addressed: the same inputs
+//! reuse the same snapshot). [`fork::Forker`] starts forks of a snapshot (copy-on-write RAM
+//! and disk, fresh identity); [`fork::WarmPool`] keeps QEMUs waiting so forks skip process
+//! start. [`build::snapshot_fork`] turns a running fork into a child snapshot (per-task
+//! snapshots, mid-trajectory branches). The state file format is in [`statefile`].
+#![forbid(unsafe_code)]
+
+pub mod build;
+pub mod fork;
+pub mod statefile;
+pub mod store;
+pub mod template;
+
+pub use build::{build_template, snapshot_fork, BuildError, Built};
+pub use fork::{Fork, ForkError, ForkIdentity, Forker, WarmPool};
+pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
+pub use template::TemplateConfig;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The images the set-up script builds.
 pub const IMAGES: [&str; 2] = ["minimal", "python"];
@@ -31,7 +31,8 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// One built artifact: its file and the key (input hash) from its manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Artifact {
     pub path: PathBuf,
     pub key: String,

@@ -204,13 +204,17 @@ pub struct Machine {
     agent: AgentClient,
     qmp: tokio::sync::Mutex<Qmp>,
     process: QemuProcess,
+    /// Set when a resource watchdog killed the machine, with the reason.
+    limit_violation: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    watchdog: Option<tokio::task::JoinHandle<()>>,
     spec: MachineSpec,
     run_dir: RunDir,
 }
 
 /// Where a machine's disk and RAM come from.
 pub struct LaunchPlan {
-    pub kernel: PathBuf,
+    /// The kernel to boot; None when the machine will receive migration state.
+    pub kernel: Option<PathBuf>,
     /// The qcow2 overlay this VM writes (already created).
     pub disk: PathBuf,
     pub ram: RamBacking,
@@ -228,7 +232,7 @@ impl Machine {
         let disk = run_dir.path().join("disk.qcow2");
         create_overlay(image, "raw", &disk)?;
         let ram = RamBacking { path: run_dir.path().join("memory"), shared: false };
-        let plan = LaunchPlan { kernel: kernel.to_path_buf(), disk, ram, incoming: false };
+        let plan = LaunchPlan { kernel: Some(kernel.to_path_buf()), disk, ram, incoming: false };
         let machine = Machine::launch(settings, plan, run_dir).await?;
         machine.wait_for_agent(settings.boot_timeout).await?;
         Ok(machine)
@@ -285,7 +289,15 @@ impl Machine {
                 })
             }
         };
-        Ok(Machine { agent, qmp: tokio::sync::Mutex::new(qmp), process, spec, run_dir })
+        Ok(Machine {
+            agent,
+            qmp: tokio::sync::Mutex::new(qmp),
+            process,
+            limit_violation: Default::default(),
+            watchdog: None,
+            spec,
+            run_dir,
+        })
     }
 
     /// Waits until the guest agent answers, reporting the console if it never does.
@@ -337,9 +349,15 @@ impl Machine {
     /// Pauses the guest, then writes its device and CPU state (not its shared RAM) to
     /// `state_path`. The guest stays paused; the disk overlay is flushed.
     pub async fn save_state(&self, state_path: &Path) -> Result<(), MachineError> {
+        self.migrate_out(&format!("exec:cat > {}", shell_quote(&state_path.to_string_lossy())), true).await
+    }
+
+    /// Pauses the guest and migrates it to `uri`. With `ignore_shared`, RAM in a shared
+    /// memory file stays out of the stream (private RAM is always sent). The guest stays
+    /// paused afterwards; `resume` continues it.
+    pub async fn migrate_out(&self, uri: &str, ignore_shared: bool) -> Result<(), MachineError> {
         self.qmp("stop", None).await?;
-        self.set_ignore_shared().await?;
-        let uri = format!("exec:cat > {}", shell_quote(&state_path.to_string_lossy()));
+        self.set_ignore_shared(ignore_shared).await?;
         self.qmp("migrate", Some(json!({ "uri": uri }))).await?;
         let started = Instant::now();
         loop {
@@ -348,12 +366,12 @@ impl Machine {
                 "completed" => return Ok(()),
                 "failed" | "cancelled" => {
                     return Err(MachineError::Migration {
-                        what: "to a state file".into(),
+                        what: format!("to {uri}"),
                         detail: info.get("error-desc").map(|d| d.to_string()).unwrap_or_else(|| info.to_string()),
                     })
                 }
-                _ if started.elapsed() > Duration::from_secs(120) => {
-                    return Err(MachineError::Migration { what: "to a state file".into(), detail: "did not finish within 120 s".into() })
+                _ if started.elapsed() > Duration::from_secs(300) => {
+                    return Err(MachineError::Migration { what: format!("to {uri}"), detail: "did not finish within 300 s".into() })
                 }
                 _ => tokio::time::sleep(Duration::from_millis(2)).await,
             }
@@ -361,38 +379,51 @@ impl Machine {
     }
 
     /// Loads state written by [`Machine::save_state`] into a machine launched with
-    /// `incoming = true`, and resumes the guest.
-    pub async fn load_state(&self, state_path: &Path) -> Result<(), MachineError> {
-        self.set_ignore_shared().await?;
-        let uri = format!("exec:cat {}", shell_quote(&state_path.to_string_lossy()));
+    /// `incoming = true`, skipping `offset` header bytes, and resumes the guest.
+    pub async fn load_state(&self, state_path: &Path, offset: u64) -> Result<(), MachineError> {
+        let uri = format!("exec:tail -c +{} {}", offset + 1, shell_quote(&state_path.to_string_lossy()));
+        self.migrate_in(&uri, true).await?;
+        self.resume().await
+    }
+
+    /// Receives migration state from `uri` (a machine launched with `incoming = true`);
+    /// the guest is left paused.
+    pub async fn migrate_in(&self, uri: &str, ignore_shared: bool) -> Result<(), MachineError> {
+        self.set_ignore_shared(ignore_shared).await?;
         self.qmp("migrate-incoming", Some(json!({ "uri": uri }))).await?;
         let started = Instant::now();
         loop {
             let status = self.qmp("query-status", None).await?;
             let state = status.get("status").and_then(|s| s.as_str()).unwrap_or("").to_string();
             match state.as_str() {
-                "inmigrate" if started.elapsed() < Duration::from_secs(60) => tokio::time::sleep(Duration::from_millis(1)).await,
+                "inmigrate" if started.elapsed() < Duration::from_secs(300) => tokio::time::sleep(Duration::from_millis(1)).await,
                 "inmigrate" => {
-                    return Err(MachineError::Migration { what: "from a state file".into(), detail: "did not finish within 60 s".into() })
+                    return Err(MachineError::Migration { what: format!("from {uri}"), detail: "did not finish within 300 s".into() })
                 }
-                "paused" | "postmigrate" | "prelaunch" | "running" => break,
+                "paused" | "postmigrate" | "prelaunch" | "running" => return Ok(()),
                 other => {
                     let migrate = self.qmp("query-migrate", None).await.map(|v| v.to_string()).unwrap_or_default();
                     return Err(MachineError::Migration {
-                        what: "from a state file".into(),
-                        detail: format!("guest state {other:?} after loading; {migrate}; QEMU log: {}", tail(&self.run_dir.path().join("qemu.log"), 5)),
+                        what: format!("from {uri}"),
+                        detail: format!(
+                            "guest state {other:?} after loading; {migrate}; QEMU log: {}",
+                            tail(&self.run_dir.path().join("qemu.log"), 5)
+                        ),
                     });
                 }
             }
         }
-        self.qmp("cont", None).await?;
-        Ok(())
     }
 
-    async fn set_ignore_shared(&self) -> Result<(), MachineError> {
+    /// Continues a paused guest.
+    pub async fn resume(&self) -> Result<(), MachineError> {
+        self.qmp("cont", None).await.map(|_| ())
+    }
+
+    async fn set_ignore_shared(&self, on: bool) -> Result<(), MachineError> {
         self.qmp(
             "migrate-set-capabilities",
-            Some(json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": true } ] })),
+            Some(json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": on } ] })),
         )
         .await
         .map(|_| ())
@@ -417,9 +448,50 @@ impl Machine {
         self.process.kill();
     }
 
+    /// Kills the machine if its disk overlay grows beyond `max_bytes` (checked a few times a
+    /// second). The reason is then available from [`Machine::limit_violation`].
+    pub fn limit_disk_growth(&mut self, max_bytes: u64) {
+        let disk = self.spec.disk.clone();
+        let pid = self.process.pid();
+        let violation = self.limit_violation.clone();
+        if let Some(old) = self.watchdog.take() {
+            old.abort();
+        }
+        self.watchdog = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Ok(meta) = std::fs::metadata(&disk) else { return };
+                // Allocated bytes, not the apparent size: qcow2 files can be sparse.
+                let used = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+                if used > max_bytes {
+                    *violation.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
+                        "the disk overlay grew to {} MiB, over the limit of {} MiB",
+                        used >> 20,
+                        max_bytes >> 20
+                    ));
+                    crate::process::kill_pid(pid);
+                    return;
+                }
+            }
+        }));
+    }
+
+    /// Why a resource watchdog killed this machine, if it did.
+    pub fn limit_violation(&self) -> Option<String> {
+        self.limit_violation.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Whether QEMU has exited.
     pub fn exited(&mut self) -> Option<String> {
         self.process.try_exit_status()
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
     }
 }
 

@@ -169,6 +169,14 @@ pub fn kill_all() {
     }
 }
 
+/// Kills one QEMU this process started, if it is still registered as alive.
+pub fn kill_pid(pid: u32) {
+    if live_children().lock().unwrap_or_else(|p| p.into_inner()).contains(&pid) {
+        // SAFETY: plain kill(2) of a registered, unreaped child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+}
+
 /// Number of QEMU processes this process started that are still alive.
 pub fn live_count() -> usize {
     live_children().lock().unwrap_or_else(|p| p.into_inner()).len()

@@ -38,7 +38,9 @@ pub struct MachineSpec {
     pub cpu_model: String,
     pub cpus: u32,
     pub memory_mib: u32,
-    pub kernel: PathBuf,
+    /// The kernel to boot. None for a machine that only ever receives migration state: the
+    /// kernel image would otherwise sit in QEMU's memory (fw_cfg) of every fork for nothing.
+    pub kernel: Option<PathBuf>,
     /// The root disk: a qcow2 overlay the VM may write.
     pub disk: PathBuf,
     pub ram: RamBacking,
@@ -81,7 +83,9 @@ impl MachineSpec {
         ]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
         push(&["-serial", &format!("file:{}", self.console_log.to_string_lossy())]);
-        push(&["-kernel", &self.kernel.to_string_lossy(), "-append", KERNEL_CMDLINE]);
+        if let Some(kernel) = &self.kernel {
+            push(&["-kernel", &kernel.to_string_lossy(), "-append", KERNEL_CMDLINE]);
+        }
         push(&[
             "-drive",
             &format!("id=root,file={},format=qcow2,if=none,cache=unsafe", qemu_escape(&self.disk.to_string_lossy())),
@@ -121,7 +125,7 @@ mod tests {
             cpu_model: "max".into(),
             cpus: 2,
             memory_mib: 256,
-            kernel: "/k/vmlinux".into(),
+            kernel: Some("/k/vmlinux".into()),
             disk: "/run/a,b/overlay.qcow2".into(),
             ram: RamBacking { path: "/snap/memory".into(), shared: false },
             console_log: "/run/console.log".into(),
@@ -191,5 +195,13 @@ mod tests {
         assert_eq!(value_after(&args, "-serial"), ["file:/run/console.log"]);
         let append = value_after(&args, "-append")[0];
         assert!(append.contains("console=ttyS0") && append.contains("init=/sbin/farm-agent") && append.contains("panic=-1"));
+    }
+
+    #[test]
+    fn a_machine_waiting_for_state_needs_no_kernel() {
+        let mut s = spec();
+        s.kernel = None;
+        let args = s.args();
+        assert!(value_after(&args, "-kernel").is_empty() && value_after(&args, "-append").is_empty());
     }
 }

@@ -1,0 +1,341 @@
+//! Making snapshots: templates (boot, set up, quiesce, snapshot) and snapshots of running
+//! forks (per-task snapshots, mid-trajectory branches).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use vmm::machine::{create_overlay, LaunchPlan, RunDir};
+use vmm::qemu::RamBacking;
+use vmm::{ExecOptions, GuestArtifacts, Machine, MachineError};
+
+use crate::fork::{Fork, Forker};
+use crate::statefile;
+use crate::store::{io_err, Snapshot, SnapshotError, SnapshotManifest, SnapshotStore, SNAPSHOT_FORMAT_VERSION};
+use crate::template::{hex, TemplateConfig, TemplateConfigError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Config(#[from] TemplateConfigError),
+    #[error(transparent)]
+    Artifacts(#[from] vmm::artifacts::ArtifactError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    StateFile(#[from] statefile::StateFileError),
+    #[error("template machine failed")]
+    Machine(#[from] MachineError),
+    #[error("template setup: {0}")]
+    Agent(#[from] vmm::AgentError),
+    #[error("template setup command {index} ({command:?}) failed with {status}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")]
+    SetupFailed { index: usize, command: String, status: String, stdout: String, stderr: String },
+    #[error("template file {src}: {source}")]
+    File {
+        src: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What a template build did.
+pub struct Built {
+    pub snapshot: Snapshot,
+    /// The snapshot existed already and was reused.
+    pub reused: bool,
+}
+
+/// The content address of a template's snapshot: the template (config and files) plus
+/// every host input that shapes the guest state.
+pub fn template_snapshot_id(template_digest: &str, artifacts: &GuestArtifacts, forker: &Forker) -> String {
+    let mut h = Sha256::new();
+    for part in [
+        template_digest,
+        &artifacts.kernel.key,
+        &artifacts.image.key,
+        &artifacts.agent.key,
+        &forker.host.qemu_version,
+        &forker.host.accel.to_string(),
+        &forker.host.cpu_model,
+        &SNAPSHOT_FORMAT_VERSION.to_string(),
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    format!("t-{}", &hex(&h.finalize())[..20])
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Builds (or reuses) the snapshot of a template. `base_dir` is where the template's file
+/// paths are relative to. `progress` receives one line per step.
+pub async fn build_template(
+    store: &SnapshotStore,
+    forker: &Forker,
+    template: &TemplateConfig,
+    base_dir: &Path,
+    label: &str,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Built, BuildError> {
+    template.validate(base_dir)?;
+    let artifacts = GuestArtifacts::locate(&vmm::artifacts::cache_dir(), &template.image)?;
+    let digest = template.digest(base_dir)?;
+    let id = template_snapshot_id(&digest, &artifacts, forker);
+    match store.get(&id) {
+        Ok(existing) if existing.check_files().is_ok() => return Ok(Built { snapshot: existing, reused: true }),
+        Ok(_) => progress(&format!("snapshot {id} is damaged; rebuilding it")),
+        Err(_) => {}
+    }
+    let staging = store.staging_dir(label)?;
+    let result = build_into(&staging, &id, store, forker, template, base_dir, label, &artifacts, &digest, progress).await;
+    if result.is_err() {
+        let _ = crate::store::remove_tree(&staging);
+    }
+    result.map(|snapshot| Built { snapshot, reused: false })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn build_into(
+    staging: &Path,
+    id: &str,
+    store: &SnapshotStore,
+    forker: &Forker,
+    template: &TemplateConfig,
+    base_dir: &Path,
+    label: &str,
+    artifacts: &GuestArtifacts,
+    digest: &str,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Snapshot, BuildError> {
+    let settings = vmm::VmSettings { memory_mib: template.memory_mib, cpus: template.cpus, ..forker.vm.clone() };
+    let disk = staging.join("disk.qcow2");
+    create_overlay(&artifacts.image.path, "raw", &disk)?;
+    let run_dir = RunDir::create(&settings.run_root)?;
+    let plan = LaunchPlan {
+        kernel: Some(artifacts.kernel.path.clone()),
+        disk: disk.clone(),
+        ram: RamBacking { path: staging.join("memory"), shared: true },
+        incoming: false,
+    };
+    progress(&format!("booting {} ({} MiB, {} vCPU, {})", template.image, template.memory_mib, template.cpus, settings.accel));
+    let machine = Machine::launch(&settings, plan, run_dir).await?;
+    machine.wait_for_agent(settings.boot_timeout).await?;
+    let agent = machine.agent();
+    for file in &template.files {
+        let src = base_dir.join(&file.src);
+        let contents = std::fs::read(&src).map_err(|source| BuildError::File { src: src.display().to_string(), source })?;
+        progress(&format!("copying {} -> {}", file.src.display(), file.dest));
+        agent.write_file(&file.dest, contents, file.mode).await?;
+    }
+    for (index, command) in template.setup.iter().enumerate() {
+        progress(&format!("setup [{}/{}] {command}", index + 1, template.setup.len()));
+        let options = ExecOptions {
+            env: template.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            timeout: Some(Duration::from_secs(template.setup_timeout_secs)),
+            ..ExecOptions::shell(command.clone())
+        };
+        let out = agent.exec(options).await?;
+        if out.result.exit_code != Some(0) {
+            let status = if out.result.timed_out {
+                format!("a timeout after {} s", template.setup_timeout_secs)
+            } else {
+                format!("exit code {}", out.shell_exit_code())
+            };
+            return Err(BuildError::SetupFailed {
+                index: index + 1,
+                command: command.clone(),
+                status,
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+    }
+    progress("quiescing and snapshotting");
+    agent.quiesce().await?;
+    let raw = staging.join("state.raw");
+    machine.save_state(&raw).await?;
+    let _ = std::fs::copy(machine.run_dir().join("console.log"), staging.join("console.log"));
+    machine.shutdown().await;
+    finish(staging, &raw, store, id, label, None, template, digest, artifacts, forker).await
+}
+
+/// Wraps the state, makes the empty fork overlay, writes the manifest and commits.
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    staging: &Path,
+    raw_state: &Path,
+    store: &SnapshotStore,
+    id: &str,
+    label: &str,
+    parent: Option<String>,
+    template: &TemplateConfig,
+    template_digest: &str,
+    artifacts: &GuestArtifacts,
+    forker: &Forker,
+) -> Result<Snapshot, BuildError> {
+    statefile::write(raw_state, &staging.join("state.bin"))?;
+    std::fs::remove_file(raw_state).map_err(io_err("removing the raw state"))?;
+    // Forks' overlays point at the snapshot's final location.
+    let final_disk: PathBuf = store.path_of(id).join("disk.qcow2");
+    create_overlay_unchecked(&final_disk, &staging.join("disk.qcow2"), &staging.join("overlay.qcow2"))?;
+    let manifest = SnapshotManifest {
+        format_version: SNAPSHOT_FORMAT_VERSION,
+        id: id.to_string(),
+        created_unix: now_unix(),
+        label: label.to_string(),
+        template: template.clone(),
+        template_digest: template_digest.to_string(),
+        parent,
+        kernel: artifacts.kernel.clone(),
+        image: artifacts.image.clone(),
+        agent_key: artifacts.agent.key.clone(),
+        qemu_version: forker.host.qemu_version.clone(),
+        accel: forker.host.accel,
+        cpu_model: forker.host.cpu_model.clone(),
+        memory_mib: template.memory_mib,
+        cpus: template.cpus,
+        files: Default::default(),
+    };
+    Ok(store.commit(staging, manifest)?)
+}
+
+/// Creates an overlay whose backing path (`backing_final`) does not exist yet; the size is
+/// read from `backing_now`, the same file at its current location.
+fn create_overlay_unchecked(backing_final: &Path, backing_now: &Path, overlay: &Path) -> Result<(), BuildError> {
+    let info = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json", "-U"])
+        .arg(backing_now)
+        .output()
+        .map_err(|e| MachineError::Io { what: "running qemu-img info".into(), source: e })?;
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout)
+        .map_err(|e| MachineError::Overlay(format!("qemu-img info output: {e}")))?;
+    let size = info.get("virtual-size").and_then(|v| v.as_u64()).ok_or_else(|| MachineError::Overlay("no virtual-size".into()))?;
+    let out = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-u", "-b"])
+        .arg(backing_final)
+        .arg(overlay)
+        .arg(size.to_string())
+        .output()
+        .map_err(|e| MachineError::Io { what: "running qemu-img create".into(), source: e })?;
+    if !out.status.success() {
+        return Err(MachineError::Overlay(String::from_utf8_lossy(&out.stderr).trim().to_string()).into());
+    }
+    Ok(())
+}
+
+/// Snapshots a running fork as a child of its snapshot. The fork is paused while its state
+/// is taken and resumed afterwards (pass `resume = false` to leave it paused).
+///
+/// A fork's RAM is private (MAP_PRIVATE), so it cannot simply be left out of the stream as
+/// a template's shared RAM is. Instead the full state streams over a local socket into a
+/// helper QEMU whose RAM is a new shared file; the helper then writes a state-only stream.
+/// The new RAM file and that stream form the child snapshot. `id` names it (content
+/// address chosen by the caller), or a unique id is made.
+pub async fn snapshot_fork(
+    store: &SnapshotStore,
+    forker: &Forker,
+    parent: &Snapshot,
+    fork: &Fork,
+    label: &str,
+    id: Option<String>,
+    resume: bool,
+) -> Result<Snapshot, BuildError> {
+    let id = id.unwrap_or_else(|| {
+        let mut h = Sha256::new();
+        h.update(parent.id().as_bytes());
+        h.update(fork.identity.fork_id.as_bytes());
+        h.update(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0).to_le_bytes());
+        format!("c-{}", &hex(&h.finalize())[..20])
+    });
+    if let Ok(existing) = store.get(&id) {
+        if existing.check_files().is_ok() {
+            return Ok(existing);
+        }
+    }
+    let staging = store.staging_dir(label)?;
+    let result = snapshot_fork_into(&staging, store, forker, parent, fork, label, &id).await;
+    if result.is_err() {
+        let _ = crate::store::remove_tree(&staging);
+    }
+    if resume {
+        fork.machine.resume().await?;
+    }
+    result
+}
+
+async fn snapshot_fork_into(
+    staging: &Path,
+    store: &SnapshotStore,
+    forker: &Forker,
+    parent: &Snapshot,
+    fork: &Fork,
+    label: &str,
+    id: &str,
+) -> Result<Snapshot, BuildError> {
+    fork.agent().quiesce().await?;
+    let settings = vmm::VmSettings { memory_mib: parent.manifest.memory_mib, cpus: parent.manifest.cpus, ..forker.vm.clone() };
+    // The helper gets a throwaway overlay of its own; it never runs the guest.
+    let helper_dir = RunDir::create(&settings.run_root)?;
+    let helper_disk = helper_dir.path().join("disk.qcow2");
+    create_overlay(&fork.machine.spec().disk, "qcow2", &helper_disk)?;
+    let socket = helper_dir.path().join("migrate.sock");
+    let plan = LaunchPlan {
+        kernel: None,
+        disk: helper_disk,
+        ram: RamBacking { path: staging.join("memory"), shared: true },
+        incoming: true,
+    };
+    let helper = Machine::launch(&settings, plan, helper_dir).await?;
+    let uri = format!("unix:{}", socket.display());
+    helper.qmp("migrate-set-capabilities", Some(serde_json::json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": false } ] }))).await?;
+    helper.qmp("migrate-incoming", Some(serde_json::json!({ "uri": uri }))).await?;
+    // Source side: full migration (RAM included) into the helper.
+    fork.machine.migrate_out(&uri, false).await?;
+    wait_incoming_done(&helper).await?;
+    // The fork's disk at this moment becomes the child's disk (its backing is the parent's).
+    let disk = staging.join("disk.qcow2");
+    std::fs::copy(&fork.machine.spec().disk, &disk).map_err(io_err("copying the fork's disk overlay"))?;
+    let raw = staging.join("state.raw");
+    helper.save_state(&raw).await?;
+    helper.shutdown().await;
+    let artifacts = GuestArtifacts {
+        image_name: parent.manifest.template.image.clone(),
+        kernel: parent.manifest.kernel.clone(),
+        image: parent.manifest.image.clone(),
+        agent: vmm::artifacts::Artifact { path: PathBuf::new(), key: parent.manifest.agent_key.clone() },
+    };
+    let _ = std::fs::copy(fork.machine.run_dir().join("console.log"), staging.join("console.log"));
+    finish(
+        staging,
+        &raw,
+        store,
+        id,
+        label,
+        Some(parent.id().to_string()),
+        &parent.manifest.template,
+        &parent.manifest.template_digest,
+        &artifacts,
+        forker,
+    )
+    .await
+}
+
+async fn wait_incoming_done(helper: &Machine) -> Result<(), BuildError> {
+    let started = std::time::Instant::now();
+    loop {
+        let status = helper.qmp("query-status", None).await?;
+        match status.get("status").and_then(|s| s.as_str()).unwrap_or("") {
+            "inmigrate" if started.elapsed() < Duration::from_secs(300) => tokio::time::sleep(Duration::from_millis(2)).await,
+            "paused" | "postmigrate" => return Ok(()),
+            other => {
+                return Err(MachineError::Migration {
+                    what: "into the snapshot helper".into(),
+                    detail: format!("helper state {other:?}"),
+                }
+                .into())
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Forks: microVMs that resume a snapshot instead of booting.
+//!
+//! A fork maps the snapshot's RAM file `share=off` (MAP_PRIVATE, so its writes are private
+//! copies), gets a fresh copy-on-write overlay on the snapshot's disk, loads the state file
+//! with `-incoming`, resumes, and then takes a fresh identity (entropy, clock, hostname, seed)
+//! before anything else runs. A [`WarmPool`] keeps QEMU processes started and waiting for
+//! state, so a fork does not pay process start-up.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use farm_protocol::IdentityRequest;
+use vmm::machine::{LaunchPlan, RunDir};
+use vmm::qemu::RamBacking;
+use vmm::{Machine, MachineError, VmSettings};
+
+use crate::statefile;
+use crate::store::{HostProfile, Snapshot, SnapshotError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error("starting a fork of snapshot {snapshot} failed")]
+    Machine {
+        snapshot: String,
+        #[source]
+        source: MachineError,
+    },
+    #[error("fork of snapshot {snapshot} did not take its identity")]
+    Identity {
+        snapshot: String,
+        #[source]
+        source: vmm::AgentError,
+    },
+    #[error("copying the disk overlay for a fork failed")]
+    Overlay(#[source] std::io::Error),
+}
+
+/// Who a fork is: set in the guest before any user command runs.
+#[derive(Debug, Clone)]
+pub struct ForkIdentity {
+    /// Unique id of the fork (hostname `fork-<id>`, `FARM_FORK_ID`).
+    pub fork_id: String,
+    /// Per-rollout seed (`FARM_SEED`).
+    pub seed: u64,
+    /// More variables for every command of the fork.
+    pub env: Vec<(String, String)>,
+}
+
+impl ForkIdentity {
+    pub fn new(seed: u64) -> ForkIdentity {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        ForkIdentity { fork_id: format!("{}-{n}", std::process::id()), seed, env: Vec::new() }
+    }
+}
+
+/// Settings for starting forks on this host.
+#[derive(Debug, Clone)]
+pub struct Forker {
+    pub vm: VmSettings,
+    pub host: HostProfile,
+    /// Kill a fork whose disk overlay grows past this many bytes.
+    pub max_disk_bytes: Option<u64>,
+}
+
+impl Forker {
+    pub fn new(vm: VmSettings) -> Result<Forker, MachineError> {
+        let host = HostProfile {
+            qemu_version: vmm::machine::qemu_version(&vm.qemu_binary)?,
+            accel: vm.accel,
+            cpu_model: vm.cpu_model.clone(),
+        };
+        Ok(Forker { vm, host, max_disk_bytes: None })
+    }
+
+    /// VM settings matching a snapshot (its memory size and CPU count).
+    fn settings_for(&self, snapshot: &Snapshot) -> VmSettings {
+        VmSettings { memory_mib: snapshot.manifest.memory_mib, cpus: snapshot.manifest.cpus, ..self.vm.clone() }
+    }
+
+    /// Starts a QEMU that waits for the snapshot's state: the expensive part of a fork that
+    /// can happen ahead of time.
+    pub async fn prepare(&self, snapshot: &Snapshot) -> Result<Machine, ForkError> {
+        let machine_err = |source| ForkError::Machine { snapshot: snapshot.id().to_string(), source };
+        let run_dir = RunDir::create(&self.vm.run_root).map_err(machine_err)?;
+        // A fresh overlay is a copy of the empty one made with the snapshot (cheaper than
+        // running qemu-img for each fork). The copy must be writable.
+        let disk = run_dir.path().join("disk.qcow2");
+        std::fs::copy(snapshot.overlay_template_path(), &disk).map_err(ForkError::Overlay)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o600)).map_err(ForkError::Overlay)?;
+        let plan = LaunchPlan {
+            kernel: None,
+            disk,
+            ram: RamBacking { path: snapshot.memory_path(), shared: false },
+            incoming: true,
+        };
+        let mut machine = Machine::launch(&self.settings_for(snapshot), plan, run_dir).await.map_err(machine_err)?;
+        if let Some(max) = self.max_disk_bytes {
+            machine.limit_disk_growth(max);
+        }
+        Ok(machine)
+    }
+
+    /// Forks `snapshot`: prepare, then resume.
+    pub async fn fork(&self, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
+        snapshot.check_host(&self.host)?;
+        snapshot.check_files()?;
+        let machine = self.prepare(snapshot).await?;
+        self.resume(machine, snapshot, identity).await
+    }
+
+    /// Loads the snapshot's state into a prepared machine, resumes it and applies the
+    /// identity. The caller checked the snapshot (host and files) when it was opened.
+    pub async fn resume(&self, machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
+        let machine_err = |source| ForkError::Machine { snapshot: snapshot.id().to_string(), source };
+        machine.load_state(&snapshot.state_path(), statefile::HEADER_BYTES).await.map_err(machine_err)?;
+        let mut entropy = vec![0u8; 64];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut entropy))
+            .map_err(|e| machine_err(MachineError::Io { what: "reading host entropy".into(), source: e }))?;
+        let unix_time_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let mut env: std::collections::BTreeMap<String, String> = identity.env.iter().cloned().collect();
+        env.insert("FARM_SEED".into(), identity.seed.to_string());
+        env.insert("FARM_FORK_ID".into(), identity.fork_id.clone());
+        env.insert("FARM_SNAPSHOT_ID".into(), snapshot.id().to_string());
+        let request = IdentityRequest { unix_time_ns, hostname: format!("fork-{}", identity.fork_id), env };
+        machine
+            .agent()
+            .set_identity(request, entropy)
+            .await
+            .map_err(|source| ForkError::Identity { snapshot: snapshot.id().to_string(), source })?;
+        Ok(Fork { machine, snapshot_id: snapshot.id().to_string(), identity })
+    }
+}
+
+/// A running fork.
+pub struct Fork {
+    pub machine: Machine,
+    pub snapshot_id: String,
+    pub identity: ForkIdentity,
+}
+
+impl Fork {
+    pub fn agent(&self) -> &vmm::AgentClient {
+        self.machine.agent()
+    }
+
+    /// Turns an agent error into the most telling explanation: a resource limit that
+    /// killed the fork, or the error itself.
+    pub fn explain(&self, error: &vmm::AgentError) -> String {
+        match self.machine.limit_violation() {
+            Some(reason) => format!("fork killed: {reason}"),
+            None => error.to_string(),
+        }
+    }
+}
+
+/// QEMU processes started ahead of time for one snapshot, refilled in the background.
+pub struct WarmPool {
+    inner: Arc<PoolInner>,
+    refill: tokio::task::JoinHandle<()>,
+}
+
+struct PoolInner {
+    forker: Forker,
+    snapshot: Snapshot,
+    size: usize,
+    ready: Mutex<VecDeque<Machine>>,
+    /// Woken when a machine is taken (notify_one keeps a permit if nobody waits yet).
+    wanted: Arc<tokio::sync::Notify>,
+    /// The last error the refill task met (it retries after a pause).
+    last_error: Mutex<Option<String>>,
+}
+
+impl WarmPool {
+    /// Starts a pool keeping `size` machines ready for `snapshot`.
+    pub fn start(forker: Forker, snapshot: Snapshot, size: usize) -> Result<WarmPool, ForkError> {
+        snapshot.check_host(&forker.host)?;
+        snapshot.check_files()?;
+        let inner = Arc::new(PoolInner {
+            forker,
+            snapshot,
+            size,
+            ready: Mutex::new(VecDeque::new()),
+            wanted: Arc::new(tokio::sync::Notify::new()),
+            last_error: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&inner);
+        let refill = tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let have = inner.ready.lock().unwrap_or_else(|p| p.into_inner()).len();
+                if have >= inner.size {
+                    let wanted = inner.wanted.clone();
+                    drop(inner);
+                    wanted.notified().await;
+                    continue;
+                }
+                match inner.forker.prepare(&inner.snapshot).await {
+                    Ok(machine) => inner.ready.lock().unwrap_or_else(|p| p.into_inner()).push_back(machine),
+                    Err(e) => {
+                        *inner.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                        drop(inner);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Ok(WarmPool { inner, refill })
+    }
+
+    /// Machines ready right now.
+    pub fn ready(&self) -> usize {
+        self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Waits until the pool is full (for benchmarks and tests), or `timeout` passes.
+    pub async fn wait_full(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.ready() < self.inner.size {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Process ids of the machines waiting in the pool.
+    pub fn ready_pids(&self) -> Vec<u32> {
+        self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()).iter().map(Machine::pid).collect()
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.inner.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Forks from a ready machine, or prepares one now if the pool is empty.
+    pub async fn fork(&self, identity: ForkIdentity) -> Result<Fork, ForkError> {
+        let ready = self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+        self.inner.wanted.notify_one();
+        let machine = match ready {
+            Some(machine) => machine,
+            None => self.inner.forker.prepare(&self.inner.snapshot).await?,
+        };
+        self.inner.forker.resume(machine, &self.inner.snapshot, identity).await
+    }
+}
+
+impl Drop for WarmPool {
+    fn drop(&mut self) {
+        // Stop refilling; the ready machines are killed as the pool's state drops.
+        self.refill.abort();
+    }
+}

@@ -1,0 +1,202 @@
+//! Template configuration: an image plus setup (files copied in, commands run), and the
+//! digest that content-addresses the snapshot built from it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// `[template]` in a template or suite file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// Root image: `minimal` or `python`.
+    pub image: String,
+    /// Guest memory in MiB.
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u32,
+    /// Virtual CPUs.
+    #[serde(default = "default_cpus")]
+    pub cpus: u32,
+    /// Files copied into the guest before the setup commands run.
+    #[serde(default)]
+    pub files: Vec<TemplateFile>,
+    /// Shell commands run in order in the guest (`/bin/sh -c`); each must exit 0.
+    #[serde(default)]
+    pub setup: Vec<String>,
+    /// Time limit for each setup command.
+    #[serde(default = "default_setup_timeout")]
+    pub setup_timeout_secs: u64,
+    /// Environment for the setup commands.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// One file to place in the guest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateFile {
+    /// Host path, relative to the config file.
+    pub src: PathBuf,
+    /// Absolute guest path.
+    pub dest: String,
+    /// Permission bits, e.g. `0o644` (default) or `0o755`.
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+}
+
+fn default_memory_mib() -> u32 {
+    256
+}
+fn default_cpus() -> u32 {
+    1
+}
+fn default_setup_timeout() -> u64 {
+    600
+}
+fn default_mode() -> u32 {
+    0o644
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateConfigError {
+    #[error("cannot read template config {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{path}: {key}: {message}")]
+    Invalid { path: String, key: String, message: String },
+}
+
+/// A template file on disk: `[template]` and nothing else.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TemplateFileToml {
+    template: TemplateConfig,
+}
+
+impl TemplateConfig {
+    /// Reads a template file (`[template]` table).
+    pub fn load(path: &Path) -> Result<TemplateConfig, TemplateConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TemplateConfigError::Read { path: path.display().to_string(), source })?;
+        let parsed: TemplateFileToml = toml::from_str(&text)
+            .map_err(|e| TemplateConfigError::Parse { path: path.display().to_string(), message: e.to_string() })?;
+        parsed.template.validate(path)?;
+        Ok(parsed.template)
+    }
+
+    /// Checks values serde cannot (ranges, paths) and names the key that is wrong.
+    pub fn validate(&self, path: &Path) -> Result<(), TemplateConfigError> {
+        let invalid = |key: &str, message: String| TemplateConfigError::Invalid {
+            path: path.display().to_string(),
+            key: key.to_string(),
+            message,
+        };
+        if !vmm::artifacts::IMAGES.contains(&self.image.as_str()) {
+            return Err(invalid("template.image", format!("{:?} is not an image; expected one of {}", self.image, vmm::artifacts::IMAGES.join(", "))));
+        }
+        if !(64..=65536).contains(&self.memory_mib) {
+            return Err(invalid("template.memory_mib", format!("{} is out of range 64..=65536", self.memory_mib)));
+        }
+        if !(1..=64).contains(&self.cpus) {
+            return Err(invalid("template.cpus", format!("{} is out of range 1..=64", self.cpus)));
+        }
+        for (i, file) in self.files.iter().enumerate() {
+            if !file.dest.starts_with('/') {
+                return Err(invalid(&format!("template.files[{i}].dest"), format!("{:?} must be an absolute guest path", file.dest)));
+            }
+            if file.mode > 0o7777 {
+                return Err(invalid(&format!("template.files[{i}].mode"), format!("{:o} is not a permission mode", file.mode)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The digest of everything that determines the template's snapshot except the host
+    /// artifacts: this config and the contents of its files (read relative to `base_dir`).
+    pub fn digest(&self, base_dir: &Path) -> Result<String, TemplateConfigError> {
+        let mut hasher = Sha256::new();
+        hasher.update(serde_json::to_vec(self).expect("config serializes"));
+        for (i, file) in self.files.iter().enumerate() {
+            let contents = std::fs::read(base_dir.join(&file.src)).map_err(|e| TemplateConfigError::Invalid {
+                path: base_dir.display().to_string(),
+                key: format!("template.files[{i}].src"),
+                message: format!("cannot read {}: {e}", base_dir.join(&file.src).display()),
+            })?;
+            hasher.update((contents.len() as u64).to_le_bytes());
+            hasher.update(&contents);
+        }
+        Ok(hex(&hasher.finalize()))
+    }
+
+    /// A bare template of an image with defaults.
+    pub fn of_image(image: &str) -> TemplateConfig {
+        TemplateConfig {
+            image: image.to_string(),
+            memory_mib: default_memory_mib(),
+            cpus: default_cpus(),
+            files: Vec::new(),
+            setup: Vec::new(),
+            setup_timeout_secs: default_setup_timeout(),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn parses_with_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "t.toml", "[template]\nimage = \"python\"\nsetup = [\"true\"]\n");
+        let t = TemplateConfig::load(&p).unwrap();
+        assert_eq!(t.memory_mib, 256);
+        assert_eq!(t.setup, ["true"]);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "t.toml", "[template]\nimage = \"python\"\nmemroy_mib = 5\n");
+        let err = TemplateConfig::load(&p).unwrap_err().to_string();
+        assert!(err.contains("memroy_mib") && err.contains("t.toml"), "{err}");
+        let p = write(dir.path(), "t.toml", "[template]\nimage = \"python\"\nmemory_mib = 5\n");
+        let err = TemplateConfig::load(&p).unwrap_err().to_string();
+        assert!(err.contains("template.memory_mib"), "{err}");
+        let p = write(dir.path(), "t.toml", "[template]\nimage = \"arch\"\n");
+        assert!(TemplateConfig::load(&p).unwrap_err().to_string().contains("template.image"));
+    }
+
+    #[test]
+    fn digest_follows_config_and_file_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.txt", "one");
+        let mut t = TemplateConfig::of_image("minimal");
+        t.files.push(TemplateFile { src: "a.txt".into(), dest: "/a".into(), mode: 0o644 });
+        let d1 = t.digest(dir.path()).unwrap();
+        assert_eq!(d1, t.digest(dir.path()).unwrap());
+        write(dir.path(), "a.txt", "two");
+        let d2 = t.digest(dir.path()).unwrap();
+        assert_ne!(d1, d2);
+        t.setup.push("true".into());
+        assert_ne!(d2, t.digest(dir.path()).unwrap());
+    }
+}

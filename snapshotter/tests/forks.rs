@@ -1,0 +1,236 @@
+//! Templates, snapshots and forks against real guests. One template snapshot per image is
+//! built per test binary (in a private store) and shared by the tests.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use snapshotter::{build_template, snapshot_fork, ForkIdentity, Forker, Snapshot, SnapshotError, SnapshotStore, TemplateConfig, WarmPool};
+use vmm::{AccelSetting, ExecOptions, VmSettings};
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap())
+}
+
+fn store() -> &'static SnapshotStore {
+    static STORE: OnceLock<(tempfile::TempDir, SnapshotStore)> = OnceLock::new();
+    &STORE
+        .get_or_init(|| {
+            let dir = tempfile::Builder::new().prefix("farm-test-snapshots-").tempdir().unwrap();
+            let store = SnapshotStore::new(dir.path().to_path_buf());
+            (dir, store)
+        })
+        .1
+}
+
+fn forker() -> Forker {
+    let mut vm = VmSettings::detect(AccelSetting::Auto).expect("QEMU must be installed (scripts/setup.sh)");
+    vm.boot_timeout = Duration::from_secs(300);
+    Forker::new(vm).unwrap()
+}
+
+fn quiet(_: &str) {}
+
+fn template(image: &str) -> TemplateConfig {
+    let mut t = TemplateConfig::of_image(image);
+    t.setup = vec!["echo made-in-template > /workspace/setup-marker".into(), "mkdir -p /workspace/data".into()];
+    t
+}
+
+async fn shared_template(image: &'static str) -> &'static Snapshot {
+    static MINIMAL: tokio::sync::OnceCell<Snapshot> = tokio::sync::OnceCell::const_new();
+    static PYTHON: tokio::sync::OnceCell<Snapshot> = tokio::sync::OnceCell::const_new();
+    let cell = if image == "python" { &PYTHON } else { &MINIMAL };
+    cell.get_or_init(|| async {
+        let built = build_template(store(), &forker(), &template(image), &PathBuf::from("."), image, &quiet).await.unwrap();
+        built.snapshot
+    })
+    .await
+}
+
+async fn run(fork: &snapshotter::Fork, script: &str) -> String {
+    let out = fork.agent().exec(ExecOptions::shell(script)).await.unwrap();
+    assert_eq!(out.result.exit_code, Some(0), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout_text()
+}
+
+#[test]
+fn ten_forks_are_isolated_in_memory_and_on_disk_and_the_snapshot_never_changes() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let before = snapshot_checksums(snapshot);
+        let forker = forker();
+        let mut forks = Vec::new();
+        for i in 0..10 {
+            forks.push(forker.fork(snapshot, ForkIdentity::new(i)).await.unwrap());
+        }
+        for (i, fork) in forks.iter().enumerate() {
+            // Memory (tmpfs) and disk, each with a fork-specific name and content.
+            run(fork, &format!("echo mem-{i} > /dev/shm/mark-{i}; echo disk-{i} > /workspace/data/mark-{i}; sync")).await;
+        }
+        for (i, fork) in forks.iter().enumerate() {
+            let seen = run(fork, "cat /dev/shm/mark-* /workspace/data/mark-*; cat /workspace/setup-marker").await;
+            assert_eq!(seen, format!("mem-{i}\ndisk-{i}\nmade-in-template\n"), "fork {i} saw another fork's data");
+        }
+        drop(forks);
+        assert_eq!(snapshot_checksums(snapshot), before, "a fork changed the snapshot's files");
+        snapshot.verify_checksums().unwrap();
+    });
+}
+
+fn snapshot_checksums(snapshot: &Snapshot) -> Vec<(String, String)> {
+    let mut names: Vec<String> = std::fs::read_dir(&snapshot.dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names.into_iter().map(|n| (n.clone(), snapshotter::store::sha256_file(&snapshot.dir.join(&n)).unwrap())).collect()
+}
+
+#[test]
+fn forks_draw_different_randomness_unless_seeded_alike_and_clocks_are_current() {
+    runtime().block_on(async {
+        let snapshot = shared_template("python").await;
+        let forker = forker();
+        let mut urandom = BTreeSet::new();
+        let mut unseeded = BTreeSet::new();
+        let mut seeded = BTreeSet::new();
+        for i in 0..10 {
+            // Every fork gets the same FARM_SEED, so seeded Python agrees across forks.
+            let fork = forker.fork(snapshot, ForkIdentity::new(1234)).await.unwrap();
+            urandom.insert(run(&fork, "head -c 16 /dev/urandom | od -An -tx1").await);
+            let py = run(
+                &fork,
+                "python3 -c 'import os, random; a = random.random(); random.seed(int(os.environ[\"FARM_SEED\"])); print(a, random.random())'",
+            )
+            .await;
+            let (a, b) = py.trim().split_once(' ').unwrap();
+            unseeded.insert(a.to_string());
+            seeded.insert(b.to_string());
+            if i == 0 {
+                // Clock: the guest was frozen when the template was made; it must now agree with
+                // the host.
+                let guest: f64 = run(&fork, "date +%s.%N").await.trim().parse().unwrap();
+                let host = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+                assert!((guest - host).abs() < 2.0, "guest clock {guest} vs host {host}");
+                assert!(run(&fork, "hostname").await.starts_with("fork-"));
+            }
+        }
+        assert_eq!(urandom.len(), 10, "forks read the same /dev/urandom bytes");
+        assert_eq!(unseeded.len(), 10, "unseeded Python random agreed across forks");
+        assert_eq!(seeded.len(), 1, "the same seed gave different values");
+    });
+}
+
+#[test]
+fn a_fork_of_a_fork_keeps_memory_and_disk_and_records_its_parent() {
+    runtime().block_on(async {
+        let parent = shared_template("minimal").await;
+        let forker = forker();
+        let fork = forker.fork(parent, ForkIdentity::new(1)).await.unwrap();
+        run(&fork, "echo in-ram > /dev/shm/branch; echo on-disk > /workspace/branch; sleep 1000 & echo $! > /dev/shm/pid").await;
+        let child = snapshot_fork(store(), &forker, parent, &fork, "branch", None, true).await.unwrap();
+        assert_eq!(child.manifest.parent.as_deref(), Some(parent.id()));
+        // The original fork carries on.
+        run(&fork, "echo after > /workspace/branch").await;
+        let grandchild = forker.fork(&child, ForkIdentity::new(2)).await.unwrap();
+        let seen = run(&grandchild, "cat /dev/shm/branch /workspace/branch; kill -0 $(cat /dev/shm/pid) && echo alive").await;
+        assert_eq!(seen, "in-ram\non-disk\nalive\n");
+        // And a fork of the child's fork, two levels down.
+        let child2 = snapshot_fork(store(), &forker, &child, &grandchild, "branch2", None, false).await.unwrap();
+        let great = forker.fork(&child2, ForkIdentity::new(3)).await.unwrap();
+        assert_eq!(run(&great, "cat /workspace/branch").await, "on-disk\n");
+        assert_eq!(child2.manifest.parent.as_deref(), Some(child.id()));
+    });
+}
+
+#[test]
+fn rebuilding_the_same_template_reuses_its_snapshot_and_a_change_makes_a_new_one() {
+    runtime().block_on(async {
+        let first = shared_template("minimal").await;
+        let again = build_template(store(), &forker(), &template("minimal"), &PathBuf::from("."), "again", &quiet).await.unwrap();
+        assert!(again.reused);
+        assert_eq!(again.snapshot.id(), first.id());
+        let mut changed = template("minimal");
+        changed.setup.push("true".into());
+        let id = snapshotter::build::template_snapshot_id(
+            &changed.digest(&PathBuf::from(".")).unwrap(),
+            &vmm::GuestArtifacts::locate(&vmm::artifacts::cache_dir(), "minimal").unwrap(),
+            &forker(),
+        );
+        assert_ne!(id, first.id());
+    });
+}
+
+#[test]
+fn corrupted_and_mismatched_snapshots_are_refused() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let own = SnapshotStore::new(dir.path().to_path_buf());
+        let forker = forker();
+        let built = build_template(&own, &forker, &TemplateConfig::of_image("minimal"), &PathBuf::from("."), "doomed", &quiet).await.unwrap();
+        let snapshot = built.snapshot;
+        // Another host setup.
+        let mut elsewhere = forker.clone();
+        elsewhere.host.qemu_version = "QEMU emulator version 99.0".into();
+        let err = elsewhere.fork(&snapshot, ForkIdentity::new(0)).await.err().expect("mismatch must be refused");
+        assert!(err.to_string().contains("another host setup") && err.to_string().contains("99.0"), "{err}");
+        // A flipped byte in the state file.
+        let state = snapshot.state_path();
+        let mut bytes = std::fs::read(&state).unwrap();
+        let n = bytes.len() - 10;
+        bytes[n] ^= 0xff;
+        std::fs::write(&state, &bytes).unwrap();
+        let err = forker.fork(&snapshot, ForkIdentity::new(0)).await.err().expect("corruption must be refused");
+        assert!(matches!(err, snapshotter::ForkError::Snapshot(SnapshotError::Damaged { .. })), "{err}");
+        assert!(err.to_string().contains("checksum"), "{err}");
+        // A missing memory file.
+        std::fs::remove_file(snapshot.memory_path()).unwrap();
+        assert!(own.open(snapshot.id(), &forker.host).is_err());
+    });
+}
+
+#[test]
+fn an_over_budget_fork_ends_in_an_error_and_its_sibling_carries_on() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let mut forker = forker();
+        forker.max_disk_bytes = Some(24 << 20);
+        let hog = forker.fork(snapshot, ForkIdentity::new(0)).await.unwrap();
+        let sibling = forker.fork(snapshot, ForkIdentity::new(1)).await.unwrap();
+        let err = hog
+            .agent()
+            .exec(ExecOptions::shell("dd if=/dev/zero of=/workspace/big bs=1M count=200; sync; sleep 30"))
+            .await
+            .unwrap_err();
+        let explained = hog.explain(&err);
+        assert!(explained.contains("disk overlay") && explained.contains("limit"), "{explained}");
+        assert_eq!(run(&sibling, "echo still-here").await, "still-here\n");
+    });
+}
+
+#[test]
+fn warm_pool_forks_refill_and_leave_no_processes() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let pids;
+        {
+            let pool = WarmPool::start(forker(), snapshot.clone(), 2).unwrap();
+            assert!(pool.wait_full(Duration::from_secs(60)).await, "pool never filled: {:?}", pool.last_error());
+            let a = pool.fork(ForkIdentity::new(1)).await.unwrap();
+            let b = pool.fork(ForkIdentity::new(2)).await.unwrap();
+            let c = pool.fork(ForkIdentity::new(3)).await.unwrap(); // pool may be empty: prepared on demand
+            for f in [&a, &b, &c] {
+                assert_eq!(run(f, "cat /workspace/setup-marker").await, "made-in-template\n");
+            }
+            assert!(pool.wait_full(Duration::from_secs(60)).await);
+            let mut all = pool.ready_pids();
+            all.extend([a.machine.pid(), b.machine.pid(), c.machine.pid()]);
+            pids = all;
+        }
+        // Pool and forks dropped: every QEMU they started is gone (killed and reaped).
+        assert_eq!(pids.len(), 5);
+        for pid in pids {
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "QEMU {pid} outlived the pool");
+        }
+    });
+}
