@@ -19,6 +19,15 @@ enum Command {
     /// Run commands in microVMs.
     #[command(subcommand)]
     Vm(cmd::vm::VmCommand),
+    /// Build template snapshots.
+    #[command(subcommand)]
+    Template(cmd::template::TemplateCommand),
+    /// List and remove snapshots.
+    #[command(subcommand)]
+    Snapshot(cmd::snapshot::SnapshotCommand),
+    /// Benchmarks: boot and fork latency, memory per fork.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
 }
 
 fn main() {
@@ -37,6 +46,9 @@ fn main() {
         let work = async {
             match cli.command {
                 Command::Vm(command) => cmd::vm::run(command).await,
+                Command::Template(command) => cmd::template::run(command).await,
+                Command::Snapshot(command) => cmd::snapshot::run(command).await,
+                Command::Bench(command) => cmd::bench::run(command).await,
             }
         };
         tokio::select! {

@@ -1,5 +1,8 @@
 //! Subcommands.
 
+pub mod bench;
+pub mod snapshot;
+pub mod template;
 pub mod vm;
 
 /// Resolves when SIGINT or SIGTERM arrives, with the conventional exit code (128 + signal).

@@ -1,0 +1,359 @@
+//! `farm bench boot|fork`: latency and memory numbers, each against a baseline measured in
+//! the same run. Benchmarks report; they never fail on a time.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use snapshotter::{build_template, ForkIdentity, Forker, SnapshotStore, TemplateConfig, WarmPool};
+use vmm::{AccelSetting, ExecOptions, GuestArtifacts, Machine, VmSettings};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Cold boot to agent-ready, and exec round trips in a booted VM.
+    Boot(BootArgs),
+    /// Cold boot vs fork-to-first-exec (with and without the warm pool), private dirty memory
+    /// per idle fork, and forks alive at once within a memory budget.
+    Fork(ForkArgs),
+}
+
+#[derive(Args)]
+pub struct BootArgs {
+    #[arg(long, default_value = "minimal")]
+    image: String,
+    /// Boots to measure.
+    #[arg(short, default_value_t = 5)]
+    n: usize,
+    /// Exec round trips to measure in one booted VM.
+    #[arg(long, default_value_t = 50)]
+    execs: usize,
+    #[arg(long, default_value = "auto")]
+    accel: AccelSetting,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ForkArgs {
+    #[arg(long, default_value = "minimal")]
+    image: String,
+    /// Forks to measure per mode.
+    #[arg(short, default_value_t = 30)]
+    n: usize,
+    /// Forks started at once.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Cold boots for the baseline.
+    #[arg(long, default_value_t = 5)]
+    cold: usize,
+    /// QEMU processes kept waiting in the warm pool.
+    #[arg(long, default_value_t = 4)]
+    pool: usize,
+    /// Forks to hold alive at once for the memory measurement.
+    #[arg(long, default_value_t = 50)]
+    alive: usize,
+    /// Memory budget for the forks-alive figure, in MiB (default: 90% of MemTotal).
+    #[arg(long)]
+    memory_budget_mib: Option<u64>,
+    /// TCG translation buffer per VM in MiB (0: QEMU's default).
+    #[arg(long, default_value_t = 64)]
+    tb_size_mib: u32,
+    #[arg(long, default_value = "auto")]
+    accel: AccelSetting,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(command: BenchCommand) -> Result<i32> {
+    match command {
+        BenchCommand::Boot(args) => boot(args).await,
+        BenchCommand::Fork(args) => fork(args).await,
+    }
+}
+
+/// p50 and p99 of milliseconds (nearest rank).
+fn percentiles(samples: &[f64]) -> serde_json::Value {
+    if samples.is_empty() {
+        return json!(null);
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let rank = |p: f64| s[((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
+    json!({ "p50": round(rank(0.50)), "p99": round(rank(0.99)), "min": round(s[0]), "max": round(s[s.len() - 1]), "n": s.len() })
+}
+
+fn round(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn p50(v: &serde_json::Value) -> f64 {
+    v.get("p50").and_then(|x| x.as_f64()).unwrap_or(f64::NAN)
+}
+
+async fn exec_true(agent: &vmm::AgentClient) -> Result<()> {
+    let out = agent.exec(ExecOptions::argv(&["true"])).await?;
+    if out.result.exit_code != Some(0) {
+        bail!("`true` failed in the guest: {:?}", out.result);
+    }
+    Ok(())
+}
+
+/// Cold boots: QEMU start -> agent ready -> first exec answered.
+async fn cold_boots(settings: &VmSettings, artifacts: &GuestArtifacts, n: usize, progress: bool) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut to_ready = Vec::new();
+    let mut to_first_exec = Vec::new();
+    for i in 0..n {
+        let t = Instant::now();
+        let machine = Machine::boot(settings, &artifacts.kernel.path, &artifacts.image.path).await?;
+        to_ready.push(ms(t.elapsed()));
+        exec_true(machine.agent()).await?;
+        to_first_exec.push(ms(t.elapsed()));
+        machine.shutdown().await;
+        if progress {
+            eprint!("\rcold boot {}/{n}", i + 1);
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    Ok((to_ready, to_first_exec))
+}
+
+async fn boot(args: BootArgs) -> Result<i32> {
+    let artifacts = GuestArtifacts::locate(&vmm::artifacts::cache_dir(), &args.image)?;
+    let settings = VmSettings::detect(args.accel)?;
+    let (to_ready, to_first_exec) = cold_boots(&settings, &artifacts, args.n, !args.json).await?;
+    let machine = Machine::boot(&settings, &artifacts.kernel.path, &artifacts.image.path).await?;
+    let mut round_trips = Vec::new();
+    for _ in 0..args.execs {
+        let t = Instant::now();
+        exec_true(machine.agent()).await?;
+        round_trips.push(ms(t.elapsed()));
+    }
+    let mut pings = Vec::new();
+    for _ in 0..args.execs {
+        let t = Instant::now();
+        machine.agent().ping().await?;
+        pings.push(ms(t.elapsed()));
+    }
+    machine.shutdown().await;
+    let report = json!({
+        "benchmark": "boot",
+        "image": args.image,
+        "accel": settings.accel.to_string(),
+        "memory_mib": settings.memory_mib,
+        "cold_boot_to_agent_ready_ms": percentiles(&to_ready),
+        "cold_boot_to_first_exec_ms": percentiles(&to_first_exec),
+        "exec_round_trip_ms": percentiles(&round_trips),
+        "ping_round_trip_ms": percentiles(&pings),
+    });
+    print_report(&report, args.json);
+    Ok(0)
+}
+
+fn print_report(report: &serde_json::Value, as_json: bool) {
+    if as_json {
+        println!("{report}");
+        return;
+    }
+    if let Some(map) = report.as_object() {
+        for (k, v) in map {
+            println!("{k:<40} {v}");
+        }
+    }
+}
+
+/// Private dirty bytes of a process (from /proc/PID/smaps_rollup).
+fn private_dirty_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    text.lines().find(|l| l.starts_with("Private_Dirty:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()).map(|kb| kb * 1024)
+}
+
+fn mem_total_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
+        .map(|kb| kb / 1024)
+        .unwrap_or(0)
+}
+
+async fn fork(args: ForkArgs) -> Result<i32> {
+    let progress = !args.json;
+    let say = |s: &str| {
+        if progress {
+            eprintln!("bench: {s}");
+        }
+    };
+    let artifacts = GuestArtifacts::locate(&vmm::artifacts::cache_dir(), &args.image)?;
+    let mut settings = VmSettings::detect(args.accel)?;
+    settings.tcg_tb_size_mib = (args.tb_size_mib > 0).then_some(args.tb_size_mib);
+    let forker = Forker::new(settings.clone())?;
+    let store = SnapshotStore::default_location();
+    let template = TemplateConfig::of_image(&args.image);
+    let quiet = |_: &str| {};
+    let snapshot = build_template(&store, &forker, &template, std::path::Path::new("."), &format!("bench-{}", args.image), &quiet)
+        .await
+        .context("building the benchmark template")?
+        .snapshot;
+    say(&format!("template snapshot {}", snapshot.id()));
+
+    say("cold boots (baseline)");
+    let (cold_ready, cold_first_exec) = cold_boots(&settings, &artifacts, args.cold, progress).await?;
+
+    // Fork without the pool: spawn QEMU, load state, identity, first exec.
+    say("forks without the warm pool");
+    let mut no_pool = Vec::new();
+    let concurrency = args.concurrency.max(1);
+    for batch in (0..args.n).collect::<Vec<_>>().chunks(concurrency) {
+        let tasks: Vec<_> = batch
+            .iter()
+            .map(|&i| {
+                let forker = forker.clone();
+                let snapshot = snapshot.clone();
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let fork = forker.fork(&snapshot, ForkIdentity::new(i as u64)).await?;
+                    exec_true(fork.agent()).await?;
+                    anyhow::Ok(ms(t.elapsed()))
+                })
+            })
+            .collect();
+        for t in tasks {
+            no_pool.push(t.await??);
+        }
+    }
+
+    say(&format!("forks from a warm pool of {}", args.pool.max(concurrency)));
+    let pool = WarmPool::start(forker.clone(), snapshot.clone(), args.pool.max(concurrency))?;
+    let mut warm = Vec::new();
+    let mut second_exec = Vec::new();
+    let mut dirty = Vec::new();
+    for batch in (0..args.n).collect::<Vec<_>>().chunks(concurrency) {
+        if !pool.wait_full(Duration::from_secs(120)).await {
+            bail!("the warm pool did not fill: {:?}", pool.last_error());
+        }
+        let forks = futures_collect(batch.iter().map(|&i| {
+            let pool = &pool;
+            async move {
+                let t = Instant::now();
+                let fork = pool.fork(ForkIdentity::new(i as u64)).await?;
+                exec_true(fork.agent()).await?;
+                anyhow::Ok((ms(t.elapsed()), fork))
+            }
+        }))
+        .await?;
+        for (latency, fork) in forks {
+            warm.push(latency);
+            let t = Instant::now();
+            exec_true(fork.agent()).await?;
+            second_exec.push(ms(t.elapsed()));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Some(bytes) = private_dirty_bytes(fork.machine.pid()) {
+                dirty.push(bytes as f64 / (1 << 20) as f64);
+            }
+        }
+    }
+    drop(pool);
+
+    // Forks alive at once: start them, let them idle, sum their private dirty memory.
+    say(&format!("holding {} forks alive", args.alive));
+    let mut alive = Vec::new();
+    for i in 0..args.alive {
+        let fork = forker.fork(&snapshot, ForkIdentity::new(i as u64)).await?;
+        exec_true(fork.agent()).await?;
+        alive.push(fork);
+        if progress && (i + 1) % 10 == 0 {
+            eprint!("\ralive {}/{}", i + 1, args.alive);
+        }
+    }
+    if progress && args.alive > 0 {
+        eprintln!();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut responsive = 0;
+    for fork in &alive {
+        if fork.agent().ping().await.is_ok() {
+            responsive += 1;
+        }
+    }
+    let alive_dirty: Vec<f64> = alive.iter().filter_map(|f| private_dirty_bytes(f.machine.pid())).map(|b| b as f64 / (1 << 20) as f64).collect();
+    let alive_total: f64 = alive_dirty.iter().sum();
+    drop(alive);
+    let budget = args.memory_budget_mib.unwrap_or(mem_total_mib() * 9 / 10);
+    let per_fork = if alive_dirty.is_empty() { mean(&dirty) } else { alive_total / alive_dirty.len() as f64 };
+
+    let warm_p = percentiles(&warm);
+    let cold_p = percentiles(&cold_first_exec);
+    let report = json!({
+        "benchmark": "fork",
+        "image": args.image,
+        "accel": settings.accel.to_string(),
+        "memory_mib": snapshot.manifest.memory_mib,
+        "tb_size_mib": settings.tcg_tb_size_mib,
+        "n": args.n,
+        "concurrency": concurrency,
+        "cold_boot_to_agent_ready_ms": percentiles(&cold_ready),
+        "cold_boot_to_first_exec_ms": cold_p,
+        "fork_to_first_exec_no_pool_ms": percentiles(&no_pool),
+        "fork_to_first_exec_warm_pool_ms": warm_p,
+        "second_exec_same_fork_ms": percentiles(&second_exec),
+        "ratio_cold_boot_over_warm_fork_p50": round(p50(&cold_p) / p50(&warm_p)),
+        "ratio_cold_boot_over_no_pool_fork_p50": round(p50(&cold_p) / p50(&percentiles(&no_pool))),
+        "private_dirty_per_idle_fork_mib": percentiles(&dirty),
+        "forks_alive": {
+            "started": alive_dirty.len(),
+            "responsive": responsive,
+            "total_private_dirty_mib": round(alive_total),
+            "mean_private_dirty_mib": round(per_fork),
+            "memory_budget_mib": budget,
+            "max_forks_in_budget": if per_fork > 0.0 { (budget as f64 / per_fork).floor() } else { 0.0 },
+        },
+    });
+    print_report(&report, args.json);
+    Ok(0)
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// Runs futures concurrently and collects their results in order.
+async fn futures_collect<T, F>(futures: impl Iterator<Item = F>) -> Result<Vec<T>>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    join_all(futures.map(Box::pin).collect()).await.into_iter().collect()
+}
+
+async fn join_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
+    let mut results: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futures.iter_mut().enumerate() {
+            if results[i].is_none() {
+                match std::pin::Pin::new(f).poll(cx) {
+                    std::task::Poll::Ready(v) => results[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    results.into_iter().map(|r| r.expect("all ready")).collect()
+}

@@ -1,0 +1,149 @@
+//! `farm snapshot ls|rm|gc`.
+
+use std::collections::BTreeSet;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use snapshotter::{Forker, SnapshotStore};
+use vmm::{AccelSetting, GuestArtifacts, VmSettings};
+
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// List snapshots: id, parent, label, age, sizes, and whether this host can fork them.
+    Ls(LsArgs),
+    /// Remove a snapshot (refused while other snapshots descend from it).
+    Rm {
+        /// Snapshot ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Remove snapshots nothing refers to: leftovers of interrupted builds, damaged
+    /// snapshots, templates made for other artifacts or host setups, and child snapshots
+    /// that no other snapshot descends from.
+    Gc {
+        /// Only print what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    /// Print JSON (one array of manifests).
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(command: SnapshotCommand) -> Result<i32> {
+    let store = SnapshotStore::default_location();
+    match command {
+        SnapshotCommand::Ls(args) => ls(&store, args),
+        SnapshotCommand::Rm { ids } => {
+            let mut code = 0;
+            for id in ids {
+                match store.remove(&id) {
+                    Ok(()) => println!("removed {id}"),
+                    Err(e) => {
+                        eprintln!("farm: {e}");
+                        code = 1;
+                    }
+                }
+            }
+            Ok(code)
+        }
+        SnapshotCommand::Gc { dry_run } => gc(&store, dry_run),
+    }
+}
+
+fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
+    let (snapshots, damaged) = store.list();
+    if args.json {
+        let manifests: Vec<_> = snapshots.iter().map(|s| &s.manifest).collect();
+        println!("{}", serde_json::to_string_pretty(&manifests)?);
+        return Ok(0);
+    }
+    let host = VmSettings::detect(AccelSetting::Auto).ok().and_then(|vm| Forker::new(vm).ok()).map(|f| f.host);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    println!("{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  {}", "ID", "PARENT", "LABEL", "AGE", "RAM MiB", "DISK MiB", "STATUS");
+    for s in &snapshots {
+        let m = &s.manifest;
+        let mib = |name: &str| {
+            std::fs::metadata(s.dir.join(name)).map(|meta| std::os::unix::fs::MetadataExt::blocks(&meta) * 512 >> 20).unwrap_or(0)
+        };
+        let status = match &host {
+            Some(h) => match s.check_host(h) {
+                Ok(()) => "ok".to_string(),
+                Err(_) => "other host setup".to_string(),
+            },
+            None => "?".to_string(),
+        };
+        println!(
+            "{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  {}",
+            m.id,
+            m.parent.as_deref().unwrap_or("-"),
+            truncate(&m.label, 16),
+            age(now.saturating_sub(m.created_unix)),
+            mib("memory"),
+            mib("disk.qcow2"),
+            status
+        );
+    }
+    for (id, e) in damaged {
+        println!("{id:<24} damaged: {e}");
+    }
+    Ok(0)
+}
+
+fn gc(store: &SnapshotStore, dry_run: bool) -> Result<i32> {
+    let (snapshots, _) = store.list();
+    let host = Forker::new(VmSettings::detect(AccelSetting::Auto)?)?.host;
+    let cache = vmm::artifacts::cache_dir();
+    // Templates stay while they match this host and the current artifacts.
+    let keep: BTreeSet<String> = snapshots
+        .iter()
+        .filter(|s| s.manifest.parent.is_none())
+        .filter(|s| s.check_host(&host).is_ok())
+        .filter(|s| match GuestArtifacts::locate(&cache, &s.manifest.template.image) {
+            Ok(a) => a.kernel.key == s.manifest.kernel.key && a.image.key == s.manifest.image.key && a.agent.key == s.manifest.agent_key,
+            Err(_) => false,
+        })
+        .map(|s| s.id().to_string())
+        .collect();
+    // Children that other snapshots descend from stay with their descendants; the rest go.
+    let parents: BTreeSet<String> = snapshots.iter().filter_map(|s| s.manifest.parent.clone()).collect();
+    let mut keep_all = keep.clone();
+    for s in &snapshots {
+        if s.manifest.parent.is_some() && parents.contains(s.id()) {
+            keep_all.insert(s.id().to_string());
+        }
+    }
+    if dry_run {
+        for s in snapshots.iter().filter(|s| !keep_all.contains(s.id())) {
+            println!("would remove {}", s.id());
+        }
+        return Ok(0);
+    }
+    let removed = store.gc(&keep_all)?;
+    for id in &removed {
+        println!("removed {id}");
+    }
+    println!("{} removed, {} kept", removed.len(), store.list().0.len());
+    Ok(0)
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).collect::<String>() + "~"
+    }
+}
+
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
