@@ -53,10 +53,9 @@ fn init() -> ! {
     prepare_system();
     loop {
         match sys::fork() {
-            Ok(sys::Forked::Child) => {
-                sys::protect_from_oom();
-                serve_guest_port();
-            }
+            // The server is not shielded from the OOM killer: its commands would inherit the
+            // shield. It is small, so rarely chosen, and PID 1 restarts it if it is.
+            Ok(sys::Forked::Child) => serve_guest_port(),
             Ok(sys::Forked::Parent(server)) => {
                 // Reap until the server itself exits; then start a new one.
                 while let Some(pid) = sys::wait_any() {
@@ -159,6 +158,10 @@ fn serve(path: &Path) -> ! {
     }
     loop {
         match farm_protocol::read_frame_resync(&mut reader, DEFAULT_MAX_FRAME_BYTES) {
+            // Quick requests are answered in order on this thread: an identity request is
+            // applied before the next request is even read, and no thread is started for
+            // them. Commands and file transfers get a thread each, so they can overlap.
+            Ok((header, body)) if is_quick(&header) => handle_frame(&state, &header, body),
             Ok((header, body)) => {
                 let state = Arc::clone(&state);
                 let spawned = std::thread::Builder::new()
@@ -199,6 +202,14 @@ fn drain_queued(file: &mut File) {
         }
     }
     let _ = sys::set_nonblocking(file.as_raw_fd(), false);
+}
+
+/// Ping, identity and quiesce: short, and (identity) order-sensitive.
+fn is_quick(header: &[u8]) -> bool {
+    matches!(
+        farm_protocol::decode_header::<Request>(header).map(|e| e.msg),
+        Ok(Request::Ping) | Ok(Request::Identity(_)) | Ok(Request::Quiesce)
+    )
 }
 
 fn bad_request(message: String) -> AgentError {

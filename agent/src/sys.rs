@@ -129,25 +129,6 @@ pub fn wait_any() -> Option<libc::pid_t> {
     }
 }
 
-/// Runs in a forked child before exec: new session (and process group) so a timeout can
-/// kill everything the command started, and an ordinary OOM score.
-pub fn child_setup() -> io::Result<()> {
-    // SAFETY: setsid is async-signal-safe and takes no pointers.
-    if unsafe { libc::setsid() } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let path = b"/proc/self/oom_score_adj\0";
-    // SAFETY: open/write/close are async-signal-safe; the buffers are static.
-    unsafe {
-        let fd = libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
-        }
-    }
-    Ok(())
-}
-
 /// Sends SIGKILL to a whole process group.
 pub fn kill_group(pgid: u32) {
     // SAFETY: plain kill(2); a stale group id only yields ESRCH.
@@ -192,10 +173,4 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
         return Err(e);
     }
     Ok(())
-}
-
-/// Protects the agent from the guest's OOM killer: a command that exhausts memory is
-/// killed, not the channel to the host.
-pub fn protect_from_oom() {
-    let _ = std::fs::write("/proc/self/oom_score_adj", "-1000");
 }

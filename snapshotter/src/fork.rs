@@ -118,25 +118,37 @@ impl Forker {
     /// Loads the snapshot's state into a prepared machine, resumes it and applies the
     /// identity. The caller checked the snapshot (host and files) when it was opened.
     pub async fn resume(&self, machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
-        let machine_err = |source| ForkError::Machine { snapshot: snapshot.id().to_string(), source };
-        machine.load_state(&snapshot.state_path(), statefile::HEADER_BYTES).await.map_err(machine_err)?;
-        let mut entropy = vec![0u8; 64];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut entropy))
-            .map_err(|e| machine_err(MachineError::Io { what: "reading host entropy".into(), source: e }))?;
-        let unix_time_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-        let mut env: std::collections::BTreeMap<String, String> = identity.env.iter().cloned().collect();
-        env.insert("FARM_SEED".into(), identity.seed.to_string());
-        env.insert("FARM_FORK_ID".into(), identity.fork_id.clone());
-        env.insert("FARM_SNAPSHOT_ID".into(), snapshot.id().to_string());
-        let request = IdentityRequest { unix_time_ns, hostname: format!("fork-{}", identity.fork_id), env };
-        machine
-            .agent()
-            .set_identity(request, entropy)
-            .await
-            .map_err(|source| ForkError::Identity { snapshot: snapshot.id().to_string(), source })?;
-        Ok(Fork { machine, snapshot_id: snapshot.id().to_string(), identity })
+        load_and_resume(&machine, snapshot).await?;
+        apply_identity(machine, snapshot, identity).await
     }
+}
+
+async fn load_and_resume(machine: &Machine, snapshot: &Snapshot) -> Result<(), ForkError> {
+    machine
+        .load_state(&snapshot.state_path(), statefile::HEADER_BYTES)
+        .await
+        .map_err(|source| ForkError::Machine { snapshot: snapshot.id().to_string(), source })
+}
+
+/// Gives a resumed machine its own entropy, clock, hostname and seed.
+async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
+    let machine_err = |source| ForkError::Machine { snapshot: snapshot.id().to_string(), source };
+    let mut entropy = vec![0u8; 64];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut entropy))
+        .map_err(|e| machine_err(MachineError::Io { what: "reading host entropy".into(), source: e }))?;
+    let unix_time_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mut env: std::collections::BTreeMap<String, String> = identity.env.iter().cloned().collect();
+    env.insert("FARM_SEED".into(), identity.seed.to_string());
+    env.insert("FARM_FORK_ID".into(), identity.fork_id.clone());
+    env.insert("FARM_SNAPSHOT_ID".into(), snapshot.id().to_string());
+    let request = IdentityRequest { unix_time_ns, hostname: format!("fork-{}", identity.fork_id), env };
+    machine
+        .agent()
+        .set_identity(request, entropy)
+        .await
+        .map_err(|source| ForkError::Identity { snapshot: snapshot.id().to_string(), source })?;
+    Ok(Fork { machine, snapshot_id: snapshot.id().to_string(), identity })
 }
 
 /// A running fork.
@@ -161,6 +173,21 @@ impl Fork {
     }
 }
 
+/// What a warm pool keeps ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolMode {
+    /// QEMU processes started and waiting for incoming state: a fork still loads the
+    /// state, resumes, and pays the first-run cost of a fresh process (under TCG, code is
+    /// translated again in every process).
+    #[default]
+    Incoming,
+    /// Forks already resumed and warmed by one trivial command, waiting only for their
+    /// identity (entropy, clock, hostname, seed), which is applied when they are taken,
+    /// before any user command. Fastest; the guest has run a little before being taken.
+    Resumed,
+}
+
 /// QEMU processes started ahead of time for one snapshot, refilled in the background.
 pub struct WarmPool {
     inner: Arc<PoolInner>,
@@ -171,6 +198,7 @@ struct PoolInner {
     forker: Forker,
     snapshot: Snapshot,
     size: usize,
+    mode: PoolMode,
     ready: Mutex<VecDeque<Machine>>,
     /// Woken when a machine is taken (notify_one keeps a permit if nobody waits yet).
     wanted: Arc<tokio::sync::Notify>,
@@ -178,15 +206,35 @@ struct PoolInner {
     last_error: Mutex<Option<String>>,
 }
 
+impl PoolInner {
+    async fn make_ready(&self) -> Result<Machine, ForkError> {
+        let machine = self.forker.prepare(&self.snapshot).await?;
+        if self.mode == PoolMode::Resumed {
+            load_and_resume(&machine, &self.snapshot).await?;
+            machine
+                .agent()
+                .exec(vmm::ExecOptions::argv(&["true"]))
+                .await
+                .map_err(|source| ForkError::Identity { snapshot: self.snapshot.id().to_string(), source })?;
+        }
+        Ok(machine)
+    }
+}
+
 impl WarmPool {
     /// Starts a pool keeping `size` machines ready for `snapshot`.
     pub fn start(forker: Forker, snapshot: Snapshot, size: usize) -> Result<WarmPool, ForkError> {
+        WarmPool::start_with_mode(forker, snapshot, size, PoolMode::Incoming)
+    }
+
+    pub fn start_with_mode(forker: Forker, snapshot: Snapshot, size: usize, mode: PoolMode) -> Result<WarmPool, ForkError> {
         snapshot.check_host(&forker.host)?;
         snapshot.check_files()?;
         let inner = Arc::new(PoolInner {
             forker,
             snapshot,
             size,
+            mode,
             ready: Mutex::new(VecDeque::new()),
             wanted: Arc::new(tokio::sync::Notify::new()),
             last_error: Mutex::new(None),
@@ -202,7 +250,7 @@ impl WarmPool {
                     wanted.notified().await;
                     continue;
                 }
-                match inner.forker.prepare(&inner.snapshot).await {
+                match inner.make_ready().await {
                     Ok(machine) => inner.ready.lock().unwrap_or_else(|p| p.into_inner()).push_back(machine),
                     Err(e) => {
                         *inner.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
@@ -245,11 +293,14 @@ impl WarmPool {
     pub async fn fork(&self, identity: ForkIdentity) -> Result<Fork, ForkError> {
         let ready = self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
         self.inner.wanted.notify_one();
-        let machine = match ready {
-            Some(machine) => machine,
-            None => self.inner.forker.prepare(&self.inner.snapshot).await?,
-        };
-        self.inner.forker.resume(machine, &self.inner.snapshot, identity).await
+        match (ready, self.inner.mode) {
+            (Some(machine), PoolMode::Resumed) => apply_identity(machine, &self.inner.snapshot, identity).await,
+            (Some(machine), PoolMode::Incoming) => self.inner.forker.resume(machine, &self.inner.snapshot, identity).await,
+            (None, _) => {
+                let machine = self.inner.forker.prepare(&self.inner.snapshot).await?;
+                self.inner.forker.resume(machine, &self.inner.snapshot, identity).await
+            }
+        }
     }
 }
 

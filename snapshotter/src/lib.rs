@@ -15,6 +15,6 @@ pub mod store;
 pub mod template;
 
 pub use build::{build_template, snapshot_fork, BuildError, Built};
-pub use fork::{Fork, ForkError, ForkIdentity, Forker, WarmPool};
+pub use fork::{Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
 pub use template::TemplateConfig;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
-use snapshotter::{build_template, ForkIdentity, Forker, SnapshotStore, TemplateConfig, WarmPool};
+use snapshotter::{build_template, ForkIdentity, Forker, PoolMode, SnapshotStore, TemplateConfig, WarmPool};
 use vmm::{AccelSetting, ExecOptions, GuestArtifacts, Machine, VmSettings};
 
 #[derive(Subcommand)]
@@ -230,37 +230,11 @@ async fn fork(args: ForkArgs) -> Result<i32> {
         }
     }
 
-    say(&format!("forks from a warm pool of {}", args.pool.max(concurrency)));
-    let pool = WarmPool::start(forker.clone(), snapshot.clone(), args.pool.max(concurrency))?;
-    let mut warm = Vec::new();
-    let mut second_exec = Vec::new();
-    let mut dirty = Vec::new();
-    for batch in (0..args.n).collect::<Vec<_>>().chunks(concurrency) {
-        if !pool.wait_full(Duration::from_secs(120)).await {
-            bail!("the warm pool did not fill: {:?}", pool.last_error());
-        }
-        let forks = futures_collect(batch.iter().map(|&i| {
-            let pool = &pool;
-            async move {
-                let t = Instant::now();
-                let fork = pool.fork(ForkIdentity::new(i as u64)).await?;
-                exec_true(fork.agent()).await?;
-                anyhow::Ok((ms(t.elapsed()), fork))
-            }
-        }))
-        .await?;
-        for (latency, fork) in forks {
-            warm.push(latency);
-            let t = Instant::now();
-            exec_true(fork.agent()).await?;
-            second_exec.push(ms(t.elapsed()));
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            if let Some(bytes) = private_dirty_bytes(fork.machine.pid()) {
-                dirty.push(bytes as f64 / (1 << 20) as f64);
-            }
-        }
-    }
-    drop(pool);
+    say(&format!("forks from a warm pool of {} (QEMU waiting for incoming state)", args.pool.max(concurrency)));
+    let incoming = measure_pool(&forker, &snapshot, PoolMode::Incoming, args.pool.max(concurrency), args.n, concurrency).await?;
+    say(&format!("forks from a warm pool of {} (pre-resumed, identity on take)", args.pool.max(concurrency)));
+    let resumed = measure_pool(&forker, &snapshot, PoolMode::Resumed, args.pool.max(concurrency), args.n, concurrency).await?;
+    let (warm, second_exec, dirty) = (incoming.first_exec, incoming.second_exec, incoming.private_dirty_mib);
 
     // Forks alive at once: start them, let them idle, sum their private dirty memory.
     say(&format!("holding {} forks alive", args.alive));
@@ -303,6 +277,8 @@ async fn fork(args: ForkArgs) -> Result<i32> {
         "cold_boot_to_first_exec_ms": cold_p,
         "fork_to_first_exec_no_pool_ms": percentiles(&no_pool),
         "fork_to_first_exec_warm_pool_ms": warm_p,
+        "fork_to_first_exec_resumed_pool_ms": percentiles(&resumed.first_exec),
+        "ratio_cold_boot_over_resumed_pool_fork_p50": round(p50(&cold_p) / p50(&percentiles(&resumed.first_exec))),
         "second_exec_same_fork_ms": percentiles(&second_exec),
         "ratio_cold_boot_over_warm_fork_p50": round(p50(&cold_p) / p50(&warm_p)),
         "ratio_cold_boot_over_no_pool_fork_p50": round(p50(&cold_p) / p50(&percentiles(&no_pool))),
@@ -318,6 +294,45 @@ async fn fork(args: ForkArgs) -> Result<i32> {
     });
     print_report(&report, args.json);
     Ok(0)
+}
+
+struct PoolSamples {
+    first_exec: Vec<f64>,
+    second_exec: Vec<f64>,
+    private_dirty_mib: Vec<f64>,
+}
+
+/// Forks `n` times from a full pool, `concurrency` at once; records fork-to-first-exec,
+/// a second exec, and the fork's private dirty memory after a short idle.
+async fn measure_pool(forker: &Forker, snapshot: &snapshotter::Snapshot, mode: PoolMode, size: usize, n: usize, concurrency: usize) -> Result<PoolSamples> {
+    let pool = WarmPool::start_with_mode(forker.clone(), snapshot.clone(), size, mode)?;
+    let mut samples = PoolSamples { first_exec: Vec::new(), second_exec: Vec::new(), private_dirty_mib: Vec::new() };
+    for batch in (0..n).collect::<Vec<_>>().chunks(concurrency) {
+        if !pool.wait_full(Duration::from_secs(120)).await {
+            bail!("the warm pool did not fill: {:?}", pool.last_error());
+        }
+        let forks = futures_collect(batch.iter().map(|&i| {
+            let pool = &pool;
+            async move {
+                let t = Instant::now();
+                let fork = pool.fork(ForkIdentity::new(i as u64)).await?;
+                exec_true(fork.agent()).await?;
+                anyhow::Ok((ms(t.elapsed()), fork))
+            }
+        }))
+        .await?;
+        for (latency, fork) in forks {
+            samples.first_exec.push(latency);
+            let t = Instant::now();
+            exec_true(fork.agent()).await?;
+            samples.second_exec.push(ms(t.elapsed()));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Some(bytes) = private_dirty_bytes(fork.machine.pid()) {
+                samples.private_dirty_mib.push(bytes as f64 / (1 << 20) as f64);
+            }
+        }
+    }
+    Ok(samples)
 }
 
 fn mean(v: &[f64]) -> f64 {

@@ -64,11 +64,11 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
     }
     let host = VmSettings::detect(AccelSetting::Auto).ok().and_then(|vm| Forker::new(vm).ok()).map(|f| f.host);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    println!("{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  {}", "ID", "PARENT", "LABEL", "AGE", "RAM MiB", "DISK MiB", "STATUS");
+    println!("{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  STATUS", "ID", "PARENT", "LABEL", "AGE", "RAM MiB", "DISK MiB");
     for s in &snapshots {
         let m = &s.manifest;
         let mib = |name: &str| {
-            std::fs::metadata(s.dir.join(name)).map(|meta| std::os::unix::fs::MetadataExt::blocks(&meta) * 512 >> 20).unwrap_or(0)
+            std::fs::metadata(s.dir.join(name)).map(|meta| (std::os::unix::fs::MetadataExt::blocks(&meta) * 512) >> 20).unwrap_or(0)
         };
         let status = match &host {
             Some(h) => match s.check_host(h) {

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the benchmarks recorded in bench/RESULTS.md. Needs scripts/setup.sh first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FARM=target/release/farm
+for image in minimal python; do
+  echo "== farm bench boot --image $image -n 5 --execs 50 --json"
+  "$FARM" bench boot --image "$image" -n 5 --execs 50 --json
+done
+echo "== farm bench fork --image minimal -n 30 --cold 5 --alive 200 --json"
+"$FARM" bench fork --image minimal -n 30 --cold 5 --alive 200 --json
+echo "== farm bench fork --image python -n 20 --cold 3 --alive 20 --json"
+"$FARM" bench fork --image python -n 20 --cold 3 --alive 20 --json
