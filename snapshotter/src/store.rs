@@ -197,9 +197,12 @@ impl SnapshotStore {
         SnapshotStore { root }
     }
 
-    /// `$FARM_CACHE_DIR/snapshots`.
+    /// `FARM_SNAPSHOT_DIR`, or `$FARM_CACHE_DIR/snapshots`.
     pub fn default_location() -> SnapshotStore {
-        SnapshotStore::new(vmm::artifacts::cache_dir().join("snapshots"))
+        match std::env::var_os("FARM_SNAPSHOT_DIR") {
+            Some(dir) => SnapshotStore::new(dir.into()),
+            None => SnapshotStore::new(vmm::artifacts::cache_dir().join("snapshots")),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -281,21 +284,22 @@ impl SnapshotStore {
 
     /// Removes staging leftovers, damaged snapshots, and complete snapshots that are neither
     /// in `keep` (the templates still referred to) nor an ancestor of one that is kept.
-    /// Returns the removed ids.
-    pub fn gc(&self, keep: &BTreeSet<String>) -> Result<Vec<String>, SnapshotError> {
+    /// Returns the removed ids (with `dry_run`, those that would be removed).
+    pub fn gc(&self, keep: &BTreeSet<String>, dry_run: bool) -> Result<Vec<String>, SnapshotError> {
+        let remove = |path: &Path| if dry_run { Ok(()) } else { remove_tree(path) };
         let mut removed = Vec::new();
         if let Ok(entries) = std::fs::read_dir(&self.root) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().to_string();
                 if name.starts_with(".staging-") && staging_owner_is_dead(&name) {
-                    remove_tree(&entry.path())?;
+                    remove(&entry.path())?;
                     removed.push(name);
                 }
             }
         }
         let (all, damaged) = self.list();
         for (id, _) in damaged {
-            remove_tree(&self.path_of(&id))?;
+            remove(&self.path_of(&id))?;
             removed.push(id);
         }
         let parents: BTreeMap<String, Option<String>> = all.iter().map(|s| (s.manifest.id.clone(), s.manifest.parent.clone())).collect();
@@ -313,7 +317,7 @@ impl SnapshotStore {
         let mut doomed: Vec<&Snapshot> = all.iter().filter(|s| !live.contains(s.id())).collect();
         doomed.sort_by_key(|s| std::cmp::Reverse(depth(&parents, s.id())));
         for s in doomed {
-            remove_tree(&s.dir)?;
+            remove(&s.dir)?;
             removed.push(s.id().to_string());
         }
         Ok(removed)
@@ -341,9 +345,12 @@ impl SnapshotStore {
             manifest.files.insert(name.to_string(), FileRecord { bytes, sha256: sha256_file(&path)? });
         }
         let final_dir = self.path_of(&manifest.id);
-        if final_dir.join("manifest.json").exists() {
-            let _ = remove_tree(staging);
-            return self.get(&manifest.id);
+        if let Ok(existing) = self.get(&manifest.id) {
+            if existing.check_files().is_ok() {
+                // Someone else finished the same snapshot first: theirs is as good.
+                let _ = remove_tree(staging);
+                return Ok(existing);
+            }
         }
         let text = serde_json::to_string_pretty(&manifest).expect("manifest serializes");
         let tmp = staging.join("manifest.json.tmp");
@@ -484,7 +491,10 @@ mod tests {
         fake_snapshot(&store, "unused-child", Some("root"), 5);
         assert!(matches!(store.remove("root"), Err(SnapshotError::HasChildren { .. })));
         std::fs::create_dir_all(dir.path().join(".staging-999999999-0-x")).unwrap();
-        let removed = store.gc(&BTreeSet::from(["grandchild".to_string()])).unwrap();
+        let planned = store.gc(&BTreeSet::from(["grandchild".to_string()]), true).unwrap();
+        assert_eq!(store.list().0.len(), 5, "a dry run removed something");
+        let removed = store.gc(&BTreeSet::from(["grandchild".to_string()]), false).unwrap();
+        assert_eq!(planned, removed);
         let removed: BTreeSet<_> = removed.into_iter().collect();
         assert!(removed.contains("orphan-template") && removed.contains("unused-child") && removed.contains(".staging-999999999-0-x"));
         let left: BTreeSet<_> = store.list().0.iter().map(|s| s.id().to_string()).collect();

@@ -32,6 +32,8 @@ pub enum AgentError {
     BadResponse { op: &'static str, detail: String },
     #[error("the guest agent restarted while {op} was in flight (a command may have killed it)")]
     AgentRestarted { op: &'static str },
+    #[error("{op}: {detail}")]
+    InvalidRequest { op: &'static str, detail: String },
     #[error("the guest agent refused {op}: {message}")]
     Refused { op: &'static str, kind: farm_protocol::ErrorKind, message: String },
 }
@@ -56,6 +58,7 @@ struct Inner {
     writer: tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>,
     shared: Mutex<Shared>,
     next_id: AtomicU64,
+    max_response_bytes: u32,
     /// Becomes true when the agent announced itself (unsolicited pong) or answered a ping.
     ready: watch::Sender<bool>,
     reader_task: tokio::task::JoinHandle<()>,
@@ -149,6 +152,7 @@ impl AgentClient {
                 writer: tokio::sync::Mutex::new(Box::new(writer)),
                 shared: Mutex::new(Shared { pending: HashMap::new(), closed: None, unsolicited: 0 }),
                 next_id: AtomicU64::new(1),
+                max_response_bytes,
                 ready,
                 reader_task,
             }
@@ -209,6 +213,18 @@ impl AgentClient {
     }
 
     pub async fn exec(&self, options: ExecOptions) -> Result<ExecOutput, AgentError> {
+        // The answer carries both outputs in one frame; caps that could not fit would turn a
+        // chatty command into a broken channel.
+        let room = u64::from(self.inner.max_response_bytes).saturating_sub(1 << 20);
+        if options.stdout_cap.saturating_add(options.stderr_cap) > room {
+            return Err(AgentError::InvalidRequest {
+                op: "exec",
+                detail: format!(
+                    "output caps {} + {} bytes exceed the {room} bytes a response may carry",
+                    options.stdout_cap, options.stderr_cap
+                ),
+            });
+        }
         let request = ExecRequest {
             program: options.program,
             cwd: options.cwd,
@@ -427,7 +443,7 @@ mod tests {
     fn client_with_guest() -> (AgentClient, DuplexStream) {
         let (host, guest) = duplex(1 << 20);
         let (read, write) = tokio::io::split(host);
-        (AgentClient::new(read, write, 1 << 16), guest)
+        (AgentClient::new(read, write, 1 << 24), guest)
     }
 
     async fn next_request(guest: &mut DuplexStream) -> (Envelope<Request>, Vec<u8>) {
@@ -559,6 +575,13 @@ mod tests {
         let (req, _) = next_request(&mut guest).await;
         send(&mut guest, req.id, Response::Quiesce, b"").await;
         call.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn caps_larger_than_a_response_can_carry_are_refused_up_front() {
+        let (client, _guest) = client_with_guest();
+        let err = client.exec(ExecOptions { stdout_cap: 1 << 30, ..ExecOptions::argv(&["x"]) }).await.unwrap_err();
+        assert!(matches!(err, AgentError::InvalidRequest { op: "exec", .. }), "{err}");
     }
 
     #[tokio::test]

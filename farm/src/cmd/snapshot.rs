@@ -19,7 +19,7 @@ pub enum SnapshotCommand {
     },
     /// Remove snapshots nothing refers to: leftovers of interrupted builds, damaged
     /// snapshots, templates made for other artifacts or host setups, and child snapshots
-    /// that no other snapshot descends from.
+    /// (per-task snapshots, branches), which are caches rebuilt on demand.
     Gc {
         /// Only print what would be removed.
         #[arg(long)]
@@ -109,25 +109,14 @@ fn gc(store: &SnapshotStore, dry_run: bool) -> Result<i32> {
         })
         .map(|s| s.id().to_string())
         .collect();
-    // Children that other snapshots descend from stay with their descendants; the rest go.
-    let parents: BTreeSet<String> = snapshots.iter().filter_map(|s| s.manifest.parent.clone()).collect();
-    let mut keep_all = keep.clone();
-    for s in &snapshots {
-        if s.manifest.parent.is_some() && parents.contains(s.id()) {
-            keep_all.insert(s.id().to_string());
-        }
-    }
-    if dry_run {
-        for s in snapshots.iter().filter(|s| !keep_all.contains(s.id())) {
-            println!("would remove {}", s.id());
-        }
-        return Ok(0);
-    }
-    let removed = store.gc(&keep_all)?;
+    // Child snapshots go unless a kept snapshot descends from them (store.gc keeps every
+    // ancestor of a kept snapshot), so one run removes whole unused branches.
+    let removed = store.gc(&keep, dry_run)?;
+    let verb = if dry_run { "would remove" } else { "removed" };
     for id in &removed {
-        println!("removed {id}");
+        println!("{verb} {id}");
     }
-    println!("{} removed, {} kept", removed.len(), store.list().0.len());
+    println!("{} snapshot folders {verb}", removed.len());
     Ok(0)
 }
 

@@ -1,0 +1,61 @@
+//! `farm template build` and `farm snapshot ls|rm|gc` through the binary, in a private
+//! snapshot store.
+
+use std::process::{Command, Output};
+
+fn farm(store: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_farm")).env("FARM_SNAPSHOT_DIR", store).args(args).output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn build_reuse_list_and_remove_a_template() {
+    let store = tempfile::tempdir().unwrap();
+    let config_dir = tempfile::tempdir().unwrap();
+    std::fs::write(config_dir.path().join("hello.txt"), "hi from the host\n").unwrap();
+    let config = config_dir.path().join("t.toml");
+    std::fs::write(
+        &config,
+        "[template]\nimage = \"minimal\"\nsetup = [\"cat /workspace/hello.txt > /workspace/copy\"]\n\
+         [[template.files]]\nsrc = \"hello.txt\"\ndest = \"/workspace/hello.txt\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+
+    let first = farm(store.path(), &["template", "build", "--quiet", config]);
+    assert!(first.status.success(), "{}", text(&first));
+    let id = String::from_utf8_lossy(&first.stdout).trim().to_string();
+    assert!(id.starts_with("t-"), "{id}");
+
+    let second = farm(store.path(), &["template", "build", config]);
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(text(&second).contains(&format!("reused existing snapshot {id}")), "{}", text(&second));
+
+    let ls = farm(store.path(), &["snapshot", "ls"]);
+    assert!(text(&ls).contains(&id) && text(&ls).contains(" ok"), "{}", text(&ls));
+
+    // A failing setup command is reported with its output and leaves nothing behind.
+    std::fs::write(config_dir.path().join("bad.toml"), "[template]\nimage = \"minimal\"\nsetup = [\"echo oops >&2; exit 3\"]\n").unwrap();
+    let bad = farm(store.path(), &["template", "build", config_dir.path().join("bad.toml").to_str().unwrap()]);
+    assert!(!bad.status.success());
+    assert!(text(&bad).contains("exit code 3") && text(&bad).contains("oops"), "{}", text(&bad));
+
+    let rm = farm(store.path(), &["snapshot", "rm", &id]);
+    assert!(rm.status.success(), "{}", text(&rm));
+    let leftovers: Vec<_> = std::fs::read_dir(store.path()).unwrap().collect();
+    assert!(leftovers.is_empty(), "store not empty: {leftovers:?}");
+}
+
+#[test]
+fn bad_template_configs_name_the_key() {
+    let store = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("t.toml");
+    std::fs::write(&config, "[template]\nimage = \"minimal\"\ncpu = 2\n").unwrap();
+    let out = farm(store.path(), &["template", "build", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("cpu") && text(&out).contains("t.toml"), "{}", text(&out));
+}
