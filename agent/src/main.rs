@@ -273,6 +273,17 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             let truncated = (data.len() as u64) < size;
             (Response::ReadFile { size, truncated }, data)
         }),
+        Request::ListFiles(req) => {
+            let mut entries = Vec::new();
+            let truncated = list_files(Path::new(&req.root), Path::new(""), req.max_entries as usize, &mut entries, 0)
+                .map_err(|e| io_error(format!("listing {}", req.root), e))?;
+            Ok((Response::ListFiles { entries, truncated }, Vec::new()))
+        }
+        Request::RemoveFile { path } => match std::fs::remove_file(&path) {
+            Ok(()) => Ok((Response::RemoveFile, Vec::new())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Response::RemoveFile, Vec::new())),
+            Err(e) => Err(io_error(format!("removing {path}"), e)),
+        },
         Request::Quiesce => {
             sys::sync_all();
             Ok((Response::Quiesce, Vec::new()))
@@ -289,6 +300,39 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             Ok((Response::Identity, Vec::new()))
         }
     }
+}
+
+/// Walks `root/rel` depth-first without following symlinks or crossing file systems.
+/// Returns whether entries were left out because of `max`.
+fn list_files(root: &Path, rel: &Path, max: usize, out: &mut Vec<farm_protocol::FileEntry>, depth: usize) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = root.join(rel);
+    let root_dev = std::fs::symlink_metadata(root)?.dev();
+    let mut names: Vec<_> = std::fs::read_dir(&dir)?.flatten().map(|e| e.file_name()).collect();
+    names.sort();
+    for name in names {
+        let rel_path = rel.join(&name);
+        let Ok(meta) = std::fs::symlink_metadata(root.join(&rel_path)) else { continue };
+        if meta.dev() != root_dev {
+            continue;
+        }
+        if meta.is_dir() {
+            if depth < 64 && list_files(root, &rel_path, max, out, depth + 1)? {
+                return Ok(true);
+            }
+        } else if meta.is_file() {
+            if out.len() >= max {
+                return Ok(true);
+            }
+            out.push(farm_protocol::FileEntry {
+                path: rel_path.to_string_lossy().into_owned(),
+                size: meta.len(),
+                mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+                mode: meta.mode() & 0o7777,
+            });
+        }
+    }
+    Ok(false)
 }
 
 fn write_file(req: &WriteFileRequest, contents: &[u8]) -> Result<u64, AgentError> {

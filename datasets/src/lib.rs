@@ -1,1 +1,185 @@
-//! placeholder
+//! Tasks and the loaders that read them.
+//!
+//! Every format becomes the same [`Task`]: an instruction, files placed in the guest's
+//! workspace, setup commands (baked into a per-task snapshot), hidden tests with the command
+//! that runs them (written only into the scoring VM), a reference solution, an expected
+//! answer. Loaders: [`load`] dispatches on [`Format`]: JSONL and Parquet task tables, the
+//! HumanEval format, and task folders. Errors name the file, the line or row, and the field.
+#![forbid(unsafe_code)]
+
+mod folder;
+mod table;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Where a task's files go in the guest.
+pub const WORKSPACE: &str = "/workspace";
+/// Where hidden tests are written in the scoring VM (never in a rollout VM).
+pub const TESTS_DIR: &str = "/opt/farm-tests";
+/// Where the reference solution's files are written by the replay policy.
+pub const SOLUTION_DIR: &str = "/opt/farm-solution";
+
+/// One task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: String,
+    pub instruction: String,
+    /// Placed in the workspace before setup (paths relative to the workspace).
+    pub files: Vec<TaskFile>,
+    /// Shell commands run in the workspace when the task snapshot is made.
+    pub setup: Vec<String>,
+    /// Hidden tests, written under [`TESTS_DIR`] in the scoring VM only.
+    pub tests: Vec<TaskFile>,
+    /// Run in the workspace of the scoring VM after the tests are written.
+    pub test_command: Option<String>,
+    pub solution: Option<Solution>,
+    /// For answer-scored tasks: the expected final answer.
+    pub expected_answer: Option<String>,
+    pub answer_match: AnswerMatch,
+    /// For completion-style tasks (HumanEval): a completion is written to this workspace file
+    /// after `completion_prefix`.
+    pub completion_file: Option<String>,
+    pub completion_prefix: String,
+    pub metadata: serde_json::Value,
+}
+
+/// A file's path and contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskFile {
+    pub path: String,
+    pub contents: Vec<u8>,
+    pub mode: u32,
+}
+
+impl TaskFile {
+    pub fn text(path: impl Into<String>, contents: impl Into<String>) -> TaskFile {
+        TaskFile { path: path.into(), contents: contents.into().into_bytes(), mode: 0o644 }
+    }
+}
+
+/// The reference solution: files to write (relative paths are in the workspace) and commands
+/// to run in the workspace, and/or a final answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Solution {
+    pub files: Vec<TaskFile>,
+    pub commands: Vec<String>,
+    pub answer: Option<String>,
+}
+
+/// How a final answer is compared with the expected one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AnswerMatch {
+    /// Equal after trimming surrounding whitespace.
+    #[default]
+    Exact,
+    /// The expected answer is a regular expression the whole answer must match.
+    Regex,
+    /// Both parse as numbers within `tolerance` (absolute).
+    Numeric { tolerance: f64 },
+}
+
+impl Task {
+    /// SHA-256 of everything that defines the task.
+    pub fn digest(&self) -> String {
+        let bytes = serde_json::to_vec(self).expect("tasks serialize");
+        Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether the task needs a snapshot of its own (files or setup on top of the template).
+    pub fn needs_snapshot(&self) -> bool {
+        !self.files.is_empty() || !self.setup.is_empty()
+    }
+
+    /// Whether it can be scored at all.
+    pub fn is_scorable(&self) -> bool {
+        self.test_command.is_some() || self.expected_answer.is_some()
+    }
+}
+
+/// Dataset formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// One task object per line (fields of [`table::TaskRow`]).
+    Jsonl,
+    /// A Parquet table with the same columns (complex columns as JSON strings).
+    Parquet,
+    /// HumanEval: `task_id`, `prompt`, `canonical_solution`, `test`, `entry_point` per line.
+    Humaneval,
+    /// A folder of task folders (`instruction.md`, `task.toml`, `files/`, `setup.sh`,
+    /// `tests/`, `solution/`).
+    TaskDirs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("cannot read dataset {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Line { path: PathBuf, line: usize, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("{path}: duplicate task id {id:?} (first at {first})")]
+    Duplicate { path: PathBuf, id: String, first: String },
+    #[error("{path}: the dataset has no tasks")]
+    Empty { path: PathBuf },
+}
+
+/// Loads every task of a dataset.
+pub fn load(path: &Path, format: Format) -> Result<Vec<Task>, DatasetError> {
+    let tasks = match format {
+        Format::Jsonl => table::load_jsonl(path)?,
+        Format::Parquet => table::load_parquet(path)?,
+        Format::Humaneval => table::load_humaneval(path)?,
+        Format::TaskDirs => folder::load_task_dirs(path)?,
+    };
+    let mut seen = std::collections::HashMap::new();
+    for (i, task) in tasks.iter().enumerate() {
+        if task.id.is_empty() {
+            return Err(DatasetError::Invalid { path: path.to_path_buf(), message: format!("task {} has an empty id", i + 1) });
+        }
+        if let Some(first) = seen.insert(task.id.clone(), i + 1) {
+            return Err(DatasetError::Duplicate { path: path.to_path_buf(), id: task.id.clone(), first: format!("task {first}") });
+        }
+        for file in task.files.iter().chain(task.tests.iter()) {
+            check_relative(path, &task.id, &file.path)?;
+        }
+    }
+    if tasks.is_empty() {
+        return Err(DatasetError::Empty { path: path.to_path_buf() });
+    }
+    Ok(tasks)
+}
+
+/// Task file paths stay inside their folder: relative, no `..`.
+fn check_relative(path: &Path, id: &str, file: &str) -> Result<(), DatasetError> {
+    let p = Path::new(file);
+    if file.is_empty() || p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err(DatasetError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("task {id:?}: file path {file:?} must be relative and stay inside its folder"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_changes_with_any_field() {
+        let mut t = table::tests::sample_task();
+        let d = t.digest();
+        t.tests[0].contents.push(b'x');
+        assert_ne!(d, t.digest());
+    }
+}

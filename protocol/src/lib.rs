@@ -68,6 +68,10 @@ pub enum Request {
     WriteFile(WriteFileRequest),
     /// Read a file. The response body holds at most `max_bytes` of it.
     ReadFile(ReadFileRequest),
+    /// List regular files under a directory, recursively (not crossing file systems).
+    ListFiles(ListFilesRequest),
+    /// Remove a file (missing files are not an error).
+    RemoveFile { path: String },
     /// Flush every file system to the disk (before a snapshot).
     Quiesce,
     /// Take a new identity after a fork. Body: entropy bytes for the kernel RNG.
@@ -121,6 +125,26 @@ pub struct ReadFileRequest {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct ListFilesRequest {
+    pub root: String,
+    /// Entries returned at most; the response says whether more were left out.
+    pub max_entries: u32,
+}
+
+/// One regular file found by [`Request::ListFiles`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    /// Path relative to the listed root.
+    pub path: String,
+    pub size: u64,
+    /// Modification time, nanoseconds since the UNIX epoch.
+    pub mtime_ns: i128,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct IdentityRequest {
     /// Host wall clock, nanoseconds since the UNIX epoch.
     pub unix_time_ns: u64,
@@ -138,6 +162,8 @@ pub enum Response {
     /// Body: `stdout_len` bytes of standard output, then `stderr_len` bytes of standard error.
     Exec(ExecResult),
     WriteFile { bytes: u64 },
+    ListFiles { entries: Vec<FileEntry>, truncated: bool },
+    RemoveFile,
     /// Body: the file's first bytes (at most the requested cap).
     ReadFile { size: u64, truncated: bool },
     Quiesce,

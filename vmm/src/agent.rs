@@ -284,6 +284,26 @@ impl AgentClient {
         }
     }
 
+    /// Lists regular files under `root` (relative paths, sizes, mtimes, modes).
+    pub async fn list_files(&self, root: &str, max_entries: u32) -> Result<(Vec<farm_protocol::FileEntry>, bool), AgentError> {
+        let request = farm_protocol::ListFilesRequest { root: root.to_string(), max_entries };
+        match self.request("list_files", Request::ListFiles(request), Vec::new(), SHORT_REQUEST).await? {
+            (Response::ListFiles { entries, truncated }, _) if entries.len() <= max_entries as usize => Ok((entries, truncated)),
+            (Response::ListFiles { entries, .. }, _) => Err(AgentError::BadResponse {
+                op: "list_files",
+                detail: format!("{} entries, more than the {max_entries} asked for", entries.len()),
+            }),
+            (other, _) => Err(unexpected("list_files", other)),
+        }
+    }
+
+    pub async fn remove_file(&self, path: &str) -> Result<(), AgentError> {
+        match self.request("remove_file", Request::RemoveFile { path: path.to_string() }, Vec::new(), SHORT_REQUEST).await? {
+            (Response::RemoveFile, _) => Ok(()),
+            (other, _) => Err(unexpected("remove_file", other)),
+        }
+    }
+
     pub async fn quiesce(&self) -> Result<(), AgentError> {
         match self.request("quiesce", Request::Quiesce, Vec::new(), SHORT_REQUEST).await? {
             (Response::Quiesce, _) => Ok(()),

@@ -1,0 +1,321 @@
+//! Task tables (JSONL, Parquet) and the HumanEval format.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::{AnswerMatch, DatasetError, Solution, Task, TaskFile, TESTS_DIR};
+
+/// One row of a task table. In JSONL every field is native JSON; in Parquet the columns
+/// `files`, `setup`, `tests`, `solution`, `answer_match` and `metadata` hold JSON text.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRow {
+    pub id: String,
+    #[serde(default)]
+    pub instruction: String,
+    /// Workspace path -> text.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    #[serde(default)]
+    pub setup: Vec<String>,
+    /// Test path (under /opt/farm-tests) -> text.
+    #[serde(default)]
+    pub tests: BTreeMap<String, String>,
+    #[serde(default)]
+    pub test_command: Option<String>,
+    #[serde(default)]
+    pub solution: Option<SolutionRow>,
+    #[serde(default)]
+    pub expected_answer: Option<String>,
+    #[serde(default)]
+    pub answer_match: AnswerMatch,
+    #[serde(default)]
+    pub metadata: serde_json::Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SolutionRow {
+    /// Path (relative: in the workspace) -> text.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    #[serde(default)]
+    pub commands: Vec<String>,
+    #[serde(default)]
+    pub answer: Option<String>,
+}
+
+impl From<TaskRow> for Task {
+    fn from(row: TaskRow) -> Task {
+        let files = |m: BTreeMap<String, String>| m.into_iter().map(|(p, c)| TaskFile::text(p, c)).collect();
+        Task {
+            id: row.id,
+            instruction: row.instruction,
+            files: files(row.files),
+            setup: row.setup,
+            tests: files(row.tests),
+            test_command: row.test_command,
+            solution: row.solution.map(|s| Solution { files: files(s.files), commands: s.commands, answer: s.answer }),
+            expected_answer: row.expected_answer,
+            answer_match: row.answer_match,
+            completion_file: None,
+            completion_prefix: String::new(),
+            metadata: row.metadata,
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, DatasetError> {
+    std::fs::read_to_string(path).map_err(|source| DatasetError::Read { path: path.to_path_buf(), source })
+}
+
+/// Parses each non-empty line of a JSONL file as `T`.
+fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, DatasetError> {
+    let text = read(path)?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row = serde_json::from_str(line).map_err(|e| DatasetError::Line { path: path.to_path_buf(), line: i + 1, message: e.to_string() })?;
+        rows.push((i + 1, row));
+    }
+    Ok(rows)
+}
+
+pub fn load_jsonl(path: &Path) -> Result<Vec<Task>, DatasetError> {
+    Ok(jsonl::<TaskRow>(path)?.into_iter().map(|(_, row)| row.into()).collect())
+}
+
+/// A HumanEval problem.
+#[derive(Debug, Deserialize)]
+struct HumanEvalRow {
+    task_id: String,
+    prompt: String,
+    canonical_solution: String,
+    test: String,
+    entry_point: String,
+}
+
+pub fn load_humaneval(path: &Path) -> Result<Vec<Task>, DatasetError> {
+    let rows = jsonl::<serde_json::Value>(path)?;
+    let mut tasks = Vec::new();
+    for (line, value) in rows {
+        let row: HumanEvalRow = serde_json::from_value(value).map_err(|e| DatasetError::Line {
+            path: path.to_path_buf(),
+            line,
+            message: format!("{e} (HumanEval rows have task_id, prompt, canonical_solution, test, entry_point)"),
+        })?;
+        tasks.push(humaneval_task(row));
+    }
+    Ok(tasks)
+}
+
+fn humaneval_task(row: HumanEvalRow) -> Task {
+    let test = format!(
+        "import sys\nsys.path.insert(0, '/workspace')\nfrom solution import *\n\n{}\n\ncheck({})\n",
+        row.test, row.entry_point
+    );
+    Task {
+        instruction: format!(
+            "Complete the Python function below. Write the whole module (the prompt followed by \
+             your completion) to /workspace/solution.py.\n\n{}",
+            row.prompt
+        ),
+        files: vec![TaskFile::text("solution.py", row.prompt.clone())],
+        setup: Vec::new(),
+        tests: vec![TaskFile::text("test_humaneval.py", test)],
+        test_command: Some(format!("/usr/bin/python3 -I {TESTS_DIR}/test_humaneval.py")),
+        solution: Some(Solution {
+            files: vec![TaskFile::text("solution.py", format!("{}{}", row.prompt, row.canonical_solution))],
+            commands: Vec::new(),
+            answer: None,
+        }),
+        expected_answer: None,
+        answer_match: AnswerMatch::Exact,
+        completion_file: Some("solution.py".into()),
+        completion_prefix: row.prompt,
+        metadata: serde_json::json!({ "entry_point": row.entry_point }),
+        id: row.task_id,
+    }
+}
+
+/// Parquet columns, all text (complex ones JSON-encoded).
+#[derive(Debug, Deserialize)]
+struct ParquetRow {
+    id: String,
+    #[serde(default)]
+    instruction: Option<String>,
+    #[serde(default)]
+    files: Option<String>,
+    #[serde(default)]
+    setup: Option<String>,
+    #[serde(default)]
+    tests: Option<String>,
+    #[serde(default)]
+    test_command: Option<String>,
+    #[serde(default)]
+    solution: Option<String>,
+    #[serde(default)]
+    expected_answer: Option<String>,
+    #[serde(default)]
+    answer_match: Option<String>,
+    #[serde(default)]
+    metadata: Option<String>,
+}
+
+pub fn load_parquet(path: &Path) -> Result<Vec<Task>, DatasetError> {
+    let invalid = |message: String| DatasetError::Invalid { path: path.to_path_buf(), message };
+    let file = std::fs::File::open(path).map_err(|source| DatasetError::Read { path: path.to_path_buf(), source })?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| invalid(format!("not a Parquet file: {e}")))?
+        .build()
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut tasks = Vec::new();
+    let mut row_number = 0usize;
+    for batch in reader {
+        let batch = batch.map_err(|e| invalid(e.to_string()))?;
+        let rows: Vec<ParquetRow> = serde_arrow::from_record_batch(&batch)
+            .map_err(|e| invalid(format!("columns do not match the task table (id, instruction, files, setup, tests, test_command, solution, expected_answer, answer_match, metadata as strings): {e}")))?;
+        for row in rows {
+            row_number += 1;
+            let line = row_number;
+            let field = |name: &str, text: Option<String>| -> Result<serde_json::Value, DatasetError> {
+                match text {
+                    None => Ok(serde_json::Value::Null),
+                    Some(t) => serde_json::from_str(&t).map_err(|e| DatasetError::Line {
+                        path: path.to_path_buf(),
+                        line,
+                        message: format!("column {name} is not valid JSON: {e}"),
+                    }),
+                }
+            };
+            let mut object = serde_json::Map::new();
+            object.insert("id".into(), row.id.into());
+            if let Some(i) = row.instruction {
+                object.insert("instruction".into(), i.into());
+            }
+            for (name, text) in [("files", row.files), ("setup", row.setup), ("tests", row.tests), ("solution", row.solution), ("answer_match", row.answer_match), ("metadata", row.metadata)] {
+                let value = field(name, text)?;
+                if !value.is_null() {
+                    object.insert(name.into(), value);
+                }
+            }
+            if let Some(c) = row.test_command {
+                object.insert("test_command".into(), c.into());
+            }
+            if let Some(a) = row.expected_answer {
+                object.insert("expected_answer".into(), a.into());
+            }
+            let task_row: TaskRow = serde_json::from_value(serde_json::Value::Object(object))
+                .map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() })?;
+            tasks.push(task_row.into());
+        }
+    }
+    Ok(tasks)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{load, Format};
+
+    pub fn sample_task() -> Task {
+        humaneval_task(HumanEvalRow {
+            task_id: "t/0".into(),
+            prompt: "def f(x):\n".into(),
+            canonical_solution: "    return x\n".into(),
+            test: "def check(c):\n    assert c(1) == 1\n".into(),
+            entry_point: "f".into(),
+        })
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn humaneval_rows_become_tasks_with_hidden_tests() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "he.jsonl",
+            r#"{"task_id":"X/1","prompt":"def f():\n","canonical_solution":"    return 1\n","test":"def check(c):\n    assert c() == 1\n","entry_point":"f"}"#,
+        );
+        let tasks = load(&p, Format::Humaneval).unwrap();
+        assert_eq!(tasks.len(), 1);
+        let t = &tasks[0];
+        assert_eq!(t.id, "X/1");
+        assert!(String::from_utf8_lossy(&t.tests[0].contents).contains("check(f)"));
+        assert_eq!(t.solution.as_ref().unwrap().files[0].contents, b"def f():\n    return 1\n");
+        assert!(t.test_command.as_ref().unwrap().contains("/opt/farm-tests/test_humaneval.py"));
+    }
+
+    #[test]
+    fn bad_lines_name_the_file_line_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "he.jsonl", "{\"task_id\":\"a\",\"prompt\":\"\",\"canonical_solution\":\"\",\"test\":\"\",\"entry_point\":\"f\"}\n\n{\"task_id\":\"b\"}\n");
+        let err = load(&p, Format::Humaneval).unwrap_err().to_string();
+        assert!(err.contains("he.jsonl:3") && err.contains("prompt"), "{err}");
+        let p = write(dir.path(), "t.jsonl", "{\"id\":\"a\",\"instructoin\":\"x\"}\n");
+        let err = load(&p, Format::Jsonl).unwrap_err().to_string();
+        assert!(err.contains("t.jsonl:1") && err.contains("instructoin"), "{err}");
+        let p = write(dir.path(), "t.jsonl", "not json\n");
+        assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("t.jsonl:1"));
+    }
+
+    #[test]
+    fn duplicate_ids_and_escaping_paths_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "t.jsonl", "{\"id\":\"a\"}\n{\"id\":\"a\"}\n");
+        assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("duplicate task id"));
+        let p = write(dir.path(), "t.jsonl", "{\"id\":\"a\",\"files\":{\"../../etc/passwd\":\"x\"}}\n");
+        assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("must be relative"));
+        let p = write(dir.path(), "t.jsonl", "\n");
+        assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("no tasks"));
+    }
+
+    #[test]
+    fn jsonl_task_table_with_every_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "t.jsonl",
+            r#"{"id":"q1","instruction":"2+2?","expected_answer":"4","answer_match":{"kind":"numeric","tolerance":0.01},"files":{"a.txt":"A"},"setup":["true"],"tests":{"t.sh":"exit 0"},"test_command":"sh /opt/farm-tests/t.sh","solution":{"answer":"4.0"},"metadata":{"level":1}}"#,
+        );
+        let t = &load(&p, Format::Jsonl).unwrap()[0];
+        assert_eq!(t.answer_match, AnswerMatch::Numeric { tolerance: 0.01 });
+        assert_eq!(t.files[0].path, "a.txt");
+        assert_eq!(t.solution.as_ref().unwrap().answer.as_deref(), Some("4.0"));
+        assert!(t.needs_snapshot());
+    }
+
+    #[test]
+    fn parquet_task_table_round_trip() {
+        use arrow_array::{ArrayRef, RecordBatch, StringArray};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.parquet");
+        let col = |v: Vec<Option<&str>>| Arc::new(StringArray::from(v)) as ArrayRef;
+        let batch = RecordBatch::try_from_iter(vec![
+            ("id", col(vec![Some("p1"), Some("p2")])),
+            ("instruction", col(vec![Some("say hi"), None])),
+            ("tests", col(vec![Some(r#"{"t.sh":"exit 0"}"#), None])),
+            ("test_command", col(vec![Some("sh /opt/farm-tests/t.sh"), None])),
+            ("expected_answer", col(vec![None, Some("42")])),
+        ])
+        .unwrap();
+        let file = std::fs::File::create(&p).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let tasks = load(&p, Format::Parquet).unwrap();
+        assert_eq!(tasks.len(), 2);
+        assert_eq!(tasks[0].tests[0].path, "t.sh");
+        assert_eq!(tasks[1].expected_answer.as_deref(), Some("42"));
+    }
+}
