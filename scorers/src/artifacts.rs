@@ -1,0 +1,102 @@
+//! Reading a rollout's artifacts out of its VM, as untrusted data.
+
+use std::collections::BTreeMap;
+
+use farm_protocol::FileEntry;
+use serde::Serialize;
+
+/// Bounds on what is read out of a rollout VM.
+#[derive(Debug, Clone, Copy)]
+pub struct ArtifactLimits {
+    pub max_files: u32,
+    pub max_file_bytes: u64,
+    pub max_total_bytes: u64,
+}
+
+impl Default for ArtifactLimits {
+    fn default() -> Self {
+        ArtifactLimits { max_files: 2000, max_file_bytes: 8 << 20, max_total_bytes: 32 << 20 }
+    }
+}
+
+/// Files the agent changed or created under the workspace, files it deleted, its answer.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Artifacts {
+    #[serde(skip)]
+    pub files: Vec<(String, Vec<u8>, u32)>,
+    pub changed: Vec<String>,
+    pub deleted: Vec<String>,
+    /// Files left out because of the limits, with the reason.
+    pub skipped: Vec<String>,
+    pub answer: Option<String>,
+}
+
+/// A path the guest reported, accepted only if it stays inside the workspace.
+pub fn safe_relative(path: &str) -> bool {
+    let p = std::path::Path::new(path);
+    !path.is_empty()
+        && !p.is_absolute()
+        && p.components().all(|c| matches!(c, std::path::Component::Normal(_)))
+        && !path.contains('\0')
+}
+
+/// Lists the workspace (the baseline taken when the rollout started).
+pub async fn list_workspace(agent: &vmm::AgentClient, limits: &ArtifactLimits) -> Result<Vec<FileEntry>, vmm::AgentError> {
+    Ok(agent.list_files(datasets::WORKSPACE, limits.max_files).await?.0)
+}
+
+/// Compares the workspace with `baseline` and reads what changed.
+pub async fn collect_artifacts(
+    agent: &vmm::AgentClient,
+    baseline: &[FileEntry],
+    limits: &ArtifactLimits,
+) -> Result<Artifacts, vmm::AgentError> {
+    let (now, truncated) = agent.list_files(datasets::WORKSPACE, limits.max_files).await?;
+    let before: BTreeMap<&str, &FileEntry> = baseline.iter().map(|e| (e.path.as_str(), e)).collect();
+    let after: BTreeMap<&str, &FileEntry> = now.iter().map(|e| (e.path.as_str(), e)).collect();
+    let mut artifacts = Artifacts::default();
+    if truncated {
+        artifacts.skipped.push(format!("more than {} files in the workspace; the rest were not read", limits.max_files));
+    }
+    let mut total = 0u64;
+    for (path, entry) in &after {
+        let unchanged = before.get(path).is_some_and(|b| b.size == entry.size && b.mtime_ns == entry.mtime_ns && b.mode == entry.mode);
+        if unchanged {
+            continue;
+        }
+        if !safe_relative(path) {
+            artifacts.skipped.push(format!("{path:?}: unsafe path"));
+            continue;
+        }
+        if entry.size > limits.max_file_bytes || total + entry.size > limits.max_total_bytes {
+            artifacts.skipped.push(format!("{path}: {} bytes, over the artifact limits", entry.size));
+            continue;
+        }
+        let full = format!("{}/{path}", datasets::WORKSPACE);
+        let (contents, _) = agent.read_file(&full, limits.max_file_bytes).await?;
+        total += contents.len() as u64;
+        artifacts.changed.push(path.to_string());
+        artifacts.files.push((path.to_string(), contents, entry.mode & 0o777));
+    }
+    if !truncated {
+        for path in before.keys() {
+            if !after.contains_key(path) && safe_relative(path) {
+                artifacts.deleted.push(path.to_string());
+            }
+        }
+    }
+    Ok(artifacts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_relative_paths_are_accepted() {
+        assert!(safe_relative("a/b.py"));
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", "./a", "a\0b"] {
+            assert!(!safe_relative(bad), "{bad:?}");
+        }
+    }
+}
