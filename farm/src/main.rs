@@ -4,6 +4,7 @@
 //! signal handling here only make teardown orderly (run folders removed, exit codes right).
 
 mod cmd;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -16,6 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run an eval suite: every task's rollouts in forks, scored, written to Parquet.
+    Run(run::RunArgs),
     /// Run commands in microVMs.
     #[command(subcommand)]
     Vm(cmd::vm::VmCommand),
@@ -43,8 +46,19 @@ fn main() {
         .build()
         .expect("starting the async runtime");
     let code = runtime.block_on(async {
+        if let Command::Run(args) = cli.command {
+            // `farm run` handles SIGINT/SIGTERM itself: it stops, records and summarises.
+            return match run::run(args).await {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("farm: error: {e:#}");
+                    1
+                }
+            };
+        }
         let work = async {
             match cli.command {
+                Command::Run(_) => unreachable!("handled above"),
                 Command::Vm(command) => cmd::vm::run(command).await,
                 Command::Template(command) => cmd::template::run(command).await,
                 Command::Snapshot(command) => cmd::snapshot::run(command).await,

@@ -1,0 +1,664 @@
+//! `farm run SUITE.toml`: the whole data flow in one place.
+//!
+//! config -> dataset -> template snapshot -> per-task snapshots -> forked rollouts (policy
+//! acts) -> artifacts out -> protected scoring -> journal and Parquet parts -> summary.
+
+pub mod output;
+pub mod policy;
+pub mod suite;
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use datasets::{Task, WORKSPACE};
+use sha2::{Digest, Sha256};
+use snapshotter::{build_template, snapshot_fork, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
+use tokio::sync::Semaphore;
+use vmm::{AccelSetting, AgentError, ExecOptions, VmSettings};
+
+use output::{OutputWriter, Row, Step, Timings, Usage};
+use policy::{Action, ReplayPolicy};
+use suite::{ScoringMode, Suite};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The suite file.
+    suite: PathBuf,
+    /// Output folder (default: the suite's `output.dir`, relative to the suite file).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Finish an interrupted run in the output folder (same suite file).
+    #[arg(long)]
+    resume: bool,
+    /// Only the first N tasks.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Rollouts at once (overrides `rollouts.concurrency`).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    #[arg(long, default_value = "auto")]
+    accel: AccelSetting,
+}
+
+/// Everything a rollout needs, shared by all of them.
+struct Context_ {
+    suite_name: String,
+    suite_digest: String,
+    suite_seed: u64,
+    run_id: String,
+    config: suite::SuiteConfig,
+    forker: Forker,
+    policy: ReplayPolicy,
+    external: Vec<String>,
+}
+
+/// One planned rollout.
+#[derive(Clone)]
+struct Planned {
+    task: Arc<Task>,
+    sample: u32,
+    /// The snapshot the rollout forks, or why it could not be made.
+    snapshot: Result<Arc<Snapshot>, String>,
+}
+
+pub async fn run(args: RunArgs) -> Result<i32> {
+    // 1. Config.
+    let suite = Suite::load(&args.suite)?;
+    let mut config = suite.config.clone();
+    if let Some(c) = args.concurrency {
+        config.rollouts.concurrency = c.max(1);
+    }
+    let out_dir = match &args.out {
+        Some(dir) => dir.clone(),
+        None => suite.resolve(&config.output.dir),
+    };
+
+    // 2. Dataset.
+    let dataset_path = suite.resolve(&config.dataset.path);
+    let mut tasks = datasets::load(&dataset_path, config.dataset.format)?;
+    if !config.dataset.tasks.is_empty() {
+        tasks.retain(|t| config.dataset.tasks.contains(&t.id));
+    }
+    if let Some(limit) = args.limit.or(config.dataset.limit) {
+        tasks.truncate(limit);
+    }
+    if config.scoring.external.is_empty() {
+        if let Some(t) = tasks.iter().find(|t| !t.is_scorable()) {
+            anyhow::bail!("{}: task {:?} has neither a test command nor an expected answer, and the suite sets no scoring.external", dataset_path.display(), t.id);
+        }
+    }
+    let policy = ReplayPolicy::load(&suite, &config.policy)?;
+
+    // Output first: a run that cannot record must not start.
+    let run_id = new_run_id();
+    let mut writer = OutputWriter::open(&out_dir, &run_id, &config.suite.name, &suite.digest, args.resume, config.output.rows_per_part)?;
+    let run_id = writer.run_id().to_string();
+    let tasks: Vec<Arc<Task>> = tasks.into_iter().map(Arc::new).collect();
+    let mut plan_keys = Vec::new();
+    for task in &tasks {
+        for sample in 0..policy.samples_for(task) {
+            plan_keys.push((task.clone(), sample));
+        }
+    }
+    let planned_total = plan_keys.len();
+    let todo: Vec<(Arc<Task>, u32)> = plan_keys.into_iter().filter(|(t, s)| !writer.done().contains(&(t.id.clone(), *s))).collect();
+    let log = Log::new();
+    log.line(&format!(
+        "suite {} ({} tasks, {} rollouts planned, {} already done) -> {}",
+        config.suite.name,
+        tasks.len(),
+        planned_total,
+        planned_total - todo.len(),
+        out_dir.display()
+    ));
+
+    // 3. Template snapshot.
+    let mut vm = VmSettings::detect(args.accel)?;
+    vm.boot_timeout = Duration::from_secs(300);
+    let mut forker = Forker::new(vm)?;
+    forker.max_disk_bytes = Some(config.rollouts.max_disk_mib << 20);
+    let store = SnapshotStore::default_location();
+    let progress = |line: &str| log.line(&format!("template: {line}"));
+    let template = build_template(&store, &forker, &config.template, &suite.dir, &config.suite.name, &progress)
+        .await
+        .context("building the suite's template")?;
+    log.line(&format!("template snapshot {}{}", template.snapshot.id(), if template.reused { " (reused)" } else { "" }));
+    let template = Arc::new(template.snapshot);
+
+    // 4. Per-task snapshots for tasks with files or setup.
+    let mut task_snapshots: HashMap<String, Result<Arc<Snapshot>, String>> = HashMap::new();
+    for (task, _) in &todo {
+        if task_snapshots.contains_key(&task.id) {
+            continue;
+        }
+        let snapshot = if task.needs_snapshot() {
+            task_snapshot(&store, &forker, &template, task).await.map(Arc::new).map_err(|e| format!("preparing the task snapshot failed: {e:#}"))
+        } else {
+            Ok(template.clone())
+        };
+        if let Err(e) = &snapshot {
+            log.line(&format!("task {}: {e}", task.id));
+        }
+        task_snapshots.insert(task.id.clone(), snapshot);
+    }
+
+    // 5. Rollouts, scored as they finish, each recorded as it ends.
+    let context = Arc::new(Context_ {
+        suite_name: config.suite.name.clone(),
+        suite_digest: suite.digest.clone(),
+        suite_seed: config.suite.seed,
+        run_id: run_id.clone(),
+        external: resolve_external(&suite, &config.scoring.external),
+        config: config.clone(),
+        forker,
+        policy,
+    });
+    let planned: Vec<Planned> = todo
+        .into_iter()
+        .map(|(task, sample)| Planned { snapshot: task_snapshots[&task.id].clone(), task, sample })
+        .collect();
+    let total = planned.len();
+    let semaphore = Arc::new(Semaphore::new(config.rollouts.concurrency));
+    let mut running = tokio::task::JoinSet::new();
+    let mut queue = planned.into_iter();
+    let mut progress = Progress::new(total, writer.rows().len());
+    let mut interrupted = None;
+    let mut signals = Signals::new()?;
+    loop {
+        // Start what the concurrency allows.
+        while running.len() < config.rollouts.concurrency && interrupted.is_none() {
+            let Some(item) = queue.next() else { break };
+            let context = context.clone();
+            let permit = semaphore.clone().acquire_owned().await.expect("semaphore open");
+            running.spawn(async move {
+                let row = rollout_with_retries(&context, &item).await;
+                drop(permit);
+                row
+            });
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            finished = running.join_next() => {
+                let Some(finished) = finished else { break };
+                let row = finished.context("a rollout task panicked")?;
+                progress.record(&row, &log);
+                writer.append(row)?;
+            }
+            code = signals.recv(), if interrupted.is_none() => {
+                log.line(&format!("interrupted: stopping {} rollouts in flight; `farm run {} --resume` finishes the run", running.len(), args.suite.display()));
+                interrupted = Some(code);
+                // In-flight rollouts end now (their VMs are killed); they are not recorded and
+                // will run again on resume.
+                running.abort_all();
+                while running.join_next().await.is_some() {}
+                break;
+            }
+        }
+    }
+    progress.finish();
+
+    // 6. Output.
+    writer.flush()?;
+    let summary = output::summary(writer.rows(), config.rollouts.samples, planned_total);
+    writer.write_summary(&summary)?;
+    log.line(&format!(
+        "{} of {} rollouts recorded: {} passed, {} failed, {} timeout, {} env_error; mean reward {}; summary in {}",
+        writer.rows().len(),
+        planned_total,
+        summary["counts"]["passed"],
+        summary["counts"]["failed"],
+        summary["counts"]["timeout"],
+        summary["counts"]["env_error"],
+        summary["mean_reward"],
+        out_dir.join("summary.json").display()
+    ));
+    Ok(interrupted.unwrap_or(0))
+}
+
+fn new_run_id() -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let digest = Sha256::digest(format!("{nanos}-{}", std::process::id()).as_bytes());
+    format!("run-{}", digest.iter().take(6).map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn resolve_external(suite: &Suite, argv: &[String]) -> Vec<String> {
+    let mut argv = argv.to_vec();
+    if let Some(first) = argv.first_mut() {
+        if first.contains('/') && !first.starts_with('/') {
+            *first = suite.resolve(std::path::Path::new(first.as_str())).to_string_lossy().into_owned();
+        }
+    }
+    argv
+}
+
+/// A rollout's seed: fixed by the suite seed, the task and the sample.
+fn rollout_seed(suite_seed: u64, task: &str, sample: u32) -> u64 {
+    let d = Sha256::digest(format!("{suite_seed}\0{task}\0{sample}").as_bytes());
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+/// Forks the template, places the task's files, runs its setup, snapshots the result.
+/// Content-addressed: the same template and task files/setup reuse the snapshot.
+async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, task: &Task) -> Result<Snapshot> {
+    let mut h = Sha256::new();
+    h.update(template.id().as_bytes());
+    h.update(serde_json::to_vec(&(&task.files, &task.setup))?);
+    let id = format!("k-{}", h.finalize().iter().take(10).map(|b| format!("{b:02x}")).collect::<String>());
+    if let Ok(existing) = store.get(&id) {
+        if existing.check_files().is_ok() {
+            return Ok(existing);
+        }
+    }
+    let fork = forker.fork(template, ForkIdentity::new(0)).await?;
+    for file in &task.files {
+        fork.agent().write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode).await?;
+    }
+    for command in &task.setup {
+        let out = fork
+            .agent()
+            .exec(ExecOptions { cwd: Some(WORKSPACE.into()), timeout: Some(Duration::from_secs(900)), ..ExecOptions::shell(command.clone()) })
+            .await?;
+        if out.result.exit_code != Some(0) {
+            anyhow::bail!(
+                "setup command {command:?} exited with {}: {}",
+                out.shell_exit_code(),
+                String::from_utf8_lossy(&out.stderr).chars().take(2000).collect::<String>()
+            );
+        }
+    }
+    Ok(snapshot_fork(store, forker, template, &fork, &task.id, Some(id), false).await?)
+}
+
+async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
+    let mut attempt = 1;
+    loop {
+        let mut row = rollout(context, item).await;
+        row.attempts = attempt;
+        if row.status != "env_error" || attempt > context.config.rollouts.retries || item.snapshot.is_err() {
+            return row;
+        }
+        attempt += 1;
+    }
+}
+
+/// What ended a rollout before scoring.
+enum Ending {
+    /// Actions done (or the answer submitted).
+    Done,
+    /// The wall-clock limit passed.
+    Timeout,
+    /// The VM died or stopped answering during an action of the agent.
+    AgentBrokeVm(String),
+}
+
+async fn rollout(context: &Context_, item: &Planned) -> Row {
+    let started = Instant::now();
+    let started_at_ms = now_ms();
+    let task = &item.task;
+    let seed = rollout_seed(context.suite_seed, &task.id, item.sample);
+    let mut row = Row {
+        run_id: context.run_id.clone(),
+        suite_name: context.suite_name.clone(),
+        suite_digest: context.suite_digest.clone(),
+        task_id: task.id.clone(),
+        task_digest: task.digest(),
+        sample_index: item.sample,
+        seed,
+        snapshot_id: item.snapshot.as_ref().map(|s| s.id().to_string()).unwrap_or_default(),
+        policy_name: context.policy.name().to_string(),
+        policy_params: context.policy.params().to_string(),
+        steps: Vec::new(),
+        messages: "[]".into(),
+        usage: Usage::default(),
+        reward: None,
+        status: "env_error".into(),
+        error: None,
+        score_details: "{}".into(),
+        attempts: 1,
+        timings: Timings::default(),
+        started_at_ms,
+        farm_version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let finish = |mut row: Row| {
+        row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
+        row
+    };
+    let snapshot = match &item.snapshot {
+        Ok(s) => s.clone(),
+        Err(e) => {
+            row.error = Some(e.clone());
+            return finish(row);
+        }
+    };
+    let actions = match context.policy.actions(task, item.sample) {
+        Ok(a) => a,
+        Err(e) => {
+            row.error = Some(format!("policy: {e}"));
+            return finish(row);
+        }
+    };
+
+    // Fork.
+    let identity = ForkIdentity { env: vec![("FARM_TASK_ID".into(), task.id.clone())], ..ForkIdentity::new(seed) };
+    let fork = match context.forker.fork(&snapshot, identity).await {
+        Ok(f) => f,
+        Err(e) => {
+            row.error = Some(format!("fork: {e:#}"));
+            return finish(row);
+        }
+    };
+    row.timings.fork_ms = started.elapsed().as_secs_f64() * 1e3;
+    let limits = scorers::ArtifactLimits::default();
+    let baseline = match scorers::artifacts::list_workspace(fork.agent(), &limits).await {
+        Ok(b) => b,
+        Err(e) => {
+            row.error = Some(format!("listing the workspace: {e}"));
+            return finish(row);
+        }
+    };
+
+    // The policy acts.
+    let rollout_started = Instant::now();
+    let rollouts = &context.config.rollouts;
+    let mut answer = None;
+    let ending = {
+        let steps = &mut row.steps;
+        let answer = &mut answer;
+        let act = async {
+            for (index, action) in actions.iter().take(rollouts.max_steps).enumerate() {
+                match run_action(&fork, action, index as u32, rollouts).await {
+                    Ok((step, submitted)) => {
+                        steps.push(step);
+                        if let Some(a) = submitted {
+                            *answer = Some(a);
+                            break;
+                        }
+                    }
+                    Err((step, reason)) => {
+                        steps.push(step);
+                        return Ending::AgentBrokeVm(reason);
+                    }
+                }
+            }
+            Ending::Done
+        };
+        match tokio::time::timeout(Duration::from_secs(rollouts.timeout_secs), act).await {
+            Ok(ending) => ending,
+            Err(_) => Ending::Timeout,
+        }
+    };
+    row.timings.rollout_ms = rollout_started.elapsed().as_secs_f64() * 1e3;
+    match ending {
+        Ending::Done => {}
+        Ending::Timeout => {
+            row.status = "timeout".into();
+            row.reward = Some(0.0);
+            row.error = Some(format!("the rollout ran past its {} s limit", rollouts.timeout_secs));
+            return finish(row);
+        }
+        Ending::AgentBrokeVm(reason) => {
+            // The agent's own action took its VM down: an agent failure, not the farm's.
+            row.status = "failed".into();
+            row.reward = Some(0.0);
+            row.error = Some(reason);
+            return finish(row);
+        }
+    }
+
+    // Artifacts out, as untrusted data; then the rollout VM goes (fresh-fork scoring).
+    let score_started = Instant::now();
+    let mut artifacts = match scorers::collect_artifacts(fork.agent(), &baseline, &limits).await {
+        Ok(a) => a,
+        Err(e) => {
+            row.status = "failed".into();
+            row.reward = Some(0.0);
+            row.error = Some(format!("the rollout VM did not hand over its artifacts after the agent's actions: {}", fork.explain(&e)));
+            return finish(row);
+        }
+    };
+    artifacts.answer = answer;
+    let verdict = score(context, task, &snapshot, fork, &artifacts, seed).await;
+    row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
+    match verdict {
+        Ok(v) => {
+            row.reward = Some(v.reward);
+            row.status = if v.timed_out {
+                "timeout"
+            } else if v.passed {
+                "passed"
+            } else {
+                "failed"
+            }
+            .into();
+            let mut details = v.details;
+            details["artifacts"] = serde_json::to_value(&artifacts).unwrap_or_default();
+            row.score_details = details.to_string();
+        }
+        Err(e) => {
+            row.error = Some(format!("scoring: {e:#}"));
+        }
+    }
+    finish(row)
+}
+
+/// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped
+/// answering during the action.
+async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &suite::RolloutsSection) -> Result<(Step, Option<String>), (Step, String)> {
+    let started_at_ms = now_ms();
+    let t = Instant::now();
+    let mut step = Step {
+        index,
+        kind: String::new(),
+        text: String::new(),
+        stdout: String::new(),
+        stderr: String::new(),
+        exit_code: None,
+        started_at_ms,
+        duration_ms: 0.0,
+    };
+    let result = match action {
+        Action::Exec { command } => {
+            step.kind = "exec".into();
+            step.text = command.clone();
+            let options = ExecOptions {
+                cwd: Some(WORKSPACE.into()),
+                timeout: Some(Duration::from_secs(limits.step_timeout_secs)),
+                stdout_cap: limits.output_cap_bytes,
+                stderr_cap: limits.output_cap_bytes,
+                ..ExecOptions::shell(command.clone())
+            };
+            match fork.agent().exec(options).await {
+                Ok(out) => {
+                    step.stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+                    step.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+                    step.exit_code = Some(out.shell_exit_code());
+                    if out.result.timed_out {
+                        step.stderr.push_str(&format!("\n[farm: killed after the {} s step limit]", limits.step_timeout_secs));
+                    }
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Action::WriteFile { path, content, mode } => {
+            step.kind = "write_file".into();
+            step.text = path.clone();
+            let full = if path.starts_with('/') { path.clone() } else { format!("{WORKSPACE}/{path}") };
+            fork.agent().write_file(&full, content.clone().into_bytes(), *mode).await.map(|_| None)
+        }
+        Action::Submit { answer } => {
+            step.kind = "submit".into();
+            step.text = answer.clone();
+            Ok(Some(answer.clone()))
+        }
+    };
+    step.duration_ms = t.elapsed().as_secs_f64() * 1e3;
+    match result {
+        Ok(answer) => Ok((step, answer)),
+        // The agent's command killed the guest agent; it restarts, the rollout goes on.
+        Err(AgentError::AgentRestarted { .. }) => {
+            step.stderr = "[farm: the guest agent was killed by this command and restarted]".into();
+            Ok((step, None))
+        }
+        Err(AgentError::Refused { message, .. }) => {
+            step.stderr = format!("[farm: {message}]");
+            step.exit_code = Some(if step.kind == "exec" { 127 } else { 1 });
+            Ok((step, None))
+        }
+        Err(e) => {
+            let reason = format!("the VM stopped during the agent's action {index}: {}", fork.explain(&e));
+            step.stderr = format!("[farm: {reason}]");
+            Err((step, reason))
+        }
+    }
+}
+
+/// Scores a rollout where the agent cannot reach. Errors are environment errors.
+async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_fork: Fork, artifacts: &scorers::Artifacts, seed: u64) -> Result<scorers::Verdict> {
+    let scoring = &context.config.scoring;
+    let timeout = Duration::from_secs(scoring.timeout_secs);
+    let mut outcome = None;
+    let mut verdict = if task.test_command.is_some() {
+        let scoring_fork = match scoring.mode {
+            ScoringMode::FreshFork => {
+                drop(rollout_fork);
+                context.forker.fork(snapshot, ForkIdentity::new(seed)).await.context("forking the scoring VM")?
+            }
+            ScoringMode::FinalState => {
+                // Every process the agent left is killed (PID 1 restarts the agent server),
+                // then the tests go into the same VM.
+                let _ = rollout_fork.agent().exec(ExecOptions::shell("kill -9 -1")).await;
+                rollout_fork.agent().wait_ready(Duration::from_secs(30)).await.context("waiting for the agent after clearing the rollout's processes")?;
+                rollout_fork
+            }
+        };
+        let scored_artifacts = if scoring.mode == ScoringMode::FinalState { scorers::Artifacts::default() } else { artifacts.clone() };
+        let result = scorers::run_tests(scoring_fork.agent(), task, &scored_artifacts, timeout).await.map_err(|e| anyhow::anyhow!(scoring_fork.explain(&e)))?;
+        let v = scorers::tests::decide(&result, scoring.pass_threshold);
+        outcome = Some(result);
+        v
+    } else if let Some(expected) = &task.expected_answer {
+        drop(rollout_fork);
+        scorers::answer::score_answer(expected, artifacts.answer.as_deref(), &task.answer_match)
+    } else {
+        drop(rollout_fork);
+        scorers::Verdict { reward: 0.0, passed: false, timed_out: false, details: serde_json::json!({}) }
+    };
+    if !context.external.is_empty() {
+        let input = serde_json::json!({
+            "task_id": task.id,
+            "metadata": task.metadata,
+            "expected_answer": task.expected_answer,
+            "answer": artifacts.answer,
+            "artifacts": artifacts,
+            "tests": outcome,
+            "verdict": verdict,
+        });
+        verdict = scorers::external::run(&context.external, &input, timeout, scoring.pass_threshold).await?;
+    }
+    Ok(verdict)
+}
+
+/// Log lines: plain on a pipe; above a progress line on a terminal.
+struct Log {
+    tty: bool,
+}
+
+impl Log {
+    fn new() -> Log {
+        Log { tty: std::io::stderr().is_terminal() }
+    }
+
+    fn line(&self, text: &str) {
+        if self.tty {
+            eprint!("\r\x1b[2K");
+        }
+        eprintln!("farm: {text}");
+    }
+}
+
+struct Progress {
+    total: usize,
+    done: usize,
+    counts: std::collections::BTreeMap<String, usize>,
+    started: Instant,
+    tty: bool,
+}
+
+impl Progress {
+    fn new(total: usize, _already: usize) -> Progress {
+        Progress { total, done: 0, counts: Default::default(), started: Instant::now(), tty: std::io::stderr().is_terminal() }
+    }
+
+    fn record(&mut self, row: &Row, log: &Log) {
+        self.done += 1;
+        *self.counts.entry(row.status.clone()).or_default() += 1;
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let rate = self.done as f64 / elapsed.max(1e-3);
+        let eta = (self.total - self.done) as f64 / rate.max(1e-9);
+        let counts: Vec<String> = self.counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        if self.tty {
+            let width = 30;
+            let filled = (self.done * width / self.total.max(1)).min(width);
+            eprint!(
+                "\r\x1b[2K[{}{}] {}/{} {:.2}/s ETA {:.0}s | {}",
+                "#".repeat(filled),
+                " ".repeat(width - filled),
+                self.done,
+                self.total,
+                rate,
+                eta,
+                counts.join(", ")
+            );
+        } else {
+            log.line(&format!(
+                "{}/{} {} sample {}: {}{} ({:.1}/s, ETA {:.0}s)",
+                self.done,
+                self.total,
+                row.task_id,
+                row.sample_index,
+                row.status,
+                row.error.as_deref().map(|e| format!(" ({})", e.chars().take(200).collect::<String>())).unwrap_or_default(),
+                rate,
+                eta
+            ));
+        }
+    }
+
+    fn finish(&self) {
+        if self.tty {
+            eprintln!();
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, as exit codes.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
+    }
+
+    async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.interrupt.recv() => 128 + libc::SIGINT,
+            _ = self.terminate.recv() => 128 + libc::SIGTERM,
+        }
+    }
+}

