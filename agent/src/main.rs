@@ -327,7 +327,7 @@ fn list_files(root: &Path, rel: &Path, max: usize, out: &mut Vec<farm_protocol::
             out.push(farm_protocol::FileEntry {
                 path: rel_path.to_string_lossy().into_owned(),
                 size: meta.len(),
-                mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+                mtime_ns: meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec()),
                 mode: meta.mode() & 0o7777,
             });
         }

@@ -139,7 +139,7 @@ pub struct FileEntry {
     pub path: String,
     pub size: u64,
     /// Modification time, nanoseconds since the UNIX epoch.
-    pub mtime_ns: i128,
+    pub mtime_ns: i64,
     pub mode: u32,
 }
 
