@@ -4,7 +4,8 @@
 //! DATASET/
 //!   <task>/
 //!     instruction.md   required: what the agent is asked to do
-//!     task.toml        optional: id, test_command, expected_answer, answer_match, metadata
+//!     task.toml        optional: id, test_command, expected_answer, answer_match,
+//!                      require_reward_file, metadata
 //!     files/           copied into /workspace before setup
 //!     setup.sh         run in /workspace when the task snapshot is made
 //!     tests/           hidden tests, written to /opt/farm-tests in the scoring VM only
@@ -26,6 +27,8 @@ struct TaskToml {
     expected_answer: Option<String>,
     #[serde(default)]
     answer_match: AnswerMatch,
+    #[serde(default)]
+    require_reward_file: bool,
     #[serde(default)]
     metadata: toml::Table,
 }
@@ -95,6 +98,7 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         answer_match: config.answer_match,
         completion_file: None,
         completion_prefix: String::new(),
+        require_reward_file: config.require_reward_file,
         metadata,
     })
 }

@@ -43,6 +43,9 @@ pub struct Task {
     /// after `completion_prefix`.
     pub completion_file: Option<String>,
     pub completion_prefix: String,
+    /// The tests must create the reward file for the rollout to score at all (guards against
+    /// code that makes the test process exit 0 early).
+    pub require_reward_file: bool,
     pub metadata: serde_json::Value,
 }
 

@@ -32,6 +32,8 @@ pub struct TaskRow {
     #[serde(default)]
     pub answer_match: AnswerMatch,
     #[serde(default)]
+    pub require_reward_file: bool,
+    #[serde(default)]
     pub metadata: serde_json::Value,
 }
 
@@ -62,6 +64,7 @@ impl From<TaskRow> for Task {
             answer_match: row.answer_match,
             completion_file: None,
             completion_prefix: String::new(),
+            require_reward_file: row.require_reward_file,
             metadata: row.metadata,
         }
     }
@@ -114,8 +117,11 @@ pub fn load_humaneval(path: &Path) -> Result<Vec<Task>, DatasetError> {
 }
 
 fn humaneval_task(row: HumanEvalRow) -> Task {
+    // The reward file's path is taken out of the environment before the solution is
+    // imported, and the reward is written only after check() returned: a solution that
+    // makes the process exit 0 early scores nothing.
     let test = format!(
-        "import sys\nsys.path.insert(0, '/workspace')\nfrom solution import *\n\n{}\n\ncheck({})\n",
+        "import os, sys\n_farm_reward = os.environ.pop('FARM_REWARD_FILE')\nsys.path.insert(0, '/workspace')\n         from solution import *\n\n{}\n\ncheck({})\nwith open(_farm_reward, 'w') as _f:\n    _f.write('1')\n",
         row.test, row.entry_point
     );
     Task {
@@ -137,6 +143,7 @@ fn humaneval_task(row: HumanEvalRow) -> Task {
         answer_match: AnswerMatch::Exact,
         completion_file: Some("solution.py".into()),
         completion_prefix: row.prompt,
+        require_reward_file: true,
         metadata: serde_json::json!({ "entry_point": row.entry_point }),
         id: row.task_id,
     }

@@ -31,10 +31,18 @@ pub struct JunitCounts {
     pub skipped: u64,
 }
 
-/// Where the tests may write a reward (a number in [0, 1]) and a JUnit report; both paths
-/// are passed in the environment. Neither exists before the tests run.
-pub const REWARD_FILE: &str = "/opt/farm-tests/reward";
+/// Where the tests may write a JUnit report (`FARM_JUNIT_FILE`). The reward file
+/// (`FARM_REWARD_FILE`) gets a fresh random name under the tests folder for every scoring
+/// run, so nothing the agent left behind can be it. Neither exists before the tests run.
 pub const JUNIT_FILE: &str = "/opt/farm-tests/junit.xml";
+
+fn reward_file_path() -> String {
+    use std::io::Read;
+    let mut nonce = [0u8; 12];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut nonce));
+    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TESTS_DIR}/.reward-{hex}")
+}
 
 /// Writes the artifacts, then the hidden tests, into the scoring VM and runs the task's test
 /// command. Errors are environment errors (the scoring VM failed), never a verdict.
@@ -49,14 +57,15 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     for test in &task.tests {
         agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode.max(0o400)).await?;
     }
-    agent.remove_file(REWARD_FILE).await?;
+    let reward_path = reward_file_path();
+    agent.remove_file(&reward_path).await?;
     agent.remove_file(JUNIT_FILE).await?;
     let command = task.test_command.clone().unwrap_or_else(|| "false".into());
     let options = ExecOptions {
         cwd: Some(WORKSPACE.into()),
         env: vec![
             ("FARM_TESTS_DIR".into(), TESTS_DIR.into()),
-            ("FARM_REWARD_FILE".into(), REWARD_FILE.into()),
+            ("FARM_REWARD_FILE".into(), reward_path.clone()),
             ("FARM_JUNIT_FILE".into(), JUNIT_FILE.into()),
         ],
         timeout: Some(timeout),
@@ -65,7 +74,7 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
         ..ExecOptions::shell(command)
     };
     let out = agent.exec(options).await?;
-    let reward_file = match agent.read_file(REWARD_FILE, 4096).await {
+    let reward_file = match agent.read_file(&reward_path, 4096).await {
         Ok((bytes, _)) => String::from_utf8_lossy(&bytes).trim().parse::<f64>().ok().filter(|r| r.is_finite()),
         Err(AgentError::Refused { .. }) => None,
         Err(e) => return Err(e),
@@ -121,10 +130,13 @@ fn attr(tag: &str, name: &str) -> u64 {
 }
 
 /// The verdict from a test outcome: a reward file the tests created wins, then a JUnit
-/// report, then the exit code. A reward of at least `pass_threshold` passes.
-pub fn decide(outcome: &TestOutcome, pass_threshold: f64) -> Verdict {
+/// report, then the exit code. With `require_reward_file`, no reward file means reward 0.
+/// A reward of at least `pass_threshold` passes.
+pub fn decide(outcome: &TestOutcome, pass_threshold: f64, require_reward_file: bool) -> Verdict {
     let (reward, basis) = if outcome.timed_out {
         (0.0, "the tests timed out")
+    } else if require_reward_file && outcome.reward_file.is_none() {
+        (0.0, "the tests did not write the reward file the task requires")
     } else if let Some(r) = outcome.reward_file {
         (r.clamp(0.0, 1.0), "reward file written by the tests")
     } else if let Some(j) = outcome.junit {
@@ -158,21 +170,22 @@ mod tests {
 
     #[test]
     fn the_decision_prefers_reward_file_then_junit_then_exit_code() {
-        assert_eq!(decide(&outcome(0), 1.0).reward, 1.0);
-        assert!(!decide(&outcome(1), 1.0).passed);
+        assert_eq!(decide(&outcome(0), 1.0, false).reward, 1.0);
+        assert!(!decide(&outcome(1), 1.0, false).passed);
         let mut o = outcome(1);
         o.reward_file = Some(0.5);
-        assert_eq!(decide(&o, 1.0).reward, 0.5);
-        assert!(decide(&o, 0.5).passed);
+        assert_eq!(decide(&o, 1.0, false).reward, 0.5);
+        assert!(decide(&o, 0.5, false).passed);
         let mut o = outcome(0);
         o.junit = Some(JunitCounts { tests: 4, failures: 1, errors: 0, skipped: 0 });
-        assert!(!decide(&o, 1.0).passed);
+        assert!(!decide(&o, 1.0, false).passed);
         let mut o = outcome(0);
         o.timed_out = true;
-        let v = decide(&o, 1.0);
+        let v = decide(&o, 1.0, false);
         assert!(v.timed_out && !v.passed && v.reward == 0.0);
+        assert_eq!(decide(&outcome(0), 1.0, true).reward, 0.0, "exit 0 without the required reward file");
         let mut o = outcome(0);
         o.reward_file = Some(7.0);
-        assert_eq!(decide(&o, 1.0).reward, 1.0);
+        assert_eq!(decide(&o, 1.0, false).reward, 1.0);
     }
 }

@@ -418,7 +418,17 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
 
     // Artifacts out, as untrusted data; then the rollout VM goes (fresh-fork scoring).
     let score_started = Instant::now();
-    let mut artifacts = match scorers::collect_artifacts(fork.agent(), &baseline, &limits).await {
+    let mut collected = scorers::collect_artifacts(fork.agent(), &baseline, &limits).await;
+    for _ in 0..3 {
+        // The agent's processes may still have been killing the guest agent: wait for the
+        // restarted one and ask again.
+        if !matches!(collected, Err(AgentError::AgentRestarted { .. })) {
+            break;
+        }
+        let _ = fork.agent().wait_ready(Duration::from_secs(30)).await;
+        collected = scorers::collect_artifacts(fork.agent(), &baseline, &limits).await;
+    }
+    let mut artifacts = match collected {
         Ok(a) => a,
         Err(e) => {
             row.status = "failed".into();
@@ -509,6 +519,7 @@ async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &suite::Ro
         // The agent's command killed the guest agent; it restarts, the rollout goes on.
         Err(AgentError::AgentRestarted { .. }) => {
             step.stderr = "[farm: the guest agent was killed by this command and restarted]".into();
+            let _ = fork.agent().wait_ready(Duration::from_secs(30)).await;
             Ok((step, None))
         }
         Err(AgentError::Refused { message, .. }) => {
@@ -545,7 +556,7 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
         };
         let scored_artifacts = if scoring.mode == ScoringMode::FinalState { scorers::Artifacts::default() } else { artifacts.clone() };
         let result = scorers::run_tests(scoring_fork.agent(), task, &scored_artifacts, timeout).await.map_err(|e| anyhow::anyhow!(scoring_fork.explain(&e)))?;
-        let v = scorers::tests::decide(&result, scoring.pass_threshold);
+        let v = scorers::tests::decide(&result, scoring.pass_threshold, task.require_reward_file);
         outcome = Some(result);
         v
     } else if let Some(expected) = &task.expected_answer {
