@@ -228,7 +228,15 @@ publish python "images/python-$PYTHON_KEY"
 log "image python ready"
 
 # ---------------------------------------------------------------------------------------------
-# 5. farm itself.
+# 5. pyarrow, with which the tests read farm's Parquet output as users do.
+if ! python3 -c 'import pyarrow' 2>/dev/null; then
+  log "installing pyarrow from PyPI (for the output tests)"
+  python3 -m pip install --quiet --disable-pip-version-check pyarrow 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages pyarrow
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 6. farm itself.
 log "building farm (release)"
 (cd "$REPO" && cargo build -q --release --locked -p farm)
 log "done: $REPO/target/release/farm (artifacts in $CACHE)"

@@ -121,7 +121,7 @@ fn humaneval_task(row: HumanEvalRow) -> Task {
     // imported, and the reward is written only after check() returned: a solution that
     // makes the process exit 0 early scores nothing.
     let test = format!(
-        "import os, sys\n_farm_reward = os.environ.pop('FARM_REWARD_FILE')\nsys.path.insert(0, '/workspace')\n         from solution import *\n\n{}\n\ncheck({})\nwith open(_farm_reward, 'w') as _f:\n    _f.write('1')\n",
+        "import os, sys\n_farm_reward = os.environ.pop('FARM_REWARD_FILE')\nsys.path.insert(0, '/workspace')\nfrom solution import *\n\n{}\n\ncheck({})\nwith open(_farm_reward, 'w') as _f:\n    _f.write('1')\n",
         row.test, row.entry_point
     );
     Task {
@@ -260,6 +260,10 @@ pub(crate) mod tests {
         assert!(String::from_utf8_lossy(&t.tests[0].contents).contains("check(f)"));
         assert_eq!(t.solution.as_ref().unwrap().files[0].contents, b"def f():\n    return 1\n");
         assert!(t.test_command.as_ref().unwrap().contains("/opt/farm-tests/test_humaneval.py"));
+        // The generated test file has no stray indentation and writes the reward last.
+        let test = String::from_utf8_lossy(&t.tests[0].contents).into_owned();
+        assert!(test.lines().filter(|l| l.contains("import")).all(|l| !l.starts_with(' ')), "{test}");
+        assert!(test.trim_end().ends_with("_f.write('1')"), "{test}");
     }
 
     #[test]

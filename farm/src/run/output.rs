@@ -124,7 +124,7 @@ pub struct OutputWriter {
 
 fn schema() -> Result<Arc<arrow_schema::Schema>> {
     use serde_arrow::schema::{SchemaLike, TracingOptions};
-    let fields = Vec::<arrow_schema::FieldRef>::from_type::<Row>(TracingOptions::default().allow_null_fields(true))
+    let fields = Vec::<arrow_schema::FieldRef>::from_type::<Row>(TracingOptions::default().allow_null_fields(true).strings_as_large_utf8(false).sequence_as_large_list(false))
         .context("deriving the Parquet schema")?;
     Ok(Arc::new(arrow_schema::Schema::new(fields)))
 }

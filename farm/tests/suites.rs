@@ -1,0 +1,166 @@
+//! `farm run` end to end on the shipped sample suites: correct and broken reference
+//! solutions, hostile agents, task folders, the Parquet output read with pyarrow, and a run
+//! killed with SIGKILL then resumed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn farm_run(suite: &str, out: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(repo().join("configs").join(suite))
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn summary(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json")).unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Reads every Parquet part with pyarrow; returns (task_id, sample_index, status) rows and
+/// checks the documented schema.
+fn read_with_pyarrow(out: &Path) -> Vec<(String, u64, String)> {
+    let script = r#"
+import glob, json, sys
+import pyarrow.parquet as pq
+import pyarrow as pa
+parts = sorted(glob.glob(sys.argv[1] + "/trajectories/*.parquet"))
+table = pa.concat_tables([pq.read_table(p) for p in parts])
+schema = table.schema
+expect = {
+    "run_id": pa.string(), "suite_name": pa.string(), "suite_digest": pa.string(),
+    "task_id": pa.string(), "task_digest": pa.string(), "sample_index": pa.uint32(),
+    "seed": pa.uint64(), "snapshot_id": pa.string(), "policy_name": pa.string(),
+    "policy_params": pa.string(), "messages": pa.string(), "reward": pa.float64(),
+    "status": pa.string(), "error": pa.string(), "score_details": pa.string(),
+    "attempts": pa.uint32(), "started_at_ms": pa.int64(), "farm_version": pa.string(),
+}
+for name, typ in expect.items():
+    assert schema.field(name).type == typ, (name, schema.field(name).type)
+steps = schema.field("steps").type
+assert pa.types.is_list(steps) or pa.types.is_large_list(steps), steps
+step_fields = {f.name for f in steps.value_type}
+assert step_fields == {"index", "kind", "text", "stdout", "stderr", "exit_code", "started_at_ms", "duration_ms"}, step_fields
+assert {f.name for f in schema.field("timings").type} == {"fork_ms", "rollout_ms", "score_ms", "total_ms"}
+assert {f.name for f in schema.field("usage").type} == {"prompt_tokens", "completion_tokens", "total_tokens"}
+codec = pq.ParquetFile(parts[0]).metadata.row_group(0).column(0).compression
+assert codec == "ZSTD", codec
+rows = table.select(["task_id", "sample_index", "status"]).to_pylist()
+print(json.dumps([[r["task_id"], r["sample_index"], r["status"]] for r in rows]))
+"#;
+    let o = Command::new("python3").arg("-c").arg(script).arg(out).output().expect("python3");
+    assert!(o.status.success(), "pyarrow check failed (is pyarrow installed? .ci/run installs it):\n{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn quickstart_reference_solutions_all_pass_and_parquet_matches_the_schema() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("quickstart.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(out.path());
+    assert_eq!(s["counts"]["passed"], 5, "{s}");
+    assert_eq!(s["mean_reward"], 1.0);
+    let rows = read_with_pyarrow(out.path());
+    assert_eq!(rows.len(), 5);
+    assert!(rows.iter().all(|(_, _, status)| status == "passed"));
+}
+
+#[test]
+fn broken_reference_solutions_all_fail() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("humaneval-broken.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(out.path());
+    assert_eq!(s["counts"]["failed"], 5, "{s}");
+    assert_eq!(s["counts"]["env_error"], 0);
+}
+
+#[test]
+fn hostile_agents_cannot_raise_their_reward() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("hostile.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(out.path());
+    assert_eq!(s["finished"], 7, "{s}");
+    assert_eq!(s["counts"]["passed"], 0, "a hostile agent passed: {s}");
+    // Not hidden as environment errors either: each is an agent failure with reward 0.
+    assert_eq!(s["counts"]["env_error"], 0, "{s}");
+    assert_eq!(s["mean_reward"], 0.0);
+}
+
+#[test]
+fn task_folders_with_setup_snapshots_and_answers_pass() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("task-folders.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(out.path());
+    assert_eq!(s["counts"]["passed"], 4, "{s}");
+    assert_eq!(s["tasks"]["greeting"]["pass_at_k"]["2"], 1.0);
+}
+
+#[test]
+fn samples_file_gives_pass_at_k() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("humaneval-samples.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(out.path());
+    assert_eq!(s["pass_at_k"]["1"], 0.5, "{s}");
+    assert_eq!(s["pass_at_k"]["2"], 1.0, "{s}");
+    assert_eq!(s["pass_hat_k"]["2"], 0.0, "{s}");
+}
+
+#[test]
+fn sigkill_mid_run_then_resume_records_each_rollout_exactly_once() {
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(repo().join("configs/humaneval-samples.toml"))
+        .args(["--concurrency", "1", "--out"])
+        .arg(out.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once a few rollouts are recorded (the journal grows a line per rollout).
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let lines = std::fs::read_to_string(out.path().join("journal.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
+        if lines >= 3 {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed");
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.path().join("summary.json").exists() || summary(out.path())["finished"] != 10);
+
+    let again = farm_run("humaneval-samples.toml", out.path(), &[]);
+    assert!(!again.status.success() && text(&again).contains("--resume"), "{}", text(&again));
+    let resumed = farm_run("humaneval-samples.toml", out.path(), &["--resume"]);
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    let rows = read_with_pyarrow(out.path());
+    let mut keys: Vec<(String, u64)> = rows.iter().map(|(t, s, _)| (t.clone(), *s)).collect();
+    keys.sort();
+    let before = keys.len();
+    keys.dedup();
+    assert_eq!(before, keys.len(), "duplicate rows after resume");
+    assert_eq!(keys.len(), 10, "every planned rollout exactly once");
+    assert_eq!(summary(out.path())["finished"], 10);
+}
