@@ -2,7 +2,7 @@
 //! (files changed under the workspace, read out with size limits and sanitised paths) and
 //! the final answer. Scoring happens where the agent cannot reach: answers are matched on
 //! the host ([`answer`]); tests run in a fresh fork of the pristine task snapshot that
-//! receives the artifacts first and the hidden tests only after ([`tests`]); the host reads
+//! receives the artifacts first and the hidden tests only after ([`hidden`]); the host reads
 //! the exit code, a JUnit report and a reward file that only the tests could have created;
 //! an external program on the host may decide instead ([`external`]).
 #![forbid(unsafe_code)]
@@ -10,10 +10,10 @@
 pub mod answer;
 pub mod artifacts;
 pub mod external;
-pub mod tests;
+pub mod hidden;
 
 pub use artifacts::{collect_artifacts, Artifacts, ArtifactLimits};
-pub use tests::{run_tests, TestOutcome};
+pub use hidden::{run_tests, TestOutcome};
 
 /// The decision about one rollout.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

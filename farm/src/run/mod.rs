@@ -556,7 +556,7 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
         };
         let scored_artifacts = if scoring.mode == ScoringMode::FinalState { scorers::Artifacts::default() } else { artifacts.clone() };
         let result = scorers::run_tests(scoring_fork.agent(), task, &scored_artifacts, timeout).await.map_err(|e| anyhow::anyhow!(scoring_fork.explain(&e)))?;
-        let v = scorers::tests::decide(&result, scoring.pass_threshold, task.require_reward_file);
+        let v = scorers::hidden::decide(&result, scoring.pass_threshold, task.require_reward_file);
         outcome = Some(result);
         v
     } else if let Some(expected) = &task.expected_answer {
