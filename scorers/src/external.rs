@@ -44,8 +44,17 @@ pub async fn run(argv: &[String], input: &serde_json::Value, timeout: Duration, 
         drop(stdin);
         let mut out = Vec::new();
         let mut err = Vec::new();
-        let _ = (&mut stdout).take(1 << 20).read_to_end(&mut out).await;
-        let _ = (&mut stderr).take(64 << 10).read_to_end(&mut err).await;
+        // Both pipes at once, so a scorer that fills one while we wait on the other cannot
+        // stall; beyond the caps the rest is read and dropped.
+        let read_out = async {
+            let _ = (&mut stdout).take(1 << 20).read_to_end(&mut out).await;
+            let _ = tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await;
+        };
+        let read_err = async {
+            let _ = (&mut stderr).take(64 << 10).read_to_end(&mut err).await;
+            let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
+        };
+        tokio::join!(read_out, read_err);
         let status = child.wait().await;
         (out, err, status)
     };

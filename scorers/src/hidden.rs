@@ -55,7 +55,7 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     }
     // Only now, with the agent's work in place, do the tests appear.
     for test in &task.tests {
-        agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode.max(0o400)).await?;
+        agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400).await?;
     }
     let reward_path = reward_file_path();
     agent.remove_file(&reward_path).await?;

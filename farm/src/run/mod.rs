@@ -3,11 +3,12 @@
 //! config -> dataset -> template snapshot -> per-task snapshots -> forked rollouts (policy
 //! acts) -> artifacts out -> protected scoring -> journal and Parquet parts -> summary.
 
+pub mod openai;
 pub mod output;
 pub mod policy;
 pub mod suite;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,8 +54,97 @@ struct Context_ {
     run_id: String,
     config: suite::SuiteConfig,
     forker: Forker,
-    policy: ReplayPolicy,
+    policy: Policy,
     external: Vec<String>,
+}
+
+/// Where actions come from.
+enum Policy {
+    Replay(ReplayPolicy),
+    OpenAi(openai::OpenAiPolicy),
+}
+
+impl Policy {
+    fn load(suite: &Suite, config: &suite::SuiteConfig) -> Result<Policy> {
+        Ok(match config.policy.kind {
+            suite::PolicyKind::Replay => Policy::Replay(ReplayPolicy::load(suite, &config.policy)?),
+            suite::PolicyKind::Openai => {
+                Policy::OpenAi(openai::OpenAiPolicy::new(config.policy.openai().map_err(|e| anyhow::anyhow!("{}: {e}", suite.path.display()))?)?)
+            }
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Policy::Replay(p) => p.name(),
+            Policy::OpenAi(_) => "openai",
+        }
+    }
+
+    fn params(&self) -> serde_json::Value {
+        match self {
+            Policy::Replay(p) => p.params(),
+            Policy::OpenAi(p) => p.params(),
+        }
+    }
+
+    fn samples_for(&self, task: &Task, samples: u32) -> u32 {
+        match self {
+            Policy::Replay(p) => p.samples_for(task),
+            Policy::OpenAi(_) => samples,
+        }
+    }
+
+    fn driver(&self, task: &Task, sample: u32, seed: u64) -> Result<Driver<'_>, String> {
+        match self {
+            Policy::Replay(p) => p.actions(task, sample).map(|a| Driver::Replay(a.into())),
+            Policy::OpenAi(p) => Ok(Driver::Chat(p.session(task, seed))),
+        }
+    }
+}
+
+/// One rollout's source of actions.
+enum Driver<'a> {
+    Replay(VecDeque<Action>),
+    Chat(openai::ChatSession<'a>),
+}
+
+impl Driver<'_> {
+    /// The next action, given what the last one produced; None when the policy is done.
+    async fn next(&mut self, observation: Option<String>) -> Result<Option<Action>> {
+        match self {
+            Driver::Replay(actions) => Ok(actions.pop_front()),
+            Driver::Chat(session) => session.next(observation).await,
+        }
+    }
+
+    fn messages_json(&self) -> String {
+        match self {
+            Driver::Replay(_) => "[]".into(),
+            Driver::Chat(session) => session.messages_json(),
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        match self {
+            Driver::Replay(_) => Usage::default(),
+            Driver::Chat(session) => session.usage(),
+        }
+    }
+}
+
+/// What an action produced, as the policy sees it.
+fn observation(step: &Step) -> String {
+    match step.kind.as_str() {
+        "exec" => format!(
+            "exit code: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            step.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "none".into()),
+            step.stdout,
+            step.stderr
+        ),
+        "write_file" if step.stderr.is_empty() => format!("wrote {}", step.text),
+        _ => step.stderr.clone(),
+    }
 }
 
 /// One planned rollout.
@@ -92,16 +182,16 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             anyhow::bail!("{}: task {:?} has neither a test command nor an expected answer, and the suite sets no scoring.external", dataset_path.display(), t.id);
         }
     }
-    let policy = ReplayPolicy::load(&suite, &config.policy)?;
+    let policy = Policy::load(&suite, &config)?;
 
     // Output first: a run that cannot record must not start.
     let run_id = new_run_id();
-    let mut writer = OutputWriter::open(&out_dir, &run_id, &config.suite.name, &suite.digest, args.resume, config.output.rows_per_part)?;
+    let writer = OutputWriter::open(&out_dir, &run_id, &config.suite.name, &suite.digest, args.resume, config.output.rows_per_part)?;
     let run_id = writer.run_id().to_string();
     let tasks: Vec<Arc<Task>> = tasks.into_iter().map(Arc::new).collect();
     let mut plan_keys = Vec::new();
     for task in &tasks {
-        for sample in 0..policy.samples_for(task) {
+        for sample in 0..policy.samples_for(task, config.rollouts.samples) {
             plan_keys.push((task.clone(), sample));
         }
     }
@@ -117,6 +207,35 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         out_dir.display()
     ));
 
+    // Ctrl-C or SIGTERM while snapshots are prepared: stop at once (nothing has run yet).
+    let mut signals = Signals::new()?;
+    let prepared = tokio::select! {
+        prepared = prepare(&suite, &config, &args, &todo, &log) => prepared?,
+        code = signals.recv() => {
+            log.line("interrupted while preparing snapshots; nothing ran");
+            return Ok(code);
+        }
+    };
+    let (forker, task_snapshots) = prepared;
+
+    // 5. Rollouts, scored as they finish, each recorded as it ends.
+    let context = Arc::new(Context_ {
+        suite_name: config.suite.name.clone(),
+        suite_digest: suite.digest.clone(),
+        suite_seed: config.suite.seed,
+        run_id: run_id.clone(),
+        external: resolve_external(&suite, &config.scoring.external),
+        config: config.clone(),
+        forker,
+        policy,
+    });
+    run_rollouts(context, todo, task_snapshots, writer, signals, planned_total, &log, &args, &out_dir).await
+}
+
+type TaskSnapshots = HashMap<String, Result<Arc<Snapshot>, String>>;
+
+/// 3 and 4: the template snapshot, then a snapshot per task that has files or setup.
+async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, todo: &[(Arc<Task>, u32)], log: &Log) -> Result<(Forker, TaskSnapshots)> {
     // 3. Template snapshot.
     let mut vm = VmSettings::detect(args.accel)?;
     vm.boot_timeout = Duration::from_secs(300);
@@ -131,8 +250,8 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let template = Arc::new(template.snapshot);
 
     // 4. Per-task snapshots for tasks with files or setup.
-    let mut task_snapshots: HashMap<String, Result<Arc<Snapshot>, String>> = HashMap::new();
-    for (task, _) in &todo {
+    let mut task_snapshots: TaskSnapshots = HashMap::new();
+    for (task, _) in todo {
         if task_snapshots.contains_key(&task.id) {
             continue;
         }
@@ -146,18 +265,23 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         }
         task_snapshots.insert(task.id.clone(), snapshot);
     }
+    Ok((forker, task_snapshots))
+}
 
-    // 5. Rollouts, scored as they finish, each recorded as it ends.
-    let context = Arc::new(Context_ {
-        suite_name: config.suite.name.clone(),
-        suite_digest: suite.digest.clone(),
-        suite_seed: config.suite.seed,
-        run_id: run_id.clone(),
-        external: resolve_external(&suite, &config.scoring.external),
-        config: config.clone(),
-        forker,
-        policy,
-    });
+/// 5 and 6: run the rollouts with bounded concurrency, record each as it ends, summarise.
+#[allow(clippy::too_many_arguments)]
+async fn run_rollouts(
+    context: Arc<Context_>,
+    todo: Vec<(Arc<Task>, u32)>,
+    task_snapshots: TaskSnapshots,
+    mut writer: OutputWriter,
+    mut signals: Signals,
+    planned_total: usize,
+    log: &Log,
+    args: &RunArgs,
+    out_dir: &std::path::Path,
+) -> Result<i32> {
+    let config = context.config.clone();
     let planned: Vec<Planned> = todo
         .into_iter()
         .map(|(task, sample)| Planned { snapshot: task_snapshots[&task.id].clone(), task, sample })
@@ -168,7 +292,6 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let mut queue = planned.into_iter();
     let mut progress = Progress::new(total, writer.rows().len());
     let mut interrupted = None;
-    let mut signals = Signals::new()?;
     loop {
         // Start what the concurrency allows.
         while running.len() < config.rollouts.concurrency && interrupted.is_none() {
@@ -188,7 +311,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             finished = running.join_next() => {
                 let Some(finished) = finished else { break };
                 let row = finished.context("a rollout task panicked")?;
-                progress.record(&row, &log);
+                progress.record(&row, log);
                 writer.append(row)?;
             }
             code = signals.recv(), if interrupted.is_none() => {
@@ -260,6 +383,8 @@ async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapsh
             return Ok(existing);
         }
     }
+    // Task setup may install a lot: the rollouts' disk limit does not apply to it.
+    let forker = Forker { max_disk_bytes: None, ..forker.clone() };
     let fork = forker.fork(template, ForkIdentity::new(0)).await?;
     for file in &task.files {
         fork.agent().write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode).await?;
@@ -277,7 +402,7 @@ async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapsh
             );
         }
     }
-    Ok(snapshot_fork(store, forker, template, &fork, &task.id, Some(id), false).await?)
+    Ok(snapshot_fork(store, &forker, template, &fork, &task.id, Some(id), false).await?)
 }
 
 async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
@@ -300,6 +425,8 @@ enum Ending {
     Timeout,
     /// The VM died or stopped answering during an action of the agent.
     AgentBrokeVm(String),
+    /// The policy could not produce an action (its endpoint failed).
+    PolicyFailed(String),
 }
 
 async fn rollout(context: &Context_, item: &Planned) -> Row {
@@ -341,8 +468,8 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
             return finish(row);
         }
     };
-    let actions = match context.policy.actions(task, item.sample) {
-        Ok(a) => a,
+    let mut driver = match context.policy.driver(task, item.sample, seed) {
+        Ok(d) => d,
         Err(e) => {
             row.error = Some(format!("policy: {e}"));
             return finish(row);
@@ -375,10 +502,18 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     let ending = {
         let steps = &mut row.steps;
         let answer = &mut answer;
+        let driver = &mut driver;
         let act = async {
-            for (index, action) in actions.iter().take(rollouts.max_steps).enumerate() {
-                match run_action(&fork, action, index as u32, rollouts).await {
+            let mut observed = None;
+            for index in 0..rollouts.max_steps {
+                let action = match driver.next(observed.take()).await {
+                    Ok(Some(action)) => action,
+                    Ok(None) => break,
+                    Err(e) => return Ending::PolicyFailed(format!("{e:#}")),
+                };
+                match run_action(&fork, &action, index as u32, rollouts).await {
                     Ok((step, submitted)) => {
+                        observed = Some(observation(&step));
                         steps.push(step);
                         if let Some(a) = submitted {
                             *answer = Some(a);
@@ -398,6 +533,8 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
             Err(_) => Ending::Timeout,
         }
     };
+    row.messages = driver.messages_json();
+    row.usage = driver.usage();
     row.timings.rollout_ms = rollout_started.elapsed().as_secs_f64() * 1e3;
     match ending {
         Ending::Done => {}
@@ -405,6 +542,11 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
             row.status = "timeout".into();
             row.reward = Some(0.0);
             row.error = Some(format!("the rollout ran past its {} s limit", rollouts.timeout_secs));
+            return finish(row);
+        }
+        Ending::PolicyFailed(reason) => {
+            // The endpoint failed, not the model's answer: an environment error (retried).
+            row.error = Some(format!("policy endpoint: {reason}"));
             return finish(row);
         }
         Ending::AgentBrokeVm(reason) => {
@@ -576,7 +718,13 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
             "tests": outcome,
             "verdict": verdict,
         });
+        let timed_out = verdict.timed_out;
         verdict = scorers::external::run(&context.external, &input, timeout, scoring.pass_threshold).await?;
+        if timed_out {
+            // The tests ran out of time: the external scorer may grade, but cannot pass it.
+            verdict.timed_out = true;
+            verdict.passed = false;
+        }
     }
     Ok(verdict)
 }

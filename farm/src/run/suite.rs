@@ -50,6 +50,7 @@ pub struct DatasetSection {
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     Replay,
+    Openai,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -77,6 +78,61 @@ pub struct PolicySection {
     /// Relative to the suite file.
     #[serde(default)]
     pub trajectories_file: Option<PathBuf>,
+    // kind = "openai" (see `super::openai::OpenAiConfig` for meanings and defaults):
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub request_timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+}
+
+impl PolicySection {
+    /// The endpoint settings of an `openai` policy.
+    pub fn openai(&self) -> Result<super::openai::OpenAiConfig, String> {
+        let base_url = self.base_url.clone().ok_or("policy.base_url is required when policy.kind = \"openai\"")?;
+        let model = self.model.clone().ok_or("policy.model is required when policy.kind = \"openai\"")?;
+        let mut table = toml::Table::new();
+        table.insert("base_url".into(), base_url.into());
+        table.insert("model".into(), model.into());
+        let mut config: super::openai::OpenAiConfig = table.try_into().map_err(|e| e.to_string())?;
+        config.api_key_env = self.api_key_env.clone();
+        config.temperature = self.temperature;
+        config.top_p = self.top_p;
+        config.system_prompt = self.system_prompt.clone();
+        if let Some(v) = self.max_tokens {
+            config.max_tokens = v;
+        }
+        if let Some(v) = self.logprobs {
+            config.logprobs = v;
+        }
+        if let Some(v) = self.request_timeout_secs {
+            config.request_timeout_secs = v;
+        }
+        if let Some(v) = self.max_retries {
+            config.max_retries = v;
+        }
+        if let Some(v) = self.concurrency {
+            config.concurrency = v.max(1);
+        }
+        Ok(config)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -260,6 +316,9 @@ impl Suite {
         }
         if c.output.rows_per_part == 0 {
             return Err(invalid("output.rows_per_part", "must be at least 1".into()));
+        }
+        if c.policy.kind == PolicyKind::Openai {
+            c.policy.openai().map_err(|m| invalid("policy", m))?;
         }
         match c.policy.source {
             ReplaySource::Samples if c.policy.samples_file.is_none() => {
