@@ -8,8 +8,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
+/// (authorization header, request body) of each request the server received.
+type Seen = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
 /// Answers each request with the next scripted (status, body); records the requests.
-fn serve(script: Vec<(u16, serde_json::Value)>) -> (String, Arc<Mutex<Vec<(String, serde_json::Value)>>>) {
+fn serve(script: Vec<(u16, serde_json::Value)>) -> (String, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
