@@ -292,6 +292,9 @@ async fn run_rollouts(
     let mut queue = planned.into_iter();
     let mut progress = Progress::new(total, writer.rows().len());
     let mut interrupted = None;
+    let wall = Instant::now();
+    let mut write_time = Duration::ZERO;
+    let mut finished_now = 0usize;
     loop {
         // Start what the concurrency allows.
         while running.len() < config.rollouts.concurrency && interrupted.is_none() {
@@ -312,7 +315,10 @@ async fn run_rollouts(
                 let Some(finished) = finished else { break };
                 let row = finished.context("a rollout task panicked")?;
                 progress.record(&row, log);
+                let t = Instant::now();
                 writer.append(row)?;
+                write_time += t.elapsed();
+                finished_now += 1;
             }
             code = signals.recv(), if interrupted.is_none() => {
                 log.line(&format!("interrupted: stopping {} rollouts in flight; `farm run {} --resume` finishes the run", running.len(), args.suite.display()));
@@ -328,8 +334,11 @@ async fn run_rollouts(
     progress.finish();
 
     // 6. Output.
+    let t = Instant::now();
     writer.flush()?;
-    let summary = output::summary(writer.rows(), config.rollouts.samples, planned_total);
+    write_time += t.elapsed();
+    let mut summary = output::summary(writer.rows(), config.rollouts.samples, planned_total);
+    summary["performance"] = performance(&writer.rows()[writer.rows().len() - finished_now..], wall.elapsed(), write_time, config.rollouts.concurrency);
     writer.write_summary(&summary)?;
     log.line(&format!(
         "{} of {} rollouts recorded: {} passed, {} failed, {} timeout, {} env_error; mean reward {}; summary in {}",
@@ -343,6 +352,31 @@ async fn run_rollouts(
         out_dir.join("summary.json").display()
     ));
     Ok(interrupted.unwrap_or(0))
+}
+
+/// Throughput and per-phase times of the rollouts finished by this invocation.
+fn performance(rows: &[Row], wall: Duration, write: Duration, concurrency: usize) -> serde_json::Value {
+    let phase = |f: fn(&Timings) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(|r| f(&r.timings)).collect();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        if v.is_empty() {
+            return serde_json::json!(null);
+        }
+        let p = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        serde_json::json!({ "mean_ms": v.iter().sum::<f64>() / v.len() as f64, "p50_ms": p(0.5), "p99_ms": p(0.99) })
+    };
+    serde_json::json!({
+        "rollouts": rows.len(),
+        "concurrency": concurrency,
+        "wall_secs": wall.as_secs_f64(),
+        "rollouts_per_sec": rows.len() as f64 / wall.as_secs_f64().max(1e-9),
+        "fork": phase(|t| t.fork_ms),
+        "rollout": phase(|t| t.rollout_ms),
+        "score": phase(|t| t.score_ms),
+        "total": phase(|t| t.total_ms),
+        "write_ms_total": write.as_secs_f64() * 1e3,
+        "write_ms_per_rollout": write.as_secs_f64() * 1e3 / rows.len().max(1) as f64,
+    })
 }
 
 fn new_run_id() -> String {
