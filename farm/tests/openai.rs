@@ -56,11 +56,13 @@ fn tool_call(id: &str, name: &str, args: serde_json::Value) -> serde_json::Value
         "choices": [{
             "index": 0,
             "finish_reason": "tool_calls",
+            "token_ids": [42, 43],
             "logprobs": { "content": [ { "token": "x", "logprob": -0.25, "top_logprobs": [] } ] },
             "message": { "role": "assistant", "content": null, "tool_calls": [
                 { "id": id, "type": "function", "function": { "name": name, "arguments": args.to_string() } } ] }
         }],
-        "usage": { "prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110 }
+        "usage": { "prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110 },
+        "prompt_token_ids": [1, 2, 3]
     })
 }
 
@@ -109,6 +111,7 @@ fn tool_calls_drive_a_rollout_to_a_pass_and_everything_is_recorded() {
     assert_eq!(messages[0]["role"], "system");
     assert!(messages.iter().any(|m| m["role"] == "tool" && m["tool_call_id"] == "c1" && m["content"].as_str().unwrap().contains("exit code: 0")));
     assert!(messages.iter().any(|m| m["logprobs"]["content"][0]["logprob"] == -0.25), "logprobs recorded");
+    assert!(messages.iter().any(|m| m["token_ids"] == serde_json::json!([42, 43]) && m["prompt_token_ids"] == serde_json::json!([1, 2, 3])), "token ids recorded");
 
     let requests = seen.lock().unwrap();
     assert_eq!(requests.len(), 4, "one 429 retried, then three answered requests");
@@ -119,7 +122,7 @@ fn tool_calls_drive_a_rollout_to_a_pass_and_everything_is_recorded() {
     assert_eq!(first["logprobs"], true);
     assert_eq!(first["tools"].as_array().unwrap().len(), 3);
     // Recorded extras (logprobs) are not sent back to the endpoint.
-    assert!(requests[3].1["messages"].as_array().unwrap().iter().all(|m| m.get("logprobs").is_none()));
+    assert!(requests[3].1["messages"].as_array().unwrap().iter().all(|m| m.get("logprobs").is_none() && m.get("token_ids").is_none()));
 }
 
 #[test]

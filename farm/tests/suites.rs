@@ -164,3 +164,49 @@ fn sigkill_mid_run_then_resume_records_each_rollout_exactly_once() {
     assert_eq!(keys.len(), 10, "every planned rollout exactly once");
     assert_eq!(summary(out.path())["finished"], 10);
 }
+
+#[test]
+fn trajectories_final_state_scoring_and_an_external_scorer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = repo().join("configs/data/tasks");
+    // Sample 0 fixes greet() and commits; sample 1 writes a wrong greet() and never commits.
+    let good = serde_json::json!({"task_id": "greeting", "sample_index": 0, "actions": [
+        {"kind": "write_file", "path": "greet.py", "content": "def greet(name):\n    return f\"Hello, {name}!\"\n"},
+        {"kind": "exec", "command": "git commit -qam fix && git log --oneline | wc -l"},
+        {"kind": "submit", "answer": "done"}]});
+    let bad = serde_json::json!({"task_id": "greeting", "sample_index": 1, "actions": [
+        {"kind": "write_file", "path": "greet.py", "content": "def greet(name):\n    return name\n"},
+        {"kind": "exec", "command": "sleep 1000 &"}]});
+    std::fs::write(dir.path().join("traj.jsonl"), format!("{good}\n{bad}\n")).unwrap();
+    // The external scorer sees the hidden tests' outcome and the artifacts, and decides.
+    std::fs::write(
+        dir.path().join("score.py"),
+        "import json, sys\nrun = json.load(sys.stdin)\nok = run['tests']['exit_code'] == 0\n\
+         print(json.dumps({'reward': 1.0 if ok else 0.25, 'task': run['task_id']}))\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("suite.toml"),
+        format!(
+            "[suite]\nname = \"trajectories\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"greeting\"]\n\
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
+             [scoring]\nmode = \"final_state\"\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
+            tasks.display(),
+            dir.path().join("score.py").display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.path().join("suite.toml")).stdin(Stdio::null()).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(&dir.path().join("out"));
+    assert_eq!(s["counts"]["passed"], 1, "{s}");
+    assert_eq!(s["counts"]["failed"], 1, "{s}");
+    let journal = std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap();
+    for line in journal.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();
+        assert_eq!(details["basis"], "external scorer", "{details}");
+        let expected = if row["sample_index"] == 0 { 1.0 } else { 0.25 };
+        assert_eq!(row["reward"], expected, "{row}");
+    }
+}

@@ -250,6 +250,10 @@ impl ChatSession<'_> {
         // What the trajectory keeps beyond the message itself.
         let logprobs = choice.get("logprobs").cloned().filter(|l| !l.is_null());
         let finish_reason = choice.get("finish_reason").cloned();
+        // Token ids, where the server returns them (vLLM-style `token_ids` on the choice,
+        // `prompt_token_ids` on the response).
+        let token_ids = choice.get("token_ids").cloned().filter(|t| !t.is_null());
+        let prompt_token_ids = response.get("prompt_token_ids").cloned().filter(|t| !t.is_null());
         let calls = message.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default();
         for call in &calls {
             let id = call.get("id").and_then(Value::as_str).unwrap_or("").to_string();
@@ -278,6 +282,12 @@ impl ChatSession<'_> {
             }
             if let Some(f) = finish_reason {
                 obj.insert("finish_reason".into(), f);
+            }
+            if let Some(t) = token_ids {
+                obj.insert("token_ids".into(), t);
+            }
+            if let Some(t) = prompt_token_ids {
+                obj.insert("prompt_token_ids".into(), t);
             }
         }
         self.transcript.push(recorded);
