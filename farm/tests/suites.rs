@@ -190,7 +190,7 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
         format!(
             "[suite]\nname = \"trajectories\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"greeting\"]\n\
              [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
-             [scoring]\nmode = \"final_state\"\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
+             [rollouts]\nwarm_pool = 2\n[scoring]\nmode = \"final_state\"\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
             tasks.display(),
             dir.path().join("score.py").display()
         ),
@@ -209,4 +209,29 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
         let expected = if row["sample_index"] == 0 { 1.0 } else { 0.25 };
         assert_eq!(row["reward"], expected, "{row}");
     }
+}
+
+#[test]
+fn rollouts_and_scoring_from_a_warm_pool_still_pass_and_fail_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = repo().join("configs/data");
+    std::fs::write(
+        dir.path().join("suite.toml"),
+        format!(
+            "[suite]\nname = \"pooled\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"humaneval\"\nlimit = 2\n\
+             [policy]\nkind = \"replay\"\nsource = \"samples\"\nsamples_file = \"{}\"\n[rollouts]\nwarm_pool = 2\n[output]\ndir = \"out\"\n",
+            data.join("humaneval-sample.jsonl").display(),
+            data.join("humaneval-samples-file.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.path().join("suite.toml")).stdin(Stdio::null()).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(&dir.path().join("out"));
+    assert_eq!(s["counts"]["passed"], 2, "{s}");
+    assert_eq!(s["counts"]["failed"], 2, "{s}");
+    // Every rollout had its own identity: distinct seeds.
+    let journal = std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap();
+    let seeds: std::collections::BTreeSet<u64> = journal.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["seed"].as_u64().unwrap()).collect();
+    assert_eq!(seeds.len(), 4);
 }

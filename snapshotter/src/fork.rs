@@ -199,6 +199,9 @@ struct PoolInner {
     snapshot: Snapshot,
     size: usize,
     mode: PoolMode,
+    /// Shell command a resumed machine runs before it waits (warms code paths the forks
+    /// will use, e.g. `python3 -c pass`).
+    warm_up: String,
     ready: Mutex<VecDeque<Machine>>,
     /// Woken when a machine is taken (notify_one keeps a permit if nobody waits yet).
     wanted: Arc<tokio::sync::Notify>,
@@ -211,9 +214,10 @@ impl PoolInner {
         let machine = self.forker.prepare(&self.snapshot).await?;
         if self.mode == PoolMode::Resumed {
             load_and_resume(&machine, &self.snapshot).await?;
+            let warm = vmm::ExecOptions { timeout: Some(Duration::from_secs(120)), ..vmm::ExecOptions::shell(self.warm_up.clone()) };
             machine
                 .agent()
-                .exec(vmm::ExecOptions::argv(&["true"]))
+                .exec(warm)
                 .await
                 .map_err(|source| ForkError::Identity { snapshot: self.snapshot.id().to_string(), source })?;
         }
@@ -228,6 +232,11 @@ impl WarmPool {
     }
 
     pub fn start_with_mode(forker: Forker, snapshot: Snapshot, size: usize, mode: PoolMode) -> Result<WarmPool, ForkError> {
+        WarmPool::start_with_warm_up(forker, snapshot, size, mode, "true")
+    }
+
+    /// A pool whose resumed machines run `warm_up` (a shell command) before they wait.
+    pub fn start_with_warm_up(forker: Forker, snapshot: Snapshot, size: usize, mode: PoolMode, warm_up: &str) -> Result<WarmPool, ForkError> {
         snapshot.check_host(&forker.host)?;
         snapshot.check_files()?;
         let inner = Arc::new(PoolInner {
@@ -235,6 +244,7 @@ impl WarmPool {
             snapshot,
             size,
             mode,
+            warm_up: warm_up.to_string(),
             ready: Mutex::new(VecDeque::new()),
             wanted: Arc::new(tokio::sync::Notify::new()),
             last_error: Mutex::new(None),

@@ -56,6 +56,18 @@ struct Context_ {
     forker: Forker,
     policy: Policy,
     external: Vec<String>,
+    /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
+    pool: Option<(String, snapshotter::WarmPool)>,
+}
+
+impl Context_ {
+    /// A fork of `snapshot`: from the warm pool when it holds that snapshot.
+    async fn fork(&self, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, snapshotter::ForkError> {
+        match &self.pool {
+            Some((id, pool)) if id == snapshot.id() => pool.fork(identity).await,
+            _ => self.forker.fork(snapshot, identity).await,
+        }
+    }
 }
 
 /// Where actions come from.
@@ -216,7 +228,20 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             return Ok(code);
         }
     };
-    let (forker, task_snapshots) = prepared;
+    let (forker, task_snapshots, template) = prepared;
+    let uses_template = task_snapshots.values().any(|s| matches!(s, Ok(s) if s.id() == template.id()));
+    let pool = if config.rollouts.warm_pool > 0 && uses_template {
+        let pool = snapshotter::WarmPool::start_with_warm_up(
+            forker.clone(),
+            (*template).clone(),
+            config.rollouts.warm_pool,
+            snapshotter::PoolMode::Resumed,
+            &config.rollouts.warm_up,
+        )?;
+        Some((template.id().to_string(), pool))
+    } else {
+        None
+    };
 
     // 5. Rollouts, scored as they finish, each recorded as it ends.
     let context = Arc::new(Context_ {
@@ -228,14 +253,16 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         config: config.clone(),
         forker,
         policy,
+        pool,
     });
     run_rollouts(context, todo, task_snapshots, writer, signals, planned_total, &log, &args, &out_dir).await
 }
 
 type TaskSnapshots = HashMap<String, Result<Arc<Snapshot>, String>>;
+type Prepared = (Forker, TaskSnapshots, Arc<Snapshot>);
 
 /// 3 and 4: the template snapshot, then a snapshot per task that has files or setup.
-async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, todo: &[(Arc<Task>, u32)], log: &Log) -> Result<(Forker, TaskSnapshots)> {
+async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, todo: &[(Arc<Task>, u32)], log: &Log) -> Result<Prepared> {
     // 3. Template snapshot.
     let mut vm = VmSettings::detect(args.accel)?;
     vm.boot_timeout = Duration::from_secs(300);
@@ -265,7 +292,7 @@ async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, tod
         }
         task_snapshots.insert(task.id.clone(), snapshot);
     }
-    Ok((forker, task_snapshots))
+    Ok((forker, task_snapshots, template))
 }
 
 /// 5 and 6: run the rollouts with bounded concurrency, record each as it ends, summarise.
@@ -512,7 +539,7 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
 
     // Fork.
     let identity = ForkIdentity { env: vec![("FARM_TASK_ID".into(), task.id.clone())], ..ForkIdentity::new(seed) };
-    let fork = match context.forker.fork(&snapshot, identity).await {
+    let fork = match context.fork(&snapshot, identity).await {
         Ok(f) => f,
         Err(e) => {
             row.error = Some(format!("fork: {e:#}"));
@@ -720,7 +747,7 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
         let scoring_fork = match scoring.mode {
             ScoringMode::FreshFork => {
                 drop(rollout_fork);
-                context.forker.fork(snapshot, ForkIdentity::new(seed)).await.context("forking the scoring VM")?
+                context.fork(snapshot, ForkIdentity::new(seed)).await.context("forking the scoring VM")?
             }
             ScoringMode::FinalState => {
                 // Every process the agent left is killed (PID 1 restarts the agent server),
