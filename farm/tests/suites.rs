@@ -235,3 +235,40 @@ fn rollouts_and_scoring_from_a_warm_pool_still_pass_and_fail_correctly() {
     let seeds: std::collections::BTreeSet<u64> = journal.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["seed"].as_u64().unwrap()).collect();
     assert_eq!(seeds.len(), 4);
 }
+
+#[test]
+fn ctrl_c_stops_records_and_resume_finishes() {
+    let out = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(repo().join("configs/humaneval-samples.toml"))
+        .args(["--concurrency", "1", "--out"])
+        .arg(out.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while std::fs::read_to_string(out.path().join("journal.jsonl")).map(|t| t.lines().count()).unwrap_or(0) < 2 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be interrupted");
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--resume"));
+    // What finished was flushed to Parquet and summarised.
+    let s = summary(out.path());
+    let finished = s["finished"].as_u64().unwrap();
+    assert!((2..10).contains(&finished), "{s}");
+    assert_eq!(read_with_pyarrow(out.path()).len() as u64, finished);
+    let resumed = farm_run("humaneval-samples.toml", out.path(), &["--resume"]);
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    let mut keys: Vec<(String, u64)> = read_with_pyarrow(out.path()).into_iter().map(|(t, s, _)| (t, s)).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 10);
+    assert_eq!(summary(out.path())["finished"], 10);
+}
