@@ -471,7 +471,10 @@ async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
     loop {
         let mut row = rollout(context, item).await;
         row.attempts = attempt;
-        if row.status != "env_error" || attempt > context.config.rollouts.retries || item.snapshot.is_err() {
+        // A policy that has no actions for this rollout (no reference solution, completion or
+        // trajectory) will not have them on a retry either.
+        let hopeless = item.snapshot.is_err() || row.error.as_deref().is_some_and(|e| e.starts_with("policy: "));
+        if row.status != "env_error" || attempt > context.config.rollouts.retries || hopeless {
             return row;
         }
         attempt += 1;

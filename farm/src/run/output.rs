@@ -169,7 +169,8 @@ impl OutputWriter {
         let listed: BTreeSet<&str> = manifest.parts.iter().map(|p| p.file.as_str()).collect();
         for entry in std::fs::read_dir(dir.join("trajectories"))?.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            if !listed.contains(format!("trajectories/{name}").as_str()) {
+            let ours = name.starts_with("part-") && (name.ends_with(".parquet") || name.ends_with(".parquet.tmp"));
+            if ours && !listed.contains(format!("trajectories/{name}").as_str()) {
                 std::fs::remove_file(entry.path())?;
             }
         }
