@@ -3,6 +3,20 @@
 //! Every QEMU this process starts dies with it (see `vmm::process`); the panic hook and the
 //! signal handling here only make teardown orderly (run folders removed, exit codes right).
 
+/// `println!` that ends the process quietly when stdout is a closed pipe (`farm ... | head`)
+/// instead of panicking.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 mod cmd;
 mod run;
 

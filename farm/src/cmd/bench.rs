@@ -28,6 +28,7 @@ pub struct BootArgs {
     /// Exec round trips to measure in one booted VM.
     #[arg(long, default_value_t = 50)]
     execs: usize,
+    /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     accel: AccelSetting,
     /// Print one JSON object.
@@ -60,6 +61,7 @@ pub struct ForkArgs {
     /// TCG translation buffer per VM in MiB (0: QEMU's default).
     #[arg(long, default_value_t = 64)]
     tb_size_mib: u32,
+    /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     accel: AccelSetting,
     /// Print one JSON object.
@@ -160,12 +162,12 @@ async fn boot(args: BootArgs) -> Result<i32> {
 
 fn print_report(report: &serde_json::Value, as_json: bool) {
     if as_json {
-        println!("{report}");
+        crate::outln!("{report}");
         return;
     }
     if let Some(map) = report.as_object() {
         for (k, v) in map {
-            println!("{k:<40} {v}");
+            crate::outln!("{k:<40} {v}");
         }
     }
 }

@@ -42,7 +42,7 @@ pub async fn run(command: SnapshotCommand) -> Result<i32> {
             let mut code = 0;
             for id in ids {
                 match store.remove(&id) {
-                    Ok(()) => println!("removed {id}"),
+                    Ok(()) => crate::outln!("removed {id}"),
                     Err(e) => {
                         eprintln!("farm: {e}");
                         code = 1;
@@ -59,12 +59,12 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
     let (snapshots, damaged) = store.list();
     if args.json {
         let manifests: Vec<_> = snapshots.iter().map(|s| &s.manifest).collect();
-        println!("{}", serde_json::to_string_pretty(&manifests)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&manifests)?);
         return Ok(0);
     }
     let host = VmSettings::detect(AccelSetting::Auto).ok().and_then(|vm| Forker::new(vm).ok()).map(|f| f.host);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    println!("{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  STATUS", "ID", "PARENT", "LABEL", "AGE", "RAM MiB", "DISK MiB");
+    crate::outln!("{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  STATUS", "ID", "PARENT", "LABEL", "AGE", "RAM MiB", "DISK MiB");
     for s in &snapshots {
         let m = &s.manifest;
         let mib = |name: &str| {
@@ -77,7 +77,7 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
             },
             None => "?".to_string(),
         };
-        println!(
+        crate::outln!(
             "{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  {}",
             m.id,
             m.parent.as_deref().unwrap_or("-"),
@@ -89,7 +89,7 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
         );
     }
     for (id, e) in damaged {
-        println!("{id:<24} damaged: {e}");
+        crate::outln!("{id:<24} damaged: {e}");
     }
     Ok(0)
 }
@@ -114,9 +114,9 @@ fn gc(store: &SnapshotStore, dry_run: bool) -> Result<i32> {
     let removed = store.gc(&keep, dry_run)?;
     let verb = if dry_run { "would remove" } else { "removed" };
     for id in &removed {
-        println!("{verb} {id}");
+        crate::outln!("{verb} {id}");
     }
-    println!("{} snapshot folders {verb}", removed.len());
+    crate::outln!("{} snapshot folders {verb}", removed.len());
     Ok(0)
 }
 

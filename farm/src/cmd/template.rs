@@ -23,6 +23,7 @@ pub struct BuildArgs {
     /// The template file.
     config: PathBuf,
     /// Accelerator: auto, kvm or tcg.
+    /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     accel: AccelSetting,
     /// Print only the snapshot id.
@@ -54,10 +55,10 @@ async fn build(args: BuildArgs) -> Result<i32> {
         .await
         .with_context(|| format!("building template {}", args.config.display()))?;
     if quiet {
-        println!("{}", built.snapshot.id());
+        crate::outln!("{}", built.snapshot.id());
     } else {
         let verb = if built.reused { "reused existing snapshot" } else { "built snapshot" };
-        println!("{verb} {} in {:.1} s ({})", built.snapshot.id(), started.elapsed().as_secs_f64(), built.snapshot.dir.display());
+        crate::outln!("{verb} {} in {:.1} s ({})", built.snapshot.id(), started.elapsed().as_secs_f64(), built.snapshot.dir.display());
     }
     Ok(0)
 }

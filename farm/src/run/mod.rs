@@ -42,6 +42,7 @@ pub struct RunArgs {
     /// Rollouts at once (overrides `rollouts.concurrency`).
     #[arg(long)]
     concurrency: Option<usize>,
+    /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     accel: AccelSetting,
 }
