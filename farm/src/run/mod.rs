@@ -277,21 +277,45 @@ async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, tod
     log.line(&format!("template snapshot {}{}", template.snapshot.id(), if template.reused { " (reused)" } else { "" }));
     let template = Arc::new(template.snapshot);
 
-    // 4. Per-task snapshots for tasks with files or setup.
+    // 4. Per-task snapshots for tasks with files or setup, `rollouts.concurrency` at a time;
+    // tasks with the same files and setup share one.
     let mut task_snapshots: TaskSnapshots = HashMap::new();
+    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut building = tokio::task::JoinSet::new();
+    let slots = Arc::new(Semaphore::new(config.rollouts.concurrency.max(1)));
     for (task, _) in todo {
-        if task_snapshots.contains_key(&task.id) {
+        if !seen.insert(task.id.clone()) {
             continue;
         }
-        let snapshot = if task.needs_snapshot() {
-            task_snapshot(&store, &forker, &template, task).await.map(Arc::new).map_err(|e| format!("preparing the task snapshot failed: {e:#}"))
-        } else {
-            Ok(template.clone())
-        };
-        if let Err(e) = &snapshot {
-            log.line(&format!("task {}: {e}", task.id));
+        if !task.needs_snapshot() {
+            task_snapshots.insert(task.id.clone(), Ok(template.clone()));
+            continue;
         }
-        task_snapshots.insert(task.id.clone(), snapshot);
+        let id = task_snapshot_id(&template, task);
+        let users = by_id.entry(id).or_default();
+        users.push(task.id.clone());
+        if users.len() > 1 {
+            continue;
+        }
+        let (store, forker, template, task, slots) = (store.clone(), forker.clone(), template.clone(), task.clone(), slots.clone());
+        building.spawn(async move {
+            let _slot = slots.acquire_owned().await.expect("semaphore open");
+            let snapshot = task_snapshot(&store, &forker, &template, &task).await;
+            (task_snapshot_id(&template, &task), snapshot.map(Arc::new).map_err(|e| format!("preparing the task snapshot failed: {e:#}")))
+        });
+    }
+    if !building.is_empty() {
+        log.line(&format!("preparing {} task snapshots", building.len()));
+    }
+    while let Some(built) = building.join_next().await {
+        let (id, snapshot) = built.context("a task snapshot build panicked")?;
+        for task_id in by_id.get(&id).into_iter().flatten() {
+            if let Err(e) = &snapshot {
+                log.line(&format!("task {task_id}: {e}"));
+            }
+            task_snapshots.insert(task_id.clone(), snapshot.clone());
+        }
     }
     Ok((forker, task_snapshots, template))
 }
@@ -435,11 +459,16 @@ fn rollout_seed(suite_seed: u64, task: &str, sample: u32) -> u64 {
 
 /// Forks the template, places the task's files, runs its setup, snapshots the result.
 /// Content-addressed: the same template and task files/setup reuse the snapshot.
-async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, task: &Task) -> Result<Snapshot> {
+/// The content address of a task's snapshot: its template, files and setup.
+fn task_snapshot_id(template: &Snapshot, task: &Task) -> String {
     let mut h = Sha256::new();
     h.update(template.id().as_bytes());
-    h.update(serde_json::to_vec(&(&task.files, &task.setup))?);
-    let id = format!("k-{}", h.finalize().iter().take(10).map(|b| format!("{b:02x}")).collect::<String>());
+    h.update(serde_json::to_vec(&(&task.files, &task.setup)).expect("task files serialize"));
+    format!("k-{}", h.finalize().iter().take(10).map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, task: &Task) -> Result<Snapshot> {
+    let id = task_snapshot_id(template, task);
     if let Ok(existing) = store.get(&id) {
         if existing.check_files().is_ok() {
             return Ok(existing);
