@@ -102,8 +102,11 @@ pub fn default_run_root() -> PathBuf {
 
 /// Finds `qemu-system-x86_64` (or `FARM_QEMU`).
 pub fn find_qemu() -> Result<PathBuf, MachineError> {
-    let name = std::env::var("FARM_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".to_string());
-    find_program(&name).ok_or(MachineError::QemuNotFound { binary: name })
+    qemu_named(&std::env::var("FARM_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".to_string()))
+}
+
+fn qemu_named(name: &str) -> Result<PathBuf, MachineError> {
+    find_program(name).ok_or(MachineError::QemuNotFound { binary: name.to_string() })
 }
 
 fn find_program(name: &str) -> Option<PathBuf> {
@@ -503,6 +506,14 @@ fn shell_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_qemu_names_the_package() {
+        let err = qemu_named("/no/such/qemu-system-x86_64").unwrap_err().to_string();
+        assert!(err.contains("qemu-system-x86") && err.contains("scripts/setup.sh"), "{err}");
+        let err = qemu_named("qemu-system-that-does-not-exist").unwrap_err().to_string();
+        assert!(err.contains("qemu-system-that-does-not-exist"), "{err}");
+    }
 
     #[test]
     fn shell_quote_survives_quotes_and_spaces() {
