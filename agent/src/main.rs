@@ -9,7 +9,10 @@
 //! Outside a guest (`farm-agent --port PATH`) it serves a given file or FIFO, which is how
 //! the protocol is exercised without a VM.
 
+#![deny(unsafe_code)]
+
 mod exec;
+#[allow(unsafe_code)]
 mod sys;
 
 use std::collections::BTreeMap;

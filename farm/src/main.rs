@@ -2,6 +2,7 @@
 //!
 //! Every QEMU this process starts dies with it (see `vmm::process`); the panic hook and the
 //! signal handling here only make teardown orderly (run folders removed, exit codes right).
+#![forbid(unsafe_code)]
 
 /// `println!` that ends the process quietly when stdout is a closed pipe (`farm ... | head`)
 /// instead of panicking.

@@ -8,11 +8,13 @@
 //! resumes guests.
 //!
 //! `unsafe` is confined to [`process`] (fork-time set-up of QEMU children).
+#![deny(unsafe_code)]
 
 pub mod accel;
 pub mod agent;
 pub mod artifacts;
 pub mod machine;
+#[allow(unsafe_code)]
 pub mod process;
 pub mod qemu;
 pub mod qmp;
