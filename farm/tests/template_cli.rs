@@ -34,6 +34,9 @@ fn build_reuse_list_and_remove_a_template() {
     assert!(second.status.success(), "{}", text(&second));
     assert!(text(&second).contains(&format!("reused existing snapshot {id}")), "{}", text(&second));
 
+    let verify = farm(store.path(), &["snapshot", "verify", &id]);
+    assert!(verify.status.success() && text(&verify).contains(&format!("{id}: ok")), "{}", text(&verify));
+
     let ls = farm(store.path(), &["snapshot", "ls"]);
     assert!(text(&ls).contains(&id) && text(&ls).contains(" ok"), "{}", text(&ls));
 

@@ -11,6 +11,13 @@ use vmm::{AccelSetting, GuestArtifacts, VmSettings};
 pub enum SnapshotCommand {
     /// List snapshots: id, parent, label, age, sizes, and whether this host can fork them.
     Ls(LsArgs),
+    /// Check snapshots in full: every file against the SHA-256 in its manifest (forks only
+    /// check sizes and the state file's checksum).
+    Verify {
+        /// Snapshot ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Remove a snapshot (refused while other snapshots descend from it).
     Rm {
         /// Snapshot ids.
@@ -52,6 +59,19 @@ pub async fn run(command: SnapshotCommand) -> Result<i32> {
             Ok(code)
         }
         SnapshotCommand::Gc { dry_run } => gc(&store, dry_run),
+        SnapshotCommand::Verify { ids } => {
+            let mut code = 0;
+            for id in ids {
+                match store.get(&id).and_then(|s| s.check_files().and_then(|()| s.verify_checksums())) {
+                    Ok(()) => crate::outln!("{id}: ok"),
+                    Err(e) => {
+                        eprintln!("farm: {e}");
+                        code = 1;
+                    }
+                }
+            }
+            Ok(code)
+        }
     }
 }
 
