@@ -44,22 +44,44 @@ fn reward_file_path() -> String {
     format!("{TESTS_DIR}/.reward-{hex}")
 }
 
+/// Why scoring did not produce an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum ScoringError {
+    /// The scoring VM failed before any of the agent's code could run: the farm's fault.
+    #[error("the scoring VM failed: {0}")]
+    Environment(#[source] AgentError),
+    /// The agent's work could not be placed, or its code (run by the tests) broke the scoring
+    /// VM: the agent's fault, scored as a failure.
+    #[error("{0}")]
+    Agent(String),
+}
+
 /// Writes the artifacts, then the hidden tests, into the scoring VM and runs the task's test
-/// command. Errors are environment errors (the scoring VM failed), never a verdict.
-pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, timeout: Duration) -> Result<TestOutcome, AgentError> {
+/// command. Until the tests start, a broken VM is an environment error; an artifact the VM
+/// refuses (say, a file where the pristine workspace has a folder) and anything that goes
+/// wrong once the agent's code runs under the tests are the agent's failures.
+pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, timeout: Duration) -> Result<TestOutcome, ScoringError> {
+    let placing = |e: AgentError| match e {
+        AgentError::Refused { message, .. } => ScoringError::Agent(format!("the agent's files could not be placed: {message}")),
+        other => ScoringError::Environment(other),
+    };
     for path in &artifacts.deleted {
-        agent.remove_file(&format!("{WORKSPACE}/{path}")).await?;
+        agent.remove_file(&format!("{WORKSPACE}/{path}")).await.map_err(placing)?;
     }
     for (path, contents, mode) in &artifacts.files {
-        agent.write_file(&format!("{WORKSPACE}/{path}"), contents.clone(), *mode).await?;
+        agent.write_file(&format!("{WORKSPACE}/{path}"), contents.clone(), *mode).await.map_err(placing)?;
     }
-    // Only now, with the agent's work in place, do the tests appear.
+    // Only now, with the agent's work in place, do the tests appear, in a folder of their own
+    // that nothing else wrote (final-state scoring runs in the agent's own VM).
+    let clear = ExecOptions { timeout: Some(Duration::from_secs(30)), ..ExecOptions::argv(&["rm", "-rf", TESTS_DIR]) };
+    agent.exec(clear).await.map_err(ScoringError::Environment)?;
     for test in &task.tests {
-        agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400).await?;
+        agent
+            .write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400)
+            .await
+            .map_err(ScoringError::Environment)?;
     }
     let reward_path = reward_file_path();
-    agent.remove_file(&reward_path).await?;
-    agent.remove_file(JUNIT_FILE).await?;
     let command = task.test_command.clone().unwrap_or_else(|| "false".into());
     let options = ExecOptions {
         cwd: Some(WORKSPACE.into()),
@@ -73,16 +95,18 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
         stderr_cap: 64 << 10,
         ..ExecOptions::shell(command)
     };
-    let out = agent.exec(options).await?;
+    // From here on the agent's code runs: whatever breaks is on the agent.
+    let broke = |e: AgentError| ScoringError::Agent(format!("the scoring VM broke while the tests ran the agent's code: {e}"));
+    let out = agent.exec(options).await.map_err(broke)?;
     let reward_file = match agent.read_file(&reward_path, 4096).await {
         Ok((bytes, _)) => String::from_utf8_lossy(&bytes).trim().parse::<f64>().ok().filter(|r| r.is_finite()),
         Err(AgentError::Refused { .. }) => None,
-        Err(e) => return Err(e),
+        Err(e) => return Err(broke(e)),
     };
     let junit = match agent.read_file(JUNIT_FILE, 4 << 20).await {
         Ok((bytes, _)) => parse_junit(&String::from_utf8_lossy(&bytes)),
         Err(AgentError::Refused { .. }) => None,
-        Err(e) => return Err(e),
+        Err(e) => return Err(broke(e)),
     };
     Ok(TestOutcome {
         exit_code: out.result.exit_code,
@@ -113,10 +137,11 @@ pub fn parse_junit(xml: &str) -> Option<JunitCounts> {
             continue;
         }
         found = true;
-        counts.tests += attr(tag, "tests");
-        counts.failures += attr(tag, "failures");
-        counts.errors += attr(tag, "errors");
-        counts.skipped += attr(tag, "skipped");
+        // Counts come from the guest: never let them wrap.
+        counts.tests = counts.tests.saturating_add(attr(tag, "tests"));
+        counts.failures = counts.failures.saturating_add(attr(tag, "failures"));
+        counts.errors = counts.errors.saturating_add(attr(tag, "errors"));
+        counts.skipped = counts.skipped.saturating_add(attr(tag, "skipped"));
     }
     found.then_some(counts)
 }

@@ -3,7 +3,9 @@
 //! the final answer. Scoring happens where the agent cannot reach: answers are matched on
 //! the host ([`answer`]); tests run in a fresh fork of the pristine task snapshot that
 //! receives the artifacts first and the hidden tests only after ([`hidden`]); the host reads
-//! the exit code, a JUnit report and a reward file that only the tests could have created;
+//! the exit code, a JUnit report and a reward file at a random path handed to the tests (a
+//! harness should take it out of the environment before it runs the agent's code, as the
+//! shipped ones do);
 //! an external program on the host may decide instead ([`external`]).
 #![forbid(unsafe_code)]
 
@@ -13,7 +15,7 @@ pub mod external;
 pub mod hidden;
 
 pub use artifacts::{collect_artifacts, Artifacts, ArtifactLimits};
-pub use hidden::{run_tests, TestOutcome};
+pub use hidden::{run_tests, ScoringError, TestOutcome};
 
 /// The decision about one rollout.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

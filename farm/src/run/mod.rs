@@ -201,6 +201,14 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let run_id = new_run_id();
     let writer = OutputWriter::open(&out_dir, &run_id, &config.suite.name, &suite.digest, args.resume, config.output.rows_per_part)?;
     let run_id = writer.run_id().to_string();
+    let digests: HashMap<&str, String> = tasks.iter().map(|t| (t.id.as_str(), t.digest())).collect();
+    if let Some(changed) = writer.outcomes().iter().find(|o| digests.get(o.task_id.as_str()).is_some_and(|d| *d != o.task_digest)) {
+        anyhow::bail!(
+            "task {:?} in {} changed since the recorded rollouts of this run: resuming would mix two versions of it; start a new run in another folder",
+            changed.task_id,
+            dataset_path.display()
+        );
+    }
     let tasks: Vec<Arc<Task>> = tasks.into_iter().map(Arc::new).collect();
     let mut plan_keys = Vec::new();
     for task in &tasks {
@@ -342,7 +350,7 @@ async fn run_rollouts(
     let semaphore = Arc::new(Semaphore::new(config.rollouts.concurrency));
     let mut running = tokio::task::JoinSet::new();
     let mut queue = planned.into_iter();
-    let mut progress = Progress::new(total, writer.rows().len());
+    let mut progress = Progress::new(total, writer.outcomes().len());
     let mut interrupted = None;
     let wall = Instant::now();
     let mut write_time = Duration::ZERO;
@@ -354,7 +362,7 @@ async fn run_rollouts(
             let context = context.clone();
             let permit = semaphore.clone().acquire_owned().await.expect("semaphore open");
             running.spawn(async move {
-                let row = rollout_with_retries(&context, &item).await;
+                let row = rollout_isolated(context, item).await;
                 drop(permit);
                 row
             });
@@ -376,9 +384,15 @@ async fn run_rollouts(
                 log.line(&format!("interrupted: stopping {} rollouts in flight; `farm run {} --resume` finishes the run", running.len(), args.suite.display()));
                 interrupted = Some(code);
                 // In-flight rollouts end now (their VMs are killed); they are not recorded and
-                // will run again on resume.
+                // will run again on resume. Rollouts that finished meanwhile are recorded.
                 running.abort_all();
-                while running.join_next().await.is_some() {}
+                while let Some(finished) = running.join_next().await {
+                    if let Ok(row) = finished {
+                        progress.record(&row, log);
+                        writer.append(row)?;
+                        finished_now += 1;
+                    }
+                }
                 break;
             }
         }
@@ -389,12 +403,12 @@ async fn run_rollouts(
     let t = Instant::now();
     writer.flush()?;
     write_time += t.elapsed();
-    let mut summary = output::summary(writer.rows(), config.rollouts.samples, planned_total);
-    summary["performance"] = performance(&writer.rows()[writer.rows().len() - finished_now..], wall.elapsed(), write_time, config.rollouts.concurrency);
+    let mut summary = output::summary(writer.outcomes(), config.rollouts.samples, planned_total);
+    summary["performance"] = performance(&writer.outcomes()[writer.outcomes().len() - finished_now..], wall.elapsed(), write_time, config.rollouts.concurrency);
     writer.write_summary(&summary)?;
     log.line(&format!(
         "{} of {} rollouts recorded: {} passed, {} failed, {} timeout, {} env_error; mean reward {}; summary in {}",
-        writer.rows().len(),
+        writer.outcomes().len(),
         planned_total,
         summary["counts"]["passed"],
         summary["counts"]["failed"],
@@ -407,7 +421,7 @@ async fn run_rollouts(
 }
 
 /// Throughput and per-phase times of the rollouts finished by this invocation.
-fn performance(rows: &[Row], wall: Duration, write: Duration, concurrency: usize) -> serde_json::Value {
+fn performance(rows: &[output::Outcome], wall: Duration, write: Duration, concurrency: usize) -> serde_json::Value {
     let phase = |f: fn(&Timings) -> f64| {
         let mut v: Vec<f64> = rows.iter().map(|r| f(&r.timings)).collect();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
@@ -496,6 +510,61 @@ async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapsh
     Ok(snapshot_fork(store, &forker, template, &fork, &task.id, Some(id), false).await?)
 }
 
+/// A row for a rollout, before anything happened: status env_error until decided.
+fn new_row(context: &Context_, item: &Planned, seed: u64, started_at_ms: i64) -> Row {
+    let task = &item.task;
+    Row {
+        run_id: context.run_id.clone(),
+        suite_name: context.suite_name.clone(),
+        suite_digest: context.suite_digest.clone(),
+        task_id: task.id.clone(),
+        task_digest: task.digest(),
+        sample_index: item.sample,
+        seed,
+        snapshot_id: item.snapshot.as_ref().map(|s| s.id().to_string()).unwrap_or_default(),
+        policy_name: context.policy.name().to_string(),
+        policy_params: context.policy.params().to_string(),
+        steps: Vec::new(),
+        messages: "[]".into(),
+        usage: Usage::default(),
+        reward: None,
+        status: "env_error".into(),
+        error: None,
+        score_details: "{}".into(),
+        attempts: 1,
+        timings: Timings::default(),
+        started_at_ms,
+        farm_version: env!("CARGO_PKG_VERSION").to_string(),
+    }
+}
+
+/// Aborts a spawned task when dropped (an interrupted run must not leave rollouts running).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs a rollout on a task of its own, so a panic in it becomes an env_error row for that
+/// rollout instead of ending the run.
+async fn rollout_isolated(context: Arc<Context_>, item: Planned) -> Row {
+    let mut inner = {
+        let (context, item) = (context.clone(), item.clone());
+        AbortOnDrop(tokio::spawn(async move { rollout_with_retries(&context, &item).await }))
+    };
+    match (&mut inner.0).await {
+        Ok(row) => row,
+        Err(e) => {
+            let seed = rollout_seed(context.suite_seed, &item.task.id, item.sample);
+            let mut row = new_row(&context, &item, seed, now_ms());
+            row.error = Some(format!("the rollout failed inside farm: {e}"));
+            row
+        }
+    }
+}
+
 async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
     let mut attempt = 1;
     loop {
@@ -521,6 +590,16 @@ enum Ending {
     AgentBrokeVm(String),
     /// The policy could not produce an action (its endpoint failed).
     PolicyFailed(String),
+    /// The endpoint refused the conversation itself (e.g. past the model's context length):
+    /// the model's failure.
+    PolicyRefused(String),
+}
+
+fn policy_ending(error: &anyhow::Error) -> Ending {
+    match error.downcast_ref::<openai::Refused>() {
+        Some(refused) => Ending::PolicyRefused(refused.to_string()),
+        None => Ending::PolicyFailed(format!("{error:#}")),
+    }
 }
 
 async fn rollout(context: &Context_, item: &Planned) -> Row {
@@ -528,29 +607,7 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     let started_at_ms = now_ms();
     let task = &item.task;
     let seed = rollout_seed(context.suite_seed, &task.id, item.sample);
-    let mut row = Row {
-        run_id: context.run_id.clone(),
-        suite_name: context.suite_name.clone(),
-        suite_digest: context.suite_digest.clone(),
-        task_id: task.id.clone(),
-        task_digest: task.digest(),
-        sample_index: item.sample,
-        seed,
-        snapshot_id: item.snapshot.as_ref().map(|s| s.id().to_string()).unwrap_or_default(),
-        policy_name: context.policy.name().to_string(),
-        policy_params: context.policy.params().to_string(),
-        steps: Vec::new(),
-        messages: "[]".into(),
-        usage: Usage::default(),
-        reward: None,
-        status: "env_error".into(),
-        error: None,
-        score_details: "{}".into(),
-        attempts: 1,
-        timings: Timings::default(),
-        started_at_ms,
-        farm_version: env!("CARGO_PKG_VERSION").to_string(),
-    };
+    let mut row = new_row(context, item, seed, started_at_ms);
     let finish = |mut row: Row| {
         row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
         row
@@ -597,15 +654,27 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
         let steps = &mut row.steps;
         let answer = &mut answer;
         let driver = &mut driver;
+        // The time limit counts the agent's actions in the VM, not the time the policy takes
+        // to answer (an endpoint's queueing and retries are not the agent's doing; the
+        // policy has its own request timeout and retries).
         let act = async {
             let mut observed = None;
+            let budget = Duration::from_secs(rollouts.timeout_secs);
+            let mut spent = Duration::ZERO;
             for index in 0..rollouts.max_steps {
                 let action = match driver.next(observed.take()).await {
                     Ok(Some(action)) => action,
                     Ok(None) => break,
-                    Err(e) => return Ending::PolicyFailed(format!("{e:#}")),
+                    Err(e) => return policy_ending(&e),
                 };
-                match run_action(&fork, &action, index as u32, rollouts).await {
+                let started = Instant::now();
+                let Some(remaining) = budget.checked_sub(spent) else { return Ending::Timeout };
+                let result = match tokio::time::timeout(remaining, run_action(&fork, &action, index as u32, rollouts)).await {
+                    Ok(result) => result,
+                    Err(_) => return Ending::Timeout,
+                };
+                spent += started.elapsed();
+                match result {
                     Ok((step, submitted)) => {
                         observed = Some(observation(&step));
                         steps.push(step);
@@ -622,10 +691,7 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
             }
             Ending::Done
         };
-        match tokio::time::timeout(Duration::from_secs(rollouts.timeout_secs), act).await {
-            Ok(ending) => ending,
-            Err(_) => Ending::Timeout,
-        }
+        act.await
     };
     row.messages = driver.messages_json();
     row.usage = driver.usage();
@@ -636,6 +702,12 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
             row.status = "timeout".into();
             row.reward = Some(0.0);
             row.error = Some(format!("the rollout ran past its {} s limit", rollouts.timeout_secs));
+            return finish(row);
+        }
+        Ending::PolicyRefused(reason) => {
+            row.status = "failed".into();
+            row.reward = Some(0.0);
+            row.error = Some(format!("policy: {reason}"));
             return finish(row);
         }
         Ending::PolicyFailed(reason) => {
@@ -678,6 +750,9 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
     match verdict {
         Ok(v) => {
+            if let Some(reason) = v.details.get("agent_failure").and_then(|r| r.as_str()) {
+                row.error = Some(reason.to_string());
+            }
             row.reward = Some(v.reward);
             row.status = if v.timed_out {
                 "timeout"
@@ -785,16 +860,33 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
             ScoringMode::FinalState => {
                 // Every process the agent left is killed (PID 1 restarts the agent server),
                 // then the tests go into the same VM.
-                let _ = rollout_fork.agent().exec(ExecOptions::shell("kill -9 -1")).await;
+                let clear = ExecOptions { timeout: Some(Duration::from_secs(30)), ..ExecOptions::shell("kill -9 -1") };
+                let _ = tokio::time::timeout(Duration::from_secs(60), rollout_fork.agent().exec(clear)).await;
                 rollout_fork.agent().wait_ready(Duration::from_secs(30)).await.context("waiting for the agent after clearing the rollout's processes")?;
                 rollout_fork
             }
         };
         let scored_artifacts = if scoring.mode == ScoringMode::FinalState { scorers::Artifacts::default() } else { artifacts.clone() };
-        let result = scorers::run_tests(scoring_fork.agent(), task, &scored_artifacts, timeout).await.map_err(|e| anyhow::anyhow!(scoring_fork.explain(&e)))?;
-        let v = scorers::hidden::decide(&result, scoring.pass_threshold, task.require_reward_file);
-        outcome = Some(result);
-        v
+        match scorers::run_tests(scoring_fork.agent(), task, &scored_artifacts, timeout).await {
+            Ok(result) => {
+                let v = scorers::hidden::decide(&result, scoring.pass_threshold, task.require_reward_file);
+                outcome = Some(result);
+                v
+            }
+            Err(scorers::ScoringError::Environment(e)) => return Err(anyhow::anyhow!(scoring_fork.explain(&e))),
+            Err(scorers::ScoringError::Agent(reason)) => {
+                let reason = match scoring_fork.machine.limit_violation() {
+                    Some(limit) => format!("{reason} ({limit})"),
+                    None => reason,
+                };
+                scorers::Verdict {
+                    reward: 0.0,
+                    passed: false,
+                    timed_out: false,
+                    details: serde_json::json!({ "basis": "the agent's work broke scoring", "agent_failure": reason }),
+                }
+            }
+        }
     } else if let Some(expected) = &task.expected_answer {
         drop(rollout_fork);
         scorers::answer::score_answer(expected, artifacts.answer.as_deref(), &task.answer_match)

@@ -85,6 +85,12 @@ fn tools() -> Value {
     ])
 }
 
+/// The endpoint refused the request as it stands (400, 413 or 422: typically a
+/// conversation past the model's context length). Not retried; the rollout fails.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
 pub struct OpenAiPolicy {
     config: OpenAiConfig,
     api_key: Option<String>,
@@ -170,11 +176,15 @@ impl OpenAiPolicy {
                         .get("retry-after")
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<f64>().ok())
+                        .filter(|s| s.is_finite())
                         .map(|s| Duration::from_secs_f64(s.clamp(0.0, 60.0)));
                     if status.is_success() {
                         return response.json::<Value>().await.with_context(|| format!("{url} answered {status} with a body that is not JSON"));
                     }
                     let text = response.text().await.unwrap_or_default();
+                    if matches!(status.as_u16(), 400 | 413 | 422) {
+                        return Err(Refused(format!("{url} refused the conversation ({status}): {}", text.chars().take(500).collect::<String>())).into());
+                    }
                     let retryable = status.as_u16() == 429 || status.is_server_error();
                     (retryable, anyhow!("{url} answered {status}: {}", text.chars().take(500).collect::<String>()), retry_after)
                 }
@@ -238,7 +248,7 @@ impl ChatSession<'_> {
         if let Some(u) = response.get("usage") {
             let add = |acc: &mut Option<u64>, v: Option<u64>| {
                 if let Some(v) = v {
-                    *acc = Some(acc.unwrap_or(0) + v);
+                    *acc = Some(acc.unwrap_or(0).saturating_add(v));
                 }
             };
             add(&mut self.usage.prompt_tokens, u.get("prompt_tokens").and_then(Value::as_u64));

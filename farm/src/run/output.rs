@@ -87,6 +87,31 @@ impl Row {
     }
 }
 
+/// What the summary needs of a row; the writer keeps only this for the whole run, so memory
+/// does not grow with the rollouts' output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub task_id: String,
+    pub task_digest: String,
+    pub sample_index: u32,
+    pub status: String,
+    pub reward: Option<f64>,
+    pub timings: Timings,
+}
+
+impl From<&Row> for Outcome {
+    fn from(r: &Row) -> Outcome {
+        Outcome {
+            task_id: r.task_id.clone(),
+            task_digest: r.task_digest.clone(),
+            sample_index: r.sample_index,
+            status: r.status.clone(),
+            reward: r.reward,
+            timings: r.timings.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
@@ -118,8 +143,8 @@ pub struct OutputWriter {
     schema: Arc<arrow_schema::Schema>,
     /// Every (task, sample) finished so far, in parts or pending.
     done: BTreeSet<(String, u32)>,
-    /// All rows of this run (for the summary), in parts or pending.
-    all: Vec<Row>,
+    /// Every finished rollout of this run (for the summary), in parts or pending.
+    all: Vec<Outcome>,
 }
 
 fn schema() -> Result<Arc<arrow_schema::Schema>> {
@@ -176,10 +201,18 @@ impl OutputWriter {
         }
         let journal_path = dir.join("journal.jsonl");
         let (all, pending, journal_len) = read_journal(&journal_path, manifest.journal_bytes_in_parts)?;
+        if journal_len < manifest.journal_bytes_in_parts {
+            bail!(
+                "{}: journal.jsonl holds {journal_len} bytes but the manifest says {} are already in parts; \
+                 the output folder was changed by hand: start a new run in another folder",
+                dir.display(),
+                manifest.journal_bytes_in_parts
+            );
+        }
         let journal = std::fs::OpenOptions::new().create(true).append(true).open(&journal_path)?;
         // Drop a torn last line (a crash mid-write) so new lines start clean.
         journal.set_len(journal_len)?;
-        let done = all.iter().map(Row::key).collect();
+        let done = all.iter().map(|o: &Outcome| (o.task_id.clone(), o.sample_index)).collect();
         let writer = OutputWriter { dir: dir.to_path_buf(), manifest, journal, pending, journal_len, rows_per_part, schema: schema()?, done, all };
         writer.save_manifest()?;
         Ok(writer)
@@ -193,7 +226,7 @@ impl OutputWriter {
         &self.done
     }
 
-    pub fn rows(&self) -> &[Row] {
+    pub fn outcomes(&self) -> &[Outcome] {
         &self.all
     }
 
@@ -207,8 +240,8 @@ impl OutputWriter {
         self.journal.write_all(&line)?;
         self.journal.sync_data()?;
         self.journal_len += line.len() as u64;
-        self.pending.push(row.clone());
-        self.all.push(row);
+        self.all.push(Outcome::from(&row));
+        self.pending.push(row);
         if self.pending.len() >= self.rows_per_part {
             self.flush()?;
         }
@@ -257,9 +290,9 @@ fn sync_dir(dir: &Path) {
     }
 }
 
-/// Reads the journal: all complete rows, those after `in_parts` bytes, and the length up to
-/// the last complete line.
-fn read_journal(path: &Path, in_parts: u64) -> Result<(Vec<Row>, Vec<Row>, u64)> {
+/// Reads the journal: the outcomes of all complete rows, the rows after `in_parts` bytes,
+/// and the length up to the last complete line.
+fn read_journal(path: &Path, in_parts: u64) -> Result<(Vec<Outcome>, Vec<Row>, u64)> {
     let Ok(file) = std::fs::File::open(path) else { return Ok((Vec::new(), Vec::new(), 0)) };
     let mut reader = std::io::BufReader::new(file);
     let (mut all, mut pending, mut offset) = (Vec::new(), Vec::new(), 0u64);
@@ -274,10 +307,10 @@ fn read_journal(path: &Path, in_parts: u64) -> Result<(Vec<Row>, Vec<Row>, u64)>
             Ok(row) => row,
             Err(_) => break,
         };
+        all.push(Outcome::from(&row));
         if offset >= in_parts {
-            pending.push(row.clone());
+            pending.push(row);
         }
-        all.push(row);
         offset += n as u64;
     }
     Ok((all, pending, offset))
@@ -300,19 +333,19 @@ fn write_parquet(path: &Path, schema: &Arc<arrow_schema::Schema>, rows: &[Row]) 
 }
 
 /// Counts by status, mean reward, unbiased pass@k and pass^k per task and overall.
-pub fn summary(rows: &[Row], samples: u32, planned: usize) -> serde_json::Value {
-    let mut by_task: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Value {
+    let mut by_task: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
     for r in rows {
         by_task.entry(&r.task_id).or_default().push(r);
     }
-    let counts = |rs: &[&Row]| -> BTreeMap<String, usize> {
+    let counts = |rs: &[&Outcome]| -> BTreeMap<String, usize> {
         let mut c: BTreeMap<String, usize> = ["passed", "failed", "timeout", "env_error"].iter().map(|s| (s.to_string(), 0)).collect();
         for r in rs {
             *c.entry(r.status.clone()).or_default() += 1;
         }
         c
     };
-    let mean_reward = |rs: &[&Row]| {
+    let mean_reward = |rs: &[&Outcome]| {
         let rewards: Vec<f64> = rs.iter().filter_map(|r| r.reward).collect();
         if rewards.is_empty() {
             None
@@ -326,7 +359,7 @@ pub fn summary(rows: &[Row], samples: u32, planned: usize) -> serde_json::Value 
     let mut pass_hat: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     for (task, rs) in &by_task {
         // Environment errors are not samples of the model: leave them out of n.
-        let scored: Vec<&&Row> = rs.iter().filter(|r| r.status != "env_error").collect();
+        let scored: Vec<&&Outcome> = rs.iter().filter(|r| r.status != "env_error").collect();
         let n = scored.len() as u32;
         let c = scored.iter().filter(|r| r.status == "passed").count() as u32;
         let mut at = serde_json::Map::new();
@@ -346,7 +379,7 @@ pub fn summary(rows: &[Row], samples: u32, planned: usize) -> serde_json::Value 
             serde_json::json!({ "n": rs.len(), "counts": counts(rs), "mean_reward": mean_reward(rs), "pass_at_k": at, "pass_hat_k": hat }),
         );
     }
-    let all: Vec<&Row> = rows.iter().collect();
+    let all: Vec<&Outcome> = rows.iter().collect();
     let avg = |m: &BTreeMap<u32, Vec<f64>>| -> serde_json::Map<String, serde_json::Value> {
         m.iter().map(|(k, v)| (k.to_string(), (v.iter().sum::<f64>() / v.len() as f64).into())).collect()
     };
@@ -430,8 +463,9 @@ mod tests {
 
     #[test]
     fn summary_counts_and_leaves_env_errors_out_of_pass_at_k() {
-        let rows = vec![row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "env_error"), row("b", 1, "passed")];
-        let s = summary(&rows, 2, 4);
+        let rows = [row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "env_error"), row("b", 1, "passed")];
+        let outcomes: Vec<Outcome> = rows.iter().map(Outcome::from).collect();
+        let s = summary(&outcomes, 2, 4);
         assert_eq!(s["counts"]["passed"], 2);
         assert_eq!(s["counts"]["env_error"], 1);
         assert_eq!(s["tasks"]["a"]["pass_at_k"]["1"], 0.5);
@@ -476,5 +510,11 @@ mod tests {
             }
         }
         assert_eq!(keys.len(), 4);
+        drop(w);
+        // A journal shorter than what the manifest says is in parts: refused, not guessed at.
+        let journal = std::fs::OpenOptions::new().write(true).open(dir.path().join("journal.jsonl")).unwrap();
+        journal.set_len(10).unwrap();
+        let err = OutputWriter::open(dir.path(), "run3", "s", "digest", true, 2).err().expect("a cut journal must be refused");
+        assert!(err.to_string().contains("changed by hand"), "{err}");
     }
 }
