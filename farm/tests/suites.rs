@@ -95,7 +95,7 @@ fn hostile_agents_cannot_raise_their_reward() {
     let o = farm_run("hostile.toml", out.path(), &[]);
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(out.path());
-    assert_eq!(s["finished"], 7, "{s}");
+    assert_eq!(s["finished"], 8, "{s}");
     assert_eq!(s["counts"]["passed"], 0, "a hostile agent passed: {s}");
     // Not hidden as environment errors either: each is an agent failure with reward 0.
     assert_eq!(s["counts"]["env_error"], 0, "{s}");
