@@ -390,6 +390,9 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, max_frame: u32, inner: &
         let (header, body) = match read_frame(&mut reader, max_frame).await {
             Ok(frame) => frame,
             Err(FrameError::Closed) => return "the guest closed the channel".into(),
+            // The VM went away (QEMU exited or was killed): not the guest's protocol error.
+            Err(FrameError::Io(e)) => return format!("the channel failed ({e}); did QEMU exit?"),
+            Err(FrameError::Truncated) => return "the channel closed in the middle of a frame".into(),
             Err(e) => return format!("the guest broke the protocol: {e}"),
         };
         let envelope: Envelope<Response> = match decode_header(&header) {

@@ -235,3 +235,26 @@ fn md5_of(data: &[u8]) -> u128 {
     }
     u128::from_be_bytes(out)
 }
+
+#[test]
+fn a_guest_that_dies_while_booting_is_reported_not_waited_for() {
+    runtime().block_on(async {
+        let settings = common::settings();
+        let a = common::artifacts("minimal");
+        let run_dir = vmm::machine::RunDir::create(&settings.run_root).unwrap();
+        let disk = run_dir.path().join("disk.qcow2");
+        vmm::machine::create_overlay(&a.image.path, "raw", &disk).unwrap();
+        let plan = vmm::machine::LaunchPlan {
+            kernel: Some(a.kernel.path.clone()),
+            disk,
+            ram: vmm::qemu::RamBacking { path: run_dir.path().join("memory"), shared: false },
+            incoming: false,
+        };
+        let mut machine = vmm::Machine::launch(&settings, plan, run_dir).await.unwrap();
+        machine.kill();
+        // The boot timeout is minutes; a dead guest must be reported long before that.
+        let waited = tokio::time::timeout(Duration::from_secs(30), machine.wait_for_agent(Duration::from_secs(300))).await;
+        let err = waited.expect("a dead guest must not be waited for").unwrap_err();
+        assert!(matches!(err, vmm::MachineError::GuestDied { .. }), "{err}");
+    });
+}
