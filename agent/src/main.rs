@@ -164,16 +164,19 @@ fn serve(path: &Path) -> ! {
             // Quick requests are answered in order on this thread: an identity request is
             // applied before the next request is even read, and no thread is started for
             // them. Commands and file transfers get a thread each, so they can overlap.
-            Ok((header, body)) if is_quick(&header) => handle_frame(&state, &header, body),
-            Ok((header, body)) => {
-                let state = Arc::clone(&state);
-                let spawned = std::thread::Builder::new()
-                    .stack_size(256 * 1024)
-                    .spawn(move || handle_frame(&state, &header, body));
-                if let Err(e) = spawned {
-                    log(&format!("cannot start a request thread: {e}"));
+            Ok((header, body)) => match decode_request(&state, &header) {
+                None => {}
+                Some(envelope) if is_quick(&envelope.msg) => answer(&state, envelope, body),
+                Some(envelope) => {
+                    let state = Arc::clone(&state);
+                    let spawned = std::thread::Builder::new()
+                        .stack_size(256 * 1024)
+                        .spawn(move || answer(&state, envelope, body));
+                    if let Err(e) = spawned {
+                        log(&format!("cannot start a request thread: {e}"));
+                    }
                 }
-            }
+            },
             // No host on the other end (a virtio port reads 0 bytes while the host side is
             // closed); wait for one. A frame cut short by a host that went away is dropped.
             Err(FrameError::Closed) | Err(FrameError::Truncated) => std::thread::sleep(Duration::from_millis(20)),
@@ -208,11 +211,8 @@ fn drain_queued(file: &mut File) {
 }
 
 /// Ping, identity and quiesce: short, and (identity) order-sensitive.
-fn is_quick(header: &[u8]) -> bool {
-    matches!(
-        farm_protocol::decode_header::<Request>(header).map(|e| e.msg),
-        Ok(Request::Ping) | Ok(Request::Identity(_)) | Ok(Request::Quiesce)
-    )
+fn is_quick(request: &Request) -> bool {
+    matches!(request, Request::Ping | Request::Identity(_) | Request::Quiesce)
 }
 
 fn bad_request(message: String) -> AgentError {
@@ -228,19 +228,23 @@ fn respond(state: &State, id: u64, msg: Response, body: &[u8]) {
     }
 }
 
-fn handle_frame(state: &State, header: &[u8], body: Vec<u8>) {
-    let envelope: Envelope<Request> = match farm_protocol::decode_header(header) {
-        Ok(envelope) => envelope,
+/// Decodes a request header; a bad one is answered (under its id when that can be read at
+/// all) and yields None.
+fn decode_request(state: &State, header: &[u8]) -> Option<Envelope<Request>> {
+    match farm_protocol::decode_header(header) {
+        Ok(envelope) => Some(envelope),
         Err(e) => {
-            // Answer under the request's id when it can be read at all.
             let id = serde_json::from_slice::<serde_json::Value>(header)
                 .ok()
                 .and_then(|v| v.get("id").and_then(|id| id.as_u64()))
                 .unwrap_or(0);
             respond(state, id, Response::Error(bad_request(e.to_string())), &[]);
-            return;
+            None
         }
-    };
+    }
+}
+
+fn answer(state: &State, envelope: Envelope<Request>, body: Vec<u8>) {
     let id = envelope.id;
     let (response, response_body) = match handle(state, envelope.msg, body) {
         Ok(pair) => pair,

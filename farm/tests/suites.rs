@@ -66,6 +66,49 @@ print(json.dumps([[r["task_id"], r["sample_index"], r["status"]] for r in rows])
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// Starts the 10-rollout samples suite one rollout at a time (to be interrupted).
+fn start_samples_run(out: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(repo().join("configs/humaneval-samples.toml"))
+        .args(["--concurrency", "1", "--out"])
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits (bounded) until `lines` rollouts are in the run's journal.
+fn wait_for_rollouts(child: &mut std::process::Child, out: &Path, lines: usize) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while std::fs::read_to_string(out.join("journal.jsonl")).map(|t| t.lines().count()).unwrap_or(0) < lines {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be interrupted");
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Resumes the samples run and checks every planned rollout is in the Parquet output once.
+fn resume_and_check_each_rollout_once(out: &Path) {
+    let resumed = farm_run("humaneval-samples.toml", out, &["--resume"]);
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    let mut keys: Vec<(String, u64)> = read_with_pyarrow(out).into_iter().map(|(t, s, _)| (t, s)).collect();
+    keys.sort();
+    let before = keys.len();
+    keys.dedup();
+    assert_eq!(before, keys.len(), "duplicate rows after resume");
+    assert_eq!(keys.len(), 10, "every planned rollout exactly once");
+    assert_eq!(summary(out)["finished"], 10);
+}
+
+/// Writes `suite` as `DIR/suite.toml` and runs it.
+fn run_suite_file(dir: &Path, suite: &str) -> Output {
+    std::fs::write(dir.join("suite.toml"), suite).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.join("suite.toml")).stdin(Stdio::null()).output().unwrap()
+}
+
 #[test]
 fn quickstart_reference_solutions_all_pass_and_parquet_matches_the_schema() {
     let out = tempfile::tempdir().unwrap();
@@ -126,43 +169,16 @@ fn samples_file_gives_pass_at_k() {
 #[test]
 fn sigkill_mid_run_then_resume_records_each_rollout_exactly_once() {
     let out = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .arg("run")
-        .arg(repo().join("configs/humaneval-samples.toml"))
-        .args(["--concurrency", "1", "--out"])
-        .arg(out.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start_samples_run(out.path());
     // Kill it once a few rollouts are recorded (the journal grows a line per rollout).
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let lines = std::fs::read_to_string(out.path().join("journal.jsonl")).map(|t| t.lines().count()).unwrap_or(0);
-        if lines >= 3 {
-            break;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed");
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_rollouts(&mut child, out.path(), 3);
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!out.path().join("summary.json").exists() || summary(out.path())["finished"] != 10);
 
     let again = farm_run("humaneval-samples.toml", out.path(), &[]);
     assert!(!again.status.success() && text(&again).contains("--resume"), "{}", text(&again));
-    let resumed = farm_run("humaneval-samples.toml", out.path(), &["--resume"]);
-    assert!(resumed.status.success(), "{}", text(&resumed));
-    let rows = read_with_pyarrow(out.path());
-    let mut keys: Vec<(String, u64)> = rows.iter().map(|(t, s, _)| (t.clone(), *s)).collect();
-    keys.sort();
-    let before = keys.len();
-    keys.dedup();
-    assert_eq!(before, keys.len(), "duplicate rows after resume");
-    assert_eq!(keys.len(), 10, "every planned rollout exactly once");
-    assert_eq!(summary(out.path())["finished"], 10);
+    resume_and_check_each_rollout_once(out.path());
 }
 
 #[test]
@@ -185,18 +201,16 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
          print(json.dumps({'reward': 1.0 if ok else 0.25, 'task': run['task_id']}))\n",
     )
     .unwrap();
-    std::fs::write(
-        dir.path().join("suite.toml"),
-        format!(
+    let o = run_suite_file(
+        dir.path(),
+        &format!(
             "[suite]\nname = \"trajectories\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"greeting\"]\n\
              [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
              [rollouts]\nwarm_pool = 2\n[scoring]\nmode = \"final_state\"\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
             tasks.display(),
             dir.path().join("score.py").display()
         ),
-    )
-    .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.path().join("suite.toml")).stdin(Stdio::null()).output().unwrap();
+    );
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(&dir.path().join("out"));
     assert_eq!(s["counts"]["passed"], 1, "{s}");
@@ -215,17 +229,15 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
 fn rollouts_and_scoring_from_a_warm_pool_still_pass_and_fail_correctly() {
     let dir = tempfile::tempdir().unwrap();
     let data = repo().join("configs/data");
-    std::fs::write(
-        dir.path().join("suite.toml"),
-        format!(
+    let o = run_suite_file(
+        dir.path(),
+        &format!(
             "[suite]\nname = \"pooled\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"humaneval\"\nlimit = 2\n\
              [policy]\nkind = \"replay\"\nsource = \"samples\"\nsamples_file = \"{}\"\n[rollouts]\nwarm_pool = 2\n[output]\ndir = \"out\"\n",
             data.join("humaneval-sample.jsonl").display(),
             data.join("humaneval-samples-file.jsonl").display()
         ),
-    )
-    .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.path().join("suite.toml")).stdin(Stdio::null()).output().unwrap();
+    );
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(&dir.path().join("out"));
     assert_eq!(s["counts"]["passed"], 2, "{s}");
@@ -239,22 +251,8 @@ fn rollouts_and_scoring_from_a_warm_pool_still_pass_and_fail_correctly() {
 #[test]
 fn ctrl_c_stops_records_and_resume_finishes() {
     let out = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .arg("run")
-        .arg(repo().join("configs/humaneval-samples.toml"))
-        .args(["--concurrency", "1", "--out"])
-        .arg(out.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while std::fs::read_to_string(out.path().join("journal.jsonl")).map(|t| t.lines().count()).unwrap_or(0) < 2 {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be interrupted");
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut child = start_samples_run(out.path());
+    wait_for_rollouts(&mut child, out.path(), 2);
     assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
@@ -264,11 +262,5 @@ fn ctrl_c_stops_records_and_resume_finishes() {
     let finished = s["finished"].as_u64().unwrap();
     assert!((2..10).contains(&finished), "{s}");
     assert_eq!(read_with_pyarrow(out.path()).len() as u64, finished);
-    let resumed = farm_run("humaneval-samples.toml", out.path(), &["--resume"]);
-    assert!(resumed.status.success(), "{}", text(&resumed));
-    let mut keys: Vec<(String, u64)> = read_with_pyarrow(out.path()).into_iter().map(|(t, s, _)| (t, s)).collect();
-    keys.sort();
-    keys.dedup();
-    assert_eq!(keys.len(), 10);
-    assert_eq!(summary(out.path())["finished"], 10);
+    resume_and_check_each_rollout_once(out.path());
 }

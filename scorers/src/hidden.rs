@@ -71,10 +71,8 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     for (path, contents, mode) in &artifacts.files {
         agent.write_file(&format!("{WORKSPACE}/{path}"), contents.clone(), *mode).await.map_err(placing)?;
     }
-    // Only now, with the agent's work in place, do the tests appear, in a folder of their own
-    // that nothing else wrote (final-state scoring runs in the agent's own VM).
-    let clear = ExecOptions { timeout: Some(Duration::from_secs(30)), ..ExecOptions::argv(&["rm", "-rf", TESTS_DIR]) };
-    agent.exec(clear).await.map_err(ScoringError::Environment)?;
+    // Only now, with the agent's work in place, do the tests appear. (In a fresh fork their
+    // folder does not exist; final-state scoring clears it first, see farm's run module.)
     for test in &task.tests {
         agent
             .write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400)

@@ -863,6 +863,10 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
                 let clear = ExecOptions { timeout: Some(Duration::from_secs(30)), ..ExecOptions::shell("kill -9 -1") };
                 let _ = tokio::time::timeout(Duration::from_secs(60), rollout_fork.agent().exec(clear)).await;
                 rollout_fork.agent().wait_ready(Duration::from_secs(30)).await.context("waiting for the agent after clearing the rollout's processes")?;
+                // With nothing of the agent's left running, clear the tests folder it may have
+                // planted files in.
+                let clear_tests = ExecOptions { timeout: Some(Duration::from_secs(30)), ..ExecOptions::argv(&["rm", "-rf", datasets::TESTS_DIR]) };
+                rollout_fork.agent().exec(clear_tests).await.context("clearing the tests folder")?;
                 rollout_fork
             }
         };
