@@ -137,14 +137,16 @@ if [ ! -f "$AGENT_DIR/manifest.json" ]; then
       cargo build -q --release --locked -p farm-agent --target x86_64-unknown-linux-gnu \
       --target-dir "$REPO/target/guest"
   )
-  bin="$REPO/target/guest/x86_64-unknown-linux-gnu/release/farm-agent"
-  if ldd "$bin" >/dev/null 2>&1 && ! ldd "$bin" 2>&1 | grep -q "not a dynamic executable\|statically linked"; then
-    die "farm-agent is not statically linked: $(ldd "$bin" 2>&1 | head -3)"
-  fi
   tmpdir="$CACHE/agent/.$AGENT_KEY.tmp"
   rm -rf "$tmpdir"; mkdir -p "$tmpdir"
-  cp "$bin" "$tmpdir/farm-agent"
-  strip "$tmpdir/farm-agent"
+  for program in farm-agent farm-sandbox; do
+    bin="$REPO/target/guest/x86_64-unknown-linux-gnu/release/$program"
+    if ldd "$bin" >/dev/null 2>&1 && ! ldd "$bin" 2>&1 | grep -q "not a dynamic executable\|statically linked"; then
+      die "$program is not statically linked: $(ldd "$bin" 2>&1 | head -3)"
+    fi
+    cp "$bin" "$tmpdir/$program"
+    strip "$tmpdir/$program"
+  done
   manifest "$tmpdir" "$AGENT_KEY" agent "\"rustc\":\"$RUSTC_VERSION\""
   rm -rf "$AGENT_DIR"; mv "$tmpdir" "$AGENT_DIR"
 fi
@@ -155,14 +157,27 @@ log "agent ready: $AGENT_DIR/farm-agent"
 # 4. Root images. Both use the agent as /sbin/init (it mounts the pseudo file systems, reaps
 # orphans and serves the host), so neither needs an init system.
 
-# Lay out the files every image shares into a root directory.
+# Lay out the files every image shares into a root directory: the agent as init, the two
+# unprivileged users of scoring VMs (farm, uid 1000: everything derived from an agent;
+# farm-checker, uid 999: test commands that ask for a separate checker), and farm-sandbox,
+# the one setuid program left in the image (root:farm-checker 4750), with which a checker
+# runs an agent's code as farm. Every other setuid or setgid bit is removed: a candidate
+# running as farm must have no way back to root.
 common_root() {
   local root="$1"
-  mkdir -p "$root"/{sbin,bin,dev,proc,sys,tmp,run,root,etc,workspace,var/tmp}
+  mkdir -p "$root"/{sbin,bin,dev,proc,sys,tmp,run,root,etc,workspace,var/tmp,usr/local/bin,home/farm}
   chmod 1777 "$root/tmp" "$root/var/tmp"
   install -m 0755 "$AGENT_DIR/farm-agent" "$root/sbin/farm-agent"
   echo farm >"$root/etc/hostname"
   printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
+  touch "$root/etc/passwd" "$root/etc/group"
+  grep -q '^farm-checker:' "$root/etc/passwd" || echo 'farm-checker:x:999:999:farm checker:/nonexistent:/bin/false' >>"$root/etc/passwd"
+  grep -q '^farm:' "$root/etc/passwd" || echo 'farm:x:1000:1000:farm:/home/farm:/bin/sh' >>"$root/etc/passwd"
+  grep -q '^farm-checker:' "$root/etc/group" || echo 'farm-checker:x:999:' >>"$root/etc/group"
+  grep -q '^farm:' "$root/etc/group" || echo 'farm:x:1000:' >>"$root/etc/group"
+  chown 1000:1000 "$root/home/farm"
+  find "$root" -xdev -type f -perm /6000 -exec chmod ug-s {} +
+  install -o 0 -g 999 -m 4750 "$AGENT_DIR/farm-sandbox" "$root/usr/local/bin/farm-sandbox"
 }
 
 # make_image NAME KEY SIZE ROOTDIR
@@ -179,11 +194,13 @@ make_image() {
 
 # minimal: busybox + agent.
 BUSYBOX_VERSION="$(pkg_version busybox-static)"
-MINIMAL_KEY="$( { echo "$AGENT_KEY" "$BUSYBOX_VERSION" minimal-recipe-1; sed -n '/^common_root()/,/^}/p;/^make_image()/,/^}/p' "$0"; } | sha)"
+MINIMAL_KEY="$( { echo "$AGENT_KEY" "$BUSYBOX_VERSION" minimal-recipe-2; sed -n '/^common_root()/,/^}/p;/^make_image()/,/^}/p' "$0"; } | sha)"
 if [ ! -f "$CACHE/images/minimal-$MINIMAL_KEY/manifest.json" ]; then
   log "building image minimal $MINIMAL_KEY"
   root="$CACHE/tmp/minimal-root"
-  rm -rf "$root"; mkdir -p "$root"
+  rm -rf "$root"; mkdir -p "$root/etc"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
   common_root "$root"
   cp /bin/busybox "$root/bin/busybox"
   for applet in $("$root/bin/busybox" --list-full); do
@@ -191,8 +208,6 @@ if [ ! -f "$CACHE/images/minimal-$MINIMAL_KEY/manifest.json" ]; then
   done
   # Keep the agent as init even though busybox offers one.
   ln -sfn /sbin/farm-agent "$root/sbin/init"
-  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
-  printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
   make_image minimal "$MINIMAL_KEY" 64M "$root"
   rm -rf "$root"
 fi
@@ -213,7 +228,7 @@ if [ ! -f "$ROOTFS_DIR.done" ]; then
   rm -rf "$ROOTFS_DIR"/usr/share/{doc,man,info,locale}/* "$ROOTFS_DIR"/var/cache/apt/* "$ROOTFS_DIR"/var/lib/apt/lists/*
   touch "$ROOTFS_DIR.done"
 fi
-PYTHON_KEY="$( { echo "$AGENT_KEY" "$ROOTFS_KEY" python-recipe-1; sed -n '/^common_root()/,/^}/p;/^make_image()/,/^}/p' "$0"; } | sha)"
+PYTHON_KEY="$( { echo "$AGENT_KEY" "$ROOTFS_KEY" python-recipe-2; sed -n '/^common_root()/,/^}/p;/^make_image()/,/^}/p' "$0"; } | sha)"
 if [ ! -f "$CACHE/images/python-$PYTHON_KEY/manifest.json" ]; then
   log "building image python $PYTHON_KEY"
   root="$CACHE/tmp/python-root"

@@ -1,4 +1,4 @@
-//! Running one command: spawn in its own session, feed stdin, collect capped output, enforce
+//! Running one command: spawn in its own process group (or session), as root or another user, feed stdin, collect capped output, enforce
 //! the timeout on the whole process group.
 
 use std::io::{self, Read, Write};
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use farm_protocol::{AgentError, ErrorKind, ExecRequest, ExecResult, Program};
 
 use crate::sys;
+use crate::users::{self, User};
 
 /// How long output is still collected after the command exited, when a background process
 /// it started keeps the pipes open.
@@ -44,8 +45,48 @@ impl Capped {
     }
 }
 
+/// A command to start, with everything resolved.
+pub struct Launch<'a> {
+    pub program: &'a Program,
+    pub cwd: String,
+    /// The whole environment of the command.
+    pub env: Vec<(String, String)>,
+    /// Run as this user (root: as the agent).
+    pub user: User,
+    pub timeout_ms: Option<u64>,
+    pub stdout_cap: u64,
+    pub stderr_cap: u64,
+}
+
+/// Runs an exec request: the agent's base environment, then the request's variables.
 pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<Output, AgentError> {
-    let mut command = match &req.program {
+    let user = match &req.user {
+        None => User::ROOT,
+        Some(spec) => users::resolve(spec).map_err(|message| AgentError { kind: ErrorKind::BadRequest, message })?,
+    };
+    let mut env: Vec<(String, String)> = base_env.to_vec();
+    if let Some(home) = user.home.as_ref().filter(|_| !user.is_root()) {
+        env.retain(|(k, _)| k != "HOME");
+        env.push(("HOME".into(), home.clone()));
+    }
+    env.retain(|(k, _)| !req.env.contains_key(k));
+    env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let launch = Launch {
+        program: &req.program,
+        cwd: req.cwd.clone().unwrap_or_else(default_cwd),
+        env,
+        user,
+        timeout_ms: req.timeout_ms,
+        stdout_cap: req.stdout_cap,
+        stderr_cap: req.stderr_cap,
+    };
+    run_launch(&launch, stdin).map(|(output, _)| output)
+}
+
+/// Runs a command to its end (or its deadline); returns its output and its process id,
+/// which is also the id of its process group (and, for another user, of its session).
+pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentError> {
+    let mut command = match launch.program {
         Program::Argv(argv) => {
             let Some((program, args)) = argv.split_first() else {
                 return Err(AgentError { kind: ErrorKind::BadRequest, message: "argv is empty".into() });
@@ -60,24 +101,33 @@ pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Re
             c
         }
     };
-    let cwd = req.cwd.clone().unwrap_or_else(default_cwd);
-    command.env_clear().envs(base_env.iter().map(|(k, v)| (k, v))).envs(&req.env).current_dir(&cwd);
+    let cwd = &launch.cwd;
+    command.env_clear().envs(launch.env.iter().map(|(k, v)| (k, v))).current_dir(cwd);
     command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // A process group of its own, so a timeout kills everything the command started. Set
-    // through posix_spawn attributes (no pre_exec hook), which lets std spawn with vfork
-    // semantics: much cheaper than fork in a freshly forked guest under TCG.
-    command.process_group(0);
+    if launch.user.is_root() {
+        // A process group of its own, so a timeout kills everything the command started. Set
+        // through posix_spawn attributes (no pre_exec hook), which lets std spawn with vfork
+        // semantics: much cheaper than fork in a freshly forked guest under TCG.
+        command.process_group(0);
+    } else {
+        // Another user: std drops the supplementary groups, then the gid, then the uid; the
+        // child then starts a session of its own (so a timeout reaches it as a group) with
+        // core dumps off.
+        command.uid(launch.user.uid).gid(launch.user.gid);
+        sys::new_session_on_exec(&mut command);
+    }
 
     let started = Instant::now();
     let mut child = command.spawn().map_err(|e| {
-        let what = match &req.program {
+        let what = match launch.program {
             Program::Argv(argv) => format!("{:?}", argv[0]),
             Program::Shell(_) => "/bin/sh".to_string(),
         };
-        AgentError { kind: ErrorKind::Spawn, message: format!("cannot start {what} in {cwd:?}: {e}") }
+        AgentError { kind: ErrorKind::Spawn, message: format!("cannot start {what} in {cwd:?} as uid {}: {e}", launch.user.uid) }
     })?;
-    let deadline = req.timeout_ms.map(|ms| started + Duration::from_millis(ms));
-    let (stdout, stderr, timed_out) = pump(&mut child, stdin, req, deadline)
+    let pid = child.id();
+    let deadline = launch.timeout_ms.map(|ms| started + Duration::from_millis(ms));
+    let (stdout, stderr, timed_out) = pump(&mut child, stdin, launch, deadline)
         .map_err(|e| AgentError { kind: ErrorKind::Internal, message: format!("collecting output failed: {e}") })?;
     let status = wait(&mut child, if timed_out { None } else { deadline });
     let (status, timed_out) = match status {
@@ -89,7 +139,7 @@ pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Re
         }
     };
     let duration_us = started.elapsed().as_micros() as u64;
-    Ok(Output {
+    Ok((Output {
         result: ExecResult {
             exit_code: status.code(),
             signal: status.signal(),
@@ -102,7 +152,7 @@ pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Re
         },
         stdout: stdout.data,
         stderr: stderr.data,
-    })
+    }, pid))
 }
 
 fn default_cwd() -> String {
@@ -116,7 +166,7 @@ fn default_cwd() -> String {
 /// Moves bytes between the command's pipes and memory until both output pipes close, the
 /// command has exited and a short grace passed, or the deadline passes (then the process
 /// group is killed and `timed_out` is true).
-fn pump(child: &mut Child, stdin: &[u8], req: &ExecRequest, deadline: Option<Instant>) -> io::Result<(Capped, Capped, bool)> {
+fn pump(child: &mut Child, stdin: &[u8], req: &Launch, deadline: Option<Instant>) -> io::Result<(Capped, Capped, bool)> {
     let mut child_stdin = child.stdin.take();
     let mut child_stdout = child.stdout.take().expect("piped");
     let mut child_stderr = child.stderr.take().expect("piped");

@@ -9,23 +9,20 @@
 //! Outside a guest (`farm-agent --port PATH`) it serves a given file or FIFO, which is how
 //! the protocol is exercised without a VM.
 
-#![deny(unsafe_code)]
-
-mod exec;
-#[allow(unsafe_code)]
-mod sys;
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use farm_agent::{exec, files, sweep, sys, testrun, users};
 use farm_protocol::{
-    AgentError, Envelope, ErrorKind, FrameError, Pong, ReadFileRequest, Request, Response, WriteFileRequest,
-    DEFAULT_MAX_FRAME_BYTES, PORT_NAME, PROTOCOL_VERSION,
+    AgentError, Envelope, ErrorKind, FrameError, Pong, Request, Response, DEFAULT_MAX_FRAME_BYTES, PORT_NAME,
+    PROTOCOL_VERSION,
 };
 
 const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -80,7 +77,9 @@ fn init() -> ! {
 fn prepare_system() {
     let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     let mounts: [(&str, &str, &str, libc::c_ulong, &str); 7] = [
-        ("proc", "/proc", "proc", nosuid_nodev | libc::MS_NOEXEC, ""),
+        // hidepid=invisible: an unprivileged user sees only its own processes in /proc (the
+        // candidate cannot find the checker or the agent, let alone read their environment).
+        ("proc", "/proc", "proc", nosuid_nodev | libc::MS_NOEXEC, "hidepid=invisible"),
         ("sysfs", "/sys", "sysfs", nosuid_nodev | libc::MS_NOEXEC, ""),
         ("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID, "mode=0755"),
         ("devpts", "/dev/pts", "devpts", libc::MS_NOSUID | libc::MS_NOEXEC, "ptmxmode=0666,gid=5,mode=0620"),
@@ -210,7 +209,8 @@ fn drain_queued(file: &mut File) {
     let _ = sys::set_nonblocking(file.as_raw_fd(), false);
 }
 
-/// Ping, identity and quiesce: short, and (identity) order-sensitive.
+/// Ping, identity and quiesce: short, and (identity) order-sensitive. (Sweeps and test runs
+/// take time, so they get a thread like commands do.)
 fn is_quick(request: &Request) -> bool {
     matches!(request, Request::Ping | Request::Identity(_) | Request::Quiesce)
 }
@@ -253,6 +253,10 @@ fn answer(state: &State, envelope: Envelope<Request>, body: Vec<u8>) {
     respond(state, id, response, &response_body);
 }
 
+fn base_env(state: &State) -> Vec<(String, String)> {
+    state.base_env.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
 fn io_error(what: String, e: std::io::Error) -> AgentError {
     AgentError { kind: ErrorKind::Io, message: format!("{what}: {e}") }
 }
@@ -268,29 +272,39 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             Vec::new(),
         )),
         Request::Exec(req) => {
-            let env: Vec<(String, String)> =
-                state.base_env.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            let output = exec::run(&req, &env, &body)?;
+            let output = exec::run(&req, &base_env(state), &body)?;
             let mut out = output.stdout;
             out.extend_from_slice(&output.stderr);
             Ok((Response::Exec(output.result), out))
         }
-        Request::WriteFile(req) => write_file(&req, &body).map(|bytes| (Response::WriteFile { bytes }, Vec::new())),
-        Request::ReadFile(req) => read_file(&req).map(|(size, data)| {
+        Request::WriteFile(req) => files::write_file(&req, &body).map(|bytes| (Response::WriteFile { bytes }, Vec::new())),
+        Request::ReadFile(req) => files::read_file(&req).map(|(size, data)| {
             let truncated = (data.len() as u64) < size;
             (Response::ReadFile { size, truncated }, data)
         }),
         Request::ListFiles(req) => {
             let mut entries = Vec::new();
-            let truncated = list_files(Path::new(&req.root), Path::new(""), req.max_entries as usize, &mut entries, 0)
+            let truncated = files::list_files(Path::new(&req.root), Path::new(""), req.max_entries as usize, &mut entries, 0)
                 .map_err(|e| io_error(format!("listing {}", req.root), e))?;
             Ok((Response::ListFiles { entries, truncated }, Vec::new()))
         }
-        Request::RemoveFile { path } => match std::fs::remove_file(&path) {
-            Ok(()) => Ok((Response::RemoveFile, Vec::new())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Response::RemoveFile, Vec::new())),
-            Err(e) => Err(io_error(format!("removing {path}"), e)),
-        },
+        Request::RemoveFile { path, beneath } => files::remove_file(&path, beneath.as_deref()).map(|()| (Response::RemoveFile, Vec::new())),
+        Request::Handover(req) => {
+            let user = users::resolve(&req.user).map_err(bad_request)?;
+            files::handover(&req.root, &user, None).map(|entries| (Response::Handover { entries }, Vec::new()))
+        }
+        Request::RemoveTree { path } => files::remove_tree(&path).map(|entries| (Response::RemoveTree { entries }, Vec::new())),
+        Request::Sweep(req) => {
+            let targets = sweep::Targets { everything: req.uids.is_empty(), uids: req.uids, group: None };
+            let swept = sweep::sweep(&targets);
+            Ok((Response::Sweep { killed: swept.killed, complete: swept.complete }, Vec::new()))
+        }
+        Request::RunTests(req) => {
+            let (result, output) = testrun::run_tests(&req, &base_env(state), &body)?;
+            let mut out = output.stdout;
+            out.extend_from_slice(&output.stderr);
+            Ok((Response::RunTests(result), out))
+        }
         Request::Quiesce => {
             sys::sync_all();
             Ok((Response::Quiesce, Vec::new()))
@@ -307,66 +321,4 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             Ok((Response::Identity, Vec::new()))
         }
     }
-}
-
-/// Walks `root/rel` depth-first without following symlinks or crossing file systems.
-/// Returns whether entries were left out because of `max`.
-fn list_files(root: &Path, rel: &Path, max: usize, out: &mut Vec<farm_protocol::FileEntry>, depth: usize) -> std::io::Result<bool> {
-    use std::os::unix::fs::MetadataExt;
-    let dir = root.join(rel);
-    let root_dev = std::fs::symlink_metadata(root)?.dev();
-    let mut names: Vec<_> = std::fs::read_dir(&dir)?.flatten().map(|e| e.file_name()).collect();
-    names.sort();
-    for name in names {
-        let rel_path = rel.join(&name);
-        let Ok(meta) = std::fs::symlink_metadata(root.join(&rel_path)) else { continue };
-        if meta.dev() != root_dev {
-            continue;
-        }
-        if meta.is_dir() {
-            if depth < 64 && list_files(root, &rel_path, max, out, depth + 1)? {
-                return Ok(true);
-            }
-        } else if meta.is_file() {
-            if out.len() >= max {
-                return Ok(true);
-            }
-            out.push(farm_protocol::FileEntry {
-                path: rel_path.to_string_lossy().into_owned(),
-                size: meta.len(),
-                mtime_ns: meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec()),
-                mode: meta.mode() & 0o7777,
-            });
-        }
-    }
-    Ok(false)
-}
-
-fn write_file(req: &WriteFileRequest, contents: &[u8]) -> Result<u64, AgentError> {
-    let path = Path::new(&req.path);
-    if req.create_parents {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io_error(format!("creating {}", parent.display()), e))?;
-        }
-    }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(req.mode)
-        .open(path)
-        .map_err(|e| io_error(format!("opening {} for writing", req.path), e))?;
-    file.write_all(contents).map_err(|e| io_error(format!("writing {}", req.path), e))?;
-    // The mode given at creation is filtered by the umask; set it exactly.
-    file.set_permissions(std::fs::Permissions::from_mode(req.mode))
-        .map_err(|e| io_error(format!("setting the mode of {}", req.path), e))?;
-    Ok(contents.len() as u64)
-}
-
-fn read_file(req: &ReadFileRequest) -> Result<(u64, Vec<u8>), AgentError> {
-    let file = File::open(&req.path).map_err(|e| io_error(format!("opening {}", req.path), e))?;
-    let size = file.metadata().map_err(|e| io_error(format!("reading metadata of {}", req.path), e))?.len();
-    let mut data = Vec::new();
-    file.take(req.max_bytes).read_to_end(&mut data).map_err(|e| io_error(format!("reading {}", req.path), e))?;
-    Ok((size.max(data.len() as u64), data))
 }

@@ -174,3 +174,117 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// openat(2) returning an owned descriptor.
+pub fn openat<P: ?Sized + nix::NixPath>(
+    dir: Option<std::os::fd::BorrowedFd>,
+    path: &P,
+    flags: nix::fcntl::OFlag,
+    mode: nix::sys::stat::Mode,
+) -> nix::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let raw = nix::fcntl::openat(dir.map(|d| d.as_raw_fd()), path, flags, mode)?;
+    // SAFETY: openat just returned this descriptor; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) })
+}
+
+/// The names in a directory (including `.` and `..`), consuming the descriptor.
+pub fn read_dir(dir: std::os::fd::OwnedFd) -> nix::Result<Vec<std::ffi::CString>> {
+    use std::os::fd::IntoRawFd;
+    let mut listing = nix::dir::Dir::from_fd(dir.into_raw_fd())?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        names.push(entry?.file_name().to_owned());
+    }
+    Ok(names)
+}
+
+/// Kills every process the given user may signal: forks a child that takes that uid (every
+/// id, with raw system calls: the agent is multi-threaded, and only async-signal-safe calls
+/// are allowed in the child) and sends SIGKILL to -1. The kernel delivers a kill(-1) under
+/// the task-list lock and a fork that races with it is restarted, so no process of the user
+/// slips through by forking.
+pub fn kill_all_of_user(uid: u32) {
+    // SAFETY: the child only makes raw system calls (setresgid, setresuid, kill, exit_group)
+    // and touches no memory the parent's other threads may hold locked.
+    match unsafe { libc::fork() } {
+        0 => {
+            // SAFETY: raw system calls with integer arguments; the child then exits.
+            unsafe {
+                let uid = uid as libc::c_long;
+                if libc::syscall(libc::SYS_setresgid, uid, uid, uid) == 0 && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0 {
+                    libc::syscall(libc::SYS_kill, -1 as libc::c_long, libc::SIGKILL as libc::c_long);
+                }
+                libc::syscall(libc::SYS_exit_group, 0 as libc::c_long);
+            }
+            unreachable!("exit_group returned");
+        }
+        -1 => {}
+        child => {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
+        }
+    }
+}
+
+/// Closes every descriptor from `first` up (close_range(2), or one by one where the kernel
+/// lacks it).
+pub fn close_from(first: u32) {
+    // SAFETY: close_range takes integers; closing descriptors the caller no longer needs.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_long, u32::MAX as libc::c_long, 0 as libc::c_long) };
+    if ret != 0 {
+        for fd in first..4096 {
+            // SAFETY: closing an fd number; EBADF for unused ones is harmless.
+            unsafe { libc::close(fd as libc::c_int) };
+        }
+    }
+}
+
+/// Sends SIGKILL to one process.
+pub fn kill_pid(pid: i32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Makes a command start a new session (and so a process group of its own) with core dumps
+/// off, between fork and exec.
+pub fn new_session_on_exec(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs between fork and exec and only makes the async-signal-safe system
+    // calls setsid and setrlimit; it allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::setrlimit(libc::RLIMIT_CORE, &none);
+            Ok(())
+        });
+    }
+}
+
+/// While alive, file system permission checks of the calling thread are made as another user
+/// (setfsuid/setfsgid are per thread, and dropping the fsuid from 0 clears the thread's file
+/// system capabilities). Dropping it restores root.
+pub struct FsUser(());
+
+impl FsUser {
+    pub fn assume(uid: u32, gid: u32) -> FsUser {
+        // SAFETY: raw setfsgid/setfsuid with integer arguments; they affect only this thread,
+        // which is why the raw calls are used (glibc's wrappers behave the same but say less).
+        unsafe {
+            libc::syscall(libc::SYS_setfsgid, gid as libc::c_long);
+            libc::syscall(libc::SYS_setfsuid, uid as libc::c_long);
+        }
+        FsUser(())
+    }
+}
+
+impl Drop for FsUser {
+    fn drop(&mut self) {
+        // SAFETY: as in `assume`, back to root.
+        unsafe {
+            libc::syscall(libc::SYS_setfsuid, 0 as libc::c_long);
+            libc::syscall(libc::SYS_setfsgid, 0 as libc::c_long);
+        }
+    }
+}

@@ -4,8 +4,8 @@
 //! DATASET/
 //!   <task>/
 //!     instruction.md   required: what the agent is asked to do
-//!     task.toml        optional: id, test_command, expected_answer, answer_match,
-//!                      require_reward_file, metadata
+//!     task.toml        optional: id, test_command, test_user, expected_answer,
+//!                      answer_match, require_reward_file (default true), metadata
 //!     files/           copied into /workspace before setup
 //!     setup.sh         run in /workspace when the task snapshot is made
 //!     tests/           hidden tests, written to /opt/farm-tests in the scoring VM only
@@ -17,17 +17,19 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::{AnswerMatch, DatasetError, Solution, Task, TaskFile, SOLUTION_DIR, TESTS_DIR};
+use crate::{AnswerMatch, DatasetError, Solution, Task, TaskFile, TestUser, SOLUTION_DIR, TESTS_DIR};
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TaskToml {
     id: Option<String>,
     test_command: Option<String>,
+    #[serde(default)]
+    test_user: TestUser,
     expected_answer: Option<String>,
     #[serde(default)]
     answer_match: AnswerMatch,
-    #[serde(default)]
+    #[serde(default = "crate::table::yes")]
     require_reward_file: bool,
     #[serde(default)]
     metadata: toml::Table,
@@ -50,7 +52,7 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         .map_err(|e| invalid(format!("instruction.md: {e} (every task folder needs one)")))?;
     let config: TaskToml = match std::fs::read_to_string(dir.join("task.toml")) {
         Ok(text) => toml::from_str(&text).map_err(|e| invalid(format!("task.toml: {e}")))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => TaskToml::default(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => toml::from_str("").expect("every key has a default"),
         Err(e) => return Err(invalid(format!("task.toml: {e}"))),
     };
     let mut budget = MAX_TASK_BYTES;
@@ -93,6 +95,8 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         setup,
         tests,
         test_command,
+        test_user: config.test_user,
+        harness: None,
         solution,
         expected_answer: config.expected_answer,
         answer_match: config.answer_match,

@@ -33,8 +33,12 @@ pub struct Task {
     pub setup: Vec<String>,
     /// Hidden tests, written under [`TESTS_DIR`] in the scoring VM only.
     pub tests: Vec<TaskFile>,
-    /// Run in the workspace of the scoring VM after the tests are written.
+    /// Run in the workspace of the scoring VM after the tests are written, as `test_user`.
     pub test_command: Option<String>,
+    /// Who runs the test command in the scoring VM.
+    pub test_user: TestUser,
+    /// A built-in harness that runs the tests instead of a test command.
+    pub harness: Option<Harness>,
     pub solution: Option<Solution>,
     /// For answer-scored tasks: the expected final answer.
     pub expected_answer: Option<String>,
@@ -43,11 +47,54 @@ pub struct Task {
     /// after `completion_prefix`.
     pub completion_file: Option<String>,
     pub completion_prefix: String,
-    /// The tests must create the reward file for the rollout to score at all (guards against
-    /// code that makes the test process exit 0 early).
+    /// The tests must write the reward file for the rollout to score at all (guards against
+    /// code that makes the test process exit 0 early). On by default for every task format.
     pub require_reward_file: bool,
     pub metadata: serde_json::Value,
 }
+
+/// Who runs a task's test command in the scoring VM. Whatever it is, everything derived from
+/// the agent that the command runs *through `farm-sandbox`* runs as the candidate user, and
+/// every process of the candidate and the checker is killed before the verdict is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TestUser {
+    /// The unprivileged candidate user `farm` (uid 1000), the one the agent's code runs as:
+    /// for test commands that load the agent's code themselves (pytest and the like). The
+    /// tests are readable by that code and so are the verdict files: only hardened.
+    #[default]
+    Candidate,
+    /// A separate unprivileged checker, `farm-checker` (uid 999): the tests and the verdict
+    /// files are its alone; it runs the agent's code with `farm-sandbox`.
+    Checker,
+    /// Root, for checks that must inspect the whole machine; it runs the agent's code with
+    /// `farm-sandbox`.
+    Root,
+}
+
+impl TestUser {
+    /// The guest user spec (numeric: never looked up in the guest's /etc/passwd).
+    pub fn guest_user(self) -> String {
+        match self {
+            TestUser::Candidate => format!("{0}:{0}", farm_protocol::CANDIDATE_UID),
+            TestUser::Checker => format!("{0}:{0}", farm_protocol::CHECKER_UID),
+            TestUser::Root => "0:0".to_string(),
+        }
+    }
+}
+
+/// Built-in test harnesses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Harness {
+    /// The tests call the candidate's function `entry_point` from module `module` (a file
+    /// `module.py` in the workspace) through farm's isolating proxy; see
+    /// `datasets/src/harness/function_call.py`. Its files are in the task's tests.
+    FunctionCall { module: String, entry_point: String },
+}
+
+/// The source of the function-call harness, written with each task's hidden tests.
+pub const FUNCTION_CALL_HARNESS: &str = include_str!("harness/function_call.py");
 
 /// A file's path and contents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,9 +144,14 @@ impl Task {
         !self.files.is_empty() || !self.setup.is_empty()
     }
 
+    /// Whether it has hidden tests (a test command or a built-in harness).
+    pub fn has_tests(&self) -> bool {
+        self.test_command.is_some() || self.harness.is_some()
+    }
+
     /// Whether it can be scored at all.
     pub fn is_scorable(&self) -> bool {
-        self.test_command.is_some() || self.expected_answer.is_some()
+        self.has_tests() || self.expected_answer.is_some()
     }
 }
 

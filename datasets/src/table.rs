@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::{AnswerMatch, DatasetError, Solution, Task, TaskFile, TESTS_DIR};
+use crate::{AnswerMatch, DatasetError, Harness, Solution, Task, TaskFile, TestUser, FUNCTION_CALL_HARNESS};
 
 /// One row of a task table. In JSONL every field is native JSON; in Parquet the columns
 /// `files`, `setup`, `tests`, `solution`, `answer_match` and `metadata` hold JSON text.
@@ -26,15 +26,21 @@ pub struct TaskRow {
     #[serde(default)]
     pub test_command: Option<String>,
     #[serde(default)]
+    pub test_user: TestUser,
+    #[serde(default)]
     pub solution: Option<SolutionRow>,
     #[serde(default)]
     pub expected_answer: Option<String>,
     #[serde(default)]
     pub answer_match: AnswerMatch,
-    #[serde(default)]
+    #[serde(default = "yes")]
     pub require_reward_file: bool,
     #[serde(default)]
     pub metadata: serde_json::Value,
+}
+
+pub(crate) fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,6 +65,8 @@ impl From<TaskRow> for Task {
             setup: row.setup,
             tests: files(row.tests),
             test_command: row.test_command,
+            test_user: row.test_user,
+            harness: None,
             solution: row.solution.map(|s| Solution { files: files(s.files), commands: s.commands, answer: s.answer }),
             expected_answer: row.expected_answer,
             answer_match: row.answer_match,
@@ -117,13 +125,9 @@ pub fn load_humaneval(path: &Path) -> Result<Vec<Task>, DatasetError> {
 }
 
 fn humaneval_task(row: HumanEvalRow) -> Task {
-    // The reward file's path is taken out of the environment before the solution is
-    // imported, and the reward is written only after check() returned: a solution that
-    // makes the process exit 0 early scores nothing.
-    let test = format!(
-        "import os, sys\n_farm_reward = os.environ.pop('FARM_REWARD_FILE')\nsys.path.insert(0, '/workspace')\nfrom solution import *\n\n{}\n\ncheck({})\nwith open(_farm_reward, 'w') as _f:\n    _f.write('1')\n",
-        row.test, row.entry_point
-    );
+    // The tests run in farm's function-call harness: check() in a trusted process, the
+    // candidate's module in an unprivileged one, only plain data between them.
+    let problem = serde_json::json!({ "prompt": row.prompt, "test": row.test, "entry_point": row.entry_point });
     Task {
         instruction: format!(
             "Complete the Python function below. Write the whole module (the prompt followed by \
@@ -132,8 +136,10 @@ fn humaneval_task(row: HumanEvalRow) -> Task {
         ),
         files: vec![TaskFile::text("solution.py", row.prompt.clone())],
         setup: Vec::new(),
-        tests: vec![TaskFile::text("test_humaneval.py", test)],
-        test_command: Some(format!("/usr/bin/python3 -I {TESTS_DIR}/test_humaneval.py")),
+        tests: vec![TaskFile::text("harness.py", FUNCTION_CALL_HARNESS), TaskFile::text("problem.json", problem.to_string())],
+        test_command: None,
+        test_user: TestUser::Root,
+        harness: Some(Harness::FunctionCall { module: "solution".into(), entry_point: row.entry_point.clone() }),
         solution: Some(Solution {
             files: vec![TaskFile::text("solution.py", format!("{}{}", row.prompt, row.canonical_solution))],
             commands: Vec::new(),
@@ -164,11 +170,15 @@ struct ParquetRow {
     #[serde(default)]
     test_command: Option<String>,
     #[serde(default)]
+    test_user: Option<String>,
+    #[serde(default)]
     solution: Option<String>,
     #[serde(default)]
     expected_answer: Option<String>,
     #[serde(default)]
     answer_match: Option<String>,
+    #[serde(default)]
+    require_reward_file: Option<bool>,
     #[serde(default)]
     metadata: Option<String>,
 }
@@ -216,6 +226,12 @@ pub fn load_parquet(path: &Path) -> Result<Vec<Task>, DatasetError> {
             if let Some(a) = row.expected_answer {
                 object.insert("expected_answer".into(), a.into());
             }
+            if let Some(u) = row.test_user {
+                object.insert("test_user".into(), u.into());
+            }
+            if let Some(r) = row.require_reward_file {
+                object.insert("require_reward_file".into(), r.into());
+            }
             let task_row: TaskRow = serde_json::from_value(serde_json::Value::Object(object))
                 .map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() })?;
             tasks.push(task_row.into());
@@ -257,13 +273,14 @@ pub(crate) mod tests {
         assert_eq!(tasks.len(), 1);
         let t = &tasks[0];
         assert_eq!(t.id, "X/1");
-        assert!(String::from_utf8_lossy(&t.tests[0].contents).contains("check(f)"));
+        assert_eq!(t.tests[0].path, "harness.py");
+        let problem: serde_json::Value = serde_json::from_slice(&t.tests[1].contents).unwrap();
+        assert_eq!(problem["entry_point"], "f");
+        assert!(problem["test"].as_str().unwrap().contains("def check(c)"));
         assert_eq!(t.solution.as_ref().unwrap().files[0].contents, b"def f():\n    return 1\n");
-        assert!(t.test_command.as_ref().unwrap().contains("/opt/farm-tests/test_humaneval.py"));
-        // The generated test file has no stray indentation and writes the reward last.
-        let test = String::from_utf8_lossy(&t.tests[0].contents).into_owned();
-        assert!(test.lines().filter(|l| l.contains("import")).all(|l| !l.starts_with(' ')), "{test}");
-        assert!(test.trim_end().ends_with("_f.write('1')"), "{test}");
+        assert_eq!(t.harness, Some(Harness::FunctionCall { module: "solution".into(), entry_point: "f".into() }));
+        assert_eq!(t.test_user, TestUser::Root);
+        assert!(t.require_reward_file && t.has_tests() && t.test_command.is_none());
     }
 
     #[test]
@@ -299,6 +316,8 @@ pub(crate) mod tests {
             r#"{"id":"q1","instruction":"2+2?","expected_answer":"4","answer_match":{"kind":"numeric","tolerance":0.01},"files":{"a.txt":"A"},"setup":["true"],"tests":{"t.sh":"exit 0"},"test_command":"sh /opt/farm-tests/t.sh","solution":{"answer":"4.0"},"metadata":{"level":1}}"#,
         );
         let t = &load(&p, Format::Jsonl).unwrap()[0];
+        assert!(t.require_reward_file, "on unless a task turns it off");
+        assert_eq!(t.test_user, TestUser::Candidate);
         assert_eq!(t.answer_match, AnswerMatch::Numeric { tolerance: 0.01 });
         assert_eq!(t.files[0].path, "a.txt");
         assert_eq!(t.solution.as_ref().unwrap().answer.as_deref(), Some("4.0"));

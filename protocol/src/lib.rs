@@ -30,7 +30,20 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol. The agent answers requests of another version with an error.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The unprivileged guest user that runs everything derived from an agent in a scoring VM
+/// (its files, the code the tests import, the commands they run): `farm`, uid and gid 1000.
+pub const CANDIDATE_UID: u32 = 1000;
+
+/// The unprivileged guest user a test command runs as when a task asks for a separate
+/// checker (`test_user = "checker"`): `farm-checker`, uid and gid 999. It is not the
+/// candidate, so the candidate can neither read its files nor signal or trace it.
+pub const CHECKER_UID: u32 = 999;
+
+/// The setuid helper in every image that runs a command as [`CANDIDATE_UID`]; only root and
+/// the checker's group may execute it.
+pub const SANDBOX_PROGRAM: &str = "/usr/local/bin/farm-sandbox";
 
 /// Name of the virtio-serial port the agent listens on (`virtserialport,name=...`).
 pub const PORT_NAME: &str = "org.farm.agent.0";
@@ -70,12 +83,28 @@ pub enum Request {
     ReadFile(ReadFileRequest),
     /// List regular files under a directory, recursively (not crossing file systems).
     ListFiles(ListFilesRequest),
-    /// Remove a file (missing files are not an error).
-    RemoveFile { path: String },
+    /// Remove a file (missing files are not an error). With `beneath`, `path` is relative to
+    /// that folder and no symbolic link is followed on the way.
+    RemoveFile {
+        path: String,
+        #[serde(default)]
+        beneath: Option<String>,
+    },
     /// Flush every file system to the disk (before a snapshot).
     Quiesce,
     /// Take a new identity after a fork. Body: entropy bytes for the kernel RNG.
     Identity(IdentityRequest),
+    /// Give a folder and everything under it to a user (no symbolic link is followed, no
+    /// other file system is entered).
+    Handover(HandoverRequest),
+    /// Remove a folder and everything under it, without following symbolic links.
+    RemoveTree { path: String },
+    /// Kill processes and wait until they are gone (see [`SweepRequest`]).
+    Sweep(SweepRequest),
+    /// Run a task's hidden tests: prepare the tests folder and the verdict files, run the
+    /// command as the given user, kill every process of the sweep users once it ends, and
+    /// only then read the verdict files. Body: bytes for the command's standard input.
+    RunTests(RunTestsRequest),
 }
 
 /// The program to run: an argument vector, or a string for `/bin/sh -c`.
@@ -103,6 +132,10 @@ pub struct ExecRequest {
     pub stdout_cap: u64,
     /// Bytes of standard error kept; the rest is read and dropped.
     pub stderr_cap: u64,
+    /// Run as this guest user: a name from the guest's `/etc/passwd`, `UID` or `UID:GID`.
+    /// Root when absent.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -114,6 +147,16 @@ pub struct WriteFileRequest {
     /// Create missing parent directories.
     #[serde(default)]
     pub create_parents: bool,
+    /// Confine the write to this folder: `path` is relative to it, no symbolic link is
+    /// followed, parents are created inside it, and the file is written under a temporary
+    /// name and renamed into place, so an existing link (symbolic or hard) is replaced rather
+    /// than written through. The mode loses its setuid, setgid and sticky bits.
+    #[serde(default)]
+    pub beneath: Option<String>,
+    /// Owner of the file (and of the parents created for it): a user as in
+    /// [`ExecRequest::user`]. Root when absent.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,6 +164,71 @@ pub struct WriteFileRequest {
 pub struct ReadFileRequest {
     pub path: String,
     pub max_bytes: u64,
+    /// Confine the read to this folder (`path` relative to it, no symbolic link followed).
+    #[serde(default)]
+    pub beneath: Option<String>,
+}
+
+/// See [`Request::Handover`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandoverRequest {
+    pub root: String,
+    /// A user as in [`ExecRequest::user`].
+    pub user: String,
+}
+
+/// See [`Request::Sweep`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepRequest {
+    /// Kill every process whose real, effective, saved or file-system uid is one of these.
+    /// Empty: every process except PID 1 and the agent itself.
+    pub uids: Vec<u32>,
+}
+
+/// See [`Request::RunTests`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunTestsRequest {
+    pub program: Program,
+    pub cwd: String,
+    /// Variables added to the agent's base environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The user the command runs as (as in [`ExecRequest::user`]).
+    pub user: String,
+    pub timeout_ms: u64,
+    pub stdout_cap: u64,
+    pub stderr_cap: u64,
+    /// The folder holding the hidden tests. With `private_tests` it is given to `user` with
+    /// mode 0700 (only that user and root can read it); otherwise it belongs to root, is
+    /// readable by everyone and writable by nobody but root.
+    pub tests_dir: String,
+    pub private_tests: bool,
+    /// Created empty before the command starts, owned by `user`, mode 0600; read back (at
+    /// most 4 KiB, a regular file only) after the sweep.
+    pub reward_file: String,
+    /// Created and read back like the reward file (at most 4 MiB).
+    pub junit_file: String,
+    /// Users whose every process is killed once the command ends, before anything is read.
+    pub sweep_uids: Vec<u32>,
+}
+
+/// What [`Request::RunTests`] found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestsResult {
+    /// The command's ending; the response body holds its output as for [`Response::Exec`].
+    pub exec: ExecResult,
+    /// Contents of the reward file after the sweep (None: missing or not a regular file).
+    pub reward: Option<String>,
+    /// Contents of the JUnit file after the sweep (None: missing, empty or not a regular file).
+    pub junit: Option<String>,
+    /// Processes the sweep killed.
+    pub swept: u32,
+    /// Whether every process of the sweep users was gone before the files were read.
+    pub sweep_complete: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -168,6 +276,11 @@ pub enum Response {
     ReadFile { size: u64, truncated: bool },
     Quiesce,
     Identity,
+    Handover { entries: u64 },
+    RemoveTree { entries: u64 },
+    Sweep { killed: u32, complete: bool },
+    /// Body: the command's output, as for `Exec`.
+    RunTests(TestsResult),
     Error(AgentError),
 }
 
@@ -358,6 +471,7 @@ mod tests {
             timeout_ms: Some(1000),
             stdout_cap: 10,
             stderr_cap: 10,
+            user: Some("farm".into()),
         })
     }
 
@@ -390,6 +504,25 @@ mod tests {
             Response::ReadFile { size: 10, truncated: true },
             Response::Quiesce,
             Response::Identity,
+            Response::Handover { entries: 3 },
+            Response::RemoveTree { entries: 2 },
+            Response::Sweep { killed: 4, complete: true },
+            Response::RunTests(TestsResult {
+                exec: ExecResult {
+                    exit_code: None,
+                    signal: Some(9),
+                    timed_out: true,
+                    stdout_len: 0,
+                    stderr_len: 0,
+                    stdout_truncated: false,
+                    stderr_truncated: false,
+                    duration_us: 5,
+                },
+                reward: Some("1".into()),
+                junit: None,
+                swept: 2,
+                sweep_complete: true,
+            }),
             Response::Error(AgentError { kind: ErrorKind::Spawn, message: "nope".into() }),
         ];
         for msg in responses {
@@ -397,6 +530,47 @@ mod tests {
             let bytes = encode_frame(&envelope, b"");
             let (header, _) = read_frame_blocking(&mut &bytes[..], DEFAULT_MAX_FRAME_BYTES).unwrap();
             assert_eq!(decode_header::<Response>(&header).unwrap(), envelope);
+        }
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        let requests = [
+            Request::Ping,
+            exec_request(),
+            Request::WriteFile(WriteFileRequest {
+                path: "a/b".into(),
+                mode: 0o644,
+                create_parents: true,
+                beneath: Some("/workspace".into()),
+                owner: Some("1000".into()),
+            }),
+            Request::ReadFile(ReadFileRequest { path: "a".into(), max_bytes: 9, beneath: Some("/workspace".into()) }),
+            Request::RemoveFile { path: "a".into(), beneath: None },
+            Request::Handover(HandoverRequest { root: "/workspace".into(), user: "farm".into() }),
+            Request::RemoveTree { path: "/opt/farm-tests".into() },
+            Request::Sweep(SweepRequest { uids: vec![CANDIDATE_UID, CHECKER_UID] }),
+            Request::RunTests(RunTestsRequest {
+                program: Program::Shell("true".into()),
+                cwd: "/workspace".into(),
+                env: BTreeMap::from([("K".into(), "V".into())]),
+                user: "999".into(),
+                timeout_ms: 1000,
+                stdout_cap: 10,
+                stderr_cap: 10,
+                tests_dir: "/opt/farm-tests".into(),
+                private_tests: true,
+                reward_file: "/opt/farm-tests/.reward-x".into(),
+                junit_file: "/opt/farm-tests/junit.xml".into(),
+                sweep_uids: vec![999, 1000],
+            }),
+        ];
+        for msg in requests {
+            let envelope = Envelope { v: PROTOCOL_VERSION, id: 2, msg };
+            let bytes = encode_frame(&envelope, b"stdin");
+            let (header, body) = read_frame_blocking(&mut &bytes[..], DEFAULT_MAX_FRAME_BYTES).unwrap();
+            assert_eq!(decode_header::<Request>(&header).unwrap(), envelope);
+            assert_eq!(body, b"stdin");
         }
     }
 
@@ -463,7 +637,7 @@ mod tests {
     fn other_protocol_version_is_named_in_the_error() {
         let err = decode_header::<Request>(br#"{"v":99,"id":5,"msg":{"op":"ping"}}"#).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("99") && text.contains("supported version 1"), "{text}");
+        assert!(text.contains("99") && text.contains(&format!("supported version {PROTOCOL_VERSION}")), "{text}");
     }
 
     #[test]

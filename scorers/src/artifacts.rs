@@ -72,8 +72,16 @@ pub async fn collect_artifacts(
             artifacts.skipped.push(format!("{path}: {} bytes, over the artifact limits", entry.size));
             continue;
         }
-        let full = format!("{}/{path}", datasets::WORKSPACE);
-        let (contents, _) = agent.read_file(&full, limits.max_file_bytes).await?;
+        // Read confined to the workspace: a file the agent swapped for a link since the
+        // listing is refused (and skipped), never followed.
+        let contents = match agent.read_file_beneath(path, limits.max_file_bytes, Some(datasets::WORKSPACE)).await {
+            Ok((contents, _)) => contents,
+            Err(vmm::AgentError::Refused { message, .. }) => {
+                artifacts.skipped.push(format!("{path}: not read ({message})"));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         total += contents.len() as u64;
         artifacts.changed.push(path.to_string());
         artifacts.files.push((path.to_string(), contents, entry.mode & 0o777));

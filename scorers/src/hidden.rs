@@ -1,11 +1,18 @@
 //! Hidden tests in a fresh fork of the pristine task snapshot.
+//!
+//! The agent's files go in first, confined to the workspace and owned by the unprivileged
+//! candidate user; the workspace is handed to that user; only then do the hidden tests
+//! appear. The guest agent runs the test command as the task's test user, kills every
+//! process of the candidate and the checker once it ends, and only then reads the verdict
+//! files ([`farm_protocol::Request::RunTests`]). The host decides from what it read.
 
 use std::time::Duration;
 
-use datasets::{Task, TESTS_DIR, WORKSPACE};
+use datasets::{Harness, Task, TestUser, TESTS_DIR, WORKSPACE};
+use farm_protocol::{Program, RunTestsRequest, CANDIDATE_UID, CHECKER_UID};
 use serde::Serialize;
 use serde_json::json;
-use vmm::{AgentClient, AgentError, ExecOptions};
+use vmm::{AgentClient, AgentError, FilePlacement};
 
 use crate::{Artifacts, Verdict};
 
@@ -17,8 +24,13 @@ pub struct TestOutcome {
     pub timed_out: bool,
     /// `tests`, `failures`, `errors`, `skipped` from a JUnit XML report the tests wrote.
     pub junit: Option<JunitCounts>,
-    /// The number the tests wrote to the reward file, if they created it.
+    /// The number the tests wrote to the reward file, if they wrote one.
     pub reward_file: Option<f64>,
+    /// Processes of the candidate and the checker killed after the tests ended.
+    pub swept: u32,
+    /// What the function-call harness reported (a limit of the proxy, a candidate that
+    /// timed out or did not load), from its `farm-harness:` lines.
+    pub harness: Option<String>,
     pub stdout_tail: String,
     pub stderr_tail: String,
 }
@@ -32,8 +44,8 @@ pub struct JunitCounts {
 }
 
 /// Where the tests may write a JUnit report (`FARM_JUNIT_FILE`). The reward file
-/// (`FARM_REWARD_FILE`) gets a fresh random name under the tests folder for every scoring
-/// run, so nothing the agent left behind can be it. Neither exists before the tests run.
+/// (`FARM_REWARD_FILE`) gets a fresh random name in the tests folder for every scoring run.
+/// The agent creates both empty, owned by the test user, just before the command starts.
 pub const JUNIT_FILE: &str = "/opt/farm-tests/junit.xml";
 
 fn reward_file_path() -> String {
@@ -56,23 +68,37 @@ pub enum ScoringError {
     Agent(String),
 }
 
-/// Writes the artifacts, then the hidden tests, into the scoring VM and runs the task's test
-/// command. Until the tests start, a broken VM is an environment error; an artifact the VM
-/// refuses (say, a file where the pristine workspace has a folder) and anything that goes
-/// wrong once the agent's code runs under the tests are the agent's failures.
-pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, timeout: Duration) -> Result<TestOutcome, ScoringError> {
+/// How the tests run.
+#[derive(Debug, Clone, Copy)]
+pub struct TestRunOptions {
+    /// Limit of the whole test command.
+    pub timeout: Duration,
+    /// Limit of one call into the candidate (function-call harness).
+    pub call_timeout: Duration,
+    /// The VM is the rollout's own (final-state scoring): the agent ran there with whatever
+    /// privileges the rollout had, so a test command that cannot even start is its doing.
+    pub final_state: bool,
+}
+
+/// Places the artifacts (confined to the workspace, owned by the candidate), hands the
+/// workspace to the candidate, writes the hidden tests and runs them.
+pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, options: &TestRunOptions) -> Result<TestOutcome, ScoringError> {
     let placing = |e: AgentError| match e {
         AgentError::Refused { message, .. } => ScoringError::Agent(format!("the agent's files could not be placed: {message}")),
         other => ScoringError::Environment(other),
     };
+    let candidate = format!("{CANDIDATE_UID}:{CANDIDATE_UID}");
     for path in &artifacts.deleted {
-        agent.remove_file(&format!("{WORKSPACE}/{path}")).await.map_err(placing)?;
+        agent.remove_file(path, Some(WORKSPACE)).await.map_err(placing)?;
     }
+    let placement = FilePlacement { beneath: Some(WORKSPACE.into()), owner: Some(candidate.clone()) };
     for (path, contents, mode) in &artifacts.files {
-        agent.write_file(&format!("{WORKSPACE}/{path}"), contents.clone(), *mode).await.map_err(placing)?;
+        agent.write_file_placed(path, contents.clone(), *mode, &placement).await.map_err(placing)?;
     }
+    // The workspace is the agent's work: its code may write there when the tests run it.
+    agent.handover(WORKSPACE, &candidate).await.map_err(placing)?;
     // Only now, with the agent's work in place, do the tests appear. (In a fresh fork their
-    // folder does not exist; final-state scoring clears it first, see farm's run module.)
+    // folder does not exist; final-state scoring removes it first.)
     for test in &task.tests {
         agent
             .write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400)
@@ -80,41 +106,90 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
             .map_err(ScoringError::Environment)?;
     }
     let reward_path = reward_file_path();
-    let command = task.test_command.clone().unwrap_or_else(|| "false".into());
-    let options = ExecOptions {
-        cwd: Some(WORKSPACE.into()),
-        env: vec![
-            ("FARM_TESTS_DIR".into(), TESTS_DIR.into()),
-            ("FARM_REWARD_FILE".into(), reward_path.clone()),
-            ("FARM_JUNIT_FILE".into(), JUNIT_FILE.into()),
-        ],
-        timeout: Some(timeout),
+    let (request, stdin) = tests_request(task, &reward_path, options);
+    let final_state = options.final_state;
+    let outcome = agent.run_tests(request, stdin).await.map_err(|e| match e {
+        // Refused before the command ran (the tests folder, the program missing): the
+        // farm's or the task's problem in a pristine VM.
+        AgentError::Refused { .. } if !final_state => ScoringError::Environment(e),
+        // From here on the agent's code runs: whatever breaks is on the agent.
+        other => ScoringError::Agent(format!("the scoring VM broke while the tests ran the agent's code: {other}")),
+    })?;
+    if !outcome.result.sweep_complete {
+        return Err(ScoringError::Agent(format!(
+            "processes of the agent's code survived {} kill rounds after the tests ended",
+            outcome.result.swept
+        )));
+    }
+    let stderr = String::from_utf8_lossy(&outcome.stderr);
+    let harness: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("farm-harness: ")).collect();
+    let result = &outcome.result;
+    Ok(TestOutcome {
+        exit_code: result.exec.exit_code,
+        signal: result.exec.signal,
+        timed_out: result.exec.timed_out,
+        junit: result.junit.as_deref().and_then(parse_junit),
+        reward_file: result.reward.as_deref().and_then(|r| r.trim().parse::<f64>().ok()).filter(|r| r.is_finite()),
+        swept: result.swept,
+        harness: (!harness.is_empty()).then(|| harness.join("; ")),
+        stdout_tail: tail(&outcome.stdout, 2000),
+        stderr_tail: tail(&outcome.stderr, 2000),
+    })
+}
+
+/// The agent request that runs a task's tests, and the standard input to give them.
+pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -> (RunTestsRequest, Vec<u8>) {
+    let private_tmp = format!("{TESTS_DIR}/.tmp");
+    let mut env = std::collections::BTreeMap::from([("FARM_TESTS_DIR".to_string(), TESTS_DIR.to_string())]);
+    let (program, user, stdin) = match &task.harness {
+        Some(Harness::FunctionCall { module, entry_point }) => {
+            // The harness reads the reward path from its standard input, after it started
+            // the candidate's process: the path is never in an environment or a memory image
+            // the candidate could read.
+            let argv = [
+                "/usr/bin/python3",
+                "-I",
+                &format!("{TESTS_DIR}/harness.py"),
+                "--tests-dir",
+                TESTS_DIR,
+                "--workspace",
+                WORKSPACE,
+                "--module",
+                module,
+                "--entry-point",
+                entry_point,
+                "--call-timeout",
+                &format!("{}", options.call_timeout.as_secs_f64()),
+            ];
+            env.insert("HOME".into(), private_tmp.clone());
+            env.insert("TMPDIR".into(), private_tmp.clone());
+            (Program::Argv(argv.iter().map(|a| a.to_string()).collect()), TestUser::Root, format!("{reward_path}\n").into_bytes())
+        }
+        None => {
+            env.insert("FARM_REWARD_FILE".into(), reward_path.to_string());
+            env.insert("FARM_JUNIT_FILE".into(), JUNIT_FILE.to_string());
+            let home = if task.test_user == TestUser::Candidate { "/tmp".to_string() } else { private_tmp.clone() };
+            env.insert("HOME".into(), home.clone());
+            env.insert("TMPDIR".into(), home);
+            (Program::Shell(task.test_command.clone().unwrap_or_else(|| "false".into())), task.test_user, Vec::new())
+        }
+    };
+    let request = RunTestsRequest {
+        program,
+        cwd: WORKSPACE.into(),
+        env,
+        user: user.guest_user(),
+        timeout_ms: options.timeout.as_millis() as u64,
         stdout_cap: 64 << 10,
         stderr_cap: 64 << 10,
-        ..ExecOptions::shell(command)
+        tests_dir: TESTS_DIR.into(),
+        // The candidate's own test command must read the tests; any other keeps them.
+        private_tests: user != TestUser::Candidate,
+        reward_file: reward_path.to_string(),
+        junit_file: JUNIT_FILE.into(),
+        sweep_uids: vec![CANDIDATE_UID, CHECKER_UID],
     };
-    // From here on the agent's code runs: whatever breaks is on the agent.
-    let broke = |e: AgentError| ScoringError::Agent(format!("the scoring VM broke while the tests ran the agent's code: {e}"));
-    let out = agent.exec(options).await.map_err(broke)?;
-    let reward_file = match agent.read_file(&reward_path, 4096).await {
-        Ok((bytes, _)) => String::from_utf8_lossy(&bytes).trim().parse::<f64>().ok().filter(|r| r.is_finite()),
-        Err(AgentError::Refused { .. }) => None,
-        Err(e) => return Err(broke(e)),
-    };
-    let junit = match agent.read_file(JUNIT_FILE, 4 << 20).await {
-        Ok((bytes, _)) => parse_junit(&String::from_utf8_lossy(&bytes)),
-        Err(AgentError::Refused { .. }) => None,
-        Err(e) => return Err(broke(e)),
-    };
-    Ok(TestOutcome {
-        exit_code: out.result.exit_code,
-        signal: out.result.signal,
-        timed_out: out.result.timed_out,
-        junit,
-        reward_file,
-        stdout_tail: tail(&out.stdout, 2000),
-        stderr_tail: tail(&out.stderr, 2000),
-    })
+    (request, stdin)
 }
 
 fn tail(bytes: &[u8], n: usize) -> String {
@@ -152,28 +227,36 @@ fn attr(tag: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The verdict from a test outcome: a reward file the tests created wins, then a JUnit
-/// report, then the exit code. With `require_reward_file`, no reward file means reward 0.
+/// The verdict from a test outcome, by the first rule that applies:
+/// 1. tests that timed out give 0 (status timeout);
+/// 2. a test command that failed (non-zero exit, killed) gives 0, whatever a reward file
+///    says: a reward that appears after the checker failed does not count;
+/// 3. with `require_reward_file`, no reward file gives 0;
+/// 4. the reward file's number, clamped to [0, 1];
+/// 5. a JUnit report gives 1 if it counts tests and no failures or errors;
+/// 6. otherwise exit code 0 gives 1.
+///
 /// A reward of at least `pass_threshold` passes.
 pub fn decide(outcome: &TestOutcome, pass_threshold: f64, require_reward_file: bool) -> Verdict {
     let (reward, basis) = if outcome.timed_out {
         (0.0, "the tests timed out")
+    } else if outcome.exit_code != Some(0) {
+        (0.0, "the test command failed; no reward counts after a failed check")
     } else if require_reward_file && outcome.reward_file.is_none() {
         (0.0, "the tests did not write the reward file the task requires")
     } else if let Some(r) = outcome.reward_file {
         (r.clamp(0.0, 1.0), "reward file written by the tests")
     } else if let Some(j) = outcome.junit {
-        let ok = j.tests > 0 && j.failures == 0 && j.errors == 0 && outcome.exit_code == Some(0);
+        let ok = j.tests > 0 && j.failures == 0 && j.errors == 0;
         (if ok { 1.0 } else { 0.0 }, "JUnit report")
     } else {
-        (if outcome.exit_code == Some(0) { 1.0 } else { 0.0 }, "exit code of the test command")
+        (1.0, "exit code of the test command")
     };
-    Verdict {
-        reward,
-        passed: !outcome.timed_out && reward >= pass_threshold,
-        timed_out: outcome.timed_out,
-        details: json!({ "basis": basis, "tests": outcome }),
+    let mut details = json!({ "basis": basis, "tests": outcome });
+    if let Some(harness) = &outcome.harness {
+        details["harness"] = json!(harness);
     }
+    Verdict { reward, passed: !outcome.timed_out && reward >= pass_threshold, timed_out: outcome.timed_out, details }
 }
 
 #[cfg(test)]
@@ -181,7 +264,17 @@ mod tests {
     use super::*;
 
     fn outcome(exit: i32) -> TestOutcome {
-        TestOutcome { exit_code: Some(exit), signal: None, timed_out: false, junit: None, reward_file: None, stdout_tail: String::new(), stderr_tail: String::new() }
+        TestOutcome {
+            exit_code: Some(exit),
+            signal: None,
+            timed_out: false,
+            junit: None,
+            reward_file: None,
+            swept: 0,
+            harness: None,
+            stdout_tail: String::new(),
+            stderr_tail: String::new(),
+        }
     }
 
     #[test]
@@ -195,10 +288,24 @@ mod tests {
     fn the_decision_prefers_reward_file_then_junit_then_exit_code() {
         assert_eq!(decide(&outcome(0), 1.0, false).reward, 1.0);
         assert!(!decide(&outcome(1), 1.0, false).passed);
-        let mut o = outcome(1);
+        let mut o = outcome(0);
         o.reward_file = Some(0.5);
         assert_eq!(decide(&o, 1.0, false).reward, 0.5);
         assert!(decide(&o, 0.5, false).passed);
+        // A reward that a leftover process wrote after the checker failed does not count.
+        let mut late = outcome(1);
+        late.reward_file = Some(1.0);
+        assert_eq!(decide(&late, 1.0, true).reward, 0.0);
+        let mut killed = outcome(0);
+        killed.exit_code = None;
+        killed.signal = Some(9);
+        killed.reward_file = Some(1.0);
+        assert!(!decide(&killed, 1.0, true).passed);
+        // A fake JUnit report does not pass a task that requires the reward file.
+        let mut fake = outcome(0);
+        fake.junit = Some(JunitCounts { tests: 3, failures: 0, errors: 0, skipped: 0 });
+        assert!(!decide(&fake, 1.0, true).passed);
+        assert!(decide(&fake, 1.0, false).passed);
         let mut o = outcome(0);
         o.junit = Some(JunitCounts { tests: 4, failures: 1, errors: 0, skipped: 0 });
         assert!(!decide(&o, 1.0, false).passed);
@@ -210,5 +317,8 @@ mod tests {
         let mut o = outcome(0);
         o.reward_file = Some(7.0);
         assert_eq!(decide(&o, 1.0, false).reward, 1.0);
+        let mut h = outcome(3);
+        h.harness = Some("this task cannot be checked through the isolation boundary".into());
+        assert_eq!(decide(&h, 1.0, true).details["harness"], "this task cannot be checked through the isolation boundary");
     }
 }

@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use farm_protocol::{
-    check_prefix, decode_header, encode_frame, Envelope, ExecRequest, ExecResult, FrameError, IdentityRequest,
-    Pong, Program, ReadFileRequest, Request, Response, WriteFileRequest, PREFIX_BYTES, PROTOCOL_VERSION,
+    check_prefix, decode_header, encode_frame, Envelope, ExecRequest, ExecResult, FrameError, HandoverRequest,
+    IdentityRequest, Pong, Program, ReadFileRequest, Request, Response, RunTestsRequest, SweepRequest, TestsResult,
+    WriteFileRequest, PREFIX_BYTES, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
@@ -81,6 +82,8 @@ pub struct ExecOptions {
     pub timeout: Option<Duration>,
     pub stdout_cap: u64,
     pub stderr_cap: u64,
+    /// Run as this guest user (a name, `UID` or `UID:GID`); root when None.
+    pub user: Option<String>,
 }
 
 impl ExecOptions {
@@ -101,8 +104,27 @@ impl ExecOptions {
             timeout: None,
             stdout_cap: 1 << 20,
             stderr_cap: 1 << 20,
+            user: None,
         }
     }
+}
+
+/// Where a file goes and who owns it.
+#[derive(Debug, Clone, Default)]
+pub struct FilePlacement {
+    /// Confine the path to this folder (relative path, no link followed, links at the
+    /// destination replaced, setuid/setgid/sticky bits dropped).
+    pub beneath: Option<String>,
+    /// Owner (a guest user); root when None.
+    pub owner: Option<String>,
+}
+
+/// What ran and what the verdict files held, from [`AgentClient::run_tests`].
+#[derive(Debug, Clone)]
+pub struct TestsOutput {
+    pub result: TestsResult,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -232,34 +254,82 @@ impl AgentClient {
             timeout_ms: options.timeout.map(|t| t.as_millis() as u64),
             stdout_cap: options.stdout_cap,
             stderr_cap: options.stderr_cap,
+            user: options.user,
         };
         let wait = options.timeout.map(|t| t + EXEC_MARGIN).unwrap_or(Duration::from_secs(365 * 24 * 3600));
         let (stdout_cap, stderr_cap) = (request.stdout_cap, request.stderr_cap);
         match self.request("exec", Request::Exec(request), options.stdin, wait).await? {
             (Response::Exec(result), body) => {
-                let (out_len, err_len) = (result.stdout_len, result.stderr_len);
-                if out_len > stdout_cap || err_len > stderr_cap {
-                    return Err(AgentError::BadResponse {
-                        op: "exec",
-                        detail: format!("output of {out_len}+{err_len} bytes exceeds the caps {stdout_cap}+{stderr_cap}"),
-                    });
-                }
-                if out_len.checked_add(err_len) != Some(body.len() as u64) {
-                    return Err(AgentError::BadResponse {
-                        op: "exec",
-                        detail: format!("header announces {out_len}+{err_len} bytes of output, body has {}", body.len()),
-                    });
-                }
-                let mut stdout = body;
-                let stderr = stdout.split_off(out_len as usize);
+                let (stdout, stderr) = split_output("exec", &result, body, stdout_cap, stderr_cap)?;
                 Ok(ExecOutput { result, stdout, stderr })
             }
             (other, _) => Err(unexpected("exec", other)),
         }
     }
 
+    /// Runs a task's hidden tests (see [`farm_protocol::Request::RunTests`]): the agent
+    /// runs the command, kills every process of the sweep users, and only then reads the
+    /// verdict files. `stdin` is written to the command's standard input.
+    pub async fn run_tests(&self, request: RunTestsRequest, stdin: Vec<u8>) -> Result<TestsOutput, AgentError> {
+        let room = u64::from(self.inner.max_response_bytes).saturating_sub(6 << 20);
+        if request.stdout_cap.saturating_add(request.stderr_cap) > room {
+            return Err(AgentError::InvalidRequest {
+                op: "run_tests",
+                detail: format!("output caps {} + {} bytes exceed the {room} bytes a response may carry", request.stdout_cap, request.stderr_cap),
+            });
+        }
+        // The command's timeout, the sweep's own limit and a margin.
+        let wait = Duration::from_millis(request.timeout_ms) + Duration::from_secs(15) + EXEC_MARGIN;
+        let (stdout_cap, stderr_cap) = (request.stdout_cap, request.stderr_cap);
+        match self.request("run_tests", Request::RunTests(request), stdin, wait).await? {
+            (Response::RunTests(result), body) => {
+                let (stdout, stderr) = split_output("run_tests", &result.exec, body, stdout_cap, stderr_cap)?;
+                Ok(TestsOutput { result, stdout, stderr })
+            }
+            (other, _) => Err(unexpected("run_tests", other)),
+        }
+    }
+
+    /// Kills every process of these guest users (every process but the agent's when empty)
+    /// and waits until they are gone. Returns (killed, all gone).
+    pub async fn sweep(&self, uids: Vec<u32>) -> Result<(u32, bool), AgentError> {
+        match self.request("sweep", Request::Sweep(SweepRequest { uids }), Vec::new(), SHORT_REQUEST).await? {
+            (Response::Sweep { killed, complete }, _) => Ok((killed, complete)),
+            (other, _) => Err(unexpected("sweep", other)),
+        }
+    }
+
+    /// Gives a guest folder and everything under it to a user (links themselves, never
+    /// their targets). Returns the entries changed.
+    pub async fn handover(&self, root: &str, user: &str) -> Result<u64, AgentError> {
+        let request = HandoverRequest { root: root.to_string(), user: user.to_string() };
+        match self.request("handover", Request::Handover(request), Vec::new(), SHORT_REQUEST).await? {
+            (Response::Handover { entries }, _) => Ok(entries),
+            (other, _) => Err(unexpected("handover", other)),
+        }
+    }
+
+    /// Removes a guest folder and everything under it without following links.
+    pub async fn remove_tree(&self, path: &str) -> Result<u64, AgentError> {
+        match self.request("remove_tree", Request::RemoveTree { path: path.to_string() }, Vec::new(), SHORT_REQUEST).await? {
+            (Response::RemoveTree { entries }, _) => Ok(entries),
+            (other, _) => Err(unexpected("remove_tree", other)),
+        }
+    }
+
     pub async fn write_file(&self, path: &str, contents: Vec<u8>, mode: u32) -> Result<(), AgentError> {
-        let request = WriteFileRequest { path: path.to_string(), mode, create_parents: true };
+        self.write_file_placed(path, contents, mode, &FilePlacement::default()).await
+    }
+
+    /// Writes a file confined to a folder and/or owned by a user (see [`FilePlacement`]).
+    pub async fn write_file_placed(&self, path: &str, contents: Vec<u8>, mode: u32, placement: &FilePlacement) -> Result<(), AgentError> {
+        let request = WriteFileRequest {
+            path: path.to_string(),
+            mode,
+            create_parents: true,
+            beneath: placement.beneath.clone(),
+            owner: placement.owner.clone(),
+        };
         let expected = contents.len() as u64;
         match self.request("write_file", Request::WriteFile(request), contents, SHORT_REQUEST).await? {
             (Response::WriteFile { bytes }, _) if bytes == expected => Ok(()),
@@ -271,9 +341,15 @@ impl AgentClient {
         }
     }
 
-    /// Reads at most `max_bytes` of a file; returns (contents, file size).
+    /// Reads at most `max_bytes` of a regular file; returns (contents, file size).
     pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, u64), AgentError> {
-        let request = ReadFileRequest { path: path.to_string(), max_bytes };
+        self.read_file_beneath(path, max_bytes, None).await
+    }
+
+    /// Reads at most `max_bytes` of a regular file, with `path` relative to `beneath` and no
+    /// link followed when `beneath` is set.
+    pub async fn read_file_beneath(&self, path: &str, max_bytes: u64, beneath: Option<&str>) -> Result<(Vec<u8>, u64), AgentError> {
+        let request = ReadFileRequest { path: path.to_string(), max_bytes, beneath: beneath.map(str::to_string) };
         match self.request("read_file", Request::ReadFile(request), Vec::new(), SHORT_REQUEST).await? {
             (Response::ReadFile { size, .. }, body) if body.len() as u64 <= max_bytes => Ok((body, size)),
             (Response::ReadFile { .. }, body) => Err(AgentError::BadResponse {
@@ -297,8 +373,11 @@ impl AgentClient {
         }
     }
 
-    pub async fn remove_file(&self, path: &str) -> Result<(), AgentError> {
-        match self.request("remove_file", Request::RemoveFile { path: path.to_string() }, Vec::new(), SHORT_REQUEST).await? {
+    /// Removes a file (a missing one is not an error); with `beneath`, `path` is relative to
+    /// that folder and no link is followed.
+    pub async fn remove_file(&self, path: &str, beneath: Option<&str>) -> Result<(), AgentError> {
+        let request = Request::RemoveFile { path: path.to_string(), beneath: beneath.map(str::to_string) };
+        match self.request("remove_file", request, Vec::new(), SHORT_REQUEST).await? {
             (Response::RemoveFile, _) => Ok(()),
             (other, _) => Err(unexpected("remove_file", other)),
         }
@@ -378,6 +457,24 @@ impl Inner {
             let _ = waiter.send(Err(AgentError::ChannelClosed(reason.clone())));
         }
     }
+}
+
+/// Splits a command's output body into stdout and stderr, checking it against the header
+/// and the caps asked for.
+fn split_output(op: &'static str, result: &ExecResult, body: Vec<u8>, stdout_cap: u64, stderr_cap: u64) -> Result<(Vec<u8>, Vec<u8>), AgentError> {
+    let (out_len, err_len) = (result.stdout_len, result.stderr_len);
+    if out_len > stdout_cap || err_len > stderr_cap {
+        return Err(AgentError::BadResponse { op, detail: format!("output of {out_len}+{err_len} bytes exceeds the caps {stdout_cap}+{stderr_cap}") });
+    }
+    if out_len.checked_add(err_len) != Some(body.len() as u64) {
+        return Err(AgentError::BadResponse {
+            op,
+            detail: format!("header announces {out_len}+{err_len} bytes of output, body has {}", body.len()),
+        });
+    }
+    let mut stdout = body;
+    let stderr = stdout.split_off(out_len as usize);
+    Ok((stdout, stderr))
 }
 
 fn unexpected(op: &'static str, response: Response) -> AgentError {

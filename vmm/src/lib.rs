@@ -20,6 +20,6 @@ pub mod qemu;
 pub mod qmp;
 
 pub use accel::{Accel, AccelSetting};
-pub use agent::{AgentClient, AgentError, ExecOptions, ExecOutput};
+pub use agent::{AgentClient, AgentError, ExecOptions, ExecOutput, FilePlacement, TestsOutput};
 pub use artifacts::GuestArtifacts;
 pub use machine::{Machine, MachineError, VmSettings};

@@ -637,6 +637,12 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
         }
     };
     row.timings.fork_ms = started.elapsed().as_secs_f64() * 1e3;
+    if !context.config.rollouts.runs_as_root() {
+        if let Err(e) = fork.agent().handover(WORKSPACE, &context.config.rollouts.user).await {
+            row.error = Some(format!("handing the workspace to rollouts.user {:?}: {e}", context.config.rollouts.user));
+            return finish(row);
+        }
+    }
     let limits = scorers::ArtifactLimits::default();
     let baseline = match scorers::artifacts::list_workspace(fork.agent(), &limits).await {
         Ok(b) => b,
@@ -752,6 +758,8 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
         Ok(v) => {
             if let Some(reason) = v.details.get("agent_failure").and_then(|r| r.as_str()) {
                 row.error = Some(reason.to_string());
+            } else if let Some(reason) = v.details.get("harness").and_then(|r| r.as_str()) {
+                row.error = Some(format!("harness: {reason}"));
             }
             row.reward = Some(v.reward);
             row.status = if v.timed_out {
@@ -797,6 +805,7 @@ async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &suite::Ro
                 timeout: Some(Duration::from_secs(limits.step_timeout_secs)),
                 stdout_cap: limits.output_cap_bytes,
                 stderr_cap: limits.output_cap_bytes,
+                user: (!limits.runs_as_root()).then(|| limits.user.clone()),
                 ..ExecOptions::shell(command.clone())
             };
             match fork.agent().exec(options).await {
@@ -816,7 +825,8 @@ async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &suite::Ro
             step.kind = "write_file".into();
             step.text = path.clone();
             let full = if path.starts_with('/') { path.clone() } else { format!("{WORKSPACE}/{path}") };
-            fork.agent().write_file(&full, content.clone().into_bytes(), *mode).await.map(|_| None)
+            let placement = vmm::FilePlacement { beneath: None, owner: (!limits.runs_as_root()).then(|| limits.user.clone()) };
+            fork.agent().write_file_placed(&full, content.clone().into_bytes(), *mode, &placement).await.map(|_| None)
         }
         Action::Submit { answer } => {
             step.kind = "submit".into();
@@ -851,27 +861,30 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
     let scoring = &context.config.scoring;
     let timeout = Duration::from_secs(scoring.timeout_secs);
     let mut outcome = None;
-    let mut verdict = if task.test_command.is_some() {
+    let mut verdict = if task.has_tests() {
         let scoring_fork = match scoring.mode {
             ScoringMode::FreshFork => {
                 drop(rollout_fork);
                 context.fork(snapshot, ForkIdentity::new(seed)).await.context("forking the scoring VM")?
             }
             ScoringMode::FinalState => {
-                // Every process the agent left is killed (PID 1 restarts the agent server),
-                // then the tests go into the same VM.
-                let clear = ExecOptions { timeout: Some(Duration::from_secs(30)), ..ExecOptions::shell("kill -9 -1") };
-                let _ = tokio::time::timeout(Duration::from_secs(60), rollout_fork.agent().exec(clear)).await;
-                rollout_fork.agent().wait_ready(Duration::from_secs(30)).await.context("waiting for the agent after clearing the rollout's processes")?;
-                // With nothing of the agent's left running, clear the tests folder it may have
-                // planted files in.
-                let clear_tests = ExecOptions { timeout: Some(Duration::from_secs(30)), ..ExecOptions::argv(&["rm", "-rf", datasets::TESTS_DIR]) };
-                rollout_fork.agent().exec(clear_tests).await.context("clearing the tests folder")?;
+                // Every process the agent left is killed by the guest agent itself (no shell
+                // or binary of the rollout's takes part), then the tests folder it may have
+                // planted files in is removed, then the tests go into the same VM.
+                let agent = rollout_fork.agent();
+                let (_, complete) = agent.sweep(Vec::new()).await.context("killing the rollout's processes")?;
+                anyhow::ensure!(complete, "processes the rollout left survived every attempt to kill them");
+                agent.remove_tree(datasets::TESTS_DIR).await.context("clearing the tests folder")?;
                 rollout_fork
             }
         };
         let scored_artifacts = if scoring.mode == ScoringMode::FinalState { scorers::Artifacts::default() } else { artifacts.clone() };
-        match scorers::run_tests(scoring_fork.agent(), task, &scored_artifacts, timeout).await {
+        let options = scorers::hidden::TestRunOptions {
+            timeout,
+            call_timeout: Duration::from_secs(scoring.call_timeout_secs),
+            final_state: scoring.mode == ScoringMode::FinalState,
+        };
+        match scorers::run_tests(scoring_fork.agent(), task, &scored_artifacts, &options).await {
             Ok(result) => {
                 let v = scorers::hidden::decide(&result, scoring.pass_threshold, task.require_reward_file);
                 outcome = Some(result);

@@ -172,6 +172,12 @@ pub struct RolloutsSection {
     /// and hidden tests will use.
     #[serde(default = "warm_up")]
     pub warm_up: String,
+    /// The guest user the agent's actions run as: "root" (the default, which many tasks
+    /// expect), "farm" (the image's unprivileged user, uid 1000), another user of the
+    /// image, or `UID[:GID]`. For anyone but root the workspace is handed to that user when
+    /// the rollout starts and the files the policy writes belong to it.
+    #[serde(default = "root_user")]
+    pub user: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -198,6 +204,10 @@ pub struct ScoringSection {
     /// the suite file. It gets the rollout as JSON on stdin and prints `{"reward": R}`.
     #[serde(default)]
     pub external: Vec<String>,
+    /// Limit of one call into the candidate's function (function-call harness); a call
+    /// past it fails the check.
+    #[serde(default = "call_timeout")]
+    pub call_timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -243,6 +253,12 @@ fn max_disk() -> u64 {
 }
 fn score_timeout() -> u64 {
     60
+}
+fn call_timeout() -> u64 {
+    10
+}
+fn root_user() -> String {
+    "root".into()
 }
 fn threshold() -> f64 {
     1.0
@@ -327,6 +343,15 @@ impl Suite {
         if c.rollouts.max_steps == 0 {
             return Err(invalid("rollouts.max_steps", "must be at least 1".into()));
         }
+        if c.scoring.call_timeout_secs == 0 {
+            return Err(invalid("scoring.call_timeout_secs", "must be at least 1".into()));
+        }
+        if !valid_user(&c.rollouts.user) {
+            return Err(invalid(
+                "rollouts.user",
+                format!("{:?} is not a user name or UID[:GID] (e.g. \"root\", \"farm\", \"1000\")", c.rollouts.user),
+            ));
+        }
         if !(0.0..=1.0).contains(&c.scoring.pass_threshold) {
             return Err(invalid("scoring.pass_threshold", format!("{} is not in [0, 1]", c.scoring.pass_threshold)));
         }
@@ -359,6 +384,22 @@ impl Suite {
         } else {
             self.dir.join(path)
         }
+    }
+}
+
+/// A guest user spec: a user name (letters, digits, `_`, `-`, `.`) or `UID[:GID]`.
+fn valid_user(spec: &str) -> bool {
+    let name = |s: &str| !s.is_empty() && s.len() <= 32 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) && !s.starts_with('-');
+    match spec.split_once(':') {
+        Some((uid, gid)) => uid.parse::<u32>().is_ok() && gid.parse::<u32>().is_ok(),
+        None => name(spec),
+    }
+}
+
+impl RolloutsSection {
+    /// Whether the agent's actions run as root.
+    pub fn runs_as_root(&self) -> bool {
+        self.user == "root" || self.user == "0" || self.user == "0:0"
     }
 }
 
@@ -419,5 +460,10 @@ dir = "out"
         assert!(err.contains("csv"), "{err}");
         let err = Suite::load(&write(dir.path(), &MINIMAL.replace("tasks.jsonl\"", "missing.jsonl\""))).unwrap_err().to_string();
         assert!(err.contains("dataset.path"), "{err}");
+        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", "user = \"a b\""))).unwrap_err().to_string();
+        assert!(err.contains("rollouts.user"), "{err}");
+        let suite = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", "user = \"farm\""))).unwrap();
+        assert!(!suite.config.rollouts.runs_as_root());
+        assert!(Suite::load(&write(dir.path(), MINIMAL)).unwrap().config.rollouts.runs_as_root());
     }
 }

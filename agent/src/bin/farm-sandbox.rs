@@ -1,0 +1,79 @@
+//! `farm-sandbox CMD [ARGS...]`: runs a command as the unprivileged candidate user `farm`
+//! (uid and gid [`CANDIDATE_UID`]).
+//!
+//! A test command that checks an agent's work runs the agent's code through this helper, so
+//! that code runs in a process of its own, as a user that can neither read the hidden tests
+//! nor write the verdict files (they belong to the checker or root), nor see, signal or trace
+//! the checker.
+//!
+//! It is installed setuid root, executable only by root and the `farm-checker` group
+//! (mode 4750), so a checker that is not root can use it. It therefore drops every privilege
+//! before it does anything else: supplementary groups, then all three gids and uids, then it
+//! makes sure they cannot come back and sets no_new_privs (no later exec can raise them).
+//! Only then does it read its arguments. Descriptors other than 0, 1 and 2 are closed, and
+//! the variables that name the checker's verdict files and tests are removed from the
+//! environment; HOME and TMPDIR point at /tmp.
+
+#![forbid(unsafe_code)]
+
+use std::os::unix::process::CommandExt;
+
+use farm_agent::sys;
+use farm_protocol::{CANDIDATE_UID, CHECKER_UID};
+use nix::unistd::{Gid, Uid};
+
+/// Variables that are the checker's business only.
+const PRIVATE_VARIABLES: [&str; 3] = ["FARM_REWARD_FILE", "FARM_JUNIT_FILE", "FARM_TESTS_DIR"];
+
+/// Processes the candidate user may have at once in a scoring VM (a fork bomb stops here).
+const MAX_PROCESSES: u64 = 512;
+
+fn fail(code: i32, message: &str) -> ! {
+    eprintln!("farm-sandbox: {message}");
+    std::process::exit(code)
+}
+
+fn drop_privileges() -> Result<(), String> {
+    let caller = Uid::current();
+    if !caller.is_root() && caller.as_raw() != CHECKER_UID {
+        return Err(format!("only root and the checker (uid {CHECKER_UID}) may use this, not uid {caller}"));
+    }
+    let (uid, gid) = (Uid::from_raw(CANDIDATE_UID), Gid::from_raw(CANDIDATE_UID));
+    nix::unistd::setgroups(&[]).map_err(|e| format!("dropping groups: {e}"))?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setting gid {CANDIDATE_UID}: {e}"))?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setting uid {CANDIDATE_UID}: {e}"))?;
+    let ids = nix::unistd::getresuid().map_err(|e| format!("reading uids: {e}"))?;
+    let gids = nix::unistd::getresgid().map_err(|e| format!("reading gids: {e}"))?;
+    if [ids.real, ids.effective, ids.saved] != [uid; 3] || [gids.real, gids.effective, gids.saved] != [gid; 3] {
+        return Err("the uids or gids did not all change".into());
+    }
+    if nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
+        return Err("root could be regained after dropping it".into());
+    }
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("setting no_new_privs: {e}"))?;
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, MAX_PROCESSES, MAX_PROCESSES);
+    Ok(())
+}
+
+fn main() {
+    if let Err(message) = drop_privileges() {
+        fail(126, &message);
+    }
+    sys::close_from(3);
+    let mut args = std::env::args_os().skip(1).peekable();
+    if args.peek().is_some_and(|a| a == "--") {
+        args.next();
+    }
+    let Some(program) = args.next() else {
+        fail(2, "usage: farm-sandbox CMD [ARGS...] (runs CMD as the unprivileged user farm)");
+    };
+    let mut command = std::process::Command::new(&program);
+    command.args(args);
+    for name in PRIVATE_VARIABLES {
+        command.env_remove(name);
+    }
+    command.env("HOME", "/tmp").env("TMPDIR", "/tmp").env("USER", "farm").env("LOGNAME", "farm");
+    let error = command.exec();
+    fail(127, &format!("cannot run {}: {error}", program.to_string_lossy()));
+}

@@ -1,0 +1,21 @@
+//! The guest side of farm, as a library shared by its two programs:
+//!
+//! - `farm-agent`, the guest's PID 1 and request server (`src/main.rs`);
+//! - `farm-sandbox`, the setuid helper a test command uses to run the agent's code as the
+//!   unprivileged candidate user (`src/bin/farm-sandbox.rs`).
+//!
+//! A request flows from the host's frame through `main.rs`'s router to the module that owns
+//! it: [`exec`] runs commands (as root or another [`users`] user), [`files`] reads and
+//! writes files (confined to a folder when the host places an agent's files), [`sweep`]
+//! kills processes natively, [`testrun`] runs hidden tests and reads their verdict only after
+//! the sweep. Every `unsafe` block lives in [`sys`].
+
+#![deny(unsafe_code)]
+
+pub mod exec;
+pub mod files;
+pub mod sweep;
+#[allow(unsafe_code)]
+pub mod sys;
+pub mod testrun;
+pub mod users;

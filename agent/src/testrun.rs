@@ -1,0 +1,95 @@
+//! Running a task's hidden tests in a scoring VM, in one request so the order is the agent's
+//! to keep, not the host's:
+//!
+//! 1. lock the tests folder down: private to the test user (0700), or owned by root and
+//!    read-only to everyone;
+//! 2. create the verdict files empty, owned by the test user, mode 0600;
+//! 3. run the test command as that user, in a session of its own, bounded by its timeout;
+//! 4. kill every process of the sweep users (the candidate and the checker) and of the
+//!    command's session, and wait until they are gone;
+//! 5. only then read the verdict files, refusing links and anything but regular files.
+//!
+//! So nothing the tests started can write a verdict after the command ended.
+
+use farm_protocol::{AgentError, ErrorKind, RunTestsRequest, TestsResult};
+
+use crate::exec::{self, Launch, Output};
+use crate::files;
+use crate::sweep::{self, Targets};
+use crate::users::{self, User};
+
+/// Largest reward file read back.
+pub const MAX_REWARD_BYTES: u64 = 4096;
+/// Largest JUnit report read back.
+pub const MAX_JUNIT_BYTES: u64 = 4 << 20;
+
+fn bad_request(message: String) -> AgentError {
+    AgentError { kind: ErrorKind::BadRequest, message }
+}
+
+/// Checks that a verdict file lies directly inside the tests folder (so the folder's lock
+/// applies to it).
+fn check_inside(tests_dir: &str, path: &str, what: &str) -> Result<(), AgentError> {
+    match path.strip_prefix(tests_dir).and_then(|rest| rest.strip_prefix('/')) {
+        Some(name) if !name.is_empty() && !name.contains('/') && name != "." && name != ".." => Ok(()),
+        _ => Err(bad_request(format!("the {what} {path:?} must be a file directly inside {tests_dir:?}"))),
+    }
+}
+
+pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<(TestsResult, Output), AgentError> {
+    let user = users::resolve(&req.user).map_err(bad_request)?;
+    if !req.tests_dir.starts_with('/') || req.tests_dir.trim_end_matches('/').is_empty() {
+        return Err(bad_request(format!("tests_dir {:?} must be an absolute folder below /", req.tests_dir)));
+    }
+    check_inside(&req.tests_dir, &req.reward_file, "reward file")?;
+    check_inside(&req.tests_dir, &req.junit_file, "JUnit file")?;
+    prepare_tests_dir(req, &user)?;
+
+    let mut env: Vec<(String, String)> = base_env.iter().filter(|(k, _)| !req.env.contains_key(k)).cloned().collect();
+    env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let launch = Launch {
+        program: &req.program,
+        cwd: req.cwd.clone(),
+        env,
+        user: user.clone(),
+        timeout_ms: Some(req.timeout_ms),
+        stdout_cap: req.stdout_cap,
+        stderr_cap: req.stderr_cap,
+    };
+    let (output, pid) = exec::run_launch(&launch, stdin)?;
+
+    // Nothing the tests started may outlive them: their session or group, and every process
+    // of the sweep users wherever it went.
+    let swept = sweep::sweep(&Targets { uids: req.sweep_uids.clone(), group: Some(pid as i32), everything: false });
+    let reward = files::read_verdict_file(&req.reward_file, MAX_REWARD_BYTES).map(|b| String::from_utf8_lossy(&b).into_owned());
+    let junit = files::read_verdict_file(&req.junit_file, MAX_JUNIT_BYTES)
+        .filter(|b| !b.is_empty())
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
+    let result = TestsResult { exec: output.result.clone(), reward, junit, swept: swept.killed, sweep_complete: swept.complete };
+    Ok((result, output))
+}
+
+/// Locks the tests folder and creates the verdict files and a private temporary folder
+/// (`.tmp`, owned by the test user).
+fn prepare_tests_dir(req: &RunTestsRequest, user: &User) -> Result<(), AgentError> {
+    let dir = &req.tests_dir;
+    std::fs::create_dir_all(dir).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("creating {dir}: {e}") })?;
+    if req.private_tests {
+        // Only the test user (and root) can enter: the candidate cannot read the tests.
+        let modes = |is_dir: bool, mode: u32| if is_dir { 0o700 } else { (mode & 0o777) | 0o400 };
+        files::handover(dir, user, Some(&modes))?;
+    } else {
+        // Readable and runnable by everyone, writable by root alone: the tests cannot be
+        // changed under the command by the code it runs.
+        let modes = |is_dir: bool, mode: u32| if is_dir { 0o755 } else if mode & 0o111 != 0 { 0o555 } else { 0o444 };
+        files::handover(dir, &User::ROOT, Some(&modes))?;
+    }
+    files::create_private_file(&req.reward_file, user)?;
+    files::create_private_file(&req.junit_file, user)?;
+    let tmp = format!("{}/.tmp", dir.trim_end_matches('/'));
+    let _ = files::remove_tree(&tmp);
+    std::fs::create_dir(&tmp).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("creating {tmp}: {e}") })?;
+    let none = |is_dir: bool, _: u32| if is_dir { 0o700 } else { 0o600 };
+    files::handover(&tmp, user, Some(&none))?;
+    Ok(())
+}
