@@ -22,7 +22,7 @@ log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "run as root (it installs Debian packages and builds root images)"
-mkdir -p "$CACHE"/{kernel,agent,rootfs,images,current,tmp}
+mkdir -p "$CACHE"/{kernel,agent,shim,rootfs,images,current,tmp}
 
 sha() { sha256sum | cut -c1-16; }
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
@@ -152,6 +152,22 @@ if [ ! -f "$AGENT_DIR/manifest.json" ]; then
 fi
 publish agent "agent/$AGENT_KEY"
 log "agent ready: $AGENT_DIR/farm-agent"
+
+# ---------------------------------------------------------------------------------------------
+# 3b. The RAM shim forks' jailed QEMUs preload (see the comment in scripts/qemu-ram-shim.c).
+SHIM_KEY="$( { sha256sum "$REPO/scripts/qemu-ram-shim.c"; gcc --version | head -1; } | sha)"
+SHIM_DIR="$CACHE/shim/$SHIM_KEY"
+if [ ! -f "$SHIM_DIR/manifest.json" ]; then
+  log "building the QEMU RAM shim $SHIM_KEY"
+  tmpdir="$CACHE/shim/.$SHIM_KEY.tmp"
+  rm -rf "$tmpdir"; mkdir -p "$tmpdir"
+  gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o "$tmpdir/libfarm-ramshim.so" "$REPO/scripts/qemu-ram-shim.c" -ldl
+  chmod 0644 "$tmpdir/libfarm-ramshim.so"
+  manifest "$tmpdir" "$SHIM_KEY" shim
+  rm -rf "$SHIM_DIR"; mv "$tmpdir" "$SHIM_DIR"
+fi
+publish shim "shim/$SHIM_KEY"
+log "QEMU RAM shim ready: $SHIM_DIR/libfarm-ramshim.so"
 
 # ---------------------------------------------------------------------------------------------
 # 4. Root images. Both use the agent as /sbin/init (it mounts the pseudo file systems, reaps

@@ -199,31 +199,28 @@ pub fn read_dir(dir: std::os::fd::OwnedFd) -> nix::Result<Vec<std::ffi::CString>
     Ok(names)
 }
 
-/// Kills every process the given user may signal: forks a child that takes that uid (every
-/// id, with raw system calls: the agent is multi-threaded, and only async-signal-safe calls
-/// are allowed in the child) and sends SIGKILL to -1. The kernel delivers a kill(-1) under
-/// the task-list lock and a fork that races with it is restarted, so no process of the user
-/// slips through by forking.
+/// Kills every process of a user at once: a short-lived thread takes that uid as its real
+/// and effective uid (credentials belong to each thread under Linux, and the raw system call
+/// changes only the calling one; the saved uid stays 0 so it can return) and sends SIGKILL
+/// to -1. The kernel delivers a kill(-1) under the task-list lock and restarts a fork that
+/// races with it, so no process of the user slips through by forking. The agent itself is
+/// never a target (kill(-1) spares the caller's process, and its uids are 0).
 pub fn kill_all_of_user(uid: u32) {
-    // SAFETY: the child only makes raw system calls (setresgid, setresuid, kill, exit_group)
-    // and touches no memory the parent's other threads may hold locked.
-    match unsafe { libc::fork() } {
-        0 => {
-            // SAFETY: raw system calls with integer arguments; the child then exits.
-            unsafe {
-                let uid = uid as libc::c_long;
-                if libc::syscall(libc::SYS_setresgid, uid, uid, uid) == 0 && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0 {
-                    libc::syscall(libc::SYS_kill, -1 as libc::c_long, libc::SIGKILL as libc::c_long);
-                }
-                libc::syscall(libc::SYS_exit_group, 0 as libc::c_long);
-            }
-            unreachable!("exit_group returned");
-        }
-        -1 => {}
-        child => {
-            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
-        }
+    if uid == 0 {
+        return;
     }
+    let killer = std::thread::spawn(move || {
+        // SAFETY: raw setresuid/kill system calls with integer arguments; they change the
+        // credentials of this thread only, which exits right after restoring root.
+        unsafe {
+            let (uid, root) = (uid as libc::c_long, 0 as libc::c_long);
+            if libc::syscall(libc::SYS_setresuid, uid, uid, root) == 0 {
+                libc::syscall(libc::SYS_kill, -1 as libc::c_long, libc::SIGKILL as libc::c_long);
+                libc::syscall(libc::SYS_setresuid, root, root, root);
+            }
+        }
+    });
+    let _ = killer.join();
 }
 
 /// Closes every descriptor from `first` up (close_range(2), or one by one where the kernel

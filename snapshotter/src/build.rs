@@ -118,6 +118,7 @@ async fn build_into(
         disk: disk.clone(),
         ram: RamBacking { path: staging.join("memory"), shared: true },
         incoming: false,
+        max_disk_bytes: None,
     };
     progress(&format!("booting {} ({} MiB, {} vCPU, {})", template.image, template.memory_mib, template.cpus, settings.accel));
     let machine = Machine::launch(&settings, plan, run_dir).await?;
@@ -276,23 +277,28 @@ async fn snapshot_fork_into(
 ) -> Result<Snapshot, BuildError> {
     fork.agent().quiesce().await?;
     let settings = vmm::VmSettings { memory_mib: parent.manifest.memory_mib, cpus: parent.manifest.cpus, ..forker.vm.clone() };
-    // The helper gets a throwaway overlay of its own; it never runs the guest.
+    // The helper gets a throwaway overlay of its own; it never runs the guest, and disk
+    // contents are not part of a migration, so it sits on the parent snapshot's disk (the
+    // same size; the fork's own overlay belongs to the fork's QEMU user alone).
     let helper_dir = RunDir::create(&settings.run_root)?;
     let helper_disk = helper_dir.path().join("disk.qcow2");
-    create_overlay(&fork.machine.spec().disk, "qcow2", &helper_disk)?;
-    let socket = helper_dir.path().join("migrate.sock");
+    create_overlay(&parent.disk_path(), "qcow2", &helper_disk)?;
     let plan = LaunchPlan {
         kernel: None,
         disk: helper_disk,
         ram: RamBacking { path: staging.join("memory"), shared: true },
         incoming: true,
+        max_disk_bytes: None,
     };
     let helper = Machine::launch(&settings, plan, helper_dir).await?;
-    let uri = format!("unix:{}", socket.display());
-    helper.qmp("migrate-set-capabilities", Some(serde_json::json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": false } ] }))).await?;
-    helper.qmp("migrate-incoming", Some(serde_json::json!({ "uri": uri }))).await?;
-    // Source side: full migration (RAM included) into the helper.
-    fork.machine.migrate_out(&uri, false).await?;
+    // A socket pair joins the two QEMUs (neither may open a path or spawn a helper). The
+    // helper's RAM is shared, so x-ignore-shared is off on both sides: everything streams.
+    let (to_helper, from_fork) = std::os::unix::net::UnixStream::pair().map_err(|e| MachineError::Io { what: "creating the migration socket pair".into(), source: e })?;
+    let incoming = helper.migrate_in(to_helper.into(), false);
+    let outgoing = fork.machine.migrate_out(from_fork.into(), false);
+    let (incoming, outgoing) = tokio::join!(incoming, outgoing);
+    outgoing?;
+    incoming?;
     wait_incoming_done(&helper).await?;
     // The fork's disk at this moment becomes the child's disk (its backing is the parent's).
     let disk = staging.join("disk.qcow2");

@@ -99,6 +99,7 @@ impl Forker {
             disk,
             ram: RamBacking { path: snapshot.memory_path(), shared: false },
             incoming: true,
+            max_disk_bytes: self.max_disk_bytes,
         };
         let mut machine = Machine::launch(&self.settings_for(snapshot), plan, run_dir).await.map_err(machine_err)?;
         if let Some(max) = self.max_disk_bytes {

@@ -30,7 +30,7 @@ use crate::statefile;
 use crate::template::{hex, TemplateConfig};
 
 /// Version of the snapshot directory layout and manifest.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -359,6 +359,11 @@ impl SnapshotStore {
         for entry in std::fs::read_dir(staging).map_err(io_err("listing the staging folder"))?.flatten() {
             let file = std::fs::File::open(entry.path()).map_err(io_err(format!("opening {}", entry.path().display())))?;
             file.sync_all().map_err(io_err(format!("syncing {}", entry.path().display())))?;
+            // The QEMU that wrote the RAM file and the disk ran as a uid of its own: from now
+            // on they are root's, read-only to everyone, so no fork's QEMU can write them.
+            if vmm::jail::running_as_root() {
+                std::os::unix::fs::chown(entry.path(), Some(0), Some(0)).map_err(io_err(format!("giving {} to root", entry.path().display())))?;
+            }
             set_mode(&entry.path(), 0o444)?;
         }
         let _ = remove_tree(&final_dir); // an incomplete leftover under the same id

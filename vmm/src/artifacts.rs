@@ -62,6 +62,12 @@ impl GuestArtifacts {
     }
 }
 
+/// The RAM shim a fork's QEMU preloads (built by the set-up script from
+/// `scripts/qemu-ram-shim.c`; see [`crate::jail`]).
+pub fn ram_shim(cache: &Path) -> Result<Artifact, ArtifactError> {
+    artifact(&cache.join("current").join("shim"), "libfarm-ramshim.so", "QEMU RAM shim")
+}
+
 fn artifact(dir: &Path, file: &str, what: &str) -> Result<Artifact, ArtifactError> {
     let path = dir.join(file);
     if !path.is_file() {

@@ -5,7 +5,9 @@
 //! [`qemu::MachineSpec`] into QEMU's command line; [`process`] starts QEMU so that it dies
 //! with its owner; [`machine::Machine`] ties the process to its QMP connection ([`qmp`]) and
 //! its guest agent channel ([`agent`]), and boots, snapshots (state-only migration) and
-//! resumes guests.
+//! resumes guests. Every QEMU runs jailed ([`jail`]): its own uid, seccomp, rlimits, no
+//! inherited environment or descriptors, files passed as descriptors (the disk chain found by
+//! [`qcow2`]), the console read into a bounded log ([`console`]).
 //!
 //! `unsafe` is confined to [`process`] (fork-time set-up of QEMU children).
 #![deny(unsafe_code)]
@@ -13,9 +15,12 @@
 pub mod accel;
 pub mod agent;
 pub mod artifacts;
+pub mod console;
+pub mod jail;
 pub mod machine;
 #[allow(unsafe_code)]
 pub mod process;
+pub mod qcow2;
 pub mod qemu;
 pub mod qmp;
 

@@ -9,6 +9,7 @@
 //! shared memory file thanks to `x-ignore-shared`).
 
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,8 +19,9 @@ use serde_json::json;
 
 use crate::accel::{self, Accel, AccelSetting, HostFacts};
 use crate::agent::{AgentClient, AgentError, DEFAULT_MAX_RESPONSE_BYTES};
+use crate::jail::{self, Confinement, VmCgroup, VmUser};
 use crate::process::QemuProcess;
-use crate::qemu::{MachineSpec, RamBacking, AGENT_FD, QMP_FD};
+use crate::qemu::{MachineSpec, RamBacking, AGENT_FD, CONSOLE_FD, QMP_FD};
 use crate::qmp::{Qmp, QmpError};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,8 @@ pub enum MachineError {
     },
     #[error("creating the disk overlay failed: {0}")]
     Overlay(String),
+    #[error("reading the disk's backing chain failed")]
+    Chain(#[from] crate::qcow2::ChainError),
     #[error("QEMU exited early ({status}); its messages:\n{log}")]
     QemuExited { status: String, log: String },
     #[error("QMP {what} failed")]
@@ -75,6 +79,10 @@ pub struct VmSettings {
     pub boot_timeout: Duration,
     /// Where per-VM run folders are created.
     pub run_root: PathBuf,
+    /// The library a fork's QEMU preloads to map its read-only RAM file (see [`jail`]).
+    pub ram_shim: PathBuf,
+    /// RLIMIT_FSIZE of a QEMU whose disk has no limit of its own (templates, task set-up).
+    pub max_file_bytes: u64,
 }
 
 impl VmSettings {
@@ -82,7 +90,10 @@ impl VmSettings {
     pub fn detect(accel: AccelSetting) -> Result<VmSettings, MachineError> {
         let qemu_binary = find_qemu()?;
         let accel = accel::resolve(accel, &HostFacts::probe())?;
+        let ram_shim = crate::artifacts::ram_shim(&crate::artifacts::cache_dir())?.path;
         Ok(VmSettings {
+            ram_shim,
+            max_file_bytes: 64 << 30,
             qemu_binary,
             accel,
             cpu_model: MachineSpec::default_cpu_model(accel).to_string(),
@@ -207,6 +218,10 @@ pub struct Machine {
     agent: AgentClient,
     qmp: tokio::sync::Mutex<Qmp>,
     process: QemuProcess,
+    /// The uid this QEMU runs as, held until it is gone (None: farm is not root).
+    user: Option<VmUser>,
+    /// Its cgroup, removed after it is gone (declared after `process`, so dropped after it).
+    _cgroup: Option<VmCgroup>,
     /// Set when a resource watchdog killed the machine, with the reason.
     limit_violation: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     watchdog: Option<tokio::task::JoinHandle<()>>,
@@ -223,9 +238,38 @@ pub struct LaunchPlan {
     pub ram: RamBacking,
     /// Wait for migration state instead of booting.
     pub incoming: bool,
+    /// A limit on the bytes the disk overlay may reach (the QEMU's file size cap follows).
+    pub max_disk_bytes: Option<u64>,
 }
 
 static VM_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The name a migration descriptor is given in QEMU (QMP `getfd`).
+const MIGRATION_FD_NAME: &str = "farm-migration";
+
+/// The jail of one QEMU: its own uid (when farm is root), its cgroup (where the host has
+/// cgroup v2), and the limits.
+fn confine(spec: &MachineSpec, run_root: &Path, max_file_bytes: u64) -> Result<(Option<VmUser>, Option<VmCgroup>, Confinement), MachineError> {
+    let user = if jail::running_as_root() {
+        Some(VmUser::allocate(&run_root.join("uids")).map_err(io_err("allocating a uid for QEMU"))?)
+    } else {
+        None
+    };
+    let cgroup = match jail::cgroups() {
+        jail::Cgroups::Available(parent) => {
+            // Guest RAM, TCG's translation buffer and QEMU's own heap, with room to spare.
+            let memory = (u64::from(spec.memory_mib) << 20) + (u64::from(spec.tcg_tb_size_mib.unwrap_or(0)) << 20) + (256 << 20);
+            Some(VmCgroup::create(parent, &spec.name, memory, jail::MAX_PIDS).map_err(io_err("creating the VM's cgroup"))?)
+        }
+        jail::Cgroups::Missing(_) => None,
+    };
+    let groups = match spec.accel {
+        Accel::Kvm => jail::kvm_group().into_iter().collect(),
+        Accel::Tcg => Vec::new(),
+    };
+    let confinement = Confinement { uid: user.as_ref().map(|u| u.uid), groups, max_file_bytes, cgroup_procs: cgroup.as_ref().map(VmCgroup::procs) };
+    Ok((user, cgroup, confinement))
+}
 
 impl Machine {
     /// Boots `kernel` with a fresh copy-on-write overlay over the read-only raw `image` and
@@ -235,7 +279,7 @@ impl Machine {
         let disk = run_dir.path().join("disk.qcow2");
         create_overlay(image, "raw", &disk)?;
         let ram = RamBacking { path: run_dir.path().join("memory"), shared: false };
-        let plan = LaunchPlan { kernel: Some(kernel.to_path_buf()), disk, ram, incoming: false };
+        let plan = LaunchPlan { kernel: Some(kernel.to_path_buf()), disk, ram, incoming: false, max_disk_bytes: None };
         let machine = Machine::launch(settings, plan, run_dir).await?;
         machine.wait_for_agent(settings.boot_timeout).await?;
         Ok(machine)
@@ -243,7 +287,16 @@ impl Machine {
 
     /// Starts QEMU for `plan` in `run_dir` and connects QMP and the agent channel. A booting
     /// machine is not waited for; call [`Machine::wait_for_agent`].
+    ///
+    /// QEMU starts jailed: as a uid of its own when farm is root (the overlay, and a shared
+    /// RAM file, are given to that uid; every other file stays root's), with every file passed
+    /// as a descriptor, a scrubbed environment, seccomp, rlimits and, where the host has them,
+    /// a cgroup.
     pub async fn launch(settings: &VmSettings, plan: LaunchPlan, run_dir: RunDir) -> Result<Machine, MachineError> {
+        let disk_backing = crate::qcow2::backing_chain(&plan.disk)?;
+        // A RAM file that exists already and is mapped privately is a snapshot's: read-only to
+        // this QEMU, through the shim. One that does not exist yet is this VM's own.
+        let own_ram = plan.ram.shared || !plan.ram.path.exists();
         let spec = MachineSpec {
             qemu_binary: settings.qemu_binary.clone(),
             name: format!("farm-{}-{}", std::process::id(), VM_COUNTER.fetch_add(1, Ordering::Relaxed)),
@@ -253,19 +306,54 @@ impl Machine {
             memory_mib: settings.memory_mib,
             kernel: plan.kernel,
             disk: plan.disk,
+            disk_backing,
             ram: plan.ram,
+            ram_shim: (!own_ram).then(|| settings.ram_shim.clone()),
             console_log: run_dir.path().join("console.log"),
             tcg_tb_size_mib: settings.tcg_tb_size_mib,
             incoming: plan.incoming,
         };
+        let ram_bytes = u64::from(spec.memory_mib) << 20;
+        // The largest file QEMU writes: a template's RAM file, or the disk overlay.
+        let max_file_bytes = match plan.max_disk_bytes {
+            Some(disk) => disk + (256 << 20),
+            None => settings.max_file_bytes,
+        }
+        .max(if own_ram { ram_bytes } else { 0 });
+        let (user, cgroup, confinement) = confine(&spec, &settings.run_root, max_file_bytes)?;
+        if own_ram && !spec.ram.path.exists() {
+            std::fs::File::create(&spec.ram.path).map_err(io_err(format!("creating {}", spec.ram.path.display())))?;
+        }
+        if let Some(user) = &user {
+            // The files this QEMU writes become its own; everything else it only reads.
+            let mut writable = vec![&spec.disk];
+            if own_ram {
+                writable.push(&spec.ram.path);
+            }
+            for path in writable {
+                std::os::unix::fs::chown(path, Some(user.uid), Some(user.uid)).map_err(io_err(format!("giving {} to the VM's user", path.display())))?;
+            }
+        }
         let (qmp_host, qmp_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the QMP socket pair"))?;
         let (agent_host, agent_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
+        let (console_host, console_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
         let qemu_log = run_dir.path().join("qemu.log");
         let log_file = std::fs::File::create(&qemu_log).map_err(io_err(format!("creating {}", qemu_log.display())))?;
         let mut command = Command::new(&spec.qemu_binary);
-        command.args(spec.args()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file);
-        let fds: Vec<(OwnedFd, i32)> = vec![(qmp_child.into(), QMP_FD), (agent_child.into(), AGENT_FD)];
-        let mut process = QemuProcess::spawn(command, fds).map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
+        command.args(spec.args()).env_clear().envs(spec.env()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file);
+        let mut fds: Vec<(OwnedFd, i32)> = vec![(qmp_child.into(), QMP_FD), (agent_child.into(), AGENT_FD), (console_child.into(), CONSOLE_FD)];
+        for (path, number) in spec.files() {
+            // O_PATH: QEMU reopens each file through /proc/self/fd with its own permissions;
+            // the descriptor itself grants nothing.
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH)
+                .open(&path)
+                .map_err(io_err(format!("opening {}", path.display())))?;
+            fds.push((file.into(), number));
+        }
+        crate::console::capture(console_host, spec.console_log.clone()).map_err(io_err("starting the console reader"))?;
+        let mut process = QemuProcess::spawn(command, fds, confinement).map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
 
         let to_tokio = |s: std::os::unix::net::UnixStream, what: &str| -> Result<tokio::net::UnixStream, MachineError> {
             s.set_nonblocking(true).map_err(io_err(format!("configuring the {what} socket")))?;
@@ -296,6 +384,8 @@ impl Machine {
             agent,
             qmp: tokio::sync::Mutex::new(qmp),
             process,
+            user,
+            _cgroup: cgroup,
             limit_violation: Default::default(),
             watchdog: None,
             spec,
@@ -330,6 +420,11 @@ impl Machine {
         self.process.pid()
     }
 
+    /// The uid QEMU runs as (None when farm is not root and QEMU runs as farm's own user).
+    pub fn uid(&self) -> Option<u32> {
+        self.user.as_ref().map(|u| u.uid)
+    }
+
     pub fn run_dir(&self) -> &Path {
         self.run_dir.path()
     }
@@ -352,15 +447,19 @@ impl Machine {
     /// Pauses the guest, then writes its device and CPU state (not its shared RAM) to
     /// `state_path`. The guest stays paused; the disk overlay is flushed.
     pub async fn save_state(&self, state_path: &Path) -> Result<(), MachineError> {
-        self.migrate_out(&format!("exec:cat > {}", shell_quote(&state_path.to_string_lossy())), true).await
+        let file = std::fs::File::create(state_path).map_err(io_err(format!("creating {}", state_path.display())))?;
+        self.migrate_out(file.into(), true).await
     }
 
-    /// Pauses the guest and migrates it to `uri`. With `ignore_shared`, RAM in a shared
-    /// memory file stays out of the stream (private RAM is always sent). The guest stays
-    /// paused afterwards; `resume` continues it.
-    pub async fn migrate_out(&self, uri: &str, ignore_shared: bool) -> Result<(), MachineError> {
+    /// Pauses the guest and migrates it into `channel` (a file or a socket, passed to QEMU as
+    /// a descriptor: QEMU may not spawn `exec:` helpers). With `ignore_shared`, RAM in a
+    /// shared memory file stays out of the stream (private RAM is always sent). The guest
+    /// stays paused afterwards; `resume` continues it.
+    pub async fn migrate_out(&self, channel: OwnedFd, ignore_shared: bool) -> Result<(), MachineError> {
         self.qmp("stop", None).await?;
         self.set_ignore_shared(ignore_shared).await?;
+        self.pass_fd(MIGRATION_FD_NAME, channel).await?;
+        let uri = format!("fd:{MIGRATION_FD_NAME}");
         self.qmp("migrate", Some(json!({ "uri": uri }))).await?;
         let started = Instant::now();
         loop {
@@ -369,30 +468,40 @@ impl Machine {
                 "completed" => return Ok(()),
                 "failed" | "cancelled" => {
                     return Err(MachineError::Migration {
-                        what: format!("to {uri}"),
+                        what: "out".into(),
                         detail: info.get("error-desc").map(|d| d.to_string()).unwrap_or_else(|| info.to_string()),
                     })
                 }
                 _ if started.elapsed() > Duration::from_secs(300) => {
-                    return Err(MachineError::Migration { what: format!("to {uri}"), detail: "did not finish within 300 s".into() })
+                    return Err(MachineError::Migration { what: "out".into(), detail: "did not finish within 300 s".into() })
                 }
                 _ => tokio::time::sleep(Duration::from_millis(2)).await,
             }
         }
     }
 
+    /// Hands QEMU a descriptor under a name (QMP `getfd`).
+    async fn pass_fd(&self, name: &str, fd: OwnedFd) -> Result<(), MachineError> {
+        let mut qmp = self.qmp.lock().await;
+        qmp.pass_fd(name, fd).await.map_err(|source| MachineError::Qmp { what: "getfd".into(), source })
+    }
+
     /// Loads state written by [`Machine::save_state`] into a machine launched with
     /// `incoming = true`, skipping `offset` header bytes, and resumes the guest.
     pub async fn load_state(&self, state_path: &Path, offset: u64) -> Result<(), MachineError> {
-        let uri = format!("exec:tail -c +{} {}", offset + 1, shell_quote(&state_path.to_string_lossy()));
-        self.migrate_in(&uri, true).await?;
+        use std::io::Seek;
+        let mut file = std::fs::File::open(state_path).map_err(io_err(format!("opening {}", state_path.display())))?;
+        file.seek(std::io::SeekFrom::Start(offset)).map_err(io_err(format!("reading {}", state_path.display())))?;
+        self.migrate_in(file.into(), true).await?;
         self.resume().await
     }
 
-    /// Receives migration state from `uri` (a machine launched with `incoming = true`);
-    /// the guest is left paused.
-    pub async fn migrate_in(&self, uri: &str, ignore_shared: bool) -> Result<(), MachineError> {
+    /// Receives migration state from `channel` (a file positioned at the stream, or a
+    /// socket) in a machine launched with `incoming = true`; the guest is left paused.
+    pub async fn migrate_in(&self, channel: OwnedFd, ignore_shared: bool) -> Result<(), MachineError> {
         self.set_ignore_shared(ignore_shared).await?;
+        self.pass_fd(MIGRATION_FD_NAME, channel).await?;
+        let uri = format!("fd:{MIGRATION_FD_NAME}");
         self.qmp("migrate-incoming", Some(json!({ "uri": uri }))).await?;
         let started = Instant::now();
         loop {
@@ -400,14 +509,12 @@ impl Machine {
             let state = status.get("status").and_then(|s| s.as_str()).unwrap_or("").to_string();
             match state.as_str() {
                 "inmigrate" if started.elapsed() < Duration::from_secs(300) => tokio::time::sleep(Duration::from_millis(1)).await,
-                "inmigrate" => {
-                    return Err(MachineError::Migration { what: format!("from {uri}"), detail: "did not finish within 300 s".into() })
-                }
+                "inmigrate" => return Err(MachineError::Migration { what: "in".into(), detail: "did not finish within 300 s".into() }),
                 "paused" | "postmigrate" | "prelaunch" | "running" => return Ok(()),
                 other => {
                     let migrate = self.qmp("query-migrate", None).await.map(|v| v.to_string()).unwrap_or_default();
                     return Err(MachineError::Migration {
-                        what: format!("from {uri}"),
+                        what: "in".into(),
                         detail: format!(
                             "guest state {other:?} after loading; {migrate}; QEMU log: {}",
                             tail(&self.run_dir.path().join("qemu.log"), 5)
@@ -498,11 +605,6 @@ impl Drop for Machine {
     }
 }
 
-/// Quotes a path for the `sh -c` QEMU runs for `exec:` migration URIs.
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,11 +615,6 @@ mod tests {
         assert!(err.contains("qemu-system-x86") && err.contains("scripts/setup.sh"), "{err}");
         let err = qemu_named("qemu-system-that-does-not-exist").unwrap_err().to_string();
         assert!(err.contains("qemu-system-that-does-not-exist"), "{err}");
-    }
-
-    #[test]
-    fn shell_quote_survives_quotes_and_spaces() {
-        assert_eq!(shell_quote("/a b/c'd"), r"'/a b/c'\''d'");
     }
 
     #[test]

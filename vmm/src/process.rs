@@ -11,6 +11,11 @@
 //!
 //! QEMU also gets its own process group, so a Ctrl-C on the terminal reaches only farm, which
 //! then shuts its VMs down in order.
+//!
+//! Between fork and exec the child also enters its jail ([`crate::jail`]): it joins its
+//! cgroup, takes its rlimits, drops to its own uid (groups, then gid, then uid, every one of
+//! the real, effective and saved ids), sets no_new_privs, and keeps no descriptor but the
+//! ones passed. The death signal is set after the uid change, which would clear it.
 
 use std::collections::HashSet;
 use std::io;
@@ -20,12 +25,18 @@ use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
+use crate::jail::Confinement;
+
 struct SpawnJob {
     command: Command,
     /// (fd in this process, fd number in the child)
     fds: Vec<(OwnedFd, i32)>,
+    confinement: Confinement,
     reply: mpsc::Sender<io::Result<Child>>,
 }
+
+/// Descriptors a child can be given at most.
+pub const MAX_PASSED_FDS: usize = 32;
 
 fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
@@ -37,8 +48,8 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
                 // This thread never exits while the process lives (the sender is in a static),
                 // which is what keeps PR_SET_PDEATHSIG from firing early.
                 for job in rx {
-                    let SpawnJob { mut command, fds, reply } = job;
-                    let result = spawn_here(&mut command, &fds);
+                    let SpawnJob { mut command, fds, confinement, reply } = job;
+                    let result = spawn_here(&mut command, &fds, &confinement);
                     drop(fds);
                     let _ = reply.send(result);
                 }
@@ -53,15 +64,57 @@ fn live_children() -> &'static Mutex<HashSet<u32>> {
     LIVE.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
-fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)]) -> io::Result<Child> {
+fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confinement) -> io::Result<Child> {
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     let mapping: Vec<(i32, i32)> = fds.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)).collect();
+    let first_free = mapping.iter().map(|(_, target)| *target).max().unwrap_or(2).max(2) + 1;
+    let groups: Vec<libc::gid_t> = confinement.groups.clone();
+    let uid = confinement.uid;
+    let max_file_bytes = confinement.max_file_bytes;
+    // Opened here, written in the child before it drops root.
+    let cgroup = match &confinement.cgroup_procs {
+        Some(path) => Some(std::fs::OpenOptions::new().write(true).open(path)?),
+        None => None,
+    };
+    let cgroup_fd = cgroup.as_ref().map(|f| f.as_raw_fd());
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (prctl, getppid, kill, fcntl, dup2, setpgid, _exit); it allocates nothing
-    // (`mapping` was built before the fork).
+    // functions (write, setrlimit, signal, setgroups, setresgid, setresuid, prctl, getppid,
+    // fcntl, dup2, close_range, setpgid, _exit); it allocates nothing (`mapping` and
+    // `groups` were built before the fork).
     unsafe {
         command.pre_exec(move || {
+            if let Some(fd) = cgroup_fd {
+                // "0" moves the writing process into the group.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            let limits = [
+                (libc::RLIMIT_CORE, 0),
+                (libc::RLIMIT_NOFILE, crate::jail::MAX_OPEN_FILES),
+                (libc::RLIMIT_FSIZE, max_file_bytes),
+            ];
+            for (resource, value) in limits {
+                let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+                if libc::setrlimit(resource, &limit) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // Past the file size cap a write fails (the guest sees an I/O error) instead of
+            // killing QEMU.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            if let Some(uid) = uid {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setresgid(uid, uid, uid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -71,18 +124,27 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)]) -> io::Result<Child
             }
             // Move each passed fd to its number: first above every target so a source that
             // happens to equal another's target is not overwritten, then into place.
-            let mut moved = [0i32; 8];
-            for (i, (source, _)) in mapping.iter().enumerate().take(8) {
+            let mut moved = [0i32; MAX_PASSED_FDS];
+            for (i, (source, _)) in mapping.iter().enumerate().take(MAX_PASSED_FDS) {
                 let high = libc::fcntl(*source, libc::F_DUPFD_CLOEXEC, 64);
                 if high < 0 {
                     return Err(io::Error::last_os_error());
                 }
                 moved[i] = high;
             }
-            for (i, (_, target)) in mapping.iter().enumerate().take(8) {
+            for (i, (_, target)) in mapping.iter().enumerate().take(MAX_PASSED_FDS) {
                 // dup2 clears FD_CLOEXEC on the new descriptor, so QEMU inherits it.
                 if libc::dup2(moved[i], *target) < 0 {
                     return Err(io::Error::last_os_error());
+                }
+            }
+            // Nothing else crosses: every descriptor above the passed ones is marked
+            // close-on-exec (rather than closed now, so std's own pipe that reports a failed
+            // exec keeps working until the exec).
+            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+            if libc::syscall(libc::SYS_close_range, first_free as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC) != 0 {
+                for fd in first_free..65536 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 }
             }
             if libc::setpgid(0, 0) != 0 {
@@ -91,7 +153,9 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)]) -> io::Result<Child
             Ok(())
         });
     }
-    command.spawn()
+    let child = command.spawn();
+    drop(cgroup);
+    child
 }
 
 /// A running QEMU. Dropping it kills and reaps the process.
@@ -102,14 +166,15 @@ pub struct QemuProcess {
 }
 
 impl QemuProcess {
-    /// Starts `command` from the spawner thread, passing each `(fd, number)` to the child.
-    pub fn spawn(command: Command, fds: Vec<(OwnedFd, i32)>) -> io::Result<QemuProcess> {
-        assert!(fds.len() <= 8, "at most 8 fds are passed to a child");
+    /// Starts `command` from the spawner thread, passing each `(fd, number)` to the child,
+    /// confined as `confinement` says.
+    pub fn spawn(command: Command, fds: Vec<(OwnedFd, i32)>, confinement: Confinement) -> io::Result<QemuProcess> {
+        assert!(fds.len() <= MAX_PASSED_FDS, "at most {MAX_PASSED_FDS} fds are passed to a child");
         let (reply, result) = mpsc::channel();
         spawner()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .send(SpawnJob { command, fds, reply })
+            .send(SpawnJob { command, fds, confinement, reply })
             .map_err(|_| io::Error::other("the QEMU spawner thread is gone"))?;
         let child = result.recv().map_err(|_| io::Error::other("the QEMU spawner thread is gone"))??;
         let pid = child.id();

@@ -2,16 +2,29 @@
 //!
 //! The layout is fixed by what forks need: guest RAM in a `memory-backend-file` (shared for
 //! a template that will be snapshotted, private for a fork), the root disk as virtio-blk
-//! over a qcow2 overlay, the agent on a virtio-serial port, QMP and the agent channel on
-//! sockets the host passes in as file descriptors, the console on ttyS0 into a file.
+//! over a qcow2 overlay, the agent on a virtio-serial port, QMP, the agent channel and the
+//! console (ttyS0) on sockets the host passes in as file descriptors.
+//!
+//! QEMU runs jailed ([`crate::jail`]) and opens no file by its path: every file (kernel,
+//! each layer of the disk, the RAM file, the RAM shim) is passed as a descriptor and named
+//! `/proc/self/fd/N`. Descriptor numbers:
+//!
+//! ```text
+//! 3 QMP   4 agent   5 console   6.. kernel (when booting), disk overlay, its backing
+//! layers nearest first, RAM file, RAM shim (forks only)
+//! ```
 
 use std::path::PathBuf;
 
 use crate::accel::Accel;
+use crate::qcow2::Layer;
 
-/// File descriptor numbers the QEMU child finds its two sockets on.
+/// File descriptor numbers the QEMU child finds its sockets on.
 pub const QMP_FD: i32 = 3;
 pub const AGENT_FD: i32 = 4;
+pub const CONSOLE_FD: i32 = 5;
+/// The first descriptor number of the files QEMU is given.
+pub const FIRST_FILE_FD: i32 = 6;
 
 /// Kernel command line shared by every VM. `acpi=off` is on the QEMU side (machine option);
 /// QEMU then appends the `virtio_mmio.device=` entries the kernel needs to find the devices.
@@ -43,7 +56,13 @@ pub struct MachineSpec {
     pub kernel: Option<PathBuf>,
     /// The root disk: a qcow2 overlay the VM may write.
     pub disk: PathBuf,
+    /// The layers under the overlay, nearest first (from the qcow2 headers).
+    pub disk_backing: Vec<Layer>,
     pub ram: RamBacking,
+    /// The preloaded library that lets QEMU 7.2 map a private RAM file it may only read
+    /// (forks only; see `scripts/qemu-ram-shim.c`).
+    pub ram_shim: Option<PathBuf>,
+    /// Where the console is copied (by farm, from the console socket).
     pub console_log: PathBuf,
     /// TCG translation buffer size; smaller buffers keep forks' private memory down.
     pub tcg_tb_size_mib: Option<u32>,
@@ -59,11 +78,51 @@ impl MachineSpec {
         }
     }
 
+    /// The files QEMU is given and the descriptor number of each, in order.
+    pub fn files(&self) -> Vec<(PathBuf, i32)> {
+        let mut files = Vec::new();
+        let mut next = FIRST_FILE_FD;
+        let mut add = |path: &PathBuf| {
+            files.push((path.clone(), next));
+            next += 1;
+        };
+        if let Some(kernel) = &self.kernel {
+            add(kernel);
+        }
+        add(&self.disk);
+        for layer in &self.disk_backing {
+            add(&layer.path);
+        }
+        add(&self.ram.path);
+        if let Some(shim) = self.shim() {
+            add(shim);
+        }
+        files
+    }
+
+    fn shim(&self) -> Option<&PathBuf> {
+        self.ram_shim.as_ref().filter(|_| !self.ram.shared)
+    }
+
+    fn fd_of(&self, path: &PathBuf) -> String {
+        let fd = self.files().into_iter().find(|(p, _)| p == path).map(|(_, fd)| fd).expect("every file has a descriptor");
+        format!("/proc/self/fd/{fd}")
+    }
+
+    /// The environment QEMU gets: nothing but what the RAM shim needs.
+    pub fn env(&self) -> Vec<(String, String)> {
+        match self.shim() {
+            Some(shim) => vec![("LD_PRELOAD".into(), self.fd_of(shim)), ("FARM_RO_PATH".into(), self.fd_of(&self.ram.path))],
+            None => Vec::new(),
+        }
+    }
+
     /// The argument vector after the program name.
     pub fn args(&self) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
         push(&["-name", &self.name]);
+        push(&["-sandbox", crate::jail::SANDBOX]);
         push(&["-M", "microvm,x-option-roms=off,rtc=off,isa-serial=on,acpi=off,memory-backend=mem"]);
         let accel = match (self.accel, self.tcg_tb_size_mib) {
             (Accel::Tcg, Some(mib)) => format!("tcg,tb-size={mib}"),
@@ -77,21 +136,20 @@ impl MachineSpec {
             &format!(
                 "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
                 self.memory_mib,
-                qemu_escape(&self.ram.path.to_string_lossy()),
+                self.fd_of(&self.ram.path),
                 if self.ram.shared { "on" } else { "off" }
             ),
         ]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
-        push(&["-serial", &format!("file:{}", self.console_log.to_string_lossy())]);
+        push(&["-chardev", &format!("socket,id=console,fd={CONSOLE_FD},server=off"), "-serial", "chardev:console"]);
         if let Some(kernel) = &self.kernel {
-            push(&["-kernel", &kernel.to_string_lossy(), "-append", KERNEL_CMDLINE]);
+            push(&["-kernel", &self.fd_of(kernel), "-append", KERNEL_CMDLINE]);
         }
-        push(&[
-            "-drive",
-            &format!("id=root,file={},format=qcow2,if=none,cache=unsafe", qemu_escape(&self.disk.to_string_lossy())),
-            "-device",
-            "virtio-blk-device,drive=root",
-        ]);
+        let mut drive = format!("id=root,file={},format=qcow2,if=none,cache=unsafe", self.fd_of(&self.disk));
+        for (depth, layer) in self.disk_backing.iter().enumerate() {
+            drive.push_str(&format!(",{}file.filename={}", "backing.".repeat(depth + 1), self.fd_of(&layer.path)));
+        }
+        push(&["-drive", &drive, "-device", "virtio-blk-device,drive=root"]);
         push(&[
             "-device",
             "virtio-serial-device,max_ports=2",
@@ -108,11 +166,6 @@ impl MachineSpec {
     }
 }
 
-/// QEMU option values separate keys with commas; a literal comma is written twice.
-fn qemu_escape(value: &str) -> String {
-    value.replace(',', ",,")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,7 +180,12 @@ mod tests {
             memory_mib: 256,
             kernel: Some("/k/vmlinux".into()),
             disk: "/run/a,b/overlay.qcow2".into(),
+            disk_backing: vec![
+                Layer { path: "/snap/disk.qcow2".into(), format: "qcow2".into() },
+                Layer { path: "/img/rootfs.ext4".into(), format: "raw".into() },
+            ],
             ram: RamBacking { path: "/snap/memory".into(), shared: false },
+            ram_shim: Some("/cache/shim.so".into()),
             console_log: "/run/console.log".into(),
             tcg_tb_size_mib: Some(32),
             incoming: true,
@@ -153,17 +211,38 @@ mod tests {
     fn ram_is_a_memory_backend_file_with_the_requested_sharing() {
         let mut s = spec();
         let object = value_after(&s.args(), "-object")[0].to_string();
-        assert_eq!(object, "memory-backend-file,id=mem,size=256M,mem-path=/snap/memory,share=off");
+        assert_eq!(object, "memory-backend-file,id=mem,size=256M,mem-path=/proc/self/fd/10,share=off");
+        // A fork's RAM file is opened read-only through the shim, named in the environment.
+        assert_eq!(s.env(), [("LD_PRELOAD".to_string(), "/proc/self/fd/11".to_string()), ("FARM_RO_PATH".to_string(), "/proc/self/fd/10".to_string())]);
         s.ram.shared = true;
         assert!(value_after(&s.args(), "-object")[0].ends_with("share=on"));
+        assert!(s.env().is_empty(), "a template writes its RAM file: no shim");
     }
 
     #[test]
-    fn disk_is_virtio_blk_over_qcow2_with_commas_escaped() {
-        let args = spec().args();
+    fn every_file_is_passed_by_descriptor_and_every_disk_layer_named() {
+        let s = spec();
+        let numbers: Vec<i32> = s.files().iter().map(|(_, fd)| *fd).collect();
+        assert_eq!(numbers, [6, 7, 8, 9, 10, 11]);
+        let args = s.args();
         let drive = value_after(&args, "-drive")[0];
-        assert!(drive.contains("file=/run/a,,b/overlay.qcow2") && drive.contains("format=qcow2"), "{drive}");
+        assert_eq!(
+            drive,
+            "id=root,file=/proc/self/fd/7,format=qcow2,if=none,cache=unsafe,backing.file.filename=/proc/self/fd/8,backing.backing.file.filename=/proc/self/fd/9"
+        );
+        assert_eq!(value_after(&args, "-kernel"), ["/proc/self/fd/6"]);
         assert!(value_after(&args, "-device").contains(&"virtio-blk-device,drive=root"));
+        assert!(!args.iter().any(|a| a.contains("/snap/") || a.contains("/run/") || a.contains("/k/")), "no path on the command line: {args:?}");
+    }
+
+    #[test]
+    fn qemu_is_sandboxed() {
+        let args = spec().args();
+        let sandbox = value_after(&args, "-sandbox");
+        assert_eq!(sandbox, [crate::jail::SANDBOX]);
+        for denied in ["spawn=deny", "elevateprivileges=deny", "obsolete=deny", "resourcecontrol=deny"] {
+            assert!(sandbox[0].contains(denied), "{denied}");
+        }
     }
 
     #[test]
@@ -190,9 +269,10 @@ mod tests {
     }
 
     #[test]
-    fn console_goes_to_the_log_file_and_kernel_boots_the_agent() {
+    fn console_goes_to_a_socket_and_kernel_boots_the_agent() {
         let args = spec().args();
-        assert_eq!(value_after(&args, "-serial"), ["file:/run/console.log"]);
+        assert_eq!(value_after(&args, "-serial"), ["chardev:console"]);
+        assert!(value_after(&args, "-chardev").contains(&"socket,id=console,fd=5,server=off"));
         let append = value_after(&args, "-append")[0];
         assert!(append.contains("console=ttyS0") && append.contains("init=/sbin/farm-agent") && append.contains("panic=-1"));
     }
@@ -203,5 +283,6 @@ mod tests {
         s.kernel = None;
         let args = s.args();
         assert!(value_after(&args, "-kernel").is_empty() && value_after(&args, "-append").is_empty());
+        assert_eq!(s.files()[0], (PathBuf::from("/run/a,b/overlay.qcow2"), 6));
     }
 }

@@ -21,6 +21,16 @@ pub enum QmpError {
     Command { command: String, class: String, desc: String },
 }
 
+fn request_bytes(command: &str, arguments: Option<Value>) -> Vec<u8> {
+    let mut request = json!({ "execute": command });
+    if let Some(arguments) = arguments {
+        request["arguments"] = arguments;
+    }
+    let mut bytes = serde_json::to_vec(&request).expect("json");
+    bytes.push(b'\n');
+    bytes
+}
+
 pub struct Qmp {
     reader: BufReader<OwnedReadHalf>,
     writer: OwnedWriteHalf,
@@ -58,13 +68,32 @@ impl Qmp {
 
     /// Runs one command and returns its `return` value.
     pub async fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
-        let mut request = json!({ "execute": command });
-        if let Some(arguments) = arguments {
-            request["arguments"] = arguments;
-        }
-        let mut bytes = serde_json::to_vec(&request).expect("json");
-        bytes.push(b'\n');
+        let bytes = request_bytes(command, arguments);
         self.writer.write_all(&bytes).await?;
+        self.answer(command).await
+    }
+
+    /// Hands QEMU a descriptor under `name` (`getfd`): the descriptor travels as
+    /// SCM_RIGHTS with the command's first byte.
+    pub async fn pass_fd(&mut self, name: &str, fd: std::os::fd::OwnedFd) -> Result<(), QmpError> {
+        use std::os::fd::AsRawFd;
+        let bytes = request_bytes("getfd", Some(json!({ "fdname": name })));
+        let socket = self.writer.as_ref();
+        let raw = fd.as_raw_fd();
+        let sent = socket
+            .async_io(tokio::io::Interest::WRITABLE, || {
+                let rights = [raw];
+                let control = [nix::sys::socket::ControlMessage::ScmRights(&rights)];
+                nix::sys::socket::sendmsg::<()>(socket.as_raw_fd(), &[std::io::IoSlice::new(&bytes)], &control, nix::sys::socket::MsgFlags::empty(), None)
+                    .map_err(std::io::Error::from)
+            })
+            .await?;
+        self.writer.write_all(&bytes[sent..]).await?;
+        drop(fd);
+        self.answer("getfd").await.map(|_| ())
+    }
+
+    async fn answer(&mut self, command: &str) -> Result<Value, QmpError> {
         loop {
             let message = self.read_message().await?;
             if message.get("event").is_some() {

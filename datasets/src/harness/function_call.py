@@ -30,7 +30,6 @@ passing it objects that are not plain data) ends the check with a line starting 
 "farm-harness:" on stderr and exit code 3, never with a silent fallback.
 """
 
-import base64
 import builtins
 import json
 import os
@@ -103,6 +102,8 @@ def encode(value, callbacks=None, depth=0):
     if kind is str:
         return ["s", value]
     if kind is bytes:
+        import base64
+
         return ["y", base64.b64encode(value).decode("ascii")]
     if depth >= MAX_DEPTH:
         raise NotPlain("a value nested more than %d levels deep" % MAX_DEPTH)
@@ -137,6 +138,8 @@ def decode(node, make_callback=None, depth=0):
         if tag == "s" and len(rest) == 1 and type(rest[0]) is str:
             return rest[0]
         if tag == "y" and len(rest) == 1 and type(rest[0]) is str:
+            import base64
+
             return base64.b64decode(rest[0], validate=True)
         if tag in ("l", "t", "S", "F") and len(rest) == 1 and type(rest[0]) is list:
             items = [decode(item, make_callback, depth + 1) for item in rest[0]]
@@ -584,16 +587,30 @@ def compile_prompt(prompt):
         return compile(prompt + "\n    pass\n", "prompt.py", "exec")
 
 
-def main():
-    import argparse
+class Options:
+    """--tests-dir DIR --module NAME --entry-point NAME [--workspace DIR] [--call-timeout S]
+    (parsed by hand: argparse would cost start-up time in every scoring VM)."""
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tests-dir", required=True)
-    parser.add_argument("--workspace", default="/workspace")
-    parser.add_argument("--module", required=True)
-    parser.add_argument("--entry-point", required=True)
-    parser.add_argument("--call-timeout", type=float, default=10.0)
-    options = parser.parse_args()
+    def __init__(self, argv):
+        values = {"--workspace": "/workspace", "--call-timeout": "10"}
+        if len(argv) % 2:
+            raise SystemExit("farm-harness: arguments come in pairs: %r" % (argv,))
+        for flag, value in zip(argv[0::2], argv[1::2]):
+            if flag not in ("--tests-dir", "--workspace", "--module", "--entry-point", "--call-timeout"):
+                raise SystemExit("farm-harness: unknown argument %r" % flag)
+            values[flag] = value
+        missing = [f for f in ("--tests-dir", "--module", "--entry-point") if f not in values]
+        if missing:
+            raise SystemExit("farm-harness: missing %s" % ", ".join(missing))
+        self.tests_dir = values["--tests-dir"]
+        self.workspace = values["--workspace"]
+        self.module = values["--module"]
+        self.entry_point = values["--entry-point"]
+        self.call_timeout = float(values["--call-timeout"])
+
+
+def main():
+    options = Options(sys.argv[1:])
 
     # 1. The candidate, before anything secret is in this process.
     to_child = os.pipe()
@@ -604,6 +621,12 @@ def main():
             os.close(to_child[1])
             os.close(from_child[0])
             candidate_main(to_child[0], from_child[1], options.workspace, options.module, options.entry_point)
+        except EOFError:
+            pass  # the checker is done with the candidate
+        except BaseException:
+            import traceback
+
+            traceback.print_exc(limit=3)
         finally:
             os._exit(70)
     os.close(to_child[0])

@@ -53,6 +53,10 @@ struct TrajectoryLine {
     #[serde(default)]
     sample_index: u32,
     actions: Vec<Action>,
+    /// Free text for people reading the file (what the trajectory is meant to show).
+    #[serde(default)]
+    #[allow(dead_code)]
+    note: Option<String>,
 }
 
 fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
