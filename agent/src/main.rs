@@ -41,11 +41,46 @@ fn main() {
         };
         serve(Path::new(path));
     }
+    if args.get(1).map(String::as_str) == Some("--check-with-zygote") {
+        check_with_zygote(&args[2..]);
+    }
     if std::process::id() != 1 {
         eprintln!("farm-agent runs as the guest's init (PID 1), or as `farm-agent --port PATH`");
         std::process::exit(2);
     }
     init();
+}
+
+/// `farm-agent --check-with-zygote SOCKET -- python3 -I HARNESS ARGS...`: runs a
+/// function-call check in the harness zygote the template started (see
+/// `datasets/src/harness/function_call.py`), handing it this process's standard input,
+/// output and error, and exits with the worker's status. Without a zygote (an image without
+/// Python, or one started elsewhere) it runs the command after `--` in its place.
+fn check_with_zygote(args: &[String]) -> ! {
+    use std::os::unix::process::CommandExt;
+    let (Some(socket), Some("--"), Some(fallback)) = (args.first(), args.get(1).map(String::as_str), args.get(2..).filter(|f| f.len() >= 3)) else {
+        eprintln!("usage: farm-agent --check-with-zygote SOCKET -- python3 -I HARNESS [ARGS...]");
+        std::process::exit(2);
+    };
+    let Ok(stream) = std::os::unix::net::UnixStream::connect(socket) else {
+        let error = std::process::Command::new(&fallback[0]).args(&fallback[1..]).exec();
+        eprintln!("farm-agent: cannot run {}: {error}", fallback[0]);
+        std::process::exit(127);
+    };
+    // The harness arguments, after the interpreter, its flag and the harness path.
+    let request = serde_json::to_vec(&fallback[3..]).expect("strings serialize");
+    if let Err(e) = sys::send_with_stdio(&stream, &request) {
+        eprintln!("farm-agent: the harness zygote did not take the check: {e}");
+        std::process::exit(70);
+    }
+    let mut status = [0u8; 4];
+    match (&stream).read_exact(&mut status) {
+        Ok(()) => std::process::exit(i32::from_be_bytes(status)),
+        Err(e) => {
+            eprintln!("farm-agent: the harness zygote went away during the check: {e}");
+            std::process::exit(70);
+        }
+    }
 }
 
 /// PID 1: prepare the system, then supervise the server and reap every orphan.

@@ -146,10 +146,7 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
             // The harness reads the reward path from its standard input, after it started
             // the candidate's process: the path is never in an environment or a memory image
             // the candidate could read.
-            let argv = [
-                "/usr/bin/python3",
-                "-I",
-                &format!("{TESTS_DIR}/harness.py"),
+            let harness_args: Vec<String> = [
                 "--tests-dir",
                 TESTS_DIR,
                 "--workspace",
@@ -160,10 +157,16 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
                 entry_point,
                 "--call-timeout",
                 &format!("{}", options.call_timeout.as_secs_f64()),
-            ];
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
             env.insert("HOME".into(), private_tmp.clone());
             env.insert("TMPDIR".into(), private_tmp.clone());
-            (Program::Argv(argv.iter().map(|a| a.to_string()).collect()), TestUser::Root, format!("{reward_path}\n").into_bytes())
+            // In the rollout's own VM (final-state scoring) the template's zygote may not be
+            // what it was; start Python afresh there.
+            let argv = crate::zygote::check_argv(&harness_args, options.final_state);
+            (Program::Argv(argv), TestUser::Root, format!("{reward_path}\n").into_bytes())
         }
         None => {
             env.insert("FARM_REWARD_FILE".into(), reward_path.to_string());

@@ -13,6 +13,7 @@ pub mod answer;
 pub mod artifacts;
 pub mod external;
 pub mod hidden;
+pub mod zygote;
 
 pub use artifacts::{collect_artifacts, Artifacts, ArtifactLimits};
 pub use hidden::{run_tests, ScoringError, TestOutcome};

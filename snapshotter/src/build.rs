@@ -69,6 +69,22 @@ fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// What a caller adds to every template it builds, after the template's own files and
+/// setup (`farm run` adds the function-call harness's zygote). Part of the snapshot id.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TemplateExtras {
+    /// (guest path, contents, mode)
+    pub files: Vec<(String, Vec<u8>, u32)>,
+    /// Shell commands; each must exit 0.
+    pub commands: Vec<String>,
+}
+
+impl TemplateExtras {
+    fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.commands.is_empty()
+    }
+}
+
 /// Builds (or reuses) the snapshot of a template. `base_dir` is where the template's file
 /// paths are relative to. `progress` receives one line per step.
 pub async fn build_template(
@@ -79,9 +95,28 @@ pub async fn build_template(
     label: &str,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Built, BuildError> {
+    build_template_with(store, forker, template, base_dir, label, &TemplateExtras::default(), progress).await
+}
+
+/// [`build_template`] with `extras` added after the template's own files and setup.
+pub async fn build_template_with(
+    store: &SnapshotStore,
+    forker: &Forker,
+    template: &TemplateConfig,
+    base_dir: &Path,
+    label: &str,
+    extras: &TemplateExtras,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Built, BuildError> {
     template.validate(base_dir)?;
     let artifacts = GuestArtifacts::locate(&vmm::artifacts::cache_dir(), &template.image)?;
-    let digest = template.digest(base_dir)?;
+    let mut digest = template.digest(base_dir)?;
+    if !extras.is_empty() {
+        let mut h = Sha256::new();
+        h.update(digest.as_bytes());
+        h.update(serde_json::to_vec(extras).expect("extras serialize"));
+        digest = hex(&h.finalize());
+    }
     let id = template_snapshot_id(&digest, &artifacts, forker);
     match store.get(&id) {
         Ok(existing) if existing.check_files().is_ok() => return Ok(Built { snapshot: existing, reused: true }),
@@ -89,7 +124,7 @@ pub async fn build_template(
         Err(_) => {}
     }
     let staging = store.staging_dir(label)?;
-    let result = build_into(&staging, &id, store, forker, template, base_dir, label, &artifacts, &digest, progress).await;
+    let result = build_into(&staging, &id, store, forker, template, base_dir, label, &artifacts, &digest, extras, progress).await;
     if result.is_err() {
         let _ = crate::store::remove_tree(&staging);
     }
@@ -107,6 +142,7 @@ async fn build_into(
     label: &str,
     artifacts: &GuestArtifacts,
     digest: &str,
+    extras: &TemplateExtras,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Snapshot, BuildError> {
     let settings = vmm::VmSettings { memory_mib: template.memory_mib, cpus: template.cpus, ..forker.vm.clone() };
@@ -148,6 +184,22 @@ async fn build_into(
                 index: index + 1,
                 command: command.clone(),
                 status,
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+    }
+    for (dest, contents, mode) in &extras.files {
+        agent.write_file(dest, contents.clone(), *mode).await?;
+    }
+    for (index, command) in extras.commands.iter().enumerate() {
+        let options = ExecOptions { timeout: Some(Duration::from_secs(template.setup_timeout_secs)), ..ExecOptions::shell(command.clone()) };
+        let out = agent.exec(options).await?;
+        if out.result.exit_code != Some(0) {
+            return Err(BuildError::SetupFailed {
+                index: template.setup.len() + index + 1,
+                command: command.clone(),
+                status: format!("exit code {}", out.shell_exit_code()),
                 stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
                 stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
             });

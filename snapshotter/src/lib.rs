@@ -14,7 +14,7 @@ pub mod statefile;
 pub mod store;
 pub mod template;
 
-pub use build::{build_template, snapshot_fork, BuildError, Built};
+pub use build::{build_template, build_template_with, snapshot_fork, BuildError, Built, TemplateExtras};
 pub use fork::{Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
 pub use template::TemplateConfig;

@@ -28,6 +28,14 @@ candidate out of reach:
 Anything the proxy cannot carry (the tests reading the candidate's attributes, inspecting it,
 passing it objects that are not plain data) ends the check with a line starting with
 "farm-harness:" on stderr and exit code 3, never with a silent fallback.
+
+Zygote. Starting Python is most of a check's cost in a fresh VM (under TCG each new VM
+translates the interpreter's start-up anew). So farm's templates start this file once,
+before the snapshot, as a zygote (`--zygote SOCKET`, root, socket mode 0600): every fork
+inherits it already started. A check then reaches it through `farm-agent
+--check-with-zygote`, which hands over its standard input, output and error and gets the
+worker's exit status back; the worker is a fork of the zygote that runs main() as above.
+The zygote holds nothing secret either: it never sees a reward path or a test.
 """
 
 import builtins
@@ -573,6 +581,22 @@ def guard_inspection(proxy):
         setattr(inspect, name, guarded)
 
 
+def report_failure(error):
+    """Prints where the check failed: the frames in the tests and the exception, without the
+    traceback module (importing it costs more than the rest of a failing check)."""
+    lines = []
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        lines.append('  File "%s", line %d, in %s' % (code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    try:
+        text = str(error)[:2000]
+    except BaseException:
+        text = "(an exception whose text could not be read)"
+    print("Traceback (most recent call last):\n%s\n%s%s" % ("\n".join(lines[-6:]), type(error).__name__, ": " + text if text else ""), file=sys.stderr)
+
+
 def load_problem(tests_dir):
     with open(os.path.join(tests_dir, "problem.json"), encoding="utf-8") as handle:
         problem = json.load(handle)
@@ -623,10 +647,8 @@ def main():
             candidate_main(to_child[0], from_child[1], options.workspace, options.module, options.entry_point)
         except EOFError:
             pass  # the checker is done with the candidate
-        except BaseException:
-            import traceback
-
-            traceback.print_exc(limit=3)
+        except BaseException as error:
+            report_failure(error)
         finally:
             os._exit(70)
     os.close(to_child[0])
@@ -640,7 +662,9 @@ def main():
     connection = Connection(Channel(from_child[0], to_child[1]), child, options.call_timeout, dict(namespace))
     proxy = CandidateProxy(connection, options.entry_point)
     namespace[options.entry_point] = proxy
-    guard_inspection(proxy)
+    if "inspect" in prompt or "inspect" in test:
+        # Only tests that use inspect pay for importing it (costly in a fresh VM).
+        guard_inspection(proxy)
 
     # 3. The check.
     connection.wait_ready(max(options.call_timeout, 30.0))
@@ -656,10 +680,8 @@ def main():
         code = LIMIT_EXIT
     except CandidateFailure as error:
         print("farm-harness: %s" % error, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc(limit=5, file=sys.stderr)
+    except BaseException as error:
+        report_failure(error)
     finally:
         connection.kill("the check is over")
     # 4. The verdict, only after check() returned.
@@ -670,5 +692,100 @@ def main():
     os._exit(code)
 
 
+def zygote(socket_path):
+    """Serves checks on a unix socket, one at a time, each in a forked worker. A request is
+    the harness arguments as a JSON list, sent with three descriptors (the worker's standard
+    input, output and error); the answer is the worker's exit status (4 bytes, big endian:
+    the exit code, or 128 + the signal). A client that goes away takes its worker with it."""
+    import socket
+    import resource  # what every worker's candidate process needs, imported once here
+    import inspect  # so tests that use it cost nothing extra
+
+    del resource, inspect
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    server.bind(socket_path)
+    os.umask(old_umask)
+    os.chmod(socket_path, 0o600)
+    server.listen(8)
+    while True:
+        connection, _ = server.accept()
+        try:
+            serve_one(server, connection)
+        except Exception:
+            pass
+        finally:
+            connection.close()
+
+
+def serve_one(server, connection):
+    import socket
+
+    message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return
+    worker = os.fork()
+    if worker == 0:
+        try:
+            server.close()
+            connection.close()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", closefd=False)
+            arguments = json.loads(message)
+            if type(arguments) is not list or any(type(a) is not str for a in arguments):
+                os._exit(2)
+            sys.argv = ["harness"] + arguments
+            main()
+        except BaseException as error:
+            report_failure(error)
+        finally:
+            os._exit(1)
+    for fd in fds:
+        os.close(fd)
+    # Wait for the worker to end, or for the client to go away (then the worker goes too).
+    pidfd = os.pidfd_open(worker)
+    try:
+        while True:
+            ready, _, _ = select.select([pidfd, connection], [], [])
+            if pidfd in ready:
+                break
+            if connection in ready and not connection.recv(1, socket.MSG_PEEK):
+                os.kill(worker, signal.SIGKILL)
+                break
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(worker, 0)
+    code = os.waitstatus_to_exitcode(status)
+    code = 128 - code if code < 0 else code
+    try:
+        connection.sendall(struct.pack(">i", code))
+    except OSError:
+        pass
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--zygote":
+        zygote(sys.argv[2])
+    else:
+        main()

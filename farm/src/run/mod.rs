@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use datasets::{Task, WORKSPACE};
 use sha2::{Digest, Sha256};
-use snapshotter::{build_template, snapshot_fork, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
+use snapshotter::{build_template_with, snapshot_fork, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
 use tokio::sync::Semaphore;
 use vmm::{AccelSetting, AgentError, ExecOptions, VmSettings};
 
@@ -279,7 +279,7 @@ async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, tod
     forker.max_disk_bytes = Some(config.rollouts.max_disk_mib << 20);
     let store = SnapshotStore::default_location();
     let progress = |line: &str| log.line(&format!("template: {line}"));
-    let template = build_template(&store, &forker, &config.template, &suite.dir, &config.suite.name, &progress)
+    let template = build_template_with(&store, &forker, &config.template, &suite.dir, &config.suite.name, &scorers::zygote::template_extras(), &progress)
         .await
         .context("building the suite's template")?;
     log.line(&format!("template snapshot {}{}", template.snapshot.id(), if template.reused { " (reused)" } else { "" }));

@@ -1,0 +1,60 @@
+//! The function-call harness's zygote: a Python process the template starts before its
+//! snapshot, so every scoring fork finds the interpreter started and the harness imported
+//! (under TCG, starting Python anew in a fresh VM is most of a check's cost).
+//!
+//! The zygote runs as root from a root-only socket ([`SOCKET`], mode 0600 in a 0700 folder);
+//! it holds nothing secret (no reward path, no test ever reaches it), and each check runs in
+//! a fork of it exactly as the harness would run on its own. A check reaches it through
+//! `farm-agent --check-with-zygote`, which falls back to starting Python when there is no
+//! zygote (an image without Python).
+
+use datasets::{FUNCTION_CALL_HARNESS, TESTS_DIR};
+use snapshotter::TemplateExtras;
+
+/// Where the template keeps the harness the zygote runs.
+pub const HARNESS_PATH: &str = "/usr/local/lib/farm/function_call.py";
+/// The zygote's socket.
+pub const SOCKET: &str = "/run/farm/zygote.sock";
+
+/// What `farm run` adds to its templates: the harness and, where the image has Python, the
+/// zygote started and answering.
+pub fn template_extras() -> TemplateExtras {
+    let start = format!(
+        "command -v python3 >/dev/null || exit 0; \
+         (python3 -I {HARNESS_PATH} --zygote {SOCKET} </dev/null >/dev/null 2>&1 &); \
+         for i in $(seq 600); do [ -S {SOCKET} ] && exit 0; sleep 0.1; done; \
+         echo 'the harness zygote did not start' >&2; exit 1"
+    );
+    TemplateExtras { files: vec![(HARNESS_PATH.to_string(), FUNCTION_CALL_HARNESS.as_bytes().to_vec(), 0o644)], commands: vec![start] }
+}
+
+/// The command that runs a function-call check: through the zygote, or (`direct`) by
+/// starting Python on the harness written with the tests.
+pub fn check_argv(harness_args: &[String], direct: bool) -> Vec<String> {
+    let python = ["/usr/bin/python3".to_string(), "-I".to_string(), format!("{TESTS_DIR}/harness.py")];
+    let mut argv: Vec<String> = if direct {
+        Vec::new()
+    } else {
+        vec!["/sbin/farm-agent".into(), "--check-with-zygote".into(), SOCKET.into(), "--".into()]
+    };
+    argv.extend(python);
+    argv.extend(harness_args.iter().cloned());
+    argv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_zygote_path_falls_back_to_the_same_python_command() {
+        let args = vec!["--module".to_string(), "solution".to_string()];
+        let direct = check_argv(&args, true);
+        assert_eq!(direct, ["/usr/bin/python3", "-I", "/opt/farm-tests/harness.py", "--module", "solution"]);
+        let zygote = check_argv(&args, false);
+        assert_eq!(&zygote[..4], ["/sbin/farm-agent", "--check-with-zygote", SOCKET, "--"]);
+        assert_eq!(&zygote[4..], &direct[..]);
+        let extras = template_extras();
+        assert!(extras.commands[0].contains(SOCKET) && extras.files[0].0 == HARNESS_PATH);
+    }
+}
