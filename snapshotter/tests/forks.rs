@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use snapshotter::{build_template, snapshot_fork, ForkIdentity, Forker, Snapshot, SnapshotError, SnapshotStore, TemplateConfig, WarmPool};
+use std::os::unix::process::CommandExt;
+
 use vmm::{AccelSetting, ExecOptions, VmSettings};
 
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -243,5 +245,46 @@ fn warm_pool_forks_refill_and_leave_no_processes() {
             }
             assert!(gone(), "QEMU {pid} outlived the pool");
         }
+    });
+}
+
+#[test]
+fn a_forks_qemu_holds_the_snapshot_ram_read_only_and_cannot_open_it_for_writing() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let memory = snapshot.memory_path();
+        let meta = std::fs::metadata(&memory).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(meta.mode() & 0o777, 0o444);
+        let fork = forker().fork(snapshot, ForkIdentity::new(5)).await.unwrap();
+        run(&fork, "dd if=/dev/urandom of=/dev/shm/fill bs=1M count=8 2>/dev/null; sync").await;
+        let pid = fork.machine.pid();
+        // Every descriptor QEMU holds on the snapshot's RAM file is read-only (the fork's
+        // writes go to private copies of the pages).
+        let mut seen = 0;
+        for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+            let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
+            if meta.ino() == std::fs::metadata(&memory).unwrap().ino() && meta.dev() == std::fs::metadata(&memory).unwrap().dev() {
+                let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", entry.file_name().to_string_lossy())).unwrap();
+                let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
+                let flags = u32::from_str_radix(flags, 8).unwrap();
+                assert_eq!(flags & libc::O_ACCMODE as u32, libc::O_RDONLY as u32, "QEMU holds the RAM file writable: {info}");
+                seen += 1;
+            }
+        }
+        assert!(seen > 0, "QEMU maps the snapshot's RAM file");
+        if let Some(uid) = fork.machine.uid() {
+            // As QEMU's user, the file cannot be opened for writing at all.
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("echo x >> '{}'", memory.display()))
+                .uid(uid)
+                .gid(uid)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "QEMU's user could write the snapshot's RAM file");
+        }
+        drop(fork);
+        snapshot.verify_checksums().unwrap();
     });
 }

@@ -249,6 +249,7 @@ fn a_guest_that_dies_while_booting_is_reported_not_waited_for() {
             disk,
             ram: vmm::qemu::RamBacking { path: run_dir.path().join("memory"), shared: false },
             incoming: false,
+            max_disk_bytes: None,
         };
         let mut machine = vmm::Machine::launch(&settings, plan, run_dir).await.unwrap();
         machine.kill();

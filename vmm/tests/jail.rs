@@ -1,0 +1,78 @@
+//! QEMU's jail, checked from outside on real guests: its own uid, seccomp, no_new_privs, no
+//! inherited environment or descriptors, a bounded console under a flood.
+
+mod common;
+
+use std::time::Duration;
+
+use common::runtime;
+
+fn status_field(pid: u32, name: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).unwrap_or_else(|| panic!("{name} in status")).trim().to_string()
+}
+
+#[test]
+fn qemu_runs_as_its_own_user_under_seccomp_with_nothing_inherited() {
+    runtime().block_on(async {
+        // A descriptor this process holds without close-on-exec: QEMU must not get it.
+        let (leaked_read, leaked_write) = nix::unistd::pipe().unwrap();
+        for fd in [&leaked_read, &leaked_write] {
+            nix::fcntl::fcntl(std::os::fd::AsRawFd::as_raw_fd(fd), nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).unwrap();
+        }
+        let leaked_inode = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&leaked_read))).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+        let a = common::boot("minimal").await;
+        let b = common::boot("minimal").await;
+        for machine in [&a, &b] {
+            let pid = machine.pid();
+            if vmm::jail::running_as_root() {
+                let uid = machine.uid().expect("root gives every QEMU a uid of its own");
+                assert!(uid >= vmm::jail::UID_BASE, "{uid}");
+                let uids: Vec<String> = status_field(pid, "Uid").split_whitespace().map(String::from).collect();
+                assert_eq!(uids, vec![uid.to_string(); 4], "real, effective, saved and file-system uid");
+                assert_eq!(status_field(pid, "Groups"), "", "no supplementary groups under TCG");
+                assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+            }
+            assert_eq!(status_field(pid, "Seccomp"), "2", "-sandbox on installs a seccomp filter");
+            assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+            // A booted machine's QEMU has an empty environment (only forks get the RAM shim's
+            // two variables): none of this test process's variables reached it.
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+            assert!(environ.is_empty(), "{}", String::from_utf8_lossy(&environ));
+            for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+                if let Ok(meta) = std::fs::metadata(entry.path()) {
+                    assert_ne!(std::os::unix::fs::MetadataExt::ino(&meta), leaked_inode, "QEMU inherited a descriptor it was not given");
+                }
+            }
+            // Core dumps off, a file size cap.
+            let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+            let line = |name: &str| limits.lines().find(|l| l.starts_with(name)).unwrap().split_whitespace().map(String::from).collect::<Vec<_>>();
+            assert_eq!(line("Max core file size")[4], "0");
+            assert_ne!(line("Max file size")[3], "unlimited");
+            assert_eq!(line("Max open files")[3], vmm::jail::MAX_OPEN_FILES.to_string());
+            machine.agent().ping().await.unwrap();
+        }
+        assert_ne!(a.uid(), b.uid(), "two VMs never share a uid");
+    });
+}
+
+#[test]
+fn a_console_flood_leaves_a_bounded_log_and_a_working_guest() {
+    runtime().block_on(async {
+        let machine = common::boot("minimal").await;
+        // Root in the guest writes 6 MiB to the serial console (six times the log's cap).
+        let flood = vmm::ExecOptions {
+            timeout: Some(Duration::from_secs(120)),
+            ..vmm::ExecOptions::shell("head -c 6291456 /dev/zero | tr '\\0' x > /dev/ttyS0; echo done")
+        };
+        let out = machine.agent().exec(flood).await.unwrap();
+        assert_eq!(out.stdout_text().trim(), "done");
+        let log = machine.run_dir().join("console.log");
+        // The reader may still be draining: give it a moment, then check the size.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let size = std::fs::metadata(&log).unwrap().len();
+        assert!(size <= vmm::console::LOG_CAP + vmm::console::TAIL as u64 + 200, "console.log grew to {size} bytes");
+        assert!(std::fs::read_to_string(&log).unwrap().contains("earlier bytes of console output dropped"));
+        machine.agent().ping().await.unwrap();
+    });
+}
