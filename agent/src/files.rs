@@ -482,4 +482,34 @@ mod tests {
         assert_eq!(std::fs::metadata(&tree).unwrap().mode() & 0o777, 0o700);
         assert_eq!(std::fs::metadata(dir.path().join("outside")).unwrap().mode() & 0o777, 0o600, "link target untouched");
     }
+
+    /// A rollout that runs as an unprivileged user writes with that user's permissions: not
+    /// where the user could not. Needs root.
+    #[test]
+    fn plain_writes_for_a_user_are_checked_as_that_user() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let req = |path: &Path| WriteFileRequest {
+            path: path.to_string_lossy().into_owned(),
+            mode: 0o644,
+            create_parents: false,
+            beneath: None,
+            owner: Some("54321:54321".into()),
+        };
+        assert!(write_file(&req(&private.join("x")), b"no").is_err(), "written where the user may not write");
+        write_file(&req(&open.join("x")), b"yes").unwrap();
+        assert_eq!(std::fs::metadata(open.join("x")).unwrap().uid(), 54321);
+        // And the thread is root again afterwards.
+        write_file(&WriteFileRequest { owner: None, ..req(&private.join("y")) }, b"root").unwrap();
+    }
 }

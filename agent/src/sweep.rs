@@ -85,7 +85,8 @@ fn processes() -> Vec<ProcInfo> {
 pub fn sweep(targets: &Targets) -> Swept {
     let own = std::process::id() as i32;
     let started = Instant::now();
-    let mut seen = std::collections::HashSet::new();
+    // What is there before the first kill, so the count includes what kill(-1) takes.
+    let mut seen: std::collections::HashSet<i32> = processes().into_iter().filter(|p| is_target(p, targets, own)).map(|p| p.pid).collect();
     loop {
         for &uid in &targets.uids {
             if uid != 0 {
@@ -142,5 +143,33 @@ mod tests {
         let mut kernel = p(3, [0; 4], 0);
         kernel.kernel_thread = true;
         assert!(!is_target(&kernel, &all, 9));
+    }
+
+    /// Real processes of a throwaway uid, forking and hiding in sessions of their own: the
+    /// sweep leaves none, and the caller survives. Needs root (as CI and the guest agent).
+    #[test]
+    fn a_sweep_kills_every_process_of_a_user_however_they_hide() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        const UID: u32 = 54_321;
+        let script = "for i in 1 2 3 4; do (setsid sh -c 'while :; do sleep 0.05 & wait; done' &); done; \
+                      (while :; do (sleep 30 &); sleep 0.02; done) & sleep 30";
+        let mut children = Vec::new();
+        for _ in 0..3 {
+            children.push(std::process::Command::new("sh").arg("-c").arg(script).uid(UID).gid(UID).spawn().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let count = || processes().into_iter().filter(|p| p.uids.contains(&UID) && p.state != 'Z').count();
+        assert!(count() >= 6, "the user's processes are running");
+        let swept = sweep(&Targets { uids: vec![UID], ..Default::default() });
+        assert!(swept.complete && swept.killed as usize >= 6, "{swept:?}");
+        for mut child in children {
+            let _ = child.wait();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(count(), 0, "a process of the user survived");
     }
 }

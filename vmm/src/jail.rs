@@ -43,16 +43,13 @@ pub struct VmUser {
 }
 
 impl VmUser {
-    /// Takes a free uid from the range, marking it in `lock_dir`.
+    /// Takes the lowest free uid of the range, marking it in `lock_dir` (lock files are
+    /// never removed, which would race with another process taking the same one; taking the
+    /// lowest keeps their number at the most VMs ever alive at once).
     pub fn allocate(lock_dir: &Path) -> std::io::Result<VmUser> {
         std::fs::create_dir_all(lock_dir)?;
-        let start = {
-            let mut bytes = [0u8; 4];
-            let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
-            u32::from_le_bytes(bytes) % UID_COUNT
-        };
         for step in 0..UID_COUNT {
-            let uid = UID_BASE + (start + step) % UID_COUNT;
+            let uid = UID_BASE + step;
             let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(lock_dir.join(format!("{uid}.lock")))?;
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => return Ok(VmUser { uid, _lock: lock }),

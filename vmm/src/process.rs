@@ -105,6 +105,11 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
             // killing QEMU.
             libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
             if let Some(uid) = uid {
+                // The uid is this QEMU's alone, so its process limit bounds its threads.
+                let pids = libc::rlimit { rlim_cur: crate::jail::MAX_PIDS, rlim_max: crate::jail::MAX_PIDS };
+                if libc::setrlimit(libc::RLIMIT_NPROC, &pids) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
                 if libc::setgroups(groups.len(), groups.as_ptr()) != 0
                     || libc::setresgid(uid, uid, uid) != 0
                     || libc::setresuid(uid, uid, uid) != 0

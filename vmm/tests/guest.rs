@@ -259,3 +259,39 @@ fn a_guest_that_dies_while_booting_is_reported_not_waited_for() {
         assert!(matches!(err, vmm::MachineError::GuestDied { .. }), "{err}");
     });
 }
+
+/// The guest's users: the candidate (farm, uid 1000) sees only its own processes, cannot
+/// signal or read PID 1, and cannot use farm-sandbox; the checker (uid 999) runs commands as
+/// the candidate through it, without its verdict variables.
+#[test]
+fn the_candidate_is_walled_off_and_farm_sandbox_drops_to_it() {
+    runtime().block_on(async {
+        let machine = common::shared_minimal().await;
+        let as_user = |user: &str, script: &str| vmm::ExecOptions {
+            user: Some(user.to_string()),
+            env: vec![("FARM_REWARD_FILE".into(), "/opt/farm-tests/.reward-x".into())],
+            timeout: Some(Duration::from_secs(60)),
+            ..vmm::ExecOptions::shell(script)
+        };
+        let candidate = machine
+            .agent()
+            .exec(as_user(
+                "1000",
+                "id -u; ls /proc | grep -c '^[0-9]'; cat /proc/1/environ >/dev/null 2>&1 && echo read-init; \
+                 kill -STOP 1 2>/dev/null && echo stopped-init; farm-sandbox true 2>/dev/null && echo used-sandbox; echo end",
+            ))
+            .await
+            .unwrap();
+        let lines: Vec<String> = candidate.stdout_text().lines().map(String::from).collect();
+        assert_eq!(lines[0], "1000");
+        let visible: u32 = lines[1].parse().unwrap();
+        assert!(visible <= 4, "the candidate sees {visible} processes: only its own should show (hidepid)");
+        assert_eq!(&lines[2..], ["end"], "{}", candidate.stdout_text());
+        let checker = machine
+            .agent()
+            .exec(as_user("999", "farm-sandbox sh -c 'id -u; id -G; echo \"reward=[$FARM_REWARD_FILE]\"; cat /proc/self/status | grep NoNewPrivs'"))
+            .await
+            .unwrap();
+        assert_eq!(checker.stdout_text(), "1000\n1000\nreward=[]\nNoNewPrivs:\t1\n", "{}", String::from_utf8_lossy(&checker.stderr));
+    });
+}

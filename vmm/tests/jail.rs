@@ -50,6 +50,9 @@ fn qemu_runs_as_its_own_user_under_seccomp_with_nothing_inherited() {
             assert_eq!(line("Max core file size")[4], "0");
             assert_ne!(line("Max file size")[3], "unlimited");
             assert_eq!(line("Max open files")[3], vmm::jail::MAX_OPEN_FILES.to_string());
+            if machine.uid().is_some() {
+                assert_eq!(line("Max processes")[2], vmm::jail::MAX_PIDS.to_string(), "threads of its own uid are bounded");
+            }
             machine.agent().ping().await.unwrap();
         }
         assert_ne!(a.uid(), b.uid(), "two VMs never share a uid");

@@ -1,18 +1,18 @@
-# Hidden test (written to /opt/farm-tests in the scoring VM only). The reward is written
-# only if the checking process reaches its last line: a module that makes Python exit 0
-# early, or prints what a pass looks like, does not produce the token.
-set -e
-reward="$FARM_REWARD_FILE"
-unset FARM_REWARD_FILE
-cd /workspace
-token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-out=$(echo "$token" | /usr/bin/python3 -I -c '
+# Hidden test, run by the checker (farm-checker, uid 999; task.toml: test_user = "checker").
+# The agent's code runs only through farm-sandbox, as the candidate user (farm, uid 1000),
+# which can read neither this folder nor the reward file, and cannot see, signal or trace
+# this script. The inputs are drawn at random, so no answer can be prepared in advance.
+set -u
+a=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+b=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+out=$(farm-sandbox /usr/bin/python3 -I -c '
 import sys
-token = sys.stdin.readline().strip()
 sys.path.insert(0, "/workspace")
 from add import add
-assert add(2, 3) == 5 and add(-1, 1) == 0
-print("ok-" + token)
-' | tail -n 1)
-[ "$out" = "ok-$token" ] || { echo "add() is wrong or the check did not finish"; exit 1; }
-echo 1 > "$reward"
+print(add(int(sys.argv[1]), int(sys.argv[2])))
+' "$a" "$b" </dev/null 2>/dev/null | tail -n 1)
+if [ "$out" != "$((a + b))" ]; then
+    echo "add($a, $b) gave '${out}', expected $((a + b))"
+    exit 1
+fi
+echo 1 > "$FARM_REWARD_FILE"
