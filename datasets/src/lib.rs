@@ -214,6 +214,12 @@ pub fn load(path: &Path, format: Format) -> Result<Vec<Task>, DatasetError> {
     Ok(tasks)
 }
 
+/// A Python module name: an identifier (the harness loads `<name>.py` from the workspace).
+pub(crate) fn valid_module_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// Task file paths stay inside their folder: relative, no `..`.
 fn check_relative(path: &Path, id: &str, file: &str) -> Result<(), DatasetError> {
     let p = Path::new(file);

@@ -27,6 +27,10 @@ pub struct TaskRow {
     pub test_command: Option<String>,
     #[serde(default)]
     pub test_user: TestUser,
+    /// Tests that call the candidate's function through farm's function-call harness
+    /// (instead of a test command).
+    #[serde(default)]
+    pub function_call: Option<FunctionCallRow>,
     #[serde(default)]
     pub solution: Option<SolutionRow>,
     #[serde(default)]
@@ -43,6 +47,31 @@ pub(crate) fn yes() -> bool {
     true
 }
 
+/// Function-call tests: `check(candidate)` from `test` is called with a proxy of
+/// `entry_point` from the workspace file `<module>.py`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCallRow {
+    #[serde(default = "default_module")]
+    pub module: String,
+    pub entry_point: String,
+    /// Source that defines `check(candidate)`.
+    pub test: String,
+    /// Trusted source run in the checker before the tests (imports, helpers they call).
+    #[serde(default)]
+    pub prompt: String,
+}
+
+fn default_module() -> String {
+    "solution".into()
+}
+
+/// The hidden test files of a function-call task: the harness and the problem it reads.
+pub(crate) fn function_call_tests(prompt: &str, test: &str, entry_point: &str) -> Vec<TaskFile> {
+    let problem = serde_json::json!({ "prompt": prompt, "test": test, "entry_point": entry_point });
+    vec![TaskFile::text("harness.py", FUNCTION_CALL_HARNESS), TaskFile::text("problem.json", problem.to_string())]
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SolutionRow {
@@ -55,18 +84,37 @@ pub struct SolutionRow {
     pub answer: Option<String>,
 }
 
-impl From<TaskRow> for Task {
-    fn from(row: TaskRow) -> Task {
-        let files = |m: BTreeMap<String, String>| m.into_iter().map(|(p, c)| TaskFile::text(p, c)).collect();
-        Task {
+impl TaskRow {
+    /// The task, or why the row is inconsistent.
+    pub fn into_task(self) -> Result<Task, String> {
+        let files = |m: BTreeMap<String, String>| m.into_iter().map(|(p, c)| TaskFile::text(p, c)).collect::<Vec<_>>();
+        let mut tests = files(self.tests);
+        let (harness, test_user) = match self.function_call {
+            Some(_) if self.test_command.is_some() => {
+                return Err("function_call and test_command are alternatives: give one".into());
+            }
+            Some(call) => {
+                if !crate::valid_module_name(&call.module) {
+                    return Err(format!("function_call.module {:?} must be a Python module name (the file is MODULE.py in the workspace)", call.module));
+                }
+                if tests.iter().any(|t| t.path == "harness.py" || t.path == "problem.json") {
+                    return Err("with function_call, tests may not hold harness.py or problem.json (farm writes them)".into());
+                }
+                tests.extend(function_call_tests(&call.prompt, &call.test, &call.entry_point));
+                (Some(Harness::FunctionCall { module: call.module, entry_point: call.entry_point }), TestUser::Root)
+            }
+            None => (None, self.test_user),
+        };
+        let row = TaskRow { tests: BTreeMap::new(), function_call: None, ..self };
+        Ok(Task {
             id: row.id,
             instruction: row.instruction,
             files: files(row.files),
             setup: row.setup,
-            tests: files(row.tests),
+            tests,
             test_command: row.test_command,
-            test_user: row.test_user,
-            harness: None,
+            test_user,
+            harness,
             solution: row.solution.map(|s| Solution { files: files(s.files), commands: s.commands, answer: s.answer }),
             expected_answer: row.expected_answer,
             answer_match: row.answer_match,
@@ -74,7 +122,7 @@ impl From<TaskRow> for Task {
             completion_prefix: String::new(),
             require_reward_file: row.require_reward_file,
             metadata: row.metadata,
-        }
+        })
     }
 }
 
@@ -97,7 +145,10 @@ fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, D
 }
 
 pub fn load_jsonl(path: &Path) -> Result<Vec<Task>, DatasetError> {
-    Ok(jsonl::<TaskRow>(path)?.into_iter().map(|(_, row)| row.into()).collect())
+    jsonl::<TaskRow>(path)?
+        .into_iter()
+        .map(|(line, row)| row.into_task().map_err(|message| DatasetError::Line { path: path.to_path_buf(), line, message }))
+        .collect()
 }
 
 /// A HumanEval problem.
@@ -127,7 +178,6 @@ pub fn load_humaneval(path: &Path) -> Result<Vec<Task>, DatasetError> {
 fn humaneval_task(row: HumanEvalRow) -> Task {
     // The tests run in farm's function-call harness: check() in a trusted process, the
     // candidate's module in an unprivileged one, only plain data between them.
-    let problem = serde_json::json!({ "prompt": row.prompt, "test": row.test, "entry_point": row.entry_point });
     Task {
         instruction: format!(
             "Complete the Python function below. Write the whole module (the prompt followed by \
@@ -136,7 +186,7 @@ fn humaneval_task(row: HumanEvalRow) -> Task {
         ),
         files: vec![TaskFile::text("solution.py", row.prompt.clone())],
         setup: Vec::new(),
-        tests: vec![TaskFile::text("harness.py", FUNCTION_CALL_HARNESS), TaskFile::text("problem.json", problem.to_string())],
+        tests: function_call_tests(&row.prompt, &row.test, &row.entry_point),
         test_command: None,
         test_user: TestUser::Root,
         harness: Some(Harness::FunctionCall { module: "solution".into(), entry_point: row.entry_point.clone() }),
@@ -178,6 +228,8 @@ struct ParquetRow {
     #[serde(default)]
     answer_match: Option<String>,
     #[serde(default)]
+    function_call: Option<String>,
+    #[serde(default)]
     require_reward_file: Option<bool>,
     #[serde(default)]
     metadata: Option<String>,
@@ -214,7 +266,15 @@ pub fn load_parquet(path: &Path) -> Result<Vec<Task>, DatasetError> {
             if let Some(i) = row.instruction {
                 object.insert("instruction".into(), i.into());
             }
-            for (name, text) in [("files", row.files), ("setup", row.setup), ("tests", row.tests), ("solution", row.solution), ("answer_match", row.answer_match), ("metadata", row.metadata)] {
+            for (name, text) in [
+                ("files", row.files),
+                ("setup", row.setup),
+                ("tests", row.tests),
+                ("solution", row.solution),
+                ("answer_match", row.answer_match),
+                ("function_call", row.function_call),
+                ("metadata", row.metadata),
+            ] {
                 let value = field(name, text)?;
                 if !value.is_null() {
                     object.insert(name.into(), value);
@@ -234,7 +294,7 @@ pub fn load_parquet(path: &Path) -> Result<Vec<Task>, DatasetError> {
             }
             let task_row: TaskRow = serde_json::from_value(serde_json::Value::Object(object))
                 .map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() })?;
-            tasks.push(task_row.into());
+            tasks.push(task_row.into_task().map_err(|message| DatasetError::Line { path: path.to_path_buf(), line, message })?);
         }
     }
     Ok(tasks)
@@ -322,6 +382,25 @@ pub(crate) mod tests {
         assert_eq!(t.files[0].path, "a.txt");
         assert_eq!(t.solution.as_ref().unwrap().answer.as_deref(), Some("4.0"));
         assert!(t.needs_snapshot());
+    }
+
+    #[test]
+    fn function_call_rows_use_the_harness() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "t.jsonl",
+            r#"{"id":"f1","files":{"lib.py":"def double(x):\n    pass\n"},"function_call":{"module":"lib","entry_point":"double","test":"def check(c):\n    assert c(2) == 4\n"}}"#,
+        );
+        let t = &load(&p, Format::Jsonl).unwrap()[0];
+        assert_eq!(t.harness, Some(Harness::FunctionCall { module: "lib".into(), entry_point: "double".into() }));
+        assert_eq!(t.test_user, TestUser::Root);
+        assert!(t.tests.iter().any(|f| f.path == "harness.py") && t.has_tests());
+        let p = write(dir.path(), "t.jsonl", r#"{"id":"f2","test_command":"true","function_call":{"entry_point":"f","test":""}}"#);
+        let err = load(&p, Format::Jsonl).unwrap_err().to_string();
+        assert!(err.contains("t.jsonl:1") && err.contains("alternatives"), "{err}");
+        let p = write(dir.path(), "t.jsonl", r#"{"id":"f3","function_call":{"module":"../x","entry_point":"f","test":""}}"#);
+        assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("module name"));
     }
 
     #[test]
