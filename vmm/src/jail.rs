@@ -172,6 +172,12 @@ pub fn kvm_group() -> Option<u32> {
     (meta.gid() != 0 && meta.mode() & 0o060 == 0o060).then_some(meta.gid())
 }
 
+/// Whether anyone may open /dev/kvm.
+pub fn kvm_open_to_all() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/dev/kvm").is_ok_and(|m| m.mode() & 0o006 == 0o006)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

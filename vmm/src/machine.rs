@@ -264,9 +264,17 @@ fn confine(spec: &MachineSpec, run_root: &Path, max_file_bytes: u64) -> Result<(
         jail::Cgroups::Missing(_) => None,
     };
     let groups = match spec.accel {
-        Accel::Kvm => jail::kvm_group().into_iter().collect(),
+        Accel::Kvm => jail::kvm_group().into_iter().collect::<Vec<u32>>(),
         Accel::Tcg => Vec::new(),
     };
+    if spec.accel == Accel::Kvm && user.is_some() && groups.is_empty() && !jail::kvm_open_to_all() {
+        return Err(MachineError::Io {
+            what: "giving the jailed QEMU access to /dev/kvm".into(),
+            source: std::io::Error::other(
+                "/dev/kvm is open to root only; make it group-accessible (e.g. root:kvm, mode 0660, as Debian's udev rules do)",
+            ),
+        });
+    }
     let confinement = Confinement { uid: user.as_ref().map(|u| u.uid), groups, max_file_bytes, cgroup_procs: cgroup.as_ref().map(VmCgroup::procs) };
     Ok((user, cgroup, confinement))
 }
