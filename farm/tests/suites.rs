@@ -178,7 +178,7 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "a hostile agent passed: {s}");
     assert_eq!(s["counts"]["env_error"], 0, "{s}");
-    assert_every_attack_failed(out.path(), 15);
+    assert_every_attack_failed(out.path(), 16);
     let rows = journal_rows(out.path());
     // Links out of the workspace are refused when the agent's files are placed.
     let escape = &rows[&("symlink-escape".to_string(), 0)];
@@ -216,7 +216,7 @@ fn hostile_code_against_the_function_call_harness_fails() {
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "an attack on the harness passed: {s}");
-    assert_every_attack_failed(out.path(), 9);
+    assert_every_attack_failed(out.path(), 10);
 }
 
 #[test]

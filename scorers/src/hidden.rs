@@ -174,12 +174,21 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
             let home = if task.test_user == TestUser::Candidate { "/tmp".to_string() } else { private_tmp.clone() };
             env.insert("HOME".into(), home.clone());
             env.insert("TMPDIR".into(), home);
+            if task.test_user != TestUser::Candidate {
+                // Nothing a checker runs picks up the agent's files by accident: it starts in
+                // its own folder, and Python puts neither the current folder nor a script's
+                // folder on its path.
+                env.insert("PYTHONSAFEPATH".into(), "1".into());
+            }
             (Program::Shell(task.test_command.clone().unwrap_or_else(|| "false".into())), task.test_user, Vec::new())
         }
     };
+    // A checker starts in the tests folder (the agent's code is reached with farm-sandbox,
+    // which starts in /workspace); a candidate test command in the workspace.
+    let cwd = if task.harness.is_none() && task.test_user != TestUser::Candidate { TESTS_DIR } else { WORKSPACE };
     let request = RunTestsRequest {
         program,
-        cwd: WORKSPACE.into(),
+        cwd: cwd.into(),
         env,
         user: user.guest_user(),
         timeout_ms: options.timeout.as_millis() as u64,

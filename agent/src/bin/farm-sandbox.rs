@@ -1,5 +1,5 @@
-//! `farm-sandbox CMD [ARGS...]`: runs a command as the unprivileged candidate user `farm`
-//! (uid and gid [`CANDIDATE_UID`]).
+//! `farm-sandbox [-C DIR] CMD [ARGS...]`: runs a command as the unprivileged candidate user
+//! `farm` (uid and gid [`CANDIDATE_UID`]), in `/workspace` (the agent's folder) or `DIR`.
 //!
 //! A test command that checks an agent's work runs the agent's code through this helper, so
 //! that code runs in a process of its own, as a user that can neither read the hidden tests
@@ -62,14 +62,19 @@ fn main() {
     }
     sys::close_from(3);
     let mut args = std::env::args_os().skip(1).peekable();
+    let mut cwd = std::ffi::OsString::from("/workspace");
+    if args.peek().is_some_and(|a| a == "-C") {
+        args.next();
+        cwd = args.next().unwrap_or_else(|| fail(2, "-C needs a folder"));
+    }
     if args.peek().is_some_and(|a| a == "--") {
         args.next();
     }
     let Some(program) = args.next() else {
-        fail(2, "usage: farm-sandbox CMD [ARGS...] (runs CMD as the unprivileged user farm)");
+        fail(2, "usage: farm-sandbox [-C DIR] CMD [ARGS...] (runs CMD as the unprivileged user farm, in /workspace or DIR)");
     };
     let mut command = std::process::Command::new(&program);
-    command.args(args);
+    command.args(args).current_dir(&cwd);
     for name in PRIVATE_VARIABLES {
         command.env_remove(name);
     }
