@@ -356,16 +356,27 @@ pub fn remove_tree(path: &str) -> Result<u64, AgentError> {
     Ok(count + 1)
 }
 
-/// Creates an empty file owned by `user` with mode 0600, replacing whatever was at `path`
-/// (a file or a link; a folder is refused).
+/// Makes `path` an empty file owned by `user` with mode 0600. A regular file already there
+/// is truncated and reused (so no new inode is needed: the host creates the verdict files
+/// before the agent's files are placed, which could exhaust the disk's inodes); anything
+/// else there (a link, say) is replaced; a folder is refused.
 pub fn create_private_file(path: &str, user: &User) -> Result<(), AgentError> {
-    match nix::unistd::unlink(path) {
-        Ok(()) | Err(Errno::ENOENT) => {}
-        Err(e) => return Err(errno_error(format!("clearing {path}"), e)),
-    }
-    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = sys::openat(None, path, flags, Mode::from_bits_truncate(0o600)).map_err(|e| errno_error(format!("creating {path}"), e))?;
-    nix::unistd::fchown(fd.as_raw_fd(), Some(user.uid.into()), Some(user.gid.into())).map_err(|e| errno_error(format!("giving {path} to uid {}", user.uid), e))?;
+    let reuse = OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let existing = sys::openat(None, path, reuse, Mode::empty()).ok().map(File::from).filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
+    let file = match existing {
+        Some(file) => file,
+        None => {
+            match nix::unistd::unlink(path) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(errno_error(format!("clearing {path}"), e)),
+            }
+            let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            File::from(sys::openat(None, path, create, Mode::from_bits_truncate(0o600)).map_err(|e| errno_error(format!("creating {path}"), e))?)
+        }
+    };
+    file.set_len(0).map_err(|e| io_error(format!("emptying {path}"), e))?;
+    nix::unistd::fchown(file.as_raw_fd(), Some(user.uid.into()), Some(user.gid.into())).map_err(|e| errno_error(format!("giving {path} to uid {}", user.uid), e))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| io_error(format!("setting the mode of {path}"), e))?;
     Ok(())
 }
 

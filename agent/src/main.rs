@@ -127,6 +127,12 @@ fn prepare_system() {
             log(&format!("mounting {fstype} on {target} failed: {e}"));
         }
     }
+    // Kernel pointers and the kernel log stay root's: nothing there for the candidate.
+    for (knob, value) in [("/proc/sys/kernel/kptr_restrict", "2"), ("/proc/sys/kernel/dmesg_restrict", "1")] {
+        if let Err(e) = std::fs::write(knob, value) {
+            log(&format!("setting {knob} failed: {e}"));
+        }
+    }
     if let Err(e) = sys::loopback_up() {
         log(&format!("bringing up loopback failed: {e}"));
     }

@@ -87,8 +87,11 @@ fn prepare_tests_dir(req: &RunTestsRequest, user: &User) -> Result<(), AgentErro
     files::create_private_file(&req.reward_file, user)?;
     files::create_private_file(&req.junit_file, user)?;
     let tmp = format!("{}/.tmp", dir.trim_end_matches('/'));
-    let _ = files::remove_tree(&tmp);
-    std::fs::create_dir(&tmp).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("creating {tmp}: {e}") })?;
+    // A real folder there (the host makes it with the tests) is kept; anything else goes.
+    if !std::fs::symlink_metadata(&tmp).is_ok_and(|m| m.is_dir()) {
+        let _ = files::remove_tree(&tmp);
+        std::fs::create_dir(&tmp).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("creating {tmp}: {e}") })?;
+    }
     let none = |is_dir: bool, _: u32| if is_dir { 0o700 } else { 0o600 };
     files::handover(&tmp, user, Some(&none))?;
     Ok(())

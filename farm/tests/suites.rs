@@ -178,7 +178,7 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "a hostile agent passed: {s}");
     assert_eq!(s["counts"]["env_error"], 0, "{s}");
-    assert_every_attack_failed(out.path(), 16);
+    assert_every_attack_failed(out.path(), 17);
     let rows = journal_rows(out.path());
     // Links out of the workspace are refused when the agent's files are placed.
     let escape = &rows[&("symlink-escape".to_string(), 0)];
@@ -216,7 +216,12 @@ fn hostile_code_against_the_function_call_harness_fails() {
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "an attack on the harness passed: {s}");
-    assert_every_attack_failed(out.path(), 10);
+    assert_every_attack_failed(out.path(), 11);
+    // The candidate cannot write the harness's report: its forged one labels no row.
+    for (key, row) in journal_rows(out.path()) {
+        assert!(!row["error"].as_str().unwrap_or("").contains("PWNED"), "{key:?}: {row}");
+    }
+    assert!(!text(&o).contains('\u{1b}'), "a terminal escape reached farm's log");
 }
 
 #[test]
@@ -348,7 +353,12 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
     let bad = serde_json::json!({"task_id": "greeting", "sample_index": 1, "actions": [
         {"kind": "write_file", "path": "greet.py", "content": "def greet(name):\n    return name\n"},
         {"kind": "exec", "command": "sleep 1000 &"}]});
-    std::fs::write(dir.path().join("traj.jsonl"), format!("{good}\n{bad}\n")).unwrap();
+    // Sample 2 is right too, but (as root in its VM) mounts a read-only file system over /opt,
+    // so its tests cannot go in: that is its own doing, a failure, not an environment error.
+    let blocking = serde_json::json!({"task_id": "greeting", "sample_index": 2, "actions": [
+        {"kind": "write_file", "path": "greet.py", "content": "def greet(name):\n    return f\"Hello, {name}!\"\n"},
+        {"kind": "exec", "command": "git commit -qam fix && mount -t tmpfs -o ro tmpfs /opt"}]});
+    std::fs::write(dir.path().join("traj.jsonl"), format!("{good}\n{bad}\n{blocking}\n")).unwrap();
     // The external scorer sees the hidden tests' outcome and the artifacts, and decides.
     std::fs::write(
         dir.path().join("score.py"),
@@ -369,11 +379,17 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(&dir.path().join("out"));
     assert_eq!(s["counts"]["passed"], 1, "{s}");
-    assert_eq!(s["counts"]["failed"], 1, "{s}");
+    assert_eq!(s["counts"]["failed"], 2, "{s}");
+    assert_eq!(s["counts"]["env_error"], 0, "{s}");
     let journal = std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap();
     for line in journal.lines() {
         let row: serde_json::Value = serde_json::from_str(line).unwrap();
         let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();
+        if row["sample_index"] == 2 {
+            assert_eq!(details["basis"], "the agent's work broke scoring", "{details}");
+            assert_eq!(row["reward"], 0.0, "{row}");
+            continue;
+        }
         assert_eq!(details["basis"], "external scorer", "{details}");
         let expected = if row["sample_index"] == 0 { 1.0 } else { 0.25 };
         assert_eq!(row["reward"], expected, "{row}");

@@ -11,11 +11,16 @@ pub struct ArtifactLimits {
     pub max_files: u32,
     pub max_file_bytes: u64,
     pub max_total_bytes: u64,
+    /// Folders the files may need, in all: placing them must not exhaust the scoring VM's
+    /// inodes (which would otherwise look like the farm's failure).
+    pub max_dirs: usize,
+    /// Components of one path.
+    pub max_depth: usize,
 }
 
 impl Default for ArtifactLimits {
     fn default() -> Self {
-        ArtifactLimits { max_files: 2000, max_file_bytes: 8 << 20, max_total_bytes: 32 << 20 }
+        ArtifactLimits { max_files: 2000, max_file_bytes: 8 << 20, max_total_bytes: 32 << 20, max_dirs: 2000, max_depth: 32 }
     }
 }
 
@@ -45,6 +50,43 @@ pub async fn list_workspace(agent: &vmm::AgentClient, limits: &ArtifactLimits) -
     Ok(agent.list_files(datasets::WORKSPACE, limits.max_files).await?.0)
 }
 
+/// The changed files worth reading (in path order), and the reasons others are skipped:
+/// unsafe paths, files over the size limit, paths too deep, and files whose folders would
+/// pass the folder limit.
+pub fn select(baseline: &[FileEntry], now: &[FileEntry], limits: &ArtifactLimits) -> (Vec<String>, Vec<String>) {
+    let before: BTreeMap<&str, &FileEntry> = baseline.iter().map(|e| (e.path.as_str(), e)).collect();
+    let after: BTreeMap<&str, &FileEntry> = now.iter().map(|e| (e.path.as_str(), e)).collect();
+    let (mut wanted, mut skipped) = (Vec::new(), Vec::new());
+    let mut dirs: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    for (path, entry) in &after {
+        let unchanged = before.get(path).is_some_and(|b| b.size == entry.size && b.mtime_ns == entry.mtime_ns && b.mode == entry.mode);
+        if unchanged {
+            continue;
+        }
+        if !safe_relative(path) {
+            skipped.push(format!("{path:?}: unsafe path"));
+            continue;
+        }
+        if entry.size > limits.max_file_bytes {
+            skipped.push(format!("{path}: {} bytes, over the artifact limits", entry.size));
+            continue;
+        }
+        let parents: Vec<&str> = path.match_indices('/').map(|(i, _)| &path[..i]).collect();
+        if parents.len() + 1 > limits.max_depth {
+            skipped.push(format!("{path}: deeper than {} folders", limits.max_depth));
+            continue;
+        }
+        let new_dirs = parents.iter().filter(|d| !dirs.contains(*d)).count();
+        if dirs.len() + new_dirs > limits.max_dirs {
+            skipped.push(format!("{path}: its folders would pass the limit of {} folders", limits.max_dirs));
+            continue;
+        }
+        dirs.extend(parents);
+        wanted.push(path.to_string());
+    }
+    (wanted, skipped)
+}
+
 /// Compares the workspace with `baseline` and reads what changed.
 pub async fn collect_artifacts(
     agent: &vmm::AgentClient,
@@ -58,17 +100,12 @@ pub async fn collect_artifacts(
     if truncated {
         artifacts.skipped.push(format!("more than {} files in the workspace; the rest were not read", limits.max_files));
     }
+    let (wanted, skipped) = select(baseline, &now, limits);
+    artifacts.skipped.extend(skipped);
     let mut total = 0u64;
-    for (path, entry) in &after {
-        let unchanged = before.get(path).is_some_and(|b| b.size == entry.size && b.mtime_ns == entry.mtime_ns && b.mode == entry.mode);
-        if unchanged {
-            continue;
-        }
-        if !safe_relative(path) {
-            artifacts.skipped.push(format!("{path:?}: unsafe path"));
-            continue;
-        }
-        if entry.size > limits.max_file_bytes || total + entry.size > limits.max_total_bytes {
+    for path in &wanted {
+        let entry = after[path.as_str()];
+        if total + entry.size > limits.max_total_bytes {
             artifacts.skipped.push(format!("{path}: {} bytes, over the artifact limits", entry.size));
             continue;
         }
@@ -99,6 +136,22 @@ pub async fn collect_artifacts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(path: &str) -> FileEntry {
+        FileEntry { path: path.into(), size: 1, mtime_ns: 1, mode: 0o644 }
+    }
+
+    /// The limits on folders, checked without a VM: [`select`] is what `collect_artifacts`
+    /// applies to a listing.
+    #[test]
+    fn deep_or_numerous_folders_are_skipped() {
+        let limits = ArtifactLimits { max_dirs: 3, max_depth: 3, ..ArtifactLimits::default() };
+        let now = vec![entry("a/b/c/d"), entry("a/b/x"), entry("p/q/r"), entry("z")];
+        let (kept, skipped) = select(&[], &now, &limits);
+        assert_eq!(kept, ["a/b/x", "z"], "{skipped:?}");
+        assert!(skipped.iter().any(|s| s.starts_with("a/b/c/d: deeper")), "{skipped:?}");
+        assert!(skipped.iter().any(|s| s.starts_with("p/q/r: its folders")), "{skipped:?}");
+    }
 
     #[test]
     fn only_plain_relative_paths_are_accepted() {

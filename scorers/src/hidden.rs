@@ -1,10 +1,11 @@
 //! Hidden tests in a fresh fork of the pristine task snapshot.
 //!
-//! The agent's files go in first, confined to the workspace and owned by the unprivileged
-//! candidate user; the workspace is handed to that user; only then do the hidden tests
-//! appear. The guest agent runs the test command as the task's test user, kills every
-//! process of the candidate and the checker once it ends, and only then reads the verdict
-//! files ([`farm_protocol::Request::RunTests`]). The host decides from what it read.
+//! The hidden tests and empty verdict files go in first (no code of the agent's has run in a
+//! fresh fork, and the tests are locked away before any does); then the agent's files,
+//! confined to the workspace and owned by the unprivileged candidate user; the workspace is
+//! handed to that user. The guest agent runs the test command as the task's test user, kills
+//! every process of the candidate and the checker once it ends, and only then reads the
+//! verdict files ([`farm_protocol::Request::RunTests`]). The host decides from what it read.
 
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ pub struct TestOutcome {
     /// Processes of the candidate and the checker killed after the tests ended.
     pub swept: u32,
     /// What the function-call harness reported (a limit of the proxy, a candidate that
-    /// timed out or did not load), from its `farm-harness:` lines.
+    /// timed out or did not load), from the `farm-harness:` lines of its standard output.
     pub harness: Option<String>,
     pub stdout_tail: String,
     pub stderr_tail: String,
@@ -85,8 +86,20 @@ pub struct TestRunOptions {
 pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, options: &TestRunOptions) -> Result<TestOutcome, ScoringError> {
     let placing = |e: AgentError| match e {
         AgentError::Refused { message, .. } => ScoringError::Agent(format!("the agent's files could not be placed: {message}")),
+        other if options.final_state => ScoringError::Agent(format!("the rollout's VM broke: {other}")),
         other => ScoringError::Environment(other),
     };
+    // The tests and empty verdict files go in first, while the VM is the farm's alone: once
+    // the agent's files are placed (they might use up the disk's inodes or space), nothing
+    // the farm does may need room it no longer has. The agent's code runs only later.
+    let setup = |e: AgentError| if options.final_state { ScoringError::Agent(format!("the rollout's VM could not take the tests: {e}")) } else { ScoringError::Environment(e) };
+    for test in &task.tests {
+        agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400).await.map_err(setup)?;
+    }
+    let reward_path = reward_file_path();
+    for path in [reward_path.as_str(), JUNIT_FILE, &format!("{TESTS_DIR}/.tmp/.keep")] {
+        agent.write_file(path, Vec::new(), 0o600).await.map_err(setup)?;
+    }
     let candidate = format!("{CANDIDATE_UID}:{CANDIDATE_UID}");
     for path in &artifacts.deleted {
         agent.remove_file(path, Some(WORKSPACE)).await.map_err(placing)?;
@@ -97,15 +110,6 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     }
     // The workspace is the agent's work: its code may write there when the tests run it.
     agent.handover(WORKSPACE, &candidate).await.map_err(placing)?;
-    // Only now, with the agent's work in place, do the tests appear. (In a fresh fork their
-    // folder does not exist; final-state scoring removes it first.)
-    for test in &task.tests {
-        agent
-            .write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400)
-            .await
-            .map_err(ScoringError::Environment)?;
-    }
-    let reward_path = reward_file_path();
     let (request, stdin) = tests_request(task, &reward_path, options);
     let final_state = options.final_state;
     let outcome = agent.run_tests(request, stdin).await.map_err(|e| match e {
@@ -121,8 +125,10 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
             outcome.result.swept
         )));
     }
-    let stderr = String::from_utf8_lossy(&outcome.stderr);
-    let harness: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("farm-harness: ")).collect();
+    // The harness reports on its standard output, which the candidate's process does not hold
+    // (a test command of the task's may print such lines too: they only label the row).
+    let stdout = String::from_utf8_lossy(&outcome.stdout);
+    let harness: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("farm-harness: ")).collect();
     let result = &outcome.result;
     Ok(TestOutcome {
         exit_code: result.exec.exit_code,

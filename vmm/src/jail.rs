@@ -15,7 +15,8 @@
 //!   asks for it read-write even for a private mapping, so a small preloaded shim turns that
 //!   one open into a read-only one (the kernel, not the shim, is what refuses writes).
 //! - **cgroups v2**, where the host has them with the memory and pids controllers: a group
-//!   per VM with `memory.max` and `pids.max`. Where they are missing, farm says so once.
+//!   per VM with `memory.max` and `pids.max`. Where they are missing, the commands that start
+//!   many VMs say so once ([`missing_cgroups_note`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -90,18 +91,20 @@ pub enum Cgroups {
 
 static CGROUPS: OnceLock<Cgroups> = OnceLock::new();
 
-/// The host's cgroup v2 support; the first call that finds none logs why, once.
+/// The host's cgroup v2 support, probed once per process.
 pub fn cgroups() -> &'static Cgroups {
-    CGROUPS.get_or_init(|| {
-        let found = match find_cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()) {
-            Some(mount) => prepare_parent(&mount),
-            None => Cgroups::Missing("no cgroup v2 file system is mounted".into()),
-        };
-        if let Cgroups::Missing(reason) = &found {
-            eprintln!("farm: note: QEMU processes run without per-VM cgroup limits (memory.max, pids.max): {reason}");
-        }
-        found
+    CGROUPS.get_or_init(|| match find_cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()) {
+        Some(mount) => prepare_parent(&mount),
+        None => Cgroups::Missing("no cgroup v2 file system is mounted".into()),
     })
+}
+
+/// What to tell the user, once, when VMs run without cgroup limits on this host.
+pub fn missing_cgroups_note() -> Option<String> {
+    match cgroups() {
+        Cgroups::Missing(reason) => Some(format!("note: QEMU processes run without per-VM cgroup limits (memory.max, pids.max): {reason}")),
+        Cgroups::Available(_) => None,
+    }
 }
 
 /// The mount point of the cgroup v2 hierarchy, from /proc/self/mountinfo.

@@ -27,7 +27,9 @@ candidate out of reach:
 
 Anything the proxy cannot carry (the tests reading the candidate's attributes, inspecting it,
 passing it objects that are not plain data) ends the check with a line starting with
-"farm-harness:" on stderr and exit code 3, never with a silent fallback.
+"farm-harness:" and exit code 3, never with a silent fallback. Those lines go to standard
+output, which only this process holds (the candidate's standard output is this process's
+standard error), so the candidate cannot write one.
 
 Zygote. Starting Python is most of a check's cost in a fresh VM (under TCG each new VM
 translates the interpreter's start-up anew). So farm's templates start this file once,
@@ -592,6 +594,12 @@ def guard_inspection(proxy):
         setattr(inspect, name, guarded)
 
 
+def report(message):
+    """A line for farm (see the module's docstring): on standard output, which the candidate
+    does not hold."""
+    print("farm-harness: %s" % message, file=sys.stdout, flush=True)
+
+
 def report_failure(error):
     """Prints where the check failed: the frames in the tests and the exception, without the
     traceback module (importing it costs more than the rest of a failing check)."""
@@ -687,10 +695,10 @@ def main():
         namespace["check"](proxy)
         code = 0
     except IsolationLimit as error:
-        print("farm-harness: this task cannot be checked through the isolation boundary: %s" % error, file=sys.stderr)
+        report("this task cannot be checked through the isolation boundary: %s" % error)
         code = LIMIT_EXIT
     except CandidateFailure as error:
-        print("farm-harness: %s" % error, file=sys.stderr)
+        report(str(error))
     except BaseException as error:
         report_failure(error)
     finally:
@@ -699,6 +707,7 @@ def main():
     if code == 0:
         with open(reward_path, "w") as handle:
             handle.write("1")
+    sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 

@@ -51,6 +51,9 @@ async fn build(args: BuildArgs) -> Result<i32> {
             eprintln!("farm: {line}");
         }
     };
+    if let Some(note) = vmm::jail::missing_cgroups_note() {
+        progress(&note);
+    }
     let built = build_template(&store, &forker, &template, &base_dir, &label, &progress)
         .await
         .with_context(|| format!("building template {}", args.config.display()))?;

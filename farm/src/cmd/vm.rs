@@ -130,6 +130,9 @@ async fn run_command(args: RunArgs) -> Result<i32> {
         eprintln!("farm: warning: output beyond {OUTPUT_CAP} bytes per stream was dropped");
     }
     if args.verbose {
+        if let Some(note) = vmm::jail::missing_cgroups_note() {
+            eprintln!("farm: {note}");
+        }
         eprintln!(
             "farm: accel {} boot {:.0} ms, command {:.1} ms in guest, {:.1} ms round trip",
             settings.accel,

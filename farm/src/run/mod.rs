@@ -238,6 +238,9 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         }
     };
     let (forker, task_snapshots, template) = prepared;
+    if let Some(note) = vmm::jail::missing_cgroups_note() {
+        log.line(&note);
+    }
     let uses_template = task_snapshots.values().any(|s| matches!(s, Ok(s) if s.id() == template.id()));
     let pool = if config.rollouts.warm_pool > 0 && uses_template {
         let pool = snapshotter::WarmPool::start_with_warm_up(
@@ -570,14 +573,21 @@ async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
     loop {
         let mut row = rollout(context, item).await;
         row.attempts = attempt;
-        // A policy that has no actions for this rollout (no reference solution, completion or
-        // trajectory) will not have them on a retry either.
-        let hopeless = item.snapshot.is_err() || row.error.as_deref().is_some_and(|e| e.starts_with("policy: "));
-        if row.status != "env_error" || attempt > context.config.rollouts.retries || hopeless {
+        if attempt > context.config.rollouts.retries || !worth_retrying(&row, item.snapshot.is_ok()) {
             return row;
         }
         attempt += 1;
     }
+}
+
+/// Whether a rollout's environment error is worth another attempt. Not when the policy has
+/// no actions for it (it will not have them on a retry either), and not once any action of
+/// the agent ran: a retry would then give a live policy a fresh sample, and an agent that
+/// could turn its own failures into environment errors would get extra tries that no row
+/// records. Such a row stays an `env_error`, visible in the counts.
+fn worth_retrying(row: &Row, snapshot_ok: bool) -> bool {
+    let no_actions = row.error.as_deref().is_some_and(|e| e.starts_with("policy: "));
+    row.status == "env_error" && snapshot_ok && !no_actions && row.steps.is_empty()
 }
 
 /// What ended a rollout before scoring.
@@ -870,11 +880,18 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
             ScoringMode::FinalState => {
                 // Every process the agent left is killed by the guest agent itself (no shell
                 // or binary of the rollout's takes part), then the tests folder it may have
-                // planted files in is removed, then the tests go into the same VM.
+                // planted files in is removed, then the tests go into the same VM. The agent
+                // had this VM (as root, by default): whatever keeps it from taking the tests
+                // is the agent's doing, never an environment error it could hide behind.
                 let agent = rollout_fork.agent();
-                let (_, complete) = agent.sweep(Vec::new()).await.context("killing the rollout's processes")?;
-                anyhow::ensure!(complete, "processes the rollout left survived every attempt to kill them");
-                agent.remove_tree(datasets::TESTS_DIR).await.context("clearing the tests folder")?;
+                let cleared = match agent.sweep(Vec::new()).await {
+                    Ok((_, true)) => agent.remove_tree(datasets::TESTS_DIR).await.map(|_| ()).map_err(|e| format!("clearing the tests folder: {e}")),
+                    Ok((_, false)) => Err("processes the rollout left survived every attempt to kill them".to_string()),
+                    Err(e) => Err(format!("killing the rollout's processes: {e}")),
+                };
+                if let Err(reason) = cleared {
+                    return Ok(agent_failure(format!("the rollout's VM could not be made ready for its tests: {reason}")));
+                }
                 rollout_fork
             }
         };
@@ -896,12 +913,7 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
                     Some(limit) => format!("{reason} ({limit})"),
                     None => reason,
                 };
-                scorers::Verdict {
-                    reward: 0.0,
-                    passed: false,
-                    timed_out: false,
-                    details: serde_json::json!({ "basis": "the agent's work broke scoring", "agent_failure": reason }),
-                }
+                agent_failure(reason)
             }
         }
     } else if let Some(expected) = &task.expected_answer {
@@ -932,6 +944,23 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
     Ok(verdict)
 }
 
+/// Text fit for a terminal: control characters (a guest's file names, a candidate's error
+/// text) are shown escaped, so nothing a rollout produced can move the cursor, retitle the
+/// terminal or hide a line.
+fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+}
+
+/// The verdict of a rollout whose own work broke scoring: reward 0, with the reason.
+fn agent_failure(reason: String) -> scorers::Verdict {
+    scorers::Verdict {
+        reward: 0.0,
+        passed: false,
+        timed_out: false,
+        details: serde_json::json!({ "basis": "the agent's work broke scoring", "agent_failure": reason }),
+    }
+}
+
 /// Log lines: plain on a pipe; above a progress line on a terminal.
 struct Log {
     tty: bool,
@@ -946,7 +975,7 @@ impl Log {
         if self.tty {
             eprint!("\r\x1b[2K");
         }
-        eprintln!("farm: {text}");
+        eprintln!("farm: {}", printable(text));
     }
 }
 
@@ -1022,5 +1051,62 @@ impl Signals {
             _ = self.interrupt.recv() => 128 + libc::SIGINT,
             _ = self.terminate.recv() => 128 + libc::SIGTERM,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: &str, error: Option<&str>, steps: usize) -> Row {
+        let step = Step {
+            index: 0,
+            kind: "exec".into(),
+            text: "true".into(),
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: Some(0),
+            started_at_ms: 0,
+            duration_ms: 1.0,
+        };
+        Row {
+            run_id: "r".into(),
+            suite_name: "s".into(),
+            suite_digest: String::new(),
+            task_id: "t".into(),
+            task_digest: String::new(),
+            sample_index: 0,
+            seed: 0,
+            snapshot_id: String::new(),
+            policy_name: "replay".into(),
+            policy_params: "{}".into(),
+            steps: vec![step; steps],
+            messages: "[]".into(),
+            usage: Usage::default(),
+            reward: None,
+            status: status.into(),
+            error: error.map(String::from),
+            score_details: "{}".into(),
+            attempts: 1,
+            timings: Timings::default(),
+            started_at_ms: 0,
+            farm_version: "0".into(),
+        }
+    }
+
+    #[test]
+    fn log_text_cannot_carry_terminal_controls() {
+        assert_eq!(printable("ok \u{1b}]0;PWNED\u{7}\r\nnext"), "ok \\u{1b}]0;PWNED\\u{7}\\u{d}\\u{a}next");
+        assert_eq!(printable("plain: text"), "plain: text");
+    }
+
+    #[test]
+    fn only_environment_errors_before_any_action_are_retried() {
+        assert!(worth_retrying(&row("env_error", Some("fork: QEMU exited"), 0), true));
+        // Once the agent acted, a retry would be a fresh sample for a live policy.
+        assert!(!worth_retrying(&row("env_error", Some("scoring: the scoring VM failed"), 2), true));
+        assert!(!worth_retrying(&row("env_error", Some("policy: no completion for this task"), 0), true));
+        assert!(!worth_retrying(&row("env_error", Some("preparing the task snapshot failed"), 0), false));
+        assert!(!worth_retrying(&row("failed", None, 0), true));
     }
 }
