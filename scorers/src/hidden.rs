@@ -81,8 +81,9 @@ pub struct TestRunOptions {
     pub final_state: bool,
 }
 
-/// Places the artifacts (confined to the workspace, owned by the candidate), hands the
-/// workspace to the candidate, writes the hidden tests and runs them.
+/// Writes the hidden tests and empty verdict files, places the artifacts (confined to the
+/// workspace, owned by the candidate), hands the workspace to the candidate and runs the
+/// tests.
 pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, options: &TestRunOptions) -> Result<TestOutcome, ScoringError> {
     let placing = |e: AgentError| match e {
         AgentError::Refused { message, .. } => ScoringError::Agent(format!("the agent's files could not be placed: {message}")),
