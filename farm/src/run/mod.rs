@@ -923,7 +923,11 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
         drop(rollout_fork);
         scorers::Verdict { reward: 0.0, passed: false, timed_out: false, details: serde_json::json!({}) }
     };
-    if !context.external.is_empty() {
+    // A rollout whose work broke scoring has its verdict (reward 0); there is nothing for an
+    // external scorer to grade, and its failing on the missing outcome must not turn the
+    // agent's doing into an environment error.
+    let broke_scoring = verdict.details.get("agent_failure").is_some();
+    if !context.external.is_empty() && !broke_scoring {
         let input = serde_json::json!({
             "task_id": task.id,
             "metadata": task.metadata,
