@@ -126,10 +126,13 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
             outcome.result.swept
         )));
     }
-    // The harness reports on its standard output, which the candidate's process does not hold
-    // (a test command of the task's may print such lines too: they only label the row).
+    // The harness reports on its standard output, which the candidate's process does not hold.
+    // (Only the harness's: a test command's output may be the agent's.)
     let stdout = String::from_utf8_lossy(&outcome.stdout);
-    let harness: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("farm-harness: ")).collect();
+    let harness: Vec<&str> = match task.harness {
+        Some(_) => stdout.lines().filter_map(|l| l.strip_prefix("farm-harness: ")).collect(),
+        None => Vec::new(),
+    };
     let result = &outcome.result;
     Ok(TestOutcome {
         exit_code: result.exec.exit_code,
