@@ -155,7 +155,7 @@ log "agent ready: $AGENT_DIR/farm-agent"
 
 # ---------------------------------------------------------------------------------------------
 # 3b. The RAM shim forks' jailed QEMUs preload (see the comment in scripts/qemu-ram-shim.c).
-SHIM_KEY="$( { sha256sum "$REPO/scripts/qemu-ram-shim.c"; gcc --version | head -1; } | sha)"
+SHIM_KEY="$( { cat "$REPO/scripts/qemu-ram-shim.c"; gcc --version | head -1; } | sha)"
 SHIM_DIR="$CACHE/shim/$SHIM_KEY"
 if [ ! -f "$SHIM_DIR/manifest.json" ]; then
   log "building the QEMU RAM shim $SHIM_KEY"
