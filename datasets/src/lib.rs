@@ -15,6 +15,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// Task files written into each fork instead of a snapshot of their own: at most this many
+/// files of at most this many bytes in all ([`Task::needs_snapshot`]).
+pub const MAX_FORK_FILES: usize = 16;
+pub const MAX_FORK_FILE_BYTES: u64 = 256 << 10;
+
 /// Where a task's files go in the guest.
 pub const WORKSPACE: &str = "/workspace";
 /// Where hidden tests are written in the scoring VM (never in a rollout VM).
@@ -139,9 +144,21 @@ impl Task {
         Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// Whether the task needs a snapshot of its own (files or setup on top of the template).
+    /// Whether the task needs a memory snapshot of its own on top of the template: when its
+    /// setup has commands to run (worth running once, not in every fork), or its files are
+    /// many or large. Tasks that differ only in a few small files fork the template and get
+    /// their files written into each fork instead (see [`Task::files_in_forks`]): a snapshot
+    /// per task would cost a RAM file per task on disk and a build per task up front.
     pub fn needs_snapshot(&self) -> bool {
-        !self.files.is_empty() || !self.setup.is_empty()
+        !self.setup.is_empty()
+            || self.files.len() > MAX_FORK_FILES
+            || self.files.iter().map(|f| f.contents.len() as u64).sum::<u64>() > MAX_FORK_FILE_BYTES
+    }
+
+    /// Whether every fork of this task's snapshot (the template's) gets the task's files
+    /// written first.
+    pub fn files_in_forks(&self) -> bool {
+        !self.needs_snapshot() && !self.files.is_empty()
     }
 
     /// Whether it has hidden tests (a test command or a built-in harness).

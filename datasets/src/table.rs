@@ -339,6 +339,8 @@ pub(crate) mod tests {
         assert!(problem["test"].as_str().unwrap().contains("def check(c)"));
         assert_eq!(t.solution.as_ref().unwrap().files[0].contents, b"def f():\n    return 1\n");
         assert_eq!(t.harness, Some(Harness::FunctionCall { module: "solution".into(), entry_point: "f".into() }));
+        // One small file: no snapshot of its own, the file goes into each fork.
+        assert!(!t.needs_snapshot() && t.files_in_forks());
         assert_eq!(t.test_user, TestUser::Root);
         assert!(t.require_reward_file && t.has_tests() && t.test_command.is_none());
     }

@@ -31,13 +31,15 @@ passing it objects that are not plain data) ends the check with a line starting 
 output, which only this process holds (the candidate's standard output is this process's
 standard error), so the candidate cannot write one.
 
-Zygote. Starting Python is most of a check's cost in a fresh VM (under TCG each new VM
-translates the interpreter's start-up anew). So farm's templates start this file once,
-before the snapshot, as a zygote (`--zygote SOCKET`, root, socket mode 0600): every fork
-inherits it already started. A check then reaches it through `farm-agent
+Zygote. Starting Python, and forking it, is most of a check's cost in a fresh VM (under
+TCG each new VM translates those paths anew). So farm's templates start this file once,
+before the snapshot, as a zygote (`--zygote SOCKET`, root, socket mode 0600), which forks
+the candidate's process right away (dropped to the candidate user, idle, holding nothing):
+every fork of the snapshot inherits both. A check reaches the zygote through `farm-agent
 --check-with-zygote`, which hands over its standard input, output and error and gets the
-worker's exit status back; the worker is a fork of the zygote that runs main() as above.
-The zygote holds nothing secret either: it never sees a reward path or a test.
+exit status back; the zygote runs the check itself, as main() would, and exits (a scoring
+VM runs one check). Until then it holds nothing secret either: the reward path and the
+tests arrive only with the check.
 """
 
 import builtins
@@ -291,10 +293,10 @@ class Channel:
 # ----------------------------------------------------------------------------------------
 # The candidate side (forked child).
 
-def drop_to_candidate(keep):
+def drop_to_candidate(keep, stdio_to_stderr):
     """Makes this process the candidate: own session, no descriptors but `keep`, standard
-    input from /dev/null, standard output into standard error, no core dumps, bounded
-    processes, uid and gid 1000 with no groups."""
+    input from /dev/null, standard output into standard error (or both to /dev/null until a
+    check hands it one), no core dumps, bounded processes, uid and gid 1000 with no groups."""
     os.setsid()
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
@@ -303,10 +305,14 @@ def drop_to_candidate(keep):
                 os.close(fd)
             except OSError:
                 pass
-    null = os.open("/dev/null", os.O_RDONLY)
+    null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
+    if stdio_to_stderr:
+        os.dup2(2, 1)
+    else:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
     os.close(null)
-    os.dup2(2, 1)
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
@@ -319,9 +325,43 @@ def drop_to_candidate(keep):
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"})
 
 
-def candidate_main(read_fd, write_fd, workspace, module_name, entry_point):
-    drop_to_candidate({read_fd, write_fd})
-    channel = Channel(read_fd, write_fd)
+def start_candidate(stdio_to_stderr):
+    """Forks the candidate's process, which drops to the candidate user at once and waits
+    for a "load" message; returns its pid and the checker's end of their socket. It is
+    forked before this process holds anything secret."""
+    import socket
+
+    checker_end, candidate_end = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            checker_end.close()
+            candidate_main(candidate_end, stdio_to_stderr)
+        except EOFError:
+            pass  # the checker is done with the candidate
+        except BaseException as error:
+            report_failure(error)
+        finally:
+            os._exit(70)
+    candidate_end.close()
+    return pid, checker_end
+
+
+def candidate_main(sock, stdio_to_stderr):
+    drop_to_candidate({sock.fileno()}, stdio_to_stderr)
+    import socket
+
+    # Wait for the check: which module to load, and (from a zygote) the standard error to use.
+    message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+    if not message:
+        raise EOFError()
+    for fd in fds:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    request = json.loads(message)
+    workspace, module_name, entry_point = request["workspace"], request["module"], request["entry_point"]
+    channel = Channel(sock.fileno(), sock.fileno())
     try:
         os.chdir(workspace)
         sys.path.insert(0, workspace)
@@ -349,9 +389,6 @@ def candidate_main(read_fd, write_fd, workspace, module_name, entry_point):
         message = channel.receive()
         endpoint.serve(message)
 
-
-# ----------------------------------------------------------------------------------------
-# Both sides: requests may nest (a callback may call the candidate again).
 
 class Endpoint:
     def __init__(self, channel, call_target=None, deadline=lambda: None, trusted_names=None):
@@ -654,31 +691,31 @@ class Options:
 
 def main():
     options = Options(sys.argv[1:])
-
     # 1. The candidate, before anything secret is in this process.
-    to_child = os.pipe()
-    from_child = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.close(to_child[1])
-            os.close(from_child[0])
-            candidate_main(to_child[0], from_child[1], options.workspace, options.module, options.entry_point)
-        except EOFError:
-            pass  # the checker is done with the candidate
-        except BaseException as error:
-            report_failure(error)
-        finally:
-            os._exit(70)
-    os.close(to_child[0])
-    os.close(from_child[1])
+    candidate = start_candidate(stdio_to_stderr=True)
+    os._exit(run_check(options, candidate, candidate_stderr=None))
+
+
+def run_check(options, candidate, candidate_stderr):
+    """Runs one check against a candidate process started by start_candidate; returns the
+    exit code. `candidate_stderr`: a descriptor the candidate takes as its standard output
+    and error (None: it keeps the one it has)."""
+    import socket
+
+    child, sock = candidate
+    connection = None
     # 2. Now the secrets: the reward path, then the problem.
     reward_path = sys.stdin.readline().strip()
     sys.stdin.close()
     prompt, test = load_problem(options.tests_dir)
     namespace = {}
     exec(compile_prompt(prompt), namespace)
-    connection = Connection(Channel(from_child[0], to_child[1]), child, options.call_timeout, dict(namespace))
+    request = json.dumps({"workspace": options.workspace, "module": options.module, "entry_point": options.entry_point}).encode()
+    try:
+        socket.send_fds(sock, [request], [] if candidate_stderr is None else [candidate_stderr])
+    except OSError:
+        pass  # a candidate that is gone shows when it does not answer
+    connection = Connection(Channel(sock.fileno(), sock.fileno()), child, options.call_timeout, dict(namespace))
     proxy = CandidateProxy(connection, options.entry_point)
     namespace[options.entry_point] = proxy
     if "inspect" in prompt or "inspect" in test:
@@ -709,16 +746,22 @@ def main():
             handle.write("1")
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 def zygote(socket_path):
-    """Serves checks on a unix socket, one at a time, each in a forked worker. A request is
-    the harness arguments as a JSON list, sent with three descriptors (the worker's standard
-    input, output and error); the answer is the worker's exit status (4 bytes, big endian:
-    the exit code, or 128 + the signal). A client that goes away takes its worker with it."""
+    """Started once by the template (root), before its snapshot. It forks the candidate's
+    process at once (dropped to the candidate user, idle until a check names its module),
+    then serves one check on a unix socket, in this very process: every fork of the
+    snapshot finds both processes started, so a check forks nothing and starts nothing.
+    Neither holds a secret until the check (the reward path and the tests arrive with it).
+
+    The request is the harness arguments as a JSON list, sent with three descriptors (the
+    check's standard input, output and error); the answer is the exit status (4 bytes, big
+    endian). A scoring VM runs one check, so the zygote then exits."""
     import socket
-    import resource  # what every worker's candidate process needs, imported once here
+
+    import resource  # what the candidate's process needs, imported once here
     import inspect  # so tests that use it cost nothing extra
 
     del resource, inspect
@@ -730,6 +773,7 @@ def zygote(socket_path):
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    candidate = start_candidate(stdio_to_stderr=False)
     os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
     try:
         os.unlink(socket_path)
@@ -740,68 +784,32 @@ def zygote(socket_path):
     server.bind(socket_path)
     os.umask(old_umask)
     os.chmod(socket_path, 0o600)
-    server.listen(8)
-    while True:
-        connection, _ = server.accept()
-        try:
-            serve_one(server, connection)
-        except Exception:
-            pass
-        finally:
-            connection.close()
-
-
-def serve_one(server, connection):
-    import socket
-
-    message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
-    if len(fds) != 3:
-        for fd in fds:
+    server.listen(1)
+    connection, _ = server.accept()
+    server.close()
+    code = 70
+    try:
+        message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+        if len(fds) != 3:
+            os._exit(2)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
             os.close(fd)
-        return
-    worker = os.fork()
-    if worker == 0:
-        try:
-            server.close()
-            connection.close()
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-            for fd in fds:
-                if fd > 2:
-                    os.close(fd)
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", closefd=False)
-            sys.stderr = open(2, "w", closefd=False)
-            arguments = json.loads(message)
-            if type(arguments) is not list or any(type(a) is not str for a in arguments):
-                os._exit(2)
-            sys.argv = ["harness"] + arguments
-            main()
-        except BaseException as error:
-            report_failure(error)
-        finally:
-            os._exit(1)
-    for fd in fds:
-        os.close(fd)
-    # Wait for the worker to end, or for the client to go away (then the worker goes too).
-    pidfd = os.pidfd_open(worker)
-    try:
-        while True:
-            ready, _, _ = select.select([pidfd, connection], [], [])
-            if pidfd in ready:
-                break
-            if connection in ready and not connection.recv(1, socket.MSG_PEEK):
-                os.kill(worker, signal.SIGKILL)
-                break
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        arguments = json.loads(message)
+        if type(arguments) is not list or any(type(a) is not str for a in arguments):
+            os._exit(2)
+        code = run_check(Options(arguments), candidate, candidate_stderr=2)
+    except BaseException as error:
+        report_failure(error)
     finally:
-        os.close(pidfd)
-    _, status = os.waitpid(worker, 0)
-    code = os.waitstatus_to_exitcode(status)
-    code = 128 - code if code < 0 else code
-    try:
-        connection.sendall(struct.pack(">i", code))
-    except OSError:
-        pass
+        try:
+            connection.sendall(struct.pack(">i", code))
+        except OSError:
+            pass
+        os._exit(code)
 
 
 if __name__ == "__main__":

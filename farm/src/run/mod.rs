@@ -69,6 +69,22 @@ impl Context_ {
             _ => self.forker.fork(snapshot, identity).await,
         }
     }
+
+    /// A fork in the task's pristine state: a fork of its snapshot, with the task's files
+    /// written in when the task has no snapshot of its own (a few small files are cheaper to
+    /// write into each fork than a RAM file per task is to build and keep).
+    async fn fork_task(&self, snapshot: &Snapshot, task: &Task, identity: ForkIdentity) -> Result<Fork> {
+        let fork = self.fork(snapshot, identity).await?;
+        if task.files_in_forks() {
+            for file in &task.files {
+                fork.agent()
+                    .write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode)
+                    .await
+                    .with_context(|| format!("writing the task's file {} into the fork", file.path))?;
+            }
+        }
+        Ok(fork)
+    }
 }
 
 /// Where actions come from.
@@ -637,9 +653,25 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
         }
     };
 
+    // Replayed data needs no VM: when every action writes a file in the workspace or submits
+    // the answer, the artifacts are those files, known without running anything. Only
+    // fresh-fork scoring can use them (final-state scoring grades the rollout's own VM).
+    if context.config.scoring.mode == ScoringMode::FreshFork {
+        if let Driver::Replay(actions) = &driver {
+            if let Some((steps, artifacts)) = data_only_rollout(actions, context.config.rollouts.max_steps, &scorers::ArtifactLimits::default()) {
+                row.steps = steps;
+                let score_started = Instant::now();
+                let verdict = score(context, task, &snapshot, None, &artifacts, seed).await;
+                row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
+                record_verdict(&mut row, verdict, &artifacts);
+                return finish(row);
+            }
+        }
+    }
+
     // Fork.
     let identity = ForkIdentity { env: vec![("FARM_TASK_ID".into(), task.id.clone())], ..ForkIdentity::new(seed) };
-    let fork = match context.fork(&snapshot, identity).await {
+    let fork = match context.fork_task(&snapshot, task, identity).await {
         Ok(f) => f,
         Err(e) => {
             row.error = Some(format!("fork: {e:#}"));
@@ -762,8 +794,14 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
         }
     };
     artifacts.answer = answer;
-    let verdict = score(context, task, &snapshot, fork, &artifacts, seed).await;
+    let verdict = score(context, task, &snapshot, Some(fork), &artifacts, seed).await;
     row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
+    record_verdict(&mut row, verdict, &artifacts);
+    finish(row)
+}
+
+/// Puts a verdict (or why scoring failed) into the row.
+fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict>, artifacts: &scorers::Artifacts) {
     match verdict {
         Ok(v) => {
             if let Some(reason) = v.details.get("agent_failure").and_then(|r| r.as_str()) {
@@ -781,14 +819,72 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
             }
             .into();
             let mut details = v.details;
-            details["artifacts"] = serde_json::to_value(&artifacts).unwrap_or_default();
+            details["artifacts"] = serde_json::to_value(artifacts).unwrap_or_default();
             row.score_details = details.to_string();
         }
         Err(e) => {
             row.error = Some(format!("scoring: {e:#}"));
         }
     }
-    finish(row)
+}
+
+/// The steps and artifacts of a replayed rollout that only writes workspace files and
+/// submits an answer, or None when any action needs a VM (a command, a file outside the
+/// workspace, a path that is not plain). The artifacts are what a VM would have handed over:
+/// the written files (the last write of a path wins, modes without setuid bits, the same
+/// limits), and the answer; actions after a submission or past `max_steps` are dropped.
+fn data_only_rollout(actions: &VecDeque<Action>, max_steps: usize, limits: &scorers::ArtifactLimits) -> Option<(Vec<Step>, scorers::Artifacts)> {
+    let mut steps = Vec::new();
+    let mut files: std::collections::BTreeMap<String, (Vec<u8>, u32)> = std::collections::BTreeMap::new();
+    let mut answer = None;
+    for (index, action) in actions.iter().take(max_steps).enumerate() {
+        let mut step = Step {
+            index: index as u32,
+            kind: String::new(),
+            text: String::new(),
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            started_at_ms: now_ms(),
+            duration_ms: 0.0,
+        };
+        match action {
+            Action::Exec { .. } => return None,
+            Action::WriteFile { path, content, mode } => {
+                let relative = path.strip_prefix(&format!("{WORKSPACE}/")).unwrap_or(path);
+                if !scorers::artifacts::safe_relative(relative) {
+                    return None;
+                }
+                step.kind = "write_file".into();
+                step.text = path.clone();
+                files.insert(relative.to_string(), (content.clone().into_bytes(), mode & 0o777));
+                steps.push(step);
+            }
+            Action::Submit { answer: text } => {
+                step.kind = "submit".into();
+                step.text = text.clone();
+                steps.push(step);
+                answer = Some(text.clone());
+                break;
+            }
+        }
+    }
+    let entries: Vec<farm_protocol::FileEntry> =
+        files.iter().map(|(path, (bytes, mode))| farm_protocol::FileEntry { path: path.clone(), size: bytes.len() as u64, mtime_ns: 0, mode: *mode }).collect();
+    let (wanted, skipped) = scorers::artifacts::select(&[], &entries, limits);
+    let mut artifacts = scorers::Artifacts { skipped, answer, ..Default::default() };
+    let mut total = 0u64;
+    for path in wanted {
+        let (bytes, mode) = files.remove(&path).expect("selected from these files");
+        if total + bytes.len() as u64 > limits.max_total_bytes {
+            artifacts.skipped.push(format!("{path}: {} bytes, over the artifact limits", bytes.len()));
+            continue;
+        }
+        total += bytes.len() as u64;
+        artifacts.changed.push(path.clone());
+        artifacts.files.push((path, bytes, mode));
+    }
+    Some((steps, artifacts))
 }
 
 /// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped
@@ -867,7 +963,9 @@ async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &suite::Ro
 }
 
 /// Scores a rollout where the agent cannot reach. Errors are environment errors.
-async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_fork: Fork, artifacts: &scorers::Artifacts, seed: u64) -> Result<scorers::Verdict> {
+/// `rollout_fork` is the rollout's VM (None for a replay that needed none); final-state
+/// scoring requires it.
+async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_fork: Option<Fork>, artifacts: &scorers::Artifacts, seed: u64) -> Result<scorers::Verdict> {
     let scoring = &context.config.scoring;
     let timeout = Duration::from_secs(scoring.timeout_secs);
     let mut outcome = None;
@@ -875,9 +973,10 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
         let scoring_fork = match scoring.mode {
             ScoringMode::FreshFork => {
                 drop(rollout_fork);
-                context.fork(snapshot, ForkIdentity::new(seed)).await.context("forking the scoring VM")?
+                context.fork_task(snapshot, task, ForkIdentity::new(seed)).await.context("forking the scoring VM")?
             }
             ScoringMode::FinalState => {
+                let Some(rollout_fork) = rollout_fork else { anyhow::bail!("final-state scoring needs the rollout's VM") };
                 // Every process the agent left is killed by the guest agent itself (no shell
                 // or binary of the rollout's takes part), then the tests folder it may have
                 // planted files in is removed, then the tests go into the same VM. The agent
