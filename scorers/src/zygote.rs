@@ -1,12 +1,13 @@
 //! The function-call harness's zygote: a Python process the template starts before its
-//! snapshot, so every scoring fork finds the interpreter started and the harness imported
-//! (under TCG, starting Python anew in a fresh VM is most of a check's cost).
+//! snapshot, so every scoring fork finds the interpreter started, the harness imported and
+//! the candidate's process already forked (under TCG, starting and forking Python anew in a
+//! fresh VM is most of a check's cost).
 //!
-//! The zygote runs as root from a root-only socket ([`SOCKET`], mode 0600 in a 0700 folder);
-//! it holds nothing secret (no reward path, no test ever reaches it), and each check runs in
-//! a fork of it exactly as the harness would run on its own. A check reaches it through
-//! `farm-agent --check-with-zygote`, which falls back to starting Python when there is no
-//! zygote (an image without Python).
+//! The zygote runs as root on a root-only socket ([`SOCKET`], mode 0600 in a 0700 folder).
+//! It forks the candidate's process (dropped to the candidate user, idle) before anything
+//! secret exists, then runs its VM's one check itself, exactly as the harness would on its
+//! own. A check reaches it through `farm-agent --check-with-zygote`, which falls back to
+//! starting Python when there is no zygote (an image without Python).
 
 use datasets::{FUNCTION_CALL_HARNESS, TESTS_DIR};
 use snapshotter::TemplateExtras;
