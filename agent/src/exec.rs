@@ -126,20 +126,57 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
         AgentError { kind: ErrorKind::Spawn, message: format!("cannot start {what} in {cwd:?} as uid {}: {e}", launch.user.uid) }
     })?;
     let pid = child.id();
+    let pipes = Pipes {
+        stdin: child.stdin.take().map(|p| std::fs::File::from(std::os::fd::OwnedFd::from(p))),
+        stdout: std::fs::File::from(std::os::fd::OwnedFd::from(child.stdout.take().expect("piped"))),
+        stderr: std::fs::File::from(std::os::fd::OwnedFd::from(child.stderr.take().expect("piped"))),
+    };
+    finish(&mut child, pipes, stdin, launch, started).map(|output| (output, pid))
+}
+
+/// A started command, as output collection sees it: a child process of the agent's, or a
+/// check the harness zygote runs for it.
+pub trait Running {
+    /// The exit status, if the command has ended.
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>>;
+    /// Kills everything the command started.
+    fn kill(&mut self);
+}
+
+impl Running for Child {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        Child::try_wait(self)
+    }
+
+    fn kill(&mut self) {
+        sys::kill_group(self.id());
+    }
+}
+
+/// The agent's ends of a command's standard input, output and error.
+pub struct Pipes {
+    pub stdin: Option<std::fs::File>,
+    pub stdout: std::fs::File,
+    pub stderr: std::fs::File,
+}
+
+/// Feeds `stdin`, collects the output and waits for the command's end or its deadline
+/// (then kills it).
+pub fn finish(running: &mut dyn Running, pipes: Pipes, stdin: &[u8], launch: &Launch, started: Instant) -> Result<Output, AgentError> {
     let deadline = launch.timeout_ms.map(|ms| started + Duration::from_millis(ms));
-    let (stdout, stderr, timed_out) = pump(&mut child, stdin, launch, deadline)
+    let (stdout, stderr, timed_out) = pump(running, pipes, stdin, launch, deadline)
         .map_err(|e| AgentError { kind: ErrorKind::Internal, message: format!("collecting output failed: {e}") })?;
-    let status = wait(&mut child, if timed_out { None } else { deadline });
+    let status = wait(running, if timed_out { None } else { deadline });
     let (status, timed_out) = match status {
         Some(status) => (status, timed_out),
         None => {
             // Pipes closed but the process lives on past the deadline.
-            sys::kill_group(child.id());
-            (child.wait().map_err(|e| AgentError { kind: ErrorKind::Internal, message: e.to_string() })?, true)
+            running.kill();
+            (wait(running, None).ok_or_else(|| AgentError { kind: ErrorKind::Internal, message: "the command could not be waited for".into() })?, true)
         }
     };
     let duration_us = started.elapsed().as_micros() as u64;
-    Ok((Output {
+    Ok(Output {
         result: ExecResult {
             exit_code: status.code(),
             signal: status.signal(),
@@ -152,7 +189,7 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
         },
         stdout: stdout.data,
         stderr: stderr.data,
-    }, pid))
+    })
 }
 
 fn default_cwd() -> String {
@@ -166,10 +203,8 @@ fn default_cwd() -> String {
 /// Moves bytes between the command's pipes and memory until both output pipes close, the
 /// command has exited and a short grace passed, or the deadline passes (then the process
 /// group is killed and `timed_out` is true).
-fn pump(child: &mut Child, stdin: &[u8], req: &Launch, deadline: Option<Instant>) -> io::Result<(Capped, Capped, bool)> {
-    let mut child_stdin = child.stdin.take();
-    let mut child_stdout = child.stdout.take().expect("piped");
-    let mut child_stderr = child.stderr.take().expect("piped");
+fn pump(child: &mut dyn Running, pipes: Pipes, stdin: &[u8], req: &Launch, deadline: Option<Instant>) -> io::Result<(Capped, Capped, bool)> {
+    let Pipes { stdin: mut child_stdin, stdout: mut child_stdout, stderr: mut child_stderr } = pipes;
     for fd in [child_stdout.as_raw_fd(), child_stderr.as_raw_fd()] {
         sys::set_nonblocking(fd, true)?;
     }
@@ -191,7 +226,7 @@ fn pump(child: &mut Child, stdin: &[u8], req: &Launch, deadline: Option<Instant>
         let now = Instant::now();
         if let Some(deadline) = deadline {
             if now >= deadline {
-                sys::kill_group(child.id());
+                child.kill();
                 return Ok((out, err, true));
             }
         }
@@ -257,13 +292,13 @@ fn drain(pipe: &mut impl Read, into: &mut Capped, buf: &mut [u8]) -> io::Result<
 }
 
 /// Waits for the command to exit, until `deadline` if one is given.
-fn wait(child: &mut Child, deadline: Option<Instant>) -> Option<ExitStatus> {
+fn wait(child: &mut dyn Running, deadline: Option<Instant>) -> Option<ExitStatus> {
     let mut pause = Duration::from_micros(100);
     loop {
         match child.try_wait() {
             Ok(Some(status)) => return Some(status),
             Ok(None) => {}
-            Err(_) => return child.wait().ok(),
+            Err(_) => return None,
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return None;

@@ -8,7 +8,8 @@
 //! it: [`exec`] runs commands (as root or another [`users`] user), [`files`] reads and
 //! writes files (confined to a folder when the host places an agent's files), [`sweep`]
 //! kills processes natively, [`testrun`] runs hidden tests and reads their verdict only after
-//! the sweep. Every `unsafe` block lives in [`sys`].
+//! the sweep, and [`zygote`] runs function-call checks in the harness zygote without
+//! starting a process. Every `unsafe` block lives in [`sys`].
 
 #![deny(unsafe_code)]
 
@@ -19,3 +20,4 @@ pub mod sweep;
 pub mod sys;
 pub mod testrun;
 pub mod users;
+pub mod zygote;

@@ -73,6 +73,13 @@ fn processes() -> Vec<ProcInfo> {
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
         .filter_map(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Kernel threads and the dead are never targets: their uids need not be read
+            // (every read of /proc costs in a fresh fork under TCG).
+            let no_uids = "Uid:\t0\t0\t0\t0\n";
+            let info = parse_proc(pid, &stat, no_uids)?;
+            if info.kernel_thread || matches!(info.state, 'Z' | 'X') {
+                return Some(info);
+            }
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
             parse_proc(pid, &stat, &status)
         })

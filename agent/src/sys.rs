@@ -289,9 +289,13 @@ impl Drop for FsUser {
 /// Sends `bytes` on a unix socket with this process's standard input, output and error
 /// attached (SCM_RIGHTS).
 pub fn send_with_stdio(stream: &std::os::unix::net::UnixStream, bytes: &[u8]) -> io::Result<()> {
+    send_with_fds(stream, bytes, &[0, 1, 2])
+}
+
+/// Sends `bytes` on a unix socket with `fds` attached (SCM_RIGHTS).
+pub fn send_with_fds(stream: &std::os::unix::net::UnixStream, bytes: &[u8], fds: &[std::os::fd::RawFd]) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let fds = [0, 1, 2];
-    let control = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+    let control = [nix::sys::socket::ControlMessage::ScmRights(fds)];
     let sent = nix::sys::socket::sendmsg::<()>(stream.as_raw_fd(), &[io::IoSlice::new(bytes)], &control, nix::sys::socket::MsgFlags::empty(), None)?;
     if sent < bytes.len() {
         use std::io::Write;

@@ -17,6 +17,7 @@ use crate::exec::{self, Launch, Output};
 use crate::files;
 use crate::sweep::{self, Targets};
 use crate::users::{self, User};
+use crate::zygote;
 
 /// Largest reward file read back.
 pub const MAX_REWARD_BYTES: u64 = 4096;
@@ -56,7 +57,13 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         stdout_cap: req.stdout_cap,
         stderr_cap: req.stderr_cap,
     };
-    let (output, pid) = exec::run_launch(&launch, stdin)?;
+    // A function-call check goes straight to the harness zygote when one answers (as root,
+    // which the zygote's socket requires); anything else starts as a command.
+    let zygote = zygote::parse(&req.program).filter(|_| user.is_root()).and_then(|check| zygote::connect(check.socket).map(|c| (check, c)));
+    let (output, pid) = match zygote {
+        Some((check, (stream, zygote_pid))) => zygote::run(stream, zygote_pid, &check, &launch, stdin)?,
+        None => exec::run_launch(&launch, stdin)?,
+    };
 
     // Nothing the tests started may outlive them: their session or group, and every process
     // of the sweep users wherever it went.

@@ -1,0 +1,152 @@
+//! Function-call checks in the harness zygote, from the agent itself.
+//!
+//! The host asks for a check as `farm-agent --check-with-zygote SOCKET -- python3 -I
+//! HARNESS ARGS...` (see `farm-agent --help` and `datasets/src/harness/function_call.py`).
+//! Run as a command, that is one more process to start, and in a freshly forked VM under TCG
+//! the kernel's fork and exec paths are translated anew: about a fifth of a check. So when
+//! the agent runs such a command as root and the zygote answers on its socket, it does what
+//! that program would do without starting it: it hands the zygote three pipes as the check's
+//! standard input, output and error, and takes the exit status from the socket. When the
+//! socket does not answer, the command runs as it is (and falls back to starting Python).
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Instant;
+
+use farm_protocol::{AgentError, ErrorKind, Program};
+
+use crate::exec::{self, Launch, Output, Pipes, Running};
+use crate::sys;
+
+/// The program that runs a check in the zygote.
+pub const CLIENT: &str = "/sbin/farm-agent";
+/// Its flag.
+pub const FLAG: &str = "--check-with-zygote";
+
+/// A check request read from a command line.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Check<'a> {
+    pub socket: &'a str,
+    /// The harness arguments (after the interpreter, its flag and the harness path).
+    pub args: &'a [String],
+}
+
+/// `farm-agent --check-with-zygote SOCKET -- PYTHON -I HARNESS ARGS...`, or None.
+pub fn parse(program: &Program) -> Option<Check<'_>> {
+    let Program::Argv(argv) = program else { return None };
+    match argv.as_slice() {
+        [client, flag, socket, dashes, fallback @ ..] if client == CLIENT && flag == FLAG && dashes == "--" && fallback.len() >= 3 => {
+            Some(Check { socket, args: &fallback[3..] })
+        }
+        _ => None,
+    }
+}
+
+/// Connects to the zygote's socket; None when nothing (or something not root's) answers.
+pub fn connect(socket: &str) -> Option<(UnixStream, i32)> {
+    let stream = UnixStream::connect(socket).ok()?;
+    let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    (peer.uid() == 0 && peer.pid() > 1).then_some((stream, peer.pid()))
+}
+
+/// The zygote running one check: its exit status arrives as 4 bytes (big endian) on the
+/// socket.
+struct ZygoteCheck {
+    stream: UnixStream,
+    pid: i32,
+    received: Vec<u8>,
+    status: Option<ExitStatus>,
+    killed: bool,
+}
+
+impl Running for ZygoteCheck {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        while self.status.is_none() {
+            let mut buf = [0u8; 4];
+            let want = 4 - self.received.len();
+            match (&self.stream).read(&mut buf[..want]) {
+                Ok(0) => {
+                    // Gone without a status: killed (by a timeout), or broken; as the
+                    // client would have said it.
+                    self.status = Some(if self.killed { ExitStatus::from_raw(libc::SIGKILL) } else { exit_status(70) });
+                }
+                Ok(n) => {
+                    self.received.extend_from_slice(&buf[..n]);
+                    if self.received.len() == 4 {
+                        let code = i32::from_be_bytes(self.received[..4].try_into().expect("4 bytes"));
+                        self.status = Some(exit_status(code));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => self.status = Some(exit_status(70)),
+            }
+        }
+        Ok(self.status)
+    }
+
+    fn kill(&mut self) {
+        self.killed = true;
+        // The zygote leads a session (and group) of its own.
+        sys::kill_group(self.pid as u32);
+        sys::kill_pid(self.pid);
+    }
+}
+
+/// What `exit(code)` would have given.
+fn exit_status(code: i32) -> ExitStatus {
+    ExitStatus::from_raw((code & 0xff) << 8)
+}
+
+fn io_error(what: &str, e: impl std::fmt::Display) -> AgentError {
+    AgentError { kind: ErrorKind::Spawn, message: format!("the harness zygote {what}: {e}") }
+}
+
+/// Runs the check in the zygote behind `stream`; returns the output and the zygote's pid
+/// (the leader of its session, for the sweep).
+pub fn run(stream: UnixStream, pid: i32, check: &Check, launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentError> {
+    let started = Instant::now();
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_error("could not get pipes", e));
+    let (stdin_read, stdin_write) = pipe()?;
+    let (stdout_read, stdout_write) = pipe()?;
+    let (stderr_read, stderr_write) = pipe()?;
+    let request = serde_json::to_vec(check.args).expect("strings serialize");
+    let fds = [stdin_read.as_raw_fd(), stdout_write.as_raw_fd(), stderr_write.as_raw_fd()];
+    sys::send_with_fds(&stream, &request, &fds).map_err(|e| io_error("did not take the check", e))?;
+    // Only the zygote holds these ends now: the output ends when it (and the candidate it
+    // handed standard error to) are gone.
+    drop((stdin_read, stdout_write, stderr_write));
+    sys::set_nonblocking(stream.as_raw_fd(), true).map_err(|e| io_error("socket", e))?;
+    let file = |fd: OwnedFd| File::from(fd);
+    let pipes = Pipes { stdin: Some(file(stdin_write)), stdout: file(stdout_read), stderr: file(stderr_read) };
+    let mut running = ZygoteCheck { stream, pid, received: Vec::new(), status: None, killed: false };
+    let output = exec::finish(&mut running, pipes, stdin, launch, started)?;
+    Ok((output, pid as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(words: &[&str]) -> Program {
+        Program::Argv(words.iter().map(|w| w.to_string()).collect())
+    }
+
+    #[test]
+    fn only_the_exact_client_command_is_a_zygote_check() {
+        let program = argv(&[CLIENT, FLAG, "/run/farm/zygote.sock", "--", "/usr/bin/python3", "-I", "/opt/farm-tests/harness.py", "--module", "solution"]);
+        let check = parse(&program).expect("a check");
+        assert_eq!(check.socket, "/run/farm/zygote.sock");
+        assert_eq!(check.args, ["--module", "solution"]);
+        assert_eq!(parse(&argv(&[CLIENT, FLAG, "/s", "--", "python3", "-I"])), None, "no harness path");
+        assert_eq!(parse(&argv(&["/usr/bin/farm-agent", FLAG, "/s", "--", "p", "-I", "h"])), None);
+        assert_eq!(parse(&argv(&[CLIENT, FLAG, "/s", "-x", "p", "-I", "h"])), None);
+        assert_eq!(parse(&Program::Shell(format!("{CLIENT} {FLAG} /s -- p -I h"))), None);
+        assert_eq!(exit_status(3).code(), Some(3));
+        assert_eq!(exit_status(-1).code(), Some(255));
+    }
+}
