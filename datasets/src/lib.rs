@@ -100,6 +100,8 @@ pub enum Harness {
 
 /// The source of the function-call harness, written with each task's hidden tests.
 pub const FUNCTION_CALL_HARNESS: &str = include_str!("harness/function_call.py");
+/// Where a function-call task's tests hold the harness (for a check that starts Python afresh).
+pub const HARNESS_TEST_FILE: &str = "harness.py";
 
 /// A file's path and contents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

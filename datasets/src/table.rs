@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::{AnswerMatch, DatasetError, Harness, Solution, Task, TaskFile, TestUser, FUNCTION_CALL_HARNESS};
+use crate::{AnswerMatch, DatasetError, Harness, Solution, Task, TaskFile, TestUser, FUNCTION_CALL_HARNESS, HARNESS_TEST_FILE};
 
 /// One row of a task table. In JSONL every field is native JSON; in Parquet the columns
 /// `files`, `setup`, `tests`, `solution`, `answer_match` and `metadata` hold JSON text.
@@ -69,7 +69,7 @@ fn default_module() -> String {
 /// The hidden test files of a function-call task: the harness and the problem it reads.
 pub(crate) fn function_call_tests(prompt: &str, test: &str, entry_point: &str) -> Vec<TaskFile> {
     let problem = serde_json::json!({ "prompt": prompt, "test": test, "entry_point": entry_point });
-    vec![TaskFile::text("harness.py", FUNCTION_CALL_HARNESS), TaskFile::text("problem.json", problem.to_string())]
+    vec![TaskFile::text(HARNESS_TEST_FILE, FUNCTION_CALL_HARNESS), TaskFile::text("problem.json", problem.to_string())]
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,7 +97,7 @@ impl TaskRow {
                 if !crate::valid_module_name(&call.module) {
                     return Err(format!("function_call.module {:?} must be a Python module name (the file is MODULE.py in the workspace)", call.module));
                 }
-                if tests.iter().any(|t| t.path == "harness.py" || t.path == "problem.json") {
+                if tests.iter().any(|t| t.path == HARNESS_TEST_FILE || t.path == "problem.json") {
                     return Err("with function_call, tests may not hold harness.py or problem.json (farm writes them)".into());
                 }
                 tests.extend(function_call_tests(&call.prompt, &call.test, &call.entry_point));

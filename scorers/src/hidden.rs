@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use datasets::{Harness, Task, TestUser, TESTS_DIR, WORKSPACE};
+use datasets::{Harness, Task, TestUser, HARNESS_TEST_FILE, TESTS_DIR, WORKSPACE};
 use farm_protocol::{Program, RunTestsRequest, CANDIDATE_UID, CHECKER_UID};
 use serde::Serialize;
 use serde_json::json;
@@ -94,7 +94,9 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     // the agent's files are placed (they might use up the disk's inodes or space), nothing
     // the farm does may need room it no longer has. The agent's code runs only later.
     let setup = |e: AgentError| if options.final_state { ScoringError::Agent(format!("the rollout's VM could not take the tests: {e}")) } else { ScoringError::Environment(e) };
-    for test in &task.tests {
+    // A check through the zygote uses the template's harness: the tests' copy stays out.
+    let skip_harness = task.harness.is_some() && !options.final_state;
+    for test in task.tests.iter().filter(|t| !(skip_harness && t.path == HARNESS_TEST_FILE)) {
         agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400).await.map_err(setup)?;
     }
     let reward_path = reward_file_path();

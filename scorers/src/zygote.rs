@@ -9,7 +9,7 @@
 //! own. A check reaches it through `farm-agent --check-with-zygote`, which falls back to
 //! starting Python when there is no zygote (an image without Python).
 
-use datasets::{FUNCTION_CALL_HARNESS, TESTS_DIR};
+use datasets::{FUNCTION_CALL_HARNESS, HARNESS_TEST_FILE, TESTS_DIR};
 use snapshotter::TemplateExtras;
 
 /// Where the template keeps the harness the zygote runs.
@@ -18,21 +18,27 @@ pub const HARNESS_PATH: &str = "/usr/local/lib/farm/function_call.py";
 pub const SOCKET: &str = "/run/farm/zygote.sock";
 
 /// What `farm run` adds to its templates: the harness and, where the image has Python, the
-/// zygote started and answering.
+/// zygote started and answering. The zygote tells it is ready by exiting its first process
+/// (no polling loop competing with Python's start-up for the template's one vCPU).
 pub fn template_extras() -> TemplateExtras {
     let start = format!(
         "command -v python3 >/dev/null || exit 0; \
-         (python3 -I {HARNESS_PATH} --zygote {SOCKET} </dev/null >/dev/null 2>&1 &); \
-         for i in $(seq 600); do [ -S {SOCKET} ] && exit 0; sleep 0.1; done; \
+         python3 -I {HARNESS_PATH} --zygote {SOCKET} </dev/null >/dev/null 2>&1 && [ -S {SOCKET} ] && exit 0; \
          echo 'the harness zygote did not start' >&2; exit 1"
     );
     TemplateExtras { files: vec![(HARNESS_PATH.to_string(), FUNCTION_CALL_HARNESS.as_bytes().to_vec(), 0o644)], commands: vec![start] }
 }
 
-/// The command that runs a function-call check: through the zygote, or (`direct`) by
-/// starting Python on the harness written with the tests.
+/// The command that runs a function-call check: through the zygote (falling back to
+/// starting Python on the template's copy of the harness), or (`direct`) by starting Python
+/// on the copy written with the tests.
+///
+/// A scoring VM is a fresh fork of a `farm run` template, which holds the harness at
+/// [`HARNESS_PATH`]. A rollout's own VM (final-state scoring) ran the agent, perhaps as root:
+/// its check uses only what the tests brought.
 pub fn check_argv(harness_args: &[String], direct: bool) -> Vec<String> {
-    let python = ["/usr/bin/python3".to_string(), "-I".to_string(), format!("{TESTS_DIR}/harness.py")];
+    let harness = if direct { format!("{TESTS_DIR}/{HARNESS_TEST_FILE}") } else { HARNESS_PATH.to_string() };
+    let python = ["/usr/bin/python3".to_string(), "-I".to_string(), harness];
     let mut argv: Vec<String> = if direct {
         Vec::new()
     } else {
@@ -48,13 +54,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_zygote_path_falls_back_to_the_same_python_command() {
+    fn the_zygote_path_falls_back_to_python_on_the_templates_harness() {
         let args = vec!["--module".to_string(), "solution".to_string()];
         let direct = check_argv(&args, true);
         assert_eq!(direct, ["/usr/bin/python3", "-I", "/opt/farm-tests/harness.py", "--module", "solution"]);
         let zygote = check_argv(&args, false);
         assert_eq!(&zygote[..4], ["/sbin/farm-agent", "--check-with-zygote", SOCKET, "--"]);
-        assert_eq!(&zygote[4..], &direct[..]);
+        assert_eq!(zygote[6], HARNESS_PATH, "the fallback uses the template's harness");
+        assert_eq!(&zygote[4..6], &direct[..2]);
+        assert_eq!(&zygote[7..], &direct[3..]);
         let extras = template_extras();
         assert!(extras.commands[0].contains(SOCKET) && extras.files[0].0 == HARNESS_PATH);
     }

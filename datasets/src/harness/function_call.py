@@ -760,21 +760,29 @@ def zygote(socket_path):
     snapshot finds both processes started, so a check forks nothing and starts nothing.
     Neither holds a secret until the check (the reward path and the tests arrive with it).
 
+    The process started exits 0 once the socket listens (1 if the zygote failed): the
+    zygote itself is its child, in a session of its own.
+
     The request is the harness arguments as a JSON list, sent with three descriptors (the
     check's standard input, output and error); the answer is the exit status (4 bytes, big
     endian). A scoring VM runs one check, so the zygote then exits."""
+    ready_read, ready_write = os.pipe()
+    if os.fork() != 0:
+        os.close(ready_write)
+        os._exit(0 if os.read(ready_read, 1) == b"1" else 1)
+    os.close(ready_read)
     import socket
 
     import resource  # what the candidate's process needs, imported once here
-    import inspect  # so tests that use it cost nothing extra
 
     # What HumanEval-style prompts, solutions and tests import most, imported once here for
     # both processes: in a fresh fork under TCG, `from typing import List` alone costs each
     # of them about a quarter of a second. (Not `random`: a generator seeded before the
-    # snapshot would be the same in every fork, and in both processes.)
-    import bisect, collections, copy, functools, hashlib, heapq, itertools, math, operator, re, string, types, typing  # noqa: E401
+    # snapshot would be the same in every fork, and in both processes. Not `inspect` or
+    # `hashlib`, which few tests use and which cost the template most.)
+    import bisect, collections, copy, functools, heapq, itertools, math, operator, re, string, types, typing  # noqa: E401
 
-    del resource, inspect, bisect, collections, copy, functools, hashlib, heapq, itertools, math, operator, re, string, types, typing
+    del resource, bisect, collections, copy, functools, heapq, itertools, math, operator, re, string, types, typing
     try:
         os.setsid()
     except OSError:
@@ -795,6 +803,8 @@ def zygote(socket_path):
     os.umask(old_umask)
     os.chmod(socket_path, 0o600)
     server.listen(1)
+    os.write(ready_write, b"1")
+    os.close(ready_write)
     connection, _ = server.accept()
     server.close()
     code = 70
