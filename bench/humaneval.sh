@@ -8,7 +8,8 @@
 #   1. the reference harness: `evaluate_functional_correctness` (2 workers, no isolation) on the
 #      canonical completions;
 #   2. farm end to end on the same completions (`source = "reference"`), with an empty snapshot
-#      store and the warm artifact cache: template build, rollouts, scoring, output;
+#      store and the warm artifact cache: template build, rollouts, scoring, output; default
+#      concurrency ("auto": a rollout per core);
 #   3. the snapshot store's size afterwards;
 #   4. steady state: the same run again at concurrency 1 and 2 (store warm);
 #   5. the samples replay at 10 completions per task (20 tasks, 200 rollouts);
@@ -57,7 +58,7 @@ reference_harness "$work/ref-samples-10.jsonl" "$work/data/samples-tasks.jsonl"
 
 # 2. farm end to end, empty snapshot store.
 export FARM_SNAPSHOT_DIR="$work/snapshots"
-suite e2e reference "" 2
+suite e2e reference "" '"auto"'
 t2=$(now)
 "$FARM" run "$work/e2e.toml" >/dev/null 2>&1
 t3=$(now)

@@ -3,6 +3,7 @@
 //! config -> dataset -> template snapshot -> per-task snapshots -> forked rollouts (policy
 //! acts) -> artifacts out -> protected scoring -> journal and Parquet parts -> summary.
 
+pub mod counts;
 pub mod openai;
 pub mod output;
 pub mod policy;
@@ -59,6 +60,8 @@ struct Context_ {
     external: Vec<String>,
     /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
     pool: Option<(String, snapshotter::WarmPool)>,
+    /// Rollouts at once (`rollouts.concurrency`, resolved).
+    concurrency: usize,
 }
 
 impl Context_ {
@@ -190,7 +193,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let suite = Suite::load(&args.suite)?;
     let mut config = suite.config.clone();
     if let Some(c) = args.concurrency {
-        config.rollouts.concurrency = c.max(1);
+        config.rollouts.concurrency = suite::Count::Fixed(c.max(1));
     }
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
@@ -212,6 +215,11 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         }
     }
     let policy = Policy::load(&suite, &config)?;
+    let live_requests = match &policy {
+        Policy::Replay(_) => None,
+        Policy::OpenAi(_) => config.policy.openai().ok().map(|c| c.concurrency),
+    };
+    let counts = counts::resolve(config.rollouts.concurrency, config.rollouts.warm_pool, live_requests, config.template.memory_mib, &counts::Host::probe());
 
     // Output first: a run that cannot record must not start.
     let run_id = new_run_id();
@@ -243,11 +251,14 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         planned_total - todo.len(),
         out_dir.display()
     ));
+    if !counts.explanation.is_empty() {
+        log.line(&counts.explanation);
+    }
 
     // Ctrl-C or SIGTERM while snapshots are prepared: stop at once (nothing has run yet).
     let mut signals = Signals::new()?;
     let prepared = tokio::select! {
-        prepared = prepare(&suite, &config, &args, &todo, &log) => prepared?,
+        prepared = prepare(&suite, &config, &args, &todo, counts.concurrency, &log) => prepared?,
         code = signals.recv() => {
             log.line("interrupted while preparing snapshots; nothing ran");
             return Ok(code);
@@ -258,11 +269,11 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         log.line(&note);
     }
     let uses_template = task_snapshots.values().any(|s| matches!(s, Ok(s) if s.id() == template.id()));
-    let pool = if config.rollouts.warm_pool > 0 && uses_template {
+    let pool = if counts.warm_pool > 0 && uses_template {
         let pool = snapshotter::WarmPool::start_with_warm_up(
             forker.clone(),
             (*template).clone(),
-            config.rollouts.warm_pool,
+            counts.warm_pool,
             snapshotter::PoolMode::Resumed,
             &config.rollouts.warm_up,
         )?;
@@ -282,6 +293,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         forker,
         policy,
         pool,
+        concurrency: counts.concurrency,
     });
     run_rollouts(context, todo, task_snapshots, writer, signals, planned_total, &log, &args, &out_dir).await
 }
@@ -290,7 +302,7 @@ type TaskSnapshots = HashMap<String, Result<Arc<Snapshot>, String>>;
 type Prepared = (Forker, TaskSnapshots, Arc<Snapshot>);
 
 /// 3 and 4: the template snapshot, then a snapshot per task that has files or setup.
-async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, todo: &[(Arc<Task>, u32)], log: &Log) -> Result<Prepared> {
+async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, todo: &[(Arc<Task>, u32)], concurrency: usize, log: &Log) -> Result<Prepared> {
     // 3. Template snapshot.
     let mut vm = VmSettings::detect(args.accel)?;
     vm.boot_timeout = Duration::from_secs(300);
@@ -310,7 +322,7 @@ async fn prepare(suite: &Suite, config: &suite::SuiteConfig, args: &RunArgs, tod
     let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
     let mut seen = std::collections::HashSet::new();
     let mut building = tokio::task::JoinSet::new();
-    let slots = Arc::new(Semaphore::new(config.rollouts.concurrency.max(1)));
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     for (task, _) in todo {
         if !seen.insert(task.id.clone()) {
             continue;
@@ -366,7 +378,7 @@ async fn run_rollouts(
         .map(|(task, sample)| Planned { snapshot: task_snapshots[&task.id].clone(), task, sample })
         .collect();
     let total = planned.len();
-    let semaphore = Arc::new(Semaphore::new(config.rollouts.concurrency));
+    let semaphore = Arc::new(Semaphore::new(context.concurrency));
     let mut running = tokio::task::JoinSet::new();
     let mut queue = planned.into_iter();
     let mut progress = Progress::new(total, writer.outcomes().len());
@@ -376,7 +388,7 @@ async fn run_rollouts(
     let mut finished_now = 0usize;
     loop {
         // Start what the concurrency allows.
-        while running.len() < config.rollouts.concurrency && interrupted.is_none() {
+        while running.len() < context.concurrency && interrupted.is_none() {
             let Some(item) = queue.next() else { break };
             let context = context.clone();
             let permit = semaphore.clone().acquire_owned().await.expect("semaphore open");
@@ -423,7 +435,7 @@ async fn run_rollouts(
     writer.flush()?;
     write_time += t.elapsed();
     let mut summary = output::summary(writer.outcomes(), config.rollouts.samples, planned_total);
-    summary["performance"] = performance(&writer.outcomes()[writer.outcomes().len() - finished_now..], wall.elapsed(), write_time, config.rollouts.concurrency);
+    summary["performance"] = performance(&writer.outcomes()[writer.outcomes().len() - finished_now..], wall.elapsed(), write_time, context.concurrency);
     writer.write_summary(&summary)?;
     log.line(&format!(
         "{} of {} rollouts recorded: {} passed, {} failed, {} timeout, {} env_error; mean reward {}; summary in {}",

@@ -135,15 +135,58 @@ impl PolicySection {
     }
 }
 
+/// A number farm may choose from the host (`"auto"`) or that the suite fixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Count {
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl Serialize for Count {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Count::Auto => serializer.serialize_str("auto"),
+            Count::Fixed(n) => serializer.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Count, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number >= 0, or \"auto\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Count, E> {
+                usize::try_from(v).map(Count::Fixed).map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Count, E> {
+                u64::try_from(v).map_err(|_| E::custom(format!("expected a whole number >= 0, or \"auto\", got {v}"))).and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Count, E> {
+                if v == "auto" {
+                    Ok(Count::Auto)
+                } else {
+                    Err(E::custom(format!("expected a whole number >= 0, or \"auto\", got {v:?}")))
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutsSection {
     /// Rollouts per task (replay of samples files: one per completion instead).
     #[serde(default = "one")]
     pub samples: u32,
-    /// Rollouts running at once.
-    #[serde(default = "two")]
-    pub concurrency: usize,
+    /// Rollouts running at once: a number, or "auto" (the default: see [`super::counts`]).
+    #[serde(default)]
+    pub concurrency: Count,
     /// Actions per rollout at most.
     #[serde(default = "max_steps")]
     pub max_steps: usize,
@@ -166,8 +209,9 @@ pub struct RolloutsSection {
     /// (0, the default, turns the pool off). Rollouts and scoring VMs of tasks without a
     /// snapshot of their own come from it. It cuts latency when the host has idle cores;
     /// it adds no throughput to a host whose cores are all busy (warming costs the same CPU).
-    #[serde(default = "pool_size")]
-    pub warm_pool: usize,
+    /// "auto" (the default) turns it on only where rollouts leave cores idle.
+    #[serde(default)]
+    pub warm_pool: Count,
     /// Shell command each pooled fork runs before it waits: warms the code paths rollouts
     /// and hidden tests will use.
     #[serde(default = "warm_up")]
@@ -224,14 +268,8 @@ pub struct OutputSection {
 fn one() -> u32 {
     1
 }
-fn two() -> usize {
-    2
-}
 fn two_u32() -> u32 {
     2
-}
-fn pool_size() -> usize {
-    0
 }
 fn warm_up() -> String {
     "command -v python3 >/dev/null && python3 -c pass; true".into()
@@ -337,8 +375,8 @@ impl Suite {
         if c.rollouts.samples == 0 {
             return Err(invalid("rollouts.samples", "must be at least 1".into()));
         }
-        if c.rollouts.concurrency == 0 {
-            return Err(invalid("rollouts.concurrency", "must be at least 1".into()));
+        if c.rollouts.concurrency == Count::Fixed(0) {
+            return Err(invalid("rollouts.concurrency", "must be at least 1, or \"auto\"".into()));
         }
         if c.rollouts.max_steps == 0 {
             return Err(invalid("rollouts.max_steps", "must be at least 1".into()));
@@ -465,5 +503,21 @@ dir = "out"
         let suite = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", "user = \"farm\""))).unwrap();
         assert!(!suite.config.rollouts.runs_as_root());
         assert!(Suite::load(&write(dir.path(), MINIMAL)).unwrap().config.rollouts.runs_as_root());
+        for bad in ["concurrency = 0", "concurrency = -1", "concurrency = \"lots\"", "warm_pool = 1.5"] {
+            let err = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", bad))).unwrap_err().to_string();
+            assert!(err.contains("concurrency") || err.contains("warm_pool"), "{bad}: {err}");
+            assert!(err.contains("auto"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn concurrency_and_the_pool_are_numbers_or_auto() {
+        let dir = tempfile::tempdir().unwrap();
+        let suite = Suite::load(&write(dir.path(), MINIMAL)).unwrap();
+        assert_eq!((suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool), (Count::Fixed(2), Count::Auto));
+        let suite = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", "concurrency = \"auto\"\nwarm_pool = 3"))).unwrap();
+        assert_eq!((suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool), (Count::Auto, Count::Fixed(3)));
+        let suite = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", ""))).unwrap();
+        assert_eq!(suite.config.rollouts.concurrency, Count::Auto);
     }
 }
