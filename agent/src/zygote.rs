@@ -131,6 +131,7 @@ pub fn run(stream: UnixStream, pid: i32, check: &Check, launch: &Launch, stdin: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     fn argv(words: &[&str]) -> Program {
         Program::Argv(words.iter().map(|w| w.to_string()).collect())
@@ -148,5 +149,113 @@ mod tests {
         assert_eq!(parse(&Program::Shell(format!("{CLIENT} {FLAG} /s -- p -I h"))), None);
         assert_eq!(exit_status(3).code(), Some(3));
         assert_eq!(exit_status(-1).code(), Some(255));
+    }
+
+    /// A stand-in zygote on the host: serves one check as the harness does (arguments as
+    /// JSON with three descriptors, the status as 4 bytes), as `uid`, doing `behaviour`.
+    fn fake_zygote(dir: &std::path::Path, uid: u32, behaviour: &str) -> (String, std::process::Child) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let socket = dir.join("zygote.sock").to_string_lossy().into_owned();
+        let script = format!(
+            r#"
+import json, os, socket, struct, sys, time
+os.setsid(); os.setgid({uid}); os.setuid({uid})
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); server.listen(1)
+print("listening", flush=True)
+conn, _ = server.accept()
+message, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+stdin, stdout, stderr = fds
+args = json.loads(message)
+line = os.read(stdin, 100)
+if "{behaviour}" == "hang":
+    time.sleep(600)
+os.write(stdout, b"args=" + " ".join(args).encode() + b" stdin=" + line)
+os.write(stderr, b"to stderr")
+conn.sendall(struct.pack(">i", 3))
+"#
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script, &socket])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = [0u8; 10];
+        child.stdout.as_mut().unwrap().read_exact(&mut line).unwrap();
+        (socket, child)
+    }
+
+    fn launch(program: &Program, timeout_ms: u64) -> Launch<'_> {
+        Launch {
+            program,
+            cwd: "/".into(),
+            env: Vec::new(),
+            user: crate::users::User::ROOT,
+            timeout_ms: Some(timeout_ms),
+            stdout_cap: 1 << 16,
+            stderr_cap: 1 << 16,
+        }
+    }
+
+    fn root() -> bool {
+        let ok = nix::unistd::geteuid().is_root() && std::process::Command::new("python3").arg("-c").arg("pass").status().is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipped: needs root and python3");
+        }
+        ok
+    }
+
+    #[test]
+    fn a_check_in_the_zygote_gets_stdio_and_the_status_without_a_process() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, mut child) = fake_zygote(dir.path(), 0, "answer");
+        let program = argv(&[CLIENT, FLAG, &socket, "--", "python3", "-I", "h.py", "--module", "solution"]);
+        let check = parse(&program).unwrap();
+        let (stream, pid) = connect(check.socket).expect("a root zygote is taken");
+        assert_eq!(pid as u32, child.id());
+        let (output, group) = run(stream, pid, &check, &launch(&program, 30_000), b"reward-path\n").unwrap();
+        assert_eq!(group, child.id());
+        assert_eq!(output.result.exit_code, Some(3));
+        assert!(!output.result.timed_out);
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "args=--module solution stdin=reward-path\n");
+        assert_eq!(output.stderr, b"to stderr");
+        let _ = child.wait();
+    }
+
+    /// Hostile: something else listening where the zygote's socket should be gets no check
+    /// (and no descriptor of the agent's): the check starts as a command instead.
+    #[test]
+    fn a_socket_that_is_not_roots_gets_no_check() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, mut child) = fake_zygote(dir.path(), 65534, "answer");
+        assert!(connect(&socket).is_none(), "a zygote socket served by uid 65534 was taken");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// A check past its deadline: the zygote (its whole session) is killed and the result
+    /// says timed out.
+    #[test]
+    fn a_check_past_its_deadline_kills_the_zygote() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, mut child) = fake_zygote(dir.path(), 0, "hang");
+        let program = argv(&[CLIENT, FLAG, &socket, "--", "python3", "-I", "h.py"]);
+        let check = parse(&program).unwrap();
+        let (stream, pid) = connect(check.socket).unwrap();
+        let (output, _) = run(stream, pid, &check, &launch(&program, 1_000), b"x\n").unwrap();
+        assert!(output.result.timed_out, "{:?}", output.result);
+        assert_eq!(output.result.exit_code, None);
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "the zygote outlived its check");
     }
 }
