@@ -23,7 +23,7 @@ use snapshotter::{build_template_with, snapshot_fork, Fork, ForkIdentity, Forker
 use tokio::sync::Semaphore;
 use vmm::{AccelSetting, AgentError, ExecOptions, VmSettings};
 
-use output::{OutputWriter, Row, Step, Timings, Usage};
+use output::{OutputWriter, Row, Status, Step, Timings, Usage};
 use policy::{Action, ReplayPolicy};
 use suite::{ScoringMode, Suite};
 
@@ -559,7 +559,7 @@ fn new_row(context: &Context_, item: &Planned, seed: u64, started_at_ms: i64) ->
         messages: "[]".into(),
         usage: Usage::default(),
         reward: None,
-        status: "env_error".into(),
+        status: Status::EnvError,
         error: None,
         score_details: "{}".into(),
         attempts: 1,
@@ -615,7 +615,7 @@ async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
 /// records. Such a row stays an `env_error`, visible in the counts.
 fn worth_retrying(row: &Row, snapshot_ok: bool) -> bool {
     let no_actions = row.error.as_deref().is_some_and(|e| e.starts_with("policy: "));
-    row.status == "env_error" && snapshot_ok && !no_actions && row.steps.is_empty()
+    row.status == Status::EnvError && snapshot_ok && !no_actions && row.steps.is_empty()
 }
 
 /// What ended a rollout before scoring.
@@ -759,13 +759,13 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     match ending {
         Ending::Done => {}
         Ending::Timeout => {
-            row.status = "timeout".into();
+            row.status = Status::Timeout;
             row.reward = Some(0.0);
             row.error = Some(format!("the rollout ran past its {} s limit", rollouts.timeout_secs));
             return finish(row);
         }
         Ending::PolicyRefused(reason) => {
-            row.status = "failed".into();
+            row.status = Status::Failed;
             row.reward = Some(0.0);
             row.error = Some(format!("policy: {reason}"));
             return finish(row);
@@ -777,7 +777,7 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
         }
         Ending::AgentBrokeVm(reason) => {
             // The agent's own action took its VM down: an agent failure, not the farm's.
-            row.status = "failed".into();
+            row.status = Status::Failed;
             row.reward = Some(0.0);
             row.error = Some(reason);
             return finish(row);
@@ -799,7 +799,7 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     let mut artifacts = match collected {
         Ok(a) => a,
         Err(e) => {
-            row.status = "failed".into();
+            row.status = Status::Failed;
             row.reward = Some(0.0);
             row.error = Some(format!("the rollout VM did not hand over its artifacts after the agent's actions: {}", fork.explain(&e)));
             return finish(row);
@@ -823,13 +823,12 @@ fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict>, artifacts: &
             }
             row.reward = Some(v.reward);
             row.status = if v.timed_out {
-                "timeout"
+                Status::Timeout
             } else if v.passed {
-                "passed"
+                Status::Passed
             } else {
-                "failed"
-            }
-            .into();
+                Status::Failed
+            };
             let mut details = v.details;
             details["artifacts"] = serde_json::to_value(artifacts).unwrap_or_default();
             row.score_details = details.to_string();
@@ -1097,7 +1096,7 @@ impl Log {
 struct Progress {
     total: usize,
     done: usize,
-    counts: std::collections::BTreeMap<String, usize>,
+    counts: std::collections::BTreeMap<Status, usize>,
     started: Instant,
     tty: bool,
 }
@@ -1109,7 +1108,7 @@ impl Progress {
 
     fn record(&mut self, row: &Row, log: &Log) {
         self.done += 1;
-        *self.counts.entry(row.status.clone()).or_default() += 1;
+        *self.counts.entry(row.status).or_default() += 1;
         let elapsed = self.started.elapsed().as_secs_f64();
         let rate = self.done as f64 / elapsed.max(1e-3);
         let eta = (self.total - self.done) as f64 / rate.max(1e-9);
@@ -1199,7 +1198,7 @@ mod tests {
             messages: "[]".into(),
             usage: Usage::default(),
             reward: None,
-            status: status.into(),
+            status: status.parse().unwrap(),
             error: error.map(String::from),
             score_details: "{}".into(),
             attempts: 1,

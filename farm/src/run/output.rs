@@ -41,8 +41,7 @@ pub struct Row {
     pub messages: String,
     pub usage: Usage,
     pub reward: Option<f64>,
-    /// passed | failed | timeout | env_error
-    pub status: String,
+    pub status: Status,
     pub error: Option<String>,
     /// JSON object: what the verdict rests on.
     pub score_details: String,
@@ -81,6 +80,49 @@ pub struct Timings {
     pub total_ms: f64,
 }
 
+/// How a rollout ended; written as `passed`, `failed`, `timeout` or `env_error`.
+/// (The Parquet column is a plain string: see [`schema`].)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Scored, and the reward reached the pass threshold.
+    Passed,
+    /// Scored below the threshold, or the agent's own doing ended it (reward 0).
+    Failed,
+    /// The rollout or its tests ran past their limit (reward 0).
+    Timeout,
+    /// The farm, not the agent, failed: no reward (never a zero a trainer could mistake for
+    /// a failure), left out of pass@k.
+    EnvError,
+}
+
+impl Status {
+    pub const ALL: [Status; 4] = [Status::Passed, Status::Failed, Status::Timeout, Status::EnvError];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Passed => "passed",
+            Status::Failed => "failed",
+            Status::Timeout => "timeout",
+            Status::EnvError => "env_error",
+        }
+    }
+}
+
+impl std::str::FromStr for Status {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Status, String> {
+        Status::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| format!("expected passed, failed, timeout or env_error, got {text:?}"))
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Row {
     pub fn key(&self) -> (String, u32) {
         (self.task_id.clone(), self.sample_index)
@@ -94,7 +136,7 @@ pub struct Outcome {
     pub task_id: String,
     pub task_digest: String,
     pub sample_index: u32,
-    pub status: String,
+    pub status: Status,
     pub reward: Option<f64>,
     pub timings: Timings,
 }
@@ -105,7 +147,7 @@ impl From<&Row> for Outcome {
             task_id: r.task_id.clone(),
             task_digest: r.task_digest.clone(),
             sample_index: r.sample_index,
-            status: r.status.clone(),
+            status: r.status,
             reward: r.reward,
             timings: r.timings.clone(),
         }
@@ -149,8 +191,14 @@ pub struct OutputWriter {
 
 fn schema() -> Result<Arc<arrow_schema::Schema>> {
     use serde_arrow::schema::{SchemaLike, TracingOptions};
-    let fields = Vec::<arrow_schema::FieldRef>::from_type::<Row>(TracingOptions::default().allow_null_fields(true).strings_as_large_utf8(false).sequence_as_large_list(false))
-        .context("deriving the Parquet schema")?;
+    let options = TracingOptions::default()
+        .allow_null_fields(true)
+        .strings_as_large_utf8(false)
+        .sequence_as_large_list(false)
+        // The status is an enum in Rust and a plain string column in the files.
+        .overwrite("status", serde_json::json!({ "name": "status", "data_type": "Utf8" }))
+        .context("the status column")?;
+    let fields = Vec::<arrow_schema::FieldRef>::from_type::<Row>(options).context("deriving the Parquet schema")?;
     Ok(Arc::new(arrow_schema::Schema::new(fields)))
 }
 
@@ -339,9 +387,9 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Va
         by_task.entry(&r.task_id).or_default().push(r);
     }
     let counts = |rs: &[&Outcome]| -> BTreeMap<String, usize> {
-        let mut c: BTreeMap<String, usize> = ["passed", "failed", "timeout", "env_error"].iter().map(|s| (s.to_string(), 0)).collect();
+        let mut c: BTreeMap<String, usize> = Status::ALL.iter().map(|s| (s.to_string(), 0)).collect();
         for r in rs {
-            *c.entry(r.status.clone()).or_default() += 1;
+            *c.entry(r.status.to_string()).or_default() += 1;
         }
         c
     };
@@ -359,9 +407,9 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Va
     let mut pass_hat: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     for (task, rs) in &by_task {
         // Environment errors are not samples of the model: leave them out of n.
-        let scored: Vec<&&Outcome> = rs.iter().filter(|r| r.status != "env_error").collect();
+        let scored: Vec<&&Outcome> = rs.iter().filter(|r| r.status != Status::EnvError).collect();
         let n = scored.len() as u32;
-        let c = scored.iter().filter(|r| r.status == "passed").count() as u32;
+        let c = scored.iter().filter(|r| r.status == Status::Passed).count() as u32;
         let mut at = serde_json::Map::new();
         let mut hat = serde_json::Map::new();
         for k in 1..=max_k {
@@ -439,7 +487,7 @@ mod tests {
             messages: "[]".into(),
             usage: Usage::default(),
             reward: (status != "env_error").then_some(if status == "passed" { 1.0 } else { 0.0 }),
-            status: status.into(),
+            status: status.parse().unwrap(),
             error: None,
             score_details: "{}".into(),
             attempts: 1,
@@ -463,6 +511,11 @@ mod tests {
 
     #[test]
     fn summary_counts_and_leaves_env_errors_out_of_pass_at_k() {
+        for status in Status::ALL {
+            assert_eq!(serde_json::to_value(status).unwrap(), status.as_str());
+            assert_eq!(status.as_str().parse::<Status>(), Ok(status));
+        }
+        assert!("lost".parse::<Status>().is_err());
         let rows = [row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "env_error"), row("b", 1, "passed")];
         let outcomes: Vec<Outcome> = rows.iter().map(Outcome::from).collect();
         let s = summary(&outcomes, 2, 4);
