@@ -590,7 +590,7 @@ async fn rollout_isolated(context: Arc<Context_>, item: Planned) -> Row {
         Err(e) => {
             let seed = rollout_seed(context.suite_seed, &item.task.id, item.sample);
             let mut row = new_row(&context, &item, seed, now_ms());
-            row.error = Some(format!("the rollout failed inside farm: {e}"));
+            End::Internal(e.to_string()).settle(&mut row);
             row
         }
     }
@@ -599,9 +599,9 @@ async fn rollout_isolated(context: Arc<Context_>, item: Planned) -> Row {
 async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
     let mut attempt = 1;
     loop {
-        let mut row = rollout(context, item).await;
+        let (mut row, end) = rollout(context, item).await;
         row.attempts = attempt;
-        if attempt > context.config.rollouts.retries || !worth_retrying(&row, item.snapshot.is_ok()) {
+        if attempt > context.config.rollouts.retries || !worth_retrying(&end, row.steps.len()) {
             return row;
         }
         attempt += 1;
@@ -613,9 +613,88 @@ async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
 /// the agent ran: a retry would then give a live policy a fresh sample, and an agent that
 /// could turn its own failures into environment errors would get extra tries that no row
 /// records. Such a row stays an `env_error`, visible in the counts.
-fn worth_retrying(row: &Row, snapshot_ok: bool) -> bool {
-    let no_actions = row.error.as_deref().is_some_and(|e| e.starts_with("policy: "));
-    row.status == Status::EnvError && snapshot_ok && !no_actions && row.steps.is_empty()
+fn worth_retrying(end: &End, steps: usize) -> bool {
+    end.retryable() && steps == 0
+}
+
+/// How a rollout ended, and whose doing it was. [`End::settle`] is the one place that turns
+/// an ending into the row's status, reward and error.
+#[derive(Debug, Clone, PartialEq)]
+enum End {
+    /// The tests (or the answer check) gave a verdict, already in the row.
+    Scored,
+    // The farm's failures: `env_error`, no reward.
+    /// The task's snapshot could not be prepared (a retry would not make it).
+    NoSnapshot(String),
+    /// The policy has no actions for this rollout (nor will it on a retry).
+    NoActions(String),
+    /// The VM could not be forked.
+    Fork(String),
+    /// The forked VM could not be set up for the rollout.
+    Setup(String),
+    /// The policy's endpoint failed (not the model's answer).
+    PolicyEndpoint(String),
+    /// Scoring failed for reasons of the farm's.
+    Scoring(String),
+    /// farm itself failed (a panic in the rollout's task).
+    Internal(String),
+    // The agent's doing: `timeout` or `failed`, reward 0.
+    /// The agent's actions ran past `rollouts.timeout_secs`.
+    Timeout(u64),
+    /// The endpoint refused the conversation itself (e.g. past the model's context).
+    PolicyRefused(String),
+    /// An action of the agent's took its VM down.
+    AgentBrokeVm(String),
+    /// The rollout VM did not hand over its artifacts after the agent's actions.
+    NoArtifacts(String),
+}
+
+impl End {
+    /// The status this ending gives (None: the verdict decided).
+    fn status(&self) -> Option<Status> {
+        match self {
+            End::Scored => None,
+            End::NoSnapshot(_) | End::NoActions(_) | End::Fork(_) | End::Setup(_) | End::PolicyEndpoint(_) | End::Scoring(_) | End::Internal(_) => {
+                Some(Status::EnvError)
+            }
+            End::Timeout(_) => Some(Status::Timeout),
+            End::PolicyRefused(_) | End::AgentBrokeVm(_) | End::NoArtifacts(_) => Some(Status::Failed),
+        }
+    }
+
+    /// The error text of the row.
+    fn error(&self) -> Option<String> {
+        Some(match self {
+            End::Scored => return None,
+            End::NoSnapshot(e) | End::Setup(e) | End::AgentBrokeVm(e) => e.clone(),
+            End::NoActions(e) | End::PolicyRefused(e) => format!("policy: {e}"),
+            End::Fork(e) => format!("fork: {e}"),
+            End::PolicyEndpoint(e) => format!("policy endpoint: {e}"),
+            End::Scoring(e) => format!("scoring: {e}"),
+            End::Internal(e) => format!("the rollout failed inside farm: {e}"),
+            End::Timeout(secs) => format!("the rollout ran past its {secs} s limit"),
+            End::NoArtifacts(e) => format!("the rollout VM did not hand over its artifacts after the agent's actions: {e}"),
+        })
+    }
+
+    /// Whether another attempt could end differently: a failure of the farm's that a fresh
+    /// fork may not meet again (not a missing snapshot or missing replay data, never the
+    /// agent's doing).
+    fn retryable(&self) -> bool {
+        matches!(self, End::Fork(_) | End::Setup(_) | End::PolicyEndpoint(_) | End::Scoring(_))
+    }
+
+    /// Puts the ending into the row: status, reward (none for the farm's failures, 0 for the
+    /// agent's) and error.
+    fn settle(&self, row: &mut Row) {
+        if let Some(status) = self.status() {
+            row.status = status;
+            row.reward = (status != Status::EnvError).then_some(0.0);
+        }
+        if let Some(error) = self.error() {
+            row.error = Some(error);
+        }
+    }
 }
 
 /// What ended a rollout before scoring.
@@ -640,29 +719,24 @@ fn policy_ending(error: &anyhow::Error) -> Ending {
     }
 }
 
-async fn rollout(context: &Context_, item: &Planned) -> Row {
+async fn rollout(context: &Context_, item: &Planned) -> (Row, End) {
     let started = Instant::now();
     let started_at_ms = now_ms();
     let task = &item.task;
     let seed = rollout_seed(context.suite_seed, &task.id, item.sample);
     let mut row = new_row(context, item, seed, started_at_ms);
-    let finish = |mut row: Row| {
+    let finish = |mut row: Row, end: End| {
+        end.settle(&mut row);
         row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
-        row
+        (row, end)
     };
     let snapshot = match &item.snapshot {
         Ok(s) => s.clone(),
-        Err(e) => {
-            row.error = Some(e.clone());
-            return finish(row);
-        }
+        Err(e) => return finish(row, End::NoSnapshot(e.clone())),
     };
     let mut driver = match context.policy.driver(task, item.sample, seed) {
         Ok(d) => d,
-        Err(e) => {
-            row.error = Some(format!("policy: {e}"));
-            return finish(row);
-        }
+        Err(e) => return finish(row, End::NoActions(e.to_string())),
     };
 
     // Replayed data needs no VM: when every action writes a file in the workspace or submits
@@ -675,8 +749,8 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
                 let score_started = Instant::now();
                 let verdict = score(context, task, &snapshot, None, &artifacts, seed).await;
                 row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
-                record_verdict(&mut row, verdict, &artifacts);
-                return finish(row);
+                let end = record_verdict(&mut row, verdict, &artifacts);
+                return finish(row, end);
             }
         }
     }
@@ -685,25 +759,18 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     let identity = ForkIdentity { env: vec![("FARM_TASK_ID".into(), task.id.clone())], ..ForkIdentity::new(seed) };
     let fork = match context.fork_task(&snapshot, task, identity).await {
         Ok(f) => f,
-        Err(e) => {
-            row.error = Some(format!("fork: {e:#}"));
-            return finish(row);
-        }
+        Err(e) => return finish(row, End::Fork(format!("{e:#}"))),
     };
     row.timings.fork_ms = started.elapsed().as_secs_f64() * 1e3;
     if !context.config.rollouts.runs_as_root() {
         if let Err(e) = fork.agent().handover(WORKSPACE, &context.config.rollouts.user).await {
-            row.error = Some(format!("handing the workspace to rollouts.user {:?}: {e}", context.config.rollouts.user));
-            return finish(row);
+            return finish(row, End::Setup(format!("handing the workspace to rollouts.user {:?}: {e}", context.config.rollouts.user)));
         }
     }
     let limits = scorers::ArtifactLimits::default();
     let baseline = match scorers::artifacts::list_workspace(fork.agent(), &limits).await {
         Ok(b) => b,
-        Err(e) => {
-            row.error = Some(format!("listing the workspace: {e}"));
-            return finish(row);
-        }
+        Err(e) => return finish(row, End::Setup(format!("listing the workspace: {e}"))),
     };
 
     // The policy acts.
@@ -758,30 +825,12 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     row.timings.rollout_ms = rollout_started.elapsed().as_secs_f64() * 1e3;
     match ending {
         Ending::Done => {}
-        Ending::Timeout => {
-            row.status = Status::Timeout;
-            row.reward = Some(0.0);
-            row.error = Some(format!("the rollout ran past its {} s limit", rollouts.timeout_secs));
-            return finish(row);
-        }
-        Ending::PolicyRefused(reason) => {
-            row.status = Status::Failed;
-            row.reward = Some(0.0);
-            row.error = Some(format!("policy: {reason}"));
-            return finish(row);
-        }
-        Ending::PolicyFailed(reason) => {
-            // The endpoint failed, not the model's answer: an environment error (retried).
-            row.error = Some(format!("policy endpoint: {reason}"));
-            return finish(row);
-        }
-        Ending::AgentBrokeVm(reason) => {
-            // The agent's own action took its VM down: an agent failure, not the farm's.
-            row.status = Status::Failed;
-            row.reward = Some(0.0);
-            row.error = Some(reason);
-            return finish(row);
-        }
+        Ending::Timeout => return finish(row, End::Timeout(rollouts.timeout_secs)),
+        Ending::PolicyRefused(reason) => return finish(row, End::PolicyRefused(reason)),
+        // The endpoint failed, not the model's answer: an environment error (retried).
+        Ending::PolicyFailed(reason) => return finish(row, End::PolicyEndpoint(reason)),
+        // The agent's own action took its VM down: an agent failure, not the farm's.
+        Ending::AgentBrokeVm(reason) => return finish(row, End::AgentBrokeVm(reason)),
     }
 
     // Artifacts out, as untrusted data; then the rollout VM goes (fresh-fork scoring).
@@ -798,22 +847,17 @@ async fn rollout(context: &Context_, item: &Planned) -> Row {
     }
     let mut artifacts = match collected {
         Ok(a) => a,
-        Err(e) => {
-            row.status = Status::Failed;
-            row.reward = Some(0.0);
-            row.error = Some(format!("the rollout VM did not hand over its artifacts after the agent's actions: {}", fork.explain(&e)));
-            return finish(row);
-        }
+        Err(e) => return finish(row, End::NoArtifacts(fork.explain(&e))),
     };
     artifacts.answer = answer;
     let verdict = score(context, task, &snapshot, Some(fork), &artifacts, seed).await;
     row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
-    record_verdict(&mut row, verdict, &artifacts);
-    finish(row)
+    let end = record_verdict(&mut row, verdict, &artifacts);
+    finish(row, end)
 }
 
-/// Puts a verdict (or why scoring failed) into the row.
-fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict>, artifacts: &scorers::Artifacts) {
+/// Puts a verdict into the row; or says why scoring failed.
+fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict>, artifacts: &scorers::Artifacts) -> End {
     match verdict {
         Ok(v) => {
             if let Some(reason) = v.details.get("agent_failure").and_then(|r| r.as_str()) {
@@ -832,10 +876,9 @@ fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict>, artifacts: &
             let mut details = v.details;
             details["artifacts"] = serde_json::to_value(artifacts).unwrap_or_default();
             row.score_details = details.to_string();
+            End::Scored
         }
-        Err(e) => {
-            row.error = Some(format!("scoring: {e:#}"));
-        }
+        Err(e) => End::Scoring(format!("{e:#}")),
     }
 }
 
@@ -1216,11 +1259,38 @@ mod tests {
 
     #[test]
     fn only_environment_errors_before_any_action_are_retried() {
-        assert!(worth_retrying(&row("env_error", Some("fork: QEMU exited"), 0), true));
+        assert!(worth_retrying(&End::Fork("QEMU exited".into()), 0));
+        assert!(worth_retrying(&End::PolicyEndpoint("503".into()), 0));
         // Once the agent acted, a retry would be a fresh sample for a live policy.
-        assert!(!worth_retrying(&row("env_error", Some("scoring: the scoring VM failed"), 2), true));
-        assert!(!worth_retrying(&row("env_error", Some("policy: no completion for this task"), 0), true));
-        assert!(!worth_retrying(&row("env_error", Some("preparing the task snapshot failed"), 0), false));
-        assert!(!worth_retrying(&row("failed", None, 0), true));
+        assert!(!worth_retrying(&End::Scoring("the scoring VM failed".into()), 2));
+        assert!(!worth_retrying(&End::NoActions("no completion for this task".into()), 0));
+        assert!(!worth_retrying(&End::NoSnapshot("preparing the task snapshot failed".into()), 0));
+        assert!(!worth_retrying(&End::Internal("panicked".into()), 0));
+        for agents in [End::Scored, End::Timeout(600), End::PolicyRefused("too long".into()), End::AgentBrokeVm("x".into()), End::NoArtifacts("x".into())] {
+            assert!(!worth_retrying(&agents, 0), "{agents:?}");
+        }
+    }
+
+    #[test]
+    fn an_ending_decides_status_reward_and_error_in_one_place() {
+        let settled = |end: End| {
+            let mut r = row("env_error", None, 0);
+            r.reward = None;
+            end.settle(&mut r);
+            (r.status, r.reward, r.error)
+        };
+        // The farm's failures: no reward, never a zero a trainer could take for a failure.
+        assert_eq!(settled(End::Fork("QEMU exited".into())), (Status::EnvError, None, Some("fork: QEMU exited".into())));
+        assert_eq!(settled(End::NoActions("no completion".into())), (Status::EnvError, None, Some("policy: no completion".into())));
+        assert_eq!(settled(End::Scoring("boom".into())).1, None);
+        // The agent's: a zero.
+        assert_eq!(settled(End::Timeout(600)), (Status::Timeout, Some(0.0), Some("the rollout ran past its 600 s limit".into())));
+        assert_eq!(settled(End::PolicyRefused("too long".into())), (Status::Failed, Some(0.0), Some("policy: too long".into())));
+        assert_eq!(settled(End::AgentBrokeVm("the VM died".into())).0, Status::Failed);
+        // A verdict stays as scoring put it.
+        let mut r = row("passed", None, 1);
+        r.reward = Some(1.0);
+        End::Scored.settle(&mut r);
+        assert_eq!((r.status, r.reward, r.error), (Status::Passed, Some(1.0), None));
     }
 }
