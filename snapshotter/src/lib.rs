@@ -5,16 +5,20 @@
 //! reuse the same snapshot). [`fork::Forker`] starts forks of a snapshot (copy-on-write RAM
 //! and disk, fresh identity); [`fork::WarmPool`] keeps QEMUs waiting so forks skip process
 //! start. [`build::snapshot_fork`] turns a running fork into a child snapshot (per-task
-//! snapshots, mid-trajectory branches). The state file format is in [`statefile`].
+//! snapshots, mid-trajectory branches); [`child::child_snapshot`] makes content-addressed
+//! children of a template with files and setup (per-task snapshots). The state file format
+//! is in [`statefile`].
 #![forbid(unsafe_code)]
 
 pub mod build;
+pub mod child;
 pub mod fork;
 pub mod statefile;
 pub mod store;
 pub mod template;
 
 pub use build::{build_template, build_template_with, snapshot_fork, BuildError, Built, TemplateExtras};
+pub use child::{child_snapshot, ChildError, ChildSpec};
 pub use fork::{Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
 pub use template::TemplateConfig;

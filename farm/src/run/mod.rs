@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use datasets::{Task, WORKSPACE};
 use sha2::{Digest, Sha256};
-use snapshotter::{build_template_with, snapshot_fork, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
+use snapshotter::{build_template_with, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
 use tokio::sync::Semaphore;
 use vmm::{AccelSetting, AgentError, ExecOptions, VmSettings};
 
@@ -502,43 +502,30 @@ fn rollout_seed(suite_seed: u64, task: &str, sample: u32) -> u64 {
     u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
-/// Forks the template, places the task's files, runs its setup, snapshots the result.
-/// Content-addressed: the same template and task files/setup reuse the snapshot.
-/// The content address of a task's snapshot: its template, files and setup.
-fn task_snapshot_id(template: &Snapshot, task: &Task) -> String {
-    let mut h = Sha256::new();
-    h.update(template.id().as_bytes());
-    h.update(serde_json::to_vec(&(&task.files, &task.setup)).expect("task files serialize"));
-    format!("k-{}", h.finalize().iter().take(10).map(|b| format!("{b:02x}")).collect::<String>())
+/// What addresses a task's snapshot besides its template: its files and setup.
+fn task_snapshot_content(task: &Task) -> Vec<u8> {
+    serde_json::to_vec(&(&task.files, &task.setup)).expect("task files serialize")
 }
 
+/// The content address of a task's snapshot.
+fn task_snapshot_id(template: &Snapshot, task: &Task) -> String {
+    snapshotter::child::child_id(template, &task_snapshot_content(task))
+}
+
+/// The task's own snapshot: a child of the template with its files and setup (see
+/// [`snapshotter::child`]).
 async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, task: &Task) -> Result<Snapshot> {
-    let id = task_snapshot_id(template, task);
-    if let Ok(existing) = store.get(&id) {
-        if existing.check_files().is_ok() {
-            return Ok(existing);
-        }
-    }
-    // Task setup may install a lot: the rollouts' disk limit does not apply to it.
-    let forker = Forker { max_disk_bytes: None, ..forker.clone() };
-    let fork = forker.fork(template, ForkIdentity::new(0)).await?;
-    for file in &task.files {
-        fork.agent().write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode).await?;
-    }
-    for command in &task.setup {
-        let out = fork
-            .agent()
-            .exec(ExecOptions { cwd: Some(WORKSPACE.into()), timeout: Some(Duration::from_secs(900)), ..ExecOptions::shell(command.clone()) })
-            .await?;
-        if out.result.exit_code != Some(0) {
-            anyhow::bail!(
-                "setup command {command:?} exited with {}: {}",
-                out.shell_exit_code(),
-                String::from_utf8_lossy(&out.stderr).chars().take(2000).collect::<String>()
-            );
-        }
-    }
-    Ok(snapshot_fork(store, &forker, template, &fork, &task.id, Some(id), false).await?)
+    let content = task_snapshot_content(task);
+    let files: Vec<(String, Vec<u8>, u32)> = task.files.iter().map(|f| (f.path.clone(), f.contents.clone(), f.mode)).collect();
+    let spec = snapshotter::ChildSpec {
+        label: &task.id,
+        content: &content,
+        files: &files,
+        setup: &task.setup,
+        workdir: WORKSPACE,
+        setup_timeout: Duration::from_secs(900),
+    };
+    Ok(snapshotter::child_snapshot(store, forker, template, &spec).await?)
 }
 
 /// A row for a rollout, before anything happened: status env_error until decided.
