@@ -55,6 +55,7 @@ fn main() {
         default_hook(info);
     }));
     let cli = Cli::parse();
+    init_structured_logs();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -96,4 +97,25 @@ fn main() {
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     vmm::process::kill_all();
     std::process::exit(code);
+}
+
+/// Structured logs (`tracing`) on standard error when `FARM_LOG` sets a filter, e.g.
+/// `FARM_LOG=info` or `FARM_LOG=farm=debug`; as JSON lines with `FARM_LOG_FORMAT=json`. Each
+/// rollout of `farm run` is a span carrying `run_id`, `task_id`, `sample` and `fork_id`.
+/// Without `FARM_LOG` only farm's usual progress lines are printed.
+fn init_structured_logs() {
+    let Ok(filter) = std::env::var("FARM_LOG") else { return };
+    let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("farm: FARM_LOG={filter:?} is not a log filter ({e}); expected e.g. \"info\" or \"farm=debug\"");
+            std::process::exit(2);
+        }
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    if std::env::var("FARM_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().with_current_span(true).with_span_list(false).init();
+    } else {
+        builder.with_ansi(false).init();
+    }
 }

@@ -568,9 +568,17 @@ impl<T> Drop for AbortOnDrop<T> {
 /// Runs a rollout on a task of its own, so a panic in it becomes an env_error row for that
 /// rollout instead of ending the run.
 async fn rollout_isolated(context: Arc<Context_>, item: Planned) -> Row {
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "rollout",
+        run_id = %context.run_id,
+        task_id = %item.task.id,
+        sample = item.sample,
+        fork_id = tracing::field::Empty,
+    );
     let mut inner = {
         let (context, item) = (context.clone(), item.clone());
-        AbortOnDrop(tokio::spawn(async move { rollout_with_retries(&context, &item).await }))
+        AbortOnDrop(tokio::spawn(async move { rollout_with_retries(&context, &item).await }.instrument(span)))
     };
     match (&mut inner.0).await {
         Ok(row) => row,
@@ -588,6 +596,17 @@ async fn rollout_with_retries(context: &Context_, item: &Planned) -> Row {
     loop {
         let (mut row, end) = rollout(context, item).await;
         row.attempts = attempt;
+        tracing::info!(
+            attempt,
+            status = %row.status,
+            reward = row.reward,
+            error = row.error.as_deref().unwrap_or(""),
+            fork_ms = row.timings.fork_ms,
+            rollout_ms = row.timings.rollout_ms,
+            score_ms = row.timings.score_ms,
+            total_ms = row.timings.total_ms,
+            "rollout ended"
+        );
         if attempt > context.config.rollouts.retries || !worth_retrying(&end, row.steps.len()) {
             return row;
         }
@@ -744,11 +763,14 @@ async fn rollout(context: &Context_, item: &Planned) -> (Row, End) {
 
     // Fork.
     let identity = ForkIdentity { env: vec![("FARM_TASK_ID".into(), task.id.clone())], ..ForkIdentity::new(seed) };
+    tracing::Span::current().record("fork_id", identity.fork_id.as_str());
+    tracing::debug!("forking the task's snapshot");
     let fork = match context.fork_task(&snapshot, task, identity).await {
         Ok(f) => f,
         Err(e) => return finish(row, End::Fork(format!("{e:#}"))),
     };
     row.timings.fork_ms = started.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(fork_ms = row.timings.fork_ms, "forked");
     if !context.config.rollouts.runs_as_root() {
         if let Err(e) = fork.agent().handover(WORKSPACE, &context.config.rollouts.user).await {
             return finish(row, End::Setup(format!("handing the workspace to rollouts.user {:?}: {e}", context.config.rollouts.user)));
@@ -1014,7 +1036,9 @@ async fn score(context: &Context_, task: &Task, snapshot: &Snapshot, rollout_for
         let scoring_fork = match scoring.mode {
             ScoringMode::FreshFork => {
                 drop(rollout_fork);
-                context.fork_task(snapshot, task, ForkIdentity::new(seed)).await.context("forking the scoring VM")?
+                let identity = ForkIdentity::new(seed);
+                tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
+                context.fork_task(snapshot, task, identity).await.context("forking the scoring VM")?
             }
             ScoringMode::FinalState => {
                 let Some(rollout_fork) = rollout_fork else { anyhow::bail!("final-state scoring needs the rollout's VM") };
