@@ -216,7 +216,7 @@ fn hostile_code_against_the_function_call_harness_fails() {
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "an attack on the harness passed: {s}");
-    assert_every_attack_failed(out.path(), 11);
+    assert_every_attack_failed(out.path(), 12);
     // The candidate cannot write the harness's report: its forged one labels no row.
     for (key, row) in journal_rows(out.path()) {
         assert!(!row["error"].as_str().unwrap_or("").contains("PWNED"), "{key:?}: {row}");
