@@ -139,6 +139,8 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
 pub trait Running {
     /// The exit status, if the command has ended.
     fn try_wait(&mut self) -> io::Result<Option<ExitStatus>>;
+    /// Waits for the exit status however long it takes.
+    fn wait(&mut self) -> io::Result<ExitStatus>;
     /// Kills everything the command started.
     fn kill(&mut self);
 }
@@ -146,6 +148,10 @@ pub trait Running {
 impl Running for Child {
     fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         Child::try_wait(self)
+    }
+
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        Child::wait(self)
     }
 
     fn kill(&mut self) {
@@ -172,7 +178,7 @@ pub fn finish(running: &mut dyn Running, pipes: Pipes, stdin: &[u8], launch: &La
         None => {
             // Pipes closed but the process lives on past the deadline.
             running.kill();
-            (wait(running, None).ok_or_else(|| AgentError { kind: ErrorKind::Internal, message: "the command could not be waited for".into() })?, true)
+            (running.wait().map_err(|e| AgentError { kind: ErrorKind::Internal, message: e.to_string() })?, true)
         }
     };
     let duration_us = started.elapsed().as_micros() as u64;
@@ -298,7 +304,7 @@ fn wait(child: &mut dyn Running, deadline: Option<Instant>) -> Option<ExitStatus
         match child.try_wait() {
             Ok(Some(status)) => return Some(status),
             Ok(None) => {}
-            Err(_) => return None,
+            Err(_) => return child.wait().ok(),
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return None;

@@ -50,10 +50,15 @@ pub fn parse_proc(pid: i32, stat: &str, status: &str) -> Option<ProcInfo> {
     let pgrp = fields.get(2)?.parse().ok()?;
     let session = fields.get(3)?.parse().ok()?;
     let flags: u64 = fields.get(6)?.parse().ok()?;
+    Some(ProcInfo { pid, state, pgrp, session, kernel_thread: flags & PF_KTHREAD != 0, uids: parse_uids(status)? })
+}
+
+/// The real, effective, saved and file-system uids from the `Uid:` line of
+/// `/proc/PID/status`.
+fn parse_uids(status: &str) -> Option<[u32; 4]> {
     let uid_line = status.lines().find(|l| l.starts_with("Uid:"))?;
     let ids: Vec<u32> = uid_line[4..].split_whitespace().filter_map(|v| v.parse().ok()).collect();
-    let uids = [*ids.first()?, *ids.get(1)?, *ids.get(2)?, *ids.get(3)?];
-    Some(ProcInfo { pid, state, pgrp, session, kernel_thread: flags & PF_KTHREAD != 0, uids })
+    Some([*ids.first()?, *ids.get(1)?, *ids.get(2)?, *ids.get(3)?])
 }
 
 /// Whether a sweep must kill this process.
@@ -75,13 +80,11 @@ fn processes() -> Vec<ProcInfo> {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             // Kernel threads and the dead are never targets: their uids need not be read
             // (every read of /proc costs in a fresh fork under TCG).
-            let no_uids = "Uid:\t0\t0\t0\t0\n";
-            let info = parse_proc(pid, &stat, no_uids)?;
-            if info.kernel_thread || matches!(info.state, 'Z' | 'X') {
-                return Some(info);
+            let mut info = parse_proc(pid, &stat, "Uid:\t0\t0\t0\t0\n")?;
+            if !info.kernel_thread && !matches!(info.state, 'Z' | 'X') {
+                info.uids = parse_uids(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)?;
             }
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            parse_proc(pid, &stat, &status)
+            Some(info)
         })
         .collect()
 }

@@ -89,6 +89,15 @@ impl Running for ZygoteCheck {
         Ok(self.status)
     }
 
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     fn kill(&mut self) {
         self.killed = true;
         // The zygote leads a session (and group) of its own.
