@@ -19,7 +19,10 @@ macro_rules! outln {
 }
 
 mod cmd;
+mod engine;
+mod metrics;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +37,8 @@ struct Cli {
 enum Command {
     /// Run an eval suite: every task's rollouts in forks, scored, written to Parquet.
     Run(run::RunArgs),
+    /// Serve rollouts and live sessions over HTTP to training loops.
+    Serve(serve::ServeArgs),
     /// Run commands in microVMs.
     #[command(subcommand)]
     Vm(cmd::vm::VmCommand),
@@ -61,10 +66,20 @@ fn main() {
         .enable_all()
         .build()
         .expect("starting the async runtime");
+    let mut cli_rest = None;
     let code = runtime.block_on(async {
-        if let Command::Run(args) = cli.command {
-            // `farm run` handles SIGINT/SIGTERM itself: it stops, records and summarises.
-            return match run::run(args).await {
+        // `farm run` and `farm serve` handle SIGINT/SIGTERM themselves: they stop, record
+        // and summarise.
+        let handled = match cli.command {
+            Command::Run(args) => Some(run::run(args).await),
+            Command::Serve(args) => Some(serve::run(args).await),
+            other => {
+                cli_rest = Some(other);
+                None
+            }
+        };
+        if let Some(result) = handled {
+            return match result {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("farm: error: {e:#}");
@@ -72,9 +87,10 @@ fn main() {
                 }
             };
         }
+        let command = cli_rest.take().expect("the other commands");
         let work = async {
-            match cli.command {
-                Command::Run(_) => unreachable!("handled above"),
+            match command {
+                Command::Run(_) | Command::Serve(_) => unreachable!("handled above"),
                 Command::Vm(command) => cmd::vm::run(command).await,
                 Command::Template(command) => cmd::template::run(command).await,
                 Command::Snapshot(command) => cmd::snapshot::run(command).await,

@@ -13,10 +13,12 @@ pub mod answer;
 pub mod artifacts;
 pub mod external;
 pub mod hidden;
+pub mod orchestrate;
 pub mod zygote;
 
 pub use artifacts::{collect_artifacts, Artifacts, ArtifactLimits};
 pub use hidden::{run_tests, ScoringError, TestOutcome};
+pub use orchestrate::{agent_failure, ScoringMode};
 
 /// The decision about one rollout.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

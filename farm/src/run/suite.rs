@@ -78,7 +78,7 @@ pub struct PolicySection {
     /// Relative to the suite file.
     #[serde(default)]
     pub trajectories_file: Option<PathBuf>,
-    // kind = "openai" (see `super::openai::OpenAiConfig` for meanings and defaults):
+    // kind = "openai" (see `crate::engine::openai::OpenAiConfig` for meanings and defaults):
     #[serde(default)]
     pub base_url: Option<String>,
     #[serde(default)]
@@ -105,13 +105,13 @@ pub struct PolicySection {
 
 impl PolicySection {
     /// The endpoint settings of an `openai` policy.
-    pub fn openai(&self) -> Result<super::openai::OpenAiConfig, String> {
+    pub fn openai(&self) -> Result<crate::engine::openai::OpenAiConfig, String> {
         let base_url = self.base_url.clone().ok_or("policy.base_url is required when policy.kind = \"openai\"")?;
         let model = self.model.clone().ok_or("policy.model is required when policy.kind = \"openai\"")?;
         let mut table = toml::Table::new();
         table.insert("base_url".into(), base_url.into());
         table.insert("model".into(), model.into());
-        let mut config: super::openai::OpenAiConfig = table.try_into().map_err(|e| e.to_string())?;
+        let mut config: crate::engine::openai::OpenAiConfig = table.try_into().map_err(|e| e.to_string())?;
         config.api_key_env = self.api_key_env.clone();
         config.temperature = self.temperature;
         config.top_p = self.top_p;
@@ -224,15 +224,7 @@ pub struct RolloutsSection {
     pub user: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ScoringMode {
-    /// Tests run in a fresh fork of the pristine task snapshot that receives the artifacts.
-    #[default]
-    FreshFork,
-    /// Tests run in the rollout's own VM after every process the agent left is killed.
-    FinalState,
-}
+pub use scorers::ScoringMode;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

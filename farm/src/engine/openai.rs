@@ -104,6 +104,12 @@ impl OpenAiPolicy {
             Some(var) => Some(std::env::var(var).with_context(|| format!("policy.api_key_env names {var}, which is not set"))?),
             None => None,
         };
+        OpenAiPolicy::with_key(config, api_key)
+    }
+
+    /// A policy with the API key given (`farm serve` requests carry theirs; `api_key_env`
+    /// is ignored).
+    pub fn with_key(config: OpenAiConfig, api_key: Option<String>) -> Result<OpenAiPolicy> {
         if !(config.base_url.starts_with("http://") || config.base_url.starts_with("https://")) {
             bail!("policy.base_url {:?} must start with http:// or https://", config.base_url);
         }
@@ -171,6 +177,7 @@ impl OpenAiPolicy {
             let (retryable, error, wait) = match request.send().await {
                 Ok(response) => {
                     let status = response.status();
+                    crate::metrics::get().policy_requests.with_label_values(&[status.as_str()]).inc();
                     let retry_after = response
                         .headers()
                         .get("retry-after")
@@ -188,7 +195,10 @@ impl OpenAiPolicy {
                     let retryable = status.as_u16() == 429 || status.is_server_error();
                     (retryable, anyhow!("{url} answered {status}: {}", text.chars().take(500).collect::<String>()), retry_after)
                 }
-                Err(e) => (e.is_timeout() || e.is_connect() || e.is_request(), anyhow!("request to {url} failed: {e}"), None),
+                Err(e) => {
+                    crate::metrics::get().policy_requests.with_label_values(&["error"]).inc();
+                    (e.is_timeout() || e.is_connect() || e.is_request(), anyhow!("request to {url} failed: {e}"), None)
+                }
             };
             if !retryable || attempt >= self.config.max_retries {
                 return Err(error.context(format!("after {} attempt(s)", attempt + 1)));

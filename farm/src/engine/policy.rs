@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use datasets::Task;
 use serde::Deserialize;
 
-use super::suite::{PolicySection, ReplaySource, Suite};
+use crate::run::suite::{PolicySection, ReplaySource, Suite};
 
 /// One thing a policy does in the guest.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

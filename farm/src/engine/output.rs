@@ -50,6 +50,16 @@ pub struct Row {
     /// Milliseconds since the UNIX epoch.
     pub started_at_ms: i64,
     pub farm_version: String,
+    /// `farm serve` only (null in `farm run`): the rollout's id, its group (one submitted
+    /// item's `n` samples), the trainer's policy version and the item's metadata (JSON text).
+    #[serde(default)]
+    pub rollout_id: Option<String>,
+    #[serde(default)]
+    pub group_id: Option<String>,
+    #[serde(default)]
+    pub policy_version: Option<u64>,
+    #[serde(default)]
+    pub metadata: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -124,15 +134,27 @@ impl std::fmt::Display for Status {
 }
 
 impl Row {
-    pub fn key(&self) -> (String, u32) {
-        (self.task_id.clone(), self.sample_index)
+    /// What makes a row unique in its output folder: the rollout id (`farm serve`), else the
+    /// task and sample (`farm run`).
+    pub fn key(&self) -> String {
+        match &self.rollout_id {
+            Some(id) => id.clone(),
+            None => plan_key(&self.task_id, self.sample_index),
+        }
     }
+}
+
+/// The key of `farm run`'s rollout of `task`, sample `sample`.
+pub fn plan_key(task: &str, sample: u32) -> String {
+    format!("{task}\u{0}{sample}")
 }
 
 /// What the summary needs of a row; the writer keeps only this for the whole run, so memory
 /// does not grow with the rollouts' output.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
+    /// [`Row::key`].
+    pub key: String,
     pub task_id: String,
     pub task_digest: String,
     pub sample_index: u32,
@@ -144,6 +166,7 @@ pub struct Outcome {
 impl From<&Row> for Outcome {
     fn from(r: &Row) -> Outcome {
         Outcome {
+            key: r.key(),
             task_id: r.task_id.clone(),
             task_digest: r.task_digest.clone(),
             sample_index: r.sample_index,
@@ -183,8 +206,11 @@ pub struct OutputWriter {
     journal_len: u64,
     rows_per_part: usize,
     schema: Arc<arrow_schema::Schema>,
-    /// Every (task, sample) finished so far, in parts or pending.
-    done: BTreeSet<(String, u32)>,
+    /// Every row's [`Row::key`] so far, in parts or pending.
+    done: BTreeSet<String>,
+    /// Where each row's line is in the journal (offset, length), in order: row `i` of the
+    /// journal is `farm serve`'s cursor `i`.
+    lines: Vec<(u64, u64)>,
     /// Every finished rollout of this run (for the summary), in parts or pending.
     all: Vec<Outcome>,
 }
@@ -248,7 +274,7 @@ impl OutputWriter {
             }
         }
         let journal_path = dir.join("journal.jsonl");
-        let (all, pending, journal_len) = read_journal(&journal_path, manifest.journal_bytes_in_parts)?;
+        let (all, pending, lines, journal_len) = read_journal(&journal_path, manifest.journal_bytes_in_parts)?;
         if journal_len < manifest.journal_bytes_in_parts {
             bail!(
                 "{}: journal.jsonl holds {journal_len} bytes but the manifest says {} are already in parts; \
@@ -260,19 +286,46 @@ impl OutputWriter {
         let journal = std::fs::OpenOptions::new().create(true).append(true).open(&journal_path)?;
         // Drop a torn last line (a crash mid-write) so new lines start clean.
         journal.set_len(journal_len)?;
-        let done = all.iter().map(|o: &Outcome| (o.task_id.clone(), o.sample_index)).collect();
-        let writer = OutputWriter { dir: dir.to_path_buf(), manifest, journal, pending, journal_len, rows_per_part, schema: schema()?, done, all };
+        let done = all.iter().map(|o: &Outcome| o.key.clone()).collect();
+        let writer = OutputWriter { dir: dir.to_path_buf(), manifest, journal, pending, journal_len, rows_per_part, schema: schema()?, done, lines, all };
         writer.save_manifest()?;
         Ok(writer)
+    }
+
+    /// The Parquet schema of rows.
+    pub fn schema(&self) -> Arc<arrow_schema::Schema> {
+        self.schema.clone()
     }
 
     pub fn run_id(&self) -> &str {
         &self.manifest.run_id
     }
 
-    pub fn done(&self) -> &BTreeSet<(String, u32)> {
+    pub fn done(&self) -> &BTreeSet<String> {
         &self.done
     }
+
+    /// Rows recorded so far (journal lines).
+    pub fn rows(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// The journal lines of rows `from..from + max` (each a JSON row, without its newline).
+    pub fn read_lines(&self, from: usize, max: usize) -> Result<Vec<Vec<u8>>> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(self.dir.join("journal.jsonl"))?;
+        let mut out = Vec::new();
+        for &(offset, len) in self.lines.iter().skip(from).take(max) {
+            let mut line = vec![0u8; len as usize];
+            file.read_exact_at(&mut line, offset)?;
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            out.push(line);
+        }
+        Ok(out)
+    }
+
 
     pub fn outcomes(&self) -> &[Outcome] {
         &self.all
@@ -287,6 +340,7 @@ impl OutputWriter {
         line.push(b'\n');
         self.journal.write_all(&line)?;
         self.journal.sync_data()?;
+        self.lines.push((self.journal_len, line.len() as u64));
         self.journal_len += line.len() as u64;
         self.all.push(Outcome::from(&row));
         self.pending.push(row);
@@ -340,10 +394,12 @@ fn sync_dir(dir: &Path) {
 
 /// Reads the journal: the outcomes of all complete rows, the rows after `in_parts` bytes,
 /// and the length up to the last complete line.
-fn read_journal(path: &Path, in_parts: u64) -> Result<(Vec<Outcome>, Vec<Row>, u64)> {
-    let Ok(file) = std::fs::File::open(path) else { return Ok((Vec::new(), Vec::new(), 0)) };
+type Journal = (Vec<Outcome>, Vec<Row>, Vec<(u64, u64)>, u64);
+
+fn read_journal(path: &Path, in_parts: u64) -> Result<Journal> {
+    let Ok(file) = std::fs::File::open(path) else { return Ok((Vec::new(), Vec::new(), Vec::new(), 0)) };
     let mut reader = std::io::BufReader::new(file);
-    let (mut all, mut pending, mut offset) = (Vec::new(), Vec::new(), 0u64);
+    let (mut all, mut pending, mut lines, mut offset) = (Vec::new(), Vec::new(), Vec::new(), 0u64);
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -359,9 +415,10 @@ fn read_journal(path: &Path, in_parts: u64) -> Result<(Vec<Outcome>, Vec<Row>, u
         if offset >= in_parts {
             pending.push(row);
         }
+        lines.push((offset, n as u64));
         offset += n as u64;
     }
-    Ok((all, pending, offset))
+    Ok((all, pending, lines, offset))
 }
 
 fn write_parquet(path: &Path, schema: &Arc<arrow_schema::Schema>, rows: &[Row]) -> Result<()> {
@@ -494,6 +551,10 @@ mod tests {
             timings: Timings::default(),
             started_at_ms: 0,
             farm_version: "0".into(),
+            rollout_id: None,
+            group_id: None,
+            policy_version: None,
+            metadata: None,
         }
     }
 
@@ -550,6 +611,12 @@ mod tests {
         w.flush().unwrap();
         let total: usize = w.manifest.parts.iter().map(|p| p.rows).sum();
         assert_eq!(total, 4);
+        // Rows by position (farm serve's cursor): the torn line is not one of them.
+        assert_eq!(w.rows(), 4);
+        let lines = w.read_lines(1, 10).unwrap();
+        assert_eq!(lines.len(), 3);
+        let samples: Vec<u32> = lines.iter().map(|l| serde_json::from_slice::<Row>(l).unwrap().sample_index).collect();
+        assert_eq!(samples, [1, 2, 3]);
         // Read the parts back: four distinct keys.
         let mut keys = BTreeSet::new();
         for part in &w.manifest.parts {

@@ -1,0 +1,155 @@
+//! Prometheus metrics of `farm run` (`--metrics-listen`) and `farm serve` (`GET /metrics`).
+//!
+//! One registry for the process. Labels are bounded sets (statuses, phases, roles, HTTP
+//! codes): never a task or rollout id, so a long service cannot grow the series without end.
+
+use std::sync::LazyLock;
+
+use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+pub struct Metrics {
+    registry: Registry,
+    /// Rollouts recorded, by status.
+    pub rollouts: IntCounterVec,
+    /// Rewards of scored rollouts.
+    pub reward: Histogram,
+    /// Seconds per phase: fork, agent, score.
+    pub phase_seconds: HistogramVec,
+    /// Rollouts running now.
+    pub in_flight: IntGauge,
+    /// Rollouts admitted and waiting for a slot.
+    pub queue_depth: IntGauge,
+    /// VMs running now, by role: rollout, scoring, session.
+    pub vms: IntGaugeVec,
+    /// Forks served from the warm pool.
+    pub warm_pool_hits: IntCounter,
+    /// Warm forks ready now.
+    pub warm_ready: IntGauge,
+    /// Policy endpoint requests, by HTTP status code (or `error` when none came back).
+    pub policy_requests: IntCounterVec,
+    /// Live sessions of `farm serve`.
+    pub sessions_live: IntGauge,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics::new().expect("metric definitions are valid"));
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    &METRICS
+}
+
+impl Metrics {
+    fn new() -> prometheus::Result<Metrics> {
+        let registry = Registry::new_custom(Some("farm".into()), None)?;
+        let m = Metrics {
+            registry,
+            rollouts: IntCounterVec::new(Opts::new("rollouts_total", "Rollouts recorded, by status."), &["status"])?,
+            reward: Histogram::with_opts(HistogramOpts::new("reward", "Rewards of scored rollouts.").buckets(vec![0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]))?,
+            phase_seconds: HistogramVec::new(
+                HistogramOpts::new("phase_seconds", "Seconds per rollout phase.").buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+                &["phase"],
+            )?,
+            in_flight: IntGauge::new("rollouts_in_flight", "Rollouts running now.")?,
+            queue_depth: IntGauge::new("queue_depth", "Rollouts admitted and waiting for a slot.")?,
+            vms: IntGaugeVec::new(Opts::new("vms", "VMs running now, by role."), &["role"])?,
+            warm_pool_hits: IntCounter::new("warm_pool_hits_total", "Forks served from the warm pool.")?,
+            warm_ready: IntGauge::new("warm_pool_ready", "Warm forks ready now.")?,
+            policy_requests: IntCounterVec::new(Opts::new("policy_requests_total", "Policy endpoint requests, by HTTP status code."), &["code"])?,
+            sessions_live: IntGauge::new("sessions_live", "Live sessions of farm serve.")?,
+        };
+        let registry = &m.registry;
+        registry.register(Box::new(m.rollouts.clone()))?;
+        registry.register(Box::new(m.reward.clone()))?;
+        registry.register(Box::new(m.phase_seconds.clone()))?;
+        registry.register(Box::new(m.in_flight.clone()))?;
+        registry.register(Box::new(m.queue_depth.clone()))?;
+        registry.register(Box::new(m.vms.clone()))?;
+        registry.register(Box::new(m.warm_pool_hits.clone()))?;
+        registry.register(Box::new(m.warm_ready.clone()))?;
+        registry.register(Box::new(m.policy_requests.clone()))?;
+        registry.register(Box::new(m.sessions_live.clone()))?;
+        // Every status and role shows from the start (0), so dashboards need no special case.
+        for status in crate::engine::output::Status::ALL {
+            m.rollouts.with_label_values(&[status.as_str()]);
+        }
+        for role in Role::ALL {
+            m.vms.with_label_values(&[role.as_str()]);
+        }
+        for phase in ["fork", "agent", "score"] {
+            m.phase_seconds.with_label_values(&[phase]);
+        }
+        Ok(m)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Counts a recorded row: its status, reward and phase times.
+    pub fn record(&self, row: &crate::engine::output::Row) {
+        self.rollouts.with_label_values(&[row.status.as_str()]).inc();
+        if let Some(r) = row.reward {
+            self.reward.observe(r);
+        }
+        let t = &row.timings;
+        for (phase, ms) in [("fork", t.fork_ms), ("agent", t.rollout_ms), ("score", t.score_ms)] {
+            if ms > 0.0 {
+                self.phase_seconds.with_label_values(&[phase]).observe(ms / 1e3);
+            }
+        }
+    }
+}
+
+/// What a VM is for.
+#[derive(Debug, Clone, Copy)]
+pub enum Role {
+    Rollout,
+    Scoring,
+    Session,
+}
+
+impl Role {
+    const ALL: [Role; 3] = [Role::Rollout, Role::Scoring, Role::Session];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Rollout => "rollout",
+            Role::Scoring => "scoring",
+            Role::Session => "session",
+        }
+    }
+}
+
+/// Counts one VM of a role while it lives.
+pub struct VmGauge(Role);
+
+impl VmGauge {
+    pub fn new(role: Role) -> VmGauge {
+        get().vms.with_label_values(&[role.as_str()]).inc();
+        VmGauge(role)
+    }
+}
+
+impl Drop for VmGauge {
+    fn drop(&mut self) {
+        get().vms.with_label_values(&[self.0.as_str()]).dec();
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until the process ends (`farm run --metrics-listen`).
+pub async fn serve(addr: std::net::SocketAddr) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use anyhow::Context;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
+    let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { metrics_response() }));
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    }))
+}
+
+/// The `/metrics` response.
+pub fn metrics_response() -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], get().render())
+}

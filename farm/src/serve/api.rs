@@ -1,0 +1,253 @@
+//! The HTTP API of `farm serve` (JSON over HTTP/1.1; the reference is in the README).
+//!
+//! Bodies are parsed strictly: unknown fields are refused, and a bad body gets a 400 whose
+//! JSON names the field (`{"error": ..., "field": "items[0].n"}`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::service::{ApiError, Service, SessionRequest, SubmitRequest};
+use crate::engine::policy::Action;
+
+pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
+
+#[derive(Clone)]
+struct App {
+    service: Arc<Service>,
+    /// SHA-256 of the bearer token, when one is required.
+    token: Option<[u8; 32]>,
+}
+
+pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
+    let app = App { service, token: token.map(|t| Sha256::digest(t.as_bytes()).into()) };
+    Router::new()
+        .route("/v1/rollouts", post(submit))
+        .route("/v1/results", get(results))
+        .route("/v1/rollouts/{id}", get(rollout))
+        .route("/v1/rollouts/{id}/cancel", post(cancel))
+        .route("/v1/cancel", post(cancel_below))
+        .route("/v1/capacity", get(capacity))
+        .route("/v1/sessions", post(open_session))
+        .route("/v1/sessions/{id}/exec", post(exec))
+        .route("/v1/sessions/{id}/write_file", post(write_file))
+        .route("/v1/sessions/{id}/branch", post(branch))
+        .route("/v1/sessions/{id}/submit", post(submit_session))
+        .route("/v1/sessions/{id}", delete(end_session))
+        .route("/metrics", get(|| async { crate::metrics::metrics_response() }))
+        .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })
+        .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
+        .with_state(app)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut body = serde_json::json!({ "error": self.message });
+        if let Some(field) = self.field {
+            body["field"] = field.into();
+        }
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+type Reply = Result<Response, ApiError>;
+
+fn ok(value: serde_json::Value) -> Reply {
+    Ok(axum::Json(value).into_response())
+}
+
+/// Every request needs the bearer token when one is set; compared in constant time (of
+/// digests, so the token's length does not show either).
+async fn auth(State(app): State<App>, request: Request, next: Next) -> Response {
+    if let Some(expected) = &app.token {
+        use subtle::ConstantTimeEq;
+        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+        if !bool::from(digest.ct_eq(expected)) {
+            let mut response = ApiError::new(401, "a bearer token is required (Authorization: Bearer ...)").into_response();
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+/// A JSON body, or a 400 naming the field that is wrong.
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let field = if path == "." { None } else { Some(path) };
+        ApiError { field, ..ApiError::new(400, format!("bad request body: {inner}")) }
+    })
+}
+
+async fn submit(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Reply {
+    let request: SubmitRequest = parse(&body)?;
+    let key = match headers.get("idempotency-key") {
+        Some(v) => Some(v.to_str().ok().filter(|k| !k.is_empty() && k.len() <= 256).ok_or_else(|| ApiError::field(400, "Idempotency-Key", "must be 1 to 256 visible ASCII characters"))?.to_string()),
+        None => None,
+    };
+    let digest = Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
+    let response = app.service.submit(request, key, digest)?;
+    Ok((StatusCode::ACCEPTED, axum::Json(response)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultsQuery {
+    #[serde(default)]
+    cursor: usize,
+    #[serde(default = "default_max")]
+    max: usize,
+    /// Seconds to wait for a first row.
+    #[serde(default)]
+    wait: f64,
+}
+
+fn default_max() -> usize {
+    100
+}
+
+async fn results(State(app): State<App>, headers: HeaderMap, query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>) -> Reply {
+    let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
+    if q.max == 0 || q.max > 10_000 {
+        return Err(ApiError::field(400, "max", "must be 1 to 10000"));
+    }
+    if !(0.0..=300.0).contains(&q.wait) {
+        return Err(ApiError::field(400, "wait", "must be 0 to 300 seconds"));
+    }
+    let (lines, next) = app.service.results(q.cursor, q.max, Duration::from_secs_f64(q.wait)).await?;
+    let arrow = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains(ARROW_STREAM));
+    let mut response = if arrow {
+        let bytes = arrow_stream(&app.service, &lines)?;
+        ([(header::CONTENT_TYPE, ARROW_STREAM)], bytes).into_response()
+    } else {
+        let mut body = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            // The row as journaled, with its cursor first.
+            body.extend_from_slice(format!("{{\"cursor\":{},", q.cursor + i).as_bytes());
+            body.extend_from_slice(&line[1..]);
+            body.push(b'\n');
+        }
+        ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from(body)).into_response()
+    };
+    response.headers_mut().insert("farm-next-cursor", HeaderValue::from(next));
+    Ok(response)
+}
+
+/// Rows as one Arrow IPC stream with the Parquet schema.
+fn arrow_stream(service: &Service, lines: &[Vec<u8>]) -> Result<Vec<u8>, ApiError> {
+    let internal = |e: String| ApiError::new(500, e);
+    let rows: Vec<crate::engine::output::Row> = lines.iter().map(|l| serde_json::from_slice(l)).collect::<Result<_, _>>().map_err(|e| internal(format!("a journal row: {e}")))?;
+    let schema = service.schema();
+    let batch = serde_arrow::to_record_batch(schema.fields(), &rows).map_err(|e| internal(format!("rows to Arrow: {e}")))?;
+    let mut out = Vec::new();
+    {
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut out, &schema).map_err(|e| internal(e.to_string()))?;
+        writer.write(&batch).map_err(|e| internal(e.to_string()))?;
+        writer.finish().map_err(|e| internal(e.to_string()))?;
+    }
+    Ok(out)
+}
+
+async fn rollout(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(app.service.rollout(&id)?)
+}
+
+async fn cancel(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(app.service.cancel(&id)?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBelow {
+    policy_version_below: u64,
+}
+
+async fn cancel_below(State(app): State<App>, body: Bytes) -> Reply {
+    let request: CancelBelow = parse(&body)?;
+    ok(app.service.cancel_below(request.policy_version_below))
+}
+
+async fn capacity(State(app): State<App>) -> Reply {
+    ok(app.service.capacity())
+}
+
+async fn open_session(State(app): State<App>, body: Bytes) -> Reply {
+    let request: SessionRequest = parse(&body)?;
+    let response = app.service.open_session(request).await?;
+    Ok((StatusCode::CREATED, axum::Json(response)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecRequest {
+    command: String,
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+}
+
+async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: ExecRequest = parse(&body)?;
+    ok(app.service.act(&id, Action::Exec { command: request.command }, request.timeout_secs).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteFileRequest {
+    path: String,
+    content: String,
+    #[serde(default = "default_mode")]
+    mode: u32,
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+async fn write_file(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: WriteFileRequest = parse(&body)?;
+    if request.mode > 0o7777 {
+        return Err(ApiError::field(400, "mode", "must be a file mode (0 to 0o7777)"));
+    }
+    ok(app.service.act(&id, Action::WriteFile { path: request.path, content: request.content, mode: request.mode }, None).await?)
+}
+
+async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    let response = app.service.branch(&id).await?;
+    Ok((StatusCode::CREATED, axum::Json(response)).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SubmitSession {
+    #[serde(default)]
+    answer: Option<String>,
+}
+
+async fn submit_session(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: SubmitSession = if body.is_empty() { SubmitSession::default() } else { parse(&body)? };
+    ok(app.service.submit_session(&id, request.answer).await?)
+}
+
+async fn end_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(app.service.end_session(&id, "deleted")?)
+}

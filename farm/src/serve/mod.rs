@@ -1,0 +1,205 @@
+//! `farm serve CONFIG.toml`: the long-running front-end of the rollout engine, for training
+//! loops. Trainers submit rollouts and pull scored rows ([`api`]), or step live sessions
+//! themselves and branch them. Everything finished is journaled and written to Parquet parts
+//! in the service's output folder, as `farm run` does; a restart reports what was lost.
+//!
+//! CONFIG is a suite file (the service serves its tasks), or a service file:
+//!
+//! ```toml
+//! [serve]
+//! suites = ["humaneval.toml", "tasks.toml"]   # relative to this file
+//! out = "serve-out"
+//! ```
+
+mod api;
+mod service;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Deserialize;
+
+use crate::run::suite::{Count, Suite};
+use crate::run::{counts, Log, Signals};
+pub use service::Service;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A suite file, or a service file with a `[serve]` table listing suites.
+    config: PathBuf,
+    /// Address to listen on. Anything but loopback needs a bearer token in the variable
+    /// `serve.token_env` names (default FARM_SERVE_TOKEN).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Output folder: journal, Parquet parts, requests (default: `serve.out`, else
+    /// `serve-out` next to CONFIG). A restart in the same folder keeps every row.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Rollouts at once (overrides `serve.concurrency`).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
+    #[arg(long, default_value = "auto")]
+    accel: vmm::AccelSetting,
+}
+
+/// The `[serve]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSection {
+    /// Suite files, relative to the service file.
+    #[serde(default)]
+    pub suites: Vec<PathBuf>,
+    /// Output folder, relative to the service file.
+    #[serde(default)]
+    pub out: Option<PathBuf>,
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Rollouts at once: a number, or "auto" (one per core, within memory).
+    #[serde(default)]
+    pub concurrency: Count,
+    /// Rollouts admitted but not started, at most; a submit past it gets 429.
+    #[serde(default = "queue_limit")]
+    pub queue_limit: usize,
+    /// Live sessions at once, at most.
+    #[serde(default = "max_sessions")]
+    pub max_sessions: usize,
+    /// A session idle this long is ended.
+    #[serde(default = "lease")]
+    pub session_lease_secs: u64,
+    /// Samples of one submitted item, at most.
+    #[serde(default = "max_n")]
+    pub max_samples_per_item: u32,
+    /// The environment variable that holds the bearer token.
+    #[serde(default = "token_env")]
+    pub token_env: String,
+    /// Warm forks per suite template: a number, or "auto" (one per core).
+    #[serde(default)]
+    pub warm_pool: Count,
+}
+
+fn default_listen() -> SocketAddr {
+    "127.0.0.1:8765".parse().expect("a valid address")
+}
+fn queue_limit() -> usize {
+    1024
+}
+fn max_sessions() -> usize {
+    16
+}
+fn lease() -> u64 {
+    600
+}
+fn max_n() -> u32 {
+    64
+}
+fn token_env() -> String {
+    "FARM_SERVE_TOKEN".into()
+}
+
+impl Default for ServeSection {
+    fn default() -> ServeSection {
+        toml::from_str("").expect("every key has a default")
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServeFile {
+    serve: ServeSection,
+}
+
+/// The suites and the `[serve]` settings CONFIG names.
+fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    let dir = path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
+    if table.contains_key("suite") {
+        let suite = Suite::load(path)?;
+        return Ok((ServeSection::default(), vec![suite], dir.join("serve-out")));
+    }
+    if !table.contains_key("serve") {
+        bail!("{}: expected a suite file (a [suite] table) or a service file (a [serve] table)", path.display());
+    }
+    let file: ServeFile = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    let section = file.serve;
+    if section.suites.is_empty() {
+        bail!("{}: serve.suites must name at least one suite file", path.display());
+    }
+    if section.concurrency == Count::Fixed(0) {
+        bail!("{}: serve.concurrency must be at least 1, or \"auto\"", path.display());
+    }
+    if section.max_samples_per_item == 0 {
+        bail!("{}: serve.max_samples_per_item must be at least 1", path.display());
+    }
+    let mut suites: Vec<Suite> = Vec::new();
+    for file in &section.suites {
+        let suite = Suite::load(&dir.join(file)).with_context(|| format!("{}: serve.suites", path.display()))?;
+        if suites.iter().any(|s| s.config.suite.name == suite.config.suite.name) {
+            bail!("{}: serve.suites: two suites are named {:?}; suite names must differ", path.display(), suite.config.suite.name);
+        }
+        suites.push(suite);
+    }
+    let out = dir.join(section.out.clone().unwrap_or_else(|| PathBuf::from("serve-out")));
+    Ok((section, suites, out))
+}
+
+pub async fn run(args: ServeArgs) -> Result<i32> {
+    let (mut settings, suites, default_out) = load_config(&args.config)?;
+    if let Some(listen) = args.listen {
+        settings.listen = listen;
+    }
+    if let Some(c) = args.concurrency {
+        settings.concurrency = Count::Fixed(c.max(1));
+    }
+    let token = std::env::var(&settings.token_env).ok().filter(|t| !t.is_empty());
+    if !settings.listen.ip().is_loopback() && token.is_none() {
+        bail!(
+            "listening on {} (not loopback) needs a bearer token: set {} (serve.token_env), or listen on 127.0.0.1",
+            settings.listen,
+            settings.token_env
+        );
+    }
+    let out = args.out.clone().unwrap_or(default_out);
+    let log = Log::new();
+    // Listen before the slow part, so a taken port fails at once.
+    let listener = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let mut signals = Signals::new()?;
+    let service = tokio::select! {
+        service = Service::start(&settings, &suites, &out, args.accel, &log) => service?,
+        code = signals.recv() => {
+            log.line("interrupted while preparing snapshots");
+            return Ok(code);
+        }
+    };
+    let service = Arc::new(service);
+    let addr = listener.local_addr()?;
+    log.line(&format!("listening on http://{addr} ({}); output in {}", if token.is_some() { "bearer token required" } else { "no token" }, out.display()));
+    let background = service.clone().spawn_background();
+    let app = api::router(service.clone(), token);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = stop.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { stopped.notified().await }).await
+    });
+    let code = signals.recv().await;
+    log.line("stopping: no new work is admitted; in-flight rollouts are cancelled and recorded");
+    service.shut_down().await;
+    stop.notify_one();
+    background.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    service.flush()?;
+    log.line("stopped");
+    Ok(code)
+}
+
+/// How many rollouts run at once, and warm forks per template.
+fn resolve_counts(settings: &ServeSection, guest_mib: u32) -> counts::Counts {
+    // Trainers' endpoints answer slowly compared with a step in the guest: plan as for a
+    // live policy, which also keeps warm forks for sessions.
+    counts::resolve(settings.concurrency, settings.warm_pool, Some(1), guest_mib, &counts::Host::probe())
+}
