@@ -1,0 +1,1 @@
+echo $(( $(cat n.txt) * 2 )) > out.txt
