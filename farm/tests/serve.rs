@@ -1,0 +1,471 @@
+//! `farm serve` against real guests: every endpoint, bad requests, the bearer token,
+//! backpressure, cancel by policy version, branches whose states differ, SIGTERM and a
+//! restart after SIGKILL, and the Python client example against a stand-in model.
+//!
+//! All three tests serve `configs/serve.toml` (the minimal image): they share its template
+//! snapshot.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A child process killed when dropped, and what it printed on stderr.
+struct Proc {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+/// Starts `command` and waits for a line of its output starting with `marker`; returns the
+/// rest of that line.
+fn start(mut command: Command, marker: &str, from_stdout: bool) -> (Proc, String) {
+    command.stdin(Stdio::null());
+    if from_stdout {
+        command.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    } else {
+        command.stderr(Stdio::piped()).stdout(Stdio::inherit());
+    }
+    let mut child = command.spawn().unwrap();
+    let stream: Box<dyn std::io::Read + Send> = if from_stdout { Box::new(child.stdout.take().unwrap()) } else { Box::new(child.stderr.take().unwrap()) };
+    let log = Arc::new(Mutex::new(String::new()));
+    let (found_tx, found_rx) = std::sync::mpsc::channel();
+    let (log2, wanted) = (log.clone(), marker.to_string());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            log2.lock().unwrap().push_str(&format!("{line}\n"));
+            if let Some(i) = line.find(&wanted) {
+                let rest = line[i + wanted.len()..].split_whitespace().next().unwrap_or("").to_string();
+                let _ = found_tx.send(rest);
+            }
+        }
+    });
+    let proc = Proc { child, log };
+    match found_rx.recv_timeout(Duration::from_secs(600)) {
+        Ok(rest) => (proc, rest),
+        Err(_) => panic!("never printed {marker:?}:\n{}", proc.log()),
+    }
+}
+
+fn fake_model() -> (Proc, String) {
+    let mut c = Command::new("python3");
+    c.arg(repo().join("farm/tests/fake_model.py"));
+    let (p, port) = start(c, "listening on ", true);
+    (p, format!("http://127.0.0.1:{port}/v1"))
+}
+
+fn farm_serve(config: &Path, out: &Path, run_dir: &Path, listen: &str, token: Option<&str>) -> (Proc, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_farm"));
+    c.arg("serve").arg(config).arg("--out").arg(out).arg("--listen").arg(listen).env("FARM_RUN_DIR", run_dir).env_remove("FARM_SERVE_TOKEN");
+    if let Some(t) = token {
+        c.env("FARM_SERVE_TOKEN", t);
+    }
+    let (p, url) = start(c, "listening on ", false);
+    let url = url.replace("0.0.0.0", "127.0.0.1");
+    (p, url)
+}
+
+struct Api {
+    url: String,
+    http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl Api {
+    fn new(url: &str, token: Option<&str>) -> Api {
+        Api { url: url.to_string(), http: reqwest::Client::builder().timeout(Duration::from_secs(600)).build().unwrap(), token: token.map(String::from) }
+    }
+
+    async fn send(&self, method: &str, path: &str, body: Option<Value>, headers: &[(&str, &str)]) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut r = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        if let Some(b) = body {
+            r = r.body(b.to_string()).header("content-type", "application/json");
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        (status, headers, resp.bytes().await.unwrap().to_vec())
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let (status, _, bytes) = self.send(method, path, body, &[]).await;
+        (status, serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({ "raw": String::from_utf8_lossy(&bytes) })))
+    }
+
+    /// A call that must succeed with `expect`.
+    async fn ok(&self, method: &str, path: &str, body: Option<Value>, expect: u16) -> Value {
+        let (status, v) = self.call(method, path, body).await;
+        assert_eq!(status, expect, "{method} {path}: {v}");
+        v
+    }
+
+    /// Rows from `cursor` until every id in `ids` has one (or 10 minutes pass).
+    async fn rows_for(&self, ids: &[String], cursor: usize) -> Vec<Value> {
+        let started = Instant::now();
+        let mut cursor = cursor;
+        let mut rows: Vec<Value> = Vec::new();
+        while !ids.iter().all(|id| rows.iter().any(|r| r["rollout_id"] == *id)) {
+            assert!(started.elapsed() < Duration::from_secs(600), "rows never came for {ids:?}; got {rows:?}");
+            let (status, headers, body) = self.send("GET", &format!("/v1/results?cursor={cursor}&wait=20"), None, &[]).await;
+            assert_eq!(status, 200);
+            let next: usize = headers["farm-next-cursor"].to_str().unwrap().parse().unwrap();
+            for (i, line) in String::from_utf8(body).unwrap().lines().enumerate() {
+                let row: Value = serde_json::from_str(line).unwrap();
+                assert_eq!(row["cursor"], cursor + i, "rows come in cursor order");
+                rows.push(row);
+            }
+            cursor = next;
+        }
+        rows.retain(|r| ids.iter().any(|id| r["rollout_id"] == *id));
+        rows
+    }
+}
+
+fn ids_of(submitted: &Value) -> Vec<String> {
+    submitted["groups"].as_array().unwrap().iter().flat_map(|g| g["rollout_ids"].as_array().unwrap().iter().map(|i| i.as_str().unwrap().to_string())).collect()
+}
+
+fn sleeper(n: u32, version: u64) -> Value {
+    json!({ "task_id": "double", "n": n, "policy_version": version, "policy": { "kind": "replay", "actions": [ { "kind": "exec", "command": "sleep 300" } ] } })
+}
+
+fn stop(proc: &mut Proc) {
+    let pid = proc.child.id();
+    assert!(Command::new("kill").arg("-TERM").arg(pid.to_string()).status().unwrap().success());
+    let started = Instant::now();
+    loop {
+        if let Some(status) = proc.child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(128 + 15), "farm serve exits with 143 after SIGTERM:\n{}", proc.log());
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "farm serve did not stop on SIGTERM:\n{}", proc.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// No live QEMU process uses `run_dir`.
+fn assert_no_qemu_of(run_dir: &Path) {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmdline).contains("qemu-system") {
+            let fds = std::fs::read_dir(entry.path().join("fd")).map(|d| d.flatten().filter_map(|f| std::fs::read_link(f.path()).ok()).collect::<Vec<_>>()).unwrap_or_default();
+            assert!(!fds.iter().any(|f| f.starts_with(run_dir)), "a QEMU of the service is still alive: {}", String::from_utf8_lossy(&cmdline));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollouts_results_sessions_and_the_python_client() {
+    let (_model, model_url) = fake_model();
+    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut serve, url) = farm_serve(&repo().join("configs/serve.toml"), out.path(), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+
+    let capacity = api.ok("GET", "/v1/capacity", None, 200).await;
+    for key in ["slots", "in_flight", "queued", "warm"] {
+        assert!(capacity[key].is_u64(), "{capacity}");
+    }
+
+    // Submit: an openai group and a replay group; a retry with the same key is the same
+    // submission.
+    let body = json!({ "items": [
+        { "task_id": "double", "n": 2, "seed": 11, "policy_version": 1, "metadata": { "step": 5 },
+          "policy": { "kind": "openai", "base_url": model_url, "model": "fake", "logprobs": true } },
+        { "task_id": "answer", "policy": { "kind": "replay", "actions": [ { "kind": "submit", "answer": "41" } ] } },
+    ] });
+    let (status, _, first) = api.send("POST", "/v1/rollouts", Some(body.clone()), &[("Idempotency-Key", "batch-1")]).await;
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&first));
+    let submitted: Value = serde_json::from_slice(&first).unwrap();
+    let (status, _, again) = api.send("POST", "/v1/rollouts", Some(body.clone()), &[("Idempotency-Key", "batch-1")]).await;
+    assert_eq!((status, serde_json::from_slice::<Value>(&again).unwrap()), (202, submitted.clone()), "a retried submit is the same submission");
+    let (status, _, other) = api.send("POST", "/v1/rollouts", Some(json!({ "items": [ sleeper(1, 1) ] })), &[("Idempotency-Key", "batch-1")]).await;
+    assert_eq!(status, 422, "a key reused for another body: {}", String::from_utf8_lossy(&other));
+    let ids = ids_of(&submitted);
+    assert_eq!(ids.len(), 3);
+
+    let rows = api.rows_for(&ids, 0).await;
+    assert_eq!(rows.len(), 3, "one row per rollout, none twice: {rows:?}");
+    let group = submitted["groups"][0]["group_id"].as_str().unwrap();
+    for row in rows.iter().filter(|r| r["task_id"] == "double") {
+        assert_eq!((row["status"].as_str(), row["reward"].as_f64()), (Some("passed"), Some(1.0)), "{row}");
+        assert_eq!(row["group_id"], group);
+        assert_eq!(row["policy_version"], 1);
+        assert_eq!(row["metadata"], json!({ "step": 5 }).to_string());
+        // Token ids and logprobs exactly as the endpoint returned them.
+        let messages: Value = serde_json::from_str(row["messages"].as_str().unwrap()).unwrap();
+        let assistant: Vec<&Value> = messages.as_array().unwrap().iter().filter(|m| m["role"] == "assistant").collect();
+        assert_eq!(assistant.len(), 3, "{messages}");
+        assert_eq!(assistant[1]["token_ids"], json!([1002, 2002]));
+        assert_eq!(assistant[1]["prompt_token_ids"], json!([7, 8, 9]));
+        assert_eq!(assistant[1]["logprobs"]["content"][0]["logprob"], -0.5);
+    }
+    let answer = rows.iter().find(|r| r["task_id"] == "answer").unwrap();
+    assert_eq!((answer["status"].as_str(), answer["reward"].as_f64()), (Some("failed"), Some(0.0)), "41 is not 42: {answer}");
+
+    // One rollout, by id.
+    let one = api.ok("GET", &format!("/v1/rollouts/{}", ids[2]), None, 200).await;
+    assert_eq!(one["state"], "done");
+    assert_eq!(one["row"]["rollout_id"], ids[2].as_str());
+
+    // The same rows as an Arrow stream with the Parquet schema.
+    let (status, headers, bytes) = api.send("GET", "/v1/results?cursor=0&max=10", None, &[("Accept", "application/vnd.apache.arrow.stream")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], "application/vnd.apache.arrow.stream");
+    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
+    let schema = reader.schema();
+    for column in ["rollout_id", "group_id", "policy_version", "reward", "status", "steps"] {
+        assert!(schema.field_with_name(column).is_ok(), "no column {column} in {schema:?}");
+    }
+    let rows_in_arrow: usize = reader.map(|b| b.unwrap().num_rows()).sum();
+    assert_eq!(rows_in_arrow, 3);
+
+    // Bad requests: a 4xx with a JSON error naming what is wrong.
+    let cases = [
+        ("POST", "/v1/rollouts", json!({ "items": [ { "n": 1, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "task_id"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "n": 0, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].n"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "nn": 2, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].nn"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "nope", "policy": { "kind": "replay", "actions": [] } } ] }), 404, "items[0].task_id"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "policy": { "kind": "magic" } } ] }), 400, "items[0].policy.kind"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "policy": { "kind": "openai", "base_url": "ftp://x", "model": "m" } } ] }), 400, "items[0].policy.base_url"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "limits": { "timeout_secs": 100000 }, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].limits.timeout_secs"),
+        ("POST", "/v1/rollouts", json!({ "items": [] }), 400, "items"),
+        ("POST", "/v1/cancel", json!({ "policy_version_below": "soon" }), 400, "policy_version_below"),
+        ("POST", "/v1/sessions", json!({ "task_id": 7 }), 400, "task_id"),
+        ("POST", "/v1/sessions/s-nope/exec", json!({ "command": "true" }), 404, ""),
+        ("POST", "/v1/rollouts/r-nope/cancel", json!({}), 404, ""),
+        ("GET", "/v1/results?max=0", Value::Null, 400, "max"),
+    ];
+    for (method, path, body, status, field) in cases {
+        let (got, v) = api.call(method, path, (!body.is_null()).then_some(body.clone())).await;
+        assert_eq!(got, status, "{method} {path} {body}: {v}");
+        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+        // The field is named: as `field`, or in the message (a missing one).
+        assert!(v["field"] == field || v["error"].as_str().unwrap().contains(field), "{method} {path} {body}: {v}");
+    }
+    let (status, _, text) = api.send("POST", "/v1/rollouts", None, &[("content-type", "application/json")]).await;
+    assert_eq!(status, 400, "an empty body: {}", String::from_utf8_lossy(&text));
+
+    // Sessions: a branch continues from the same state; after different commands the two
+    // states differ; a branch of a branch works; each is scored on submit.
+    let s = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double", "seed": 1 })), 201).await;
+    let a = s["session_id"].as_str().unwrap().to_string();
+    let seen = api.ok("POST", &format!("/v1/sessions/{a}/exec"), Some(json!({ "command": "echo base > state; cat n.txt" })), 200).await;
+    assert_eq!(seen["step"]["stdout"], "21\n");
+    let b = api.ok("POST", &format!("/v1/sessions/{a}/branch"), None, 201).await["session_id"].as_str().unwrap().to_string();
+    api.ok("POST", &format!("/v1/sessions/{a}/exec"), Some(json!({ "command": "echo A >> state" })), 200).await;
+    api.ok("POST", &format!("/v1/sessions/{b}/exec"), Some(json!({ "command": "echo B >> state" })), 200).await;
+    let c = api.ok("POST", &format!("/v1/sessions/{b}/branch"), None, 201).await["session_id"].as_str().unwrap().to_string();
+    api.ok("POST", &format!("/v1/sessions/{c}/write_file"), Some(json!({ "path": "state", "content": "C\n" })), 200).await;
+    let state = |id: String| {
+        let api = &api;
+        async move { api.ok("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "command": "cat state" })), 200).await["step"]["stdout"].as_str().unwrap().to_string() }
+    };
+    assert_eq!(state(a.clone()).await, "base\nA\n");
+    assert_eq!(state(b.clone()).await, "base\nB\n");
+    assert_eq!(state(c.clone()).await, "C\n");
+    let timed = api.ok("POST", &format!("/v1/sessions/{a}/exec"), Some(json!({ "command": "sleep 30", "timeout_secs": 1 })), 200).await;
+    assert!(timed["step"]["stderr"].as_str().unwrap().contains("killed after"), "{timed}");
+    api.ok("POST", &format!("/v1/sessions/{b}/write_file"), Some(json!({ "path": "out.txt", "content": "42\n" })), 200).await;
+    let verdict_b = api.ok("POST", &format!("/v1/sessions/{b}/submit"), Some(json!({})), 200).await;
+    assert_eq!((verdict_b["status"].as_str(), verdict_b["reward"].as_f64()), (Some("passed"), Some(1.0)), "{verdict_b}");
+    let verdict_a = api.ok("POST", &format!("/v1/sessions/{a}/submit"), None, 200).await;
+    assert_eq!((verdict_a["status"].as_str(), verdict_a["reward"].as_f64()), (Some("failed"), Some(0.0)), "{verdict_a}");
+    api.ok("DELETE", &format!("/v1/sessions/{c}"), None, 200).await;
+    for id in [&a, &b, &c] {
+        assert_eq!(api.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "command": "true" }))).await.0, 404, "session {id} ended");
+    }
+    let session_rows = api.rows_for(&[verdict_a["rollout_id"].as_str().unwrap().to_string(), verdict_b["rollout_id"].as_str().unwrap().to_string()], 0).await;
+    let row_b = session_rows.iter().find(|r| r["rollout_id"] == verdict_b["rollout_id"]).unwrap();
+    let kinds: Vec<&str> = row_b["steps"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["exec", "exec", "exec", "write_file"], "a branch's row holds its parent's steps before the branch: {row_b}");
+
+    // The Python client example, against the same service and the stand-in model.
+    let client = Command::new("python3")
+        .arg(repo().join("examples/farm_client.py"))
+        .args(["--farm", &url, "--model-url", &model_url, "--tasks", "double", "answer", "--n", "2"])
+        .output()
+        .unwrap();
+    let printed = format!("{}{}", String::from_utf8_lossy(&client.stdout), String::from_utf8_lossy(&client.stderr));
+    assert!(client.status.success(), "{printed}");
+    assert!(printed.contains("task double: passed:1.0, passed:1.0"), "{printed}");
+    assert!(printed.contains("task answer: passed:1.0, passed:1.0"), "{printed}");
+    assert!(printed.contains("session branch: out.txt = 42, passed reward 1.0"), "{printed}");
+    assert!(printed.contains("session original: out.txt = 41, failed reward 0.0"), "{printed}");
+    assert!(printed.contains("arrow: "), "{printed}");
+
+    // Metrics: Prometheus text, bounded labels (no task or rollout ids).
+    let (status, _, metrics) = api.send("GET", "/metrics", None, &[]).await;
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert_eq!(status, 200);
+    for name in ["farm_rollouts_total{status=\"passed\"}", "farm_reward_bucket", "farm_phase_seconds_bucket{phase=\"score\"", "farm_rollouts_in_flight", "farm_queue_depth", "farm_vms{role=\"session\"}", "farm_warm_pool_hits_total", "farm_policy_requests_total{code=\"200\"}", "farm_sessions_live"] {
+        assert!(metrics.contains(name), "no {name} in\n{metrics}");
+    }
+    assert!(!metrics.contains("double") && !metrics.contains("r-"), "task or rollout ids in metric labels:\n{metrics}");
+
+    stop(&mut serve);
+    assert_no_qemu_of(run_dir.path());
+    // Everything is in Parquet parts after the stop.
+    let manifest: Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("manifest.json")).unwrap()).unwrap();
+    let in_parts: u64 = manifest["parts"].as_array().unwrap().iter().map(|p| p["rows"].as_u64().unwrap()).sum();
+    let journal = std::fs::read_to_string(out.path().join("journal.jsonl")).unwrap();
+    assert_eq!(in_parts as usize, journal.lines().count());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_backpressure_and_cancel_by_policy_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("[serve]\nsuites = [\"{}\"]\nqueue_limit = 2\nconcurrency = 1\nmax_sessions = 1\n", repo().join("configs/serve.toml").display()),
+    )
+    .unwrap();
+    let (out, run_dir) = (dir.path().join("out"), tempfile::tempdir().unwrap());
+
+    // Beyond loopback only with a token.
+    let refused = Command::new(env!("CARGO_BIN_EXE_farm")).arg("serve").arg(&config).args(["--listen", "0.0.0.0:0"]).env_remove("FARM_SERVE_TOKEN").output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("FARM_SERVE_TOKEN"), "{}", String::from_utf8_lossy(&refused.stderr));
+
+    let token = "t0ken-for-the-test";
+    let (mut serve, url) = farm_serve(&config, &out, run_dir.path(), "0.0.0.0:0", Some(token));
+    for wrong in [None, Some("t0ken-for-the-tesT"), Some("")] {
+        let api = Api::new(&url, wrong);
+        for (method, path) in [("GET", "/v1/capacity"), ("GET", "/metrics"), ("POST", "/v1/rollouts"), ("GET", "/v1/results")] {
+            let (status, _, _) = api.send(method, path, Some(json!({ "items": [ sleeper(1, 1) ] })), &[]).await;
+            assert_eq!(status, 401, "{method} {path} with token {wrong:?}");
+        }
+    }
+    let api = Api::new(&url, Some(token));
+    assert_eq!(api.ok("GET", "/v1/capacity", None, 200).await["slots"], 1);
+
+    // One slot, a queue of two: a third waiting rollout is refused with Retry-After.
+    let old = api.ok("POST", "/v1/rollouts", Some(json!({ "items": [ sleeper(2, 1) ] })), 202).await;
+    let started = Instant::now();
+    while api.ok("GET", "/v1/capacity", None, 200).await["in_flight"] != 1 {
+        assert!(started.elapsed() < Duration::from_secs(120));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, headers, body) = api.send("POST", "/v1/rollouts", Some(json!({ "items": [ sleeper(2, 1) ] })), &[]).await;
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+    assert!(headers.contains_key("retry-after"));
+    let new = api.ok("POST", "/v1/rollouts", Some(json!({ "items": [ sleeper(1, 7) ] })), 202).await;
+    let capacity = api.ok("GET", "/v1/capacity", None, 200).await;
+    assert_eq!((capacity["in_flight"].as_u64(), capacity["queued"].as_u64()), (Some(1), Some(2)), "{capacity}");
+
+    // Sessions are limited too.
+    let session = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await;
+    let (status, v) = api.call("POST", "/v1/sessions", Some(json!({ "task_id": "double" }))).await;
+    assert_eq!(status, 429, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("max_sessions"), "{v}");
+
+    // Cancel after a weight update: everything below version 5, running or queued.
+    let old_ids = ids_of(&old);
+    let cancelled = api.ok("POST", "/v1/cancel", Some(json!({ "policy_version_below": 5 })), 200).await;
+    assert_eq!(cancelled["cancelled"], 2, "{cancelled}");
+    let rows = api.rows_for(&old_ids, 0).await;
+    for row in &rows {
+        assert_eq!(row["status"], "env_error", "{row}");
+        assert!(row["reward"].is_null(), "a cancelled rollout has no reward, never a zero: {row}");
+        assert_eq!(row["error"], "cancelled: policy_version below 5");
+    }
+    let new_id = ids_of(&new)[0].clone();
+    let state = api.ok("GET", &format!("/v1/rollouts/{new_id}"), None, 200).await["state"].clone();
+    assert!(state == "running" || state == "queued", "version 7 is not cancelled: {state}");
+    let one = api.ok("POST", &format!("/v1/rollouts/{new_id}/cancel"), None, 200).await;
+    assert_eq!(one["cancelled"], true);
+    let row = &api.rows_for(&[new_id.clone()], 0).await[0];
+    assert_eq!(row["error"], "cancelled: by request");
+    assert_eq!(api.ok("POST", &format!("/v1/rollouts/{new_id}/cancel"), None, 200).await["cancelled"], false, "a finished rollout stays finished");
+
+    // SIGTERM with a session live: the service stops, and no QEMU outlives it.
+    assert!(session["session_id"].is_string());
+    stop(&mut serve);
+    assert_no_qemu_of(run_dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_sigkill_loses_no_row_and_reports_lost_work() {
+    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let config = repo().join("configs/serve.toml");
+    let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let quick = json!({ "items": [ { "task_id": "double", "policy_version": 3, "policy": { "kind": "replay", "actions": [
+        { "kind": "exec", "command": "echo 42 > out.txt" } ] } } ] });
+    let (status, _, body) = api.send("POST", "/v1/rollouts", Some(quick.clone()), &[("Idempotency-Key", "quick")]).await;
+    assert_eq!(status, 202);
+    let quick_ids = ids_of(&serde_json::from_slice(&body).unwrap());
+    let done = api.rows_for(&quick_ids, 0).await;
+    assert_eq!(done[0]["status"], "passed", "{}", done[0]);
+    let slow = ids_of(&api.ok("POST", "/v1/rollouts", Some(json!({ "items": [ sleeper(3, 3) ] })), 202).await);
+    let session = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await;
+    let started = Instant::now();
+    while api.ok("GET", "/v1/capacity", None, 200).await["in_flight"] == 0 {
+        assert!(started.elapsed() < Duration::from_secs(120));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // SIGKILL: no orderly stop. No QEMU survives it.
+    serve.child.kill().unwrap();
+    serve.child.wait().unwrap();
+    let started = Instant::now();
+    loop {
+        let alive = std::panic::catch_unwind(|| assert_no_qemu_of(run_dir.path()));
+        if alive.is_ok() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "QEMU outlived a killed farm serve");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
+    assert!(serve.log().contains("lost in its restart"), "{}", serve.log());
+    let api = Api::new(&url, None);
+    let mut all = slow.clone();
+    all.push(session["rollout_id"].as_str().unwrap().to_string());
+    all.extend(quick_ids.clone());
+    let rows = api.rows_for(&all, 0).await;
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    // The finished row keeps its cursor; what was queued, running or live is reported lost.
+    assert_eq!(rows[0]["rollout_id"], quick_ids[0].as_str());
+    assert_eq!(rows[0]["cursor"], done[0]["cursor"]);
+    for row in &rows[1..] {
+        assert_eq!((row["status"].as_str(), row["error"].as_str()), (Some("env_error"), Some("lost in restart")), "{row}");
+        assert!(row["reward"].is_null());
+    }
+    // The idempotency key survives the restart: no new rollout.
+    let (status, _, again) = api.send("POST", "/v1/rollouts", Some(quick), &[("Idempotency-Key", "quick")]).await;
+    assert_eq!(status, 202);
+    assert_eq!(ids_of(&serde_json::from_slice(&again).unwrap()), quick_ids);
+    assert_eq!(api.ok("GET", "/v1/capacity", None, 200).await["queued"], 0);
+    stop(&mut serve);
+    assert_no_qemu_of(run_dir.path());
+}
