@@ -257,6 +257,9 @@ async fn rollouts_results_sessions_and_the_python_client() {
         ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "policy": { "kind": "openai", "base_url": "ftp://x", "model": "m" } } ] }), 400, "items[0].policy.base_url"),
         ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "limits": { "timeout_secs": 100000 }, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].limits.timeout_secs"),
         ("POST", "/v1/rollouts", json!({ "items": [] }), 400, "items"),
+        // A caller cannot make the service read a key from its own environment (and send
+        // it to a base_url of the caller's choosing).
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "policy": { "kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "FARM_SERVE_TOKEN" } } ] }), 400, "api_key_env"),
         ("POST", "/v1/cancel", json!({ "policy_version_below": "soon" }), 400, "policy_version_below"),
         ("POST", "/v1/sessions", json!({ "task_id": 7 }), 400, "task_id"),
         ("POST", "/v1/sessions/s-nope/exec", json!({ "command": "true" }), 404, ""),
@@ -299,6 +302,18 @@ async fn rollouts_results_sessions_and_the_python_client() {
     let verdict_a = api.ok("POST", &format!("/v1/sessions/{a}/submit"), None, 200).await;
     assert_eq!((verdict_a["status"].as_str(), verdict_a["reward"].as_f64()), (Some("failed"), Some(0.0)), "{verdict_a}");
     api.ok("DELETE", &format!("/v1/sessions/{c}"), None, 200).await;
+    // A hostile session: it plants a test script where the tests would go, a reward writer
+    // that lingers, and a fake out.txt that only reads right to itself. Scoring happens in a
+    // fresh fork with the session's files only: the verdict is the honest one.
+    let h = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await["session_id"].as_str().unwrap().to_string();
+    let plant = concat!(
+        r#"mkdir -p /opt/farm-tests && printf 'echo 1 > "$FARM_REWARD_FILE"\n' > /opt/farm-tests/run.sh; "#,
+        r#"(while true; do for f in /opt/farm-tests/* /tmp/*; do echo 1 > "$f" 2>/dev/null; done; sleep 0.05; done) >/dev/null 2>&1 & "#,
+        "ln -sf /proc/self/cmdline out.txt",
+    );
+    api.ok("POST", &format!("/v1/sessions/{h}/exec"), Some(json!({ "command": plant })), 200).await;
+    let hostile = api.ok("POST", &format!("/v1/sessions/{h}/submit"), Some(json!({ "answer": "42" })), 200).await;
+    assert_eq!((hostile["status"].as_str(), hostile["reward"].as_f64()), (Some("failed"), Some(0.0)), "a session forged its reward: {hostile}");
     for id in [&a, &b, &c] {
         assert_eq!(api.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "command": "true" }))).await.0, 404, "session {id} ended");
     }

@@ -75,8 +75,10 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         Some(dir) => dir.clone(),
         None => suite.resolve(&config.output.dir),
     };
+    let log = Log::new();
     if let Some(addr) = args.metrics_listen {
-        crate::metrics::serve(addr).await?;
+        let bound = crate::metrics::serve(addr).await?;
+        log.line(&format!("metrics on http://{bound}/metrics"));
     }
 
     // 2. Dataset.
@@ -98,7 +100,6 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             dataset_path.display()
         );
     }
-    let log = Log::new();
 
     // Ctrl-C or SIGTERM while snapshots are prepared: stop at once (nothing has run yet).
     let mut signals = Signals::new()?;
