@@ -57,6 +57,8 @@ out = "$work/serve-out"
 concurrency = 2
 warm_pool = 0
 max_sessions = 4
+max_samples_per_item = 10000
+queue_limit = 10000
 TOML
 
 echo "1. farm run: $N rollouts" >&2

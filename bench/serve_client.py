@@ -27,7 +27,8 @@ def main():
 
     def call(method, path, body=None):
         r = http.request(method, url + path, json=body, timeout=600)
-        r.raise_for_status()
+        if r.status_code >= 400:
+            sys.exit(f"{method} {path}: {r.status_code} {r.text}")
         return r
 
     # Served rollouts/s: one group of n, from submit to the last row pulled.

