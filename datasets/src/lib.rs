@@ -233,6 +233,20 @@ pub fn load(path: &Path, format: Format) -> Result<Vec<Task>, DatasetError> {
     Ok(tasks)
 }
 
+/// A task given as JSON, in the format of a JSONL task table's row (`farm serve`'s inline
+/// tasks); checked as a dataset's tasks are.
+pub fn task_from_json(value: serde_json::Value) -> Result<Task, String> {
+    let row: table::TaskRow = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let task = row.into_task()?;
+    if task.id.is_empty() {
+        return Err("the task has an empty id".into());
+    }
+    for file in task.files.iter().chain(task.tests.iter()) {
+        check_relative(Path::new("the task"), &task.id, &file.path).map_err(|e| e.to_string())?;
+    }
+    Ok(task)
+}
+
 /// A Python module name: an identifier (the harness loads `<name>.py` from the workspace).
 pub(crate) fn valid_module_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -254,6 +268,15 @@ fn check_relative(path: &Path, id: &str, file: &str) -> Result<(), DatasetError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_tasks_are_checked_like_dataset_tasks() {
+        let task = task_from_json(serde_json::json!({ "id": "t", "instruction": "x", "files": { "a.txt": "1" }, "expected_answer": "1" })).unwrap();
+        assert_eq!((task.id.as_str(), task.files.len(), task.expected_answer.as_deref()), ("t", 1, Some("1")));
+        assert!(task_from_json(serde_json::json!({ "id": "t", "files": { "../x": "1" } })).unwrap_err().contains("stay inside"));
+        assert!(task_from_json(serde_json::json!({ "id": "", "expected_answer": "1" })).unwrap_err().contains("empty id"));
+        assert!(task_from_json(serde_json::json!({ "id": "t", "colour": "red" })).unwrap_err().contains("colour"));
+    }
 
     #[test]
     fn digest_changes_with_any_field() {

@@ -230,6 +230,20 @@ async fn rollouts_results_sessions_and_the_python_client() {
     let answer = rows.iter().find(|r| r["task_id"] == "answer").unwrap();
     assert_eq!((answer["status"].as_str(), answer["reward"].as_f64()), (Some("failed"), Some(0.0)), "41 is not 42: {answer}");
 
+    // Inline tasks, in a task table's row format: one scored on the host, one whose setup
+    // needs a snapshot of its own (made on submit, content-addressed).
+    let inline = api.ok("POST", "/v1/rollouts", Some(json!({ "items": [
+        { "task": { "id": "inline-sum", "instruction": "What is 2+3?", "expected_answer": "5" },
+          "policy": { "kind": "replay", "actions": [ { "kind": "submit", "answer": "5" } ] } },
+        { "task": { "id": "inline-setup", "instruction": "Double the number in seven.", "setup": ["echo 7 > seven"],
+                    "tests": { "run.sh": "[ \"$(cat /workspace/out.txt)\" = 14 ] && echo 1 > \"$FARM_REWARD_FILE\"" },
+                    "test_command": "sh /opt/farm-tests/run.sh" },
+          "policy": { "kind": "replay", "actions": [ { "kind": "exec", "command": "echo $(( $(cat seven) * 2 )) > out.txt" } ] } },
+    ] })), 202).await;
+    for row in api.rows_for(&ids_of(&inline), 0).await {
+        assert_eq!(row["status"], "passed", "{row}");
+    }
+
     // One rollout, by id.
     let one = api.ok("GET", &format!("/v1/rollouts/{}", ids[2]), None, 200).await;
     assert_eq!(one["state"], "done");
@@ -245,7 +259,7 @@ async fn rollouts_results_sessions_and_the_python_client() {
         assert!(schema.field_with_name(column).is_ok(), "no column {column} in {schema:?}");
     }
     let rows_in_arrow: usize = reader.map(|b| b.unwrap().num_rows()).sum();
-    assert_eq!(rows_in_arrow, 3);
+    assert_eq!(rows_in_arrow, 5);
 
     // Bad requests: a 4xx with a JSON error naming what is wrong.
     let cases = [
@@ -257,6 +271,9 @@ async fn rollouts_results_sessions_and_the_python_client() {
         ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "policy": { "kind": "openai", "base_url": "ftp://x", "model": "m" } } ] }), 400, "items[0].policy.base_url"),
         ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "limits": { "timeout_secs": 100000 }, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].limits.timeout_secs"),
         ("POST", "/v1/rollouts", json!({ "items": [] }), 400, "items"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task": { "id": "x", "files": { "../a": "1" }, "expected_answer": "1" }, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].task"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task": { "id": "x", "instruction": "no way to score" }, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].task"),
+        ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "task": { "id": "x", "expected_answer": "1" }, "policy": { "kind": "replay", "actions": [] } } ] }), 400, "items[0].task"),
         // A caller cannot make the service read a key from its own environment (and send
         // it to a base_url of the caller's choosing).
         ("POST", "/v1/rollouts", json!({ "items": [ { "task_id": "double", "policy": { "kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": "FARM_SERVE_TOKEN" } } ] }), 400, "api_key_env"),
@@ -360,7 +377,7 @@ async fn token_backpressure_and_cancel_by_policy_version() {
     let config = dir.path().join("serve.toml");
     std::fs::write(
         &config,
-        format!("[serve]\nsuites = [\"{}\"]\nqueue_limit = 2\nconcurrency = 1\nmax_sessions = 1\n", repo().join("configs/serve.toml").display()),
+        format!("[serve]\nsuites = [\"{}\"]\nqueue_limit = 2\nconcurrency = 1\nmax_sessions = 1\nsession_lease_secs = 3\n", repo().join("configs/serve.toml").display()),
     )
     .unwrap();
     let (out, run_dir) = (dir.path().join("out"), tempfile::tempdir().unwrap());
@@ -421,8 +438,18 @@ async fn token_backpressure_and_cancel_by_policy_version() {
     assert_eq!(row["error"], "cancelled: by request");
     assert_eq!(api.ok("POST", &format!("/v1/rollouts/{new_id}/cancel"), None, 200).await["cancelled"], false, "a finished rollout stays finished");
 
+    // The idle session expires after its lease (3 s here) and frees its slot. (Watched
+    // through /v1/capacity: a call on the session would keep it alive.)
+    let started = Instant::now();
+    while api.ok("GET", "/v1/capacity", None, 200).await["sessions"] != 0 {
+        assert!(started.elapsed() < Duration::from_secs(120), "the idle session never expired");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let id = session["session_id"].as_str().unwrap();
+    assert_eq!(api.call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "command": "true" }))).await.0, 404);
+
     // SIGTERM with a session live: the service stops, and no QEMU outlives it.
-    assert!(session["session_id"].is_string());
+    api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await;
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
 }

@@ -106,7 +106,7 @@ async fn submit(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Repl
         None => None,
     };
     let digest = Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
-    let response = app.service.submit(request, key, digest)?;
+    let response = app.service.submit(request, key, digest).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(response)).into_response())
 }
 

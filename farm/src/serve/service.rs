@@ -379,8 +379,31 @@ impl Service {
         Ok(())
     }
 
+    /// A request's task: a served task by id, or an inline task (a JSONL task table's row),
+    /// whose snapshot is made (or reused) when it needs one.
+    async fn resolve_task(&self, suite: &SuiteState, task_id: Option<&str>, inline: Option<&serde_json::Value>, at: &(dyn Fn(&str) -> String + Sync)) -> ApiResult<(Arc<Task>, Arc<Snapshot>)> {
+        match (task_id, inline) {
+            (Some(id), None) => self.task(suite, id, &at("task_id")),
+            (None, Some(value)) => {
+                let task = datasets::task_from_json(value.clone()).map_err(|e| ApiError::field(400, at("task"), format!("not a task: {e}")))?;
+                if suite.engine.config.scoring.external.is_empty() && !task.is_scorable() {
+                    return Err(ApiError::field(400, at("task"), "the task has neither a test command nor an expected answer, and the suite sets no scoring.external"));
+                }
+                let task = Arc::new(task);
+                let snapshots = suite.engine.prepare(std::slice::from_ref(&task), 1, &|_: &str| {}).await.map_err(|e| ApiError::new(500, format!("{e:#}")))?;
+                match snapshots.get(&task.id) {
+                    Some(Ok(s)) => Ok((task.clone(), s.clone())),
+                    Some(Err(e)) => Err(ApiError::field(422, at("task"), e.clone())),
+                    None => Err(ApiError::field(500, at("task"), "no snapshot was made")),
+                }
+            }
+            (Some(_), Some(_)) => Err(ApiError::field(400, at("task"), "give task_id or task, not both")),
+            (None, None) => Err(ApiError::field(400, at("task_id"), "missing: give task_id (a served task) or task (an inline task)")),
+        }
+    }
+
     /// `POST /v1/rollouts`.
-    pub fn submit(&self, request: SubmitRequest, idempotency_key: Option<String>, body_digest: String) -> ApiResult<serde_json::Value> {
+    pub async fn submit(&self, request: SubmitRequest, idempotency_key: Option<String>, body_digest: String) -> ApiResult<serde_json::Value> {
         self.check_admitting()?;
         if let Some(key) = &idempotency_key {
             if let Some((digest, response)) = self.lock().idempotency.get(key) {
@@ -399,7 +422,7 @@ impl Service {
         for (i, item) in request.items.iter().enumerate() {
             let at = |f: &str| format!("items[{i}].{f}");
             let (suite_name, suite) = self.suite(item.suite.as_deref(), &at("suite"))?;
-            let (task, snapshot) = self.task(suite, &item.task_id, &at("task_id"))?;
+            let (task, snapshot) = self.resolve_task(suite, item.task_id.as_deref(), item.task.as_ref(), &at).await?;
             if item.n == 0 || item.n > self.settings.max_samples_per_item {
                 return Err(ApiError::field(400, at("n"), format!("must be 1 to {} (serve.max_samples_per_item)", self.settings.max_samples_per_item)));
             }
@@ -604,7 +627,7 @@ impl Service {
     pub async fn open_session(&self, request: SessionRequest) -> ApiResult<serde_json::Value> {
         self.take_session_slot()?;
         let (suite_name, suite) = self.suite(request.suite.as_deref(), "suite")?;
-        let (task, snapshot) = self.task(suite, &request.task_id, "task_id")?;
+        let (task, snapshot) = self.resolve_task(suite, request.task_id.as_deref(), request.task.as_ref(), &|f: &str| f.to_string()).await?;
         let limits = request.limits.apply(&suite.engine.config.rollouts).map_err(|(f, m)| ApiError::field(400, format!("limits.{f}"), m))?;
         let seed = rollout_seed(request.seed, &task.id, 0);
         let rollout_id = self.new_id("r");
@@ -886,7 +909,12 @@ pub struct SubmitItem {
     /// Which served suite (optional when one is served).
     #[serde(default)]
     pub suite: Option<String>,
-    pub task_id: String,
+    /// A served task's id; or:
+    #[serde(default)]
+    pub task_id: Option<String>,
+    /// An inline task, as a row of a JSONL task table.
+    #[serde(default)]
+    pub task: Option<serde_json::Value>,
     /// Samples: one group.
     #[serde(default = "one")]
     pub n: u32,
@@ -1003,7 +1031,11 @@ impl LimitsRequest {
 pub struct SessionRequest {
     #[serde(default)]
     pub suite: Option<String>,
-    pub task_id: String,
+    #[serde(default)]
+    pub task_id: Option<String>,
+    /// An inline task, as a row of a JSONL task table.
+    #[serde(default)]
+    pub task: Option<serde_json::Value>,
     #[serde(default)]
     pub seed: u64,
     #[serde(default)]
