@@ -434,7 +434,7 @@ async fn token_backpressure_and_cancel_by_policy_version() {
     assert!(state == "running" || state == "queued", "version 7 is not cancelled: {state}");
     let one = api.ok("POST", &format!("/v1/rollouts/{new_id}/cancel"), None, 200).await;
     assert_eq!(one["cancelled"], true);
-    let row = &api.rows_for(&[new_id.clone()], 0).await[0];
+    let row = &api.rows_for(std::slice::from_ref(&new_id), 0).await[0];
     assert_eq!(row["error"], "cancelled: by request");
     assert_eq!(api.ok("POST", &format!("/v1/rollouts/{new_id}/cancel"), None, 200).await["cancelled"], false, "a finished rollout stays finished");
 
@@ -460,6 +460,10 @@ async fn a_restart_after_sigkill_loses_no_row_and_reports_lost_work() {
     let config = repo().join("configs/serve.toml");
     let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
     let api = Api::new(&url, None);
+    // One service per output folder.
+    let second = Command::new(env!("CARGO_BIN_EXE_farm")).arg("serve").arg(&config).arg("--out").arg(out.path()).args(["--listen", "127.0.0.1:0"]).output().unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("another farm serve is using the output folder"), "{}", String::from_utf8_lossy(&second.stderr));
     let quick = json!({ "items": [ { "task_id": "double", "policy_version": 3, "policy": { "kind": "replay", "actions": [
         { "kind": "exec", "command": "echo 42 > out.txt" } ] } } ] });
     let (status, _, body) = api.send("POST", "/v1/rollouts", Some(quick.clone()), &[("Idempotency-Key", "quick")]).await;

@@ -355,50 +355,7 @@ impl Engine {
 
         // The policy acts.
         let rollout_started = Instant::now();
-        let mut answer = None;
-        let ending = {
-            let steps = &mut row.steps;
-            let answer = &mut answer;
-            let driver = &mut driver;
-            // The time limit counts the agent's actions in the VM, not the time the policy
-            // takes to answer (an endpoint's queueing and retries are not the agent's doing;
-            // the policy has its own request timeout and retries).
-            let act = async {
-                let mut observed = None;
-                let budget = Duration::from_secs(limits.timeout_secs);
-                let mut spent = Duration::ZERO;
-                for index in 0..limits.max_steps {
-                    let action = match driver.next(observed.take()).await {
-                        Ok(Some(action)) => action,
-                        Ok(None) => break,
-                        Err(e) => return policy_ending(&e),
-                    };
-                    let started = Instant::now();
-                    let Some(remaining) = budget.checked_sub(spent) else { return Ending::Timeout };
-                    let result = match tokio::time::timeout(remaining, self.act(&live, &action, index as u32, limits)).await {
-                        Ok(result) => result,
-                        Err(_) => return Ending::Timeout,
-                    };
-                    spent += started.elapsed();
-                    match result {
-                        Ok((step, submitted)) => {
-                            observed = Some(observation(&step));
-                            steps.push(step);
-                            if let Some(a) = submitted {
-                                *answer = Some(a);
-                                break;
-                            }
-                        }
-                        Err((step, reason)) => {
-                            steps.push(step);
-                            return Ending::AgentBrokeVm(reason);
-                        }
-                    }
-                }
-                Ending::Done
-            };
-            act.await
-        };
+        let (ending, answer) = self.drive(&live, &mut driver, limits, &mut row.steps).await;
         row.messages = driver.messages_json();
         row.usage = driver.usage();
         row.timings.rollout_ms = rollout_started.elapsed().as_secs_f64() * 1e3;
@@ -413,6 +370,45 @@ impl Engine {
         }
         let end = self.finish(live, task, &snapshot, answer, &mut row).await;
         finish(row, end)
+    }
+
+    /// The policy's actions in `live`, until it is done, submits, or a limit or failure
+    /// ends the rollout. Steps go into `steps` as they finish.
+    async fn drive(&self, live: &LiveFork, driver: &mut Driver<'_>, limits: &RolloutsSection, steps: &mut Vec<Step>) -> (Ending, Option<String>) {
+        // The time limit counts the agent's actions in the VM, not the time the policy takes
+        // to answer (an endpoint's queueing and retries are not the agent's doing; the
+        // policy has its own request timeout and retries).
+        let mut observed = None;
+        let budget = Duration::from_secs(limits.timeout_secs);
+        let mut spent = Duration::ZERO;
+        for index in 0..limits.max_steps {
+            let action = match driver.next(observed.take()).await {
+                Ok(Some(action)) => action,
+                Ok(None) => break,
+                Err(e) => return (policy_ending(&e), None),
+            };
+            let started = Instant::now();
+            let Some(remaining) = budget.checked_sub(spent) else { return (Ending::Timeout, None) };
+            let result = match tokio::time::timeout(remaining, self.act(live, &action, index as u32, limits)).await {
+                Ok(result) => result,
+                Err(_) => return (Ending::Timeout, None),
+            };
+            spent += started.elapsed();
+            match result {
+                Ok((step, submitted)) => {
+                    observed = Some(observation(&step));
+                    steps.push(step);
+                    if submitted.is_some() {
+                        return (Ending::Done, submitted);
+                    }
+                }
+                Err((step, reason)) => {
+                    steps.push(step);
+                    return (Ending::AgentBrokeVm(reason), None);
+                }
+            }
+        }
+        (Ending::Done, None)
     }
 
     /// A fork of the task's pristine state, handed to the rollout's user, with the
@@ -451,7 +447,8 @@ impl Engine {
         let child = snapshotter::snapshot_fork(store, &self.forker, &parent, &live.fork, "branch", None, true).await.context("snapshotting the session")?;
         let branch = Arc::new(Branch { snapshot: child, store: store.clone(), parent: live.origin.clone() });
         let forker = Forker { max_disk_bytes: self.forker.max_disk_bytes, ..self.forker.clone() };
-        let fork = forker.fork(&branch.snapshot, ForkIdentity::new(seed)).await.context("forking the branch")?;
+        let identity = ForkIdentity { env: live.fork.identity.env.clone(), ..ForkIdentity::new(seed) };
+        let fork = forker.fork(&branch.snapshot, identity).await.context("forking the branch")?;
         Ok((LiveFork { fork, baseline: live.baseline.clone(), origin: Some(branch.clone()), _gauge: VmGauge::new(role) }, branch))
     }
 

@@ -156,6 +156,8 @@ pub struct Service {
     run_id: String,
     counter: AtomicU64,
     guest_mib: u32,
+    /// Held while the service runs (see `start`).
+    _lock: std::fs::File,
 }
 
 impl Service {
@@ -163,6 +165,11 @@ impl Service {
     /// and the output folder; records what a previous process left unfinished.
     pub async fn start(settings: &ServeSection, suites: &[Suite], out: &Path, accel: vmm::AccelSetting, log: &Log) -> Result<Service> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        // One service per output folder: two would interleave their journals.
+        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(out.join(".lock")).with_context(|| format!("creating {}", out.join(".lock").display()))?;
+        if lock.try_lock().is_err() {
+            anyhow::bail!("another farm serve is using the output folder {}: stop it, or choose another --out", out.display());
+        }
         let rows_per_part = suites.first().map(|s| s.config.output.rows_per_part).unwrap_or(256);
         // Restarts continue the same output; the service is not tied to one suite version.
         let mut writer = OutputWriter::open(out, &crate::run::new_run_id(), "farm-serve", "farm-serve", true, rows_per_part)?;
@@ -258,6 +265,7 @@ impl Service {
             run_id,
             counter: AtomicU64::new(0),
             guest_mib,
+            _lock: lock,
         })
     }
 
@@ -267,14 +275,24 @@ impl Service {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
             let mut last_flush = Instant::now();
+            let mut last_status = String::new();
+            let log = Log::new();
             loop {
                 tokio::select! {
                     _ = self.wake.notified() => {}
                     _ = tick.tick() => {
                         self.expire_sessions();
                         if last_flush.elapsed() > Duration::from_secs(60) {
-                            let _ = self.flush();
+                            if let Err(e) = self.flush() {
+                                log.line(&format!("writing a Parquet part failed (the rows stay in the journal): {e:#}"));
+                            }
                             last_flush = Instant::now();
+                            // A status line a minute, when anything changed.
+                            let status = self.status();
+                            if status != last_status {
+                                log.line(&status);
+                                last_status = status;
+                            }
                         }
                     }
                 }
@@ -577,6 +595,23 @@ impl Service {
             .collect();
         let n = self.cancel_ids(&ids, &format!("policy_version below {version}"));
         json!({ "cancelled": n })
+    }
+
+    /// One log line: rows recorded by status, work in flight.
+    fn status(&self) -> String {
+        let counts: Vec<String> = Status::ALL
+            .iter()
+            .map(|s| format!("{} {}", s, metrics::get().rollouts.with_label_values(&[s.as_str()]).get()))
+            .collect();
+        let inner = self.lock();
+        format!(
+            "{} rows recorded since start ({}); {} running, {} queued, {} sessions",
+            counts.iter().map(|c| c.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)).sum::<u64>(),
+            counts.join(", "),
+            inner.running.len(),
+            inner.queue.len(),
+            inner.sessions.len()
+        )
     }
 
     /// `GET /v1/capacity`.
