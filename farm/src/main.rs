@@ -21,6 +21,7 @@ macro_rules! outln {
 mod cmd;
 mod engine;
 mod metrics;
+mod report;
 mod run;
 mod serve;
 
@@ -39,6 +40,8 @@ enum Command {
     Run(run::RunArgs),
     /// Serve rollouts and live sessions over HTTP to training loops.
     Serve(serve::ServeArgs),
+    /// Write a static HTML report of one or more runs: leaderboard, tasks, charts, rollouts.
+    Report(report::ReportArgs),
     /// Run commands in microVMs.
     #[command(subcommand)]
     Vm(cmd::vm::VmCommand),
@@ -95,6 +98,7 @@ fn main() {
                 Command::Template(command) => cmd::template::run(command).await,
                 Command::Snapshot(command) => cmd::snapshot::run(command).await,
                 Command::Bench(command) => cmd::bench::run(command).await,
+                Command::Report(args) => report::run(args).await,
             }
         };
         tokio::select! {

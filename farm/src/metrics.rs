@@ -31,6 +31,9 @@ pub struct Metrics {
     pub sessions_live: IntGauge,
 }
 
+/// Every metric's name starts with `farm_`.
+const PREFIX: &str = "farm";
+
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics::new().expect("metric definitions are valid"));
 
 /// The process's metrics.
@@ -40,7 +43,7 @@ pub fn get() -> &'static Metrics {
 
 impl Metrics {
     fn new() -> prometheus::Result<Metrics> {
-        let registry = Registry::new_custom(Some("farm".into()), None)?;
+        let registry = Registry::new_custom(Some(PREFIX.into()), None)?;
         let m = Metrics {
             registry,
             rollouts: IntCounterVec::new(Opts::new("rollouts_total", "Rollouts recorded, by status."), &["status"])?,
@@ -86,6 +89,25 @@ impl Metrics {
         let mut out = Vec::new();
         let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// The names of every metric farm exports (histograms without their `_bucket`, `_sum`
+    /// and `_count` suffixes).
+    pub fn names(&self) -> Vec<String> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 10] = [
+            &self.rollouts,
+            &self.reward,
+            &self.phase_seconds,
+            &self.in_flight,
+            &self.queue_depth,
+            &self.vms,
+            &self.warm_pool_hits,
+            &self.warm_ready,
+            &self.policy_requests,
+            &self.sessions_live,
+        ];
+        collectors.iter().flat_map(|c| c.desc()).map(|d| format!("{PREFIX}_{}", d.fq_name)).collect()
     }
 
     /// Counts a recorded row: its status, reward and phase times.
@@ -160,6 +182,38 @@ pub fn metrics_response() -> impl axum::response::IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_grafana_dashboard_queries_only_metrics_farm_exports() {
+        let dashboard: serde_json::Value = serde_json::from_str(include_str!("../../configs/grafana/farm.json")).expect("the dashboard is JSON");
+        let names = get().names();
+        assert!(names.contains(&"farm_rollouts_total".to_string()) && names.contains(&"farm_phase_seconds".to_string()), "{names:?}");
+        let panels = dashboard["panels"].as_array().expect("panels");
+        assert!(panels.len() >= 5);
+        let mut queried = std::collections::BTreeSet::new();
+        for panel in panels {
+            let targets = panel["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "panel {} has no query", panel["title"]);
+            for target in targets {
+                let expr = target["expr"].as_str().expect("expr");
+                let mut rest = expr;
+                let mut found = false;
+                while let Some(i) = rest.find("farm_") {
+                    let name: String = rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                    let base = ["_bucket", "_sum", "_count"].iter().fold(name.clone(), |n, s| n.strip_suffix(s).map(String::from).unwrap_or(n));
+                    assert!(names.contains(&base), "panel {} queries {name}, which farm does not export ({names:?})", panel["title"]);
+                    queried.insert(base);
+                    found = true;
+                    rest = &rest[i + name.len()..];
+                }
+                assert!(found, "panel {} query {expr:?} names no farm metric", panel["title"]);
+            }
+        }
+        // The panels: rollouts by status, reward, phase latency, VMs by role, queue depth.
+        for wanted in ["farm_rollouts_total", "farm_reward", "farm_phase_seconds", "farm_vms", "farm_queue_depth"] {
+            assert!(queried.contains(wanted), "no panel shows {wanted}");
+        }
+    }
 
     #[tokio::test]
     async fn metrics_listen_serves_the_prometheus_text() {

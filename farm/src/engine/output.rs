@@ -386,6 +386,38 @@ impl OutputWriter {
     }
 }
 
+/// Every row of the run in `dir`, in the order recorded: the Parquet parts the manifest
+/// lists, then the journal's rows not yet in a part. Rows are handed to `each` one Arrow
+/// batch at a time, so memory does not grow with the run.
+pub fn read_rows(dir: &Path, mut each: impl FnMut(Row) -> Result<()>) -> Result<Manifest> {
+    let manifest_path = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest_path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound if dir.is_dir() => anyhow::anyhow!("{}: not a farm run (no manifest.json)", dir.display()),
+        std::io::ErrorKind::NotFound => anyhow::anyhow!("{}: no such folder", dir.display()),
+        _ => anyhow::anyhow!("{}: {e}", manifest_path.display()),
+    })?;
+    let manifest: Manifest = serde_json::from_str(&text).with_context(|| format!("{} is not a farm run manifest", manifest_path.display()))?;
+    for part in &manifest.parts {
+        let path = dir.join(&part.file);
+        let file = std::fs::File::open(&path).with_context(|| format!("{}: listed in the manifest", path.display()))?;
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.with_batch_size(1024).build())
+            .with_context(|| format!("{}: not a Parquet file", path.display()))?;
+        for batch in reader {
+            let batch = batch.with_context(|| format!("reading {}", path.display()))?;
+            let rows: Vec<Row> = serde_arrow::from_record_batch(&batch).with_context(|| format!("{}: rows do not match farm's schema", path.display()))?;
+            for row in rows {
+                each(row)?;
+            }
+        }
+    }
+    let (_, pending, _, _) = read_journal(&dir.join("journal.jsonl"), manifest.journal_bytes_in_parts)?;
+    for row in pending {
+        each(row)?;
+    }
+    Ok(manifest)
+}
+
 fn sync_dir(dir: &Path) {
     if let Ok(f) = std::fs::File::open(dir) {
         let _ = f.sync_all();

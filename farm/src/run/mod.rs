@@ -232,6 +232,7 @@ async fn run_rollouts(
     writer.flush()?;
     write_time += t.elapsed();
     let mut summary = output::summary(writer.outcomes(), config.rollouts.samples, planned_total);
+    summary["provenance"] = provenance(&engine);
     summary["performance"] = performance(&writer.outcomes()[writer.outcomes().len() - finished_now..], wall.elapsed(), write_time, concurrency);
     writer.write_summary(&summary)?;
     log.line(&format!(
@@ -270,6 +271,18 @@ fn performance(rows: &[output::Outcome], wall: Duration, write: Duration, concur
         "total": phase(|t| t.total_ms),
         "write_ms_total": write.as_secs_f64() * 1e3,
         "write_ms_per_rollout": write.as_secs_f64() * 1e3 / rows.len().max(1) as f64,
+    })
+}
+
+/// Where and with what the run was made (for reports that must be told apart).
+fn provenance(engine: &Engine) -> serde_json::Value {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    serde_json::json!({
+        "host": host,
+        "farm_version": env!("CARGO_PKG_VERSION"),
+        "accel": format!("{:?}", engine.forker.vm.accel).to_lowercase(),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "template_snapshot": engine.template.id(),
     })
 }
 
