@@ -34,6 +34,7 @@ PACKAGES=(
   linux-source-6.1 bc flex bison libelf-dev libssl-dev build-essential cpio xz-utils
   busybox-static debootstrap e2fsprogs
   ca-certificates python3 python3-pip
+  chromium   # headless, for the test that renders `farm report` as a person sees it
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

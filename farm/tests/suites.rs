@@ -122,6 +122,18 @@ fn quickstart_reference_solutions_all_pass_and_parquet_matches_the_schema() {
     let rows = read_with_pyarrow(out.path());
     assert_eq!(rows.len(), 5);
     assert!(rows.iter().all(|(_, _, status)| status == "passed"));
+    assert!(s["provenance"]["host"].as_str().is_some_and(|h| !h.is_empty()), "{s}");
+    assert!(s["provenance"]["template_snapshot"].as_str().is_some_and(|t| t.starts_with("t-")), "{s}");
+
+    // The pyarrow recipe of docs/output.md, as written there, on this run.
+    let doc = std::fs::read_to_string(repo().join("docs/output.md")).unwrap();
+    let recipe = doc.split("<!-- recipe: pyarrow -->").nth(1).and_then(|r| r.split("<!-- end recipe -->").next()).expect("the pyarrow recipe in docs/output.md");
+    let code = recipe.trim().trim_start_matches("```python").trim_end_matches("```");
+    let ran = Command::new("python3").arg("-c").arg(code).env("FARM_RUN", out.path()).output().unwrap();
+    assert!(ran.status.success(), "the docs' pyarrow recipe failed: {}", text(&ran));
+    let printed = String::from_utf8_lossy(&ran.stdout);
+    assert!(printed.contains("pass@1 1.0"), "{printed}");
+    assert!(printed.contains("'reward_mean': 1.0") && printed.contains("'status_count': 1"), "{printed}");
 }
 
 #[test]
