@@ -59,7 +59,12 @@ enum Command {
 fn main() {
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        vmm::process::kill_all();
+        // A panic on the main thread ends the process: its QEMUs go first. A panic in a
+        // task (one rollout, one request) is caught by the runtime and becomes that
+        // rollout's env_error; it must not take every other VM down with it.
+        if std::thread::current().name() == Some("main") {
+            vmm::process::kill_all();
+        }
         default_hook(info);
     }));
     let cli = Cli::parse();

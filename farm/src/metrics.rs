@@ -93,6 +93,7 @@ impl Metrics {
 
     /// The names of every metric farm exports (histograms without their `_bucket`, `_sum`
     /// and `_count` suffixes).
+    #[cfg(test)]
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
         let collectors: [&dyn Collector; 10] = [

@@ -244,6 +244,13 @@ async fn rollouts_results_sessions_and_the_python_client() {
         assert_eq!(row["status"], "passed", "{row}");
     }
 
+    // Rows that are already there come back at once, however long the poll may wait (a
+    // 300 s wait against a 60 s client timeout).
+    let quick = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let waited = quick.get(format!("{url}/v1/results?cursor=0&wait=300")).send().await.expect("a long poll over existing rows must not wait");
+    assert_eq!(waited.status(), 200);
+    assert!(!waited.text().await.unwrap().is_empty());
+
     // One rollout, by id.
     let one = api.ok("GET", &format!("/v1/rollouts/{}", ids[2]), None, 200).await;
     assert_eq!(one["state"], "done");
@@ -319,6 +326,14 @@ async fn rollouts_results_sessions_and_the_python_client() {
     let verdict_a = api.ok("POST", &format!("/v1/sessions/{a}/submit"), None, 200).await;
     assert_eq!((verdict_a["status"].as_str(), verdict_a["reward"].as_f64()), (Some("failed"), Some(0.0)), "{verdict_a}");
     api.ok("DELETE", &format!("/v1/sessions/{c}"), None, 200).await;
+    // A session's actions share its time budget: past it, the session ends as a timeout,
+    // with a row.
+    let t = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double", "limits": { "timeout_secs": 2 } })), 201).await["session_id"].as_str().unwrap().to_string();
+    let over = api.ok("POST", &format!("/v1/sessions/{t}/exec"), Some(json!({ "command": "sleep 30" })), 200).await;
+    assert_eq!((over["ended"].as_bool(), over["status"].as_str()), (Some(true), Some("timeout")), "{over}");
+    assert!(over["cursor"].is_u64(), "{over}");
+    assert_eq!(api.call("POST", &format!("/v1/sessions/{t}/exec"), Some(json!({ "command": "true" }))).await.0, 404);
+
     // A hostile session: it plants a test script where the tests would go, a reward writer
     // that lingers, and a fake out.txt that only reads right to itself. Scoring happens in a
     // fresh fork with the session's files only: the verdict is the honest one.

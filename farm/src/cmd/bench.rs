@@ -16,6 +16,20 @@ pub enum BenchCommand {
     /// Cold boot vs fork-to-first-exec (with and without the warm pool), private dirty memory
     /// per idle fork, and forks alive at once within a memory budget.
     Fork(ForkArgs),
+    /// Write a synthetic run of N rows (for timing `farm report` on large runs; no VM runs).
+    SyntheticRun(SyntheticArgs),
+}
+
+#[derive(Args)]
+pub struct SyntheticArgs {
+    /// Output folder (must not hold a run).
+    #[arg(long)]
+    out: std::path::PathBuf,
+    #[arg(long, default_value_t = 100_000)]
+    rows: usize,
+    /// Rows are spread over this many tasks.
+    #[arg(long, default_value_t = 1_000)]
+    tasks: usize,
 }
 
 #[derive(Args)]
@@ -73,6 +87,7 @@ pub async fn run(command: BenchCommand) -> Result<i32> {
     match command {
         BenchCommand::Boot(args) => boot(args).await,
         BenchCommand::Fork(args) => fork(args).await,
+        BenchCommand::SyntheticRun(args) => synthetic_run(args),
     }
 }
 
@@ -373,4 +388,60 @@ async fn join_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F:
     })
     .await;
     results.into_iter().map(|r| r.expect("all ready")).collect()
+}
+
+/// Rows shaped like a real run's (three steps with some output, score details), with
+/// deterministic statuses and rewards, written through the run writer.
+fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
+    use crate::engine::output::{OutputWriter, Row, Status, Step, Timings, Usage};
+    let mut writer = OutputWriter::open(&args.out, "run-synthetic", "synthetic", "synthetic", false, 10_000)?;
+    let samples = (args.rows / args.tasks.max(1)).max(1) as u32;
+    for i in 0..args.rows {
+        let (task, sample) = (i % args.tasks.max(1), (i / args.tasks.max(1)) as u32);
+        let status = match i % 10 {
+            0..=5 => Status::Passed,
+            6..=8 => Status::Failed,
+            _ => Status::EnvError,
+        };
+        let step = |k: u32| Step {
+            index: k,
+            kind: "exec".into(),
+            text: format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"),
+            stdout: format!("{}\n{} passed in 0.{k}s\n", "line of test output ".repeat(20), k + 1),
+            stderr: String::new(),
+            exit_code: Some(0),
+            started_at_ms: 1_700_000_000_000 + i as i64 * 50,
+            duration_ms: 40.0 + k as f64,
+        };
+        writer.append(Row {
+            run_id: "run-synthetic".into(),
+            suite_name: "synthetic".into(),
+            suite_digest: "synthetic".into(),
+            task_id: format!("task-{task:05}"),
+            task_digest: format!("{task:064x}"),
+            sample_index: sample,
+            seed: i as u64,
+            snapshot_id: "t-synthetic".into(),
+            policy_name: "replay".into(),
+            policy_params: "{}".into(),
+            steps: (0..3).map(step).collect(),
+            messages: "[]".into(),
+            usage: Usage::default(),
+            reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
+            status,
+            error: None,
+            score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
+            attempts: 1,
+            timings: Timings { fork_ms: 80.0 + (i % 50) as f64, rollout_ms: 150.0 + (i % 300) as f64, score_ms: 700.0 + (i % 900) as f64, total_ms: 1000.0 },
+            started_at_ms: 1_700_000_000_000 + i as i64 * 50,
+            farm_version: env!("CARGO_PKG_VERSION").into(),
+            rollout_id: None,
+            group_id: None,
+            policy_version: None,
+            metadata: None,
+        })?;
+    }
+    writer.flush()?;
+    eprintln!("farm: wrote {} rows ({} tasks, {samples} samples each) to {}", args.rows, args.tasks, args.out.display());
+    Ok(0)
 }

@@ -312,18 +312,26 @@ impl OutputWriter {
 
     /// The journal lines of rows `from..from + max` (each a JSON row, without its newline).
     pub fn read_lines(&self, from: usize, max: usize) -> Result<Vec<Vec<u8>>> {
-        use std::os::unix::fs::FileExt;
-        let file = std::fs::File::open(self.dir.join("journal.jsonl"))?;
+        read_lines_at(&self.journal_path(), &self.line_index(from, max, u64::MAX))
+    }
+
+    pub fn journal_path(&self) -> PathBuf {
+        self.dir.join("journal.jsonl")
+    }
+
+    /// Where rows `from..from + max` are in the journal, stopping before `max_bytes` (one row
+    /// at least); read them with [`read_lines_at`] without holding the writer.
+    pub fn line_index(&self, from: usize, max: usize, max_bytes: u64) -> Vec<(u64, u64)> {
+        let mut total = 0;
         let mut out = Vec::new();
         for &(offset, len) in self.lines.iter().skip(from).take(max) {
-            let mut line = vec![0u8; len as usize];
-            file.read_exact_at(&mut line, offset)?;
-            if line.last() == Some(&b'\n') {
-                line.pop();
+            if !out.is_empty() && total + len > max_bytes {
+                break;
             }
-            out.push(line);
+            total += len;
+            out.push((offset, len));
         }
-        Ok(out)
+        out
     }
 
 
@@ -338,14 +346,22 @@ impl OutputWriter {
         }
         let mut line = serde_json::to_vec(&row)?;
         line.push(b'\n');
-        self.journal.write_all(&line)?;
-        self.journal.sync_data()?;
+        if let Err(e) = self.journal.write_all(&line).and_then(|_| self.journal.sync_data()) {
+            // Nothing half-written stays: the next row starts where this one would have.
+            self.done.remove(&row.key());
+            let _ = self.journal.set_len(self.journal_len);
+            return Err(anyhow::Error::new(e).context("appending to journal.jsonl"));
+        }
         self.lines.push((self.journal_len, line.len() as u64));
         self.journal_len += line.len() as u64;
         self.all.push(Outcome::from(&row));
         self.pending.push(row);
         if self.pending.len() >= self.rows_per_part {
-            self.flush()?;
+            // The row is durable in the journal; a part that cannot be written now is
+            // written by a later flush (or made from the journal on resume).
+            if let Err(e) = self.flush() {
+                eprintln!("farm: writing a Parquet part failed (the rows are safe in journal.jsonl): {e:#}");
+            }
         }
         Ok(())
     }
@@ -384,6 +400,22 @@ impl OutputWriter {
         std::fs::rename(&tmp, self.dir.join("summary.json"))?;
         Ok(())
     }
+}
+
+/// Journal lines at (offset, length), each without its newline.
+pub fn read_lines_at(journal: &Path, index: &[(u64, u64)]) -> Result<Vec<Vec<u8>>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(journal)?;
+    let mut out = Vec::with_capacity(index.len());
+    for &(offset, len) in index {
+        let mut line = vec![0u8; len as usize];
+        file.read_exact_at(&mut line, offset)?;
+        if line.last() == Some(&b'\n') {
+            line.pop();
+        }
+        out.push(line);
+    }
+    Ok(out)
 }
 
 /// Every row of the run in `dir`, in the order recorded: the Parquet parts the manifest

@@ -258,7 +258,7 @@ pub async fn run(args: ReportArgs) -> Result<i32> {
     let mut pages = Pages { dir: out.clone(), opened: HashMap::new() };
     let mut runs = Vec::new();
     for (i, dir) in args.runs.iter().enumerate() {
-        let mut run = read_run(i, dir, &mut pages).with_context(|| format!("report: {}", dir.display()))?;
+        let mut run = read_run(i, dir, &mut pages).context("report")?;
         if runs.iter().any(|r: &RunStats| r.label == run.label) {
             run.label = format!("{} ({})", run.label, i + 1);
         }

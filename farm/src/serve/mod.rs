@@ -133,6 +133,12 @@ fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
     if section.concurrency == Count::Fixed(0) {
         bail!("{}: serve.concurrency must be at least 1, or \"auto\"", path.display());
     }
+    if section.queue_limit == 0 {
+        bail!("{}: serve.queue_limit must be at least 1", path.display());
+    }
+    if section.session_lease_secs == 0 {
+        bail!("{}: serve.session_lease_secs must be at least 1", path.display());
+    }
     if section.max_samples_per_item == 0 {
         bail!("{}: serve.max_samples_per_item must be at least 1", path.display());
     }

@@ -51,6 +51,12 @@ impl ApiError {
 
 type ApiResult<T> = std::result::Result<T, ApiError>;
 
+/// Bytes of rows one `/v1/results` answer carries at most (at least one row).
+const RESULTS_MAX_BYTES: u64 = 64 << 20;
+
+/// A request's `metadata`, as JSON text, at most.
+const METADATA_MAX_BYTES: usize = 64 << 10;
+
 /// One suite the service serves.
 struct SuiteState {
     engine: Arc<Engine>,
@@ -71,6 +77,8 @@ pub enum Phase {
 
 #[derive(Debug, Clone)]
 struct Entry {
+    /// The session, for a session's rollout.
+    session: Option<String>,
     group_id: String,
     policy_version: Option<u64>,
     phase: Phase,
@@ -123,6 +131,11 @@ struct Inner {
     sessions: HashMap<String, Arc<tokio::sync::Mutex<Session>>>,
     /// Session id -> last use (kept outside the session's lock, so expiry never waits).
     touched: HashMap<String, Instant>,
+    /// Sessions being submitted: expiry, DELETE and shutdown leave them to finish (a
+    /// process killed meanwhile reports them lost on restart, as no end was recorded).
+    submitting: std::collections::HashSet<String>,
+    /// Session slots taken by sessions still being opened or branched.
+    reserved: usize,
 }
 
 /// A live environment a caller steps.
@@ -136,6 +149,8 @@ pub struct Session {
     steps: Vec<Step>,
     limits: RolloutsSection,
     planned: Planned,
+    /// Time its actions took so far (against `limits.timeout_secs`).
+    spent: Duration,
     /// Branch snapshots this session's fork depends on.
     _branch: Option<Arc<Branch>>,
 }
@@ -206,6 +221,8 @@ impl Service {
             idempotency: HashMap::new(),
             sessions: HashMap::new(),
             touched: HashMap::new(),
+            submitting: Default::default(),
+            reserved: 0,
         };
         let done: HashMap<String, usize> = rows_by_id(&writer)?;
         let mut ended_sessions = std::collections::HashSet::new();
@@ -238,7 +255,7 @@ impl Service {
                     }
                 };
                 let phase = Phase::Done;
-                inner.rollouts.insert(a.rollout_id.clone(), Entry { group_id: a.group_id.clone(), policy_version: a.policy_version, phase, cursor });
+                inner.rollouts.insert(a.rollout_id.clone(), Entry { session: None, group_id: a.group_id.clone(), policy_version: a.policy_version, phase, cursor });
             }
         }
         if lost > 0 {
@@ -349,7 +366,8 @@ impl Service {
         let cursor = writer.rows() - 1;
         entry.phase = Phase::Done;
         entry.cursor = Some(cursor);
-        let _ = self.rows.send(writer.rows());
+        // send_replace: the count is kept even when no reader waits right now.
+        self.rows.send_replace(writer.rows());
         Some(cursor)
     }
 
@@ -440,13 +458,13 @@ impl Service {
         for (i, item) in request.items.iter().enumerate() {
             let at = |f: &str| format!("items[{i}].{f}");
             let (suite_name, suite) = self.suite(item.suite.as_deref(), &at("suite"))?;
-            let (task, snapshot) = self.resolve_task(suite, item.task_id.as_deref(), item.task.as_ref(), &at).await?;
             if item.n == 0 || item.n > self.settings.max_samples_per_item {
                 return Err(ApiError::field(400, at("n"), format!("must be 1 to {} (serve.max_samples_per_item)", self.settings.max_samples_per_item)));
             }
+            let metadata = metadata_text(item.metadata.as_ref(), &at("metadata"))?;
+            let (task, snapshot) = self.resolve_task(suite, item.task_id.as_deref(), item.task.as_ref(), &at).await?;
             let policy = Arc::new(item.policy.build().map_err(|(field, message)| ApiError::field(400, at(&format!("policy.{field}")), message))?);
             let limits = item.limits.apply(&suite.engine.config.rollouts).map_err(|(field, message)| ApiError::field(400, at(&format!("limits.{field}")), message))?;
-            let metadata = item.metadata.as_ref().map(|m| m.to_string());
             let group_id = self.new_id("g");
             let mut ids = Vec::new();
             for sample in 0..item.n {
@@ -480,6 +498,19 @@ impl Service {
         let response = json!({ "groups": groups });
         {
             let mut inner = self.lock();
+            // Checked again under the lock: a retry with the same key may have been admitted
+            // while this one prepared, and a shutdown may have begun.
+            if self.stopping.load(Ordering::SeqCst) {
+                return Err(ApiError::new(503, "the service is shutting down"));
+            }
+            if let Some(key) = &idempotency_key {
+                if let Some((digest, response)) = inner.idempotency.get(key) {
+                    if *digest != body_digest {
+                        return Err(ApiError::field(422, "Idempotency-Key", "this key was used with a different request body"));
+                    }
+                    return Ok(response.clone());
+                }
+            }
             let room = self.settings.queue_limit.saturating_sub(inner.queue.len());
             if planned.len() > room {
                 let per_slot = inner.queue.len() / self.slots.max(1);
@@ -503,7 +534,7 @@ impl Service {
             }
             for p in planned {
                 let s = p.served.as_ref().expect("served");
-                inner.rollouts.insert(s.rollout_id.clone(), Entry { group_id: s.group_id.clone(), policy_version: s.policy_version, phase: Phase::Queued, cursor: None });
+                inner.rollouts.insert(s.rollout_id.clone(), Entry { session: None, group_id: s.group_id.clone(), policy_version: s.policy_version, phase: Phase::Queued, cursor: None });
                 inner.queue.push_back(p);
             }
             metrics::get().queue_depth.set(inner.queue.len() as i64);
@@ -521,8 +552,12 @@ impl Service {
                 break;
             }
         }
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let lines = writer.read_lines(cursor, max).map_err(|e| ApiError::new(500, format!("reading the journal: {e:#}")))?;
+        // The index is copied under the lock; the lines are read without it.
+        let (journal, index) = {
+            let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            (writer.journal_path(), writer.line_index(cursor, max, RESULTS_MAX_BYTES))
+        };
+        let lines = crate::engine::output::read_lines_at(&journal, &index).map_err(|e| ApiError::new(500, format!("reading the journal: {e:#}")))?;
         let next = cursor + lines.len();
         Ok((lines, next))
     }
@@ -565,10 +600,13 @@ impl Service {
                 }
             }
         }
-        let n = cancelled.len();
+        let mut n = 0;
         for item in cancelled {
             let engine = &self.suites[suite_of(&item)].engine;
-            self.emit(engine.ended(&item, End::Cancelled(why.into())));
+            // None: the rollout's own row came first; it was not cancelled after all.
+            if self.emit(engine.ended(&item, End::Cancelled(why.into()))).is_some() {
+                n += 1;
+            }
         }
         self.wake.notify_one();
         n
@@ -639,19 +677,30 @@ impl Service {
         }
     }
 
-    fn take_session_slot(&self) -> ApiResult<()> {
+    /// Reserves a session slot until the session is added (or the reservation dropped).
+    fn take_session_slot(&self) -> ApiResult<SessionSlot<'_>> {
         self.check_admitting()?;
-        let live = self.lock().sessions.len();
+        self.check_memory()?;
+        let mut inner = self.lock();
+        let live = inner.sessions.len() + inner.reserved;
         if live >= self.settings.max_sessions {
-            return Err(ApiError { retry_after: Some(5), ..ApiError::new(429, format!("{live} sessions are live (serve.max_sessions {})", self.settings.max_sessions)) });
+            return Err(ApiError { retry_after: Some(5), ..ApiError::new(429, format!("{live} sessions are live or opening (serve.max_sessions {})", self.settings.max_sessions)) });
         }
-        self.check_memory()
+        inner.reserved += 1;
+        Ok(SessionSlot(self))
     }
 
-    fn add_session(&self, session: Session, admitted: Admitted) -> ApiResult<()> {
-        self.record(&Record::Session { session_id: session.id.clone(), rollout: admitted.clone() })?;
+    fn add_session(&self, slot: SessionSlot<'_>, session: Session, admitted: Admitted) -> ApiResult<()> {
         let mut inner = self.lock();
-        inner.rollouts.insert(admitted.rollout_id.clone(), Entry { group_id: admitted.group_id, policy_version: admitted.policy_version, phase: Phase::Session, cursor: None });
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::new(503, "the service is shutting down"));
+        }
+        // Journaled under the lock, so a shutdown sweep sees either no session or a
+        // recorded one.
+        self.record(&Record::Session { session_id: session.id.clone(), rollout: admitted.clone() })?;
+        inner.reserved -= 1;
+        std::mem::forget(slot);
+        inner.rollouts.insert(admitted.rollout_id.clone(), Entry { session: Some(session.id.clone()), group_id: admitted.group_id, policy_version: admitted.policy_version, phase: Phase::Session, cursor: None });
         inner.touched.insert(session.id.clone(), Instant::now());
         inner.sessions.insert(session.id.clone(), Arc::new(tokio::sync::Mutex::new(session)));
         metrics::get().sessions_live.set(inner.sessions.len() as i64);
@@ -660,7 +709,8 @@ impl Service {
 
     /// `POST /v1/sessions`.
     pub async fn open_session(&self, request: SessionRequest) -> ApiResult<serde_json::Value> {
-        self.take_session_slot()?;
+        let slot = self.take_session_slot()?;
+        let metadata = metadata_text(request.metadata.as_ref(), "metadata")?;
         let (suite_name, suite) = self.suite(request.suite.as_deref(), "suite")?;
         let (task, snapshot) = self.resolve_task(suite, request.task_id.as_deref(), request.task.as_ref(), &|f: &str| f.to_string()).await?;
         let limits = request.limits.apply(&suite.engine.config.rollouts).map_err(|(f, m)| ApiError::field(400, format!("limits.{f}"), m))?;
@@ -668,7 +718,6 @@ impl Service {
         let rollout_id = self.new_id("r");
         let session_id = self.new_id("s");
         let group_id = self.new_id("g");
-        let metadata = request.metadata.as_ref().map(|m| m.to_string());
         let planned = Planned {
             task: task.clone(),
             sample: 0,
@@ -690,19 +739,43 @@ impl Service {
             policy_name: "session".into(),
             metadata,
         };
-        let session = Session { id: session_id.clone(), suite: suite_name.to_string(), task: task.clone(), snapshot, live: Some(live), steps: Vec::new(), limits, planned, _branch: None };
-        self.add_session(session, admitted)?;
+        let session = Session {
+            id: session_id.clone(),
+            suite: suite_name.to_string(),
+            task: task.clone(),
+            snapshot,
+            live: Some(live),
+            steps: Vec::new(),
+            limits,
+            planned,
+            spent: Duration::ZERO,
+            _branch: None,
+        };
+        self.add_session(slot, session, admitted)?;
         Ok(json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": group_id, "task_id": task.id, "suite": suite_name, "instruction": task.instruction }))
     }
 
     fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Session>>> {
         let mut inner = self.lock();
         let session = inner.sessions.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no live session {id:?}")))?;
+        if inner.submitting.contains(id) {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+        }
         inner.touched.insert(id.to_string(), Instant::now());
         Ok(session)
     }
 
-    /// `POST /v1/sessions/{id}/exec` and `/write_file`: one action, its observation.
+    /// Marks a session used now, if it is still live.
+    fn touch(&self, id: &str) {
+        let mut inner = self.lock();
+        if inner.sessions.contains_key(id) {
+            inner.touched.insert(id.to_string(), Instant::now());
+        }
+    }
+
+    /// `POST /v1/sessions/{id}/exec` and `/write_file`: one action, its observation. The
+    /// session's actions share its `timeout_secs` budget, as a rollout's do; past it the
+    /// session ends as a `timeout`.
     pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<serde_json::Value> {
         let session = self.session(id)?;
         let mut session = session.lock().await;
@@ -719,30 +792,47 @@ impl Service {
         }
         let engine = self.suites[&session.suite].engine.clone();
         let index = session.steps.len() as u32;
-        let result = engine.act(live, &action, index, &limits).await;
-        self.lock().touched.insert(id.to_string(), Instant::now());
+        let budget = Duration::from_secs(limits.timeout_secs).saturating_sub(session.spent);
+        let started = Instant::now();
+        let result = tokio::time::timeout(budget, engine.act(live, &action, index, &limits)).await;
+        session.spent += started.elapsed();
+        self.touch(id);
+        let ended = |session: &mut Session, end: End, steps: Vec<Step>| {
+            let mut row = engine.ended(&session.planned, end);
+            row.policy_name = "session".into();
+            row.steps = steps;
+            session.live = None;
+            (row.status, row.error.clone(), self.emit(row))
+        };
         match result {
-            Ok((step, _)) => {
+            Ok(Ok((step, _))) => {
                 let out = json!({ "step": step, "observation": crate::engine::observation(&step), "ended": false });
                 session.steps.push(step);
                 Ok(out)
             }
-            Err((step, reason)) => {
+            Ok(Err((step, reason))) => {
                 // The action took the VM down: the session ends as the agent's failure.
                 session.steps.push(step.clone());
-                let mut row = engine.ended(&session.planned, End::AgentBrokeVm(reason.clone()));
-                row.steps = session.steps.clone();
-                session.live = None;
-                let cursor = self.emit(row);
-                self.drop_session(id);
-                Ok(json!({ "step": step, "observation": crate::engine::observation(&step), "ended": true, "status": Status::Failed, "error": reason, "cursor": cursor }))
+                let steps = session.steps.clone();
+                let (status, error, cursor) = ended(&mut session, End::AgentBrokeVm(reason), steps);
+                drop(session);
+                self.drop_session(id, Phase::Done);
+                Ok(json!({ "step": step, "observation": crate::engine::observation(&step), "ended": true, "status": status, "error": error, "cursor": cursor }))
+            }
+            Err(_) => {
+                let steps = session.steps.clone();
+                let secs = limits.timeout_secs;
+                let (status, error, cursor) = ended(&mut session, End::Timeout(secs), steps);
+                drop(session);
+                self.drop_session(id, Phase::Done);
+                Ok(json!({ "step": null, "observation": format!("the session ran past its {secs} s limit"), "ended": true, "status": status, "error": error, "cursor": cursor }))
             }
         }
     }
 
     /// `POST /v1/sessions/{id}/branch`.
     pub async fn branch(&self, id: &str) -> ApiResult<serde_json::Value> {
-        self.take_session_slot()?;
+        let slot = self.take_session_slot()?;
         let session = self.session(id)?;
         let session = session.lock().await;
         let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
@@ -778,55 +868,83 @@ impl Service {
             steps: session.steps.clone(),
             limits: session.limits.clone(),
             planned,
+            spent: session.spent,
             _branch: Some(branch),
         };
         drop(session);
-        self.add_session(new, admitted)?;
+        self.add_session(slot, new, admitted)?;
         Ok(json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": planned_parent.group_id, "parent": id }))
     }
 
-    /// `POST /v1/sessions/{id}/submit`: ends the session, scores it like any rollout (in a
-    /// fresh fork, where the session cannot reach) and records the row.
+    /// `POST /v1/sessions/{id}/submit`: ends the session, scores it like any rollout (with
+    /// the suite's scoring mode: by default in a fresh fork, where the session cannot reach)
+    /// and records the row.
     pub async fn submit_session(&self, id: &str, answer: Option<String>) -> ApiResult<serde_json::Value> {
         let session = self.session(id)?;
+        // From here on, expiry, DELETE and shutdown leave this session to finish.
+        if !self.lock().submitting.insert(id.to_string()) {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+        }
         let mut session = session.lock().await;
-        let live = session.live.take().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
+        let Some(live) = session.live.take() else {
+            self.lock().submitting.remove(id);
+            return Err(ApiError::new(404, format!("session {id:?} has ended")));
+        };
         let engine = self.suites[&session.suite].engine.clone();
         let started = Instant::now();
         let mut row = engine.ended(&session.planned, End::Scored);
         row.policy_name = "session".into();
         row.status = Status::EnvError;
         row.steps = session.steps.clone();
+        row.timings.rollout_ms = session.spent.as_secs_f64() * 1e3;
         let (task, snapshot) = (session.task.clone(), session.snapshot.clone());
         let end = engine.finish(live, &task, &snapshot, answer, &mut row).await;
         end.settle(&mut row);
         row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
         let cursor = self.emit(row.clone());
         drop(session);
-        self.drop_session(id);
+        self.drop_session(id, Phase::Done);
         Ok(json!({ "rollout_id": row.rollout_id, "status": row.status, "reward": row.reward, "error": row.error, "cursor": cursor, "score_details": serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default() }))
     }
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.
     pub fn end_session(&self, id: &str, reason: &str) -> ApiResult<serde_json::Value> {
-        if !self.lock().sessions.contains_key(id) {
-            return Err(ApiError::new(404, format!("no live session {id:?}")));
+        {
+            let inner = self.lock();
+            if !inner.sessions.contains_key(id) {
+                return Err(ApiError::new(404, format!("no live session {id:?}")));
+            }
+            if inner.submitting.contains(id) {
+                return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+            }
+            self.record(&Record::SessionEnd { session_id: id.to_string(), reason: reason.to_string() })?;
         }
-        self.record(&Record::SessionEnd { session_id: id.to_string(), reason: reason.to_string() })?;
-        self.drop_session(id);
+        self.drop_session(id, Phase::Done);
         Ok(json!({ "session_id": id, "ended": true }))
     }
 
-    fn drop_session(&self, id: &str) {
+    fn drop_session(&self, id: &str, phase: Phase) {
         let mut inner = self.lock();
         inner.sessions.remove(id);
         inner.touched.remove(id);
+        inner.submitting.remove(id);
+        let rollout = inner.rollouts.iter().find(|(_, e)| e.session.as_deref() == Some(id)).map(|(r, _)| r.clone());
+        if let Some(entry) = rollout.and_then(|r| inner.rollouts.get_mut(&r)) {
+            if entry.phase == Phase::Session {
+                entry.phase = phase;
+            }
+        }
         metrics::get().sessions_live.set(inner.sessions.len() as i64);
     }
 
     fn expire_sessions(&self) {
         let lease = Duration::from_secs(self.settings.session_lease_secs);
-        let idle: Vec<String> = self.lock().touched.iter().filter(|(_, t)| t.elapsed() > lease).map(|(id, _)| id.clone()).collect();
+        let idle: Vec<String> = {
+            let mut inner = self.lock();
+            let Inner { touched, sessions, submitting, .. } = &mut *inner;
+            touched.retain(|id, _| sessions.contains_key(id));
+            touched.iter().filter(|(id, t)| t.elapsed() > lease && !submitting.contains(*id)).map(|(id, _)| id.clone()).collect()
+        };
         for id in idle {
             tracing::info!(session_id = %id, "session expired");
             let _ = self.end_session(&id, "expired");
@@ -836,10 +954,17 @@ impl Service {
     /// Stops admitting, cancels queued and running rollouts (each recorded as cancelled),
     /// and ends every session.
     pub async fn shut_down(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        {
+            // Under the lock: whatever is admitted is admitted before this, and is swept.
+            let _inner = self.lock();
+            self.stopping.store(true, Ordering::SeqCst);
+        }
         let ids: Vec<String> = self.lock().rollouts.iter().filter(|(_, e)| matches!(e.phase, Phase::Queued | Phase::Running)).map(|(id, _)| id.clone()).collect();
         self.cancel_ids(&ids, "the service shut down");
-        let sessions: Vec<String> = self.lock().sessions.keys().cloned().collect();
+        let sessions: Vec<String> = {
+            let inner = self.lock();
+            inner.sessions.keys().filter(|id| !inner.submitting.contains(*id)).cloned().collect()
+        };
         for id in sessions {
             let _ = self.end_session(&id, "the service shut down");
         }
@@ -854,6 +979,26 @@ impl Service {
     pub fn schema(&self) -> Arc<arrow_schema::Schema> {
         self.writer.lock().unwrap_or_else(|e| e.into_inner()).schema()
     }
+}
+
+/// A session slot taken by [`Service::take_session_slot`]; given back when dropped unless
+/// the session was added.
+struct SessionSlot<'a>(&'a Service);
+
+impl Drop for SessionSlot<'_> {
+    fn drop(&mut self) {
+        self.0.lock().reserved -= 1;
+    }
+}
+
+/// A request's metadata as JSON text, within its size limit.
+fn metadata_text(metadata: Option<&serde_json::Value>, field: &str) -> ApiResult<Option<String>> {
+    let Some(m) = metadata else { return Ok(None) };
+    let text = m.to_string();
+    if text.len() > METADATA_MAX_BYTES {
+        return Err(ApiError::field(413, field, format!("{} bytes of JSON; at most {METADATA_MAX_BYTES}", text.len())));
+    }
+    Ok(Some(text))
 }
 
 /// The suite a served rollout belongs to.
