@@ -35,6 +35,7 @@ PACKAGES=(
   busybox-static debootstrap e2fsprogs
   ca-certificates python3 python3-pip
   chromium   # headless, for the test that renders `farm report` as a person sees it
+  skopeo umoci   # the image tests build OCI and Docker archives with them
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

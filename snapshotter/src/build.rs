@@ -109,7 +109,7 @@ pub async fn build_template_with(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Built, BuildError> {
     template.validate(base_dir)?;
-    let artifacts = GuestArtifacts::locate(&vmm::artifacts::cache_dir(), &template.image)?;
+    let artifacts = GuestArtifacts::locate_in(&vmm::artifacts::cache_dir(), &template.image, base_dir)?;
     let mut digest = template.digest(base_dir)?;
     if !extras.is_empty() {
         let mut h = Sha256::new();

@@ -98,8 +98,11 @@ impl TemplateConfig {
             key: key.to_string(),
             message,
         };
-        if !vmm::artifacts::IMAGES.contains(&self.image.as_str()) {
-            return Err(invalid("template.image", format!("{:?} is not an image; expected one of {}", self.image, vmm::artifacts::IMAGES.join(", "))));
+        if vmm::image::ImageSource::parse(&self.image, Path::new(".")).is_err() {
+            return Err(invalid(
+                "template.image",
+                format!("{:?} is not an image; expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", self.image, vmm::artifacts::IMAGES.join(", ")),
+            ));
         }
         if !(64..=65536).contains(&self.memory_mib) {
             return Err(invalid("template.memory_mib", format!("{} is out of range 64..=65536", self.memory_mib)));

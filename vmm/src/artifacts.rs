@@ -15,10 +15,12 @@ pub const IMAGES: [&str; 2] = ["minimal", "python"];
 pub enum ArtifactError {
     #[error("{what} not found at {path}: run scripts/setup.sh to build the guest kernel, agent and images")]
     Missing { what: String, path: PathBuf },
-    #[error("unknown image {name:?}: expected one of {}", IMAGES.join(", "))]
+    #[error("unknown image {name:?}: expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", IMAGES.join(", "))]
     UnknownImage { name: String },
     #[error("manifest {path} is unreadable or malformed: {detail}; re-run scripts/setup.sh")]
     BadManifest { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Image(#[from] crate::image::ImageError),
 }
 
 /// The cache directory: `FARM_CACHE_DIR`, or `~/.cache/farm`.
@@ -48,9 +50,21 @@ pub struct GuestArtifacts {
 }
 
 impl GuestArtifacts {
+    /// The artifacts of `image_name`: a built-in image, or an image archive or folder
+    /// (converted once, then cached; see [`crate::image`]) with relative paths taken from
+    /// the current folder.
     pub fn locate(cache: &Path, image_name: &str) -> Result<GuestArtifacts, ArtifactError> {
-        if !IMAGES.contains(&image_name) {
-            return Err(ArtifactError::UnknownImage { name: image_name.to_string() });
+        GuestArtifacts::locate_in(cache, image_name, Path::new("."))
+    }
+
+    /// As [`GuestArtifacts::locate`], with relative image paths taken from `base`.
+    pub fn locate_in(cache: &Path, image_name: &str, base: &Path) -> Result<GuestArtifacts, ArtifactError> {
+        let source = crate::image::ImageSource::parse(image_name, base)?;
+        if !matches!(source, crate::image::ImageSource::Builtin(_)) {
+            let current = cache.join("current");
+            let agent = artifact(&current.join("agent"), "farm-agent", "guest agent")?;
+            let image = crate::image::converted(cache, &source, &agent, None)?;
+            return Ok(GuestArtifacts { image_name: image_name.to_string(), kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?, image, agent });
         }
         let current = cache.join("current");
         Ok(GuestArtifacts {

@@ -16,6 +16,7 @@ pub mod accel;
 pub mod agent;
 pub mod artifacts;
 pub mod console;
+pub mod image;
 pub mod jail;
 pub mod machine;
 #[allow(unsafe_code)]
