@@ -1,6 +1,7 @@
 //! Making snapshots: templates (boot, set up, quiesce, snapshot) and snapshots of running
 //! forks (per-task snapshots, mid-trajectory branches).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -109,7 +110,7 @@ pub async fn build_template_with(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Built, BuildError> {
     template.validate(base_dir)?;
-    let artifacts = GuestArtifacts::locate_in(&vmm::artifacts::cache_dir(), &template.image, base_dir)?;
+    let artifacts = GuestArtifacts::locate_sized(&vmm::artifacts::cache_dir(), &template.image, base_dir, template.image_size_mib)?;
     let mut digest = template.digest(base_dir)?;
     if !extras.is_empty() {
         let mut h = Sha256::new();
@@ -168,8 +169,13 @@ async fn build_into(
     }
     for (index, command) in template.setup.iter().enumerate() {
         progress(&format!("setup [{}/{}] {command}", index + 1, template.setup.len()));
+        // A converted image's Env and WorkingDir, under the template's own env.
+        let image_config = vmm::image::config_of(&artifacts.image).unwrap_or_default();
+        let mut env: BTreeMap<String, String> = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        env.extend(template.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let options = ExecOptions {
-            env: template.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            env: env.into_iter().collect(),
+            cwd: (!image_config.working_dir.is_empty()).then(|| image_config.working_dir.clone()),
             timeout: Some(Duration::from_secs(template.setup_timeout_secs)),
             ..ExecOptions::shell(command.clone())
         };

@@ -28,9 +28,13 @@ pub struct TemplateConfig {
     /// Time limit for each setup command.
     #[serde(default = "default_setup_timeout")]
     pub setup_timeout_secs: u64,
-    /// Environment for the setup commands.
+    /// Environment for the setup commands (over a converted image's `Env`).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Size of a converted image (`oci-archive:` and the like), in MiB; default: its
+    /// content plus a quarter and 256 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_size_mib: Option<u64>,
 }
 
 /// One file to place in the guest.
@@ -104,6 +108,9 @@ impl TemplateConfig {
                 format!("{:?} is not an image; expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", self.image, vmm::artifacts::IMAGES.join(", ")),
             ));
         }
+        if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
+            return Err(invalid("template.image_size_mib", format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0))));
+        }
         if !(64..=65536).contains(&self.memory_mib) {
             return Err(invalid("template.memory_mib", format!("{} is out of range 64..=65536", self.memory_mib)));
         }
@@ -141,6 +148,7 @@ impl TemplateConfig {
     /// A bare template of an image with defaults.
     pub fn of_image(image: &str) -> TemplateConfig {
         TemplateConfig {
+            image_size_mib: None,
             image: image.to_string(),
             memory_mib: default_memory_mib(),
             cpus: default_cpus(),

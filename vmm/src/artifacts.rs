@@ -59,11 +59,16 @@ impl GuestArtifacts {
 
     /// As [`GuestArtifacts::locate`], with relative image paths taken from `base`.
     pub fn locate_in(cache: &Path, image_name: &str, base: &Path) -> Result<GuestArtifacts, ArtifactError> {
+        GuestArtifacts::locate_sized(cache, image_name, base, None)
+    }
+
+    /// As [`GuestArtifacts::locate_in`], with the size of a converted image (MiB).
+    pub fn locate_sized(cache: &Path, image_name: &str, base: &Path, size_mib: Option<u64>) -> Result<GuestArtifacts, ArtifactError> {
         let source = crate::image::ImageSource::parse(image_name, base)?;
         if !matches!(source, crate::image::ImageSource::Builtin(_)) {
             let current = cache.join("current");
             let agent = artifact(&current.join("agent"), "farm-agent", "guest agent")?;
-            let image = crate::image::converted(cache, &source, &agent, None)?;
+            let image = crate::image::converted(cache, &source, &agent, size_mib)?;
             return Ok(GuestArtifacts { image_name: image_name.to_string(), kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?, image, agent });
         }
         let current = cache.join("current");

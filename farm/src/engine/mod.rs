@@ -49,6 +49,8 @@ pub struct Engine {
     scoring: scorers::orchestrate::Plan,
     /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
     pool: Option<(String, snapshotter::WarmPool)>,
+    /// A converted image's `Env`, for every command of the rollouts' forks.
+    image_env: Vec<(String, String)>,
 }
 
 /// A task's snapshot for each task id, or why it could not be made.
@@ -100,7 +102,11 @@ impl Engine {
             pass_threshold: config.scoring.pass_threshold,
             external: resolve_external(suite, &config.scoring.external),
         };
+        let image_env = vmm::image::config_of(&template.snapshot.manifest.image)
+            .map(|c| c.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
+            .unwrap_or_default();
         Ok(Engine {
+            image_env,
             suite_name: config.suite.name.clone(),
             suite_digest: suite.digest.clone(),
             suite_seed: config.suite.seed,
@@ -414,7 +420,9 @@ impl Engine {
     /// A fork of the task's pristine state, handed to the rollout's user, with the
     /// workspace listed (the baseline its artifacts are told apart from).
     pub async fn open(&self, task: &Task, snapshot: &Snapshot, seed: u64, limits: &RolloutsSection, role: Role) -> Result<LiveFork, End> {
-        let identity = ForkIdentity { env: vec![("FARM_TASK_ID".into(), task.id.clone())], ..ForkIdentity::new(seed) };
+        let mut env = self.image_env.clone();
+        env.push(("FARM_TASK_ID".into(), task.id.clone()));
+        let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
         tracing::debug!("forking the task's snapshot");
         let fork = self.fork_task(snapshot, task, identity).await.map_err(|e| End::Fork(format!("{e:#}")))?;
