@@ -149,8 +149,10 @@ open(out + "/oci-layout", "w").write('{{"imageLayoutVersion": "1.0.0"}}')
 #[test]
 fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     let dir = tempfile::tempdir().unwrap();
-    // Not under /tmp: the guest mounts a fresh /tmp over the image's.
-    let host = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // A host folder outside /tmp (the guest mounts a fresh /tmp over the image's, which
+    // would hide where the files land).
+    std::fs::create_dir_all("/opt").unwrap();
+    let host = tempfile::Builder::new().prefix("farm-image-test-").tempdir_in("/opt").unwrap();
     let outside = host.path().join("host-target");
     std::fs::create_dir_all(&outside).unwrap();
 
