@@ -498,7 +498,11 @@ impl Engine {
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
             Ok(fork)
         };
-        let (fork, gauge) = rollout_fork.unzip();
+        let (fork, mut gauge) = rollout_fork.unzip();
+        if self.scoring.mode == ScoringMode::FreshFork {
+            // The rollout's VM goes before the scoring fork starts (orchestrate drops it).
+            gauge = None;
+        }
         let verdict = scorers::orchestrate::score(&self.scoring, task, fork, artifacts, fresh).await;
         drop(gauge);
         drop(scoring_vm);
