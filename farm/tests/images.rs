@@ -117,11 +117,12 @@ def blob(data):
     d = hashlib.sha256(data).hexdigest()
     open(out + "/blobs/sha256/" + d, "wb").write(data)
     return "sha256:" + d, len(data)
-def member(t, name, kind=tarfile.REGTYPE, data=b"", link="", mode=0o644):
+def member(t, name, kind=tarfile.REGTYPE, data=b"", link="", mode=0o644, pax=None):
     i = tarfile.TarInfo(name); i.type = kind; i.size = len(data) if kind == tarfile.REGTYPE else 0; i.linkname = link; i.mode = mode
+    i.pax_headers = pax or {{}}
     t.addfile(i, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
 buf = io.BytesIO()
-with tarfile.open(fileobj=buf, mode="w") as t:
+with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
     member(t, "bin", tarfile.DIRTYPE, mode=0o755)
     member(t, "bin/busybox", data=open("/bin/busybox", "rb").read(), mode=0o755)
     member(t, "bin/sh", tarfile.SYMTYPE, link="busybox")
@@ -173,7 +174,7 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     // A link to an absolute host path, then a file through it: the file lands inside the
     // image (the link means the image's root there), never on the host.
     let layer = format!(
-        "    member(t, \"evil\", tarfile.SYMTYPE, link=\"{}\")\n    member(t, \"evil/pwned\", data=b\"inside\")\n    member(t, \"up\", tarfile.SYMTYPE, link=\"../../../../../..\")\n    member(t, \"up{}/pwned2\", data=b\"inside too\")",
+        "    member(t, \"evil\", tarfile.SYMTYPE, link=\"{}\")\n    member(t, \"evil/pwned\", data=b\"inside\")\n    member(t, \"up\", tarfile.SYMTYPE, link=\"../../../../../..\")\n    member(t, \"up{}/pwned2\", data=b\"inside too\")\n    member(t, \"tagged\", data=b\"x\", pax={{\"SCHILY.xattr.user.farm\": \"kept\"}})",
         outside.display(),
         outside.display()
     );
@@ -182,4 +183,12 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("insideinside too"), "{}", text(&o));
     assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "the archive wrote on the host: {:?}", std::fs::read_dir(&outside).unwrap().collect::<Vec<_>>());
+
+    // Extended attributes reach the image (read back with debugfs, without booting).
+    let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(layout.join("index.json")).unwrap()).unwrap();
+    let digest = index["manifests"][0]["digest"].as_str().unwrap().to_string();
+    let cache = std::env::var_os("FARM_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+    let image = std::fs::read_dir(cache.join("images")).unwrap().flatten().map(|e| e.path()).find(|d| std::fs::read_to_string(d.join("manifest.json")).is_ok_and(|m| m.contains(&digest))).expect("the converted image");
+    let ea = Command::new("debugfs").args(["-R", "ea_list /tagged"]).arg(image.join("rootfs.ext4")).output().unwrap();
+    assert!(String::from_utf8_lossy(&ea.stdout).contains("user.farm") && String::from_utf8_lossy(&ea.stdout).contains("kept"), "{}", text(&ea));
 }

@@ -429,6 +429,14 @@ fn apply_layer(path: &Path, root: &Path, check: Option<&(String, bool)>) -> Resu
         }
         let header = entry.header().clone();
         let kind = header.entry_type();
+        // Extended attributes (pax `SCHILY.xattr.NAME`), set once the entry exists.
+        let xattrs: Vec<(String, Vec<u8>)> = match entry.pax_extensions() {
+            Ok(Some(exts)) => exts
+                .flatten()
+                .filter_map(|e| Some((e.key().ok()?.strip_prefix("SCHILY.xattr.")?.to_string(), e.value_bytes().to_vec())))
+                .collect(),
+            _ => Vec::new(),
+        };
         let at = resolve(root, &parts)?;
         let mode = header.mode().unwrap_or(0o644) & 0o7777;
         let (uid, gid) = (header.uid().unwrap_or(0) as u32, header.gid().unwrap_or(0) as u32);
@@ -473,9 +481,18 @@ fn apply_layer(path: &Path, root: &Path, check: Option<&(String, bool)>) -> Resu
             tar::EntryType::Char | tar::EntryType::Block => {
                 return Err(format!("{}: device nodes are refused (the guest's devtmpfs provides /dev)", p.display()));
             }
-            tar::EntryType::Fifo => {}
+            tar::EntryType::Fifo => continue,
             tar::EntryType::XGlobalHeader | tar::EntryType::XHeader | tar::EntryType::GNULongName | tar::EntryType::GNULongLink => {}
             other => return Err(format!("{}: unsupported entry type {other:?}", p.display())),
+        }
+        for (name, value) in xattrs {
+            // Kept where the host's file system can hold them (ext4 keeps security.*,
+            // user.* and trusted.*); `mkfs.ext4 -d` copies them into the image.
+            if let Err(e) = xattr::set(&at, &name, &value) {
+                if !matches!(kind, tar::EntryType::Symlink) {
+                    return Err(format!("{}: extended attribute {name}: {e}", p.display()));
+                }
+            }
         }
     }
     Ok(())
