@@ -160,7 +160,7 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     let refused = [
         ("    member(t, \"../escape\", data=b\"x\")", false, "`..`"),
         ("    member(t, \"/etc/abs\", data=b\"x\")", false, "absolute"),
-        ("    member(t, \"dev/sda\", tarfile.BLKTYPE)", false, "device nodes are refused"),
+        ("    member(t, \"opt/sda\", tarfile.BLKTYPE)", false, "device nodes are refused"),
         ("    member(t, \"ok\", data=b\"x\")", true, "does not match its digest"),
     ];
     for (layer, corrupt, reason) in refused {

@@ -478,8 +478,12 @@ fn apply_layer(path: &Path, root: &Path, check: Option<&(String, bool)>) -> Resu
                 remove_any(&at).map_err(what)?;
                 std::fs::hard_link(&source, &at).map_err(what)?;
             }
+            // Device nodes: those under /dev are left out (the guest mounts its devtmpfs there,
+            // which would hide them anyway; root filesystems made by debootstrap have them);
+            // anywhere else they are refused.
+            tar::EntryType::Char | tar::EntryType::Block if parts.first().is_some_and(|c| c == "dev") => continue,
             tar::EntryType::Char | tar::EntryType::Block => {
-                return Err(format!("{}: device nodes are refused (the guest's devtmpfs provides /dev)", p.display()));
+                return Err(format!("{}: device nodes are refused outside /dev (the guest's devtmpfs provides /dev)", p.display()));
             }
             tar::EntryType::Fifo => continue,
             tar::EntryType::XGlobalHeader | tar::EntryType::XHeader | tar::EntryType::GNULongName | tar::EntryType::GNULongLink => {}
