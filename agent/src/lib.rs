@@ -15,6 +15,7 @@
 
 pub mod exec;
 pub mod files;
+pub mod net;
 pub mod sweep;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use farm_agent::{exec, files, sweep, sys, testrun, users};
+use farm_agent::{exec, files, net, sweep, sys, testrun, users};
 use farm_protocol::{
     AgentError, Envelope, ErrorKind, FrameError, Pong, Request, Response, DEFAULT_MAX_FRAME_BYTES, PORT_NAME,
     PROTOCOL_VERSION,
@@ -165,6 +165,7 @@ fn serve_guest_port() -> ! {
         std::thread::sleep(Duration::from_millis(100));
     };
     log(&format!("ready on {}", port.display()));
+    net::spawn(log);
     serve(&port)
 }
 

@@ -2,6 +2,7 @@
 //! forks (per-task snapshots, mid-trajectory branches).
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -167,11 +168,26 @@ async fn build_into(
         progress(&format!("copying {} -> {}", file.src.display(), file.dest));
         agent.write_file(&file.dest, contents, file.mode).await?;
     }
+    // Egress for the setup commands only, through farm's proxy; each attempt is reported.
+    let attempts: Arc<Mutex<Vec<String>>> = Default::default();
+    if !template.network.is_empty() {
+        let sink = attempts.clone();
+        machine.set_network(vmm::net::Policy {
+            allow: template.network.allow.clone(),
+            log: Some(Arc::new(move |line: &str| sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string()))),
+        });
+    }
+    let report_attempts = || {
+        for line in attempts.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            progress(&line);
+        }
+    };
     for (index, command) in template.setup.iter().enumerate() {
         progress(&format!("setup [{}/{}] {command}", index + 1, template.setup.len()));
         // A converted image's Env and WorkingDir, under the template's own env.
         let image_config = vmm::image::config_of(&artifacts.image).unwrap_or_default();
         let mut env: BTreeMap<String, String> = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        env.extend(template.network.proxy_env());
         env.extend(template.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let options = ExecOptions {
             env: env.into_iter().collect(),
@@ -179,7 +195,9 @@ async fn build_into(
             timeout: Some(Duration::from_secs(template.setup_timeout_secs)),
             ..ExecOptions::shell(command.clone())
         };
-        let out = agent.exec(options).await?;
+        let out = agent.exec(options).await;
+        report_attempts();
+        let out = out?;
         if out.result.exit_code != Some(0) {
             let status = if out.result.timed_out {
                 format!("a timeout after {} s", template.setup_timeout_secs)
@@ -195,12 +213,16 @@ async fn build_into(
             });
         }
     }
+    // Setup is over: the snapshot, and every fork of it, starts with no network.
+    machine.set_network(vmm::net::Policy::default());
     for (dest, contents, mode) in &extras.files {
         agent.write_file(dest, contents.clone(), *mode).await?;
     }
     for (index, command) in extras.commands.iter().enumerate() {
         let options = ExecOptions { timeout: Some(Duration::from_secs(template.setup_timeout_secs)), ..ExecOptions::shell(command.clone()) };
-        let out = agent.exec(options).await?;
+        let out = agent.exec(options).await;
+        report_attempts();
+        let out = out?;
         if out.result.exit_code != Some(0) {
             return Err(BuildError::SetupFailed {
                 index: template.setup.len() + index + 1,

@@ -21,4 +21,4 @@ pub use build::{build_template, build_template_with, snapshot_fork, BuildError, 
 pub use child::{child_snapshot, ChildError, ChildSpec};
 pub use fork::{Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
-pub use template::TemplateConfig;
+pub use template::{Network, TemplateConfig};

@@ -30,7 +30,7 @@ use crate::statefile;
 use crate::template::{hex, TemplateConfig};
 
 /// Version of the snapshot directory layout and manifest.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

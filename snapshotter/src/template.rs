@@ -35,6 +35,46 @@ pub struct TemplateConfig {
     /// content plus a quarter and 256 MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_size_mib: Option<u64>,
+    /// Egress for the setup commands only (`[template.network] allow`); the snapshot's id
+    /// covers it. Rollouts and scoring never inherit it.
+    #[serde(default, skip_serializing_if = "Network::is_empty")]
+    pub network: Network,
+}
+
+/// `[... .network]`: the `host:port` entries a VM may reach through farm's proxy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+impl Network {
+    pub fn is_empty(&self) -> bool {
+        self.allow.is_empty()
+    }
+
+    /// Checks each entry is `host:port`; names the bad one.
+    pub fn check(&self) -> Result<(), String> {
+        for (i, entry) in self.allow.iter().enumerate() {
+            let ok = entry.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && !host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+            if !ok {
+                return Err(format!("allow[{i}] = {entry:?} is not host:port (e.g. \"pypi.org:443\")"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The proxy's variables, for commands that may use the network.
+    pub fn proxy_env(&self) -> Vec<(String, String)> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        let url = farm_protocol::net::PROXY_URL.to_string();
+        ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].iter().map(|k| (k.to_string(), url.clone())).collect()
+    }
 }
 
 /// One file to place in the guest.
@@ -108,6 +148,7 @@ impl TemplateConfig {
                 format!("{:?} is not an image; expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", self.image, vmm::artifacts::IMAGES.join(", ")),
             ));
         }
+        self.network.check().map_err(|m| invalid("template.network", m))?;
         if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
             return Err(invalid("template.image_size_mib", format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0))));
         }
@@ -149,6 +190,7 @@ impl TemplateConfig {
     pub fn of_image(image: &str) -> TemplateConfig {
         TemplateConfig {
             image_size_mib: None,
+            network: Network::default(),
             image: image.to_string(),
             memory_mib: default_memory_mib(),
             cpus: default_cpus(),

@@ -19,6 +19,7 @@ pub mod console;
 pub mod image;
 pub mod jail;
 pub mod machine;
+pub mod net;
 #[allow(unsafe_code)]
 pub mod process;
 pub mod qcow2;

@@ -21,7 +21,7 @@ use crate::accel::{self, Accel, AccelSetting, HostFacts};
 use crate::agent::{AgentClient, AgentError, DEFAULT_MAX_RESPONSE_BYTES};
 use crate::jail::{self, Confinement, VmCgroup, VmUser};
 use crate::process::QemuProcess;
-use crate::qemu::{MachineSpec, RamBacking, AGENT_FD, CONSOLE_FD, QMP_FD};
+use crate::qemu::{MachineSpec, RamBacking, AGENT_FD, CONSOLE_FD, NET_FD, QMP_FD};
 use crate::qmp::{Qmp, QmpError};
 
 #[derive(Debug, thiserror::Error)]
@@ -225,8 +225,19 @@ pub struct Machine {
     /// Set when a resource watchdog killed the machine, with the reason.
     limit_violation: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     watchdog: Option<tokio::task::JoinHandle<()>>,
+    network: crate::net::SharedPolicy,
+    _net_task: AbortOnDrop,
     spec: MachineSpec,
     run_dir: RunDir,
+}
+
+/// Aborts the network port's server with its machine.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Where a machine's disk and RAM come from.
@@ -345,11 +356,12 @@ impl Machine {
         let (qmp_host, qmp_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the QMP socket pair"))?;
         let (agent_host, agent_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
         let (console_host, console_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
+        let (net_host, net_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
         let qemu_log = run_dir.path().join("qemu.log");
         let log_file = std::fs::File::create(&qemu_log).map_err(io_err(format!("creating {}", qemu_log.display())))?;
         let mut command = Command::new(&spec.qemu_binary);
         command.args(spec.args()).env_clear().envs(spec.env()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file);
-        let mut fds: Vec<(OwnedFd, i32)> = vec![(qmp_child.into(), QMP_FD), (agent_child.into(), AGENT_FD), (console_child.into(), CONSOLE_FD)];
+        let mut fds: Vec<(OwnedFd, i32)> = vec![(qmp_child.into(), QMP_FD), (agent_child.into(), AGENT_FD), (console_child.into(), CONSOLE_FD), (net_child.into(), NET_FD)];
         for (path, number) in spec.files() {
             // O_PATH: QEMU reopens each file through /proc/self/fd with its own permissions;
             // the descriptor itself grants nothing.
@@ -368,6 +380,9 @@ impl Machine {
             tokio::net::UnixStream::from_std(s).map_err(io_err(format!("registering the {what} socket")))
         };
         let qmp_stream = to_tokio(qmp_host, "QMP")?;
+        // The network port: everything refused until a policy says otherwise.
+        let network: crate::net::SharedPolicy = Default::default();
+        let net_task = crate::net::spawn(net_host, network.clone()).map_err(io_err("starting the network port's server"))?;
         let (agent_read, agent_write) = to_tokio(agent_host, "agent")?.into_split();
         let agent = AgentClient::new(agent_read, agent_write, DEFAULT_MAX_RESPONSE_BYTES);
         let qmp = match tokio::time::timeout(Duration::from_secs(30), Qmp::handshake(qmp_stream)).await {
@@ -396,9 +411,17 @@ impl Machine {
             _cgroup: cgroup,
             limit_violation: Default::default(),
             watchdog: None,
+            network,
+            _net_task: AbortOnDrop(net_task),
             spec,
             run_dir,
         })
+    }
+
+    /// What the guest may reach from now on (see [`crate::net`]); `Policy::default()`
+    /// refuses everything.
+    pub fn set_network(&self, policy: crate::net::Policy) {
+        *self.network.lock().unwrap_or_else(|e| e.into_inner()) = policy;
     }
 
     /// Waits until the guest agent answers, reporting the console if it never does.

@@ -24,7 +24,8 @@ pub const QMP_FD: i32 = 3;
 pub const AGENT_FD: i32 = 4;
 pub const CONSOLE_FD: i32 = 5;
 /// The first descriptor number of the files QEMU is given.
-pub const FIRST_FILE_FD: i32 = 6;
+pub const NET_FD: i32 = 6;
+pub const FIRST_FILE_FD: i32 = 7;
 
 /// Kernel command line shared by every VM. `acpi=off` is on the QEMU side (machine option);
 /// QEMU then appends the `virtio_mmio.device=` entries the kernel needs to find the devices.
@@ -152,11 +153,15 @@ impl MachineSpec {
         push(&["-drive", &drive, "-device", "virtio-blk-device,drive=root"]);
         push(&[
             "-device",
-            "virtio-serial-device,max_ports=2",
+            "virtio-serial-device,max_ports=4",
             "-chardev",
             &format!("socket,id=agent,fd={AGENT_FD},server=off"),
             "-device",
             &format!("virtserialport,chardev=agent,name={}", farm_protocol::PORT_NAME),
+            "-chardev",
+            &format!("socket,id=net,fd={NET_FD},server=off"),
+            "-device",
+            &format!("virtserialport,chardev=net,name={}", farm_protocol::net::PORT_NAME),
         ]);
         push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=off"), "-mon", "chardev=qmp,mode=control"]);
         if self.incoming {
@@ -230,7 +235,7 @@ mod tests {
             drive,
             "id=root,file=/proc/self/fd/7,format=qcow2,if=none,cache=unsafe,backing.file.filename=/proc/self/fd/8,backing.backing.file.filename=/proc/self/fd/9"
         );
-        assert_eq!(value_after(&args, "-kernel"), ["/proc/self/fd/6"]);
+        assert_eq!(value_after(&args, "-kernel"), ["/proc/self/fd/7"]);
         assert!(value_after(&args, "-device").contains(&"virtio-blk-device,drive=root"));
         assert!(!args.iter().any(|a| a.contains("/snap/") || a.contains("/run/") || a.contains("/k/")), "no path on the command line: {args:?}");
     }

@@ -421,11 +421,16 @@ impl Engine {
     /// workspace listed (the baseline its artifacts are told apart from).
     pub async fn open(&self, task: &Task, snapshot: &Snapshot, seed: u64, limits: &RolloutsSection, role: Role) -> Result<LiveFork, End> {
         let mut env = self.image_env.clone();
+        env.extend(limits.network.proxy_env());
         env.push(("FARM_TASK_ID".into(), task.id.clone()));
         let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
         tracing::debug!("forking the task's snapshot");
         let fork = self.fork_task(snapshot, task, identity).await.map_err(|e| End::Fork(format!("{e:#}")))?;
+        if !limits.network.is_empty() {
+            // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
+            fork.machine.set_network(vmm::net::Policy { allow: limits.network.allow.clone(), log: None });
+        }
         let gauge = VmGauge::new(role);
         if !limits.runs_as_root() {
             if let Err(e) = fork.agent().handover(WORKSPACE, &limits.user).await {

@@ -222,6 +222,10 @@ pub struct RolloutsSection {
     /// the rollout starts and the files the policy writes belong to it.
     #[serde(default = "root_user")]
     pub user: String,
+    /// Egress for the agent's actions (`[rollouts.network] allow = ["host:port"]`), through
+    /// farm's proxy. None by default; scoring VMs never have any.
+    #[serde(default)]
+    pub network: snapshotter::Network,
 }
 
 pub use scorers::ScoringMode;
@@ -376,6 +380,7 @@ impl Suite {
         if c.scoring.call_timeout_secs == 0 {
             return Err(invalid("scoring.call_timeout_secs", "must be at least 1".into()));
         }
+        c.rollouts.network.check().map_err(|m| invalid("rollouts.network", m))?;
         if !valid_user(&c.rollouts.user) {
             return Err(invalid(
                 "rollouts.user",
