@@ -117,3 +117,40 @@ fn setup_reaches_only_the_allowed_index_and_everything_else_is_refused_at_once()
     assert!(!o.status.success(), "a template without an allowlist reached the host: {}", text(&o));
     assert!(text(&o).contains(&format!("egress to 127.0.0.1:{port} is not allowed (allowlist: none)")), "{}", text(&o));
 }
+
+#[test]
+fn rollouts_reach_their_allowlist_through_the_proxy_and_are_refused_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_index, port) = package_index(&dir.path().join("index"));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    // busybox wget honours http_proxy: sample 0 fetches the index page, sample 1 tries a host
+    // off the list.
+    let lines = [
+        format!("wget -q -O index.html http://127.0.0.1:{port}/simple/farmtestpkg/ && grep -q farmtestpkg index.html && echo 42 > out.txt"),
+        "wget -O - http://10.1.2.3:8080/ 2>&1; echo 42 > out.txt".to_string(),
+    ];
+    let trajectories: String = lines
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{}\n", serde_json::json!({ "task_id": "double", "sample_index": i, "actions": [ { "kind": "exec", "command": c } ] })))
+        .collect();
+    std::fs::write(dir.path().join("t.jsonl"), trajectories).unwrap();
+    let suite = dir.path().join("suite.toml");
+    std::fs::write(
+        &suite,
+        format!(
+            "[suite]\nname = \"net-rollouts\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n\
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"t.jsonl\"\n[rollouts.network]\nallow = [\"127.0.0.1:{port}\"]\n[output]\ndir = \"out\"\n",
+            repo.join("configs/data/serve-tasks").display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(&suite).stdin(Stdio::null()).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let journal = std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = journal.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let row = |i: u64| rows.iter().find(|r| r["sample_index"] == i).unwrap();
+    assert_eq!(row(0)["status"], "passed", "the allowed index was reachable: {}", row(0));
+    let denied = row(1)["steps"][0]["stdout"].as_str().unwrap();
+    assert!(denied.contains("403"), "a host off the list is refused: {denied}");
+}
