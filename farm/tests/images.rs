@@ -83,10 +83,11 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
     assert_eq!(conversions(index["manifests"][0]["digest"].as_str().unwrap()), 1);
 
     // A suite on the converted image: its template's setup and its rollouts see the image
-    // config's Env (and setup its WorkingDir); forks of it are scored as usual.
+    // config's Env (and setup its WorkingDir), rollouts run as its User (rollouts.user
+    // unset); forks of it are scored as usual.
     std::fs::write(
         dir.path().join("trajectories.jsonl"),
-        (0..2).map(|i| format!("{{\"task_id\": \"double\", \"sample_index\": {i}, \"actions\": [{{\"kind\": \"exec\", \"command\": \"test \\\"$FOO\\\" = bar && echo 42 > out.txt\"}}]}}\n")).collect::<String>(),
+        (0..2).map(|i| format!("{{\"task_id\": \"double\", \"sample_index\": {i}, \"actions\": [{{\"kind\": \"exec\", \"command\": \"test \\\"$FOO\\\" = bar && test \\\"$(id -u)\\\" = 1234 && echo 42 > out.txt\"}}]}}\n")).collect::<String>(),
     )
     .unwrap();
     let suite = dir.path().join("suite.toml");

@@ -216,9 +216,9 @@ mod tests {
     fn ram_is_a_memory_backend_file_with_the_requested_sharing() {
         let mut s = spec();
         let object = value_after(&s.args(), "-object")[0].to_string();
-        assert_eq!(object, "memory-backend-file,id=mem,size=256M,mem-path=/proc/self/fd/10,share=off");
+        assert_eq!(object, "memory-backend-file,id=mem,size=256M,mem-path=/proc/self/fd/11,share=off");
         // A fork's RAM file is opened read-only through the shim, named in the environment.
-        assert_eq!(s.env(), [("LD_PRELOAD".to_string(), "/proc/self/fd/11".to_string()), ("FARM_RO_PATH".to_string(), "/proc/self/fd/10".to_string())]);
+        assert_eq!(s.env(), [("LD_PRELOAD".to_string(), "/proc/self/fd/12".to_string()), ("FARM_RO_PATH".to_string(), "/proc/self/fd/11".to_string())]);
         s.ram.shared = true;
         assert!(value_after(&s.args(), "-object")[0].ends_with("share=on"));
         assert!(s.env().is_empty(), "a template writes its RAM file: no shim");
@@ -228,12 +228,12 @@ mod tests {
     fn every_file_is_passed_by_descriptor_and_every_disk_layer_named() {
         let s = spec();
         let numbers: Vec<i32> = s.files().iter().map(|(_, fd)| *fd).collect();
-        assert_eq!(numbers, [6, 7, 8, 9, 10, 11]);
+        assert_eq!(numbers, [7, 8, 9, 10, 11, 12]);
         let args = s.args();
         let drive = value_after(&args, "-drive")[0];
         assert_eq!(
             drive,
-            "id=root,file=/proc/self/fd/7,format=qcow2,if=none,cache=unsafe,backing.file.filename=/proc/self/fd/8,backing.backing.file.filename=/proc/self/fd/9"
+            "id=root,file=/proc/self/fd/8,format=qcow2,if=none,cache=unsafe,backing.file.filename=/proc/self/fd/9,backing.backing.file.filename=/proc/self/fd/10"
         );
         assert_eq!(value_after(&args, "-kernel"), ["/proc/self/fd/7"]);
         assert!(value_after(&args, "-device").contains(&"virtio-blk-device,drive=root"));
@@ -288,6 +288,6 @@ mod tests {
         s.kernel = None;
         let args = s.args();
         assert!(value_after(&args, "-kernel").is_empty() && value_after(&args, "-append").is_empty());
-        assert_eq!(s.files()[0], (PathBuf::from("/run/a,b/overlay.qcow2"), 6));
+        assert_eq!(s.files()[0], (PathBuf::from("/run/a,b/overlay.qcow2"), 7));
     }
 }

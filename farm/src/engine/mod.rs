@@ -102,16 +102,27 @@ impl Engine {
             pass_threshold: config.scoring.pass_threshold,
             external: resolve_external(suite, &config.scoring.external),
         };
-        let image_env = vmm::image::config_of(&template.snapshot.manifest.image)
-            .map(|c| c.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
-            .unwrap_or_default();
+        let image_config = vmm::image::config_of(&template.snapshot.manifest.image).unwrap_or_default();
+        let image_env = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        // `rollouts.user` unset: the image's User (a converted image's config), else root.
+        let mut config = config.clone();
+        if config.rollouts.user.is_empty() {
+            config.rollouts.user = match image_config.user.as_str() {
+                "" => "root".into(),
+                user if suite::valid_user(user) => user.to_string(),
+                user => {
+                    progress(&format!("the image's User {user:?} is not a user name or UID[:GID]; rollouts run as root (set rollouts.user)"));
+                    "root".into()
+                }
+            };
+        }
         Ok(Engine {
             image_env,
             suite_name: config.suite.name.clone(),
             suite_digest: suite.digest.clone(),
             suite_seed: config.suite.seed,
             run_id: run_id.to_string(),
-            config: config.clone(),
+            config,
             forker,
             store,
             template: Arc::new(template.snapshot),

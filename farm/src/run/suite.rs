@@ -291,8 +291,9 @@ fn score_timeout() -> u64 {
 fn call_timeout() -> u64 {
     10
 }
+/// Unset: the converted image's `User`, else root (see `Engine::start`).
 fn root_user() -> String {
-    "root".into()
+    String::new()
 }
 fn threshold() -> f64 {
     1.0
@@ -381,7 +382,7 @@ impl Suite {
             return Err(invalid("scoring.call_timeout_secs", "must be at least 1".into()));
         }
         c.rollouts.network.check().map_err(|m| invalid("rollouts.network", m))?;
-        if !valid_user(&c.rollouts.user) {
+        if !c.rollouts.user.is_empty() && !valid_user(&c.rollouts.user) {
             return Err(invalid(
                 "rollouts.user",
                 format!("{:?} is not a user name or UID[:GID] (e.g. \"root\", \"farm\", \"1000\")", c.rollouts.user),
@@ -423,7 +424,7 @@ impl Suite {
 }
 
 /// A guest user spec: a user name (letters, digits, `_`, `-`, `.`) or `UID[:GID]`.
-fn valid_user(spec: &str) -> bool {
+pub fn valid_user(spec: &str) -> bool {
     let name = |s: &str| !s.is_empty() && s.len() <= 32 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) && !s.starts_with('-');
     match spec.split_once(':') {
         Some((uid, gid)) => uid.parse::<u32>().is_ok() && gid.parse::<u32>().is_ok(),
@@ -434,7 +435,7 @@ fn valid_user(spec: &str) -> bool {
 impl RolloutsSection {
     /// Whether the agent's actions run as root.
     pub fn runs_as_root(&self) -> bool {
-        self.user == "root" || self.user == "0" || self.user == "0:0"
+        self.user.is_empty() || self.user == "root" || self.user == "0" || self.user == "0:0"
     }
 }
 
