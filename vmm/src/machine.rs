@@ -418,6 +418,11 @@ impl Machine {
         })
     }
 
+    /// What the guest may reach now.
+    pub fn network(&self) -> crate::net::Policy {
+        self.network.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// What the guest may reach from now on (see [`crate::net`]); `Policy::default()`
     /// refuses everything.
     pub fn set_network(&self, policy: crate::net::Policy) {

@@ -473,6 +473,8 @@ impl Engine {
         let forker = Forker { max_disk_bytes: self.forker.max_disk_bytes, ..self.forker.clone() };
         let identity = ForkIdentity { env: live.fork.identity.env.clone(), ..ForkIdentity::new(seed) };
         let fork = forker.fork(&branch.snapshot, identity).await.context("forking the branch")?;
+        // The branch may reach what its parent may (a session's `rollouts.network`).
+        fork.machine.set_network(live.fork.machine.network());
         Ok((LiveFork { fork, baseline: live.baseline.clone(), origin: Some(branch.clone()), _gauge: VmGauge::new(role) }, branch))
     }
 
