@@ -5,6 +5,8 @@
 //! All three tests serve `configs/serve.toml` (the minimal image): they share its template
 //! snapshot.
 
+mod common;
+use common::assert_no_qemu_of;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -166,19 +168,6 @@ fn stop(proc: &mut Proc) {
         }
         assert!(started.elapsed() < Duration::from_secs(60), "farm serve did not stop on SIGTERM:\n{}", proc.log());
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// No live QEMU process uses `run_dir`.
-fn assert_no_qemu_of(run_dir: &Path) {
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let zombie = state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-        if !zombie && String::from_utf8_lossy(&cmdline).contains("qemu-system") {
-            let fds = std::fs::read_dir(entry.path().join("fd")).map(|d| d.flatten().filter_map(|f| std::fs::read_link(f.path()).ok()).collect::<Vec<_>>()).unwrap_or_default();
-            assert!(!fds.iter().any(|f| f.starts_with(run_dir)), "a QEMU of the service is still alive: {}", String::from_utf8_lossy(&cmdline));
-        }
     }
 }
 

@@ -393,7 +393,7 @@ async fn join_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F:
 /// Rows shaped like a real run's (three steps with some output, score details), with
 /// deterministic statuses and rewards, written through the run writer.
 fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
-    use crate::engine::output::{OutputWriter, Row, Status, Step, Timings, Usage};
+    use crate::engine::output::{OutputWriter, Row, Status, Step, Timings};
     let mut writer = OutputWriter::open(&args.out, "run-synthetic", "synthetic", "synthetic", false, 10_000)?;
     let samples = (args.rows / args.tasks.max(1)).max(1) as u32;
     for i in 0..args.rows {
@@ -417,28 +417,16 @@ fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
             run_id: "run-synthetic".into(),
             suite_name: "synthetic".into(),
             suite_digest: "synthetic".into(),
-            task_id: format!("task-{task:05}"),
             task_digest: format!("{task:064x}"),
-            sample_index: sample,
-            seed: i as u64,
             snapshot_id: "t-synthetic".into(),
             policy_name: "replay".into(),
-            policy_params: "{}".into(),
             steps: (0..3).map(step).collect(),
-            messages: "[]".into(),
-            usage: Usage::default(),
             reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
             status,
-            error: None,
             score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
-            attempts: 1,
             timings: Timings { fork_ms: 80.0 + (i % 50) as f64, rollout_ms: 150.0 + (i % 300) as f64, score_ms: 700.0 + (i % 900) as f64, total_ms: 1000.0 },
             started_at_ms: 1_700_000_000_000 + i as i64 * 50,
-            farm_version: env!("CARGO_PKG_VERSION").into(),
-            rollout_id: None,
-            group_id: None,
-            policy_version: None,
-            metadata: None,
+            ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
         })?;
     }
     writer.flush()?;

@@ -33,7 +33,7 @@ use vmm::{AccelSetting, AgentError, ExecOptions, VmSettings};
 
 use crate::metrics::{self, Role, VmGauge};
 use crate::run::suite::{self, RolloutsSection, ScoringMode, Suite, SuiteConfig};
-use output::{Row, Status, Step, Timings, Usage};
+use output::{Row, Status, Step, Usage};
 use policy::{Action, ReplayPolicy};
 
 /// What every rollout of one suite shares: its template, forker, warm pool and settings.
@@ -304,28 +304,16 @@ impl Engine {
             run_id: self.run_id.clone(),
             suite_name: self.suite_name.clone(),
             suite_digest: self.suite_digest.clone(),
-            task_id: task.id.clone(),
             task_digest: task.digest(),
-            sample_index: item.sample,
-            seed: item.seed,
             snapshot_id: item.snapshot.as_ref().map(|s| s.id().to_string()).unwrap_or_default(),
             policy_name: item.policy.name().to_string(),
             policy_params: item.policy.params().to_string(),
-            steps: Vec::new(),
-            messages: "[]".into(),
-            usage: Usage::default(),
-            reward: None,
-            status: Status::EnvError,
-            error: None,
-            score_details: "{}".into(),
-            attempts: 1,
-            timings: Timings::default(),
             started_at_ms,
-            farm_version: env!("CARGO_PKG_VERSION").to_string(),
             rollout_id: item.served.as_ref().map(|s| s.rollout_id.clone()),
             group_id: item.served.as_ref().map(|s| s.group_id.clone()),
             policy_version: item.served.as_ref().and_then(|s| s.policy_version),
             metadata: item.served.as_ref().and_then(|s| s.metadata.clone()),
+            ..Row::blank(&task.id, item.sample, item.seed)
         }
     }
 
@@ -1018,29 +1006,12 @@ mod tests {
         Row {
             run_id: "r".into(),
             suite_name: "s".into(),
-            suite_digest: String::new(),
-            task_id: "t".into(),
-            task_digest: String::new(),
-            sample_index: 0,
-            seed: 0,
-            snapshot_id: String::new(),
             policy_name: "replay".into(),
-            policy_params: "{}".into(),
             steps: vec![step; steps],
-            messages: "[]".into(),
-            usage: Usage::default(),
-            reward: None,
             status: status.parse().unwrap(),
             error: error.map(String::from),
-            score_details: "{}".into(),
-            attempts: 1,
-            timings: Timings::default(),
-            started_at_ms: 0,
             farm_version: "0".into(),
-            rollout_id: None,
-            group_id: None,
-            policy_version: None,
-            metadata: None,
+            ..Row::blank("t", 0, 0)
         }
     }
 

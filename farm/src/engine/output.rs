@@ -134,6 +134,38 @@ impl std::fmt::Display for Status {
 }
 
 impl Row {
+    /// A row of task `task_id`, sample `sample_index`, before anything was recorded: status
+    /// `env_error` with no reward, no steps, empty texts; callers fill in the rest.
+    pub fn blank(task_id: &str, sample_index: u32, seed: u64) -> Row {
+        Row {
+            run_id: String::new(),
+            suite_name: String::new(),
+            suite_digest: String::new(),
+            task_id: task_id.to_string(),
+            task_digest: String::new(),
+            sample_index,
+            seed,
+            snapshot_id: String::new(),
+            policy_name: String::new(),
+            policy_params: "{}".into(),
+            steps: Vec::new(),
+            messages: "[]".into(),
+            usage: Usage::default(),
+            reward: None,
+            status: Status::EnvError,
+            error: None,
+            score_details: "{}".into(),
+            attempts: 1,
+            timings: Timings::default(),
+            started_at_ms: 0,
+            farm_version: env!("CARGO_PKG_VERSION").to_string(),
+            rollout_id: None,
+            group_id: None,
+            policy_version: None,
+            metadata: None,
+        }
+    }
+
     /// What makes a row unique in its output folder: the rollout id (`farm serve`), else the
     /// task and sample (`farm run`).
     pub fn key(&self) -> String {
@@ -588,13 +620,9 @@ mod tests {
             run_id: "r".into(),
             suite_name: "s".into(),
             suite_digest: "d".into(),
-            task_id: task.into(),
             task_digest: "t".into(),
-            sample_index: sample,
-            seed: 1,
             snapshot_id: "snap".into(),
             policy_name: "replay".into(),
-            policy_params: "{}".into(),
             steps: vec![Step {
                 index: 0,
                 kind: "exec".into(),
@@ -605,20 +633,10 @@ mod tests {
                 started_at_ms: 0,
                 duration_ms: 1.0,
             }],
-            messages: "[]".into(),
-            usage: Usage::default(),
             reward: (status != "env_error").then_some(if status == "passed" { 1.0 } else { 0.0 }),
             status: status.parse().unwrap(),
-            error: None,
-            score_details: "{}".into(),
-            attempts: 1,
-            timings: Timings::default(),
-            started_at_ms: 0,
             farm_version: "0".into(),
-            rollout_id: None,
-            group_id: None,
-            policy_version: None,
-            metadata: None,
+            ..Row::blank(task, sample, 1)
         }
     }
 

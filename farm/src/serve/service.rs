@@ -1011,29 +1011,14 @@ fn lost_row(a: &Admitted, run_id: &str) -> Row {
     let mut row = Row {
         run_id: run_id.to_string(),
         suite_name: a.suite.clone(),
-        suite_digest: String::new(),
-        task_id: a.task_id.clone(),
-        task_digest: String::new(),
-        sample_index: a.sample,
-        seed: a.seed,
-        snapshot_id: String::new(),
         policy_name: a.policy_name.clone(),
-        policy_params: "{}".into(),
-        steps: Vec::new(),
-        messages: "[]".into(),
-        usage: Default::default(),
-        reward: None,
-        status: Status::EnvError,
-        error: None,
-        score_details: "{}".into(),
         attempts: 0,
-        timings: Default::default(),
         started_at_ms: now_ms(),
-        farm_version: env!("CARGO_PKG_VERSION").to_string(),
         rollout_id: Some(a.rollout_id.clone()),
         group_id: Some(a.group_id.clone()),
         policy_version: a.policy_version,
         metadata: a.metadata.clone(),
+        ..Row::blank(&a.task_id, a.sample, a.seed)
     };
     End::LostInRestart.settle(&mut row);
     row
