@@ -95,10 +95,12 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
                     conns.remove(&frame.conn);
                 }
                 Kind::Data => match conns.get_mut(&frame.conn) {
-                    Some(Conn::Relay(up)) if up.send(frame.payload.clone()).await.is_err() => {
-                        conns.remove(&frame.conn);
+                    Some(Conn::Relay(up)) => {
+                        let gone = up.send(frame.payload).await.is_err();
+                        if gone {
+                            conns.remove(&frame.conn);
+                        }
                     }
-                    Some(Conn::Relay(_)) => {}
                     Some(Conn::Head(head)) => {
                         head.extend_from_slice(&frame.payload);
                         let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {

@@ -637,15 +637,13 @@ impl Service {
 
     /// One log line: rows recorded by status, work in flight.
     fn status(&self) -> String {
-        let counts: Vec<String> = Status::ALL
-            .iter()
-            .map(|s| format!("{} {}", s, metrics::get().rollouts.with_label_values(&[s.as_str()]).get()))
-            .collect();
+        let counts: Vec<(Status, u64)> = Status::ALL.iter().map(|s| (*s, metrics::get().rollouts.with_label_values(&[s.as_str()]).get())).collect();
+        let shown: Vec<String> = counts.iter().map(|(s, n)| format!("{s} {n}")).collect();
         let inner = self.lock();
         format!(
             "{} rows recorded since start ({}); {} running, {} queued, {} sessions",
-            counts.iter().map(|c| c.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)).sum::<u64>(),
-            counts.join(", "),
+            counts.iter().map(|(_, n)| n).sum::<u64>(),
+            shown.join(", "),
             inner.running.len(),
             inner.queue.len(),
             inner.sessions.len()
