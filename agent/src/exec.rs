@@ -56,6 +56,9 @@ pub struct Launch<'a> {
     pub timeout_ms: Option<u64>,
     pub stdout_cap: u64,
     pub stderr_cap: u64,
+    /// A checker: it sees the workspace through a view that follows no link and opens no
+    /// device ([`sys::checker_view_on_exec`]).
+    pub checker_view: bool,
 }
 
 /// Runs an exec request: the agent's base environment, then the request's variables.
@@ -79,6 +82,7 @@ pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Re
         timeout_ms: req.timeout_ms,
         stdout_cap: req.stdout_cap,
         stderr_cap: req.stderr_cap,
+        checker_view: false,
     };
     run_launch(&launch, stdin).map(|(output, _)| output)
 }
@@ -104,7 +108,12 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
     let cwd = &launch.cwd;
     command.env_clear().envs(launch.env.iter().map(|(k, v)| (k, v))).current_dir(cwd);
     command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    if launch.user.is_root() {
+    if launch.checker_view {
+        if launch.user.is_root() {
+            command.process_group(0);
+        }
+        sys::checker_view_on_exec(&mut command, launch.user.uid, launch.user.gid);
+    } else if launch.user.is_root() {
         // A process group of its own, so a timeout kills everything the command started. Set
         // through posix_spawn attributes (no pre_exec hook), which lets std spawn with vfork
         // semantics: much cheaper than fork in a freshly forked guest under TCG.

@@ -198,10 +198,11 @@ fn read_capped(file: File, max_bytes: u64, shown: &str) -> Result<(u64, Vec<u8>)
 }
 
 /// Reads a verdict file (reward, JUnit) at an absolute path without following a link at its
-/// last component: None when it is missing or is not a regular file.
-pub fn read_verdict_file(path: &str, max_bytes: u64) -> Option<Vec<u8>> {
+/// last component: its size and at most `max_bytes` of it; None when it is missing or is not
+/// a regular file.
+pub fn read_verdict_file(path: &str, max_bytes: u64) -> Option<(u64, Vec<u8>)> {
     let file = open_regular(None, path, true, path).ok()?;
-    read_capped(file, max_bytes, path).ok().map(|(_, data)| data)
+    read_capped(file, max_bytes, path).ok()
 }
 
 /// Removes a file; a missing one is not an error.

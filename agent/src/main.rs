@@ -128,7 +128,14 @@ fn prepare_system() {
         }
     }
     // Kernel pointers and the kernel log stay root's: nothing there for the candidate.
-    for (knob, value) in [("/proc/sys/kernel/kptr_restrict", "2"), ("/proc/sys/kernel/dmesg_restrict", "1")] {
+    // Links are followed, and hard links made, only where the kernel's protections allow
+    // (the kernel's own default is off; Debian's userland turns them on).
+    for (knob, value) in [
+        ("/proc/sys/kernel/kptr_restrict", "2"),
+        ("/proc/sys/kernel/dmesg_restrict", "1"),
+        ("/proc/sys/fs/protected_symlinks", "1"),
+        ("/proc/sys/fs/protected_hardlinks", "1"),
+    ] {
         if let Err(e) = std::fs::write(knob, value) {
             log(&format!("setting {knob} failed: {e}"));
         }
@@ -326,9 +333,10 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
         }),
         Request::ListFiles(req) => {
             let mut entries = Vec::new();
-            let truncated = files::list_files(Path::new(&req.root), Path::new(""), req.max_entries as usize, &mut entries, 0)
+            let truncated = files::list_files(Path::new(&req.root), Path::new(""), req.max_entries.min(farm_protocol::MAX_LISTING) as usize, &mut entries, 0)
                 .map_err(|e| io_error(format!("listing {}", req.root), e))?;
-            Ok((Response::ListFiles { entries, truncated }, Vec::new()))
+            let body = serde_json::to_vec(&entries).map_err(|e| io_error(format!("encoding the listing of {}", req.root), std::io::Error::other(e)))?;
+            Ok((Response::ListFiles { count: entries.len() as u32, truncated }, body))
         }
         Request::RemoveFile { path, beneath } => files::remove_file(&path, beneath.as_deref()).map(|()| (Response::RemoveFile, Vec::new())),
         Request::Handover(req) => {
@@ -342,10 +350,11 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             Ok((Response::Sweep { killed: swept.killed, complete: swept.complete }, Vec::new()))
         }
         Request::RunTests(req) => {
-            let (result, output) = testrun::run_tests(&req, &base_env(state), &body)?;
-            let mut out = output.stdout;
-            out.extend_from_slice(&output.stderr);
-            Ok((Response::RunTests(result), out))
+            let run = testrun::run_tests(&req, &base_env(state), &body)?;
+            let mut out = run.output.stdout;
+            out.extend_from_slice(&run.output.stderr);
+            out.extend_from_slice(&run.junit);
+            Ok((Response::RunTests(run.result), out))
         }
         Request::Quiesce => {
             sys::sync_all();

@@ -259,6 +259,58 @@ pub fn new_session_on_exec(command: &mut std::process::Command) {
     }
 }
 
+/// The folder the checker sees through its own view ([`checker_view_on_exec`]).
+pub const CHECKER_VIEW_OF: &str = "/workspace";
+
+/// Makes the command a checker that cannot be pointed anywhere by the agent's files: it
+/// starts in a mount namespace of its own where `/workspace` is a bind mount (not recursive:
+/// mounts below it are not carried over) with `nosymfollow`, `nodev` and `nosuid`. Symbolic
+/// links there are never followed by anything the checker runs (`open`, `cat`, Python), and
+/// device nodes cannot be opened; `farm-sandbox` returns the agent's code to the namespace of
+/// PID 1, where the workspace is the ordinary one. Then, for a user other than root, the hook
+/// drops to it (groups, gid, uid: after the mounts, which need root) and starts a session;
+/// root keeps the process group std gives it.
+///
+/// Fails closed: a checker whose view cannot be set up does not start.
+pub fn checker_view_on_exec(command: &mut std::process::Command, uid: u32, gid: u32) {
+    use std::os::unix::process::CommandExt;
+    let workspace = CString::new(CHECKER_VIEW_OF).expect("no NUL");
+    let root = CString::new("/").expect("no NUL");
+    let none = CString::new("none").expect("no NUL");
+    // SAFETY: the hook runs between fork and exec and only makes system calls (unshare,
+    // mount, setgroups, setresgid, setresuid, setsid, setrlimit) with pointers to strings
+    // made before the fork; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // Nothing done here reaches the namespace the rest of the VM lives in.
+            if libc::mount(none.as_ptr(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::mount(workspace.as_ptr(), workspace.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSYMFOLLOW | libc::MS_NODEV | libc::MS_NOSUID;
+            if libc::mount(none.as_ptr(), workspace.as_ptr(), std::ptr::null(), flags, std::ptr::null()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if uid != 0 {
+                if libc::setgroups(0, std::ptr::null()) != 0 || libc::setresgid(gid, gid, gid) != 0 || libc::setresuid(uid, uid, uid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// While alive, file system permission checks of the calling thread are made as another user
 /// (setfsuid/setfsgid are per thread, and dropping the fsuid from 0 clears the thread's file
 /// system capabilities). Dropping it restores root.

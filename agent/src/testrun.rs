@@ -22,7 +22,7 @@ use crate::zygote;
 /// Largest reward file read back.
 pub const MAX_REWARD_BYTES: u64 = 4096;
 /// Largest JUnit report read back.
-pub const MAX_JUNIT_BYTES: u64 = 4 << 20;
+pub use farm_protocol::MAX_JUNIT_BYTES;
 
 fn bad_request(message: String) -> AgentError {
     AgentError { kind: ErrorKind::BadRequest, message }
@@ -37,7 +37,25 @@ fn check_inside(tests_dir: &str, path: &str, what: &str) -> Result<(), AgentErro
     }
 }
 
-pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<(TestsResult, Output), AgentError> {
+/// What the tests left: the result, the command's output, and the JUnit report's bytes.
+pub struct TestsRun {
+    pub result: TestsResult,
+    pub output: Output,
+    pub junit: Vec<u8>,
+}
+
+/// Links, FIFOs and regular files the checker opens in folders others can write: with these
+/// set, the kernel refuses to follow a link or open a FIFO or file someone else planted in a
+/// sticky world-writable folder (`/tmp`, `/dev/shm`), and refuses hard links to files the
+/// linker does not own. (`/workspace` itself is handled by the checker's view.)
+const SCORING_SYSCTLS: [(&str, &str); 4] = [
+    ("/proc/sys/fs/protected_symlinks", "1"),
+    ("/proc/sys/fs/protected_hardlinks", "1"),
+    ("/proc/sys/fs/protected_fifos", "2"),
+    ("/proc/sys/fs/protected_regular", "2"),
+];
+
+pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<TestsRun, AgentError> {
     let user = users::resolve(&req.user).map_err(bad_request)?;
     if !req.tests_dir.starts_with('/') || req.tests_dir.trim_end_matches('/').is_empty() {
         return Err(bad_request(format!("tests_dir {:?} must be an absolute folder below /", req.tests_dir)));
@@ -45,6 +63,9 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
     check_inside(&req.tests_dir, &req.reward_file, "reward file")?;
     check_inside(&req.tests_dir, &req.junit_file, "JUnit file")?;
     prepare_tests_dir(req, &user)?;
+    for (knob, value) in SCORING_SYSCTLS {
+        std::fs::write(knob, value).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("setting {knob} to {value}: {e}") })?;
+    }
 
     let mut env: Vec<(String, String)> = base_env.iter().filter(|(k, _)| !req.env.contains_key(k)).cloned().collect();
     env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -56,6 +77,7 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         timeout_ms: Some(req.timeout_ms),
         stdout_cap: req.stdout_cap,
         stderr_cap: req.stderr_cap,
+        checker_view: req.checker_view,
     };
     // A function-call check goes straight to the harness zygote when one answers (as root,
     // which the zygote's socket requires); anything else starts as a command.
@@ -68,12 +90,22 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
     // Nothing the tests started may outlive them: their session or group, and every process
     // of the sweep users wherever it went.
     let swept = sweep::sweep(&Targets { uids: req.sweep_uids.clone(), group: Some(pid as i32), everything: false });
-    let reward = files::read_verdict_file(&req.reward_file, MAX_REWARD_BYTES).map(|b| String::from_utf8_lossy(&b).into_owned());
-    let junit = files::read_verdict_file(&req.junit_file, MAX_JUNIT_BYTES)
-        .filter(|b| !b.is_empty())
-        .map(|b| String::from_utf8_lossy(&b).into_owned());
-    let result = TestsResult { exec: output.result.clone(), reward, junit, swept: swept.killed, sweep_complete: swept.complete };
-    Ok((result, output))
+    let reward = files::read_verdict_file(&req.reward_file, MAX_REWARD_BYTES).map(|(_, b)| String::from_utf8_lossy(&b).into_owned());
+    // A report past the cap is not read at all (half a report could count half the tests).
+    let (junit_file_bytes, junit) = match files::read_verdict_file(&req.junit_file, MAX_JUNIT_BYTES) {
+        Some((size, bytes)) if size <= MAX_JUNIT_BYTES && !bytes.is_empty() => (size, Some(bytes)),
+        Some((size, _)) => (size, None),
+        None => (0, None),
+    };
+    let result = TestsResult {
+        exec: output.result.clone(),
+        reward,
+        junit_len: junit.as_ref().map(|b| b.len() as u64),
+        junit_file_bytes,
+        swept: swept.killed,
+        sweep_complete: swept.complete,
+    };
+    Ok(TestsRun { result, output, junit: junit.unwrap_or_default() })
 }
 
 /// Locks the tests folder and creates the verdict files and a private temporary folder

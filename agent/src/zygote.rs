@@ -204,6 +204,7 @@ conn.sendall(struct.pack(">i", 3))
             timeout_ms: Some(timeout_ms),
             stdout_cap: 1 << 16,
             stderr_cap: 1 << 16,
+            checker_view: false,
         }
     }
 

@@ -96,12 +96,36 @@ pub enum Harness {
     /// `module.py` in the workspace) through farm's isolating proxy; see
     /// `datasets/src/harness/function_call.py`. Its files are in the task's tests.
     FunctionCall { module: String, entry_point: String },
+    /// Unit tests (pytest or unittest files, `test_*.py` in the task's tests) run in the
+    /// trusted checker process, where each of `modules` (files `<module>.py` in the
+    /// workspace) is a proxy: functions are calls into the candidate's process, classes are
+    /// remote classes whose instances live there, and only plain data crosses. See
+    /// `datasets/src/harness/`.
+    UnitTests { modules: Vec<String> },
 }
 
-/// The source of the function-call harness, written with each task's hidden tests.
-pub const FUNCTION_CALL_HARNESS: &str = include_str!("harness/function_call.py");
-/// Where a function-call task's tests hold the harness (for a check that starts Python afresh).
-pub const HARNESS_TEST_FILE: &str = "harness.py";
+/// farm's harness: its Python files (name, source). The template keeps a copy (the zygote
+/// runs it); every task that uses it also carries one in its tests, under [`HARNESS_DIR`],
+/// for a check that starts Python afresh (final-state scoring).
+pub const HARNESS_SOURCES: &[(&str, &str)] = &[("function_call.py", include_str!("harness/function_call.py"))];
+/// The harness's entry point among [`HARNESS_SOURCES`].
+pub const HARNESS_ENTRY: &str = "function_call.py";
+/// Where a task's tests hold the harness (relative to the tests folder): a folder of its
+/// own, so its modules never meet the task's own test files.
+pub const HARNESS_DIR: &str = ".farm-harness";
+/// The harness's entry point in a task's tests.
+pub const HARNESS_TEST_FILE: &str = ".farm-harness/function_call.py";
+
+/// The harness's files as task test files (under [`HARNESS_DIR`]).
+pub fn harness_files() -> Vec<TaskFile> {
+    HARNESS_SOURCES.iter().map(|(name, source)| TaskFile::text(format!("{HARNESS_DIR}/{name}"), *source)).collect()
+}
+
+/// A test file a unit-test task's harness runs: `test_*.py` or `*_test.py`, directly in the
+/// tests folder.
+pub fn is_unit_test_file(path: &str) -> bool {
+    !path.contains('/') && path.ends_with(".py") && (path.starts_with("test_") || path.ends_with("_test.py"))
+}
 
 /// A file's path and contents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::{AnswerMatch, DatasetError, Harness, Solution, Task, TaskFile, TestUser, FUNCTION_CALL_HARNESS, HARNESS_TEST_FILE};
+use crate::{AnswerMatch, DatasetError, Harness, Solution, Task, TaskFile, TestUser, HARNESS_DIR};
 
 /// One row of a task table. In JSONL every field is native JSON; in Parquet the columns
 /// `files`, `setup`, `tests`, `solution`, `answer_match` and `metadata` hold JSON text.
@@ -31,6 +31,10 @@ pub struct TaskRow {
     /// (instead of a test command).
     #[serde(default)]
     pub function_call: Option<FunctionCallRow>,
+    /// Unit tests (the `test_*.py` files of `tests`) run through farm's boundary: the
+    /// modules named here are proxies of the candidate's (instead of a test command).
+    #[serde(default)]
+    pub unit_tests: Option<UnitTestsRow>,
     #[serde(default)]
     pub solution: Option<SolutionRow>,
     #[serde(default)]
@@ -66,10 +70,43 @@ fn default_module() -> String {
     "solution".into()
 }
 
+/// Unit tests through the boundary: `modules` are the workspace files (`<module>.py`) the
+/// tests import, each a proxy of the candidate's module.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnitTestsRow {
+    #[serde(default = "default_modules")]
+    pub modules: Vec<String>,
+}
+
+fn default_modules() -> Vec<String> {
+    vec![default_module()]
+}
+
+/// Checks a unit-test task's modules and test files, and adds the harness to its tests.
+pub(crate) fn unit_tests_harness(modules: Vec<String>, tests: &mut Vec<TaskFile>) -> Result<Harness, String> {
+    if modules.is_empty() {
+        return Err("unit_tests.modules must name at least one module".into());
+    }
+    if let Some(bad) = modules.iter().find(|m| !crate::valid_module_name(m)) {
+        return Err(format!("unit_tests.modules: {bad:?} must be a Python module name (the file is MODULE.py in the workspace)"));
+    }
+    if !tests.iter().any(|t| crate::is_unit_test_file(&t.path)) {
+        return Err("unit tests need at least one test file (test_*.py or *_test.py) directly in tests".into());
+    }
+    if tests.iter().any(|t| t.path.starts_with(crate::HARNESS_DIR)) {
+        return Err(format!("tests may not hold {} (farm writes its harness there)", crate::HARNESS_DIR));
+    }
+    tests.extend(crate::harness_files());
+    Ok(Harness::UnitTests { modules })
+}
+
 /// The hidden test files of a function-call task: the harness and the problem it reads.
 pub(crate) fn function_call_tests(prompt: &str, test: &str, entry_point: &str) -> Vec<TaskFile> {
     let problem = serde_json::json!({ "prompt": prompt, "test": test, "entry_point": entry_point });
-    vec![TaskFile::text(HARNESS_TEST_FILE, FUNCTION_CALL_HARNESS), TaskFile::text("problem.json", problem.to_string())]
+    let mut files = crate::harness_files();
+    files.push(TaskFile::text("problem.json", problem.to_string()));
+    files
 }
 
 #[derive(Debug, Deserialize)]
@@ -89,24 +126,36 @@ impl TaskRow {
     pub fn into_task(self) -> Result<Task, String> {
         let files = |m: BTreeMap<String, String>| m.into_iter().map(|(p, c)| TaskFile::text(p, c)).collect::<Vec<_>>();
         let mut tests = files(self.tests);
+        let alternatives = [self.function_call.is_some(), self.unit_tests.is_some(), self.test_command.is_some()];
+        if alternatives.iter().filter(|given| **given).count() > 1 {
+            return Err("function_call, unit_tests and test_command are alternatives: give one".into());
+        }
+        if let Some(units) = self.unit_tests {
+            let harness = unit_tests_harness(units.modules, &mut tests)?;
+            let row = TaskRow { tests: BTreeMap::new(), function_call: None, unit_tests: None, ..self };
+            return Ok(row.task(tests, Some(harness), TestUser::Root));
+        }
         let (harness, test_user) = match self.function_call {
-            Some(_) if self.test_command.is_some() => {
-                return Err("function_call and test_command are alternatives: give one".into());
-            }
             Some(call) => {
                 if !crate::valid_module_name(&call.module) {
                     return Err(format!("function_call.module {:?} must be a Python module name (the file is MODULE.py in the workspace)", call.module));
                 }
-                if tests.iter().any(|t| t.path == HARNESS_TEST_FILE || t.path == "problem.json") {
-                    return Err("with function_call, tests may not hold harness.py or problem.json (farm writes them)".into());
+                if tests.iter().any(|t| t.path.starts_with(HARNESS_DIR) || t.path == "problem.json") {
+                    return Err(format!("with function_call, tests may not hold {HARNESS_DIR} or problem.json (farm writes them)"));
                 }
                 tests.extend(function_call_tests(&call.prompt, &call.test, &call.entry_point));
                 (Some(Harness::FunctionCall { module: call.module, entry_point: call.entry_point }), TestUser::Root)
             }
             None => (None, self.test_user),
         };
-        let row = TaskRow { tests: BTreeMap::new(), function_call: None, ..self };
-        Ok(Task {
+        let row = TaskRow { tests: BTreeMap::new(), function_call: None, unit_tests: None, ..self };
+        Ok(row.task(tests, harness, test_user))
+    }
+
+    fn task(self, tests: Vec<TaskFile>, harness: Option<Harness>, test_user: TestUser) -> Task {
+        let files = |m: BTreeMap<String, String>| m.into_iter().map(|(p, c)| TaskFile::text(p, c)).collect::<Vec<_>>();
+        let row = self;
+        Task {
             id: row.id,
             instruction: row.instruction,
             files: files(row.files),
@@ -122,7 +171,7 @@ impl TaskRow {
             completion_prefix: String::new(),
             require_reward_file: row.require_reward_file,
             metadata: row.metadata,
-        })
+        }
     }
 }
 
@@ -333,7 +382,7 @@ pub(crate) mod tests {
         assert_eq!(tasks.len(), 1);
         let t = &tasks[0];
         assert_eq!(t.id, "X/1");
-        assert_eq!(t.tests[0].path, "harness.py");
+        assert_eq!(t.tests[0].path, crate::HARNESS_TEST_FILE);
         let problem: serde_json::Value = serde_json::from_slice(&t.tests[1].contents).unwrap();
         assert_eq!(problem["entry_point"], "f");
         assert!(problem["test"].as_str().unwrap().contains("def check(c)"));
@@ -397,7 +446,7 @@ pub(crate) mod tests {
         let t = &load(&p, Format::Jsonl).unwrap()[0];
         assert_eq!(t.harness, Some(Harness::FunctionCall { module: "lib".into(), entry_point: "double".into() }));
         assert_eq!(t.test_user, TestUser::Root);
-        assert!(t.tests.iter().any(|f| f.path == "harness.py") && t.has_tests());
+        assert!(t.tests.iter().any(|f| f.path == crate::HARNESS_TEST_FILE) && t.has_tests());
         let p = write(dir.path(), "t.jsonl", r#"{"id":"f2","test_command":"true","function_call":{"entry_point":"f","test":""}}"#);
         let err = load(&p, Format::Jsonl).unwrap_err().to_string();
         assert!(err.contains("t.jsonl:1") && err.contains("alternatives"), "{err}");

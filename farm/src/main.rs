@@ -68,6 +68,8 @@ fn main() {
         default_hook(info);
     }));
     let cli = Cli::parse();
+    // A few descriptors per VM: the soft limit must not be what caps the number of VMs.
+    let _ = vmm::process::raise_open_file_limit();
     init_structured_logs();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

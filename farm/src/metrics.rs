@@ -11,6 +11,8 @@ pub struct Metrics {
     registry: Registry,
     /// Rollouts recorded, by status.
     pub rollouts: IntCounterVec,
+    /// Verdicts recorded, by trust level (`sound`, `hardened`).
+    pub verdicts: IntCounterVec,
     /// Rewards of scored rollouts.
     pub reward: Histogram,
     /// Seconds per phase: fork, agent, score.
@@ -47,6 +49,7 @@ impl Metrics {
         let m = Metrics {
             registry,
             rollouts: IntCounterVec::new(Opts::new("rollouts_total", "Rollouts recorded, by status."), &["status"])?,
+            verdicts: IntCounterVec::new(Opts::new("verdicts_total", "Verdicts recorded, by how far they can be trusted."), &["trust"])?,
             reward: Histogram::with_opts(HistogramOpts::new("reward", "Rewards of scored rollouts.").buckets(vec![0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]))?,
             phase_seconds: HistogramVec::new(
                 HistogramOpts::new("phase_seconds", "Seconds per rollout phase.").buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
@@ -62,6 +65,7 @@ impl Metrics {
         };
         let registry = &m.registry;
         registry.register(Box::new(m.rollouts.clone()))?;
+        registry.register(Box::new(m.verdicts.clone()))?;
         registry.register(Box::new(m.reward.clone()))?;
         registry.register(Box::new(m.phase_seconds.clone()))?;
         registry.register(Box::new(m.in_flight.clone()))?;
@@ -74,6 +78,9 @@ impl Metrics {
         // Every status and role shows from the start (0), so dashboards need no special case.
         for status in crate::engine::output::Status::ALL {
             m.rollouts.with_label_values(&[status.as_str()]);
+        }
+        for trust in [scorers::Trust::Sound, scorers::Trust::Hardened] {
+            m.verdicts.with_label_values(&[trust.as_str()]);
         }
         for role in Role::ALL {
             m.vms.with_label_values(&[role.as_str()]);
@@ -96,8 +103,9 @@ impl Metrics {
     #[cfg(test)]
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 10] = [
+        let collectors: [&dyn Collector; 11] = [
             &self.rollouts,
+            &self.verdicts,
             &self.reward,
             &self.phase_seconds,
             &self.in_flight,
@@ -114,6 +122,9 @@ impl Metrics {
     /// Counts a recorded row: its status, reward and phase times.
     pub fn record(&self, row: &crate::engine::output::Row) {
         self.rollouts.with_label_values(&[row.status.as_str()]).inc();
+        if let Some(trust) = row.trust {
+            self.verdicts.with_label_values(&[trust.as_str()]).inc();
+        }
         if let Some(r) = row.reward {
             self.reward.observe(r);
         }

@@ -30,7 +30,7 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol. The agent answers requests of another version with an error.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The unprivileged guest user that runs everything derived from an agent in a scoring VM
 /// (its files, the code the tests import, the commands they run): `farm`, uid and gid 1000.
@@ -209,22 +209,40 @@ pub struct RunTestsRequest {
     /// Created empty before the command starts, owned by `user`, mode 0600; read back (at
     /// most 4 KiB, a regular file only) after the sweep.
     pub reward_file: String,
-    /// Created and read back like the reward file (at most 4 MiB).
+    /// Created and read back like the reward file (at most [`MAX_JUNIT_BYTES`]).
     pub junit_file: String,
     /// Users whose every process is killed once the command ends, before anything is read.
     pub sweep_uids: Vec<u32>,
+    /// The command is a checker: it runs in a mount namespace of its own where the workspace
+    /// is a view that follows no symbolic link and opens no device node, so no link the agent
+    /// planted can point it at the tests (`farm-sandbox` returns the agent's code to the
+    /// ordinary view).
+    #[serde(default)]
+    pub checker_view: bool,
 }
+
+/// The most entries one [`Request::ListFiles`] may ask for: a workspace listing is complete
+/// up to here (what was deleted is computed from it), far beyond the files read back.
+pub const MAX_LISTING: u32 = 200_000;
+
+/// The largest JUnit report a [`Request::RunTests`] reads back.
+pub const MAX_JUNIT_BYTES: u64 = 4 << 20;
 
 /// What [`Request::RunTests`] found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TestsResult {
-    /// The command's ending; the response body holds its output as for [`Response::Exec`].
+    /// The command's ending. The response body holds its standard output and error as for
+    /// [`Response::Exec`], then the JUnit report's bytes.
     pub exec: ExecResult,
     /// Contents of the reward file after the sweep (None: missing or not a regular file).
     pub reward: Option<String>,
-    /// Contents of the JUnit file after the sweep (None: missing, empty or not a regular file).
-    pub junit: Option<String>,
+    /// Bytes of the JUnit report at the end of the body (None: the file is missing, empty or
+    /// not a regular file). At most [`MAX_JUNIT_BYTES`].
+    pub junit_len: Option<u64>,
+    /// The JUnit file's size: more than [`MAX_JUNIT_BYTES`] means the report was not read.
+    #[serde(default)]
+    pub junit_file_bytes: u64,
     /// Processes the sweep killed.
     pub swept: u32,
     /// Whether every process of the sweep users was gone before the files were read.
@@ -270,7 +288,9 @@ pub enum Response {
     /// Body: `stdout_len` bytes of standard output, then `stderr_len` bytes of standard error.
     Exec(ExecResult),
     WriteFile { bytes: u64 },
-    ListFiles { entries: Vec<FileEntry>, truncated: bool },
+    /// Body: the entries as a JSON array of [`FileEntry`] (a listing can be far larger
+    /// than a header may be).
+    ListFiles { count: u32, truncated: bool },
     RemoveFile,
     /// Body: the file's first bytes (at most the requested cap).
     ReadFile { size: u64, truncated: bool },
@@ -519,7 +539,8 @@ mod tests {
                     duration_us: 5,
                 },
                 reward: Some("1".into()),
-                junit: None,
+                junit_len: Some(3),
+                junit_file_bytes: 3,
                 swept: 2,
                 sweep_complete: true,
             }),
@@ -563,6 +584,7 @@ mod tests {
                 reward_file: "/opt/farm-tests/.reward-x".into(),
                 junit_file: "/opt/farm-tests/junit.xml".into(),
                 sweep_uids: vec![999, 1000],
+                checker_view: true,
             }),
         ];
         for msg in requests {

@@ -1,16 +1,34 @@
 //! Final-answer matching on the host.
 
 use datasets::AnswerMatch;
-use serde_json::json;
+use serde::Serialize;
 
-use crate::Verdict;
+use crate::{Details, TrustLevel, Verdict};
+
+/// What was compared, and how.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AnswerCheck {
+    /// The submitted answer (at most 1000 characters kept), or None when none was submitted.
+    pub answer: Option<String>,
+    pub expected: String,
+    /// The rule used, or why it could not be applied.
+    #[serde(rename = "match")]
+    pub rule: String,
+}
 
 /// Compares an answer with the expected one.
 pub fn score_answer(expected: &str, answer: Option<&str>, how: &AnswerMatch) -> Verdict {
-    let Some(answer) = answer else {
-        return Verdict { reward: 0.0, passed: false, timed_out: false, details: json!({ "answer": null, "reason": "no answer submitted" }) };
+    let verdict = |ok: bool, check: AnswerCheck| Verdict {
+        reward: if ok { 1.0 } else { 0.0 },
+        passed: ok,
+        timed_out: false,
+        trust: TrustLevel::ANSWER,
+        details: Details { answer: Some(check), ..Details::basis("final answer compared on the host") },
     };
-    let (ok, reason) = match how {
+    let Some(answer) = answer else {
+        return verdict(false, AnswerCheck { answer: None, expected: truncate(expected, 1000), rule: "no answer submitted".into() });
+    };
+    let (ok, rule) = match how {
         AnswerMatch::Exact => (answer.trim() == expected.trim(), "exact".to_string()),
         AnswerMatch::Regex => match regex_lite_match(expected, answer.trim()) {
             Ok(ok) => (ok, "regex".to_string()),
@@ -22,12 +40,7 @@ pub fn score_answer(expected: &str, answer: Option<&str>, how: &AnswerMatch) -> 
             (_, None) => (false, "answer is not a number".to_string()),
         },
     };
-    Verdict {
-        reward: if ok { 1.0 } else { 0.0 },
-        passed: ok,
-        timed_out: false,
-        details: json!({ "answer": truncate(answer, 1000), "expected": truncate(expected, 1000), "match": reason }),
-    }
+    verdict(ok, AnswerCheck { answer: Some(truncate(answer, 1000)), expected: truncate(expected, 1000), rule })
 }
 
 fn truncate(s: &str, n: usize) -> String {

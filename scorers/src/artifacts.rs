@@ -18,6 +18,15 @@ pub struct ArtifactLimits {
     pub max_depth: usize,
 }
 
+impl ArtifactLimits {
+    /// Disk a scoring VM needs beyond the task's own limit to take the artifacts: every byte
+    /// twice (each file is written under a temporary name, then renamed), and the file
+    /// system's own blocks for them.
+    pub fn scoring_room(&self) -> u64 {
+        2 * self.max_total_bytes + (16 << 20)
+    }
+}
+
 impl Default for ArtifactLimits {
     fn default() -> Self {
         ArtifactLimits { max_files: 2000, max_file_bytes: 8 << 20, max_total_bytes: 32 << 20, max_dirs: 2000, max_depth: 32 }
@@ -45,9 +54,25 @@ pub fn safe_relative(path: &str) -> bool {
         && !path.contains('\0')
 }
 
-/// Lists the workspace (the baseline taken when the rollout started).
-pub async fn list_workspace(agent: &vmm::AgentClient, limits: &ArtifactLimits) -> Result<Vec<FileEntry>, vmm::AgentError> {
-    Ok(agent.list_files(datasets::WORKSPACE, limits.max_files).await?.0)
+/// Why a workspace could not be told apart from its baseline.
+#[derive(Debug, thiserror::Error)]
+pub enum ListingError {
+    #[error("listing the workspace: {0}")]
+    Agent(#[from] vmm::AgentError),
+    /// More files than a listing holds: what changed, and what was deleted, cannot be told.
+    #[error("the workspace holds more than {max} files, the most farm lists; what changed and what was deleted cannot be told")]
+    TooManyFiles { max: u32 },
+}
+
+/// Lists the whole workspace (every regular file, up to [`farm_protocol::MAX_LISTING`]).
+/// The baseline taken when a rollout starts, and the listing its artifacts are told apart
+/// with, are complete: a deletion is never hidden behind a cut listing.
+pub async fn list_workspace(agent: &vmm::AgentClient) -> Result<Vec<FileEntry>, ListingError> {
+    let max = farm_protocol::MAX_LISTING;
+    match agent.list_files(datasets::WORKSPACE, max).await? {
+        (_, true) => Err(ListingError::TooManyFiles { max }),
+        (entries, false) => Ok(entries),
+    }
 }
 
 /// The changed files worth reading (in path order), and the reasons others are skipped:
@@ -87,20 +112,18 @@ pub fn select(baseline: &[FileEntry], now: &[FileEntry], limits: &ArtifactLimits
     (wanted, skipped)
 }
 
-/// Compares the workspace with `baseline` and reads what changed.
-pub async fn collect_artifacts(
-    agent: &vmm::AgentClient,
-    baseline: &[FileEntry],
-    limits: &ArtifactLimits,
-) -> Result<Artifacts, vmm::AgentError> {
-    let (now, truncated) = agent.list_files(datasets::WORKSPACE, limits.max_files).await?;
+/// Compares the workspace with `baseline` and reads what changed: at most
+/// `limits.max_files` changed files (the rest are listed as skipped), and every deletion.
+pub async fn collect_artifacts(agent: &vmm::AgentClient, baseline: &[FileEntry], limits: &ArtifactLimits) -> Result<Artifacts, ListingError> {
+    let now = list_workspace(agent).await?;
     let before: BTreeMap<&str, &FileEntry> = baseline.iter().map(|e| (e.path.as_str(), e)).collect();
     let after: BTreeMap<&str, &FileEntry> = now.iter().map(|e| (e.path.as_str(), e)).collect();
     let mut artifacts = Artifacts::default();
-    if truncated {
-        artifacts.skipped.push(format!("more than {} files in the workspace; the rest were not read", limits.max_files));
+    let (mut wanted, skipped) = select(baseline, &now, limits);
+    if wanted.len() > limits.max_files as usize {
+        let over = wanted.split_off(limits.max_files as usize);
+        artifacts.skipped.push(format!("{} changed files past the first {} were not read (the artifact limits)", over.len(), limits.max_files));
     }
-    let (wanted, skipped) = select(baseline, &now, limits);
     artifacts.skipped.extend(skipped);
     let mut total = 0u64;
     for path in &wanted {
@@ -117,17 +140,15 @@ pub async fn collect_artifacts(
                 artifacts.skipped.push(format!("{path}: not read ({message})"));
                 continue;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         total += contents.len() as u64;
         artifacts.changed.push(path.to_string());
         artifacts.files.push((path.to_string(), contents, entry.mode & 0o777));
     }
-    if !truncated {
-        for path in before.keys() {
-            if !after.contains_key(path) && safe_relative(path) {
-                artifacts.deleted.push(path.to_string());
-            }
+    for path in before.keys() {
+        if !after.contains_key(path) && safe_relative(path) {
+            artifacts.deleted.push(path.to_string());
         }
     }
     Ok(artifacts)

@@ -9,16 +9,15 @@
 
 use std::time::Duration;
 
-use datasets::{Harness, Task, TestUser, HARNESS_TEST_FILE, TESTS_DIR, WORKSPACE};
+use datasets::{Harness, Task, TestUser, HARNESS_DIR, TESTS_DIR, WORKSPACE};
 use farm_protocol::{Program, RunTestsRequest, CANDIDATE_UID, CHECKER_UID};
-use serde::Serialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use vmm::{AgentClient, AgentError, FilePlacement};
 
-use crate::{Artifacts, Verdict};
+use crate::{Artifacts, Details, TrustLevel, Verdict};
 
 /// What the tests produced.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TestOutcome {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -29,11 +28,96 @@ pub struct TestOutcome {
     pub reward_file: Option<f64>,
     /// Processes of the candidate and the checker killed after the tests ended.
     pub swept: u32,
-    /// What the function-call harness reported (a limit of the proxy, a candidate that
-    /// timed out or did not load), from the `farm-harness:` lines of its standard output.
-    pub harness: Option<String>,
+    /// What farm's harness reported (a limit of the boundary, a candidate that timed out or
+    /// did not load, the unit tests' counts), from the `farm-harness:` lines of its
+    /// standard output.
+    #[serde(skip)]
+    pub harness: Vec<HarnessReport>,
+    /// Why a JUnit report the tests wrote was not read (over the cap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub junit_unread: Option<String>,
     pub stdout_tail: String,
     pub stderr_tail: String,
+}
+
+/// One line of farm's harness's report. The harness writes them on its standard output,
+/// which only the harness process holds, as `farm-harness: {JSON}`: its own words in
+/// `message`, anything the candidate's process said in `candidate_text`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HarnessReport {
+    pub kind: HarnessKind,
+    #[serde(default)]
+    pub message: String,
+    /// Text that came from the candidate's process (its load error, an exception name it
+    /// claimed...): quoted as the candidate's, never part of the harness's own words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_text: Option<String>,
+    /// Unit-test mode's counts (kind `summary`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tests: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<u64>,
+}
+
+/// What a harness report is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HarnessKind {
+    /// The tests need something the isolation boundary cannot carry: the task's doing.
+    IsolationLimit,
+    /// The candidate timed out, died, broke the protocol, did not load, returned what is
+    /// not plain data: the candidate's doing.
+    CandidateFailure,
+    /// The unit tests' counts.
+    Summary,
+}
+
+/// The longest candidate text kept in a report.
+const MAX_CANDIDATE_TEXT: usize = 500;
+
+impl HarnessReport {
+    /// Reads the harness's standard output: every well-formed `farm-harness:` line. Lines
+    /// that do not parse are dropped (only the harness writes here; a broken line is a
+    /// harness bug, not something to quote).
+    pub fn parse_all(stdout: &str) -> Vec<HarnessReport> {
+        stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("farm-harness: "))
+            .filter_map(|json| serde_json::from_str::<HarnessReport>(json).ok())
+            .map(|mut r| {
+                r.message = r.message.chars().take(2000).collect();
+                r.candidate_text = r.candidate_text.map(|t| t.chars().take(MAX_CANDIDATE_TEXT).collect());
+                r
+            })
+            .collect()
+    }
+
+    /// The report as a row's error: `harness: <farm's words>`, then the candidate's own
+    /// words, quoted (escaped) and marked as the candidate's.
+    pub fn describe(&self) -> String {
+        let class = match self.kind {
+            HarnessKind::IsolationLimit => "harness",
+            HarnessKind::CandidateFailure | HarnessKind::Summary => "harness (candidate failure)",
+        };
+        match &self.candidate_text {
+            Some(text) => format!("{class}: {}; the candidate's process said: {text:?}", self.message),
+            None => format!("{class}: {}", self.message),
+        }
+    }
+
+    /// The unit tests' counts, as a JUnit report would give them.
+    fn counts(&self) -> Option<JunitCounts> {
+        (self.kind == HarnessKind::Summary).then(|| JunitCounts {
+            tests: self.tests.unwrap_or(0),
+            failures: self.failures.unwrap_or(0),
+            errors: self.errors.unwrap_or(0),
+            skipped: self.skipped.unwrap_or(0),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -60,8 +144,8 @@ fn reward_file_path() -> String {
 /// Why scoring did not produce an outcome.
 #[derive(Debug, thiserror::Error)]
 pub enum ScoringError {
-    /// The scoring VM failed before any of the agent's code could run: the farm's fault.
-    #[error("the scoring VM failed: {0}")]
+    /// The scoring VM failed before any of the agent's bytes reached it: the farm's fault.
+    #[error("the scoring VM failed")]
     Environment(#[source] AgentError),
     /// The agent's work could not be placed, or its code (run by the tests) broke the scoring
     /// VM: the agent's fault, scored as a failure.
@@ -79,16 +163,22 @@ pub struct TestRunOptions {
     /// The VM is the rollout's own (final-state scoring): the agent ran there with whatever
     /// privileges the rollout had, so a test command that cannot even start is its doing.
     pub final_state: bool,
+    /// The checkers' `FARM_SEED` ([`crate::orchestrate::scoring_seed`]): the rollout never
+    /// saw it, and `farm-sandbox` keeps it from the agent's code.
+    pub seed: u64,
 }
 
 /// Writes the hidden tests and empty verdict files, places the artifacts (confined to the
 /// workspace, owned by the candidate), hands the workspace to the candidate and runs the
 /// tests.
 pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, options: &TestRunOptions) -> Result<TestOutcome, ScoringError> {
+    // From the first byte of the agent's files on, whatever goes wrong is the agent's: its
+    // bytes are in the VM (a placement that fills the disk, a VM killed past its disk limit
+    // by them). The scoring VM has room for the whole artifact budget on top of the task's
+    // limit, so honest work never meets that.
     let placing = |e: AgentError| match e {
         AgentError::Refused { message, .. } => ScoringError::Agent(format!("the agent's files could not be placed: {message}")),
-        other if options.final_state => ScoringError::Agent(format!("the rollout's VM broke: {other}")),
-        other => ScoringError::Environment(other),
+        other => ScoringError::Agent(format!("the scoring VM broke while the agent's files were placed: {other}")),
     };
     // The tests and empty verdict files go in first, while the VM is the farm's alone: once
     // the agent's files are placed (they might use up the disk's inodes or space), nothing
@@ -96,7 +186,7 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     let setup = |e: AgentError| if options.final_state { ScoringError::Agent(format!("the rollout's VM could not take the tests: {e}")) } else { ScoringError::Environment(e) };
     // A check through the zygote uses the template's harness: the tests' copy stays out.
     let skip_harness = task.harness.is_some() && !options.final_state;
-    for test in task.tests.iter().filter(|t| !(skip_harness && t.path == HARNESS_TEST_FILE)) {
+    for test in task.tests.iter().filter(|t| !(skip_harness && t.path.starts_with(HARNESS_DIR))) {
         agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400).await.map_err(setup)?;
     }
     let reward_path = reward_file_path();
@@ -130,20 +220,24 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     }
     // The harness reports on its standard output, which the candidate's process does not hold.
     // (Only the harness's: a test command's output may be the agent's.)
-    let stdout = String::from_utf8_lossy(&outcome.stdout);
-    let harness: Vec<&str> = match task.harness {
-        Some(_) => stdout.lines().filter_map(|l| l.strip_prefix("farm-harness: ")).collect(),
+    let harness = match task.harness {
+        Some(_) => HarnessReport::parse_all(&String::from_utf8_lossy(&outcome.stdout)),
         None => Vec::new(),
     };
     let result = &outcome.result;
+    let junit_unread = (result.junit_file_bytes > farm_protocol::MAX_JUNIT_BYTES).then(|| {
+        format!("the JUnit report is {} bytes, over the {} bytes farm reads; it was not read", result.junit_file_bytes, farm_protocol::MAX_JUNIT_BYTES)
+    });
+    let junit = harness.iter().find_map(HarnessReport::counts).or_else(|| parse_junit(&String::from_utf8_lossy(&outcome.junit)));
     Ok(TestOutcome {
         exit_code: result.exec.exit_code,
         signal: result.exec.signal,
         timed_out: result.exec.timed_out,
-        junit: result.junit.as_deref().and_then(parse_junit),
+        junit,
         reward_file: result.reward.as_deref().and_then(|r| r.trim().parse::<f64>().ok()).filter(|r| r.is_finite()),
         swept: result.swept,
-        harness: (!harness.is_empty()).then(|| harness.join("; ")),
+        harness,
+        junit_unread,
         stdout_tail: tail(&outcome.stdout, 2000),
         stderr_tail: tail(&outcome.stderr, 2000),
     })
@@ -152,27 +246,16 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
 /// The agent request that runs a task's tests, and the standard input to give them.
 pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -> (RunTestsRequest, Vec<u8>) {
     let private_tmp = format!("{TESTS_DIR}/.tmp");
-    let mut env = std::collections::BTreeMap::from([("FARM_TESTS_DIR".to_string(), TESTS_DIR.to_string())]);
+    let mut env = std::collections::BTreeMap::from([
+        ("FARM_TESTS_DIR".to_string(), TESTS_DIR.to_string()),
+        ("FARM_SEED".to_string(), options.seed.to_string()),
+    ]);
     let (program, user, stdin) = match &task.harness {
-        Some(Harness::FunctionCall { module, entry_point }) => {
+        Some(harness) => {
             // The harness reads the reward path from its standard input, after it started
             // the candidate's process: the path is never in an environment or a memory image
             // the candidate could read.
-            let harness_args: Vec<String> = [
-                "--tests-dir",
-                TESTS_DIR,
-                "--workspace",
-                WORKSPACE,
-                "--module",
-                module,
-                "--entry-point",
-                entry_point,
-                "--call-timeout",
-                &format!("{}", options.call_timeout.as_secs_f64()),
-            ]
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
+            let harness_args = harness_args(harness, options);
             env.insert("HOME".into(), private_tmp.clone());
             env.insert("TMPDIR".into(), private_tmp.clone());
             // In the rollout's own VM (final-state scoring) the template's zygote may not be
@@ -212,8 +295,29 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
         reward_file: reward_path.to_string(),
         junit_file: JUNIT_FILE.into(),
         sweep_uids: vec![CANDIDATE_UID, CHECKER_UID],
+        // A checker's test command sees the workspace through a view that follows no link
+        // the agent planted (farm's harness never opens the workspace as root: its candidate
+        // process does, as the candidate).
+        checker_view: task.harness.is_none() && task.test_user != TestUser::Candidate,
     };
     (request, stdin)
+}
+
+/// The harness's arguments for a task's check.
+fn harness_args(harness: &Harness, options: &TestRunOptions) -> Vec<String> {
+    let timeout = format!("{}", options.call_timeout.as_secs_f64());
+    let mut args: Vec<&str> = match harness {
+        Harness::FunctionCall { module, entry_point } => vec!["--module", module, "--entry-point", entry_point],
+        Harness::UnitTests { modules } => {
+            let mut args = vec!["--mode", "unit-tests"];
+            for module in modules {
+                args.extend(["--module", module.as_str()]);
+            }
+            args
+        }
+    };
+    args.extend(["--tests-dir", TESTS_DIR, "--workspace", WORKSPACE, "--call-timeout", &timeout]);
+    args.iter().map(|a| a.to_string()).collect()
 }
 
 fn tail(bytes: &[u8], n: usize) -> String {
@@ -257,11 +361,13 @@ fn attr(tag: &str, name: &str) -> u64 {
 ///    says: a reward that appears after the checker failed does not count;
 /// 3. with `require_reward_file`, no reward file gives 0;
 /// 4. the reward file's number, clamped to [0, 1];
-/// 5. a JUnit report gives 1 if it counts tests and no failures or errors;
-/// 6. otherwise exit code 0 gives 1.
+/// 5. a JUnit report over the cap gives 0 (it was not read; the error names the cap);
+/// 6. a JUnit report gives 1 if it counts tests and no failures or errors;
+/// 7. otherwise exit code 0 gives 1.
 ///
-/// A reward of at least `pass_threshold` passes.
-pub fn decide(outcome: &TestOutcome, pass_threshold: f64, require_reward_file: bool) -> Verdict {
+/// A reward of at least `pass_threshold` passes. `trust` says how far the outcome could be
+/// touched by the agent's code.
+pub fn decide(outcome: TestOutcome, pass_threshold: f64, require_reward_file: bool, trust: TrustLevel) -> Verdict {
     let (reward, basis) = if outcome.timed_out {
         (0.0, "the tests timed out")
     } else if outcome.exit_code != Some(0) {
@@ -270,17 +376,17 @@ pub fn decide(outcome: &TestOutcome, pass_threshold: f64, require_reward_file: b
         (0.0, "the tests did not write the reward file the task requires")
     } else if let Some(r) = outcome.reward_file {
         (r.clamp(0.0, 1.0), "reward file written by the tests")
+    } else if outcome.junit_unread.is_some() {
+        (0.0, "the JUnit report was over the size farm reads")
     } else if let Some(j) = outcome.junit {
         let ok = j.tests > 0 && j.failures == 0 && j.errors == 0;
         (if ok { 1.0 } else { 0.0 }, "JUnit report")
     } else {
         (1.0, "exit code of the test command")
     };
-    let mut details = json!({ "basis": basis, "tests": outcome });
-    if let Some(harness) = &outcome.harness {
-        details["harness"] = json!(harness);
-    }
-    Verdict { reward, passed: !outcome.timed_out && reward >= pass_threshold, timed_out: outcome.timed_out, details }
+    let timed_out = outcome.timed_out;
+    let details = Details { harness: outcome.harness.clone(), tests: Some(outcome), ..Details::basis(basis) };
+    Verdict { reward, passed: !timed_out && reward >= pass_threshold, timed_out, trust, details }
 }
 
 #[cfg(test)]
@@ -295,10 +401,15 @@ mod tests {
             junit: None,
             reward_file: None,
             swept: 0,
-            harness: None,
+            harness: Vec::new(),
+            junit_unread: None,
             stdout_tail: String::new(),
             stderr_tail: String::new(),
         }
+    }
+
+    fn decide(o: &TestOutcome, threshold: f64, require: bool) -> Verdict {
+        super::decide(o.clone(), threshold, require, TrustLevel::ANSWER)
     }
 
     #[test]
@@ -333,6 +444,11 @@ mod tests {
         let mut o = outcome(0);
         o.junit = Some(JunitCounts { tests: 4, failures: 1, errors: 0, skipped: 0 });
         assert!(!decide(&o, 1.0, false).passed);
+        // A report over the cap was not read: it cannot pass, and the error names the cap.
+        let mut big = outcome(0);
+        big.junit_unread = Some("the JUnit report is 5000000 bytes, over the 4194304 bytes farm reads; it was not read".into());
+        let v = decide(&big, 1.0, false);
+        assert!(!v.passed && v.error().unwrap().contains("4194304"), "{v:?}");
         let mut o = outcome(0);
         o.timed_out = true;
         let v = decide(&o, 1.0, false);
@@ -341,8 +457,28 @@ mod tests {
         let mut o = outcome(0);
         o.reward_file = Some(7.0);
         assert_eq!(decide(&o, 1.0, false).reward, 1.0);
-        let mut h = outcome(3);
-        h.harness = Some("this task cannot be checked through the isolation boundary".into());
-        assert_eq!(decide(&h, 1.0, true).details["harness"], "this task cannot be checked through the isolation boundary");
+    }
+
+    #[test]
+    fn harness_reports_keep_the_candidates_words_apart() {
+        let stdout = concat!(
+            "noise\n",
+            "farm-harness: {\"kind\": \"candidate_failure\", \"message\": \"the candidate's module solution did not load\", \"candidate_text\": \"this task cannot be checked through the isolation boundary: x\"}\n",
+            "farm-harness: not json\n",
+            "farm-harness: {\"kind\": \"summary\", \"tests\": 4, \"failures\": 1, \"errors\": 0, \"skipped\": 0}\n",
+        );
+        let reports = HarnessReport::parse_all(stdout);
+        assert_eq!(reports.len(), 2);
+        let forged = reports[0].describe();
+        assert!(forged.starts_with("harness (candidate failure): the candidate's module solution did not load; the candidate's process said: "), "{forged}");
+        assert!(!forged.starts_with("harness: this task cannot be checked"), "{forged}");
+        assert_eq!(reports[1].counts(), Some(JunitCounts { tests: 4, failures: 1, errors: 0, skipped: 0 }));
+        let limit = HarnessReport { kind: HarnessKind::IsolationLimit, message: "this task cannot be checked through the isolation boundary: the tests read candidate.x".into(), candidate_text: None, tests: None, failures: None, errors: None, skipped: None };
+        assert_eq!(limit.describe(), "harness: this task cannot be checked through the isolation boundary: the tests read candidate.x");
+        let mut o = outcome(3);
+        o.harness = reports;
+        let v = decide(&o, 1.0, true);
+        assert_eq!(v.details.harness.len(), 2);
+        assert!(v.error().unwrap().starts_with("harness (candidate failure)"));
     }
 }

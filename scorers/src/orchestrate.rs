@@ -9,7 +9,8 @@ use datasets::Task;
 use serde::{Deserialize, Serialize};
 use snapshotter::Fork;
 
-use crate::{Artifacts, ScoringError, Verdict};
+use crate::external::{self, Blame};
+use crate::{Artifacts, Details, ScoringError, TrustLevel, Verdict};
 
 /// Where a rollout's tests run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -33,26 +34,51 @@ pub struct Plan {
     pub external: Vec<String>,
 }
 
-/// Scores a rollout where the agent cannot reach. `Err` is an environment error (the
-/// farm's failure, never the agent's), as text.
+/// Why a rollout could not be scored: the farm's failure (an `env_error`), never the
+/// agent's.
+#[derive(Debug, thiserror::Error)]
+pub enum ScoreError {
+    #[error("forking the scoring VM: {0}")]
+    Fork(String),
+    #[error("final-state scoring needs the rollout's VM")]
+    NoRolloutVm,
+    /// The scoring VM failed before any of the agent's bytes reached it.
+    #[error("{0}")]
+    ScoringVm(String),
+    /// The external scorer failed in a way that is its own (it said so, it could not start,
+    /// or it ran out of time on a small input).
+    #[error("external scorer: {0}")]
+    External(external::ExternalError),
+}
+
+/// A seed for the checkers of one scoring run: drawn afresh from the host's entropy, so
+/// nothing the rollout saw (its own `FARM_SEED`, farm's source) predicts it.
+pub fn scoring_seed() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    u64::from_le_bytes(bytes)
+}
+
+/// Scores a rollout where the agent cannot reach.
 ///
 /// `rollout_fork` is the rollout's VM (None for a replay that needed none); final-state
-/// scoring requires it. `fresh_fork` makes a fork of the task's pristine state, for
-/// fresh-fork scoring.
-pub async fn score<F, Fut>(plan: &Plan, task: &Task, rollout_fork: Option<Fork>, artifacts: &Artifacts, fresh_fork: F) -> Result<Verdict, String>
+/// scoring requires it. `fresh_fork` makes a fork of the task's pristine state with the
+/// given seed, for fresh-fork scoring.
+pub async fn score<F, Fut>(plan: &Plan, task: &Task, rollout_fork: Option<Fork>, artifacts: &Artifacts, fresh_fork: F) -> Result<Verdict, ScoreError>
 where
-    F: FnOnce() -> Fut,
+    F: FnOnce(u64) -> Fut,
     Fut: Future<Output = Result<Fork, String>>,
 {
-    let mut outcome = None;
+    let seed = scoring_seed();
     let mut verdict = if task.has_tests() {
         let scoring_fork = match plan.mode {
             ScoringMode::FreshFork => {
                 drop(rollout_fork);
-                fresh_fork().await.map_err(|e| format!("forking the scoring VM: {e}"))?
+                fresh_fork(seed).await.map_err(ScoreError::Fork)?
             }
             ScoringMode::FinalState => {
-                let Some(rollout_fork) = rollout_fork else { return Err("final-state scoring needs the rollout's VM".into()) };
+                let Some(rollout_fork) = rollout_fork else { return Err(ScoreError::NoRolloutVm) };
                 // Every process the agent left is killed by the guest agent itself (no shell
                 // or binary of the rollout's takes part), then the tests folder it may have
                 // planted files in is removed, then the tests go into the same VM. The agent
@@ -65,26 +91,29 @@ where
                     Err(e) => Err(format!("killing the rollout's processes: {e}")),
                 };
                 if let Err(reason) = cleared {
-                    return Ok(agent_failure(format!("the rollout's VM could not be made ready for its tests: {reason}")));
+                    let trust = TrustLevel::of_tests(task, plan.mode);
+                    return Ok(agent_failure(format!("the rollout's VM could not be made ready for its tests: {reason}"), trust));
                 }
                 rollout_fork
             }
         };
         let scored_artifacts = if plan.mode == ScoringMode::FinalState { Artifacts::default() } else { artifacts.clone() };
-        let options = crate::hidden::TestRunOptions { timeout: plan.timeout, call_timeout: plan.call_timeout, final_state: plan.mode == ScoringMode::FinalState };
+        let options = crate::hidden::TestRunOptions {
+            timeout: plan.timeout,
+            call_timeout: plan.call_timeout,
+            final_state: plan.mode == ScoringMode::FinalState,
+            seed,
+        };
+        let trust = TrustLevel::of_tests(task, plan.mode);
         match crate::run_tests(scoring_fork.agent(), task, &scored_artifacts, &options).await {
-            Ok(result) => {
-                let v = crate::hidden::decide(&result, plan.pass_threshold, task.require_reward_file);
-                outcome = Some(result);
-                v
-            }
-            Err(ScoringError::Environment(e)) => return Err(scoring_fork.explain(&e)),
+            Ok(result) => crate::hidden::decide(result, plan.pass_threshold, task.require_reward_file, trust),
+            Err(ScoringError::Environment(e)) => return Err(ScoreError::ScoringVm(scoring_fork.explain(&e))),
             Err(ScoringError::Agent(reason)) => {
                 let reason = match scoring_fork.machine.limit_violation() {
                     Some(limit) => format!("{reason} ({limit})"),
                     None => reason,
                 };
-                agent_failure(reason)
+                agent_failure(reason, trust)
             }
         }
     } else if let Some(expected) = &task.expected_answer {
@@ -92,39 +121,63 @@ where
         crate::answer::score_answer(expected, artifacts.answer.as_deref(), &task.answer_match)
     } else {
         drop(rollout_fork);
-        Verdict { reward: 0.0, passed: false, timed_out: false, details: serde_json::json!({}) }
+        Verdict { reward: 0.0, passed: false, timed_out: false, trust: TrustLevel::ANSWER, details: Details::basis("the task has neither tests nor an expected answer") }
     };
+    verdict.details.scoring_seed = Some(seed);
     // A rollout whose work broke scoring has its verdict (reward 0); there is nothing for an
     // external scorer to grade, and its failing on the missing outcome must not turn the
     // agent's doing into an environment error.
-    let broke_scoring = verdict.details.get("agent_failure").is_some();
-    if !plan.external.is_empty() && !broke_scoring {
-        let input = serde_json::json!({
-            "task_id": task.id,
-            "metadata": task.metadata,
-            "expected_answer": task.expected_answer,
-            "answer": artifacts.answer,
-            "artifacts": artifacts,
-            "tests": outcome,
-            "verdict": verdict,
-        });
-        let timed_out = verdict.timed_out;
-        verdict = crate::external::run(&plan.external, &input, plan.timeout, plan.pass_threshold).await.map_err(|e| e.to_string())?;
-        if timed_out {
-            // The tests ran out of time: the external scorer may grade, but cannot pass it.
-            verdict.timed_out = true;
-            verdict.passed = false;
-        }
+    if !plan.external.is_empty() && verdict.details.agent_failure.is_none() {
+        verdict = external_verdict(plan, task, artifacts, verdict).await?;
     }
     Ok(verdict)
 }
 
+/// The external scorer's verdict over the rollout and the tests' outcome. Its failures on
+/// the agent's output are a 0 with the error (see [`crate::external`]).
+async fn external_verdict(plan: &Plan, task: &Task, artifacts: &Artifacts, inner: Verdict) -> Result<Verdict, ScoreError> {
+    let input = serde_json::json!({
+        "task_id": task.id,
+        "metadata": task.metadata,
+        "expected_answer": task.expected_answer,
+        "answer": artifacts.answer,
+        "artifacts": artifacts,
+        "tests": inner.details.tests,
+        "verdict": { "reward": inner.reward, "passed": inner.passed, "timed_out": inner.timed_out, "details": inner.details },
+    });
+    let agent_bytes = artifacts.answer.as_ref().map_or(0, |a| a.len() as u64) + artifacts.files.iter().map(|(_, bytes, _)| bytes.len() as u64).sum::<u64>();
+    let trust = TrustLevel::of_external(inner.trust);
+    let details = Details { tests: inner.details.tests.clone(), harness: inner.details.harness.clone(), scoring_seed: inner.details.scoring_seed, ..Details::default() };
+    let timed_out = inner.timed_out;
+    match external::run(&plan.external, &input, plan.timeout).await {
+        Ok(out) => Ok(Verdict {
+            reward: out.reward,
+            // The tests ran out of time: the external scorer may grade, but cannot pass it.
+            passed: !timed_out && out.reward >= plan.pass_threshold,
+            timed_out,
+            trust,
+            details: Details { basis: "external scorer".into(), scorer: Some(out.printed), ..details },
+        }),
+        Err(e) => match e.blame(agent_bytes) {
+            Blame::Environment => Err(ScoreError::External(e)),
+            Blame::Agent => Ok(Verdict {
+                reward: 0.0,
+                passed: false,
+                timed_out,
+                trust,
+                details: Details { basis: "the external scorer failed on the agent's output".into(), scorer_error: Some(e.to_string()), ..details },
+            }),
+        },
+    }
+}
+
 /// The verdict of a rollout whose own work broke scoring: reward 0, with the reason.
-pub fn agent_failure(reason: String) -> Verdict {
+pub fn agent_failure(reason: String, trust: TrustLevel) -> Verdict {
     Verdict {
         reward: 0.0,
         passed: false,
         timed_out: false,
-        details: serde_json::json!({ "basis": "the agent's work broke scoring", "agent_failure": reason }),
+        trust,
+        details: Details { agent_failure: Some(reason), ..Details::basis("the agent's work broke scoring") },
     }
 }

@@ -9,10 +9,13 @@
 //! own. A check reaches it through `farm-agent --check-with-zygote`, which falls back to
 //! starting Python when there is no zygote (an image without Python).
 
-use datasets::{FUNCTION_CALL_HARNESS, HARNESS_TEST_FILE, TESTS_DIR};
+use datasets::{HARNESS_SOURCES, HARNESS_TEST_FILE, TESTS_DIR};
 use snapshotter::TemplateExtras;
 
-/// Where the template keeps the harness the zygote runs.
+/// Where the template keeps the harness's files.
+pub const HARNESS_FOLDER: &str = "/usr/local/lib/farm";
+/// The harness's entry point in the template, what the zygote runs: `HARNESS_ENTRY` in
+/// `HARNESS_FOLDER` (a unit test holds the three together).
 pub const HARNESS_PATH: &str = "/usr/local/lib/farm/function_call.py";
 /// The zygote's socket.
 pub const SOCKET: &str = "/run/farm/zygote.sock";
@@ -26,7 +29,8 @@ pub fn template_extras() -> TemplateExtras {
          python3 -I {HARNESS_PATH} --zygote {SOCKET} </dev/null >/dev/null 2>&1 && [ -S {SOCKET} ] && exit 0; \
          echo 'the harness zygote did not start' >&2; exit 1"
     );
-    TemplateExtras { files: vec![(HARNESS_PATH.to_string(), FUNCTION_CALL_HARNESS.as_bytes().to_vec(), 0o644)], commands: vec![start] }
+    let files = HARNESS_SOURCES.iter().map(|(name, source)| (format!("{HARNESS_FOLDER}/{name}"), source.as_bytes().to_vec(), 0o644)).collect();
+    TemplateExtras { files, commands: vec![start] }
 }
 
 /// The command that runs a function-call check: through the zygote (falling back to
@@ -52,18 +56,20 @@ pub fn check_argv(harness_args: &[String], direct: bool) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datasets::HARNESS_ENTRY;
 
     #[test]
     fn the_zygote_path_falls_back_to_python_on_the_templates_harness() {
         let args = vec!["--module".to_string(), "solution".to_string()];
         let direct = check_argv(&args, true);
-        assert_eq!(direct, ["/usr/bin/python3", "-I", "/opt/farm-tests/harness.py", "--module", "solution"]);
+        assert_eq!(direct, ["/usr/bin/python3", "-I", &format!("/opt/farm-tests/{HARNESS_TEST_FILE}"), "--module", "solution"]);
+        assert_eq!(HARNESS_PATH, format!("{HARNESS_FOLDER}/{HARNESS_ENTRY}"));
         let zygote = check_argv(&args, false);
         assert_eq!(&zygote[..4], ["/sbin/farm-agent", "--check-with-zygote", SOCKET, "--"]);
         assert_eq!(zygote[6], HARNESS_PATH, "the fallback uses the template's harness");
         assert_eq!(&zygote[4..6], &direct[..2]);
         assert_eq!(&zygote[7..], &direct[3..]);
         let extras = template_extras();
-        assert!(extras.commands[0].contains(SOCKET) && extras.files[0].0 == HARNESS_PATH);
+        assert!(extras.commands[0].contains(SOCKET) && extras.files.iter().any(|f| f.0 == HARNESS_PATH));
     }
 }

@@ -125,6 +125,8 @@ pub struct TestsOutput {
     pub result: TestsResult,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// The JUnit report the tests wrote (empty when there is none).
+    pub junit: Vec<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -153,6 +155,8 @@ impl ExecOutput {
 const EXEC_MARGIN: Duration = Duration::from_secs(10);
 /// Default deadline for short requests (ping, files, identity, quiesce).
 const SHORT_REQUEST: Duration = Duration::from_secs(60);
+/// Deadline for a workspace listing: up to [`farm_protocol::MAX_LISTING`] entries under TCG.
+const LISTING_REQUEST: Duration = Duration::from_secs(180);
 
 impl AgentClient {
     /// Starts serving a connected stream: `reader` and `writer` are its two halves.
@@ -282,9 +286,14 @@ impl AgentClient {
         let wait = Duration::from_millis(request.timeout_ms) + Duration::from_secs(15) + EXEC_MARGIN;
         let (stdout_cap, stderr_cap) = (request.stdout_cap, request.stderr_cap);
         match self.request("run_tests", Request::RunTests(request), stdin, wait).await? {
-            (Response::RunTests(result), body) => {
+            (Response::RunTests(result), mut body) => {
+                let junit_len = result.junit_len.unwrap_or(0);
+                if junit_len > farm_protocol::MAX_JUNIT_BYTES || junit_len > body.len() as u64 {
+                    return Err(AgentError::BadResponse { op: "run_tests", detail: format!("a JUnit report of {junit_len} bytes in a body of {}", body.len()) });
+                }
+                let junit = body.split_off(body.len() - junit_len as usize);
                 let (stdout, stderr) = split_output("run_tests", &result.exec, body, stdout_cap, stderr_cap)?;
-                Ok(TestsOutput { result, stdout, stderr })
+                Ok(TestsOutput { result, stdout, stderr, junit })
             }
             (other, _) => Err(unexpected("run_tests", other)),
         }
@@ -363,12 +372,18 @@ impl AgentClient {
     /// Lists regular files under `root` (relative paths, sizes, mtimes, modes).
     pub async fn list_files(&self, root: &str, max_entries: u32) -> Result<(Vec<farm_protocol::FileEntry>, bool), AgentError> {
         let request = farm_protocol::ListFilesRequest { root: root.to_string(), max_entries };
-        match self.request("list_files", Request::ListFiles(request), Vec::new(), SHORT_REQUEST).await? {
-            (Response::ListFiles { entries, truncated }, _) if entries.len() <= max_entries as usize => Ok((entries, truncated)),
-            (Response::ListFiles { entries, .. }, _) => Err(AgentError::BadResponse {
-                op: "list_files",
-                detail: format!("{} entries, more than the {max_entries} asked for", entries.len()),
-            }),
+        match self.request("list_files", Request::ListFiles(request), Vec::new(), LISTING_REQUEST).await? {
+            (Response::ListFiles { count, truncated }, body) => {
+                let entries: Vec<farm_protocol::FileEntry> = serde_json::from_slice(&body)
+                    .map_err(|e| AgentError::BadResponse { op: "list_files", detail: format!("the listing is not a JSON array of entries: {e}") })?;
+                if entries.len() > max_entries as usize || entries.len() != count as usize {
+                    return Err(AgentError::BadResponse {
+                        op: "list_files",
+                        detail: format!("{} entries (announced {count}), at most {max_entries} asked for", entries.len()),
+                    });
+                }
+                Ok((entries, truncated))
+            }
             (other, _) => Err(unexpected("list_files", other)),
         }
     }

@@ -90,11 +90,10 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
                     return Err(io::Error::last_os_error());
                 }
             }
-            let limits = [
-                (libc::RLIMIT_CORE, 0),
-                (libc::RLIMIT_NOFILE, crate::jail::MAX_OPEN_FILES),
-                (libc::RLIMIT_FSIZE, max_file_bytes),
-            ];
+            // RLIMIT_NOFILE comes last, after the passed descriptors are in place: below, each
+            // is first duplicated above 64, which needs a free number under the limit, and
+            // farm itself may hold thousands (one set per VM).
+            let limits = [(libc::RLIMIT_CORE, 0), (libc::RLIMIT_FSIZE, max_file_bytes)];
             for (resource, value) in limits {
                 let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
                 if libc::setrlimit(resource, &limit) != 0 {
@@ -151,6 +150,12 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
                 for fd in first_free..65536 {
                     libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
                 }
+            }
+            // Only now the open-file limit: every descriptor above the passed ones closes at
+            // exec, so QEMU starts with a handful however many farm holds.
+            let files = libc::rlimit { rlim_cur: crate::jail::MAX_OPEN_FILES, rlim_max: crate::jail::MAX_OPEN_FILES };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &files) != 0 {
+                return Err(io::Error::last_os_error());
             }
             if libc::setpgid(0, 0) != 0 {
                 return Err(io::Error::last_os_error());
@@ -250,4 +255,17 @@ pub fn kill_pid(pid: u32) {
 /// Number of QEMU processes this process started that are still alive.
 pub fn live_count() -> usize {
     live_children().lock().unwrap_or_else(|p| p.into_inner()).len()
+}
+
+/// Raises this process's soft open-file limit to its hard limit. farm holds a few
+/// descriptors per VM, so the usual soft limit of 1,024 would stop it near 160 VMs; the hard
+/// limit is the operator's to set (`ulimit -Hn`, `LimitNOFILE=`). Returns the limit now in
+/// force.
+pub fn raise_open_file_limit() -> io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
+    }
+    Ok(hard.max(soft))
 }

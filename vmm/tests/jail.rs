@@ -59,6 +59,30 @@ fn qemu_runs_as_its_own_user_under_seccomp_with_nothing_inherited() {
     });
 }
 
+/// farm holds a few descriptors per VM (QMP, agent, console, network, disk), so with a
+/// hundred-odd VMs it holds more than QEMU's own limit of 1,024. Starting one more must work:
+/// the limit applies to QEMU, never to the numbers farm's descriptors happen to have.
+#[test]
+fn qemu_starts_while_farm_holds_more_than_1024_descriptors() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    assert!(hard >= 2048, "this test needs a hard open-file limit of at least 2048 (ulimit -Hn is {hard})");
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    // Every number up to past 1,100 taken (by this test or the harness), as in a busy farm.
+    let held: Vec<std::os::fd::OwnedFd> = (0..1100).map(|_| std::os::fd::AsFd::as_fd(&null).try_clone_to_owned().unwrap()).collect();
+    let highest = held.iter().map(std::os::fd::AsRawFd::as_raw_fd).max().unwrap();
+    assert!(highest > vmm::jail::MAX_OPEN_FILES as i32, "descriptors reach {highest}");
+    runtime().block_on(async {
+        let machine = common::boot("minimal").await;
+        machine.agent().ping().await.unwrap();
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", machine.pid())).unwrap();
+        let open_files = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+        assert_eq!(open_files.split_whitespace().nth(3), Some(vmm::jail::MAX_OPEN_FILES.to_string().as_str()), "QEMU still gets its own limit");
+    });
+    drop(held);
+}
+
 #[test]
 fn a_console_flood_leaves_a_bounded_log_and_a_working_guest() {
     runtime().block_on(async {

@@ -11,8 +11,14 @@
 //! before it does anything else: supplementary groups, then all three gids and uids, then it
 //! makes sure they cannot come back and sets no_new_privs (no later exec can raise them).
 //! Only then does it read its arguments. Descriptors other than 0, 1 and 2 are closed, and
-//! the variables that name the checker's verdict files and tests are removed from the
-//! environment; HOME and TMPDIR point at /tmp.
+//! every `FARM_*` variable is removed from the environment (the checker's verdict files,
+//! its tests folder, the scoring seed its hidden inputs may come from); HOME and TMPDIR point
+//! at /tmp.
+//!
+//! A checker runs in a mount namespace of its own, where the workspace follows no link
+//! (see the guest agent's `checker_view_on_exec`). Before it drops root, this helper moves
+//! back into the namespace of PID 1, so the agent's code sees the ordinary workspace: its
+//! own links work there, and they never lead the checker anywhere.
 
 #![forbid(unsafe_code)]
 
@@ -22,8 +28,8 @@ use farm_agent::sys;
 use farm_protocol::{CANDIDATE_UID, CHECKER_UID};
 use nix::unistd::{Gid, Uid};
 
-/// Variables that are the checker's business only.
-const PRIVATE_VARIABLES: [&str; 3] = ["FARM_REWARD_FILE", "FARM_JUNIT_FILE", "FARM_TESTS_DIR"];
+/// Variables that are the checker's business only: every one whose name starts so.
+const PRIVATE_PREFIX: &str = "FARM_";
 
 /// Processes the candidate user may have at once in a scoring VM (a fork bomb stops here).
 const MAX_PROCESSES: u64 = 512;
@@ -38,6 +44,9 @@ fn drop_privileges() -> Result<(), String> {
     if !caller.is_root() && caller.as_raw() != CHECKER_UID {
         return Err(format!("only root and the checker (uid {CHECKER_UID}) may use this, not uid {caller}"));
     }
+    // The ordinary view of the file system (PID 1's), while this process is still root.
+    let init_namespace = std::fs::File::open("/proc/1/ns/mnt").map_err(|e| format!("opening the mount namespace of PID 1: {e}"))?;
+    nix::sched::setns(init_namespace, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| format!("entering the mount namespace of PID 1: {e}"))?;
     let (uid, gid) = (Uid::from_raw(CANDIDATE_UID), Gid::from_raw(CANDIDATE_UID));
     nix::unistd::setgroups(&[]).map_err(|e| format!("dropping groups: {e}"))?;
     nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setting gid {CANDIDATE_UID}: {e}"))?;
@@ -75,8 +84,10 @@ fn main() {
     };
     let mut command = std::process::Command::new(&program);
     command.args(args).current_dir(&cwd);
-    for name in PRIVATE_VARIABLES {
-        command.env_remove(name);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with(PRIVATE_PREFIX) {
+            command.env_remove(name);
+        }
     }
     command.env("HOME", "/tmp").env("TMPDIR", "/tmp").env("USER", "farm").env("LOGNAME", "farm");
     let error = command.exec();

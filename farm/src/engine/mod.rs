@@ -344,7 +344,7 @@ impl Engine {
                 if let Some((steps, artifacts)) = data_only_rollout(actions, limits.max_steps, &scorers::ArtifactLimits::default()) {
                     row.steps = steps;
                     let score_started = Instant::now();
-                    let verdict = self.score(task, &snapshot, None, &artifacts, item.seed).await;
+                    let verdict = self.score(task, &snapshot, None, &artifacts).await;
                     row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
                     let end = record_verdict(&mut row, verdict, &artifacts);
                     return finish(row, end);
@@ -436,9 +436,9 @@ impl Engine {
                 return Err(End::Setup(format!("handing the workspace to rollouts.user {:?}: {e}", limits.user)));
             }
         }
-        let baseline = scorers::artifacts::list_workspace(fork.agent(), &scorers::ArtifactLimits::default())
-            .await
-            .map_err(|e| End::Setup(format!("listing the workspace: {e}")))?;
+        // The task's own workspace, before the agent acts: a listing that fails here is the
+        // farm's or the task's.
+        let baseline = scorers::artifacts::list_workspace(fork.agent()).await.map_err(|e| End::Setup(e.to_string()))?;
         Ok(LiveFork { fork, baseline: Arc::new(baseline), origin: None, _gauge: gauge })
     }
 
@@ -476,7 +476,7 @@ impl Engine {
         for _ in 0..3 {
             // The agent's processes may still have been killing the guest agent: wait for
             // the restarted one and ask again.
-            if !matches!(collected, Err(AgentError::AgentRestarted { .. })) {
+            if !matches!(collected, Err(scorers::ListingError::Agent(AgentError::AgentRestarted { .. }))) {
                 break;
             }
             let _ = fork.agent().wait_ready(Duration::from_secs(30)).await;
@@ -484,23 +484,34 @@ impl Engine {
         }
         let mut artifacts = match collected {
             Ok(a) => a,
-            Err(e) => return End::NoArtifacts(fork.explain(&e)),
+            Err(scorers::ListingError::Agent(e)) => return End::NoArtifacts(fork.explain(&e)),
+            // The agent left more files than a listing holds: what it deleted cannot be told,
+            // and that is its doing.
+            Err(e @ scorers::ListingError::TooManyFiles { .. }) => return End::NoArtifacts(e.to_string()),
         };
         artifacts.answer = answer;
         let LiveFork { fork, _gauge, .. } = live;
-        let verdict = self.score(task, snapshot, Some((fork, _gauge)), &artifacts, row.seed).await;
+        let verdict = self.score(task, snapshot, Some((fork, _gauge)), &artifacts).await;
         row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
         record_verdict(row, verdict, &artifacts)
     }
 
     /// Scores a rollout where the agent cannot reach (`scorers::orchestrate`). Errors are
     /// environment errors.
-    async fn score(&self, task: &Task, snapshot: &Snapshot, rollout_fork: Option<(Fork, VmGauge)>, artifacts: &scorers::Artifacts, seed: u64) -> Result<scorers::Verdict, String> {
-        let scoring_vm = std::sync::Mutex::new(None);
-        let fresh = || async {
+    async fn score(&self, task: &Task, snapshot: &Snapshot, rollout_fork: Option<(Fork, VmGauge)>, artifacts: &scorers::Artifacts) -> Result<scorers::Verdict, scorers::orchestrate::ScoreError> {
+        let scoring_vm_gauge = std::sync::Mutex::new(None);
+        let scoring_vm = &scoring_vm_gauge;
+        // The scoring VM's own seed: the checkers' `FARM_SEED`, which the rollout never saw.
+        let fresh = |seed: u64| async move {
             let identity = ForkIdentity::new(seed);
             tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
-            let fork = self.fork_task(snapshot, task, identity).await.map_err(|e| format!("{e:#}"))?;
+            let mut fork = self.fork_task(snapshot, task, identity).await.map_err(|e| format!("{e:#}"))?;
+            // Room for the whole artifact budget on top of the task's own limit: placing an
+            // agent's files (which may have lived in a tmpfs of its rollout) never kills the
+            // scoring VM.
+            if let Some(limit) = self.forker.max_disk_bytes {
+                fork.machine.limit_disk_growth(limit + scorers::ArtifactLimits::default().scoring_room());
+            }
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
             Ok(fork)
         };
@@ -511,7 +522,7 @@ impl Engine {
         }
         let verdict = scorers::orchestrate::score(&self.scoring, task, fork, artifacts, fresh).await;
         drop(gauge);
-        drop(scoring_vm);
+        drop(scoring_vm_gauge);
         verdict
     }
 }
@@ -829,14 +840,10 @@ fn policy_ending(error: &anyhow::Error) -> Ending {
 }
 
 /// Puts a verdict into the row; or says why scoring failed.
-fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict, String>, artifacts: &scorers::Artifacts) -> End {
+fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict, scorers::orchestrate::ScoreError>, artifacts: &scorers::Artifacts) -> End {
     match verdict {
         Ok(v) => {
-            if let Some(reason) = v.details.get("agent_failure").and_then(|r| r.as_str()) {
-                row.error = Some(reason.to_string());
-            } else if let Some(reason) = v.details.get("harness").and_then(|r| r.as_str()) {
-                row.error = Some(format!("harness: {reason}"));
-            }
+            row.error = v.error();
             row.reward = Some(v.reward);
             row.status = if v.timed_out {
                 Status::Timeout
@@ -845,12 +852,18 @@ fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict, String>, arti
             } else {
                 Status::Failed
             };
-            let mut details = v.details;
-            details["artifacts"] = serde_json::to_value(artifacts).unwrap_or_default();
-            row.score_details = details.to_string();
+            row.trust = Some(v.trust.level);
+            row.trust_reason = Some(v.trust.reason.to_string());
+            #[derive(serde::Serialize)]
+            struct Recorded<'a> {
+                #[serde(flatten)]
+                details: &'a scorers::Details,
+                artifacts: &'a scorers::Artifacts,
+            }
+            row.score_details = serde_json::to_string(&Recorded { details: &v.details, artifacts }).unwrap_or_else(|_| "{}".into());
             End::Scored
         }
-        Err(e) => End::Scoring(e),
+        Err(e) => End::Scoring(e.to_string()),
     }
 }
 

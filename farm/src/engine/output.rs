@@ -45,6 +45,13 @@ pub struct Row {
     pub error: Option<String>,
     /// JSON object: what the verdict rests on.
     pub score_details: String,
+    /// How far the verdict can be trusted: `sound` (the agent's code could not reach it) or
+    /// `hardened` (it ran where the verdict is made); null when there is no verdict.
+    #[serde(default)]
+    pub trust: Option<scorers::Trust>,
+    /// Why the verdict has that trust level.
+    #[serde(default)]
+    pub trust_reason: Option<String>,
     pub attempts: u32,
     pub timings: Timings,
     /// Milliseconds since the UNIX epoch.
@@ -155,6 +162,8 @@ impl Row {
             status: Status::EnvError,
             error: None,
             score_details: "{}".into(),
+            trust: None,
+            trust_reason: None,
             attempts: 1,
             timings: Timings::default(),
             started_at_ms: 0,
@@ -192,6 +201,7 @@ pub struct Outcome {
     pub sample_index: u32,
     pub status: Status,
     pub reward: Option<f64>,
+    pub trust: Option<scorers::Trust>,
     pub timings: Timings,
 }
 
@@ -204,6 +214,7 @@ impl From<&Row> for Outcome {
             sample_index: r.sample_index,
             status: r.status,
             reward: r.reward,
+            trust: r.trust,
             timings: r.timings.clone(),
         }
     }
@@ -255,7 +266,9 @@ fn schema() -> Result<Arc<arrow_schema::Schema>> {
         .sequence_as_large_list(false)
         // The status is an enum in Rust and a plain string column in the files.
         .overwrite("status", serde_json::json!({ "name": "status", "data_type": "Utf8" }))
-        .context("the status column")?;
+        .context("the status column")?
+        .overwrite("trust", serde_json::json!({ "name": "trust", "data_type": "Utf8", "nullable": true }))
+        .context("the trust column")?;
     let fields = Vec::<arrow_schema::FieldRef>::from_type::<Row>(options).context("deriving the Parquet schema")?;
     Ok(Arc::new(arrow_schema::Schema::new(fields)))
 }
@@ -546,6 +559,14 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Va
         }
         c
     };
+    // How many verdicts of each trust level (rows without a verdict have none).
+    let trust = |rs: &[&Outcome]| -> BTreeMap<&'static str, usize> {
+        let mut c: BTreeMap<&'static str, usize> = [scorers::Trust::Sound, scorers::Trust::Hardened].iter().map(|t| (t.as_str(), 0)).collect();
+        for t in rs.iter().filter_map(|r| r.trust) {
+            *c.entry(t.as_str()).or_default() += 1;
+        }
+        c
+    };
     let mean_reward = |rs: &[&Outcome]| {
         let rewards: Vec<f64> = rs.iter().filter_map(|r| r.reward).collect();
         if rewards.is_empty() {
@@ -577,7 +598,7 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Va
         }
         tasks.insert(
             task.to_string(),
-            serde_json::json!({ "n": rs.len(), "counts": counts(rs), "mean_reward": mean_reward(rs), "pass_at_k": at, "pass_hat_k": hat }),
+            serde_json::json!({ "n": rs.len(), "counts": counts(rs), "trust": trust(rs), "mean_reward": mean_reward(rs), "pass_at_k": at, "pass_hat_k": hat }),
         );
     }
     let all: Vec<&Outcome> = rows.iter().collect();
@@ -588,6 +609,7 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Va
         "planned": planned,
         "finished": rows.len(),
         "counts": counts(&all),
+        "trust": trust(&all),
         "mean_reward": mean_reward(&all),
         "pass_at_k": avg(&pass_at),
         "pass_hat_k": avg(&pass_hat),

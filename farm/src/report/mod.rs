@@ -46,6 +46,8 @@ pub struct TaskStats {
     pub passed: u32,
     pub reward_sum: f64,
     pub rewarded: u32,
+    /// Verdicts whose trust level is `hardened` (the agent's code could reach them).
+    pub hardened: u32,
     pub digest: String,
     /// This task's page of rollouts (`tasks/...html`), relative to the report.
     pub page: String,
@@ -67,6 +69,8 @@ pub struct RunStats {
     pub host: String,
     pub tasks: BTreeMap<String, TaskStats>,
     pub counts: BTreeMap<Status, u64>,
+    /// Verdicts by trust level.
+    pub trust: BTreeMap<scorers::Trust, u64>,
     pub rows: u64,
     /// Rewards in 10 bins of 0.1 (1.0 in the last).
     pub reward_bins: [u64; 10],
@@ -201,6 +205,9 @@ fn read_run(index: usize, dir: &Path, pages: &mut Pages) -> Result<RunStats> {
             run.snapshot_ids.insert(row.snapshot_id.clone());
         }
         *run.counts.entry(row.status).or_default() += 1;
+        if let Some(trust) = row.trust {
+            *run.trust.entry(trust).or_default() += 1;
+        }
         if let Some(r) = row.reward {
             run.reward_bins[((r.clamp(0.0, 1.0) * 10.0) as usize).min(9)] += 1;
         }
@@ -226,6 +233,9 @@ fn read_run(index: usize, dir: &Path, pages: &mut Pages) -> Result<RunStats> {
         if let Some(r) = row.reward {
             stats.reward_sum += r;
             stats.rewarded += 1;
+        }
+        if row.trust == Some(scorers::Trust::Hardened) {
+            stats.hardened += 1;
         }
         stats.digest = row.task_digest.clone();
         stats.page = format!("tasks/r{index}-t{n}.html");

@@ -59,6 +59,7 @@ tr.flipped td{background:#fff3cd}.pass{color:#1d7a3a}.fail{color:#b8423a}.mixed{
 .legend span{display:inline-block;margin-right:14px}.swatch{display:inline-block;width:10px;height:10px;margin-right:4px}
 section.rollout{border:1px solid #ccc;padding:8px 12px;margin:12px 0}.step{border-left:3px solid #ccc;padding-left:8px;margin:8px 0}
 code{background:#f1f1f1;padding:0 3px}
+.badge,.mark{display:inline-block;border-radius:3px;padding:0 5px;font-size:12px}.badge.sound{background:#d9f2df;color:#1d7a3a}.badge.hardened,.mark.hardened{background:#fde2c8;color:#8a4b00}
 </style>"#;
 
 const SCRIPT: &str = r#"<script>
@@ -103,7 +104,7 @@ fn leaderboard(runs: &[RunStats]) -> String {
     let first: BTreeSet<&String> = runs.first().map(|r| r.tasks.keys().collect()).unwrap_or_default();
     let mut b = format!(
         "<h2>Leaderboard</h2>\n<table id=\"leaderboard\" class=\"sortable\"><thead><tr><th>run</th><th>suite</th><th>policy</th><th>model</th><th>params</th><th>tasks</th><th>rollouts</th>\
-         <th>pass@1</th><th>pass@{k}</th><th>pass^{k}</th><th>mean reward [95% CI]</th><th>passed</th><th>failed</th><th>timeout</th><th>env_error</th><th>env_error rate</th><th>rollouts/s</th><th>wall s</th></tr></thead><tbody>\n"
+         <th>pass@1</th><th>pass@{k}</th><th>pass^{k}</th><th>mean reward [95% CI]</th><th>passed</th><th>failed</th><th>timeout</th><th>env_error</th><th>env_error rate</th><th>rollouts/s</th><th>wall s</th><th>trust</th></tr></thead><tbody>\n"
     );
     for run in runs {
         let tasks: BTreeSet<&String> = run.tasks.keys().collect();
@@ -119,7 +120,7 @@ fn leaderboard(runs: &[RunStats]) -> String {
         b.push_str(&format!(
             "<tr><td>{}{flag}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td class=num>{}</td><td class=num>{}</td>\
              <td class=num data-k=\"1\">{}</td><td class=num>{}</td><td class=num>{}</td><td class=num data-v=\"{}\">{}{ci}</td>\
-             <td class=num>{}</td><td class=num>{}</td><td class=num>{}</td><td class=num>{}</td><td class=num>{:.1}%</td><td class=num>{}</td><td class=num>{}</td></tr>\n",
+             <td class=num>{}</td><td class=num>{}</td><td class=num>{}</td><td class=num>{}</td><td class=num>{:.1}%</td><td class=num>{}</td><td class=num>{}</td><td>{}</td></tr>\n",
             escape(&run.label),
             escape(&run.suite_name),
             escape(&run.policy_name),
@@ -139,10 +140,28 @@ fn leaderboard(runs: &[RunStats]) -> String {
             run.env_error_rate() * 100.0,
             num(run.rate(), 2),
             num(run.wall(), 1),
+            trust_badge(run),
         ));
     }
-    b.push_str("</tbody></table>\n<p>pass@k is the unbiased estimator over each task's scored rollouts (env_error left out), averaged over tasks with at least k; pass^k: all k pass. The interval resamples tasks (2,000 bootstrap resamples).</p>\n");
+    b.push_str("</tbody></table>\n<p>trust: <span class=\"badge sound\">sound</span> verdicts rest on checks the agent's code could not reach (the function-call harness, unit tests through the boundary, a checker using farm-sandbox, an answer compared on the host); <span class=\"badge hardened\">hardened</span> ones ran the agent's code where the verdict is made (test_user = candidate, final-state scoring), so a capable agent may have forged them. See docs/security.md.</p>\n");
+    b.push_str("<p>pass@k is the unbiased estimator over each task's scored rollouts (env_error left out), averaged over tasks with at least k; pass^k: all k pass. The interval resamples tasks (2,000 bootstrap resamples).</p>\n");
     b
+}
+
+/// The leaderboard's trust cell: how many verdicts of each level. The counts are those of
+/// summary.json's `trust`.
+fn trust_badge(run: &RunStats) -> String {
+    let sound = run.trust.get(&scorers::Trust::Sound).copied().unwrap_or(0);
+    let hardened = run.trust.get(&scorers::Trust::Hardened).copied().unwrap_or(0);
+    match (sound, hardened) {
+        (0, 0) => "–".into(),
+        (_, 0) => format!("<span class=\"badge sound\" data-sound=\"{sound}\" data-hardened=\"0\">sound</span>"),
+        (s, h) => format!(
+            "<span class=\"badge hardened\" data-sound=\"{s}\" data-hardened=\"{h}\" title=\"{h} of {} verdicts ran the agent's code where the verdict is made\">hardened: {h} of {}</span>",
+            s + h,
+            s + h
+        ),
+    }
 }
 
 fn task_table(runs: &[RunStats]) -> String {
@@ -181,6 +200,11 @@ fn task_table(runs: &[RunStats]) -> String {
                         t.scored,
                         if t.rollouts > t.scored { format!(" (+{} env_error)", t.rollouts - t.scored) } else { String::new() }
                     ));
+                    if t.hardened > 0 {
+                        // Before the cell's end: a mark on the task's verdicts in that run.
+                        b.truncate(b.len() - "</td>".len());
+                        b.push_str(&format!(" <span class=\"mark hardened\" title=\"{} verdicts hardened, not sound\">hardened</span></td>", t.hardened));
+                    }
                 }
                 None => b.push_str("<td data-v=\"-2\">–</td>"),
             }
@@ -292,6 +316,9 @@ pub fn rollout(row: &Row) -> String {
         fact("policy version", v.to_string());
     }
     fact("attempts", row.attempts.to_string());
+    if let Some(trust) = row.trust {
+        fact("trust", format!("{trust}: {}", row.trust_reason.as_deref().unwrap_or("")));
+    }
     let t = &row.timings;
     fact("timings", format!("fork {:.0} ms, agent {:.0} ms, score {:.0} ms, total {:.0} ms", t.fork_ms, t.rollout_ms, t.score_ms, t.total_ms));
     fact("started at (ms since epoch)", row.started_at_ms.to_string());
