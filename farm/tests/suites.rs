@@ -192,14 +192,28 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "a hostile agent passed: {s}");
     assert_eq!(s["counts"]["env_error"], 0, "{s}");
-    assert_every_attack_failed(out.path(), 17);
+    assert_every_attack_failed(out.path(), 23);
     let rows = journal_rows(out.path());
     // Links out of the workspace are refused when the agent's files are placed.
     let escape = &rows[&("symlink-escape".to_string(), 0)];
     assert!(escape["error"].as_str().unwrap_or("").contains("symbolic link"), "{escape}");
     // The late writer's daemon was there to be killed after the check.
-    let late: serde_json::Value = serde_json::from_str(rows[&("late-writer".to_string(), 0)]["score_details"].as_str().unwrap()).unwrap();
+    let details = |task: &str| -> serde_json::Value { serde_json::from_str(rows[&(task.to_string(), 0)]["score_details"].as_str().unwrap()).unwrap() };
+    let late = details("late-writer");
     assert!(late["tests"]["swept"].as_u64().unwrap() >= 1, "{late}");
+    // The confused deputy: the checker ran and found no answer it could be pointed at.
+    for task in ["deputy-symlink-file", "deputy-symlink-folder", "deputy-hardlink", "deputy-tmp-file"] {
+        let d = details(task);
+        assert_eq!(d["tests"]["exit_code"], 1, "{task}: {d}");
+        assert_eq!(rows[&(task.to_string(), 0)]["trust"], "sound", "{task}");
+    }
+    // A deletion under 2,500 new files still reaches the scoring VM.
+    let hidden = details("hide-deletion");
+    assert!(hidden["artifacts"]["deleted"].as_array().unwrap().iter().any(|p| p == "LICENSE"), "{hidden}");
+    assert!(hidden["tests"]["stdout_tail"].as_str().unwrap().contains("LICENSE was deleted"), "{hidden}");
+    // The checker's seed is not the rollout's.
+    let seeded = details("predict-seed");
+    assert_ne!(seeded["scoring_seed"].as_u64(), rows[&("predict-seed".to_string(), 0)]["seed"].as_u64(), "{seeded}");
     // The secret reached no guest.
     let journal = std::fs::read_to_string(out.path().join("journal.jsonl")).unwrap();
     assert!(journal.contains("FARM_SEED"), "the secret-hunting task printed the guest's environment");
@@ -208,6 +222,34 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let left: Vec<_> = std::fs::read_dir(run_dir.path()).unwrap().flatten().map(|e| e.file_name()).filter(|n| n != "uids").collect();
     assert!(left.is_empty(), "VM folders left behind: {left:?}");
     assert_no_qemu_of(run_dir.path());
+}
+
+/// The confused deputy in final-state scoring (links an unprivileged rollout leaves for the
+/// checker), and failures laundered through scoring's limits (artifacts from a tmpfs that
+/// would overflow a small scoring VM): every attack must end `failed`, and the honest
+/// final-state sample must pass.
+#[test]
+fn links_left_for_the_checker_and_artifacts_sized_to_break_scoring_fail() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("hostile-final-state.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut rows = journal_rows(out.path());
+    let honest = rows.remove(&("link-file".to_string(), 1)).unwrap();
+    assert_eq!(honest["status"], "passed", "the honest final-state answer: {honest}");
+    assert_eq!(honest["trust"], "hardened", "final-state scoring is only hardened: {honest}");
+    assert_eq!(rows.len(), 2);
+    for (key, row) in &rows {
+        assert_eq!((row["status"].as_str(), row["reward"].as_f64()), (Some("failed"), Some(0.0)), "{key:?}: {row}");
+    }
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("hostile-scoring.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_every_attack_failed(out.path(), 1);
+    let row = &journal_rows(out.path())[&("tmpfs-artifacts".to_string(), 0)];
+    let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();
+    // The artifacts were placed and the tests ran: the failure is the wrong answer's.
+    assert_eq!(details["artifacts"]["changed"].as_array().unwrap().len(), 5, "{details}");
+    assert_eq!(details["tests"]["exit_code"], 1, "{details}");
 }
 
 #[test]
@@ -395,6 +437,77 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
         let expected = if row["sample_index"] == 0 { 1.0 } else { 0.25 };
         assert_eq!(row["reward"], expected, "{row}");
     }
+}
+
+/// An external scorer that fails on the agent's output has failed on the agent's doing: a 0
+/// with the error, never an env_error (which would take the rollout out of pass@k). Only the
+/// reserved exit code 75 says a failure is the scorer's own.
+#[test]
+fn an_external_scorer_failing_on_the_agents_output_is_a_failure_not_an_env_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = repo().join("configs/data/tasks");
+    let submit = |sample: u32, answer: &str| serde_json::json!({"task_id": "capital", "sample_index": sample, "actions": [{"kind": "submit", "answer": answer}]});
+    let lines = [submit(0, "maybe 41?"), submit(1, r#"{"city": "Paris"}"#), submit(2, "transient")];
+    std::fs::write(dir.path().join("traj.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    // The user's scorer parses the answer as JSON, and says when a failure is its own.
+    std::fs::write(
+        dir.path().join("score.py"),
+        "import json, sys\nrun = json.load(sys.stdin)\nif run['answer'] == 'transient':\n    sys.exit(75)\n\
+         parsed = json.loads(run['answer'])\nprint(json.dumps({'reward': 1.0 if parsed.get('city') == 'Paris' else 0.0}))\n",
+    )
+    .unwrap();
+    let o = run_suite_file(
+        dir.path(),
+        &format!(
+            "[suite]\nname = \"external\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"capital\"]\n\
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
+             [scoring]\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
+            tasks.display(),
+            dir.path().join("score.py").display()
+        ),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(&dir.path().join("out"));
+    let malformed = &rows[&("capital".to_string(), 0)];
+    assert_eq!((malformed["status"].as_str(), malformed["reward"].as_f64()), (Some("failed"), Some(0.0)), "{malformed}");
+    let error = malformed["error"].as_str().unwrap();
+    assert!(error.starts_with("external scorer:") && error.contains("JSONDecodeError"), "{error}");
+    assert_eq!(rows[&("capital".to_string(), 1)]["status"], "passed");
+    let own = &rows[&("capital".to_string(), 2)];
+    assert_eq!(own["status"], "env_error", "{own}");
+    assert!(own["reward"].is_null(), "{own}");
+    // An answer compared on the host, then graded by a program on the host: sound.
+    assert_eq!(malformed["trust"], "sound", "{malformed}");
+}
+
+/// An honest checker's large JUnit report is read up to 4 MiB (it once broke the agent's
+/// channel past 1 MiB and blamed the agent); past the cap the row says which cap.
+#[test]
+fn junit_reports_up_to_the_cap_count_and_past_it_the_error_names_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let junit = |padding: u64| {
+        format!(
+            "{{ echo '<testsuite name=\\\"t\\\" tests=\\\"3\\\" failures=\\\"0\\\" errors=\\\"0\\\"><!--'; head -c {padding} /dev/zero | tr '\\\\0' x; echo '--></testsuite>'; }} > $FARM_JUNIT_FILE"
+        )
+    };
+    let task = |id: &str, padding: u64| {
+        format!(
+            r#"{{"id": "{id}", "instruction": "nothing to do", "test_command": "{}", "test_user": "checker", "require_reward_file": false, "solution": {{"answer": "done"}}}}"#,
+            junit(padding)
+        )
+    };
+    std::fs::write(dir.path().join("tasks.jsonl"), format!("{}\n{}\n", task("big", 2 << 20), task("huge", 5 << 20))).unwrap();
+    let o = run_suite_file(
+        dir.path(),
+        "[suite]\nname = \"junit\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n[policy]\nkind = \"replay\"\n[output]\ndir = \"out\"\n",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(&dir.path().join("out"));
+    let big = &rows[&("big".to_string(), 0)];
+    assert_eq!(big["status"], "passed", "a 2 MiB report from an honest checker: {big}");
+    let huge = &rows[&("huge".to_string(), 0)];
+    assert_eq!(huge["status"], "failed", "{huge}");
+    assert!(huge["error"].as_str().unwrap_or("").contains("4194304 bytes farm reads"), "{huge}");
 }
 
 #[test]

@@ -295,3 +295,85 @@ fn the_candidate_is_walled_off_and_farm_sandbox_drops_to_it() {
         assert_eq!(checker.stdout_text(), "1000\n1000\nreward=[]\nNoNewPrivs:\t1\n", "{}", String::from_utf8_lossy(&checker.stderr));
     });
 }
+
+/// A checker never follows a path the agent could have planted. Everything the candidate
+/// could leave for it is laid out by root first: symbolic links to a file and to a folder the
+/// checker can read, a device node, a bind mount of that folder under the workspace, and a
+/// regular file and a FIFO of the candidate's in /tmp where a careless checker would write.
+/// The checker (uid 999, in its own view of the workspace) must open none of them; the
+/// candidate, through farm-sandbox, keeps the ordinary view (its own links work), cannot hard
+/// link a file it does not own, and sees no FARM_* variable.
+#[test]
+fn a_checker_follows_no_link_device_fifo_or_mount_the_agent_planted() {
+    runtime().block_on(async {
+        let machine = common::boot("python").await;
+        let agent = machine.agent();
+        let root = |script: &str| vmm::ExecOptions { timeout: Some(Duration::from_secs(60)), ..vmm::ExecOptions::shell(script) };
+        let laid = agent
+            .exec(root(
+                "set -e; mkdir -p /opt/probe && echo target > /opt/probe/target.txt && chmod 755 /opt/probe && chmod 644 /opt/probe/target.txt; \
+                 mkdir -p /workspace/probe && cd /workspace/probe; ln -s /opt/probe/target.txt link-file; ln -s /opt/probe link-dir; \
+                 mknod dev-null c 1 3 && chmod 666 dev-null; mkdir bound && mount --bind /opt/probe bound; chown -R 1000:1000 /workspace; \
+                 farm-sandbox sh -c 'umask 0; : > /tmp/planted-file; mkfifo -m 666 /tmp/planted-fifo'; echo laid",
+            ))
+            .await
+            .unwrap();
+        assert_eq!(laid.stdout_text().trim(), "laid", "{}", String::from_utf8_lossy(&laid.stderr));
+        let probe = r#"
+import errno, json, os, subprocess
+def opened(path, flags=os.O_RDONLY):
+    try:
+        os.close(os.open(path, flags))
+        return "opened"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def sandbox(*argv):
+    return subprocess.run(["farm-sandbox", *argv], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+env = sandbox("sh", "-c", "env").stdout.splitlines()
+print(json.dumps({
+    "link-file": opened("/workspace/probe/link-file"),
+    "link-dir": opened("/workspace/probe/link-dir/target.txt"),
+    "dev-null": opened("/workspace/probe/dev-null"),
+    "bound": opened("/workspace/probe/bound/target.txt"),
+    "planted-file": opened("/tmp/planted-file", os.O_WRONLY | os.O_CREAT),
+    "planted-fifo": opened("/tmp/planted-fifo", os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK),
+    "candidate-link-file": sandbox("cat", "/workspace/probe/link-file").stdout.strip(),
+    "candidate-hard-link": sandbox("ln", "/etc/shadow", "/workspace/probe/hard-link").returncode,
+    "candidate-farm-variables": sorted(line.split("=")[0] for line in env if line.startswith("FARM_")),
+}))
+"#;
+        let request = farm_protocol::RunTestsRequest {
+            program: farm_protocol::Program::Argv(vec!["/usr/bin/python3".into(), "-I".into(), "-c".into(), probe.into()]),
+            cwd: "/opt/farm-tests".into(),
+            env: [("FARM_SEED".to_string(), "7".to_string()), ("FARM_TESTS_DIR".to_string(), "/opt/farm-tests".to_string())].into(),
+            user: "999:999".into(),
+            timeout_ms: 60_000,
+            stdout_cap: 1 << 16,
+            stderr_cap: 1 << 16,
+            tests_dir: "/opt/farm-tests".into(),
+            private_tests: true,
+            reward_file: "/opt/farm-tests/.reward-probe".into(),
+            junit_file: "/opt/farm-tests/junit.xml".into(),
+            sweep_uids: vec![farm_protocol::CANDIDATE_UID, farm_protocol::CHECKER_UID],
+            checker_view: true,
+        };
+        let out = agent.run_tests(request, Vec::new()).await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}{}", String::from_utf8_lossy(&out.stderr)));
+        let expected = serde_json::json!({
+            "link-file": "ELOOP",
+            "link-dir": "ELOOP",
+            "dev-null": "EACCES",
+            "bound": "ENOENT",
+            "planted-file": "EACCES",
+            "planted-fifo": "EACCES",
+            "candidate-link-file": "target",
+            "candidate-hard-link": 1,
+            "candidate-farm-variables": [],
+        });
+        assert_eq!(seen, expected);
+        // The checker's view was its own: the VM's workspace still has its mount.
+        let still = agent.exec(root("cat /workspace/probe/bound/target.txt")).await.unwrap();
+        assert_eq!(still.stdout_text().trim(), "target");
+    });
+}

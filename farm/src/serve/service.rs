@@ -902,7 +902,7 @@ impl Service {
         let cursor = self.emit(row.clone());
         drop(session);
         self.drop_session(id, Phase::Done);
-        Ok(json!({ "rollout_id": row.rollout_id, "status": row.status, "reward": row.reward, "error": row.error, "cursor": cursor, "score_details": serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default() }))
+        Ok(json!({ "rollout_id": row.rollout_id, "status": row.status, "reward": row.reward, "error": row.error, "trust": row.trust, "trust_reason": row.trust_reason, "cursor": cursor, "score_details": serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default() }))
     }
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.

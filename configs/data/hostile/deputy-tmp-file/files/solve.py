@@ -1,0 +1,2 @@
+import sys
+raise NotImplementedError(sys.argv[1])
