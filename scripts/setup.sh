@@ -34,6 +34,7 @@ PACKAGES=(
   linux-source-6.1 bc flex bison libelf-dev libssl-dev build-essential cpio xz-utils
   busybox-static debootstrap e2fsprogs
   ca-certificates python3 python3-pip
+  python3-pytest   # the guest image's pytest on the host's /usr/bin/python3: the harness's own self-test
   chromium   # headless, for the test that renders `farm report` as a person sees it
   skopeo umoci   # the image tests build OCI and Docker archives with them
 )

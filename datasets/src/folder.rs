@@ -33,6 +33,20 @@ struct TaskToml {
     require_reward_file: bool,
     #[serde(default)]
     metadata: toml::Table,
+    /// Unit tests (the `test_*.py` files of `tests/`) run through farm's boundary, with
+    /// these workspace modules as proxies: `[unit_tests] modules = ["solution"]`.
+    unit_tests: Option<UnitTestsToml>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnitTestsToml {
+    #[serde(default = "default_modules")]
+    modules: Vec<String>,
+}
+
+fn default_modules() -> Vec<String> {
+    vec!["solution".into()]
 }
 
 /// Most bytes read from one task folder (files, tests, solution together).
@@ -68,7 +82,14 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         let script = std::fs::read(dir.join("setup.sh")).map_err(|e| invalid(format!("setup.sh: {e}")))?;
         files.push(TaskFile { path: ".farm-setup.sh".into(), contents: script, mode: 0o755 });
     }
+    let mut tests = tests;
+    let (harness, test_user) = match config.unit_tests {
+        Some(_) if config.test_command.is_some() => return Err(invalid("task.toml: unit_tests and test_command are alternatives: give one".into())),
+        Some(units) => (Some(crate::table::unit_tests_harness(units.modules, &mut tests).map_err(|e| invalid(format!("task.toml: {e}")))?), TestUser::Root),
+        None => (None, config.test_user),
+    };
     let test_command = match config.test_command {
+        _ if harness.is_some() => None,
         Some(c) => Some(c),
         None if tests.iter().any(|t| t.path == "run.sh") => Some(format!("sh {TESTS_DIR}/run.sh")),
         None if config.expected_answer.is_some() => None,
@@ -95,8 +116,8 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         setup,
         tests,
         test_command,
-        test_user: config.test_user,
-        harness: None,
+        test_user,
+        harness,
         solution,
         expected_answer: config.expected_answer,
         answer_match: config.answer_match,

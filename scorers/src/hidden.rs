@@ -278,9 +278,10 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
             (Program::Shell(task.test_command.clone().unwrap_or_else(|| "false".into())), task.test_user, Vec::new())
         }
     };
-    // A checker starts in the tests folder (the agent's code is reached with farm-sandbox,
-    // which starts in /workspace); a candidate test command in the workspace.
-    let cwd = if task.harness.is_none() && task.test_user != TestUser::Candidate { TESTS_DIR } else { WORKSPACE };
+    // A checker (and farm's harness) starts in the tests folder (the agent's code is reached
+    // with farm-sandbox, or by the harness's candidate process, which start in /workspace);
+    // a candidate test command in the workspace.
+    let cwd = if task.harness.is_some() || task.test_user != TestUser::Candidate { TESTS_DIR } else { WORKSPACE };
     let request = RunTestsRequest {
         program,
         cwd: cwd.into(),

@@ -16,7 +16,7 @@ use snapshotter::TemplateExtras;
 pub const HARNESS_FOLDER: &str = "/usr/local/lib/farm";
 /// The harness's entry point in the template, what the zygote runs: `HARNESS_ENTRY` in
 /// `HARNESS_FOLDER` (a unit test holds the three together).
-pub const HARNESS_PATH: &str = "/usr/local/lib/farm/function_call.py";
+pub const HARNESS_PATH: &str = "/usr/local/lib/farm/harness.py";
 /// The zygote's socket.
 pub const SOCKET: &str = "/run/farm/zygote.sock";
 

@@ -1,0 +1,258 @@
+"""farm's test harness: the task's tests run here, in a trusted process, against proxies of the
+candidate's code, which lives in a separate unprivileged process.
+
+Run by the guest agent as root, in the scoring VM, with the reward file's path on standard
+input:
+
+    python3 -I harness.py [--mode function-call] --tests-dir DIR [--workspace WS] --module M --entry-point E [--call-timeout S]
+    python3 -I harness.py --mode unit-tests --tests-dir DIR [--workspace WS] --module M [--module M2 ...] [--call-timeout S]
+
+Function-call mode (harness_function_call) runs `check(candidate)` from DIR/problem.json
+against the candidate's function E; unit-test mode (harness_unit_tests) runs the pytest or
+unittest files in DIR against proxies of the candidate's modules. The order of events is
+what keeps the candidate out of reach, in both:
+
+1. The candidate process is forked first, while this process holds nothing secret: not the
+   reward path (still unread on stdin, which the child closes), not the tests (still on
+   disk, in a folder only root can read). The child drops to the candidate user (uid 1000),
+   closes every descriptor but its socket, and waits (harness_candidate).
+2. Then this process reads the reward path and the tests, and only then tells the candidate
+   process which modules to load.
+3. The tests run here, against proxies: only plain data crosses (and references: to the
+   tests' functions, to the candidate's objects), rebuilt here as fresh built-in objects,
+   with size and depth limits, and each call has a time limit (harness_boundary,
+   harness_checker, harness_remote).
+4. Only if the tests passed does this process write "1" to the reward file.
+
+Exit codes: 0 passed (reward written), 1 failed, 3 the task cannot be checked through the
+isolation boundary, 2 a malformed command line. Reports for farm are JSON lines on standard
+output (see harness_boundary), which only this process holds: the candidate's standard
+output is this process's standard error, and so is everything the tests print.
+
+Zygote. Starting Python, and forking it, is most of a check's cost in a fresh VM (under
+TCG each new VM translates those paths anew). So farm's templates start this file once,
+before the snapshot, as a zygote (`--zygote SOCKET`, root, socket mode 0600), which forks
+the candidate's process right away (dropped to the candidate user, idle, holding nothing):
+every fork of the snapshot inherits both. A check reaches the zygote through `farm-agent
+--check-with-zygote`, which hands over its standard input, output and error and gets the
+exit status back; the zygote runs the check itself, in either mode, as main() would, and
+exits (a scoring VM runs one check). Until then it holds nothing secret either: the reward
+path and the tests arrive only with the check.
+"""
+
+import json
+import os
+import struct
+import sys
+
+# The harness's own modules sit beside this file, in a folder only root can write
+# (/usr/local/lib/farm, or the tests folder's copy); `python3 -I` leaves it off the path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness_boundary import report_failure, take_report_channel  # noqa: E402
+from harness_candidate import start_candidate  # noqa: E402
+
+MODES = ("function-call", "unit-tests")
+
+
+class UsageError(Exception):
+    pass
+
+
+class Options:
+    """The command line (parsed by hand: argparse would cost start-up time in every scoring
+    VM)."""
+
+    FLAGS = ("--mode", "--tests-dir", "--workspace", "--module", "--entry-point", "--call-timeout")
+
+    def __init__(self, argv):
+        values = {"--mode": "function-call", "--workspace": "/workspace", "--call-timeout": "10"}
+        self.modules = []
+        if len(argv) % 2:
+            raise UsageError("arguments come in pairs")
+        for flag, value in zip(argv[0::2], argv[1::2]):
+            if flag not in self.FLAGS:
+                raise UsageError("unknown argument %r" % flag)
+            if flag == "--module":
+                if not value.isidentifier() or value in self.modules:
+                    raise UsageError("a module is a plain name, given once: %r" % value)
+                self.modules.append(value)
+            else:
+                values[flag] = value
+        self.mode = values["--mode"]
+        if self.mode not in MODES:
+            raise UsageError("--mode is function-call or unit-tests")
+        if "--tests-dir" not in values or not self.modules:
+            raise UsageError("--tests-dir and --module are required")
+        if self.mode == "function-call" and ("--entry-point" not in values or len(self.modules) != 1):
+            raise UsageError("function-call mode takes one --module and an --entry-point")
+        if self.mode == "unit-tests" and "--entry-point" in values:
+            raise UsageError("unit-test mode takes no --entry-point")
+        self.tests_dir = values["--tests-dir"]
+        self.workspace = values["--workspace"]
+        self.module = self.modules[0]
+        self.entry_point = values.get("--entry-point")
+        try:
+            self.call_timeout = float(values["--call-timeout"])
+        except ValueError:
+            raise UsageError("--call-timeout is a number of seconds")
+
+
+def parse(argv):
+    try:
+        return Options(argv)
+    except UsageError as error:
+        print("harness: %s" % error, file=sys.stderr)
+        os._exit(2)
+
+
+def main():
+    options = parse(sys.argv[1:])
+    # 1. The candidate, before anything secret is in this process.
+    candidate = start_candidate(stdio_to_stderr=True)
+    os._exit(run_check(options, candidate, candidate_stderr=None))
+
+
+def run_check(options, candidate, candidate_stderr):
+    """Runs one check against a candidate process started by start_candidate; returns the
+    exit code. `candidate_stderr`: a descriptor the candidate takes as its standard output
+    and error (None: it keeps the one it has)."""
+    import socket
+
+    from harness_checker import Connection
+
+    child, sock = candidate
+    take_report_channel()
+    # 2. Now the secrets: the reward path, then the tests (read by the mode).
+    reward_path = sys.stdin.readline().strip()
+    sys.stdin.close()
+    if "random" in sys.modules:
+        # Seeded before the snapshot (a zygote's), it would be the same in every fork: the
+        # tests' random inputs come from this VM's own entropy.
+        sys.modules["random"].seed()
+    connections = []
+
+    def start_candidate_check(extra, trusted_names):
+        request = dict(extra, workspace=options.workspace, modules=options.modules, mode=options.mode)
+        try:
+            socket.send_fds(sock, [json.dumps(request).encode()], [] if candidate_stderr is None else [candidate_stderr])
+        except OSError:
+            pass  # a candidate that is gone shows when it does not answer
+        connections.append(Connection(sock, child, options.call_timeout, trusted_names))
+        return connections[-1]
+
+    # 3. The tests.
+    if options.mode == "unit-tests":
+        from harness_unit_tests import run
+    else:
+        from harness_function_call import run
+    code = run(options, start_candidate_check)
+    for connection in connections:
+        connection.kill()
+    # 4. The verdict, only after the tests passed.
+    if code == 0:
+        with open(reward_path, "w") as handle:
+            handle.write("1")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def zygote(socket_path):
+    """Started once by the template (root), before its snapshot. It forks the candidate's
+    process at once (dropped to the candidate user, idle until a check names its modules),
+    then serves one check on a unix socket, in this very process: every fork of the
+    snapshot finds both processes started, so a check forks nothing and starts nothing.
+    Neither holds a secret until the check (the reward path and the tests arrive with it).
+
+    The process started exits 0 once the socket listens (1 if the zygote failed): the
+    zygote itself is its child, in a session of its own.
+
+    The request is the harness arguments as a JSON list, sent with three descriptors (the
+    check's standard input, output and error); the answer is the exit status (4 bytes, big
+    endian). A scoring VM runs one check, so the zygote then exits."""
+    ready_read, ready_write = os.pipe()
+    if os.fork() != 0:
+        os.close(ready_write)
+        os._exit(0 if os.read(ready_read, 1) == b"1" else 1)
+    os.close(ready_read)
+    import socket
+
+    import resource  # what the candidate's process needs, imported once here
+
+    # What HumanEval-style prompts, solutions and tests import most, imported once here for
+    # both processes: in a fresh fork under TCG, `from typing import List` alone costs each
+    # of them about a quarter of a second. (Not `random`: a generator seeded before the
+    # snapshot would be the same in every fork, and in both processes. Not `inspect` or
+    # `hashlib`, which few tests use and which cost the template most.)
+    import bisect, collections, copy, functools, heapq, itertools, math, operator, re, string, types, typing  # noqa: E401
+    import importlib.util  # the candidate's exact-source loader
+
+    del resource, bisect, collections, copy, functools, heapq, itertools, math, operator, re, string, types, typing
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a session leader
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    candidate = start_candidate(stdio_to_stderr=False)
+    preload_unit_tests()
+    os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    server.bind(socket_path)
+    os.umask(old_umask)
+    os.chmod(socket_path, 0o600)
+    server.listen(1)
+    os.write(ready_write, b"1")
+    os.close(ready_write)
+    connection, _ = server.accept()
+    server.close()
+    code = 70
+    try:
+        message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+        if len(fds) != 3:
+            os._exit(2)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        arguments = json.loads(message)
+        if type(arguments) is not list or any(type(a) is not str for a in arguments):
+            os._exit(2)
+        code = run_check(parse(arguments), candidate, candidate_stderr=2)
+    except BaseException as error:
+        report_failure(error)
+    finally:
+        try:
+            connection.sendall(struct.pack(">i", code))
+        except OSError:
+            pass
+        os._exit(code)
+
+
+def preload_unit_tests():
+    """pytest and the unit-test modules, imported by the zygote after the candidate's process
+    was forked (that process needs none of it), so a unit-test check finds them loaded."""
+    try:
+        import harness_remote, harness_unit_tests  # noqa: E401,F401
+        import pytest  # noqa: F401
+        import _pytest.python, _pytest.runner, _pytest.fixtures, _pytest.assertion.rewrite  # noqa: E401,F401
+        import unittest  # noqa: F401
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--zygote":
+        zygote(sys.argv[2])
+    else:
+        main()
