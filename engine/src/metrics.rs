@@ -1,4 +1,5 @@
-//! Prometheus metrics of `farm run` (`--metrics-listen`) and `farm serve` (`GET /metrics`).
+//! Prometheus metrics of the engine: what `farm run --metrics-listen` and `farm serve`'s
+//! `GET /metrics` expose (the HTTP side is the front-ends').
 //!
 //! One registry for the process. Labels are bounded sets (statuses, phases, roles, HTTP
 //! codes): never a task or rollout id, so a long service cannot grow the series without end.
@@ -76,7 +77,7 @@ impl Metrics {
         registry.register(Box::new(m.policy_requests.clone()))?;
         registry.register(Box::new(m.sessions_live.clone()))?;
         // Every status and role shows from the start (0), so dashboards need no special case.
-        for status in crate::engine::output::Status::ALL {
+        for status in crate::recorder::Status::ALL {
             m.rollouts.with_label_values(&[status.as_str()]);
         }
         for trust in [scorers::Trust::Sound, scorers::Trust::Hardened] {
@@ -100,7 +101,6 @@ impl Metrics {
 
     /// The names of every metric farm exports (histograms without their `_bucket`, `_sum`
     /// and `_count` suffixes).
-    #[cfg(test)]
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
         let collectors: [&dyn Collector; 11] = [
@@ -120,7 +120,7 @@ impl Metrics {
     }
 
     /// Counts a recorded row: its status, reward and phase times.
-    pub fn record(&self, row: &crate::engine::output::Row) {
+    pub fn record(&self, row: &crate::recorder::Row) {
         self.rollouts.with_label_values(&[row.status.as_str()]).inc();
         if let Some(trust) = row.trust {
             self.verdicts.with_label_values(&[trust.as_str()]).inc();
@@ -173,24 +173,6 @@ impl Drop for VmGauge {
     }
 }
 
-/// Serves `GET /metrics` on `addr` until the process ends (`farm run --metrics-listen`);
-/// returns the address it listens on.
-pub async fn serve(addr: std::net::SocketAddr) -> anyhow::Result<std::net::SocketAddr> {
-    use anyhow::Context;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
-    let bound = listener.local_addr()?;
-    let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { metrics_response() }));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(bound)
-}
-
-/// The `/metrics` response.
-pub fn metrics_response() -> impl axum::response::IntoResponse {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], get().render())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,21 +207,5 @@ mod tests {
         for wanted in ["farm_rollouts_total", "farm_reward", "farm_phase_seconds", "farm_vms", "farm_queue_depth"] {
             assert!(queried.contains(wanted), "no panel shows {wanted}");
         }
-    }
-
-    #[tokio::test]
-    async fn metrics_listen_serves_the_prometheus_text() {
-        let addr = serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let before = get().rollouts.with_label_values(&["timeout"]).get();
-        get().rollouts.with_label_values(&["timeout"]).inc();
-        let _vm = VmGauge::new(Role::Scoring);
-        let response = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
-        assert_eq!(response.status(), 200);
-        assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
-        let text = response.text().await.unwrap();
-        assert!(text.contains(&format!("farm_rollouts_total{{status=\"timeout\"}} {}", before + 1)), "{text}");
-        assert!(text.contains("farm_vms{role=\"scoring\"}"), "{text}");
-        assert!(text.contains("farm_rollouts_total{status=\"env_error\"} "), "every status shows from the start: {text}");
-        assert!(serve("192.0.2.1:0".parse().unwrap()).await.unwrap_err().to_string().contains("--metrics-listen"));
     }
 }

@@ -12,7 +12,7 @@
 //!   a warm fork takes tens of milliseconds instead of a fresh fork's hundreds: one per core,
 //!   within the same memory bound.
 
-use super::suite::Count;
+use crate::config::Count;
 
 /// What a fork costs besides its guest memory: QEMU itself and its translation buffer.
 pub const QEMU_OVERHEAD_MIB: u64 = 64;

@@ -1,0 +1,300 @@
+//! What every rollout of one suite shares ([`Engine`]), and the stages before any rollout:
+//! the template snapshot ([`Engine::start`]), the plan ([`Engine::plan`]) and the per-task
+//! snapshots ([`Engine::prepare`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use datasets::{Task, WORKSPACE};
+use sha2::{Digest, Sha256};
+use snapshotter::{build_template_with, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
+use tokio::sync::Semaphore;
+use vmm::{AccelSetting, VmSettings};
+
+use crate::config::{RolloutsSection, Suite, SuiteConfig};
+use crate::policy::Policy;
+
+/// Why the engine could not start or prepare.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("setting up QEMU")]
+    Machine(#[from] vmm::MachineError),
+    #[error("building the suite's template")]
+    Template(#[source] snapshotter::BuildError),
+    #[error("starting the warm pool")]
+    Pool(#[source] snapshotter::ForkError),
+    #[error("a task snapshot build panicked")]
+    Panicked,
+}
+
+/// What every rollout of one suite shares: its template, forker, warm pool and settings.
+pub struct Engine {
+    pub suite_name: String,
+    pub suite_digest: String,
+    pub suite_seed: u64,
+    pub run_id: String,
+    pub config: SuiteConfig,
+    pub forker: Forker,
+    pub store: SnapshotStore,
+    pub template: Arc<Snapshot>,
+    pub(crate) scoring: scorers::orchestrate::Plan,
+    /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
+    pool: Option<(String, snapshotter::WarmPool)>,
+    /// A converted image's `Env`, for every command of the rollouts' forks.
+    pub(crate) image_env: Vec<(String, String)>,
+}
+
+/// A task's snapshot, as far as it got.
+#[derive(Debug, Clone)]
+pub enum TaskSnapshot {
+    /// Planned; not prepared yet.
+    Pending,
+    Ready(Arc<Snapshot>),
+    /// It could not be made (a retry would not make it).
+    Failed(String),
+}
+
+/// Each task's snapshot, by task id.
+pub type TaskSnapshots = HashMap<String, TaskSnapshot>;
+
+/// One planned rollout.
+#[derive(Clone)]
+pub struct Planned {
+    pub task: Arc<Task>,
+    pub sample: u32,
+    pub seed: u64,
+    pub snapshot: TaskSnapshot,
+    pub policy: Arc<Policy>,
+    /// The suite's `[rollouts]` limits, or a request's lower ones.
+    pub limits: RolloutsSection,
+    /// `farm serve`'s ids (None for `farm run`).
+    pub served: Option<Served>,
+}
+
+/// What `farm serve` adds to a row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Served {
+    /// The suite's name (the service serves several).
+    pub suite: String,
+    pub rollout_id: String,
+    pub group_id: String,
+    pub policy_version: Option<u64>,
+    /// JSON text.
+    pub metadata: Option<String>,
+}
+
+impl Engine {
+    /// Prepares the suite's template snapshot (built, or reused from the store).
+    pub async fn start(suite: &Suite, accel: AccelSetting, run_id: &str, progress: &(dyn Fn(&str) + Sync)) -> Result<Engine, EngineError> {
+        let mut vm = VmSettings::detect(accel)?;
+        vm.boot_timeout = Duration::from_secs(300);
+        let mut config = suite.config.clone();
+        let mut forker = Forker::new(vm)?;
+        forker.max_disk_bytes = Some(config.rollouts.max_disk_mib << 20);
+        let store = SnapshotStore::default_location();
+        let template = build_template_with(&store, &forker, &config.template, &suite.dir, &config.suite.name, &scorers::zygote::template_extras(), progress)
+            .await
+            .map_err(EngineError::Template)?;
+        progress(&format!("snapshot {}{}", template.snapshot.id(), if template.reused { " (reused)" } else { "" }));
+        let scoring = scorers::orchestrate::Plan {
+            mode: config.scoring.mode,
+            timeout: Duration::from_secs(config.scoring.timeout_secs),
+            call_timeout: Duration::from_secs(config.scoring.call_timeout_secs),
+            pass_threshold: config.scoring.pass_threshold,
+            external: resolve_external(suite, &config.scoring.external),
+        };
+        let image_config = vmm::image::config_of(&template.snapshot.manifest.image).unwrap_or_default();
+        let image_env = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        // `rollouts.user` unset: the image's User (a converted image's config), else root.
+        if config.rollouts.user.is_empty() {
+            config.rollouts.user = match image_config.user.as_str() {
+                "" => "root".into(),
+                user if crate::config::valid_user(user) => user.to_string(),
+                user => {
+                    progress(&format!("the image's User {user:?} is not a user name or UID[:GID]; rollouts run as root (set rollouts.user)"));
+                    "root".into()
+                }
+            };
+        }
+        Ok(Engine {
+            image_env,
+            suite_name: config.suite.name.clone(),
+            suite_digest: suite.digest.clone(),
+            suite_seed: config.suite.seed,
+            run_id: run_id.to_string(),
+            config,
+            forker,
+            store,
+            template: Arc::new(template.snapshot),
+            scoring,
+            pool: None,
+        })
+    }
+
+    /// Keeps `size` warm forks of the template ready (nothing when `size` is 0).
+    pub fn start_pool(&mut self, size: usize) -> Result<(), EngineError> {
+        if size == 0 {
+            return Ok(());
+        }
+        let pool = snapshotter::WarmPool::start_with_warm_up(self.forker.clone(), (*self.template).clone(), size, snapshotter::PoolMode::Resumed, &self.config.rollouts.warm_up)
+            .map_err(EngineError::Pool)?;
+        self.pool = Some((self.template.id().to_string(), pool));
+        Ok(())
+    }
+
+    /// Warm forks ready now.
+    pub fn warm(&self) -> usize {
+        self.pool.as_ref().map(|(_, p)| p.ready()).unwrap_or(0)
+    }
+
+    /// The rollouts of `tasks`: `samples` each (or as many as the policy has for a task),
+    /// with the suite's seeds; their snapshots are still to be prepared.
+    pub fn plan(&self, tasks: &[Arc<Task>], policy: &Arc<Policy>, samples: u32) -> Vec<Planned> {
+        let mut planned = Vec::new();
+        for task in tasks {
+            for sample in 0..policy.samples_for(task, samples) {
+                planned.push(Planned {
+                    task: task.clone(),
+                    sample,
+                    seed: rollout_seed(self.suite_seed, &task.id, sample),
+                    snapshot: TaskSnapshot::Pending,
+                    policy: policy.clone(),
+                    limits: self.config.rollouts.clone(),
+                    served: None,
+                });
+            }
+        }
+        planned
+    }
+
+    /// A snapshot per task that has setup or large files, `concurrency` at a time; tasks with
+    /// the same files and setup share one. Tasks without use the template.
+    pub async fn prepare(&self, tasks: &[Arc<Task>], concurrency: usize, log: &(dyn Fn(&str) + Sync)) -> Result<TaskSnapshots, EngineError> {
+        let mut task_snapshots: TaskSnapshots = HashMap::new();
+        let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
+        let mut building = tokio::task::JoinSet::new();
+        let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+        for task in tasks {
+            if task_snapshots.contains_key(&task.id) || by_id.values().flatten().any(|id| *id == task.id) {
+                continue;
+            }
+            if !task.needs_snapshot() {
+                task_snapshots.insert(task.id.clone(), TaskSnapshot::Ready(self.template.clone()));
+                continue;
+            }
+            let id = task_snapshot_id(&self.template, task);
+            let users = by_id.entry(id).or_default();
+            users.push(task.id.clone());
+            if users.len() > 1 {
+                continue;
+            }
+            let (store, forker, template, task, slots) = (self.store.clone(), self.forker.clone(), self.template.clone(), task.clone(), slots.clone());
+            building.spawn(async move {
+                let _slot = slots.acquire_owned().await.expect("semaphore open");
+                let snapshot = match task_snapshot(&store, &forker, &template, &task).await {
+                    Ok(s) => TaskSnapshot::Ready(Arc::new(s)),
+                    Err(e) => TaskSnapshot::Failed(format!("preparing the task snapshot failed: {e}")),
+                };
+                (task_snapshot_id(&template, &task), snapshot)
+            });
+        }
+        if !building.is_empty() {
+            log(&format!("preparing {} task snapshots", building.len()));
+        }
+        while let Some(built) = building.join_next().await {
+            let (id, snapshot) = built.map_err(|_| EngineError::Panicked)?;
+            for task_id in by_id.get(&id).into_iter().flatten() {
+                if let TaskSnapshot::Failed(e) = &snapshot {
+                    log(&format!("task {task_id}: {e}"));
+                }
+                task_snapshots.insert(task_id.clone(), snapshot.clone());
+            }
+        }
+        Ok(task_snapshots)
+    }
+
+    /// A fork of `snapshot`: from the warm pool when it holds that snapshot.
+    pub(crate) async fn fork(&self, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, snapshotter::ForkError> {
+        match &self.pool {
+            Some((id, pool)) if id == snapshot.id() => {
+                let fork = pool.fork(identity).await?;
+                crate::metrics::get().warm_pool_hits.inc();
+                Ok(fork)
+            }
+            _ => self.forker.fork(snapshot, identity).await,
+        }
+    }
+
+    /// A fork in the task's pristine state: a fork of its snapshot, with the task's files
+    /// written in when the task has no snapshot of its own (a few small files are cheaper to
+    /// write into each fork than a RAM file per task is to build and keep).
+    pub(crate) async fn fork_task(&self, snapshot: &Snapshot, task: &Task, identity: ForkIdentity) -> Result<Fork, String> {
+        let fork = self.fork(snapshot, identity).await.map_err(|e| e.to_string())?;
+        if task.files_in_forks() {
+            for file in &task.files {
+                fork.agent()
+                    .write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode)
+                    .await
+                    .map_err(|e| format!("writing the task's file {} into the fork: {e}", file.path))?;
+            }
+        }
+        Ok(fork)
+    }
+}
+
+fn resolve_external(suite: &Suite, argv: &[String]) -> Vec<String> {
+    let mut argv = argv.to_vec();
+    if let Some(first) = argv.first_mut() {
+        if first.contains('/') && !first.starts_with('/') {
+            *first = suite.resolve(Path::new(first.as_str())).to_string_lossy().into_owned();
+        }
+    }
+    argv
+}
+
+/// A rollout's seed: fixed by the base seed (the suite's, or a request's), the task and
+/// the sample.
+pub fn rollout_seed(base_seed: u64, task: &str, sample: u32) -> u64 {
+    let d = Sha256::digest(format!("{base_seed}\0{task}\0{sample}").as_bytes());
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+/// What addresses a task's snapshot besides its template: its files and setup.
+fn task_snapshot_content(task: &Task) -> Vec<u8> {
+    serde_json::to_vec(&(&task.files, &task.setup)).expect("task files serialize")
+}
+
+/// The content address of a task's snapshot.
+fn task_snapshot_id(template: &Snapshot, task: &Task) -> String {
+    snapshotter::child::child_id(template, &task_snapshot_content(task))
+}
+
+/// The task's own snapshot: a child of the template with its files and setup (see
+/// [`snapshotter::child`]).
+async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, task: &Task) -> Result<Snapshot, snapshotter::ChildError> {
+    let content = task_snapshot_content(task);
+    let files: Vec<(String, Vec<u8>, u32)> = task.files.iter().map(|f| (f.path.clone(), f.contents.clone(), f.mode)).collect();
+    let spec = snapshotter::ChildSpec {
+        label: &task.id,
+        content: &content,
+        files: &files,
+        setup: &task.setup,
+        workdir: WORKSPACE,
+        setup_timeout: Duration::from_secs(900),
+    };
+    snapshotter::child_snapshot(store, forker, template, &spec).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_are_fixed_by_base_task_and_sample() {
+        assert_eq!(rollout_seed(0, "t", 0), rollout_seed(0, "t", 0));
+        let distinct: std::collections::BTreeSet<u64> = [rollout_seed(0, "t", 0), rollout_seed(1, "t", 0), rollout_seed(0, "u", 0), rollout_seed(0, "t", 1)].into();
+        assert_eq!(distinct.len(), 4);
+    }
+}

@@ -1,0 +1,39 @@
+//! The rollout engine, as a library: what `farm run` (a suite, start to end) and `farm serve`
+//! (rollouts and live sessions on request) are front-ends of. It knows nothing of either.
+//!
+//! The life of a suite, stage by stage, each in the crate that owns it:
+//! 1. load: [`config::Suite::load`] (the suite model) and [`config::Suite::tasks`]
+//!    (`datasets`);
+//! 2. plan: [`Engine::plan`] (which task, which sample, which seed), for a [`policy::Policy`];
+//! 3. prepare: [`Engine::start`] builds or reuses the template snapshot, [`Engine::prepare`]
+//!    the per-task snapshots (`snapshotter`);
+//! 4. run: [`Engine::run_one`] for each planned rollout (see below);
+//! 5. record: the [`recorder::Recorder`] owns every write (journal, Parquet parts, manifest,
+//!    summary, metrics) on a thread of its own.
+//!
+//! The life of a rollout (`Engine::live_through`, in `rollout.rs`): fork the task's snapshot →
+//! the policy acts → collect the artifacts, as untrusted data → score in a fresh fork of the
+//! pristine snapshot, where the agent cannot reach (`scorers`) → settle: how it ended
+//! ([`end::End`]) becomes the row's status, reward and error in one place.
+//!
+//! Sessions (`farm serve`) are the same pieces stepped by a caller: [`Engine::open`],
+//! [`Engine::act`], [`Engine::branch`], [`Engine::finish`].
+#![forbid(unsafe_code)]
+
+pub mod action;
+pub mod config;
+pub mod end;
+mod engine;
+pub mod live;
+pub mod metrics;
+pub mod policy;
+pub mod recorder;
+mod rollout;
+pub mod row;
+pub mod sizing;
+
+pub use action::{observation, Submitted};
+pub use end::End;
+pub use engine::{rollout_seed, Engine, EngineError, Planned, Served, TaskSnapshot, TaskSnapshots};
+pub use live::{Branch, BranchError, LiveFork};
+pub use policy::Policy;

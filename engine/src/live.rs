@@ -1,0 +1,164 @@
+//! Live forks: a rollout's or a session's VM, opened on the task's pristine state
+//! ([`Engine::open`]), stepped ([`Engine::act`]), branched ([`Engine::branch`]) and finished
+//! ([`Engine::finish`]: artifacts out as untrusted data, then [`Engine::score`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datasets::{Task, WORKSPACE};
+use farm_protocol::FileEntry;
+use snapshotter::{Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
+use vmm::AgentError;
+
+use crate::action::{run_action, Submitted};
+use crate::config::{Action, RolloutsSection, ScoringMode};
+use crate::end::{record_verdict, End};
+use crate::engine::Engine;
+use crate::metrics::{Role, VmGauge};
+use crate::row::{Row, Step};
+
+/// Why a session could not be branched.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchError {
+    #[error("snapshotting the session")]
+    Snapshot(#[source] snapshotter::BuildError),
+    #[error("forking the branch")]
+    Fork(#[source] snapshotter::ForkError),
+}
+
+impl Engine {
+    /// A fork of the task's pristine state, handed to the rollout's user, with the
+    /// workspace listed (the baseline its artifacts are told apart from).
+    pub async fn open(&self, task: &Task, snapshot: &Snapshot, seed: u64, limits: &RolloutsSection, role: Role) -> Result<LiveFork, End> {
+        let mut env = self.image_env.clone();
+        env.extend(limits.network.proxy_env());
+        env.push(("FARM_TASK_ID".into(), task.id.clone()));
+        let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
+        tracing::Span::current().record("fork_id", identity.fork_id.as_str());
+        tracing::debug!("forking the task's snapshot");
+        let fork = self.fork_task(snapshot, task, identity).await.map_err(End::Fork)?;
+        if !limits.network.is_empty() {
+            // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
+            fork.machine.set_network(vmm::net::Policy { allow: limits.network.allow.clone(), log: None });
+        }
+        let gauge = VmGauge::new(role);
+        if !limits.runs_as_root() {
+            if let Err(e) = fork.agent().handover(WORKSPACE, &limits.user).await {
+                return Err(End::Setup(format!("handing the workspace to rollouts.user {:?}: {e}", limits.user)));
+            }
+        }
+        // The task's own workspace, before the agent acts: a listing that fails here is the
+        // farm's or the task's.
+        let baseline = scorers::artifacts::list_workspace(fork.agent()).await.map_err(|e| End::Setup(e.to_string()))?;
+        Ok(LiveFork { fork, baseline: Arc::new(baseline), origin: None, _gauge: gauge })
+    }
+
+    /// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped
+    /// answering during the action.
+    pub async fn act(&self, live: &LiveFork, action: &Action, index: u32, limits: &RolloutsSection) -> Result<(Step, Submitted), (Step, String)> {
+        run_action(&live.fork, action, index, limits).await
+    }
+
+    /// A new session that continues from `live`'s state exactly: `live` is snapshotted (a
+    /// child of the snapshot it came from, kept in `store`) and the child forked. `live`
+    /// goes on afterwards.
+    pub async fn branch(&self, live: &LiveFork, from: &Arc<Snapshot>, store: &SnapshotStore, seed: u64, role: Role) -> Result<(LiveFork, Arc<Branch>), BranchError> {
+        let parent: Arc<Snapshot> = match &live.origin {
+            Some(b) => Arc::new(b.snapshot.clone()),
+            None => from.clone(),
+        };
+        let child = snapshotter::snapshot_fork(store, &self.forker, &parent, &live.fork, "branch", None, true).await.map_err(BranchError::Snapshot)?;
+        let branch = Arc::new(Branch { snapshot: child, store: store.clone(), parent: live.origin.clone() });
+        let forker = Forker { max_disk_bytes: self.forker.max_disk_bytes, ..self.forker.clone() };
+        let identity = ForkIdentity { env: live.fork.identity.env.clone(), ..ForkIdentity::new(seed) };
+        let fork = forker.fork(&branch.snapshot, identity).await.map_err(BranchError::Fork)?;
+        // The branch may reach what its parent may (a session's `rollouts.network`).
+        fork.machine.set_network(live.fork.machine.network());
+        Ok((LiveFork { fork, baseline: live.baseline.clone(), origin: Some(branch.clone()), _gauge: VmGauge::new(role) }, branch))
+    }
+
+    /// After the agent's actions: the artifacts out, as untrusted data, and the verdict
+    /// into `row`. The rollout VM goes before a fresh scoring fork starts.
+    pub async fn finish(&self, live: LiveFork, task: &Task, snapshot: &Snapshot, answer: Option<String>, row: &mut Row) -> End {
+        let score_started = Instant::now();
+        let limits = scorers::ArtifactLimits::default();
+        let fork = &live.fork;
+        let mut collected = scorers::collect_artifacts(fork.agent(), &live.baseline, &limits).await;
+        for _ in 0..3 {
+            // The agent's processes may still have been killing the guest agent: wait for
+            // the restarted one and ask again.
+            if !matches!(collected, Err(scorers::ListingError::Agent(AgentError::AgentRestarted { .. }))) {
+                break;
+            }
+            let _ = fork.agent().wait_ready(Duration::from_secs(30)).await;
+            collected = scorers::collect_artifacts(fork.agent(), &live.baseline, &limits).await;
+        }
+        let mut artifacts = match collected {
+            Ok(a) => a,
+            Err(scorers::ListingError::Agent(e)) => return End::NoArtifacts(fork.explain(&e)),
+            // The agent left more files than a listing holds: what it deleted cannot be told,
+            // and that is its doing.
+            Err(e @ scorers::ListingError::TooManyFiles { .. }) => return End::NoArtifacts(e.to_string()),
+        };
+        artifacts.answer = answer;
+        let LiveFork { fork, _gauge, .. } = live;
+        let verdict = self.score(task, snapshot, Some((fork, _gauge)), &artifacts).await;
+        row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
+        record_verdict(row, verdict, &artifacts)
+    }
+
+    /// Scores a rollout where the agent cannot reach (`scorers::orchestrate`). Errors are
+    /// environment errors.
+    pub(crate) async fn score(&self, task: &Task, snapshot: &Snapshot, rollout_fork: Option<(Fork, VmGauge)>, artifacts: &scorers::Artifacts) -> Result<scorers::Verdict, scorers::orchestrate::ScoreError> {
+        let scoring_vm_gauge = std::sync::Mutex::new(None);
+        let scoring_vm = &scoring_vm_gauge;
+        // The scoring VM's own seed: the checkers' `FARM_SEED`, which the rollout never saw.
+        let fresh = |seed: u64| async move {
+            let identity = ForkIdentity::new(seed);
+            tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
+            let mut fork = self.fork_task(snapshot, task, identity).await.map_err(|e| format!("{e:#}"))?;
+            // Room for the whole artifact budget on top of the task's own limit: placing an
+            // agent's files (which may have lived in a tmpfs of its rollout) never kills the
+            // scoring VM.
+            if let Some(limit) = self.forker.max_disk_bytes {
+                fork.machine.limit_disk_growth(limit + scorers::ArtifactLimits::default().scoring_room());
+            }
+            *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
+            Ok(fork)
+        };
+        let (fork, mut gauge) = rollout_fork.unzip();
+        if self.scoring.mode == ScoringMode::FreshFork {
+            // The rollout's VM goes before the scoring fork starts (orchestrate drops it).
+            gauge = None;
+        }
+        let verdict = scorers::orchestrate::score(&self.scoring, task, fork, artifacts, fresh).await;
+        drop(gauge);
+        drop(scoring_vm_gauge);
+        verdict
+    }
+}
+
+/// A running fork a rollout or a session acts in.
+pub struct LiveFork {
+    pub fork: Fork,
+    /// The workspace as the task left it.
+    baseline: Arc<Vec<FileEntry>>,
+    /// The branch snapshot this fork came from (None: the task's snapshot).
+    origin: Option<Arc<Branch>>,
+    _gauge: VmGauge,
+}
+
+/// A session's snapshot taken for a branch; removed from its store once no fork or later
+/// branch needs it (a child's disk is backed by its parent's, so children keep parents).
+pub struct Branch {
+    pub snapshot: Snapshot,
+    store: SnapshotStore,
+    parent: Option<Arc<Branch>>,
+}
+
+impl Drop for Branch {
+    fn drop(&mut self) {
+        let _ = self.store.remove(self.snapshot.id());
+        let _ = &self.parent;
+    }
+}

@@ -1,0 +1,170 @@
+//! `summary.json`'s numbers: counts by status and trust level, mean reward, unbiased pass@k
+//! and pass^k, per task and overall.
+
+use std::collections::BTreeMap;
+
+use crate::row::{Outcome, Status, Timings};
+
+/// Counts by status, mean reward, unbiased pass@k and pass^k per task and overall.
+pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Value {
+    let mut by_task: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
+    for r in rows {
+        by_task.entry(&r.task_id).or_default().push(r);
+    }
+    let counts = |rs: &[&Outcome]| -> BTreeMap<String, usize> {
+        let mut c: BTreeMap<String, usize> = Status::ALL.iter().map(|s| (s.to_string(), 0)).collect();
+        for r in rs {
+            *c.entry(r.status.to_string()).or_default() += 1;
+        }
+        c
+    };
+    // How many verdicts of each trust level (rows without a verdict have none).
+    let trust = |rs: &[&Outcome]| -> BTreeMap<&'static str, usize> {
+        let mut c: BTreeMap<&'static str, usize> = [scorers::Trust::Sound, scorers::Trust::Hardened].iter().map(|t| (t.as_str(), 0)).collect();
+        for t in rs.iter().filter_map(|r| r.trust) {
+            *c.entry(t.as_str()).or_default() += 1;
+        }
+        c
+    };
+    let mean_reward = |rs: &[&Outcome]| {
+        let rewards: Vec<f64> = rs.iter().filter_map(|r| r.reward).collect();
+        if rewards.is_empty() {
+            None
+        } else {
+            Some(rewards.iter().sum::<f64>() / rewards.len() as f64)
+        }
+    };
+    let max_k = samples.max(by_task.values().map(|v| v.len() as u32).max().unwrap_or(1));
+    let mut tasks = serde_json::Map::new();
+    let mut pass_at: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    let mut pass_hat: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+    for (task, rs) in &by_task {
+        // Environment errors are not samples of the model: leave them out of n.
+        let scored: Vec<&&Outcome> = rs.iter().filter(|r| r.status != Status::EnvError).collect();
+        let n = scored.len() as u32;
+        let c = scored.iter().filter(|r| r.status == Status::Passed).count() as u32;
+        let mut at = serde_json::Map::new();
+        let mut hat = serde_json::Map::new();
+        for k in 1..=max_k {
+            if k <= n {
+                let p = pass_at_k(n, c, k);
+                let h = pass_hat_k(n, c, k);
+                at.insert(k.to_string(), p.into());
+                hat.insert(k.to_string(), h.into());
+                pass_at.entry(k).or_default().push(p);
+                pass_hat.entry(k).or_default().push(h);
+            }
+        }
+        tasks.insert(
+            task.to_string(),
+            serde_json::json!({ "n": rs.len(), "counts": counts(rs), "trust": trust(rs), "mean_reward": mean_reward(rs), "pass_at_k": at, "pass_hat_k": hat }),
+        );
+    }
+    let all: Vec<&Outcome> = rows.iter().collect();
+    let avg = |m: &BTreeMap<u32, Vec<f64>>| -> serde_json::Map<String, serde_json::Value> {
+        m.iter().map(|(k, v)| (k.to_string(), (v.iter().sum::<f64>() / v.len() as f64).into())).collect()
+    };
+    serde_json::json!({
+        "planned": planned,
+        "finished": rows.len(),
+        "counts": counts(&all),
+        "trust": trust(&all),
+        "mean_reward": mean_reward(&all),
+        "pass_at_k": avg(&pass_at),
+        "pass_hat_k": avg(&pass_hat),
+        "tasks": tasks,
+    })
+}
+
+/// Unbiased pass@k: 1 - C(n-c, k) / C(n, k).
+pub fn pass_at_k(n: u32, c: u32, k: u32) -> f64 {
+    if n - c < k {
+        return 1.0;
+    }
+    1.0 - ((n - c - k + 1)..=(n - c)).zip((n - k + 1)..=n).map(|(a, b)| a as f64 / b as f64).product::<f64>()
+}
+
+/// pass^k: the chance that k samples drawn without replacement all pass, C(c, k) / C(n, k).
+pub fn pass_hat_k(n: u32, c: u32, k: u32) -> f64 {
+    if c < k {
+        return 0.0;
+    }
+    ((c - k + 1)..=c).zip((n - k + 1)..=n).map(|(a, b)| a as f64 / b as f64).product()
+}
+
+/// Throughput and per-phase times of the rollouts finished by this session (`write` is the
+/// recorder's own time).
+pub fn performance(rows: &[Outcome], wall: std::time::Duration, write: std::time::Duration, concurrency: usize) -> serde_json::Value {
+    let phase = |f: fn(&Timings) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(|r| f(&r.timings)).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        if v.is_empty() {
+            return serde_json::json!(null);
+        }
+        let p = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        serde_json::json!({ "mean_ms": v.iter().sum::<f64>() / v.len() as f64, "p50_ms": p(0.5), "p99_ms": p(0.99) })
+    };
+    serde_json::json!({
+        "rollouts": rows.len(),
+        "concurrency": concurrency,
+        "wall_secs": wall.as_secs_f64(),
+        "rollouts_per_sec": rows.len() as f64 / wall.as_secs_f64().max(1e-9),
+        "fork": phase(|t| t.fork_ms),
+        "rollout": phase(|t| t.rollout_ms),
+        "score": phase(|t| t.score_ms),
+        "total": phase(|t| t.total_ms),
+        "write_ms_total": write.as_secs_f64() * 1e3,
+        "write_ms_per_rollout": write.as_secs_f64() * 1e3 / rows.len().max(1) as f64,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::row::{Row, Step, StepKind};
+
+    pub fn row(task: &str, sample: u32, status: &str) -> Row {
+        Row {
+            run_id: "r".into(),
+            suite_name: "s".into(),
+            suite_digest: "d".into(),
+            task_digest: "t".into(),
+            snapshot_id: "snap".into(),
+            policy_name: "replay".into(),
+            steps: vec![Step { exit_code: Some(0), ..Step::new(0, StepKind::Exec, "true") }],
+            reward: (status != "env_error").then_some(if status == "passed" { 1.0 } else { 0.0 }),
+            status: status.parse().unwrap(),
+            farm_version: "0".into(),
+            ..Row::blank(task, sample, 1)
+        }
+    }
+
+    #[test]
+    fn pass_at_k_matches_the_closed_form() {
+        assert!((pass_at_k(10, 3, 1) - 0.3).abs() < 1e-12);
+        assert_eq!(pass_at_k(5, 0, 3), 0.0);
+        assert_eq!(pass_at_k(5, 3, 3), 1.0);
+        // 1 - C(2,2)/C(4,2) = 1 - 1/6
+        assert!((pass_at_k(4, 2, 2) - (1.0 - 1.0 / 6.0)).abs() < 1e-12);
+        // C(2,2)/C(4,2) = 1/6
+        assert!((pass_hat_k(4, 2, 2) - 1.0 / 6.0).abs() < 1e-12);
+        assert_eq!(pass_hat_k(4, 4, 4), 1.0);
+    }
+
+    #[test]
+    fn summary_counts_and_leaves_env_errors_out_of_pass_at_k() {
+        for status in Status::ALL {
+            assert_eq!(serde_json::to_value(status).unwrap(), status.as_str());
+            assert_eq!(status.as_str().parse::<Status>(), Ok(status));
+        }
+        assert!("lost".parse::<Status>().is_err());
+        let rows = [row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "env_error"), row("b", 1, "passed")];
+        let outcomes: Vec<Outcome> = rows.iter().map(Outcome::from).collect();
+        let s = summary(&outcomes, 2, 4);
+        assert_eq!(s["counts"]["passed"], 2);
+        assert_eq!(s["counts"]["env_error"], 1);
+        assert_eq!(s["tasks"]["a"]["pass_at_k"]["1"], 0.5);
+        assert_eq!(s["tasks"]["b"]["pass_at_k"]["1"], 1.0);
+        assert!(s["tasks"]["b"]["pass_at_k"].get("2").is_none());
+    }
+}

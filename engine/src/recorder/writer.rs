@@ -1,0 +1,293 @@
+//! The run folder's writer: journal lines (fsynced), Parquet parts and the manifest. It does
+//! blocking file-system work, so only the recorder's own thread holds one
+//! ([`super::Recorder`]).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::files::{self, io, Manifest, OutputError, PartRecord, FORMAT_VERSION};
+use crate::row::{Outcome, Row};
+
+/// Writes rows durably and turns them into Parquet parts.
+pub struct OutputWriter {
+    dir: PathBuf,
+    manifest: Manifest,
+    journal: std::fs::File,
+    /// Rows in the journal not yet in a part.
+    pending: Vec<Row>,
+    journal_len: u64,
+    rows_per_part: usize,
+    schema: Arc<arrow_schema::Schema>,
+    /// Every row's [`Row::key`] so far, in parts or pending.
+    done: BTreeSet<String>,
+    /// Where each row's line is in the journal (offset, length), in order: row `i` of the
+    /// journal is `farm serve`'s cursor `i`.
+    lines: Vec<(u64, u64)>,
+    /// Every finished rollout of this run (for the summary), in parts or pending.
+    all: Vec<Outcome>,
+}
+
+/// Which run an output folder is for.
+#[derive(Debug, Clone)]
+pub struct RunIdentity {
+    pub run_id: String,
+    pub suite_name: String,
+    pub suite_digest: String,
+}
+
+impl OutputWriter {
+    /// Opens `dir` for a run: a new one, or (with `resume`) the unfinished run of the same
+    /// suite, whose run id it keeps. A torn last journal line is cut; any other line that is
+    /// not a row stops the open with an error naming it, and nothing is changed.
+    pub fn open(dir: &Path, run: &RunIdentity, resume: bool, rows_per_part: usize) -> Result<OutputWriter, OutputError> {
+        let existing = dir.join("manifest.json").exists();
+        if existing && !resume {
+            return Err(OutputError::HoldsARun(dir.to_path_buf()));
+        }
+        let manifest = if existing {
+            let m = Manifest::load(dir)?;
+            if m.suite_digest != run.suite_digest {
+                let short = |d: &str| d[..12.min(d.len())].to_string();
+                return Err(OutputError::OtherSuite { dir: dir.to_path_buf(), recorded: short(&m.suite_digest), now: short(&run.suite_digest) });
+            }
+            m
+        } else {
+            Manifest {
+                format_version: FORMAT_VERSION,
+                run_id: run.run_id.clone(),
+                suite_name: run.suite_name.clone(),
+                suite_digest: run.suite_digest.clone(),
+                parts: Vec::new(),
+                journal_bytes_in_parts: 0,
+            }
+        };
+        let journal_path = dir.join("journal.jsonl");
+        // Read everything before changing anything: a bad line leaves the folder untouched.
+        let journal = files::read_journal(&journal_path, manifest.journal_bytes_in_parts)?;
+        if journal.extent.good_len < manifest.journal_bytes_in_parts {
+            return Err(OutputError::ShortJournal { dir: dir.to_path_buf(), journal: journal.extent.good_len, in_parts: manifest.journal_bytes_in_parts });
+        }
+        std::fs::create_dir_all(dir.join("trajectories")).map_err(io("creating", dir))?;
+        // Parts not in the manifest were written by a run that died before committing them:
+        // their rows are still in the journal.
+        let listed: BTreeSet<&str> = manifest.parts.iter().map(|p| p.file.as_str()).collect();
+        let trajectories = dir.join("trajectories");
+        for entry in std::fs::read_dir(&trajectories).map_err(io("listing", &trajectories))?.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let ours = name.starts_with("part-") && (name.ends_with(".parquet") || name.ends_with(".parquet.tmp"));
+            if ours && !listed.contains(format!("trajectories/{name}").as_str()) {
+                std::fs::remove_file(entry.path()).map_err(io("removing", &entry.path()))?;
+            }
+        }
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&journal_path).map_err(io("opening", &journal_path))?;
+        // Cut a torn last line (a crash mid-append) so new lines start clean.
+        if journal.extent.torn_bytes > 0 {
+            file.set_len(journal.extent.good_len).map_err(io("truncating the torn last line of", &journal_path))?;
+        }
+        let done = journal.all.iter().map(|o| o.key.clone()).collect();
+        let writer = OutputWriter {
+            dir: dir.to_path_buf(),
+            manifest,
+            journal: file,
+            pending: journal.pending,
+            journal_len: journal.extent.good_len,
+            rows_per_part,
+            schema: files::schema(),
+            done,
+            lines: journal.lines,
+            all: journal.all,
+        };
+        writer.manifest.save(dir)?;
+        Ok(writer)
+    }
+
+    pub fn schema(&self) -> Arc<arrow_schema::Schema> {
+        self.schema.clone()
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.manifest.run_id
+    }
+
+    pub fn done(&self) -> &BTreeSet<String> {
+        &self.done
+    }
+
+    /// Rows recorded so far (journal lines).
+    pub fn rows(&self) -> usize {
+        self.lines.len()
+    }
+
+    pub fn journal_path(&self) -> PathBuf {
+        self.dir.join("journal.jsonl")
+    }
+
+    /// Where each row is in the journal, in order.
+    pub fn lines(&self) -> &[(u64, u64)] {
+        &self.lines
+    }
+
+    pub fn outcomes(&self) -> &[Outcome] {
+        &self.all
+    }
+
+    /// Records a finished rollout durably; writes a part when enough rows are pending.
+    /// Returns the row's position (its cursor).
+    pub fn append(&mut self, row: Row) -> Result<usize, OutputError> {
+        let key = row.key();
+        if !self.done.insert(key.clone()) {
+            return Err(OutputError::Duplicate { key });
+        }
+        let mut line = serde_json::to_vec(&row).expect("rows serialize");
+        line.push(b'\n');
+        let path = self.journal_path();
+        if let Err(e) = self.journal.write_all(&line).and_then(|_| self.journal.sync_data()) {
+            // Nothing half-written stays: the next row starts where this one would have.
+            self.done.remove(&key);
+            let _ = self.journal.set_len(self.journal_len);
+            return Err(OutputError::Io { what: "appending to", path, source: e });
+        }
+        self.lines.push((self.journal_len, line.len() as u64));
+        self.journal_len += line.len() as u64;
+        self.all.push(Outcome::from(&row));
+        self.pending.push(row);
+        if self.pending.len() >= self.rows_per_part {
+            // The row is durable in the journal; a part that cannot be written now is
+            // written by a later flush (or made from the journal on resume).
+            if let Err(e) = self.flush() {
+                tracing::warn!("writing a Parquet part failed (the rows are safe in journal.jsonl): {e}");
+            }
+        }
+        Ok(self.lines.len() - 1)
+    }
+
+    /// Writes pending rows as a Parquet part and commits it in the manifest.
+    pub fn flush(&mut self) -> Result<(), OutputError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let name = format!("trajectories/part-{:05}.parquet", self.manifest.parts.len());
+        let path = self.dir.join(&name);
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        files::write_parquet(&tmp, &self.schema, &self.pending)?;
+        std::fs::rename(&tmp, &path).map_err(io("renaming", &tmp))?;
+        files::sync_dir(&self.dir.join("trajectories"));
+        self.manifest.parts.push(PartRecord { file: name, rows: self.pending.len() });
+        self.manifest.journal_bytes_in_parts = self.journal_len;
+        self.manifest.save(&self.dir)?;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Replaces `summary.json` atomically.
+    pub fn write_summary(&self, summary: &serde_json::Value) -> Result<(), OutputError> {
+        let tmp = self.dir.join("summary.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(summary).expect("JSON")).map_err(io("writing", &tmp))?;
+        std::fs::rename(&tmp, self.dir.join("summary.json")).map_err(io("replacing", &self.dir.join("summary.json")))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recorder::summary::tests::row;
+
+    fn run(id: &str, digest: &str) -> RunIdentity {
+        RunIdentity { run_id: id.into(), suite_name: "s".into(), suite_digest: digest.into() }
+    }
+
+    #[test]
+    fn journal_parts_and_resume_keep_every_row_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = OutputWriter::open(dir.path(), &run("run1", "digest"), false, 2).unwrap();
+        for i in 0..3 {
+            w.append(row("t", i, "passed")).unwrap();
+        }
+        // One part of 2 rows committed; row 3 only in the journal.
+        assert_eq!(w.manifest().parts.len(), 1);
+        drop(w);
+        // A torn line, as if the process died mid-write.
+        let mut j = std::fs::OpenOptions::new().append(true).open(dir.path().join("journal.jsonl")).unwrap();
+        j.write_all(b"{\"run_id\":").unwrap();
+        drop(j);
+        assert!(OutputWriter::open(dir.path(), &run("run2", "digest"), false, 2).is_err(), "needs --resume");
+        assert!(OutputWriter::open(dir.path(), &run("run2", "other"), true, 2).is_err(), "different suite");
+        let mut w = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 2).unwrap();
+        assert_eq!(w.run_id(), "run1");
+        assert_eq!(w.done().len(), 3);
+        assert!(w.append(row("t", 1, "passed")).is_err(), "duplicate");
+        assert_eq!(w.append(row("t", 3, "failed")).unwrap(), 3, "the row's cursor");
+        w.flush().unwrap();
+        let total: usize = w.manifest().parts.iter().map(|p| p.rows).sum();
+        assert_eq!(total, 4);
+        // Rows by position (farm serve's cursor): the torn line is not one of them.
+        assert_eq!(w.rows(), 4);
+        let lines = files::read_lines_at(&w.journal_path(), &w.lines()[1..]).unwrap();
+        let samples: Vec<u32> = lines.iter().map(|l| serde_json::from_slice::<Row>(l).unwrap().sample_index).collect();
+        assert_eq!(samples, [1, 2, 3]);
+        // Read everything back: four distinct keys, as the report reads them.
+        let mut keys = BTreeSet::new();
+        files::read_rows(dir.path(), |r: Row| -> Result<(), OutputError> {
+            assert!(keys.insert(r.key()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(keys.len(), 4);
+        drop(w);
+        // A journal shorter than what the manifest says is in parts: refused, not guessed at.
+        let journal = std::fs::OpenOptions::new().write(true).open(dir.path().join("journal.jsonl")).unwrap();
+        journal.set_len(10).unwrap();
+        let err = OutputWriter::open(dir.path(), &run("run3", "digest"), true, 2).err().unwrap().to_string();
+        assert!(err.contains("changed by hand"), "{err}");
+    }
+
+    /// A corrupt line anywhere but at the end stops a resume with the file and line, and
+    /// leaves the folder as it was; `repair` moves the line aside and the resume goes on
+    /// with every other row.
+    #[test]
+    fn a_corrupt_journal_line_stops_resume_until_repaired() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = OutputWriter::open(dir.path(), &run("run1", "digest"), false, 100).unwrap();
+        for i in 0..5 {
+            w.append(row("t", i, "passed")).unwrap();
+        }
+        drop(w);
+        let path = dir.path().join("journal.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        let second = lines[1].replacen('{', "{{oops", 1);
+        lines[1] = &second;
+        let corrupt = format!("{}\n", lines.join("\n"));
+        std::fs::write(&path, &corrupt).unwrap();
+        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).err().unwrap().to_string();
+        assert!(err.contains("journal.jsonl:2: not a record") && err.contains("farm repair"), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), corrupt, "nothing changed");
+        let repaired = files::repair(dir.path(), |_| true).unwrap();
+        assert_eq!(repaired[0].bad_lines, [2]);
+        let w = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).unwrap();
+        assert_eq!(w.rows(), 4, "every other row is kept");
+        assert!(!w.done().contains(&row("t", 1, "passed").key()), "the quarantined rollout runs again");
+        assert!(std::fs::read_to_string(dir.path().join("journal.jsonl.quarantine")).unwrap().contains("{oops"));
+    }
+
+    #[test]
+    fn a_manifest_of_another_format_is_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(OutputWriter::open(dir.path(), &run("run1", "digest"), false, 100).unwrap());
+        let path = dir.path().join("manifest.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("\"format_version\": 1", "\"format_version\": 7")).unwrap();
+        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).err().unwrap().to_string();
+        assert!(err.contains("format 7") && err.contains("newer"), "{err}");
+        std::fs::write(&path, text.replace("\"format_version\": 1", "\"format_version\": 0")).unwrap();
+        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).err().unwrap().to_string();
+        assert!(err.contains("format 0") && err.contains("older farm"), "{err}");
+    }
+}
