@@ -19,11 +19,12 @@ macro_rules! outln {
 }
 
 mod cmd;
-mod engine;
-mod metrics;
+mod metrics_http;
 mod report;
 mod run;
 mod serve;
+mod signals;
+mod ui;
 
 use clap::{Parser, Subcommand};
 
@@ -54,6 +55,8 @@ enum Command {
     /// Benchmarks: boot and fork latency, memory per fork.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Move journal lines that are not records into side files, so a run can resume.
+    Repair(cmd::repair::RepairArgs),
 }
 
 fn main() {
@@ -70,7 +73,7 @@ fn main() {
     let cli = Cli::parse();
     // A few descriptors per VM: the soft limit must not be what caps the number of VMs.
     let _ = vmm::process::raise_open_file_limit();
-    init_structured_logs();
+    ui::init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -106,6 +109,7 @@ fn main() {
                 Command::Snapshot(command) => cmd::snapshot::run(command).await,
                 Command::Bench(command) => cmd::bench::run(command).await,
                 Command::Report(args) => report::run(args).await,
+                Command::Repair(args) => cmd::repair::run(args).await,
             }
         };
         tokio::select! {
@@ -124,25 +128,4 @@ fn main() {
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     vmm::process::kill_all();
     std::process::exit(code);
-}
-
-/// Structured logs (`tracing`) on standard error when `FARM_LOG` sets a filter, e.g.
-/// `FARM_LOG=info` or `FARM_LOG=farm=debug`; as JSON lines with `FARM_LOG_FORMAT=json`. Each
-/// rollout of `farm run` is a span carrying `run_id`, `task_id`, `sample` and `fork_id`.
-/// Without `FARM_LOG` only farm's usual progress lines are printed.
-fn init_structured_logs() {
-    let Ok(filter) = std::env::var("FARM_LOG") else { return };
-    let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("farm: FARM_LOG={filter:?} is not a log filter ({e}); expected e.g. \"info\" or \"farm=debug\"");
-            std::process::exit(2);
-        }
-    };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
-    if std::env::var("FARM_LOG_FORMAT").is_ok_and(|f| f == "json") {
-        builder.json().with_current_span(true).with_span_list(false).init();
-    } else {
-        builder.with_ansi(false).init();
-    }
 }

@@ -124,6 +124,23 @@ impl PolicyConfig {
         )
     }
 
+    /// A request's policy over this (the suite's): the request's keys win. A request may not
+    /// name a variable of the service's environment (`api_key_env`): a caller could have the
+    /// service read its secrets and send them anywhere. For the same reason the suite's
+    /// variable is dropped when the request names its own `base_url`: the suite's key goes
+    /// only to the suite's endpoint.
+    pub fn for_request(&self, request: &PolicyConfig) -> Result<PolicyConfig, PolicyError> {
+        if request.api_key_env.is_some() {
+            return Err(error("api_key_env", "is not accepted in a request: the service never sends keys from its own environment; give api_key"));
+        }
+        let mut merged = self.overridden_by(request);
+        if request.base_url.is_some() {
+            merged.api_key_env = None;
+        }
+        merged.check(PolicyOrigin::Request)?;
+        Ok(merged)
+    }
+
     /// Checks that the keys fit the kind and the origin; returns the kind.
     pub fn check(&self, origin: PolicyOrigin) -> Result<PolicyKind, PolicyError> {
         let kind = self.kind.ok_or_else(|| error("kind", "is required: \"replay\" or \"openai\""))?;
@@ -168,10 +185,8 @@ impl PolicyConfig {
                 for (key, set) in [("source", self.source.is_some()), ("samples_file", self.samples_file.is_some()), ("trajectories_file", self.trajectories_file.is_some()), ("actions", self.actions.is_some())] {
                     given(key, set)?;
                 }
-                match origin {
-                    PolicyOrigin::Suite => given("api_key", self.api_key.is_some()).map_err(|_| error("api_key", "does not go in a suite file: name a variable with api_key_env"))?,
-                    PolicyOrigin::Request => given("api_key_env", self.api_key_env.is_some())
-                        .map_err(|_| error("api_key_env", "is not accepted in a request: the service never sends its own environment's keys; give api_key"))?,
+                if origin == PolicyOrigin::Suite {
+                    given("api_key", self.api_key.is_some()).map_err(|_| error("api_key", "does not go in a suite file: name a variable with api_key_env"))?;
                 }
                 let base_url = self.base_url.as_deref().ok_or_else(|| error("base_url", "is required when policy.kind = \"openai\""))?;
                 if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
@@ -221,13 +236,17 @@ mod tests {
     fn a_request_overrides_the_suites_keys_and_only_those() {
         let suite = parse(serde_json::json!({"kind": "openai", "base_url": "http://m/v1", "model": "a", "api_key_env": "KEY", "max_tokens": 50}));
         assert_eq!(suite.check(PolicyOrigin::Suite), Ok(PolicyKind::Openai));
-        let request = parse(serde_json::json!({"kind": "openai", "model": "b", "api_key": "sk"}));
-        let merged = suite.overridden_by(&request);
+        let request = parse(serde_json::json!({"kind": "openai", "model": "b"}));
+        let merged = suite.for_request(&request).unwrap();
         assert_eq!((merged.base_url.as_deref(), merged.model.as_deref(), merged.max_tokens()), (Some("http://m/v1"), Some("b"), 50));
-        // The suite's variable name comes along, and a request may not name one.
-        assert_eq!(merged.check(PolicyOrigin::Request).unwrap_err().key, "api_key_env");
+        // The suite's key goes to the suite's endpoint only.
+        assert_eq!(merged.api_key_env.as_deref(), Some("KEY"));
+        let elsewhere = suite.for_request(&parse(serde_json::json!({"kind": "openai", "base_url": "http://evil/v1"}))).unwrap();
+        assert_eq!(elsewhere.api_key_env, None);
+        // A request may not name a variable of the service's environment.
+        assert_eq!(suite.for_request(&parse(serde_json::json!({"kind": "openai", "api_key_env": "HOME"}))).unwrap_err().key, "api_key_env");
         let replay = parse(serde_json::json!({"kind": "replay", "actions": [{"kind": "submit"}]}));
-        let merged = suite.overridden_by(&replay);
+        let merged = suite.for_request(&replay).unwrap();
         assert_eq!(merged.check(PolicyOrigin::Request), Ok(PolicyKind::Replay), "another kind takes nothing of the suite's");
         assert_eq!(merged.actions.unwrap()[0], Action::Submit { answer: None }, "an answer is optional");
     }

@@ -38,7 +38,7 @@ pub enum PolicyBuildError {
 /// Where actions come from.
 pub enum Policy {
     Replay(ReplayPolicy),
-    OpenAi(OpenAiPolicy),
+    OpenAi(Box<OpenAiPolicy>),
     /// The same actions for every sample (a `farm serve` request's replay).
     Actions(Vec<Action>),
 }
@@ -50,7 +50,7 @@ impl Policy {
         Ok(match (config.check(origin)?, &config.actions) {
             (PolicyKind::Replay, Some(actions)) => Policy::Actions(actions.clone()),
             (PolicyKind::Replay, None) => Policy::Replay(ReplayPolicy::load(suite, config)?),
-            (PolicyKind::Openai, _) => Policy::OpenAi(OpenAiPolicy::new(config.clone())?),
+            (PolicyKind::Openai, _) => Policy::OpenAi(Box::new(OpenAiPolicy::new(config.clone())?)),
         })
     }
 

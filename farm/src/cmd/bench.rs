@@ -87,7 +87,7 @@ pub async fn run(command: BenchCommand) -> Result<i32> {
     match command {
         BenchCommand::Boot(args) => boot(args).await,
         BenchCommand::Fork(args) => fork(args).await,
-        BenchCommand::SyntheticRun(args) => synthetic_run(args),
+        BenchCommand::SyntheticRun(args) => synthetic_run(args).await,
     }
 }
 
@@ -365,36 +365,16 @@ async fn futures_collect<T, F>(futures: impl Iterator<Item = F>) -> Result<Vec<T
 where
     F: std::future::Future<Output = Result<T>>,
 {
-    join_all(futures.map(Box::pin).collect()).await.into_iter().collect()
-}
-
-async fn join_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
-    let mut results: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futures.iter_mut().enumerate() {
-            if results[i].is_none() {
-                match std::pin::Pin::new(f).poll(cx) {
-                    std::task::Poll::Ready(v) => results[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    results.into_iter().map(|r| r.expect("all ready")).collect()
+    futures::future::join_all(futures).await.into_iter().collect()
 }
 
 /// Rows shaped like a real run's (three steps with some output, score details), with
-/// deterministic statuses and rewards, written through the run writer.
-fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
-    use crate::engine::output::{OutputWriter, Row, Status, Step, Timings};
-    let mut writer = OutputWriter::open(&args.out, "run-synthetic", "synthetic", "synthetic", false, 10_000)?;
+/// deterministic statuses and rewards, written through the run's recorder.
+async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
+    use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
+    use engine::row::{Row, Status, Step, StepKind, Timings};
+    let identity = RunIdentity { run_id: "run-synthetic".into(), suite_name: "synthetic".into(), suite_digest: "synthetic".into() };
+    let (recorder, _) = Recorder::open(&args.out, identity, RecorderOptions { rows_per_part: 10_000, resume: false, requests: None }).await?;
     let samples = (args.rows / args.tasks.max(1)).max(1) as u32;
     for i in 0..args.rows {
         let (task, sample) = (i % args.tasks.max(1), (i / args.tasks.max(1)) as u32);
@@ -404,32 +384,32 @@ fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
             _ => Status::EnvError,
         };
         let step = |k: u32| Step {
-            index: k,
-            kind: "exec".into(),
-            text: format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"),
             stdout: format!("{}\n{} passed in 0.{k}s\n", "line of test output ".repeat(20), k + 1),
-            stderr: String::new(),
             exit_code: Some(0),
             started_at_ms: 1_700_000_000_000 + i as i64 * 50,
             duration_ms: 40.0 + k as f64,
+            ..Step::new(k, StepKind::Exec, format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"))
         };
-        writer.append(Row {
-            run_id: "run-synthetic".into(),
-            suite_name: "synthetic".into(),
-            suite_digest: "synthetic".into(),
-            task_digest: format!("{task:064x}"),
-            snapshot_id: "t-synthetic".into(),
-            policy_name: "replay".into(),
-            steps: (0..3).map(step).collect(),
-            reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
-            status,
-            score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
-            timings: Timings { fork_ms: 80.0 + (i % 50) as f64, rollout_ms: 150.0 + (i % 300) as f64, score_ms: 700.0 + (i % 900) as f64, total_ms: 1000.0 },
-            started_at_ms: 1_700_000_000_000 + i as i64 * 50,
-            ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
-        })?;
+        recorder
+            .append(Row {
+                run_id: "run-synthetic".into(),
+                suite_name: "synthetic".into(),
+                suite_digest: "synthetic".into(),
+                task_digest: format!("{task:064x}"),
+                snapshot_id: "t-synthetic".into(),
+                policy_name: "replay".into(),
+                steps: (0..3).map(step).collect(),
+                reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
+                status,
+                trust: (status != Status::EnvError).then_some(scorers::Trust::Sound),
+                score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
+                timings: Timings { fork_ms: 80.0 + (i % 50) as f64, rollout_ms: 150.0 + (i % 300) as f64, score_ms: 700.0 + (i % 900) as f64, total_ms: 1000.0 },
+                started_at_ms: 1_700_000_000_000 + i as i64 * 50,
+                ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
+            })
+            .await?;
     }
-    writer.flush()?;
+    recorder.flush().await?;
     eprintln!("farm: wrote {} rows ({} tasks, {samples} samples each) to {}", args.rows, args.tasks, args.out.display());
     Ok(0)
 }

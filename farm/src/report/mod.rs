@@ -3,7 +3,7 @@
 //! The report is `index.html` (leaderboard, per-task table with the runs' differences,
 //! SVG charts drawn here, provenance) plus one page per run and task under `tasks/` with
 //! every rollout of that task (steps, messages, answer, score details). Rows are read one
-//! Arrow batch at a time with the writer's schema code ([`crate::engine::output::read_rows`]);
+//! Arrow batch at a time with the writer's schema code ([`engine::recorder::read_rows`]);
 //! only per-task counts and fixed-size histograms stay in memory, and each rollout's detail
 //! is appended to its task's page as it is read, so the cost grows linearly with the rows.
 //! Everything a rollout produced is HTML-escaped; the pages load nothing from the network.
@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::engine::output::{self, Row, Status};
+use engine::recorder::summary::{pass_at_k, pass_hat_k};
+use engine::row::{Row, Status};
 
 #[derive(Args)]
 pub struct ReportArgs {
@@ -91,7 +92,7 @@ impl RunStats {
             .tasks
             .values()
             .filter(|t| t.scored >= k)
-            .map(|t| if hat { output::pass_hat_k(t.scored, t.passed, k) } else { output::pass_at_k(t.scored, t.passed, k) })
+            .map(|t| if hat { pass_hat_k(t.scored, t.passed, k) } else { pass_at_k(t.scored, t.passed, k) })
             .collect();
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     }
@@ -192,7 +193,7 @@ fn read_run(index: usize, dir: &Path, pages: &mut Pages) -> Result<RunStats> {
     let label = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
     let mut run = RunStats { dir: dir.to_path_buf(), label, host: "unknown".into(), ..Default::default() };
     let mut task_index: HashMap<String, usize> = HashMap::new();
-    let manifest = output::read_rows(dir, |row: Row| {
+    let manifest = engine::recorder::read_rows(dir, |row: Row| -> Result<()> {
         if run.rows == 0 {
             run.policy_name = row.policy_name.clone();
             run.policy_params = row.policy_params.clone();

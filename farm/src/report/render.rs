@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use super::svg;
 use super::{RunStats, PHASE_BINS_MS};
-use crate::engine::output::{Row, Status};
+use engine::row::{Row, Status, StepKind};
 
 /// Text for HTML element content and quoted attribute values.
 pub fn escape(text: &str) -> String {
@@ -23,6 +23,14 @@ pub fn escape(text: &str) -> String {
         }
     }
     out
+}
+
+fn step_kind(kind: StepKind) -> &'static str {
+    match kind {
+        StepKind::Exec => "exec",
+        StepKind::WriteFile => "write_file",
+        StepKind::Submit => "submit",
+    }
 }
 
 /// The last `max` bytes of `text` (on a character boundary), marked when cut.
@@ -330,7 +338,7 @@ pub fn rollout(row: &Row) -> String {
         b.push_str(&format!(
             "<div class=\"step\"><div>#{} {} &middot; exit {} &middot; {:.0} ms</div><pre class=\"text\">{}</pre>",
             step.index,
-            escape(&step.kind),
+            step_kind(step.kind),
             step.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "–".into()),
             step.duration_ms,
             escape(&head(&step.text, 8192))
@@ -344,7 +352,7 @@ pub fn rollout(row: &Row) -> String {
         b.push_str("</div>\n");
     }
     let details: serde_json::Value = serde_json::from_str(&row.score_details).unwrap_or_default();
-    let answer = details["artifacts"]["answer"].as_str().map(String::from).or_else(|| row.steps.iter().rev().find(|s| s.kind == "submit").map(|s| s.text.clone()));
+    let answer = details["artifacts"]["answer"].as_str().map(String::from).or_else(|| row.steps.iter().rev().find(|s| s.kind == StepKind::Submit).map(|s| s.text.clone()));
     b.push_str(&format!("<h3>answer</h3><pre class=\"answer\">{}</pre>\n", escape(answer.as_deref().unwrap_or("(none)"))));
     if row.messages != "[]" {
         let pretty = serde_json::from_str::<serde_json::Value>(&row.messages).ok().and_then(|v| serde_json::to_string_pretty(&v).ok()).unwrap_or_else(|| row.messages.clone());

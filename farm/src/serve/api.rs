@@ -17,8 +17,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::service::{ApiError, Service, SessionRequest, SubmitRequest};
-use crate::engine::policy::Action;
+use super::requests::{ItemRequest, SubmitRequest};
+use super::service::{ApiError, Service};
+use engine::config::Action;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
@@ -44,7 +45,7 @@ pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
         .route("/v1/sessions/{id}/branch", post(branch))
         .route("/v1/sessions/{id}/submit", post(submit_session))
         .route("/v1/sessions/{id}", delete(end_session))
-        .route("/metrics", get(|| async { crate::metrics::metrics_response() }))
+        .route("/metrics", get(|| async { crate::metrics_http::metrics_response() }))
         .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })
         .layer(middleware::from_fn_with_state(app.clone(), auth))
         .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
@@ -156,8 +157,8 @@ async fn results(State(app): State<App>, headers: HeaderMap, query: Result<Query
 /// Rows as one Arrow IPC stream with the Parquet schema.
 fn arrow_stream(service: &Service, lines: &[Vec<u8>]) -> Result<Vec<u8>, ApiError> {
     let internal = |e: String| ApiError::new(500, e);
-    let rows: Vec<crate::engine::output::Row> = lines.iter().map(|l| serde_json::from_slice(l)).collect::<Result<_, _>>().map_err(|e| internal(format!("a journal row: {e}")))?;
-    let schema = service.schema();
+    let rows: Vec<engine::row::Row> = lines.iter().map(|l| serde_json::from_slice(l)).collect::<Result<_, _>>().map_err(|e| internal(format!("a journal row: {e}")))?;
+    let schema = service.recorder.schema();
     let batch = serde_arrow::to_record_batch(schema.fields(), &rows).map_err(|e| internal(format!("rows to Arrow: {e}")))?;
     let mut out = Vec::new();
     {
@@ -169,11 +170,11 @@ fn arrow_stream(service: &Service, lines: &[Vec<u8>]) -> Result<Vec<u8>, ApiErro
 }
 
 async fn rollout(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.rollout(&id)?)
+    ok(app.service.rollout(&id).await?)
 }
 
 async fn cancel(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.cancel(&id)?)
+    ok(app.service.cancel(&id).await?)
 }
 
 #[derive(Deserialize)]
@@ -184,7 +185,7 @@ struct CancelBelow {
 
 async fn cancel_below(State(app): State<App>, body: Bytes) -> Reply {
     let request: CancelBelow = parse(&body)?;
-    ok(app.service.cancel_below(request.policy_version_below))
+    ok(app.service.cancel_below(request.policy_version_below).await)
 }
 
 async fn capacity(State(app): State<App>) -> Reply {
@@ -192,7 +193,7 @@ async fn capacity(State(app): State<App>) -> Reply {
 }
 
 async fn open_session(State(app): State<App>, body: Bytes) -> Reply {
-    let request: SessionRequest = parse(&body)?;
+    let request: ItemRequest = parse(&body)?;
     let response = app.service.open_session(request).await?;
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
@@ -249,5 +250,5 @@ async fn submit_session(State(app): State<App>, Path(id): Path<String>, body: By
 }
 
 async fn end_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.end_session(&id, "deleted")?)
+    ok(app.service.end_session(&id, "deleted").await?)
 }

@@ -12,7 +12,10 @@
 //! ```
 
 mod api;
+mod requests;
+mod rollouts;
 mod service;
+mod sessions;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,8 +26,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Deserialize;
 
-use crate::run::suite::{Count, Suite};
-use crate::run::{counts, Log, Signals};
+use engine::config::{Count, Suite};
+use engine::sizing;
+
+use crate::signals::Signals;
+pub use requests::is_record as is_request_record;
 pub use service::Service;
 
 #[derive(Args)]
@@ -171,20 +177,19 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
         );
     }
     let out = args.out.clone().unwrap_or(default_out);
-    let log = Log::new();
     // Listen before the slow part, so a taken port fails at once.
     let listener = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("cannot listen on {}", settings.listen))?;
     let mut signals = Signals::new()?;
     let service = tokio::select! {
-        service = Service::start(&settings, &suites, &out, args.accel, &log) => service?,
+        service = Service::start(&settings, suites, &out, args.accel) => service?,
         code = signals.recv() => {
-            log.line("interrupted while preparing snapshots");
+            tracing::info!("interrupted while preparing snapshots");
             return Ok(code);
         }
     };
     let service = Arc::new(service);
     let addr = listener.local_addr()?;
-    log.line(&format!("listening on http://{addr} ({}); output in {}", if token.is_some() { "bearer token required" } else { "no token" }, out.display()));
+    tracing::info!("listening on http://{addr} ({}); output in {}", if token.is_some() { "bearer token required" } else { "no token" }, out.display());
     let background = service.clone().spawn_background();
     let app = api::router(service.clone(), token);
     let stop = Arc::new(tokio::sync::Notify::new());
@@ -193,19 +198,19 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
         axum::serve(listener, app).with_graceful_shutdown(async move { stopped.notified().await }).await
     });
     let code = signals.recv().await;
-    log.line("stopping: no new work is admitted; in-flight rollouts are cancelled and recorded");
+    tracing::info!("stopping: no new work is admitted; in-flight rollouts are cancelled and recorded");
     service.shut_down().await;
     stop.notify_one();
     background.abort();
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
-    service.flush()?;
-    log.line("stopped");
+    service.flush().await?;
+    tracing::info!("stopped");
     Ok(code)
 }
 
 /// How many rollouts run at once, and warm forks per template.
-fn resolve_counts(settings: &ServeSection, guest_mib: u32) -> counts::Counts {
+fn resolve_counts(settings: &ServeSection, guest_mib: u32) -> sizing::Counts {
     // Trainers' endpoints answer slowly compared with a step in the guest: plan as for a
     // live policy, which also keeps warm forks for sessions.
-    counts::resolve(settings.concurrency, settings.warm_pool, Some(1), guest_mib, &counts::Host::probe())
+    sizing::resolve(settings.concurrency, settings.warm_pool, Some(1), guest_mib, &sizing::Host::probe())
 }

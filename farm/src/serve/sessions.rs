@@ -1,0 +1,342 @@
+//! Live sessions: environments a caller steps itself (`POST /v1/sessions`, exec,
+//! write_file), branches, and their end: submitted and scored like a rollout, deleted, or
+//! expired.
+//!
+//! A session's life: opening (a slot reserved) → live → (submitting) → ended. While it is
+//! submitted, nothing else may touch it (409), and expiry and shutdown leave it to finish.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datasets::Task;
+use engine::config::{Action, RolloutsSection};
+use engine::metrics::Role;
+use engine::row::{Row, Status, Step};
+use engine::{observation, rollout_seed, Branch, End, LiveFork, Planned, Policy, Served, TaskSnapshot};
+use serde_json::json;
+use snapshotter::Snapshot;
+
+use super::requests::{Admitted, ItemRequest, Record};
+use super::rollouts::metadata_text;
+use super::service::{ApiError, ApiResult, Entry, Phase, Service};
+
+/// A live environment a caller steps.
+pub struct Session {
+    id: String,
+    suite: String,
+    task: Arc<Task>,
+    snapshot: Arc<Snapshot>,
+    /// None once ended.
+    live: Option<LiveFork>,
+    steps: Vec<Step>,
+    limits: RolloutsSection,
+    planned: Planned,
+    /// Time its actions took so far (against `limits.timeout_secs`).
+    spent: Duration,
+    /// Branch snapshots this session's fork depends on.
+    _branch: Option<Arc<Branch>>,
+}
+
+impl Session {
+    /// What a restart needs to know of it.
+    fn admitted(&self) -> Admitted {
+        let served = self.planned.served.as_ref().expect("sessions are served");
+        Admitted {
+            rollout_id: served.rollout_id.clone(),
+            group_id: served.group_id.clone(),
+            suite: self.suite.clone(),
+            task_id: self.task.id.clone(),
+            sample: 0,
+            seed: self.planned.seed,
+            policy_version: served.policy_version,
+            policy_name: "session".into(),
+            metadata: served.metadata.clone(),
+        }
+    }
+}
+
+/// A session slot taken by [`Service::take_session_slot`]; given back when dropped unless
+/// the session was added.
+pub(super) struct SessionSlot<'a>(&'a Service);
+
+impl Drop for SessionSlot<'_> {
+    fn drop(&mut self) {
+        self.0.lock().reserved -= 1;
+    }
+}
+
+impl Service {
+    /// Memory for one more VM, or a clear refusal.
+    fn check_memory(&self) -> ApiResult<()> {
+        let host = engine::sizing::Host::probe();
+        let need = self.guest_mib as u64 + engine::sizing::QEMU_OVERHEAD_MIB;
+        match host.mem_available_mib {
+            Some(free) if free < need * 2 => Err(ApiError::new(503, format!("the host has {free} MiB available; a VM needs {need} MiB and the service keeps as much in reserve"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reserves a session slot until the session is added (or the reservation dropped).
+    fn take_session_slot(&self) -> ApiResult<SessionSlot<'_>> {
+        self.check_admitting()?;
+        self.check_memory()?;
+        let mut inner = self.lock();
+        let live = inner.sessions.len() + inner.reserved;
+        if live >= self.settings.max_sessions {
+            return Err(ApiError { retry_after: Some(5), ..ApiError::new(429, format!("{live} sessions are live or opening (serve.max_sessions {})", self.settings.max_sessions)) });
+        }
+        inner.reserved += 1;
+        Ok(SessionSlot(self))
+    }
+
+    /// Journals a session, then makes it live (or ends it, when a shutdown began meanwhile).
+    async fn add_session(&self, slot: SessionSlot<'_>, session: Session) -> ApiResult<()> {
+        let admitted = session.admitted();
+        let id = session.id.clone();
+        self.recorder
+            .journal_request(&Record::Session { session_id: id.clone(), rollout: admitted.clone() })
+            .await
+            .map_err(|e| ApiError::new(500, format!("journaling the session: {e}")))?;
+        {
+            let mut inner = self.lock();
+            inner.reserved -= 1;
+            std::mem::forget(slot);
+            inner.rollouts.insert(admitted.rollout_id.clone(), Entry::new(&admitted, Some(id.clone()), Phase::Session));
+            inner.touched.insert(id.clone(), Instant::now());
+            inner.sessions.insert(id.clone(), Arc::new(tokio::sync::Mutex::new(session)));
+            engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
+        }
+        if self.stopping.load(Ordering::SeqCst) {
+            let _ = self.end_session(&id, "the service shut down").await;
+            return Err(ApiError::new(503, "the service is shutting down"));
+        }
+        Ok(())
+    }
+
+    /// `POST /v1/sessions`.
+    pub async fn open_session(&self, request: ItemRequest) -> ApiResult<serde_json::Value> {
+        request.check_session()?;
+        let slot = self.take_session_slot()?;
+        let metadata = metadata_text(request.metadata.as_ref(), "metadata")?;
+        let (suite_name, state) = self.suite(request.suite.as_deref(), "suite")?;
+        let (task, snapshot) = self.resolve_task(state, request.task_id.as_deref(), request.task.as_ref(), &|f: &str| f.to_string()).await?;
+        let limits = request.limits.apply(&state.engine.config.rollouts, &|f: &str| f.to_string())?;
+        let seed = rollout_seed(request.seed, &task.id, 0);
+        let (rollout_id, session_id, group_id) = (self.new_id("r"), self.new_id("s"), self.new_id("g"));
+        let served = Served { suite: suite_name.to_string(), rollout_id: rollout_id.clone(), group_id: group_id.clone(), policy_version: request.policy_version, metadata };
+        let planned = Planned {
+            task: task.clone(),
+            sample: 0,
+            seed,
+            snapshot: TaskSnapshot::Ready(snapshot.clone()),
+            policy: Arc::new(Policy::Actions(Vec::new())),
+            limits: limits.clone(),
+            served: Some(served),
+        };
+        let live = state.engine.open(&task, &snapshot, seed, &limits, Role::Session).await.map_err(|end| ApiError::new(503, format!("opening the session failed: {end:?}")))?;
+        let session = Session {
+            id: session_id.clone(),
+            suite: suite_name.to_string(),
+            task: task.clone(),
+            snapshot,
+            live: Some(live),
+            steps: Vec::new(),
+            limits,
+            planned,
+            spent: Duration::ZERO,
+            _branch: None,
+        };
+        self.add_session(slot, session).await?;
+        Ok(json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": group_id, "task_id": task.id, "suite": suite_name, "instruction": task.instruction }))
+    }
+
+    fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Session>>> {
+        let mut inner = self.lock();
+        let session = inner.sessions.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no live session {id:?}")))?;
+        if inner.submitting.contains(id) {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+        }
+        inner.touched.insert(id.to_string(), Instant::now());
+        Ok(session)
+    }
+
+    /// Marks a session used now, if it is still live.
+    fn touch(&self, id: &str) {
+        let mut inner = self.lock();
+        if inner.sessions.contains_key(id) {
+            inner.touched.insert(id.to_string(), Instant::now());
+        }
+    }
+
+    /// Ends a session with a row of how it ended (its steps so far): the VM is gone.
+    async fn end_with_row(&self, session: &mut Session, end: End) -> serde_json::Value {
+        let engine = self.suites[&session.suite].engine.clone();
+        let mut row = engine.ended(&session.planned, end);
+        row.policy_name = "session".into();
+        row.steps = session.steps.clone();
+        session.live = None;
+        let (status, error) = (row.status, row.error.clone());
+        let cursor = self.emit(row).await;
+        json!({ "ended": true, "status": status, "error": error, "cursor": cursor })
+    }
+
+    /// `POST /v1/sessions/{id}/exec` and `/write_file`: one action, its observation. The
+    /// session's actions share its `timeout_secs` budget, as a rollout's do; past it the
+    /// session ends as a `timeout`.
+    pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<serde_json::Value> {
+        let session = self.session(id)?;
+        let mut session = session.lock().await;
+        let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
+        if session.steps.len() >= session.limits.max_steps {
+            return Err(ApiError::new(409, format!("session {id:?} took its {} steps (rollouts.max_steps): submit it", session.limits.max_steps)));
+        }
+        let mut limits = session.limits.clone();
+        if let Some(t) = timeout_secs {
+            if t == 0 {
+                return Err(ApiError::field(400, "timeout_secs", "must be at least 1"));
+            }
+            limits.step_timeout_secs = t.min(limits.step_timeout_secs);
+        }
+        let engine = self.suites[&session.suite].engine.clone();
+        let index = session.steps.len() as u32;
+        let budget = Duration::from_secs(limits.timeout_secs).saturating_sub(session.spent);
+        let started = Instant::now();
+        let result = tokio::time::timeout(budget, engine.act(live, &action, index, &limits)).await;
+        session.spent += started.elapsed();
+        self.touch(id);
+        let (step, end) = match result {
+            Ok(Ok((step, _))) => {
+                let out = json!({ "step": step, "observation": observation(&step), "ended": false });
+                session.steps.push(step);
+                return Ok(out);
+            }
+            // The action took the VM down: the session ends as the agent's failure.
+            Ok(Err((step, reason))) => (Some(step), End::AgentBrokeVm(reason)),
+            Err(_) => (None, End::Timeout(limits.timeout_secs)),
+        };
+        session.steps.extend(step.clone());
+        let mut out = self.end_with_row(&mut session, end).await;
+        drop(session);
+        self.drop_session(id, Phase::Done);
+        out["step"] = json!(step);
+        out["observation"] = match &step {
+            Some(step) => json!(observation(step)),
+            None => json!(format!("the session ran past its {} s limit", limits.timeout_secs)),
+        };
+        Ok(out)
+    }
+
+    /// `POST /v1/sessions/{id}/branch`.
+    pub async fn branch(&self, id: &str) -> ApiResult<serde_json::Value> {
+        let slot = self.take_session_slot()?;
+        let session = self.session(id)?;
+        let session = session.lock().await;
+        let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
+        let engine = self.suites[&session.suite].engine.clone();
+        let parent = session.planned.served.clone().expect("sessions are served");
+        let (rollout_id, session_id) = (self.new_id("r"), self.new_id("s"));
+        let seed = rollout_seed(session.planned.seed, &rollout_id, 0);
+        let (child, branch) = engine
+            .branch(live, &session.snapshot, &self.branches, seed, Role::Session)
+            .await
+            .map_err(|e| ApiError::new(503, format!("branching session {id:?} failed: {e}")))?;
+        let mut planned = session.planned.clone();
+        planned.seed = seed;
+        planned.served = Some(Served { rollout_id: rollout_id.clone(), ..parent.clone() });
+        let new = Session {
+            id: session_id.clone(),
+            suite: session.suite.clone(),
+            task: session.task.clone(),
+            snapshot: session.snapshot.clone(),
+            live: Some(child),
+            steps: session.steps.clone(),
+            limits: session.limits.clone(),
+            planned,
+            spent: session.spent,
+            _branch: Some(branch),
+        };
+        drop(session);
+        self.add_session(slot, new).await?;
+        Ok(json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": parent.group_id, "parent": id }))
+    }
+
+    /// `POST /v1/sessions/{id}/submit`: ends the session, scores it like any rollout (with
+    /// the suite's scoring mode: by default in a fresh fork, where the session cannot reach)
+    /// and records the row.
+    pub async fn submit_session(&self, id: &str, answer: Option<String>) -> ApiResult<serde_json::Value> {
+        let session = self.session(id)?;
+        // From here on, expiry, DELETE and shutdown leave this session to finish.
+        if !self.lock().submitting.insert(id.to_string()) {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+        }
+        let mut session = session.lock().await;
+        let Some(live) = session.live.take() else {
+            self.lock().submitting.remove(id);
+            return Err(ApiError::new(404, format!("session {id:?} has ended")));
+        };
+        let engine = self.suites[&session.suite].engine.clone();
+        let started = Instant::now();
+        let mut row: Row = engine.ended(&session.planned, End::Scored);
+        row.policy_name = "session".into();
+        row.status = Status::EnvError;
+        row.steps = session.steps.clone();
+        row.timings.rollout_ms = session.spent.as_secs_f64() * 1e3;
+        let (task, snapshot) = (session.task.clone(), session.snapshot.clone());
+        let end = engine.finish(live, &task, &snapshot, answer, &mut row).await;
+        end.settle(&mut row);
+        row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
+        let cursor = self.emit(row.clone()).await;
+        drop(session);
+        self.drop_session(id, Phase::Done);
+        let details = serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default();
+        Ok(json!({ "rollout_id": row.rollout_id, "status": row.status, "reward": row.reward, "error": row.error, "trust": row.trust, "trust_reason": row.trust_reason, "cursor": cursor, "score_details": details }))
+    }
+
+    /// `DELETE /v1/sessions/{id}`: ends it without a row.
+    pub async fn end_session(&self, id: &str, reason: &str) -> ApiResult<serde_json::Value> {
+        {
+            let inner = self.lock();
+            if !inner.sessions.contains_key(id) {
+                return Err(ApiError::new(404, format!("no live session {id:?}")));
+            }
+            if inner.submitting.contains(id) {
+                return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+            }
+        }
+        self.recorder
+            .journal_request(&Record::SessionEnd { session_id: id.to_string(), reason: reason.to_string() })
+            .await
+            .map_err(|e| ApiError::new(500, format!("journaling the session's end: {e}")))?;
+        self.drop_session(id, Phase::Done);
+        Ok(json!({ "session_id": id, "ended": true }))
+    }
+
+    fn drop_session(&self, id: &str, phase: Phase) {
+        let mut inner = self.lock();
+        inner.sessions.remove(id);
+        inner.touched.remove(id);
+        inner.submitting.remove(id);
+        let rollout = inner.rollouts.iter().find(|(_, e)| e.session.as_deref() == Some(id)).map(|(r, _)| r.clone());
+        if let Some(entry) = rollout.and_then(|r| inner.rollouts.get_mut(&r)) {
+            if entry.phase == Phase::Session {
+                entry.phase = phase;
+            }
+        }
+        engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
+    }
+
+    pub(super) async fn expire_sessions(&self) {
+        let lease = Duration::from_secs(self.settings.session_lease_secs);
+        let idle: Vec<String> = {
+            let mut inner = self.lock();
+            let super::service::Inner { touched, sessions, submitting, .. } = &mut *inner;
+            touched.retain(|id, _| sessions.contains_key(id));
+            touched.iter().filter(|(id, t)| t.elapsed() > lease && !submitting.contains(*id)).map(|(id, _)| id.clone()).collect()
+        };
+        for id in idle {
+            tracing::info!(session_id = %id, "session expired");
+            let _ = self.end_session(&id, "expired").await;
+        }
+    }
+}
