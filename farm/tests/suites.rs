@@ -302,6 +302,80 @@ fn the_function_call_harness_agrees_with_the_reference_harness() {
     assert!(mismatches.is_empty(), "verdicts differ from the reference harness:\n{}", mismatches.join("\n"));
 }
 
+/// Unit tests through the boundary give the verdicts of the same tests run in process
+/// (pytest, on the host) for honest code, and every attack on them fails.
+#[test]
+fn unit_tests_through_the_boundary_agree_with_pytest_and_refuse_every_attack() {
+    let data = repo().join("configs/data/unittest-proxy");
+    let reference = Command::new("python3").arg(data.join("reference.py")).output().unwrap();
+    assert!(reference.status.success(), "the in-process reference failed (is pytest installed? scripts/setup.sh installs it):\n{}", text(&reference));
+    let expected: Vec<serde_json::Value> = String::from_utf8_lossy(&reference.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let recorded: Vec<serde_json::Value> = std::fs::read_to_string(data.join("expected.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(expected, recorded, "the recorded expectations are pytest's");
+    assert_eq!(expected.len(), 48);
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("unittest-proxy.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(out.path());
+    let mut mismatches = Vec::new();
+    for e in &expected {
+        let key = (e["task_id"].as_str().unwrap().to_string(), e["sample_index"].as_u64().unwrap());
+        let row = &rows[&key];
+        assert_ne!(row["status"], "env_error", "{row}");
+        assert_eq!(row["trust"], "sound", "{row}");
+        if (row["status"] == "passed") != e["passed"].as_bool().unwrap() {
+            mismatches.push(format!("{key:?}: farm {} ({}), pytest {}", row["status"], row["error"], e["passed"]));
+        }
+    }
+    assert!(mismatches.is_empty(), "verdicts differ from pytest in process:\n{}", mismatches.join("\n"));
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("hostile-unittest.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_every_attack_failed(out.path(), 19);
+    for (key, row) in journal_rows(out.path()) {
+        // No attack gets its failure labelled as a task the boundary cannot check.
+        let error = row["error"].as_str().unwrap_or("");
+        assert!(!error.starts_with("harness: this task cannot be checked"), "{key:?}: {error}");
+        assert!(!error.contains("FORGED"), "{key:?}: {error}");
+    }
+}
+
+/// The same attack (`os._exit(0)` when the tests import the module) passes a unit-test
+/// task whose tests run as the candidate, and the row says so: `hardened`. Through the
+/// boundary it fails, and the row is `sound`.
+#[test]
+fn an_exit_on_import_passes_only_where_the_row_says_hardened() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = repo().join("configs/data/unittest-proxy");
+    let stack: serde_json::Value = serde_json::from_str(std::fs::read_to_string(data.join("tasks.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    let attack: serde_json::Value = serde_json::from_str(std::fs::read_to_string(data.join("hostile.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    assert!(attack["note"].as_str().unwrap().contains("os._exit(0)"), "{attack}");
+    let mut hardened = stack.clone();
+    hardened["id"] = "stack-as-candidate".into();
+    hardened.as_object_mut().unwrap().remove("unit_tests");
+    hardened["test_command"] = "python3 -m pytest -q -p no:cacheprovider /opt/farm-tests/test_stack.py && echo 1 > \"$FARM_REWARD_FILE\"".into();
+    let tasks = [hardened, stack.clone()].iter().map(|t| format!("{t}\n")).collect::<String>();
+    std::fs::write(dir.path().join("tasks.jsonl"), tasks).unwrap();
+    let trajectories: String = ["stack-as-candidate", "stack"]
+        .iter()
+        .map(|id| format!("{}\n", serde_json::json!({ "task_id": id, "sample_index": 0, "actions": attack["actions"] })))
+        .collect();
+    std::fs::write(dir.path().join("traj.jsonl"), trajectories).unwrap();
+    let o = run_suite_file(
+        dir.path(),
+        "[suite]\nname = \"exit-on-import\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n\
+         [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n[output]\ndir = \"out\"\n",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(&dir.path().join("out"));
+    let candidate = &rows[&("stack-as-candidate".to_string(), 0)];
+    assert_eq!((candidate["status"].as_str(), candidate["trust"].as_str()), (Some("passed"), Some("hardened")), "{candidate}");
+    let boundary = &rows[&("stack".to_string(), 0)];
+    assert_eq!((boundary["status"].as_str(), boundary["trust"].as_str()), (Some("failed"), Some("sound")), "{boundary}");
+    let summary = summary(&dir.path().join("out"));
+    assert_eq!((summary["trust"]["sound"].as_u64(), summary["trust"]["hardened"].as_u64()), (Some(1), Some(1)), "{summary}");
+}
+
 #[test]
 fn tests_that_inspect_the_candidate_fail_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
