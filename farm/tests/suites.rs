@@ -261,10 +261,13 @@ fn hostile_code_against_the_function_call_harness_fails() {
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "an attack on the harness passed: {s}");
-    assert_every_attack_failed(out.path(), 12);
-    // The candidate cannot write the harness's report: its forged one labels no row.
+    assert_every_attack_failed(out.path(), 14);
+    // The candidate cannot write the harness's report: its forged one labels no row, and a
+    // label it sends on its socket is quoted as its own words, never the harness's.
     for (key, row) in journal_rows(out.path()) {
-        assert!(!row["error"].as_str().unwrap_or("").contains("PWNED"), "{key:?}: {row}");
+        let error = row["error"].as_str().unwrap_or("");
+        assert!(!error.contains("PWNED"), "{key:?}: {row}");
+        assert!(!error.starts_with("harness: this task cannot be checked"), "{key:?}: {error}");
     }
     assert!(!text(&o).contains('\u{1b}'), "a terminal escape reached farm's log");
 }
