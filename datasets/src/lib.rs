@@ -10,6 +10,8 @@
 mod folder;
 mod table;
 
+pub use table::RowError;
+
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -267,14 +269,16 @@ pub fn load(path: &Path, format: Format) -> Result<Vec<Task>, DatasetError> {
 
 /// A task given as JSON, in the format of a JSONL task table's row (`farm serve`'s inline
 /// tasks); checked as a dataset's tasks are.
-pub fn task_from_json(value: serde_json::Value) -> Result<Task, String> {
-    let row: table::TaskRow = serde_json::from_value(value).map_err(|e| e.to_string())?;
+pub fn task_from_json(value: serde_json::Value) -> Result<Task, RowError> {
+    let row: table::TaskRow = serde_json::from_value(value).map_err(|e| RowError::Json(e.to_string()))?;
     let task = row.into_task()?;
     if task.id.is_empty() {
-        return Err("the task has an empty id".into());
+        return Err(RowError::EmptyId);
     }
     for file in task.files.iter().chain(task.tests.iter()) {
-        check_relative(Path::new("the task"), &task.id, &file.path).map_err(|e| e.to_string())?;
+        if !is_relative_inside(&file.path) {
+            return Err(RowError::PathOutside { id: task.id.clone(), file: file.path.clone() });
+        }
     }
     Ok(task)
 }
@@ -285,14 +289,17 @@ pub(crate) fn valid_module_name(name: &str) -> bool {
     chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Task file paths stay inside their folder: relative, no `..`.
-fn check_relative(path: &Path, id: &str, file: &str) -> Result<(), DatasetError> {
+/// Whether a task file's path stays inside its folder: relative, no `..`.
+fn is_relative_inside(file: &str) -> bool {
     let p = Path::new(file);
-    if file.is_empty() || p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(DatasetError::Invalid {
-            path: path.to_path_buf(),
-            message: format!("task {id:?}: file path {file:?} must be relative and stay inside its folder"),
-        });
+    !(file.is_empty() || p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)))
+}
+
+/// Task file paths stay inside their folder.
+fn check_relative(path: &Path, id: &str, file: &str) -> Result<(), DatasetError> {
+    if !is_relative_inside(file) {
+        let message = RowError::PathOutside { id: id.to_string(), file: file.to_string() }.to_string();
+        return Err(DatasetError::Invalid { path: path.to_path_buf(), message });
     }
     Ok(())
 }
@@ -305,9 +312,10 @@ mod tests {
     fn inline_tasks_are_checked_like_dataset_tasks() {
         let task = task_from_json(serde_json::json!({ "id": "t", "instruction": "x", "files": { "a.txt": "1" }, "expected_answer": "1" })).unwrap();
         assert_eq!((task.id.as_str(), task.files.len(), task.expected_answer.as_deref()), ("t", 1, Some("1")));
-        assert!(task_from_json(serde_json::json!({ "id": "t", "files": { "../x": "1" } })).unwrap_err().contains("stay inside"));
-        assert!(task_from_json(serde_json::json!({ "id": "", "expected_answer": "1" })).unwrap_err().contains("empty id"));
-        assert!(task_from_json(serde_json::json!({ "id": "t", "colour": "red" })).unwrap_err().contains("colour"));
+        let err = |json| task_from_json(json).unwrap_err().to_string();
+        assert!(err(serde_json::json!({ "id": "t", "files": { "../x": "1" } })).contains("stay inside"));
+        assert!(err(serde_json::json!({ "id": "", "expected_answer": "1" })).contains("empty id"));
+        assert!(err(serde_json::json!({ "id": "t", "colour": "red" })).contains("colour"));
     }
 
     #[test]

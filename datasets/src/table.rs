@@ -83,19 +83,40 @@ fn default_modules() -> Vec<String> {
     vec![default_module()]
 }
 
+/// Why a task's row (or `task.toml`) does not make a task.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RowError {
+    #[error("{0}")]
+    Json(String),
+    #[error("function_call, unit_tests and test_command are alternatives: give one")]
+    Alternatives,
+    #[error("{key} {module:?} must be a Python module name (the file is MODULE.py in the workspace)")]
+    Module { key: &'static str, module: String },
+    #[error("unit_tests.modules must name at least one module")]
+    NoModules,
+    #[error("unit tests need at least one test file (test_*.py or *_test.py) directly in tests")]
+    NoTestFile,
+    #[error("tests may not hold {0} (farm writes it)")]
+    Reserved(&'static str),
+    #[error("the task has an empty id")]
+    EmptyId,
+    #[error("task {id:?}: file path {file:?} must be relative and stay inside its folder")]
+    PathOutside { id: String, file: String },
+}
+
 /// Checks a unit-test task's modules and test files, and adds the harness to its tests.
-pub(crate) fn unit_tests_harness(modules: Vec<String>, tests: &mut Vec<TaskFile>) -> Result<Harness, String> {
+pub(crate) fn unit_tests_harness(modules: Vec<String>, tests: &mut Vec<TaskFile>) -> Result<Harness, RowError> {
     if modules.is_empty() {
-        return Err("unit_tests.modules must name at least one module".into());
+        return Err(RowError::NoModules);
     }
     if let Some(bad) = modules.iter().find(|m| !crate::valid_module_name(m)) {
-        return Err(format!("unit_tests.modules: {bad:?} must be a Python module name (the file is MODULE.py in the workspace)"));
+        return Err(RowError::Module { key: "unit_tests.modules:", module: bad.clone() });
     }
     if !tests.iter().any(|t| crate::is_unit_test_file(&t.path)) {
-        return Err("unit tests need at least one test file (test_*.py or *_test.py) directly in tests".into());
+        return Err(RowError::NoTestFile);
     }
     if tests.iter().any(|t| t.path.starts_with(crate::HARNESS_DIR)) {
-        return Err(format!("tests may not hold {} (farm writes its harness there)", crate::HARNESS_DIR));
+        return Err(RowError::Reserved(crate::HARNESS_DIR));
     }
     tests.extend(crate::harness_files());
     Ok(Harness::UnitTests { modules })
@@ -123,12 +144,12 @@ pub struct SolutionRow {
 
 impl TaskRow {
     /// The task, or why the row is inconsistent.
-    pub fn into_task(self) -> Result<Task, String> {
+    pub fn into_task(self) -> Result<Task, RowError> {
         let files = |m: BTreeMap<String, String>| m.into_iter().map(|(p, c)| TaskFile::text(p, c)).collect::<Vec<_>>();
         let mut tests = files(self.tests);
         let alternatives = [self.function_call.is_some(), self.unit_tests.is_some(), self.test_command.is_some()];
         if alternatives.iter().filter(|given| **given).count() > 1 {
-            return Err("function_call, unit_tests and test_command are alternatives: give one".into());
+            return Err(RowError::Alternatives);
         }
         if let Some(units) = self.unit_tests {
             let harness = unit_tests_harness(units.modules, &mut tests)?;
@@ -138,10 +159,13 @@ impl TaskRow {
         let (harness, test_user) = match self.function_call {
             Some(call) => {
                 if !crate::valid_module_name(&call.module) {
-                    return Err(format!("function_call.module {:?} must be a Python module name (the file is MODULE.py in the workspace)", call.module));
+                    return Err(RowError::Module { key: "function_call.module", module: call.module });
                 }
-                if tests.iter().any(|t| t.path.starts_with(HARNESS_DIR) || t.path == "problem.json") {
-                    return Err(format!("with function_call, tests may not hold {HARNESS_DIR} or problem.json (farm writes them)"));
+                if tests.iter().any(|t| t.path.starts_with(HARNESS_DIR)) {
+                    return Err(RowError::Reserved(HARNESS_DIR));
+                }
+                if tests.iter().any(|t| t.path == "problem.json") {
+                    return Err(RowError::Reserved("problem.json"));
                 }
                 tests.extend(function_call_tests(&call.prompt, &call.test, &call.entry_point));
                 (Some(Harness::FunctionCall { module: call.module, entry_point: call.entry_point }), TestUser::Root)
@@ -196,7 +220,7 @@ fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, D
 pub fn load_jsonl(path: &Path) -> Result<Vec<Task>, DatasetError> {
     jsonl::<TaskRow>(path)?
         .into_iter()
-        .map(|(line, row)| row.into_task().map_err(|message| DatasetError::Line { path: path.to_path_buf(), line, message }))
+        .map(|(line, row)| row.into_task().map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() }))
         .collect()
 }
 
@@ -343,7 +367,7 @@ pub fn load_parquet(path: &Path) -> Result<Vec<Task>, DatasetError> {
             }
             let task_row: TaskRow = serde_json::from_value(serde_json::Value::Object(object))
                 .map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() })?;
-            tasks.push(task_row.into_task().map_err(|message| DatasetError::Line { path: path.to_path_buf(), line, message })?);
+            tasks.push(task_row.into_task().map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() })?);
         }
     }
     Ok(tasks)
@@ -443,11 +467,11 @@ pub(crate) mod tests {
         assert_eq!(t.harness, Some(Harness::UnitTests { modules: vec!["solution".into()] }));
         assert_eq!(t.test_user, TestUser::Root);
         assert!(t.tests.iter().any(|f| f.path == crate::HARNESS_TEST_FILE) && t.has_tests());
-        let err = row(serde_json::json!({"id": "u", "tests": {"helper.py": ""}, "unit_tests": {}})).unwrap_err();
+        let err = row(serde_json::json!({"id": "u", "tests": {"helper.py": ""}, "unit_tests": {}})).unwrap_err().to_string();
         assert!(err.contains("test_*.py"), "{err}");
-        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {"modules": ["my-mod"]}})).unwrap_err();
+        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {"modules": ["my-mod"]}})).unwrap_err().to_string();
         assert!(err.contains("\"my-mod\""), "{err}");
-        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {}, "test_command": "pytest"})).unwrap_err();
+        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {}, "test_command": "pytest"})).unwrap_err().to_string();
         assert!(err.contains("alternatives"), "{err}");
     }
 

@@ -68,7 +68,7 @@ impl End {
     }
 
     /// The error text of the row.
-    fn error(&self) -> Option<String> {
+    pub fn error(&self) -> Option<String> {
         Some(match self {
             End::Scored => return None,
             End::NoSnapshot(e) | End::Setup(e) | End::AgentBrokeVm(e) => e.clone(),
@@ -152,7 +152,7 @@ pub(crate) fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict, sc
             row.score_details = serde_json::to_string(&Recorded { details: &v.details, artifacts }).unwrap_or_else(|_| "{}".into());
             End::Scored
         }
-        Err(e) => End::Scoring(e.to_string()),
+        Err(e) => End::Scoring(crate::engine::describe(&e)),
     }
 }
 

@@ -29,6 +29,30 @@ pub enum EngineError {
     Panicked,
 }
 
+/// Why a fork of a task's pristine state could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkTaskError {
+    #[error(transparent)]
+    Fork(#[from] snapshotter::ForkError),
+    #[error("writing the task's file {file} into the fork")]
+    WriteFile {
+        file: String,
+        #[source]
+        source: vmm::AgentError,
+    },
+}
+
+/// An error and its causes on one line (`what failed: why: why`), for a row's `error` text.
+pub fn describe(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
 /// What every rollout of one suite shares: its template, forker, warm pool and settings.
 pub struct Engine {
     pub suite_name: String,
@@ -195,7 +219,7 @@ impl Engine {
                 let _slot = slots.acquire_owned().await.expect("semaphore open");
                 let snapshot = match task_snapshot(&store, &forker, &template, &task).await {
                     Ok(s) => TaskSnapshot::Ready(Arc::new(s)),
-                    Err(e) => TaskSnapshot::Failed(format!("preparing the task snapshot failed: {e}")),
+                    Err(e) => TaskSnapshot::Failed(format!("preparing the task snapshot failed: {}", describe(&e))),
                 };
                 (task_snapshot_id(&template, &task), snapshot)
             });
@@ -230,14 +254,14 @@ impl Engine {
     /// A fork in the task's pristine state: a fork of its snapshot, with the task's files
     /// written in when the task has no snapshot of its own (a few small files are cheaper to
     /// write into each fork than a RAM file per task is to build and keep).
-    pub(crate) async fn fork_task(&self, snapshot: &Snapshot, task: &Task, identity: ForkIdentity) -> Result<Fork, String> {
-        let fork = self.fork(snapshot, identity).await.map_err(|e| e.to_string())?;
+    pub(crate) async fn fork_task(&self, snapshot: &Snapshot, task: &Task, identity: ForkIdentity) -> Result<Fork, ForkTaskError> {
+        let fork = self.fork(snapshot, identity).await?;
         if task.files_in_forks() {
             for file in &task.files {
                 fork.agent()
                     .write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode)
                     .await
-                    .map_err(|e| format!("writing the task's file {} into the fork: {e}", file.path))?;
+                    .map_err(|source| ForkTaskError::WriteFile { file: file.path.clone(), source })?;
             }
         }
         Ok(fork)

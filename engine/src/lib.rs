@@ -34,6 +34,6 @@ pub mod sizing;
 
 pub use action::{observation, Submitted};
 pub use end::End;
-pub use engine::{rollout_seed, Engine, EngineError, Planned, Served, TaskSnapshot, TaskSnapshots};
+pub use engine::{describe, rollout_seed, Engine, EngineError, ForkTaskError, Planned, Served, TaskSnapshot, TaskSnapshots};
 pub use live::{Branch, BranchError, LiveFork};
 pub use policy::Policy;

@@ -36,7 +36,7 @@ impl Engine {
         let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
         tracing::debug!("forking the task's snapshot");
-        let fork = self.fork_task(snapshot, task, identity).await.map_err(End::Fork)?;
+        let fork = self.fork_task(snapshot, task, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if !limits.network.is_empty() {
             // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
             fork.machine.set_network(vmm::net::Policy { allow: limits.network.allow.clone(), log: None });
@@ -49,7 +49,7 @@ impl Engine {
         }
         // The task's own workspace, before the agent acts: a listing that fails here is the
         // farm's or the task's.
-        let baseline = scorers::artifacts::list_workspace(fork.agent()).await.map_err(|e| End::Setup(e.to_string()))?;
+        let baseline = scorers::artifacts::list_workspace(fork.agent()).await.map_err(|e| End::Setup(crate::engine::describe(&e)))?;
         Ok(LiveFork { fork, baseline: Arc::new(baseline), origin: None, _gauge: gauge })
     }
 
@@ -116,7 +116,7 @@ impl Engine {
         let fresh = |seed: u64| async move {
             let identity = ForkIdentity::new(seed);
             tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
-            let mut fork = self.fork_task(snapshot, task, identity).await.map_err(|e| format!("{e:#}"))?;
+            let mut fork = self.fork_task(snapshot, task, identity).await.map_err(|e| crate::engine::describe(&e))?;
             // Room for the whole artifact budget on top of the task's own limit: placing an
             // agent's files (which may have lived in a tmpfs of its rollout) never kills the
             // scoring VM.
@@ -124,7 +124,7 @@ impl Engine {
                 fork.machine.limit_disk_growth(limit + scorers::ArtifactLimits::default().scoring_room());
             }
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
-            Ok(fork)
+            Ok::<_, String>(fork)
         };
         let (fork, mut gauge) = rollout_fork.unzip();
         if self.scoring.mode == ScoringMode::FreshFork {

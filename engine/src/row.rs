@@ -127,11 +127,16 @@ impl Status {
     }
 }
 
-impl std::str::FromStr for Status {
-    type Err = String;
+/// Text that is not a status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected passed, failed, timeout or env_error, got {0:?}")]
+pub struct NotAStatus(pub String);
 
-    fn from_str(text: &str) -> Result<Status, String> {
-        Status::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| format!("expected passed, failed, timeout or env_error, got {text:?}"))
+impl std::str::FromStr for Status {
+    type Err = NotAStatus;
+
+    fn from_str(text: &str) -> Result<Status, NotAStatus> {
+        Status::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| NotAStatus(text.to_string()))
     }
 }
 

@@ -53,8 +53,8 @@ fn parse_number(s: &str) -> Option<f64> {
 }
 
 /// Whole-string match of `pattern` against `text`.
-pub fn regex_lite_match(pattern: &str, text: &str) -> Result<bool, String> {
-    let re = regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| e.to_string())?;
+pub fn regex_lite_match(pattern: &str, text: &str) -> Result<bool, regex::Error> {
+    let re = regex::Regex::new(&format!("^(?:{pattern})$"))?;
     Ok(re.is_match(text))
 }
 

@@ -57,7 +57,7 @@ pub fn safe_relative(path: &str) -> bool {
 /// Why a workspace could not be told apart from its baseline.
 #[derive(Debug, thiserror::Error)]
 pub enum ListingError {
-    #[error("listing the workspace: {0}")]
+    #[error("listing the workspace")]
     Agent(#[from] vmm::AgentError),
     /// More files than a listing holds: what changed, and what was deleted, cannot be told.
     #[error("the workspace holds more than {max} files, the most farm lists; what changed and what was deleted cannot be told")]

@@ -47,8 +47,8 @@ pub enum ScoreError {
     ScoringVm(String),
     /// The external scorer failed in a way that is its own (it said so, it could not start,
     /// or it ran out of time on a small input).
-    #[error("external scorer: {0}")]
-    External(external::ExternalError),
+    #[error("external scorer")]
+    External(#[source] external::ExternalError),
 }
 
 /// A seed for the checkers of one scoring run: drawn afresh from the host's entropy, so
@@ -65,17 +65,18 @@ pub fn scoring_seed() -> u64 {
 /// `rollout_fork` is the rollout's VM (None for a replay that needed none); final-state
 /// scoring requires it. `fresh_fork` makes a fork of the task's pristine state with the
 /// given seed, for fresh-fork scoring.
-pub async fn score<F, Fut>(plan: &Plan, task: &Task, rollout_fork: Option<Fork>, artifacts: &Artifacts, fresh_fork: F) -> Result<Verdict, ScoreError>
+pub async fn score<F, Fut, E>(plan: &Plan, task: &Task, rollout_fork: Option<Fork>, artifacts: &Artifacts, fresh_fork: F) -> Result<Verdict, ScoreError>
 where
     F: FnOnce(u64) -> Fut,
-    Fut: Future<Output = Result<Fork, String>>,
+    Fut: Future<Output = Result<Fork, E>>,
+    E: std::fmt::Display,
 {
     let seed = scoring_seed();
     let mut verdict = if task.has_tests() {
         let scoring_fork = match plan.mode {
             ScoringMode::FreshFork => {
                 drop(rollout_fork);
-                fresh_fork(seed).await.map_err(ScoreError::Fork)?
+                fresh_fork(seed).await.map_err(|e| ScoreError::Fork(e.to_string()))?
             }
             ScoringMode::FinalState => {
                 let Some(rollout_fork) = rollout_fork else { return Err(ScoreError::NoRolloutVm) };

@@ -41,13 +41,18 @@ impl std::fmt::Display for Trust {
     }
 }
 
+/// Text that is not a trust level.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a trust level (sound, hardened)")]
+pub struct NotATrustLevel(pub String);
+
 impl std::str::FromStr for Trust {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Trust, String> {
+    type Err = NotATrustLevel;
+    fn from_str(s: &str) -> Result<Trust, NotATrustLevel> {
         match s {
             "sound" => Ok(Trust::Sound),
             "hardened" => Ok(Trust::Hardened),
-            other => Err(format!("{other:?} is not a trust level (sound, hardened)")),
+            other => Err(NotATrustLevel(other.to_string())),
         }
     }
 }

@@ -49,19 +49,27 @@ pub struct Network {
     pub allow: Vec<String>,
 }
 
+/// An allowlist entry that is not `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("allow[{index}] = {entry:?} is not host:port (e.g. \"pypi.org:443\")")]
+pub struct BadAllowEntry {
+    pub index: usize,
+    pub entry: String,
+}
+
 impl Network {
     pub fn is_empty(&self) -> bool {
         self.allow.is_empty()
     }
 
     /// Checks each entry is `host:port`; names the bad one.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BadAllowEntry> {
         for (i, entry) in self.allow.iter().enumerate() {
             let ok = entry.rsplit_once(':').is_some_and(|(host, port)| {
                 !host.is_empty() && !host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
             if !ok {
-                return Err(format!("allow[{i}] = {entry:?} is not host:port (e.g. \"pypi.org:443\")"));
+                return Err(BadAllowEntry { index: i, entry: entry.clone() });
             }
         }
         Ok(())
@@ -148,7 +156,7 @@ impl TemplateConfig {
                 format!("{:?} is not an image; expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", self.image, vmm::artifacts::IMAGES.join(", ")),
             ));
         }
-        self.network.check().map_err(|m| invalid("template.network", m))?;
+        self.network.check().map_err(|m| invalid("template.network", m.to_string()))?;
         if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
             return Err(invalid("template.image_size_mib", format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0))));
         }

@@ -260,7 +260,7 @@ impl Suite {
         if c.scoring.call_timeout_secs == 0 {
             return Err(invalid("scoring.call_timeout_secs", "must be at least 1".into()));
         }
-        c.rollouts.network.check().map_err(|m| invalid("rollouts.network", m))?;
+        c.rollouts.network.check().map_err(|m| invalid("rollouts.network", m.to_string()))?;
         if !c.rollouts.user.is_empty() && !valid_user(&c.rollouts.user) {
             return Err(invalid(
                 "rollouts.user",

@@ -221,8 +221,8 @@ pub struct Journal {
 /// naming the file and line, and nothing is dropped.
 pub fn read_journal(path: &Path, in_parts: u64) -> Result<Journal, OutputError> {
     let (mut all, mut pending, mut lines) = (Vec::new(), Vec::new(), Vec::new());
-    let extent = journal::for_each_line(path, |offset, line| {
-        let row: Row = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let extent = journal::for_each_line(path, |offset, line| -> Result<(), serde_json::Error> {
+        let row: Row = serde_json::from_slice(line)?;
         all.push(Outcome::from(&row));
         if offset >= in_parts {
             pending.push(row);

@@ -40,7 +40,7 @@ pub struct Extent {
 /// Calls `each(offset, line)` for every complete line of `path` (with its newline), in
 /// order; a missing file has none. A line `each` refuses stops the read with the line's
 /// number; a torn last line is reported in the [`Extent`], not passed on.
-pub fn for_each_line(path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<(), String>) -> Result<Extent, JournalError> {
+pub fn for_each_line<E: std::fmt::Display>(path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<(), E>) -> Result<Extent, JournalError> {
     let io = |source| JournalError::Io { path: path.to_path_buf(), source };
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -60,7 +60,7 @@ pub fn for_each_line(path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<(),
         if line.last() != Some(&b'\n') {
             return Ok(Extent { good_len: offset, torn_bytes: n as u64 });
         }
-        each(offset, &line).map_err(|message| JournalError::BadLine { path: path.to_path_buf(), line: number, message })?;
+        each(offset, &line).map_err(|e| JournalError::BadLine { path: path.to_path_buf(), line: number, message: e.to_string() })?;
         offset += n as u64;
     }
 }
@@ -99,7 +99,7 @@ pub fn repair(path: &Path, valid: impl Fn(&[u8]) -> bool) -> Result<Repaired, Jo
     let mut good: Vec<u8> = Vec::new();
     let mut bad: Vec<u8> = Vec::new();
     let mut number = 0;
-    let extent = for_each_line(path, |offset, line| {
+    let extent = for_each_line(path, |offset, line| -> Result<(), std::convert::Infallible> {
         number += 1;
         if valid(line) {
             good.extend_from_slice(line);
@@ -139,7 +139,7 @@ mod tests {
 
     fn numbers(path: &Path) -> Result<(Vec<u64>, Extent), JournalError> {
         let mut seen = Vec::new();
-        let extent = for_each_line(path, |_, line| {
+        let extent = for_each_line(path, |_, line| -> Result<(), String> {
             let v: serde_json::Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
             seen.push(v["n"].as_u64().ok_or("no n")?);
             Ok(())

@@ -51,10 +51,15 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-fn parse_env(s: &str) -> Result<(String, String), String> {
+/// A `--env` value that is not `KEY=VALUE`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not KEY=VALUE")]
+struct NotKeyValue(String);
+
+fn parse_env(s: &str) -> Result<(String, String), NotKeyValue> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-        _ => Err(format!("{s:?} is not KEY=VALUE")),
+        _ => Err(NotKeyValue(s.to_string())),
     }
 }
 

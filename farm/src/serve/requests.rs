@@ -132,8 +132,8 @@ pub fn is_record(line: &[u8]) -> bool {
 /// left for the recorder to cut; any other bad line stops the start with its number.
 pub fn read_records(path: &std::path::Path) -> Result<(Vec<Record>, u64), engine::recorder::journal::JournalError> {
     let mut records = Vec::new();
-    let extent = engine::recorder::journal::for_each_line(path, |_, line| {
-        records.push(serde_json::from_slice(line).map_err(|e| e.to_string())?);
+    let extent = engine::recorder::journal::for_each_line(path, |_, line| -> Result<(), serde_json::Error> {
+        records.push(serde_json::from_slice(line)?);
         Ok(())
     })?;
     Ok((records, extent.good_len))

@@ -134,7 +134,7 @@ impl Service {
             limits: limits.clone(),
             served: Some(served),
         };
-        let live = state.engine.open(&task, &snapshot, seed, &limits, Role::Session).await.map_err(|end| ApiError::new(503, format!("opening the session failed: {end:?}")))?;
+        let live = state.engine.open(&task, &snapshot, seed, &limits, Role::Session).await.map_err(|end| ApiError::new(503, format!("opening the session failed: {}", end.error().unwrap_or_default())))?;
         let session = Session {
             id: session_id.clone(),
             suite: suite_name.to_string(),
