@@ -52,7 +52,7 @@ pub struct Opened {
 pub struct SummaryInputs {
     pub samples: u32,
     pub planned: usize,
-    pub provenance: serde_json::Value,
+    pub provenance: summary::Provenance,
     pub concurrency: usize,
     /// Wall time of this session's rollouts.
     pub wall: Duration,
@@ -62,7 +62,7 @@ enum Command {
     Append(Box<Row>, oneshot::Sender<Result<usize, OutputError>>),
     Request(Vec<u8>, oneshot::Sender<Result<(), OutputError>>),
     Flush(oneshot::Sender<Result<(), OutputError>>),
-    Summary(Box<SummaryInputs>, oneshot::Sender<Result<serde_json::Value, OutputError>>),
+    Summary(Box<SummaryInputs>, oneshot::Sender<Result<summary::Summary, OutputError>>),
 }
 
 /// State readers share with the recorder's thread.
@@ -151,7 +151,7 @@ impl Recorder {
 
     /// Flushes, then writes and returns `summary.json`: counts over every row of the run,
     /// plus `inputs`' provenance and this session's performance.
-    pub async fn summarise(&self, inputs: SummaryInputs) -> Result<serde_json::Value, OutputError> {
+    pub async fn summarise(&self, inputs: SummaryInputs) -> Result<summary::Summary, OutputError> {
         self.ask(|reply| Command::Summary(Box::new(inputs), reply)).await
     }
 
@@ -239,8 +239,8 @@ fn run_thread(mut writer: OutputWriter, mut requests: Option<(PathBuf, std::fs::
                 let result = writer.flush().and_then(|()| {
                     let this_session = &writer.outcomes()[opened_rows.min(writer.outcomes().len())..];
                     let mut value = summary::summary(writer.outcomes(), inputs.samples, inputs.planned);
-                    value["provenance"] = inputs.provenance.clone();
-                    value["performance"] = summary::performance(this_session, inputs.wall, write_time + started.elapsed(), inputs.concurrency);
+                    value.provenance = Some(inputs.provenance.clone());
+                    value.performance = Some(summary::performance(this_session, inputs.wall, write_time + started.elapsed(), inputs.concurrency));
                     writer.write_summary(&value).map(|()| value)
                 });
                 let _ = reply.send(result);
@@ -277,10 +277,12 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(recorder.read_lines(0, 10, 1).await.unwrap().len(), 1, "at least one row, whatever the byte cap");
         recorder.journal_request(&serde_json::json!({"kind": "test"})).await.unwrap();
-        let inputs = SummaryInputs { samples: 1, planned: 3, provenance: serde_json::json!({"host": "h"}), concurrency: 1, wall: Duration::from_secs(1) };
+        let provenance = summary::Provenance { host: "h".into(), ..Default::default() };
+        let inputs = SummaryInputs { samples: 1, planned: 3, provenance, concurrency: 1, wall: Duration::from_secs(1) };
         let summary = recorder.summarise(inputs).await.unwrap();
-        assert_eq!((summary["finished"].as_u64(), summary["provenance"]["host"].as_str()), (Some(3), Some("h")));
-        assert_eq!(summary["performance"]["rollouts"], 3);
+        assert_eq!((summary.finished, summary.provenance.unwrap().host.as_str()), (3, "h"));
+        assert_eq!(summary.performance.unwrap().rollouts, 3);
+        assert_eq!(summary::Summary::load(dir.path()).unwrap().finished, 3, "summary.json reads back");
         drop(recorder);
         assert_eq!(std::fs::read_to_string(&requests).unwrap(), "{\"kind\":\"test\"}\n");
         // Everything is in parts once the recorder is gone.

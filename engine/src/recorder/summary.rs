@@ -3,39 +3,132 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::row::{Outcome, Status, Timings};
 
+/// `summary.json`, field by field as `docs/output.md` documents it. Maps are keyed by name
+/// (`"passed"`, `"sound"`) or by k (`"1"`, `"2"`). Every field has a default, so summaries
+/// written before a field existed still load.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    #[serde(default)]
+    pub planned: usize,
+    #[serde(default)]
+    pub finished: usize,
+    #[serde(default)]
+    pub counts: BTreeMap<String, usize>,
+    #[serde(default)]
+    pub trust: BTreeMap<String, usize>,
+    #[serde(default)]
+    pub mean_reward: Option<f64>,
+    #[serde(default)]
+    pub pass_at_k: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub pass_hat_k: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub tasks: BTreeMap<String, TaskSummary>,
+    /// Where and with what the run was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+    /// This session's speed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub performance: Option<Performance>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskSummary {
+    #[serde(default)]
+    pub n: usize,
+    #[serde(default)]
+    pub counts: BTreeMap<String, usize>,
+    #[serde(default)]
+    pub trust: BTreeMap<String, usize>,
+    #[serde(default)]
+    pub mean_reward: Option<f64>,
+    #[serde(default)]
+    pub pass_at_k: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub pass_hat_k: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub farm_version: String,
+    #[serde(default)]
+    pub accel: String,
+    #[serde(default)]
+    pub cores: usize,
+    #[serde(default)]
+    pub template_snapshot: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Performance {
+    pub rollouts: usize,
+    pub concurrency: usize,
+    pub wall_secs: f64,
+    pub rollouts_per_sec: f64,
+    pub fork: Option<PhaseTimes>,
+    pub rollout: Option<PhaseTimes>,
+    pub score: Option<PhaseTimes>,
+    pub total: Option<PhaseTimes>,
+    pub write_ms_total: f64,
+    pub write_ms_per_rollout: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTimes {
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+impl Summary {
+    /// Reads `DIR/summary.json`, if the run wrote one.
+    pub fn load(dir: &std::path::Path) -> Option<Summary> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).ok()?).ok()
+    }
+
+    /// A count by status (0 when absent).
+    pub fn count(&self, status: Status) -> usize {
+        self.counts.get(status.as_str()).copied().unwrap_or(0)
+    }
+}
+
+fn counts(rs: &[&Outcome]) -> BTreeMap<String, usize> {
+    let mut c: BTreeMap<String, usize> = Status::ALL.iter().map(|s| (s.to_string(), 0)).collect();
+    for r in rs {
+        *c.entry(r.status.to_string()).or_default() += 1;
+    }
+    c
+}
+
+/// How many verdicts of each trust level (rows without a verdict have none).
+fn trust(rs: &[&Outcome]) -> BTreeMap<String, usize> {
+    let mut c: BTreeMap<String, usize> = [scorers::Trust::Sound, scorers::Trust::Hardened].iter().map(|t| (t.to_string(), 0)).collect();
+    for t in rs.iter().filter_map(|r| r.trust) {
+        *c.entry(t.to_string()).or_default() += 1;
+    }
+    c
+}
+
+fn mean_reward(rs: &[&Outcome]) -> Option<f64> {
+    let rewards: Vec<f64> = rs.iter().filter_map(|r| r.reward).collect();
+    (!rewards.is_empty()).then(|| rewards.iter().sum::<f64>() / rewards.len() as f64)
+}
+
 /// Counts by status, mean reward, unbiased pass@k and pass^k per task and overall.
-pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Value {
+pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> Summary {
     let mut by_task: BTreeMap<&str, Vec<&Outcome>> = BTreeMap::new();
     for r in rows {
         by_task.entry(&r.task_id).or_default().push(r);
     }
-    let counts = |rs: &[&Outcome]| -> BTreeMap<String, usize> {
-        let mut c: BTreeMap<String, usize> = Status::ALL.iter().map(|s| (s.to_string(), 0)).collect();
-        for r in rs {
-            *c.entry(r.status.to_string()).or_default() += 1;
-        }
-        c
-    };
-    // How many verdicts of each trust level (rows without a verdict have none).
-    let trust = |rs: &[&Outcome]| -> BTreeMap<&'static str, usize> {
-        let mut c: BTreeMap<&'static str, usize> = [scorers::Trust::Sound, scorers::Trust::Hardened].iter().map(|t| (t.as_str(), 0)).collect();
-        for t in rs.iter().filter_map(|r| r.trust) {
-            *c.entry(t.as_str()).or_default() += 1;
-        }
-        c
-    };
-    let mean_reward = |rs: &[&Outcome]| {
-        let rewards: Vec<f64> = rs.iter().filter_map(|r| r.reward).collect();
-        if rewards.is_empty() {
-            None
-        } else {
-            Some(rewards.iter().sum::<f64>() / rewards.len() as f64)
-        }
-    };
     let max_k = samples.max(by_task.values().map(|v| v.len() as u32).max().unwrap_or(1));
-    let mut tasks = serde_json::Map::new();
+    let mut tasks = BTreeMap::new();
     let mut pass_at: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     let mut pass_hat: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     for (task, rs) in &by_task {
@@ -43,37 +136,30 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> serde_json::Va
         let scored: Vec<&&Outcome> = rs.iter().filter(|r| r.status != Status::EnvError).collect();
         let n = scored.len() as u32;
         let c = scored.iter().filter(|r| r.status == Status::Passed).count() as u32;
-        let mut at = serde_json::Map::new();
-        let mut hat = serde_json::Map::new();
-        for k in 1..=max_k {
-            if k <= n {
-                let p = pass_at_k(n, c, k);
-                let h = pass_hat_k(n, c, k);
-                at.insert(k.to_string(), p.into());
-                hat.insert(k.to_string(), h.into());
-                pass_at.entry(k).or_default().push(p);
-                pass_hat.entry(k).or_default().push(h);
-            }
+        let mut summary = TaskSummary { n: rs.len(), counts: counts(rs), trust: trust(rs), mean_reward: mean_reward(rs), ..TaskSummary::default() };
+        for k in (1..=max_k).filter(|k| *k <= n) {
+            let (p, h) = (pass_at_k(n, c, k), pass_hat_k(n, c, k));
+            summary.pass_at_k.insert(k.to_string(), p);
+            summary.pass_hat_k.insert(k.to_string(), h);
+            pass_at.entry(k).or_default().push(p);
+            pass_hat.entry(k).or_default().push(h);
         }
-        tasks.insert(
-            task.to_string(),
-            serde_json::json!({ "n": rs.len(), "counts": counts(rs), "trust": trust(rs), "mean_reward": mean_reward(rs), "pass_at_k": at, "pass_hat_k": hat }),
-        );
+        tasks.insert(task.to_string(), summary);
     }
     let all: Vec<&Outcome> = rows.iter().collect();
-    let avg = |m: &BTreeMap<u32, Vec<f64>>| -> serde_json::Map<String, serde_json::Value> {
-        m.iter().map(|(k, v)| (k.to_string(), (v.iter().sum::<f64>() / v.len() as f64).into())).collect()
-    };
-    serde_json::json!({
-        "planned": planned,
-        "finished": rows.len(),
-        "counts": counts(&all),
-        "trust": trust(&all),
-        "mean_reward": mean_reward(&all),
-        "pass_at_k": avg(&pass_at),
-        "pass_hat_k": avg(&pass_hat),
-        "tasks": tasks,
-    })
+    let avg = |m: &BTreeMap<u32, Vec<f64>>| -> BTreeMap<String, f64> { m.iter().map(|(k, v)| (k.to_string(), v.iter().sum::<f64>() / v.len() as f64)).collect() };
+    Summary {
+        planned,
+        finished: rows.len(),
+        counts: counts(&all),
+        trust: trust(&all),
+        mean_reward: mean_reward(&all),
+        pass_at_k: avg(&pass_at),
+        pass_hat_k: avg(&pass_hat),
+        tasks,
+        provenance: None,
+        performance: None,
+    }
 }
 
 /// Unbiased pass@k: 1 - C(n-c, k) / C(n, k).
@@ -94,28 +180,28 @@ pub fn pass_hat_k(n: u32, c: u32, k: u32) -> f64 {
 
 /// Throughput and per-phase times of the rollouts finished by this session (`write` is the
 /// recorder's own time).
-pub fn performance(rows: &[Outcome], wall: std::time::Duration, write: std::time::Duration, concurrency: usize) -> serde_json::Value {
+pub fn performance(rows: &[Outcome], wall: std::time::Duration, write: std::time::Duration, concurrency: usize) -> Performance {
     let phase = |f: fn(&Timings) -> f64| {
         let mut v: Vec<f64> = rows.iter().map(|r| f(&r.timings)).collect();
         v.sort_by(|a, b| a.total_cmp(b));
         if v.is_empty() {
-            return serde_json::json!(null);
+            return None;
         }
         let p = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-        serde_json::json!({ "mean_ms": v.iter().sum::<f64>() / v.len() as f64, "p50_ms": p(0.5), "p99_ms": p(0.99) })
+        Some(PhaseTimes { mean_ms: v.iter().sum::<f64>() / v.len() as f64, p50_ms: p(0.5), p99_ms: p(0.99) })
     };
-    serde_json::json!({
-        "rollouts": rows.len(),
-        "concurrency": concurrency,
-        "wall_secs": wall.as_secs_f64(),
-        "rollouts_per_sec": rows.len() as f64 / wall.as_secs_f64().max(1e-9),
-        "fork": phase(|t| t.fork_ms),
-        "rollout": phase(|t| t.rollout_ms),
-        "score": phase(|t| t.score_ms),
-        "total": phase(|t| t.total_ms),
-        "write_ms_total": write.as_secs_f64() * 1e3,
-        "write_ms_per_rollout": write.as_secs_f64() * 1e3 / rows.len().max(1) as f64,
-    })
+    Performance {
+        rollouts: rows.len(),
+        concurrency,
+        wall_secs: wall.as_secs_f64(),
+        rollouts_per_sec: rows.len() as f64 / wall.as_secs_f64().max(1e-9),
+        fork: phase(|t| t.fork_ms),
+        rollout: phase(|t| t.rollout_ms),
+        score: phase(|t| t.score_ms),
+        total: phase(|t| t.total_ms),
+        write_ms_total: write.as_secs_f64() * 1e3,
+        write_ms_per_rollout: write.as_secs_f64() * 1e3 / rows.len().max(1) as f64,
+    }
 }
 
 #[cfg(test)]
@@ -161,10 +247,14 @@ pub(crate) mod tests {
         let rows = [row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "env_error"), row("b", 1, "passed")];
         let outcomes: Vec<Outcome> = rows.iter().map(Outcome::from).collect();
         let s = summary(&outcomes, 2, 4);
-        assert_eq!(s["counts"]["passed"], 2);
-        assert_eq!(s["counts"]["env_error"], 1);
-        assert_eq!(s["tasks"]["a"]["pass_at_k"]["1"], 0.5);
-        assert_eq!(s["tasks"]["b"]["pass_at_k"]["1"], 1.0);
-        assert!(s["tasks"]["b"]["pass_at_k"].get("2").is_none());
+        assert_eq!(s.count(Status::Passed), 2);
+        assert_eq!(s.count(Status::EnvError), 1);
+        assert_eq!(s.tasks["a"].pass_at_k["1"], 0.5);
+        assert_eq!(s.tasks["b"].pass_at_k["1"], 1.0);
+        assert!(!s.tasks["b"].pass_at_k.contains_key("2"));
+        // What is written is what is read back.
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<Summary>(&text).unwrap(), s);
+        assert_eq!(serde_json::from_str::<Summary>("{}").unwrap(), Summary::default(), "an old or partial summary loads");
     }
 }

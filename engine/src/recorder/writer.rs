@@ -182,7 +182,7 @@ impl OutputWriter {
     }
 
     /// Replaces `summary.json` atomically.
-    pub fn write_summary(&self, summary: &serde_json::Value) -> Result<(), OutputError> {
+    pub fn write_summary(&self, summary: &super::summary::Summary) -> Result<(), OutputError> {
         let tmp = self.dir.join("summary.json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(summary).expect("JSON")).map_err(io("writing", &tmp))?;
         std::fs::rename(&tmp, self.dir.join("summary.json")).map_err(io("replacing", &self.dir.join("summary.json")))

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use datasets::Task;
 use engine::config::{Count, PolicyOrigin, Suite};
+use engine::recorder::summary::Provenance;
 use engine::recorder::{Opened, Recorder, RecorderOptions, RunIdentity, SummaryInputs};
 use engine::row::{plan_key, Row, Status};
 use engine::sizing::{self, Counts};
@@ -84,15 +85,14 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let interrupted = run_rollouts(engine.clone(), counts.concurrency, todo, &recorder, &mut signals, &args.suite).await?;
     let inputs = SummaryInputs { samples: suite.config.rollouts.samples, planned, provenance: provenance(&engine), concurrency: counts.concurrency, wall: started.elapsed() };
     let summary = recorder.summarise(inputs).await?;
-    let count = |s: &str| summary["counts"][s].clone();
     tracing::info!(
         "{} of {planned} rollouts recorded: {} passed, {} failed, {} timeout, {} env_error; mean reward {}; summary in {}",
-        summary["finished"],
-        count("passed"),
-        count("failed"),
-        count("timeout"),
-        count("env_error"),
-        summary["mean_reward"],
+        summary.finished,
+        summary.count(Status::Passed),
+        summary.count(Status::Failed),
+        summary.count(Status::Timeout),
+        summary.count(Status::EnvError),
+        summary.mean_reward.map(|r| format!("{r:.3}")).unwrap_or_else(|| "null".into()),
         out.join("summary.json").display()
     );
     Ok(interrupted.unwrap_or(0))
@@ -181,15 +181,14 @@ async fn run_rollouts(engine: Arc<Engine>, concurrency: usize, planned: Vec<Plan
 }
 
 /// Where and with what the run was made (for reports that must be told apart).
-fn provenance(engine: &Engine) -> serde_json::Value {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-    serde_json::json!({
-        "host": host,
-        "farm_version": env!("CARGO_PKG_VERSION"),
-        "accel": format!("{:?}", engine.forker.vm.accel).to_lowercase(),
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "template_snapshot": engine.template.id(),
-    })
+fn provenance(engine: &Engine) -> Provenance {
+    Provenance {
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default(),
+        farm_version: env!("CARGO_PKG_VERSION").to_string(),
+        accel: format!("{:?}", engine.forker.vm.accel).to_lowercase(),
+        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        template_snapshot: engine.template.id().to_string(),
+    }
 }
 
 pub fn new_run_id() -> String {
