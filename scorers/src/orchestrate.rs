@@ -182,3 +182,55 @@ pub fn agent_failure(reason: String, trust: TrustLevel) -> Verdict {
         details: Details { agent_failure: Some(reason), ..Details::basis("the agent's work broke scoring") },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer_task(expected: &str) -> Task {
+        let row = serde_json::json!({ "id": "capital", "instruction": "the capital?", "expected_answer": expected });
+        datasets::task_from_json(row).unwrap()
+    }
+
+    fn plan(external: &[&str]) -> Plan {
+        Plan {
+            mode: ScoringMode::FreshFork,
+            timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(5),
+            pass_threshold: 1.0,
+            external: external.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    async fn scored(plan: &Plan, answer: Option<&str>) -> Result<Verdict, ScoreError> {
+        let artifacts = Artifacts { answer: answer.map(String::from), ..Artifacts::default() };
+        // An answer task never needs a scoring VM.
+        let no_vm = |_seed: u64| async { Err::<Fork, _>("no scoring VM for an answer") };
+        score(plan, &answer_task("Paris"), None, &artifacts, no_vm).await
+    }
+
+    #[tokio::test]
+    async fn answers_are_scored_on_the_host_with_a_fresh_seed_and_a_sound_verdict() {
+        let right = scored(&plan(&[]), Some(" Paris\n")).await.unwrap();
+        assert!(right.passed && right.trust == TrustLevel::ANSWER);
+        let wrong = scored(&plan(&[]), Some("Lyon")).await.unwrap();
+        assert!(!wrong.passed && wrong.reward == 0.0);
+        let (a, b) = (right.details.scoring_seed.unwrap(), wrong.details.scoring_seed.unwrap());
+        assert_ne!(a, b, "every scoring run draws its own seed");
+        let none = scored(&plan(&[]), None).await.unwrap();
+        assert_eq!(none.details.answer.unwrap().rule, "no answer submitted");
+    }
+
+    #[tokio::test]
+    async fn the_external_scorer_decides_and_its_failures_on_the_agents_output_are_a_zero() {
+        let script = "import json, sys\nrun = json.load(sys.stdin)\nif run['answer'] == 'own':\n    sys.exit(75)\nprint(json.dumps({'reward': 0.5 if json.loads(run['answer']) == 1 else 0.0}))\n";
+        let external = plan(&["python3", "-c", script]);
+        let graded = scored(&external, Some("1")).await.unwrap();
+        assert_eq!((graded.reward, graded.details.basis.as_str()), (0.5, "external scorer"));
+        assert_eq!(graded.trust.level, crate::Trust::Sound, "over an answer compared on the host");
+        let crashed = scored(&external, Some("maybe 41?")).await.unwrap();
+        assert_eq!(crashed.reward, 0.0);
+        assert!(crashed.error().unwrap().starts_with("external scorer:"), "{crashed:?}");
+        assert!(matches!(scored(&external, Some("own")).await, Err(ScoreError::External(_))), "exit 75: the scorer's own failure");
+    }
+}

@@ -50,21 +50,45 @@ pub struct Built {
 /// The content address of a template's snapshot: the template (config and files) plus
 /// every host input that shapes the guest state.
 pub fn template_snapshot_id(template_digest: &str, artifacts: &GuestArtifacts, forker: &Forker) -> String {
+    template_key(template_digest, [&artifacts.kernel.key, &artifacts.image.key, &artifacts.agent.key], &forker.host)
+}
+
+/// The id of a template snapshot from its inputs: the template's digest, the guest's
+/// artifacts (kernel, image, agent) and the host profile a snapshot only resumes on.
+fn template_key(template_digest: &str, artifact_keys: [&str; 3], host: &crate::HostProfile) -> String {
     let mut h = Sha256::new();
-    for part in [
-        template_digest,
-        &artifacts.kernel.key,
-        &artifacts.image.key,
-        &artifacts.agent.key,
-        &forker.host.qemu_version,
-        &forker.host.accel.to_string(),
-        &forker.host.cpu_model,
-        &SNAPSHOT_FORMAT_VERSION.to_string(),
-    ] {
+    let accel = host.accel.to_string();
+    let format = SNAPSHOT_FORMAT_VERSION.to_string();
+    let parts = [template_digest, artifact_keys[0], artifact_keys[1], artifact_keys[2], &host.qemu_version, &accel, &host.cpu_model, &format];
+    for part in parts {
         h.update(part.as_bytes());
         h.update([0]);
     }
     format!("t-{}", &hex(&h.finalize())[..20])
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn template_ids_follow_every_input_and_nothing_else() {
+        let host = crate::HostProfile { qemu_version: "7.2.0".into(), accel: vmm::Accel::Tcg, cpu_model: "max".into() };
+        let id = template_key("digest", ["kernel", "image", "agent"], &host);
+        assert!(id.starts_with("t-") && id.len() == 22, "{id}");
+        assert_eq!(id, template_key("digest", ["kernel", "image", "agent"], &host), "the same inputs give the same id");
+        let mut ids = std::collections::BTreeSet::from([id]);
+        ids.insert(template_key("digest2", ["kernel", "image", "agent"], &host));
+        ids.insert(template_key("digest", ["kernel2", "image", "agent"], &host));
+        ids.insert(template_key("digest", ["kernel", "image2", "agent"], &host));
+        ids.insert(template_key("digest", ["kernel", "image", "agent2"], &host));
+        ids.insert(template_key("digest", ["kernel", "image", "agent"], &crate::HostProfile { qemu_version: "8.2.0".into(), ..host.clone() }));
+        ids.insert(template_key("digest", ["kernel", "image", "agent"], &crate::HostProfile { cpu_model: "host".into(), ..host.clone() }));
+        ids.insert(template_key("digest", ["kernel", "image", "agent"], &crate::HostProfile { accel: vmm::Accel::Kvm, ..host.clone() }));
+        // Parts are separated: moving a byte between two parts changes the id.
+        ids.insert(template_key("digestk", ["ernel", "image", "agent"], &host));
+        assert_eq!(ids.len(), 9);
+    }
 }
 
 fn now_unix() -> u64 {
