@@ -224,3 +224,65 @@ impl Tally {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn suite_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tasks.jsonl"), "{\"id\": \"t\", \"expected_answer\": \"1\"}\n").unwrap();
+        let suite = "[suite]\nname = \"s\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n\
+                     [policy]\nkind = \"replay\"\n[rollouts]\nconcurrency = 2\n[output]\ndir = \"results\"\n";
+        std::fs::write(dir.path().join("suite.toml"), suite).unwrap();
+        dir
+    }
+
+    #[test]
+    fn flags_override_the_suite_and_the_rest_comes_from_it() {
+        let dir = suite_dir();
+        let file = dir.path().join("suite.toml");
+        let cli = Cli::try_parse_from(["farm", file.to_str().unwrap(), "--concurrency", "3", "--out", "elsewhere", "--limit", "1", "--resume", "--accel", "tcg"]).unwrap();
+        let (suite, out) = cli.run.suite().unwrap();
+        assert_eq!((suite.config.rollouts.concurrency, out), (Count::Fixed(3), PathBuf::from("elsewhere")));
+        assert!(cli.run.resume && cli.run.limit == Some(1) && cli.run.accel == vmm::AccelSetting::Tcg);
+        // Without flags: the suite's own settings; output.dir relative to the suite file.
+        let cli = Cli::try_parse_from(["farm", file.to_str().unwrap()]).unwrap();
+        let (suite, out) = cli.run.suite().unwrap();
+        assert_eq!((suite.config.rollouts.concurrency, out), (Count::Fixed(2), dir.path().join("results")));
+        assert_eq!((cli.run.accel, cli.run.resume), (vmm::AccelSetting::Auto, false));
+        // --concurrency 0 means one at a time, never none.
+        let cli = Cli::try_parse_from(["farm", file.to_str().unwrap(), "--concurrency", "0"]).unwrap();
+        assert_eq!(cli.run.suite().unwrap().0.config.rollouts.concurrency, Count::Fixed(1));
+        assert!(Cli::try_parse_from(["farm", file.to_str().unwrap(), "--accel", "fast"]).is_err());
+        assert!(Cli::try_parse_from(["farm", file.to_str().unwrap(), "--metrics-listen", "nowhere"]).is_err());
+    }
+
+    #[test]
+    fn a_resumed_run_refuses_tasks_that_changed() {
+        let dir = suite_dir();
+        let suite = Suite::load(&dir.path().join("suite.toml")).unwrap();
+        let tasks = suite.tasks(None).unwrap();
+        let outcome = |digest: &str| engine::row::Outcome {
+            key: plan_key("t", 0),
+            task_id: "t".into(),
+            task_digest: digest.into(),
+            sample_index: 0,
+            status: Status::Passed,
+            reward: Some(1.0),
+            trust: None,
+            timings: Default::default(),
+        };
+        let opened = |digest: &str| Opened { run_id: "r".into(), done: Default::default(), outcomes: vec![outcome(digest)] };
+        assert!(refuse_changed_tasks(&suite, &tasks, &opened(&tasks[0].digest())).is_ok());
+        let err = refuse_changed_tasks(&suite, &tasks, &opened("old")).unwrap_err().to_string();
+        assert!(err.contains("changed since the recorded rollouts"), "{err}");
+    }
+}

@@ -12,6 +12,7 @@
 //! ```
 
 mod api;
+mod book;
 mod requests;
 mod rollouts;
 mod service;

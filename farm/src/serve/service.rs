@@ -24,6 +24,7 @@ use serde::Serialize;
 use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
 
+use super::book::SessionBook;
 use super::requests::{read_records, Admitted, Record};
 use super::sessions::Session;
 use super::ServeSection;
@@ -99,14 +100,9 @@ pub(super) struct Inner {
     pub admitting_keys: HashSet<String>,
     /// Queue room taken by submits being journaled right now.
     pub admitting: usize,
-    pub sessions: HashMap<String, Arc<tokio::sync::Mutex<Session>>>,
-    /// Session id -> last use (kept outside the session's lock, so expiry never waits).
-    pub touched: HashMap<String, Instant>,
-    /// Sessions being submitted: expiry, DELETE and shutdown leave them to finish (a
-    /// process killed meanwhile reports them lost on restart, as no end was recorded).
-    pub submitting: HashSet<String>,
-    /// Session slots taken by sessions still being opened or branched.
-    pub reserved: usize,
+    /// Live sessions, slots of sessions opening, sessions being submitted (a process killed
+    /// while one is submitted reports it lost on restart, as no end was recorded).
+    pub sessions: SessionBook<Session>,
 }
 
 pub struct Service {
@@ -414,10 +410,7 @@ impl Service {
         }
         let ids: Vec<String> = self.lock().rollouts.iter().filter(|(_, e)| matches!(e.phase, Phase::Queued | Phase::Running)).map(|(id, _)| id.clone()).collect();
         self.cancel_ids(&ids, "the service shut down").await;
-        let sessions: Vec<String> = {
-            let inner = self.lock();
-            inner.sessions.keys().filter(|id| !inner.submitting.contains(*id)).cloned().collect()
-        };
+        let sessions = self.lock().sessions.endable_ids();
         for id in sessions {
             let _ = self.end_session(&id, "the service shut down").await;
         }

@@ -62,7 +62,7 @@ pub(super) struct SessionSlot<'a>(&'a Service);
 
 impl Drop for SessionSlot<'_> {
     fn drop(&mut self) {
-        self.0.lock().reserved -= 1;
+        self.0.lock().sessions.release();
     }
 }
 
@@ -81,12 +81,7 @@ impl Service {
     fn take_session_slot(&self) -> ApiResult<SessionSlot<'_>> {
         self.check_admitting()?;
         self.check_memory()?;
-        let mut inner = self.lock();
-        let live = inner.sessions.len() + inner.reserved;
-        if live >= self.settings.max_sessions {
-            return Err(ApiError { retry_after: Some(5), ..ApiError::new(429, format!("{live} sessions are live or opening (serve.max_sessions {})", self.settings.max_sessions)) });
-        }
-        inner.reserved += 1;
+        self.lock().sessions.reserve(self.settings.max_sessions)?;
         Ok(SessionSlot(self))
     }
 
@@ -100,11 +95,10 @@ impl Service {
             .map_err(|e| ApiError::new(500, format!("journaling the session: {e}")))?;
         {
             let mut inner = self.lock();
-            inner.reserved -= 1;
+            // The slot becomes the session's (`open` gives the reservation back).
             std::mem::forget(slot);
             inner.rollouts.insert(admitted.rollout_id.clone(), Entry::new(&admitted, Some(id.clone()), Phase::Session));
-            inner.touched.insert(id.clone(), Instant::now());
-            inner.sessions.insert(id.clone(), Arc::new(tokio::sync::Mutex::new(session)));
+            inner.sessions.open(&id, session, Instant::now());
             engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
         }
         if self.stopping.load(Ordering::SeqCst) {
@@ -152,21 +146,12 @@ impl Service {
     }
 
     fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Session>>> {
-        let mut inner = self.lock();
-        let session = inner.sessions.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no live session {id:?}")))?;
-        if inner.submitting.contains(id) {
-            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
-        }
-        inner.touched.insert(id.to_string(), Instant::now());
-        Ok(session)
+        self.lock().sessions.usable(id, Instant::now())
     }
 
     /// Marks a session used now, if it is still live.
     fn touch(&self, id: &str) {
-        let mut inner = self.lock();
-        if inner.sessions.contains_key(id) {
-            inner.touched.insert(id.to_string(), Instant::now());
-        }
+        self.lock().sessions.touch(id, Instant::now());
     }
 
     /// Ends a session with a row of how it ended (its steps so far): the VM is gone.
@@ -267,12 +252,12 @@ impl Service {
     pub async fn submit_session(&self, id: &str, answer: Option<String>) -> ApiResult<serde_json::Value> {
         let session = self.session(id)?;
         // From here on, expiry, DELETE and shutdown leave this session to finish.
-        if !self.lock().submitting.insert(id.to_string()) {
+        if !self.lock().sessions.begin_submit(id) {
             return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
         }
         let mut session = session.lock().await;
         let Some(live) = session.live.take() else {
-            self.lock().submitting.remove(id);
+            self.lock().sessions.abandon_submit(id);
             return Err(ApiError::new(404, format!("session {id:?} has ended")));
         };
         let engine = self.suites[&session.suite].engine.clone();
@@ -295,15 +280,7 @@ impl Service {
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.
     pub async fn end_session(&self, id: &str, reason: &str) -> ApiResult<serde_json::Value> {
-        {
-            let inner = self.lock();
-            if !inner.sessions.contains_key(id) {
-                return Err(ApiError::new(404, format!("no live session {id:?}")));
-            }
-            if inner.submitting.contains(id) {
-                return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
-            }
-        }
+        self.lock().sessions.endable(id)?;
         self.recorder
             .journal_request(&Record::SessionEnd { session_id: id.to_string(), reason: reason.to_string() })
             .await
@@ -315,8 +292,6 @@ impl Service {
     fn drop_session(&self, id: &str, phase: Phase) {
         let mut inner = self.lock();
         inner.sessions.remove(id);
-        inner.touched.remove(id);
-        inner.submitting.remove(id);
         let rollout = inner.rollouts.iter().find(|(_, e)| e.session.as_deref() == Some(id)).map(|(r, _)| r.clone());
         if let Some(entry) = rollout.and_then(|r| inner.rollouts.get_mut(&r)) {
             if entry.phase == Phase::Session {
@@ -328,12 +303,7 @@ impl Service {
 
     pub(super) async fn expire_sessions(&self) {
         let lease = Duration::from_secs(self.settings.session_lease_secs);
-        let idle: Vec<String> = {
-            let mut inner = self.lock();
-            let super::service::Inner { touched, sessions, submitting, .. } = &mut *inner;
-            touched.retain(|id, _| sessions.contains_key(id));
-            touched.iter().filter(|(id, t)| t.elapsed() > lease && !submitting.contains(*id)).map(|(id, _)| id.clone()).collect()
-        };
+        let idle = self.lock().sessions.idle(lease, Instant::now());
         for id in idle {
             tracing::info!(session_id = %id, "session expired");
             let _ = self.end_session(&id, "expired").await;

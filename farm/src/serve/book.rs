@@ -1,0 +1,168 @@
+//! The sessions' bookkeeping, apart from their VMs so it can be tested on its own.
+//!
+//! A session's life: opening (a slot reserved, counted against `serve.max_sessions`) →
+//! live (usable; its last use is remembered for the lease) → submitting (scored; nothing
+//! else may touch it, and expiry, DELETE and shutdown leave it to finish) → gone.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::service::ApiError;
+
+/// Live sessions by id, the slots of sessions still opening, and who is being submitted.
+pub(super) struct SessionBook<S> {
+    live: HashMap<String, Arc<tokio::sync::Mutex<S>>>,
+    /// Session id -> last use (kept outside the session's lock, so expiry never waits).
+    touched: HashMap<String, Instant>,
+    submitting: HashSet<String>,
+    /// Slots of sessions still being opened or branched.
+    reserved: usize,
+}
+
+impl<S> Default for SessionBook<S> {
+    fn default() -> Self {
+        SessionBook { live: HashMap::new(), touched: HashMap::new(), submitting: HashSet::new(), reserved: 0 }
+    }
+}
+
+impl<S> SessionBook<S> {
+    /// Takes a slot for a session about to open, or says how many are live or opening.
+    pub fn reserve(&mut self, max: usize) -> Result<(), ApiError> {
+        let taken = self.live.len() + self.reserved;
+        if taken >= max {
+            return Err(ApiError { retry_after: Some(5), ..ApiError::new(429, format!("{taken} sessions are live or opening (serve.max_sessions {max})")) });
+        }
+        self.reserved += 1;
+        Ok(())
+    }
+
+    /// Gives back a slot whose session never opened.
+    pub fn release(&mut self) {
+        self.reserved = self.reserved.saturating_sub(1);
+    }
+
+    /// A reserved slot becomes a live session.
+    pub fn open(&mut self, id: &str, session: S, now: Instant) {
+        self.release();
+        self.live.insert(id.to_string(), Arc::new(tokio::sync::Mutex::new(session)));
+        self.touched.insert(id.to_string(), now);
+    }
+
+    /// A live session a caller may act on (remembered as used now): 404 when there is
+    /// none, 409 while it is being submitted.
+    pub fn usable(&mut self, id: &str, now: Instant) -> Result<Arc<tokio::sync::Mutex<S>>, ApiError> {
+        let session = self.live.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no live session {id:?}")))?;
+        if self.submitting.contains(id) {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+        }
+        self.touched.insert(id.to_string(), now);
+        Ok(session)
+    }
+
+    /// Remembers a use of a session that is still live.
+    pub fn touch(&mut self, id: &str, now: Instant) {
+        if self.live.contains_key(id) {
+            self.touched.insert(id.to_string(), now);
+        }
+    }
+
+    /// Marks a session as being submitted; false when it already is.
+    pub fn begin_submit(&mut self, id: &str) -> bool {
+        self.submitting.insert(id.to_string())
+    }
+
+    /// A submit that found the session already ended.
+    pub fn abandon_submit(&mut self, id: &str) {
+        self.submitting.remove(id);
+    }
+
+    /// Whether a session may be ended without a row (DELETE, expiry, shutdown).
+    pub fn endable(&self, id: &str) -> Result<(), ApiError> {
+        if !self.live.contains_key(id) {
+            return Err(ApiError::new(404, format!("no live session {id:?}")));
+        }
+        if self.submitting.contains(id) {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+        }
+        Ok(())
+    }
+
+    /// The session is gone.
+    pub fn remove(&mut self, id: &str) {
+        self.live.remove(id);
+        self.touched.remove(id);
+        self.submitting.remove(id);
+    }
+
+    /// Sessions unused for longer than `lease` (never one being submitted).
+    pub fn idle(&mut self, lease: Duration, now: Instant) -> Vec<String> {
+        let SessionBook { touched, live, submitting, .. } = self;
+        touched.retain(|id, _| live.contains_key(id));
+        touched.iter().filter(|(id, t)| now.duration_since(**t) > lease && !submitting.contains(*id)).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Live sessions that are not being submitted (what a shutdown ends).
+    pub fn endable_ids(&self) -> Vec<String> {
+        self.live.keys().filter(|id| !self.submitting.contains(*id)).cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_counted_from_reservation_to_the_end() {
+        let mut book: SessionBook<()> = SessionBook::default();
+        book.reserve(2).unwrap();
+        book.reserve(2).unwrap();
+        let full = book.reserve(2).unwrap_err();
+        assert_eq!((full.status, full.retry_after), (429, Some(5)), "two opening take both slots");
+        // One never opens (its slot comes back), the other opens (its slot becomes it).
+        book.release();
+        book.open("s-1", (), Instant::now());
+        assert_eq!(book.len(), 1);
+        book.reserve(2).unwrap();
+        assert!(book.reserve(2).is_err(), "one live and one opening");
+        book.remove("s-1");
+        book.reserve(2).unwrap();
+    }
+
+    #[test]
+    fn a_session_being_submitted_is_left_alone() {
+        let mut book: SessionBook<()> = SessionBook::default();
+        let start = Instant::now();
+        book.reserve(4).unwrap();
+        book.open("s-1", (), start);
+        assert!(book.usable("s-1", start).is_ok());
+        assert_eq!(book.usable("s-2", start).unwrap_err().status, 404);
+        assert!(book.begin_submit("s-1"));
+        assert!(!book.begin_submit("s-1"), "a second submit is refused");
+        assert_eq!(book.usable("s-1", start).unwrap_err().status, 409);
+        assert_eq!(book.endable("s-1").unwrap_err().status, 409, "no DELETE mid-scoring");
+        assert!(book.endable_ids().is_empty(), "a shutdown leaves it to finish");
+        let later = start + Duration::from_secs(100);
+        assert!(book.idle(Duration::from_secs(10), later).is_empty(), "nor does it expire");
+        book.remove("s-1");
+        assert_eq!(book.endable("s-1").unwrap_err().status, 404);
+    }
+
+    #[test]
+    fn idle_sessions_expire_after_their_lease_and_use_renews_it() {
+        let mut book: SessionBook<()> = SessionBook::default();
+        let start = Instant::now();
+        for id in ["s-1", "s-2"] {
+            book.reserve(4).unwrap();
+            book.open(id, (), start);
+        }
+        book.touch("s-2", start + Duration::from_secs(8));
+        book.touch("s-gone", start + Duration::from_secs(8));
+        assert_eq!(book.idle(Duration::from_secs(10), start + Duration::from_secs(12)), ["s-1"]);
+        assert_eq!(book.endable_ids().len(), 2);
+    }
+}
