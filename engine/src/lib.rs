@@ -11,7 +11,7 @@
 //! 5. record: the [`recorder::Recorder`] owns every write (journal, Parquet parts, manifest,
 //!    summary, metrics) on a thread of its own.
 //!
-//! The life of a rollout (`Engine::live_through`, in `rollout.rs`): fork the task's snapshot →
+//! The life of a rollout (`Engine::rollout`, in `rollout.rs`): fork the task's snapshot →
 //! the policy acts → collect the artifacts, as untrusted data → score in a fresh fork of the
 //! pristine snapshot, where the agent cannot reach (`scorers`) → settle: how it ended
 //! ([`end::End`]) becomes the row's status, reward and error in one place.

@@ -77,7 +77,7 @@ impl Metrics {
         registry.register(Box::new(m.policy_requests.clone()))?;
         registry.register(Box::new(m.sessions_live.clone()))?;
         // Every status and role shows from the start (0), so dashboards need no special case.
-        for status in crate::recorder::Status::ALL {
+        for status in crate::row::Status::ALL {
             m.rollouts.with_label_values(&[status.as_str()]);
         }
         for trust in [scorers::Trust::Sound, scorers::Trust::Hardened] {
@@ -120,7 +120,7 @@ impl Metrics {
     }
 
     /// Counts a recorded row: its status, reward and phase times.
-    pub fn record(&self, row: &crate::recorder::Row) {
+    pub fn record(&self, row: &crate::row::Row) {
         self.rollouts.with_label_values(&[row.status.as_str()]).inc();
         if let Some(trust) = row.trust {
             self.verdicts.with_label_values(&[trust.as_str()]).inc();

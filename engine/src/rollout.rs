@@ -1,5 +1,5 @@
 //! One rollout, start to end: [`Engine::run_one`] runs it isolated (a panic is its own
-//! `env_error`) with retries of the farm's failures, and [`Engine::rollout`] is its life in
+//! `env_error`) with retries of the farm's failures, and `Engine::rollout` is its life in
 //! one place.
 
 use std::sync::Arc;
@@ -49,7 +49,7 @@ impl Engine {
     async fn rollout_with_retries(&self, item: &Planned) -> Row {
         let mut attempt = 1;
         loop {
-            let (mut row, end) = self.rollout(item).await;
+            let (mut row, end) = self.attempt(item).await;
             row.attempts = attempt;
             tracing::info!(
                 attempt,
@@ -93,10 +93,10 @@ impl Engine {
     }
 
     /// One attempt at a rollout, and how it ended.
-    async fn rollout(&self, item: &Planned) -> (Row, End) {
+    async fn attempt(&self, item: &Planned) -> (Row, End) {
         let started = Instant::now();
         let mut row = self.new_row(item);
-        let end = self.live_through(item, &mut row, started).await;
+        let end = self.rollout(item, &mut row, started).await;
         end.settle(&mut row);
         row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
         (row, end)
@@ -105,7 +105,7 @@ impl Engine {
     /// The life of a rollout: fork → act → collect the artifacts → score where the agent
     /// cannot reach → the verdict into the row. A replay that only writes workspace files
     /// needs no fork: those files are its artifacts.
-    async fn live_through(&self, item: &Planned, row: &mut Row, started: Instant) -> End {
+    async fn rollout(&self, item: &Planned, row: &mut Row, started: Instant) -> End {
         let (task, limits) = (&item.task, &item.limits);
         let snapshot = match &item.snapshot {
             TaskSnapshot::Ready(s) => s.clone(),

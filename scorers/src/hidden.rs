@@ -163,7 +163,7 @@ pub struct TestRunOptions {
     /// The VM is the rollout's own (final-state scoring): the agent ran there with whatever
     /// privileges the rollout had, so a test command that cannot even start is its doing.
     pub final_state: bool,
-    /// The checkers' `FARM_SEED` ([`crate::orchestrate::scoring_seed`]): the rollout never
+    /// The checkers' `FARM_SEED` (drawn afresh for each scoring run): the rollout never
     /// saw it, and `farm-sandbox` keeps it from the agent's code.
     pub seed: u64,
 }
