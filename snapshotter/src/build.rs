@@ -28,11 +28,11 @@ pub enum BuildError {
     StateFile(#[from] statefile::StateFileError),
     #[error("template machine failed")]
     Machine(#[from] MachineError),
-    #[error("template setup: {0}")]
+    #[error("template setup")]
     Agent(#[from] vmm::AgentError),
     #[error("template setup command {index} ({command:?}) failed with {status}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")]
     SetupFailed { index: usize, command: String, status: String, stdout: String, stderr: String },
-    #[error("template file {src}: {source}")]
+    #[error("template file {src}")]
     File {
         src: String,
         #[source]
