@@ -67,6 +67,7 @@ pub struct Provenance {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Performance {
     pub rollouts: usize,
     pub concurrency: usize,
@@ -81,6 +82,7 @@ pub struct Performance {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PhaseTimes {
     pub mean_ms: f64,
     pub p50_ms: f64,

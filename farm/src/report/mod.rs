@@ -6,19 +6,28 @@
 //! Arrow batch at a time with the writer's schema code ([`engine::recorder::read_rows`]);
 //! only per-task counts and fixed-size histograms stay in memory, and each rollout's detail
 //! is appended to its task's page as it is read, so the cost grows linearly with the rows.
-//! Everything a rollout produced is HTML-escaped; the pages load nothing from the network.
+//! The HTML comes from `maud` templates, which escape every string spliced into them, so
+//! nothing a rollout produced can become markup; the pages load nothing from the network.
+//!
+//! Files: `page.rs` (the page shell and text helpers), `index.rs` (the front page),
+//! `rollout.rs` (task pages), `svg.rs` (charts).
 
-mod render;
+mod index;
+mod page;
+mod rollout;
 mod svg;
+#[cfg(test)]
+mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use serde::Deserialize;
 
-use engine::recorder::summary::{pass_at_k, pass_hat_k};
+use engine::recorder::summary::{pass_at_k, pass_hat_k, Summary};
 use engine::row::{Row, Status};
 
 #[derive(Args)]
@@ -86,6 +95,58 @@ pub struct RunStats {
 }
 
 impl RunStats {
+    /// Counts one rollout in; returns its task's page. The run's policy, suite and id are
+    /// taken from its first row (the manifest's suite and id replace them when read).
+    pub fn add(&mut self, index: usize, row: &Row) -> &TaskStats {
+        if self.rows == 0 {
+            self.policy_name = row.policy_name.clone();
+            self.policy_params = row.policy_params.clone();
+            self.model = serde_json::from_str::<PolicyParams>(&row.policy_params).ok().and_then(|p| p.model).unwrap_or_default();
+            self.run_id = row.run_id.clone();
+            self.suite_name = row.suite_name.clone();
+        }
+        self.rows += 1;
+        self.suite_digests.insert(row.suite_digest.clone());
+        self.farm_versions.insert(row.farm_version.clone());
+        if !row.snapshot_id.is_empty() {
+            self.snapshot_ids.insert(row.snapshot_id.clone());
+        }
+        *self.counts.entry(row.status).or_default() += 1;
+        if let Some(trust) = row.trust {
+            *self.trust.entry(trust).or_default() += 1;
+        }
+        if let Some(r) = row.reward {
+            self.reward_bins[((r.clamp(0.0, 1.0) * 10.0) as usize).min(9)] += 1;
+        }
+        let t = &row.timings;
+        for (i, ms) in [t.fork_ms, t.rollout_ms, t.score_ms].into_iter().enumerate() {
+            if ms > 0.0 {
+                let bin = PHASE_BINS_MS.iter().position(|b| ms < *b).unwrap_or(PHASE_BINS_MS.len());
+                self.phase_bins[i][bin] += 1;
+            }
+        }
+        self.ends_ms.push(row.started_at_ms as f64 + t.total_ms);
+        self.first_start_ms = Some(self.first_start_ms.map_or(row.started_at_ms, |f| f.min(row.started_at_ms)));
+        let task_number = self.tasks.len();
+        let stats = self.tasks.entry(row.task_id.clone()).or_insert_with(|| TaskStats { page: format!("tasks/r{index}-t{task_number}.html"), ..Default::default() });
+        stats.rollouts += 1;
+        if row.status != Status::EnvError {
+            stats.scored += 1;
+        }
+        if row.status == Status::Passed {
+            stats.passed += 1;
+        }
+        if let Some(r) = row.reward {
+            stats.reward_sum += r;
+            stats.rewarded += 1;
+        }
+        if row.trust == Some(scorers::Trust::Hardened) {
+            stats.hardened += 1;
+        }
+        stats.digest = row.task_digest.clone();
+        stats
+    }
+
     /// Unbiased pass@k averaged over tasks with at least k scored rollouts.
     pub fn pass_at(&self, k: u32, hat: bool) -> Option<f64> {
         let values: Vec<f64> = self
@@ -161,99 +222,78 @@ impl RunStats {
 /// Appends rollouts to their task pages as they are read.
 struct Pages {
     dir: PathBuf,
-    /// page file -> whether its header is written.
-    opened: HashMap<String, ()>,
+    /// Pages whose start is written.
+    opened: HashSet<String>,
 }
 
 impl Pages {
-    fn append(&mut self, page: &str, run: &RunStats, task: &str, digest: &str, html: &str) -> Result<()> {
+    fn append(&mut self, page: &str, run_label: &str, task: &str, digest: &str, html: &str) -> Result<()> {
         let path = self.dir.join(page);
         let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("writing {}", path.display()))?;
-        if self.opened.insert(page.to_string(), ()).is_none() {
-            file.write_all(render::task_page_head(&run.label, task, digest).as_bytes())?;
+        if self.opened.insert(page.to_string()) {
+            file.write_all(rollout::task_page_start(run_label, task, digest).as_bytes())?;
         }
-        file.write_all(html.as_bytes())?;
-        Ok(())
+        file.write_all(html.as_bytes()).with_context(|| format!("writing {}", path.display()))
     }
 
     fn close_all(&self) -> Result<()> {
-        for page in self.opened.keys() {
-            let mut file = std::fs::OpenOptions::new().append(true).open(self.dir.join(page))?;
-            file.write_all(render::task_page_tail().as_bytes())?;
+        for page in &self.opened {
+            let path = self.dir.join(page);
+            let mut file = std::fs::OpenOptions::new().append(true).open(&path).with_context(|| format!("writing {}", path.display()))?;
+            file.write_all(rollout::PAGE_END.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())
+    }
+}
+
+/// What the report reads of `policy_params`.
+#[derive(Deserialize)]
+struct PolicyParams {
+    model: Option<String>,
+}
+
+/// A run's summary.json, when it wrote one (the engine's own type: every field may be
+/// missing, so a summary of an older farm, or of an unfinished run, still loads). One that
+/// does not read is named and left out: the rows' own times stand in for its numbers.
+fn read_summary(dir: &Path) -> Summary {
+    let path = dir.join("summary.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Summary::default() };
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        eprintln!("farm: {}: {e}; using the rows' own times instead", path.display());
+        Summary::default()
+    })
+}
+
+/// A run's label: its folder's name, numbered when an earlier run has the same.
+fn label(index: usize, dir: &Path, earlier: &[RunStats]) -> String {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+    if earlier.iter().any(|r| r.label == name) {
+        format!("{name} ({})", index + 1)
+    } else {
+        name
     }
 }
 
 /// Reads a run, writing its rollouts into task pages under `pages`.
-fn read_run(index: usize, dir: &Path, pages: &mut Pages) -> Result<RunStats> {
+fn read_run(index: usize, dir: &Path, label: String, pages: &mut Pages) -> Result<RunStats> {
     if !dir.exists() {
         bail!("{}: no such folder", dir.display());
     }
-    let label = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
     let mut run = RunStats { dir: dir.to_path_buf(), label, host: "unknown".into(), ..Default::default() };
-    let mut task_index: HashMap<String, usize> = HashMap::new();
     let manifest = engine::recorder::read_rows(dir, |row: Row| -> Result<()> {
-        if run.rows == 0 {
-            run.policy_name = row.policy_name.clone();
-            run.policy_params = row.policy_params.clone();
-            run.model = serde_json::from_str::<serde_json::Value>(&row.policy_params).ok().and_then(|p| p.get("model").and_then(|m| m.as_str()).map(String::from)).unwrap_or_default();
-        }
-        run.rows += 1;
-        run.suite_digests.insert(row.suite_digest.clone());
-        run.farm_versions.insert(row.farm_version.clone());
-        if !row.snapshot_id.is_empty() {
-            run.snapshot_ids.insert(row.snapshot_id.clone());
-        }
-        *run.counts.entry(row.status).or_default() += 1;
-        if let Some(trust) = row.trust {
-            *run.trust.entry(trust).or_default() += 1;
-        }
-        if let Some(r) = row.reward {
-            run.reward_bins[((r.clamp(0.0, 1.0) * 10.0) as usize).min(9)] += 1;
-        }
-        let t = &row.timings;
-        for (i, ms) in [t.fork_ms, t.rollout_ms, t.score_ms].into_iter().enumerate() {
-            if ms > 0.0 {
-                let bin = PHASE_BINS_MS.iter().position(|b| ms < *b).unwrap_or(PHASE_BINS_MS.len());
-                run.phase_bins[i][bin] += 1;
-            }
-        }
-        run.ends_ms.push(row.started_at_ms as f64 + t.total_ms);
-        run.first_start_ms = Some(run.first_start_ms.map_or(row.started_at_ms, |f| f.min(row.started_at_ms)));
-        let next = task_index.len();
-        let n = *task_index.entry(row.task_id.clone()).or_insert(next);
-        let stats = run.tasks.entry(row.task_id.clone()).or_default();
-        stats.rollouts += 1;
-        if row.status != Status::EnvError {
-            stats.scored += 1;
-        }
-        if row.status == Status::Passed {
-            stats.passed += 1;
-        }
-        if let Some(r) = row.reward {
-            stats.reward_sum += r;
-            stats.rewarded += 1;
-        }
-        if row.trust == Some(scorers::Trust::Hardened) {
-            stats.hardened += 1;
-        }
-        stats.digest = row.task_digest.clone();
-        stats.page = format!("tasks/r{index}-t{n}.html");
-        let page = stats.page.clone();
-        let digest = stats.digest.clone();
-        pages.append(&page, &run, &row.task_id, &digest, &render::rollout(&row))
+        let task = run.add(index, &row);
+        let (page, digest) = (task.page.clone(), task.digest.clone());
+        pages.append(&page, &run.label, &row.task_id, &digest, &rollout::rollout(&row))
     })?;
     run.run_id = manifest.run_id.clone();
     run.suite_name = manifest.suite_name.clone();
-    if let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) {
-        if let Ok(summary) = serde_json::from_str::<serde_json::Value>(&text) {
-            run.rollouts_per_sec = summary["performance"]["rollouts_per_sec"].as_f64();
-            run.wall_secs = summary["performance"]["wall_secs"].as_f64();
-            if let Some(host) = summary["provenance"]["host"].as_str() {
-                run.host = host.to_string();
-            }
-        }
+    let summary = read_summary(dir);
+    if let Some(performance) = summary.performance {
+        run.rollouts_per_sec = Some(performance.rollouts_per_sec);
+        run.wall_secs = Some(performance.wall_secs);
+    }
+    if let Some(host) = summary.provenance.map(|p| p.host).filter(|h| !h.is_empty()) {
+        run.host = host;
     }
     Ok(run)
 }
@@ -266,19 +306,16 @@ pub async fn run(args: ReportArgs) -> Result<i32> {
     }
     std::fs::create_dir_all(&tasks_dir).with_context(|| format!("creating {}", tasks_dir.display()))?;
     let started = std::time::Instant::now();
-    let mut pages = Pages { dir: out.clone(), opened: HashMap::new() };
+    let mut pages = Pages { dir: out.clone(), opened: HashSet::new() };
     let mut runs = Vec::new();
     for (i, dir) in args.runs.iter().enumerate() {
-        let mut run = read_run(i, dir, &mut pages).context("report")?;
-        if runs.iter().any(|r: &RunStats| r.label == run.label) {
-            run.label = format!("{} ({})", run.label, i + 1);
-        }
+        let run = read_run(i, dir, label(i, dir, &runs), &mut pages).context("report")?;
         eprintln!("farm: read {} ({} rollouts, {} tasks)", dir.display(), run.rows, run.tasks.len());
         runs.push(run);
     }
     pages.close_all()?;
     let index = out.join("index.html");
-    std::fs::write(&index, render::index(&runs)).with_context(|| format!("writing {}", index.display()))?;
+    std::fs::write(&index, index::index(&runs)).with_context(|| format!("writing {}", index.display()))?;
     eprintln!("farm: report written to {} in {:.1} s", index.display(), started.elapsed().as_secs_f64());
     crate::outln!("{}", index.display());
     if args.open {
@@ -287,24 +324,4 @@ pub async fn run(args: ReportArgs) -> Result<i32> {
         }
     }
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pass_at_k_mean_reward_and_its_interval() {
-        let mut run = RunStats::default();
-        run.tasks.insert("a".into(), TaskStats { rollouts: 2, scored: 2, passed: 1, reward_sum: 1.0, rewarded: 2, ..Default::default() });
-        run.tasks.insert("b".into(), TaskStats { rollouts: 2, scored: 2, passed: 2, reward_sum: 2.0, rewarded: 2, ..Default::default() });
-        assert_eq!(run.pass_at(1, false), Some(0.75));
-        assert_eq!(run.pass_at(2, false), Some(1.0));
-        assert_eq!(run.pass_at(2, true), Some(0.5));
-        assert_eq!(run.pass_at(3, false), None);
-        assert_eq!(run.mean_reward(), Some(0.75));
-        let (low, high) = run.reward_interval().unwrap();
-        assert!((0.5..=0.75).contains(&low) && (0.75..=1.0).contains(&high), "{low} {high}");
-        assert_eq!(run.reward_interval(), Some((low, high)), "the same run gives the same interval");
-    }
 }
