@@ -2,7 +2,7 @@
 //! the timeout on the whole process group.
 
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -65,7 +65,7 @@ pub struct Launch<'a> {
 pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<Output, AgentError> {
     let user = match &req.user {
         None => User::ROOT,
-        Some(spec) => users::resolve(spec).map_err(|message| AgentError { kind: ErrorKind::BadRequest, message })?,
+        Some(spec) => users::resolve(spec).map_err(|e| AgentError { kind: ErrorKind::BadRequest, message: crate::describe(&e) })?,
     };
     let mut env: Vec<(String, String)> = base_env.to_vec();
     if let Some(home) = user.home.as_ref().filter(|_| !user.is_root()) {
@@ -250,39 +250,40 @@ fn pump(child: &mut dyn Running, pipes: Pipes, stdin: &[u8], req: &Launch, deadl
                 return Ok((out, err, false));
             }
         }
-        let mut fds = Vec::with_capacity(3);
-        if out.open {
-            fds.push(libc::pollfd { fd: child_stdout.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        }
-        if err.open {
-            fds.push(libc::pollfd { fd: child_stderr.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        }
-        if let Some(s) = &child_stdin {
-            fds.push(libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLOUT, revents: 0 });
-        }
         let mut timeout = Duration::from_millis(50);
         if let Some(deadline) = deadline {
             timeout = timeout.min(deadline.saturating_duration_since(now) + Duration::from_millis(1));
         }
-        sys::poll(&mut fds, timeout.as_millis() as i32)?;
-        for pfd in &fds {
-            if pfd.revents == 0 {
-                continue;
+        let (stdout_ready, stderr_ready, stdin_ready) = {
+            use nix::poll::PollFlags;
+            let mut fds = Vec::with_capacity(3);
+            if out.open {
+                fds.push((child_stdout.as_fd(), PollFlags::POLLIN));
             }
-            if pfd.fd == child_stdout.as_raw_fd() {
-                drain(&mut child_stdout, &mut out, &mut buf)?;
-            } else if pfd.fd == child_stderr.as_raw_fd() {
-                drain(&mut child_stderr, &mut err, &mut buf)?;
-            } else if let Some(s) = &mut child_stdin {
-                match s.write(&stdin[written..]) {
-                    Ok(n) => written += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    // The command closed its input early (EPIPE): that is its business.
-                    Err(_) => written = stdin.len(),
-                }
-                if written >= stdin.len() {
-                    child_stdin = None;
-                }
+            if err.open {
+                fds.push((child_stderr.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(s) = &child_stdin {
+                fds.push((s.as_fd(), PollFlags::POLLOUT));
+            }
+            let mut ready = sys::poll(&fds, timeout)?.into_iter();
+            (out.open && ready.next() == Some(true), err.open && ready.next() == Some(true), child_stdin.is_some() && ready.next() == Some(true))
+        };
+        if stdout_ready {
+            drain(&mut child_stdout, &mut out, &mut buf)?;
+        }
+        if stderr_ready {
+            drain(&mut child_stderr, &mut err, &mut buf)?;
+        }
+        if let Some(s) = child_stdin.as_mut().filter(|_| stdin_ready) {
+            match s.write(&stdin[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // The command closed its input early (EPIPE): that is its business.
+                Err(_) => written = stdin.len(),
+            }
+            if written >= stdin.len() {
+                child_stdin = None;
             }
         }
         if exited_at.is_none() && child.try_wait()?.is_some() {

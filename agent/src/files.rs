@@ -44,7 +44,7 @@ fn bad_request(message: String) -> AgentError {
 fn owner_of(spec: &Option<String>) -> Result<User, AgentError> {
     match spec {
         None => Ok(User::ROOT),
-        Some(spec) => users::resolve(spec).map_err(bad_request),
+        Some(spec) => users::resolve(spec).map_err(|e| bad_request(crate::describe(&e))),
     }
 }
 

@@ -22,3 +22,10 @@ pub mod sys;
 pub mod testrun;
 pub mod users;
 pub mod zygote;
+
+/// An error and its causes on one line (`what failed: why: why`), for the message of an
+/// error sent to the host.
+pub fn describe(error: &dyn std::error::Error) -> String {
+    let chain = std::iter::successors(Some(error), |e| e.source());
+    chain.map(|e| e.to_string()).collect::<Vec<_>>().join(": ")
+}

@@ -110,14 +110,15 @@ fn init() -> ! {
 }
 
 fn prepare_system() {
-    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
-    let mounts: [(&str, &str, &str, libc::c_ulong, &str); 7] = [
+    use nix::mount::MsFlags;
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let mounts: [(&str, &str, &str, MsFlags, &str); 7] = [
         // hidepid=invisible: an unprivileged user sees only its own processes in /proc (the
         // candidate cannot find the checker or the agent, let alone read their environment).
-        ("proc", "/proc", "proc", nosuid_nodev | libc::MS_NOEXEC, "hidepid=invisible"),
-        ("sysfs", "/sys", "sysfs", nosuid_nodev | libc::MS_NOEXEC, ""),
-        ("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID, "mode=0755"),
-        ("devpts", "/dev/pts", "devpts", libc::MS_NOSUID | libc::MS_NOEXEC, "ptmxmode=0666,gid=5,mode=0620"),
+        ("proc", "/proc", "proc", nosuid_nodev | MsFlags::MS_NOEXEC, "hidepid=invisible"),
+        ("sysfs", "/sys", "sysfs", nosuid_nodev | MsFlags::MS_NOEXEC, ""),
+        ("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, "mode=0755"),
+        ("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, "ptmxmode=0666,gid=5,mode=0620"),
         ("tmpfs", "/dev/shm", "tmpfs", nosuid_nodev, "mode=1777"),
         ("tmpfs", "/tmp", "tmpfs", nosuid_nodev, "mode=1777"),
         ("tmpfs", "/run", "tmpfs", nosuid_nodev, "mode=0755"),
@@ -340,7 +341,7 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
         }
         Request::RemoveFile { path, beneath } => files::remove_file(&path, beneath.as_deref()).map(|()| (Response::RemoveFile, Vec::new())),
         Request::Handover(req) => {
-            let user = users::resolve(&req.user).map_err(bad_request)?;
+            let user = users::resolve(&req.user).map_err(|e| bad_request(farm_agent::describe(&e)))?;
             files::handover(&req.root, &user, None).map(|entries| (Response::Handover { entries }, Vec::new()))
         }
         Request::RemoveTree { path } => files::remove_tree(&path).map(|entries| (Response::RemoveTree { entries }, Vec::new())),

@@ -1,14 +1,20 @@
 //! Thin wrappers over the system calls the agent needs that std does not offer: mounts, the
 //! kernel RNG, the clock, the hostname, the loopback interface, fork and reaping.
 //!
-//! Every `unsafe` block of the agent lives here.
+//! `nix` makes the calls wherever it has them. Raw `libc` remains only where nix cannot be
+//! used: ioctls nix lacks, system calls it lacks or wraps with a different meaning, and the
+//! hooks that run between fork and exec where a nix call would allocate. Every `unsafe`
+//! block of the agent lives here.
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
 
-fn cstring(s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?} contains a NUL byte")))
-}
+use nix::errno::Errno;
+use nix::mount::MsFlags;
+use nix::sys::signal::Signal;
+use nix::unistd::{Gid, Pid, Uid};
 
 fn check(ret: libc::c_int) -> io::Result<()> {
     if ret < 0 {
@@ -19,21 +25,17 @@ fn check(ret: libc::c_int) -> io::Result<()> {
 }
 
 /// Mounts `fstype` at `target`; an already mounted target is not an error.
-pub fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &str) -> io::Result<()> {
+pub fn mount(source: &str, target: &str, fstype: &str, flags: MsFlags, data: &str) -> io::Result<()> {
     let _ = std::fs::create_dir_all(target);
-    let (source, target, fstype, data) = (cstring(source)?, cstring(target)?, cstring(fstype)?, cstring(data)?);
-    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
-    let ret = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };
-    match check(ret) {
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
-        other => other,
+    match nix::mount::mount(Some(source), target, Some(fstype), flags, Some(data)) {
+        Err(Errno::EBUSY) => Ok(()),
+        other => Ok(other?),
     }
 }
 
 /// Adds entropy to the kernel RNG (credited) and forces a reseed of the CRNG, so every
 /// fork of one snapshot draws different random numbers from here on.
 pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
     let mut info: Vec<u8> = Vec::with_capacity(8 + entropy.len());
     info.extend_from_slice(&((entropy.len() * 8) as i32).to_ne_bytes());
@@ -46,6 +48,7 @@ pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
     // Keep the buffer 4-byte aligned for the kernel's struct view.
     let words: Vec<u32> = info.chunks(4).map(|c| u32::from_ne_bytes(c.try_into().expect("4 bytes"))).collect();
     let random = std::fs::OpenOptions::new().write(true).open("/dev/urandom")?;
+    // Raw ioctls: nix has no wrappers for the kernel RNG's requests.
     const RNDADDENTROPY: libc::c_ulong = 0x4008_5203; // _IOW('R', 0x03, int[2])
     const RNDRESEEDCRNG: libc::c_ulong = 0x5207; // _IO('R', 0x07)
     // SAFETY: `words` holds a complete rand_pool_info whose buf_size matches the bytes that
@@ -58,43 +61,31 @@ pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
 
 /// Steps the wall clock.
 pub fn set_realtime(unix_time_ns: u64) -> io::Result<()> {
-    let ts = libc::timespec {
-        tv_sec: (unix_time_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (unix_time_ns % 1_000_000_000) as libc::c_long,
-    };
-    // SAFETY: `ts` is a valid timespec on the stack.
-    check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) })
+    let now = nix::sys::time::TimeSpec::from_duration(Duration::from_nanos(unix_time_ns));
+    Ok(nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, now)?)
 }
 
 pub fn set_hostname(name: &str) -> io::Result<()> {
-    // SAFETY: the pointer and length describe `name`'s bytes.
-    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })
+    Ok(nix::unistd::sethostname(name)?)
 }
 
 /// Brings the loopback interface up so guest programs can use 127.0.0.1.
 pub fn loopback_up() -> io::Result<()> {
-    // SAFETY: plain socket(2) call; the fd is closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let socket = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
     // SAFETY: an all-zero ifreq is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
         *dst = *src as libc::c_char;
     }
-    // SAFETY: `req` is a valid ifreq naming "lo"; the ioctls read and write only it.
-    let result = unsafe {
-        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            check(libc::ioctl(fd, libc::SIOCSIFFLAGS, &req))
-        }
-    };
-    // SAFETY: fd was returned by socket() above and is not used afterwards.
-    unsafe { libc::close(fd) };
-    result
+    // Raw ioctls: nix has no wrappers for an interface's flags.
+    // SAFETY: `req` is a valid ifreq naming "lo"; the ioctls read and write only it, on a
+    // socket that is open for the duration of the calls.
+    unsafe {
+        check(libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req))?;
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        check(libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &req))
+    }
 }
 
 pub enum Forked {
@@ -106,10 +97,9 @@ pub enum Forked {
 pub fn fork() -> io::Result<Forked> {
     // SAFETY: the caller guarantees the process is single-threaded, so the child does not
     // inherit locks held by other threads.
-    match unsafe { libc::fork() } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(Forked::Child),
-        pid => Ok(Forked::Parent(pid)),
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => Ok(Forked::Child),
+        nix::unistd::ForkResult::Parent { child } => Ok(Forked::Parent(child.as_raw())),
     }
 }
 
@@ -117,13 +107,15 @@ pub fn fork() -> io::Result<Forked> {
 pub fn wait_any() -> Option<libc::pid_t> {
     loop {
         let mut status = 0;
+        // Raw: nix's waitpid decodes the status into its Signal type and fails (EINVAL) for a
+        // child killed by a real-time signal, after reaping it: PID 1 would lose that pid.
         // SAFETY: `status` is a valid out pointer.
         let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
         if pid >= 0 {
             return Some(pid);
         }
-        match io::Error::last_os_error().raw_os_error() {
-            Some(libc::EINTR) => continue,
+        match Errno::last() {
+            Errno::EINTR => continue,
             _ => return None,
         }
     }
@@ -131,48 +123,41 @@ pub fn wait_any() -> Option<libc::pid_t> {
 
 /// Sends SIGKILL to a whole process group.
 pub fn kill_group(pgid: u32) {
-    // SAFETY: plain kill(2); a stale group id only yields ESRCH.
-    unsafe { libc::kill(-(pgid as libc::pid_t), libc::SIGKILL) };
+    // A stale group id only yields ESRCH.
+    let _ = nix::sys::signal::killpg(Pid::from_raw(pgid as libc::pid_t), Signal::SIGKILL);
 }
 
 pub fn sync_all() {
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
+    nix::unistd::sync();
 }
 
 /// Seconds since boot (CLOCK_BOOTTIME).
 pub fn uptime_secs() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    let since_boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map(Duration::from).unwrap_or_default();
+    since_boot.as_secs_f64()
 }
 
 /// Sets or clears O_NONBLOCK on an fd.
 pub fn set_nonblocking(fd: std::os::fd::RawFd, nonblocking: bool) -> io::Result<()> {
-    // SAFETY: fcntl on an fd the caller owns.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let flags = if nonblocking { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
-        check(libc::fcntl(fd, libc::F_SETFL, flags))
-    }
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let mut flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    flags.set(OFlag::O_NONBLOCK, nonblocking);
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
+    Ok(())
 }
 
-/// poll(2) over the given fds; returns revents per fd.
-pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
-    // SAFETY: the pointer and length describe a valid slice of pollfd.
-    let ret = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-    if ret < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(());
-        }
-        return Err(e);
+/// poll(2) over `(fd, events)` pairs until one is ready or `timeout` passes; returns, per
+/// pair, whether anything (an event, an error, a hang-up) is pending on it. An interrupted
+/// wait is one where nothing is ready.
+pub fn poll(fds: &[(BorrowedFd<'_>, nix::poll::PollFlags)], timeout: Duration) -> io::Result<Vec<bool>> {
+    use nix::poll::{PollFd, PollTimeout};
+    let mut polled: Vec<PollFd> = fds.iter().map(|(fd, events)| PollFd::new(*fd, *events)).collect();
+    let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    match nix::poll::poll(&mut polled, timeout) {
+        Ok(_) => Ok(polled.iter().map(|p| p.revents().is_some_and(|r| !r.is_empty())).collect()),
+        Err(Errno::EINTR) => Ok(vec![false; fds.len()]),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 /// openat(2) returning an owned descriptor.
@@ -182,7 +167,7 @@ pub fn openat<P: ?Sized + nix::NixPath>(
     flags: nix::fcntl::OFlag,
     mode: nix::sys::stat::Mode,
 ) -> nix::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::fd::FromRawFd;
     let raw = nix::fcntl::openat(dir.map(|d| d.as_raw_fd()), path, flags, mode)?;
     // SAFETY: openat just returned this descriptor; nothing else owns it.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) })
@@ -210,14 +195,15 @@ pub fn kill_all_of_user(uid: u32) {
         return;
     }
     let killer = std::thread::spawn(move || {
-        // SAFETY: raw setresuid/kill system calls with integer arguments; they change the
-        // credentials of this thread only, which exits right after restoring root.
-        unsafe {
-            let (uid, root) = (uid as libc::c_long, 0 as libc::c_long);
-            if libc::syscall(libc::SYS_setresuid, uid, uid, root) == 0 {
-                libc::syscall(libc::SYS_kill, -1 as libc::c_long, libc::SIGKILL as libc::c_long);
-                libc::syscall(libc::SYS_setresuid, root, root, root);
-            }
+        let (uid, root) = (uid as libc::c_long, 0 as libc::c_long);
+        // Raw system call: nix's setresuid is glibc's, which changes every thread of the
+        // process; this one must change only the calling thread.
+        // SAFETY: setresuid with integer arguments; it changes the credentials of this
+        // thread only, which exits right after restoring root.
+        if unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, root) } == 0 {
+            let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+            // SAFETY: as above, back to root.
+            unsafe { libc::syscall(libc::SYS_setresuid, root, root, root) };
         }
     });
     let _ = killer.join();
@@ -226,12 +212,13 @@ pub fn kill_all_of_user(uid: u32) {
 /// Closes every descriptor from `first` up (close_range(2), or one by one where the kernel
 /// lacks it).
 pub fn close_from(first: u32) {
+    // Raw system call: nix 0.29 has no close_range.
     // SAFETY: close_range takes integers; closing descriptors the caller no longer needs.
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_long, u32::MAX as libc::c_long, 0 as libc::c_long) };
     if ret != 0 {
         for fd in first..4096 {
-            // SAFETY: closing an fd number; EBADF for unused ones is harmless.
-            unsafe { libc::close(fd as libc::c_int) };
+            // EBADF for unused numbers is harmless.
+            let _ = nix::unistd::close(fd as libc::c_int);
         }
     }
 }
@@ -246,14 +233,11 @@ pub fn kill_pid(pid: i32) {
 pub fn new_session_on_exec(command: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the hook runs between fork and exec and only makes the async-signal-safe system
-    // calls setsid and setrlimit; it allocates nothing.
+    // calls setsid and setrlimit (nix wrappers that take integers); it allocates nothing.
     unsafe {
         command.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            libc::setrlimit(libc::RLIMIT_CORE, &none);
+            nix::unistd::setsid()?;
+            let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
             Ok(())
         });
     }
@@ -277,34 +261,27 @@ pub fn checker_view_on_exec(command: &mut std::process::Command, uid: u32, gid: 
     let workspace = CString::new(CHECKER_VIEW_OF).expect("no NUL");
     let root = CString::new("/").expect("no NUL");
     let none = CString::new("none").expect("no NUL");
-    // SAFETY: the hook runs between fork and exec and only makes system calls (unshare,
-    // mount, setgroups, setresgid, setresuid, setsid, setrlimit) with pointers to strings
-    // made before the fork; it allocates nothing.
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    // SAFETY: the hook runs between fork and exec and only makes async-signal-safe system
+    // calls (unshare, mount, setgroups, setresgid, setresuid, setsid, setrlimit) through nix
+    // wrappers that take integers, or strings made before the fork as `&CStr` (which nix
+    // passes on as they are: no copy, no allocation); it allocates nothing.
     unsafe {
         command.pre_exec(move || {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            let no_string: Option<&std::ffi::CStr> = None;
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
             // Nothing done here reaches the namespace the rest of the VM lives in.
-            if libc::mount(none.as_ptr(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::mount(workspace.as_ptr(), workspace.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSYMFOLLOW | libc::MS_NODEV | libc::MS_NOSUID;
-            if libc::mount(none.as_ptr(), workspace.as_ptr(), std::ptr::null(), flags, std::ptr::null()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if uid != 0 {
-                if libc::setgroups(0, std::ptr::null()) != 0 || libc::setresgid(gid, gid, gid) != 0 || libc::setresuid(uid, uid, uid) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-                libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            nix::mount::mount(Some(none.as_c_str()), root.as_c_str(), no_string, MsFlags::MS_REC | MsFlags::MS_PRIVATE, no_string)?;
+            nix::mount::mount(Some(workspace.as_c_str()), workspace.as_c_str(), no_string, MsFlags::MS_BIND, no_string)?;
+            // nix 0.29 has no name for MS_NOSYMFOLLOW (Linux 5.10); libc's bit is passed as is.
+            let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::from_bits_retain(libc::MS_NOSYMFOLLOW) | MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
+            nix::mount::mount(Some(none.as_c_str()), workspace.as_c_str(), no_string, flags, no_string)?;
+            if !uid.is_root() {
+                nix::unistd::setgroups(&[])?;
+                nix::unistd::setresgid(gid, gid, gid)?;
+                nix::unistd::setresuid(uid, uid, uid)?;
+                nix::unistd::setsid()?;
+                let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
             }
             Ok(())
         });
@@ -318,23 +295,18 @@ pub struct FsUser(());
 
 impl FsUser {
     pub fn assume(uid: u32, gid: u32) -> FsUser {
-        // SAFETY: raw setfsgid/setfsuid with integer arguments; they affect only this thread,
-        // which is why the raw calls are used (glibc's wrappers behave the same but say less).
-        unsafe {
-            libc::syscall(libc::SYS_setfsgid, gid as libc::c_long);
-            libc::syscall(libc::SYS_setfsuid, uid as libc::c_long);
-        }
+        // glibc's setfsgid/setfsuid are plain system calls (unlike setresuid, they are not
+        // applied to every thread), so nix's wrappers change only this thread.
+        nix::unistd::setfsgid(Gid::from_raw(gid));
+        nix::unistd::setfsuid(Uid::from_raw(uid));
         FsUser(())
     }
 }
 
 impl Drop for FsUser {
     fn drop(&mut self) {
-        // SAFETY: as in `assume`, back to root.
-        unsafe {
-            libc::syscall(libc::SYS_setfsuid, 0 as libc::c_long);
-            libc::syscall(libc::SYS_setfsgid, 0 as libc::c_long);
-        }
+        nix::unistd::setfsuid(Uid::from_raw(0));
+        nix::unistd::setfsgid(Gid::from_raw(0));
     }
 }
 
@@ -346,7 +318,6 @@ pub fn send_with_stdio(stream: &std::os::unix::net::UnixStream, bytes: &[u8]) ->
 
 /// Sends `bytes` on a unix socket with `fds` attached (SCM_RIGHTS).
 pub fn send_with_fds(stream: &std::os::unix::net::UnixStream, bytes: &[u8], fds: &[std::os::fd::RawFd]) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     let control = [nix::sys::socket::ControlMessage::ScmRights(fds)];
     let sent = nix::sys::socket::sendmsg::<()>(stream.as_raw_fd(), &[io::IoSlice::new(bytes)], &control, nix::sys::socket::MsgFlags::empty(), None)?;
     if sent < bytes.len() {

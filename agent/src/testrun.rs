@@ -56,7 +56,7 @@ const SCORING_SYSCTLS: [(&str, &str); 4] = [
 ];
 
 pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<TestsRun, AgentError> {
-    let user = users::resolve(&req.user).map_err(bad_request)?;
+    let user = users::resolve(&req.user).map_err(|e| bad_request(crate::describe(&e)))?;
     if !req.tests_dir.starts_with('/') || req.tests_dir.trim_end_matches('/').is_empty() {
         return Err(bad_request(format!("tests_dir {:?} must be an absolute folder below /", req.tests_dir)));
     }

@@ -34,14 +34,21 @@ impl fmt::Display for Accel {
     }
 }
 
+/// Why an accelerator setting (`--accel`) was not understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown accelerator {name:?}: expected auto, kvm or tcg")]
+pub struct UnknownAccel {
+    pub name: String,
+}
+
 impl FromStr for AccelSetting {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownAccel;
+    fn from_str(s: &str) -> Result<Self, UnknownAccel> {
         match s {
             "auto" => Ok(AccelSetting::Auto),
             "kvm" => Ok(AccelSetting::Kvm),
             "tcg" => Ok(AccelSetting::Tcg),
-            other => Err(format!("unknown accelerator {other:?}: expected auto, kvm or tcg")),
+            other => Err(UnknownAccel { name: other.to_string() }),
         }
     }
 }
@@ -141,6 +148,6 @@ mod tests {
     fn settings_parse_and_reject_unknown_names() {
         assert_eq!("auto".parse::<AccelSetting>().unwrap(), AccelSetting::Auto);
         assert_eq!("kvm".parse::<AccelSetting>().unwrap(), AccelSetting::Kvm);
-        assert!("hvf".parse::<AccelSetting>().unwrap_err().contains("auto, kvm or tcg"));
+        assert!("hvf".parse::<AccelSetting>().unwrap_err().to_string().contains("auto, kvm or tcg"));
     }
 }

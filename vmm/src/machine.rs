@@ -26,7 +26,7 @@ use crate::qmp::{Qmp, QmpError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
-    #[error("{0}")]
+    #[error(transparent)]
     Artifacts(#[from] crate::artifacts::ArtifactError),
     #[error(transparent)]
     Accel(#[from] accel::KvmUnusable),

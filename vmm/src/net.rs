@@ -1,6 +1,6 @@
 //! The host side of a VM's network port ([`farm_protocol::net`]): each connection the guest's
-//! proxy listener accepted is read up to its HTTP proxy request (`CONNECT host:port` or an
-//! absolute `http://` URL), checked against the VM's allowlist, and then relayed to that host
+//! proxy listener accepted is read up to the end of its HTTP proxy request head (parsed with
+//! `httparse`: `CONNECT host:port`, or an absolute `http://` URL), checked against the VM's allowlist, and then relayed to that host
 //! or answered `403` and closed. Every attempt is logged with its verdict. With no allowlist
 //! (the default, and always for scoring VMs) every attempt is refused at once: a guest never
 //! hangs waiting for a network it does not have.
@@ -103,16 +103,17 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
                     }
                     Some(Conn::Head(head)) => {
                         head.extend_from_slice(&frame.payload);
-                        let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            if head.len() > MAX_HEAD {
-                                refuse(&to_guest, frame.conn, 400, "the proxy request head is too long").await;
-                                conns.remove(&frame.conn);
+                        let current = || policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        let opened = match parse_head(head) {
+                            Head::Partial => continue,
+                            Head::Refused { line, reason } => {
+                                current().report(&format!("network: refused {line:?}: {reason}"));
+                                refuse(&to_guest, frame.conn, 400, &reason).await;
+                                None
                             }
-                            continue;
+                            Head::Proxy(request) => open(frame.conn, request, &current(), to_guest.clone()).await,
                         };
-                        let head = std::mem::take(head);
-                        let current = policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                        match open(frame.conn, head, end + 4, &current, to_guest.clone()).await {
+                        match opened {
                             Some(up) => {
                                 conns.insert(frame.conn, Conn::Relay(up));
                             }
@@ -136,36 +137,98 @@ async fn refuse(to_guest: &mpsc::Sender<Frame>, conn: u32, status: u16, reason: 
     let _ = to_guest.send(Frame { conn, kind: Kind::Close, payload: Vec::new() }).await;
 }
 
-/// The target of a proxy request: (host, port, whether it is CONNECT, the request line in
-/// origin form for a plain request).
-fn target(request_line: &str) -> Option<(String, u16, bool, String)> {
-    let mut parts = request_line.split_whitespace();
-    let (method, uri, version) = (parts.next()?, parts.next()?, parts.next()?);
+/// Header lines a request head may have at most (a proxy client sends a handful).
+const MAX_HEADERS: usize = 128;
+
+/// What a connection's request head says so far.
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    /// The head has not ended yet.
+    Partial,
+    /// Not a proxy request, malformed, or too long: answered 400.
+    Refused { line: String, reason: String },
+    /// A proxy request, to be checked against the allowlist.
+    Proxy(ProxyRequest),
+}
+
+/// Where a proxy request goes and what is sent there first.
+#[derive(Debug, PartialEq, Eq)]
+struct ProxyRequest {
+    host: String,
+    port: u16,
+    /// `CONNECT`: answered `200` and then relayed as bytes.
+    tunnel: bool,
+    /// For a tunnel, the bytes after the head; for a plain request, the head with its request
+    /// line in origin form (`GET /path HTTP/1.1`) and the bytes after it.
+    first: Vec<u8>,
+}
+
+/// Reads the request head at the front of `buf` (`httparse`): `CONNECT host:port`, or any
+/// method with an absolute `http://` URL. A head must end within [`MAX_HEAD`] bytes.
+fn parse_head(buf: &[u8]) -> Head {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    let refused = |reason: String| Head::Refused { line: request_line(buf), reason };
+    let head_len = match request.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD => n,
+        Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => return Head::Partial,
+        Ok(_) => return refused(format!("the proxy request head is too long (at most {MAX_HEAD} bytes)")),
+        Err(e) => return refused(format!("not a proxy request: malformed request head ({e})")),
+    };
+    let (method, uri, version) = (request.method.unwrap_or(""), request.path.unwrap_or(""), request.version.unwrap_or(1));
+    let not_proxy = || refused("not a proxy request: use CONNECT host:port or an absolute http:// URL".into());
     if method == "CONNECT" {
-        let (host, port) = uri.rsplit_once(':')?;
-        return Some((host.trim_matches(['[', ']']).to_string(), port.parse().ok()?, true, String::new()));
+        let Some((host, port)) = authority(uri, None) else { return not_proxy() };
+        return Head::Proxy(ProxyRequest { host, port, tunnel: true, first: buf[head_len..].to_vec() });
     }
-    let rest = uri.strip_prefix("http://")?;
-    let (authority, path) = match rest.find('/') {
+    let Some(rest) = uri.strip_prefix("http://") else { return not_proxy() };
+    let (authority_text, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse().ok()?),
-        None => (authority, 80),
+    let Some((host, port)) = authority(authority_text, Some(80)) else { return not_proxy() };
+    let mut first = format!("{method} {path} HTTP/1.{version}\r\n").into_bytes();
+    first.extend_from_slice(&buf[request_line_end(buf) + 1..]);
+    Head::Proxy(ProxyRequest { host, port, tunnel: false, first })
+}
+
+/// `host:port`, or `host` with `default_port`; an IPv6 host is in brackets.
+fn authority(text: &str, default_port: Option<u16>) -> Option<(String, u16)> {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, after) = bracketed.split_once(']')?;
+            match after {
+                "" => (host, None),
+                _ => (host, Some(after.strip_prefix(':')?)),
+            }
+        }
+        None => match text.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        },
     };
-    Some((host.to_string(), port, false, format!("{method} {path} {version}")))
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => default_port?,
+    };
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+/// Where the request line ends (its `\n`), past any empty lines before it.
+fn request_line_end(buf: &[u8]) -> usize {
+    let start = buf.iter().position(|b| !matches!(b, b'\r' | b'\n')).unwrap_or(buf.len());
+    buf[start..].iter().position(|&b| b == b'\n').map_or(buf.len(), |i| start + i)
+}
+
+/// The request line as text, for the log (at most 200 characters).
+fn request_line(buf: &[u8]) -> String {
+    let line = String::from_utf8_lossy(&buf[..request_line_end(buf).min(buf.len())]);
+    line.trim().chars().take(200).collect()
 }
 
 /// Checks a connection's request and connects it upstream; None when refused.
-async fn open(conn: u32, head: Vec<u8>, head_len: usize, policy: &Policy, to_guest: mpsc::Sender<Frame>) -> Option<mpsc::Sender<Vec<u8>>> {
-    let text = String::from_utf8_lossy(&head[..head_len]).into_owned();
-    let line = text.lines().next().unwrap_or("").to_string();
-    let Some((host, port, connect, origin_line)) = target(&line) else {
-        policy.report(&format!("network: refused {line:?}: not a proxy request (CONNECT host:port, or an absolute http:// URL)"));
-        refuse(&to_guest, conn, 400, "not a proxy request: use CONNECT host:port or an absolute http:// URL").await;
-        return None;
-    };
+async fn open(conn: u32, request: ProxyRequest, policy: &Policy, to_guest: mpsc::Sender<Frame>) -> Option<mpsc::Sender<Vec<u8>>> {
+    let ProxyRequest { host, port, tunnel, first } = request;
     if !policy.allows(&host, port) {
         let allowed = if policy.allow.is_empty() { "none".to_string() } else { policy.allow.join(", ") };
         policy.report(&format!("network: denied {host}:{port} (allowed: {allowed})"));
@@ -186,16 +249,10 @@ async fn open(conn: u32, head: Vec<u8>, head_len: usize, policy: &Policy, to_gue
         }
     };
     policy.report(&format!("network: allowed {host}:{port}"));
-    let (mut up_read, mut up_write) = upstream.into_split();
-    let first: Vec<u8> = if connect {
+    if tunnel {
         let _ = to_guest.send(Frame { conn, kind: Kind::Data, payload: b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec() }).await;
-        head[head_len..].to_vec()
-    } else {
-        let mut rewritten = origin_line.into_bytes();
-        let after_line = text.find("\r\n").unwrap_or(0);
-        rewritten.extend_from_slice(&head[after_line..]);
-        rewritten
-    };
+    }
+    let (mut up_read, mut up_write) = upstream.into_split();
     let (to_up, mut from_guest) = mpsc::channel::<Vec<u8>>(64);
     tokio::spawn(async move {
         if !first.is_empty() && up_write.write_all(&first).await.is_err() {
@@ -229,15 +286,105 @@ async fn open(conn: u32, head: Vec<u8>, head_len: usize, policy: &Policy, to_gue
 mod tests {
     use super::*;
 
+    fn proxy(head: &[u8]) -> ProxyRequest {
+        match parse_head(head) {
+            Head::Proxy(request) => request,
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(head)),
+        }
+    }
+
+    fn refused(head: &[u8]) -> String {
+        match parse_head(head) {
+            Head::Refused { reason, .. } => reason,
+            other => panic!("{:?} was not refused: {other:?}", String::from_utf8_lossy(head)),
+        }
+    }
+
     #[test]
     fn proxy_requests_name_their_target() {
-        assert_eq!(target("CONNECT pypi.org:443 HTTP/1.1"), Some(("pypi.org".into(), 443, true, String::new())));
-        assert_eq!(target("GET http://127.0.0.1:8080/simple/x/ HTTP/1.1"), Some(("127.0.0.1".into(), 8080, false, "GET /simple/x/ HTTP/1.1".into())));
-        assert_eq!(target("GET http://example.org HTTP/1.0").map(|t| (t.1, t.3)), Some((80, "GET / HTTP/1.0".into())));
-        assert_eq!(target("GET /relative HTTP/1.1"), None);
+        let tunnel = proxy(b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\nTLS");
+        assert_eq!(tunnel, ProxyRequest { host: "pypi.org".into(), port: 443, tunnel: true, first: b"TLS".to_vec() });
+        assert_eq!(proxy(b"CONNECT [::1]:8443 HTTP/1.1\r\n\r\n").host, "::1");
+        let plain = proxy(b"GET http://127.0.0.1:8080/simple/x/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        assert_eq!((plain.host.as_str(), plain.port, plain.tunnel), ("127.0.0.1", 8080, false));
+        assert_eq!(plain.first, b"GET /simple/x/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        let bare = proxy(b"POST http://example.org HTTP/1.0\r\n\r\nbody");
+        assert_eq!((bare.port, bare.first), (80, b"POST / HTTP/1.0\r\n\r\nbody".to_vec()));
         let policy = Policy { allow: vec!["PyPI.org:443".into()], log: None };
         assert!(policy.allows("pypi.org", 443));
         assert!(!policy.allows("pypi.org", 80));
         assert!(!policy.allows("evil.org", 443));
+    }
+
+    #[test]
+    fn malformed_and_non_proxy_heads_are_refused() {
+        for head in [&b"GET /relative HTTP/1.1\r\n\r\n"[..], b"CONNECT pypi.org HTTP/1.1\r\n\r\n", b"CONNECT :443 HTTP/1.1\r\n\r\n", b"CONNECT pypi.org:https HTTP/1.1\r\n\r\n", b"GET https://pypi.org/ HTTP/1.1\r\n\r\n", b"GET http://:80/ HTTP/1.1\r\n\r\n", b"GET http://x:99999/ HTTP/1.1\r\n\r\n"] {
+            assert!(refused(head).contains("use CONNECT host:port or an absolute http:// URL"), "{:?}", String::from_utf8_lossy(head));
+        }
+        for head in [&b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"[..], b"GET http://x/ HTTP/2.0\r\n\r\n", b"GET http://x/ HTTP/1.1\r\nBad Header\r\n\r\n", b"GET  HTTP/1.1\r\n\r\n"] {
+            assert!(refused(head).contains("malformed request head"), "{:?}", String::from_utf8_lossy(head));
+        }
+        let many: String = (0..MAX_HEADERS + 1).map(|i| format!("X-{i}: y\r\n")).collect();
+        assert!(refused(format!("GET http://x/ HTTP/1.1\r\n{many}\r\n").as_bytes()).contains("malformed"));
+    }
+
+    #[test]
+    fn heads_may_arrive_in_pieces_but_not_past_the_limit() {
+        let head = b"GET http://example.org:8080/a HTTP/1.1\r\nHost: example.org\r\n\r\n";
+        for cut in 1..head.len() {
+            assert_eq!(parse_head(&head[..cut]), Head::Partial, "cut at {cut}");
+        }
+        assert_eq!(proxy(head).port, 8080);
+        let mut long = b"GET http://example.org/ HTTP/1.1\r\n".to_vec();
+        while long.len() <= MAX_HEAD {
+            long.extend_from_slice(format!("X-Padding: {}\r\n", "a".repeat(1000)).as_bytes());
+        }
+        assert_eq!(parse_head(&long[..MAX_HEAD]), Head::Partial);
+        assert!(refused(&long).contains("too long"));
+        long.extend_from_slice(b"\r\n");
+        assert!(refused(&long).contains("too long"), "a complete head past the limit is refused too");
+    }
+
+    /// Frames from a fake guest through the served port: a head split across frames reaches
+    /// an allowed upstream with its request line in origin form; a malformed head gets 400,
+    /// an unlisted host 403.
+    #[tokio::test]
+    async fn the_port_relays_allowed_requests_and_answers_the_rest() {
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = upstream.local_addr().unwrap().port();
+        let policy: SharedPolicy = Arc::new(Mutex::new(Policy { allow: vec![format!("127.0.0.1:{port}")], log: None }));
+        let (guest, host) = tokio::net::UnixStream::pair().unwrap();
+        tokio::spawn(serve(host, policy));
+        let (mut from_host, mut to_host) = guest.into_split();
+        let send = |conn: u32, kind: Kind, payload: &[u8]| Frame { conn, kind, payload: payload.to_vec() }.encode();
+        let head = format!("GET http://127.0.0.1:{port}/pkg HTTP/1.1\r\nHost: x\r\n\r\n");
+        let (first, second) = head.as_bytes().split_at(20);
+        for frame in [send(1, Kind::Open, b""), send(1, Kind::Data, first), send(1, Kind::Data, second)] {
+            to_host.write_all(&frame).await.unwrap();
+        }
+        let (mut served, _) = upstream.accept().await.unwrap();
+        let mut got = vec![0u8; head.len()];
+        let expected = b"GET /pkg HTTP/1.1\r\nHost: x\r\n\r\n";
+        served.read_exact(&mut got[..expected.len()]).await.unwrap();
+        assert_eq!(&got[..expected.len()], expected);
+
+        for (conn, head) in [(2, "NOT A REQUEST\r\n\r\n".to_string()), (3, "CONNECT evil.org:443 HTTP/1.1\r\n\r\n".to_string())] {
+            to_host.write_all(&send(conn, Kind::Open, b"")).await.unwrap();
+            to_host.write_all(&send(conn, Kind::Data, head.as_bytes())).await.unwrap();
+        }
+        let mut replies: HashMap<u32, String> = HashMap::new();
+        let mut pending = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        while replies.values().filter(|r| r.contains("\r\n\r\nfarm:")).count() < 2 {
+            let n = from_host.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the port closed early: {replies:?}");
+            pending.extend_from_slice(&buf[..n]);
+            while let Some((frame, used)) = Frame::decode(&pending).unwrap() {
+                pending.drain(..used);
+                replies.entry(frame.conn).or_default().push_str(&String::from_utf8_lossy(&frame.payload));
+            }
+        }
+        assert!(replies[&2].starts_with("HTTP/1.1 400 Bad Request"), "{}", replies[&2]);
+        assert!(replies[&3].starts_with("HTTP/1.1 403 Forbidden") && replies[&3].contains("evil.org:443"), "{}", replies[&3]);
     }
 }

@@ -25,6 +25,9 @@ use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
 use crate::jail::Confinement;
 
 struct SpawnJob {
@@ -65,107 +68,87 @@ fn live_children() -> &'static Mutex<HashSet<u32>> {
 }
 
 fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confinement) -> io::Result<Child> {
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    use nix::sys::resource::{setrlimit, Resource};
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    use nix::unistd::{dup2, getpid, getppid, setgroups, setpgid, setresgid, setresuid, Gid, Pid, Uid};
+
+    let parent = getpid();
     let mapping: Vec<(i32, i32)> = fds.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)).collect();
     let first_free = mapping.iter().map(|(_, target)| *target).max().unwrap_or(2).max(2) + 1;
-    let groups: Vec<libc::gid_t> = confinement.groups.clone();
+    let groups: Vec<Gid> = confinement.groups.iter().map(|g| Gid::from_raw(*g)).collect();
     let uid = confinement.uid;
     let max_file_bytes = confinement.max_file_bytes;
-    // Opened here, written in the child before it drops root.
+    // Opened here, written in the child before it drops root; closed when the command (which
+    // owns the hook) is dropped.
     let cgroup = match &confinement.cgroup_procs {
         Some(path) => Some(std::fs::OpenOptions::new().write(true).open(path)?),
         None => None,
     };
-    let cgroup_fd = cgroup.as_ref().map(|f| f.as_raw_fd());
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (write, setrlimit, signal, setgroups, setresgid, setresuid, prctl, getppid,
-    // fcntl, dup2, close_range, setpgid, _exit); it allocates nothing (`mapping` and
-    // `groups` were built before the fork).
+    // SAFETY: the hook runs between fork and exec. It allocates nothing (`mapping` and
+    // `groups` were built before the fork) and makes only async-signal-safe system calls:
+    // the nix functions used take integers, descriptors or slices built before the fork and
+    // wrap one call each (write, setrlimit, signal, setgroups, setresgid, setresuid, prctl,
+    // getppid, fcntl, dup2, setpgid); the raw ones are close_range and _exit.
     unsafe {
         command.pre_exec(move || {
-            if let Some(fd) = cgroup_fd {
+            if let Some(file) = &cgroup {
                 // "0" moves the writing process into the group.
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
+                if nix::unistd::write(file, b"0")? != 1 {
+                    return Err(io::ErrorKind::WriteZero.into());
                 }
             }
             // RLIMIT_NOFILE comes last, after the passed descriptors are in place: below, each
             // is first duplicated above 64, which needs a free number under the limit, and
             // farm itself may hold thousands (one set per VM).
-            let limits = [(libc::RLIMIT_CORE, 0), (libc::RLIMIT_FSIZE, max_file_bytes)];
-            for (resource, value) in limits {
-                let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
-                if libc::setrlimit(resource, &limit) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
+            setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
+            setrlimit(Resource::RLIMIT_FSIZE, max_file_bytes, max_file_bytes)?;
             // Past the file size cap a write fails (the guest sees an I/O error) instead of
             // killing QEMU.
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            signal(Signal::SIGXFSZ, SigHandler::SigIgn)?;
             if let Some(uid) = uid {
                 // The uid is this QEMU's alone, so its process limit bounds its threads.
-                let pids = libc::rlimit { rlim_cur: crate::jail::MAX_PIDS, rlim_max: crate::jail::MAX_PIDS };
-                if libc::setrlimit(libc::RLIMIT_NPROC, &pids) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setresgid(uid, uid, uid) != 0
-                    || libc::setresuid(uid, uid, uid) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                setrlimit(Resource::RLIMIT_NPROC, crate::jail::MAX_PIDS, crate::jail::MAX_PIDS)?;
+                let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(uid));
+                setgroups(&groups)?;
+                setresgid(gid, gid, gid)?;
+                setresuid(uid, uid, uid)?;
             }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            nix::sys::prctl::set_no_new_privs()?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The owner may have died between fork and prctl; then no signal would come.
-            if libc::getppid() != parent {
+            if getppid() != parent {
+                // Raw: nix has no _exit, and std's exit runs atexit handlers, which is not
+                // allowed between fork and exec.
                 libc::_exit(1);
             }
             // Move each passed fd to its number: first above every target so a source that
             // happens to equal another's target is not overwritten, then into place.
             let mut moved = [0i32; MAX_PASSED_FDS];
             for (i, (source, _)) in mapping.iter().enumerate().take(MAX_PASSED_FDS) {
-                let high = libc::fcntl(*source, libc::F_DUPFD_CLOEXEC, 64);
-                if high < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                moved[i] = high;
+                moved[i] = fcntl(*source, FcntlArg::F_DUPFD_CLOEXEC(64))?;
             }
             for (i, (_, target)) in mapping.iter().enumerate().take(MAX_PASSED_FDS) {
                 // dup2 clears FD_CLOEXEC on the new descriptor, so QEMU inherits it.
-                if libc::dup2(moved[i], *target) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                dup2(moved[i], *target)?;
             }
             // Nothing else crosses: every descriptor above the passed ones is marked
             // close-on-exec (rather than closed now, so std's own pipe that reports a failed
-            // exec keeps working until the exec).
+            // exec keeps working until the exec). Raw: nix 0.29 has no close_range.
             const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
             if libc::syscall(libc::SYS_close_range, first_free as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC) != 0 {
                 for fd in first_free..65536 {
-                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                    let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
                 }
             }
             // Only now the open-file limit: every descriptor above the passed ones closes at
             // exec, so QEMU starts with a handful however many farm holds.
-            let files = libc::rlimit { rlim_cur: crate::jail::MAX_OPEN_FILES, rlim_max: crate::jail::MAX_OPEN_FILES };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &files) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::setpgid(0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            setrlimit(Resource::RLIMIT_NOFILE, crate::jail::MAX_OPEN_FILES, crate::jail::MAX_OPEN_FILES)?;
+            setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
             Ok(())
         });
     }
-    let child = command.spawn();
-    drop(cgroup);
-    child
+    command.spawn()
 }
 
 /// A running QEMU. Dropping it kills and reaps the process.
@@ -238,17 +221,16 @@ impl Drop for QemuProcess {
 pub fn kill_all() {
     let pids: Vec<u32> = live_children().lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
     for pid in pids {
-        // SAFETY: plain kill(2) of a child we started. A child is removed from the registry
-        // as soon as it is reaped; only a reap racing with this loop could leave a stale pid.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        // A child is removed from the registry as soon as it is reaped; only a reap racing
+        // with this loop could leave a stale pid.
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
     }
 }
 
 /// Kills one QEMU this process started, if it is still registered as alive.
 pub fn kill_pid(pid: u32) {
     if live_children().lock().unwrap_or_else(|p| p.into_inner()).contains(&pid) {
-        // SAFETY: plain kill(2) of a registered, unreaped child.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
     }
 }
 

@@ -35,7 +35,7 @@ pub struct Layer {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChainError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path} failed")]
     Io {
         path: PathBuf,
         #[source]

@@ -26,6 +26,7 @@ use std::os::unix::process::CommandExt;
 
 use farm_agent::sys;
 use farm_protocol::{CANDIDATE_UID, CHECKER_UID};
+use nix::errno::Errno;
 use nix::unistd::{Gid, Uid};
 
 /// Variables that are the checker's business only: every one whose name starts so.
@@ -39,35 +40,60 @@ fn fail(code: i32, message: &str) -> ! {
     std::process::exit(code)
 }
 
-fn drop_privileges() -> Result<(), String> {
+/// Why the privileges could not be dropped (the command is then not run).
+#[derive(Debug, thiserror::Error)]
+enum DropError {
+    #[error("only root and the checker (uid {CHECKER_UID}) may use this, not uid {caller}")]
+    Caller { caller: Uid },
+    #[error("opening the mount namespace of PID 1 failed")]
+    OpenNamespace(#[source] std::io::Error),
+    #[error("entering the mount namespace of PID 1 failed")]
+    EnterNamespace(#[source] Errno),
+    #[error("dropping the supplementary groups failed")]
+    Groups(#[source] Errno),
+    #[error("setting gid {CANDIDATE_UID} failed")]
+    Gid(#[source] Errno),
+    #[error("setting uid {CANDIDATE_UID} failed")]
+    Uid(#[source] Errno),
+    #[error("reading the uids and gids back failed")]
+    ReadIds(#[source] Errno),
+    #[error("the uids or gids did not all change")]
+    IdsUnchanged,
+    #[error("root could be regained after dropping it")]
+    RootRegained,
+    #[error("setting no_new_privs failed")]
+    NoNewPrivs(#[source] Errno),
+}
+
+fn drop_privileges() -> Result<(), DropError> {
     let caller = Uid::current();
     if !caller.is_root() && caller.as_raw() != CHECKER_UID {
-        return Err(format!("only root and the checker (uid {CHECKER_UID}) may use this, not uid {caller}"));
+        return Err(DropError::Caller { caller });
     }
     // The ordinary view of the file system (PID 1's), while this process is still root.
-    let init_namespace = std::fs::File::open("/proc/1/ns/mnt").map_err(|e| format!("opening the mount namespace of PID 1: {e}"))?;
-    nix::sched::setns(init_namespace, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| format!("entering the mount namespace of PID 1: {e}"))?;
+    let init_namespace = std::fs::File::open("/proc/1/ns/mnt").map_err(DropError::OpenNamespace)?;
+    nix::sched::setns(init_namespace, nix::sched::CloneFlags::CLONE_NEWNS).map_err(DropError::EnterNamespace)?;
     let (uid, gid) = (Uid::from_raw(CANDIDATE_UID), Gid::from_raw(CANDIDATE_UID));
-    nix::unistd::setgroups(&[]).map_err(|e| format!("dropping groups: {e}"))?;
-    nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setting gid {CANDIDATE_UID}: {e}"))?;
-    nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setting uid {CANDIDATE_UID}: {e}"))?;
-    let ids = nix::unistd::getresuid().map_err(|e| format!("reading uids: {e}"))?;
-    let gids = nix::unistd::getresgid().map_err(|e| format!("reading gids: {e}"))?;
+    nix::unistd::setgroups(&[]).map_err(DropError::Groups)?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(DropError::Gid)?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(DropError::Uid)?;
+    let ids = nix::unistd::getresuid().map_err(DropError::ReadIds)?;
+    let gids = nix::unistd::getresgid().map_err(DropError::ReadIds)?;
     if [ids.real, ids.effective, ids.saved] != [uid; 3] || [gids.real, gids.effective, gids.saved] != [gid; 3] {
-        return Err("the uids or gids did not all change".into());
+        return Err(DropError::IdsUnchanged);
     }
     if nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
-        return Err("root could be regained after dropping it".into());
+        return Err(DropError::RootRegained);
     }
-    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("setting no_new_privs: {e}"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(DropError::NoNewPrivs)?;
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, MAX_PROCESSES, MAX_PROCESSES);
     Ok(())
 }
 
 fn main() {
-    if let Err(message) = drop_privileges() {
-        fail(126, &message);
+    if let Err(e) = drop_privileges() {
+        fail(126, &farm_agent::describe(&e));
     }
     sys::close_from(3);
     let mut args = std::env::args_os().skip(1).peekable();

@@ -1,0 +1,300 @@
+//! Root images from OCI and Docker archives and plain root filesystems.
+//!
+//! `[template] image` may name, besides the built-in `minimal` and `python`:
+//! - `oci-archive:PATH`: an OCI image layout in a tar (`skopeo copy ... oci-archive:PATH`);
+//! - `docker-archive:PATH`: the output of `docker save` (or `skopeo ... docker-archive:`);
+//! - `oci:DIR`: an OCI image layout folder;
+//! - `rootfs:DIR`: a plain root filesystem folder.
+//!
+//! A conversion flows through the submodules in order: an archive is unpacked into a work
+//! folder (`unpack`); its layout is read, every blob checked against its digest (`oci`,
+//! `docker`); the layers are unpacked in order into a staging folder, with whiteouts and
+//! opaque folders, file modes, owners, symbolic and hard links (`unpack`); farm's agent,
+//! its two users and `farm-sandbox` are added as for the built-in images (`staging`); and
+//! `mkfs.ext4 -d` writes the image (here). Images are cached under `images/conv-<key>/` by a
+//! key over the image's content digest (OCI: the manifest's digest; Docker: the config's
+//! digest; rootfs: every file's path, metadata and bytes), the agent and this recipe: an
+//! unchanged image is converted once.
+//!
+//! Archives are untrusted input. Every blob is checked against its digest; an entry path
+//! that is absolute or has `..` is refused; links met while unpacking are resolved inside
+//! the root (an absolute link target means the image's root, never the host's); device
+//! nodes are refused. Nothing is written outside the cache.
+
+mod docker;
+mod oci;
+mod staging;
+mod unpack;
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::artifacts::{Artifact, ArtifactError};
+
+pub use docker::DockerArchiveError;
+pub use oci::OciLayoutError;
+pub use staging::AddFarmError;
+pub use unpack::{PlaceError, UnpackError};
+
+/// Bump when the conversion changes what it writes.
+const RECIPE: &str = "conv-recipe-1";
+
+/// Where an image comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSource {
+    Builtin(String),
+    OciArchive(PathBuf),
+    DockerArchive(PathBuf),
+    OciDir(PathBuf),
+    RootfsDir(PathBuf),
+}
+
+/// Why converting an image failed: the image (its spec, as a snapshot records it) and the
+/// step that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("converting image {image:?} failed")]
+pub struct ImageError {
+    pub image: String,
+    #[source]
+    pub step: Box<ConvertError>,
+}
+
+/// The step of a conversion that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("a built-in image needs no conversion")]
+    Builtin,
+    #[error("the root filesystem {} is not a folder", path.display())]
+    NotAFolder { path: PathBuf },
+    #[error("reading the root filesystem {} failed", path.display())]
+    ReadRootfs {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("unpacking the archive {} failed", archive.display())]
+    UnpackArchive {
+        archive: PathBuf,
+        #[source]
+        source: UnpackError,
+    },
+    #[error("reading the OCI image layout failed")]
+    OciLayout(#[from] OciLayoutError),
+    #[error("reading the docker archive failed")]
+    DockerArchive(#[from] DockerArchiveError),
+    #[error("running cp -a to copy the root filesystem {} failed", path.display())]
+    RunCp {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("copying the root filesystem {} failed: {stderr}", path.display())]
+    CopyRootfs { path: PathBuf, stderr: String },
+    #[error("applying layer {number} ({name}) failed")]
+    ApplyLayer {
+        number: usize,
+        name: String,
+        #[source]
+        source: UnpackError,
+    },
+    #[error("adding farm's agent and users failed")]
+    AddFarm(#[from] AddFarmError),
+    #[error("image_size_mib {size} is too small for {used} MiB of files")]
+    TooSmall { size: u64, used: u64 },
+    #[error("running mkfs.ext4 (package e2fsprogs) failed")]
+    RunMkfs(#[source] io::Error),
+    #[error("mkfs.ext4 failed: {stderr}")]
+    Mkfs { stderr: String },
+    #[error("{what} failed")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_step(what: &'static str) -> impl FnOnce(io::Error) -> ConvertError {
+    move |source| ConvertError::Io { what, source }
+}
+
+impl ImageSource {
+    /// Parses `[template] image`; relative paths are taken from `base`.
+    pub fn parse(spec: &str, base: &Path) -> Result<ImageSource, ArtifactError> {
+        let path = |p: &str| if Path::new(p).is_absolute() { PathBuf::from(p) } else { base.join(p) };
+        Ok(match spec.split_once(':') {
+            Some(("oci-archive", p)) if !p.is_empty() => ImageSource::OciArchive(path(p)),
+            Some(("docker-archive", p)) if !p.is_empty() => ImageSource::DockerArchive(path(p)),
+            Some(("oci", p)) if !p.is_empty() => ImageSource::OciDir(path(p)),
+            Some(("rootfs", p)) if !p.is_empty() => ImageSource::RootfsDir(path(p)),
+            None if crate::artifacts::IMAGES.contains(&spec) => ImageSource::Builtin(spec.to_string()),
+            _ => return Err(ArtifactError::UnknownImage { name: spec.to_string() }),
+        })
+    }
+
+    /// The spec with its path absolute (what a snapshot records).
+    pub fn spec(&self) -> String {
+        match self {
+            ImageSource::Builtin(n) => n.clone(),
+            ImageSource::OciArchive(p) => format!("oci-archive:{}", p.display()),
+            ImageSource::DockerArchive(p) => format!("docker-archive:{}", p.display()),
+            ImageSource::OciDir(p) => format!("oci:{}", p.display()),
+            ImageSource::RootfsDir(p) => format!("rootfs:{}", p.display()),
+        }
+    }
+}
+
+/// What a converted image's config asks of commands (recorded in `image.json`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ImageConfig {
+    pub env: Vec<String>,
+    pub working_dir: String,
+    pub user: String,
+}
+
+/// What an image is made of: its layers (in order), its config and its content digest.
+struct ImageContents {
+    layers: Vec<unpack::Layer>,
+    config: ImageConfig,
+    digest: String,
+}
+
+/// The ext4 image for `source` (not a built-in one): the cached conversion, or a new one.
+pub fn converted(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<Artifact, ImageError> {
+    convert(cache, source, agent, size_mib).map_err(|step| ImageError { image: source.spec(), step: Box::new(step) })
+}
+
+fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<Artifact, ConvertError> {
+    let tmp = cache.join("tmp");
+    std::fs::create_dir_all(&tmp).map_err(io_step("creating the cache's tmp folder"))?;
+    let work = tempfile::Builder::new().prefix("conv-").tempdir_in(&tmp).map_err(io_step("creating a work folder"))?;
+    let contents = read_contents(source, work.path())?;
+    let key = cache_key(&contents.digest, agent, size_mib);
+    let dir = cache.join("images").join(format!("conv-{key}"));
+    if dir.join("manifest.json").is_file() && dir.join("rootfs.ext4").is_file() {
+        return Ok(Artifact { path: dir.join("rootfs.ext4"), key });
+    }
+    let root = work.path().join("root");
+    std::fs::create_dir_all(&root).map_err(io_step("creating the staging root"))?;
+    if let ImageSource::RootfsDir(src) = source {
+        copy_rootfs(src, &root)?;
+    }
+    for (i, layer) in contents.layers.iter().enumerate() {
+        unpack::apply_layer(layer, &root).map_err(|source| ConvertError::ApplyLayer { number: i + 1, name: layer.name.clone(), source })?;
+    }
+    staging::add_farm(&root, agent)?;
+
+    let staged = cache.join("images").join(format!(".conv-{key}.tmp"));
+    let size = write_image(&root, &staged, size_mib)?;
+    std::fs::write(staged.join("image.json"), serde_json::to_vec_pretty(&contents.config).unwrap_or_default()).map_err(io_step("writing image.json"))?;
+    let manifest = serde_json::json!({ "key": key, "name": "image-converted", "source": source.spec(), "content_digest": contents.digest, "agent": agent.key, "size_mib": size, "recipe": RECIPE });
+    std::fs::write(staged.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap_or_default()).map_err(io_step("writing manifest.json"))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&staged, &dir).map_err(io_step("publishing the image"))?;
+    Ok(Artifact { path: dir.join("rootfs.ext4"), key })
+}
+
+/// Reads the source's layers, config and content digest; an archive is unpacked into `work`
+/// first.
+fn read_contents(source: &ImageSource, work: &Path) -> Result<ImageContents, ConvertError> {
+    let unpacked = |archive: &Path| {
+        let layout = work.join("layout");
+        unpack::unpack_archive(archive, &layout).map_err(|source| ConvertError::UnpackArchive { archive: archive.to_path_buf(), source })?;
+        Ok::<_, ConvertError>(layout)
+    };
+    Ok(match source {
+        ImageSource::Builtin(_) => return Err(ConvertError::Builtin),
+        ImageSource::RootfsDir(dir) => {
+            if !dir.is_dir() {
+                return Err(ConvertError::NotAFolder { path: dir.clone() });
+            }
+            let digest = staging::tree_digest(dir).map_err(|source| ConvertError::ReadRootfs { path: dir.clone(), source })?;
+            ImageContents { layers: Vec::new(), config: ImageConfig::default(), digest }
+        }
+        ImageSource::OciDir(dir) => oci::read_layout(dir)?,
+        ImageSource::OciArchive(tar) => oci::read_layout(&unpacked(tar)?)?,
+        ImageSource::DockerArchive(tar) => docker::read_archive(&unpacked(tar)?)?,
+    })
+}
+
+/// The cache key of a conversion: the content digest, the agent, the recipe and the size.
+fn cache_key(digest: &str, agent: &Artifact, size_mib: Option<u64>) -> String {
+    let mut h = Sha256::new();
+    for part in [digest, agent.key.as_str(), RECIPE, &size_mib.map(|s| s.to_string()).unwrap_or_default()] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    format!("{:x}", h.finalize())[..16].to_string()
+}
+
+/// Copies a root filesystem folder with everything kept (`cp -a`).
+fn copy_rootfs(src: &Path, root: &Path) -> Result<(), ConvertError> {
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", src.display()))
+        .arg(root)
+        .output()
+        .map_err(|source| ConvertError::RunCp { path: src.to_path_buf(), source })?;
+    if !out.status.success() {
+        return Err(ConvertError::CopyRootfs { path: src.to_path_buf(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+    }
+    Ok(())
+}
+
+/// Writes `root` as `staged/rootfs.ext4`, read-only, of `size_mib` or a size that fits the
+/// files with room to spare; returns the size (MiB).
+fn write_image(root: &Path, staged: &Path, size_mib: Option<u64>) -> Result<u64, ConvertError> {
+    let _ = std::fs::remove_dir_all(staged);
+    std::fs::create_dir_all(staged).map_err(io_step("creating the image folder"))?;
+    let used = staging::du_mib(root);
+    let size = size_mib.unwrap_or(used + used / 4 + 256);
+    if size < used + 16 {
+        return Err(ConvertError::TooSmall { size, used });
+    }
+    let image = staged.join("rootfs.ext4");
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "root", "-E", "root_owner=0:0", "-d"])
+        .arg(root)
+        .arg(&image)
+        .arg(format!("{size}M"))
+        .output()
+        .map_err(ConvertError::RunMkfs)?;
+    if !out.status.success() {
+        return Err(ConvertError::Mkfs { stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+    }
+    std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o444)).map_err(io_step("making the image read-only"))?;
+    Ok(size)
+}
+
+/// The image config recorded with a converted image.
+pub fn config_of(image: &Artifact) -> Option<ImageConfig> {
+    let dir = image.path.parent()?;
+    serde_json::from_slice(&std::fs::read(dir.join("image.json")).ok()?).ok()
+}
+
+/// The digest of a file's bytes, as `sha256:<hex>`.
+fn sha256_file(path: &Path) -> io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    io::copy(&mut file, &mut h)?;
+    Ok(format!("sha256:{:x}", h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_specs_parse_and_unknown_ones_are_named() {
+        let base = Path::new("/suites");
+        assert_eq!(ImageSource::parse("python", base).unwrap(), ImageSource::Builtin("python".into()));
+        assert_eq!(ImageSource::parse("oci-archive:img.tar", base).unwrap(), ImageSource::OciArchive("/suites/img.tar".into()));
+        assert_eq!(ImageSource::parse("docker-archive:/x/d.tar", base).unwrap(), ImageSource::DockerArchive("/x/d.tar".into()));
+        assert_eq!(ImageSource::parse("oci:layout", base).unwrap(), ImageSource::OciDir("/suites/layout".into()));
+        assert_eq!(ImageSource::parse("rootfs:r", base).unwrap(), ImageSource::RootfsDir("/suites/r".into()));
+        assert!(ImageSource::parse("docker://ubuntu", base).is_err());
+        assert!(ImageSource::parse("ubuntu", base).is_err());
+    }
+}
