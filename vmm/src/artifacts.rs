@@ -6,38 +6,20 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-/// The images the set-up script builds.
-pub const IMAGES: [&str; 2] = ["minimal", "python"];
+pub use crate::cache::{cache_dir, Artifact, IMAGES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     #[error("{what} not found at {path}: run scripts/setup.sh to build the guest kernel, agent and images")]
     Missing { what: String, path: PathBuf },
-    #[error("unknown image {name:?}: expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", IMAGES.join(", "))]
-    UnknownImage { name: String },
+    #[error(transparent)]
+    UnknownImage(#[from] crate::image::UnknownImage),
     #[error("manifest {path} is unreadable or malformed: {detail}; re-run scripts/setup.sh")]
     BadManifest { path: PathBuf, detail: String },
     #[error(transparent)]
     Image(#[from] crate::image::ImageError),
-}
-
-/// The cache directory: `FARM_CACHE_DIR`, or `~/.cache/farm`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("FARM_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
-    home.join(".cache").join("farm")
-}
-
-/// One built artifact: its file and the key (input hash) from its manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Artifact {
-    pub path: PathBuf,
-    pub key: String,
 }
 
 /// Everything needed to boot an image.

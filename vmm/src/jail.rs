@@ -6,7 +6,7 @@
 //!   one) and no groups but, under KVM, `/dev/kvm`'s. QEMUs of one uid could read each
 //!   other's memory through `/proc`; of different uids they cannot.
 //! - **Nothing inherited.** A scrubbed environment and no descriptors but the ones it is
-//!   given ([`crate::process`]); every file it needs is passed as a descriptor and named
+//!   given (see `process.rs`); every file it needs is passed as a descriptor and named
 //!   `/proc/self/fd/N`, so it needs no access to the paths (root's cache is mode 0700).
 //! - **seccomp.** `-sandbox on` with spawning, privilege elevation, obsolete calls and
 //!   resource control denied ([`SANDBOX`]); migration goes through descriptors, not `exec:`.

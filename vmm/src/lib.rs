@@ -15,6 +15,7 @@
 pub mod accel;
 pub mod agent;
 pub mod artifacts;
+pub mod cache;
 pub mod console;
 pub mod image;
 pub mod jail;

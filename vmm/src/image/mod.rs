@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::artifacts::{Artifact, ArtifactError};
+use crate::cache::Artifact;
 
 pub use docker::DockerArchiveError;
 pub use oci::OciLayoutError;
@@ -120,17 +120,24 @@ fn io_step(what: &'static str) -> impl FnOnce(io::Error) -> ConvertError {
     move |source| ConvertError::Io { what, source }
 }
 
+/// An `image` that is neither a built-in image nor an archive or folder of a known kind.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown image {name:?}: expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", crate::cache::IMAGES.join(", "))]
+pub struct UnknownImage {
+    pub name: String,
+}
+
 impl ImageSource {
     /// Parses `[template] image`; relative paths are taken from `base`.
-    pub fn parse(spec: &str, base: &Path) -> Result<ImageSource, ArtifactError> {
+    pub fn parse(spec: &str, base: &Path) -> Result<ImageSource, UnknownImage> {
         let path = |p: &str| if Path::new(p).is_absolute() { PathBuf::from(p) } else { base.join(p) };
         Ok(match spec.split_once(':') {
             Some(("oci-archive", p)) if !p.is_empty() => ImageSource::OciArchive(path(p)),
             Some(("docker-archive", p)) if !p.is_empty() => ImageSource::DockerArchive(path(p)),
             Some(("oci", p)) if !p.is_empty() => ImageSource::OciDir(path(p)),
             Some(("rootfs", p)) if !p.is_empty() => ImageSource::RootfsDir(path(p)),
-            None if crate::artifacts::IMAGES.contains(&spec) => ImageSource::Builtin(spec.to_string()),
-            _ => return Err(ArtifactError::UnknownImage { name: spec.to_string() }),
+            None if crate::cache::IMAGES.contains(&spec) => ImageSource::Builtin(spec.to_string()),
+            _ => return Err(UnknownImage { name: spec.to_string() }),
         })
     }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::unpack::{remove_any, resolve, EntryPath, PlaceError};
-use crate::artifacts::Artifact;
+use crate::cache::Artifact;
 
 /// Why farm's files could not be added to an image.
 #[derive(Debug, thiserror::Error)]
