@@ -13,11 +13,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::json;
-
-use crate::accel::{self, Accel, AccelSetting, HostFacts};
+use crate::accel::{self, Accel};
 use crate::agent::{AgentClient, AgentError, DEFAULT_MAX_RESPONSE_BYTES};
 use crate::jail::{self, Confinement, VmCgroup, VmUser};
 use crate::process::QemuProcess;
@@ -67,152 +65,6 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineErro
     move |source| MachineError::Io { what, source }
 }
 
-/// Settings shared by every VM of a run.
-#[derive(Debug, Clone)]
-pub struct VmSettings {
-    pub qemu_binary: PathBuf,
-    pub accel: Accel,
-    pub cpu_model: String,
-    pub cpus: u32,
-    pub memory_mib: u32,
-    pub tcg_tb_size_mib: Option<u32>,
-    pub boot_timeout: Duration,
-    /// Where per-VM run folders are created.
-    pub run_root: PathBuf,
-    /// The library a fork's QEMU preloads to map its read-only RAM file (see [`jail`]).
-    pub ram_shim: PathBuf,
-    /// RLIMIT_FSIZE of a QEMU whose disk has no limit of its own (templates, task set-up).
-    pub max_file_bytes: u64,
-}
-
-impl VmSettings {
-    /// Resolves the QEMU binary and the accelerator on this host.
-    pub fn detect(accel: AccelSetting) -> Result<VmSettings, MachineError> {
-        let qemu_binary = find_qemu()?;
-        let accel = accel::resolve(accel, &HostFacts::probe())?;
-        let ram_shim = crate::artifacts::ram_shim(&crate::artifacts::cache_dir())?.path;
-        Ok(VmSettings {
-            ram_shim,
-            max_file_bytes: 64 << 30,
-            qemu_binary,
-            accel,
-            cpu_model: MachineSpec::default_cpu_model(accel).to_string(),
-            cpus: 1,
-            memory_mib: 256,
-            tcg_tb_size_mib: Some(64),
-            boot_timeout: Duration::from_secs(60),
-            run_root: default_run_root(),
-        })
-    }
-}
-
-/// `FARM_RUN_DIR`, or a folder under the system temporary directory.
-pub fn default_run_root() -> PathBuf {
-    std::env::var_os("FARM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("farm-run"))
-}
-
-/// Finds `qemu-system-x86_64` (or `FARM_QEMU`).
-pub fn find_qemu() -> Result<PathBuf, MachineError> {
-    qemu_named(&std::env::var("FARM_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".to_string()))
-}
-
-fn qemu_named(name: &str) -> Result<PathBuf, MachineError> {
-    find_program(name).ok_or(MachineError::QemuNotFound { binary: name.to_string() })
-}
-
-fn find_program(name: &str) -> Option<PathBuf> {
-    let candidate = Path::new(name);
-    if candidate.components().count() > 1 {
-        return candidate.is_file().then(|| candidate.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(name)).find(|p| p.is_file())
-}
-
-/// The version string QEMU reports (`qemu-system-x86_64 --version`, first line).
-pub fn qemu_version(binary: &Path) -> Result<String, MachineError> {
-    let out = Command::new(binary).arg("--version").output().map_err(io_err(format!("running {} --version", binary.display())))?;
-    Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").trim().to_string())
-}
-
-/// A folder holding one VM's overlay, console log, QEMU log and private RAM file; removed
-/// when dropped unless kept.
-#[derive(Debug)]
-pub struct RunDir {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl RunDir {
-    /// Creates a fresh folder under `root`, first sweeping folders of dead farm processes.
-    pub fn create(root: &Path) -> Result<RunDir, MachineError> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        std::fs::create_dir_all(root).map_err(io_err(format!("creating {}", root.display())))?;
-        static SWEPT: std::sync::Once = std::sync::Once::new();
-        SWEPT.call_once(|| sweep_stale_run_dirs(root));
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = root.join(format!("{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).map_err(io_err(format!("creating {}", path.display())))?;
-        Ok(RunDir { path, keep: false })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn keep(&mut self) {
-        self.keep = true;
-    }
-}
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
-}
-
-/// Removes run folders whose owning process is gone (a farm killed with SIGKILL).
-fn sweep_stale_run_dirs(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
-/// Creates a qcow2 overlay at `overlay` over `backing` (format `backing_format`).
-pub fn create_overlay(backing: &Path, backing_format: &str, overlay: &Path) -> Result<(), MachineError> {
-    let qemu_img = find_program("qemu-img").ok_or(MachineError::QemuImgNotFound)?;
-    let out = Command::new(qemu_img)
-        .args(["create", "-q", "-f", "qcow2", "-F", backing_format, "-b"])
-        .arg(backing)
-        .arg(overlay)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(io_err("running qemu-img create"))?;
-    if !out.status.success() {
-        return Err(MachineError::Overlay(String::from_utf8_lossy(&out.stderr).trim().to_string()));
-    }
-    Ok(())
-}
-
-/// The last `lines` lines of a text file (for console and QEMU logs in errors).
-pub fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    let tail = all[all.len().saturating_sub(lines)..].join("\n");
-    if tail.is_empty() {
-        "(empty)".into()
-    } else {
-        tail
-    }
-}
-
 /// A running (or paused) microVM.
 pub struct Machine {
     agent: AgentClient,
@@ -256,7 +108,6 @@ pub struct LaunchPlan {
 static VM_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The name a migration descriptor is given in QEMU (QMP `getfd`).
-const MIGRATION_FD_NAME: &str = "farm-migration";
 
 /// The jail of one QEMU: its own uid (when farm is root), its cgroup (where the host has
 /// cgroup v2), and the limits.
@@ -480,101 +331,6 @@ impl Machine {
         qmp.execute(command, arguments).await.map_err(|source| MachineError::Qmp { what: command.to_string(), source })
     }
 
-    /// Pauses the guest, then writes its device and CPU state (not its shared RAM) to
-    /// `state_path`. The guest stays paused; the disk overlay is flushed.
-    pub async fn save_state(&self, state_path: &Path) -> Result<(), MachineError> {
-        let file = std::fs::File::create(state_path).map_err(io_err(format!("creating {}", state_path.display())))?;
-        self.migrate_out(file.into(), true).await
-    }
-
-    /// Pauses the guest and migrates it into `channel` (a file or a socket, passed to QEMU as
-    /// a descriptor: QEMU may not spawn `exec:` helpers). With `ignore_shared`, RAM in a
-    /// shared memory file stays out of the stream (private RAM is always sent). The guest
-    /// stays paused afterwards; `resume` continues it.
-    pub async fn migrate_out(&self, channel: OwnedFd, ignore_shared: bool) -> Result<(), MachineError> {
-        self.qmp("stop", None).await?;
-        self.set_ignore_shared(ignore_shared).await?;
-        self.pass_fd(MIGRATION_FD_NAME, channel).await?;
-        let uri = format!("fd:{MIGRATION_FD_NAME}");
-        self.qmp("migrate", Some(json!({ "uri": uri }))).await?;
-        let started = Instant::now();
-        loop {
-            let info = self.qmp("query-migrate", None).await?;
-            match info.get("status").and_then(|s| s.as_str()).unwrap_or("") {
-                "completed" => return Ok(()),
-                "failed" | "cancelled" => {
-                    return Err(MachineError::Migration {
-                        what: "out".into(),
-                        detail: info.get("error-desc").map(|d| d.to_string()).unwrap_or_else(|| info.to_string()),
-                    })
-                }
-                _ if started.elapsed() > Duration::from_secs(300) => {
-                    return Err(MachineError::Migration { what: "out".into(), detail: "did not finish within 300 s".into() })
-                }
-                _ => tokio::time::sleep(Duration::from_millis(2)).await,
-            }
-        }
-    }
-
-    /// Hands QEMU a descriptor under a name (QMP `getfd`).
-    async fn pass_fd(&self, name: &str, fd: OwnedFd) -> Result<(), MachineError> {
-        let mut qmp = self.qmp.lock().await;
-        qmp.pass_fd(name, fd).await.map_err(|source| MachineError::Qmp { what: "getfd".into(), source })
-    }
-
-    /// Loads state written by [`Machine::save_state`] into a machine launched with
-    /// `incoming = true`, skipping `offset` header bytes, and resumes the guest.
-    pub async fn load_state(&self, state_path: &Path, offset: u64) -> Result<(), MachineError> {
-        use std::io::Seek;
-        let mut file = std::fs::File::open(state_path).map_err(io_err(format!("opening {}", state_path.display())))?;
-        file.seek(std::io::SeekFrom::Start(offset)).map_err(io_err(format!("reading {}", state_path.display())))?;
-        self.migrate_in(file.into(), true).await?;
-        self.resume().await
-    }
-
-    /// Receives migration state from `channel` (a file positioned at the stream, or a
-    /// socket) in a machine launched with `incoming = true`; the guest is left paused.
-    pub async fn migrate_in(&self, channel: OwnedFd, ignore_shared: bool) -> Result<(), MachineError> {
-        self.set_ignore_shared(ignore_shared).await?;
-        self.pass_fd(MIGRATION_FD_NAME, channel).await?;
-        let uri = format!("fd:{MIGRATION_FD_NAME}");
-        self.qmp("migrate-incoming", Some(json!({ "uri": uri }))).await?;
-        let started = Instant::now();
-        loop {
-            let status = self.qmp("query-status", None).await?;
-            let state = status.get("status").and_then(|s| s.as_str()).unwrap_or("").to_string();
-            match state.as_str() {
-                "inmigrate" if started.elapsed() < Duration::from_secs(300) => tokio::time::sleep(Duration::from_millis(1)).await,
-                "inmigrate" => return Err(MachineError::Migration { what: "in".into(), detail: "did not finish within 300 s".into() }),
-                "paused" | "postmigrate" | "prelaunch" | "running" => return Ok(()),
-                other => {
-                    let migrate = self.qmp("query-migrate", None).await.map(|v| v.to_string()).unwrap_or_default();
-                    return Err(MachineError::Migration {
-                        what: "in".into(),
-                        detail: format!(
-                            "guest state {other:?} after loading; {migrate}; QEMU log: {}",
-                            tail(&self.run_dir.path().join("qemu.log"), 5)
-                        ),
-                    });
-                }
-            }
-        }
-    }
-
-    /// Continues a paused guest.
-    pub async fn resume(&self) -> Result<(), MachineError> {
-        self.qmp("cont", None).await.map(|_| ())
-    }
-
-    async fn set_ignore_shared(&self, on: bool) -> Result<(), MachineError> {
-        self.qmp(
-            "migrate-set-capabilities",
-            Some(json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": on } ] })),
-        )
-        .await
-        .map(|_| ())
-    }
-
     /// Asks QEMU to quit and waits for it; kills it if it does not go within a second.
     pub async fn shutdown(mut self) {
         let quit = tokio::time::timeout(Duration::from_secs(1), self.qmp("quit", None)).await;
@@ -641,39 +397,7 @@ impl Drop for Machine {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod host;
+mod migration;
 
-    #[test]
-    fn missing_qemu_names_the_package() {
-        let err = qemu_named("/no/such/qemu-system-x86_64").unwrap_err().to_string();
-        assert!(err.contains("qemu-system-x86") && err.contains("scripts/setup.sh"), "{err}");
-        let err = qemu_named("qemu-system-that-does-not-exist").unwrap_err().to_string();
-        assert!(err.contains("qemu-system-that-does-not-exist"), "{err}");
-    }
-
-    #[test]
-    fn tail_returns_the_last_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("log");
-        std::fs::write(&p, "1\n2\n3\n4\n").unwrap();
-        assert_eq!(tail(&p, 2), "3\n4");
-        assert_eq!(tail(&dir.path().join("missing"), 2), "(empty)");
-    }
-
-    #[test]
-    fn run_dirs_are_removed_on_drop_unless_kept() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = RunDir::create(root.path()).unwrap();
-        let path = dir.path().to_path_buf();
-        assert!(path.is_dir());
-        drop(dir);
-        assert!(!path.exists());
-        let mut dir = RunDir::create(root.path()).unwrap();
-        dir.keep();
-        let path = dir.path().to_path_buf();
-        drop(dir);
-        assert!(path.exists());
-    }
-}
+pub use host::{create_overlay, default_run_root, find_qemu, qemu_version, tail, RunDir, VmSettings};
