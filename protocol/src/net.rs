@@ -43,7 +43,7 @@ impl Frame {
 
     /// A frame from the front of `buf` and the bytes it took; `Ok(None)` when more bytes
     /// are needed; `Err` for a frame no peer of farm's sends.
-    pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, String> {
+    pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, BadFrame> {
         if buf.len() < HEADER_BYTES {
             return Ok(None);
         }
@@ -52,17 +52,26 @@ impl Frame {
             1 => Kind::Open,
             2 => Kind::Data,
             3 => Kind::Close,
-            other => return Err(format!("unknown frame kind {other}")),
+            other => return Err(BadFrame::Kind(other)),
         };
         let len = u32::from_be_bytes(buf[5..9].try_into().expect("4 bytes")) as usize;
         if len > MAX_PAYLOAD {
-            return Err(format!("a frame of {len} bytes (at most {MAX_PAYLOAD})"));
+            return Err(BadFrame::TooLong(len));
         }
         if buf.len() < HEADER_BYTES + len {
             return Ok(None);
         }
         Ok(Some((Frame { conn, kind, payload: buf[HEADER_BYTES..HEADER_BYTES + len].to_vec() }, HEADER_BYTES + len)))
     }
+}
+
+/// A network frame no peer of farm's sends.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadFrame {
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    #[error("a frame of {0} bytes (at most {MAX_PAYLOAD})")]
+    TooLong(usize),
 }
 
 #[cfg(test)]
