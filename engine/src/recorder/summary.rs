@@ -16,16 +16,9 @@ pub struct Summary {
     pub planned: usize,
     #[serde(default)]
     pub finished: usize,
-    #[serde(default)]
-    pub counts: BTreeMap<String, usize>,
-    #[serde(default)]
-    pub trust: BTreeMap<String, usize>,
-    #[serde(default)]
-    pub mean_reward: Option<f64>,
-    #[serde(default)]
-    pub pass_at_k: BTreeMap<String, f64>,
-    #[serde(default)]
-    pub pass_hat_k: BTreeMap<String, f64>,
+    /// Over every row of the run.
+    #[serde(flatten)]
+    pub totals: Totals,
     #[serde(default)]
     pub tasks: BTreeMap<String, TaskSummary>,
     /// Where and with what the run was made.
@@ -36,20 +29,24 @@ pub struct Summary {
     pub performance: Option<Performance>,
 }
 
+/// Counts, mean reward and pass@k of some rows: the run's, or one task's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Totals {
+    pub counts: BTreeMap<String, usize>,
+    pub trust: BTreeMap<String, usize>,
+    pub mean_reward: Option<f64>,
+    pub pass_at_k: BTreeMap<String, f64>,
+    pub pass_hat_k: BTreeMap<String, f64>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TaskSummary {
+    /// Rows of the task, any status.
     #[serde(default)]
     pub n: usize,
-    #[serde(default)]
-    pub counts: BTreeMap<String, usize>,
-    #[serde(default)]
-    pub trust: BTreeMap<String, usize>,
-    #[serde(default)]
-    pub mean_reward: Option<f64>,
-    #[serde(default)]
-    pub pass_at_k: BTreeMap<String, f64>,
-    #[serde(default)]
-    pub pass_hat_k: BTreeMap<String, f64>,
+    #[serde(flatten)]
+    pub totals: Totals,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -97,7 +94,7 @@ impl Summary {
 
     /// A count by status (0 when absent).
     pub fn count(&self, status: Status) -> usize {
-        self.counts.get(status.as_str()).copied().unwrap_or(0)
+        self.totals.counts.get(status.as_str()).copied().unwrap_or(0)
     }
 }
 
@@ -138,30 +135,20 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> Summary {
         let scored: Vec<&&Outcome> = rs.iter().filter(|r| r.status != Status::EnvError).collect();
         let n = scored.len() as u32;
         let c = scored.iter().filter(|r| r.status == Status::Passed).count() as u32;
-        let mut summary = TaskSummary { n: rs.len(), counts: counts(rs), trust: trust(rs), mean_reward: mean_reward(rs), ..TaskSummary::default() };
+        let mut totals = Totals { counts: counts(rs), trust: trust(rs), mean_reward: mean_reward(rs), ..Totals::default() };
         for k in (1..=max_k).filter(|k| *k <= n) {
             let (p, h) = (pass_at_k(n, c, k), pass_hat_k(n, c, k));
-            summary.pass_at_k.insert(k.to_string(), p);
-            summary.pass_hat_k.insert(k.to_string(), h);
+            totals.pass_at_k.insert(k.to_string(), p);
+            totals.pass_hat_k.insert(k.to_string(), h);
             pass_at.entry(k).or_default().push(p);
             pass_hat.entry(k).or_default().push(h);
         }
-        tasks.insert(task.to_string(), summary);
+        tasks.insert(task.to_string(), TaskSummary { n: rs.len(), totals });
     }
     let all: Vec<&Outcome> = rows.iter().collect();
     let avg = |m: &BTreeMap<u32, Vec<f64>>| -> BTreeMap<String, f64> { m.iter().map(|(k, v)| (k.to_string(), v.iter().sum::<f64>() / v.len() as f64)).collect() };
-    Summary {
-        planned,
-        finished: rows.len(),
-        counts: counts(&all),
-        trust: trust(&all),
-        mean_reward: mean_reward(&all),
-        pass_at_k: avg(&pass_at),
-        pass_hat_k: avg(&pass_hat),
-        tasks,
-        provenance: None,
-        performance: None,
-    }
+    let totals = Totals { counts: counts(&all), trust: trust(&all), mean_reward: mean_reward(&all), pass_at_k: avg(&pass_at), pass_hat_k: avg(&pass_hat) };
+    Summary { planned, finished: rows.len(), totals, tasks, provenance: None, performance: None }
 }
 
 /// Unbiased pass@k: 1 - C(n-c, k) / C(n, k).
@@ -251,9 +238,11 @@ pub(crate) mod tests {
         let s = summary(&outcomes, 2, 4);
         assert_eq!(s.count(Status::Passed), 2);
         assert_eq!(s.count(Status::EnvError), 1);
-        assert_eq!(s.tasks["a"].pass_at_k["1"], 0.5);
-        assert_eq!(s.tasks["b"].pass_at_k["1"], 1.0);
-        assert!(!s.tasks["b"].pass_at_k.contains_key("2"));
+        assert_eq!(s.tasks["a"].totals.pass_at_k["1"], 0.5);
+        assert_eq!(s.tasks["b"].totals.pass_at_k["1"], 1.0);
+        assert!(!s.tasks["b"].totals.pass_at_k.contains_key("2"));
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!((json["counts"]["passed"].as_u64(), json["tasks"]["a"]["pass_at_k"]["1"].as_f64()), (Some(2), Some(0.5)), "the documented keys: {json}");
         // What is written is what is read back.
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<Summary>(&text).unwrap(), s);

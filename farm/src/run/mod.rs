@@ -92,7 +92,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
         summary.count(Status::Failed),
         summary.count(Status::Timeout),
         summary.count(Status::EnvError),
-        summary.mean_reward.map(|r| format!("{r:.3}")).unwrap_or_else(|| "null".into()),
+        summary.totals.mean_reward.map(|r| format!("{r:.3}")).unwrap_or_else(|| "null".into()),
         out.join("summary.json").display()
     );
     Ok(interrupted.unwrap_or(0))
