@@ -460,10 +460,24 @@ fn sigkill_mid_run_then_resume_records_each_rollout_exactly_once() {
     resume_and_check_each_rollout_once(out.path());
 }
 
+/// Replays `DIR/traj.jsonl` on one task folder of configs/data/tasks (`(image, task)`), scored
+/// by the Python program `scorer` (written as `DIR/score.py`); `sections` goes before the
+/// scorer's key and must end inside `[scoring]`. Output in `DIR/out`.
+fn run_with_external_scorer(dir: &Path, (image, task): (&str, &str), sections: &str, scorer: &str) -> Output {
+    std::fs::write(dir.join("score.py"), scorer).unwrap();
+    let suite = format!(
+        "[suite]\nname = \"external\"\n[template]\nimage = \"{image}\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"{task}\"]\n\
+         [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
+         {sections}external = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
+        repo().join("configs/data/tasks").display(),
+        dir.join("score.py").display()
+    );
+    run_suite_file(dir, &suite)
+}
+
 #[test]
 fn trajectories_final_state_scoring_and_an_external_scorer() {
     let dir = tempfile::tempdir().unwrap();
-    let tasks = repo().join("configs/data/tasks");
     // Sample 0 fixes greet() and commits; sample 1 writes a wrong greet() and never commits.
     let good = serde_json::json!({"task_id": "greeting", "sample_index": 0, "actions": [
         {"kind": "write_file", "path": "greet.py", "content": "def greet(name):\n    return f\"Hello, {name}!\"\n"},
@@ -479,22 +493,9 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
         {"kind": "exec", "command": "git commit -qam fix && mount -t tmpfs -o ro tmpfs /opt"}]});
     std::fs::write(dir.path().join("traj.jsonl"), format!("{good}\n{bad}\n{blocking}\n")).unwrap();
     // The external scorer sees the hidden tests' outcome and the artifacts, and decides.
-    std::fs::write(
-        dir.path().join("score.py"),
-        "import json, sys\nrun = json.load(sys.stdin)\nok = run['tests']['exit_code'] == 0\n\
-         print(json.dumps({'reward': 1.0 if ok else 0.25, 'task': run['task_id']}))\n",
-    )
-    .unwrap();
-    let o = run_suite_file(
-        dir.path(),
-        &format!(
-            "[suite]\nname = \"trajectories\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"greeting\"]\n\
-             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
-             [rollouts]\nwarm_pool = 2\n[scoring]\nmode = \"final_state\"\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
-            tasks.display(),
-            dir.path().join("score.py").display()
-        ),
-    );
+    let scorer = "import json, sys\nrun = json.load(sys.stdin)\nok = run['tests']['exit_code'] == 0\n\
+                  print(json.dumps({'reward': 1.0 if ok else 0.25, 'task': run['task_id']}))\n";
+    let o = run_with_external_scorer(dir.path(), ("python", "greeting"), "[rollouts]\nwarm_pool = 2\n[scoring]\nmode = \"final_state\"\n", scorer);
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(&dir.path().join("out"));
     assert_eq!(s["counts"]["passed"], 1, "{s}");
@@ -521,27 +522,13 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
 #[test]
 fn an_external_scorer_failing_on_the_agents_output_is_a_failure_not_an_env_error() {
     let dir = tempfile::tempdir().unwrap();
-    let tasks = repo().join("configs/data/tasks");
     let submit = |sample: u32, answer: &str| serde_json::json!({"task_id": "capital", "sample_index": sample, "actions": [{"kind": "submit", "answer": answer}]});
     let lines = [submit(0, "maybe 41?"), submit(1, r#"{"city": "Paris"}"#), submit(2, "transient")];
     std::fs::write(dir.path().join("traj.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
     // The user's scorer parses the answer as JSON, and says when a failure is its own.
-    std::fs::write(
-        dir.path().join("score.py"),
-        "import json, sys\nrun = json.load(sys.stdin)\nif run['answer'] == 'transient':\n    sys.exit(75)\n\
-         parsed = json.loads(run['answer'])\nprint(json.dumps({'reward': 1.0 if parsed.get('city') == 'Paris' else 0.0}))\n",
-    )
-    .unwrap();
-    let o = run_suite_file(
-        dir.path(),
-        &format!(
-            "[suite]\nname = \"external\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"capital\"]\n\
-             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
-             [scoring]\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
-            tasks.display(),
-            dir.path().join("score.py").display()
-        ),
-    );
+    let scorer = "import json, sys\nrun = json.load(sys.stdin)\nif run['answer'] == 'transient':\n    sys.exit(75)\n\
+                  parsed = json.loads(run['answer'])\nprint(json.dumps({'reward': 1.0 if parsed.get('city') == 'Paris' else 0.0}))\n";
+    let o = run_with_external_scorer(dir.path(), ("minimal", "capital"), "[scoring]\n", scorer);
     assert!(o.status.success(), "{}", text(&o));
     let rows = journal_rows(&dir.path().join("out"));
     let malformed = &rows[&("capital".to_string(), 0)];

@@ -1,6 +1,4 @@
-//! The agent client against a scripted guest over an in-memory duplex stream: no VM.
-
-//! The client against a scripted fake guest on an in-memory duplex stream.
+//! The agent client against a scripted fake guest on an in-memory duplex stream: no VM.
 use super::*;
 use farm_protocol::{AgentError as WireError, ErrorKind};
 use tokio::io::{duplex, DuplexStream};
@@ -10,6 +8,16 @@ fn client_with_guest() -> (AgentClient, DuplexStream) {
     let (host, guest) = duplex(1 << 20);
     let (read, write) = tokio::io::split(host);
     (AgentClient::new(read, write, 1 << 24), guest)
+}
+
+/// Runs one client call on its own task, so the test can play the guest meanwhile.
+fn spawn_call<T, F, Fut>(client: &AgentClient, call: F) -> tokio::task::JoinHandle<T>
+where
+    F: FnOnce(AgentClient) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(call(client.clone()))
 }
 
 async fn next_request(guest: &mut DuplexStream) -> (Envelope<Request>, Vec<u8>) {
@@ -37,10 +45,7 @@ fn exec_result(out: u64, err: u64) -> Response {
 #[tokio::test]
 async fn exec_splits_body_into_stdout_and_stderr() {
     let (client, mut guest) = client_with_guest();
-    let call = tokio::spawn({
-        let client = client.clone();
-        async move { client.exec(ExecOptions::argv(&["x"])).await }
-    });
+    let call = spawn_call(&client, |client| async move { client.exec(ExecOptions::argv(&["x"])).await });
     let (req, _) = next_request(&mut guest).await;
     send(&mut guest, req.id, exec_result(3, 2), b"outer").await;
     let out = call.await.unwrap().unwrap();
@@ -51,14 +56,8 @@ async fn exec_splits_body_into_stdout_and_stderr() {
 #[tokio::test]
 async fn responses_out_of_order_reach_their_requests() {
     let (client, mut guest) = client_with_guest();
-    let a = tokio::spawn({
-        let c = client.clone();
-        async move { c.read_file("/a", 10).await }
-    });
-    let b = tokio::spawn({
-        let c = client.clone();
-        async move { c.read_file("/b", 10).await }
-    });
+    let a = spawn_call(&client, |c| async move { c.read_file("/a", 10).await });
+    let b = spawn_call(&client, |c| async move { c.read_file("/b", 10).await });
     let (first, _) = next_request(&mut guest).await;
     let (second, _) = next_request(&mut guest).await;
     let path_of = |r: &Envelope<Request>| match &r.msg {
@@ -74,10 +73,7 @@ async fn responses_out_of_order_reach_their_requests() {
 #[tokio::test]
 async fn oversized_frame_closes_the_channel_and_fails_pending_requests() {
     let (client, mut guest) = client_with_guest();
-    let call = tokio::spawn({
-        let c = client.clone();
-        async move { c.ping().await }
-    });
+    let call = spawn_call(&client, |c| async move { c.ping().await });
     let _ = next_request(&mut guest).await;
     // Announce a 1 GiB frame; the client must refuse without allocating or waiting.
     guest.write_all(&farm_protocol::MAGIC).await.unwrap();
@@ -93,10 +89,7 @@ async fn oversized_frame_closes_the_channel_and_fails_pending_requests() {
 async fn garbage_and_truncation_are_errors_not_hangs() {
     for garbage in [&b"FRM1\x00\x00\x00\x10\x00\x00\x00\x0cnot json!!!!"[..], b"FRM1\x00\x00\x00\x40\x00\x00", b"HTTP/1.1 200 OK\r\n"] {
         let (client, mut guest) = client_with_guest();
-        let call = tokio::spawn({
-            let c = client.clone();
-            async move { c.ping().await }
-        });
+        let call = spawn_call(&client, |c| async move { c.ping().await });
         let _ = next_request(&mut guest).await;
         guest.write_all(garbage).await.unwrap();
         drop(guest); // close mid-frame in the second case
@@ -117,27 +110,18 @@ async fn silent_guest_times_out() {
 #[tokio::test]
 async fn lying_headers_fail_only_that_request() {
     let (client, mut guest) = client_with_guest();
-    let call = tokio::spawn({
-        let c = client.clone();
-        async move { c.exec(ExecOptions::argv(&["x"])).await }
-    });
+    let call = spawn_call(&client, |c| async move { c.exec(ExecOptions::argv(&["x"])).await });
     let (req, _) = next_request(&mut guest).await;
     send(&mut guest, req.id, exec_result(100, 0), b"short").await;
     let err = call.await.unwrap().unwrap_err();
     assert!(matches!(err, AgentError::BadResponse { op: "exec", .. }), "{err}");
     // Output beyond the requested cap is refused too.
-    let call = tokio::spawn({
-        let c = client.clone();
-        async move { c.exec(ExecOptions { stdout_cap: 2, ..ExecOptions::argv(&["x"]) }).await }
-    });
+    let call = spawn_call(&client, |c| async move { c.exec(ExecOptions { stdout_cap: 2, ..ExecOptions::argv(&["x"]) }).await });
     let (req, _) = next_request(&mut guest).await;
     send(&mut guest, req.id, exec_result(5, 0), b"12345").await;
     assert!(matches!(call.await.unwrap(), Err(AgentError::BadResponse { .. })));
     // The channel still works.
-    let call = tokio::spawn({
-        let c = client.clone();
-        async move { c.quiesce().await }
-    });
+    let call = spawn_call(&client, |c| async move { c.quiesce().await });
     let (req, _) = next_request(&mut guest).await;
     send(&mut guest, req.id, Response::Quiesce, b"").await;
     call.await.unwrap().unwrap();
@@ -156,10 +140,7 @@ async fn unsolicited_frames_are_counted_and_dropped() {
     for id in 100..110 {
         send(&mut guest, id, Response::Quiesce, b"").await;
     }
-    let call = tokio::spawn({
-        let c = client.clone();
-        async move { c.quiesce().await }
-    });
+    let call = spawn_call(&client, |c| async move { c.quiesce().await });
     let (req, _) = next_request(&mut guest).await;
     send(&mut guest, req.id, Response::Quiesce, b"").await;
     call.await.unwrap().unwrap();
@@ -169,10 +150,7 @@ async fn unsolicited_frames_are_counted_and_dropped() {
 #[tokio::test]
 async fn agent_errors_are_reported_with_their_kind() {
     let (client, mut guest) = client_with_guest();
-    let call = tokio::spawn({
-        let c = client.clone();
-        async move { c.exec(ExecOptions::argv(&["nope"])).await }
-    });
+    let call = spawn_call(&client, |c| async move { c.exec(ExecOptions::argv(&["nope"])).await });
     let (req, _) = next_request(&mut guest).await;
     let error = WireError { kind: ErrorKind::Spawn, message: "not found".into() };
     send(&mut guest, req.id, Response::Error(error), b"").await;
@@ -183,10 +161,7 @@ async fn agent_errors_are_reported_with_their_kind() {
 #[tokio::test]
 async fn announced_agent_becomes_ready_without_waiting_for_ping_retries() {
     let (client, mut guest) = client_with_guest();
-    let wait = tokio::spawn({
-        let c = client.clone();
-        async move { c.wait_ready(Duration::from_secs(30)).await }
-    });
+    let wait = spawn_call(&client, |c| async move { c.wait_ready(Duration::from_secs(30)).await });
     let pong = Pong { protocol_version: PROTOCOL_VERSION, agent_version: "t".into(), uptime_secs: 0.0 };
     send(&mut guest, 0, Response::Pong(pong.clone()), b"").await;
     // Answer pings until wait_ready returns.
