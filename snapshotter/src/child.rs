@@ -53,21 +53,6 @@ fn child_key(template_id: &str, content: &[u8]) -> String {
     format!("k-{}", h.finalize().iter().take(10).map(|b| format!("{b:02x}")).collect::<String>())
 }
 
-#[cfg(test)]
-mod key_tests {
-    use super::*;
-
-    #[test]
-    fn child_ids_follow_the_template_and_the_content() {
-        let id = child_key("t-1", b"files and setup");
-        assert!(id.starts_with("k-") && id.len() == 22, "{id}");
-        assert_eq!(id, child_key("t-1", b"files and setup"));
-        assert_ne!(id, child_key("t-2", b"files and setup"), "another template");
-        assert_ne!(id, child_key("t-1", b"files and setup!"), "other content");
-        assert_ne!(child_key("t-1", b"2x"), child_key("t-12", b"x"), "the template id and the content do not run together");
-    }
-}
-
 /// The child snapshot `spec` describes: the stored one when it is whole, else made anew.
 pub async fn child_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, spec: &ChildSpec<'_>) -> Result<Snapshot, ChildError> {
     let id = child_id(template, spec.content);
@@ -95,4 +80,19 @@ pub async fn child_snapshot(store: &SnapshotStore, forker: &Forker, template: &S
         }
     }
     Ok(snapshot_fork(store, &forker, template, &fork, spec.label, Some(id), false).await?)
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    #[test]
+    fn child_ids_follow_the_template_and_the_content() {
+        let id = child_key("t-1", b"files and setup");
+        assert!(id.starts_with("k-") && id.len() == 22, "{id}");
+        assert_eq!(id, child_key("t-1", b"files and setup"));
+        assert_ne!(id, child_key("t-2", b"files and setup"), "another template");
+        assert_ne!(id, child_key("t-1", b"files and setup!"), "other content");
+        assert_ne!(child_key("t-1", b"2x"), child_key("t-12", b"x"), "the template id and the content do not run together");
+    }
 }

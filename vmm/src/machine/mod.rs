@@ -107,8 +107,6 @@ pub struct LaunchPlan {
 
 static VM_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// The name a migration descriptor is given in QEMU (QMP `getfd`).
-
 /// The jail of one QEMU: its own uid (when farm is root), its cgroup (where the host has
 /// cgroup v2), and the limits.
 fn confine(spec: &MachineSpec, run_root: &Path, max_file_bytes: u64) -> Result<(Option<VmUser>, Option<VmCgroup>, Confinement), MachineError> {
