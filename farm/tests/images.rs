@@ -20,7 +20,11 @@ fn sh(dir: &Path, script: &str) {
 }
 
 fn vm_run(image: &str, command: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farm")).args(["vm", "run", "--image", image, "--", "sh", "-c", command]).stdin(Stdio::null()).output().unwrap()
+    vm_run_with(image, &[], command)
+}
+
+fn vm_run_with(image: &str, flags: &[&str], command: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_farm")).args(["vm", "run", "--image", image]).args(flags).args(["--", "sh", "-c", command]).stdin(Stdio::null()).output().unwrap()
 }
 
 /// An OCI layout `L:t` of two layers made by umoci: busybox and some files, then a second
@@ -58,7 +62,7 @@ skopeo copy -q oci:L:t docker-archive:docker.tar:farm/t:1
 fn oci_and_docker_archives_layouts_and_folders_become_images() {
     let dir = tempfile::tempdir().unwrap();
     build_images(dir.path());
-    let check = "ls /data; ls /data/opq; cat /data/link /data/hard; stat -c '%h links' /data/kept; grep -c '^farm:' /etc/passwd; grep '^app:' /etc/passwd; stat -c '%a %U' /usr/local/bin/farm-sandbox";
+    let check = "ls /data; ls /data/opq; cat /data/link /data/hard; stat -c '%h links' /data/kept; grep -c '^farm:' /etc/passwd; grep '^app:' /etc/passwd; stat -c '%a %U' /usr/local/bin/farm-sandbox; echo \"config: $FOO $(id -u) $(pwd)\"";
     for image in [
         format!("oci-archive:{}", dir.path().join("img.tar").display()),
         format!("docker-archive:{}", dir.path().join("docker.tar").display()),
@@ -72,7 +76,15 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         assert_eq!(listing, ["hard", "kept", "link", "opq", "new"], "{image}: the whiteout and the opaque folder apply: {out}");
         assert!(out.contains("keep\nkeep\n2 links\n1\napp:x:1234"), "{image}: links and users: {out}");
         assert!(out.contains("4750 root"), "{image}: farm-sandbox: {out}");
+        // `farm vm run` applies the image config's Env, User and WorkingDir, as `docker run`
+        // does; a rootfs folder has no config.
+        let expected = if image.starts_with("rootfs:") { "config:  0 /workspace" } else { "config: bar 1234 /data" };
+        assert!(out.contains(expected), "{image}: {out}");
     }
+    // The flags win over the image's config.
+    let image = format!("oci-archive:{}", dir.path().join("img.tar").display());
+    let o = vm_run_with(&image, &["--user", "root", "--workdir", "/", "--env", "FOO=baz"], "echo \"config: $FOO $(id -u) $(pwd)\"");
+    assert_eq!(text(&o).trim(), "config: baz 0 /", "{}", text(&o));
     // Converted once: the OCI layout and the OCI archive are the same image (same manifest
     // digest), so one conversion serves both.
     let cache = std::env::var_os("FARM_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));

@@ -31,12 +31,17 @@ pub struct RunArgs {
     /// Kill the command (its whole process group) after this many seconds; exit code 124.
     #[arg(long)]
     timeout: Option<f64>,
-    /// Environment variable for the command, KEY=VALUE (repeatable).
+    /// Environment variable for the command, KEY=VALUE (repeatable); set over the image's
+    /// own Env, as `docker run -e` does.
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
     env: Vec<(String, String)>,
-    /// Working directory inside the guest (default /workspace).
+    /// Working directory inside the guest (default: the image's WorkingDir, else /workspace).
     #[arg(long)]
     workdir: Option<String>,
+    /// Run the command as this guest user: a name, UID or UID:GID (default: the image's
+    /// User, else root).
+    #[arg(long)]
+    user: Option<String>,
     /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     accel: AccelSetting,
@@ -92,12 +97,26 @@ async fn run_command(args: RunArgs) -> Result<i32> {
         buf
     };
 
+    // An image converted from an archive runs its commands as `docker run` would: with its
+    // config's Env (under --env), WorkingDir and User. Built-in images have no config.
+    let image = vmm::image::config_of(&artifacts.image).unwrap_or_default();
+    let mut env: Vec<(String, String)> = image.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    env.retain(|(key, _)| !args.env.iter().any(|(k, _)| k == key));
+    env.extend(args.env);
+    let cwd = args.workdir.or_else(|| (!image.working_dir.is_empty()).then(|| image.working_dir.clone()));
+    let user = match args.user {
+        Some(user) if user == "root" || user == "0" => None,
+        Some(user) => Some(user),
+        None => (!image.user.is_empty() && image.user != "root" && image.user != "0").then(|| image.user.clone()),
+    };
+
     let started = Instant::now();
     let machine = Machine::boot(&settings, &artifacts.kernel.path, &artifacts.image.path).await?;
     let booted = started.elapsed();
     let options = ExecOptions {
-        cwd: args.workdir,
-        env: args.env,
+        cwd,
+        env,
+        user,
         stdin,
         timeout,
         stdout_cap: OUTPUT_CAP,
