@@ -37,6 +37,7 @@ PACKAGES=(
   python3-pytest   # the guest image's pytest on the host's /usr/bin/python3: the harness's own self-test
   chromium   # headless, for the test that renders `farm report` as a person sees it
   skopeo umoci   # the image tests build OCI and Docker archives with them
+  docker-registry apache2-utils   # the registry tests run the reference registry (htpasswd for auth)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

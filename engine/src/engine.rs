@@ -63,6 +63,8 @@ pub struct Engine {
     pub forker: Forker,
     pub store: SnapshotStore,
     pub template: Arc<Snapshot>,
+    /// For a template image from a registry: what it resolved to at start.
+    pub image_pulled: Option<vmm::image::registry::Pulled>,
     pub(crate) scoring: scorers::orchestrate::Plan,
     /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
     pool: Option<(String, snapshotter::WarmPool)>,
@@ -152,6 +154,7 @@ impl Engine {
             forker,
             store,
             template: Arc::new(template.snapshot),
+            image_pulled: template.pulled,
             scoring,
             pool: None,
         })

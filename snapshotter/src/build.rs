@@ -45,6 +45,8 @@ pub struct Built {
     pub snapshot: Snapshot,
     /// The snapshot existed already and was reused.
     pub reused: bool,
+    /// For an image from a registry: what it resolved to this time.
+    pub pulled: Option<vmm::image::registry::Pulled>,
 }
 
 /// The content address of a template's snapshot: the template (config and files) plus
@@ -145,7 +147,7 @@ pub async fn build_template_with(
     }
     let id = template_snapshot_id(&digest, &artifacts, forker);
     match store.get(&id) {
-        Ok(existing) if existing.check_files().is_ok() => return Ok(Built { snapshot: existing, reused: true }),
+        Ok(existing) if existing.check_files().is_ok() => return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled }),
         Ok(_) => progress(&format!("snapshot {id} is damaged; rebuilding it")),
         Err(_) => {}
     }
@@ -154,7 +156,7 @@ pub async fn build_template_with(
     if result.is_err() {
         let _ = crate::store::remove_tree(&staging);
     }
-    result.map(|snapshot| Built { snapshot, reused: false })
+    result.map(|snapshot| Built { snapshot, reused: false, pulled: artifacts.pulled })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -415,6 +417,7 @@ async fn snapshot_fork_into(
         kernel: parent.manifest.kernel.clone(),
         image: parent.manifest.image.clone(),
         agent: vmm::artifacts::Artifact { path: PathBuf::new(), key: parent.manifest.agent_key.clone() },
+        pulled: None,
     };
     let _ = std::fs::copy(fork.machine.run_dir().join("console.log"), staging.join("console.log"));
     finish(

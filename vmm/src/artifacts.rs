@@ -29,6 +29,9 @@ pub struct GuestArtifacts {
     pub kernel: Artifact,
     pub image: Artifact,
     pub agent: Artifact,
+    /// For an image from a registry: what this lookup's pull resolved it to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pulled: Option<crate::image::registry::Pulled>,
 }
 
 impl GuestArtifacts {
@@ -50,8 +53,8 @@ impl GuestArtifacts {
         if !matches!(source, crate::image::ImageSource::Builtin(_)) {
             let current = cache.join("current");
             let agent = artifact(&current.join("agent"), "farm-agent", "guest agent")?;
-            let image = crate::image::converted(cache, &source, &agent, size_mib)?;
-            return Ok(GuestArtifacts { image_name: image_name.to_string(), kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?, image, agent });
+            let (image, pulled) = crate::image::converted(cache, &source, &agent, size_mib)?;
+            return Ok(GuestArtifacts { image_name: image_name.to_string(), kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?, image, agent, pulled });
         }
         let current = cache.join("current");
         Ok(GuestArtifacts {
@@ -59,6 +62,7 @@ impl GuestArtifacts {
             kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?,
             image: artifact(&current.join(image_name), "rootfs.ext4", &format!("root image {image_name:?}"))?,
             agent: artifact(&current.join("agent"), "farm-agent", "guest agent")?,
+            pulled: None,
         })
     }
 }

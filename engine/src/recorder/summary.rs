@@ -61,6 +61,10 @@ pub struct Provenance {
     pub cores: usize,
     #[serde(default)]
     pub template_snapshot: String,
+    /// For an image from a registry: the digest it resolved to, where from, and the
+    /// reference an override replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pulled: Option<vmm::image::registry::Pulled>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -188,6 +188,7 @@ fn provenance(engine: &Engine) -> Provenance {
         accel: format!("{:?}", engine.forker.vm.accel).to_lowercase(),
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         template_snapshot: engine.template.id().to_string(),
+        image_pulled: engine.image_pulled.clone(),
     }
 }
 

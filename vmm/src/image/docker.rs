@@ -71,7 +71,7 @@ pub(super) fn read_archive(dir: &Path) -> Result<ImageContents, DockerArchiveErr
         .zip(diff_ids)
         .map(|(path, id)| Ok(Layer { path: inside(dir, path)?, name: path.clone(), digest: LayerDigest::DiffId(id.clone()) }))
         .collect::<Result<_, DockerArchiveError>>()?;
-    Ok(ImageContents { layers, config: config.image_config(), digest: format!("sha256:{:x}", Sha256::digest(&config_bytes)) })
+    Ok(ImageContents { layers, config: config.image_config(), digest: format!("sha256:{:x}", Sha256::digest(&config_bytes)), pulled: None })
 }
 
 /// A path of manifest.json inside the archive's folder.

@@ -4,7 +4,8 @@
 //! - `oci-archive:PATH`: an OCI image layout in a tar (`skopeo copy ... oci-archive:PATH`);
 //! - `docker-archive:PATH`: the output of `docker save` (or `skopeo ... docker-archive:`);
 //! - `oci:DIR`: an OCI image layout folder;
-//! - `rootfs:DIR`: a plain root filesystem folder.
+//! - `rootfs:DIR`: a plain root filesystem folder;
+//! - `registry:REF`: an image in an OCI or Docker registry, pulled on the host (`registry`).
 //!
 //! A conversion flows through the submodules in order: an archive is unpacked into a work
 //! folder (`unpack`); its layout is read, every blob checked against its digest (`oci`,
@@ -23,6 +24,7 @@
 
 mod docker;
 mod oci;
+pub mod registry;
 mod staging;
 mod unpack;
 
@@ -50,6 +52,8 @@ pub enum ImageSource {
     DockerArchive(PathBuf),
     OciDir(PathBuf),
     RootfsDir(PathBuf),
+    /// An image reference (`[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`).
+    Registry(String),
 }
 
 /// Why converting an image failed: the image (its spec, as a snapshot records it) and the
@@ -85,6 +89,8 @@ pub enum ConvertError {
     OciLayout(#[from] OciLayoutError),
     #[error("reading the docker archive failed")]
     DockerArchive(#[from] DockerArchiveError),
+    #[error("pulling the image failed")]
+    Pull(#[from] registry::PullError),
     #[error("running cp -a to copy the root filesystem {} failed", path.display())]
     RunCp {
         path: PathBuf,
@@ -122,7 +128,7 @@ fn io_step(what: &'static str) -> impl FnOnce(io::Error) -> ConvertError {
 
 /// An `image` that is neither a built-in image nor an archive or folder of a known kind.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown image {name:?}: expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", crate::cache::IMAGES.join(", "))]
+#[error("unknown image {name:?}: expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR, registry:REF", crate::cache::IMAGES.join(", "))]
 pub struct UnknownImage {
     pub name: String,
 }
@@ -136,6 +142,7 @@ impl ImageSource {
             Some(("docker-archive", p)) if !p.is_empty() => ImageSource::DockerArchive(path(p)),
             Some(("oci", p)) if !p.is_empty() => ImageSource::OciDir(path(p)),
             Some(("rootfs", p)) if !p.is_empty() => ImageSource::RootfsDir(path(p)),
+            Some(("registry", r)) if !r.is_empty() => ImageSource::Registry(r.to_string()),
             None if crate::cache::IMAGES.contains(&spec) => ImageSource::Builtin(spec.to_string()),
             _ => return Err(UnknownImage { name: spec.to_string() }),
         })
@@ -149,6 +156,7 @@ impl ImageSource {
             ImageSource::DockerArchive(p) => format!("docker-archive:{}", p.display()),
             ImageSource::OciDir(p) => format!("oci:{}", p.display()),
             ImageSource::RootfsDir(p) => format!("rootfs:{}", p.display()),
+            ImageSource::Registry(r) => format!("registry:{r}"),
         }
     }
 }
@@ -161,27 +169,30 @@ pub struct ImageConfig {
     pub user: String,
 }
 
-/// What an image is made of: its layers (in order), its config and its content digest.
+/// What an image is made of: its layers (in order), its config and its content digest;
+/// for a pulled image, where it came from.
 struct ImageContents {
     layers: Vec<unpack::Layer>,
     config: ImageConfig,
     digest: String,
+    pulled: Option<registry::Pulled>,
 }
 
-/// The ext4 image for `source` (not a built-in one): the cached conversion, or a new one.
-pub fn converted(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<Artifact, ImageError> {
+/// The ext4 image for `source` (not a built-in one): the cached conversion, or a new one;
+/// for an image from a registry, what the pull resolved.
+pub fn converted(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<(Artifact, Option<registry::Pulled>), ImageError> {
     convert(cache, source, agent, size_mib).map_err(|step| ImageError { image: source.spec(), step: Box::new(step) })
 }
 
-fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<Artifact, ConvertError> {
+fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<(Artifact, Option<registry::Pulled>), ConvertError> {
     let tmp = cache.join("tmp");
     std::fs::create_dir_all(&tmp).map_err(io_step("creating the cache's tmp folder"))?;
     let work = tempfile::Builder::new().prefix("conv-").tempdir_in(&tmp).map_err(io_step("creating a work folder"))?;
-    let contents = read_contents(source, work.path())?;
+    let contents = read_contents(source, work.path(), cache)?;
     let key = cache_key(&contents.digest, agent, size_mib);
     let dir = cache.join("images").join(format!("conv-{key}"));
     if dir.join("manifest.json").is_file() && dir.join("rootfs.ext4").is_file() {
-        return Ok(Artifact { path: dir.join("rootfs.ext4"), key });
+        return Ok((Artifact { path: dir.join("rootfs.ext4"), key }, contents.pulled));
     }
     let root = work.path().join("root");
     std::fs::create_dir_all(&root).map_err(io_step("creating the staging root"))?;
@@ -196,16 +207,19 @@ fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Optio
     let staged = cache.join("images").join(format!(".conv-{key}.tmp"));
     let size = write_image(&root, &staged, size_mib)?;
     std::fs::write(staged.join("image.json"), serde_json::to_vec_pretty(&contents.config).unwrap_or_default()).map_err(io_step("writing image.json"))?;
-    let manifest = serde_json::json!({ "key": key, "name": "image-converted", "source": source.spec(), "content_digest": contents.digest, "agent": agent.key, "size_mib": size, "recipe": RECIPE });
+    let mut manifest = serde_json::json!({ "key": key, "name": "image-converted", "source": source.spec(), "content_digest": contents.digest, "agent": agent.key, "size_mib": size, "recipe": RECIPE });
+    if let Some(pulled) = &contents.pulled {
+        manifest["pulled"] = serde_json::json!({ "resolved": pulled.resolved, "overridden_from": pulled.overridden_from, "via": pulled.via });
+    }
     std::fs::write(staged.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap_or_default()).map_err(io_step("writing manifest.json"))?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&staged, &dir).map_err(io_step("publishing the image"))?;
-    Ok(Artifact { path: dir.join("rootfs.ext4"), key })
+    Ok((Artifact { path: dir.join("rootfs.ext4"), key }, contents.pulled))
 }
 
 /// Reads the source's layers, config and content digest; an archive is unpacked into `work`
-/// first.
-fn read_contents(source: &ImageSource, work: &Path) -> Result<ImageContents, ConvertError> {
+/// first, and an image in a registry pulled into the store in `cache`.
+fn read_contents(source: &ImageSource, work: &Path, cache: &Path) -> Result<ImageContents, ConvertError> {
     let unpacked = |archive: &Path| {
         let layout = work.join("layout");
         unpack::unpack_archive(archive, &layout).map_err(|source| ConvertError::UnpackArchive { archive: archive.to_path_buf(), source })?;
@@ -218,11 +232,16 @@ fn read_contents(source: &ImageSource, work: &Path) -> Result<ImageContents, Con
                 return Err(ConvertError::NotAFolder { path: dir.clone() });
             }
             let digest = staging::tree_digest(dir).map_err(|source| ConvertError::ReadRootfs { path: dir.clone(), source })?;
-            ImageContents { layers: Vec::new(), config: ImageConfig::default(), digest }
+            ImageContents { layers: Vec::new(), config: ImageConfig::default(), digest, pulled: None }
         }
         ImageSource::OciDir(dir) => oci::read_layout(dir)?,
         ImageSource::OciArchive(tar) => oci::read_layout(&unpacked(tar)?)?,
         ImageSource::DockerArchive(tar) => docker::read_archive(&unpacked(tar)?)?,
+        ImageSource::Registry(reference) => {
+            let pulled = registry::pull(cache, reference)?;
+            let contents = oci::read_manifest(&registry::store_dir(cache), &pulled.digest, pulled.size)?;
+            ImageContents { pulled: Some(pulled), ..contents }
+        }
     })
 }
 

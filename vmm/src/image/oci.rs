@@ -134,7 +134,17 @@ impl ConfigFile {
 pub(super) fn read_layout(dir: &Path) -> Result<ImageContents, OciLayoutError> {
     let bytes = std::fs::read(dir.join("index.json")).map_err(OciLayoutError::ReadIndex)?;
     let index: Index = parse(&bytes, "index.json", "OCI image index")?;
-    let mut descriptor = choose(&index, "index.json", |m| m.first())?;
+    let descriptor = choose(&index, "index.json", |m| m.first())?;
+    read_image(dir, descriptor)
+}
+
+/// Reads the image the manifest (or index) blob `digest` of `size` bytes names, from a
+/// folder that holds blobs as an OCI layout does (the registry store is one).
+pub(super) fn read_manifest(dir: &Path, digest: &str, size: u64) -> Result<ImageContents, OciLayoutError> {
+    read_image(dir, Descriptor { media_type: String::new(), digest: digest.to_string(), size, annotations: BTreeMap::new(), platform: None })
+}
+
+fn read_image(dir: &Path, mut descriptor: Descriptor) -> Result<ImageContents, OciLayoutError> {
     // An index of indexes (multi-platform): take linux/amd64, else the first.
     for _ in 0..4 {
         if !descriptor.is_index() {
@@ -151,7 +161,7 @@ pub(super) fn read_layout(dir: &Path) -> Result<ImageContents, OciLayoutError> {
         .iter()
         .map(|layer| Ok(Layer { path: blob_path(dir, &layer.digest)?, name: layer.digest.clone(), digest: LayerDigest::Blob(layer.digest.clone()) }))
         .collect::<Result<_, OciLayoutError>>()?;
-    Ok(ImageContents { layers, config: config.image_config(), digest: descriptor.digest })
+    Ok(ImageContents { layers, config: config.image_config(), digest: descriptor.digest, pulled: None })
 }
 
 /// The manifest `pick` takes from an index; when the index lists several, which one is said
