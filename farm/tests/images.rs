@@ -205,3 +205,250 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     let ea = Command::new("debugfs").args(["-R", "ea_list /tagged"]).arg(image.join("rootfs.ext4")).output().unwrap();
     assert!(String::from_utf8_lossy(&ea.stdout).contains("user.farm") && String::from_utf8_lossy(&ea.stdout).contains("kept"), "{}", text(&ea));
 }
+
+/// A reference registry (Debian's docker-registry) on a loopback port, with htpasswd auth
+/// when `user` is given; stopped when dropped.
+struct Registry {
+    child: std::process::Child,
+    addr: String,
+    storage: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    fn start(user: Option<(&str, &str)>) -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let storage = dir.path().join("data");
+        let mut config = format!("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n", storage.display());
+        if let Some((name, password)) = user {
+            let o = Command::new("htpasswd").args(["-Bbn", name, password]).output().unwrap();
+            assert!(o.status.success(), "htpasswd (package apache2-utils): {}", text(&o));
+            std::fs::write(dir.path().join("htpasswd"), &o.stdout).unwrap();
+            config.push_str(&format!("auth:\n  htpasswd:\n    realm: farm-test\n    path: {}\n", dir.path().join("htpasswd").display()));
+        }
+        std::fs::write(dir.path().join("config.yml"), config).unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+            .spawn()
+            .expect("docker-registry (package docker-registry)");
+        let registry = Registry { child, addr, storage, _dir: dir };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(&registry.addr).is_ok() {
+                return registry;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the registry on {} did not start: {}", registry.addr, std::fs::read_to_string(registry._dir.path().join("log")).unwrap_or_default());
+    }
+
+    /// Pushes the OCI layout `layout` (as `L:t`) to `name`, with credentials if given.
+    fn push(&self, layout: &Path, name: &str, creds: Option<&str>) {
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["copy", "-q", "--dest-tls-verify=false"]);
+        if let Some(creds) = creds {
+            cmd.args(["--dest-creds", creds]);
+        }
+        let o = cmd.arg(format!("oci:{}:t", layout.display())).arg(format!("docker://{}/{name}", self.addr)).output().unwrap();
+        assert!(o.status.success(), "skopeo copy to {name}: {}", text(&o));
+    }
+
+    /// The manifest digest `name` has now.
+    fn digest(&self, name: &str, creds: Option<&str>) -> String {
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["inspect", "--raw", "--tls-verify=false"]);
+        if let Some(creds) = creds {
+            cmd.args(["--creds", creds]);
+        }
+        let o = cmd.arg(format!("docker://{}/{name}", self.addr)).output().unwrap();
+        assert!(o.status.success(), "skopeo inspect {name}: {}", text(&o));
+        format!("sha256:{}", sha256_hex(&o.stdout))
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let o = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().and_then(|mut c| {
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(bytes)?;
+        c.wait_with_output()
+    });
+    String::from_utf8(o.unwrap().stdout).unwrap().split_whitespace().next().unwrap().to_string()
+}
+
+/// An OCI layout `DIR/NAME` (image `t`): busybox, `/etc/nonce` holding `nonce`, a config with
+/// Env GREETING=yes and WorkingDir /etc. A fresh nonce makes blobs no earlier pull stored.
+fn busybox_layout(dir: &Path, name: &str, nonce: &str) -> PathBuf {
+    sh(
+        dir,
+        &format!(
+            r#"
+umoci init --layout {name}
+umoci new --image {name}:t
+umoci unpack --image {name}:t {name}.b >/dev/null
+R={name}.b/rootfs
+mkdir -p $R/bin $R/etc
+cp /bin/busybox $R/bin/busybox
+for applet in $($R/bin/busybox --list-full); do mkdir -p "$R/$(dirname "$applet")"; [ -e "$R/$applet" ] || ln -s /bin/busybox "$R/$applet"; done
+echo {nonce} > $R/etc/nonce
+umoci repack --image {name}:t {name}.b >/dev/null
+rm -rf {name}.b
+umoci config --image {name}:t --config.env GREETING=yes --config.workingdir /etc
+"#
+        ),
+    );
+    dir.join(name)
+}
+
+fn nonce(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{tag}-{nanos}-{}", std::process::id())
+}
+
+const SHOW: &str = "echo \"$(cat /etc/nonce) $GREETING $(pwd)\"";
+
+/// Pulls from real registries (the reference registry, on loopback): by tag and by digest, a
+/// tag moved, auth required and supplied (environment and Docker config), a tampered blob,
+/// a multi-platform index, a mirror and an override recorded in the run's provenance.
+#[test]
+fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = Registry::start(None);
+    let locked = Registry::start(Some(("amy", "s3cret")));
+    let mirror = Registry::start(None);
+
+    // By tag, then by digest; then the tag moves and the digest still names the first image.
+    let first = nonce("first");
+    open.push(&busybox_layout(dir.path(), "a", &first), "base:1", None);
+    let pinned = format!("registry:{}/base@{}", open.addr, open.digest("base:1", None));
+    let o = vm_run(&format!("registry:{}/base:1", open.addr), SHOW);
+    assert_eq!(text(&o).trim(), format!("{first} yes /etc"), "by tag");
+    let second = nonce("second");
+    open.push(&busybox_layout(dir.path(), "b", &second), "base:1", None);
+    let o = vm_run(&format!("registry:{}/base:1", open.addr), SHOW);
+    assert_eq!(text(&o).trim(), format!("{second} yes /etc"), "the moved tag");
+    let o = vm_run(&pinned, SHOW);
+    assert_eq!(text(&o).trim(), format!("{first} yes /etc"), "by digest");
+    let absent = format!("registry:{}/base@sha256:{}", open.addr, "0".repeat(64));
+    let o = vm_run(&absent, SHOW);
+    assert!(!o.status.success() && text(&o).contains("pulling the image failed"), "{}", text(&o));
+
+    // Auth: refused without credentials, with the reason; pulled with them.
+    let private = nonce("private");
+    locked.push(&busybox_layout(dir.path(), "c", &private), "private:1", Some("amy:s3cret"));
+    let image = format!("registry:{}/private:1", locked.addr);
+    let o = vm_run(&image, SHOW);
+    assert!(!o.status.success() && text(&o).contains("without valid credentials: set FARM_REGISTRY_USERNAME"), "{}", text(&o));
+    let with_env = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .args(["vm", "run", "--image", &image, "--", "sh", "-c", SHOW])
+        .env("FARM_REGISTRY_USERNAME", "amy")
+        .env("FARM_REGISTRY_PASSWORD", "s3cret")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(text(&with_env).trim(), format!("{private} yes /etc"), "credentials from the environment");
+    let private2 = nonce("private2");
+    locked.push(&busybox_layout(dir.path(), "d", &private2), "private:2", Some("amy:s3cret"));
+    std::fs::create_dir_all(dir.path().join("docker")).unwrap();
+    let auth = std::process::Command::new("sh").arg("-c").arg("printf amy:s3cret | base64").output().unwrap();
+    let auth = String::from_utf8(auth.stdout).unwrap();
+    std::fs::write(dir.path().join("docker/config.json"), format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, locked.addr, auth.trim())).unwrap();
+    let with_config = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .args(["vm", "run", "--image", &format!("registry:{}/private:2", locked.addr), "--", "sh", "-c", SHOW])
+        .env("DOCKER_CONFIG", dir.path().join("docker"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(text(&with_config).trim(), format!("{private2} yes /etc"), "credentials from a Docker config");
+
+    // A blob changed in the registry's storage is refused, and nothing of it is stored.
+    open.push(&busybox_layout(dir.path(), "e", &nonce("tampered")), "tampered:1", None);
+    let manifest: serde_json::Value = {
+        let o = Command::new("skopeo").args(["inspect", "--raw", "--tls-verify=false"]).arg(format!("docker://{}/tampered:1", open.addr)).output().unwrap();
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let layer = manifest["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+    let data = open.storage.join("docker/registry/v2/blobs/sha256").join(&layer[..2]).join(&layer).join("data");
+    let mut bytes = std::fs::read(&data).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&data, bytes).unwrap();
+    let o = vm_run(&format!("registry:{}/tampered:1", open.addr), SHOW);
+    assert!(!o.status.success() && text(&o).contains(&layer), "{}", text(&o));
+    let cache = std::env::var_os("FARM_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+    assert!(!cache.join("oci/blobs/sha256").join(&layer).exists(), "a tampered blob was stored");
+
+    // A multi-platform index: linux/amd64's image is taken; an index without it is refused.
+    let amd = nonce("amd64");
+    open.push(&busybox_layout(dir.path(), "f", &amd), "multi:amd", None);
+    open.push(&busybox_layout(dir.path(), "g", &nonce("arm64")), "multi:arm", None);
+    let entry = |tag: &str, arch: &str| {
+        let digest = open.digest(&format!("multi:{tag}"), None);
+        let size = Command::new("skopeo").args(["inspect", "--raw", "--tls-verify=false"]).arg(format!("docker://{}/multi:{tag}", open.addr)).output().unwrap().stdout.len();
+        serde_json::json!({"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest, "size": size, "platform": {"os": "linux", "architecture": arch}})
+    };
+    let put_index = |tag: &str, entries: Vec<serde_json::Value>| {
+        let index = serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": entries});
+        let path = dir.path().join(format!("index-{tag}.json"));
+        std::fs::write(&path, index.to_string()).unwrap();
+        let o = Command::new("curl")
+            .args(["-sf", "-X", "PUT", "-H", "Content-Type: application/vnd.oci.image.index.v1+json", "--data-binary"])
+            .arg(format!("@{}", path.display()))
+            .arg(format!("http://{}/v2/multi/manifests/{tag}", open.addr))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "PUT index: {}", text(&o));
+    };
+    put_index("both", vec![entry("arm", "arm64"), entry("amd", "amd64")]);
+    put_index("armonly", vec![entry("arm", "arm64")]);
+    let o = vm_run(&format!("registry:{}/multi:both", open.addr), SHOW);
+    assert_eq!(text(&o).trim(), format!("{amd} yes /etc"), "the index's linux/amd64 image");
+    let o = vm_run(&format!("registry:{}/multi:armonly", open.addr), SHOW);
+    assert!(!o.status.success() && text(&o).contains("has no linux/amd64 image (it has linux/arm64)"), "{}", text(&o));
+
+    // A mirror answers for a registry that cannot be reached; an override maps a reference
+    // to another, and the run records both.
+    let mirrored = nonce("mirrored");
+    mirror.push(&busybox_layout(dir.path(), "h", &mirrored), "team/tool:3", None);
+    let settings = dir.path().join("registries.toml");
+    std::fs::write(&settings, format!("[mirrors]\n\"unreachable.invalid:5000\" = [\"{}\"]\n[overrides]\n\"example.invalid/app:7\" = \"{}/base:1\"\n", mirror.addr, open.addr)).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .args(["vm", "run", "--image", "registry:unreachable.invalid:5000/team/tool:3", "--", "sh", "-c", SHOW])
+        .env("FARM_REGISTRIES", &settings)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(text(&o).trim(), format!("{mirrored} yes /etc"), "through the mirror");
+    std::fs::write(
+        dir.path().join("trajectories.jsonl"),
+        "{\"task_id\": \"double\", \"sample_index\": 0, \"actions\": [{\"kind\": \"exec\", \"command\": \"echo 42 > /workspace/out.txt\"}]}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("suite.toml"),
+        format!(
+            "[suite]\nname = \"pulled\"\n[template]\nimage = \"registry:example.invalid/app:7\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n\
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"trajectories.jsonl\"\n[output]\ndir = \"out\"\n",
+            repo().join("configs/data/serve-tasks").display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.path().join("suite.toml")).env("FARM_REGISTRIES", &settings).stdin(Stdio::null()).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("image example.invalid/app:7 is pulled as"), "the override is said: {}", text(&o));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
+    let pulled = &summary["provenance"]["image_pulled"];
+    assert_eq!(pulled["overridden_from"], "example.invalid/app:7", "{summary}");
+    assert_eq!(pulled["resolved"], format!("{}/base@{}", open.addr, open.digest("base:1", None)), "{summary}");
+    assert_eq!(summary["counts"]["passed"], 1, "{summary}");
+}

@@ -123,9 +123,17 @@ fn gc(store: &SnapshotStore, dry_run: bool) -> Result<i32> {
         .iter()
         .filter(|s| s.manifest.parent.is_none())
         .filter(|s| s.check_host(&host).is_ok())
-        .filter(|s| match GuestArtifacts::locate(&cache, &s.manifest.template.image) {
-            Ok(a) => a.kernel.key == s.manifest.kernel.key && a.image.key == s.manifest.image.key && a.agent.key == s.manifest.agent_key,
-            Err(_) => false,
+        .filter(|s| {
+            // A registry image is not looked up again (that would reach the network, and a
+            // tag may have moved): its template stays while its converted image is there and
+            // the kernel and agent are current.
+            let spec = &s.manifest.template.image;
+            let image = if spec.starts_with("registry:") { "minimal" } else { spec.as_str() };
+            match GuestArtifacts::locate(&cache, image) {
+                Ok(a) if image != spec => a.kernel.key == s.manifest.kernel.key && a.agent.key == s.manifest.agent_key && s.manifest.image.path.is_file(),
+                Ok(a) => a.kernel.key == s.manifest.kernel.key && a.image.key == s.manifest.image.key && a.agent.key == s.manifest.agent_key,
+                Err(_) => false,
+            }
         })
         .map(|s| s.id().to_string())
         .collect();
