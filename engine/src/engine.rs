@@ -131,7 +131,7 @@ impl Engine {
             pass_threshold: config.scoring.pass_threshold,
             external: resolve_external(suite, &config.scoring.external),
         };
-        let image_config = vmm::image::config_of(&template.snapshot.manifest.image).unwrap_or_default();
+        let image_config = template.image_config.clone().unwrap_or_else(|| vmm::image::config_of(&template.snapshot.manifest.image).unwrap_or_default());
         let image_env = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
         // `rollouts.user` unset: the image's User (a converted image's config), else root.
         if config.rollouts.user.is_empty() {

@@ -28,6 +28,10 @@ pub enum BuildError {
     StateFile(#[from] statefile::StateFileError),
     #[error("template machine failed")]
     Machine(#[from] MachineError),
+    #[error("building the template's Dockerfile failed")]
+    Dockerfile(#[source] Box<crate::dockerfile::DockerfileError>),
+    #[error("forking the Dockerfile's image failed")]
+    Fork(#[from] crate::fork::ForkError),
     #[error("template setup")]
     Agent(#[from] vmm::AgentError),
     #[error("template setup command {index} ({command:?}) failed with {status}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")]
@@ -47,6 +51,9 @@ pub struct Built {
     pub reused: bool,
     /// For an image from a registry: what it resolved to this time.
     pub pulled: Option<vmm::image::registry::Pulled>,
+    /// What commands of the template run with, when a Dockerfile made it (otherwise the
+    /// image's own config, `vmm::image::config_of`).
+    pub image_config: Option<vmm::image::ImageConfig>,
 }
 
 /// The content address of a template's snapshot: the template (config and files) plus
@@ -137,6 +144,9 @@ pub async fn build_template_with(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Built, BuildError> {
     template.validate(base_dir)?;
+    if let Some(dockerfile) = &template.dockerfile {
+        return from_dockerfile(store, forker, template, &base_dir.join(dockerfile), base_dir, label, extras, progress).await;
+    }
     let artifacts = GuestArtifacts::locate_sized(&vmm::artifacts::cache_dir(), &template.image, base_dir, template.image_size_mib)?;
     let mut digest = template.digest(base_dir)?;
     if !extras.is_empty() {
@@ -147,7 +157,7 @@ pub async fn build_template_with(
     }
     let id = template_snapshot_id(&digest, &artifacts, forker);
     match store.get(&id) {
-        Ok(existing) if existing.check_files().is_ok() => return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled }),
+        Ok(existing) if existing.check_files().is_ok() => return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled, image_config: None }),
         Ok(_) => progress(&format!("snapshot {id} is damaged; rebuilding it")),
         Err(_) => {}
     }
@@ -156,7 +166,41 @@ pub async fn build_template_with(
     if result.is_err() {
         let _ = crate::store::remove_tree(&staging);
     }
-    result.map(|snapshot| Built { snapshot, reused: false, pulled: artifacts.pulled })
+    result.map(|snapshot| Built { snapshot, reused: false, pulled: artifacts.pulled, image_config: None })
+}
+
+/// A template whose image a Dockerfile builds: the build (each step a child snapshot), then
+/// the template's own files, setup and the extras as one more content-addressed child.
+#[allow(clippy::too_many_arguments)]
+async fn from_dockerfile(
+    store: &SnapshotStore,
+    forker: &Forker,
+    template: &TemplateConfig,
+    dockerfile: &Path,
+    base_dir: &Path,
+    label: &str,
+    extras: &TemplateExtras,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Built, BuildError> {
+    let context = template.context.as_ref().map(|c| base_dir.join(c)).unwrap_or_else(|| dockerfile.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let spec = crate::dockerfile::DockerfileBuild { dockerfile, context: &context, build_args: &template.build_args, target: template.target.as_deref(), template, label };
+    let image = crate::dockerfile::build(store, forker, &spec, progress).await.map_err(|e| BuildError::Dockerfile(Box::new(e)))?;
+    let mut h = Sha256::new();
+    h.update(template.digest(base_dir)?.as_bytes());
+    h.update(serde_json::to_vec(extras).expect("extras serialize"));
+    let id = crate::child::child_id(&image.snapshot, hex(&h.finalize()).as_bytes());
+    let pulled = image.pulled.last().cloned();
+    if let Ok(existing) = store.get(&id) {
+        if existing.check_files().is_ok() {
+            return Ok(Built { snapshot: existing, reused: true, pulled, image_config: Some(image.config) });
+        }
+    }
+    let forker = Forker { max_disk_bytes: None, ..forker.clone() };
+    let fork = forker.fork(&image.snapshot, crate::fork::ForkIdentity::new(0)).await?;
+    provision(&fork.machine, template, base_dir, &image.config, extras, progress).await?;
+    progress("quiescing and snapshotting");
+    let snapshot = snapshot_fork(store, &forker, &image.snapshot, &fork, label, Some(id), false).await?;
+    Ok(Built { snapshot, reused: false, pulled, image_config: Some(image.config) })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -187,6 +231,27 @@ async fn build_into(
     progress(&format!("booting {} ({} MiB, {} vCPU, {})", template.image, template.memory_mib, template.cpus, settings.accel));
     let machine = Machine::launch(&settings, plan, run_dir).await?;
     machine.wait_for_agent(settings.boot_timeout).await?;
+    let image_config = vmm::image::config_of(&artifacts.image).unwrap_or_default();
+    provision(&machine, template, base_dir, &image_config, extras, progress).await?;
+    progress("quiescing and snapshotting");
+    machine.agent().quiesce().await?;
+    let raw = staging.join("state.raw");
+    machine.save_state(&raw).await?;
+    let _ = std::fs::copy(machine.run_dir().join("console.log"), staging.join("console.log"));
+    machine.shutdown().await;
+    finish(staging, &raw, store, id, label, None, template, digest, artifacts, forker).await
+}
+
+/// A template's files, setup commands (with its egress, then none) and the caller's extras,
+/// on a running machine whose image config is `image_config`.
+async fn provision(
+    machine: &Machine,
+    template: &TemplateConfig,
+    base_dir: &Path,
+    image_config: &vmm::image::ImageConfig,
+    extras: &TemplateExtras,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<(), BuildError> {
     let agent = machine.agent();
     for file in &template.files {
         let src = base_dir.join(&file.src);
@@ -210,8 +275,7 @@ async fn build_into(
     };
     for (index, command) in template.setup.iter().enumerate() {
         progress(&format!("setup [{}/{}] {command}", index + 1, template.setup.len()));
-        // A converted image's Env and WorkingDir, under the template's own env.
-        let image_config = vmm::image::config_of(&artifacts.image).unwrap_or_default();
+        // The image's Env and WorkingDir, under the template's own env.
         let mut env: BTreeMap<String, String> = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
         env.extend(template.network.proxy_env());
         env.extend(template.env.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -259,13 +323,7 @@ async fn build_into(
             });
         }
     }
-    progress("quiescing and snapshotting");
-    agent.quiesce().await?;
-    let raw = staging.join("state.raw");
-    machine.save_state(&raw).await?;
-    let _ = std::fs::copy(machine.run_dir().join("console.log"), staging.join("console.log"));
-    machine.shutdown().await;
-    finish(staging, &raw, store, id, label, None, template, digest, artifacts, forker).await
+    Ok(())
 }
 
 /// Wraps the state, makes the empty fork overlay, writes the manifest and commits.

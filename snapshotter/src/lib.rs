@@ -12,6 +12,7 @@
 
 pub mod build;
 pub mod child;
+pub mod dockerfile;
 pub mod fork;
 pub mod statefile;
 pub mod store;

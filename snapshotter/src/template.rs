@@ -11,8 +11,22 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateConfig {
-    /// Root image: `minimal` or `python`.
+    /// Root image: `minimal`, `python`, an archive or folder, or `registry:REF`. Empty
+    /// when `dockerfile` gives the image instead.
+    #[serde(default)]
     pub image: String,
+    /// A Dockerfile that builds the image (instead of `image`), relative to the config file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dockerfile: Option<PathBuf>,
+    /// The Dockerfile's build context (default: the Dockerfile's folder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<PathBuf>,
+    /// The Dockerfile's build arguments (`--build-arg`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub build_args: BTreeMap<String, String>,
+    /// The Dockerfile stage to build (default: the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     /// Guest memory in MiB.
     #[serde(default = "default_memory_mib")]
     pub memory_mib: u32,
@@ -150,11 +164,32 @@ impl TemplateConfig {
             key: key.to_string(),
             message,
         };
-        if vmm::image::ImageSource::parse(&self.image, Path::new(".")).is_err() {
-            return Err(invalid(
-                "template.image",
-                format!("{:?} is not an image; expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR", self.image, vmm::artifacts::IMAGES.join(", ")),
-            ));
+        match (&self.dockerfile, self.image.is_empty()) {
+            (Some(_), false) => return Err(invalid("template.image", "give either image or dockerfile, not both".into())),
+            (None, true) => return Err(invalid("template.image", "missing: give an image (or a dockerfile)".into())),
+            (Some(dockerfile), true) => {
+                // `path` is the config file, or the folder its paths are relative to.
+                let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+                if !dir.join(dockerfile).is_file() {
+                    return Err(invalid("template.dockerfile", format!("{} is not a file", dir.join(dockerfile).display())));
+                }
+                if let Some(context) = &self.context {
+                    if !dir.join(context).is_dir() {
+                        return Err(invalid("template.context", format!("{} is not a folder", dir.join(context).display())));
+                    }
+                }
+            }
+            (None, false) => {
+                if self.context.is_some() || !self.build_args.is_empty() || self.target.is_some() {
+                    return Err(invalid("template.context", "context, build_args and target go with a dockerfile".into()));
+                }
+                if vmm::image::ImageSource::parse(&self.image, Path::new(".")).is_err() {
+                    return Err(invalid(
+                        "template.image",
+                        format!("{:?} is not an image; expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR, registry:REF", self.image, vmm::artifacts::IMAGES.join(", ")),
+                    ));
+                }
+            }
         }
         self.network.check().map_err(|m| invalid("template.network", m.to_string()))?;
         if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
@@ -200,6 +235,10 @@ impl TemplateConfig {
             image_size_mib: None,
             network: Network::default(),
             image: image.to_string(),
+            dockerfile: None,
+            context: None,
+            build_args: BTreeMap::new(),
+            target: None,
             memory_mib: default_memory_mib(),
             cpus: default_cpus(),
             files: Vec::new(),

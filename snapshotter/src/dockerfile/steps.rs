@@ -1,0 +1,484 @@
+//! The steps of a Dockerfile build: each instruction against a stage's state, and the
+//! forks and snapshots of the steps that change files.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use vmm::ExecOptions;
+
+use super::context::{Context, Entry};
+use super::parse::{Args, Raw};
+use super::{arg_decls, words, DockerfileBuild, Stage, State, StepError};
+use crate::build::{build_template_with, snapshot_fork, TemplateExtras};
+use crate::child::child_id;
+use crate::fork::{Fork, ForkIdentity, Forker};
+use crate::store::SnapshotStore;
+use crate::template::TemplateConfig;
+
+/// The size a base image converted for a build gets unless the template says otherwise:
+/// room for what `RUN` installs (the file is sparse).
+const BUILD_IMAGE_MIB: u64 = 4096;
+/// Docker's `PATH` for `RUN` when the image sets none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Most bytes a `COPY --from` source may have packed (it travels in one agent response).
+const FROM_CAP: u64 = 64 << 20;
+
+pub(super) struct Builder<'a> {
+    pub store: &'a SnapshotStore,
+    pub forker: &'a Forker,
+    pub spec: &'a DockerfileBuild<'a>,
+    pub context: Context,
+    pub progress: &'a (dyn Fn(&str) + Sync),
+    pub globals: BTreeMap<String, String>,
+}
+
+/// A source of `COPY`/`ADD`.
+enum Source {
+    Path(String),
+    /// A here-document: its name and its text.
+    Inline(String, String),
+}
+
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn join(dir: &str, rel: &str) -> String {
+    if rel.starts_with('/') {
+        return rel.to_string();
+    }
+    let dir = dir.trim_end_matches('/');
+    if rel.is_empty() {
+        return if dir.is_empty() { "/".into() } else { dir.to_string() };
+    }
+    format!("{dir}/{rel}")
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+fn flag<'r>(raw: &'r Raw, name: &str) -> Option<&'r str> {
+    raw.flags.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_deref())
+}
+
+impl Builder<'_> {
+    /// The state a `FROM` starts: an earlier stage's end, or a base image booted.
+    pub async fn from(&self, raw: &Raw, stages: &[Stage], built: &[Option<State>], pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<State, StepError> {
+        for (name, value) in &raw.flags {
+            match (name.as_str(), value.as_deref()) {
+                ("platform", Some("linux/amd64" | "$BUILDPLATFORM" | "${BUILDPLATFORM}" | "$TARGETPLATFORM" | "${TARGETPLATFORM}")) => {}
+                (name, value) => return Err(StepError::Unsupported(format!("FROM --{name}{}: farm builds linux/amd64 only", value.map(|v| format!("={v}")).unwrap_or_default()))),
+            }
+        }
+        let Args::Text(text) = &raw.args else { return Err(StepError::Syntax("FROM takes an image".into())) };
+        let first = text.split_whitespace().next().unwrap_or_default();
+        let image = words::word(first, &|n| self.globals.get(n).cloned()).map_err(StepError::Invalid)?;
+        if let Some(state) = earlier_stage(&image, stages, built) {
+            return Ok(State { args: BTreeMap::new(), ..state });
+        }
+        self.base(&image, pulled).await
+    }
+
+    /// A base image's template snapshot, and the state its config gives.
+    async fn base(&self, image: &str, pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<State, StepError> {
+        let dir = self.spec.dockerfile.parent().unwrap_or(std::path::Path::new("."));
+        let spec = image_spec(image, dir)?;
+        let mut template = TemplateConfig::of_image(&spec);
+        template.memory_mib = self.spec.template.memory_mib;
+        template.cpus = self.spec.template.cpus;
+        template.image_size_mib = Some(self.spec.template.image_size_mib.unwrap_or(BUILD_IMAGE_MIB));
+        let built = Box::pin(build_template_with(self.store, self.forker, &template, dir, self.spec.label, &TemplateExtras::default(), self.progress))
+            .await
+            .map_err(|e| StepError::Base(Box::new(e)))?;
+        pulled.extend(built.pulled);
+        let config = vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default();
+        Ok(State {
+            snapshot: built.snapshot,
+            env: config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            args: BTreeMap::new(),
+            workdir: if config.working_dir.is_empty() { "/".into() } else { config.working_dir },
+            user: config.user,
+            shell: vec!["/bin/sh".into(), "-c".into()],
+        })
+    }
+
+    /// One instruction after `FROM`.
+    pub async fn step(&self, state: &mut State, raw: &Raw, stages: &[Stage], built: &[Option<State>], pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<(), StepError> {
+        let text = match &raw.args {
+            Args::Text(t) => t.clone(),
+            Args::Json(_) => String::new(),
+        };
+        let lookup = |s: &State| {
+            let s = s.clone();
+            move |name: &str| s.lookup(name)
+        };
+        match raw.keyword.as_str() {
+            "ENV" => {
+                for (key, value) in words::pairs(&text, &lookup(state)).map_err(StepError::Invalid)? {
+                    state.set_env(key, value);
+                }
+            }
+            "ARG" => {
+                for (name, default) in arg_decls(raw)? {
+                    let value = self.spec.build_args.get(&name).cloned().or(default).or_else(|| self.globals.get(&name).cloned());
+                    if let Some(value) = value {
+                        state.args.insert(name, value);
+                    }
+                }
+            }
+            "WORKDIR" => {
+                let dir = words::word(&text, &lookup(state)).map_err(StepError::Invalid)?;
+                state.workdir = join(&state.workdir, &dir);
+            }
+            "USER" => state.user = words::word(&text, &lookup(state)).map_err(StepError::Invalid)?,
+            "SHELL" => match &raw.args {
+                Args::Json(list) if !list.is_empty() => state.shell = list.clone(),
+                _ => return Err(StepError::Syntax("SHELL takes a JSON array of strings".into())),
+            },
+            "RUN" => self.run(state, raw).await?,
+            "COPY" | "ADD" => self.copy(state, raw, stages, built, pulled).await?,
+            "CMD" | "ENTRYPOINT" | "EXPOSE" | "VOLUME" | "LABEL" | "HEALTHCHECK" | "STOPSIGNAL" | "MAINTAINER" => {
+                (self.progress)(&format!("  {} is not used: farm's agent is the guest's init", raw.keyword));
+            }
+            keyword => return Err(StepError::Unsupported(format!("{keyword} is not supported"))),
+        }
+        Ok(())
+    }
+
+    async fn run(&self, state: &mut State, raw: &Raw) -> Result<(), StepError> {
+        if let Some((name, _)) = raw.flags.first() {
+            return Err(StepError::Unsupported(format!("RUN --{name} is not supported")));
+        }
+        let program = match &raw.args {
+            Args::Json(argv) => vm_program(argv.clone(), None),
+            Args::Text(text) => {
+                let only_heredoc = raw.heredocs.len() == 1 && text.trim().trim_start_matches("<<").trim_start_matches('-').trim_matches(['\'', '"']) == raw.heredocs[0].delimiter;
+                let script = if only_heredoc {
+                    raw.heredocs[0].body.clone()
+                } else {
+                    let mut script = text.clone();
+                    for doc in &raw.heredocs {
+                        script.push('\n');
+                        script.push_str(&doc.body);
+                        script.push_str(&doc.delimiter);
+                    }
+                    script
+                };
+                vm_program(state.shell.clone(), Some(script))
+            }
+        };
+        let mut env = state.env.clone();
+        for (name, value) in &state.args {
+            if !env.iter().any(|(k, _)| k == name) {
+                env.push((name.clone(), value.clone()));
+            }
+        }
+        if !env.iter().any(|(k, _)| k == "PATH") {
+            env.push(("PATH".into(), DEFAULT_PATH.into()));
+        }
+        let key = json!({ "op": "RUN", "argv": program, "env": env, "user": state.user, "workdir": state.workdir });
+        let Some(step) = self.begin(state, &key).await? else { return Ok(()) };
+        let fork = &step.1;
+        let attempts: Arc<Mutex<Vec<String>>> = Default::default();
+        let network = &self.spec.template.network;
+        if !network.is_empty() {
+            let sink = attempts.clone();
+            fork.machine.set_network(vmm::net::Policy {
+                allow: network.allow.clone(),
+                log: Some(Arc::new(move |line: &str| sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string()))),
+            });
+            env.extend(network.proxy_env());
+        }
+        let options = ExecOptions {
+            env,
+            cwd: Some(state.workdir.clone()),
+            user: user_of(&state.user),
+            timeout: Some(Duration::from_secs(self.spec.template.setup_timeout_secs)),
+            stdout_cap: 1 << 20,
+            stderr_cap: 1 << 20,
+            ..ExecOptions::argv(&program)
+        };
+        let out = fork.agent().exec(options).await;
+        for line in attempts.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            (self.progress)(&format!("  {line}"));
+        }
+        check("the command", out?, self.spec.template.setup_timeout_secs)?;
+        fork.machine.set_network(vmm::net::Policy::default());
+        self.commit(state, step).await
+    }
+
+    async fn copy(&self, state: &mut State, raw: &Raw, stages: &[Stage], built: &[Option<State>], pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<(), StepError> {
+        let add = raw.keyword == "ADD";
+        for (name, _) in &raw.flags {
+            if !matches!(name.as_str(), "from" | "chown" | "chmod" | "link") || (add && name == "from") {
+                return Err(StepError::Unsupported(format!("{} --{name} is not supported", raw.keyword)));
+            }
+        }
+        let vars = {
+            let s = state.clone();
+            move |name: &str| s.lookup(name)
+        };
+        let chown = flag(raw, "chown").map(|c| words::word(c, &vars)).transpose().map_err(StepError::Invalid)?;
+        let chmod = match flag(raw, "chmod") {
+            Some(m) => Some(u32::from_str_radix(m, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| StepError::Invalid(format!("--chmod={m} is not an octal mode")))?),
+            None => None,
+        };
+        let mut items: Vec<String> = match &raw.args {
+            Args::Json(list) => list.iter().map(|w| words::word(w, &vars)).collect::<Result<_, _>>().map_err(StepError::Invalid)?,
+            Args::Text(text) => words::words(text, &vars).map_err(StepError::Invalid)?,
+        };
+        let dest = items.pop().filter(|_| !items.is_empty()).ok_or_else(|| StepError::Syntax(format!("{} takes sources and a destination", raw.keyword)))?;
+        let mut docs = raw.heredocs.iter();
+        let sources: Vec<Source> = items
+            .into_iter()
+            .map(|item| match item.strip_prefix("<<") {
+                Some(_) => {
+                    let doc = docs.next().expect("each <<WORD opened a here-document");
+                    let body = if doc.expand { words::expand_only(&doc.body, &vars).map_err(StepError::Invalid)? } else { doc.body.clone() };
+                    Ok(Source::Inline(doc.delimiter.clone(), body))
+                }
+                None => Ok(Source::Path(item)),
+            })
+            .collect::<Result<_, StepError>>()?;
+        let dest_path = join(&state.workdir, &dest);
+        let many = sources.len() > 1 || sources.iter().any(|s| matches!(s, Source::Path(p) if p.contains(['*', '?', '['])));
+        let dest_is_dir = dest.ends_with('/') || many;
+        if let Some(from) = flag(raw, "from") {
+            let from = words::word(from, &|n| self.globals.get(n).cloned()).map_err(StepError::Invalid)?;
+            let source = match earlier_stage(&from, stages, built) {
+                Some(s) => s,
+                None => self.base(&from, pulled).await?,
+            };
+            let paths = sources.iter().map(|s| match s {
+                Source::Path(p) if !p.contains(['*', '?', '[']) => Ok(p.clone()),
+                _ => Err(StepError::Unsupported("COPY --from takes plain paths (no wildcards or here-documents)".into())),
+            });
+            let paths = paths.collect::<Result<Vec<_>, _>>()?;
+            return self.copy_from(state, &source, &paths, &dest_path, dest_is_dir, chown.as_deref()).await;
+        }
+        // Every entry with its guest path; archives ADD unpacks.
+        let mut entries: Vec<(String, Entry)> = Vec::new();
+        let mut archives: Vec<(String, Vec<u8>)> = Vec::new();
+        for source in &sources {
+            match source {
+                Source::Inline(name, body) => {
+                    let path = if dest_is_dir { join(&dest_path, name) } else { dest_path.clone() };
+                    entries.push((path, Entry::File { bytes: body.clone().into_bytes(), mode: 0o644 }));
+                }
+                Source::Path(p) if add && (p.starts_with("http://") || p.starts_with("https://") || p.starts_with("git@")) => {
+                    return Err(StepError::Unsupported(format!("ADD {p}: sources from URLs are not supported; fetch them in a RUN through the template's allowlist")));
+                }
+                Source::Path(p) => {
+                    let selected = self.context.select(p)?;
+                    let one_file = selected.len() == 1 && !selected[0].is_dir;
+                    for sel in &selected {
+                        for (inside, entry) in self.context.entries(sel)? {
+                            let base = sel.rel.rsplit('/').next().unwrap_or(&sel.rel).to_string();
+                            let path = match (sel.is_dir, one_file && !dest_is_dir) {
+                                (true, _) => join(&dest_path, &inside),
+                                (false, true) => dest_path.clone(),
+                                (false, false) => join(&dest_path, &base),
+                            };
+                            match entry {
+                                Entry::File { bytes, .. } if add && !sel.is_dir && is_archive(&base, &bytes) => archives.push((dest_path.clone(), bytes)),
+                                entry => entries.push((path, entry)),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let described: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|(path, entry)| match entry {
+                Entry::File { bytes, mode } => json!([path, "file", sha256(bytes), chmod.unwrap_or(*mode)]),
+                Entry::Dir { mode } => json!([path, "dir", chmod.unwrap_or(*mode)]),
+                Entry::Symlink { target } => json!([path, "link", target]),
+            })
+            .chain(archives.iter().map(|(into, bytes)| json!([into, "archive", sha256(bytes)])))
+            .collect();
+        let key = json!({ "op": raw.keyword, "entries": described, "chown": chown, "workdir": state.workdir });
+        let Some(step) = self.begin(state, &key).await? else { return Ok(()) };
+        let fork = &step.1;
+        let mut script = String::from("set -e\n");
+        for (path, entry) in &entries {
+            match entry {
+                Entry::Dir { mode } => script.push_str(&format!("mkdir -p {p} && chmod {m:o} {p}\n", p = quote(path), m = chmod.unwrap_or(*mode))),
+                Entry::Symlink { target } => script.push_str(&format!("mkdir -p \"$(dirname {p})\" && ln -sfn {t} {p}\n", p = quote(path), t = quote(target))),
+                Entry::File { .. } => {}
+            }
+        }
+        self.sh(&fork, script, "creating folders and links").await?;
+        for (path, entry) in &entries {
+            if let Entry::File { bytes, mode } = entry {
+                fork.agent().write_file(path, bytes.clone(), chmod.unwrap_or(*mode)).await?;
+            }
+        }
+        for (i, (into, bytes)) in archives.iter().enumerate() {
+            let tmp = format!("/tmp/.farm-add-{i}");
+            fork.agent().write_file(&tmp, bytes.clone(), 0o600).await?;
+            let z = if bytes.starts_with(&[0x1f, 0x8b]) {
+                "z"
+            } else if bytes.starts_with(b"BZh") {
+                "j"
+            } else if bytes.starts_with(&[0xfd, b'7']) {
+                "J"
+            } else {
+                ""
+            };
+            self.sh(&fork, format!("mkdir -p {d} && tar -x{z}f {t} -C {d} && rm -f {t}", d = quote(into), t = quote(&tmp)), "unpacking an archive (ADD needs tar in the image)").await?;
+        }
+        if let Some(owner) = &chown {
+            let paths: Vec<String> = entries.iter().map(|(p, _)| quote(p)).collect();
+            for chunk in paths.chunks(200) {
+                self.sh(&fork, format!("chown -h {} -- {}", quote(owner), chunk.join(" ")), "--chown").await?;
+            }
+        }
+        self.commit(state, step).await
+    }
+
+    /// `COPY --from`: each path packed with tar in a fork of the source, unpacked in this
+    /// step's fork (both need tar, cp and mkdir).
+    async fn copy_from(&self, state: &mut State, source: &State, paths: &[String], dest: &str, dest_is_dir: bool, chown: Option<&str>) -> Result<(), StepError> {
+        let key = json!({ "op": "COPY --from", "source": source.snapshot.id(), "paths": paths, "dest": dest, "dest_is_dir": dest_is_dir, "chown": chown, "workdir": state.workdir });
+        let Some(step) = self.begin(state, &key).await? else { return Ok(()) };
+        let fork = &step.1;
+        let from = self.forker.fork(&source.snapshot, ForkIdentity::new(0)).await?;
+        for (i, path) in paths.iter().enumerate() {
+            let path = join("/", path).trim_end_matches('/').to_string();
+            let (parent, name) = path.rsplit_once('/').map(|(p, n)| (if p.is_empty() { "/" } else { p }, n)).unwrap_or(("/", path.as_str()));
+            let options = ExecOptions { stdout_cap: FROM_CAP, stderr_cap: 64 << 10, ..ExecOptions::argv(&["tar", "-cf", "-", "-C", parent, name]) };
+            let out = from.agent().exec(options).await?;
+            if out.result.stdout_truncated {
+                return Err(StepError::Invalid(format!("{path} is more than {} MiB packed", FROM_CAP >> 20)));
+            }
+            let out = check(&format!("packing {path} in the source stage"), out, 0)?;
+            let tmp = format!("/tmp/.farm-from-{i}.tar");
+            fork.agent().write_file(&tmp, out.stdout, 0o600).await?;
+            let target = if dest_is_dir { join(dest, name) } else { dest.to_string() };
+            // A folder's contents go into the destination; a file to it, or into it.
+            let chown_line = chown.map(|o| format!("(cd \"$t\" && find {n} -mindepth 0) | while read -r p; do chown -h {o} \"$base/${{p#*/}}\" 2>/dev/null || chown -h {o} \"$base\"; done\n", n = quote(name), o = quote(o))).unwrap_or_default();
+            let script = format!(
+                "set -e\nt=$(mktemp -d)\ntar -xf {tmp} -C \"$t\"\nrm -f {tmp}\nif [ -d \"$t\"/{n} ] && [ ! -L \"$t\"/{n} ]; then mkdir -p {d} && cp -a \"$t\"/{n}/. {d}/; base={d}\nelse mkdir -p \"$(dirname {tg})\" && cp -a \"$t\"/{n} {tg}; base={tg}\nfi\n{chown_line}rm -rf \"$t\"\n",
+                tmp = quote(&tmp),
+                n = quote(name),
+                d = quote(dest),
+                tg = quote(&target),
+            );
+            self.sh(&fork, script, &format!("placing {path}")).await?;
+        }
+        drop(from);
+        self.commit(state, step).await
+    }
+
+    /// The step's id, and a fork to do it in; None when the store holds the step already
+    /// (the state then moves to it).
+    async fn begin(&self, state: &mut State, key: &serde_json::Value) -> Result<Option<(String, Fork, Instant)>, StepError> {
+        let id = child_id(&state.snapshot, &serde_json::to_vec(key).expect("keys serialize"));
+        if let Ok(existing) = self.store.get(&id) {
+            if existing.check_files().is_ok() {
+                (self.progress)(&format!("  cached ({id})"));
+                state.snapshot = existing;
+                return Ok(None);
+            }
+        }
+        let forker = Forker { max_disk_bytes: None, ..self.forker.clone() };
+        let started = Instant::now();
+        let fork = forker.fork(&state.snapshot, ForkIdentity::new(0)).await?;
+        self.sh(&fork, format!("mkdir -p {}", quote(&state.workdir)), "creating the WORKDIR").await?;
+        Ok(Some((id, fork, started)))
+    }
+
+    /// Snapshots the step's fork as the stage's new state.
+    async fn commit(&self, state: &mut State, (id, fork, started): (String, Fork, Instant)) -> Result<(), StepError> {
+        let forker = Forker { max_disk_bytes: None, ..self.forker.clone() };
+        let label = format!("{}-build", self.spec.label);
+        state.snapshot = snapshot_fork(self.store, &forker, &state.snapshot, &fork, &label, Some(id.clone()), false).await.map_err(|e| StepError::Snapshot(Box::new(e)))?;
+        (self.progress)(&format!("  done in {:.1} s ({id})", started.elapsed().as_secs_f64()));
+        Ok(())
+    }
+
+    async fn sh(&self, fork: &Fork, script: String, what: &str) -> Result<vmm::ExecOutput, StepError> {
+        let options = ExecOptions { timeout: Some(Duration::from_secs(self.spec.template.setup_timeout_secs)), ..ExecOptions::shell(script) };
+        check(what, fork.agent().exec(options).await?, self.spec.template.setup_timeout_secs)
+    }
+}
+
+/// An exit code 0, or the failure with the end of its standard error.
+fn check(what: &str, out: vmm::ExecOutput, timeout_secs: u64) -> Result<vmm::ExecOutput, StepError> {
+    if out.result.exit_code == Some(0) {
+        return Ok(out);
+    }
+    let status = if out.result.timed_out { format!("a timeout after {timeout_secs} s") } else { format!("exit code {}", out.shell_exit_code()) };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+    Err(StepError::Failed { what: what.to_string(), status, stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n") })
+}
+
+/// The argv of a RUN: exec form as given, shell form as SHELL + script.
+fn vm_program(mut argv: Vec<String>, script: Option<String>) -> Vec<String> {
+    argv.extend(script);
+    argv
+}
+
+/// The user a step runs as (root when unset).
+fn user_of(user: &str) -> Option<String> {
+    (!user.is_empty() && user != "root" && user != "0").then(|| user.to_string())
+}
+
+/// A stage built earlier, by name or index.
+fn earlier_stage(name: &str, stages: &[Stage], built: &[Option<State>]) -> Option<State> {
+    let index = stages.iter().position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name))).or_else(|| name.parse::<usize>().ok());
+    index.and_then(|i| built.get(i)).and_then(|s| s.clone())
+}
+
+/// The farm image spec of a `FROM`: `farm:minimal` and `farm:python` are the built-in
+/// images, farm's own schemes (`oci-archive:` ...) pass as they are, and anything else is a
+/// registry reference.
+fn image_spec(from: &str, dir: &std::path::Path) -> Result<String, StepError> {
+    if from == "scratch" {
+        return Err(StepError::Unsupported("FROM scratch: a farm image needs a base with a shell; start FROM an image".into()));
+    }
+    if let Some(name) = from.strip_prefix("farm:") {
+        return Ok(name.to_string());
+    }
+    let farm_scheme = ["oci-archive:", "docker-archive:", "oci:", "rootfs:", "registry:"].iter().any(|p| from.starts_with(p));
+    let spec = if farm_scheme { from.to_string() } else { format!("registry:{from}") };
+    let source = vmm::image::ImageSource::parse(&spec, dir).map_err(|e| StepError::Invalid(e.to_string()))?;
+    Ok(source.spec())
+}
+
+/// Whether ADD unpacks this file: a tar, plain or compressed (gzip, bzip2, xz), by name or
+/// by its first bytes.
+fn is_archive(name: &str, bytes: &[u8]) -> bool {
+    let by_name = [".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"].iter().any(|ext| name.ends_with(ext));
+    let compressed = bytes.starts_with(&[0x1f, 0x8b]) || bytes.starts_with(b"BZh") || bytes.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]);
+    let plain_tar = bytes.len() > 262 && &bytes[257..262] == b"ustar";
+    plain_tar || (by_name && compressed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_images_and_archives() {
+        assert_eq!(join("/app", "src"), "/app/src");
+        assert_eq!(join("/app/", "/etc/x"), "/etc/x");
+        assert_eq!(join("/", ""), "/");
+        let dir = std::path::Path::new("/ctx");
+        assert_eq!(image_spec("python:3.12-slim", dir).unwrap(), "registry:python:3.12-slim");
+        assert_eq!(image_spec("farm:python", dir).unwrap(), "python");
+        assert_eq!(image_spec("oci-archive:base.tar", dir).unwrap(), "oci-archive:/ctx/base.tar");
+        assert!(image_spec("scratch", dir).is_err());
+        assert!(is_archive("x.tar.gz", &[0x1f, 0x8b, 8]));
+        assert!(!is_archive("x.gz", &[0x1f, 0x8b, 8]), "a compressed file that is not named as a tar is copied");
+        assert_eq!(quote("it's"), "'it'\\''s'");
+        assert_eq!(user_of("root"), None);
+        assert_eq!(user_of("1000:1000").as_deref(), Some("1000:1000"));
+    }
+}
