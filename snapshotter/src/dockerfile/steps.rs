@@ -312,7 +312,7 @@ impl Builder<'_> {
                 Entry::File { .. } => {}
             }
         }
-        self.sh(&fork, script, "creating folders and links").await?;
+        self.sh(fork, script, "creating folders and links").await?;
         for (path, entry) in &entries {
             if let Entry::File { bytes, mode } = entry {
                 fork.agent().write_file(path, bytes.clone(), chmod.unwrap_or(*mode)).await?;
@@ -330,12 +330,12 @@ impl Builder<'_> {
             } else {
                 ""
             };
-            self.sh(&fork, format!("mkdir -p {d} && tar -x{z}f {t} -C {d} && rm -f {t}", d = quote(into), t = quote(&tmp)), "unpacking an archive (ADD needs tar in the image)").await?;
+            self.sh(fork, format!("mkdir -p {d} && tar -x{z}f {t} -C {d} && rm -f {t}", d = quote(into), t = quote(&tmp)), "unpacking an archive (ADD needs tar in the image)").await?;
         }
         if let Some(owner) = &chown {
             let paths: Vec<String> = entries.iter().map(|(p, _)| quote(p)).collect();
             for chunk in paths.chunks(200) {
-                self.sh(&fork, format!("chown -h {} -- {}", quote(owner), chunk.join(" ")), "--chown").await?;
+                self.sh(fork, format!("chown -h {} -- {}", quote(owner), chunk.join(" ")), "--chown").await?;
             }
         }
         self.commit(state, step).await
@@ -369,7 +369,7 @@ impl Builder<'_> {
                 d = quote(dest),
                 tg = quote(&target),
             );
-            self.sh(&fork, script, &format!("placing {path}")).await?;
+            self.sh(fork, script, &format!("placing {path}")).await?;
         }
         drop(from);
         self.commit(state, step).await
