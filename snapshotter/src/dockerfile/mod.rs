@@ -137,7 +137,7 @@ pub async fn build(store: &SnapshotStore, forker: &Forker, spec: &DockerfileBuil
     };
     let text = std::fs::read_to_string(spec.dockerfile).map_err(|e| at(0, "")(StepError::Read(e)))?;
     let raws = parse::parse(&text).map_err(|e| at(e.line, "")(StepError::Syntax(e.message)))?;
-    let (global_args, stages) = split_stages(raws).map_err(|(line, e)| at(line, "")(e))?;
+    let (global_args, stages) = split_stages(raws).map_err(|(line, e)| at(line, "")(StepError::Syntax(e)))?;
     // Global ARGs: the values FROM lines see (a build arg over the default).
     let mut globals = BTreeMap::new();
     for raw in &global_args {
@@ -196,7 +196,7 @@ fn raw_text(raw: &Raw) -> String {
 }
 
 /// The ARGs before the first FROM, and the stages.
-fn split_stages(raws: Vec<Raw>) -> Result<(Vec<Raw>, Vec<Stage>), (usize, StepError)> {
+fn split_stages(raws: Vec<Raw>) -> Result<(Vec<Raw>, Vec<Stage>), (usize, String)> {
     let mut globals = Vec::new();
     let mut stages: Vec<Stage> = Vec::new();
     for raw in raws {
@@ -209,20 +209,20 @@ fn split_stages(raws: Vec<Raw>) -> Result<(Vec<Raw>, Vec<Stage>), (usize, StepEr
                 let name = match words.as_slice() {
                     [_] => None,
                     [_, kw, name] if kw.eq_ignore_ascii_case("as") => Some(name.to_string()),
-                    _ => return Err((raw.line, StepError::Syntax("FROM takes an image and an optional AS name".into()))),
+                    _ => return Err((raw.line, "FROM takes an image and an optional AS name".into())),
                 };
                 if name.as_ref().is_some_and(|n| stages.iter().any(|s| s.name.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(n)))) {
-                    return Err((raw.line, StepError::Syntax(format!("a stage named {:?} comes earlier", name.unwrap_or_default()))));
+                    return Err((raw.line, format!("a stage named {:?} comes earlier", name.unwrap_or_default())));
                 }
                 stages.push(Stage { name, from: raw, body: Vec::new() });
             }
             ("ARG", None) => globals.push(raw),
-            (keyword, None) => return Err((raw.line, StepError::Syntax(format!("{keyword} comes before the first FROM")))),
+            (keyword, None) => return Err((raw.line, format!("{keyword} comes before the first FROM"))),
             (_, Some(stage)) => stage.body.push(raw),
         }
     }
     if stages.is_empty() {
-        return Err((1, StepError::Syntax("the Dockerfile has no FROM".into())));
+        return Err((1, "the Dockerfile has no FROM".into()));
     }
     Ok((globals, stages))
 }
@@ -276,7 +276,7 @@ mod tests {
         assert_eq!(needed_stages(&stages, 2), [0, 2]);
         assert_eq!(needed_stages(&stages, 3), [3]);
         let err = split_stages(parse::parse("RUN x\nFROM a\n").unwrap()).unwrap_err();
-        assert_eq!((err.0, err.1.to_string()), (1, "RUN comes before the first FROM".to_string()));
+        assert_eq!(err, (1, "RUN comes before the first FROM".to_string()));
         let err = split_stages(parse::parse("FROM a AS x\nFROM b AS X\n").unwrap()).unwrap_err();
         assert_eq!(err.0, 2);
     }
