@@ -125,11 +125,12 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         completion_prefix: String::new(),
         require_reward_file: config.require_reward_file,
         metadata,
+        harbor: None,
     })
 }
 
 /// Reads every regular file under `dir` (relative paths, modes kept); a missing folder is empty.
-fn read_tree(dir: &Path, budget: &mut u64) -> std::io::Result<Vec<TaskFile>> {
+pub(crate) fn read_tree(dir: &Path, budget: &mut u64) -> std::io::Result<Vec<TaskFile>> {
     let mut out = Vec::new();
     if dir.is_dir() {
         walk(dir, dir, budget, &mut out)?;

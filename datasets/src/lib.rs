@@ -4,12 +4,14 @@
 //! workspace, setup commands (baked into a per-task snapshot), hidden tests with the command
 //! that runs them (written only into the scoring VM), a reference solution, an expected
 //! answer. Loaders: [`load`] dispatches on [`Format`]: JSONL and Parquet task tables, the
-//! HumanEval format, and task folders. Errors name the file, the line or row, and the field.
+//! HumanEval format, task folders and Harbor task folders. Errors name the file, the line or row, and the field.
 #![forbid(unsafe_code)]
 
 mod folder;
+pub mod harbor;
 mod table;
 
+pub use harbor::HarborTask;
 pub use table::RowError;
 
 use std::path::{Path, PathBuf};
@@ -58,6 +60,9 @@ pub struct Task {
     /// code that makes the test process exit 0 early). On by default for every task format.
     pub require_reward_file: bool,
     pub metadata: serde_json::Value,
+    /// A Harbor task's environment, verifier and oracle settings (`format = "harbor"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harbor: Option<Box<HarborTask>>,
 }
 
 /// Who runs a task's test command in the scoring VM. Whatever it is, everything derived from
@@ -199,7 +204,7 @@ impl Task {
 
     /// Whether it has hidden tests (a test command or a built-in harness).
     pub fn has_tests(&self) -> bool {
-        self.test_command.is_some() || self.harness.is_some()
+        self.test_command.is_some() || self.harness.is_some() || self.harbor.is_some()
     }
 
     /// Whether it can be scored at all.
@@ -221,6 +226,9 @@ pub enum Format {
     /// A folder of task folders (`instruction.md`, `task.toml`, `files/`, `setup.sh`,
     /// `tests/`, `solution/`).
     TaskDirs,
+    /// A folder of Harbor task folders (`instruction.md`, `task.toml`, `environment/`,
+    /// `solution/solve.sh`, `tests/test.sh`).
+    Harbor,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +256,7 @@ pub fn load(path: &Path, format: Format) -> Result<Vec<Task>, DatasetError> {
         Format::Parquet => table::load_parquet(path)?,
         Format::Humaneval => table::load_humaneval(path)?,
         Format::TaskDirs => folder::load_task_dirs(path)?,
+        Format::Harbor => harbor::load_harbor_dirs(path)?,
     };
     let mut seen = std::collections::HashMap::new();
     for (i, task) in tasks.iter().enumerate() {

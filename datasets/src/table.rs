@@ -195,6 +195,7 @@ impl TaskRow {
             completion_prefix: String::new(),
             require_reward_file: row.require_reward_file,
             metadata: row.metadata,
+            harbor: None,
         }
     }
 }
@@ -274,6 +275,7 @@ fn humaneval_task(row: HumanEvalRow) -> Task {
         completion_prefix: row.prompt,
         require_reward_file: true,
         metadata: serde_json::json!({ "entry_point": row.entry_point }),
+        harbor: None,
         id: row.task_id,
     }
 }

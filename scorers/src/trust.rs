@@ -115,6 +115,7 @@ mod tests {
             completion_prefix: String::new(),
             require_reward_file: true,
             metadata: serde_json::Value::Null,
+            harbor: None,
         }
     }
 
