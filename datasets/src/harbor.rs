@@ -288,7 +288,10 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
     let env_dir = dir.join("environment");
     let environment = match &env_cfg.docker_image {
         Some(reference) => Environment::Image { reference: reference.clone() },
-        None if env_dir.join("Dockerfile").is_file() => Environment::Dockerfile { dir: env_dir.clone(), digest: tree_digest(&env_dir).map_err(|e| invalid(format!("environment/: {e}")))? },
+        None if env_dir.join("Dockerfile").is_file() => {
+            let dir = std::fs::canonicalize(&env_dir).map_err(|e| invalid(format!("environment/: {e}")))?;
+            Environment::Dockerfile { digest: tree_digest(&dir).map_err(|e| invalid(format!("environment/: {e}")))?, dir }
+        }
         None if env_dir.join("docker-compose.yaml").is_file() || env_dir.join("docker-compose.yml").is_file() => {
             return Err(invalid("environment/docker-compose.yaml without a Dockerfile or docker_image: compose environments are not supported".into()))
         }

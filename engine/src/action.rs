@@ -79,17 +79,17 @@ pub(crate) fn data_only_rollout(actions: &VecDeque<Action>, max_steps: usize, li
 
 /// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped
 /// answering during the action.
-pub(crate) async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &RolloutsSection) -> Result<(Step, Submitted), (Step, String)> {
+pub(crate) async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &RolloutsSection, place: &crate::harbor::Place) -> Result<(Step, Submitted), (Step, String)> {
     let t = Instant::now();
     let (mut step, result) = match action {
         Action::Exec { command } => {
             let mut step = Step::new(index, StepKind::Exec, command.clone());
             let options = ExecOptions {
-                cwd: Some(WORKSPACE.into()),
+                cwd: Some(place.workdir.clone()),
                 timeout: Some(Duration::from_secs(limits.step_timeout_secs)),
                 stdout_cap: limits.output_cap_bytes,
                 stderr_cap: limits.output_cap_bytes,
-                user: (!limits.runs_as_root()).then(|| limits.user.clone()),
+                user: place.user.clone(),
                 ..ExecOptions::shell(command.clone())
             };
             match fork.agent().exec(options).await {
@@ -107,8 +107,8 @@ pub(crate) async fn run_action(fork: &Fork, action: &Action, index: u32, limits:
         }
         Action::WriteFile { path, content, mode } => {
             let step = Step::new(index, StepKind::WriteFile, path.clone());
-            let full = if path.starts_with('/') { path.clone() } else { format!("{WORKSPACE}/{path}") };
-            let placement = vmm::FilePlacement { beneath: None, owner: (!limits.runs_as_root()).then(|| limits.user.clone()) };
+            let full = if path.starts_with('/') { path.clone() } else { format!("{}/{path}", place.workdir.trim_end_matches('/')) };
+            let placement = vmm::FilePlacement { beneath: None, owner: place.user.clone() };
             (step, fork.agent().write_file_placed(&full, content.clone().into_bytes(), *mode, &placement).await.map(|_| Submitted::No))
         }
         Action::Submit { answer } => (Step::new(index, StepKind::Submit, answer.clone().unwrap_or_default()), Ok(Submitted::Yes(answer.clone()))),

@@ -70,6 +70,8 @@ pub struct Engine {
     pool: Option<(String, snapshotter::WarmPool)>,
     /// A converted image's `Env`, for every command of the rollouts' forks.
     pub(crate) image_env: Vec<(String, String)>,
+    /// The image config of each Harbor task's environment snapshot, by snapshot id.
+    pub(crate) task_images: std::sync::Mutex<HashMap<String, vmm::image::ImageConfig>>,
 }
 
 /// A task's snapshot, as far as it got.
@@ -155,6 +157,7 @@ impl Engine {
             store,
             template: Arc::new(template.snapshot),
             image_pulled: template.pulled,
+            task_images: Default::default(),
             scoring,
             pool: None,
         })
@@ -207,6 +210,22 @@ impl Engine {
             if task_snapshots.contains_key(&task.id) || by_id.values().flatten().any(|id| *id == task.id) {
                 continue;
             }
+            if task.harbor.is_some() {
+                // A Harbor task brings its own environment: a template of its own.
+                let users = by_id.entry(format!("harbor:{}", task.id)).or_default();
+                users.push(task.id.clone());
+                let (store, forker, task, slots, config) = (self.store.clone(), self.forker.clone(), task.clone(), slots.clone(), self.config.clone());
+                building.spawn(async move {
+                    let _slot = slots.acquire_owned().await.expect("semaphore open");
+                    let built = crate::harbor::environment(&store, &forker, &config, &task).await;
+                    let (snapshot, image) = match built {
+                        Ok((s, image)) => (TaskSnapshot::Ready(Arc::new(s)), Some(image)),
+                        Err(e) => (TaskSnapshot::Failed(format!("building the task's environment failed: {}", describe(&e))), None),
+                    };
+                    (format!("harbor:{}", task.id), snapshot, image)
+                });
+                continue;
+            }
             if !task.needs_snapshot() {
                 task_snapshots.insert(task.id.clone(), TaskSnapshot::Ready(self.template.clone()));
                 continue;
@@ -224,14 +243,17 @@ impl Engine {
                     Ok(s) => TaskSnapshot::Ready(Arc::new(s)),
                     Err(e) => TaskSnapshot::Failed(format!("preparing the task snapshot failed: {}", describe(&e))),
                 };
-                (task_snapshot_id(&template, &task), snapshot)
+                (task_snapshot_id(&template, &task), snapshot, None)
             });
         }
         if !building.is_empty() {
             log(&format!("preparing {} task snapshots", building.len()));
         }
         while let Some(built) = building.join_next().await {
-            let (id, snapshot) = built.map_err(|_| EngineError::Panicked)?;
+            let (id, snapshot, image) = built.map_err(|_| EngineError::Panicked)?;
+            if let (TaskSnapshot::Ready(s), Some(image)) = (&snapshot, image) {
+                self.task_images.lock().unwrap_or_else(|e| e.into_inner()).insert(s.id().to_string(), image);
+            }
             for task_id in by_id.get(&id).into_iter().flatten() {
                 if let TaskSnapshot::Failed(e) = &snapshot {
                     log(&format!("task {task_id}: {e}"));

@@ -23,6 +23,7 @@
 pub mod action;
 pub mod config;
 pub mod end;
+pub mod harbor;
 mod engine;
 pub mod live;
 pub mod metrics;

@@ -14,6 +14,7 @@ use crate::action::{run_action, Submitted};
 use crate::config::{Action, RolloutsSection, ScoringMode};
 use crate::end::{record_verdict, End};
 use crate::engine::Engine;
+use crate::harbor::Place;
 use crate::metrics::{Role, VmGauge};
 use crate::row::{Row, Step};
 
@@ -30,6 +31,9 @@ impl Engine {
     /// A fork of the task's pristine state, handed to the rollout's user, with the
     /// workspace listed (the baseline its artifacts are told apart from).
     pub async fn open(&self, task: &Task, snapshot: &Snapshot, seed: u64, limits: &RolloutsSection, role: Role) -> Result<LiveFork, End> {
+        if task.harbor.is_some() {
+            return self.open_harbor(task, snapshot, seed, limits, role).await;
+        }
         let mut env = self.image_env.clone();
         env.extend(limits.network.proxy_env());
         env.push(("FARM_TASK_ID".into(), task.id.clone()));
@@ -50,13 +54,36 @@ impl Engine {
         // The task's own workspace, before the agent acts: a listing that fails here is the
         // farm's or the task's.
         let baseline = scorers::artifacts::list_workspace(fork.agent()).await.map_err(|e| End::Setup(crate::engine::describe(&e)))?;
-        Ok(LiveFork { fork, baseline: Arc::new(baseline), origin: None, _gauge: gauge })
+        let place = Place { workdir: WORKSPACE.into(), user: (!limits.runs_as_root()).then(|| limits.user.clone()), env: self.image_env.clone() };
+        Ok(LiveFork { fork, baseline: Arc::new(baseline), origin: None, place, _gauge: gauge })
+    }
+
+    /// A fork of a Harbor task's environment: the agent acts in the working folder as the
+    /// task's user, with the network only when the task allows the internet (the suite's
+    /// `rollouts.network` is what the internet means here).
+    async fn open_harbor(&self, task: &Task, snapshot: &Snapshot, seed: u64, limits: &RolloutsSection, role: Role) -> Result<LiveFork, End> {
+        let harbor = task.harbor.as_ref().expect("a Harbor task");
+        let image = self.task_images.lock().unwrap_or_else(|e| e.into_inner()).get(snapshot.id()).cloned().unwrap_or_default();
+        let place = crate::harbor::place(task, &image);
+        let online = harbor.allow_internet && !limits.network.is_empty();
+        let mut env = place.env.clone();
+        if online {
+            env.extend(limits.network.proxy_env());
+        }
+        env.push(("FARM_TASK_ID".into(), task.id.clone()));
+        let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
+        tracing::Span::current().record("fork_id", identity.fork_id.as_str());
+        let fork = self.fork(snapshot, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
+        if online {
+            fork.machine.set_network(vmm::net::Policy { allow: limits.network.allow.clone(), log: None });
+        }
+        Ok(LiveFork { fork, baseline: Arc::new(Vec::new()), origin: None, place, _gauge: VmGauge::new(role) })
     }
 
     /// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped
     /// answering during the action.
     pub async fn act(&self, live: &LiveFork, action: &Action, index: u32, limits: &RolloutsSection) -> Result<(Step, Submitted), (Step, String)> {
-        run_action(&live.fork, action, index, limits).await
+        run_action(&live.fork, action, index, limits, &live.place).await
     }
 
     /// A new session that continues from `live`'s state exactly: `live` is snapshotted (a
@@ -74,13 +101,26 @@ impl Engine {
         let fork = forker.fork(&branch.snapshot, identity).await.map_err(BranchError::Fork)?;
         // The branch may reach what its parent may (a session's `rollouts.network`).
         fork.machine.set_network(live.fork.machine.network());
-        Ok((LiveFork { fork, baseline: live.baseline.clone(), origin: Some(branch.clone()), _gauge: VmGauge::new(role) }, branch))
+        Ok((LiveFork { fork, baseline: live.baseline.clone(), origin: Some(branch.clone()), place: live.place.clone(), _gauge: VmGauge::new(role) }, branch))
     }
 
     /// After the agent's actions: the artifacts out, as untrusted data, and the verdict
     /// into `row`. The rollout VM goes before a fresh scoring fork starts.
     pub async fn finish(&self, live: LiveFork, task: &Task, snapshot: &Snapshot, answer: Option<String>, row: &mut Row) -> End {
         let score_started = Instant::now();
+        if let Some(harbor) = &task.harbor {
+            let run = scorers::harbor::VerifyRun {
+                mode: self.config.harbor.verify,
+                workdir: &live.place.workdir,
+                env: &live.place.env,
+                network: &self.config.harbor.verifier_network.allow,
+                pass_threshold: self.config.scoring.pass_threshold,
+            };
+            let verdict = scorers::harbor::verify(&live.fork, task, harbor, &run).await;
+            row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
+            let artifacts = scorers::Artifacts { answer, ..Default::default() };
+            return record_verdict(row, Ok(verdict), &artifacts);
+        }
         let limits = scorers::ArtifactLimits::default();
         let fork = &live.fork;
         let mut collected = scorers::collect_artifacts(fork.agent(), &live.baseline, &limits).await;
@@ -145,6 +185,8 @@ pub struct LiveFork {
     baseline: Arc<Vec<FileEntry>>,
     /// The branch snapshot this fork came from (None: the task's snapshot).
     origin: Option<Arc<Branch>>,
+    /// Where and as whom its actions run.
+    pub place: Place,
     _gauge: VmGauge,
 }
 

@@ -106,7 +106,14 @@ impl Engine {
     /// cannot reach → the verdict into the row. A replay that only writes workspace files
     /// needs no fork: those files are its artifacts.
     async fn rollout(&self, item: &Planned, row: &mut Row, started: Instant) -> End {
-        let (task, limits) = (&item.task, &item.limits);
+        let task = &item.task;
+        // A Harbor task's own agent timeout bounds its rollout, and its steps (the oracle's
+        // solve.sh is one step).
+        let harbor_limits = task.harbor.as_ref().and_then(|h| h.agent_timeout_secs).map(|secs| {
+            let secs = secs.ceil().max(1.0) as u64;
+            RolloutsSection { timeout_secs: secs, step_timeout_secs: secs, ..item.limits.clone() }
+        });
+        let limits = harbor_limits.as_ref().unwrap_or(&item.limits);
         let snapshot = match &item.snapshot {
             TaskSnapshot::Ready(s) => s.clone(),
             TaskSnapshot::Failed(e) => return End::NoSnapshot(e.clone()),
@@ -144,7 +151,7 @@ impl Engine {
     /// rollout VM (only fresh-fork scoring can use that: final-state scoring grades the
     /// rollout's VM). None when the rollout needs a VM.
     async fn replay_without_a_vm(&self, item: &Planned, snapshot: &snapshotter::Snapshot, driver: &Driver<'_>, row: &mut Row) -> Option<End> {
-        if self.config.scoring.mode != ScoringMode::FreshFork {
+        if self.config.scoring.mode != ScoringMode::FreshFork || item.task.harbor.is_some() {
             return None;
         }
         let (steps, artifacts) = data_only_rollout(driver.replayed()?, item.limits.max_steps, &scorers::ArtifactLimits::default())?;

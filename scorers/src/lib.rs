@@ -15,6 +15,7 @@
 pub mod answer;
 pub mod artifacts;
 pub mod external;
+pub mod harbor;
 pub mod hidden;
 pub mod orchestrate;
 pub mod trust;
@@ -69,6 +70,9 @@ pub struct Details {
     /// scoring run, never seen by the rollout, and recorded here to reproduce the check.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scoring_seed: Option<u64>,
+    /// Every key of a Harbor verifier's `reward.json`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harbor_rewards: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 impl Details {

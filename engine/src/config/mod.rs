@@ -26,6 +26,25 @@ pub struct SuiteConfig {
     pub scoring: ScoringSection,
     #[serde(default)]
     pub output: OutputSection,
+    /// How Harbor tasks (`format = "harbor"`) are built and verified.
+    #[serde(default)]
+    pub harbor: HarborSection,
+}
+
+/// `[harbor]`: settings for Harbor tasks.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HarborSection {
+    /// Where `tests/test.sh` runs: `live` (the rollout's VM, its processes alive; the
+    /// default, as Harbor does) or `fresh_boot` (a VM booted from the rollout's final disk).
+    #[serde(default)]
+    pub verify: scorers::harbor::HarborVerify,
+    /// The verifier's egress (`[harbor.verifier_network] allow`), apart from the agent's.
+    #[serde(default)]
+    pub verifier_network: snapshotter::Network,
+    /// The egress of the `RUN` steps that build the tasks' environments.
+    #[serde(default)]
+    pub build_network: snapshotter::Network,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -261,6 +280,8 @@ impl Suite {
             return Err(invalid("scoring.call_timeout_secs", "must be at least 1".into()));
         }
         c.rollouts.network.check().map_err(|m| invalid("rollouts.network", m.to_string()))?;
+        c.harbor.verifier_network.check().map_err(|m| invalid("harbor.verifier_network", m.to_string()))?;
+        c.harbor.build_network.check().map_err(|m| invalid("harbor.build_network", m.to_string()))?;
         if !c.rollouts.user.is_empty() && !valid_user(&c.rollouts.user) {
             return Err(invalid(
                 "rollouts.user",

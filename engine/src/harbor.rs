@@ -1,0 +1,69 @@
+//! Harbor tasks in the engine: each task's environment built into a template of its own
+//! (its Dockerfile step by step, or its `docker_image` pulled), and where and as whom its
+//! agent acts (the image's `WORKDIR` and `USER`, unless the task says otherwise).
+
+use datasets::harbor::{Environment, AGENT_LOGS, VERIFIER_LOGS};
+use datasets::Task;
+use snapshotter::{build_template_with, BuildError, Forker, Snapshot, SnapshotStore, TemplateConfig, TemplateExtras};
+use vmm::image::ImageConfig;
+
+use crate::config::SuiteConfig;
+
+/// The disk a task's environment gets when its task.toml gives no `storage` (the image
+/// file is sparse).
+const DEFAULT_STORAGE_MIB: u64 = 4096;
+
+/// Builds (or finds) the template snapshot of a Harbor task's environment, and the config
+/// its commands run with.
+pub(crate) async fn environment(store: &SnapshotStore, forker: &Forker, config: &SuiteConfig, task: &Task) -> Result<(Snapshot, ImageConfig), BuildError> {
+    let harbor = task.harbor.as_ref().expect("a Harbor task");
+    let mut template = TemplateConfig::of_image("");
+    let base_dir = match &harbor.environment {
+        Environment::Dockerfile { dir, .. } => {
+            template.dockerfile = Some("Dockerfile".into());
+            template.context = Some(".".into());
+            dir.clone()
+        }
+        Environment::Image { reference } => {
+            template.image = format!("registry:{reference}");
+            std::path::PathBuf::from(".")
+        }
+    };
+    template.memory_mib = harbor.memory_mib.unwrap_or(config.template.memory_mib).clamp(64, 65536);
+    template.cpus = harbor.cpus.unwrap_or(config.template.cpus).clamp(1, 64);
+    template.image_size_mib = Some(harbor.storage_mib.unwrap_or(DEFAULT_STORAGE_MIB).clamp(64, 1 << 20));
+    template.setup_timeout_secs = harbor.build_timeout_secs.ceil().max(1.0) as u64;
+    template.network = config.harbor.build_network.clone();
+    // Harbor's log folders, writable by whoever the agent and the verifier run as.
+    template.setup = vec![format!("mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts && chmod 777 {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts")];
+    let progress = |line: &str| tracing::info!(target: "farm::harbor", task = %task.id, "{line}");
+    let built = build_template_with(store, forker, &template, &base_dir, &task.id, &TemplateExtras::default(), &progress).await?;
+    let image = built.image_config.clone().unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default());
+    Ok((built.snapshot, image))
+}
+
+/// Where and as whom a live fork's actions run, with what environment.
+#[derive(Debug, Clone)]
+pub struct Place {
+    /// The folder commands start in and relative paths are taken from.
+    pub workdir: String,
+    /// The guest user (None: root).
+    pub user: Option<String>,
+    /// The environment every command gets (also the verifier's base).
+    pub env: Vec<(String, String)>,
+}
+
+/// A Harbor task's place in its environment: `[environment] workdir` or the image's
+/// `WORKDIR` (else `/`), `[agent] user` or the image's `USER`, and the image's `Env` under
+/// `[environment.env]`.
+pub(crate) fn place(task: &Task, image: &ImageConfig) -> Place {
+    let harbor = task.harbor.as_ref().expect("a Harbor task");
+    let workdir = harbor.workdir.clone().filter(|w| !w.is_empty()).unwrap_or_else(|| if image.working_dir.is_empty() { "/".into() } else { image.working_dir.clone() });
+    let user = harbor.agent_user.clone().or_else(|| Some(image.user.clone())).filter(|u| !u.is_empty() && u != "root" && u != "0");
+    let mut env: Vec<(String, String)> = image.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    for (k, v) in &harbor.env {
+        env.retain(|(key, _)| key != k);
+        env.push((k.clone(), v.clone()));
+    }
+    Place { workdir, user, env }
+}

@@ -1,0 +1,237 @@
+//! Verifying a Harbor task as Harbor does, with what farm adds: `tests/` placed at `/tests`
+//! only now, `/logs/verifier` emptied and made afresh (a reward file planted earlier counts
+//! for nothing), `bash /tests/test.sh` as the verifier user (root by default) in the working
+//! folder with `[verifier.env]` and the verifier's own egress, bounded by its timeout; then
+//! every process left in the VM is killed, and only then is `reward.json` or `reward.txt`
+//! read.
+//!
+//! The VM is the rollout's own (`live`: the agent's processes are alive while `test.sh`
+//! runs, as Harbor verifies), or a fresh boot of its final disk (`fresh_boot`: no process
+//! of the agent's is alive). Either way the agent had root on that disk, so the verdict is
+//! only hardened: see `docs/security.md`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use datasets::harbor::{TESTS, VERIFIER_LOGS};
+use datasets::{HarborTask, Task};
+use serde::{Deserialize, Serialize};
+use snapshotter::Fork;
+use vmm::ExecOptions;
+
+use crate::{Details, TestOutcome, Trust, TrustLevel, Verdict};
+
+/// Where a Harbor task's tests run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HarborVerify {
+    /// In the rollout's VM after the agent's phase, its processes alive (Harbor's way).
+    #[default]
+    Live,
+    /// In a VM booted afresh from the rollout's final disk: files only.
+    FreshBoot,
+}
+
+impl HarborVerify {
+    pub fn trust(self) -> TrustLevel {
+        match self {
+            HarborVerify::Live => TrustLevel { level: Trust::Hardened, reason: "Harbor live verification: the agent's processes were alive while test.sh ran, in a VM it had root in" },
+            HarborVerify::FreshBoot => TrustLevel { level: Trust::Hardened, reason: "Harbor fresh-boot verification: test.sh ran on the disk the agent left, with root on it" },
+        }
+    }
+}
+
+/// How the verifier runs in this VM.
+pub struct VerifyRun<'a> {
+    pub mode: HarborVerify,
+    /// The working folder (`[environment] workdir`, else the image's `WORKDIR`).
+    pub workdir: &'a str,
+    /// The image's `Env` and `[environment.env]`, in order.
+    pub env: &'a [(String, String)],
+    /// The verifier's egress (`host:port`), empty for none.
+    pub network: &'a [String],
+    pub pass_threshold: f64,
+}
+
+/// Most bytes of `reward.json` read.
+const MAX_REWARD_BYTES: u64 = 64 << 10;
+
+/// Runs the task's verifier in `fork` and reads its reward. Every failure on the VM's side
+/// is the agent's (it had the VM), scored 0 with the reason.
+pub async fn verify(fork: &Fork, task: &Task, harbor: &HarborTask, run: &VerifyRun<'_>) -> Verdict {
+    let trust = run.mode.trust();
+    let failed = |reason: String| crate::orchestrate::agent_failure(reason, trust);
+    let agent = fork.agent();
+    // The tests go in only now; whatever the agent left at /tests or in /logs/verifier goes.
+    for path in [TESTS, VERIFIER_LOGS] {
+        if let Err(e) = agent.remove_tree(path).await {
+            return failed(format!("clearing {path} before the verifier: {e}"));
+        }
+    }
+    for test in &task.tests {
+        if let Err(e) = agent.write_file(&format!("{TESTS}/{}", test.path), test.contents.clone(), test.mode | 0o400).await {
+            return failed(format!("placing the tests: {e}"));
+        }
+    }
+    let prepare = ExecOptions::argv(&["sh", "-c", &format!("mkdir -p {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS} && chmod +x {TESTS}/test.sh")]);
+    match agent.exec(prepare).await {
+        Ok(out) if out.result.exit_code == Some(0) => {}
+        Ok(out) => return failed(format!("making {VERIFIER_LOGS}: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        Err(e) => return failed(format!("making {VERIFIER_LOGS}: {e}")),
+    }
+    let mut env: Vec<(String, String)> = run.env.to_vec();
+    env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if !run.network.is_empty() {
+        fork.machine.set_network(vmm::net::Policy { allow: run.network.to_vec(), log: None });
+        let url = farm_protocol::net::PROXY_URL.to_string();
+        env.extend(["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].iter().map(|k| (k.to_string(), url.clone())));
+    }
+    let timeout = Duration::from_secs_f64(harbor.verifier_timeout_secs.max(1.0));
+    let options = ExecOptions {
+        cwd: Some(run.workdir.to_string()),
+        env,
+        user: harbor.verifier_user.clone().filter(|u| u != "root" && u != "0"),
+        timeout: Some(timeout),
+        stdout_cap: 64 << 10,
+        stderr_cap: 64 << 10,
+        ..ExecOptions::argv(&["bash", "-c", &format!("{TESTS}/test.sh")])
+    };
+    let out = agent.exec(options).await;
+    fork.machine.set_network(vmm::net::Policy::default());
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => return failed(format!("the VM broke while test.sh ran: {}", fork.explain(&e))),
+    };
+    // Everything test.sh started, and every process the agent left, is gone before the
+    // reward is read: nothing rewrites it between the reading and the verdict.
+    let swept = match agent.sweep(Vec::new()).await {
+        Ok((n, true)) => n,
+        Ok((_, false)) => return failed("processes survived every attempt to kill them after test.sh ended".into()),
+        Err(e) => return failed(format!("killing the processes left after test.sh: {e}")),
+    };
+    let tail = |b: &[u8]| {
+        let text = String::from_utf8_lossy(b);
+        let chars: Vec<char> = text.chars().collect();
+        chars[chars.len().saturating_sub(2000)..].iter().collect::<String>()
+    };
+    let mut outcome = TestOutcome {
+        exit_code: out.result.exit_code,
+        signal: out.result.signal,
+        timed_out: out.result.timed_out,
+        junit: None,
+        reward_file: None,
+        swept,
+        harness: Vec::new(),
+        junit_unread: None,
+        stdout_tail: tail(&out.stdout),
+        stderr_tail: tail(&out.stderr),
+    };
+    if out.result.timed_out {
+        let details = Details { tests: Some(outcome), ..Details::basis(format!("test.sh ran past its {} s limit", harbor.verifier_timeout_secs)) };
+        return Verdict { reward: 0.0, passed: false, timed_out: true, trust, details };
+    }
+    let reward = match read_reward(fork).await {
+        Ok(reward) => reward,
+        Err(reason) => {
+            let details = Details { tests: Some(outcome), ..Details::basis(reason) };
+            return Verdict { reward: 0.0, passed: false, timed_out: false, trust, details };
+        }
+    };
+    outcome.reward_file = Some(reward.value);
+    let basis = format!("{} (test.sh exited with {})", reward.basis, out.shell_exit_code());
+    let details = Details { tests: Some(outcome), harbor_rewards: reward.all, ..Details::basis(basis) };
+    Verdict { reward: reward.value, passed: reward.value >= run.pass_threshold, timed_out: false, trust, details }
+}
+
+/// A reward read from `/logs/verifier`.
+#[derive(Debug, PartialEq)]
+struct Reward {
+    value: f64,
+    basis: String,
+    /// Every key of `reward.json`.
+    all: Option<BTreeMap<String, f64>>,
+}
+
+async fn read_reward(fork: &Fork) -> Result<Reward, String> {
+    let agent = fork.agent();
+    let json_path = format!("{VERIFIER_LOGS}/reward.json");
+    if let Ok((bytes, size)) = agent.read_file(&json_path, MAX_REWARD_BYTES).await {
+        if size > MAX_REWARD_BYTES {
+            return Err(format!("reward.json is {size} bytes, over the {MAX_REWARD_BYTES} bytes farm reads"));
+        }
+        return parse_reward_json(&bytes);
+    }
+    match agent.read_file(&format!("{VERIFIER_LOGS}/reward.txt"), 4096).await {
+        Ok((bytes, _)) => parse_reward_txt(&bytes),
+        Err(_) => Err("test.sh wrote neither /logs/verifier/reward.json nor /logs/verifier/reward.txt".into()),
+    }
+}
+
+/// `reward.txt`: one number in [0, 1] (surrounding whitespace allowed).
+fn parse_reward_txt(bytes: &[u8]) -> Result<Reward, String> {
+    let text = String::from_utf8_lossy(bytes);
+    let value: f64 = text.trim().parse().map_err(|_| format!("reward.txt holds {:?}, not a number", text.trim().chars().take(100).collect::<String>()))?;
+    check_range("reward.txt", value)?;
+    Ok(Reward { value, basis: format!("reward.txt: {value}"), all: None })
+}
+
+/// `reward.json`: an object of numbers (Harbor's form). The reward is its `reward` key, else
+/// its only key, else the mean of its values; every key is kept in the details.
+fn parse_reward_json(bytes: &[u8]) -> Result<Reward, String> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("reward.json is not JSON: {e}"))?;
+    let object = value.as_object().ok_or("reward.json is not a JSON object of numbers")?;
+    let mut all = BTreeMap::new();
+    for (key, v) in object {
+        let number = match v {
+            serde_json::Value::Number(n) => n.as_f64(),
+            serde_json::Value::Bool(b) => Some(if *b { 1.0 } else { 0.0 }),
+            serde_json::Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        };
+        let number = number.ok_or_else(|| format!("reward.json: {key:?} is not a number"))?;
+        check_range(&format!("reward.json: {key:?}"), number)?;
+        all.insert(key.clone(), number);
+    }
+    let (value, basis) = match (all.get("reward"), all.len()) {
+        (Some(r), _) => (*r, "reward.json: reward".to_string()),
+        (None, 1) => {
+            let (k, v) = all.iter().next().expect("one key");
+            (*v, format!("reward.json: {k}"))
+        }
+        (None, 0) => return Err("reward.json is an empty object".into()),
+        (None, n) => (all.values().sum::<f64>() / n as f64, format!("reward.json: the mean of {n} keys")),
+    };
+    Ok(Reward { value, basis, all: Some(all) })
+}
+
+fn check_range(what: &str, value: f64) -> Result<(), String> {
+    if value.is_finite() && (0.0..=1.0).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!("{what} is {value}, outside [0, 1]"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reward_files_in_harbors_forms() {
+        assert_eq!(parse_reward_txt(b" 1\n").unwrap().value, 1.0);
+        assert_eq!(parse_reward_txt(b"0.25").unwrap().value, 0.25);
+        for bad in [&b"yes"[..], b"", b"1.5", b"nan", b"-0.1"] {
+            assert!(parse_reward_txt(bad).is_err(), "{bad:?}");
+        }
+        let r = parse_reward_json(br#"{"reward": 0.5, "tests_passed": 3}"#);
+        assert!(r.unwrap_err().contains("\"tests_passed\" is 3, outside [0, 1]"));
+        let r = parse_reward_json(br#"{"reward": 0.5, "style": 1}"#).unwrap();
+        assert_eq!((r.value, r.all.unwrap().len()), (0.5, 2));
+        assert_eq!(parse_reward_json(br#"{"accuracy": "0.75"}"#).unwrap().value, 0.75);
+        assert_eq!(parse_reward_json(br#"{"a": 1, "b": 0}"#).unwrap().value, 0.5);
+        assert_eq!(parse_reward_json(br#"{"a": true}"#).unwrap().value, 1.0);
+        for bad in [&br#"[1]"#[..], br#"{"a": null}"#, br#"{}"#, b"not json"] {
+            assert!(parse_reward_json(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}
