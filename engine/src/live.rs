@@ -116,7 +116,20 @@ impl Engine {
                 network: &self.config.harbor.verifier_network.allow,
                 pass_threshold: self.config.scoring.pass_threshold,
             };
-            let verdict = scorers::harbor::verify(&live.fork, task, harbor, &run).await;
+            let verdict = match run.mode {
+                scorers::harbor::HarborVerify::Live => scorers::harbor::verify(&live.fork.machine, task, harbor, &run).await,
+                scorers::harbor::HarborVerify::FreshBoot => {
+                    let LiveFork { fork, .. } = live;
+                    match snapshotter::boot_from_disk(&self.forker, snapshot, fork).await {
+                        Ok(machine) => scorers::harbor::verify(&machine, task, harbor, &run).await,
+                        // The agent had root on that disk: a disk that no longer boots is its doing.
+                        Err(e @ snapshotter::BootFromDiskError::NoAgent(_)) => {
+                            scorers::orchestrate::agent_failure(format!("the disk the agent left did not boot: {}", crate::engine::describe(&e)), run.mode.trust())
+                        }
+                        Err(e) => return End::Scoring(crate::engine::describe(&e)),
+                    }
+                }
+            };
             row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
             let artifacts = scorers::Artifacts { answer, ..Default::default() };
             return record_verdict(row, Ok(verdict), &artifacts);

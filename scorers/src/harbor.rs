@@ -16,8 +16,7 @@ use std::time::Duration;
 use datasets::harbor::{TESTS, VERIFIER_LOGS};
 use datasets::{HarborTask, Task};
 use serde::{Deserialize, Serialize};
-use snapshotter::Fork;
-use vmm::ExecOptions;
+use vmm::{ExecOptions, Machine};
 
 use crate::{Details, TestOutcome, Trust, TrustLevel, Verdict};
 
@@ -58,10 +57,10 @@ const MAX_REWARD_BYTES: u64 = 64 << 10;
 
 /// Runs the task's verifier in `fork` and reads its reward. Every failure on the VM's side
 /// is the agent's (it had the VM), scored 0 with the reason.
-pub async fn verify(fork: &Fork, task: &Task, harbor: &HarborTask, run: &VerifyRun<'_>) -> Verdict {
+pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &VerifyRun<'_>) -> Verdict {
     let trust = run.mode.trust();
     let failed = |reason: String| crate::orchestrate::agent_failure(reason, trust);
-    let agent = fork.agent();
+    let agent = machine.agent();
     // The tests go in only now; whatever the agent left at /tests or in /logs/verifier goes.
     for path in [TESTS, VERIFIER_LOGS] {
         if let Err(e) = agent.remove_tree(path).await {
@@ -82,7 +81,7 @@ pub async fn verify(fork: &Fork, task: &Task, harbor: &HarborTask, run: &VerifyR
     let mut env: Vec<(String, String)> = run.env.to_vec();
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     if !run.network.is_empty() {
-        fork.machine.set_network(vmm::net::Policy { allow: run.network.to_vec(), log: None });
+        machine.set_network(vmm::net::Policy { allow: run.network.to_vec(), log: None });
         let url = farm_protocol::net::PROXY_URL.to_string();
         env.extend(["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].iter().map(|k| (k.to_string(), url.clone())));
     }
@@ -97,10 +96,10 @@ pub async fn verify(fork: &Fork, task: &Task, harbor: &HarborTask, run: &VerifyR
         ..ExecOptions::argv(&["bash", "-c", &format!("{TESTS}/test.sh")])
     };
     let out = agent.exec(options).await;
-    fork.machine.set_network(vmm::net::Policy::default());
+    machine.set_network(vmm::net::Policy::default());
     let out = match out {
         Ok(out) => out,
-        Err(e) => return failed(format!("the VM broke while test.sh ran: {}", fork.explain(&e))),
+        Err(e) => return failed(format!("the VM broke while test.sh ran: {}", machine.limit_violation().unwrap_or_else(|| e.to_string()))),
     };
     // Everything test.sh started, and every process the agent left, is gone before the
     // reward is read: nothing rewrites it between the reading and the verdict.
@@ -130,7 +129,7 @@ pub async fn verify(fork: &Fork, task: &Task, harbor: &HarborTask, run: &VerifyR
         let details = Details { tests: Some(outcome), ..Details::basis(format!("test.sh ran past its {} s limit", harbor.verifier_timeout_secs)) };
         return Verdict { reward: 0.0, passed: false, timed_out: true, trust, details };
     }
-    let reward = match read_reward(fork).await {
+    let reward = match read_reward(machine).await {
         Ok(reward) => reward,
         Err(reason) => {
             let details = Details { tests: Some(outcome), ..Details::basis(reason) };
@@ -152,8 +151,8 @@ struct Reward {
     all: Option<BTreeMap<String, f64>>,
 }
 
-async fn read_reward(fork: &Fork) -> Result<Reward, String> {
-    let agent = fork.agent();
+async fn read_reward(machine: &Machine) -> Result<Reward, String> {
+    let agent = machine.agent();
     let json_path = format!("{VERIFIER_LOGS}/reward.json");
     if let Ok((bytes, size)) = agent.read_file(&json_path, MAX_REWARD_BYTES).await {
         if size > MAX_REWARD_BYTES {

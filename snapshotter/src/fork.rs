@@ -321,3 +321,42 @@ impl Drop for WarmPool {
         self.refill.abort();
     }
 }
+
+/// Why a fork's disk could not be booted afresh.
+#[derive(Debug, thiserror::Error)]
+pub enum BootFromDiskError {
+    /// Stopping the fork or copying its disk failed: the farm's side.
+    #[error("taking the fork's disk failed")]
+    Disk(#[source] MachineError),
+    #[error("copying the fork's disk failed")]
+    Copy(#[source] std::io::Error),
+    /// QEMU could not be started: the farm's side.
+    #[error("starting the VM failed")]
+    Launch(#[source] MachineError),
+    /// QEMU ran but the guest never answered: the disk did not boot.
+    #[error("the disk did not boot to a working agent")]
+    NoAgent(#[source] MachineError),
+}
+
+/// A VM booted afresh (not resumed) from `fork`'s disk as it is now: its files, none of its
+/// processes. The fork is stopped (QEMU flushes its disk) and its disk copied before it
+/// goes; the new VM boots the kernel of `snapshot` on that copy.
+pub async fn boot_from_disk(forker: &Forker, snapshot: &crate::store::Snapshot, fork: Fork) -> Result<Machine, BootFromDiskError> {
+    let _ = fork.agent().quiesce().await;
+    fork.machine.qmp("stop", None).await.map_err(BootFromDiskError::Disk)?;
+    let settings = VmSettings { memory_mib: snapshot.manifest.memory_mib, cpus: snapshot.manifest.cpus, ..forker.vm.clone() };
+    let run_dir = RunDir::create(&settings.run_root).map_err(BootFromDiskError::Launch)?;
+    let disk = run_dir.path().join("disk.qcow2");
+    std::fs::copy(&fork.machine.spec().disk, &disk).map_err(BootFromDiskError::Copy)?;
+    drop(fork);
+    let plan = LaunchPlan {
+        kernel: Some(snapshot.manifest.kernel.path.clone()),
+        ram: RamBacking { path: run_dir.path().join("memory"), shared: true },
+        disk,
+        incoming: false,
+        max_disk_bytes: forker.max_disk_bytes,
+    };
+    let machine = Machine::launch(&settings, plan, run_dir).await.map_err(BootFromDiskError::Launch)?;
+    machine.wait_for_agent(settings.boot_timeout).await.map_err(BootFromDiskError::NoAgent)?;
+    Ok(machine)
+}

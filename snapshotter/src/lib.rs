@@ -20,6 +20,6 @@ pub mod template;
 
 pub use build::{build_template, build_template_with, snapshot_fork, BuildError, Built, TemplateExtras};
 pub use child::{child_snapshot, ChildError, ChildSpec};
-pub use fork::{Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
+pub use fork::{boot_from_disk, BootFromDiskError, Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
 pub use template::{Network, TemplateConfig};
