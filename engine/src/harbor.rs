@@ -34,6 +34,9 @@ pub(crate) async fn environment(store: &SnapshotStore, forker: &Forker, config: 
     template.image_size_mib = Some(harbor.storage_mib.unwrap_or(DEFAULT_STORAGE_MIB).clamp(64, 1 << 20));
     template.setup_timeout_secs = harbor.build_timeout_secs.ceil().max(1.0) as u64;
     template.network = config.harbor.build_network.clone();
+    if matches!(harbor.environment, Environment::Dockerfile { .. }) {
+        template.build_args = config.harbor.build_args.clone();
+    }
     // Harbor's log folders, writable by whoever the agent and the verifier run as.
     template.setup = vec![format!("mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts && chmod 777 {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts")];
     let progress = |line: &str| tracing::info!(target: "farm::harbor", task = %task.id, "{line}");

@@ -1,5 +1,6 @@
 //! Egress by allowlist: a template's setup installs a package with pip from a package index
-//! the test serves on the host's loopback (`python3 -m http.server`), through farm's proxy;
+//! the test serves on the host's loopback (`python3 -m http.server`), reached from the guest as
+//! `host.farm.internal`, through farm's proxy;
 //! a host not on the list is refused with a clear error, at once; a VM without an allowlist
 //! gets nothing. Nothing comes from outside the machine: the wheel is written here and pip
 //! is the host Python's own bundled wheel.
@@ -84,21 +85,21 @@ fn setup_reaches_only_the_allowed_index_and_everything_else_is_refused_at_once()
     std::fs::write(
         &config,
         format!(
-            "[template]\nimage = \"python\"\nsetup = [\n  \"python3 /opt/pip.whl/pip install --no-cache-dir --break-system-packages --index-url http://127.0.0.1:{port}/simple/ farmtestpkg\",\n  \
+            "[template]\nimage = \"python\"\nsetup = [\n  \"python3 /opt/pip.whl/pip install --no-cache-dir --break-system-packages --index-url http://host.farm.internal:{port}/simple/ farmtestpkg\",\n  \
              \"python3 -c 'import farmtestpkg; assert farmtestpkg.VALUE == 42'\",\n]\n\
-             [[template.files]]\nsrc = \"pip.whl\"\ndest = \"/opt/pip.whl\"\n[template.network]\nallow = [\"127.0.0.1:{port}\"]\n"
+             [[template.files]]\nsrc = \"pip.whl\"\ndest = \"/opt/pip.whl\"\n[template.network]\nallow = [\"host.farm.internal:{port}\"]\n"
         ),
     )
     .unwrap();
     let o = build(store.path(), &config);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains(&format!("network: allowed 127.0.0.1:{port}")), "every attempt is logged: {}", text(&o));
+    assert!(text(&o).contains(&format!("network: allowed host.farm.internal:{port}")), "every attempt is logged: {}", text(&o));
 
     // Denied: a host off the list gets a 403 that says why, not a hang; and it is logged.
     let config = dir.path().join("denied.toml");
     std::fs::write(
         &config,
-        format!("[template]\nimage = \"python\"\nsetup = [{:?}]\n[template.network]\nallow = [\"127.0.0.1:{port}\"]\n", format!("python3 -c \"{fetch_denied}\"")),
+        format!("[template]\nimage = \"python\"\nsetup = [{:?}]\n[template.network]\nallow = [\"host.farm.internal:{port}\"]\n", format!("python3 -c \"{fetch_denied}\"")),
     )
     .unwrap();
     let o = build(store.path(), &config);
@@ -126,7 +127,7 @@ fn rollouts_reach_their_allowlist_through_the_proxy_and_are_refused_elsewhere() 
     // busybox wget honours http_proxy: sample 0 fetches the index page, sample 1 tries a host
     // off the list.
     let lines = [
-        format!("wget -q -O index.html http://127.0.0.1:{port}/simple/farmtestpkg/ && grep -q farmtestpkg index.html && echo 42 > out.txt"),
+        format!("wget -q -O index.html http://host.farm.internal:{port}/simple/farmtestpkg/ && grep -q farmtestpkg index.html && echo 42 > out.txt"),
         "wget -O - http://10.1.2.3:8080/ 2>&1; echo 42 > out.txt".to_string(),
     ];
     let trajectories: String = lines
@@ -140,7 +141,7 @@ fn rollouts_reach_their_allowlist_through_the_proxy_and_are_refused_elsewhere() 
         &suite,
         format!(
             "[suite]\nname = \"net-rollouts\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n\
-             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"t.jsonl\"\n[rollouts.network]\nallow = [\"127.0.0.1:{port}\"]\n[output]\ndir = \"out\"\n",
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"t.jsonl\"\n[rollouts.network]\nallow = [\"host.farm.internal:{port}\"]\n[output]\ndir = \"out\"\n",
             repo.join("configs/data/serve-tasks").display()
         ),
     )

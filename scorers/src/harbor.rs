@@ -82,8 +82,7 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     if !run.network.is_empty() {
         machine.set_network(vmm::net::Policy { allow: run.network.to_vec(), log: None });
-        let url = farm_protocol::net::PROXY_URL.to_string();
-        env.extend(["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].iter().map(|k| (k.to_string(), url.clone())));
+        env.extend(snapshotter::template::proxy_env());
     }
     let timeout = Duration::from_secs_f64(harbor.verifier_timeout_secs.max(1.0));
     let options = ExecOptions {

@@ -147,7 +147,13 @@ pub async fn build_template_with(
     if let Some(dockerfile) = &template.dockerfile {
         return from_dockerfile(store, forker, template, &base_dir.join(dockerfile), base_dir, label, extras, progress).await;
     }
-    let artifacts = GuestArtifacts::locate_sized(&vmm::artifacts::cache_dir(), &template.image, base_dir, template.image_size_mib)?;
+    // An image conversion (or a registry pull) blocks for seconds: not on the runtime.
+    let artifacts = {
+        let (image, base_dir, size) = (template.image.clone(), base_dir.to_path_buf(), template.image_size_mib);
+        tokio::task::spawn_blocking(move || GuestArtifacts::locate_sized(&vmm::artifacts::cache_dir(), &image, &base_dir, size))
+            .await
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))?
+    };
     let mut digest = template.digest(base_dir)?;
     if !extras.is_empty() {
         let mut h = Sha256::new();
@@ -253,6 +259,10 @@ async fn provision(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<(), BuildError> {
     let agent = machine.agent();
+    if !image_config.working_dir.is_empty() {
+        // A Dockerfile's last WORKDIR may not have been made by any step.
+        agent.exec(ExecOptions::argv(&["mkdir", "-p", &image_config.working_dir])).await?;
+    }
     for file in &template.files {
         let src = base_dir.join(&file.src);
         let contents = std::fs::read(&src).map_err(|source| BuildError::File { src: src.display().to_string(), source })?;

@@ -94,9 +94,17 @@ impl Network {
         if self.is_empty() {
             return Vec::new();
         }
-        let url = farm_protocol::net::PROXY_URL.to_string();
-        ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].iter().map(|k| (k.to_string(), url.clone())).collect()
+        proxy_env()
     }
+}
+
+/// The proxy's variables: every HTTP(S) client goes through farm's proxy, except to the
+/// guest's own loopback (its services; the host's are `host.farm.internal`).
+pub fn proxy_env() -> Vec<(String, String)> {
+    let url = farm_protocol::net::PROXY_URL.to_string();
+    let mut env: Vec<(String, String)> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].iter().map(|k| (k.to_string(), url.clone())).collect();
+    env.extend(["NO_PROXY", "no_proxy"].iter().map(|k| (k.to_string(), "localhost,127.0.0.1,::1".to_string())));
+    env
 }
 
 /// One file to place in the guest.

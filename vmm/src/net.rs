@@ -13,6 +13,10 @@ use farm_protocol::net::{Frame, Kind, MAX_PAYLOAD};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+/// The name a guest reaches the host's own loopback by (allowlisted as `host.farm.internal:PORT`),
+/// as containers have `host.docker.internal`: inside a guest, 127.0.0.1 is the guest itself.
+pub const HOST_ALIAS: &str = "host.farm.internal";
+
 /// Where connection attempts are reported, besides `tracing`.
 pub type AttemptLog = Arc<dyn Fn(&str) + Send + Sync>;
 
@@ -235,7 +239,8 @@ async fn open(conn: u32, request: ProxyRequest, policy: &Policy, to_guest: mpsc:
         refuse(&to_guest, conn, 403, &format!("egress to {host}:{port} is not allowed (allowlist: {allowed})")).await;
         return None;
     }
-    let upstream = match tokio::time::timeout(Duration::from_secs(15), tokio::net::TcpStream::connect((host.as_str(), port))).await {
+    let target = if host.eq_ignore_ascii_case(HOST_ALIAS) { "127.0.0.1" } else { host.as_str() };
+    let upstream = match tokio::time::timeout(Duration::from_secs(15), tokio::net::TcpStream::connect((target, port))).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             policy.report(&format!("network: allowed {host}:{port}, but connecting failed: {e}"));

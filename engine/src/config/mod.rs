@@ -45,6 +45,9 @@ pub struct HarborSection {
     /// The egress of the `RUN` steps that build the tasks' environments.
     #[serde(default)]
     pub build_network: snapshotter::Network,
+    /// `ARG` values for every task's Dockerfile (a mirror's address, for example).
+    #[serde(default)]
+    pub build_args: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -246,7 +246,7 @@ impl Builder<'_> {
             .collect::<Result<_, StepError>>()?;
         let dest_path = join(&state.workdir, &dest);
         let many = sources.len() > 1 || sources.iter().any(|s| matches!(s, Source::Path(p) if p.contains(['*', '?', '['])));
-        let dest_is_dir = dest.ends_with('/') || many;
+        let dest_is_dir = dest.ends_with('/') || dest == "." || dest.ends_with("/.") || many;
         if let Some(from) = flag(raw, "from") {
             let from = words::word(from, &|n| self.globals.get(n).cloned()).map_err(StepError::Invalid)?;
             let source = match earlier_stage(&from, stages, built) {
@@ -263,6 +263,8 @@ impl Builder<'_> {
         // Every entry with its guest path; archives ADD unpacks.
         let mut entries: Vec<(String, Entry)> = Vec::new();
         let mut archives: Vec<(String, Vec<u8>)> = Vec::new();
+        // A lone file copied to a path that may be a folder in the image: (entry, its name).
+        let mut lone_file: Option<(usize, String)> = None;
         for source in &sources {
             match source {
                 Source::Inline(name, body) => {
@@ -280,7 +282,10 @@ impl Builder<'_> {
                             let base = sel.rel.rsplit('/').next().unwrap_or(&sel.rel).to_string();
                             let path = match (sel.is_dir, one_file && !dest_is_dir) {
                                 (true, _) => join(&dest_path, &inside),
-                                (false, true) => dest_path.clone(),
+                                (false, true) => {
+                                    lone_file = Some((entries.len(), base.clone()));
+                                    dest_path.clone()
+                                }
                                 (false, false) => join(&dest_path, &base),
                             };
                             match entry {
@@ -304,6 +309,13 @@ impl Builder<'_> {
         let key = json!({ "op": raw.keyword, "entries": described, "chown": chown, "workdir": state.workdir });
         let Some(step) = self.begin(state, &key).await? else { return Ok(()) };
         let fork = &step.1;
+        if let Some((index, name)) = lone_file {
+            // `COPY file /existing/folder` copies into the folder, as Docker does.
+            let probe = ExecOptions::argv(&["test", "-d", &dest_path]);
+            if fork.agent().exec(probe).await?.result.exit_code == Some(0) {
+                entries[index].0 = join(&dest_path, &name);
+            }
+        }
         let mut script = String::from("set -e\n");
         for (path, entry) in &entries {
             match entry {

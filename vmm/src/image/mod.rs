@@ -191,6 +191,11 @@ fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Optio
     let contents = read_contents(source, work.path(), cache)?;
     let key = cache_key(&contents.digest, agent, size_mib);
     let dir = cache.join("images").join(format!("conv-{key}"));
+    // One conversion of an image at a time (tasks that share a base convert it at once):
+    // whoever waited finds it done.
+    std::fs::create_dir_all(cache.join("images")).map_err(io_step("creating the images folder"))?;
+    let lock_file = std::fs::File::create(cache.join("images").join(format!(".conv-{key}.lock"))).map_err(io_step("creating the conversion's lock file"))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, errno)| ConvertError::Io { what: "locking the conversion", source: errno.into() })?;
     if dir.join("manifest.json").is_file() && dir.join("rootfs.ext4").is_file() {
         return Ok((Artifact { path: dir.join("rootfs.ext4"), key }, contents.pulled));
     }
