@@ -53,10 +53,15 @@ fn default_modules() -> Vec<String> {
 const MAX_TASK_BYTES: u64 = 64 << 20;
 
 pub fn load_task_dirs(root: &Path) -> Result<Vec<Task>, DatasetError> {
+    task_folders(root)?.iter().map(|dir| load_task_dir(dir)).collect()
+}
+
+/// The folders of a dataset folder, in name order.
+pub(crate) fn task_folders(root: &Path) -> Result<Vec<std::path::PathBuf>, DatasetError> {
     let read_dir = std::fs::read_dir(root).map_err(|source| DatasetError::Read { path: root.to_path_buf(), source })?;
     let mut dirs: Vec<_> = read_dir.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     dirs.sort();
-    dirs.iter().map(|dir| load_task_dir(dir)).collect()
+    Ok(dirs)
 }
 
 fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {

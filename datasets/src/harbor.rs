@@ -180,10 +180,7 @@ struct SolutionToml {
 const MAX_TASK_BYTES: u64 = 64 << 20;
 
 pub fn load_harbor_dirs(root: &Path) -> Result<Vec<Task>, DatasetError> {
-    let read_dir = std::fs::read_dir(root).map_err(|source| DatasetError::Read { path: root.to_path_buf(), source })?;
-    let mut dirs: Vec<_> = read_dir.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
-    dirs.sort();
-    dirs.iter().map(|dir| load_harbor_dir(dir)).collect()
+    crate::folder::task_folders(root)?.iter().map(|dir| load_harbor_dir(dir)).collect()
 }
 
 /// A size as Harbor writes it (`"2G"`, `"512M"`, `"1.5g"`) in MiB.
