@@ -183,25 +183,40 @@ pub fn load_harbor_dirs(root: &Path) -> Result<Vec<Task>, DatasetError> {
     crate::folder::task_folders(root)?.iter().map(|dir| load_harbor_dir(dir)).collect()
 }
 
+/// A size that is not written as Harbor reads sizes.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0:?} is not a size like \"2G\", \"512M\" or \"4096K\"")]
+pub struct NotASize(pub String);
+
 /// A size as Harbor writes it (`"2G"`, `"512M"`, `"1.5g"`) in MiB.
-pub fn size_to_mib(text: &str) -> Result<u64, String> {
+pub fn size_to_mib(text: &str) -> Result<u64, NotASize> {
+    let not_a_size = || NotASize(text.to_string());
     let upper = text.trim().to_ascii_uppercase();
     let (number, factor) = match upper.chars().last() {
         Some('G') => (&upper[..upper.len() - 1], 1024.0),
         Some('M') => (&upper[..upper.len() - 1], 1.0),
         Some('K') => (&upper[..upper.len() - 1], 1.0 / 1024.0),
-        _ => return Err(format!("{text:?} is not a size like \"2G\", \"512M\" or \"4096K\"")),
+        _ => return Err(not_a_size()),
     };
-    let value: f64 = number.trim().parse().map_err(|_| format!("{text:?} is not a size like \"2G\", \"512M\" or \"4096K\""))?;
+    let value: f64 = number.trim().parse().map_err(|_| not_a_size())?;
     if !(value.is_finite() && value >= 0.0) {
-        return Err(format!("{text:?} is not a size"));
+        return Err(not_a_size());
     }
     Ok((value * factor) as u64)
 }
 
+/// An `[*.env]` value that names a host variable the host does not have.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{key} = {value:?}: the host has no {name} and no default is given")]
+pub struct MissingHostVariable {
+    pub key: String,
+    pub value: String,
+    pub name: String,
+}
+
 /// `${VAR}` or `${VAR:-default}` (the whole value) from the host's environment, as Harbor
 /// resolves `[*.env]` values; anything else is literal.
-fn resolve_env(key: &str, value: &str) -> Result<String, String> {
+fn resolve_env(key: &str, value: &str) -> Result<String, MissingHostVariable> {
     let Some(inner) = value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) else { return Ok(value.to_string()) };
     let (name, default) = match inner.split_once(":-") {
         Some((name, default)) => (name, Some(default)),
@@ -210,11 +225,11 @@ fn resolve_env(key: &str, value: &str) -> Result<String, String> {
     match (std::env::var(name), default) {
         (Ok(v), _) => Ok(v),
         (Err(_), Some(d)) => Ok(d.to_string()),
-        (Err(_), None) => Err(format!("{key} = {value:?}: the host has no {name} and no default is given")),
+        (Err(_), None) => Err(MissingHostVariable { key: key.to_string(), value: value.to_string(), name: name.to_string() }),
     }
 }
 
-fn resolve_all(table: &str, env: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+fn resolve_all(table: &str, env: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, MissingHostVariable> {
     env.iter().map(|(k, v)| resolve_env(&format!("[{table}] {k}"), v).map(|v| (k.clone(), v))).collect()
 }
 
@@ -483,10 +498,10 @@ mod tests {
 
     #[test]
     fn sizes_as_harbor_reads_them() {
-        assert_eq!(size_to_mib("2G"), Ok(2048));
-        assert_eq!(size_to_mib("1.5g"), Ok(1536));
-        assert_eq!(size_to_mib("512M"), Ok(512));
-        assert_eq!(size_to_mib("4096k"), Ok(4));
+        assert_eq!(size_to_mib("2G").unwrap(), 2048);
+        assert_eq!(size_to_mib("1.5g").unwrap(), 1536);
+        assert_eq!(size_to_mib("512M").unwrap(), 512);
+        assert_eq!(size_to_mib("4096k").unwrap(), 4);
         for bad in ["2GB", "2Gi", "2048", "-1G"] {
             assert!(size_to_mib(bad).is_err(), "{bad}");
         }

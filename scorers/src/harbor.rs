@@ -131,7 +131,7 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
     let reward = match read_reward(machine).await {
         Ok(reward) => reward,
         Err(reason) => {
-            let details = Details { tests: Some(outcome), ..Details::basis(reason) };
+            let details = Details { tests: Some(outcome), ..Details::basis(reason.to_string()) };
             return Verdict { reward: 0.0, passed: false, timed_out: false, trust, details };
         }
     };
@@ -139,6 +139,27 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
     let basis = format!("{} (test.sh exited with {})", reward.basis, out.shell_exit_code());
     let details = Details { tests: Some(outcome), harbor_rewards: reward.all, ..Details::basis(basis) };
     Verdict { reward: reward.value, passed: reward.value >= run.pass_threshold, timed_out: false, trust, details }
+}
+
+/// Why no reward could be read from `/logs/verifier`: the verdict is 0, with this reason.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RewardError {
+    #[error("test.sh wrote neither /logs/verifier/reward.json nor /logs/verifier/reward.txt")]
+    NoFile,
+    #[error("reward.json is {size} bytes, over the {MAX_REWARD_BYTES} bytes farm reads")]
+    TooLarge { size: u64 },
+    #[error("reward.json is not JSON: {0}")]
+    NotJson(String),
+    #[error("reward.json is not a JSON object of numbers")]
+    NotAnObject,
+    #[error("reward.json is an empty object")]
+    Empty,
+    #[error("reward.json: {key:?} is not a number")]
+    NotANumber { key: String },
+    #[error("reward.txt holds {0:?}, not a number")]
+    TextNotANumber(String),
+    #[error("{what} is {value}, outside [0, 1]")]
+    OutOfRange { what: String, value: f64 },
 }
 
 /// A reward read from `/logs/verifier`.
@@ -150,34 +171,34 @@ struct Reward {
     all: Option<BTreeMap<String, f64>>,
 }
 
-async fn read_reward(machine: &Machine) -> Result<Reward, String> {
+async fn read_reward(machine: &Machine) -> Result<Reward, RewardError> {
     let agent = machine.agent();
     let json_path = format!("{VERIFIER_LOGS}/reward.json");
     if let Ok((bytes, size)) = agent.read_file(&json_path, MAX_REWARD_BYTES).await {
         if size > MAX_REWARD_BYTES {
-            return Err(format!("reward.json is {size} bytes, over the {MAX_REWARD_BYTES} bytes farm reads"));
+            return Err(RewardError::TooLarge { size });
         }
         return parse_reward_json(&bytes);
     }
     match agent.read_file(&format!("{VERIFIER_LOGS}/reward.txt"), 4096).await {
         Ok((bytes, _)) => parse_reward_txt(&bytes),
-        Err(_) => Err("test.sh wrote neither /logs/verifier/reward.json nor /logs/verifier/reward.txt".into()),
+        Err(_) => Err(RewardError::NoFile),
     }
 }
 
 /// `reward.txt`: one number in [0, 1] (surrounding whitespace allowed).
-fn parse_reward_txt(bytes: &[u8]) -> Result<Reward, String> {
+fn parse_reward_txt(bytes: &[u8]) -> Result<Reward, RewardError> {
     let text = String::from_utf8_lossy(bytes);
-    let value: f64 = text.trim().parse().map_err(|_| format!("reward.txt holds {:?}, not a number", text.trim().chars().take(100).collect::<String>()))?;
+    let value: f64 = text.trim().parse().map_err(|_| RewardError::TextNotANumber(text.trim().chars().take(100).collect()))?;
     check_range("reward.txt", value)?;
     Ok(Reward { value, basis: format!("reward.txt: {value}"), all: None })
 }
 
 /// `reward.json`: an object of numbers (Harbor's form). The reward is its `reward` key, else
 /// its only key, else the mean of its values; every key is kept in the details.
-fn parse_reward_json(bytes: &[u8]) -> Result<Reward, String> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("reward.json is not JSON: {e}"))?;
-    let object = value.as_object().ok_or("reward.json is not a JSON object of numbers")?;
+fn parse_reward_json(bytes: &[u8]) -> Result<Reward, RewardError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| RewardError::NotJson(e.to_string()))?;
+    let object = value.as_object().ok_or(RewardError::NotAnObject)?;
     let mut all = BTreeMap::new();
     for (key, v) in object {
         let number = match v {
@@ -186,7 +207,7 @@ fn parse_reward_json(bytes: &[u8]) -> Result<Reward, String> {
             serde_json::Value::String(s) => s.trim().parse().ok(),
             _ => None,
         };
-        let number = number.ok_or_else(|| format!("reward.json: {key:?} is not a number"))?;
+        let number = number.ok_or_else(|| RewardError::NotANumber { key: key.clone() })?;
         check_range(&format!("reward.json: {key:?}"), number)?;
         all.insert(key.clone(), number);
     }
@@ -196,17 +217,17 @@ fn parse_reward_json(bytes: &[u8]) -> Result<Reward, String> {
             let (k, v) = all.iter().next().expect("one key");
             (*v, format!("reward.json: {k}"))
         }
-        (None, 0) => return Err("reward.json is an empty object".into()),
+        (None, 0) => return Err(RewardError::Empty),
         (None, n) => (all.values().sum::<f64>() / n as f64, format!("reward.json: the mean of {n} keys")),
     };
     Ok(Reward { value, basis, all: Some(all) })
 }
 
-fn check_range(what: &str, value: f64) -> Result<(), String> {
+fn check_range(what: &str, value: f64) -> Result<(), RewardError> {
     if value.is_finite() && (0.0..=1.0).contains(&value) {
         Ok(())
     } else {
-        Err(format!("{what} is {value}, outside [0, 1]"))
+        Err(RewardError::OutOfRange { what: what.to_string(), value })
     }
 }
 
@@ -222,7 +243,7 @@ mod tests {
             assert!(parse_reward_txt(bad).is_err(), "{bad:?}");
         }
         let r = parse_reward_json(br#"{"reward": 0.5, "tests_passed": 3}"#);
-        assert!(r.unwrap_err().contains("\"tests_passed\" is 3, outside [0, 1]"));
+        assert!(r.unwrap_err().to_string().contains("\"tests_passed\" is 3, outside [0, 1]"));
         let r = parse_reward_json(br#"{"reward": 0.5, "style": 1}"#).unwrap();
         assert_eq!((r.value, r.all.unwrap().len()), (0.5, 2));
         assert_eq!(parse_reward_json(br#"{"accuracy": "0.75"}"#).unwrap().value, 0.75);

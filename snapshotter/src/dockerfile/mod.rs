@@ -252,7 +252,7 @@ fn needed_stages(stages: &[Stage], target: usize) -> Vec<usize> {
 /// `ARG NAME[=default] ...`: names with their defaults.
 fn arg_decls(raw: &Raw) -> Result<Vec<(String, Option<String>)>, StepError> {
     let Args::Text(text) = &raw.args else { return Err(StepError::Syntax("ARG takes NAME[=default]".into())) };
-    let items = words::words(text, &|_| None).map_err(StepError::Syntax)?;
+    let items = words::words(text, &|_| None).map_err(|e| StepError::Syntax(e.0))?;
     Ok(items
         .into_iter()
         .map(|item| match item.split_once('=') {

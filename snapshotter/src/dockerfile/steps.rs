@@ -76,7 +76,7 @@ impl Builder<'_> {
         }
         let Args::Text(text) = &raw.args else { return Err(StepError::Syntax("FROM takes an image".into())) };
         let first = text.split_whitespace().next().unwrap_or_default();
-        let image = words::word(first, &|n| self.globals.get(n).cloned()).map_err(StepError::Invalid)?;
+        let image = words::word(first, &|n| self.globals.get(n).cloned()).map_err(|e| StepError::Invalid(e.0))?;
         if let Some(state) = earlier_stage(&image, stages, built) {
             return Ok(State { args: BTreeMap::new(), ..state });
         }
@@ -118,7 +118,7 @@ impl Builder<'_> {
         };
         match raw.keyword.as_str() {
             "ENV" => {
-                for (key, value) in words::pairs(&text, &lookup(state)).map_err(StepError::Invalid)? {
+                for (key, value) in words::pairs(&text, &lookup(state)).map_err(|e| StepError::Invalid(e.0))? {
                     state.set_env(key, value);
                 }
             }
@@ -131,10 +131,10 @@ impl Builder<'_> {
                 }
             }
             "WORKDIR" => {
-                let dir = words::word(&text, &lookup(state)).map_err(StepError::Invalid)?;
+                let dir = words::word(&text, &lookup(state)).map_err(|e| StepError::Invalid(e.0))?;
                 state.workdir = join(&state.workdir, &dir);
             }
-            "USER" => state.user = words::word(&text, &lookup(state)).map_err(StepError::Invalid)?,
+            "USER" => state.user = words::word(&text, &lookup(state)).map_err(|e| StepError::Invalid(e.0))?,
             "SHELL" => match &raw.args {
                 Args::Json(list) if !list.is_empty() => state.shell = list.clone(),
                 _ => return Err(StepError::Syntax("SHELL takes a JSON array of strings".into())),
@@ -222,14 +222,14 @@ impl Builder<'_> {
             let s = state.clone();
             move |name: &str| s.lookup(name)
         };
-        let chown = flag(raw, "chown").map(|c| words::word(c, &vars)).transpose().map_err(StepError::Invalid)?;
+        let chown = flag(raw, "chown").map(|c| words::word(c, &vars)).transpose().map_err(|e| StepError::Invalid(e.0))?;
         let chmod = match flag(raw, "chmod") {
             Some(m) => Some(u32::from_str_radix(m, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| StepError::Invalid(format!("--chmod={m} is not an octal mode")))?),
             None => None,
         };
         let mut items: Vec<String> = match &raw.args {
-            Args::Json(list) => list.iter().map(|w| words::word(w, &vars)).collect::<Result<_, _>>().map_err(StepError::Invalid)?,
-            Args::Text(text) => words::words(text, &vars).map_err(StepError::Invalid)?,
+            Args::Json(list) => list.iter().map(|w| words::word(w, &vars)).collect::<Result<_, _>>().map_err(|e| StepError::Invalid(e.0))?,
+            Args::Text(text) => words::words(text, &vars).map_err(|e| StepError::Invalid(e.0))?,
         };
         let dest = items.pop().filter(|_| !items.is_empty()).ok_or_else(|| StepError::Syntax(format!("{} takes sources and a destination", raw.keyword)))?;
         let mut docs = raw.heredocs.iter();
@@ -238,7 +238,7 @@ impl Builder<'_> {
             .map(|item| match item.strip_prefix("<<") {
                 Some(_) => {
                     let doc = docs.next().expect("each <<WORD opened a here-document");
-                    let body = if doc.expand { words::expand_only(&doc.body, &vars).map_err(StepError::Invalid)? } else { doc.body.clone() };
+                    let body = if doc.expand { words::expand_only(&doc.body, &vars).map_err(|e| StepError::Invalid(e.0))? } else { doc.body.clone() };
                     Ok(Source::Inline(doc.delimiter.clone(), body))
                 }
                 None => Ok(Source::Path(item)),
@@ -248,7 +248,7 @@ impl Builder<'_> {
         let many = sources.len() > 1 || sources.iter().any(|s| matches!(s, Source::Path(p) if p.contains(['*', '?', '['])));
         let dest_is_dir = dest.ends_with('/') || dest == "." || dest.ends_with("/.") || many;
         if let Some(from) = flag(raw, "from") {
-            let from = words::word(from, &|n| self.globals.get(n).cloned()).map_err(StepError::Invalid)?;
+            let from = words::word(from, &|n| self.globals.get(n).cloned()).map_err(|e| StepError::Invalid(e.0))?;
             let source = match earlier_stage(&from, stages, built) {
                 Some(s) => s,
                 None => self.base(&from, pulled).await?,

@@ -3,8 +3,14 @@
 //! (`$NAME`, `${NAME}`, `${NAME:-default}`, `${NAME:+alternative}`). `RUN` is left to the
 //! shell.
 
+/// A word the builder cannot read: an unclosed quote or `${`, a variable form it does not
+/// expand, a pair without `=`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct WordError(pub String);
+
 /// Splits `text` into words and expands variables with `lookup` (unset: empty).
-pub fn words(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<String>, String> {
+pub fn words(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<String>, WordError> {
     let mut out = Vec::new();
     let mut word = String::new();
     let mut in_word = false;
@@ -22,7 +28,7 @@ pub fn words(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<
             }
             '\'' => {
                 in_word = true;
-                let end = chars[i + 1..].iter().position(|&c| c == '\'').ok_or("a single quote is not closed")?;
+                let end = chars[i + 1..].iter().position(|&c| c == '\'').ok_or_else(|| WordError("a single quote is not closed".into()))?;
                 word.extend(&chars[i + 1..i + 1 + end]);
                 i += end + 2;
             }
@@ -31,7 +37,7 @@ pub fn words(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<
                 i += 1;
                 loop {
                     match chars.get(i) {
-                        None => return Err("a double quote is not closed".into()),
+                        None => return Err(WordError("a double quote is not closed".into())),
                         Some('"') => break,
                         Some('\\') if matches!(chars.get(i + 1), Some('"' | '\\' | '$')) => {
                             word.push(chars[i + 1]);
@@ -72,7 +78,7 @@ pub fn words(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<
 }
 
 /// One word: `text` expanded, with whitespace kept (for `WORKDIR`, `USER`, paths).
-pub fn word(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub fn word(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, WordError> {
     // Quote the whitespace so that it stays inside the word.
     let mut protected = String::new();
     for c in text.trim().chars() {
@@ -86,7 +92,7 @@ pub fn word(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Strin
 
 /// `text` with its variables expanded and nothing else changed (quotes stay): an expanding
 /// here-document's body.
-pub fn expand_only(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub fn expand_only(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, WordError> {
     let chars: Vec<char> = text.chars().collect();
     let mut out = String::new();
     let mut i = 0;
@@ -107,18 +113,18 @@ pub fn expand_only(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Resul
 }
 
 /// Expands the variable at `chars[i]` (a `$`) into `out`; returns the index after it.
-fn expand(chars: &[char], i: usize, lookup: &dyn Fn(&str) -> Option<String>, out: &mut String) -> Result<usize, String> {
+fn expand(chars: &[char], i: usize, lookup: &dyn Fn(&str) -> Option<String>, out: &mut String) -> Result<usize, WordError> {
     let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
     match chars.get(i + 1) {
         Some('{') => {
-            let end = chars[i + 2..].iter().position(|&c| c == '}').ok_or("a ${ is not closed")? + i + 2;
+            let end = chars[i + 2..].iter().position(|&c| c == '}').ok_or_else(|| WordError("a ${ is not closed".into()))? + i + 2;
             let inner: String = chars[i + 2..end].iter().collect();
             let (name, op) = match inner.find(":-").or_else(|| inner.find(":+")) {
                 Some(at) => (&inner[..at], Some((&inner[at..at + 2], &inner[at + 2..]))),
                 None => (inner.as_str(), None),
             };
             if name.is_empty() || !name.chars().all(name_char) {
-                return Err(format!("${{{inner}}} is not a variable this builder expands"));
+                return Err(WordError(format!("${{{inner}}} is not a variable this builder expands")));
             }
             let value = lookup(name).filter(|v| !v.is_empty());
             match (op, value) {
@@ -143,7 +149,7 @@ fn expand(chars: &[char], i: usize, lookup: &dyn Fn(&str) -> Option<String>, out
 }
 
 /// `KEY=VALUE ...` pairs (or the legacy `KEY VALUE` form of `ENV`), values expanded.
-pub fn pairs(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>, String> {
+pub fn pairs(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>, WordError> {
     let first = text.split_whitespace().next().unwrap_or_default();
     if !first.contains('=') {
         // `ENV KEY the rest of the line`
@@ -153,7 +159,7 @@ pub fn pairs(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<
     }
     let mut out = Vec::new();
     for item in words(text, lookup)? {
-        let (key, value) = item.split_once('=').ok_or_else(|| format!("{item:?} is not KEY=VALUE"))?;
+        let (key, value) = item.split_once('=').ok_or_else(|| WordError(format!("{item:?} is not KEY=VALUE")))?;
         out.push((key.to_string(), value.to_string()));
     }
     Ok(out)
@@ -178,7 +184,7 @@ mod tests {
         assert_eq!(words("${MISSING:-fallback} ${EMPTY:-e} ${V:+set} ${MISSING:+no}", &vars).unwrap(), ["fallback", "e", "set"]);
         assert_eq!(word("/opt/my app/$V", &vars).unwrap(), "/opt/my app/1.2");
         assert_eq!(words("cost $5 \\$HOME", &vars).unwrap(), ["cost", "$5", "$HOME"]);
-        assert!(words("\"open", &vars).unwrap_err().contains("double quote"));
+        assert!(words("\"open", &vars).unwrap_err().0.contains("double quote"));
         assert!(words("${a b}", &vars).is_err());
         assert_eq!(expand_only("print(\"$HOME\") \\$V '${V}'\n", &vars).unwrap(), "print(\"/root\") $V '1.2'\n");
     }
@@ -187,6 +193,6 @@ mod tests {
     fn env_pairs_in_both_forms() {
         assert_eq!(pairs(r#"A=1 B="two words" C=$HOME/x D='$HOME'"#, &vars).unwrap(), [("A".into(), "1".into()), ("B".into(), "two words".into()), ("C".into(), "/root/x".into()), ("D".into(), "$HOME".into())]);
         assert_eq!(pairs("PATH_EXTRA the rest $V", &vars).unwrap(), [("PATH_EXTRA".to_string(), "the rest 1.2".to_string())]);
-        assert!(pairs("A=1 junk", &vars).unwrap_err().contains("\"junk\" is not KEY=VALUE"));
+        assert!(pairs("A=1 junk", &vars).unwrap_err().0.contains("\"junk\" is not KEY=VALUE"));
     }
 }

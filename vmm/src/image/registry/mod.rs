@@ -203,7 +203,7 @@ async fn pull_from(store: &Path, reference: &Reference, settings: &RegistrySetti
         if path.is_file() {
             continue;
         }
-        check_digest(&blob.digest).map_err(|detail| bad("a descriptor", detail))?;
+        check_digest(&blob.digest).map_err(|e| bad("a descriptor", e.to_string()))?;
         let tmp_dir = store.join("tmp");
         std::fs::create_dir_all(&tmp_dir).map_err(store_err("creating the store"))?;
         let tmp = tempfile::NamedTempFile::new_in(&tmp_dir).map_err(store_err("creating a blob file"))?;
@@ -273,10 +273,15 @@ fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(bytes))
 }
 
-fn check_digest(digest: &str) -> Result<(), String> {
+/// A digest that is not `sha256:<64 lowercase hex digits>`.
+#[derive(Debug, thiserror::Error)]
+#[error("digest {0:?} is not sha256:<64 lowercase hex digits>")]
+struct BadDigest(String);
+
+fn check_digest(digest: &str) -> Result<(), BadDigest> {
     match digest.strip_prefix("sha256:") {
         Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) => Ok(()),
-        _ => Err(format!("digest {digest:?} is not sha256:<64 lowercase hex digits>")),
+        _ => Err(BadDigest(digest.to_string())),
     }
 }
 
