@@ -68,9 +68,9 @@ pub enum Environment {
     /// every file of the folder, so a changed environment is a changed task.
     Dockerfile { dir: std::path::PathBuf, digest: String },
     /// `[environment] docker_image`: pulled, the Dockerfile (if any) ignored, as Harbor does
-    /// without `--force-build`. `files` are the folder's files, uploaded into the working
-    /// folder when there is no Dockerfile (as Harbor does).
-    Image { reference: String },
+    /// without `--force-build`; when the image cannot be pulled, the Dockerfile (if any) is
+    /// built instead.
+    Image { reference: String, dockerfile: Option<Box<Environment>> },
 }
 
 /// task.toml, both schemas (unknown keys collected, not refused).
@@ -298,16 +298,19 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
         (None, allow) => allow.unwrap_or(true),
     };
     let env_dir = dir.join("environment");
-    let environment = match &env_cfg.docker_image {
-        Some(reference) => Environment::Image { reference: reference.clone() },
-        None if env_dir.join("Dockerfile").is_file() => {
-            let dir = std::fs::canonicalize(&env_dir).map_err(|e| invalid(format!("environment/: {e}")))?;
-            Environment::Dockerfile { digest: tree_digest(&dir).map_err(|e| invalid(format!("environment/: {e}")))?, dir }
-        }
-        None if env_dir.join("docker-compose.yaml").is_file() || env_dir.join("docker-compose.yml").is_file() => {
+    let dockerfile = if env_dir.join("Dockerfile").is_file() {
+        let dir = std::fs::canonicalize(&env_dir).map_err(|e| invalid(format!("environment/: {e}")))?;
+        Some(Environment::Dockerfile { digest: tree_digest(&dir).map_err(|e| invalid(format!("environment/: {e}")))?, dir })
+    } else {
+        None
+    };
+    let environment = match (&env_cfg.docker_image, dockerfile) {
+        (Some(reference), dockerfile) => Environment::Image { reference: reference.clone(), dockerfile: dockerfile.map(Box::new) },
+        (None, Some(dockerfile)) => dockerfile,
+        (None, None) if env_dir.join("docker-compose.yaml").is_file() || env_dir.join("docker-compose.yml").is_file() => {
             return Err(invalid("environment/docker-compose.yaml without a Dockerfile or docker_image: compose environments are not supported".into()))
         }
-        None => return Err(invalid("environment/Dockerfile is missing and task.toml sets no [environment] docker_image".into())),
+        (None, None) => return Err(invalid("environment/Dockerfile is missing and task.toml sets no [environment] docker_image".into())),
     };
     let mut budget = MAX_TASK_BYTES;
     let tests = crate::folder::read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
@@ -457,6 +460,9 @@ mod tests {
         assert_eq!((h.memory_mib, h.storage_mib, h.verifier_timeout_secs, h.agent_timeout_secs), (Some(2048), Some(10240), 120.0, Some(900.0)));
         assert!(h.allow_internet);
         assert!(matches!(&h.environment, Environment::Dockerfile { .. }));
+        let with_image = task_folder(root.path(), "c-image", "[environment]\ndocker_image = \"reg.lan/app:1\"\n");
+        let task = crate::harbor::load_harbor_dir(&with_image).unwrap();
+        assert!(matches!(&task.harbor.as_ref().unwrap().environment, Environment::Image { reference, dockerfile: Some(_) } if reference == "reg.lan/app:1"), "the Dockerfile is kept for when the image cannot be pulled");
         assert_eq!(old.metadata["difficulty"], "easy");
         assert_eq!(old.tests[0].path, "test.sh");
         assert!(old.solution.as_ref().unwrap().commands[0].contains("bash -c /solution/solve.sh"));

@@ -17,14 +17,26 @@ const DEFAULT_STORAGE_MIB: u64 = 4096;
 /// its commands run with.
 pub(crate) async fn environment(store: &SnapshotStore, forker: &Forker, config: &SuiteConfig, task: &Task) -> Result<(Snapshot, ImageConfig), BuildError> {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
+    match (&harbor.environment, build(store, forker, config, task, &harbor.environment).await) {
+        // As Harbor: a prebuilt image that cannot be had gives way to the task's Dockerfile.
+        (Environment::Image { reference, dockerfile: Some(dockerfile) }, Err(e @ BuildError::Artifacts(_))) => {
+            tracing::warn!(target: "farm::harbor", task = %task.id, "docker_image {reference} could not be pulled ({}); building environment/Dockerfile instead", crate::engine::describe(&e));
+            build(store, forker, config, task, dockerfile).await
+        }
+        (_, built) => built,
+    }
+}
+
+async fn build(store: &SnapshotStore, forker: &Forker, config: &SuiteConfig, task: &Task, environment: &Environment) -> Result<(Snapshot, ImageConfig), BuildError> {
+    let harbor = task.harbor.as_ref().expect("a Harbor task");
     let mut template = TemplateConfig::of_image("");
-    let base_dir = match &harbor.environment {
+    let base_dir = match environment {
         Environment::Dockerfile { dir, .. } => {
             template.dockerfile = Some("Dockerfile".into());
             template.context = Some(".".into());
             dir.clone()
         }
-        Environment::Image { reference } => {
+        Environment::Image { reference, .. } => {
             template.image = format!("registry:{reference}");
             std::path::PathBuf::from(".")
         }
@@ -34,7 +46,7 @@ pub(crate) async fn environment(store: &SnapshotStore, forker: &Forker, config: 
     template.image_size_mib = Some(harbor.storage_mib.unwrap_or(DEFAULT_STORAGE_MIB).clamp(64, 1 << 20));
     template.setup_timeout_secs = harbor.build_timeout_secs.ceil().max(1.0) as u64;
     template.network = config.harbor.build_network.clone();
-    if matches!(harbor.environment, Environment::Dockerfile { .. }) {
+    if matches!(environment, Environment::Dockerfile { .. }) {
         template.build_args = config.harbor.build_args.clone();
     }
     // Harbor's log folders, writable by whoever the agent and the verifier run as.

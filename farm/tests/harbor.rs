@@ -114,6 +114,16 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
         assert_eq!(status, expected, "{task} under fresh_boot");
     }
 
+    // A docker_image that cannot be pulled gives way to the task's Dockerfile, as in Harbor.
+    let fallback = dir.path().join("fallback");
+    std::fs::create_dir_all(&fallback).unwrap();
+    assert!(Command::new("cp").arg("-r").arg(samples.join("hello-file")).arg(fallback.join("hello-fallback")).status().unwrap().success());
+    let toml = fallback.join("hello-fallback/task.toml");
+    let text = std::fs::read_to_string(&toml).unwrap().replace("[environment]\n", "[environment]\ndocker_image = \"registry.farm.test/not-there:1\"\n");
+    std::fs::write(&toml, text).unwrap();
+    let rows = run(&suite(dir.path(), "fallback", &fallback, oracle, "live", &services), &services, store.path());
+    assert_eq!(rows["hello-fallback"].0, "passed");
+
     // Hostile tasks (docs/security.md, "Harbor tasks"): what each mode stops, and what it cannot.
     let hostile = repo().join("configs/data/harbor-hostile");
     let live = run(&suite(dir.path(), "hostile-live", &hostile, oracle, "live", &services), &services, store.path());

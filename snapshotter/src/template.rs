@@ -63,9 +63,9 @@ pub struct Network {
     pub allow: Vec<String>,
 }
 
-/// An allowlist entry that is not `host:port`.
+/// An allowlist entry that is not `host:port` (or `*`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("allow[{index}] = {entry:?} is not host:port (e.g. \"pypi.org:443\")")]
+#[error("allow[{index}] = {entry:?} is not host:port (e.g. \"pypi.org:443\"), or \"*\" for any host")]
 pub struct BadAllowEntry {
     pub index: usize,
     pub entry: String,
@@ -79,7 +79,7 @@ impl Network {
     /// Checks each entry is `host:port`; names the bad one.
     pub fn check(&self) -> Result<(), BadAllowEntry> {
         for (i, entry) in self.allow.iter().enumerate() {
-            let ok = entry.rsplit_once(':').is_some_and(|(host, port)| {
+            let ok = entry == "*" || entry.rsplit_once(':').is_some_and(|(host, port)| {
                 !host.is_empty() && !host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
             if !ok {

@@ -30,9 +30,11 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Whether `host:port` is on the list; the entry `*` allows every host (each attempt is
+    /// still logged).
     pub fn allows(&self, host: &str, port: u16) -> bool {
         let wanted = format!("{}:{port}", host.to_ascii_lowercase());
-        self.allow.iter().any(|a| a.to_ascii_lowercase() == wanted)
+        self.allow.iter().any(|a| a == "*" || a.to_ascii_lowercase() == wanted)
     }
 
     fn report(&self, line: &str) {
@@ -319,6 +321,8 @@ mod tests {
         assert!(policy.allows("pypi.org", 443));
         assert!(!policy.allows("pypi.org", 80));
         assert!(!policy.allows("evil.org", 443));
+        let any = Policy { allow: vec!["*".into()], log: None };
+        assert!(any.allows("evil.org", 443) && any.allows("host.farm.internal", 8080));
     }
 
     #[test]
