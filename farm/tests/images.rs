@@ -92,7 +92,14 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         std::fs::read_dir(cache.join("images")).unwrap().flatten().filter(|e| std::fs::read_to_string(e.path().join("manifest.json")).is_ok_and(|m| m.contains(digest))).count()
     };
     let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("L/index.json")).unwrap()).unwrap();
-    assert_eq!(conversions(index["manifests"][0]["digest"].as_str().unwrap()), 1);
+    let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap();
+    assert_eq!(conversions(manifest_digest), 1);
+    // Its layers are in the blob store that registry pulls share.
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("L/blobs/sha256").join(&manifest_digest[7..])).unwrap()).unwrap();
+    for layer in manifest["layers"].as_array().unwrap() {
+        let hex = &layer["digest"].as_str().unwrap()[7..];
+        assert!(cache.join("oci/blobs/sha256").join(hex).is_file(), "layer {hex} is not in the shared blob store");
+    }
 
     // A suite on the converted image: its template's setup and its rollouts see the image
     // config's Env (and setup its WorkingDir), rollouts run as its User (rollouts.user

@@ -206,6 +206,12 @@ fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Optio
     }
     for (i, layer) in contents.layers.iter().enumerate() {
         unpack::apply_layer(layer, &root).map_err(|source| ConvertError::ApplyLayer { number: i + 1, name: layer.name.clone(), source })?;
+        // Checked against its digest as it was applied: into the blob store the registry
+        // path shares, so an image met as an archive and from a registry is kept once.
+        if contents.pulled.is_none() {
+            let (unpack::LayerDigest::Blob(digest) | unpack::LayerDigest::DiffId(digest)) = &layer.digest;
+            registry::keep_blob(cache, digest, &layer.path);
+        }
     }
     staging::add_farm(&root, agent)?;
 

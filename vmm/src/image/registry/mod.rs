@@ -293,6 +293,29 @@ fn blob_path(store: &Path, digest: &str) -> PathBuf {
     }
 }
 
+/// Keeps a verified blob (a layer of an archive) in the store, linked when it can be, copied
+/// otherwise; best effort (the store is a cache).
+pub(crate) fn keep_blob(cache: &Path, digest: &str, path: &Path) {
+    let dest = blob_path(&store_dir(cache), digest);
+    if check_digest(digest).is_err() || dest.is_file() {
+        return;
+    }
+    let keep = || -> io::Result<()> {
+        let dir = dest.parent().expect("blob paths have a folder");
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join(format!(".keep-{}-{}", std::process::id(), &digest["sha256:".len()..]));
+        // A file of farm's own work folder is linked; a user's (an `oci:` layout) copied, so
+        // a later change to it cannot reach the store.
+        if !path.starts_with(cache) || std::fs::hard_link(path, &tmp).is_err() {
+            std::fs::copy(path, &tmp)?;
+        }
+        std::fs::rename(&tmp, &dest)
+    };
+    if let Err(e) = keep() {
+        tracing::debug!(target: "farm::image", "keeping blob {digest} in the store: {e}");
+    }
+}
+
 fn write_blob(store: &Path, digest: &str, bytes: &[u8]) -> Result<(), PullError> {
     let path = blob_path(store, digest);
     std::fs::create_dir_all(path.parent().expect("blob paths have a folder")).map_err(store_err("creating the store"))?;
