@@ -85,7 +85,7 @@ fn setup_reaches_only_the_allowed_index_and_everything_else_is_refused_at_once()
     std::fs::write(
         &config,
         format!(
-            "[template]\nimage = \"python\"\nsetup = [\n  \"python3 /opt/pip.whl/pip install --no-cache-dir --break-system-packages --index-url http://host.farm.internal:{port}/simple/ farmtestpkg\",\n  \
+            "[template]\nimage = \"python\"\nsetup = [\n  \"python3 /opt/pip.whl/pip install --no-cache-dir --break-system-packages --trusted-host host.farm.internal --index-url http://host.farm.internal:{port}/simple/ farmtestpkg\",\n  \
              \"python3 -c 'import farmtestpkg; assert farmtestpkg.VALUE == 42'\",\n]\n\
              [[template.files]]\nsrc = \"pip.whl\"\ndest = \"/opt/pip.whl\"\n[template.network]\nallow = [\"host.farm.internal:{port}\"]\n"
         ),
