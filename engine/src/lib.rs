@@ -31,6 +31,7 @@ pub mod policy;
 pub mod recorder;
 mod rollout;
 pub mod row;
+pub mod shard;
 pub mod sizing;
 
 pub use action::{observation, Submitted};

@@ -57,6 +57,8 @@ enum Command {
     Bench(cmd::bench::BenchCommand),
     /// Move journal lines that are not records into side files, so a run can resume.
     Repair(cmd::repair::RepairArgs),
+    /// Combine the run folders of a suite's shards (`farm run --shard I/N`) into one run.
+    Merge(cmd::merge::MergeArgs),
 }
 
 fn main() {
@@ -110,6 +112,7 @@ fn main() {
                 Command::Bench(command) => cmd::bench::run(command).await,
                 Command::Report(args) => report::run(args).await,
                 Command::Repair(args) => cmd::repair::run(args).await,
+                Command::Merge(args) => cmd::merge::run(args).await,
             }
         };
         tokio::select! {

@@ -46,6 +46,8 @@ pub enum OutputError {
     HoldsARun(PathBuf),
     #[error("{} was written by a different version of the suite (digest {recorded} vs {now}); resume needs the same suite file", dir.display())]
     OtherSuite { dir: PathBuf, recorded: String, now: String },
+    #[error("{} holds shard {} of the suite, not {}; resume a shard with its own --shard", dir.display(), recorded.map(|s| s.to_string()).unwrap_or_else(|| "none (the whole suite)".into()), now.map(|s| s.to_string()).unwrap_or_else(|| "the whole suite".into()))]
+    OtherShard { dir: PathBuf, recorded: Option<crate::shard::Shard>, now: Option<crate::shard::Shard> },
     #[error(
         "{}: journal.jsonl holds {journal} bytes but the manifest says {in_parts} are already in parts; the output folder was changed by hand: start a new run in another folder",
         dir.display()
@@ -81,6 +83,9 @@ pub struct Manifest {
     pub parts: Vec<PartRecord>,
     /// Bytes of the journal already written into parts.
     pub journal_bytes_in_parts: u64,
+    /// The part of the suite this run holds (`farm run --shard I/N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::shard::Shard>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

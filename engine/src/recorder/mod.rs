@@ -56,6 +56,8 @@ pub struct SummaryInputs {
     pub concurrency: usize,
     /// Wall time of this session's rollouts.
     pub wall: Duration,
+    /// For `farm merge`: the shards the run was made of.
+    pub merged: Option<summary::Merged>,
 }
 
 enum Command {
@@ -241,6 +243,7 @@ fn run_thread(mut writer: OutputWriter, mut requests: Option<(PathBuf, std::fs::
                     let mut value = summary::summary(writer.outcomes(), inputs.samples, inputs.planned);
                     value.provenance = Some(inputs.provenance.clone());
                     value.performance = Some(summary::performance(this_session, inputs.wall, write_time + started.elapsed(), inputs.concurrency));
+                    value.merged = inputs.merged.clone();
                     writer.write_summary(&value).map(|()| value)
                 });
                 let _ = reply.send(result);
@@ -261,7 +264,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rows_are_recorded_in_order_and_read_back_off_the_runtime() {
         let dir = tempfile::tempdir().unwrap();
-        let run = RunIdentity { run_id: "run1".into(), suite_name: "s".into(), suite_digest: "d".into() };
+        let run = RunIdentity { run_id: "run1".into(), suite_name: "s".into(), suite_digest: "d".into(), shard: None };
         let requests = dir.path().join("requests.jsonl");
         let options = RecorderOptions { rows_per_part: 2, resume: false, requests: Some((requests.clone(), 0)) };
         let (recorder, opened) = Recorder::open(dir.path(), run.clone(), options.clone()).await.unwrap();
@@ -278,7 +281,7 @@ mod tests {
         assert_eq!(recorder.read_lines(0, 10, 1).await.unwrap().len(), 1, "at least one row, whatever the byte cap");
         recorder.journal_request(&serde_json::json!({"kind": "test"})).await.unwrap();
         let provenance = summary::Provenance { host: "h".into(), ..Default::default() };
-        let inputs = SummaryInputs { samples: 1, planned: 3, provenance, concurrency: 1, wall: Duration::from_secs(1) };
+        let inputs = SummaryInputs { samples: 1, planned: 3, provenance, concurrency: 1, wall: Duration::from_secs(1), merged: None };
         let summary = recorder.summarise(inputs).await.unwrap();
         assert_eq!((summary.finished, summary.provenance.unwrap().host.as_str()), (3, "h"));
         assert_eq!(summary.performance.unwrap().rollouts, 3);

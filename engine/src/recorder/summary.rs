@@ -27,6 +27,32 @@ pub struct Summary {
     /// This session's speed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub performance: Option<Performance>,
+    /// A run `farm merge` made from shards: each shard's provenance and speed, and what was
+    /// missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged: Option<Merged>,
+}
+
+/// The shards a merged run was made of.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Merged {
+    pub shards: Vec<MergedShard>,
+    /// Shards of the suite not given to the merge (`--allow-partial`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_shards: Vec<u32>,
+    /// Shards whose run did not record every rollout it planned (`--allow-partial`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unfinished: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergedShard {
+    pub shard: crate::shard::Shard,
+    pub dir: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub performance: Option<Performance>,
 }
 
 /// Counts, mean reward and pass@k of some rows: the run's, or one task's.
@@ -65,6 +91,9 @@ pub struct Provenance {
     /// reference an override replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pulled: Option<vmm::image::registry::Pulled>,
+    /// The part of the suite the run holds (`farm run --shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::shard::Shard>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -152,7 +181,7 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> Summary {
     let all: Vec<&Outcome> = rows.iter().collect();
     let avg = |m: &BTreeMap<u32, Vec<f64>>| -> BTreeMap<String, f64> { m.iter().map(|(k, v)| (k.to_string(), v.iter().sum::<f64>() / v.len() as f64)).collect() };
     let totals = Totals { counts: counts(&all), trust: trust(&all), mean_reward: mean_reward(&all), pass_at_k: avg(&pass_at), pass_hat_k: avg(&pass_hat) };
-    Summary { planned, finished: rows.len(), totals, tasks, provenance: None, performance: None }
+    Summary { planned, finished: rows.len(), totals, tasks, provenance: None, performance: None, merged: None }
 }
 
 /// Unbiased pass@k: 1 - C(n-c, k) / C(n, k).

@@ -35,6 +35,8 @@ pub struct RunIdentity {
     pub run_id: String,
     pub suite_name: String,
     pub suite_digest: String,
+    /// The part of the suite the run holds (None: all of it).
+    pub shard: Option<crate::shard::Shard>,
 }
 
 impl OutputWriter {
@@ -52,6 +54,9 @@ impl OutputWriter {
                 let short = |d: &str| d[..12.min(d.len())].to_string();
                 return Err(OutputError::OtherSuite { dir: dir.to_path_buf(), recorded: short(&m.suite_digest), now: short(&run.suite_digest) });
             }
+            if m.shard != run.shard {
+                return Err(OutputError::OtherShard { dir: dir.to_path_buf(), recorded: m.shard, now: run.shard });
+            }
             m
         } else {
             Manifest {
@@ -61,6 +66,7 @@ impl OutputWriter {
                 suite_digest: run.suite_digest.clone(),
                 parts: Vec::new(),
                 journal_bytes_in_parts: 0,
+                shard: run.shard,
             }
         };
         let journal_path = dir.join("journal.jsonl");
@@ -200,7 +206,7 @@ mod tests {
     use crate::recorder::summary::tests::row;
 
     fn run(id: &str, digest: &str) -> RunIdentity {
-        RunIdentity { run_id: id.into(), suite_name: "s".into(), suite_digest: digest.into() }
+        RunIdentity { run_id: id.into(), suite_name: "s".into(), suite_digest: digest.into(), shard: None }
     }
 
     #[test]

@@ -373,7 +373,7 @@ where
 async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
     use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
     use engine::row::{Row, Status, Step, StepKind, Timings};
-    let identity = RunIdentity { run_id: "run-synthetic".into(), suite_name: "synthetic".into(), suite_digest: "synthetic".into() };
+    let identity = RunIdentity { run_id: "run-synthetic".into(), suite_name: "synthetic".into(), suite_digest: "synthetic".into(), shard: None };
     let (recorder, _) = Recorder::open(&args.out, identity, RecorderOptions { rows_per_part: 10_000, resume: false, requests: None }).await?;
     let samples = (args.rows / args.tasks.max(1)).max(1) as u32;
     for i in 0..args.rows {

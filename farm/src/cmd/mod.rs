@@ -1,6 +1,7 @@
 //! Subcommands.
 
 pub mod bench;
+pub mod merge;
 pub mod repair;
 pub mod snapshot;
 pub mod template;

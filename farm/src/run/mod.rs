@@ -14,6 +14,7 @@ use engine::config::{Count, PolicyOrigin, Suite};
 use engine::recorder::summary::Provenance;
 use engine::recorder::{Opened, Recorder, RecorderOptions, RunIdentity, SummaryInputs};
 use engine::row::{plan_key, Row, Status};
+use engine::shard::Shard;
 use engine::sizing::{self, Counts};
 use engine::{Engine, Planned, Policy};
 use sha2::{Digest, Sha256};
@@ -44,6 +45,15 @@ pub struct RunArgs {
     /// 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Run only the I-th of N parts of the suite (0-based: 0/4 to 3/4), split by task and
+    /// balanced by planned rollouts; `auto` takes I and N from a Slurm job array or a
+    /// Kubernetes Indexed Job. `farm merge` puts the parts' folders together.
+    #[arg(long, value_name = "I/N|auto")]
+    pub shard: Option<String>,
+    /// With `--shard auto` under a Kubernetes Indexed Job: how many shards (default: the
+    /// FARM_SHARDS variable).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub shards: Option<u32>,
 }
 
 impl RunArgs {
@@ -56,11 +66,21 @@ impl RunArgs {
         let out = self.out.clone().unwrap_or_else(|| suite.resolve(&suite.config.output.dir));
         Ok((suite, out))
     }
+
+    /// The part of the suite to run (`--shard`), None for all of it.
+    fn shard(&self) -> Result<Option<Shard>, engine::shard::ShardError> {
+        match self.shard.as_deref() {
+            None => Ok(None),
+            Some("auto") => Shard::from_env(&|k| std::env::var(k).ok(), self.shards).map(Some),
+            Some(spec) => Shard::parse(spec).map(Some),
+        }
+    }
 }
 
 /// The life of a suite: load → plan → prepare snapshots → run → summarise.
 pub async fn run(args: RunArgs) -> Result<i32> {
     let (suite, out) = args.suite()?;
+    let shard = args.shard()?;
     if let Some(addr) = args.metrics_listen {
         tracing::info!("metrics on http://{}/metrics", crate::metrics_http::serve(addr).await?);
     }
@@ -68,13 +88,13 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let policy = Arc::new(Policy::build(&suite, &suite.config.policy, PolicyOrigin::Suite)?);
     let counts = sizing::resolve(suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool, policy.live_requests(), suite.config.template.memory_mib, &sizing::Host::probe());
     // The recorder first: a run that cannot record must not start.
-    let identity = RunIdentity { run_id: new_run_id(), suite_name: suite.config.suite.name.clone(), suite_digest: suite.digest.clone() };
+    let identity = RunIdentity { run_id: new_run_id(), suite_name: suite.config.suite.name.clone(), suite_digest: suite.digest.clone(), shard };
     let options = RecorderOptions { rows_per_part: suite.config.output.rows_per_part, resume: args.resume, requests: None };
     let (recorder, opened) = Recorder::open(&out, identity, options).await?;
     refuse_changed_tasks(&suite, &tasks, &opened)?;
     let mut signals = Signals::new()?;
     let prepared = tokio::select! {
-        prepared = prepare(&suite, &args, recorder.run_id(), &tasks, &policy, &opened, &counts) => prepared?,
+        prepared = prepare(&suite, &args, shard, recorder.run_id(), &tasks, &policy, &opened, &counts) => prepared?,
         code = signals.recv() => {
             tracing::info!("interrupted while preparing snapshots; nothing ran");
             return Ok(code);
@@ -83,7 +103,7 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     let (engine, todo, planned) = prepared;
     let started = Instant::now();
     let interrupted = run_rollouts(engine.clone(), counts.concurrency, todo, &recorder, &mut signals, &args.suite).await?;
-    let inputs = SummaryInputs { samples: suite.config.rollouts.samples, planned, provenance: provenance(&engine), concurrency: counts.concurrency, wall: started.elapsed() };
+    let inputs = SummaryInputs { samples: suite.config.rollouts.samples, planned, provenance: Provenance { shard, ..provenance(&engine) }, concurrency: counts.concurrency, wall: started.elapsed(), merged: None };
     let summary = recorder.summarise(inputs).await?;
     tracing::info!(
         "{} of {planned} rollouts recorded: {} passed, {} failed, {} timeout, {} env_error; mean reward {}; summary in {}",
@@ -114,10 +134,25 @@ fn refuse_changed_tasks(suite: &Suite, tasks: &[Arc<Task>], opened: &Opened) -> 
 /// Plan and prepare: the template snapshot, the rollouts still to run, then a snapshot per
 /// task that has files or setup, and the warm pool. Returns the engine, the rollouts to run
 /// and how many the whole run plans.
-async fn prepare(suite: &Suite, args: &RunArgs, run_id: &str, tasks: &[Arc<Task>], policy: &Arc<Policy>, opened: &Opened, counts: &Counts) -> Result<(Arc<Engine>, Vec<Planned>, usize)> {
+#[allow(clippy::too_many_arguments)]
+async fn prepare(suite: &Suite, args: &RunArgs, shard: Option<Shard>, run_id: &str, tasks: &[Arc<Task>], policy: &Arc<Policy>, opened: &Opened, counts: &Counts) -> Result<(Arc<Engine>, Vec<Planned>, usize)> {
     let progress = |line: &str| tracing::info!("template: {line}");
     let mut engine = Engine::start(suite, args.accel, run_id, &progress).await?;
     let mut plan = engine.plan(tasks, policy, suite.config.rollouts.samples);
+    if let Some(shard) = shard {
+        let mut per_task = BTreeMap::new();
+        for p in &plan {
+            *per_task.entry(p.task.id.clone()).or_insert(0usize) += 1;
+        }
+        let mine = shard.tasks(&per_task);
+        let all = plan.len();
+        plan.retain(|p| mine.contains(&p.task.id));
+        if mine.is_empty() {
+            tracing::info!("shard {shard} has no task ({} tasks for {} shards): its run is empty", per_task.len(), shard.count);
+        } else {
+            tracing::info!("shard {shard}: {} of {} tasks, {} of {all} rollouts", mine.len(), per_task.len(), plan.len());
+        }
+    }
     let planned = plan.len();
     plan.retain(|p| !opened.done.contains(&plan_key(&p.task.id, p.sample)));
     tracing::info!("suite {} ({} tasks, {planned} rollouts planned, {} already done)", suite.config.suite.name, tasks.len(), planned - plan.len());
@@ -189,6 +224,7 @@ fn provenance(engine: &Engine) -> Provenance {
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         template_snapshot: engine.template.id().to_string(),
         image_pulled: engine.image_pulled.clone(),
+        shard: None,
     }
 }
 

@@ -138,7 +138,7 @@ impl Service {
         let path = requests_path.clone();
         let (records, good_len) = tokio::task::spawn_blocking(move || read_records(&path)).await??;
         // Restarts continue the same output; the service is not tied to one suite version.
-        let identity = RunIdentity { run_id: crate::run::new_run_id(), suite_name: "farm-serve".into(), suite_digest: "farm-serve".into() };
+        let identity = RunIdentity { run_id: crate::run::new_run_id(), suite_name: "farm-serve".into(), suite_digest: "farm-serve".into(), shard: None };
         let rows_per_part = suites.first().map(|s| s.config.output.rows_per_part).unwrap_or(256);
         let options = RecorderOptions { rows_per_part, resume: true, requests: Some((requests_path, good_len)) };
         let (recorder, opened) = Recorder::open(out, identity, options).await?;

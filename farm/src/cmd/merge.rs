@@ -1,0 +1,140 @@
+//! `farm merge OUT SHARD_DIR...`: the run folders of a suite's shards (`farm run --shard I/N`)
+//! into one run folder that every reader understands. Rows are copied through the same
+//! recorder that wrote them; the summary and pass@k are computed again from all of them, as
+//! a single run of the suite would have them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use engine::recorder::files::Manifest;
+use engine::recorder::summary::{Merged, MergedShard, Provenance, Summary};
+use engine::recorder::{Recorder, RecorderOptions, RunIdentity, SummaryInputs};
+use engine::row::Row;
+use engine::shard::Shard;
+
+#[derive(Args)]
+pub struct MergeArgs {
+    /// The merged run folder (it must not hold a run yet).
+    out: PathBuf,
+    /// The shards' run folders.
+    #[arg(required = true)]
+    shards: Vec<PathBuf>,
+    /// Merge even when shards are missing or did not finish; the summary lists what is
+    /// missing (`merged.missing_shards`, `merged.unfinished`).
+    #[arg(long)]
+    allow_partial: bool,
+}
+
+/// One shard's folder, as read.
+struct ShardRun {
+    dir: PathBuf,
+    shard: Shard,
+    manifest: Manifest,
+    summary: Option<Summary>,
+}
+
+fn read_shard(dir: &Path) -> Result<ShardRun> {
+    let manifest = Manifest::load(dir)?;
+    let Some(shard) = manifest.shard else {
+        bail!("{} is not a shard: it was not run with --shard I/N", dir.display());
+    };
+    let summary = match std::fs::read_to_string(dir.join("summary.json")) {
+        Ok(text) => Some(serde_json::from_str(&text).with_context(|| format!("{}: summary.json is not a farm summary", dir.display()))?),
+        Err(_) => None,
+    };
+    Ok(ShardRun { dir: dir.to_path_buf(), shard, manifest, summary })
+}
+
+pub async fn run(args: MergeArgs) -> Result<i32> {
+    let mut shards = args.shards.iter().map(|d| read_shard(d)).collect::<Result<Vec<_>>>()?;
+    shards.sort_by_key(|s| s.shard.index);
+    let first = &shards[0];
+    let mut seen: HashMap<u32, &Path> = HashMap::new();
+    for s in &shards {
+        if s.manifest.suite_digest != first.manifest.suite_digest {
+            bail!("{} is a shard of another suite than {} (suite digest {} vs {})", s.dir.display(), first.dir.display(), &s.manifest.suite_digest[..12.min(s.manifest.suite_digest.len())], &first.manifest.suite_digest[..12.min(first.manifest.suite_digest.len())]);
+        }
+        if s.shard.count != first.shard.count {
+            bail!("{} is shard {} but {} is shard {}: the shards of one run share N", s.dir.display(), s.shard, first.dir.display(), first.shard);
+        }
+        if let Some(other) = seen.insert(s.shard.index, &s.dir) {
+            bail!("{} and {} are both shard {}", other.display(), s.dir.display(), s.shard);
+        }
+    }
+    let count = first.shard.count;
+    let missing_shards: Vec<u32> = (0..count).filter(|i| !seen.contains_key(i)).collect();
+    let unfinished: Vec<String> = shards
+        .iter()
+        .filter_map(|s| match &s.summary {
+            None => Some(format!("shard {} ({}): no summary.json, the run did not end", s.shard, s.dir.display())),
+            Some(sum) if sum.finished < sum.planned => Some(format!("shard {} ({}): {} of {} rollouts recorded", s.shard, s.dir.display(), sum.finished, sum.planned)),
+            Some(_) => None,
+        })
+        .collect();
+    if !args.allow_partial && (!missing_shards.is_empty() || !unfinished.is_empty()) {
+        let mut text = String::from("the shards are not complete (merge anyway with --allow-partial):");
+        if !missing_shards.is_empty() {
+            text.push_str(&format!("\n  missing shards: {}", missing_shards.iter().map(|i| format!("{i}/{count}")).collect::<Vec<_>>().join(", ")));
+        }
+        for u in &unfinished {
+            text.push_str(&format!("\n  {u}"));
+        }
+        bail!("{text}");
+    }
+
+    let identity = RunIdentity { run_id: crate::run::new_run_id(), suite_name: first.manifest.suite_name.clone(), suite_digest: first.manifest.suite_digest.clone(), shard: None };
+    let options = RecorderOptions { rows_per_part: 4096, resume: false, requests: None };
+    let (recorder, _) = Recorder::open(&args.out, identity, options).await.with_context(|| format!("opening {}", args.out.display()))?;
+    let mut owner: HashMap<String, u32> = HashMap::new();
+    for s in &shards {
+        // Rows stream from a blocking reader, a batch at a time: memory does not grow with
+        // the run.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Row>(1024);
+        let dir = s.dir.clone();
+        let reader = tokio::task::spawn_blocking(move || engine::recorder::files::read_rows::<engine::recorder::OutputError>(&dir, |row| tx.blocking_send(row).map_err(|_| engine::recorder::OutputError::Io { what: "merging", path: PathBuf::from("the merged run"), source: std::io::Error::other("the merge stopped") })));
+        while let Some(row) = rx.recv().await {
+            if let Some(other) = owner.insert(row.key(), s.shard.index) {
+                bail!("task {:?} sample {} is in shard {other}/{count} and in shard {} ({}): the shards overlap", row.task_id, row.sample_index, s.shard, s.dir.display());
+            }
+            recorder.append(row).await?;
+        }
+        reader.await??;
+    }
+    let summaries: Vec<&Summary> = shards.iter().filter_map(|s| s.summary.as_ref()).collect();
+    let samples = summaries.iter().flat_map(|s| s.totals.pass_at_k.keys()).filter_map(|k| k.parse::<u32>().ok()).max().unwrap_or(1);
+    let merged = Merged {
+        shards: shards
+            .iter()
+            .map(|s| MergedShard {
+                shard: s.shard,
+                dir: s.dir.display().to_string(),
+                provenance: s.summary.as_ref().and_then(|sum| sum.provenance.clone()),
+                performance: s.summary.as_ref().and_then(|sum| sum.performance.clone()),
+            })
+            .collect(),
+        missing_shards,
+        unfinished,
+    };
+    let wall = summaries.iter().filter_map(|s| s.performance.as_ref()).map(|p| p.wall_secs).fold(0.0, f64::max);
+    let inputs = SummaryInputs {
+        samples,
+        planned: summaries.iter().map(|s| s.planned).sum(),
+        provenance: Provenance { farm_version: env!("CARGO_PKG_VERSION").to_string(), ..Default::default() },
+        concurrency: summaries.iter().filter_map(|s| s.performance.as_ref()).map(|p| p.concurrency).sum(),
+        wall: Duration::from_secs_f64(wall),
+        merged: Some(merged),
+    };
+    let summary = recorder.summarise(inputs).await?;
+    let by_status: BTreeMap<&String, &usize> = summary.totals.counts.iter().collect();
+    crate::outln!(
+        "merged {} shard(s) of {count} into {}: {} rows ({})",
+        shards.len(),
+        args.out.display(),
+        summary.finished,
+        by_status.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
+    );
+    Ok(0)
+}
