@@ -34,7 +34,7 @@ pub enum ShardError {
     NoEngine,
     #[error("--shard auto: {var} = {value:?} is not a number")]
     Env { var: &'static str, value: String },
-    #[error("--shard auto under a Kubernetes Indexed Job needs the number of shards: --shards N, or FARM_SHARDS (the Job's completions)")]
+    #[error("--shard auto needs the number of shards: --shards N, or FARM_SHARDS (a Kubernetes Job's completions)")]
     NoCount,
     #[error("--shard auto: index {index} is not below the {count} shards")]
     Range { index: u32, count: u32 },
@@ -52,10 +52,12 @@ impl Shard {
         Ok(Shard { index, count })
     }
 
-    /// The shard of the engine this process runs under: a Slurm job array
-    /// (`SLURM_ARRAY_TASK_ID` less `SLURM_ARRAY_TASK_MIN`, of `SLURM_ARRAY_TASK_COUNT` or
-    /// `MAX - MIN + 1`), or a Kubernetes Indexed Job (`JOB_COMPLETION_INDEX`, of `shards` or
-    /// `FARM_SHARDS`).
+    /// The shard of the engine this process runs under.
+    /// - A Slurm job array: with N given (`shards`, else `FARM_SHARDS`), shard
+    ///   `SLURM_ARRAY_TASK_ID` of N, so a 0..N-1 array's index resubmitted alone keeps its
+    ///   number; without, `SLURM_ARRAY_TASK_ID` less `SLURM_ARRAY_TASK_MIN`, of
+    ///   `SLURM_ARRAY_TASK_COUNT` (or `MAX - MIN + 1`).
+    /// - A Kubernetes Indexed Job: `JOB_COMPLETION_INDEX` of N (`shards`, else `FARM_SHARDS`).
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>, shards: Option<u32>) -> Result<Shard, ShardError> {
         let number = |var: &'static str| -> Result<Option<u32>, ShardError> {
             match env(var) {
@@ -63,20 +65,27 @@ impl Shard {
                 Some(value) => value.trim().parse().map(Some).map_err(|_| ShardError::Env { var, value }),
             }
         };
+        let explicit = match shards {
+            Some(n) => Some(n),
+            None => number("FARM_SHARDS")?,
+        };
         let (index, count) = if let Some(id) = number("SLURM_ARRAY_TASK_ID")? {
-            let min = number("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
-            let count = match (number("SLURM_ARRAY_TASK_COUNT")?, number("SLURM_ARRAY_TASK_MAX")?) {
-                (Some(c), _) => c,
-                (None, Some(max)) => max.saturating_sub(min) + 1,
-                (None, None) => shards.ok_or(ShardError::NoCount)?,
-            };
-            (id.saturating_sub(min), count)
+            match explicit {
+                // An array numbered 0..N-1: one index resubmitted alone (`--array=2`) keeps
+                // its number.
+                Some(n) => (id, n),
+                None => {
+                    let min = number("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+                    let count = match (number("SLURM_ARRAY_TASK_COUNT")?, number("SLURM_ARRAY_TASK_MAX")?) {
+                        (Some(c), _) => c,
+                        (None, Some(max)) => max.saturating_sub(min) + 1,
+                        (None, None) => return Err(ShardError::NoCount),
+                    };
+                    (id.saturating_sub(min), count)
+                }
+            }
         } else if let Some(index) = number("JOB_COMPLETION_INDEX")? {
-            let count = match shards {
-                Some(n) => n,
-                None => number("FARM_SHARDS")?.ok_or(ShardError::NoCount)?,
-            };
-            (index, count)
+            (index, explicit.ok_or(ShardError::NoCount)?)
         } else {
             return Err(ShardError::NoEngine);
         };
@@ -122,6 +131,9 @@ mod tests {
         assert_eq!(Shard::from_env(&env(&[]), None), Err(ShardError::NoEngine));
         assert_eq!(Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "5")]), Some(4)), Err(ShardError::Range { index: 5, count: 4 }));
         assert!(matches!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "x")]), None), Err(ShardError::Env { .. })));
+        // N given: the array index is the shard, even when resubmitted alone.
+        assert_eq!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "2"), ("SLURM_ARRAY_TASK_MIN", "2"), ("SLURM_ARRAY_TASK_COUNT", "1")]), Some(3)).unwrap(), Shard { index: 2, count: 3 });
+        assert_eq!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "2"), ("FARM_SHARDS", "3")]), None).unwrap(), Shard { index: 2, count: 3 });
     }
 
     #[test]

@@ -62,3 +62,36 @@ fn bad_template_configs_name_the_key() {
     assert!(!out.status.success());
     assert!(text(&out).contains("cpu") && text(&out).contains("t.toml"), "{}", text(&out));
 }
+
+/// Two processes building the same template into one store at once (shards starting together
+/// on nodes that share a cache): one builds, the other waits for it and reuses its snapshot,
+/// and the store holds that one snapshot and nothing half-made.
+#[test]
+fn two_processes_racing_on_one_store_build_the_template_once() {
+    let store = tempfile::tempdir().unwrap();
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("t.toml");
+    std::fs::write(&config, "[template]\nimage = \"minimal\"\nsetup = [\"echo raced > /workspace/raced\"]\n").unwrap();
+    let start = || {
+        Command::new(env!("CARGO_BIN_EXE_farm"))
+            .env("FARM_SNAPSHOT_DIR", store.path())
+            .args(["template", "build", config.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let outputs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    for o in &outputs {
+        assert!(o.status.success(), "{}", text(o));
+    }
+    let texts: Vec<String> = outputs.iter().map(text).collect();
+    let built = texts.iter().filter(|t| t.contains("built snapshot")).count();
+    let reused = texts.iter().filter(|t| t.contains("reused existing snapshot")).count();
+    assert_eq!((built, reused), (1, 1), "{texts:#?}");
+    let names: Vec<String> = std::fs::read_dir(store.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    assert_eq!(names.len(), 1, "one snapshot and no staging folder or lock left: {names:?}");
+    let verify = farm(store.path(), &["snapshot", "verify", &names[0]]);
+    assert!(verify.status.success(), "{}", text(&verify));
+}

@@ -162,10 +162,19 @@ pub async fn build_template_with(
         digest = hex(&h.finalize());
     }
     let id = template_snapshot_id(&digest, &artifacts, forker);
-    match store.get(&id) {
-        Ok(existing) if existing.check_files().is_ok() => return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled, image_config: None }),
-        Ok(_) => progress(&format!("snapshot {id} is damaged; rebuilding it")),
-        Err(_) => {}
+    let reuse = |store: &SnapshotStore| match store.get(&id) {
+        Ok(existing) if existing.check_files().is_ok() => Some(existing),
+        _ => None,
+    };
+    if let Some(existing) = reuse(store) {
+        return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled, image_config: None });
+    }
+    let _lock = store.lock_build(&id, progress).await?;
+    if let Some(existing) = reuse(store) {
+        return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled, image_config: None });
+    }
+    if store.path_of(&id).exists() {
+        progress(&format!("snapshot {id} is damaged or incomplete; rebuilding it"));
     }
     let staging = store.staging_dir(label)?;
     let result = build_into(&staging, &id, store, forker, template, base_dir, label, &artifacts, &digest, extras, progress).await;
@@ -424,10 +433,13 @@ pub async fn snapshot_fork(
         h.update(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0).to_le_bytes());
         format!("c-{}", &hex(&h.finalize())[..20])
     });
-    if let Ok(existing) = store.get(&id) {
-        if existing.check_files().is_ok() {
-            return Ok(existing);
-        }
+    let reuse = || store.get(&id).ok().filter(|existing| existing.check_files().is_ok());
+    if let Some(existing) = reuse() {
+        return Ok(existing);
+    }
+    let _lock = store.lock_build(&id, &|line| tracing::info!("{line}")).await?;
+    if let Some(existing) = reuse() {
+        return Ok(existing);
     }
     let staging = store.staging_dir(label)?;
     let result = snapshot_fork_into(&staging, store, forker, parent, fork, label, &id).await;

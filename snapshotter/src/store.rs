@@ -11,7 +11,12 @@
 //!     overlay.qcow2   an empty overlay over disk.qcow2, copied for each fork
 //!     console.log     the serial console up to the snapshot
 //!   .staging-*/       snapshots being built (removed on failure or by gc)
+//!   .lock-<id>        held (flock) while a process builds <id>; removed when it is done
 //! ```
+//!
+//! Processes that share a store (shards on one machine, nodes on a shared file system) build
+//! each id once: the first takes the id's lock, the others wait for it and then reuse the
+//! snapshot it published. A process that dies holding the lock loses it with its descriptors.
 //!
 //! A snapshot is complete when its `manifest.json` exists: it is written last, by rename.
 //! After that every file is read-only (mode 0444) and never changes: a MAP_PRIVATE mapping
@@ -192,6 +197,21 @@ pub struct SnapshotStore {
     root: PathBuf,
 }
 
+/// The right to build one snapshot id in a store; see [`SnapshotStore::lock_build`].
+pub struct BuildLock {
+    path: PathBuf,
+    lock: Option<nix::fcntl::Flock<std::fs::File>>,
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        // Unlinked while still held: a waiter that opened the old file sees it unlinked once
+        // it gets the lock, and opens the path again.
+        let _ = std::fs::remove_file(&self.path);
+        drop(self.lock.take());
+    }
+}
+
 impl SnapshotStore {
     pub fn new(root: PathBuf) -> SnapshotStore {
         SnapshotStore { root }
@@ -323,6 +343,40 @@ impl SnapshotStore {
         Ok(removed)
     }
 
+    /// Waits until this process alone may build `id` in the store (an exclusive `flock` on
+    /// `.lock-<id>`, which works across machines where the shared file system supports
+    /// it: NFS v4, Lustre mounted with `flock`). `waiting` is told once if another process
+    /// holds it. The caller checks again for the snapshot once it has the lock.
+    pub async fn lock_build(&self, id: &str, waiting: &(dyn Fn(&str) + Sync)) -> Result<BuildLock, SnapshotError> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::create_dir_all(&self.root).map_err(io_err(format!("creating {}", self.root.display())))?;
+        let path = self.root.join(format!(".lock-{id}"));
+        let mut told = false;
+        loop {
+            let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err(format!("opening {}", path.display())))?;
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => {
+                    // The holder before us may have unlinked the file we locked.
+                    let same = match (lock.metadata(), std::fs::metadata(&path)) {
+                        (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
+                        _ => false,
+                    };
+                    if same {
+                        return Ok(BuildLock { path, lock: Some(lock) });
+                    }
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    if !told {
+                        waiting(&format!("another process is building snapshot {id}; waiting for it"));
+                        told = true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err((_, errno)) => return Err(SnapshotError::Io { what: format!("locking {}", path.display()), source: errno.into() }),
+            }
+        }
+    }
+
     /// A fresh staging folder for a snapshot being built.
     pub fn staging_dir(&self, label: &str) -> Result<PathBuf, SnapshotError> {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -366,7 +420,9 @@ impl SnapshotStore {
             }
             set_mode(&entry.path(), 0o444)?;
         }
-        let _ = remove_tree(&final_dir); // an incomplete leftover under the same id
+        // An incomplete leftover under the same id (callers hold the id's build lock, so
+        // no one else is publishing it now).
+        let _ = remove_tree(&final_dir);
         std::fs::rename(staging, &final_dir).map_err(io_err(format!("renaming into {}", final_dir.display())))?;
         Ok(Snapshot { dir: final_dir, manifest })
     }
