@@ -85,23 +85,49 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
         bail!("{text}");
     }
 
+    // The merge is written beside OUT and renamed into place when complete: a merge that
+    // stops (an overlap found late, a full disk, Ctrl-C) leaves no half-merged run.
+    if std::fs::read_dir(&args.out).is_ok_and(|mut entries| entries.next().is_some()) {
+        bail!("{} is not empty: farm merge writes a new run folder", args.out.display());
+    }
+    let parent = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = args.out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "merged".into());
+    let staging = tempfile::Builder::new().prefix(&format!(".{name}.merging-")).tempdir_in(parent).with_context(|| format!("creating a staging folder in {}", parent.display()))?;
+    let summary = write_merged(staging.path(), first, &shards, count, missing_shards, unfinished).await?;
+    let _ = std::fs::remove_dir(&args.out); // empty, checked above
+    std::fs::rename(staging.path(), &args.out).with_context(|| format!("moving the merged run into {}", args.out.display()))?;
+    std::mem::forget(staging); // renamed: nothing left to remove
+    let by_status: BTreeMap<&String, &usize> = summary.totals.counts.iter().collect();
+    crate::outln!(
+        "merged {} shard(s) of {count} into {}: {} rows ({})",
+        shards.len(),
+        args.out.display(),
+        summary.finished,
+        by_status.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
+    );
+    Ok(0)
+}
+
+/// Copies every shard's rows into a new run in `dir` and writes its summary.
+async fn write_merged(dir: &Path, first: &ShardRun, shards: &[ShardRun], count: u32, missing_shards: Vec<u32>, unfinished: Vec<String>) -> Result<Summary> {
     let identity = RunIdentity { run_id: crate::run::new_run_id(), suite_name: first.manifest.suite_name.clone(), suite_digest: first.manifest.suite_digest.clone(), shard: None };
     let options = RecorderOptions { rows_per_part: 4096, resume: false, requests: None };
-    let (recorder, _) = Recorder::open(&args.out, identity, options).await.with_context(|| format!("opening {}", args.out.display()))?;
+    let (recorder, _) = Recorder::open(dir, identity, options).await?;
     let mut owner: HashMap<String, u32> = HashMap::new();
-    for s in &shards {
+    for s in shards {
         // Rows stream from a blocking reader, a batch at a time: memory does not grow with
         // the run.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Row>(1024);
-        let dir = s.dir.clone();
-        let reader = tokio::task::spawn_blocking(move || engine::recorder::files::read_rows::<engine::recorder::OutputError>(&dir, |row| tx.blocking_send(row).map_err(|_| engine::recorder::OutputError::Io { what: "merging", path: PathBuf::from("the merged run"), source: std::io::Error::other("the merge stopped") })));
+        let shard_dir = s.dir.clone();
+        let reader = tokio::task::spawn_blocking(move || engine::recorder::files::read_rows::<engine::recorder::OutputError>(&shard_dir, |row| tx.blocking_send(row).map_err(|_| engine::recorder::OutputError::Io { what: "merging", path: PathBuf::from("the merged run"), source: std::io::Error::other("the merge stopped") })));
         while let Some(row) = rx.recv().await {
             if let Some(other) = owner.insert(row.key(), s.shard.index) {
                 bail!("task {:?} sample {} is in shard {other}/{count} and in shard {} ({}): the shards overlap", row.task_id, row.sample_index, s.shard, s.dir.display());
             }
             recorder.append(row).await?;
         }
-        reader.await??;
+        reader.await?.with_context(|| format!("reading the rows of {}", s.dir.display()))?;
     }
     let summaries: Vec<&Summary> = shards.iter().filter_map(|s| s.summary.as_ref()).collect();
     let samples = summaries.iter().flat_map(|s| s.totals.pass_at_k.keys()).filter_map(|k| k.parse::<u32>().ok()).max().unwrap_or(1);
@@ -119,22 +145,29 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
         unfinished,
     };
     let wall = summaries.iter().filter_map(|s| s.performance.as_ref()).map(|p| p.wall_secs).fold(0.0, f64::max);
+    let provenances: Vec<&Provenance> = summaries.iter().filter_map(|s| s.provenance.as_ref()).collect();
+    let distinct = |field: fn(&Provenance) -> &str| -> String {
+        let mut values: Vec<&str> = provenances.iter().map(|p| field(p)).filter(|v| !v.is_empty()).collect();
+        values.sort();
+        values.dedup();
+        values.join(", ")
+    };
+    let provenance = Provenance {
+        host: distinct(|p| &p.host),
+        farm_version: distinct(|p| &p.farm_version),
+        accel: distinct(|p| &p.accel),
+        cores: provenances.iter().map(|p| p.cores).sum(),
+        template_snapshot: distinct(|p| &p.template_snapshot),
+        image_pulled: provenances.iter().find_map(|p| p.image_pulled.clone()),
+        shard: None,
+    };
     let inputs = SummaryInputs {
         samples,
         planned: summaries.iter().map(|s| s.planned).sum(),
-        provenance: Provenance { farm_version: env!("CARGO_PKG_VERSION").to_string(), ..Default::default() },
+        provenance,
         concurrency: summaries.iter().filter_map(|s| s.performance.as_ref()).map(|p| p.concurrency).sum(),
         wall: Duration::from_secs_f64(wall),
         merged: Some(merged),
     };
-    let summary = recorder.summarise(inputs).await?;
-    let by_status: BTreeMap<&String, &usize> = summary.totals.counts.iter().collect();
-    crate::outln!(
-        "merged {} shard(s) of {count} into {}: {} rows ({})",
-        shards.len(),
-        args.out.display(),
-        summary.finished,
-        by_status.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
-    );
-    Ok(0)
+    Ok(recorder.summarise(inputs).await?)
 }
