@@ -39,6 +39,8 @@ PACKAGES=(
   skopeo umoci   # the image tests build OCI and Docker archives with them
   dpkg-dev   # dpkg-scanpackages: the Harbor tasks' local Debian repository
   docker-registry apache2-utils   # the registry tests run the reference registry (htpasswd for auth)
+  slurm-wlm munge   # the scale-out test starts a single-node Slurm (scripts/slurm/local-cluster.sh)
+  python3-yaml   # the scale-out test reads the Kubernetes manifests (deploy/k8s)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -227,3 +227,194 @@ fn a_shard_without_tasks_is_an_empty_run_and_ten_shards_still_merge() {
     assert!(o.status.success(), "{}", text(&o));
     assert_equals_single_run(&merged);
 }
+
+/// A single-node Slurm (scripts/slurm/local-cluster.sh), stopped when dropped.
+struct Slurm {
+    dir: tempfile::TempDir,
+}
+
+impl Slurm {
+    fn start() -> Slurm {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Command::new("bash").arg(repo().join("scripts/slurm/local-cluster.sh")).arg("start").arg(dir.path()).output().unwrap();
+        let slurm = Slurm { dir };
+        assert!(o.status.success(), "the local Slurm did not start (scripts/setup.sh installs slurm-wlm and munge):\n{}", text(&o));
+        slurm
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", self.dir.path().join("slurm.conf")).stdin(Stdio::null());
+        c
+    }
+
+    /// `JobState` of a job (or array task `J_I`).
+    fn state(&self, job: &str) -> String {
+        let o = self.command("scontrol").args(["show", "job", "-o", job]).output().unwrap();
+        let t = String::from_utf8_lossy(&o.stdout).to_string();
+        t.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()
+    }
+
+    /// Waits (bounded) until `job` reaches one of `states`; fails on another final state.
+    fn wait(&self, job: &str, states: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let state = self.state(job);
+            if states.contains(&state.as_str()) {
+                return state;
+            }
+            let final_state = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"].contains(&state.as_str());
+            assert!(!final_state && Instant::now() < deadline, "job {job} is {state}, not {states:?}; logs: {}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn logs(&self) -> String {
+        ["slurmctld.log", "slurmd.log"].iter().map(|f| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default()).collect::<Vec<_>>().join("\n").lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    }
+
+    /// scripts/slurm/submit.sh: (shards array job, merge job).
+    fn submit(&self, out: &Path, extra: &[&str]) -> (String, String) {
+        let farm = Path::new(env!("CARGO_BIN_EXE_farm"));
+        let o = self
+            .command("bash")
+            .arg(repo().join("scripts/slurm/submit.sh"))
+            .args([p(&suite()), p(out), "3"])
+            .args(extra)
+            .env("FARM_BIN", farm)
+            .env("FARM_RUN_ARGS", "--concurrency 1")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let t = String::from_utf8_lossy(&o.stdout).to_string();
+        let id = |key: &str| t.split_whitespace().find_map(|w| w.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} in {t}")).to_string();
+        (id("shards="), id("merge="))
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(repo().join("scripts/slurm/local-cluster.sh")).arg("stop").arg(self.dir.path()).output();
+    }
+}
+
+/// The farm process of array task `job_index` (found by its Slurm environment).
+fn farm_of_array_task(array_job: &str, index: u32) -> Option<i32> {
+    std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let environ = std::fs::read(e.path().join("environ")).ok()?;
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        let has = |v: String| vars.iter().any(|x| *x == v.as_bytes());
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        (comm.trim() == "farm" && has(format!("SLURM_ARRAY_JOB_ID={array_job}")) && has(format!("SLURM_ARRAY_TASK_ID={index}"))).then_some(pid)
+    })
+}
+
+/// The Slurm path end to end: a 3-shard array and a dependent merge job; shard 1's farm is
+/// SIGKILLed mid-run, which fails its array task and cancels the merge; the shard is resubmitted
+/// alone (`submit.sh --only 1`), resumes, and the new merge equals the single run.
+#[test]
+fn a_slurm_array_with_a_killed_shard_resubmitted_merges_into_the_single_run() {
+    let single = single_run(); // before the cluster takes the cores
+    let slurm = Slurm::start();
+    let out = tempfile::tempdir().unwrap();
+    let (shards, merge) = slurm.submit(out.path(), &[]);
+    let shard1 = out.path().join("shards/1");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let pid = loop {
+        if !rows(&shard1).is_empty() {
+            if let Some(pid) = farm_of_array_task(&shards, 1) {
+                break pid;
+            }
+        }
+        assert!(Instant::now() < deadline && slurm.state(&format!("{shards}_1")) != "COMPLETED", "shard 1 was not caught mid-run: {}", slurm.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let kill = Command::new("kill").args(["-9", &pid.to_string()]).output().unwrap();
+    assert!(kill.status.success(), "{}", text(&kill));
+    assert_eq!(slurm.wait(&format!("{shards}_1"), &["FAILED"]), "FAILED");
+    for i in [0, 2] {
+        slurm.wait(&format!("{shards}_{i}"), &["COMPLETED"]);
+    }
+    assert_eq!(slurm.wait(&merge, &["CANCELLED"]), "CANCELLED", "a merge whose shard failed is cancelled, not left pending");
+    assert!(!out.path().join("merged").exists());
+    assert!(rows(&shard1).len() < 6 && !shard1.join("summary.json").exists());
+
+    let (again, merge) = slurm.submit(out.path(), &["--only", "1"]);
+    slurm.wait(&format!("{again}_1"), &["COMPLETED"]);
+    slurm.wait(&merge, &["COMPLETED"]);
+    assert_eq!(rows(&shard1).len(), 6, "the resubmitted shard recorded each rollout once");
+    assert_equals_single_run(&out.path().join("merged"));
+    let _ = single;
+}
+
+/// deploy/k8s: the manifests parse and hold what an Indexed Job of farm needs, and the Job's
+/// exact container command, run here once per index with JOB_COMPLETION_INDEX set, gives the
+/// shards that the merge Job's command merges into the single run.
+#[test]
+fn the_kubernetes_jobs_commands_run_locally_per_index_merge_into_the_single_run() {
+    let load = |file: &str| -> Value {
+        let o = Command::new("python3")
+            .args(["-c", "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))"])
+            .arg(repo().join("deploy/k8s").join(file))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{file} does not parse as YAML (python3-yaml from scripts/setup.sh): {}", text(&o));
+        let docs: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(docs.as_array().unwrap().len(), 1, "{file}: one document");
+        docs[0].clone()
+    };
+    let shards = load("farm-shards.yaml");
+    let merge = load("farm-merge.yaml");
+    for job in [&shards, &merge] {
+        assert_eq!((job["apiVersion"].as_str(), job["kind"].as_str()), (Some("batch/v1"), Some("Job")), "{job}");
+        assert_eq!(job["spec"]["template"]["spec"]["restartPolicy"], "Never");
+    }
+    let spec = &shards["spec"];
+    assert_eq!(spec["completionMode"], "Indexed");
+    let n = spec["completions"].as_u64().expect("completions");
+    assert!(spec["parallelism"].as_u64().is_some_and(|p| p >= 1 && p <= n), "{spec}");
+    let pod = &spec["template"]["spec"];
+    let container = &pod["containers"][0];
+    let env = |c: &Value| -> BTreeMap<String, String> { c["env"].as_array().unwrap().iter().map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].as_str().unwrap().to_string())).collect() };
+    assert_eq!(env(container)["FARM_SHARDS"], n.to_string(), "FARM_SHARDS equals completions");
+    let kvm_device = container["resources"]["limits"].get("devices.kubevirt.io/kvm").is_some();
+    let kvm_mounted = pod["volumes"].as_array().unwrap().iter().any(|v| v["hostPath"]["path"] == "/dev/kvm");
+    assert!(kvm_device || kvm_mounted, "the pod asks for /dev/kvm");
+    assert_eq!(container["securityContext"]["privileged"], true);
+    let volume = |name: &str| pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == name).cloned().unwrap();
+    let cache_mount = container["volumeMounts"].as_array().unwrap().iter().find(|m| m["mountPath"].as_str() == env(container).get("FARM_CACHE_DIR").map(|s| s.as_str())).expect("FARM_CACHE_DIR is a mounted volume");
+    assert!(volume(cache_mount["name"].as_str().unwrap())["hostPath"].is_object(), "the cache is node-local");
+    let output = env(container)["FARM_OUTPUT"].clone();
+    let out_mount = container["volumeMounts"].as_array().unwrap().iter().find(|m| output.starts_with(m["mountPath"].as_str().unwrap())).expect("FARM_OUTPUT is on a mounted volume");
+    assert!(volume(out_mount["name"].as_str().unwrap())["persistentVolumeClaim"].is_object(), "the output is on a shared volume");
+    let merge_container = &merge["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(merge_container)["FARM_OUTPUT"], output, "the merge reads where the shards write");
+
+    // The commands, as the pods run them, with this machine's paths for the volumes.
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_farm")).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let run = |c: &Value, extra: &[(&str, String)]| {
+        assert_eq!(c["command"], serde_json::json!(["/bin/sh", "-c"]));
+        let script = c["args"][0].as_str().unwrap();
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg(script).stdin(Stdio::null()).env("PATH", &path);
+        for (k, v) in env(c) {
+            if k != "FARM_CACHE_DIR" {
+                cmd.env(k, v);
+            }
+        }
+        cmd.env("FARM_SUITE", suite()).env("FARM_OUTPUT", dir.path());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{script}: {}", text(&o));
+    };
+    for i in 0..n {
+        run(container, &[("JOB_COMPLETION_INDEX", i.to_string())]);
+    }
+    run(merge_container, &[]);
+    assert_equals_single_run(&dir.path().join("merged"));
+}
