@@ -520,3 +520,24 @@ async fn a_restart_after_sigkill_loses_no_row_and_reports_lost_work() {
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
 }
+
+/// Two `farm serve` processes on loopback as one pool, through examples/farm_client.py's
+/// Fleet (farm/tests/fleet_check.py): submits spread by capacity, sessions that stay on their
+/// endpoint, and a `kill -9` and restart of one endpoint that loses and repeats no row.
+#[test]
+fn a_fleet_of_two_services_spreads_work_and_survives_a_restart() {
+    let work = tempfile::tempdir().unwrap();
+    let o = Command::new("python3")
+        .arg(repo().join("farm/tests/fleet_check.py"))
+        .arg(env!("CARGO_BIN_EXE_farm"))
+        .arg(repo().join("configs/serve.toml"))
+        .arg(work.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let printed = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && printed.contains("fleet ok"), "{printed}");
+    for endpoint in ["a", "b"] {
+        assert_no_qemu_of(&work.path().join(endpoint).join("run"));
+    }
+}
