@@ -346,6 +346,66 @@ fn a_slurm_array_with_a_killed_shard_resubmitted_merges_into_the_single_run() {
     assert_eq!(rows(&shard1).len(), 6, "the resubmitted shard recorded each rollout once");
     assert_equals_single_run(&out.path().join("merged"));
     let _ = single;
+
+    // The fleet script: a `farm serve` per node of the allocation (one here), listed in
+    // endpoints.txt, answering, and stopped in order by scancel.
+    let serve_out = tempfile::tempdir().unwrap();
+    let run_dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let o = slurm
+        .command("sbatch")
+        .args(["--parsable", "--nodes=1", "--export=ALL", "--output"])
+        .arg(serve_out.path().join("serve-%j.log"))
+        .arg(repo().join("scripts/slurm/farm-serve.sbatch"))
+        .env("FARM_CONFIG", repo().join("configs/serve.toml"))
+        .env("FARM_OUT", serve_out.path())
+        .env("FARM_PORT", port.to_string())
+        .env("FARM_LISTEN_HOST", "127.0.0.1")
+        .env("FARM_BIN", env!("CARGO_BIN_EXE_farm"))
+        .env("FARM_RUN_DIR", run_dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let job = String::from_utf8_lossy(&o.stdout).trim().split(';').next().unwrap().to_string();
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let capacity = loop {
+        if let Some(answer) = http_get(port, "/v1/capacity") {
+            break answer;
+        }
+        assert!(Instant::now() < deadline && slurm.state(&job) != "FAILED", "the fleet's service never answered: {}", std::fs::read_to_string(serve_out.path().join(format!("serve-{job}.log"))).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(capacity.contains("\"slots\""), "{capacity}");
+    assert_eq!(std::fs::read_to_string(serve_out.path().join("endpoints.txt")).unwrap().trim(), url);
+    let cancel = slurm.command("scancel").arg(&job).output().unwrap();
+    assert!(cancel.status.success(), "{}", text(&cancel));
+    slurm.wait(&job, &["CANCELLED", "COMPLETED"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(port, "/v1/capacity").is_some() || any_qemu_of(run_dir.path()) {
+        assert!(Instant::now() < deadline, "the service or a VM outlived scancel");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The body of a plain HTTP GET on loopback, None when nothing answers.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    answer.starts_with("HTTP/1.1 200").then(|| answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// A live QEMU process with a file open under `run_dir`.
+fn any_qemu_of(run_dir: &Path) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmdline).contains("qemu-system")
+            && std::fs::read_dir(e.path().join("fd")).map(|d| d.flatten().filter_map(|f| std::fs::read_link(f.path()).ok()).any(|f| f.starts_with(run_dir))).unwrap_or(false)
+    })
 }
 
 /// deploy/k8s: the manifests parse and hold what an Indexed Job of farm needs, and the Job's
@@ -390,6 +450,32 @@ fn the_kubernetes_jobs_commands_run_locally_per_index_merge_into_the_single_run(
     assert!(volume(out_mount["name"].as_str().unwrap())["persistentVolumeClaim"].is_object(), "the output is on a shared volume");
     let merge_container = &merge["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(env(merge_container)["FARM_OUTPUT"], output, "the merge reads where the shards write");
+
+    // The fleet: a headless Service and a StatefulSet whose pods keep their output volume
+    // and need the token to listen beyond loopback.
+    let o = Command::new("python3")
+        .args(["-c", "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))"])
+        .arg(repo().join("deploy/k8s/farm-serve.yaml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let fleet: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let service = fleet.iter().find(|d| d["kind"] == "Service").expect("a Service");
+    let set = fleet.iter().find(|d| d["kind"] == "StatefulSet").expect("a StatefulSet");
+    assert_eq!(service["spec"]["clusterIP"], "None", "headless: a DNS name per pod");
+    assert_eq!(set["spec"]["serviceName"], service["metadata"]["name"]);
+    let serve = &set["spec"]["template"]["spec"]["containers"][0];
+    let command: Vec<&str> = serve["command"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(&command[..2], ["farm", "serve"]);
+    let out_at = command.iter().position(|c| *c == "--out").map(|i| command[i + 1]).expect("--out");
+    let claim = set["spec"]["volumeClaimTemplates"][0]["metadata"]["name"].as_str().expect("a volume claim per pod");
+    assert!(serve["volumeMounts"].as_array().unwrap().iter().any(|m| m["name"] == claim && m["mountPath"] == out_at), "the output is the pod's own volume");
+    assert!(serve["env"].as_array().unwrap().iter().any(|e| e["name"] == "FARM_SERVE_TOKEN" && e["valueFrom"]["secretKeyRef"].is_object()), "the token comes from a Secret");
+    for label in [&set["spec"]["selector"]["matchLabels"], &service["spec"]["selector"]] {
+        for (k, v) in label.as_object().unwrap() {
+            assert_eq!(&set["spec"]["template"]["metadata"]["labels"][k], v, "selector {k}");
+        }
+    }
 
     // The commands, as the pods run them, with this machine's paths for the volumes.
     let dir = tempfile::tempdir().unwrap();
