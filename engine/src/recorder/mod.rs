@@ -62,6 +62,7 @@ pub struct SummaryInputs {
 
 enum Command {
     Append(Box<Row>, oneshot::Sender<Result<usize, OutputError>>),
+    AppendBatch(Vec<Row>, oneshot::Sender<Result<usize, OutputError>>),
     Request(Vec<u8>, oneshot::Sender<Result<(), OutputError>>),
     Flush(oneshot::Sender<Result<(), OutputError>>),
     Summary(Box<SummaryInputs>, oneshot::Sender<Result<summary::Summary, OutputError>>),
@@ -137,6 +138,12 @@ impl Recorder {
     /// pending, its metrics); returns its cursor.
     pub async fn append(&self, row: Row) -> Result<usize, OutputError> {
         self.ask(|reply| Command::Append(Box::new(row), reply)).await
+    }
+
+    /// Records many rows with one fsync (`farm merge`): all of them, or none. Returns the
+    /// first one's cursor.
+    pub async fn append_batch(&self, rows: Vec<Row>) -> Result<usize, OutputError> {
+        self.ask(|reply| Command::AppendBatch(rows, reply)).await
     }
 
     /// Appends a line to `farm serve`'s request journal, fsynced.
@@ -223,6 +230,19 @@ fn run_thread(mut writer: OutputWriter, mut requests: Option<(PathBuf, std::fs::
                     let line = *writer.lines().last().expect("just appended");
                     shared.lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
                     // send_replace: the count is kept even when no reader waits right now.
+                    shared.rows.send_replace(writer.rows());
+                }
+                let _ = reply.send(result);
+            }
+            Command::AppendBatch(rows, reply) => {
+                for row in &rows {
+                    crate::metrics::get().record(row);
+                }
+                let count = rows.len();
+                let result = writer.append_batch(rows);
+                if result.is_ok() {
+                    let all = writer.lines();
+                    shared.lines.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&all[all.len() - count..]);
                     shared.rows.send_replace(writer.rows());
                 }
                 let _ = reply.send(result);

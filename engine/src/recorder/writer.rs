@@ -169,6 +169,51 @@ impl OutputWriter {
         Ok(self.lines.len() - 1)
     }
 
+    /// Records rows as [`append`](Self::append) does, with one fsync for all of them: all
+    /// are recorded, or none (a duplicate or a failed write leaves the journal as it was).
+    /// Returns the first row's cursor.
+    pub fn append_batch(&mut self, rows: Vec<Row>) -> Result<usize, OutputError> {
+        let first = self.lines.len();
+        let mut keys = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let key = row.key();
+            if !self.done.insert(key.clone()) {
+                for k in &keys {
+                    self.done.remove(k);
+                }
+                return Err(OutputError::Duplicate { key });
+            }
+            keys.push(key);
+        }
+        let mut buffer = Vec::new();
+        let mut lengths = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let before = buffer.len();
+            serde_json::to_writer(&mut buffer, row).expect("rows serialize");
+            buffer.push(b'\n');
+            lengths.push((buffer.len() - before) as u64);
+        }
+        if let Err(e) = self.journal.write_all(&buffer).and_then(|_| self.journal.sync_data()) {
+            for k in &keys {
+                self.done.remove(k);
+            }
+            let _ = self.journal.set_len(self.journal_len);
+            return Err(OutputError::Io { what: "appending to", path: self.journal_path(), source: e });
+        }
+        for (row, len) in rows.into_iter().zip(lengths) {
+            self.lines.push((self.journal_len, len));
+            self.journal_len += len;
+            self.all.push(Outcome::from(&row));
+            self.pending.push(row);
+            if self.pending.len() >= self.rows_per_part {
+                if let Err(e) = self.flush() {
+                    tracing::warn!("writing a Parquet part failed (the rows are safe in journal.jsonl): {e}");
+                }
+            }
+        }
+        Ok(first)
+    }
+
     /// Writes pending rows as a Parquet part and commits it in the manifest.
     pub fn flush(&mut self) -> Result<(), OutputError> {
         if self.pending.is_empty() {
@@ -207,6 +252,26 @@ mod tests {
 
     fn run(id: &str, digest: &str) -> RunIdentity {
         RunIdentity { run_id: id.into(), suite_name: "s".into(), suite_digest: digest.into(), shard: None }
+    }
+
+    #[test]
+    fn a_batch_is_recorded_whole_or_not_at_all_and_a_shard_must_match_on_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = OutputWriter::open(dir.path(), &run("run1", "digest"), false, 2).unwrap();
+        assert_eq!(w.append_batch(vec![row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "passed")]).unwrap(), 0);
+        assert_eq!((w.rows(), w.manifest().parts.len()), (3, 1));
+        let before = std::fs::read(dir.path().join("journal.jsonl")).unwrap();
+        // A duplicate anywhere in the batch: nothing of it is recorded.
+        assert!(matches!(w.append_batch(vec![row("c", 0, "passed"), row("a", 1, "passed")]), Err(OutputError::Duplicate { .. })));
+        assert_eq!(std::fs::read(dir.path().join("journal.jsonl")).unwrap(), before);
+        assert_eq!(w.append_batch(vec![row("c", 0, "passed")]).unwrap(), 3, "c was not left marked as recorded");
+        drop(w);
+        let shard = |index| RunIdentity { shard: Some(crate::shard::Shard { index, count: 2 }), ..run("run2", "digest") };
+        assert!(matches!(OutputWriter::open(dir.path(), &shard(0), true, 2), Err(OutputError::OtherShard { .. })), "a whole run is no shard");
+        let other = tempfile::tempdir().unwrap();
+        drop(OutputWriter::open(other.path(), &shard(0), false, 2).unwrap());
+        assert!(matches!(OutputWriter::open(other.path(), &shard(1), true, 2), Err(OutputError::OtherShard { .. })));
+        assert!(OutputWriter::open(other.path(), &shard(0), true, 2).is_ok());
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub struct SyntheticArgs {
     /// Rows are spread over this many tasks.
     #[arg(long, default_value_t = 1_000)]
     tasks: usize,
+    /// Write only shard I of N of the run (the tasks `farm run --shard I/N` would take), with
+    /// its summary: input for `farm merge`.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<String>,
 }
 
 #[derive(Args)]
@@ -373,11 +377,23 @@ where
 async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
     use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
     use engine::row::{Row, Status, Step, StepKind, Timings};
-    let identity = RunIdentity { run_id: "run-synthetic".into(), suite_name: "synthetic".into(), suite_digest: "synthetic".into(), shard: None };
+    let shard = args.shard.as_deref().map(engine::shard::Shard::parse).transpose()?;
+    let identity = RunIdentity { run_id: "run-synthetic".into(), suite_name: "synthetic".into(), suite_digest: "synthetic".into(), shard };
     let (recorder, _) = Recorder::open(&args.out, identity, RecorderOptions { rows_per_part: 10_000, resume: false, requests: None }).await?;
+    let tasks = args.tasks.max(1);
+    let mine: Option<std::collections::BTreeSet<String>> = shard.map(|s| {
+        let per_task: std::collections::BTreeMap<String, usize> = (0..tasks).map(|t| (format!("task-{t:05}"), args.rows / tasks + usize::from(t < args.rows % tasks))).collect();
+        s.tasks(&per_task)
+    });
+    let started = Instant::now();
+    let mut written = 0usize;
     let samples = (args.rows / args.tasks.max(1)).max(1) as u32;
     for i in 0..args.rows {
-        let (task, sample) = (i % args.tasks.max(1), (i / args.tasks.max(1)) as u32);
+        let (task, sample) = (i % tasks, (i / tasks) as u32);
+        if mine.as_ref().is_some_and(|m| !m.contains(&format!("task-{task:05}"))) {
+            continue;
+        }
+        written += 1;
         let status = match i % 10 {
             0..=5 => Status::Passed,
             6..=8 => Status::Failed,
@@ -410,6 +426,11 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
             .await?;
     }
     recorder.flush().await?;
-    eprintln!("farm: wrote {} rows ({} tasks, {samples} samples each) to {}", args.rows, args.tasks, args.out.display());
+    if shard.is_some() {
+        let provenance = engine::recorder::summary::Provenance { host: "synthetic".into(), shard, ..Default::default() };
+        let inputs = engine::recorder::SummaryInputs { samples, planned: written, provenance, concurrency: 1, wall: started.elapsed(), merged: None };
+        recorder.summarise(inputs).await?;
+    }
+    eprintln!("farm: wrote {written} rows ({} tasks, {samples} samples each) to {}", args.tasks, args.out.display());
     Ok(0)
 }

@@ -28,6 +28,10 @@ pub struct MergeArgs {
     allow_partial: bool,
 }
 
+/// Rows recorded with one fsync: the merge is staged and only renamed into place once
+/// complete, so a row-by-row fsync would buy nothing.
+const BATCH: usize = 2048;
+
 /// One shard's folder, as read.
 struct ShardRun {
     dir: PathBuf,
@@ -121,11 +125,18 @@ async fn write_merged(dir: &Path, first: &ShardRun, shards: &[ShardRun], count: 
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Row>(1024);
         let shard_dir = s.dir.clone();
         let reader = tokio::task::spawn_blocking(move || engine::recorder::files::read_rows::<engine::recorder::OutputError>(&shard_dir, |row| tx.blocking_send(row).map_err(|_| engine::recorder::OutputError::Io { what: "merging", path: PathBuf::from("the merged run"), source: std::io::Error::other("the merge stopped") })));
+        let mut batch = Vec::with_capacity(BATCH);
         while let Some(row) = rx.recv().await {
             if let Some(other) = owner.insert(row.key(), s.shard.index) {
                 bail!("task {:?} sample {} is in shard {other}/{count} and in shard {} ({}): the shards overlap", row.task_id, row.sample_index, s.shard, s.dir.display());
             }
-            recorder.append(row).await?;
+            batch.push(row);
+            if batch.len() == BATCH {
+                recorder.append_batch(std::mem::take(&mut batch)).await?;
+            }
+        }
+        if !batch.is_empty() {
+            recorder.append_batch(batch).await?;
         }
         reader.await?.with_context(|| format!("reading the rows of {}", s.dir.display()))?;
     }
