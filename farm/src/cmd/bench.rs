@@ -387,6 +387,7 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
     });
     let started = Instant::now();
     let mut written = 0usize;
+    let mut batch = Vec::new();
     let samples = (args.rows / args.tasks.max(1)).max(1) as u32;
     for i in 0..args.rows {
         let (task, sample) = (i % tasks, (i / tasks) as u32);
@@ -406,8 +407,7 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
             duration_ms: 40.0 + k as f64,
             ..Step::new(k, StepKind::Exec, format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"))
         };
-        recorder
-            .append(Row {
+        batch.push(Row {
                 run_id: "run-synthetic".into(),
                 suite_name: "synthetic".into(),
                 suite_digest: "synthetic".into(),
@@ -422,8 +422,13 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
                 timings: Timings { fork_ms: 80.0 + (i % 50) as f64, rollout_ms: 150.0 + (i % 300) as f64, score_ms: 700.0 + (i % 900) as f64, total_ms: 1000.0 },
                 started_at_ms: 1_700_000_000_000 + i as i64 * 50,
                 ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
-            })
-            .await?;
+            });
+        if batch.len() == 1000 {
+            recorder.append_batch(std::mem::take(&mut batch)).await?;
+        }
+    }
+    if !batch.is_empty() {
+        recorder.append_batch(batch).await?;
     }
     recorder.flush().await?;
     if shard.is_some() {
