@@ -504,3 +504,30 @@ fn the_kubernetes_jobs_commands_run_locally_per_index_merge_into_the_single_run(
     run(merge_container, &[]);
     assert_equals_single_run(&dir.path().join("merged"));
 }
+
+/// A bad `--shard`, or `--shard auto` outside an array, is refused with what was expected,
+/// before anything is written.
+#[test]
+fn bad_shard_flags_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+        (&["--shard", "3/3"], &[], "--shard \"3/3\" is not I/N"),
+        (&["--shard", "one/two"], &[], "is not I/N (0 <= I < N, e.g. 0/4), or auto"),
+        (&["--shard", "auto"], &[], "neither a Slurm job array (SLURM_ARRAY_TASK_ID) nor a Kubernetes Indexed Job (JOB_COMPLETION_INDEX)"),
+        (&["--shard", "auto"], &[("JOB_COMPLETION_INDEX", "1")], "needs the number of shards: --shards N, or FARM_SHARDS"),
+        (&["--shard", "auto", "--shards", "2"], &[("JOB_COMPLETION_INDEX", "2")], "index 2 is not below the 2 shards"),
+        (&["--shard", "auto"], &[("SLURM_ARRAY_TASK_ID", "x")], "SLURM_ARRAY_TASK_ID = \"x\" is not a number"),
+    ];
+    for (args, env, expect) in cases {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_farm"));
+        c.args(["run", p(&suite()), "--out", p(&out)]).args(*args).stdin(Stdio::null());
+        for var in ["SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT", "JOB_COMPLETION_INDEX", "FARM_SHARDS"] {
+            c.env_remove(var);
+        }
+        c.envs(env.iter().copied());
+        let o = c.output().unwrap();
+        assert!(!o.status.success() && text(&o).contains(expect), "{args:?} {env:?}: {}", text(&o));
+        assert!(!out.exists(), "{args:?}: nothing may be written");
+    }
+}
