@@ -304,7 +304,7 @@ fn farm_of_array_task(array_job: &str, index: u32) -> Option<i32> {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
         let environ = std::fs::read(e.path().join("environ")).ok()?;
         let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-        let has = |v: String| vars.iter().any(|x| *x == v.as_bytes());
+        let has = |v: String| vars.contains(&v.as_bytes());
         let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
         (comm.trim() == "farm" && has(format!("SLURM_ARRAY_JOB_ID={array_job}")) && has(format!("SLURM_ARRAY_TASK_ID={index}"))).then_some(pid)
     })
@@ -511,7 +511,8 @@ fn the_kubernetes_jobs_commands_run_locally_per_index_merge_into_the_single_run(
 fn bad_shard_flags_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
         (&["--shard", "3/3"], &[], "--shard \"3/3\" is not I/N"),
         (&["--shard", "one/two"], &[], "is not I/N (0 <= I < N, e.g. 0/4), or auto"),
         (&["--shard", "auto"], &[], "neither a Slurm job array (SLURM_ARRAY_TASK_ID) nor a Kubernetes Indexed Job (JOB_COMPLETION_INDEX)"),
