@@ -14,6 +14,7 @@ pub mod build;
 pub mod child;
 pub mod dockerfile;
 pub mod fork;
+pub mod paused;
 pub mod statefile;
 pub mod store;
 pub mod template;

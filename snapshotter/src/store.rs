@@ -12,6 +12,9 @@
 //!     console.log     the serial console up to the snapshot
 //!   .staging-*/       snapshots being built (removed on failure or by gc)
 //!   .lock-<id>        held (flock) while a process builds <id>; removed when it is done
+//!   .pins/<digest>.json  {"snapshot", "holder"}: a snapshot something outside the store
+//!                     still needs (a paused session's folder, the holder): `gc` keeps it
+//!                     while the holder exists, and removes the pin once it is gone
 //! ```
 //!
 //! Processes that share a store (shards on one machine, nodes on a shared file system) build
@@ -303,10 +306,14 @@ impl SnapshotStore {
     }
 
     /// Removes staging leftovers, damaged snapshots, and complete snapshots that are neither
-    /// in `keep` (the templates still referred to) nor an ancestor of one that is kept.
+    /// in `keep` (the templates still referred to) or pinned ([`pin`](Self::pin)), nor an
+    /// ancestor of one that is.
     /// Returns the removed ids (with `dry_run`, those that would be removed).
     pub fn gc(&self, keep: &BTreeSet<String>, dry_run: bool) -> Result<Vec<String>, SnapshotError> {
         let remove = |path: &Path| if dry_run { Ok(()) } else { remove_tree(path) };
+        let mut keep = keep.clone();
+        keep.extend(self.pinned(dry_run));
+        let keep = &keep;
         let mut removed = Vec::new();
         if let Ok(entries) = std::fs::read_dir(&self.root) {
             for entry in entries.flatten() {
@@ -375,6 +382,43 @@ impl SnapshotStore {
                 Err((_, errno)) => return Err(SnapshotError::Io { what: format!("locking {}", path.display()), source: errno.into() }),
             }
         }
+    }
+
+    /// Keeps `id` (and its ancestors) through `gc` while `holder` exists.
+    pub fn pin(&self, id: &str, holder: &Path) -> Result<(), SnapshotError> {
+        let dir = self.root.join(".pins");
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let holder = holder.to_string_lossy().to_string();
+        let path = dir.join(format!("{}.json", &crate::paused::digest(holder.as_bytes())[..24]));
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::json!({ "snapshot": id, "holder": holder }).to_string()).map_err(io_err(format!("writing {}", tmp.display())))?;
+        std::fs::rename(&tmp, &path).map_err(io_err(format!("writing {}", path.display())))
+    }
+
+    /// Drops the pin of `holder`, if any.
+    pub fn unpin(&self, holder: &Path) {
+        let holder = holder.to_string_lossy().to_string();
+        let _ = std::fs::remove_file(self.root.join(".pins").join(format!("{}.json", &crate::paused::digest(holder.as_bytes())[..24])));
+    }
+
+    /// The snapshots pinned by holders that still exist; pins of holders that are gone are
+    /// removed (unless `dry_run`).
+    pub fn pinned(&self, dry_run: bool) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        let Ok(entries) = std::fs::read_dir(self.root.join(".pins")) else { return out };
+        for entry in entries.flatten() {
+            let pin: Option<serde_json::Value> = std::fs::read_to_string(entry.path()).ok().and_then(|t| serde_json::from_str(&t).ok());
+            let (snapshot, holder) = match &pin {
+                Some(p) => (p["snapshot"].as_str().unwrap_or(""), p["holder"].as_str().unwrap_or("")),
+                None => ("", ""),
+            };
+            if !snapshot.is_empty() && !holder.is_empty() && Path::new(holder).exists() {
+                out.insert(snapshot.to_string());
+            } else if !dry_run {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        out
     }
 
     /// A fresh staging folder for a snapshot being built.
@@ -461,10 +505,10 @@ pub(crate) fn remove_tree(dir: &Path) -> Result<(), SnapshotError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn manifest(id: &str, parent: Option<&str>, created: u64) -> SnapshotManifest {
+    pub(crate) fn manifest(id: &str, parent: Option<&str>, created: u64) -> SnapshotManifest {
         SnapshotManifest {
             format_version: SNAPSHOT_FORMAT_VERSION,
             id: id.to_string(),
@@ -562,5 +606,25 @@ mod tests {
         assert_eq!(left, BTreeSet::from(["root".into(), "child".into(), "grandchild".into()]));
         store.remove("grandchild").unwrap();
         assert!(matches!(store.get("grandchild"), Err(SnapshotError::NotFound { .. })));
+    }
+
+    #[test]
+    fn gc_keeps_what_a_living_holder_pinned_and_forgets_pins_of_holders_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SnapshotStore::new(dir.path().join("store"));
+        fake_snapshot(&store, "task", None, 1);
+        fake_snapshot(&store, "other", None, 2);
+        let holder = dir.path().join("paused-session");
+        std::fs::create_dir_all(&holder).unwrap();
+        store.pin("task", &holder).unwrap();
+        let removed = store.gc(&BTreeSet::new(), false).unwrap();
+        assert_eq!(removed, vec!["other".to_string()]);
+        assert!(store.get("task").is_ok());
+        std::fs::remove_dir(&holder).unwrap();
+        assert_eq!(store.gc(&BTreeSet::new(), false).unwrap(), vec!["task".to_string()]);
+        assert_eq!(std::fs::read_dir(dir.path().join("store/.pins")).unwrap().count(), 0, "the stale pin is gone");
+        store.pin("x", &holder).unwrap();
+        store.unpin(&holder);
+        assert_eq!(std::fs::read_dir(dir.path().join("store/.pins")).unwrap().count(), 0);
     }
 }
