@@ -27,6 +27,7 @@ pub mod harbor;
 mod engine;
 pub mod live;
 pub mod metrics;
+pub mod pause;
 pub mod policy;
 pub mod recorder;
 mod rollout;

@@ -95,7 +95,7 @@ impl Engine {
             None => from.clone(),
         };
         let child = snapshotter::snapshot_fork(store, &self.forker, &parent, &live.fork, "branch", None, true).await.map_err(BranchError::Snapshot)?;
-        let branch = Arc::new(Branch { snapshot: child, store: store.clone(), parent: live.origin.clone() });
+        let branch = Arc::new(Branch { snapshot: child, store: store.clone(), parent: live.origin.clone(), folder: None, pin: None });
         let forker = Forker { max_disk_bytes: self.forker.max_disk_bytes, ..self.forker.clone() };
         let identity = ForkIdentity { env: live.fork.identity.env.clone(), ..ForkIdentity::new(seed) };
         let fork = forker.fork(&branch.snapshot, identity).await.map_err(BranchError::Fork)?;
@@ -203,17 +203,50 @@ pub struct LiveFork {
     _gauge: VmGauge,
 }
 
-/// A session's snapshot taken for a branch; removed from its store once no fork or later
-/// branch needs it (a child's disk is backed by its parent's, so children keep parents).
+impl LiveFork {
+    pub(crate) fn from_parts(fork: Fork, baseline: Arc<Vec<FileEntry>>, origin: Option<Arc<Branch>>, place: Place, gauge: VmGauge) -> LiveFork {
+        LiveFork { fork, baseline, origin, place, _gauge: gauge }
+    }
+
+    /// The snapshot this fork came from, when it is not the task's (a branch, a paused state).
+    pub(crate) fn origin(&self) -> Option<&Arc<Branch>> {
+        self.origin.as_ref()
+    }
+
+    /// The workspace as the task left it.
+    pub(crate) fn baseline(&self) -> &[FileEntry] {
+        &self.baseline
+    }
+}
+
+/// A session's snapshot taken for a branch (or a paused session's state); removed from its
+/// store once no fork or later branch needs it (a child's disk is backed by its parent's, so
+/// children keep parents).
 pub struct Branch {
     pub snapshot: Snapshot,
     store: SnapshotStore,
     parent: Option<Arc<Branch>>,
+    /// A folder removed with it (a paused fork's).
+    folder: Option<std::path::PathBuf>,
+    /// A pin on the base snapshot, dropped with it: (the base's store, the holder).
+    pin: Option<(SnapshotStore, std::path::PathBuf)>,
+}
+
+impl Branch {
+    pub(crate) fn holding(snapshot: Snapshot, store: SnapshotStore, folder: Option<std::path::PathBuf>, pin: Option<(SnapshotStore, std::path::PathBuf)>) -> Branch {
+        Branch { snapshot, store, parent: None, folder, pin }
+    }
 }
 
 impl Drop for Branch {
     fn drop(&mut self) {
         let _ = self.store.remove(self.snapshot.id());
         let _ = &self.parent;
+        if let Some(folder) = &self.folder {
+            let _ = std::fs::remove_dir_all(folder);
+        }
+        if let Some((store, holder)) = &self.pin {
+            store.unpin(holder);
+        }
     }
 }

@@ -32,6 +32,9 @@ pub struct Metrics {
     pub policy_requests: IntCounterVec,
     /// Live sessions of `farm serve`.
     pub sessions_live: IntGauge,
+    /// Paused sessions of `farm serve`, and the disk they take.
+    pub sessions_paused: IntGauge,
+    pub paused_bytes: IntGauge,
 }
 
 /// Every metric's name starts with `farm_`.
@@ -63,6 +66,8 @@ impl Metrics {
             warm_ready: IntGauge::new("warm_pool_ready", "Warm forks ready now.")?,
             policy_requests: IntCounterVec::new(Opts::new("policy_requests_total", "Policy endpoint requests, by HTTP status code."), &["code"])?,
             sessions_live: IntGauge::new("sessions_live", "Live sessions of farm serve.")?,
+            sessions_paused: IntGauge::new("sessions_paused", "Paused sessions of farm serve (saved to disk, no VM).")?,
+            paused_bytes: IntGauge::new("paused_bytes", "Disk bytes the paused sessions take.")?,
         };
         let registry = &m.registry;
         registry.register(Box::new(m.rollouts.clone()))?;
@@ -76,6 +81,8 @@ impl Metrics {
         registry.register(Box::new(m.warm_ready.clone()))?;
         registry.register(Box::new(m.policy_requests.clone()))?;
         registry.register(Box::new(m.sessions_live.clone()))?;
+        registry.register(Box::new(m.sessions_paused.clone()))?;
+        registry.register(Box::new(m.paused_bytes.clone()))?;
         // Every status and role shows from the start (0), so dashboards need no special case.
         for status in crate::row::Status::ALL {
             m.rollouts.with_label_values(&[status.as_str()]);
@@ -103,7 +110,7 @@ impl Metrics {
     /// and `_count` suffixes).
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 11] = [
+        let collectors: [&dyn Collector; 13] = [
             &self.rollouts,
             &self.verdicts,
             &self.reward,
@@ -115,6 +122,8 @@ impl Metrics {
             &self.warm_ready,
             &self.policy_requests,
             &self.sessions_live,
+            &self.sessions_paused,
+            &self.paused_bytes,
         ];
         collectors.iter().flat_map(|c| c.desc()).map(|d| format!("{PREFIX}_{}", d.fq_name)).collect()
     }

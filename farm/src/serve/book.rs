@@ -2,7 +2,9 @@
 //!
 //! A session's life: opening (a slot reserved, counted against `serve.max_sessions`) →
 //! live (usable; its last use is remembered for the lease) → submitting (scored; nothing
-//! else may touch it, and expiry, DELETE and shutdown leave it to finish) → gone.
+//! else may touch it, and expiry, DELETE and shutdown leave it to finish) → gone. A live
+//! session may be paused (saved to disk, its VM stopped): then it holds no slot, has no
+//! lease, and a shutdown leaves it for the next start; resuming takes a slot again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -16,20 +18,22 @@ pub(super) struct SessionBook<S> {
     /// Session id -> last use (kept outside the session's lock, so expiry never waits).
     touched: HashMap<String, Instant>,
     submitting: HashSet<String>,
-    /// Slots of sessions still being opened or branched.
+    /// Sessions saved to disk, without a VM (they are in `live` too).
+    paused: HashSet<String>,
+    /// Slots of sessions still being opened, branched or resumed.
     reserved: usize,
 }
 
 impl<S> Default for SessionBook<S> {
     fn default() -> Self {
-        SessionBook { live: HashMap::new(), touched: HashMap::new(), submitting: HashSet::new(), reserved: 0 }
+        SessionBook { live: HashMap::new(), touched: HashMap::new(), submitting: HashSet::new(), paused: HashSet::new(), reserved: 0 }
     }
 }
 
 impl<S> SessionBook<S> {
     /// Takes a slot for a session about to open, or says how many are live or opening.
     pub fn reserve(&mut self, max: usize) -> Result<(), ApiError> {
-        let taken = self.live.len() + self.reserved;
+        let taken = self.live.len() - self.paused.len() + self.reserved;
         if taken >= max {
             return Err(ApiError { retry_after: Some(5), ..ApiError::new(429, format!("{taken} sessions are live or opening (serve.max_sessions {max})")) });
         }
@@ -56,8 +60,56 @@ impl<S> SessionBook<S> {
         if self.submitting.contains(id) {
             return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
         }
+        if self.paused.contains(id) {
+            return Err(ApiError::new(409, format!("session {id:?} is paused: resume it first (POST /v1/sessions/{id}/resume)")));
+        }
         self.touched.insert(id.to_string(), now);
         Ok(session)
+    }
+
+    /// A session, live or paused, for pause, resume, branch and GET: 404 when there is none,
+    /// 409 while it is being submitted.
+    pub fn any(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<S>>, ApiError> {
+        let session = self.live.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no live or paused session {id:?}")))?;
+        if self.submitting.contains(id) {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted and scored")));
+        }
+        Ok(session)
+    }
+
+    /// Whether a session is paused.
+    pub fn is_paused(&self, id: &str) -> bool {
+        self.paused.contains(id)
+    }
+
+    /// A live session was saved to disk: its slot is free.
+    pub fn pause(&mut self, id: &str) {
+        if self.live.contains_key(id) {
+            self.paused.insert(id.to_string());
+        }
+    }
+
+    /// A paused session runs again, in the slot reserved for it.
+    pub fn resume(&mut self, id: &str, now: Instant) {
+        self.release();
+        self.paused.remove(id);
+        self.touched.insert(id.to_string(), now);
+    }
+
+    /// A paused session of an earlier process, taken up at start.
+    pub fn add_paused(&mut self, id: &str, session: S) {
+        self.live.insert(id.to_string(), Arc::new(tokio::sync::Mutex::new(session)));
+        self.paused.insert(id.to_string());
+    }
+
+    /// Ids of the paused sessions.
+    pub fn paused_ids(&self) -> Vec<String> {
+        self.paused.iter().cloned().collect()
+    }
+
+    /// Every session, live or paused.
+    pub fn all(&self) -> Vec<(String, Arc<tokio::sync::Mutex<S>>)> {
+        self.live.iter().map(|(id, s)| (id.clone(), s.clone())).collect()
     }
 
     /// Remembers a use of a session that is still live.
@@ -93,22 +145,30 @@ impl<S> SessionBook<S> {
         self.live.remove(id);
         self.touched.remove(id);
         self.submitting.remove(id);
+        self.paused.remove(id);
     }
 
     /// Sessions unused for longer than `lease` (never one being submitted).
     pub fn idle(&mut self, lease: Duration, now: Instant) -> Vec<String> {
         let SessionBook { touched, live, submitting, .. } = self;
         touched.retain(|id, _| live.contains_key(id));
-        touched.iter().filter(|(id, t)| now.duration_since(**t) > lease && !submitting.contains(*id)).map(|(id, _)| id.clone()).collect()
+        let paused = &self.paused;
+        touched.iter().filter(|(id, t)| now.duration_since(**t) > lease && !submitting.contains(*id) && !paused.contains(*id)).map(|(id, _)| id.clone()).collect()
     }
 
-    /// Live sessions that are not being submitted (what a shutdown ends).
+    /// Live sessions that are not being submitted (what a shutdown ends; paused sessions
+    /// stay for the next start).
     pub fn endable_ids(&self) -> Vec<String> {
-        self.live.keys().filter(|id| !self.submitting.contains(*id)).cloned().collect()
+        self.live.keys().filter(|id| !self.submitting.contains(*id) && !self.paused.contains(*id)).cloned().collect()
     }
 
+    /// Live sessions (with a VM).
     pub fn len(&self) -> usize {
-        self.live.len()
+        self.live.len() - self.paused.len()
+    }
+
+    pub fn paused_len(&self) -> usize {
+        self.paused.len()
     }
 }
 
@@ -164,5 +224,32 @@ mod tests {
         book.touch("s-gone", start + Duration::from_secs(8));
         assert_eq!(book.idle(Duration::from_secs(10), start + Duration::from_secs(12)), ["s-1"]);
         assert_eq!(book.endable_ids().len(), 2);
+    }
+
+    #[test]
+    fn a_paused_session_frees_its_slot_never_expires_survives_shutdown_and_is_refused_mid_scoring() {
+        let mut book: SessionBook<()> = SessionBook::default();
+        let start = Instant::now();
+        book.reserve(1).unwrap();
+        book.open("s-1", (), start);
+        assert!(book.reserve(1).is_err());
+        book.pause("s-1");
+        assert_eq!((book.len(), book.paused_len()), (0, 1));
+        assert_eq!(book.usable("s-1", start).unwrap_err().status, 409, "a paused session takes no exec");
+        assert!(book.any("s-1").is_ok());
+        assert!(book.idle(Duration::from_secs(1), start + Duration::from_secs(100)).is_empty(), "no lease while paused");
+        assert!(book.endable_ids().is_empty(), "a shutdown leaves it");
+        // Its slot is free: another session opens, and the resume must wait for a slot.
+        book.reserve(1).unwrap();
+        book.open("s-2", (), start);
+        assert!(book.reserve(1).is_err(), "no slot to resume into");
+        book.remove("s-2");
+        book.reserve(1).unwrap();
+        book.resume("s-1", start);
+        assert_eq!((book.len(), book.paused_len()), (1, 0));
+        assert!(book.usable("s-1", start).is_ok());
+        // Being scored: a pause is refused.
+        assert!(book.begin_submit("s-1"));
+        assert_eq!(book.any("s-1").unwrap_err().status, 409);
     }
 }
