@@ -39,12 +39,14 @@ pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
         .route("/v1/rollouts/{id}/cancel", post(cancel))
         .route("/v1/cancel", post(cancel_below))
         .route("/v1/capacity", get(capacity))
-        .route("/v1/sessions", post(open_session))
+        .route("/v1/sessions", post(open_session).get(list_sessions))
         .route("/v1/sessions/{id}/exec", post(exec))
         .route("/v1/sessions/{id}/write_file", post(write_file))
         .route("/v1/sessions/{id}/branch", post(branch))
         .route("/v1/sessions/{id}/submit", post(submit_session))
-        .route("/v1/sessions/{id}", delete(end_session))
+        .route("/v1/sessions/{id}/pause", post(pause_session))
+        .route("/v1/sessions/{id}/resume", post(resume_session))
+        .route("/v1/sessions/{id}", delete(end_session).get(get_session))
         .route("/metrics", get(|| async { crate::metrics_http::metrics_response() }))
         .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })
         .layer(middleware::from_fn_with_state(app.clone(), auth))
@@ -247,6 +249,22 @@ struct SubmitSession {
 async fn submit_session(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
     let request: SubmitSession = if body.is_empty() { SubmitSession::default() } else { parse(&body)? };
     ok(app.service.submit_session(&id, request.answer).await?)
+}
+
+async fn pause_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(app.service.pause_session(&id).await?)
+}
+
+async fn resume_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(app.service.resume_session(&id).await?)
+}
+
+async fn get_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(app.service.get_session(&id).await?)
+}
+
+async fn list_sessions(State(app): State<App>) -> Reply {
+    ok(app.service.list_sessions().await?)
 }
 
 async fn end_session(State(app): State<App>, Path(id): Path<String>) -> Reply {

@@ -13,6 +13,7 @@
 
 mod api;
 mod book;
+mod paused;
 mod requests;
 mod rollouts;
 mod service;
@@ -87,6 +88,13 @@ pub struct ServeSection {
     /// Warm forks per suite template: a number, or "auto" (one per core).
     #[serde(default)]
     pub warm_pool: Count,
+    /// A paused session is removed this long after it was paused.
+    #[serde(default = "paused_retention")]
+    pub paused_retention_secs: u64,
+}
+
+fn paused_retention() -> u64 {
+    7 * 24 * 3600
 }
 
 fn default_listen() -> SocketAddr {

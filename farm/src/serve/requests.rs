@@ -104,6 +104,10 @@ pub enum Record {
     Session { session_id: String, rollout: Admitted },
     /// A session ended without a row (deleted, expired, shut down).
     SessionEnd { session_id: String, reason: String },
+    /// A session was saved to `out/paused/<dir>` and its VM stopped.
+    SessionPaused { session_id: String, dir: String },
+    /// A paused session runs again.
+    SessionResumed { session_id: String },
 }
 
 /// What a restart needs to record a rollout that was lost.

@@ -116,6 +116,8 @@ pub struct Service {
     pub(super) wake: Notify,
     pub(super) stopping: AtomicBool,
     pub(super) branches: SnapshotStore,
+    /// The output folder.
+    pub(super) out: std::path::PathBuf,
     run_id: String,
     counter: AtomicU64,
     pub(super) guest_mib: u32,
@@ -174,6 +176,7 @@ impl Service {
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
             branches,
+            out: out.to_path_buf(),
             run_id,
             counter: AtomicU64::new(0),
             guest_mib,
@@ -188,35 +191,87 @@ impl Service {
     /// without a row gets an `env_error` row "lost in restart".
     async fn restore(&self, records: Vec<Record>, done: &HashMap<String, usize>) -> Result<()> {
         let ended: HashSet<String> = records.iter().filter_map(|r| if let Record::SessionEnd { session_id, .. } = r { Some(session_id.clone()) } else { None }).collect();
-        let mut lost = 0;
+        // Each session's last pause or resume: paused sessions are taken up, not lost.
+        let mut paused_dirs: HashMap<String, Option<String>> = HashMap::new();
+        for r in &records {
+            match r {
+                Record::SessionPaused { session_id, dir } => {
+                    paused_dirs.insert(session_id.clone(), Some(dir.clone()));
+                }
+                Record::SessionResumed { session_id } => {
+                    paused_dirs.insert(session_id.clone(), None);
+                }
+                _ => {}
+            }
+        }
+        let mut kept_dirs = HashSet::new();
+        let (mut lost, mut taken_up) = (0, 0);
         for record in records {
-            let (admitted, closed) = match record {
+            let (admitted, closed, session) = match record {
                 Record::Submit { idempotency_key, body_digest, response, rollouts } => {
                     if let Some(key) = idempotency_key {
                         self.lock().idempotency.insert(key, (body_digest, response));
                     }
-                    (rollouts, false)
+                    (rollouts, false, None)
                 }
-                Record::Session { session_id, rollout } => (vec![rollout], ended.contains(&session_id)),
-                Record::SessionEnd { .. } => continue,
+                Record::Session { session_id, rollout } => {
+                    let closed = ended.contains(&session_id);
+                    (vec![rollout], closed, Some(session_id))
+                }
+                Record::SessionEnd { .. } | Record::SessionPaused { .. } | Record::SessionResumed { .. } => continue,
             };
             for a in admitted {
+                let mut phase = Phase::Done;
                 let cursor = match (done.get(&a.rollout_id).copied(), closed) {
                     (Some(c), _) => Some(c),
                     // A session ended without a row (deleted or expired).
                     (None, true) => None,
                     (None, false) => {
-                        lost += 1;
-                        Some(self.recorder.append(lost_row(&a, &self.run_id)).await?)
+                        let dir = session.as_ref().and_then(|id| paused_dirs.get(id).cloned().flatten());
+                        let mut reason = None;
+                        if let Some(dir) = dir {
+                            match self.take_up_paused(&self.paused_root().join(&dir)).await {
+                                Ok((id, s)) => {
+                                    self.lock().sessions.add_paused(&id, s);
+                                    kept_dirs.insert(dir);
+                                    taken_up += 1;
+                                    phase = Phase::Session;
+                                }
+                                Err(e) => reason = Some(e),
+                            }
+                        }
+                        if phase == Phase::Session {
+                            None
+                        } else {
+                            lost += 1;
+                            let mut row = lost_row(&a, &self.run_id);
+                            if let Some(reason) = reason {
+                                row.error = Some(format!("lost in restart: its paused state could not be taken up: {reason}"));
+                            }
+                            Some(self.recorder.append(row).await?)
+                        }
                     }
                 };
-                let entry = Entry { cursor, ..Entry::new(&a, None, Phase::Done) };
+                let entry = Entry { cursor, ..Entry::new(&a, if phase == Phase::Session { session.clone() } else { None }, phase) };
                 self.lock().rollouts.insert(a.rollout_id.clone(), entry);
+            }
+        }
+        // Folders of sessions that are not paused any more (resumed, ended, or a pause that
+        // was never recorded).
+        if let Ok(entries) = std::fs::read_dir(self.paused_root()) {
+            for entry in entries.flatten() {
+                if !kept_dirs.contains(&entry.file_name().to_string_lossy().to_string()) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
             }
         }
         if lost > 0 {
             tracing::info!("{lost} rollouts or sessions of the previous process were lost in its restart (recorded as env_error)");
         }
+        if taken_up > 0 {
+            tracing::info!("{taken_up} paused sessions taken up");
+        }
+        self.update_session_gauges();
         Ok(self.recorder.flush().await?)
     }
 

@@ -13,6 +13,7 @@ use datasets::Task;
 use engine::config::{Action, RolloutsSection};
 use engine::metrics::Role;
 use engine::row::{Row, Status, Step};
+use engine::pause::PausedFork;
 use engine::{observation, rollout_seed, Branch, End, LiveFork, Planned, Policy, Served, TaskSnapshot};
 use serde_json::json;
 use snapshotter::Snapshot;
@@ -23,19 +24,23 @@ use super::service::{ApiError, ApiResult, Entry, Phase, Service};
 
 /// A live environment a caller steps.
 pub struct Session {
-    id: String,
-    suite: String,
-    task: Arc<Task>,
-    snapshot: Arc<Snapshot>,
-    /// None once ended.
-    live: Option<LiveFork>,
-    steps: Vec<Step>,
-    limits: RolloutsSection,
-    planned: Planned,
+    pub(super) id: String,
+    pub(super) suite: String,
+    pub(super) task: Arc<Task>,
+    /// The inline task it was opened with (to take it up again after a restart).
+    pub(super) task_row: Option<serde_json::Value>,
+    pub(super) snapshot: Arc<Snapshot>,
+    /// None once ended, or while paused.
+    pub(super) live: Option<LiveFork>,
+    /// Its saved state while paused (no VM).
+    pub(super) paused: Option<Arc<PausedFork>>,
+    pub(super) steps: Vec<Step>,
+    pub(super) limits: RolloutsSection,
+    pub(super) planned: Planned,
     /// Time its actions took so far (against `limits.timeout_secs`).
-    spent: Duration,
+    pub(super) spent: Duration,
     /// Branch snapshots this session's fork depends on.
-    _branch: Option<Arc<Branch>>,
+    pub(super) _branch: Option<Arc<Branch>>,
 }
 
 impl Session {
@@ -78,7 +83,7 @@ impl Service {
     }
 
     /// Reserves a session slot until the session is added (or the reservation dropped).
-    fn take_session_slot(&self) -> ApiResult<SessionSlot<'_>> {
+    pub(super) fn take_session_slot(&self) -> ApiResult<SessionSlot<'_>> {
         self.check_admitting()?;
         self.check_memory()?;
         self.lock().sessions.reserve(self.settings.max_sessions)?;
@@ -133,8 +138,10 @@ impl Service {
             id: session_id.clone(),
             suite: suite_name.to_string(),
             task: task.clone(),
+            task_row: request.task.clone(),
             snapshot,
             live: Some(live),
+            paused: None,
             steps: Vec::new(),
             limits,
             planned,
@@ -212,20 +219,32 @@ impl Service {
         Ok(out)
     }
 
-    /// `POST /v1/sessions/{id}/branch`.
+    /// `POST /v1/sessions/{id}/branch`: of a live session, or of a paused one (which stays
+    /// paused).
     pub async fn branch(&self, id: &str) -> ApiResult<serde_json::Value> {
         let slot = self.take_session_slot()?;
-        let session = self.session(id)?;
+        let session = self.lock().sessions.any(id)?;
         let session = session.lock().await;
-        let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
         let engine = self.suites[&session.suite].engine.clone();
         let parent = session.planned.served.clone().expect("sessions are served");
         let (rollout_id, session_id) = (self.new_id("r"), self.new_id("s"));
         let seed = rollout_seed(session.planned.seed, &rollout_id, 0);
-        let (child, branch) = engine
-            .branch(live, &session.snapshot, &self.branches, seed, Role::Session)
-            .await
-            .map_err(|e| ApiError::new(503, format!("branching session {id:?} failed: {e}")))?;
+        let (child, branch) = match (&session.live, &session.paused) {
+            (Some(live), _) => {
+                let (child, branch) = engine
+                    .branch(live, &session.snapshot, &self.branches, seed, Role::Session)
+                    .await
+                    .map_err(|e| ApiError::new(503, format!("branching session {id:?} failed: {e}")))?;
+                (child, Some(branch))
+            }
+            (None, Some(paused)) => {
+                let env = paused.record.env.clone();
+                let identity = snapshotter::ForkIdentity { env, ..snapshotter::ForkIdentity::new(seed) };
+                let child = engine.unpause(paused, Some(identity), Role::Session).await.map_err(|e| ApiError::new(503, format!("branching paused session {id:?} failed: {}", engine::describe(&e))))?;
+                (child, None)
+            }
+            (None, None) => return Err(ApiError::new(404, format!("session {id:?} has ended"))),
+        };
         let mut planned = session.planned.clone();
         planned.seed = seed;
         planned.served = Some(Served { rollout_id: rollout_id.clone(), ..parent.clone() });
@@ -233,13 +252,15 @@ impl Service {
             id: session_id.clone(),
             suite: session.suite.clone(),
             task: session.task.clone(),
+            task_row: session.task_row.clone(),
             snapshot: session.snapshot.clone(),
             live: Some(child),
+            paused: None,
             steps: session.steps.clone(),
             limits: session.limits.clone(),
             planned,
             spent: session.spent,
-            _branch: Some(branch),
+            _branch: branch,
         };
         drop(session);
         self.add_session(slot, new).await?;
@@ -299,9 +320,11 @@ impl Service {
             }
         }
         engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
+        engine::metrics::get().sessions_paused.set(inner.sessions.paused_len() as i64);
     }
 
     pub(super) async fn expire_sessions(&self) {
+        self.expire_paused().await;
         let lease = Duration::from_secs(self.settings.session_lease_secs);
         let idle = self.lock().sessions.idle(lease, Instant::now());
         for id in idle {

@@ -1,0 +1,289 @@
+//! Paused sessions: `POST /v1/sessions/{id}/pause` saves a live session to the service's
+//! output folder and stops its VM; `/resume` forks it again, as it was. A paused session
+//! holds no VM and no session slot, has no lease, survives a restart of the service (even
+//! `kill -9`), and is removed after `serve.paused_retention_secs`.
+//!
+//! ```text
+//! out/paused/<session id>.<ms>/
+//!   session.json   the session: suite, task, limits, steps so far, seed, ids
+//!   fork.json      the fork (engine::pause): identity, workspace baseline, network
+//!   state/         its snapshot, stored against the task's (snapshotter::paused)
+//! ```
+//!
+//! Order of writes: the folder is complete before `requests.jsonl` records the pause, and
+//! the VM stops only after that. A resume records itself once the new VM runs. A restart
+//! takes up every session whose last record is a pause; any other folder is removed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use engine::config::RolloutsSection;
+use engine::metrics::Role;
+use engine::pause::PausedFork;
+use engine::row::Step;
+use engine::{Planned, Policy, Served, TaskSnapshot};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::requests::Record;
+use super::service::{ApiError, ApiResult, Service};
+use super::sessions::Session;
+
+/// `session.json`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SessionFile {
+    pub session_id: String,
+    pub suite: String,
+    pub task_id: String,
+    /// The inline task it was opened with, if any.
+    pub task_row: Option<serde_json::Value>,
+    pub seed: u64,
+    pub rollout_id: String,
+    pub group_id: String,
+    pub policy_version: Option<u64>,
+    pub metadata: Option<String>,
+    pub limits: RolloutsSection,
+    pub steps: Vec<Step>,
+    pub spent_ms: u64,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Service {
+    /// `out/paused`.
+    pub(super) fn paused_root(&self) -> PathBuf {
+        self.out.join("paused")
+    }
+
+    /// What GET says of a session.
+    pub(super) fn describe(&self, id: &str, session: &Session) -> serde_json::Value {
+        let served = session.planned.served.as_ref().expect("sessions are served");
+        let mut out = json!({
+            "session_id": id,
+            "rollout_id": served.rollout_id,
+            "group_id": served.group_id,
+            "suite": session.suite,
+            "task_id": session.task.id,
+            "steps": session.steps.len(),
+            "spent_secs": session.spent.as_secs_f64(),
+        });
+        match &session.paused {
+            Some(p) => {
+                let expires = p.record.paused_unix + self.settings.paused_retention_secs;
+                out["state"] = json!("paused");
+                out["paused"] = json!({
+                    "since_unix": p.record.paused_unix,
+                    "expires_unix": expires,
+                    "disk_bytes": p.disk_bytes(),
+                    "memory_pages_changed": p.record.packed.pages,
+                    "memory_bytes": p.record.packed.memory_bytes,
+                });
+            }
+            None if session.live.is_some() => out["state"] = json!("live"),
+            None => out["state"] = json!("ended"),
+        }
+        out
+    }
+
+    /// `GET /v1/sessions/{id}`.
+    pub async fn get_session(&self, id: &str) -> ApiResult<serde_json::Value> {
+        let session = self.lock().sessions.any(id).map_err(|e| if e.status == 409 { ApiError::new(200, "") } else { e });
+        match session {
+            Ok(s) => {
+                let s = s.lock().await;
+                Ok(self.describe(id, &s))
+            }
+            // Being scored: say so without waiting for it.
+            Err(e) if e.status == 200 => Ok(json!({ "session_id": id, "state": "submitting" })),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `GET /v1/sessions`: every live and paused session.
+    pub async fn list_sessions(&self) -> ApiResult<serde_json::Value> {
+        let all = self.lock().sessions.all();
+        let mut out = Vec::new();
+        for (id, session) in all {
+            match session.try_lock() {
+                Ok(s) => out.push(self.describe(&id, &s)),
+                Err(_) => out.push(json!({ "session_id": id, "state": "busy" })),
+            }
+        }
+        out.sort_by(|a, b| a["session_id"].as_str().cmp(&b["session_id"].as_str()));
+        Ok(json!({ "sessions": out }))
+    }
+
+    /// `POST /v1/sessions/{id}/pause`. Pausing a paused session answers the same again.
+    pub async fn pause_session(&self, id: &str) -> ApiResult<serde_json::Value> {
+        let handle = self.lock().sessions.any(id)?;
+        let mut session = handle.lock().await;
+        if session.paused.is_some() {
+            return Ok(self.describe(id, &session));
+        }
+        if self.lock().sessions.any(id).is_err() {
+            return Err(ApiError::new(409, format!("session {id:?} is being submitted and scored: it cannot be paused")));
+        }
+        let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
+        let engine = self.suites[&session.suite].engine.clone();
+        let started = Instant::now();
+        let dir = self.paused_root().join(format!("{id}.{}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)));
+        let paused = match engine.pause(live, &session.snapshot, &dir).await {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = live.fork.machine.resume().await;
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(ApiError::new(503, format!("pausing session {id:?} failed: {}", engine::describe(&e))));
+            }
+        };
+        let paused = Arc::new(paused);
+        let served = session.planned.served.clone().expect("sessions are served");
+        let file = SessionFile {
+            session_id: id.to_string(),
+            suite: session.suite.clone(),
+            task_id: session.task.id.clone(),
+            task_row: session.task_row.clone(),
+            seed: session.planned.seed,
+            rollout_id: served.rollout_id.clone(),
+            group_id: served.group_id.clone(),
+            policy_version: served.policy_version,
+            metadata: served.metadata.clone(),
+            limits: session.limits.clone(),
+            steps: session.steps.clone(),
+            spent_ms: session.spent.as_millis() as u64,
+        };
+        let written = write_json(&dir.join("session.json"), &file);
+        let journaled = match written {
+            Ok(()) => self
+                .recorder
+                .journal_request(&Record::SessionPaused { session_id: id.to_string(), dir: dir.file_name().unwrap_or_default().to_string_lossy().to_string() })
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = journaled {
+            // Not recorded: the session goes on as it was (the folder goes with `paused`).
+            let _ = session.live.as_ref().expect("checked above").fork.machine.resume().await;
+            return Err(ApiError::new(500, format!("recording the pause of session {id:?}: {e}")));
+        }
+        // Recorded: the VM stops and its memory is freed.
+        session.live = None;
+        session.paused = Some(paused);
+        self.lock().sessions.pause(id);
+        tracing::info!(session_id = %id, "session paused in {:.1} s", started.elapsed().as_secs_f64());
+        self.update_session_gauges();
+        Ok(self.describe(id, &session))
+    }
+
+    /// `POST /v1/sessions/{id}/resume`. Resuming a live session answers the same again.
+    pub async fn resume_session(&self, id: &str) -> ApiResult<serde_json::Value> {
+        let handle = self.lock().sessions.any(id)?;
+        if !self.lock().sessions.is_paused(id) {
+            let session = handle.lock().await;
+            return Ok(self.describe(id, &session));
+        }
+        let slot = self.take_session_slot()?;
+        let mut session = handle.lock().await;
+        let Some(paused) = session.paused.clone() else {
+            return Ok(self.describe(id, &session));
+        };
+        let engine = self.suites[&session.suite].engine.clone();
+        let live = engine.unpause(&paused, None, Role::Session).await.map_err(|e| ApiError::new(503, format!("resuming session {id:?} failed: {}", engine::describe(&e))))?;
+        self.recorder
+            .journal_request(&Record::SessionResumed { session_id: id.to_string() })
+            .await
+            .map_err(|e| ApiError::new(500, format!("recording the resume of session {id:?}: {e}")))?;
+        session.live = Some(live);
+        session.paused = None;
+        std::mem::forget(slot); // the session's now (`resume` takes the reservation)
+        self.lock().sessions.resume(id, Instant::now());
+        self.update_session_gauges();
+        Ok(self.describe(id, &session))
+    }
+
+    pub(super) fn update_session_gauges(&self) {
+        let all = self.lock().sessions.all();
+        let (mut paused, mut bytes) = (0, 0);
+        for (_, s) in all {
+            if let Ok(s) = s.try_lock() {
+                if let Some(p) = &s.paused {
+                    paused += 1;
+                    bytes += p.disk_bytes();
+                }
+            }
+        }
+        let m = engine::metrics::get();
+        m.sessions_live.set(self.lock().sessions.len() as i64);
+        m.sessions_paused.set(paused);
+        m.paused_bytes.set(bytes as i64);
+    }
+
+    /// Paused sessions older than `serve.paused_retention_secs` are removed.
+    pub(super) async fn expire_paused(&self) {
+        let ids = self.lock().sessions.paused_ids();
+        let now = now_unix();
+        for id in ids {
+            let handle = match self.lock().sessions.any(&id) {
+                Ok(h) => h,
+                Err(_) => continue,
+            };
+            let old = match handle.try_lock() {
+                Ok(s) => s.paused.as_ref().is_some_and(|p| now >= p.record.paused_unix + self.settings.paused_retention_secs),
+                Err(_) => false,
+            };
+            if old {
+                tracing::info!(session_id = %id, "paused session removed after serve.paused_retention_secs");
+                let _ = self.end_session(&id, "paused past serve.paused_retention_secs").await;
+            }
+        }
+    }
+
+    /// A paused session of an earlier process, from its folder.
+    pub(super) async fn take_up_paused(&self, dir: &Path) -> Result<(String, Session), String> {
+        let text = std::fs::read_to_string(dir.join("session.json")).map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
+        let file: SessionFile = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
+        let (_, state) = self.suite(Some(&file.suite), "suite").map_err(|e| e.message)?;
+        let task_id = file.task_row.is_none().then_some(file.task_id.as_str());
+        let (task, snapshot) = self.resolve_task(state, task_id, file.task_row.as_ref(), &|f: &str| f.to_string()).await.map_err(|e| e.message)?;
+        let paused = PausedFork::load(dir, &state.engine.store).map_err(|e| engine::describe(&e))?;
+        if paused.record.base != snapshot.id() {
+            return Err(format!("it was paused from snapshot {} and its task now has {}", paused.record.base, snapshot.id()));
+        }
+        let served = Served { suite: file.suite.clone(), rollout_id: file.rollout_id, group_id: file.group_id, policy_version: file.policy_version, metadata: file.metadata };
+        let planned = Planned {
+            task: task.clone(),
+            sample: 0,
+            seed: file.seed,
+            snapshot: TaskSnapshot::Ready(snapshot.clone()),
+            policy: Arc::new(Policy::Actions(Vec::new())),
+            limits: file.limits.clone(),
+            served: Some(served),
+        };
+        let session = Session {
+            id: file.session_id.clone(),
+            suite: file.suite,
+            task,
+            task_row: file.task_row,
+            snapshot,
+            live: None,
+            paused: Some(Arc::new(paused)),
+            steps: file.steps,
+            limits: file.limits,
+            planned,
+            spent: Duration::from_millis(file.spent_ms),
+            _branch: None,
+        };
+        Ok((file.session_id, session))
+    }
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("serializes")).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+    let file = std::fs::File::open(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    file.sync_all().map_err(|e| format!("syncing {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+}
