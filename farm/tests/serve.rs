@@ -541,3 +541,88 @@ fn a_fleet_of_two_services_spreads_work_and_survives_a_restart() {
         assert_no_qemu_of(&work.path().join(endpoint).join("run"));
     }
 }
+
+/// The stdout of one exec in a session.
+async fn run_in(api: &Api, session: &str, command: &str) -> String {
+    let answer = api.ok("POST", &format!("/v1/sessions/{session}/exec"), Some(json!({ "command": command })), 200).await;
+    assert_eq!(answer["step"]["exit_code"], 0, "{command}: {answer}");
+    answer["step"]["stdout"].as_str().unwrap().to_string()
+}
+
+/// A session paused to disk keeps its processes, open files and workspace; the pause
+/// survives `kill -9` of the service; a paused session can be branched, resumed (as itself)
+/// and deleted; and its task snapshot is pinned against `farm snapshot gc` while it lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_session_survives_a_kill_and_resumes_as_it_was() {
+    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let config = repo().join("configs/serve.toml");
+    let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let s = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await["session_id"].as_str().unwrap().to_string();
+    // A file, and a process that holds a file open and writes to it.
+    let before = run_in(&api, &s, "echo hello > a.txt; (exec 3>>/tmp/held; while sleep 0.2; do echo tick >&3; done) >/dev/null 2>&1 & echo $!; echo $FARM_FORK_ID").await;
+    let (pid, fork_id) = before.trim().split_once('\n').unwrap();
+    let (pid, fork_id) = (pid.to_string(), fork_id.to_string());
+
+    let paused = api.ok("POST", &format!("/v1/sessions/{s}/pause"), None, 200).await;
+    assert_eq!(paused["state"], "paused", "{paused}");
+    let (disk, memory) = (paused["paused"]["disk_bytes"].as_u64().unwrap(), paused["paused"]["memory_bytes"].as_u64().unwrap());
+    assert!(disk > 0 && disk < memory / 8, "a paused session stores what differs from its task snapshot: {paused}");
+    assert_eq!(api.ok("POST", &format!("/v1/sessions/{s}/pause"), None, 200).await, paused, "a second pause answers the same");
+    let (status, refused) = api.call("POST", &format!("/v1/sessions/{s}/exec"), Some(json!({ "command": "true" }))).await;
+    assert!(status == 409 && refused["error"].as_str().unwrap().contains("resume it first"), "{refused}");
+    let listed = api.ok("GET", "/v1/sessions", None, 200).await;
+    assert_eq!(listed["sessions"][0]["state"], "paused", "{listed}");
+    let (_, _, metrics) = api.send("GET", "/metrics", None, &[]).await;
+    assert!(String::from_utf8_lossy(&metrics).contains("farm_sessions_paused 1"));
+
+    // The task snapshot it rests on is pinned: gc would not remove it.
+    let folders: Vec<PathBuf> = std::fs::read_dir(out.path().join("paused")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(folders.len(), 1);
+    let fork: Value = serde_json::from_str(&std::fs::read_to_string(folders[0].join("fork.json")).unwrap()).unwrap();
+    let base = fork["base"].as_str().unwrap().to_string();
+    let gc = Command::new(env!("CARGO_BIN_EXE_farm")).args(["snapshot", "gc", "--dry-run"]).output().unwrap();
+    assert!(gc.status.success() && !String::from_utf8_lossy(&gc.stdout).contains(&base), "gc would remove the pinned {base}: {}", String::from_utf8_lossy(&gc.stdout));
+
+    // kill -9: the paused session is taken up by the next start.
+    serve.child.kill().unwrap();
+    serve.child.wait().unwrap();
+    let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let after = api.ok("GET", &format!("/v1/sessions/{s}"), None, 200).await;
+    assert_eq!((after["state"].as_str(), after["steps"].as_u64()), (Some("paused"), Some(1)), "{after}");
+
+    // A branch of the paused session: its state, a new identity; the original stays paused.
+    let b = api.ok("POST", &format!("/v1/sessions/{s}/branch"), None, 201).await["session_id"].as_str().unwrap().to_string();
+    let seen = run_in(&api, &b, &format!("cat a.txt; kill -0 {pid} && echo alive; echo $FARM_FORK_ID")).await;
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(&lines[..2], ["hello", "alive"], "{seen}");
+    assert_ne!(lines[2], fork_id, "a branch takes an identity of its own");
+    assert_eq!(api.ok("GET", &format!("/v1/sessions/{s}"), None, 200).await["state"], "paused");
+    api.ok("DELETE", &format!("/v1/sessions/{b}"), None, 200).await;
+
+    // Resumed: the same processes, files and identity; the writer goes on.
+    let resumed = api.ok("POST", &format!("/v1/sessions/{s}/resume"), None, 200).await;
+    assert_eq!(resumed["state"], "live", "{resumed}");
+    assert_eq!(api.ok("POST", &format!("/v1/sessions/{s}/resume"), None, 200).await["state"], "live", "a second resume answers the same");
+    let seen = run_in(
+        &api,
+        &s,
+        &format!("cat a.txt; kill -0 {pid} && echo alive; echo $FARM_FORK_ID; n=$(wc -l < /tmp/held); i=0; while [ $(wc -l < /tmp/held) -le $n ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; [ $(wc -l < /tmp/held) -gt $n ] && echo writing"),
+    )
+    .await;
+    assert_eq!(seen.lines().collect::<Vec<_>>(), ["hello", "alive", fork_id.as_str(), "writing"], "{seen}");
+    run_in(&api, &s, "echo $(( $(cat n.txt) * 2 )) > out.txt").await;
+    let verdict = api.ok("POST", &format!("/v1/sessions/{s}/submit"), Some(json!({})), 200).await;
+    assert_eq!(verdict["status"], "passed", "{verdict}");
+
+    // Paused, then deleted: its folder goes.
+    let d = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await["session_id"].as_str().unwrap().to_string();
+    api.ok("POST", &format!("/v1/sessions/{d}/pause"), None, 200).await;
+    api.ok("DELETE", &format!("/v1/sessions/{d}"), None, 200).await;
+    assert_eq!(api.call("GET", &format!("/v1/sessions/{d}"), None).await.0, 404);
+    let left: Vec<_> = std::fs::read_dir(out.path().join("paused")).unwrap().collect();
+    assert!(left.is_empty(), "paused folders left: {left:?}");
+    stop(&mut serve);
+    assert_no_qemu_of(run_dir.path());
+}

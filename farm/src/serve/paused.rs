@@ -174,8 +174,10 @@ impl Service {
         session.paused = Some(paused);
         self.lock().sessions.pause(id);
         tracing::info!(session_id = %id, "session paused in {:.1} s", started.elapsed().as_secs_f64());
+        let answer = self.describe(id, &session);
+        drop(session);
         self.update_session_gauges();
-        Ok(self.describe(id, &session))
+        Ok(answer)
     }
 
     /// `POST /v1/sessions/{id}/resume`. Resuming a live session answers the same again.
@@ -200,24 +202,22 @@ impl Service {
         session.paused = None;
         std::mem::forget(slot); // the session's now (`resume` takes the reservation)
         self.lock().sessions.resume(id, Instant::now());
+        let answer = self.describe(id, &session);
+        drop(session);
         self.update_session_gauges();
-        Ok(self.describe(id, &session))
+        Ok(answer)
     }
 
     pub(super) fn update_session_gauges(&self) {
-        let all = self.lock().sessions.all();
-        let (mut paused, mut bytes) = (0, 0);
-        for (_, s) in all {
-            if let Ok(s) = s.try_lock() {
-                if let Some(p) = &s.paused {
-                    paused += 1;
-                    bytes += p.disk_bytes();
-                }
-            }
-        }
+        let (all, live, paused) = {
+            let inner = self.lock();
+            (inner.sessions.all(), inner.sessions.len(), inner.sessions.paused_len())
+        };
+        // Bytes of the sessions not busy right now (a busy one is counted next time).
+        let bytes: u64 = all.iter().filter_map(|(_, s)| s.try_lock().ok().and_then(|s| s.paused.as_ref().map(|p| p.disk_bytes()))).sum();
         let m = engine::metrics::get();
-        m.sessions_live.set(self.lock().sessions.len() as i64);
-        m.sessions_paused.set(paused);
+        m.sessions_live.set(live as i64);
+        m.sessions_paused.set(paused as i64);
         m.paused_bytes.set(bytes as i64);
     }
 

@@ -325,6 +325,7 @@ impl Service {
 
     pub(super) async fn expire_sessions(&self) {
         self.expire_paused().await;
+        self.update_session_gauges();
         let lease = Duration::from_secs(self.settings.session_lease_secs);
         let idle = self.lock().sessions.idle(lease, Instant::now());
         for id in idle {
