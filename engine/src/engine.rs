@@ -27,6 +27,8 @@ pub enum EngineError {
     Pool(#[source] snapshotter::ForkError),
     #[error("a task snapshot build panicked")]
     Panicked,
+    #[error("{0}")]
+    Egress(String),
 }
 
 /// Why a fork of a task's pristine state could not be made.
@@ -72,6 +74,8 @@ pub struct Engine {
     pub(crate) image_env: Vec<(String, String)>,
     /// The image config of each Harbor task's environment snapshot, by snapshot id.
     pub(crate) task_images: std::sync::Mutex<HashMap<String, vmm::image::ImageConfig>>,
+    /// The proxy policy of `rollouts.network` (rules resolved).
+    pub(crate) egress: vmm::net::Policy,
 }
 
 /// A task's snapshot, as far as it got.
@@ -119,6 +123,9 @@ impl Engine {
         let mut vm = VmSettings::detect(accel)?;
         vm.boot_timeout = Duration::from_secs(300);
         let mut config = suite.config.clone();
+        // The rollouts' egress, with the rules' credentials read now: a missing one stops
+        // the start, naming it.
+        let egress = config.rollouts.network.policy(&format!("suite {} [rollouts.network]", config.suite.name)).map_err(EngineError::Egress)?;
         let mut forker = Forker::new(vm)?;
         forker.max_disk_bytes = Some(config.rollouts.max_disk_mib << 20);
         let store = SnapshotStore::default_location();
@@ -160,6 +167,7 @@ impl Engine {
             task_images: Default::default(),
             scoring,
             pool: None,
+            egress,
         })
     }
 

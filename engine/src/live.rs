@@ -43,7 +43,7 @@ impl Engine {
         let fork = self.fork_task(snapshot, task, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if !limits.network.is_empty() {
             // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
-            fork.machine.set_network(vmm::net::Policy { allow: limits.network.allow.clone(), log: None });
+            fork.machine.set_network(self.egress_of(limits));
         }
         let gauge = VmGauge::new(role);
         if !limits.runs_as_root() {
@@ -75,9 +75,19 @@ impl Engine {
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
         let fork = self.fork(snapshot, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if online {
-            fork.machine.set_network(vmm::net::Policy { allow: limits.network.allow.clone(), log: None });
+            fork.machine.set_network(self.egress_of(limits));
         }
         Ok(LiveFork { fork, baseline: Arc::new(Vec::new()), origin: None, place, _gauge: VmGauge::new(role) })
+    }
+
+    /// The proxy policy for a rollout's `limits.network`: the suite's, rules resolved at start
+    /// (requests cannot change the network).
+    fn egress_of(&self, limits: &RolloutsSection) -> vmm::net::Policy {
+        if limits.network == self.config.rollouts.network {
+            self.egress.clone()
+        } else {
+            vmm::net::Policy { allow: limits.network.allow.clone(), ..Default::default() }
+        }
     }
 
     /// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped

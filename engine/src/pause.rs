@@ -161,7 +161,12 @@ impl Engine {
         // The fork maps the RAM file: the rebuilt copy is not needed on disk any more.
         let _ = std::fs::remove_file(snapshot.memory_path());
         let fork = fork.map_err(PauseError::Fork)?;
-        fork.machine.set_network(vmm::net::Policy { allow: record.network.clone(), log: None });
+        // The suite's egress (rules and their credentials come from the suite, not the folder).
+        if record.network == self.egress.allow || !self.egress.rules.is_empty() {
+            fork.machine.set_network(self.egress.clone());
+        } else {
+            fork.machine.set_network(vmm::net::Policy { allow: record.network.clone(), ..Default::default() });
+        }
         let place = Place { workdir: record.workdir.clone(), user: record.user.clone(), env: record.place_env.clone() };
         Ok(LiveFork::from_parts(fork, Arc::new(record.baseline.clone()), Some(paused.state.clone()), place, VmGauge::new(role)))
     }

@@ -81,7 +81,7 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
     let mut env: Vec<(String, String)> = run.env.to_vec();
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     if !run.network.is_empty() {
-        machine.set_network(vmm::net::Policy { allow: run.network.to_vec(), log: None });
+        machine.set_network(vmm::net::Policy { allow: run.network.to_vec(), ..Default::default() });
         env.extend(snapshotter::template::proxy_env());
     }
     let timeout = Duration::from_secs_f64(harbor.verifier_timeout_secs.max(1.0));

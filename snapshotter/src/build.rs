@@ -285,6 +285,7 @@ async fn provision(
         machine.set_network(vmm::net::Policy {
             allow: template.network.allow.clone(),
             log: Some(Arc::new(move |line: &str| sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string()))),
+            rules: Default::default(),
         });
     }
     let report_attempts = || {

@@ -55,38 +55,53 @@ pub struct TemplateConfig {
     pub network: Network,
 }
 
-/// `[... .network]`: the `host:port` entries a VM may reach through farm's proxy.
+/// `[... .network]`: the `host:port` entries a VM may reach through farm's proxy (passed
+/// through), and request rules (`[[... .network.rules]]`, see `vmm::egress`) for hosts whose
+/// requests are inspected.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Network {
     #[serde(default)]
     pub allow: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<vmm::egress::Rule>,
 }
 
-/// An allowlist entry that is not `host:port` (or `*`).
+/// An allowlist entry that is not `host:port` (or `*`), or a bad rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("allow[{index}] = {entry:?} is not host:port (e.g. \"pypi.org:443\"), or \"*\" for any host")]
-pub struct BadAllowEntry {
-    pub index: usize,
-    pub entry: String,
+pub enum BadAllowEntry {
+    #[error("allow[{index}] = {entry:?} is not host:port (e.g. \"pypi.org:443\"), or \"*\" for any host")]
+    Allow { index: usize, entry: String },
+    #[error("rules[{index}]: {message}")]
+    Rule { index: usize, message: String },
 }
 
 impl Network {
     pub fn is_empty(&self) -> bool {
-        self.allow.is_empty()
+        self.allow.is_empty() && self.rules.is_empty()
     }
 
-    /// Checks each entry is `host:port`; names the bad one.
+    /// Checks each entry is `host:port` and each rule's syntax; names the bad one.
     pub fn check(&self) -> Result<(), BadAllowEntry> {
         for (i, entry) in self.allow.iter().enumerate() {
             let ok = entry == "*" || entry.rsplit_once(':').is_some_and(|(host, port)| {
                 !host.is_empty() && !host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
             if !ok {
-                return Err(BadAllowEntry { index: i, entry: entry.clone() });
+                return Err(BadAllowEntry::Allow { index: i, entry: entry.clone() });
             }
         }
+        for (i, rule) in self.rules.iter().enumerate() {
+            vmm::egress::check_rule(rule).map_err(|message| BadAllowEntry::Rule { index: i, message })?;
+        }
         Ok(())
+    }
+
+    /// The proxy policy of these settings, with the rules' credentials read on the host;
+    /// `name` says where they come from (in 403s and the log).
+    pub fn policy(&self, name: &str) -> Result<vmm::net::Policy, String> {
+        let rules = vmm::egress::RuleSet::resolve(name, &self.rules)?;
+        Ok(vmm::net::Policy { allow: self.allow.clone(), log: None, rules: std::sync::Arc::new(rules) })
     }
 
     /// The proxy's variables, for commands that may use the network.
@@ -200,6 +215,9 @@ impl TemplateConfig {
             }
         }
         self.network.check().map_err(|m| invalid("template.network", m.to_string()))?;
+        if !self.network.rules.is_empty() {
+            return Err(invalid("template.network", "rules are for rollouts and sessions ([rollouts.network]); a template's setup takes allow entries only".into()));
+        }
         if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
             return Err(invalid("template.image_size_mib", format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0))));
         }

@@ -23,10 +23,13 @@ pub type AttemptLog = Arc<dyn Fn(&str) + Send + Sync>;
 /// What a VM may reach, and where its attempts are reported.
 #[derive(Clone, Default)]
 pub struct Policy {
-    /// `host:port` entries (hosts compared without case).
+    /// `host:port` entries (hosts compared without case), passed through whatever is sent.
     pub allow: Vec<String>,
     /// Called with one line per connection attempt and its verdict.
     pub log: Option<AttemptLog>,
+    /// Request rules ([`crate::egress`]): the hosts they name are inspected request by
+    /// request.
+    pub rules: Arc<crate::egress::RuleSet>,
 }
 
 impl Policy {
@@ -37,7 +40,7 @@ impl Policy {
         self.allow.iter().any(|a| a == "*" || a.to_ascii_lowercase() == wanted)
     }
 
-    fn report(&self, line: &str) {
+    pub(crate) fn report(&self, line: &str) {
         tracing::info!(target: "farm::net", "{line}");
         if let Some(log) = &self.log {
             log(line);
@@ -117,7 +120,7 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
                                 refuse(&to_guest, frame.conn, 400, &reason).await;
                                 None
                             }
-                            Head::Proxy(request) => open(frame.conn, request, &current(), to_guest.clone()).await,
+                            Head::Proxy(request) => open(frame.conn, request, head, &current(), to_guest.clone()).await,
                         };
                         match opened {
                             Some(up) => {
@@ -135,7 +138,7 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
     }
 }
 
-async fn refuse(to_guest: &mpsc::Sender<Frame>, conn: u32, status: u16, reason: &str) {
+pub(crate) async fn refuse(to_guest: &mpsc::Sender<Frame>, conn: u32, status: u16, reason: &str) {
     let body = format!("farm: {reason}\n");
     let text = if status == 403 { "Forbidden" } else { "Bad Request" };
     let reply = format!("HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
@@ -233,8 +236,16 @@ fn request_line(buf: &[u8]) -> String {
 }
 
 /// Checks a connection's request and connects it upstream; None when refused.
-async fn open(conn: u32, request: ProxyRequest, policy: &Policy, to_guest: mpsc::Sender<Frame>) -> Option<mpsc::Sender<Vec<u8>>> {
+async fn open(conn: u32, request: ProxyRequest, head: &[u8], policy: &Policy, to_guest: mpsc::Sender<Frame>) -> Option<mpsc::Sender<Vec<u8>>> {
     let ProxyRequest { host, port, tunnel, first } = request;
+    if policy.rules.inspects(&host, port) {
+        if tunnel {
+            policy.report(&format!("network: refused CONNECT {host}:{port}: its requests are inspected ({}), which needs plain http:// through the proxy", policy.rules.name));
+            refuse(&to_guest, conn, 403, &format!("{host}:{port} is reached under request rules ({}): use http:// through the proxy; HTTPS to it is not intercepted", policy.rules.name)).await;
+            return None;
+        }
+        return Some(crate::net_http::inspect(conn, head.to_vec(), policy.clone(), to_guest));
+    }
     if !policy.allows(&host, port) {
         let allowed = if policy.allow.is_empty() { "none".to_string() } else { policy.allow.join(", ") };
         policy.report(&format!("network: denied {host}:{port} (allowed: {allowed})"));
@@ -317,11 +328,11 @@ mod tests {
         assert_eq!(plain.first, b"GET /simple/x/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         let bare = proxy(b"POST http://example.org HTTP/1.0\r\n\r\nbody");
         assert_eq!((bare.port, bare.first), (80, b"POST / HTTP/1.0\r\n\r\nbody".to_vec()));
-        let policy = Policy { allow: vec!["PyPI.org:443".into()], log: None };
+        let policy = Policy { allow: vec!["PyPI.org:443".into()], ..Default::default() };
         assert!(policy.allows("pypi.org", 443));
         assert!(!policy.allows("pypi.org", 80));
         assert!(!policy.allows("evil.org", 443));
-        let any = Policy { allow: vec!["*".into()], log: None };
+        let any = Policy { allow: vec!["*".into()], ..Default::default() };
         assert!(any.allows("evil.org", 443) && any.allows("host.farm.internal", 8080));
     }
 
@@ -361,7 +372,7 @@ mod tests {
     async fn the_port_relays_allowed_requests_and_answers_the_rest() {
         let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = upstream.local_addr().unwrap().port();
-        let policy: SharedPolicy = Arc::new(Mutex::new(Policy { allow: vec![format!("127.0.0.1:{port}")], log: None }));
+        let policy: SharedPolicy = Arc::new(Mutex::new(Policy { allow: vec![format!("127.0.0.1:{port}")], ..Default::default() }));
         let (guest, host) = tokio::net::UnixStream::pair().unwrap();
         tokio::spawn(serve(host, policy));
         let (mut from_host, mut to_host) = guest.into_split();

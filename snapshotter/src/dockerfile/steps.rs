@@ -190,6 +190,7 @@ impl Builder<'_> {
             fork.machine.set_network(vmm::net::Policy {
                 allow: network.allow.clone(),
                 log: Some(Arc::new(move |line: &str| sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string()))),
+                rules: Default::default(),
             });
             env.extend(network.proxy_env());
         }
