@@ -626,3 +626,92 @@ async fn a_paused_session_survives_a_kill_and_resumes_as_it_was() {
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
 }
+
+/// A git server on loopback (farm/tests/git_server.py) that wants `token`; (process, port).
+fn git_server(root: &Path, token: &str) -> (Proc, u16) {
+    for args in [vec!["init", "-q", "--bare", "-b", "main", "repo.git"], vec!["-C", "repo.git", "config", "http.receivepack", "true"], vec!["init", "-q", "-b", "main", "seed"]] {
+        assert!(Command::new("git").args(&args).current_dir(root).status().unwrap().success());
+    }
+    let seed = root.join("seed");
+    assert!(Command::new("git").args(["-c", "user.email=t@farm", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "base"]).current_dir(&seed).status().unwrap().success());
+    assert!(Command::new("git").args(["push", "-q"]).arg(root.join("repo.git")).arg("main").current_dir(&seed).status().unwrap().success());
+    let mut c = Command::new("python3");
+    c.arg(repo().join("farm/tests/git_server.py")).arg(root).arg(token).arg(root.join("requests.log"));
+    let (p, port) = start(c, "listening on ", true);
+    (p, port.parse().unwrap())
+}
+
+fn refs(root: &Path) -> String {
+    String::from_utf8(Command::new("git").args(["-C", "repo.git", "for-each-ref", "--format=%(refname)"]).current_dir(root).output().unwrap().stdout).unwrap()
+}
+
+/// Request rules: a GET-only rule lets GETs through and nothing else; the proxy adds the
+/// credential the guest never holds; a push rule lets `git push` update only
+/// `refs/heads/agent/*` and refuses main, a tag and a deletion before the server sees them.
+/// The token is then searched for in the session's memory and disk (paused to its folder).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
+    let (out, run_dir, git) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let token = format!("farmtok{:016x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+    let (_git, port) = git_server(git.path(), &token);
+    std::env::set_var("FARM_TEST_GIT_TOKEN", &token);
+    let suite = out.path().join("egress.toml");
+    let credential = "credential = { header = \"Authorization\", prefix = \"Bearer \", env = \"FARM_TEST_GIT_TOKEN\" }";
+    std::fs::write(
+        &suite,
+        format!(
+            "[suite]\nname = \"egress\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n[policy]\nkind = \"replay\"\n\
+             [[rollouts.network.rules]]\nhost = \"host.farm.internal\"\nport = {port}\nmethods = [\"GET\", \"HEAD\"]\npaths = [\"/simple/\"]\n{credential}\n\
+             [[rollouts.network.rules]]\nhost = \"host.farm.internal\"\nport = {port}\npaths = [\"/repo.git/\"]\ngit_push = {{ refs = [\"refs/heads/agent/*\"] }}\n{credential}\n",
+            repo().join("configs/data/serve-tasks").display()
+        ),
+    )
+    .unwrap();
+    let (mut serve, url) = farm_serve(&suite, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let s = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await["session_id"].as_str().unwrap().to_string();
+    let base = format!("http://host.farm.internal:{port}");
+    let fetch = |method: &str, path: &str| {
+        format!("python3 -c \"import urllib.request as u, urllib.error as e\ntry:\n  r = u.urlopen(u.Request('{base}{path}', data=b'x' if '{method}' == 'POST' else None, method='{method}')); print(r.status, r.read().decode().strip())\nexcept e.HTTPError as x:\n  print(x.code, x.read().decode().strip())\"")
+    };
+    let got = run_in(&api, &s, &fetch("GET", "/simple/pkg/")).await;
+    assert_eq!(got.trim(), "200 ok", "a GET the rule allows reaches the server, with the credential added");
+    for (method, path) in [("POST", "/simple/pkg/"), ("GET", "/admin")] {
+        let got = run_in(&api, &s, &fetch(method, path)).await;
+        assert!(got.starts_with("403 ") && got.contains("suite egress [rollouts.network]") && got.contains(&format!("{method} host.farm.internal:{port}{path}")), "{method} {path}: {got}");
+    }
+    let git_in_guest = format!("cd /root && git init -q -b main w && cd w && git -c user.email=a@farm -c user.name=a commit -q --allow-empty -m agent && git remote add origin {base}/repo.git && echo made");
+    assert_eq!(run_in(&api, &s, &git_in_guest).await.trim(), "made");
+    let push = |refspec: &str| format!("cd /root/w && git push origin {refspec} 2>&1; echo rc=$?");
+    let pushed = run_in(&api, &s, &push("HEAD:refs/heads/agent/fix")).await;
+    assert!(pushed.trim_end().ends_with("rc=0"), "the allowed branch: {pushed}");
+    let before = refs(git.path());
+    assert_eq!(before.lines().collect::<Vec<_>>(), ["refs/heads/agent/fix", "refs/heads/main"], "{before}");
+    let main_before = String::from_utf8(Command::new("git").args(["-C", "repo.git", "rev-parse", "main"]).current_dir(git.path()).output().unwrap().stdout).unwrap();
+    for refspec in ["+HEAD:refs/heads/main", "HEAD:refs/tags/v1", ":refs/heads/agent/fix", "HEAD:refs/heads/agent/two +HEAD:refs/heads/main"] {
+        let refused = run_in(&api, &s, &push(refspec)).await;
+        assert!(!refused.trim_end().ends_with("rc=0") && refused.contains("403"), "{refspec}: {refused}");
+        assert_eq!(refs(git.path()), before, "{refspec}: the server's refs changed");
+    }
+    let main_after = String::from_utf8(Command::new("git").args(["-C", "repo.git", "rev-parse", "main"]).current_dir(git.path()).output().unwrap().stdout).unwrap();
+    assert_eq!(main_before, main_after);
+    // Refused requests are logged with method, host and path.
+    assert!(serve.log().contains(&format!("network: denied POST host.farm.internal:{port}/simple/pkg/")), "{}", serve.log());
+    // Every request that reached the server carried the token; the guest never held it.
+    let log = std::fs::read_to_string(git.path().join("requests.log")).unwrap();
+    assert!(!log.is_empty() && !log.contains("no-token"), "{log}");
+    // A marker the guest does hold, to show the search below would find a token if it were there.
+    run_in(&api, &s, "m=markerfarm; echo ${m}0451 > /root/marker; cat /root/marker > /dev/null").await;
+    api.ok("POST", &format!("/v1/sessions/{s}/pause"), None, 200).await;
+    let folder = std::fs::read_dir(out.path().join("serve/paused")).unwrap().next().unwrap().unwrap().path();
+    let mut found_marker = false;
+    for name in ["memory.diff", "disk.qcow2", "state.bin"] {
+        let bytes = std::fs::read(folder.join("state").join(name)).unwrap();
+        assert!(!bytes.windows(token.len()).any(|w| w == token.as_bytes()), "the token is in the guest's {name}");
+        found_marker |= bytes.windows(14).any(|w| w == b"markerfarm0451");
+    }
+    assert!(found_marker, "the search must be able to find what the guest holds");
+    api.ok("DELETE", &format!("/v1/sessions/{s}"), None, 200).await;
+    stop(&mut serve);
+    assert_no_qemu_of(run_dir.path());
+}

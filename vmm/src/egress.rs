@@ -93,7 +93,7 @@ pub fn check_rule(rule: &Rule) -> Result<(), String> {
         if rule.paths.is_empty() {
             return Err("git_push needs paths: the repositories' path prefixes (e.g. \"/repo.git/\")".into());
         }
-        if rule.credential.is_none() && !rule.methods.is_empty() {
+        if !rule.methods.is_empty() {
             return Err("git_push sets its own methods (GET for the refs, POST for the push): leave methods out".into());
         }
     }

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""A git server for the egress tests: `git http-backend` (smart HTTP, pushes allowed) behind a
+small HTTP server on 127.0.0.1, plus a few plain paths. Every request must carry
+`Authorization: Bearer TOKEN` (401 otherwise); each request line and whether it carried the
+token is appended to LOG.
+
+    git_server.py ROOT TOKEN LOG      (prints "listening on PORT")
+
+ROOT/repo.git is the repository. Plain paths: GET/HEAD/POST /simple/... answer 200 "ok".
+"""
+import os
+import subprocess
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ROOT, TOKEN, LOG = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def record(self, authorized):
+        with open(LOG, "a") as f:
+            f.write(f"{self.command} {self.path} {'token' if authorized else 'no-token'}\n")
+
+    def body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = b""
+            while True:
+                size = int(self.rfile.readline().strip().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return data
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
+
+    def reply(self, status, body, headers=()):
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def handle_any(self):
+        authorized = self.headers.get("Authorization") == f"Bearer {TOKEN}"
+        self.record(authorized)
+        data = self.body()
+        if not authorized:
+            return self.reply(401, b"a bearer token is required\n", [("WWW-Authenticate", "Bearer")])
+        path, _, query = self.path.partition("?")
+        if path.startswith("/simple/"):
+            return self.reply(200, b"ok\n", [("Content-Type", "text/plain")])
+        if not path.startswith("/repo.git/"):
+            return self.reply(404, b"no such path\n")
+        env = dict(os.environ, GIT_PROJECT_ROOT=ROOT, GIT_HTTP_EXPORT_ALL="1", PATH_INFO=path, QUERY_STRING=query,
+                   REQUEST_METHOD=self.command, CONTENT_TYPE=self.headers.get("Content-Type", ""),
+                   CONTENT_LENGTH=str(len(data)), REMOTE_USER="agent", REMOTE_ADDR="127.0.0.1")
+        out = subprocess.run(["git", "http-backend"], input=data, env=env, capture_output=True).stdout
+        head, _, content = out.partition(b"\r\n\r\n")
+        status, headers = 200, []
+        for line in head.decode().split("\r\n"):
+            if not line:
+                continue
+            k, _, v = line.partition(": ")
+            if k.lower() == "status":
+                status = int(v.split()[0])
+            else:
+                headers.append((k, v))
+        self.reply(status, content, headers)
+
+    do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = handle_any
+
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(f"listening on {server.server_address[1]}", flush=True)
+server.serve_forever()
