@@ -6,7 +6,8 @@ token is appended to LOG.
 
     git_server.py ROOT TOKEN LOG      (prints "listening on PORT")
 
-ROOT/repo.git is the repository. Plain paths: GET/HEAD/POST /simple/... answer 200 "ok".
+ROOT/repo.git is the repository. Under /simple/ and /packages/, a file of ROOT/index is
+served when there is one (a package index), and anything else answers 200 "ok".
 """
 import os
 import subprocess
@@ -53,7 +54,13 @@ class Handler(BaseHTTPRequestHandler):
         if not authorized:
             return self.reply(401, b"a bearer token is required\n", [("WWW-Authenticate", "Bearer")])
         path, _, query = self.path.partition("?")
-        if path.startswith("/simple/"):
+        if path.startswith("/simple/") or path.startswith("/packages/"):
+            local = os.path.join(ROOT, "index", path.lstrip("/"))
+            if os.path.isdir(local):
+                local = os.path.join(local, "index.html")
+            if os.path.isfile(local) and ".." not in path:
+                kind = "text/html" if local.endswith(".html") else "application/octet-stream"
+                return self.reply(200, open(local, "rb").read(), [("Content-Type", kind)])
             return self.reply(200, b"ok\n", [("Content-Type", "text/plain")])
         if not path.startswith("/repo.git/"):
             return self.reply(404, b"no such path\n")

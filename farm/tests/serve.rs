@@ -715,3 +715,111 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
 }
+
+/// A package index of `farmtestpkg` 1.0 (a wheel written here) and the host Python's own pip
+/// wheel, under ROOT/index for farm/tests/git_server.py.
+fn package_index(root: &Path) {
+    let script = r#"
+import base64, ensurepip, glob, hashlib, os, shutil, sys, zipfile
+root = sys.argv[1] + "/index"
+os.makedirs(root + "/simple/farmtestpkg", exist_ok=True)
+os.makedirs(root + "/packages", exist_ok=True)
+name = "farmtestpkg-1.0-py3-none-any.whl"
+files = {
+    "farmtestpkg/__init__.py": b"def double(x):\n    return 2 * x\n",
+    "farmtestpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: farmtestpkg\nVersion: 1.0\n",
+    "farmtestpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: farm-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = ""
+for path, data in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record += f"{path},sha256={digest},{len(data)}\n"
+record += "farmtestpkg-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(root + "/packages/" + name, "w") as z:
+    for path, data in files.items():
+        z.writestr(path, data)
+    z.writestr("farmtestpkg-1.0.dist-info/RECORD", record)
+open(root + "/simple/farmtestpkg/index.html", "w").write(f'<a href="../../packages/{name}">{name}</a>\n')
+bundled = sorted(glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl")))[-1]
+shutil.copy(bundled, root + "/packages/pip.whl")
+"#;
+    let o = Command::new("python3").arg("-c").arg(script).arg(root).output().unwrap();
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+}
+
+/// The standard case end to end, with a task written for farm: a Python project with a
+/// failing test. The agent installs its dependency from a package index through a GET-only
+/// rule, runs the tests (red), edits the code, and pauses for the night; the service is
+/// killed (-9) and started again; the session resumes where it was, the tests pass, the agent
+/// pushes its branch through the credential rule, a push to main is refused, and the session
+/// is submitted and scored (in its own VM, `final_state`: the dependency it installed is
+/// part of what is checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_scored() {
+    let (out, run_dir, git) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let token = format!("farmtok{:016x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 ^ 0x5a5a);
+    package_index(git.path());
+    let (_git, port) = git_server(git.path(), &token);
+    std::env::set_var("FARM_TEST_E2E_TOKEN", &token);
+    let suite = out.path().join("e2e.toml");
+    let credential = "credential = { header = \"Authorization\", prefix = \"Bearer \", env = \"FARM_TEST_E2E_TOKEN\" }";
+    std::fs::write(
+        &suite,
+        format!(
+            "[suite]\nname = \"fix-a-bug\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n[policy]\nkind = \"replay\"\n\
+             [rollouts]\ntimeout_secs = 600\n[scoring]\nmode = \"final_state\"\n\
+             [[rollouts.network.rules]]\nhost = \"host.farm.internal\"\nport = {port}\nmethods = [\"GET\", \"HEAD\"]\npaths = [\"/simple/\", \"/packages/\"]\n{credential}\n\
+             [[rollouts.network.rules]]\nhost = \"host.farm.internal\"\nport = {port}\npaths = [\"/repo.git/\"]\ngit_push = {{ refs = [\"refs/heads/agent/*\"] }}\n{credential}\n",
+            repo().join("configs/data/serve-tasks").display()
+        ),
+    )
+    .unwrap();
+    let task = json!({
+        "id": "fix-total",
+        "instruction": "The tests of /workspace fail. Make them pass and push your branch agent/fix.",
+        "files": {
+            "shop.py": "from farmtestpkg import double\n\ndef total(prices):\n    return sum(prices) - 1\n\ndef total_twice(prices):\n    return double(total(prices))\n",
+            "test_shop.py": "from shop import total, total_twice\n\ndef test_total():\n    assert total([1, 2, 3]) == 6\n\ndef test_twice():\n    assert total_twice([2, 3]) == 10\n",
+        },
+        "test_command": "cd /workspace && python3 -m pytest -q -p no:cacheprovider test_shop.py",
+        "test_user": "root",
+        "require_reward_file": false
+    });
+    let (serve, url) = farm_serve(&suite, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let s = api.ok("POST", "/v1/sessions", Some(json!({ "task": task })), 201).await["session_id"].as_str().unwrap().to_string();
+    let index = format!("http://host.farm.internal:{port}");
+    // 1. Dependencies, through the GET-only rule.
+    let install = format!(
+        "python3 -c \"import urllib.request as u; open('/tmp/pip.whl', 'wb').write(u.urlopen('{index}/packages/pip.whl').read())\" && \
+         python3 /tmp/pip.whl/pip install -q --no-cache-dir --break-system-packages --trusted-host host.farm.internal --index-url {index}/simple/ farmtestpkg 2>&1 && echo installed"
+    );
+    assert!(run_in(&api, &s, &install).await.contains("installed"));
+    // 2. The tests, red.
+    let tests = "cd /workspace && python3 -m pytest -q -p no:cacheprovider test_shop.py 2>&1 | tail -1; true";
+    assert!(run_in(&api, &s, tests).await.contains("2 failed"));
+    // 3. The fix, committed on a branch.
+    run_in(&api, &s, "cd /workspace && sed -i 's/sum(prices) - 1/sum(prices)/' shop.py && git init -q -b agent/fix && git add shop.py test_shop.py && git -c user.email=a@farm -c user.name=agent commit -q -m 'total: no off-by-one'").await;
+    // 4. The night: paused, and the service killed.
+    let paused = api.ok("POST", &format!("/v1/sessions/{s}/pause"), None, 200).await;
+    assert_eq!(paused["state"], "paused", "{paused}");
+    let mut serve = serve;
+    serve.child.kill().unwrap();
+    serve.child.wait().unwrap();
+    let (mut serve, url) = farm_serve(&suite, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    // 5. The morning: resumed where it was; the tests pass; the branch is pushed.
+    assert_eq!(api.ok("POST", &format!("/v1/sessions/{s}/resume"), None, 200).await["state"], "live");
+    assert!(run_in(&api, &s, tests).await.contains("2 passed"));
+    let push = |refspec: &str| format!("cd /workspace && git push {index}/repo.git {refspec} 2>&1; echo rc=$?");
+    let pushed = run_in(&api, &s, &push("agent/fix:refs/heads/agent/fix")).await;
+    assert!(pushed.trim_end().ends_with("rc=0"), "{pushed}");
+    let refused = run_in(&api, &s, &push("+agent/fix:refs/heads/main")).await;
+    assert!(!refused.trim_end().ends_with("rc=0") && refused.contains("403"), "{refused}");
+    assert_eq!(refs(git.path()).lines().collect::<Vec<_>>(), ["refs/heads/agent/fix", "refs/heads/main"]);
+    // 6. Scored like any session.
+    let verdict = api.ok("POST", &format!("/v1/sessions/{s}/submit"), Some(json!({})), 200).await;
+    assert_eq!(verdict["status"], "passed", "{verdict}");
+    stop(&mut serve);
+    assert_no_qemu_of(run_dir.path());
+}
