@@ -41,6 +41,7 @@ PACKAGES=(
   docker-registry apache2-utils   # the registry tests run the reference registry (htpasswd for auth)
   slurm-wlm munge   # the scale-out test starts a single-node Slurm (scripts/slurm/local-cluster.sh)
   python3-yaml   # the scale-out test reads the Kubernetes manifests (deploy/k8s)
+  git openssl   # the egress tests run git http-backend and make a private CA for an HTTPS server
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -36,14 +36,17 @@ impl Engine {
         }
         let mut env = self.image_env.clone();
         env.extend(limits.network.proxy_env());
+        let egress = (!limits.network.is_empty()).then(|| self.egress_of(limits));
+        env.extend(egress.as_ref().map(ca_env).unwrap_or_default());
         env.push(("FARM_TASK_ID".into(), task.id.clone()));
         let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
         tracing::debug!("forking the task's snapshot");
         let fork = self.fork_task(snapshot, task, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
-        if !limits.network.is_empty() {
+        if let Some(egress) = egress {
             // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
-            fork.machine.set_network(self.egress_of(limits));
+            install_ca(&fork, &egress).await.map_err(End::Setup)?;
+            fork.machine.set_network(egress);
         }
         let gauge = VmGauge::new(role);
         if !limits.runs_as_root() {
@@ -69,13 +72,16 @@ impl Engine {
         let mut env = place.env.clone();
         if online {
             env.extend(limits.network.proxy_env());
+            env.extend(ca_env(&self.egress_of(limits)));
         }
         env.push(("FARM_TASK_ID".into(), task.id.clone()));
         let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
         let fork = self.fork(snapshot, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if online {
-            fork.machine.set_network(self.egress_of(limits));
+            let egress = self.egress_of(limits);
+            install_ca(&fork, &egress).await.map_err(End::Setup)?;
+            fork.machine.set_network(egress);
         }
         Ok(LiveFork { fork, baseline: Arc::new(Vec::new()), origin: None, place, _gauge: VmGauge::new(role) })
     }
@@ -211,6 +217,40 @@ pub struct LiveFork {
     /// Where and as whom its actions run.
     pub place: Place,
     _gauge: VmGauge,
+}
+
+/// Where a guest finds farm's egress CA (request rules with HTTPS hosts): the CA alone, and
+/// the system bundle with it.
+const CA_FILE: &str = "/etc/farm/egress-ca.pem";
+const CA_BUNDLE: &str = "/etc/farm/ca-bundle.pem";
+
+/// The variables that point TLS clients at the bundle with farm's CA (when the rules have one).
+pub(crate) fn ca_env(egress: &vmm::net::Policy) -> Vec<(String, String)> {
+    if egress.rules.ca().is_none() {
+        return Vec::new();
+    }
+    let mut env: Vec<(String, String)> = ["REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "PIP_CERT", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"].iter().map(|k| (k.to_string(), CA_BUNDLE.to_string())).collect();
+    env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
+    env
+}
+
+/// Installs the rules' CA in the guest: `/etc/farm/egress-ca.pem`, appended to the system
+/// bundle, a bundle of both at `/etc/farm/ca-bundle.pem`, and git's `http.sslCAInfo`.
+pub(crate) async fn install_ca(fork: &Fork, egress: &vmm::net::Policy) -> Result<(), String> {
+    let Some(ca) = egress.rules.ca() else { return Ok(()) };
+    let agent = fork.agent();
+    agent.write_file(CA_FILE, ca.pem().as_bytes().to_vec(), 0o644).await.map_err(|e| format!("installing farm's egress CA: {e}"))?;
+    let script = format!(
+        "b=/etc/ssl/certs/ca-certificates.crt; if [ -f $b ]; then cat $b {CA_FILE} > {CA_BUNDLE} && cat {CA_FILE} >> $b; else cp {CA_FILE} {CA_BUNDLE}; fi; \
+         chmod 644 {CA_BUNDLE}; if command -v git >/dev/null 2>&1; then git config --system http.sslCAInfo {CA_BUNDLE}; fi"
+    );
+    let mut options = vmm::ExecOptions::argv(&["/bin/sh", "-c", &script]);
+    options.timeout = Some(Duration::from_secs(30));
+    let out = agent.exec(options).await.map_err(|e| format!("installing farm's egress CA: {e}"))?;
+    if out.result.exit_code != Some(0) {
+        return Err(format!("installing farm's egress CA failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(())
 }
 
 impl LiveFork {

@@ -161,8 +161,10 @@ impl Engine {
         // The fork maps the RAM file: the rebuilt copy is not needed on disk any more.
         let _ = std::fs::remove_file(snapshot.memory_path());
         let fork = fork.map_err(PauseError::Fork)?;
-        // The suite's egress (rules and their credentials come from the suite, not the folder).
+        // The suite's egress (rules and their credentials come from the suite, not the folder;
+        // after a restart its CA is new, so it is installed again).
         if record.network == self.egress.allow || !self.egress.rules.is_empty() {
+            crate::live::install_ca(&fork, &self.egress).await.map_err(|what| PauseError::Folder { dir: paused.dir.clone(), what })?;
             fork.machine.set_network(self.egress.clone());
         } else {
             fork.machine.set_network(vmm::net::Policy { allow: record.network.clone(), ..Default::default() });

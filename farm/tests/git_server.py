@@ -4,7 +4,7 @@ small HTTP server on 127.0.0.1, plus a few plain paths. Every request must carry
 `Authorization: Bearer TOKEN` (401 otherwise); each request line and whether it carried the
 token is appended to LOG.
 
-    git_server.py ROOT TOKEN LOG      (prints "listening on PORT")
+    git_server.py ROOT TOKEN LOG [CERT KEY]     (prints "listening on PORT"; HTTPS with CERT)
 
 ROOT/repo.git is the repository. Under /simple/ and /packages/, a file of ROOT/index is
 served when there is one (a package index), and anything else answers 200 "ok".
@@ -84,5 +84,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+if len(sys.argv) > 5:
+    import ssl
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(sys.argv[4], sys.argv[5])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
 print(f"listening on {server.server_address[1]}", flush=True)
 server.serve_forever()

@@ -627,6 +627,23 @@ async fn a_paused_session_survives_a_kill_and_resumes_as_it_was() {
     assert_no_qemu_of(run_dir.path());
 }
 
+/// The same server over HTTPS, with a certificate for `host.farm.internal` from a private CA
+/// made here (ROOT/ca.pem, for FARM_EGRESS_EXTRA_CA); (process, port).
+fn https_server(root: &Path, token: &str) -> (Proc, u16) {
+    let sh = |script: &str| {
+        let o = Command::new("sh").arg("-c").arg(script).current_dir(root).output().unwrap();
+        assert!(o.status.success(), "{script}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    sh("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=farm test CA' -keyout ca.key -out ca.pem 2>/dev/null");
+    sh("openssl req -newkey rsa:2048 -nodes -subj '/CN=host.farm.internal' -keyout server.key -out server.csr 2>/dev/null && \
+        printf 'subjectAltName=DNS:host.farm.internal\\n' > ext.cnf && \
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out server.pem 2>/dev/null");
+    let mut c = Command::new("python3");
+    c.arg(repo().join("farm/tests/git_server.py")).arg(root).arg(token).arg(root.join("requests.log")).arg(root.join("server.pem")).arg(root.join("server.key"));
+    let (p, port) = start(c, "listening on ", true);
+    (p, port.parse().unwrap())
+}
+
 /// A git server on loopback (farm/tests/git_server.py) that wants `token`; (process, port).
 fn git_server(root: &Path, token: &str) -> (Proc, u16) {
     for args in [vec!["init", "-q", "--bare", "-b", "main", "repo.git"], vec!["-C", "repo.git", "config", "http.receivepack", "true"], vec!["init", "-q", "-b", "main", "seed"]] {
@@ -654,14 +671,21 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
     let (out, run_dir, git) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let token = format!("farmtok{:016x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     let (_git, port) = git_server(git.path(), &token);
+    let tls_root = tempfile::tempdir().unwrap();
+    let (_tls, tls_port) = https_server(tls_root.path(), &token);
+    let (_passed, pass_port) = https_server(&{ let d = tls_root.path().join("pass"); std::fs::create_dir_all(&d).unwrap(); d }, &token);
     std::env::set_var("FARM_TEST_GIT_TOKEN", &token);
+    // The proxy checks the HTTPS server against the host's trust store and this private CA.
+    std::env::set_var("FARM_EGRESS_EXTRA_CA", tls_root.path().join("ca.pem"));
     let suite = out.path().join("egress.toml");
     let credential = "credential = { header = \"Authorization\", prefix = \"Bearer \", env = \"FARM_TEST_GIT_TOKEN\" }";
     std::fs::write(
         &suite,
         format!(
             "[suite]\nname = \"egress\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n[policy]\nkind = \"replay\"\n\
+             [rollouts.network]\nallow = [\"host.farm.internal:{pass_port}\"]\n\
              [[rollouts.network.rules]]\nhost = \"host.farm.internal\"\nport = {port}\nmethods = [\"GET\", \"HEAD\"]\npaths = [\"/simple/\"]\n{credential}\n\
+             [[rollouts.network.rules]]\nhost = \"host.farm.internal\"\nport = {tls_port}\nmethods = [\"GET\"]\npaths = [\"/simple/\"]\n{credential}\n\
              [[rollouts.network.rules]]\nhost = \"host.farm.internal\"\nport = {port}\npaths = [\"/repo.git/\"]\ngit_push = {{ refs = [\"refs/heads/agent/*\"] }}\n{credential}\n",
             repo().join("configs/data/serve-tasks").display()
         ),
@@ -680,6 +704,18 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
         let got = run_in(&api, &s, &fetch(method, path)).await;
         assert!(got.starts_with("403 ") && got.contains("suite egress [rollouts.network]") && got.contains(&format!("{method} host.farm.internal:{port}{path}")), "{method} {path}: {got}");
     }
+    // HTTPS to an inspected host: farm's CA (installed in the guest) answers, the rules apply
+    // inside, and the upstream is checked against the host's trust store.
+    let https = |method: &str, port: u16, verify: bool| {
+        let context = if verify { "None" } else { "__import__('ssl')._create_unverified_context()" };
+        format!("python3 -c \"import urllib.request as u, urllib.error as e\ntry:\n  r = u.urlopen(u.Request('https://host.farm.internal:{port}/simple/pkg/', data=b'x' if '{method}' == 'POST' else None, method='{method}'), context={context}); print(r.status, r.read().decode().strip())\nexcept e.HTTPError as x:\n  print(x.code, x.read().decode().strip())\"")
+    };
+    assert_eq!(run_in(&api, &s, &https("GET", tls_port, true)).await.trim(), "200 ok", "HTTPS through the rules, with the credential");
+    let got = run_in(&api, &s, &https("POST", tls_port, true)).await;
+    assert!(got.starts_with("403 ") && got.contains(&format!("POST host.farm.internal:{tls_port}/simple/pkg/")), "{got}");
+    // A pass-through host: CONNECT is relayed as is (the guest sees the server's own
+    // certificate, and no credential is added: the server answers 401).
+    assert_eq!(run_in(&api, &s, &https("GET", pass_port, false)).await.trim(), "401 a bearer token is required", "pass-through CONNECT");
     let git_in_guest = format!("cd /root && git init -q -b main w && cd w && git -c user.email=a@farm -c user.name=a commit -q --allow-empty -m agent && git remote add origin {base}/repo.git && echo made");
     assert_eq!(run_in(&api, &s, &git_in_guest).await.trim(), "made");
     let push = |refspec: &str| format!("cd /root/w && git push origin {refspec} 2>&1; echo rc=$?");
@@ -697,6 +733,7 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
     assert_eq!(main_before, main_after);
     // Refused requests are logged with method, host and path.
     assert!(serve.log().contains(&format!("network: denied POST host.farm.internal:{port}/simple/pkg/")), "{}", serve.log());
+    assert!(serve.log().contains(&format!("network: denied POST https://host.farm.internal:{tls_port}/simple/pkg/")), "{}", serve.log());
     // Every request that reached the server carried the token; the guest never held it.
     let log = std::fs::read_to_string(git.path().join("requests.log")).unwrap();
     assert!(!log.is_empty() && !log.contains("no-token"), "{log}");

@@ -108,6 +108,8 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     /// Each rule's header value, when it has a credential.
     secrets: Vec<Option<String>>,
+    /// Answers inspected HTTPS hosts (made when there are rules).
+    ca: Option<std::sync::Arc<Ca>>,
 }
 
 impl std::fmt::Debug for RuleSet {
@@ -164,7 +166,13 @@ impl RuleSet {
             };
             secrets.push(secret);
         }
-        Ok(RuleSet { name: name.to_string(), rules: rules.to_vec(), secrets })
+        let ca = if rules.is_empty() { None } else { Some(std::sync::Arc::new(Ca::generate(name)?)) };
+        Ok(RuleSet { name: name.to_string(), rules: rules.to_vec(), secrets, ca })
+    }
+
+    /// The CA guests must trust for inspected HTTPS hosts (None without rules).
+    pub fn ca(&self) -> Option<&std::sync::Arc<Ca>> {
+        self.ca.as_ref()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -358,4 +366,93 @@ mod tests {
         }
         assert!(ref_matches("refs/heads/*", "refs/heads/a/b") && !ref_matches("refs/heads/agent/*", "refs/heads/agentx"));
     }
+}
+
+/// The certificate authority a VM's proxy answers inspected HTTPS hosts with: made fresh for
+/// each run (or service start) and installed in the guests that have request rules. Its key
+/// never leaves the host. Leaf certificates are minted per host on first use.
+pub struct Ca {
+    pem: String,
+    der: rustls::pki_types::CertificateDer<'static>,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    leaves: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<rustls::ServerConfig>>>,
+}
+
+impl Ca {
+    pub fn generate(name: &str) -> Result<Ca, String> {
+        let key = rcgen::KeyPair::generate().map_err(|e| format!("making the egress CA's key: {e}"))?;
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(rcgen::DnType::CommonName, format!("farm egress CA ({name})"));
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        let cert = params.self_signed(&key).map_err(|e| format!("making the egress CA: {e}"))?;
+        Ok(Ca { pem: cert.pem(), der: cert.der().clone(), issuer: rcgen::Issuer::new(params, key), leaves: Default::default() })
+    }
+
+    /// The CA certificate, PEM (what guests trust).
+    pub fn pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// A TLS server configuration presenting a certificate for `host`, signed by the CA.
+    pub fn server_config(&self, host: &str) -> Result<std::sync::Arc<rustls::ServerConfig>, String> {
+        let host = host.to_ascii_lowercase();
+        if let Some(c) = self.leaves.lock().unwrap_or_else(|e| e.into_inner()).get(&host) {
+            return Ok(c.clone());
+        }
+        let key = rcgen::KeyPair::generate().map_err(|e| format!("a key for {host}: {e}"))?;
+        let mut params = rcgen::CertificateParams::new(vec![host.clone()]).map_err(|e| format!("a certificate for {host}: {e}"))?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(rcgen::DnType::CommonName, host.clone());
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &self.issuer).map_err(|e| format!("signing a certificate for {host}: {e}"))?;
+        let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone(), self.der.clone()], key_der)
+            .map_err(|e| format!("a TLS configuration for {host}: {e}"))?;
+        let config = std::sync::Arc::new(config);
+        self.leaves.lock().unwrap_or_else(|e| e.into_inner()).insert(host, config.clone());
+        Ok(config)
+    }
+}
+
+/// How the proxy checks upstream TLS: the host's trust store (`/etc/ssl/certs`, through
+/// rustls-native-certs), plus the PEM file `FARM_EGRESS_EXTRA_CA` names (a private CA of the
+/// operator's services). Made once.
+pub fn upstream_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    static CONFIG: std::sync::OnceLock<Result<std::sync::Arc<rustls::ClientConfig>, String>> = std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            let native = rustls_native_certs::load_native_certs();
+            for cert in native.certs {
+                let _ = roots.add(cert);
+            }
+            if let Ok(path) = std::env::var("FARM_EGRESS_EXTRA_CA") {
+                use rustls::pki_types::pem::PemObject;
+                let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(&path)
+                    .map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?;
+                for cert in certs {
+                    roots.add(cert).map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?;
+                }
+            }
+            if roots.is_empty() {
+                roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            }
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            Ok(std::sync::Arc::new(config))
+        })
+        .clone()
 }

@@ -240,9 +240,12 @@ async fn open(conn: u32, request: ProxyRequest, head: &[u8], policy: &Policy, to
     let ProxyRequest { host, port, tunnel, first } = request;
     if policy.rules.inspects(&host, port) {
         if tunnel {
-            policy.report(&format!("network: refused CONNECT {host}:{port}: its requests are inspected ({}), which needs plain http:// through the proxy", policy.rules.name));
-            refuse(&to_guest, conn, 403, &format!("{host}:{port} is reached under request rules ({}): use http:// through the proxy; HTTPS to it is not intercepted", policy.rules.name)).await;
-            return None;
+            let refused = to_guest.clone();
+            let opened = crate::net_http::inspect_tls(conn, first, policy.clone(), to_guest, host.clone(), port);
+            if opened.is_none() {
+                refuse(&refused, conn, 403, &format!("{host}:{port} could not be intercepted (see the log)")).await;
+            }
+            return opened;
         }
         return Some(crate::net_http::inspect(conn, head.to_vec(), policy.clone(), to_guest));
     }

@@ -27,11 +27,60 @@ type Body = BoxBody<Bytes, hyper::Error>;
 /// Serves one guest connection whose first bytes (`head`, a proxy request in absolute form)
 /// were read already; returns where the guest's further bytes go.
 pub(crate) fn inspect(conn: u32, head: Vec<u8>, policy: Policy, to_guest: mpsc::Sender<Frame>) -> mpsc::Sender<Vec<u8>> {
+    let (to_up, proxy_side) = pump(conn, head, to_guest);
+    tokio::spawn(async move {
+        let service = hyper::service::service_fn(move |request| {
+            let policy = policy.clone();
+            async move { Ok::<_, Infallible>(handle(request, &policy, None).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(proxy_side), service).await;
+    });
+    to_up
+}
+
+/// Serves a guest's `CONNECT host:port` to an inspected host: answers it, then terminates the
+/// guest's TLS with a certificate for `host` from the rules' CA, and serves the requests
+/// inside as [`inspect`] does, upstream over TLS checked against the host's trust store.
+pub(crate) fn inspect_tls(conn: u32, after_head: Vec<u8>, policy: Policy, to_guest: mpsc::Sender<Frame>, host: String, port: u16) -> Option<mpsc::Sender<Vec<u8>>> {
+    let config = match policy.rules.ca().map(|ca| ca.server_config(&host)) {
+        Some(Ok(config)) => config,
+        Some(Err(e)) => {
+            policy.report(&format!("network: refused CONNECT {host}:{port}: {e}"));
+            return None;
+        }
+        None => return None,
+    };
+    let (to_up, mut proxy_side) = pump(conn, after_head, to_guest);
+    tokio::spawn(async move {
+        // The answer to CONNECT goes to the guest first (the pump carries it).
+        if proxy_side.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
+            return;
+        }
+        let tls = match tokio_rustls::TlsAcceptor::from(config).accept(proxy_side).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                policy.report(&format!("network: TLS with the guest for {host}:{port} failed: {e} (does the guest trust farm's egress CA?)"));
+                return;
+            }
+        };
+        let tunnel = (host, port);
+        let service = hyper::service::service_fn(move |request| {
+            let (policy, tunnel) = (policy.clone(), tunnel.clone());
+            async move { Ok::<_, Infallible>(handle(request, &policy, Some(&tunnel)).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+    });
+    Some(to_up)
+}
+
+/// Joins a guest connection to one end of an in-memory pipe: what the guest sends (after
+/// `first`) comes out of the returned end, and what is written there goes to the guest.
+fn pump(conn: u32, first: Vec<u8>, to_guest: mpsc::Sender<Frame>) -> (mpsc::Sender<Vec<u8>>, tokio::io::DuplexStream) {
     let (guest_side, proxy_side) = tokio::io::duplex(256 << 10);
     let (mut from_proxy, mut to_proxy) = tokio::io::split(guest_side);
     let (to_up, mut from_guest) = mpsc::channel::<Vec<u8>>(64);
     tokio::spawn(async move {
-        if to_proxy.write_all(&head).await.is_err() {
+        if !first.is_empty() && to_proxy.write_all(&first).await.is_err() {
             return;
         }
         while let Some(bytes) = from_guest.recv().await {
@@ -41,29 +90,21 @@ pub(crate) fn inspect(conn: u32, head: Vec<u8>, policy: Policy, to_guest: mpsc::
         }
         let _ = to_proxy.shutdown().await;
     });
-    let answers = to_guest.clone();
     tokio::spawn(async move {
         let mut buf = vec![0u8; MAX_PAYLOAD];
         loop {
             match from_proxy.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if answers.send(Frame { conn, kind: Kind::Data, payload: buf[..n].to_vec() }).await.is_err() {
+                    if to_guest.send(Frame { conn, kind: Kind::Data, payload: buf[..n].to_vec() }).await.is_err() {
                         return;
                     }
                 }
             }
         }
-        let _ = answers.send(Frame { conn, kind: Kind::Close, payload: Vec::new() }).await;
+        let _ = to_guest.send(Frame { conn, kind: Kind::Close, payload: Vec::new() }).await;
     });
-    tokio::spawn(async move {
-        let service = hyper::service::service_fn(move |request| {
-            let policy = policy.clone();
-            async move { Ok::<_, Infallible>(handle(request, &policy).await) }
-        });
-        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(proxy_side), service).await;
-    });
-    to_up
+    (to_up, proxy_side)
 }
 
 fn plain(status: StatusCode, text: String) -> Response<Body> {
@@ -73,18 +114,21 @@ fn plain(status: StatusCode, text: String) -> Response<Body> {
     response
 }
 
-/// One request from the guest.
-async fn handle(request: Request<Incoming>, policy: &Policy) -> Response<Body> {
+/// One request from the guest: plain (`tunnel` None: the host is the request's), or inside
+/// an intercepted TLS tunnel to `tunnel`.
+async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(String, u16)>) -> Response<Body> {
     let method = request.method().as_str().to_string();
     let authority = request.uri().authority().map(|a| a.to_string()).or_else(|| request.headers().get(hyper::header::HOST).and_then(|h| h.to_str().ok()).map(String::from));
-    let Some((host, port)) = authority.as_deref().and_then(|a| match a.rsplit_once(':') {
+    let target_of = |a: &str| match a.rsplit_once(':') {
         Some((h, p)) => p.parse().ok().map(|p| (h.to_string(), p)),
         None => Some((a.to_string(), 80)),
-    }) else {
+    };
+    let Some((host, port)) = tunnel.cloned().or_else(|| authority.as_deref().and_then(target_of)) else {
         return plain(StatusCode::BAD_REQUEST, "a proxy request needs an absolute http:// URL".into());
     };
     let target = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
-    let shown = format!("{method} {host}:{port}{}", target.split('?').next().unwrap_or(""));
+    let scheme = if tunnel.is_some() { "https://" } else { "" };
+    let shown = format!("{method} {scheme}{host}:{port}{}", target.split('?').next().unwrap_or(""));
     let (credential, git_push, rule) = match policy.rules.decide(&method, &host, port, &target) {
         Decision::Deny(reason) => {
             policy.report(&format!("network: denied {shown}: {reason}"));
@@ -150,14 +194,41 @@ async fn handle(request: Request<Incoming>, policy: &Policy) -> Response<Body> {
         Ok(Err(e)) => return plain(StatusCode::BAD_GATEWAY, format!("connecting to {host}:{port} failed: {e}")),
         Err(_) => return plain(StatusCode::GATEWAY_TIMEOUT, format!("{host}:{port} did not answer within 15 s")),
     };
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-        Ok(pair) => pair,
-        Err(e) => return plain(StatusCode::BAD_GATEWAY, format!("talking to {host}:{port} failed: {e}")),
+    let request = Request::from_parts(parts, body);
+    let sent = if tunnel.is_some() {
+        // Upstream TLS, checked against the host's trust store for the name the guest asked for.
+        let config = match crate::egress::upstream_tls() {
+            Ok(c) => c,
+            Err(e) => return plain(StatusCode::BAD_GATEWAY, e),
+        };
+        let Ok(name) = rustls::pki_types::ServerName::try_from(host.clone()) else {
+            return plain(StatusCode::BAD_GATEWAY, format!("{host} is not a TLS server name"));
+        };
+        let tls = match tokio_rustls::TlsConnector::from(config).connect(name, stream).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                policy.report(&format!("network: TLS to {host}:{port} failed: {e}"));
+                return plain(StatusCode::BAD_GATEWAY, format!("TLS to {host}:{port} failed: {e}"));
+            }
+        };
+        send(TokioIo::new(tls), request).await
+    } else {
+        send(TokioIo::new(stream), request).await
     };
-    tokio::spawn(connection);
     policy.report(&format!("network: allowed {shown} (rule {rule} of {}{})", policy.rules.name, if credential.is_some() { ", credential added" } else { "" }));
-    match sender.send_request(Request::from_parts(parts, body)).await {
+    match sent {
         Ok(response) => response.map(|b| b.boxed()),
         Err(e) => plain(StatusCode::BAD_GATEWAY, format!("{host}:{port} failed: {e}")),
     }
 }
+
+/// One request on a new upstream connection.
+async fn send<T>(io: TokioIo<T>, request: Request<Body>) -> Result<Response<Incoming>, hyper::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+    tokio::spawn(connection);
+    sender.send_request(request).await
+}
+
