@@ -299,75 +299,6 @@ pub fn check_push(rule: &GitPush, updates: &[RefUpdate]) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rule(toml_text: &str) -> Rule {
-        toml::from_str(toml_text).unwrap()
-    }
-
-    #[test]
-    fn requests_are_allowed_by_host_port_method_and_path_and_nothing_else() {
-        std::env::set_var("FARM_TEST_EGRESS_TOKEN", "s3cret");
-        let rules = vec![
-            rule("host = \"pypi.internal\"\nmethods = [\"GET\", \"HEAD\"]\npaths = [\"/simple/\", \"/packages/\"]"),
-            rule("host = \"api.internal\"\nport = 8443\nmethods = [\"POST\"]\npaths = [\"/v1/run\"]\ncredential = { header = \"Authorization\", prefix = \"Bearer \", env = \"FARM_TEST_EGRESS_TOKEN\" }"),
-            rule("host = \"*.git.internal\"\npaths = [\"/repo.git/\"]\ngit_push = { refs = [\"refs/heads/agent/*\"] }"),
-        ];
-        let set = RuleSet::resolve("suite s [rollouts.network]", &rules).unwrap();
-        assert!(!format!("{set:?}").contains("s3cret"), "Debug shows no secret");
-        assert!(matches!(set.decide("GET", "PyPI.internal", 80, "/simple/requests/"), Decision::Allow { rule: 0, credential: None, .. }));
-        assert!(matches!(set.decide("POST", "pypi.internal", 80, "/simple/x"), Decision::Deny(_)));
-        assert!(matches!(set.decide("GET", "pypi.internal", 80, "/admin"), Decision::Deny(_)));
-        assert_eq!(set.decide("POST", "api.internal", 8443, "/v1/run?x=1"), Decision::Allow { rule: 1, credential: Some(("Authorization", "Bearer s3cret")), git_push: None });
-        assert!(matches!(set.decide("POST", "api.internal", 443, "/v1/run"), Decision::Deny(_)), "another port");
-        let denied = set.decide("DELETE", "evil.com", 80, "/");
-        assert_eq!(denied, Decision::Deny("no rule of suite s [rollouts.network] allows DELETE evil.com:80/".into()));
-        // git push: the refs advertisement and the push; not a fetch, not another repository.
-        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-receive-pack"), Decision::Allow { rule: 2, git_push: None, .. }));
-        assert!(matches!(set.decide("POST", "a.git.internal", 80, "/repo.git/git-receive-pack"), Decision::Allow { rule: 2, git_push: Some(_), .. }));
-        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-upload-pack"), Decision::Deny(_)));
-        assert!(matches!(set.decide("POST", "a.git.internal", 80, "/other.git/git-receive-pack"), Decision::Deny(_)));
-        assert!(matches!(set.decide("POST", "git.internal", 80, "/repo.git/git-receive-pack"), Decision::Deny(_)), "*.x is the subdomains");
-        assert!(set.inspects("pypi.internal", 80) && !set.inspects("pypi.org", 443));
-        // Bad rules name the field; a missing credential names the variable.
-        std::env::remove_var("FARM_TEST_EGRESS_MISSING");
-        let missing = RuleSet::resolve("r", &[rule("host = \"a\"\ncredential = { header = \"X-Key\", env = \"FARM_TEST_EGRESS_MISSING\" }")]).unwrap_err();
-        assert!(missing.contains("rules[0].credential") && missing.contains("FARM_TEST_EGRESS_MISSING"), "{missing}");
-        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\nmethods = [\"get\"]")]).unwrap_err().contains("methods"));
-        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\npaths = [\"x\"]")]).unwrap_err().contains("paths"));
-        assert!(RuleSet::resolve("r", &[rule("host = \"a/b\"")]).unwrap_err().contains("host"));
-    }
-
-    fn pkt(line: &str) -> String {
-        format!("{:04x}{line}", line.len() + 4)
-    }
-
-    #[test]
-    fn a_push_is_read_from_its_commands_and_refused_whole_outside_the_patterns() {
-        let (z, a, b) = ("0".repeat(40), "a".repeat(40), "b".repeat(40));
-        let body = format!("{}{}0000PACK...", pkt(&format!("{z} {a} refs/heads/agent/fix\0report-status side-band-64k\n")), pkt(&format!("{a} {b} refs/heads/agent/x/y\n")));
-        let (updates, used) = receive_pack_commands(body.as_bytes()).unwrap().unwrap();
-        assert_eq!(&body[used..], "PACK...");
-        assert_eq!(updates.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(), ["refs/heads/agent/fix", "refs/heads/agent/x/y"]);
-        assert_eq!(receive_pack_commands(&body.as_bytes()[..30]).unwrap(), None, "more bytes needed");
-        let rule = GitPush { refs: vec!["refs/heads/agent/*".into()], allow_delete: false };
-        assert!(check_push(&rule, &updates).is_ok());
-        let main = vec![updates[0].clone(), RefUpdate { old: a.clone(), new: b.clone(), name: "refs/heads/main".into() }];
-        assert!(check_push(&rule, &main).unwrap_err().contains("refs/heads/main"), "one bad ref refuses the whole push");
-        let tag = vec![RefUpdate { old: z.clone(), new: a.clone(), name: "refs/tags/v1".into() }];
-        assert!(check_push(&rule, &tag).is_err());
-        let delete = vec![RefUpdate { old: a.clone(), new: z.clone(), name: "refs/heads/agent/old".into() }];
-        assert!(check_push(&rule, &delete).unwrap_err().contains("deletes"));
-        assert!(check_push(&GitPush { allow_delete: true, ..rule.clone() }, &delete).is_ok());
-        for bad in ["zzzz", "0003", &pkt("not an update\n"), &format!("{}0000", pkt(&format!("push-cert\0{a}\n")))] {
-            assert!(receive_pack_commands(bad.as_bytes()).is_err(), "{bad}");
-        }
-        assert!(ref_matches("refs/heads/*", "refs/heads/a/b") && !ref_matches("refs/heads/agent/*", "refs/heads/agentx"));
-    }
-}
-
 /// The certificate authority a VM's proxy answers inspected HTTPS hosts with: made fresh for
 /// each run (or service start) and installed in the guests that have request rules. Its key
 /// never leaves the host. Leaf certificates are minted per host on first use.
@@ -455,4 +386,97 @@ pub fn upstream_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
             Ok(std::sync::Arc::new(config))
         })
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(toml_text: &str) -> Rule {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    #[test]
+    fn requests_are_allowed_by_host_port_method_and_path_and_nothing_else() {
+        std::env::set_var("FARM_TEST_EGRESS_TOKEN", "s3cret");
+        let rules = vec![
+            rule("host = \"pypi.internal\"\nmethods = [\"GET\", \"HEAD\"]\npaths = [\"/simple/\", \"/packages/\"]"),
+            rule("host = \"api.internal\"\nport = 8443\nmethods = [\"POST\"]\npaths = [\"/v1/run\"]\ncredential = { header = \"Authorization\", prefix = \"Bearer \", env = \"FARM_TEST_EGRESS_TOKEN\" }"),
+            rule("host = \"*.git.internal\"\npaths = [\"/repo.git/\"]\ngit_push = { refs = [\"refs/heads/agent/*\"] }"),
+        ];
+        let set = RuleSet::resolve("suite s [rollouts.network]", &rules).unwrap();
+        assert!(!format!("{set:?}").contains("s3cret"), "Debug shows no secret");
+        assert!(matches!(set.decide("GET", "PyPI.internal", 80, "/simple/requests/"), Decision::Allow { rule: 0, credential: None, .. }));
+        assert!(matches!(set.decide("POST", "pypi.internal", 80, "/simple/x"), Decision::Deny(_)));
+        assert!(matches!(set.decide("GET", "pypi.internal", 80, "/admin"), Decision::Deny(_)));
+        assert_eq!(set.decide("POST", "api.internal", 8443, "/v1/run?x=1"), Decision::Allow { rule: 1, credential: Some(("Authorization", "Bearer s3cret")), git_push: None });
+        assert!(matches!(set.decide("POST", "api.internal", 443, "/v1/run"), Decision::Deny(_)), "another port");
+        let denied = set.decide("DELETE", "evil.com", 80, "/");
+        assert_eq!(denied, Decision::Deny("no rule of suite s [rollouts.network] allows DELETE evil.com:80/".into()));
+        // git push: the refs advertisement and the push; not a fetch, not another repository.
+        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-receive-pack"), Decision::Allow { rule: 2, git_push: None, .. }));
+        assert!(matches!(set.decide("POST", "a.git.internal", 80, "/repo.git/git-receive-pack"), Decision::Allow { rule: 2, git_push: Some(_), .. }));
+        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-upload-pack"), Decision::Deny(_)));
+        assert!(matches!(set.decide("POST", "a.git.internal", 80, "/other.git/git-receive-pack"), Decision::Deny(_)));
+        assert!(matches!(set.decide("POST", "git.internal", 80, "/repo.git/git-receive-pack"), Decision::Deny(_)), "*.x is the subdomains");
+        assert!(set.inspects("pypi.internal", 80) && !set.inspects("pypi.org", 443));
+        // Bad rules name the field; a missing credential names the variable.
+        std::env::remove_var("FARM_TEST_EGRESS_MISSING");
+        let missing = RuleSet::resolve("r", &[rule("host = \"a\"\ncredential = { header = \"X-Key\", env = \"FARM_TEST_EGRESS_MISSING\" }")]).unwrap_err();
+        assert!(missing.contains("rules[0].credential") && missing.contains("FARM_TEST_EGRESS_MISSING"), "{missing}");
+        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\nmethods = [\"get\"]")]).unwrap_err().contains("methods"));
+        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\npaths = [\"x\"]")]).unwrap_err().contains("paths"));
+        assert!(RuleSet::resolve("r", &[rule("host = \"a/b\"")]).unwrap_err().contains("host"));
+    }
+
+    fn pkt(line: &str) -> String {
+        format!("{:04x}{line}", line.len() + 4)
+    }
+
+    #[test]
+    fn a_push_is_read_from_its_commands_and_refused_whole_outside_the_patterns() {
+        let (z, a, b) = ("0".repeat(40), "a".repeat(40), "b".repeat(40));
+        let body = format!("{}{}0000PACK...", pkt(&format!("{z} {a} refs/heads/agent/fix\0report-status side-band-64k\n")), pkt(&format!("{a} {b} refs/heads/agent/x/y\n")));
+        let (updates, used) = receive_pack_commands(body.as_bytes()).unwrap().unwrap();
+        assert_eq!(&body[used..], "PACK...");
+        assert_eq!(updates.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(), ["refs/heads/agent/fix", "refs/heads/agent/x/y"]);
+        assert_eq!(receive_pack_commands(&body.as_bytes()[..30]).unwrap(), None, "more bytes needed");
+        let rule = GitPush { refs: vec!["refs/heads/agent/*".into()], allow_delete: false };
+        assert!(check_push(&rule, &updates).is_ok());
+        let main = vec![updates[0].clone(), RefUpdate { old: a.clone(), new: b.clone(), name: "refs/heads/main".into() }];
+        assert!(check_push(&rule, &main).unwrap_err().contains("refs/heads/main"), "one bad ref refuses the whole push");
+        let tag = vec![RefUpdate { old: z.clone(), new: a.clone(), name: "refs/tags/v1".into() }];
+        assert!(check_push(&rule, &tag).is_err());
+        let delete = vec![RefUpdate { old: a.clone(), new: z.clone(), name: "refs/heads/agent/old".into() }];
+        assert!(check_push(&rule, &delete).unwrap_err().contains("deletes"));
+        assert!(check_push(&GitPush { allow_delete: true, ..rule.clone() }, &delete).is_ok());
+        for bad in ["zzzz", "0003", &pkt("not an update\n"), &format!("{}0000", pkt(&format!("push-cert\0{a}\n")))] {
+            assert!(receive_pack_commands(bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(ref_matches("refs/heads/*", "refs/heads/a/b") && !ref_matches("refs/heads/agent/*", "refs/heads/agentx"));
+    }
+
+    #[tokio::test]
+    async fn the_ca_mints_certificates_a_guest_trusting_it_accepts_for_that_host_only() {
+        use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+        let ca = Ca::generate("test").unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap()).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let client = std::sync::Arc::new(rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth());
+        let handshake = |asked: &'static str, served: &'static str| {
+            let (client, server_config) = (client.clone(), ca.server_config(served).unwrap());
+            async move {
+                let (a, b) = tokio::io::duplex(1 << 16);
+                let server = tokio::spawn(async move { tokio_rustls::TlsAcceptor::from(server_config).accept(b).await.is_ok() });
+                let ok = tokio_rustls::TlsConnector::from(client).connect(ServerName::try_from(asked).unwrap(), a).await.is_ok();
+                let _ = server.await;
+                ok
+            }
+        };
+        assert!(handshake("api.internal", "api.internal").await, "a guest trusting the CA accepts the host's certificate");
+        assert!(!handshake("bank.example", "api.internal").await, "and no other name with it");
+        assert!(std::sync::Arc::ptr_eq(&ca.server_config("API.internal").unwrap(), &ca.server_config("api.internal").unwrap()), "minted once per host");
+        assert!(!Ca::generate("other").unwrap().pem().is_empty() && Ca::generate("x").unwrap().pem() != ca.pem(), "a new CA each time");
+    }
 }
