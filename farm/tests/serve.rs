@@ -860,3 +860,25 @@ async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
 }
+
+/// A paused session is removed `serve.paused_retention_secs` after its pause: its folder goes
+/// and the task snapshot's pin with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_session_is_removed_after_its_retention() {
+    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let service = out.path().join("service.toml");
+    std::fs::write(&service, format!("[serve]\nsuites = [\"{}\"]\npaused_retention_secs = 1\n", repo().join("configs/serve.toml").display())).unwrap();
+    let (mut serve, url) = farm_serve(&service, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let s = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await["session_id"].as_str().unwrap().to_string();
+    api.ok("POST", &format!("/v1/sessions/{s}/pause"), None, 200).await;
+    let started = Instant::now();
+    while api.call("GET", &format!("/v1/sessions/{s}"), None).await.0 != 404 {
+        assert!(started.elapsed() < Duration::from_secs(120), "the paused session was never removed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let left: Vec<_> = std::fs::read_dir(out.path().join("serve/paused")).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(serve.log().contains("paused session removed after serve.paused_retention_secs"), "{}", serve.log());
+    stop(&mut serve);
+}
