@@ -111,7 +111,7 @@ impl Engine {
             None => from.clone(),
         };
         let child = snapshotter::snapshot_fork(store, &self.forker, &parent, &live.fork, "branch", None, true).await.map_err(BranchError::Snapshot)?;
-        let branch = Arc::new(Branch { snapshot: child, store: store.clone(), parent: live.origin.clone(), folder: None, pin: None });
+        let branch = Arc::new(Branch { snapshot: child, store: store.clone(), parent: live.origin.clone(), folder: None, pin: None, keep: Default::default() });
         let forker = Forker { max_disk_bytes: self.forker.max_disk_bytes, ..self.forker.clone() };
         let identity = ForkIdentity { env: live.fork.identity.env.clone(), ..ForkIdentity::new(seed) };
         let fork = forker.fork(&branch.snapshot, identity).await.map_err(BranchError::Fork)?;
@@ -280,16 +280,26 @@ pub struct Branch {
     folder: Option<std::path::PathBuf>,
     /// A pin on the base snapshot, dropped with it: (the base's store, the holder).
     pin: Option<(SnapshotStore, std::path::PathBuf)>,
+    /// Left on disk when dropped (a paused session at shutdown, for the next start).
+    keep: std::sync::atomic::AtomicBool,
 }
 
 impl Branch {
     pub(crate) fn holding(snapshot: Snapshot, store: SnapshotStore, folder: Option<std::path::PathBuf>, pin: Option<(SnapshotStore, std::path::PathBuf)>) -> Branch {
-        Branch { snapshot, store, parent: None, folder, pin }
+        Branch { snapshot, store, parent: None, folder, pin, keep: Default::default() }
+    }
+
+    /// Leaves the snapshot (and its folder and pin) on disk when the last holder drops it.
+    pub(crate) fn keep(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 impl Drop for Branch {
     fn drop(&mut self) {
+        if self.keep.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let _ = self.store.remove(self.snapshot.id());
         let _ = &self.parent;
         if let Some(folder) = &self.folder {

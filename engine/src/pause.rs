@@ -75,6 +75,12 @@ pub struct PausedFork {
 }
 
 impl PausedFork {
+    /// Leaves the folder on disk when the last holder drops it (a service stopping: the
+    /// next start takes the session up).
+    pub fn keep_on_disk(&self) {
+        self.state.keep();
+    }
+
     /// Bytes the folder takes on disk (allocated blocks).
     pub fn disk_bytes(&self) -> u64 {
         disk_usage(&self.dir)

@@ -623,8 +623,16 @@ async fn a_paused_session_survives_a_kill_and_resumes_as_it_was() {
     assert_eq!(api.call("GET", &format!("/v1/sessions/{d}"), None).await.0, 404);
     let left: Vec<_> = std::fs::read_dir(out.path().join("paused")).unwrap().collect();
     assert!(left.is_empty(), "paused folders left: {left:?}");
+    // A paused session outlives an orderly stop (SIGTERM) too.
+    let k = api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201).await["session_id"].as_str().unwrap().to_string();
+    api.ok("POST", &format!("/v1/sessions/{k}/pause"), None, 200).await;
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
+    assert_eq!(std::fs::read_dir(out.path().join("paused")).unwrap().count(), 1, "the paused folder is kept at shutdown");
+    let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    assert_eq!(api.ok("GET", &format!("/v1/sessions/{k}"), None, 200).await["state"], "paused");
+    stop(&mut serve);
 }
 
 /// The same server over HTTPS, with a certificate for `host.farm.internal` from a private CA

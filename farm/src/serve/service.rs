@@ -469,6 +469,13 @@ impl Service {
         for id in sessions {
             let _ = self.end_session(&id, "the service shut down").await;
         }
+        // Paused sessions stay on disk for the next start.
+        let all = self.lock().sessions.all();
+        for (_, session) in all {
+            if let Some(paused) = &session.lock().await.paused {
+                paused.keep_on_disk();
+            }
+        }
     }
 
     /// Writes pending rows into a Parquet part.
