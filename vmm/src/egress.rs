@@ -192,6 +192,11 @@ impl RuleSet {
     pub fn decide(&self, method: &str, host: &str, port: u16, target: &str) -> Decision<'_> {
         let path = target.split('?').next().unwrap_or("");
         let query = target.split_once('?').map(|(_, q)| q).unwrap_or("");
+        // A prefix means what it says only on a path in normal form: no `.` or `..` segments,
+        // no empty ones, and no escaped `.`, `/` or `\` a server would decode into them.
+        if let Some(why) = abnormal(path) {
+            return Decision::Deny(format!("{method} {host}:{port}{path}: {why}; rules of {} compare normal paths only", self.name));
+        }
         for (i, rule) in self.rules.iter().enumerate() {
             if !host_matches(&rule.host, host) || rule.port.is_some_and(|p| p != port) {
                 continue;
@@ -201,7 +206,7 @@ impl RuleSet {
                 // Only the two requests of a push: the refs advertisement and the push itself.
                 Some(_) => {
                     under(&rule.paths)
-                        && ((method == "GET" && path.ends_with("/info/refs") && query.split('&').any(|kv| kv == "service=git-receive-pack"))
+                        && ((method == "GET" && path.ends_with("/info/refs") && query.split('&').filter(|kv| kv.starts_with("service=")).eq(["service=git-receive-pack"]))
                             || (method == "POST" && path.ends_with("/git-receive-pack")))
                 }
                 None => (rule.methods.is_empty() || rule.methods.iter().any(|m| m == method)) && under(&rule.paths),
@@ -214,6 +219,21 @@ impl RuleSet {
         }
         Decision::Deny(format!("no rule of {} allows {method} {host}:{port}{path}", self.name))
     }
+}
+
+/// Why a request path is not in normal form, if it is not.
+fn abnormal(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("the path does not start with /");
+    }
+    let lower = path.to_ascii_lowercase();
+    if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) || path.contains('\\') {
+        return Some("the path escapes a '.', '/' or '\\'");
+    }
+    if path[1..].split('/').enumerate().any(|(i, seg)| seg == "." || seg == ".." || (seg.is_empty() && i + 1 < path[1..].split('/').count())) {
+        return Some("the path has '.', '..' or empty segments");
+    }
+    None
 }
 
 /// One ref update of a push: `old new name` (ids in hex).
@@ -420,6 +440,13 @@ mod tests {
         assert!(matches!(set.decide("POST", "a.git.internal", 80, "/other.git/git-receive-pack"), Decision::Deny(_)));
         assert!(matches!(set.decide("POST", "git.internal", 80, "/repo.git/git-receive-pack"), Decision::Deny(_)), "*.x is the subdomains");
         assert!(set.inspects("pypi.internal", 80) && !set.inspects("pypi.org", 443));
+        // Paths that a server would read as another place are refused, whatever the prefix.
+        for sneaky in ["/repo.git/../other.git/git-receive-pack", "/repo.git/%2e%2e/other.git/git-receive-pack", "/repo.git//git-receive-pack", "/simple/./x", "/simple/%2F..%2fadmin", "/simple\\..\\admin"] {
+            let method = if sneaky.starts_with("/repo") { "POST" } else { "GET" };
+            assert!(matches!(set.decide(method, "a.git.internal", 80, sneaky), Decision::Deny(_)) && matches!(set.decide(method, "pypi.internal", 80, sneaky), Decision::Deny(_)), "{sneaky}");
+        }
+        assert!(matches!(set.decide("GET", "pypi.internal", 80, "/simple/"), Decision::Allow { .. }), "a trailing / is fine");
+        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-upload-pack&service=git-receive-pack"), Decision::Deny(_)), "one service only");
         // Bad rules name the field; a missing credential names the variable.
         std::env::remove_var("FARM_TEST_EGRESS_MISSING");
         let missing = RuleSet::resolve("r", &[rule("host = \"a\"\ncredential = { header = \"X-Key\", env = \"FARM_TEST_EGRESS_MISSING\" }")]).unwrap_err();

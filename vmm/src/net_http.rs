@@ -179,6 +179,14 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
     for name in ["proxy-connection", "proxy-authorization"] {
         parts.headers.remove(name);
     }
+    // The host the rules checked is the one the server hears of (no other virtual host).
+    let host_header = if (tunnel.is_some() && port == 443) || (tunnel.is_none() && port == 80) { host.clone() } else { format!("{host}:{port}") };
+    match hyper::header::HeaderValue::from_str(&host_header) {
+        Ok(value) => {
+            parts.headers.insert(hyper::header::HOST, value);
+        }
+        Err(_) => return plain(StatusCode::BAD_REQUEST, format!("{host} is not a host name")),
+    }
     if let Some((header, value)) = &credential {
         match (hyper::header::HeaderName::from_bytes(header.as_bytes()), hyper::header::HeaderValue::from_str(value)) {
             (Ok(name), Ok(mut value)) => {
