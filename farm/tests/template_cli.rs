@@ -95,3 +95,15 @@ fn two_processes_racing_on_one_store_build_the_template_once() {
     let verify = farm(store.path(), &["snapshot", "verify", &names[0]]);
     assert!(verify.status.success(), "{}", text(&verify));
 }
+
+/// More forks than the host's limits allow: the bench names each limit and the setting that
+/// lifts it before it starts anything.
+#[test]
+fn a_bench_the_host_cannot_hold_names_the_limit_before_it_starts() {
+    let store = tempfile::tempdir().unwrap();
+    let o = farm(store.path(), &["bench", "fork", "--image", "minimal", "--alive", "100000000"]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("cannot hold 100000000 forks alive") && t.contains("LimitNOFILE") && t.contains("kernel.threads-max"), "{t}");
+    assert_eq!(std::fs::read_dir(store.path()).unwrap().count(), 0, "nothing was started or built");
+}

@@ -239,6 +239,76 @@ pub fn live_count() -> usize {
     live_children().lock().unwrap_or_else(|p| p.into_inner()).len()
 }
 
+/// Descriptors farm holds per live VM (QMP, agent and network channels, console, pidfd, run
+/// folder), with room to spare; measured at about 6.
+pub const DESCRIPTORS_PER_VM: u64 = 10;
+/// Host threads per live VM (QEMU's main loop, vCPU, I/O, RCU and worker threads).
+pub const THREADS_PER_VM: u64 = 8;
+
+/// The host limits that many VMs meet, as read now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostLimits {
+    /// This process's hard open-file limit.
+    pub open_files: u64,
+    /// `kernel.threads-max`.
+    pub threads_max: u64,
+    /// `kernel.pid_max`.
+    pub pid_max: u64,
+    /// Tasks on the host now.
+    pub tasks_now: u64,
+    /// The `pids.max` of this process's cgroup, when one is set.
+    pub cgroup_pids_max: Option<u64>,
+}
+
+impl HostLimits {
+    pub fn probe() -> HostLimits {
+        let read_u64 = |path: &str| std::fs::read_to_string(path).ok().and_then(|t| t.trim().parse::<u64>().ok());
+        let open_files = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(_, hard)| hard).unwrap_or(1024);
+        // /proc/loadavg: "0.00 0.01 0.05 1/234 5678": running/total tasks.
+        let tasks_now = std::fs::read_to_string("/proc/loadavg").ok().and_then(|t| t.split_whitespace().nth(3).and_then(|f| f.split('/').nth(1)).and_then(|n| n.parse().ok())).unwrap_or(0);
+        let cgroup_pids_max = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|text| {
+            text.lines().find_map(|line| {
+                let mut parts = line.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                let base = if controllers.split(',').any(|c| c == "pids") { "/sys/fs/cgroup/pids" } else if controllers.is_empty() { "/sys/fs/cgroup" } else { return None };
+                read_u64(&format!("{base}{path}/pids.max"))
+            })
+        });
+        HostLimits {
+            open_files,
+            threads_max: read_u64("/proc/sys/kernel/threads-max").unwrap_or(u64::MAX),
+            pid_max: read_u64("/proc/sys/kernel/pid_max").unwrap_or(u64::MAX),
+            tasks_now,
+            cgroup_pids_max,
+        }
+    }
+
+    /// What stops `vms` VMs from running at once here, each with the setting that lifts it.
+    pub fn problems(&self, vms: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        let files = vms * DESCRIPTORS_PER_VM + 256;
+        if self.open_files < files {
+            out.push(format!(
+                "{vms} VMs need about {files} open files and farm may open {} (its hard limit): raise it with `ulimit -Hn {files}` in the shell that starts farm, or LimitNOFILE={files} in its systemd unit",
+                self.open_files
+            ));
+        }
+        let tasks = self.tasks_now + vms * THREADS_PER_VM;
+        if self.threads_max < tasks {
+            out.push(format!("{vms} VMs need about {} more threads and kernel.threads-max is {}: `sysctl -w kernel.threads-max={}`", vms * THREADS_PER_VM, self.threads_max, tasks * 2));
+        }
+        if self.pid_max < tasks {
+            out.push(format!("{vms} VMs need about {} more process ids and kernel.pid_max is {}: `sysctl -w kernel.pid_max={}`", vms * THREADS_PER_VM, self.pid_max, (tasks * 2).min(4_194_304)));
+        }
+        if let Some(max) = self.cgroup_pids_max {
+            if max < vms * THREADS_PER_VM + 64 {
+                out.push(format!("{vms} VMs need about {} tasks and farm's cgroup allows {max} (pids.max): raise it, or TasksMax= in farm's systemd unit", vms * THREADS_PER_VM + 64));
+            }
+        }
+        out
+    }
+}
+
 /// Raises this process's soft open-file limit to its hard limit. farm holds a few
 /// descriptors per VM, so the usual soft limit of 1,024 would stop it near 160 VMs; the hard
 /// limit is the operator's to set (`ulimit -Hn`, `LimitNOFILE=`). Returns the limit now in
@@ -250,4 +320,22 @@ pub fn raise_open_file_limit() -> io::Result<u64> {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
     }
     Ok(hard.max(soft))
+}
+
+#[cfg(test)]
+mod limits_tests {
+    use super::*;
+
+    #[test]
+    fn each_limit_that_stops_many_vms_is_named_with_the_setting_that_lifts_it() {
+        let roomy = HostLimits { open_files: 1 << 20, threads_max: 1 << 20, pid_max: 4_194_304, tasks_now: 300, cgroup_pids_max: None };
+        assert!(roomy.problems(1000).is_empty());
+        let tight = HostLimits { open_files: 4096, threads_max: 6000, pid_max: 32768, tasks_now: 300, cgroup_pids_max: Some(4000) };
+        let problems = tight.problems(1000);
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(problems[0].contains("ulimit -Hn 10256") && problems[0].contains("LimitNOFILE"), "{}", problems[0]);
+        assert!(problems[1].contains("kernel.threads-max"), "{}", problems[1]);
+        assert!(problems[2].contains("pids.max") && problems[2].contains("TasksMax"), "{}", problems[2]);
+        assert!(tight.problems(100).is_empty(), "100 VMs fit");
+    }
 }

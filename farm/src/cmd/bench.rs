@@ -206,6 +206,12 @@ fn mem_total_mib() -> u64 {
 }
 
 async fn fork(args: ForkArgs) -> Result<i32> {
+    // A host limit that would stop the forks held alive is named before anything starts,
+    // with the setting that lifts it.
+    let problems = vmm::process::HostLimits::probe().problems(args.alive as u64);
+    if !problems.is_empty() {
+        anyhow::bail!("this host cannot hold {} forks alive (--alive):\n  {}", args.alive, problems.join("\n  "));
+    }
     let progress = !args.json;
     let say = |s: &str| {
         if progress {

@@ -162,6 +162,11 @@ impl Service {
             states.insert(name, SuiteState { suite, engine: Arc::new(engine), tasks, snapshots });
         }
         tracing::info!("{}", counts.explanation);
+        // VMs the service may hold at once: a host limit that would stop it short is named.
+        let vms = (settings.max_sessions + counts.concurrency * 2 + counts.warm_pool * states.len().max(1)) as u64;
+        for problem in vmm::process::HostLimits::probe().problems(vms) {
+            tracing::warn!("{problem} (serve.max_sessions {} and concurrency {} allow up to {vms} VMs)", settings.max_sessions, counts.concurrency);
+        }
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         // A previous process's branch snapshots are of no use to anyone.
         let branches = SnapshotStore::new(out.join("branches"));
