@@ -632,6 +632,9 @@ async fn a_paused_session_survives_a_kill_and_resumes_as_it_was() {
     let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
     let api = Api::new(&url, None);
     assert_eq!(api.ok("GET", &format!("/v1/sessions/{k}"), None, 200).await["state"], "paused");
+    // Taken up after a restart, it can be deleted: its folder goes.
+    api.ok("DELETE", &format!("/v1/sessions/{k}"), None, 200).await;
+    assert_eq!(std::fs::read_dir(out.path().join("paused")).unwrap().count(), 0);
     stop(&mut serve);
 }
 
