@@ -280,6 +280,10 @@ if ! python3 -c 'import pyarrow' 2>/dev/null; then
   log "installing pyarrow from PyPI (for the output tests)"
   pip_install pyarrow
 fi
+if ! python3 -c 'import yaml' 2>/dev/null; then
+  log "installing PyYAML from PyPI (the scale-out test reads the Kubernetes manifests)"
+  pip_install pyyaml
+fi
 if ! python3 -c 'import requests' 2>/dev/null; then
   log "installing requests from PyPI (for examples/farm_client.py)"
   pip_install requests
