@@ -25,7 +25,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def record(self, authorized):
         with open(LOG, "a") as f:
-            f.write(f"{self.command} {self.path} {'token' if authorized else 'no-token'}\n")
+            f.write(f"{self.command} {self.path} {'token' if authorized else 'no-token'} host={self.headers.get('Host')}\n")
 
     def body(self):
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

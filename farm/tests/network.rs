@@ -23,29 +23,8 @@ impl Drop for Server {
 
 /// A package index on 127.0.0.1 serving `farmtestpkg` 1.0; its port.
 fn package_index(dir: &Path) -> (Server, u16) {
-    let script = r#"
-import os, sys, zipfile, hashlib, base64
-root = sys.argv[1]
-os.makedirs(root + "/simple/farmtestpkg", exist_ok=True)
-os.makedirs(root + "/packages", exist_ok=True)
-name = "farmtestpkg-1.0-py3-none-any.whl"
-files = {
-    "farmtestpkg/__init__.py": b"VALUE = 42\n",
-    "farmtestpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: farmtestpkg\nVersion: 1.0\n",
-    "farmtestpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: farm-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = ""
-for path, data in files.items():
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    record += f"{path},sha256={digest},{len(data)}\n"
-record += "farmtestpkg-1.0.dist-info/RECORD,,\n"
-with zipfile.ZipFile(root + "/packages/" + name, "w") as z:
-    for path, data in files.items():
-        z.writestr(path, data)
-    z.writestr("farmtestpkg-1.0.dist-info/RECORD", record)
-open(root + "/simple/farmtestpkg/index.html", "w").write(f'<a href="../../packages/{name}">{name}</a>\n')
-"#;
-    let o = Command::new("python3").arg("-c").arg(script).arg(dir).output().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/package_index.py");
+    let o = Command::new("python3").arg(script).arg(dir).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let server = Server(Command::new("python3").args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"]).arg(dir).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());

@@ -727,6 +727,14 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
     // A pass-through host: CONNECT is relayed as is (the guest sees the server's own
     // certificate, and no credential is added: the server answers 401).
     assert_eq!(run_in(&api, &s, &https("GET", pass_port, false)).await.trim(), "401 a bearer token is required", "pass-through CONNECT");
+    // A raw request to the proxy naming another virtual host in its Host header: the
+    // upstream hears the host the rules checked.
+    let raw = format!(
+        "python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', 3128)); s.sendall(b'GET {base}/simple/pkg/ HTTP/1.1\\r\\nHost: internal-admin.example\\r\\nConnection: close\\r\\n\\r\\n'); print(s.recv(100).split(b'\\r\\n')[0].decode())\""
+    );
+    assert_eq!(run_in(&api, &s, &raw).await.trim(), "HTTP/1.1 200 OK");
+    let log = std::fs::read_to_string(git.path().join("requests.log")).unwrap();
+    assert!(!log.contains("internal-admin") && log.contains(&format!("host=host.farm.internal:{port}")), "{log}");
     let git_in_guest = format!("cd /root && git init -q -b main w && cd w && git -c user.email=a@farm -c user.name=a commit -q --allow-empty -m agent && git remote add origin {base}/repo.git && echo made");
     assert_eq!(run_in(&api, &s, &git_in_guest).await.trim(), "made");
     let push = |refspec: &str| format!("cd /root/w && git push origin {refspec} 2>&1; echo rc=$?");
@@ -764,34 +772,10 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
     assert_no_qemu_of(run_dir.path());
 }
 
-/// A package index of `farmtestpkg` 1.0 (a wheel written here) and the host Python's own pip
-/// wheel, under ROOT/index for farm/tests/git_server.py.
+/// A package index of `farmtestpkg` 1.0 and the host Python's own pip wheel, under ROOT/index
+/// for farm/tests/git_server.py (farm/tests/package_index.py).
 fn package_index(root: &Path) {
-    let script = r#"
-import base64, ensurepip, glob, hashlib, os, shutil, sys, zipfile
-root = sys.argv[1] + "/index"
-os.makedirs(root + "/simple/farmtestpkg", exist_ok=True)
-os.makedirs(root + "/packages", exist_ok=True)
-name = "farmtestpkg-1.0-py3-none-any.whl"
-files = {
-    "farmtestpkg/__init__.py": b"def double(x):\n    return 2 * x\n",
-    "farmtestpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: farmtestpkg\nVersion: 1.0\n",
-    "farmtestpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: farm-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = ""
-for path, data in files.items():
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    record += f"{path},sha256={digest},{len(data)}\n"
-record += "farmtestpkg-1.0.dist-info/RECORD,,\n"
-with zipfile.ZipFile(root + "/packages/" + name, "w") as z:
-    for path, data in files.items():
-        z.writestr(path, data)
-    z.writestr("farmtestpkg-1.0.dist-info/RECORD", record)
-open(root + "/simple/farmtestpkg/index.html", "w").write(f'<a href="../../packages/{name}">{name}</a>\n')
-bundled = sorted(glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl")))[-1]
-shutil.copy(bundled, root + "/packages/pip.whl")
-"#;
-    let o = Command::new("python3").arg("-c").arg(script).arg(root).output().unwrap();
+    let o = Command::new("python3").arg(repo().join("farm/tests/package_index.py")).arg(root.join("index")).arg("--with-pip").output().unwrap();
     assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
 }
 
