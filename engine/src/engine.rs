@@ -117,10 +117,26 @@ pub struct Served {
     pub metadata: Option<String>,
 }
 
+/// How this host runs VMs, as the operator chose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostChoices {
+    pub accel: AccelSetting,
+    /// Same-page merging of QEMU's memory (checked by the caller against the host).
+    pub ksm: vmm::Ksm,
+}
+
+impl From<AccelSetting> for HostChoices {
+    fn from(accel: AccelSetting) -> HostChoices {
+        HostChoices { accel, ksm: vmm::Ksm::Off }
+    }
+}
+
 impl Engine {
     /// Prepares the suite's template snapshot (built, or reused from the store).
-    pub async fn start(suite: &Suite, accel: AccelSetting, run_id: &str, progress: &(dyn Fn(&str) + Sync)) -> Result<Engine, EngineError> {
-        let mut vm = VmSettings::detect(accel)?;
+    pub async fn start(suite: &Suite, host: impl Into<HostChoices>, run_id: &str, progress: &(dyn Fn(&str) + Sync)) -> Result<Engine, EngineError> {
+        let host = host.into();
+        let mut vm = VmSettings::detect(host.accel)?;
+        vm.ksm = host.ksm;
         vm.boot_timeout = Duration::from_secs(300);
         let mut config = suite.config.clone();
         // The rollouts' egress, with the rules' credentials read now: a missing one stops

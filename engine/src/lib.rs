@@ -37,6 +37,6 @@ pub mod sizing;
 
 pub use action::{observation, Submitted};
 pub use end::End;
-pub use engine::{describe, rollout_seed, Engine, EngineError, ForkTaskError, Planned, Served, TaskSnapshot, TaskSnapshots};
+pub use engine::{describe, rollout_seed, Engine, EngineError, ForkTaskError, HostChoices, Planned, Served, TaskSnapshot, TaskSnapshots};
 pub use live::{Branch, BranchError, LiveFork};
 pub use policy::Policy;

@@ -877,3 +877,44 @@ async fn a_paused_session_is_removed_after_its_retention() {
     assert!(serve.log().contains("paused session removed after serve.paused_retention_secs"), "{}", serve.log());
     stop(&mut serve);
 }
+
+/// Memory admission: past the reserve a session gets 503 with the figures (never a VM the
+/// host cannot hold); `max_sessions = "auto"` follows memory; bad values are named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_pressure_refuses_sessions_with_503_and_the_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = repo().join("configs/serve.toml");
+    for (bad, named) in [("memory_reserve_percent = 100", "serve.memory_reserve_percent"), ("max_sessions = 0", "serve.max_sessions"), ("ksm = \"maybe\"", "ksm")] {
+        let config = dir.path().join("bad.toml");
+        std::fs::write(&config, format!("[serve]\nsuites = [\"{}\"]\n{bad}\n", suite.display())).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_farm")).arg("serve").arg(&config).output().unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named) && stderr.contains("bad.toml"), "{bad}: {stderr}");
+    }
+    // A reserve of 99 % of MemTotal: no host has that much available, so no VM is admitted.
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, format!("[serve]\nsuites = [\"{}\"]\nconcurrency = 1\nwarm_pool = 0\nmemory_reserve_percent = 99\n", suite.display())).unwrap();
+    let (out, run_dir) = (dir.path().join("out"), tempfile::tempdir().unwrap());
+    let (mut serve, url) = farm_serve(&config, &out, run_dir.path(), "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let capacity = api.ok("GET", "/v1/capacity", None, 200).await;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    let total = total_kib * 1024;
+    assert_eq!(capacity["memory"]["reserve_mib"].as_u64(), Some((total / 100 * 99) >> 20), "{capacity}");
+    assert_eq!(capacity["memory"]["more_vms"], 0, "{capacity}");
+    // auto: what memory past the reserve holds at 16 MiB a session (at least one).
+    assert_eq!(capacity["max_sessions"].as_u64(), Some((((total - total / 100 * 99) >> 20) / 16).max(1)), "{capacity}");
+    let (status, headers, body) = api.send("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), &[]).await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 503, "{v}");
+    assert!(headers.contains_key("retry-after"));
+    let message = v["error"].as_str().unwrap();
+    for part in ["MiB available", "a VM costs about", "serve.memory_reserve_percent"] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    assert_eq!(api.ok("GET", "/v1/sessions", None, 200).await["sessions"].as_array().map(Vec::len), Some(0));
+    stop(&mut serve);
+    assert_no_qemu_of(run_dir.path());
+}

@@ -63,12 +63,13 @@ pub fn template_snapshot_id(template_digest: &str, artifacts: &GuestArtifacts, f
 }
 
 /// The id of a template snapshot from its inputs: the template's digest, the guest's
-/// artifacts (kernel, image, agent) and the host profile a snapshot only resumes on.
+/// artifacts (kernel, image, agent), the kernel command line and the host profile a snapshot
+/// only resumes on.
 fn template_key(template_digest: &str, artifact_keys: [&str; 3], host: &crate::HostProfile) -> String {
     let mut h = Sha256::new();
     let accel = host.accel.to_string();
     let format = SNAPSHOT_FORMAT_VERSION.to_string();
-    let parts = [template_digest, artifact_keys[0], artifact_keys[1], artifact_keys[2], &host.qemu_version, &accel, &host.cpu_model, &format];
+    let parts = [template_digest, artifact_keys[0], artifact_keys[1], artifact_keys[2], &host.qemu_version, &accel, &host.cpu_model, &format, vmm::qemu::KERNEL_CMDLINE];
     for part in parts {
         h.update(part.as_bytes());
         h.update([0]);

@@ -73,6 +73,8 @@ pub struct Confinement {
     pub max_file_bytes: u64,
     /// A cgroup's `cgroup.procs` to join before dropping privileges.
     pub cgroup_procs: Option<PathBuf>,
+    /// Same-page merging of the process's memory, and its address space layout.
+    pub ksm: crate::Ksm,
 }
 
 /// Whether the current process may switch users.

@@ -20,7 +20,9 @@ pub mod console;
 pub mod egress;
 pub mod image;
 pub mod jail;
+pub mod ksm;
 pub mod machine;
+pub mod memory;
 pub mod net;
 mod net_http;
 #[allow(unsafe_code)]
@@ -32,4 +34,5 @@ pub mod qmp;
 pub use accel::{Accel, AccelSetting};
 pub use agent::{AgentClient, AgentError, ExecOptions, ExecOutput, FilePlacement, TestsOutput};
 pub use artifacts::GuestArtifacts;
+pub use ksm::Ksm;
 pub use machine::{Machine, MachineError, VmSettings};

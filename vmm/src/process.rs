@@ -79,6 +79,7 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
     let groups: Vec<Gid> = confinement.groups.iter().map(|g| Gid::from_raw(*g)).collect();
     let uid = confinement.uid;
     let max_file_bytes = confinement.max_file_bytes;
+    let ksm = confinement.ksm;
     // Opened here, written in the child before it drops root; closed when the command (which
     // owns the hook) is dropped.
     let cgroup = match &confinement.cgroup_procs {
@@ -89,7 +90,8 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
     // `groups` were built before the fork) and makes only async-signal-safe system calls:
     // the nix functions used take integers, descriptors or slices built before the fork and
     // wrap one call each (write, setrlimit, signal, setgroups, setresgid, setresuid, prctl,
-    // getppid, fcntl, dup2, setpgid); the raw ones are close_range and _exit.
+    // getppid, fcntl, dup2, setpgid); the raw ones are prctl, personality, close_range and
+    // _exit.
     unsafe {
         command.pre_exec(move || {
             if let Some(file) = &cgroup {
@@ -113,6 +115,16 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
                 setgroups(&groups)?;
                 setresgid(gid, gid, gid)?;
                 setresuid(uid, uid, uid)?;
+            }
+            // Both survive the exec (Linux 6.4+ keeps PR_SET_MEMORY_MERGE across it).
+            if ksm != crate::Ksm::Off && libc::prctl(libc::PR_SET_MEMORY_MERGE, 1, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if ksm == crate::Ksm::OnNoAslr {
+                let current = libc::personality(0xffff_ffff);
+                if current == -1 || libc::personality(current as libc::c_ulong | libc::ADDR_NO_RANDOMIZE as libc::c_ulong) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             nix::sys::prctl::set_no_new_privs()?;
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
@@ -232,6 +244,11 @@ pub fn kill_pid(pid: u32) {
     if live_children().lock().unwrap_or_else(|p| p.into_inner()).contains(&pid) {
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
     }
+}
+
+/// The QEMU processes this process started that are still alive.
+pub fn live_pids() -> Vec<u32> {
+    live_children().lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect()
 }
 
 /// Number of QEMU processes this process started that are still alive.

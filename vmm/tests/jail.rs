@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::runtime;
+use vmm::Machine;
 
 fn status_field(pid: u32, name: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -101,5 +102,60 @@ fn a_console_flood_leaves_a_bounded_log_and_a_working_guest() {
         assert!(size <= vmm::console::LOG_CAP + vmm::console::TAIL as u64 + 200, "console.log grew to {size} bytes");
         assert!(std::fs::read_to_string(&log).unwrap().contains("earlier bytes of console output dropped"));
         machine.agent().ping().await.unwrap();
+    });
+}
+
+fn ksm_and_layout(pid: u32) -> (String, bool, String, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).unwrap_or_default();
+    let merge_any = stat.lines().find_map(|l| l.strip_prefix("ksm_merge_any:")).unwrap_or("absent").trim().to_string();
+    let persona = u32::from_str_radix(std::fs::read_to_string(format!("/proc/{pid}/personality")).unwrap().trim(), 16).unwrap();
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap()).replace('\0', " ");
+    let merge = cmdline.split_whitespace().find(|a| a.starts_with("microvm,")).unwrap().split(',').find(|o| o.starts_with("mem-merge=")).unwrap_or("none").to_string();
+    // Where QEMU's own binary is mapped.
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let base = maps.lines().find(|l| l.contains("qemu-system")).unwrap().split('-').next().unwrap().to_string();
+    (merge_any, persona & libc::ADDR_NO_RANDOMIZE as u32 != 0, merge, base)
+}
+
+/// KSM is off unless asked for, and then so is QEMU's own merging of guest RAM; with
+/// `on-no-aslr` every QEMU may be merged and loads at the same addresses (what lets their
+/// relocated data merge), while the default keeps each QEMU's layout random.
+#[test]
+fn ksm_is_off_by_default_and_on_no_aslr_gives_every_qemu_one_layout() {
+    let host = vmm::ksm::KsmHost::probe();
+    runtime().block_on(async {
+        let a = common::artifacts("minimal");
+        let boot = |ksm: vmm::Ksm| {
+            let (kernel, image) = (a.kernel.path.clone(), a.image.path.clone());
+            async move {
+                let mut settings = common::settings();
+                settings.ksm = ksm;
+                Machine::boot(&settings, &kernel, &image).await.unwrap()
+            }
+        };
+        let (plain1, plain2) = (boot(vmm::Ksm::Off).await, boot(vmm::Ksm::Off).await);
+        let (p1, p2) = (ksm_and_layout(plain1.pid()), ksm_and_layout(plain2.pid()));
+        for p in [&p1, &p2] {
+            assert_eq!((p.1, p.2.as_str()), (false, "mem-merge=off"), "{p:?}");
+            if host.process_merge {
+                assert_eq!(p.0, "no", "{p:?}");
+            }
+        }
+        assert_ne!(p1.3, p2.3, "two default QEMUs load at random addresses");
+        if !host.process_merge {
+            eprintln!("this kernel has no PR_SET_MEMORY_MERGE: the KSM modes are refused here, not tested");
+            return;
+        }
+        let (merged1, merged2) = (boot(vmm::Ksm::OnNoAslr).await, boot(vmm::Ksm::OnNoAslr).await);
+        merged1.agent().ping().await.unwrap();
+        merged2.agent().ping().await.unwrap();
+        let (m1, m2) = (ksm_and_layout(merged1.pid()), ksm_and_layout(merged2.pid()));
+        for m in [&m1, &m2] {
+            assert_eq!((m.0.as_str(), m.1, m.2.as_str()), ("yes", true, "mem-merge=on"), "{m:?}");
+        }
+        assert_eq!(m1.3, m2.3, "without ASLR every QEMU loads at the same address");
+        let on = boot(vmm::Ksm::On).await;
+        let o = ksm_and_layout(on.pid());
+        assert_eq!((o.0.as_str(), o.1, o.2.as_str()), ("yes", false, "mem-merge=on"), "{o:?}");
     });
 }

@@ -16,6 +16,9 @@ pub enum BenchCommand {
     /// Cold boot vs fork-to-first-exec (with and without the warm pool), private dirty memory
     /// per idle fork, and forks alive at once within a memory budget.
     Fork(ForkArgs),
+    /// Idle but live forks held at once (default 1,000): exec latency against a few alive,
+    /// memory per fork (PSS, USS, where it goes), idle CPU, host memory, OOM kills.
+    Density(super::density::DensityArgs),
     /// Write a synthetic run of N rows (for timing `farm report` on large runs; no VM runs).
     SyntheticRun(SyntheticArgs),
 }
@@ -91,12 +94,13 @@ pub async fn run(command: BenchCommand) -> Result<i32> {
     match command {
         BenchCommand::Boot(args) => boot(args).await,
         BenchCommand::Fork(args) => fork(args).await,
+        BenchCommand::Density(args) => super::density::density(args).await,
         BenchCommand::SyntheticRun(args) => synthetic_run(args).await,
     }
 }
 
 /// p50 and p99 of milliseconds (nearest rank).
-fn percentiles(samples: &[f64]) -> serde_json::Value {
+pub(super) fn percentiles(samples: &[f64]) -> serde_json::Value {
     if samples.is_empty() {
         return json!(null);
     }
@@ -106,7 +110,7 @@ fn percentiles(samples: &[f64]) -> serde_json::Value {
     json!({ "p50": round(rank(0.50)), "p99": round(rank(0.99)), "min": round(s[0]), "max": round(s[s.len() - 1]), "n": s.len() })
 }
 
-fn round(x: f64) -> f64 {
+pub(super) fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
@@ -179,7 +183,7 @@ async fn boot(args: BootArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn print_report(report: &serde_json::Value, as_json: bool) {
+pub(super) fn print_report(report: &serde_json::Value, as_json: bool) {
     if as_json {
         crate::outln!("{report}");
         return;

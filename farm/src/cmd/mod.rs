@@ -1,6 +1,7 @@
 //! Subcommands.
 
 pub mod bench;
+pub mod density;
 pub mod merge;
 pub mod repair;
 pub mod snapshot;

@@ -11,6 +11,7 @@
 //! out = "serve-out"
 //! ```
 
+mod admission;
 mod api;
 mod book;
 mod paused;
@@ -73,9 +74,17 @@ pub struct ServeSection {
     /// Rollouts admitted but not started, at most; a submit past it gets 429.
     #[serde(default = "queue_limit")]
     pub queue_limit: usize,
-    /// Live sessions at once, at most.
-    #[serde(default = "max_sessions")]
-    pub max_sessions: usize,
+    /// Live sessions at once, at most: a number, or "auto" (as many as memory could hold at
+    /// an idle session's measured floor; the memory check then admits each one).
+    #[serde(default)]
+    pub max_sessions: Count,
+    /// Share of MemTotal, in percent, the service keeps free: a session, branch or resume
+    /// that would leave less gets 503.
+    #[serde(default = "memory_reserve_percent")]
+    pub memory_reserve_percent: u64,
+    /// Same-page merging of the VMs' memory: "off", "on" or "on-no-aslr" (README, Density).
+    #[serde(default)]
+    pub ksm: vmm::Ksm,
     /// A session idle this long is ended.
     #[serde(default = "lease")]
     pub session_lease_secs: u64,
@@ -103,8 +112,8 @@ fn default_listen() -> SocketAddr {
 fn queue_limit() -> usize {
     1024
 }
-fn max_sessions() -> usize {
-    16
+fn memory_reserve_percent() -> u64 {
+    10
 }
 fn lease() -> u64 {
     600
@@ -147,6 +156,12 @@ fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
     }
     if section.concurrency == Count::Fixed(0) {
         bail!("{}: serve.concurrency must be at least 1, or \"auto\"", path.display());
+    }
+    if section.max_sessions == Count::Fixed(0) {
+        bail!("{}: serve.max_sessions must be at least 1, or \"auto\"", path.display());
+    }
+    if section.memory_reserve_percent > 99 {
+        bail!("{}: serve.memory_reserve_percent must be a percentage of MemTotal below 100 (got {})", path.display(), section.memory_reserve_percent);
     }
     if section.queue_limit == 0 {
         bail!("{}: serve.queue_limit must be at least 1", path.display());

@@ -120,7 +120,10 @@ pub struct Service {
     pub(super) out: std::path::PathBuf,
     run_id: String,
     counter: AtomicU64,
-    pub(super) guest_mib: u32,
+    /// `serve.max_sessions`, resolved.
+    pub(super) max_sessions: usize,
+    /// What one more VM costs, as measured on the running ones.
+    pub(super) vm_cost: super::admission::VmCost,
     /// Held while the service runs (see `start`).
     _lock: std::fs::File,
 }
@@ -129,6 +132,14 @@ impl Service {
     /// Loads every suite's dataset and template (reusing snapshots), the task snapshots,
     /// and the output folder; records what a previous process left unfinished.
     pub async fn start(settings: &ServeSection, suites: Vec<Suite>, out: &Path, accel: vmm::AccelSetting) -> Result<Service> {
+        if let Some(note) = vmm::ksm::KsmHost::probe().check(settings.ksm).map_err(|e| anyhow::anyhow!("serve.ksm: {e}"))? {
+            tracing::warn!("{note}");
+        }
+        let host_memory = vmm::memory::HostMemory::probe().unwrap_or_default();
+        let max_sessions = match settings.max_sessions {
+            engine::config::Count::Fixed(n) => n,
+            engine::config::Count::Auto => super::admission::auto_max_sessions(&host_memory, settings.memory_reserve_percent),
+        };
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         // One service per output folder: two would interleave their journals.
         let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(out.join(".lock")).with_context(|| format!("creating {}", out.join(".lock").display()))?;
@@ -152,7 +163,8 @@ impl Service {
             let tasks = suite.tasks(None)?;
             let name = suite.config.suite.name.clone();
             let progress = |line: &str| tracing::info!("{name}: template: {line}");
-            let mut engine = Engine::start(&suite, accel, &run_id, &progress).await?;
+            let host = engine::HostChoices { accel, ksm: settings.ksm };
+            let mut engine = Engine::start(&suite, host, &run_id, &progress).await?;
             let snapshots = engine.prepare(&tasks, counts.concurrency, &|line: &str| tracing::info!("{name}: {line}")).await?;
             if snapshots.values().any(|s| matches!(s, TaskSnapshot::Ready(s) if s.id() == engine.template.id())) {
                 engine.start_pool(counts.warm_pool)?;
@@ -163,9 +175,10 @@ impl Service {
         }
         tracing::info!("{}", counts.explanation);
         // VMs the service may hold at once: a host limit that would stop it short is named.
-        let vms = (settings.max_sessions + counts.concurrency * 2 + counts.warm_pool * states.len().max(1)) as u64;
+        tracing::info!("max_sessions {max_sessions}{}", if settings.max_sessions == engine::config::Count::Auto { " (auto: memory, past the reserve, at an idle session's floor; each is admitted at the measured cost)" } else { "" });
+        let vms = (max_sessions + counts.concurrency * 2 + counts.warm_pool * states.len().max(1)) as u64;
         for problem in vmm::process::HostLimits::probe().problems(vms) {
-            tracing::warn!("{problem} (serve.max_sessions {} and concurrency {} allow up to {vms} VMs)", settings.max_sessions, counts.concurrency);
+            tracing::warn!("{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)", counts.concurrency);
         }
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         // A previous process's branch snapshots are of no use to anyone.
@@ -184,7 +197,8 @@ impl Service {
             out: out.to_path_buf(),
             run_id,
             counter: AtomicU64::new(0),
-            guest_mib,
+            max_sessions,
+            vm_cost: super::admission::VmCost::new((u64::from(guest_mib) + engine::sizing::QEMU_OVERHEAD_MIB) << 20),
             _lock: lock,
         };
         let done: HashMap<String, usize> = opened.outcomes.iter().enumerate().map(|(cursor, o)| (o.key.clone(), cursor)).collect();
@@ -456,7 +470,8 @@ impl Service {
             "warm": warm,
             "queue_limit": self.settings.queue_limit,
             "sessions": inner.sessions.len(),
-            "max_sessions": self.settings.max_sessions,
+            "max_sessions": self.max_sessions,
+            "memory": self.memory_capacity(),
         })
     }
 

@@ -72,21 +72,32 @@ impl Drop for SessionSlot<'_> {
 }
 
 impl Service {
-    /// Memory for one more VM, or a clear refusal.
+    /// Memory for one more VM at the measured cost, past the reserve; or 503 with the figures.
     fn check_memory(&self) -> ApiResult<()> {
-        let host = engine::sizing::Host::probe();
-        let need = self.guest_mib as u64 + engine::sizing::QEMU_OVERHEAD_MIB;
-        match host.mem_available_mib {
-            Some(free) if free < need * 2 => Err(ApiError::new(503, format!("the host has {free} MiB available; a VM needs {need} MiB and the service keeps as much in reserve"))),
-            _ => Ok(()),
-        }
+        let Some(host) = vmm::memory::HostMemory::probe() else { return Ok(()) };
+        super::admission::check(&host, self.settings.memory_reserve_percent, self.vm_cost.current())
+            .map_err(|why| ApiError { retry_after: Some(5), ..ApiError::new(503, why) })
+    }
+
+    /// The memory part of `GET /v1/capacity`.
+    pub(super) fn memory_capacity(&self) -> serde_json::Value {
+        let host = vmm::memory::HostMemory::probe().unwrap_or_default();
+        let cost = self.vm_cost.current();
+        let reserve = super::admission::reserve_bytes(&host, self.settings.memory_reserve_percent);
+        json!({
+            "available_mib": host.available >> 20,
+            "reserve_mib": reserve >> 20,
+            "vm_cost_mib": cost.bytes >> 20,
+            "vm_cost_sampled": cost.sampled,
+            "more_vms": host.available.saturating_sub(reserve) / cost.bytes.max(1),
+        })
     }
 
     /// Reserves a session slot until the session is added (or the reservation dropped).
     pub(super) fn take_session_slot(&self) -> ApiResult<SessionSlot<'_>> {
         self.check_admitting()?;
         self.check_memory()?;
-        self.lock().sessions.reserve(self.settings.max_sessions)?;
+        self.lock().sessions.reserve(self.max_sessions)?;
         Ok(SessionSlot(self))
     }
 

@@ -19,6 +19,8 @@ pub struct VmSettings {
     pub cpus: u32,
     pub memory_mib: u32,
     pub tcg_tb_size_mib: Option<u32>,
+    /// Same-page merging of QEMU's memory (off unless asked for; see [`crate::ksm`]).
+    pub ksm: crate::Ksm,
     pub boot_timeout: Duration,
     /// Where per-VM run folders are created.
     pub run_root: PathBuf,
@@ -43,6 +45,7 @@ impl VmSettings {
             cpus: 1,
             memory_mib: 256,
             tcg_tb_size_mib: Some(64),
+            ksm: crate::Ksm::Off,
             boot_timeout: Duration::from_secs(60),
             run_root: default_run_root(),
         })

@@ -135,7 +135,7 @@ fn confine(spec: &MachineSpec, run_root: &Path, max_file_bytes: u64) -> Result<(
             ),
         });
     }
-    let confinement = Confinement { uid: user.as_ref().map(|u| u.uid), groups, max_file_bytes, cgroup_procs: cgroup.as_ref().map(VmCgroup::procs) };
+    let confinement = Confinement { uid: user.as_ref().map(|u| u.uid), groups, max_file_bytes, cgroup_procs: cgroup.as_ref().map(VmCgroup::procs), ksm: spec.ksm };
     Ok((user, cgroup, confinement))
 }
 
@@ -179,6 +179,7 @@ impl Machine {
             ram_shim: (!own_ram).then(|| settings.ram_shim.clone()),
             console_log: run_dir.path().join("console.log"),
             tcg_tb_size_mib: settings.tcg_tb_size_mib,
+            ksm: settings.ksm,
             incoming: plan.incoming,
         };
         let ram_bytes = u64::from(spec.memory_mib) << 20;

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""The HTTP side of bench/serve-density.sh (stock libraries only). Prints one JSON object.
+
+    serve_density.py URL N_SESSIONS SERVE_PID KSM
+"""
+
+import json
+import os
+import sys
+import time
+
+import requests
+
+
+def pct(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(-(-q * len(v) // 1)) - 1))] if v else None
+
+
+def stats(values):
+    if not values:
+        return None
+    return {"n": len(values), "p50_ms": round(pct(values, 0.5) * 1e3, 1), "p99_ms": round(pct(values, 0.99) * 1e3, 1)}
+
+
+def meminfo():
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def tree_ticks(root):
+    """CPU ticks of a process and all its descendants (the service and its QEMUs)."""
+    children = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append((int(pid), int(fields[11]) + int(fields[12])))
+            except OSError:
+                pass
+    total, todo = 0, [root]
+    with open(f"/proc/{root}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    while todo:
+        for pid, ticks in children.get(todo.pop(), []):
+            total += ticks
+            todo.append(pid)
+    return total
+
+
+def main():
+    url, n, serve_pid, ksm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    http = requests.Session()
+    total = meminfo()["MemTotal"]
+    peak_used = 0
+
+    def call(method, path, body=None):
+        return http.request(method, url + path, json=body, timeout=600)
+
+    capacity0 = call("GET", "/v1/capacity").json()
+    sessions, opens, refused = [], [], None
+    while len(sessions) < n:
+        t = time.monotonic()
+        r = call("POST", "/v1/sessions", {"task_id": "double"})
+        if r.status_code != 201:
+            refused = {"status": r.status_code, "error": r.json().get("error"), "retry_after": r.headers.get("retry-after")}
+            break
+        opens.append(time.monotonic() - t)
+        sessions.append(r.json()["session_id"])
+        m = meminfo()
+        peak_used = max(peak_used, m["MemTotal"] - m["MemAvailable"])
+        if len(sessions) % 50 == 0:
+            print(f"{len(sessions)} sessions live, host memory used {(m['MemTotal'] - m['MemAvailable']) >> 20} MiB", file=sys.stderr)
+
+    steps, failed = [], []
+    for sid in sessions:
+        t = time.monotonic()
+        r = call("POST", f"/v1/sessions/{sid}/exec", {"command": "cat n.txt"})
+        if r.status_code == 200 and r.json()["step"].get("exit_code") == 0:
+            steps.append(time.monotonic() - t)
+        else:
+            failed.append(f"{sid}: {r.status_code} {r.text[:200]}")
+
+    capacity1 = call("GET", "/v1/capacity").json()
+    hz = os.sysconf("SC_CLK_TCK")
+    t0, ticks0 = time.monotonic(), tree_ticks(serve_pid)
+    time.sleep(60)
+    idle_percent = (tree_ticks(serve_pid) - ticks0) / hz / (time.monotonic() - t0) * 100
+
+    for sid in sessions:
+        call("DELETE", f"/v1/sessions/{sid}")
+    m = meminfo()
+    print(json.dumps({
+        "benchmark": "serve-density",
+        "ksm": ksm,
+        "sessions_wanted": n,
+        "sessions_live": len(sessions),
+        "refused": refused,
+        "open_session": stats(opens),
+        "step_in_each": stats(steps),
+        "failed_steps": failed[:10],
+        "idle_service_cpu_percent_of_one_core": round(idle_percent, 2),
+        "max_sessions": capacity0["max_sessions"],
+        "memory_at_start": capacity0["memory"],
+        "memory_with_all_live": capacity1["memory"],
+        "host_total_mib": total >> 20,
+        "host_used_peak_percent": round(peak_used / total * 100, 2),
+        "host_used_after_delete_mib": (m["MemTotal"] - m["MemAvailable"]) >> 20,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
