@@ -102,6 +102,8 @@ struct Filler {
     peak_used: u64,
     /// KSM is on: wait for ksmd at the headroom.
     ksm: bool,
+    /// The largest PSS of a fork started so far (bytes).
+    largest_fork: u64,
 }
 
 impl Filler {
@@ -114,7 +116,7 @@ impl Filler {
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let now = probe();
-            if now.available >= self.floor + total / 50 {
+            if now.available >= self.floor + (self.concurrency as u64) * self.largest_fork + total / 50 {
                 return true;
             }
             if now.available >= last_gain.1 + (16 << 20) {
@@ -131,7 +133,10 @@ impl Filler {
         while self.forks.len() < target {
             let host = HostMemory::probe().context("reading /proc/meminfo")?;
             self.peak_used = self.peak_used.max(host.used());
-            if host.available < self.floor {
+            // The next batch must fit above the floor too (a fork costs up to its unmerged
+            // size until ksmd gets to it).
+            let next = (self.concurrency as u64) * self.largest_fork;
+            if host.available < self.floor + next {
                 // With KSM, memory comes back as ksmd merges the newest forks: wait while it
                 // does, and stop only when it no longer frees enough.
                 if !(self.ksm && self.wait_for_merging().await) {
@@ -153,6 +158,9 @@ impl Filler {
             for result in started {
                 match result {
                     Ok((t, fork)) => {
+                        if let Some(m) = ProcessMemory::of(fork.machine.pid()) {
+                            self.largest_fork = if self.forks.is_empty() { m.pss } else { self.largest_fork.max(m.pss) };
+                        }
                         self.start_ms.push(t);
                         self.forks.push(fork);
                     }
@@ -221,6 +229,7 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
         start_ms: Vec::new(),
         peak_used: host_before.used(),
         ksm: args.ksm != vmm::Ksm::Off,
+        largest_fork: 64 << 20,
     };
     say(&format!("baseline: {} forks alive, {} execs", args.baseline, args.execs));
     let mut stopped_by = fill.fill(args.baseline.max(1)).await?;

@@ -92,6 +92,21 @@ pub fn check(host: &HostMemory, reserve_percent: u64, cost: Cost) -> Result<(), 
     ))
 }
 
+/// Ok while the host has at least half the reserve available. Below that, a session's step
+/// (which may grow its VM: new code to translate, pages written) waits: VMs admitted earlier
+/// can still grow into the reserve, and this keeps them from growing into the OOM killer.
+pub fn check_step(host: &HostMemory, reserve_percent: u64) -> Result<(), String> {
+    let critical = reserve_bytes(host, reserve_percent) / 2;
+    if host.available >= critical {
+        return Ok(());
+    }
+    Err(format!(
+        "memory: the host has {} MiB available, under half the service's reserve ({} MiB); steps wait until memory comes back (pause or delete sessions)",
+        host.available >> 20,
+        critical >> 20
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +126,16 @@ mod tests {
         assert_eq!(check(&tight, 10, Cost { bytes: 20 << 20, sampled: 3 }), Ok(()));
         let first = check(&tight, 10, Cost { bytes: 320 << 20, sampled: 0 }).unwrap_err();
         assert!(first.contains("farm's estimate until a VM runs"), "{first}");
+    }
+
+    #[test]
+    fn steps_wait_below_half_the_reserve() {
+        let host = |available| HostMemory { total: 24 * GIB, available };
+        assert_eq!(check_step(&host(3 * GIB), 10), Ok(()));
+        assert_eq!(check_step(&host(1300 << 20), 10), Ok(()));
+        let why = check_step(&host(1100 << 20), 10).unwrap_err();
+        assert!(why.contains("1100 MiB available") && why.contains("steps wait"), "{why}");
+        assert_eq!(check_step(&host(0), 0), Ok(()), "no reserve, no wait");
     }
 
     #[test]

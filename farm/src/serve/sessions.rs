@@ -188,6 +188,9 @@ impl Service {
     /// session's actions share its `timeout_secs` budget, as a rollout's do; past it the
     /// session ends as a `timeout`.
     pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<serde_json::Value> {
+        if let Some(host) = vmm::memory::HostMemory::probe() {
+            super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError { retry_after: Some(5), ..ApiError::new(503, why) })?;
+        }
         let session = self.session(id)?;
         let mut session = session.lock().await;
         let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
