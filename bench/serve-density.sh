@@ -27,14 +27,6 @@ max_sessions = "auto"
 session_lease_secs = 7200
 ksm = "$KSM"
 TOML
-"$FARM" serve "$work/serve.toml" --listen 127.0.0.1:0 >"$work/serve.log" 2>&1 &
-serve_pid=$!
-url=""
-for _ in $(seq 1 600); do
-    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/serve.log" | head -1 || true)
-    [ -n "$url" ] && break
-    kill -0 "$serve_pid" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
-    sleep 0.5
-done
-[ -n "$url" ] || { echo "farm serve did not start" >&2; exit 1; }
+source bench/serve-lib.sh
+start_serve "$FARM" "$work/serve.toml" "$work/serve.log"
 python3 bench/serve_density.py "$url" "$N" "$serve_pid" "$KSM"

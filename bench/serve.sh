@@ -67,11 +67,8 @@ run_rate=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["performa
 run_counts=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["counts"])' "$work/run-out/summary.json")
 
 echo "2. farm serve: $N rollouts, then $OPS sessions" >&2
-"$FARM" serve "$work/serve.toml" --listen 127.0.0.1:0 2>"$work/serve.log" &
-serve_pid=$!
-for _ in $(seq 600); do grep -q "listening on" "$work/serve.log" && break; sleep 0.5; done
-url=$(grep -o 'http://[0-9.:]*' "$work/serve.log" | head -1)
-[ -n "$url" ] || { cat "$work/serve.log" >&2; exit 1; }
+source bench/serve-lib.sh
+start_serve "$FARM" "$work/serve.toml" "$work/serve.log"
 result=$(python3 bench/serve_client.py "$url" "$N" "$OPS" "$ACTIONS")
 kill -TERM "$serve_pid"; wait "$serve_pid" 2>/dev/null || true; serve_pid=""
 

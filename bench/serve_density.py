@@ -54,6 +54,9 @@ def tree_ticks(root):
     return total
 
 
+step_refusals = 0
+
+
 def main():
     url, n, serve_pid, ksm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     http = requests.Session()
@@ -62,6 +65,21 @@ def main():
 
     def call(method, path, body=None):
         return http.request(method, url + path, json=body, timeout=600)
+
+    def step(sid):
+        """One `cat n.txt` in session `sid`: (seconds, None) or (None, what went wrong); a 503
+        (memory below half the reserve) is retried every 5 s for a minute, as a client would."""
+        global step_refusals
+        for _ in range(13):
+            t = time.monotonic()
+            r = call("POST", f"/v1/sessions/{sid}/exec", {"command": "cat n.txt"})
+            if r.status_code != 503:
+                break
+            step_refusals += 1
+            time.sleep(5)
+        if r.status_code == 200 and r.json()["step"].get("exit_code") == 0:
+            return time.monotonic() - t, None
+        return None, f"{sid}: {r.status_code} {r.text[:200]}"
 
     capacity0 = call("GET", "/v1/capacity").json()
     # A 503 (memory past the reserve) is retried after its Retry-After, as a client would, while
@@ -83,32 +101,17 @@ def main():
         sessions.append(r.json()["session_id"])
         # As a trainer does: the environment's first action right away (it grows the VM,
         # which the service's measured cost then includes).
-        t = time.monotonic()
-        r = call("POST", f"/v1/sessions/{sessions[-1]}/exec", {"command": "cat n.txt"})
-        if r.status_code == 200 and r.json()["step"].get("exit_code") == 0:
-            first_steps.append(time.monotonic() - t)
-        else:
-            failed.append(f"{sessions[-1]} (first step): {r.status_code} {r.text[:200]}")
+        took, error = step(sessions[-1])
+        first_steps.append(took) if took is not None else failed.append(f"first step of {error}")
         m = meminfo()
         peak_used = max(peak_used, m["MemTotal"] - m["MemAvailable"])
         if len(sessions) % 50 == 0:
             print(f"{len(sessions)} sessions live, host memory used {(m['MemTotal'] - m['MemAvailable']) >> 20} MiB", file=sys.stderr)
 
-    steps, step_refusals = [], 0
+    steps = []
     for sid in sessions:
-        t = time.monotonic()
-        r = call("POST", f"/v1/sessions/{sid}/exec", {"command": "cat n.txt"})
-        waited = 0
-        while r.status_code == 503 and waited < 60:
-            step_refusals += 1
-            time.sleep(5)
-            waited += 5
-            t = time.monotonic()
-            r = call("POST", f"/v1/sessions/{sid}/exec", {"command": "cat n.txt"})
-        if r.status_code == 200 and r.json()["step"].get("exit_code") == 0:
-            steps.append(time.monotonic() - t)
-        else:
-            failed.append(f"{sid}: {r.status_code} {r.text[:200]}")
+        took, error = step(sid)
+        steps.append(took) if took is not None else failed.append(error)
 
     capacity1 = call("GET", "/v1/capacity").json()
     hz = os.sysconf("SC_CLK_TCK")

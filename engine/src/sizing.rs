@@ -28,12 +28,7 @@ pub struct Host {
 impl Host {
     pub fn probe() -> Host {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let mem_available_mib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .map(|kib| kib / 1024)
-        });
+        let mem_available_mib = vmm::memory::HostMemory::probe().filter(|m| m.total > 0).map(|m| m.available >> 20);
         Host { cores, mem_available_mib }
     }
 }

@@ -197,25 +197,23 @@ pub(super) fn print_report(report: &serde_json::Value, as_json: bool) {
 
 /// Private dirty bytes of a process (from /proc/PID/smaps_rollup).
 fn private_dirty_bytes(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    text.lines().find(|l| l.starts_with("Private_Dirty:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<u64>().ok()).map(|kb| kb * 1024)
+    vmm::memory::ProcessMemory::of(pid).map(|m| m.private_dirty)
 }
 
-fn mem_total_mib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
-        .map(|kb| kb / 1024)
-        .unwrap_or(0)
+/// Refuses, before anything starts, a host whose limits cannot hold `vms` VMs, naming each
+/// limit with the setting that lifts it.
+pub(super) fn check_host_limits(vms: usize, flag: &str) -> Result<()> {
+    let problems = vmm::process::HostLimits::probe().problems(vms as u64);
+    if !problems.is_empty() {
+        bail!("this host cannot hold {vms} forks alive ({flag}):\n  {}", problems.join("\n  "));
+    }
+    Ok(())
 }
 
 async fn fork(args: ForkArgs) -> Result<i32> {
     // A host limit that would stop the forks held alive is named before anything starts,
     // with the setting that lifts it.
-    let problems = vmm::process::HostLimits::probe().problems(args.alive as u64);
-    if !problems.is_empty() {
-        anyhow::bail!("this host cannot hold {} forks alive (--alive):\n  {}", args.alive, problems.join("\n  "));
-    }
+    check_host_limits(args.alive, "--alive")?;
     let progress = !args.json;
     let say = |s: &str| {
         if progress {
@@ -291,7 +289,7 @@ async fn fork(args: ForkArgs) -> Result<i32> {
     let alive_dirty: Vec<f64> = alive.iter().filter_map(|f| private_dirty_bytes(f.machine.pid())).map(|b| b as f64 / (1 << 20) as f64).collect();
     let alive_total: f64 = alive_dirty.iter().sum();
     drop(alive);
-    let budget = args.memory_budget_mib.unwrap_or(mem_total_mib() * 9 / 10);
+    let budget = args.memory_budget_mib.unwrap_or(vmm::memory::HostMemory::probe().map_or(0, |m| m.total >> 20) * 9 / 10);
     let per_fork = if alive_dirty.is_empty() { mean(&dirty) } else { alive_total / alive_dirty.len() as f64 };
 
     let warm_p = percentiles(&warm);

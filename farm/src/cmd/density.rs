@@ -182,10 +182,7 @@ impl Filler {
 }
 
 pub async fn density(args: DensityArgs) -> Result<i32> {
-    let problems = vmm::process::HostLimits::probe().problems(args.forks as u64);
-    if !problems.is_empty() {
-        anyhow::bail!("this host cannot hold {} forks alive (--forks):\n  {}", args.forks, problems.join("\n  "));
-    }
+    super::bench::check_host_limits(args.forks, "--forks")?;
     let progress = !args.json;
     let say = |s: &str| {
         if progress {
@@ -383,10 +380,7 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
 
 /// The pid of the kernel's `ksmd` thread, if it has one.
 fn ksmd_pid() -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        (std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim() == "ksmd").then_some(pid)
-    })
+    all_process_ticks().into_iter().find(|(_, name, _)| name == "ksmd").map(|(pid, _, _)| pid)
 }
 
 /// Every process's (pid, name, CPU ticks), kernel threads included.

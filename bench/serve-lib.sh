@@ -1,0 +1,15 @@
+# Sourced by the serve benchmarks: starts `farm serve CONFIG` on a free loopback port with its
+# log in LOG, and sets serve_pid and url (exits, showing the log, if it does not come up).
+#
+#   start_serve FARM CONFIG LOG
+start_serve() {
+  "$1" serve "$2" --listen 127.0.0.1:0 2>"$3" &
+  serve_pid=$!
+  for _ in $(seq 600); do
+    grep -q "listening on" "$3" && break
+    kill -0 "$serve_pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  url=$(grep -o 'http://[0-9.:]*' "$3" | head -1 || true)
+  [ -n "$url" ] || { cat "$3" >&2; exit 1; }
+}
