@@ -33,7 +33,12 @@ struct Capped {
 
 impl Capped {
     fn new(cap: u64) -> Self {
-        Capped { data: Vec::new(), cap: cap.min(usize::MAX as u64) as usize, truncated: false, open: true }
+        Capped {
+            data: Vec::new(),
+            cap: cap.min(usize::MAX as u64) as usize,
+            truncated: false,
+            open: true,
+        }
     }
 
     fn take(&mut self, bytes: &[u8]) {
@@ -65,7 +70,10 @@ pub struct Launch<'a> {
 pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<Output, AgentError> {
     let user = match &req.user {
         None => User::ROOT,
-        Some(spec) => users::resolve(spec).map_err(|e| AgentError { kind: ErrorKind::BadRequest, message: crate::describe(&e) })?,
+        Some(spec) => users::resolve(spec).map_err(|e| AgentError {
+            kind: ErrorKind::BadRequest,
+            message: crate::describe(&e),
+        })?,
     };
     let mut env: Vec<(String, String)> = base_env.to_vec();
     if let Some(home) = user.home.as_ref().filter(|_| !user.is_root()) {
@@ -93,7 +101,10 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
     let mut command = match launch.program {
         Program::Argv(argv) => {
             let Some((program, args)) = argv.split_first() else {
-                return Err(AgentError { kind: ErrorKind::BadRequest, message: "argv is empty".into() });
+                return Err(AgentError {
+                    kind: ErrorKind::BadRequest,
+                    message: "argv is empty".into(),
+                });
             };
             let mut c = Command::new(program);
             c.args(args);
@@ -106,8 +117,14 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
         }
     };
     let cwd = &launch.cwd;
-    command.env_clear().envs(launch.env.iter().map(|(k, v)| (k, v))).current_dir(cwd);
-    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+        .env_clear()
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd);
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if launch.checker_view {
         if launch.user.is_root() {
             command.process_group(0);
@@ -132,11 +149,17 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
             Program::Argv(argv) => format!("{:?}", argv[0]),
             Program::Shell(_) => "/bin/sh".to_string(),
         };
-        AgentError { kind: ErrorKind::Spawn, message: format!("cannot start {what} in {cwd:?} as uid {}: {e}", launch.user.uid) }
+        AgentError {
+            kind: ErrorKind::Spawn,
+            message: format!("cannot start {what} in {cwd:?} as uid {}: {e}", launch.user.uid),
+        }
     })?;
     let pid = child.id();
     let pipes = Pipes {
-        stdin: child.stdin.take().map(|p| std::fs::File::from(std::os::fd::OwnedFd::from(p))),
+        stdin: child
+            .stdin
+            .take()
+            .map(|p| std::fs::File::from(std::os::fd::OwnedFd::from(p))),
         stdout: std::fs::File::from(std::os::fd::OwnedFd::from(child.stdout.take().expect("piped"))),
         stderr: std::fs::File::from(std::os::fd::OwnedFd::from(child.stderr.take().expect("piped"))),
     };
@@ -177,17 +200,31 @@ pub struct Pipes {
 
 /// Feeds `stdin`, collects the output and waits for the command's end or its deadline
 /// (then kills it).
-pub fn finish(running: &mut dyn Running, pipes: Pipes, stdin: &[u8], launch: &Launch, started: Instant) -> Result<Output, AgentError> {
+pub fn finish(
+    running: &mut dyn Running,
+    pipes: Pipes,
+    stdin: &[u8],
+    launch: &Launch,
+    started: Instant,
+) -> Result<Output, AgentError> {
     let deadline = launch.timeout_ms.map(|ms| started + Duration::from_millis(ms));
-    let (stdout, stderr, timed_out) = pump(running, pipes, stdin, launch, deadline)
-        .map_err(|e| AgentError { kind: ErrorKind::Internal, message: format!("collecting output failed: {e}") })?;
+    let (stdout, stderr, timed_out) = pump(running, pipes, stdin, launch, deadline).map_err(|e| AgentError {
+        kind: ErrorKind::Internal,
+        message: format!("collecting output failed: {e}"),
+    })?;
     let status = wait(running, if timed_out { None } else { deadline });
     let (status, timed_out) = match status {
         Some(status) => (status, timed_out),
         None => {
             // Pipes closed but the process lives on past the deadline.
             running.kill();
-            (running.wait().map_err(|e| AgentError { kind: ErrorKind::Internal, message: e.to_string() })?, true)
+            (
+                running.wait().map_err(|e| AgentError {
+                    kind: ErrorKind::Internal,
+                    message: e.to_string(),
+                })?,
+                true,
+            )
         }
     };
     let duration_us = started.elapsed().as_micros() as u64;
@@ -218,8 +255,18 @@ fn default_cwd() -> String {
 /// Moves bytes between the command's pipes and memory until both output pipes close, the
 /// command has exited and a short grace passed, or the deadline passes (then the process
 /// group is killed and `timed_out` is true).
-fn pump(child: &mut dyn Running, pipes: Pipes, stdin: &[u8], req: &Launch, deadline: Option<Instant>) -> io::Result<(Capped, Capped, bool)> {
-    let Pipes { stdin: mut child_stdin, stdout: mut child_stdout, stderr: mut child_stderr } = pipes;
+fn pump(
+    child: &mut dyn Running,
+    pipes: Pipes,
+    stdin: &[u8],
+    req: &Launch,
+    deadline: Option<Instant>,
+) -> io::Result<(Capped, Capped, bool)> {
+    let Pipes {
+        stdin: mut child_stdin,
+        stdout: mut child_stdout,
+        stderr: mut child_stderr,
+    } = pipes;
     for fd in [child_stdout.as_raw_fd(), child_stderr.as_raw_fd()] {
         sys::set_nonblocking(fd, true)?;
     }
@@ -267,7 +314,11 @@ fn pump(child: &mut dyn Running, pipes: Pipes, stdin: &[u8], req: &Launch, deadl
                 fds.push((s.as_fd(), PollFlags::POLLOUT));
             }
             let mut ready = sys::poll(&fds, timeout)?.into_iter();
-            (out.open && ready.next() == Some(true), err.open && ready.next() == Some(true), child_stdin.is_some() && ready.next() == Some(true))
+            (
+                out.open && ready.next() == Some(true),
+                err.open && ready.next() == Some(true),
+                child_stdin.is_some() && ready.next() == Some(true),
+            )
         };
         if stdout_ready {
             drain(&mut child_stdout, &mut out, &mut buf)?;

@@ -24,7 +24,10 @@ use crate::sys;
 use crate::users::{self, User};
 
 fn io_error(what: String, e: std::io::Error) -> AgentError {
-    AgentError { kind: ErrorKind::Io, message: format!("{what}: {e}") }
+    AgentError {
+        kind: ErrorKind::Io,
+        message: format!("{what}: {e}"),
+    }
 }
 
 fn errno_error(what: String, e: Errno) -> AgentError {
@@ -34,11 +37,17 @@ fn errno_error(what: String, e: Errno) -> AgentError {
         Errno::EISDIR => "a folder is in the way".to_string(),
         other => other.desc().to_string(),
     };
-    AgentError { kind: ErrorKind::Io, message: format!("{what}: {reason}") }
+    AgentError {
+        kind: ErrorKind::Io,
+        message: format!("{what}: {reason}"),
+    }
 }
 
 fn bad_request(message: String) -> AgentError {
-    AgentError { kind: ErrorKind::BadRequest, message }
+    AgentError {
+        kind: ErrorKind::BadRequest,
+        message,
+    }
 }
 
 fn owner_of(spec: &Option<String>) -> Result<User, AgentError> {
@@ -51,13 +60,20 @@ fn owner_of(spec: &Option<String>) -> Result<User, AgentError> {
 /// The components of a path confined to a folder: relative, no `.`, `..` or empty parts.
 pub fn confined_components(rel: &str) -> Result<Vec<&str>, AgentError> {
     let parts: Vec<&str> = rel.split('/').collect();
-    if rel.is_empty() || rel.starts_with('/') || rel.contains('\0') || parts.iter().any(|p| p.is_empty() || *p == "." || *p == "..") {
+    if rel.is_empty()
+        || rel.starts_with('/')
+        || rel.contains('\0')
+        || parts.iter().any(|p| p.is_empty() || *p == "." || *p == "..")
+    {
         return Err(bad_request(format!("{rel:?} is not a plain relative path")));
     }
     Ok(parts)
 }
 
-const DIR_FLAGS: OFlag = OFlag::O_RDONLY.union(OFlag::O_DIRECTORY).union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC);
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
 
 /// Opens the confining folder itself; it must not be a symbolic link.
 fn open_root(root: &str) -> Result<OwnedFd, AgentError> {
@@ -77,7 +93,8 @@ fn open_parent(root: &str, parts: &[&str], create: Option<&User>) -> Result<Owne
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(errno_error(format!("creating {}", shown()), e)),
                 }
-                let opened = sys::openat(Some(dir.as_fd()), *part, DIR_FLAGS, Mode::empty()).map_err(|e| errno_error(format!("opening {}", shown()), e))?;
+                let opened = sys::openat(Some(dir.as_fd()), *part, DIR_FLAGS, Mode::empty())
+                    .map_err(|e| errno_error(format!("opening {}", shown()), e))?;
                 nix::unistd::fchown(opened.as_raw_fd(), Some(owner.uid.into()), Some(owner.gid.into()))
                     .map_err(|e| errno_error(format!("giving {} to uid {}", shown(), owner.uid), e))?;
                 opened
@@ -93,7 +110,8 @@ fn open_parent(root: &str, parts: &[&str], create: Option<&User>) -> Result<Owne
 /// ENOTDIR from opening a symbolic link as a folder says too little: tell a link apart.
 fn refine(dir: &OwnedFd, name: &str, e: Errno) -> Errno {
     if e == Errno::ENOTDIR {
-        if let Ok(stat) = nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        if let Ok(stat) = nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        {
             if stat.st_mode & libc::S_IFMT == libc::S_IFLNK {
                 return Errno::ELOOP;
             }
@@ -130,7 +148,8 @@ fn write_plain(req: &WriteFileRequest, contents: &[u8], owner: &User) -> Result<
         .mode(req.mode)
         .open(path)
         .map_err(|e| io_error(format!("opening {} for writing", req.path), e))?;
-    file.write_all(contents).map_err(|e| io_error(format!("writing {}", req.path), e))?;
+    file.write_all(contents)
+        .map_err(|e| io_error(format!("writing {}", req.path), e))?;
     // The mode given at creation is filtered by the umask; set it exactly.
     file.set_permissions(std::fs::Permissions::from_mode(req.mode))
         .map_err(|e| io_error(format!("setting the mode of {}", req.path), e))?;
@@ -142,21 +161,31 @@ fn write_confined(root: &str, rel: &str, contents: &[u8], mode: u32, owner: &Use
     let shown = format!("{root}/{rel}");
     let dir = open_parent(root, &parts, Some(owner))?;
     let name = parts[parts.len() - 1];
-    let temp = format!(".farm-write-{}-{}", std::process::id(), TEMP_COUNTER.fetch_add(1, Ordering::Relaxed));
+    let temp = format!(
+        ".farm-write-{}-{}",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
     let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = sys::openat(Some(dir.as_fd()), temp.as_str(), flags, Mode::from_bits_truncate(0o600))
         .map_err(|e| errno_error(format!("creating a file beside {shown}"), e))?;
     let mut file = File::from(fd);
     let written = (|| {
-        file.write_all(contents).map_err(|e| io_error(format!("writing {shown}"), e))?;
+        file.write_all(contents)
+            .map_err(|e| io_error(format!("writing {shown}"), e))?;
         nix::unistd::fchown(file.as_raw_fd(), Some(owner.uid.into()), Some(owner.gid.into()))
             .map_err(|e| errno_error(format!("giving {shown} to uid {}", owner.uid), e))?;
-        file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(|e| io_error(format!("setting the mode of {shown}"), e))?;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(|e| io_error(format!("setting the mode of {shown}"), e))?;
         nix::fcntl::renameat(Some(dir.as_raw_fd()), temp.as_str(), Some(dir.as_raw_fd()), name)
             .map_err(|e| errno_error(format!("moving {shown} into place"), e))
     })();
     if let Err(e) = written {
-        let _ = nix::unistd::unlinkat(Some(dir.as_raw_fd()), temp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        let _ = nix::unistd::unlinkat(
+            Some(dir.as_raw_fd()),
+            temp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
         return Err(e);
     }
     Ok(contents.len() as u64)
@@ -170,9 +199,14 @@ fn open_regular(dir: Option<BorrowedFd>, path: &str, nofollow: bool, shown: &str
     }
     let fd = sys::openat(dir, path, flags, Mode::empty()).map_err(|e| errno_error(format!("opening {shown}"), e))?;
     let file = File::from(fd);
-    let meta = file.metadata().map_err(|e| io_error(format!("reading metadata of {shown}"), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| io_error(format!("reading metadata of {shown}"), e))?;
     if !meta.is_file() {
-        return Err(AgentError { kind: ErrorKind::Io, message: format!("{shown} is not a regular file") });
+        return Err(AgentError {
+            kind: ErrorKind::Io,
+            message: format!("{shown} is not a regular file"),
+        });
     }
     Ok(file)
 }
@@ -183,7 +217,12 @@ pub fn read_file(req: &ReadFileRequest) -> Result<(u64, Vec<u8>), AgentError> {
         Some(root) => {
             let parts = confined_components(&req.path)?;
             let dir = open_parent(root, &parts, None)?;
-            open_regular(Some(dir.as_fd()), parts[parts.len() - 1], true, &format!("{root}/{}", req.path))?
+            open_regular(
+                Some(dir.as_fd()),
+                parts[parts.len() - 1],
+                true,
+                &format!("{root}/{}", req.path),
+            )?
         }
         None => open_regular(None, &req.path, false, &req.path)?,
     };
@@ -191,9 +230,14 @@ pub fn read_file(req: &ReadFileRequest) -> Result<(u64, Vec<u8>), AgentError> {
 }
 
 fn read_capped(file: File, max_bytes: u64, shown: &str) -> Result<(u64, Vec<u8>), AgentError> {
-    let size = file.metadata().map_err(|e| io_error(format!("reading metadata of {shown}"), e))?.len();
+    let size = file
+        .metadata()
+        .map_err(|e| io_error(format!("reading metadata of {shown}"), e))?
+        .len();
     let mut data = Vec::new();
-    file.take(max_bytes).read_to_end(&mut data).map_err(|e| io_error(format!("reading {shown}"), e))?;
+    file.take(max_bytes)
+        .read_to_end(&mut data)
+        .map_err(|e| io_error(format!("reading {shown}"), e))?;
     Ok((size.max(data.len() as u64), data))
 }
 
@@ -216,7 +260,11 @@ pub fn remove_file(path: &str, beneath: Option<&str>) -> Result<(), AgentError> 
                 Err(_) if !Path::new(root).join(path).parent().is_some_and(|p| p.exists()) => return Ok(()),
                 Err(e) => return Err(e),
             };
-            nix::unistd::unlinkat(Some(dir.as_raw_fd()), parts[parts.len() - 1], nix::unistd::UnlinkatFlags::NoRemoveDir)
+            nix::unistd::unlinkat(
+                Some(dir.as_raw_fd()),
+                parts[parts.len() - 1],
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            )
         }
         None => nix::unistd::unlink(path),
     };
@@ -228,14 +276,22 @@ pub fn remove_file(path: &str, beneath: Option<&str>) -> Result<(), AgentError> 
 
 /// Walks `root/rel` depth-first without following symlinks or crossing file systems.
 /// Returns whether entries were left out because of `max`.
-pub fn list_files(root: &Path, rel: &Path, max: usize, out: &mut Vec<FileEntry>, depth: usize) -> std::io::Result<bool> {
+pub fn list_files(
+    root: &Path,
+    rel: &Path,
+    max: usize,
+    out: &mut Vec<FileEntry>,
+    depth: usize,
+) -> std::io::Result<bool> {
     let dir = root.join(rel);
     let root_dev = std::fs::symlink_metadata(root)?.dev();
     let mut names: Vec<_> = std::fs::read_dir(&dir)?.flatten().map(|e| e.file_name()).collect();
     names.sort();
     for name in names {
         let rel_path = rel.join(&name);
-        let Ok(meta) = std::fs::symlink_metadata(root.join(&rel_path)) else { continue };
+        let Ok(meta) = std::fs::symlink_metadata(root.join(&rel_path)) else {
+            continue;
+        };
         if meta.dev() != root_dev {
             continue;
         }
@@ -250,7 +306,10 @@ pub fn list_files(root: &Path, rel: &Path, max: usize, out: &mut Vec<FileEntry>,
             out.push(FileEntry {
                 path: rel_path.to_string_lossy().into_owned(),
                 size: meta.len(),
-                mtime_ns: meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec()),
+                mtime_ns: meta
+                    .mtime()
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(meta.mtime_nsec()),
                 mode: meta.mode() & 0o7777,
             });
         }
@@ -265,7 +324,10 @@ const MAX_TREE_DEPTH: usize = 128;
 /// What to do with every entry of a tree.
 enum TreeAction<'a> {
     /// Give it to a user; `dir_mode`/`file_mode` reset modes when set.
-    Chown { user: &'a User, modes: Option<&'a dyn Fn(bool, u32) -> u32> },
+    Chown {
+        user: &'a User,
+        modes: Option<&'a dyn Fn(bool, u32) -> u32>,
+    },
     Remove,
 }
 
@@ -286,7 +348,11 @@ fn walk_tree(dir: &OwnedFd, dev: u64, action: &TreeAction, depth: usize, count: 
         if *count > MAX_TREE_ENTRIES {
             return Err(Errno::E2BIG);
         }
-        let stat = nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name.as_c_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        let stat = nix::sys::stat::fstatat(
+            Some(dir.as_raw_fd()),
+            name.as_c_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?;
         let is_dir = stat.st_mode & libc::S_IFMT == libc::S_IFDIR;
         if is_dir && stat.st_dev == dev {
             let child = sys::openat(Some(dir.as_fd()), name.as_c_str(), DIR_FLAGS, Mode::empty())?;
@@ -294,15 +360,30 @@ fn walk_tree(dir: &OwnedFd, dev: u64, action: &TreeAction, depth: usize, count: 
         }
         match action {
             TreeAction::Chown { user, modes } => {
-                nix::unistd::fchownat(Some(dir.as_raw_fd()), name.as_c_str(), Some(user.uid.into()), Some(user.gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
+                nix::unistd::fchownat(
+                    Some(dir.as_raw_fd()),
+                    name.as_c_str(),
+                    Some(user.uid.into()),
+                    Some(user.gid.into()),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                )?;
                 let is_link = stat.st_mode & libc::S_IFMT == libc::S_IFLNK;
                 if let (Some(modes), false) = (modes, is_link) {
                     let mode = modes(is_dir, stat.st_mode & 0o7777);
-                    nix::sys::stat::fchmodat(Some(dir.as_raw_fd()), name.as_c_str(), Mode::from_bits_truncate(mode), nix::sys::stat::FchmodatFlags::FollowSymlink)?;
+                    nix::sys::stat::fchmodat(
+                        Some(dir.as_raw_fd()),
+                        name.as_c_str(),
+                        Mode::from_bits_truncate(mode),
+                        nix::sys::stat::FchmodatFlags::FollowSymlink,
+                    )?;
                 }
             }
             TreeAction::Remove => {
-                let flag = if is_dir { nix::unistd::UnlinkatFlags::RemoveDir } else { nix::unistd::UnlinkatFlags::NoRemoveDir };
+                let flag = if is_dir {
+                    nix::unistd::UnlinkatFlags::RemoveDir
+                } else {
+                    nix::unistd::UnlinkatFlags::NoRemoveDir
+                };
                 nix::unistd::unlinkat(Some(dir.as_raw_fd()), name.as_c_str(), flag)?;
             }
         }
@@ -315,14 +396,23 @@ fn walk_tree(dir: &OwnedFd, dev: u64, action: &TreeAction, depth: usize, count: 
 /// entries visited.
 pub fn handover(root: &str, user: &User, modes: Option<&dyn Fn(bool, u32) -> u32>) -> Result<u64, AgentError> {
     let dir = open_root(root)?;
-    let meta = File::from(sys::openat(Some(dir.as_fd()), ".", DIR_FLAGS, Mode::empty()).map_err(|e| errno_error(format!("opening {root}"), e))?)
-        .metadata()
-        .map_err(|e| io_error(format!("reading metadata of {root}"), e))?;
+    let meta = File::from(
+        sys::openat(Some(dir.as_fd()), ".", DIR_FLAGS, Mode::empty())
+            .map_err(|e| errno_error(format!("opening {root}"), e))?,
+    )
+    .metadata()
+    .map_err(|e| io_error(format!("reading metadata of {root}"), e))?;
     let mut count = 0;
-    walk_tree(&dir, meta.dev(), &TreeAction::Chown { user, modes }, 0, &mut count).map_err(|e| errno_error(format!("handing {root} over to uid {}", user.uid), e))?;
-    nix::unistd::fchown(dir.as_raw_fd(), Some(user.uid.into()), Some(user.gid.into())).map_err(|e| errno_error(format!("handing {root} over"), e))?;
+    walk_tree(&dir, meta.dev(), &TreeAction::Chown { user, modes }, 0, &mut count)
+        .map_err(|e| errno_error(format!("handing {root} over to uid {}", user.uid), e))?;
+    nix::unistd::fchown(dir.as_raw_fd(), Some(user.uid.into()), Some(user.gid.into()))
+        .map_err(|e| errno_error(format!("handing {root} over"), e))?;
     if let Some(modes) = modes {
-        nix::sys::stat::fchmod(dir.as_raw_fd(), Mode::from_bits_truncate(modes(true, meta.mode() & 0o7777))).map_err(|e| errno_error(format!("setting the mode of {root}"), e))?;
+        nix::sys::stat::fchmod(
+            dir.as_raw_fd(),
+            Mode::from_bits_truncate(modes(true, meta.mode() & 0o7777)),
+        )
+        .map_err(|e| errno_error(format!("setting the mode of {root}"), e))?;
     }
     Ok(count + 1)
 }
@@ -341,18 +431,30 @@ pub fn remove_tree(path: &str) -> Result<u64, AgentError> {
         Err(_) if !Path::new(parent).exists() => return Ok(0),
         Err(e) => return Err(e),
     };
-    let stat = match nix::sys::stat::fstatat(Some(parent_fd.as_raw_fd()), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+    let stat = match nix::sys::stat::fstatat(
+        Some(parent_fd.as_raw_fd()),
+        name,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
         Ok(stat) => stat,
         Err(Errno::ENOENT) => return Ok(0),
         Err(e) => return Err(errno_error(format!("looking at {path}"), e)),
     };
     let mut count = 0;
     if stat.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        let dir = sys::openat(Some(parent_fd.as_fd()), name, DIR_FLAGS, Mode::empty()).map_err(|e| errno_error(format!("opening {path}"), e))?;
-        walk_tree(&dir, stat.st_dev, &TreeAction::Remove, 0, &mut count).map_err(|e| errno_error(format!("removing {path}"), e))?;
-        nix::unistd::unlinkat(Some(parent_fd.as_raw_fd()), name, nix::unistd::UnlinkatFlags::RemoveDir).map_err(|e| errno_error(format!("removing {path}"), e))?;
+        let dir = sys::openat(Some(parent_fd.as_fd()), name, DIR_FLAGS, Mode::empty())
+            .map_err(|e| errno_error(format!("opening {path}"), e))?;
+        walk_tree(&dir, stat.st_dev, &TreeAction::Remove, 0, &mut count)
+            .map_err(|e| errno_error(format!("removing {path}"), e))?;
+        nix::unistd::unlinkat(Some(parent_fd.as_raw_fd()), name, nix::unistd::UnlinkatFlags::RemoveDir)
+            .map_err(|e| errno_error(format!("removing {path}"), e))?;
     } else {
-        nix::unistd::unlinkat(Some(parent_fd.as_raw_fd()), name, nix::unistd::UnlinkatFlags::NoRemoveDir).map_err(|e| errno_error(format!("removing {path}"), e))?;
+        nix::unistd::unlinkat(
+            Some(parent_fd.as_raw_fd()),
+            name,
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        )
+        .map_err(|e| errno_error(format!("removing {path}"), e))?;
     }
     Ok(count + 1)
 }
@@ -363,7 +465,10 @@ pub fn remove_tree(path: &str) -> Result<u64, AgentError> {
 /// else there (a link, say) is replaced; a folder is refused.
 pub fn create_private_file(path: &str, user: &User) -> Result<(), AgentError> {
     let reuse = OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-    let existing = sys::openat(None, path, reuse, Mode::empty()).ok().map(File::from).filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
+    let existing = sys::openat(None, path, reuse, Mode::empty())
+        .ok()
+        .map(File::from)
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
     let file = match existing {
         Some(file) => file,
         None => {
@@ -372,12 +477,17 @@ pub fn create_private_file(path: &str, user: &User) -> Result<(), AgentError> {
                 Err(e) => return Err(errno_error(format!("clearing {path}"), e)),
             }
             let create = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-            File::from(sys::openat(None, path, create, Mode::from_bits_truncate(0o600)).map_err(|e| errno_error(format!("creating {path}"), e))?)
+            File::from(
+                sys::openat(None, path, create, Mode::from_bits_truncate(0o600))
+                    .map_err(|e| errno_error(format!("creating {path}"), e))?,
+            )
         }
     };
     file.set_len(0).map_err(|e| io_error(format!("emptying {path}"), e))?;
-    nix::unistd::fchown(file.as_raw_fd(), Some(user.uid.into()), Some(user.gid.into())).map_err(|e| errno_error(format!("giving {path} to uid {}", user.uid), e))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(|e| io_error(format!("setting the mode of {path}"), e))?;
+    nix::unistd::fchown(file.as_raw_fd(), Some(user.uid.into()), Some(user.gid.into()))
+        .map_err(|e| errno_error(format!("giving {path} to uid {}", user.uid), e))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io_error(format!("setting the mode of {path}"), e))?;
     Ok(())
 }
 
@@ -415,7 +525,10 @@ mod tests {
         write(&root, "out.txt", "mine", 0o644).unwrap();
         assert_eq!(std::fs::read_to_string(outside.join("target")).unwrap(), "precious");
         assert_eq!(std::fs::read_to_string(root.join("out.txt")).unwrap(), "mine");
-        assert!(!std::fs::symlink_metadata(root.join("out.txt")).unwrap().file_type().is_symlink());
+        assert!(!std::fs::symlink_metadata(root.join("out.txt"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
         // So is a hard link: the other name keeps its contents.
         std::fs::hard_link(outside.join("target"), root.join("hard.txt")).unwrap();
         write(&root, "hard.txt", "mine", 0o644).unwrap();
@@ -438,7 +551,13 @@ mod tests {
         std::fs::write(dir.path().join("secret"), "s").unwrap();
         symlink(dir.path().join("secret"), root.join("link")).unwrap();
         symlink(dir.path(), root.join("up")).unwrap();
-        let read = |p: &str| read_file(&ReadFileRequest { path: p.into(), max_bytes: 10, beneath: Some(root.to_string_lossy().into_owned()) });
+        let read = |p: &str| {
+            read_file(&ReadFileRequest {
+                path: p.into(),
+                max_bytes: 10,
+                beneath: Some(root.to_string_lossy().into_owned()),
+            })
+        };
         assert!(read("link").is_err());
         assert!(read("up/secret").is_err());
         std::fs::write(root.join("d/f"), "ok").unwrap();
@@ -456,9 +575,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o644)).unwrap();
-        let req = ReadFileRequest { path: fifo.to_string_lossy().into_owned(), max_bytes: 10, beneath: None };
+        let req = ReadFileRequest {
+            path: fifo.to_string_lossy().into_owned(),
+            max_bytes: 10,
+            beneath: None,
+        };
         assert!(read_file(&req).unwrap_err().message.contains("not a regular file"));
-        let req = ReadFileRequest { path: "/dev/zero".into(), max_bytes: 10, beneath: None };
+        let req = ReadFileRequest {
+            path: "/dev/zero".into(),
+            max_bytes: 10,
+            beneath: None,
+        };
         assert!(read_file(&req).is_err());
     }
 
@@ -488,11 +615,19 @@ mod tests {
         std::fs::set_permissions(dir.path().join("outside"), std::fs::Permissions::from_mode(0o600)).unwrap();
         symlink(dir.path().join("outside"), tree.join("link")).unwrap();
         let modes = |is_dir: bool, _: u32| if is_dir { 0o700 } else { 0o400 };
-        let me = User { uid: nix::unistd::getuid().as_raw(), gid: nix::unistd::getgid().as_raw(), home: None };
+        let me = User {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            home: None,
+        };
         assert_eq!(handover(&tree.to_string_lossy(), &me, Some(&modes)).unwrap(), 4);
         assert_eq!(std::fs::metadata(tree.join("sub/t.py")).unwrap().mode() & 0o777, 0o400);
         assert_eq!(std::fs::metadata(&tree).unwrap().mode() & 0o777, 0o700);
-        assert_eq!(std::fs::metadata(dir.path().join("outside")).unwrap().mode() & 0o777, 0o600, "link target untouched");
+        assert_eq!(
+            std::fs::metadata(dir.path().join("outside")).unwrap().mode() & 0o777,
+            0o600,
+            "link target untouched"
+        );
     }
 
     /// A rollout that runs as an unprivileged user writes with that user's permissions: not
@@ -518,10 +653,20 @@ mod tests {
             beneath: None,
             owner: Some("54321:54321".into()),
         };
-        assert!(write_file(&req(&private.join("x")), b"no").is_err(), "written where the user may not write");
+        assert!(
+            write_file(&req(&private.join("x")), b"no").is_err(),
+            "written where the user may not write"
+        );
         write_file(&req(&open.join("x")), b"yes").unwrap();
         assert_eq!(std::fs::metadata(open.join("x")).unwrap().uid(), 54321);
         // And the thread is root again afterwards.
-        write_file(&WriteFileRequest { owner: None, ..req(&private.join("y")) }, b"root").unwrap();
+        write_file(
+            &WriteFileRequest {
+                owner: None,
+                ..req(&private.join("y"))
+            },
+            b"root",
+        )
+        .unwrap();
     }
 }

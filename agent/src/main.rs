@@ -58,7 +58,11 @@ fn main() {
 /// Python, or one started elsewhere) it runs the command after `--` in its place.
 fn check_with_zygote(args: &[String]) -> ! {
     use std::os::unix::process::CommandExt;
-    let (Some(socket), Some("--"), Some(fallback)) = (args.first(), args.get(1).map(String::as_str), args.get(2..).filter(|f| f.len() >= 3)) else {
+    let (Some(socket), Some("--"), Some(fallback)) = (
+        args.first(),
+        args.get(1).map(String::as_str),
+        args.get(2..).filter(|f| f.len() >= 3),
+    ) else {
         eprintln!("usage: farm-agent --check-with-zygote SOCKET -- python3 -I HARNESS [ARGS...]");
         std::process::exit(2);
     };
@@ -115,10 +119,22 @@ fn prepare_system() {
     let mounts: [(&str, &str, &str, MsFlags, &str); 7] = [
         // hidepid=invisible: an unprivileged user sees only its own processes in /proc (the
         // candidate cannot find the checker or the agent, let alone read their environment).
-        ("proc", "/proc", "proc", nosuid_nodev | MsFlags::MS_NOEXEC, "hidepid=invisible"),
+        (
+            "proc",
+            "/proc",
+            "proc",
+            nosuid_nodev | MsFlags::MS_NOEXEC,
+            "hidepid=invisible",
+        ),
         ("sysfs", "/sys", "sysfs", nosuid_nodev | MsFlags::MS_NOEXEC, ""),
         ("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, "mode=0755"),
-        ("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, "ptmxmode=0666,gid=5,mode=0620"),
+        (
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            "ptmxmode=0666,gid=5,mode=0620",
+        ),
         ("tmpfs", "/dev/shm", "tmpfs", nosuid_nodev, "mode=1777"),
         ("tmpfs", "/tmp", "tmpfs", nosuid_nodev, "mode=1777"),
         ("tmpfs", "/run", "tmpfs", nosuid_nodev, "mode=0755"),
@@ -185,7 +201,13 @@ struct State {
 }
 
 fn serve(path: &Path) -> ! {
-    let open = || OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(path);
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+    };
     let mut reader = match open() {
         Ok(f) => f,
         Err(e) => {
@@ -266,11 +288,18 @@ fn is_quick(request: &Request) -> bool {
 }
 
 fn bad_request(message: String) -> AgentError {
-    AgentError { kind: ErrorKind::BadRequest, message }
+    AgentError {
+        kind: ErrorKind::BadRequest,
+        message,
+    }
 }
 
 fn respond(state: &State, id: u64, msg: Response, body: &[u8]) {
-    let envelope = Envelope { v: PROTOCOL_VERSION, id, msg };
+    let envelope = Envelope {
+        v: PROTOCOL_VERSION,
+        id,
+        msg,
+    };
     let frame = farm_protocol::encode_frame(&envelope, body);
     let mut writer = state.writer.lock().unwrap_or_else(|p| p.into_inner());
     if let Err(e) = writer.write_all(&frame) {
@@ -304,11 +333,20 @@ fn answer(state: &State, envelope: Envelope<Request>, body: Vec<u8>) {
 }
 
 fn base_env(state: &State) -> Vec<(String, String)> {
-    state.base_env.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    state
+        .base_env
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 fn io_error(what: String, e: std::io::Error) -> AgentError {
-    AgentError { kind: ErrorKind::Io, message: format!("{what}: {e}") }
+    AgentError {
+        kind: ErrorKind::Io,
+        message: format!("{what}: {e}"),
+    }
 }
 
 fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, Vec<u8>), AgentError> {
@@ -327,28 +365,61 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             out.extend_from_slice(&output.stderr);
             Ok((Response::Exec(output.result), out))
         }
-        Request::WriteFile(req) => files::write_file(&req, &body).map(|bytes| (Response::WriteFile { bytes }, Vec::new())),
+        Request::WriteFile(req) => {
+            files::write_file(&req, &body).map(|bytes| (Response::WriteFile { bytes }, Vec::new()))
+        }
         Request::ReadFile(req) => files::read_file(&req).map(|(size, data)| {
             let truncated = (data.len() as u64) < size;
             (Response::ReadFile { size, truncated }, data)
         }),
         Request::ListFiles(req) => {
             let mut entries = Vec::new();
-            let truncated = files::list_files(Path::new(&req.root), Path::new(""), req.max_entries.min(farm_protocol::MAX_LISTING) as usize, &mut entries, 0)
-                .map_err(|e| io_error(format!("listing {}", req.root), e))?;
-            let body = serde_json::to_vec(&entries).map_err(|e| io_error(format!("encoding the listing of {}", req.root), std::io::Error::other(e)))?;
-            Ok((Response::ListFiles { count: entries.len() as u32, truncated }, body))
+            let truncated = files::list_files(
+                Path::new(&req.root),
+                Path::new(""),
+                req.max_entries.min(farm_protocol::MAX_LISTING) as usize,
+                &mut entries,
+                0,
+            )
+            .map_err(|e| io_error(format!("listing {}", req.root), e))?;
+            let body = serde_json::to_vec(&entries).map_err(|e| {
+                io_error(
+                    format!("encoding the listing of {}", req.root),
+                    std::io::Error::other(e),
+                )
+            })?;
+            Ok((
+                Response::ListFiles {
+                    count: entries.len() as u32,
+                    truncated,
+                },
+                body,
+            ))
         }
-        Request::RemoveFile { path, beneath } => files::remove_file(&path, beneath.as_deref()).map(|()| (Response::RemoveFile, Vec::new())),
+        Request::RemoveFile { path, beneath } => {
+            files::remove_file(&path, beneath.as_deref()).map(|()| (Response::RemoveFile, Vec::new()))
+        }
         Request::Handover(req) => {
             let user = users::resolve(&req.user).map_err(|e| bad_request(farm_agent::describe(&e)))?;
             files::handover(&req.root, &user, None).map(|entries| (Response::Handover { entries }, Vec::new()))
         }
-        Request::RemoveTree { path } => files::remove_tree(&path).map(|entries| (Response::RemoveTree { entries }, Vec::new())),
+        Request::RemoveTree { path } => {
+            files::remove_tree(&path).map(|entries| (Response::RemoveTree { entries }, Vec::new()))
+        }
         Request::Sweep(req) => {
-            let targets = sweep::Targets { everything: req.uids.is_empty(), uids: req.uids, group: None };
+            let targets = sweep::Targets {
+                everything: req.uids.is_empty(),
+                uids: req.uids,
+                group: None,
+            };
             let swept = sweep::sweep(&targets);
-            Ok((Response::Sweep { killed: swept.killed, complete: swept.complete }, Vec::new()))
+            Ok((
+                Response::Sweep {
+                    killed: swept.killed,
+                    complete: swept.complete,
+                },
+                Vec::new(),
+            ))
         }
         Request::RunTests(req) => {
             let run = testrun::run_tests(&req, &base_env(state), &body)?;
@@ -363,11 +434,13 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
         }
         Request::Identity(req) => {
             if !body.is_empty() {
-                sys::add_entropy_and_reseed(&body).map_err(|e| io_error("adding entropy to the kernel RNG".into(), e))?;
+                sys::add_entropy_and_reseed(&body)
+                    .map_err(|e| io_error("adding entropy to the kernel RNG".into(), e))?;
             }
             sys::set_realtime(req.unix_time_ns).map_err(|e| io_error("setting the clock".into(), e))?;
             if !req.hostname.is_empty() {
-                sys::set_hostname(&req.hostname).map_err(|e| io_error(format!("setting hostname {:?}", req.hostname), e))?;
+                sys::set_hostname(&req.hostname)
+                    .map_err(|e| io_error(format!("setting hostname {:?}", req.hostname), e))?;
             }
             state.base_env.lock().unwrap_or_else(|p| p.into_inner()).extend(req.env);
             Ok((Response::Identity, Vec::new()))

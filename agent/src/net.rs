@@ -29,7 +29,13 @@ fn find_port() -> Option<PathBuf> {
 /// Starts the proxy listener and the port reader, when the VM has a network port.
 pub fn spawn(log: fn(&str)) {
     let Some(port) = find_port() else { return };
-    let open = || OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(&port);
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&port)
+    };
     let (reader, writer) = match open().and_then(|r| r.try_clone().map(|w| (r, w))) {
         Ok(pair) => pair,
         Err(e) => return log(&format!("cannot open the network port {}: {e}", port.display())),
@@ -52,7 +58,16 @@ pub fn spawn(log: fn(&str)) {
             let id = next;
             let Ok(reading) = stream.try_clone() else { continue };
             conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, stream);
-            if send(&writer, Frame { conn: id, kind: Kind::Open, payload: Vec::new() }).is_err() {
+            if send(
+                &writer,
+                Frame {
+                    conn: id,
+                    kind: Kind::Open,
+                    payload: Vec::new(),
+                },
+            )
+            .is_err()
+            {
                 return;
             }
             let (writer, conns) = (writer.clone(), conns.clone());
@@ -62,7 +77,10 @@ pub fn spawn(log: fn(&str)) {
 }
 
 fn send(writer: &Mutex<File>, frame: Frame) -> std::io::Result<()> {
-    writer.lock().unwrap_or_else(|e| e.into_inner()).write_all(&frame.encode())
+    writer
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .write_all(&frame.encode())
 }
 
 /// One client's bytes, out to the host, until it closes.
@@ -72,14 +90,30 @@ fn pump(id: u32, mut stream: TcpStream, writer: Arc<Mutex<File>>, conns: Conns) 
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if send(&writer, Frame { conn: id, kind: Kind::Data, payload: buf[..n].to_vec() }).is_err() {
+                if send(
+                    &writer,
+                    Frame {
+                        conn: id,
+                        kind: Kind::Data,
+                        payload: buf[..n].to_vec(),
+                    },
+                )
+                .is_err()
+                {
                     break;
                 }
             }
         }
     }
     if conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id).is_some() {
-        let _ = send(&writer, Frame { conn: id, kind: Kind::Close, payload: Vec::new() });
+        let _ = send(
+            &writer,
+            Frame {
+                conn: id,
+                kind: Kind::Close,
+                payload: Vec::new(),
+            },
+        );
     }
 }
 

@@ -50,14 +50,24 @@ pub fn parse_proc(pid: i32, stat: &str, status: &str) -> Option<ProcInfo> {
     let pgrp = fields.get(2)?.parse().ok()?;
     let session = fields.get(3)?.parse().ok()?;
     let flags: u64 = fields.get(6)?.parse().ok()?;
-    Some(ProcInfo { pid, state, pgrp, session, kernel_thread: flags & PF_KTHREAD != 0, uids: parse_uids(status)? })
+    Some(ProcInfo {
+        pid,
+        state,
+        pgrp,
+        session,
+        kernel_thread: flags & PF_KTHREAD != 0,
+        uids: parse_uids(status)?,
+    })
 }
 
 /// The real, effective, saved and file-system uids from the `Uid:` line of
 /// `/proc/PID/status`.
 fn parse_uids(status: &str) -> Option<[u32; 4]> {
     let uid_line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    let ids: Vec<u32> = uid_line[4..].split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    let ids: Vec<u32> = uid_line[4..]
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
     Some([*ids.first()?, *ids.get(1)?, *ids.get(2)?, *ids.get(3)?])
 }
 
@@ -72,7 +82,9 @@ pub fn is_target(info: &ProcInfo, targets: &Targets, own_pid: i32) -> bool {
 }
 
 fn processes() -> Vec<ProcInfo> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
@@ -96,7 +108,11 @@ pub fn sweep(targets: &Targets) -> Swept {
     let own = std::process::id() as i32;
     let started = Instant::now();
     // What is there before the first kill, so the count includes what kill(-1) takes.
-    let mut seen: std::collections::HashSet<i32> = processes().into_iter().filter(|p| is_target(p, targets, own)).map(|p| p.pid).collect();
+    let mut seen: std::collections::HashSet<i32> = processes()
+        .into_iter()
+        .filter(|p| is_target(p, targets, own))
+        .map(|p| p.pid)
+        .collect();
     loop {
         for &uid in &targets.uids {
             if uid != 0 {
@@ -105,14 +121,20 @@ pub fn sweep(targets: &Targets) -> Swept {
         }
         let alive: Vec<ProcInfo> = processes().into_iter().filter(|p| is_target(p, targets, own)).collect();
         if alive.is_empty() {
-            return Swept { killed: seen.len() as u32, complete: true };
+            return Swept {
+                killed: seen.len() as u32,
+                complete: true,
+            };
         }
         for p in &alive {
             seen.insert(p.pid);
             sys::kill_pid(p.pid);
         }
         if started.elapsed() > SWEEP_LIMIT {
-            return Swept { killed: seen.len() as u32, complete: false };
+            return Swept {
+                killed: seen.len() as u32,
+                complete: false,
+            };
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -122,13 +144,17 @@ pub fn sweep(targets: &Targets) -> Swept {
 mod tests {
     use super::*;
 
-    const STATUS: &str = "Name:\tpython3\nState:\tS (sleeping)\nTgid:\t77\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\n";
+    const STATUS: &str =
+        "Name:\tpython3\nState:\tS (sleeping)\nTgid:\t77\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\n";
 
     #[test]
     fn stat_with_spaces_and_parens_in_the_name() {
         let stat = "77 (evil) S 1 2 3 (x) R 1 76 76 0 -1 4194560 0 0";
         let info = parse_proc(77, stat, STATUS).unwrap();
-        assert_eq!((info.state, info.pgrp, info.session, info.kernel_thread), ('R', 76, 76, false));
+        assert_eq!(
+            (info.state, info.pgrp, info.session, info.kernel_thread),
+            ('R', 76, 76, false)
+        );
         assert_eq!(info.uids, [1000; 4]);
         let kthread = parse_proc(2, "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0", "Uid:\t0\t0\t0\t0\n").unwrap();
         assert!(kthread.kernel_thread);
@@ -137,13 +163,29 @@ mod tests {
 
     #[test]
     fn targets_by_uid_group_or_everything_but_never_init_self_or_kernel() {
-        let p = |pid, uids: [u32; 4], pgrp| ProcInfo { pid, state: 'S', pgrp, session: pgrp, kernel_thread: false, uids };
-        let by_uid = Targets { uids: vec![1000], ..Default::default() };
+        let p = |pid, uids: [u32; 4], pgrp| ProcInfo {
+            pid,
+            state: 'S',
+            pgrp,
+            session: pgrp,
+            kernel_thread: false,
+            uids,
+        };
+        let by_uid = Targets {
+            uids: vec![1000],
+            ..Default::default()
+        };
         assert!(is_target(&p(50, [0, 0, 1000, 0], 50), &by_uid, 9), "a saved uid counts");
         assert!(!is_target(&p(50, [0; 4], 50), &by_uid, 9));
-        let by_group = Targets { group: Some(40), ..Default::default() };
+        let by_group = Targets {
+            group: Some(40),
+            ..Default::default()
+        };
         assert!(is_target(&p(41, [0; 4], 40), &by_group, 9));
-        let all = Targets { everything: true, ..Default::default() };
+        let all = Targets {
+            everything: true,
+            ..Default::default()
+        };
         assert!(is_target(&p(41, [0; 4], 40), &all, 9));
         assert!(!is_target(&p(1, [0; 4], 1), &all, 9));
         assert!(!is_target(&p(9, [0; 4], 9), &all, 9));
@@ -169,12 +211,28 @@ mod tests {
                       (while :; do (sleep 30 &); sleep 0.02; done) & sleep 30";
         let mut children = Vec::new();
         for _ in 0..3 {
-            children.push(std::process::Command::new("sh").arg("-c").arg(script).uid(UID).gid(UID).spawn().unwrap());
+            children.push(
+                std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(script)
+                    .uid(UID)
+                    .gid(UID)
+                    .spawn()
+                    .unwrap(),
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
-        let count = || processes().into_iter().filter(|p| p.uids.contains(&UID) && p.state != 'Z').count();
+        let count = || {
+            processes()
+                .into_iter()
+                .filter(|p| p.uids.contains(&UID) && p.state != 'Z')
+                .count()
+        };
         assert!(count() >= 6, "the user's processes are running");
-        let swept = sweep(&Targets { uids: vec![UID], ..Default::default() });
+        let swept = sweep(&Targets {
+            uids: vec![UID],
+            ..Default::default()
+        });
         assert!(swept.complete && swept.killed as usize >= 6, "{swept:?}");
         for mut child in children {
             let _ = child.wait();

@@ -46,13 +46,16 @@ pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
         info.push(0);
     }
     // Keep the buffer 4-byte aligned for the kernel's struct view.
-    let words: Vec<u32> = info.chunks(4).map(|c| u32::from_ne_bytes(c.try_into().expect("4 bytes"))).collect();
+    let words: Vec<u32> = info
+        .chunks(4)
+        .map(|c| u32::from_ne_bytes(c.try_into().expect("4 bytes")))
+        .collect();
     let random = std::fs::OpenOptions::new().write(true).open("/dev/urandom")?;
     // Raw ioctls: nix has no wrappers for the kernel RNG's requests.
     const RNDADDENTROPY: libc::c_ulong = 0x4008_5203; // _IOW('R', 0x03, int[2])
     const RNDRESEEDCRNG: libc::c_ulong = 0x5207; // _IO('R', 0x07)
-    // SAFETY: `words` holds a complete rand_pool_info whose buf_size matches the bytes that
-    // follow the header; the fd is open for the duration of the call.
+                                                 // SAFETY: `words` holds a complete rand_pool_info whose buf_size matches the bytes that
+                                                 // follow the header; the fd is open for the duration of the call.
     check(unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY as _, words.as_ptr()) })?;
     // SAFETY: RNDRESEEDCRNG takes no argument.
     check(unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG as _) })?;
@@ -133,7 +136,9 @@ pub fn sync_all() {
 
 /// Seconds since boot (CLOCK_BOOTTIME).
 pub fn uptime_secs() -> f64 {
-    let since_boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map(Duration::from).unwrap_or_default();
+    let since_boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        .unwrap_or_default();
     since_boot.as_secs_f64()
 }
 
@@ -154,7 +159,10 @@ pub fn poll(fds: &[(BorrowedFd<'_>, nix::poll::PollFlags)], timeout: Duration) -
     let mut polled: Vec<PollFd> = fds.iter().map(|(fd, events)| PollFd::new(*fd, *events)).collect();
     let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
     match nix::poll::poll(&mut polled, timeout) {
-        Ok(_) => Ok(polled.iter().map(|p| p.revents().is_some_and(|r| !r.is_empty())).collect()),
+        Ok(_) => Ok(polled
+            .iter()
+            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+            .collect()),
         Err(Errno::EINTR) => Ok(vec![false; fds.len()]),
         Err(e) => Err(e.into()),
     }
@@ -214,7 +222,14 @@ pub fn kill_all_of_user(uid: u32) {
 pub fn close_from(first: u32) {
     // Raw system call: nix 0.29 has no close_range.
     // SAFETY: close_range takes integers; closing descriptors the caller no longer needs.
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_long, u32::MAX as libc::c_long, 0 as libc::c_long) };
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_long,
+            u32::MAX as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
     if ret != 0 {
         for fd in first..4096 {
             // EBADF for unused numbers is harmless.
@@ -271,10 +286,26 @@ pub fn checker_view_on_exec(command: &mut std::process::Command, uid: u32, gid: 
             let no_string: Option<&std::ffi::CStr> = None;
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
             // Nothing done here reaches the namespace the rest of the VM lives in.
-            nix::mount::mount(Some(none.as_c_str()), root.as_c_str(), no_string, MsFlags::MS_REC | MsFlags::MS_PRIVATE, no_string)?;
-            nix::mount::mount(Some(workspace.as_c_str()), workspace.as_c_str(), no_string, MsFlags::MS_BIND, no_string)?;
+            nix::mount::mount(
+                Some(none.as_c_str()),
+                root.as_c_str(),
+                no_string,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                no_string,
+            )?;
+            nix::mount::mount(
+                Some(workspace.as_c_str()),
+                workspace.as_c_str(),
+                no_string,
+                MsFlags::MS_BIND,
+                no_string,
+            )?;
             // nix 0.29 has no name for MS_NOSYMFOLLOW (Linux 5.10); libc's bit is passed as is.
-            let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::from_bits_retain(libc::MS_NOSYMFOLLOW) | MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
+            let flags = MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::from_bits_retain(libc::MS_NOSYMFOLLOW)
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOSUID;
             nix::mount::mount(Some(none.as_c_str()), workspace.as_c_str(), no_string, flags, no_string)?;
             if !uid.is_root() {
                 nix::unistd::setgroups(&[])?;
@@ -317,9 +348,19 @@ pub fn send_with_stdio(stream: &std::os::unix::net::UnixStream, bytes: &[u8]) ->
 }
 
 /// Sends `bytes` on a unix socket with `fds` attached (SCM_RIGHTS).
-pub fn send_with_fds(stream: &std::os::unix::net::UnixStream, bytes: &[u8], fds: &[std::os::fd::RawFd]) -> io::Result<()> {
+pub fn send_with_fds(
+    stream: &std::os::unix::net::UnixStream,
+    bytes: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> io::Result<()> {
     let control = [nix::sys::socket::ControlMessage::ScmRights(fds)];
-    let sent = nix::sys::socket::sendmsg::<()>(stream.as_raw_fd(), &[io::IoSlice::new(bytes)], &control, nix::sys::socket::MsgFlags::empty(), None)?;
+    let sent = nix::sys::socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[io::IoSlice::new(bytes)],
+        &control,
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )?;
     if sent < bytes.len() {
         use std::io::Write;
         (&*stream).write_all(&bytes[sent..])?;

@@ -25,7 +25,10 @@ pub const MAX_REWARD_BYTES: u64 = 4096;
 pub use farm_protocol::MAX_JUNIT_BYTES;
 
 fn bad_request(message: String) -> AgentError {
-    AgentError { kind: ErrorKind::BadRequest, message }
+    AgentError {
+        kind: ErrorKind::BadRequest,
+        message,
+    }
 }
 
 /// Checks that a verdict file lies directly inside the tests folder (so the folder's lock
@@ -33,7 +36,9 @@ fn bad_request(message: String) -> AgentError {
 fn check_inside(tests_dir: &str, path: &str, what: &str) -> Result<(), AgentError> {
     match path.strip_prefix(tests_dir).and_then(|rest| rest.strip_prefix('/')) {
         Some(name) if !name.is_empty() && !name.contains('/') && name != "." && name != ".." => Ok(()),
-        _ => Err(bad_request(format!("the {what} {path:?} must be a file directly inside {tests_dir:?}"))),
+        _ => Err(bad_request(format!(
+            "the {what} {path:?} must be a file directly inside {tests_dir:?}"
+        ))),
     }
 }
 
@@ -58,16 +63,26 @@ const SCORING_SYSCTLS: [(&str, &str); 4] = [
 pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[u8]) -> Result<TestsRun, AgentError> {
     let user = users::resolve(&req.user).map_err(|e| bad_request(crate::describe(&e)))?;
     if !req.tests_dir.starts_with('/') || req.tests_dir.trim_end_matches('/').is_empty() {
-        return Err(bad_request(format!("tests_dir {:?} must be an absolute folder below /", req.tests_dir)));
+        return Err(bad_request(format!(
+            "tests_dir {:?} must be an absolute folder below /",
+            req.tests_dir
+        )));
     }
     check_inside(&req.tests_dir, &req.reward_file, "reward file")?;
     check_inside(&req.tests_dir, &req.junit_file, "JUnit file")?;
     prepare_tests_dir(req, &user)?;
     for (knob, value) in SCORING_SYSCTLS {
-        std::fs::write(knob, value).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("setting {knob} to {value}: {e}") })?;
+        std::fs::write(knob, value).map_err(|e| AgentError {
+            kind: ErrorKind::Io,
+            message: format!("setting {knob} to {value}: {e}"),
+        })?;
     }
 
-    let mut env: Vec<(String, String)> = base_env.iter().filter(|(k, _)| !req.env.contains_key(k)).cloned().collect();
+    let mut env: Vec<(String, String)> = base_env
+        .iter()
+        .filter(|(k, _)| !req.env.contains_key(k))
+        .cloned()
+        .collect();
     env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let launch = Launch {
         program: &req.program,
@@ -81,7 +96,9 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
     };
     // A function-call check goes straight to the harness zygote when one answers (as root,
     // which the zygote's socket requires); anything else starts as a command.
-    let zygote = zygote::parse(&req.program).filter(|_| user.is_root()).and_then(|check| zygote::connect(check.socket).map(|c| (check, c)));
+    let zygote = zygote::parse(&req.program)
+        .filter(|_| user.is_root())
+        .and_then(|check| zygote::connect(check.socket).map(|c| (check, c)));
     let (output, pid) = match zygote {
         Some((check, (stream, zygote_pid))) => zygote::run(stream, zygote_pid, &check, &launch, stdin)?,
         None => exec::run_launch(&launch, stdin)?,
@@ -89,8 +106,13 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
 
     // Nothing the tests started may outlive them: their session or group, and every process
     // of the sweep users wherever it went.
-    let swept = sweep::sweep(&Targets { uids: req.sweep_uids.clone(), group: Some(pid as i32), everything: false });
-    let reward = files::read_verdict_file(&req.reward_file, MAX_REWARD_BYTES).map(|(_, b)| String::from_utf8_lossy(&b).into_owned());
+    let swept = sweep::sweep(&Targets {
+        uids: req.sweep_uids.clone(),
+        group: Some(pid as i32),
+        everything: false,
+    });
+    let reward = files::read_verdict_file(&req.reward_file, MAX_REWARD_BYTES)
+        .map(|(_, b)| String::from_utf8_lossy(&b).into_owned());
     // A report past the cap is not read at all (half a report could count half the tests).
     let (junit_file_bytes, junit) = match files::read_verdict_file(&req.junit_file, MAX_JUNIT_BYTES) {
         Some((size, bytes)) if size <= MAX_JUNIT_BYTES && !bytes.is_empty() => (size, Some(bytes)),
@@ -105,14 +127,21 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         swept: swept.killed,
         sweep_complete: swept.complete,
     };
-    Ok(TestsRun { result, output, junit: junit.unwrap_or_default() })
+    Ok(TestsRun {
+        result,
+        output,
+        junit: junit.unwrap_or_default(),
+    })
 }
 
 /// Locks the tests folder and creates the verdict files and a private temporary folder
 /// (`.tmp`, owned by the test user).
 fn prepare_tests_dir(req: &RunTestsRequest, user: &User) -> Result<(), AgentError> {
     let dir = &req.tests_dir;
-    std::fs::create_dir_all(dir).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("creating {dir}: {e}") })?;
+    std::fs::create_dir_all(dir).map_err(|e| AgentError {
+        kind: ErrorKind::Io,
+        message: format!("creating {dir}: {e}"),
+    })?;
     if req.private_tests {
         // Only the test user (and root) can enter: the candidate cannot read the tests.
         let modes = |is_dir: bool, mode: u32| if is_dir { 0o700 } else { (mode & 0o777) | 0o400 };
@@ -120,7 +149,15 @@ fn prepare_tests_dir(req: &RunTestsRequest, user: &User) -> Result<(), AgentErro
     } else {
         // Readable and runnable by everyone, writable by root alone: the tests cannot be
         // changed under the command by the code it runs.
-        let modes = |is_dir: bool, mode: u32| if is_dir { 0o755 } else if mode & 0o111 != 0 { 0o555 } else { 0o444 };
+        let modes = |is_dir: bool, mode: u32| {
+            if is_dir {
+                0o755
+            } else if mode & 0o111 != 0 {
+                0o555
+            } else {
+                0o444
+            }
+        };
         files::handover(dir, &User::ROOT, Some(&modes))?;
     }
     files::create_private_file(&req.reward_file, user)?;
@@ -129,7 +166,10 @@ fn prepare_tests_dir(req: &RunTestsRequest, user: &User) -> Result<(), AgentErro
     // A real folder there (the host makes it with the tests) is kept; anything else goes.
     if !std::fs::symlink_metadata(&tmp).is_ok_and(|m| m.is_dir()) {
         let _ = files::remove_tree(&tmp);
-        std::fs::create_dir(&tmp).map_err(|e| AgentError { kind: ErrorKind::Io, message: format!("creating {tmp}: {e}") })?;
+        std::fs::create_dir(&tmp).map_err(|e| AgentError {
+            kind: ErrorKind::Io,
+            message: format!("creating {tmp}: {e}"),
+        })?;
     }
     let none = |is_dir: bool, _: u32| if is_dir { 0o700 } else { 0o600 };
     files::handover(&tmp, user, Some(&none))?;

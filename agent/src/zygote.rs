@@ -39,8 +39,13 @@ pub struct Check<'a> {
 pub fn parse(program: &Program) -> Option<Check<'_>> {
     let Program::Argv(argv) = program else { return None };
     match argv.as_slice() {
-        [client, flag, socket, dashes, fallback @ ..] if client == CLIENT && flag == FLAG && dashes == "--" && fallback.len() >= 3 => {
-            Some(Check { socket, args: &fallback[3..] })
+        [client, flag, socket, dashes, fallback @ ..]
+            if client == CLIENT && flag == FLAG && dashes == "--" && fallback.len() >= 3 =>
+        {
+            Some(Check {
+                socket,
+                args: &fallback[3..],
+            })
         }
         _ => None,
     }
@@ -72,7 +77,11 @@ impl Running for ZygoteCheck {
                 Ok(0) => {
                     // Gone without a status: killed (by a timeout), or broken; as the
                     // client would have said it.
-                    self.status = Some(if self.killed { ExitStatus::from_raw(libc::SIGKILL) } else { exit_status(70) });
+                    self.status = Some(if self.killed {
+                        ExitStatus::from_raw(libc::SIGKILL)
+                    } else {
+                        exit_status(70)
+                    });
                 }
                 Ok(n) => {
                     self.received.extend_from_slice(&buf[..n]);
@@ -112,27 +121,50 @@ fn exit_status(code: i32) -> ExitStatus {
 }
 
 fn io_error(what: &str, e: impl std::fmt::Display) -> AgentError {
-    AgentError { kind: ErrorKind::Spawn, message: format!("the harness zygote {what}: {e}") }
+    AgentError {
+        kind: ErrorKind::Spawn,
+        message: format!("the harness zygote {what}: {e}"),
+    }
 }
 
 /// Runs the check in the zygote behind `stream`; returns the output and the zygote's pid
 /// (the leader of its session, for the sweep).
-pub fn run(stream: UnixStream, pid: i32, check: &Check, launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentError> {
+pub fn run(
+    stream: UnixStream,
+    pid: i32,
+    check: &Check,
+    launch: &Launch,
+    stdin: &[u8],
+) -> Result<(Output, u32), AgentError> {
     let started = Instant::now();
     let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_error("could not get pipes", e));
     let (stdin_read, stdin_write) = pipe()?;
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
     let request = serde_json::to_vec(check.args).expect("strings serialize");
-    let fds = [stdin_read.as_raw_fd(), stdout_write.as_raw_fd(), stderr_write.as_raw_fd()];
+    let fds = [
+        stdin_read.as_raw_fd(),
+        stdout_write.as_raw_fd(),
+        stderr_write.as_raw_fd(),
+    ];
     sys::send_with_fds(&stream, &request, &fds).map_err(|e| io_error("did not take the check", e))?;
     // Only the zygote holds these ends now: the output ends when it (and the candidate it
     // handed standard error to) are gone.
     drop((stdin_read, stdout_write, stderr_write));
     sys::set_nonblocking(stream.as_raw_fd(), true).map_err(|e| io_error("socket", e))?;
     let file = |fd: OwnedFd| File::from(fd);
-    let pipes = Pipes { stdin: Some(file(stdin_write)), stdout: file(stdout_read), stderr: file(stderr_read) };
-    let mut running = ZygoteCheck { stream, pid, received: Vec::new(), status: None, killed: false };
+    let pipes = Pipes {
+        stdin: Some(file(stdin_write)),
+        stdout: file(stdout_read),
+        stderr: file(stderr_read),
+    };
+    let mut running = ZygoteCheck {
+        stream,
+        pid,
+        received: Vec::new(),
+        status: None,
+        killed: false,
+    };
     let output = exec::finish(&mut running, pipes, stdin, launch, started)?;
     Ok((output, pid as u32))
 }
@@ -148,12 +180,29 @@ mod tests {
 
     #[test]
     fn only_the_exact_client_command_is_a_zygote_check() {
-        let program = argv(&[CLIENT, FLAG, "/run/farm/zygote.sock", "--", "/usr/bin/python3", "-I", "/opt/farm-tests/harness.py", "--module", "solution"]);
+        let program = argv(&[
+            CLIENT,
+            FLAG,
+            "/run/farm/zygote.sock",
+            "--",
+            "/usr/bin/python3",
+            "-I",
+            "/opt/farm-tests/harness.py",
+            "--module",
+            "solution",
+        ]);
         let check = parse(&program).expect("a check");
         assert_eq!(check.socket, "/run/farm/zygote.sock");
         assert_eq!(check.args, ["--module", "solution"]);
-        assert_eq!(parse(&argv(&[CLIENT, FLAG, "/s", "--", "python3", "-I"])), None, "no harness path");
-        assert_eq!(parse(&argv(&["/usr/bin/farm-agent", FLAG, "/s", "--", "p", "-I", "h"])), None);
+        assert_eq!(
+            parse(&argv(&[CLIENT, FLAG, "/s", "--", "python3", "-I"])),
+            None,
+            "no harness path"
+        );
+        assert_eq!(
+            parse(&argv(&["/usr/bin/farm-agent", FLAG, "/s", "--", "p", "-I", "h"])),
+            None
+        );
         assert_eq!(parse(&argv(&[CLIENT, FLAG, "/s", "-x", "p", "-I", "h"])), None);
         assert_eq!(parse(&Program::Shell(format!("{CLIENT} {FLAG} /s -- p -I h"))), None);
         assert_eq!(exit_status(3).code(), Some(3));
@@ -209,7 +258,12 @@ conn.sendall(struct.pack(">i", 3))
     }
 
     fn root() -> bool {
-        let ok = nix::unistd::geteuid().is_root() && std::process::Command::new("python3").arg("-c").arg("pass").status().is_ok_and(|s| s.success());
+        let ok = nix::unistd::geteuid().is_root()
+            && std::process::Command::new("python3")
+                .arg("-c")
+                .arg("pass")
+                .status()
+                .is_ok_and(|s| s.success());
         if !ok {
             eprintln!("skipped: needs root and python3");
         }
@@ -223,7 +277,9 @@ conn.sendall(struct.pack(">i", 3))
         }
         let dir = tempfile::tempdir().unwrap();
         let (socket, mut child) = fake_zygote(dir.path(), 0, "answer");
-        let program = argv(&[CLIENT, FLAG, &socket, "--", "python3", "-I", "h.py", "--module", "solution"]);
+        let program = argv(&[
+            CLIENT, FLAG, &socket, "--", "python3", "-I", "h.py", "--module", "solution",
+        ]);
         let check = parse(&program).unwrap();
         let (stream, pid) = connect(check.socket).expect("a root zygote is taken");
         assert_eq!(pid as u32, child.id());
@@ -231,7 +287,10 @@ conn.sendall(struct.pack(">i", 3))
         assert_eq!(group, child.id());
         assert_eq!(output.result.exit_code, Some(3));
         assert!(!output.result.timed_out);
-        assert_eq!(String::from_utf8_lossy(&output.stdout), "args=--module solution stdin=reward-path\n");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "args=--module solution stdin=reward-path\n"
+        );
         assert_eq!(output.stderr, b"to stderr");
         let _ = child.wait();
     }
@@ -245,7 +304,10 @@ conn.sendall(struct.pack(">i", 3))
         }
         let dir = tempfile::tempdir().unwrap();
         let (socket, mut child) = fake_zygote(dir.path(), 65534, "answer");
-        assert!(connect(&socket).is_none(), "a zygote socket served by uid 65534 was taken");
+        assert!(
+            connect(&socket).is_none(),
+            "a zygote socket served by uid 65534 was taken"
+        );
         let _ = child.kill();
         let _ = child.wait();
     }

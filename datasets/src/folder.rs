@@ -58,14 +58,20 @@ pub fn load_task_dirs(root: &Path) -> Result<Vec<Task>, DatasetError> {
 
 /// The folders of a dataset folder, in name order.
 pub(crate) fn task_folders(root: &Path) -> Result<Vec<std::path::PathBuf>, DatasetError> {
-    let read_dir = std::fs::read_dir(root).map_err(|source| DatasetError::Read { path: root.to_path_buf(), source })?;
+    let read_dir = std::fs::read_dir(root).map_err(|source| DatasetError::Read {
+        path: root.to_path_buf(),
+        source,
+    })?;
     let mut dirs: Vec<_> = read_dir.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     dirs.sort();
     Ok(dirs)
 }
 
 fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
-    let invalid = |message: String| DatasetError::Invalid { path: dir.to_path_buf(), message };
+    let invalid = |message: String| DatasetError::Invalid {
+        path: dir.to_path_buf(),
+        message,
+    };
     let instruction_path = dir.join("instruction.md");
     let instruction = std::fs::read_to_string(&instruction_path)
         .map_err(|e| invalid(format!("instruction.md: {e} (every task folder needs one)")))?;
@@ -77,20 +83,39 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
     let mut budget = MAX_TASK_BYTES;
     let files = read_tree(&dir.join("files"), &mut budget).map_err(|e| invalid(format!("files/: {e}")))?;
     let tests = read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
-    let solution_files = read_tree(&dir.join("solution"), &mut budget).map_err(|e| invalid(format!("solution/: {e}")))?;
+    let solution_files =
+        read_tree(&dir.join("solution"), &mut budget).map_err(|e| invalid(format!("solution/: {e}")))?;
     let setup = match std::fs::read_to_string(dir.join("setup.sh")) {
-        Ok(_) => vec![format!("sh {}/.farm-setup.sh && rm -f {}/.farm-setup.sh", crate::WORKSPACE, crate::WORKSPACE)],
+        Ok(_) => vec![format!(
+            "sh {}/.farm-setup.sh && rm -f {}/.farm-setup.sh",
+            crate::WORKSPACE,
+            crate::WORKSPACE
+        )],
         Err(_) => Vec::new(),
     };
     let mut files = files;
     if !setup.is_empty() {
         let script = std::fs::read(dir.join("setup.sh")).map_err(|e| invalid(format!("setup.sh: {e}")))?;
-        files.push(TaskFile { path: ".farm-setup.sh".into(), contents: script, mode: 0o755 });
+        files.push(TaskFile {
+            path: ".farm-setup.sh".into(),
+            contents: script,
+            mode: 0o755,
+        });
     }
     let mut tests = tests;
     let (harness, test_user) = match config.unit_tests {
-        Some(_) if config.test_command.is_some() => return Err(invalid("task.toml: unit_tests and test_command are alternatives: give one".into())),
-        Some(units) => (Some(crate::table::unit_tests_harness(units.modules, &mut tests).map_err(|e| invalid(format!("task.toml: {e}")))?), TestUser::Root),
+        Some(_) if config.test_command.is_some() => {
+            return Err(invalid(
+                "task.toml: unit_tests and test_command are alternatives: give one".into(),
+            ))
+        }
+        Some(units) => (
+            Some(
+                crate::table::unit_tests_harness(units.modules, &mut tests)
+                    .map_err(|e| invalid(format!("task.toml: {e}")))?,
+            ),
+            TestUser::Root,
+        ),
         None => (None, config.test_user),
     };
     let test_command = match config.test_command {
@@ -99,20 +124,41 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         None if tests.iter().any(|t| t.path == "run.sh") => Some(format!("sh {TESTS_DIR}/run.sh")),
         None if config.expected_answer.is_some() => None,
         None if tests.is_empty() => None,
-        None => return Err(invalid("tests/ has no run.sh and task.toml sets no test_command".into())),
+        None => {
+            return Err(invalid(
+                "tests/ has no run.sh and task.toml sets no test_command".into(),
+            ))
+        }
     };
     let solution = if solution_files.is_empty() {
         None
     } else {
-        let answer = solution_files.iter().find(|f| f.path == "answer.txt").map(|f| String::from_utf8_lossy(&f.contents).trim().to_string());
+        let answer = solution_files
+            .iter()
+            .find(|f| f.path == "answer.txt")
+            .map(|f| String::from_utf8_lossy(&f.contents).trim().to_string());
         let has_script = solution_files.iter().any(|f| f.path == "solve.sh");
         Some(Solution {
-            files: solution_files.into_iter().map(|f| TaskFile { path: format!("{SOLUTION_DIR}/{}", f.path), ..f }).collect(),
-            commands: if has_script { vec![format!("sh {SOLUTION_DIR}/solve.sh")] } else { Vec::new() },
+            files: solution_files
+                .into_iter()
+                .map(|f| TaskFile {
+                    path: format!("{SOLUTION_DIR}/{}", f.path),
+                    ..f
+                })
+                .collect(),
+            commands: if has_script {
+                vec![format!("sh {SOLUTION_DIR}/solve.sh")]
+            } else {
+                Vec::new()
+            },
             answer,
         })
     };
-    let id = config.id.unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let id = config.id.unwrap_or_else(|| {
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
     let metadata = serde_json::to_value(&config.metadata).unwrap_or(serde_json::Value::Null);
     Ok(Task {
         id,
@@ -153,11 +199,23 @@ fn walk(root: &Path, dir: &Path, budget: &mut u64, out: &mut Vec<TaskFile>) -> s
             walk(root, &entry.path(), budget, out)?;
         } else if meta.is_file() {
             if meta.len() > *budget {
-                return Err(std::io::Error::other(format!("task files exceed {} MiB", MAX_TASK_BYTES >> 20)));
+                return Err(std::io::Error::other(format!(
+                    "task files exceed {} MiB",
+                    MAX_TASK_BYTES >> 20
+                )));
             }
             *budget -= meta.len();
-            let rel = entry.path().strip_prefix(root).expect("under root").to_string_lossy().into_owned();
-            out.push(TaskFile { path: rel, contents: std::fs::read(entry.path())?, mode: meta.permissions().mode() & 0o777 });
+            let rel = entry
+                .path()
+                .strip_prefix(root)
+                .expect("under root")
+                .to_string_lossy()
+                .into_owned();
+            out.push(TaskFile {
+                path: rel,
+                contents: std::fs::read(entry.path())?,
+                mode: meta.permissions().mode() & 0o777,
+            });
         }
     }
     Ok(())
@@ -178,8 +236,16 @@ mod tests {
         std::fs::write(t.join("instruction.md"), "Write add().").unwrap();
         std::fs::write(t.join("files/add.py"), "def add(a, b):\n    pass\n").unwrap();
         std::fs::write(t.join("setup.sh"), "echo ready > marker").unwrap();
-        std::fs::write(t.join("tests/run.sh"), "python3 -c 'from add import add; assert add(1,2)==3'").unwrap();
-        std::fs::write(t.join("solution/solve.sh"), "printf 'def add(a, b):\\n    return a + b\\n' > add.py").unwrap();
+        std::fs::write(
+            t.join("tests/run.sh"),
+            "python3 -c 'from add import add; assert add(1,2)==3'",
+        )
+        .unwrap();
+        std::fs::write(
+            t.join("solution/solve.sh"),
+            "printf 'def add(a, b):\\n    return a + b\\n' > add.py",
+        )
+        .unwrap();
         std::fs::write(t.join("task.toml"), "[metadata]\ndifficulty = \"easy\"\n").unwrap();
         let tasks = load(root.path(), Format::TaskDirs).unwrap();
         let task = &tasks[0];

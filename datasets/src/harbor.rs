@@ -70,7 +70,10 @@ pub enum Environment {
     /// `[environment] docker_image`: pulled, the Dockerfile (if any) ignored, as Harbor does
     /// without `--force-build`; when the image cannot be pulled, the Dockerfile (if any) is
     /// built instead.
-    Image { reference: String, dockerfile: Option<Box<Environment>> },
+    Image {
+        reference: String,
+        dockerfile: Option<Box<Environment>>,
+    },
 }
 
 /// task.toml, both schemas (unknown keys collected, not refused).
@@ -128,7 +131,14 @@ struct VerifierToml {
 
 impl Default for VerifierToml {
     fn default() -> Self {
-        VerifierToml { timeout_sec: default_verifier_timeout(), env: BTreeMap::new(), user: None, environment_mode: None, environment: None, other: toml::Table::new() }
+        VerifierToml {
+            timeout_sec: default_verifier_timeout(),
+            env: BTreeMap::new(),
+            user: None,
+            environment_mode: None,
+            environment: None,
+            other: toml::Table::new(),
+        }
     }
 }
 
@@ -180,7 +190,10 @@ struct SolutionToml {
 const MAX_TASK_BYTES: u64 = 64 << 20;
 
 pub fn load_harbor_dirs(root: &Path) -> Result<Vec<Task>, DatasetError> {
-    crate::folder::task_folders(root)?.iter().map(|dir| load_harbor_dir(dir)).collect()
+    crate::folder::task_folders(root)?
+        .iter()
+        .map(|dir| load_harbor_dir(dir))
+        .collect()
 }
 
 /// A size that is not written as Harbor reads sizes.
@@ -217,7 +230,9 @@ pub struct MissingHostVariable {
 /// `${VAR}` or `${VAR:-default}` (the whole value) from the host's environment, as Harbor
 /// resolves `[*.env]` values; anything else is literal.
 fn resolve_env(key: &str, value: &str) -> Result<String, MissingHostVariable> {
-    let Some(inner) = value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) else { return Ok(value.to_string()) };
+    let Some(inner) = value.strip_prefix("${").and_then(|v| v.strip_suffix('}')) else {
+        return Ok(value.to_string());
+    };
     let (name, default) = match inner.split_once(":-") {
         Some((name, default)) => (name, Some(default)),
         None => (inner, None),
@@ -225,12 +240,18 @@ fn resolve_env(key: &str, value: &str) -> Result<String, MissingHostVariable> {
     match (std::env::var(name), default) {
         (Ok(v), _) => Ok(v),
         (Err(_), Some(d)) => Ok(d.to_string()),
-        (Err(_), None) => Err(MissingHostVariable { key: key.to_string(), value: value.to_string(), name: name.to_string() }),
+        (Err(_), None) => Err(MissingHostVariable {
+            key: key.to_string(),
+            value: value.to_string(),
+            name: name.to_string(),
+        }),
     }
 }
 
 fn resolve_all(table: &str, env: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, MissingHostVariable> {
-    env.iter().map(|(k, v)| resolve_env(&format!("[{table}] {k}"), v).map(|v| (k.clone(), v))).collect()
+    env.iter()
+        .map(|(k, v)| resolve_env(&format!("[{table}] {k}"), v).map(|v| (k.clone(), v)))
+        .collect()
 }
 
 fn user_of(value: &Option<toml::Value>) -> Option<String> {
@@ -264,43 +285,74 @@ fn strip_canary(text: &str) -> String {
 }
 
 fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
-    let invalid = |message: String| DatasetError::Invalid { path: dir.to_path_buf(), message };
-    let instruction = std::fs::read_to_string(dir.join("instruction.md")).map_err(|e| invalid(format!("instruction.md: {e} (every Harbor task needs one)")))?;
-    let text = std::fs::read_to_string(dir.join("task.toml")).map_err(|e| invalid(format!("task.toml: {e} (every Harbor task needs one)")))?;
+    let invalid = |message: String| DatasetError::Invalid {
+        path: dir.to_path_buf(),
+        message,
+    };
+    let instruction = std::fs::read_to_string(dir.join("instruction.md"))
+        .map_err(|e| invalid(format!("instruction.md: {e} (every Harbor task needs one)")))?;
+    let text = std::fs::read_to_string(dir.join("task.toml"))
+        .map_err(|e| invalid(format!("task.toml: {e} (every Harbor task needs one)")))?;
     let config: TaskToml = toml::from_str(&text).map_err(|e| invalid(format!("task.toml: {e}")))?;
     let env_cfg = &config.environment;
     if env_cfg.gpus.is_some_and(|g| g > 0) {
-        return Err(invalid(format!("task.toml: [environment] gpus = {}: farm's microVMs have no GPUs; this task cannot run here", env_cfg.gpus.unwrap_or(0))));
+        return Err(invalid(format!(
+            "task.toml: [environment] gpus = {}: farm's microVMs have no GPUs; this task cannot run here",
+            env_cfg.gpus.unwrap_or(0)
+        )));
     }
-    if env_cfg.os.as_deref().is_some_and(|os| !os.eq_ignore_ascii_case("linux")) {
-        return Err(invalid(format!("task.toml: [environment] os = {:?}: farm runs Linux guests only", env_cfg.os.as_deref().unwrap_or_default())));
+    if env_cfg
+        .os
+        .as_deref()
+        .is_some_and(|os| !os.eq_ignore_ascii_case("linux"))
+    {
+        return Err(invalid(format!(
+            "task.toml: [environment] os = {:?}: farm runs Linux guests only",
+            env_cfg.os.as_deref().unwrap_or_default()
+        )));
     }
     if config.steps.is_some() {
-        return Err(invalid("task.toml: [[steps]] (multi-step tasks) are not supported".into()));
+        return Err(invalid(
+            "task.toml: [[steps]] (multi-step tasks) are not supported".into(),
+        ));
     }
     if config.verifier.environment.is_some() || config.verifier.environment_mode.as_deref() == Some("separate") {
-        return Err(invalid("task.toml: a separate verifier environment is not supported (farm verifies in the task's own environment)".into()));
+        return Err(invalid(
+            "task.toml: a separate verifier environment is not supported (farm verifies in the task's own environment)"
+                .into(),
+        ));
     }
     let memory_mib = match (env_cfg.memory_mb, &env_cfg.memory) {
         (Some(mb), _) => Some(mb),
-        (None, Some(text)) => Some(size_to_mib(text).map_err(|e| invalid(format!("task.toml: [environment] memory: {e}")))? as u32),
+        (None, Some(text)) => {
+            Some(size_to_mib(text).map_err(|e| invalid(format!("task.toml: [environment] memory: {e}")))? as u32)
+        }
         (None, None) => None,
     };
     let storage_mib = match (env_cfg.storage_mb, &env_cfg.storage) {
         (Some(mb), _) => Some(mb),
-        (None, Some(text)) => Some(size_to_mib(text).map_err(|e| invalid(format!("task.toml: [environment] storage: {e}")))?),
+        (None, Some(text)) => {
+            Some(size_to_mib(text).map_err(|e| invalid(format!("task.toml: [environment] storage: {e}")))?)
+        }
         (None, None) => None,
     };
     let allow_internet = match (env_cfg.network_mode.as_deref(), env_cfg.allow_internet) {
         (Some("no-network"), _) => false,
         (Some("public" | "allowlist"), _) => true,
-        (Some(other), _) => return Err(invalid(format!("task.toml: [environment] network_mode = {other:?}: expected no-network, public or allowlist"))),
+        (Some(other), _) => {
+            return Err(invalid(format!(
+                "task.toml: [environment] network_mode = {other:?}: expected no-network, public or allowlist"
+            )))
+        }
         (None, allow) => allow.unwrap_or(true),
     };
     let env_dir = dir.join("environment");
     let dockerfile = if env_dir.join("Dockerfile").is_file() {
         let dir = std::fs::canonicalize(&env_dir).map_err(|e| invalid(format!("environment/: {e}")))?;
-        Some(Environment::Dockerfile { digest: tree_digest(&dir).map_err(|e| invalid(format!("environment/: {e}")))?, dir })
+        Some(Environment::Dockerfile {
+            digest: tree_digest(&dir).map_err(|e| invalid(format!("environment/: {e}")))?,
+            dir,
+        })
     } else {
         None
     };
@@ -313,14 +365,23 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
         (None, None) => return Err(invalid("environment/Dockerfile is missing and task.toml sets no [environment] docker_image".into())),
     };
     let mut budget = MAX_TASK_BYTES;
-    let tests = crate::folder::read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
+    let tests =
+        crate::folder::read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
     if !tests.iter().any(|t| t.path == "test.sh") {
         return Err(invalid("tests/test.sh is missing (the verifier)".into()));
     }
-    let solution_files = crate::folder::read_tree(&dir.join("solution"), &mut budget).map_err(|e| invalid(format!("solution/: {e}")))?;
-    let solution_env = resolve_all("solution.env", &config.solution.env).map_err(|e| invalid(format!("task.toml: {e}")))?;
+    let solution_files =
+        crate::folder::read_tree(&dir.join("solution"), &mut budget).map_err(|e| invalid(format!("solution/: {e}")))?;
+    let solution_env =
+        resolve_all("solution.env", &config.solution.env).map_err(|e| invalid(format!("task.toml: {e}")))?;
     let solution = solution_files.iter().any(|f| f.path == "solve.sh").then(|| Solution {
-        files: solution_files.iter().map(|f| TaskFile { path: format!("{SOLUTION}/{}", f.path), ..f.clone() }).collect(),
+        files: solution_files
+            .iter()
+            .map(|f| TaskFile {
+                path: format!("{SOLUTION}/{}", f.path),
+                ..f.clone()
+            })
+            .collect(),
         commands: vec![oracle_command(&solution_env)],
         answer: None,
     });
@@ -337,12 +398,25 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
         agent_timeout_secs: config.agent.timeout_sec,
         agent_user: user_of(&config.agent.user),
         verifier_timeout_secs: config.verifier.timeout_sec,
-        verifier_env: resolve_all("verifier.env", &config.verifier.env).map_err(|e| invalid(format!("task.toml: {e}")))?,
+        verifier_env: resolve_all("verifier.env", &config.verifier.env)
+            .map_err(|e| invalid(format!("task.toml: {e}")))?,
         verifier_user: user_of(&config.verifier.user),
         solution_env,
-        artifacts: config.artifacts.iter().filter_map(|a| a.as_str().map(str::to_string).or_else(|| a.get("source").and_then(|s| s.as_str()).map(str::to_string))).collect(),
+        artifacts: config
+            .artifacts
+            .iter()
+            .filter_map(|a| {
+                a.as_str()
+                    .map(str::to_string)
+                    .or_else(|| a.get("source").and_then(|s| s.as_str()).map(str::to_string))
+            })
+            .collect(),
     };
-    let id = config.task.as_ref().and_then(|t| t.name.clone()).unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let id = config.task.as_ref().and_then(|t| t.name.clone()).unwrap_or_else(|| {
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
     Ok(Task {
         id,
         instruction: strip_canary(&instruction),
@@ -386,7 +460,10 @@ fn metadata(config: &TaskToml) -> serde_json::Value {
         out.insert("harbor_schema_version".into(), version.clone().into());
     }
     if let Some(task) = &config.task {
-        out.insert("harbor_task".into(), serde_json::json!({ "name": task.name, "description": task.description, "other": json(&task.other) }));
+        out.insert(
+            "harbor_task".into(),
+            serde_json::json!({ "name": task.name, "description": task.description, "other": json(&task.other) }),
+        );
     }
     let unknown: Vec<(&str, &toml::Table)> = vec![
         ("", &config.other),
@@ -398,7 +475,11 @@ fn metadata(config: &TaskToml) -> serde_json::Value {
     let mut kept = serde_json::Map::new();
     for (table, keys) in unknown {
         for (k, v) in keys {
-            let name = if table.is_empty() { k.clone() } else { format!("{table}.{k}") };
+            let name = if table.is_empty() {
+                k.clone()
+            } else {
+                format!("{table}.{k}")
+            };
             kept.insert(name, serde_json::to_value(v).unwrap_or_default());
         }
     }
@@ -433,7 +514,11 @@ mod tests {
         for d in ["environment", "tests", "solution"] {
             std::fs::create_dir_all(t.join(d)).unwrap();
         }
-        std::fs::write(t.join("instruction.md"), "<!-- BENCHMARK DATA SHOULD NEVER APPEAR. canary GUID 1234 -->\n\nFix the server.\n").unwrap();
+        std::fs::write(
+            t.join("instruction.md"),
+            "<!-- BENCHMARK DATA SHOULD NEVER APPEAR. canary GUID 1234 -->\n\nFix the server.\n",
+        )
+        .unwrap();
         std::fs::write(t.join("task.toml"), toml).unwrap();
         std::fs::write(t.join("environment/Dockerfile"), "FROM farm:minimal\nWORKDIR /app\n").unwrap();
         std::fs::write(t.join("tests/test.sh"), "echo 1 > /logs/verifier/reward.txt\n").unwrap();
@@ -457,25 +542,55 @@ mod tests {
         assert_eq!(old.id, "a-old");
         assert_eq!(old.instruction, "Fix the server.\n", "the canary is dropped");
         let h = old.harbor.as_ref().unwrap();
-        assert_eq!((h.memory_mib, h.storage_mib, h.verifier_timeout_secs, h.agent_timeout_secs), (Some(2048), Some(10240), 120.0, Some(900.0)));
+        assert_eq!(
+            (
+                h.memory_mib,
+                h.storage_mib,
+                h.verifier_timeout_secs,
+                h.agent_timeout_secs
+            ),
+            (Some(2048), Some(10240), 120.0, Some(900.0))
+        );
         assert!(h.allow_internet);
         assert!(matches!(&h.environment, Environment::Dockerfile { .. }));
-        let with_image = task_folder(root.path(), "c-image", "[environment]\ndocker_image = \"reg.lan/app:1\"\n");
+        let with_image = task_folder(
+            root.path(),
+            "c-image",
+            "[environment]\ndocker_image = \"reg.lan/app:1\"\n",
+        );
         let task = crate::harbor::load_harbor_dir(&with_image).unwrap();
-        assert!(matches!(&task.harbor.as_ref().unwrap().environment, Environment::Image { reference, dockerfile: Some(_) } if reference == "reg.lan/app:1"), "the Dockerfile is kept for when the image cannot be pulled");
+        assert!(
+            matches!(&task.harbor.as_ref().unwrap().environment, Environment::Image { reference, dockerfile: Some(_) } if reference == "reg.lan/app:1"),
+            "the Dockerfile is kept for when the image cannot be pulled"
+        );
         assert_eq!(old.metadata["difficulty"], "easy");
         assert_eq!(old.tests[0].path, "test.sh");
         assert!(old.solution.as_ref().unwrap().commands[0].contains("bash -c /solution/solve.sh"));
 
         assert_eq!(new.id, "farm/serve-it");
         let h = new.harbor.as_ref().unwrap();
-        assert_eq!((h.cpus, h.memory_mib, h.storage_mib, h.workdir.as_deref(), h.agent_user.as_deref()), (Some(2), Some(1024), Some(4096), Some("/srv"), Some("app")));
+        assert_eq!(
+            (
+                h.cpus,
+                h.memory_mib,
+                h.storage_mib,
+                h.workdir.as_deref(),
+                h.agent_user.as_deref()
+            ),
+            (Some(2), Some(1024), Some(4096), Some("/srv"), Some("app"))
+        );
         assert!(!h.allow_internet);
-        assert_eq!(h.verifier_env["TOKEN"], "none", "a ${{VAR:-default}} value without the variable on the host");
+        assert_eq!(
+            h.verifier_env["TOKEN"], "none",
+            "a ${{VAR:-default}} value without the variable on the host"
+        );
         assert_eq!(h.artifacts, ["/srv/out.log"]);
         assert!(new.solution.as_ref().unwrap().commands[0].contains("export S='it'\\''s'"));
         assert_eq!(new.metadata["harbor_other_keys"]["future_key"], 7);
-        assert_eq!(new.metadata["harbor_other_keys"]["environment.mcp_servers"], serde_json::json!([]));
+        assert_eq!(
+            new.metadata["harbor_other_keys"]["environment.mcp_servers"],
+            serde_json::json!([])
+        );
         assert_eq!(new.metadata["harbor_task"]["description"], "a server");
         assert!(new.has_tests());
     }
@@ -488,8 +603,14 @@ mod tests {
             ("[environment]\nmemory = \"2GB\"\n", "memory: \"2GB\" is not a size"),
             ("[environment]\nos = \"windows\"\n", "Linux guests only"),
             ("[[steps]]\nname = \"one\"\n", "multi-step"),
-            ("[verifier]\nenvironment_mode = \"separate\"\n", "separate verifier environment"),
-            ("[verifier.env]\nK = \"${FARM_SURELY_UNSET_VARIABLE}\"\n", "[verifier.env] K = \"${FARM_SURELY_UNSET_VARIABLE}\": the host has no FARM_SURELY_UNSET_VARIABLE"),
+            (
+                "[verifier]\nenvironment_mode = \"separate\"\n",
+                "separate verifier environment",
+            ),
+            (
+                "[verifier.env]\nK = \"${FARM_SURELY_UNSET_VARIABLE}\"\n",
+                "[verifier.env] K = \"${FARM_SURELY_UNSET_VARIABLE}\": the host has no FARM_SURELY_UNSET_VARIABLE",
+            ),
         ];
         for (toml, expected) in cases {
             let dir = task_folder(root.path(), "t", toml);
@@ -499,7 +620,10 @@ mod tests {
         }
         let dir = task_folder(root.path(), "t", "");
         std::fs::remove_file(dir.join("tests/test.sh")).unwrap();
-        assert!(load(root.path(), Format::Harbor).unwrap_err().to_string().contains("tests/test.sh is missing"));
+        assert!(load(root.path(), Format::Harbor)
+            .unwrap_err()
+            .to_string()
+            .contains("tests/test.sh is missing"));
     }
 
     #[test]

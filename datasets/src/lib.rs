@@ -119,7 +119,10 @@ pub const HARNESS_SOURCES: &[(&str, &str)] = &[
     ("harness_boundary.py", include_str!("harness/harness_boundary.py")),
     ("harness_candidate.py", include_str!("harness/harness_candidate.py")),
     ("harness_checker.py", include_str!("harness/harness_checker.py")),
-    ("harness_function_call.py", include_str!("harness/harness_function_call.py")),
+    (
+        "harness_function_call.py",
+        include_str!("harness/harness_function_call.py"),
+    ),
     ("harness_remote.py", include_str!("harness/harness_remote.py")),
     ("harness_unit_tests.py", include_str!("harness/harness_unit_tests.py")),
 ];
@@ -133,7 +136,10 @@ pub const HARNESS_TEST_FILE: &str = ".farm-harness/harness.py";
 
 /// The harness's files as task test files (under [`HARNESS_DIR`]).
 pub fn harness_files() -> Vec<TaskFile> {
-    HARNESS_SOURCES.iter().map(|(name, source)| TaskFile::text(format!("{HARNESS_DIR}/{name}"), *source)).collect()
+    HARNESS_SOURCES
+        .iter()
+        .map(|(name, source)| TaskFile::text(format!("{HARNESS_DIR}/{name}"), *source))
+        .collect()
 }
 
 /// A test file a unit-test task's harness runs: `test_*.py` or `*_test.py`, directly in the
@@ -152,7 +158,11 @@ pub struct TaskFile {
 
 impl TaskFile {
     pub fn text(path: impl Into<String>, contents: impl Into<String>) -> TaskFile {
-        TaskFile { path: path.into(), contents: contents.into().into_bytes(), mode: 0o644 }
+        TaskFile {
+            path: path.into(),
+            contents: contents.into().into_bytes(),
+            mode: 0o644,
+        }
     }
 }
 
@@ -240,7 +250,11 @@ pub enum DatasetError {
         source: std::io::Error,
     },
     #[error("{path}:{line}: {message}")]
-    Line { path: PathBuf, line: usize, message: String },
+    Line {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
     #[error("{path}: duplicate task id {id:?} (first at {first})")]
@@ -261,17 +275,26 @@ pub fn load(path: &Path, format: Format) -> Result<Vec<Task>, DatasetError> {
     let mut seen = std::collections::HashMap::new();
     for (i, task) in tasks.iter().enumerate() {
         if task.id.is_empty() {
-            return Err(DatasetError::Invalid { path: path.to_path_buf(), message: format!("task {} has an empty id", i + 1) });
+            return Err(DatasetError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("task {} has an empty id", i + 1),
+            });
         }
         if let Some(first) = seen.insert(task.id.clone(), i + 1) {
-            return Err(DatasetError::Duplicate { path: path.to_path_buf(), id: task.id.clone(), first: format!("task {first}") });
+            return Err(DatasetError::Duplicate {
+                path: path.to_path_buf(),
+                id: task.id.clone(),
+                first: format!("task {first}"),
+            });
         }
         for file in task.files.iter().chain(task.tests.iter()) {
             check_relative(path, &task.id, &file.path)?;
         }
     }
     if tasks.is_empty() {
-        return Err(DatasetError::Empty { path: path.to_path_buf() });
+        return Err(DatasetError::Empty {
+            path: path.to_path_buf(),
+        });
     }
     Ok(tasks)
 }
@@ -286,7 +309,10 @@ pub fn task_from_json(value: serde_json::Value) -> Result<Task, RowError> {
     }
     for file in task.files.iter().chain(task.tests.iter()) {
         if !is_relative_inside(&file.path) {
-            return Err(RowError::PathOutside { id: task.id.clone(), file: file.path.clone() });
+            return Err(RowError::PathOutside {
+                id: task.id.clone(),
+                file: file.path.clone(),
+            });
         }
     }
     Ok(task)
@@ -295,7 +321,8 @@ pub fn task_from_json(value: serde_json::Value) -> Result<Task, RowError> {
 /// A Python module name: an identifier (the harness loads `<name>.py` from the workspace).
 pub(crate) fn valid_module_name(name: &str) -> bool {
     let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Whether a task file's path stays inside its folder: relative, no `..`.
@@ -307,8 +334,15 @@ fn is_relative_inside(file: &str) -> bool {
 /// Task file paths stay inside their folder.
 fn check_relative(path: &Path, id: &str, file: &str) -> Result<(), DatasetError> {
     if !is_relative_inside(file) {
-        let message = RowError::PathOutside { id: id.to_string(), file: file.to_string() }.to_string();
-        return Err(DatasetError::Invalid { path: path.to_path_buf(), message });
+        let message = RowError::PathOutside {
+            id: id.to_string(),
+            file: file.to_string(),
+        }
+        .to_string();
+        return Err(DatasetError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        });
     }
     Ok(())
 }
@@ -319,8 +353,14 @@ mod tests {
 
     #[test]
     fn inline_tasks_are_checked_like_dataset_tasks() {
-        let task = task_from_json(serde_json::json!({ "id": "t", "instruction": "x", "files": { "a.txt": "1" }, "expected_answer": "1" })).unwrap();
-        assert_eq!((task.id.as_str(), task.files.len(), task.expected_answer.as_deref()), ("t", 1, Some("1")));
+        let task = task_from_json(
+            serde_json::json!({ "id": "t", "instruction": "x", "files": { "a.txt": "1" }, "expected_answer": "1" }),
+        )
+        .unwrap();
+        assert_eq!(
+            (task.id.as_str(), task.files.len(), task.expected_answer.as_deref()),
+            ("t", 1, Some("1"))
+        );
         let err = |json| task_from_json(json).unwrap_err().to_string();
         assert!(err(serde_json::json!({ "id": "t", "files": { "../x": "1" } })).contains("stay inside"));
         assert!(err(serde_json::json!({ "id": "", "expected_answer": "1" })).contains("empty id"));
@@ -349,12 +389,22 @@ mod harness_selftest {
             return;
         }
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/src/harness/selftest.py");
-        let out = std::process::Command::new("/usr/bin/python3").arg(script).output().expect("/usr/bin/python3 (scripts/setup.sh installs it)");
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new("/usr/bin/python3")
+            .arg(script)
+            .output()
+            .expect("/usr/bin/python3 (scripts/setup.sh installs it)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(out.status.success(), "the harness self-test failed:\n{text}");
     }
 
     fn nix_is_root() -> bool {
-        std::fs::read_to_string("/proc/self/status").is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
     }
 }

@@ -110,7 +110,10 @@ pub(crate) fn unit_tests_harness(modules: Vec<String>, tests: &mut Vec<TaskFile>
         return Err(RowError::NoModules);
     }
     if let Some(bad) = modules.iter().find(|m| !crate::valid_module_name(m)) {
-        return Err(RowError::Module { key: "unit_tests.modules:", module: bad.clone() });
+        return Err(RowError::Module {
+            key: "unit_tests.modules:",
+            module: bad.clone(),
+        });
     }
     if !tests.iter().any(|t| crate::is_unit_test_file(&t.path)) {
         return Err(RowError::NoTestFile);
@@ -147,19 +150,31 @@ impl TaskRow {
     pub fn into_task(self) -> Result<Task, RowError> {
         let files = |m: BTreeMap<String, String>| m.into_iter().map(|(p, c)| TaskFile::text(p, c)).collect::<Vec<_>>();
         let mut tests = files(self.tests);
-        let alternatives = [self.function_call.is_some(), self.unit_tests.is_some(), self.test_command.is_some()];
+        let alternatives = [
+            self.function_call.is_some(),
+            self.unit_tests.is_some(),
+            self.test_command.is_some(),
+        ];
         if alternatives.iter().filter(|given| **given).count() > 1 {
             return Err(RowError::Alternatives);
         }
         if let Some(units) = self.unit_tests {
             let harness = unit_tests_harness(units.modules, &mut tests)?;
-            let row = TaskRow { tests: BTreeMap::new(), function_call: None, unit_tests: None, ..self };
+            let row = TaskRow {
+                tests: BTreeMap::new(),
+                function_call: None,
+                unit_tests: None,
+                ..self
+            };
             return Ok(row.task(tests, Some(harness), TestUser::Root));
         }
         let (harness, test_user) = match self.function_call {
             Some(call) => {
                 if !crate::valid_module_name(&call.module) {
-                    return Err(RowError::Module { key: "function_call.module", module: call.module });
+                    return Err(RowError::Module {
+                        key: "function_call.module",
+                        module: call.module,
+                    });
                 }
                 if tests.iter().any(|t| t.path.starts_with(HARNESS_DIR)) {
                     return Err(RowError::Reserved(HARNESS_DIR));
@@ -168,11 +183,22 @@ impl TaskRow {
                     return Err(RowError::Reserved("problem.json"));
                 }
                 tests.extend(function_call_tests(&call.prompt, &call.test, &call.entry_point));
-                (Some(Harness::FunctionCall { module: call.module, entry_point: call.entry_point }), TestUser::Root)
+                (
+                    Some(Harness::FunctionCall {
+                        module: call.module,
+                        entry_point: call.entry_point,
+                    }),
+                    TestUser::Root,
+                )
             }
             None => (None, self.test_user),
         };
-        let row = TaskRow { tests: BTreeMap::new(), function_call: None, unit_tests: None, ..self };
+        let row = TaskRow {
+            tests: BTreeMap::new(),
+            function_call: None,
+            unit_tests: None,
+            ..self
+        };
         Ok(row.task(tests, harness, test_user))
     }
 
@@ -188,7 +214,11 @@ impl TaskRow {
             test_command: row.test_command,
             test_user,
             harness,
-            solution: row.solution.map(|s| Solution { files: files(s.files), commands: s.commands, answer: s.answer }),
+            solution: row.solution.map(|s| Solution {
+                files: files(s.files),
+                commands: s.commands,
+                answer: s.answer,
+            }),
             expected_answer: row.expected_answer,
             answer_match: row.answer_match,
             completion_file: None,
@@ -201,7 +231,10 @@ impl TaskRow {
 }
 
 fn read(path: &Path) -> Result<String, DatasetError> {
-    std::fs::read_to_string(path).map_err(|source| DatasetError::Read { path: path.to_path_buf(), source })
+    std::fs::read_to_string(path).map_err(|source| DatasetError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Parses each non-empty line of a JSONL file as `T`.
@@ -212,7 +245,11 @@ fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, D
         if line.trim().is_empty() {
             continue;
         }
-        let row = serde_json::from_str(line).map_err(|e| DatasetError::Line { path: path.to_path_buf(), line: i + 1, message: e.to_string() })?;
+        let row = serde_json::from_str(line).map_err(|e| DatasetError::Line {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message: e.to_string(),
+        })?;
         rows.push((i + 1, row));
     }
     Ok(rows)
@@ -221,7 +258,13 @@ fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, D
 pub fn load_jsonl(path: &Path) -> Result<Vec<Task>, DatasetError> {
     jsonl::<TaskRow>(path)?
         .into_iter()
-        .map(|(line, row)| row.into_task().map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() }))
+        .map(|(line, row)| {
+            row.into_task().map_err(|e| DatasetError::Line {
+                path: path.to_path_buf(),
+                line,
+                message: e.to_string(),
+            })
+        })
         .collect()
 }
 
@@ -263,9 +306,15 @@ fn humaneval_task(row: HumanEvalRow) -> Task {
         tests: function_call_tests(&row.prompt, &row.test, &row.entry_point),
         test_command: None,
         test_user: TestUser::Root,
-        harness: Some(Harness::FunctionCall { module: "solution".into(), entry_point: row.entry_point.clone() }),
+        harness: Some(Harness::FunctionCall {
+            module: "solution".into(),
+            entry_point: row.entry_point.clone(),
+        }),
         solution: Some(Solution {
-            files: vec![TaskFile::text("solution.py", format!("{}{}", row.prompt, row.canonical_solution))],
+            files: vec![TaskFile::text(
+                "solution.py",
+                format!("{}{}", row.prompt, row.canonical_solution),
+            )],
             commands: Vec::new(),
             answer: None,
         }),
@@ -311,8 +360,14 @@ struct ParquetRow {
 }
 
 pub fn load_parquet(path: &Path) -> Result<Vec<Task>, DatasetError> {
-    let invalid = |message: String| DatasetError::Invalid { path: path.to_path_buf(), message };
-    let file = std::fs::File::open(path).map_err(|source| DatasetError::Read { path: path.to_path_buf(), source })?;
+    let invalid = |message: String| DatasetError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|source| DatasetError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| invalid(format!("not a Parquet file: {e}")))?
         .build()
@@ -367,9 +422,17 @@ pub fn load_parquet(path: &Path) -> Result<Vec<Task>, DatasetError> {
             if let Some(r) = row.require_reward_file {
                 object.insert("require_reward_file".into(), r.into());
             }
-            let task_row: TaskRow = serde_json::from_value(serde_json::Value::Object(object))
-                .map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() })?;
-            tasks.push(task_row.into_task().map_err(|e| DatasetError::Line { path: path.to_path_buf(), line, message: e.to_string() })?);
+            let task_row: TaskRow =
+                serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| DatasetError::Line {
+                    path: path.to_path_buf(),
+                    line,
+                    message: e.to_string(),
+                })?;
+            tasks.push(task_row.into_task().map_err(|e| DatasetError::Line {
+                path: path.to_path_buf(),
+                line,
+                message: e.to_string(),
+            })?);
         }
     }
     Ok(tasks)
@@ -413,8 +476,17 @@ pub(crate) mod tests {
         let problem: serde_json::Value = serde_json::from_slice(&problem.contents).unwrap();
         assert_eq!(problem["entry_point"], "f");
         assert!(problem["test"].as_str().unwrap().contains("def check(c)"));
-        assert_eq!(t.solution.as_ref().unwrap().files[0].contents, b"def f():\n    return 1\n");
-        assert_eq!(t.harness, Some(Harness::FunctionCall { module: "solution".into(), entry_point: "f".into() }));
+        assert_eq!(
+            t.solution.as_ref().unwrap().files[0].contents,
+            b"def f():\n    return 1\n"
+        );
+        assert_eq!(
+            t.harness,
+            Some(Harness::FunctionCall {
+                module: "solution".into(),
+                entry_point: "f".into()
+            })
+        );
         // One small file: no snapshot of its own, the file goes into each fork.
         assert!(!t.needs_snapshot() && t.files_in_forks());
         assert_eq!(t.test_user, TestUser::Root);
@@ -438,9 +510,19 @@ pub(crate) mod tests {
     fn duplicate_ids_and_escaping_paths_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path(), "t.jsonl", "{\"id\":\"a\"}\n{\"id\":\"a\"}\n");
-        assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("duplicate task id"));
-        let p = write(dir.path(), "t.jsonl", "{\"id\":\"a\",\"files\":{\"../../etc/passwd\":\"x\"}}\n");
-        assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("must be relative"));
+        assert!(load(&p, Format::Jsonl)
+            .unwrap_err()
+            .to_string()
+            .contains("duplicate task id"));
+        let p = write(
+            dir.path(),
+            "t.jsonl",
+            "{\"id\":\"a\",\"files\":{\"../../etc/passwd\":\"x\"}}\n",
+        );
+        assert!(load(&p, Format::Jsonl)
+            .unwrap_err()
+            .to_string()
+            .contains("must be relative"));
         let p = write(dir.path(), "t.jsonl", "\n");
         assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("no tasks"));
     }
@@ -465,15 +547,31 @@ pub(crate) mod tests {
     #[test]
     fn unit_test_rows_use_the_harness_and_name_what_is_wrong() {
         let row = |json: serde_json::Value| serde_json::from_value::<TaskRow>(json).unwrap().into_task();
-        let t = row(serde_json::json!({"id": "u", "tests": {"test_stack.py": "from solution import Stack"}, "unit_tests": {}})).unwrap();
-        assert_eq!(t.harness, Some(Harness::UnitTests { modules: vec!["solution".into()] }));
+        let t = row(
+            serde_json::json!({"id": "u", "tests": {"test_stack.py": "from solution import Stack"}, "unit_tests": {}}),
+        )
+        .unwrap();
+        assert_eq!(
+            t.harness,
+            Some(Harness::UnitTests {
+                modules: vec!["solution".into()]
+            })
+        );
         assert_eq!(t.test_user, TestUser::Root);
         assert!(t.tests.iter().any(|f| f.path == crate::HARNESS_TEST_FILE) && t.has_tests());
-        let err = row(serde_json::json!({"id": "u", "tests": {"helper.py": ""}, "unit_tests": {}})).unwrap_err().to_string();
+        let err = row(serde_json::json!({"id": "u", "tests": {"helper.py": ""}, "unit_tests": {}}))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("test_*.py"), "{err}");
-        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {"modules": ["my-mod"]}})).unwrap_err().to_string();
+        let err =
+            row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {"modules": ["my-mod"]}}))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("\"my-mod\""), "{err}");
-        let err = row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {}, "test_command": "pytest"})).unwrap_err().to_string();
+        let err =
+            row(serde_json::json!({"id": "u", "tests": {"test_a.py": ""}, "unit_tests": {}, "test_command": "pytest"}))
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("alternatives"), "{err}");
     }
 
@@ -486,13 +584,27 @@ pub(crate) mod tests {
             r#"{"id":"f1","files":{"lib.py":"def double(x):\n    pass\n"},"function_call":{"module":"lib","entry_point":"double","test":"def check(c):\n    assert c(2) == 4\n"}}"#,
         );
         let t = &load(&p, Format::Jsonl).unwrap()[0];
-        assert_eq!(t.harness, Some(Harness::FunctionCall { module: "lib".into(), entry_point: "double".into() }));
+        assert_eq!(
+            t.harness,
+            Some(Harness::FunctionCall {
+                module: "lib".into(),
+                entry_point: "double".into()
+            })
+        );
         assert_eq!(t.test_user, TestUser::Root);
         assert!(t.tests.iter().any(|f| f.path == crate::HARNESS_TEST_FILE) && t.has_tests());
-        let p = write(dir.path(), "t.jsonl", r#"{"id":"f2","test_command":"true","function_call":{"entry_point":"f","test":""}}"#);
+        let p = write(
+            dir.path(),
+            "t.jsonl",
+            r#"{"id":"f2","test_command":"true","function_call":{"entry_point":"f","test":""}}"#,
+        );
         let err = load(&p, Format::Jsonl).unwrap_err().to_string();
         assert!(err.contains("t.jsonl:1") && err.contains("alternatives"), "{err}");
-        let p = write(dir.path(), "t.jsonl", r#"{"id":"f3","function_call":{"module":"../x","entry_point":"f","test":""}}"#);
+        let p = write(
+            dir.path(),
+            "t.jsonl",
+            r#"{"id":"f3","function_call":{"module":"../x","entry_point":"f","test":""}}"#,
+        );
         assert!(load(&p, Format::Jsonl).unwrap_err().to_string().contains("module name"));
     }
 

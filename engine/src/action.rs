@@ -37,7 +37,11 @@ pub fn observation(step: &Step) -> String {
 /// workspace, a path that is not plain). The artifacts are what a VM would have handed over:
 /// the written files (the last write of a path wins, modes without setuid bits, the same
 /// limits), and the answer; actions after a submission or past `max_steps` are dropped.
-pub(crate) fn data_only_rollout(actions: &VecDeque<Action>, max_steps: usize, limits: &scorers::ArtifactLimits) -> Option<(Vec<Step>, scorers::Artifacts)> {
+pub(crate) fn data_only_rollout(
+    actions: &VecDeque<Action>,
+    max_steps: usize,
+    limits: &scorers::ArtifactLimits,
+) -> Option<(Vec<Step>, scorers::Artifacts)> {
     let mut steps = Vec::new();
     let mut files: std::collections::BTreeMap<String, (Vec<u8>, u32)> = std::collections::BTreeMap::new();
     let mut answer = None;
@@ -53,21 +57,38 @@ pub(crate) fn data_only_rollout(actions: &VecDeque<Action>, max_steps: usize, li
                 steps.push(Step::new(index as u32, StepKind::WriteFile, path.clone()));
             }
             Action::Submit { answer: text } => {
-                steps.push(Step::new(index as u32, StepKind::Submit, text.clone().unwrap_or_default()));
+                steps.push(Step::new(
+                    index as u32,
+                    StepKind::Submit,
+                    text.clone().unwrap_or_default(),
+                ));
                 answer = text.clone();
                 break;
             }
         }
     }
-    let entries: Vec<farm_protocol::FileEntry> =
-        files.iter().map(|(path, (bytes, mode))| farm_protocol::FileEntry { path: path.clone(), size: bytes.len() as u64, mtime_ns: 0, mode: *mode }).collect();
+    let entries: Vec<farm_protocol::FileEntry> = files
+        .iter()
+        .map(|(path, (bytes, mode))| farm_protocol::FileEntry {
+            path: path.clone(),
+            size: bytes.len() as u64,
+            mtime_ns: 0,
+            mode: *mode,
+        })
+        .collect();
     let (wanted, skipped) = scorers::artifacts::select(&[], &entries, limits);
-    let mut artifacts = scorers::Artifacts { skipped, answer, ..Default::default() };
+    let mut artifacts = scorers::Artifacts {
+        skipped,
+        answer,
+        ..Default::default()
+    };
     let mut total = 0u64;
     for path in wanted {
         let (bytes, mode) = files.remove(&path).expect("selected from these files");
         if total + bytes.len() as u64 > limits.max_total_bytes {
-            artifacts.skipped.push(format!("{path}: {} bytes, over the artifact limits", bytes.len()));
+            artifacts
+                .skipped
+                .push(format!("{path}: {} bytes, over the artifact limits", bytes.len()));
             continue;
         }
         total += bytes.len() as u64;
@@ -79,7 +100,13 @@ pub(crate) fn data_only_rollout(actions: &VecDeque<Action>, max_steps: usize, li
 
 /// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped
 /// answering during the action.
-pub(crate) async fn run_action(fork: &Fork, action: &Action, index: u32, limits: &RolloutsSection, place: &crate::harbor::Place) -> Result<(Step, Submitted), (Step, String)> {
+pub(crate) async fn run_action(
+    fork: &Fork,
+    action: &Action,
+    index: u32,
+    limits: &RolloutsSection,
+    place: &crate::harbor::Place,
+) -> Result<(Step, Submitted), (Step, String)> {
     let t = Instant::now();
     let (mut step, result) = match action {
         Action::Exec { command } => {
@@ -98,7 +125,10 @@ pub(crate) async fn run_action(fork: &Fork, action: &Action, index: u32, limits:
                     step.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
                     step.exit_code = Some(out.shell_exit_code());
                     if out.result.timed_out {
-                        step.stderr.push_str(&format!("\n[farm: killed after the {} s step limit]", limits.step_timeout_secs));
+                        step.stderr.push_str(&format!(
+                            "\n[farm: killed after the {} s step limit]",
+                            limits.step_timeout_secs
+                        ));
                     }
                     (step, Ok(Submitted::No))
                 }
@@ -107,11 +137,27 @@ pub(crate) async fn run_action(fork: &Fork, action: &Action, index: u32, limits:
         }
         Action::WriteFile { path, content, mode } => {
             let step = Step::new(index, StepKind::WriteFile, path.clone());
-            let full = if path.starts_with('/') { path.clone() } else { format!("{}/{path}", place.workdir.trim_end_matches('/')) };
-            let placement = vmm::FilePlacement { beneath: None, owner: place.user.clone() };
-            (step, fork.agent().write_file_placed(&full, content.clone().into_bytes(), *mode, &placement).await.map(|_| Submitted::No))
+            let full = if path.starts_with('/') {
+                path.clone()
+            } else {
+                format!("{}/{path}", place.workdir.trim_end_matches('/'))
+            };
+            let placement = vmm::FilePlacement {
+                beneath: None,
+                owner: place.user.clone(),
+            };
+            (
+                step,
+                fork.agent()
+                    .write_file_placed(&full, content.clone().into_bytes(), *mode, &placement)
+                    .await
+                    .map(|_| Submitted::No),
+            )
         }
-        Action::Submit { answer } => (Step::new(index, StepKind::Submit, answer.clone().unwrap_or_default()), Ok(Submitted::Yes(answer.clone()))),
+        Action::Submit { answer } => (
+            Step::new(index, StepKind::Submit, answer.clone().unwrap_or_default()),
+            Ok(Submitted::Yes(answer.clone())),
+        ),
     };
     step.duration_ms = t.elapsed().as_secs_f64() * 1e3;
     match result {
@@ -134,4 +180,3 @@ pub(crate) async fn run_action(fork: &Fork, action: &Action, index: u32, limits:
         }
     }
 }
-

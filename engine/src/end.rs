@@ -80,7 +80,9 @@ impl End {
             End::Cancelled(why) => format!("cancelled: {why}"),
             End::LostInRestart => "lost in restart".into(),
             End::Timeout(secs) => format!("the rollout ran past its {secs} s limit"),
-            End::NoArtifacts(e) => format!("the rollout VM did not hand over its artifacts after the agent's actions: {e}"),
+            End::NoArtifacts(e) => {
+                format!("the rollout VM did not hand over its artifacts after the agent's actions: {e}")
+            }
         })
     }
 
@@ -88,7 +90,10 @@ impl End {
     /// fork may not meet again (not a missing snapshot or missing replay data, never the
     /// agent's doing).
     fn retryable(&self) -> bool {
-        matches!(self, End::Fork(_) | End::Setup(_) | End::PolicyEndpoint(_) | End::Scoring(_))
+        matches!(
+            self,
+            End::Fork(_) | End::Setup(_) | End::PolicyEndpoint(_) | End::Scoring(_)
+        )
     }
 
     /// Puts the ending into the row: status, reward (none for the farm's failures, 0 for the
@@ -129,7 +134,11 @@ impl From<crate::policy::openai::ChatError> for Ending {
 }
 
 /// Puts a verdict into the row; or says why scoring failed.
-pub(crate) fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict, scorers::orchestrate::ScoreError>, artifacts: &scorers::Artifacts) -> End {
+pub(crate) fn record_verdict(
+    row: &mut Row,
+    verdict: Result<scorers::Verdict, scorers::orchestrate::ScoreError>,
+    artifacts: &scorers::Artifacts,
+) -> End {
     match verdict {
         Ok(v) => {
             row.error = v.error();
@@ -149,7 +158,11 @@ pub(crate) fn record_verdict(row: &mut Row, verdict: Result<scorers::Verdict, sc
                 details: &'a scorers::Details,
                 artifacts: &'a scorers::Artifacts,
             }
-            row.score_details = serde_json::to_string(&Recorded { details: &v.details, artifacts }).unwrap_or_else(|_| "{}".into());
+            row.score_details = serde_json::to_string(&Recorded {
+                details: &v.details,
+                artifacts,
+            })
+            .unwrap_or_else(|_| "{}".into());
             End::Scored
         }
         Err(e) => End::Scoring(crate::engine::describe(&e)),
@@ -162,7 +175,10 @@ mod tests {
     use crate::row::{Step, StepKind};
 
     fn row(status: &str, error: Option<&str>, steps: usize) -> Row {
-        let step = Step { exit_code: Some(0), ..Step::new(0, StepKind::Exec, "true") };
+        let step = Step {
+            exit_code: Some(0),
+            ..Step::new(0, StepKind::Exec, "true")
+        };
         Row {
             run_id: "r".into(),
             suite_name: "s".into(),
@@ -181,10 +197,22 @@ mod tests {
         assert!(worth_retrying(&End::PolicyEndpoint("503".into()), 0));
         // Once the agent acted, a retry would be a fresh sample for a live policy.
         assert!(!worth_retrying(&End::Scoring("the scoring VM failed".into()), 2));
-        assert!(!worth_retrying(&End::NoActions("no completion for this task".into()), 0));
-        assert!(!worth_retrying(&End::NoSnapshot("preparing the task snapshot failed".into()), 0));
+        assert!(!worth_retrying(
+            &End::NoActions("no completion for this task".into()),
+            0
+        ));
+        assert!(!worth_retrying(
+            &End::NoSnapshot("preparing the task snapshot failed".into()),
+            0
+        ));
         assert!(!worth_retrying(&End::Internal("panicked".into()), 0));
-        for agents in [End::Scored, End::Timeout(600), End::PolicyRefused("too long".into()), End::AgentBrokeVm("x".into()), End::NoArtifacts("x".into())] {
+        for agents in [
+            End::Scored,
+            End::Timeout(600),
+            End::PolicyRefused("too long".into()),
+            End::AgentBrokeVm("x".into()),
+            End::NoArtifacts("x".into()),
+        ] {
             assert!(!worth_retrying(&agents, 0), "{agents:?}");
         }
     }
@@ -198,12 +226,28 @@ mod tests {
             (r.status, r.reward, r.error)
         };
         // The farm's failures: no reward, never a zero a trainer could take for a failure.
-        assert_eq!(settled(End::Fork("QEMU exited".into())), (Status::EnvError, None, Some("fork: QEMU exited".into())));
-        assert_eq!(settled(End::NoActions("no completion".into())), (Status::EnvError, None, Some("policy: no completion".into())));
+        assert_eq!(
+            settled(End::Fork("QEMU exited".into())),
+            (Status::EnvError, None, Some("fork: QEMU exited".into()))
+        );
+        assert_eq!(
+            settled(End::NoActions("no completion".into())),
+            (Status::EnvError, None, Some("policy: no completion".into()))
+        );
         assert_eq!(settled(End::Scoring("boom".into())).1, None);
         // The agent's: a zero.
-        assert_eq!(settled(End::Timeout(600)), (Status::Timeout, Some(0.0), Some("the rollout ran past its 600 s limit".into())));
-        assert_eq!(settled(End::PolicyRefused("too long".into())), (Status::Failed, Some(0.0), Some("policy: too long".into())));
+        assert_eq!(
+            settled(End::Timeout(600)),
+            (
+                Status::Timeout,
+                Some(0.0),
+                Some("the rollout ran past its 600 s limit".into())
+            )
+        );
+        assert_eq!(
+            settled(End::PolicyRefused("too long".into())),
+            (Status::Failed, Some(0.0), Some("policy: too long".into()))
+        );
         assert_eq!(settled(End::AgentBrokeVm("the VM died".into())).0, Status::Failed);
         // A verdict stays as scoring put it.
         let mut r = row("passed", None, 1);

@@ -127,13 +127,21 @@ pub struct HostChoices {
 
 impl From<AccelSetting> for HostChoices {
     fn from(accel: AccelSetting) -> HostChoices {
-        HostChoices { accel, ksm: vmm::Ksm::Off }
+        HostChoices {
+            accel,
+            ksm: vmm::Ksm::Off,
+        }
     }
 }
 
 impl Engine {
     /// Prepares the suite's template snapshot (built, or reused from the store).
-    pub async fn start(suite: &Suite, host: impl Into<HostChoices>, run_id: &str, progress: &(dyn Fn(&str) + Sync)) -> Result<Engine, EngineError> {
+    pub async fn start(
+        suite: &Suite,
+        host: impl Into<HostChoices>,
+        run_id: &str,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<Engine, EngineError> {
         let host = host.into();
         let mut vm = VmSettings::detect(host.accel)?;
         vm.ksm = host.ksm;
@@ -141,14 +149,30 @@ impl Engine {
         let mut config = suite.config.clone();
         // The rollouts' egress, with the rules' credentials read now: a missing one stops
         // the start, naming it.
-        let egress = config.rollouts.network.policy(&format!("suite {} [rollouts.network]", config.suite.name)).map_err(EngineError::Egress)?;
+        let egress = config
+            .rollouts
+            .network
+            .policy(&format!("suite {} [rollouts.network]", config.suite.name))
+            .map_err(EngineError::Egress)?;
         let mut forker = Forker::new(vm)?;
         forker.max_disk_bytes = Some(config.rollouts.max_disk_mib << 20);
         let store = SnapshotStore::default_location();
-        let template = build_template_with(&store, &forker, &config.template, &suite.dir, &config.suite.name, &scorers::zygote::template_extras(), progress)
-            .await
-            .map_err(EngineError::Template)?;
-        progress(&format!("snapshot {}{}", template.snapshot.id(), if template.reused { " (reused)" } else { "" }));
+        let template = build_template_with(
+            &store,
+            &forker,
+            &config.template,
+            &suite.dir,
+            &config.suite.name,
+            &scorers::zygote::template_extras(),
+            progress,
+        )
+        .await
+        .map_err(EngineError::Template)?;
+        progress(&format!(
+            "snapshot {}{}",
+            template.snapshot.id(),
+            if template.reused { " (reused)" } else { "" }
+        ));
         let scoring = scorers::orchestrate::Plan {
             mode: config.scoring.mode,
             timeout: Duration::from_secs(config.scoring.timeout_secs),
@@ -156,8 +180,16 @@ impl Engine {
             pass_threshold: config.scoring.pass_threshold,
             external: resolve_external(suite, &config.scoring.external),
         };
-        let image_config = template.image_config.clone().unwrap_or_else(|| vmm::image::config_of(&template.snapshot.manifest.image).unwrap_or_default());
-        let image_env = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let image_config = template
+            .image_config
+            .clone()
+            .unwrap_or_else(|| vmm::image::config_of(&template.snapshot.manifest.image).unwrap_or_default());
+        let image_env = image_config
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         // `rollouts.user` unset: the image's User (a converted image's config), else root.
         if config.rollouts.user.is_empty() {
             config.rollouts.user = match image_config.user.as_str() {
@@ -192,8 +224,14 @@ impl Engine {
         if size == 0 {
             return Ok(());
         }
-        let pool = snapshotter::WarmPool::start_with_warm_up(self.forker.clone(), (*self.template).clone(), size, snapshotter::PoolMode::Resumed, &self.config.rollouts.warm_up)
-            .map_err(EngineError::Pool)?;
+        let pool = snapshotter::WarmPool::start_with_warm_up(
+            self.forker.clone(),
+            (*self.template).clone(),
+            size,
+            snapshotter::PoolMode::Resumed,
+            &self.config.rollouts.warm_up,
+        )
+        .map_err(EngineError::Pool)?;
         self.pool = Some((self.template.id().to_string(), pool));
         Ok(())
     }
@@ -225,7 +263,12 @@ impl Engine {
 
     /// A snapshot per task that has setup or large files, `concurrency` at a time; tasks with
     /// the same files and setup share one. Tasks without use the template.
-    pub async fn prepare(&self, tasks: &[Arc<Task>], concurrency: usize, log: &(dyn Fn(&str) + Sync)) -> Result<TaskSnapshots, EngineError> {
+    pub async fn prepare(
+        &self,
+        tasks: &[Arc<Task>],
+        concurrency: usize,
+        log: &(dyn Fn(&str) + Sync),
+    ) -> Result<TaskSnapshots, EngineError> {
         let mut task_snapshots: TaskSnapshots = HashMap::new();
         let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
         let mut building = tokio::task::JoinSet::new();
@@ -238,13 +281,22 @@ impl Engine {
                 // A Harbor task brings its own environment: a template of its own.
                 let users = by_id.entry(format!("harbor:{}", task.id)).or_default();
                 users.push(task.id.clone());
-                let (store, forker, task, slots, config) = (self.store.clone(), self.forker.clone(), task.clone(), slots.clone(), self.config.clone());
+                let (store, forker, task, slots, config) = (
+                    self.store.clone(),
+                    self.forker.clone(),
+                    task.clone(),
+                    slots.clone(),
+                    self.config.clone(),
+                );
                 building.spawn(async move {
                     let _slot = slots.acquire_owned().await.expect("semaphore open");
                     let built = crate::harbor::environment(&store, &forker, &config, &task).await;
                     let (snapshot, image) = match built {
                         Ok((s, image)) => (TaskSnapshot::Ready(Arc::new(s)), Some(image)),
-                        Err(e) => (TaskSnapshot::Failed(format!("building the task's environment failed: {}", describe(&e))), None),
+                        Err(e) => (
+                            TaskSnapshot::Failed(format!("building the task's environment failed: {}", describe(&e))),
+                            None,
+                        ),
                     };
                     (format!("harbor:{}", task.id), snapshot, image)
                 });
@@ -260,7 +312,13 @@ impl Engine {
             if users.len() > 1 {
                 continue;
             }
-            let (store, forker, template, task, slots) = (self.store.clone(), self.forker.clone(), self.template.clone(), task.clone(), slots.clone());
+            let (store, forker, template, task, slots) = (
+                self.store.clone(),
+                self.forker.clone(),
+                self.template.clone(),
+                task.clone(),
+                slots.clone(),
+            );
             building.spawn(async move {
                 let _slot = slots.acquire_owned().await.expect("semaphore open");
                 let snapshot = match task_snapshot(&store, &forker, &template, &task).await {
@@ -276,7 +334,10 @@ impl Engine {
         while let Some(built) = building.join_next().await {
             let (id, snapshot, image) = built.map_err(|_| EngineError::Panicked)?;
             if let (TaskSnapshot::Ready(s), Some(image)) = (&snapshot, image) {
-                self.task_images.lock().unwrap_or_else(|e| e.into_inner()).insert(s.id().to_string(), image);
+                self.task_images
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(s.id().to_string(), image);
             }
             for task_id in by_id.get(&id).into_iter().flatten() {
                 if let TaskSnapshot::Failed(e) = &snapshot {
@@ -289,7 +350,11 @@ impl Engine {
     }
 
     /// A fork of `snapshot`: from the warm pool when it holds that snapshot.
-    pub(crate) async fn fork(&self, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, snapshotter::ForkError> {
+    pub(crate) async fn fork(
+        &self,
+        snapshot: &Snapshot,
+        identity: ForkIdentity,
+    ) -> Result<Fork, snapshotter::ForkError> {
         match &self.pool {
             Some((id, pool)) if id == snapshot.id() => {
                 let fork = pool.fork(identity).await?;
@@ -303,14 +368,22 @@ impl Engine {
     /// A fork in the task's pristine state: a fork of its snapshot, with the task's files
     /// written in when the task has no snapshot of its own (a few small files are cheaper to
     /// write into each fork than a RAM file per task is to build and keep).
-    pub(crate) async fn fork_task(&self, snapshot: &Snapshot, task: &Task, identity: ForkIdentity) -> Result<Fork, ForkTaskError> {
+    pub(crate) async fn fork_task(
+        &self,
+        snapshot: &Snapshot,
+        task: &Task,
+        identity: ForkIdentity,
+    ) -> Result<Fork, ForkTaskError> {
         let fork = self.fork(snapshot, identity).await?;
         if task.files_in_forks() {
             for file in &task.files {
                 fork.agent()
                     .write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode)
                     .await
-                    .map_err(|source| ForkTaskError::WriteFile { file: file.path.clone(), source })?;
+                    .map_err(|source| ForkTaskError::WriteFile {
+                        file: file.path.clone(),
+                        source,
+                    })?;
             }
         }
         Ok(fork)
@@ -346,9 +419,18 @@ fn task_snapshot_id(template: &Snapshot, task: &Task) -> String {
 
 /// The task's own snapshot: a child of the template with its files and setup (see
 /// [`snapshotter::child`]).
-async fn task_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, task: &Task) -> Result<Snapshot, snapshotter::ChildError> {
+async fn task_snapshot(
+    store: &SnapshotStore,
+    forker: &Forker,
+    template: &Snapshot,
+    task: &Task,
+) -> Result<Snapshot, snapshotter::ChildError> {
     let content = task_snapshot_content(task);
-    let files: Vec<(String, Vec<u8>, u32)> = task.files.iter().map(|f| (f.path.clone(), f.contents.clone(), f.mode)).collect();
+    let files: Vec<(String, Vec<u8>, u32)> = task
+        .files
+        .iter()
+        .map(|f| (f.path.clone(), f.contents.clone(), f.mode))
+        .collect();
     let spec = snapshotter::ChildSpec {
         label: &task.id,
         content: &content,
@@ -367,7 +449,13 @@ mod tests {
     #[test]
     fn seeds_are_fixed_by_base_task_and_sample() {
         assert_eq!(rollout_seed(0, "t", 0), rollout_seed(0, "t", 0));
-        let distinct: std::collections::BTreeSet<u64> = [rollout_seed(0, "t", 0), rollout_seed(1, "t", 0), rollout_seed(0, "u", 0), rollout_seed(0, "t", 1)].into();
+        let distinct: std::collections::BTreeSet<u64> = [
+            rollout_seed(0, "t", 0),
+            rollout_seed(1, "t", 0),
+            rollout_seed(0, "u", 0),
+            rollout_seed(0, "t", 1),
+        ]
+        .into();
         assert_eq!(distinct.len(), 4);
     }
 }

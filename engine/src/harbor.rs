@@ -15,11 +15,25 @@ const DEFAULT_STORAGE_MIB: u64 = 4096;
 
 /// Builds (or finds) the template snapshot of a Harbor task's environment, and the config
 /// its commands run with.
-pub(crate) async fn environment(store: &SnapshotStore, forker: &Forker, config: &SuiteConfig, task: &Task) -> Result<(Snapshot, ImageConfig), BuildError> {
+pub(crate) async fn environment(
+    store: &SnapshotStore,
+    forker: &Forker,
+    config: &SuiteConfig,
+    task: &Task,
+) -> Result<(Snapshot, ImageConfig), BuildError> {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
-    match (&harbor.environment, build(store, forker, config, task, &harbor.environment).await) {
+    match (
+        &harbor.environment,
+        build(store, forker, config, task, &harbor.environment).await,
+    ) {
         // As Harbor: a prebuilt image that cannot be had gives way to the task's Dockerfile.
-        (Environment::Image { reference, dockerfile: Some(dockerfile) }, Err(e @ BuildError::Artifacts(_))) => {
+        (
+            Environment::Image {
+                reference,
+                dockerfile: Some(dockerfile),
+            },
+            Err(e @ BuildError::Artifacts(_)),
+        ) => {
             tracing::warn!(target: "farm::harbor", task = %task.id, "docker_image {reference} could not be pulled ({}); building environment/Dockerfile instead", crate::engine::describe(&e));
             build(store, forker, config, task, dockerfile).await
         }
@@ -27,7 +41,13 @@ pub(crate) async fn environment(store: &SnapshotStore, forker: &Forker, config: 
     }
 }
 
-async fn build(store: &SnapshotStore, forker: &Forker, config: &SuiteConfig, task: &Task, environment: &Environment) -> Result<(Snapshot, ImageConfig), BuildError> {
+async fn build(
+    store: &SnapshotStore,
+    forker: &Forker,
+    config: &SuiteConfig,
+    task: &Task,
+    environment: &Environment,
+) -> Result<(Snapshot, ImageConfig), BuildError> {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
     let mut template = TemplateConfig::of_image("");
     let base_dir = match environment {
@@ -52,8 +72,20 @@ async fn build(store: &SnapshotStore, forker: &Forker, config: &SuiteConfig, tas
     // Harbor's log folders, writable by whoever the agent and the verifier run as.
     template.setup = vec![format!("mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts && chmod 777 {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts")];
     let progress = |line: &str| tracing::info!(target: "farm::harbor", task = %task.id, "{line}");
-    let built = build_template_with(store, forker, &template, &base_dir, &task.id, &TemplateExtras::default(), &progress).await?;
-    let image = built.image_config.clone().unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default());
+    let built = build_template_with(
+        store,
+        forker,
+        &template,
+        &base_dir,
+        &task.id,
+        &TemplateExtras::default(),
+        &progress,
+    )
+    .await?;
+    let image = built
+        .image_config
+        .clone()
+        .unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default());
     Ok((built.snapshot, image))
 }
 
@@ -73,9 +105,24 @@ pub struct Place {
 /// `[environment.env]`.
 pub(crate) fn place(task: &Task, image: &ImageConfig) -> Place {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
-    let workdir = harbor.workdir.clone().filter(|w| !w.is_empty()).unwrap_or_else(|| if image.working_dir.is_empty() { "/".into() } else { image.working_dir.clone() });
-    let user = harbor.agent_user.clone().or_else(|| Some(image.user.clone())).filter(|u| !u.is_empty() && u != "root" && u != "0");
-    let mut env: Vec<(String, String)> = image.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let workdir = harbor.workdir.clone().filter(|w| !w.is_empty()).unwrap_or_else(|| {
+        if image.working_dir.is_empty() {
+            "/".into()
+        } else {
+            image.working_dir.clone()
+        }
+    });
+    let user = harbor
+        .agent_user
+        .clone()
+        .or_else(|| Some(image.user.clone()))
+        .filter(|u| !u.is_empty() && u != "root" && u != "0");
+    let mut env: Vec<(String, String)> = image
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     for (k, v) in &harbor.env {
         env.retain(|(key, _)| key != k);
         env.push((k.clone(), v.clone()));

@@ -23,8 +23,8 @@
 pub mod action;
 pub mod config;
 pub mod end;
-pub mod harbor;
 mod engine;
+pub mod harbor;
 pub mod live;
 pub mod metrics;
 pub mod pause;
@@ -37,6 +37,9 @@ pub mod sizing;
 
 pub use action::{observation, Submitted};
 pub use end::End;
-pub use engine::{describe, rollout_seed, Engine, EngineError, ForkTaskError, HostChoices, Planned, Served, TaskSnapshot, TaskSnapshots};
+pub use engine::{
+    describe, rollout_seed, Engine, EngineError, ForkTaskError, HostChoices, Planned, Served, TaskSnapshot,
+    TaskSnapshots,
+};
 pub use live::{Branch, BranchError, LiveFork};
 pub use policy::Policy;

@@ -30,7 +30,14 @@ pub enum BranchError {
 impl Engine {
     /// A fork of the task's pristine state, handed to the rollout's user, with the
     /// workspace listed (the baseline its artifacts are told apart from).
-    pub async fn open(&self, task: &Task, snapshot: &Snapshot, seed: u64, limits: &RolloutsSection, role: Role) -> Result<LiveFork, End> {
+    pub async fn open(
+        &self,
+        task: &Task,
+        snapshot: &Snapshot,
+        seed: u64,
+        limits: &RolloutsSection,
+        role: Role,
+    ) -> Result<LiveFork, End> {
         if task.harbor.is_some() {
             return self.open_harbor(task, snapshot, seed, limits, role).await;
         }
@@ -39,10 +46,16 @@ impl Engine {
         let egress = (!limits.network.is_empty()).then(|| self.egress_of(limits));
         env.extend(egress.as_ref().map(ca_env).unwrap_or_default());
         env.push(("FARM_TASK_ID".into(), task.id.clone()));
-        let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
+        let identity = ForkIdentity {
+            env,
+            ..ForkIdentity::new(seed)
+        };
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
         tracing::debug!("forking the task's snapshot");
-        let fork = self.fork_task(snapshot, task, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
+        let fork = self
+            .fork_task(snapshot, task, identity)
+            .await
+            .map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if let Some(egress) = egress {
             // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
             install_ca(&fork, &egress).await.map_err(End::Setup)?;
@@ -51,22 +64,50 @@ impl Engine {
         let gauge = VmGauge::new(role);
         if !limits.runs_as_root() {
             if let Err(e) = fork.agent().handover(WORKSPACE, &limits.user).await {
-                return Err(End::Setup(format!("handing the workspace to rollouts.user {:?}: {e}", limits.user)));
+                return Err(End::Setup(format!(
+                    "handing the workspace to rollouts.user {:?}: {e}",
+                    limits.user
+                )));
             }
         }
         // The task's own workspace, before the agent acts: a listing that fails here is the
         // farm's or the task's.
-        let baseline = scorers::artifacts::list_workspace(fork.agent()).await.map_err(|e| End::Setup(crate::engine::describe(&e)))?;
-        let place = Place { workdir: WORKSPACE.into(), user: (!limits.runs_as_root()).then(|| limits.user.clone()), env: self.image_env.clone() };
-        Ok(LiveFork { fork, baseline: Arc::new(baseline), origin: None, place, _gauge: gauge })
+        let baseline = scorers::artifacts::list_workspace(fork.agent())
+            .await
+            .map_err(|e| End::Setup(crate::engine::describe(&e)))?;
+        let place = Place {
+            workdir: WORKSPACE.into(),
+            user: (!limits.runs_as_root()).then(|| limits.user.clone()),
+            env: self.image_env.clone(),
+        };
+        Ok(LiveFork {
+            fork,
+            baseline: Arc::new(baseline),
+            origin: None,
+            place,
+            _gauge: gauge,
+        })
     }
 
     /// A fork of a Harbor task's environment: the agent acts in the working folder as the
     /// task's user, with the network only when the task allows the internet (the suite's
     /// `rollouts.network` is what the internet means here).
-    async fn open_harbor(&self, task: &Task, snapshot: &Snapshot, seed: u64, limits: &RolloutsSection, role: Role) -> Result<LiveFork, End> {
+    async fn open_harbor(
+        &self,
+        task: &Task,
+        snapshot: &Snapshot,
+        seed: u64,
+        limits: &RolloutsSection,
+        role: Role,
+    ) -> Result<LiveFork, End> {
         let harbor = task.harbor.as_ref().expect("a Harbor task");
-        let image = self.task_images.lock().unwrap_or_else(|e| e.into_inner()).get(snapshot.id()).cloned().unwrap_or_default();
+        let image = self
+            .task_images
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(snapshot.id())
+            .cloned()
+            .unwrap_or_default();
         let place = crate::harbor::place(task, &image);
         let online = harbor.allow_internet && !limits.network.is_empty();
         let mut env = place.env.clone();
@@ -75,15 +116,27 @@ impl Engine {
             env.extend(ca_env(&self.egress_of(limits)));
         }
         env.push(("FARM_TASK_ID".into(), task.id.clone()));
-        let identity = ForkIdentity { env, ..ForkIdentity::new(seed) };
+        let identity = ForkIdentity {
+            env,
+            ..ForkIdentity::new(seed)
+        };
         tracing::Span::current().record("fork_id", identity.fork_id.as_str());
-        let fork = self.fork(snapshot, identity).await.map_err(|e| End::Fork(crate::engine::describe(&e)))?;
+        let fork = self
+            .fork(snapshot, identity)
+            .await
+            .map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if online {
             let egress = self.egress_of(limits);
             install_ca(&fork, &egress).await.map_err(End::Setup)?;
             fork.machine.set_network(egress);
         }
-        Ok(LiveFork { fork, baseline: Arc::new(Vec::new()), origin: None, place, _gauge: VmGauge::new(role) })
+        Ok(LiveFork {
+            fork,
+            baseline: Arc::new(Vec::new()),
+            origin: None,
+            place,
+            _gauge: VmGauge::new(role),
+        })
     }
 
     /// The proxy policy for a rollout's `limits.network`: the suite's, rules resolved at start
@@ -92,37 +145,87 @@ impl Engine {
         if limits.network == self.config.rollouts.network {
             self.egress.clone()
         } else {
-            vmm::net::Policy { allow: limits.network.allow.clone(), ..Default::default() }
+            vmm::net::Policy {
+                allow: limits.network.allow.clone(),
+                ..Default::default()
+            }
         }
     }
 
     /// Runs one action. Ok: the step and a submitted answer. Err: the VM died or stopped
     /// answering during the action.
-    pub async fn act(&self, live: &LiveFork, action: &Action, index: u32, limits: &RolloutsSection) -> Result<(Step, Submitted), (Step, String)> {
+    pub async fn act(
+        &self,
+        live: &LiveFork,
+        action: &Action,
+        index: u32,
+        limits: &RolloutsSection,
+    ) -> Result<(Step, Submitted), (Step, String)> {
         run_action(&live.fork, action, index, limits, &live.place).await
     }
 
     /// A new session that continues from `live`'s state exactly: `live` is snapshotted (a
     /// child of the snapshot it came from, kept in `store`) and the child forked. `live`
     /// goes on afterwards.
-    pub async fn branch(&self, live: &LiveFork, from: &Arc<Snapshot>, store: &SnapshotStore, seed: u64, role: Role) -> Result<(LiveFork, Arc<Branch>), BranchError> {
+    pub async fn branch(
+        &self,
+        live: &LiveFork,
+        from: &Arc<Snapshot>,
+        store: &SnapshotStore,
+        seed: u64,
+        role: Role,
+    ) -> Result<(LiveFork, Arc<Branch>), BranchError> {
         let parent: Arc<Snapshot> = match &live.origin {
             Some(b) => Arc::new(b.snapshot.clone()),
             None => from.clone(),
         };
-        let child = snapshotter::snapshot_fork(store, &self.forker, &parent, &live.fork, "branch", None, true).await.map_err(BranchError::Snapshot)?;
-        let branch = Arc::new(Branch { snapshot: child, store: store.clone(), parent: live.origin.clone(), folder: None, pin: None, keep: Default::default() });
-        let forker = Forker { max_disk_bytes: self.forker.max_disk_bytes, ..self.forker.clone() };
-        let identity = ForkIdentity { env: live.fork.identity.env.clone(), ..ForkIdentity::new(seed) };
-        let fork = forker.fork(&branch.snapshot, identity).await.map_err(BranchError::Fork)?;
+        let child = snapshotter::snapshot_fork(store, &self.forker, &parent, &live.fork, "branch", None, true)
+            .await
+            .map_err(BranchError::Snapshot)?;
+        let branch = Arc::new(Branch {
+            snapshot: child,
+            store: store.clone(),
+            parent: live.origin.clone(),
+            folder: None,
+            pin: None,
+            keep: Default::default(),
+        });
+        let forker = Forker {
+            max_disk_bytes: self.forker.max_disk_bytes,
+            ..self.forker.clone()
+        };
+        let identity = ForkIdentity {
+            env: live.fork.identity.env.clone(),
+            ..ForkIdentity::new(seed)
+        };
+        let fork = forker
+            .fork(&branch.snapshot, identity)
+            .await
+            .map_err(BranchError::Fork)?;
         // The branch may reach what its parent may (a session's `rollouts.network`).
         fork.machine.set_network(live.fork.machine.network());
-        Ok((LiveFork { fork, baseline: live.baseline.clone(), origin: Some(branch.clone()), place: live.place.clone(), _gauge: VmGauge::new(role) }, branch))
+        Ok((
+            LiveFork {
+                fork,
+                baseline: live.baseline.clone(),
+                origin: Some(branch.clone()),
+                place: live.place.clone(),
+                _gauge: VmGauge::new(role),
+            },
+            branch,
+        ))
     }
 
     /// After the agent's actions: the artifacts out, as untrusted data, and the verdict
     /// into `row`. The rollout VM goes before a fresh scoring fork starts.
-    pub async fn finish(&self, live: LiveFork, task: &Task, snapshot: &Snapshot, answer: Option<String>, row: &mut Row) -> End {
+    pub async fn finish(
+        &self,
+        live: LiveFork,
+        task: &Task,
+        snapshot: &Snapshot,
+        answer: Option<String>,
+        row: &mut Row,
+    ) -> End {
         let score_started = Instant::now();
         if let Some(harbor) = &task.harbor {
             let run = scorers::harbor::VerifyRun {
@@ -133,21 +236,27 @@ impl Engine {
                 pass_threshold: self.config.scoring.pass_threshold,
             };
             let verdict = match run.mode {
-                scorers::harbor::HarborVerify::Live => scorers::harbor::verify(&live.fork.machine, task, harbor, &run).await,
+                scorers::harbor::HarborVerify::Live => {
+                    scorers::harbor::verify(&live.fork.machine, task, harbor, &run).await
+                }
                 scorers::harbor::HarborVerify::FreshBoot => {
                     let LiveFork { fork, .. } = live;
                     match snapshotter::boot_from_disk(&self.forker, snapshot, fork).await {
                         Ok(machine) => scorers::harbor::verify(&machine, task, harbor, &run).await,
                         // The agent had root on that disk: a disk that no longer boots is its doing.
-                        Err(e @ snapshotter::BootFromDiskError::NoAgent(_)) => {
-                            scorers::orchestrate::agent_failure(format!("the disk the agent left did not boot: {}", crate::engine::describe(&e)), run.mode.trust())
-                        }
+                        Err(e @ snapshotter::BootFromDiskError::NoAgent(_)) => scorers::orchestrate::agent_failure(
+                            format!("the disk the agent left did not boot: {}", crate::engine::describe(&e)),
+                            run.mode.trust(),
+                        ),
                         Err(e) => return End::Scoring(crate::engine::describe(&e)),
                     }
                 }
             };
             row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
-            let artifacts = scorers::Artifacts { answer, ..Default::default() };
+            let artifacts = scorers::Artifacts {
+                answer,
+                ..Default::default()
+            };
             return record_verdict(row, Ok(verdict), &artifacts);
         }
         let limits = scorers::ArtifactLimits::default();
@@ -156,7 +265,10 @@ impl Engine {
         for _ in 0..3 {
             // The agent's processes may still have been killing the guest agent: wait for
             // the restarted one and ask again.
-            if !matches!(collected, Err(scorers::ListingError::Agent(AgentError::AgentRestarted { .. }))) {
+            if !matches!(
+                collected,
+                Err(scorers::ListingError::Agent(AgentError::AgentRestarted { .. }))
+            ) {
                 break;
             }
             let _ = fork.agent().wait_ready(Duration::from_secs(30)).await;
@@ -178,19 +290,29 @@ impl Engine {
 
     /// Scores a rollout where the agent cannot reach (`scorers::orchestrate`). Errors are
     /// environment errors.
-    pub(crate) async fn score(&self, task: &Task, snapshot: &Snapshot, rollout_fork: Option<(Fork, VmGauge)>, artifacts: &scorers::Artifacts) -> Result<scorers::Verdict, scorers::orchestrate::ScoreError> {
+    pub(crate) async fn score(
+        &self,
+        task: &Task,
+        snapshot: &Snapshot,
+        rollout_fork: Option<(Fork, VmGauge)>,
+        artifacts: &scorers::Artifacts,
+    ) -> Result<scorers::Verdict, scorers::orchestrate::ScoreError> {
         let scoring_vm_gauge = std::sync::Mutex::new(None);
         let scoring_vm = &scoring_vm_gauge;
         // The scoring VM's own seed: the checkers' `FARM_SEED`, which the rollout never saw.
         let fresh = |seed: u64| async move {
             let identity = ForkIdentity::new(seed);
             tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
-            let mut fork = self.fork_task(snapshot, task, identity).await.map_err(|e| crate::engine::describe(&e))?;
+            let mut fork = self
+                .fork_task(snapshot, task, identity)
+                .await
+                .map_err(|e| crate::engine::describe(&e))?;
             // Room for the whole artifact budget on top of the task's own limit: placing an
             // agent's files (which may have lived in a tmpfs of its rollout) never kills the
             // scoring VM.
             if let Some(limit) = self.forker.max_disk_bytes {
-                fork.machine.limit_disk_growth(limit + scorers::ArtifactLimits::default().scoring_room());
+                fork.machine
+                    .limit_disk_growth(limit + scorers::ArtifactLimits::default().scoring_room());
             }
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
             Ok::<_, String>(fork)
@@ -229,7 +351,16 @@ pub(crate) fn ca_env(egress: &vmm::net::Policy) -> Vec<(String, String)> {
     if egress.rules.ca().is_none() {
         return Vec::new();
     }
-    let mut env: Vec<(String, String)> = ["REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "PIP_CERT", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"].iter().map(|k| (k.to_string(), CA_BUNDLE.to_string())).collect();
+    let mut env: Vec<(String, String)> = [
+        "REQUESTS_CA_BUNDLE",
+        "SSL_CERT_FILE",
+        "PIP_CERT",
+        "GIT_SSL_CAINFO",
+        "CURL_CA_BUNDLE",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), CA_BUNDLE.to_string()))
+    .collect();
     env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
     env
 }
@@ -239,23 +370,44 @@ pub(crate) fn ca_env(egress: &vmm::net::Policy) -> Vec<(String, String)> {
 pub(crate) async fn install_ca(fork: &Fork, egress: &vmm::net::Policy) -> Result<(), String> {
     let Some(ca) = egress.rules.ca() else { return Ok(()) };
     let agent = fork.agent();
-    agent.write_file(CA_FILE, ca.pem().as_bytes().to_vec(), 0o644).await.map_err(|e| format!("installing farm's egress CA: {e}"))?;
+    agent
+        .write_file(CA_FILE, ca.pem().as_bytes().to_vec(), 0o644)
+        .await
+        .map_err(|e| format!("installing farm's egress CA: {e}"))?;
     let script = format!(
         "b=/etc/ssl/certs/ca-certificates.crt; if [ -f $b ]; then cat $b {CA_FILE} > {CA_BUNDLE} && cat {CA_FILE} >> $b; else cp {CA_FILE} {CA_BUNDLE}; fi; \
          chmod 644 {CA_BUNDLE}; if command -v git >/dev/null 2>&1; then git config --system http.sslCAInfo {CA_BUNDLE}; fi"
     );
     let mut options = vmm::ExecOptions::argv(&["/bin/sh", "-c", &script]);
     options.timeout = Some(Duration::from_secs(30));
-    let out = agent.exec(options).await.map_err(|e| format!("installing farm's egress CA: {e}"))?;
+    let out = agent
+        .exec(options)
+        .await
+        .map_err(|e| format!("installing farm's egress CA: {e}"))?;
     if out.result.exit_code != Some(0) {
-        return Err(format!("installing farm's egress CA failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "installing farm's egress CA failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     Ok(())
 }
 
 impl LiveFork {
-    pub(crate) fn from_parts(fork: Fork, baseline: Arc<Vec<FileEntry>>, origin: Option<Arc<Branch>>, place: Place, gauge: VmGauge) -> LiveFork {
-        LiveFork { fork, baseline, origin, place, _gauge: gauge }
+    pub(crate) fn from_parts(
+        fork: Fork,
+        baseline: Arc<Vec<FileEntry>>,
+        origin: Option<Arc<Branch>>,
+        place: Place,
+        gauge: VmGauge,
+    ) -> LiveFork {
+        LiveFork {
+            fork,
+            baseline,
+            origin,
+            place,
+            _gauge: gauge,
+        }
     }
 
     /// The snapshot this fork came from, when it is not the task's (a branch, a paused state).
@@ -285,8 +437,20 @@ pub struct Branch {
 }
 
 impl Branch {
-    pub(crate) fn holding(snapshot: Snapshot, store: SnapshotStore, folder: Option<std::path::PathBuf>, pin: Option<(SnapshotStore, std::path::PathBuf)>) -> Branch {
-        Branch { snapshot, store, parent: None, folder, pin, keep: Default::default() }
+    pub(crate) fn holding(
+        snapshot: Snapshot,
+        store: SnapshotStore,
+        folder: Option<std::path::PathBuf>,
+        pin: Option<(SnapshotStore, std::path::PathBuf)>,
+    ) -> Branch {
+        Branch {
+            snapshot,
+            store,
+            parent: None,
+            folder,
+            pin,
+            keep: Default::default(),
+        }
     }
 
     /// Leaves the snapshot (and its folder and pin) on disk when the last holder drops it.

@@ -6,7 +6,9 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -52,11 +54,21 @@ impl Metrics {
         let registry = Registry::new_custom(Some(PREFIX.into()), None)?;
         let m = Metrics {
             registry,
-            rollouts: IntCounterVec::new(Opts::new("rollouts_total", "Rollouts recorded, by status."), &["status"])?,
-            verdicts: IntCounterVec::new(Opts::new("verdicts_total", "Verdicts recorded, by how far they can be trusted."), &["trust"])?,
-            reward: Histogram::with_opts(HistogramOpts::new("reward", "Rewards of scored rollouts.").buckets(vec![0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]))?,
+            rollouts: IntCounterVec::new(
+                Opts::new("rollouts_total", "Rollouts recorded, by status."),
+                &["status"],
+            )?,
+            verdicts: IntCounterVec::new(
+                Opts::new("verdicts_total", "Verdicts recorded, by how far they can be trusted."),
+                &["trust"],
+            )?,
+            reward: Histogram::with_opts(
+                HistogramOpts::new("reward", "Rewards of scored rollouts.")
+                    .buckets(vec![0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]),
+            )?,
             phase_seconds: HistogramVec::new(
-                HistogramOpts::new("phase_seconds", "Seconds per rollout phase.").buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+                HistogramOpts::new("phase_seconds", "Seconds per rollout phase.")
+                    .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
                 &["phase"],
             )?,
             in_flight: IntGauge::new("rollouts_in_flight", "Rollouts running now.")?,
@@ -64,9 +76,18 @@ impl Metrics {
             vms: IntGaugeVec::new(Opts::new("vms", "VMs running now, by role."), &["role"])?,
             warm_pool_hits: IntCounter::new("warm_pool_hits_total", "Forks served from the warm pool.")?,
             warm_ready: IntGauge::new("warm_pool_ready", "Warm forks ready now.")?,
-            policy_requests: IntCounterVec::new(Opts::new("policy_requests_total", "Policy endpoint requests, by HTTP status code."), &["code"])?,
+            policy_requests: IntCounterVec::new(
+                Opts::new(
+                    "policy_requests_total",
+                    "Policy endpoint requests, by HTTP status code.",
+                ),
+                &["code"],
+            )?,
             sessions_live: IntGauge::new("sessions_live", "Live sessions of farm serve.")?,
-            sessions_paused: IntGauge::new("sessions_paused", "Paused sessions of farm serve (saved to disk, no VM).")?,
+            sessions_paused: IntGauge::new(
+                "sessions_paused",
+                "Paused sessions of farm serve (saved to disk, no VM).",
+            )?,
             paused_bytes: IntGauge::new("paused_bytes", "Disk bytes the paused sessions take.")?,
         };
         let registry = &m.registry;
@@ -125,7 +146,11 @@ impl Metrics {
             &self.sessions_paused,
             &self.paused_bytes,
         ];
-        collectors.iter().flat_map(|c| c.desc()).map(|d| format!("{PREFIX}_{}", d.fq_name)).collect()
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| format!("{PREFIX}_{}", d.fq_name))
+            .collect()
     }
 
     /// Counts a recorded row: its status, reward and phase times.
@@ -188,9 +213,13 @@ mod tests {
 
     #[test]
     fn the_grafana_dashboard_queries_only_metrics_farm_exports() {
-        let dashboard: serde_json::Value = serde_json::from_str(include_str!("../../configs/grafana/farm.json")).expect("the dashboard is JSON");
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../configs/grafana/farm.json")).expect("the dashboard is JSON");
         let names = get().names();
-        assert!(names.contains(&"farm_rollouts_total".to_string()) && names.contains(&"farm_phase_seconds".to_string()), "{names:?}");
+        assert!(
+            names.contains(&"farm_rollouts_total".to_string()) && names.contains(&"farm_phase_seconds".to_string()),
+            "{names:?}"
+        );
         let panels = dashboard["panels"].as_array().expect("panels");
         assert!(panels.len() >= 5);
         let mut queried = std::collections::BTreeSet::new();
@@ -202,9 +231,18 @@ mod tests {
                 let mut rest = expr;
                 let mut found = false;
                 while let Some(i) = rest.find("farm_") {
-                    let name: String = rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-                    let base = ["_bucket", "_sum", "_count"].iter().fold(name.clone(), |n, s| n.strip_suffix(s).map(String::from).unwrap_or(n));
-                    assert!(names.contains(&base), "panel {} queries {name}, which farm does not export ({names:?})", panel["title"]);
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    let base = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .fold(name.clone(), |n, s| n.strip_suffix(s).map(String::from).unwrap_or(n));
+                    assert!(
+                        names.contains(&base),
+                        "panel {} queries {name}, which farm does not export ({names:?})",
+                        panel["title"]
+                    );
                     queried.insert(base);
                     found = true;
                     rest = &rest[i + name.len()..];
@@ -213,7 +251,13 @@ mod tests {
             }
         }
         // The panels: rollouts by status, reward, phase latency, VMs by role, queue depth.
-        for wanted in ["farm_rollouts_total", "farm_reward", "farm_phase_seconds", "farm_vms", "farm_queue_depth"] {
+        for wanted in [
+            "farm_rollouts_total",
+            "farm_reward",
+            "farm_phase_seconds",
+            "farm_vms",
+            "farm_queue_depth",
+        ] {
             assert!(queried.contains(wanted), "no panel shows {wanted}");
         }
     }

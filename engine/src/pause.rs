@@ -88,17 +88,32 @@ impl PausedFork {
 
     /// Loads the paused fork in `dir` (after a restart). `base` is its base snapshot.
     pub fn load(dir: &Path, base_store: &SnapshotStore) -> Result<PausedFork, PauseError> {
-        let folder = |what: String| PauseError::Folder { dir: dir.to_path_buf(), what };
+        let folder = |what: String| PauseError::Folder {
+            dir: dir.to_path_buf(),
+            what,
+        };
         let text = std::fs::read_to_string(dir.join("fork.json")).map_err(|e| folder(format!("fork.json: {e}")))?;
         let record: PausedRecord = serde_json::from_str(&text).map_err(|e| folder(format!("fork.json: {e}")))?;
         if record.format_version != PAUSED_FORMAT_VERSION {
-            return Err(folder(format!("fork.json has format version {} (this farm reads {PAUSED_FORMAT_VERSION})", record.format_version)));
+            return Err(folder(format!(
+                "fork.json has format version {} (this farm reads {PAUSED_FORMAT_VERSION})",
+                record.format_version
+            )));
         }
         let store = SnapshotStore::new(dir.to_path_buf());
         let snapshot = store.get(STATE).map_err(PauseError::Store)?;
         base_store.get(&record.base).map_err(PauseError::Store)?;
-        let state = Arc::new(Branch::holding(snapshot, store, Some(dir.to_path_buf()), Some((base_store.clone(), dir.to_path_buf()))));
-        Ok(PausedFork { dir: dir.to_path_buf(), record, state })
+        let state = Arc::new(Branch::holding(
+            snapshot,
+            store,
+            Some(dir.to_path_buf()),
+            Some((base_store.clone(), dir.to_path_buf())),
+        ));
+        Ok(PausedFork {
+            dir: dir.to_path_buf(),
+            record,
+            state,
+        })
     }
 }
 
@@ -107,14 +122,27 @@ impl Engine {
     /// stopped; the caller drops it to free its memory, or resumes it if it keeps it. `base`
     /// is the snapshot the session was opened from.
     pub async fn pause(&self, live: &LiveFork, base: &Arc<Snapshot>, dir: &Path) -> Result<PausedFork, PauseError> {
-        let folder = |what: String| PauseError::Folder { dir: dir.to_path_buf(), what };
+        let folder = |what: String| PauseError::Folder {
+            dir: dir.to_path_buf(),
+            what,
+        };
         std::fs::create_dir_all(dir).map_err(|e| folder(format!("creating it: {e}")))?;
         let store = SnapshotStore::new(dir.to_path_buf());
         let parent: Snapshot = match live.origin() {
             Some(b) => b.snapshot.clone(),
             None => (**base).clone(),
         };
-        let mut snapshot = snapshotter::snapshot_fork(&store, &self.forker, &parent, &live.fork, "paused", Some(STATE.into()), false).await.map_err(PauseError::Snapshot)?;
+        let mut snapshot = snapshotter::snapshot_fork(
+            &store,
+            &self.forker,
+            &parent,
+            &live.fork,
+            "paused",
+            Some(STATE.into()),
+            false,
+        )
+        .await
+        .map_err(PauseError::Snapshot)?;
         let packed = {
             let base = (**base).clone();
             tokio::task::spawn_blocking(move || snapshotter::paused::pack(&mut snapshot, &base).map(|p| (p, snapshot)))
@@ -137,20 +165,38 @@ impl Engine {
             place_env: place.env,
             network: live.fork.machine.network().allow,
             packed,
-            paused_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            paused_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
         };
         let tmp = dir.join("fork.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&record).expect("records serialize")).map_err(|e| folder(format!("writing fork.json: {e}")))?;
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&record).expect("records serialize"))
+            .map_err(|e| folder(format!("writing fork.json: {e}")))?;
         std::fs::rename(&tmp, dir.join("fork.json")).map_err(|e| folder(format!("writing fork.json: {e}")))?;
         self.store.pin(base.id(), dir).map_err(PauseError::Store)?;
-        let state = Arc::new(Branch::holding(snapshot, store, Some(dir.to_path_buf()), Some((self.store.clone(), dir.to_path_buf()))));
-        Ok(PausedFork { dir: dir.to_path_buf(), record, state })
+        let state = Arc::new(Branch::holding(
+            snapshot,
+            store,
+            Some(dir.to_path_buf()),
+            Some((self.store.clone(), dir.to_path_buf())),
+        ));
+        Ok(PausedFork {
+            dir: dir.to_path_buf(),
+            record,
+            state,
+        })
     }
 
     /// A running fork of a paused one: with its own identity again (`identity` None: the
     /// same session resumes) or a new one (a branch). The paused folder stays while the fork
     /// (or anything branched from it) lives.
-    pub async fn unpause(&self, paused: &Arc<PausedFork>, identity: Option<ForkIdentity>, role: Role) -> Result<LiveFork, PauseError> {
+    pub async fn unpause(
+        &self,
+        paused: &Arc<PausedFork>,
+        identity: Option<ForkIdentity>,
+        role: Role,
+    ) -> Result<LiveFork, PauseError> {
         let record = &paused.record;
         let base = self.store.get(&record.base).map_err(PauseError::Store)?;
         let snapshot = paused.state.snapshot.clone();
@@ -161,8 +207,15 @@ impl Engine {
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
                 .map_err(PauseError::Store)?;
         }
-        let identity = identity.unwrap_or(ForkIdentity { fork_id: record.fork_id.clone(), seed: record.seed, env: record.env.clone() });
-        let forker = Forker { max_disk_bytes: self.forker.max_disk_bytes, ..self.forker.clone() };
+        let identity = identity.unwrap_or(ForkIdentity {
+            fork_id: record.fork_id.clone(),
+            seed: record.seed,
+            env: record.env.clone(),
+        });
+        let forker = Forker {
+            max_disk_bytes: self.forker.max_disk_bytes,
+            ..self.forker.clone()
+        };
         let fork = forker.fork(&snapshot, identity).await;
         // The fork maps the RAM file: the rebuilt copy is not needed on disk any more.
         let _ = std::fs::remove_file(snapshot.memory_path());
@@ -170,13 +223,31 @@ impl Engine {
         // The suite's egress (rules and their credentials come from the suite, not the folder;
         // after a restart its CA is new, so it is installed again).
         if record.network == self.egress.allow || !self.egress.rules.is_empty() {
-            crate::live::install_ca(&fork, &self.egress).await.map_err(|what| PauseError::Folder { dir: paused.dir.clone(), what })?;
+            crate::live::install_ca(&fork, &self.egress)
+                .await
+                .map_err(|what| PauseError::Folder {
+                    dir: paused.dir.clone(),
+                    what,
+                })?;
             fork.machine.set_network(self.egress.clone());
         } else {
-            fork.machine.set_network(vmm::net::Policy { allow: record.network.clone(), ..Default::default() });
+            fork.machine.set_network(vmm::net::Policy {
+                allow: record.network.clone(),
+                ..Default::default()
+            });
         }
-        let place = Place { workdir: record.workdir.clone(), user: record.user.clone(), env: record.place_env.clone() };
-        Ok(LiveFork::from_parts(fork, Arc::new(record.baseline.clone()), Some(paused.state.clone()), place, VmGauge::new(role)))
+        let place = Place {
+            workdir: record.workdir.clone(),
+            user: record.user.clone(),
+            env: record.place_env.clone(),
+        };
+        Ok(LiveFork::from_parts(
+            fork,
+            Arc::new(record.baseline.clone()),
+            Some(paused.state.clone()),
+            place,
+            VmGauge::new(role),
+        ))
     }
 }
 

@@ -31,7 +31,9 @@ impl Engine {
         let _in_flight = Defer(|| metrics::get().in_flight.dec());
         let mut inner = {
             let (engine, item) = (self.clone(), item.clone());
-            AbortOnDrop(tokio::spawn(async move { engine.rollout_with_retries(&item).await }.instrument(span)))
+            AbortOnDrop(tokio::spawn(
+                async move { engine.rollout_with_retries(&item).await }.instrument(span),
+            ))
         };
         match (&mut inner.0).await {
             Ok(row) => row,
@@ -111,7 +113,11 @@ impl Engine {
         // solve.sh is one step).
         let harbor_limits = task.harbor.as_ref().and_then(|h| h.agent_timeout_secs).map(|secs| {
             let secs = secs.ceil().max(1.0) as u64;
-            RolloutsSection { timeout_secs: secs, step_timeout_secs: secs, ..item.limits.clone() }
+            RolloutsSection {
+                timeout_secs: secs,
+                step_timeout_secs: secs,
+                ..item.limits.clone()
+            }
         });
         let limits = harbor_limits.as_ref().unwrap_or(&item.limits);
         let snapshot = match &item.snapshot {
@@ -150,11 +156,21 @@ impl Engine {
     /// A replay whose every action writes a workspace file or submits is scored without a
     /// rollout VM (only fresh-fork scoring can use that: final-state scoring grades the
     /// rollout's VM). None when the rollout needs a VM.
-    async fn replay_without_a_vm(&self, item: &Planned, snapshot: &snapshotter::Snapshot, driver: &Driver<'_>, row: &mut Row) -> Option<End> {
+    async fn replay_without_a_vm(
+        &self,
+        item: &Planned,
+        snapshot: &snapshotter::Snapshot,
+        driver: &Driver<'_>,
+        row: &mut Row,
+    ) -> Option<End> {
         if self.config.scoring.mode != ScoringMode::FreshFork || item.task.harbor.is_some() {
             return None;
         }
-        let (steps, artifacts) = data_only_rollout(driver.replayed()?, item.limits.max_steps, &scorers::ArtifactLimits::default())?;
+        let (steps, artifacts) = data_only_rollout(
+            driver.replayed()?,
+            item.limits.max_steps,
+            &scorers::ArtifactLimits::default(),
+        )?;
         row.steps = steps;
         let scoring = Instant::now();
         let verdict = self.score(&item.task, snapshot, None, &artifacts).await;
@@ -164,7 +180,13 @@ impl Engine {
 
     /// The policy's actions in `live`, until it is done, submits, or a limit or failure
     /// ends the rollout. Steps go into `steps` as they finish.
-    pub(crate) async fn drive(&self, live: &LiveFork, driver: &mut Driver<'_>, limits: &RolloutsSection, steps: &mut Vec<Step>) -> (Ending, Option<String>) {
+    pub(crate) async fn drive(
+        &self,
+        live: &LiveFork,
+        driver: &mut Driver<'_>,
+        limits: &RolloutsSection,
+        steps: &mut Vec<Step>,
+    ) -> (Ending, Option<String>) {
         // The time limit counts the agent's actions in the VM, not the time the policy takes
         // to answer (an endpoint's queueing and retries are not the agent's doing; the
         // policy has its own request timeout and retries).
@@ -178,7 +200,9 @@ impl Engine {
                 Err(e) => return (e.into(), None),
             };
             let started = Instant::now();
-            let Some(remaining) = budget.checked_sub(spent) else { return (Ending::Timeout, None) };
+            let Some(remaining) = budget.checked_sub(spent) else {
+                return (Ending::Timeout, None);
+            };
             let result = match tokio::time::timeout(remaining, self.act(live, &action, index as u32, limits)).await {
                 Ok(result) => result,
                 Err(_) => return (Ending::Timeout, None),

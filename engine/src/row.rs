@@ -74,13 +74,25 @@ pub enum StepKind {
 impl Step {
     /// A step that starts now: `text` is the command, the file's path or the answer.
     pub fn new(index: u32, kind: StepKind, text: impl Into<String>) -> Step {
-        Step { index, kind, text: text.into(), stdout: String::new(), stderr: String::new(), exit_code: None, started_at_ms: now_ms(), duration_ms: 0.0 }
+        Step {
+            index,
+            kind,
+            text: text.into(),
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            started_at_ms: now_ms(),
+            duration_ms: 0.0,
+        }
     }
 }
 
 /// Milliseconds since the UNIX epoch.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -136,7 +148,10 @@ impl std::str::FromStr for Status {
     type Err = NotAStatus;
 
     fn from_str(text: &str) -> Result<Status, NotAStatus> {
-        Status::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| NotAStatus(text.to_string()))
+        Status::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
+            .ok_or_else(|| NotAStatus(text.to_string()))
     }
 }
 
@@ -225,4 +240,3 @@ impl From<&Row> for Outcome {
         }
     }
 }
-

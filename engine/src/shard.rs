@@ -45,7 +45,10 @@ impl Shard {
     pub fn parse(spec: &str) -> Result<Shard, ShardError> {
         let bad = || ShardError::Spec(spec.to_string());
         let (i, n) = spec.split_once('/').ok_or_else(bad)?;
-        let (index, count): (u32, u32) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        let (index, count): (u32, u32) = (
+            i.trim().parse().map_err(|_| bad())?,
+            n.trim().parse().map_err(|_| bad())?,
+        );
         if count == 0 || index >= count {
             return Err(bad());
         }
@@ -62,7 +65,11 @@ impl Shard {
         let number = |var: &'static str| -> Result<Option<u32>, ShardError> {
             match env(var) {
                 None => Ok(None),
-                Some(value) => value.trim().parse().map(Some).map_err(|_| ShardError::Env { var, value }),
+                Some(value) => value
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| ShardError::Env { var, value }),
             }
         };
         let explicit = match shards {
@@ -102,7 +109,9 @@ impl Shard {
         let mut load = vec![0usize; self.count as usize];
         let mut mine = BTreeSet::new();
         for (task, n) in order {
-            let target = (0..load.len()).min_by_key(|&i| (load[i], i)).expect("at least one shard");
+            let target = (0..load.len())
+                .min_by_key(|&i| (load[i], i))
+                .expect("at least one shard");
             load[target] += n;
             if target == self.index as usize {
                 mine.insert(task.clone());
@@ -122,23 +131,74 @@ mod tests {
         for bad in ["4/4", "1", "a/2", "0/0", "-1/3"] {
             assert!(Shard::parse(bad).is_err(), "{bad}");
         }
-        let env = |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(key, _)| *key == k).map(|(_, v)| v.to_string());
-        assert_eq!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_MIN", "1"), ("SLURM_ARRAY_TASK_MAX", "3")]), None).unwrap(), Shard { index: 2, count: 3 });
-        assert_eq!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "0"), ("SLURM_ARRAY_TASK_COUNT", "2")]), None).unwrap(), Shard { index: 0, count: 2 });
-        assert_eq!(Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "1")]), Some(4)).unwrap(), Shard { index: 1, count: 4 });
-        assert_eq!(Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "1"), ("FARM_SHARDS", "2")]), None).unwrap(), Shard { index: 1, count: 2 });
-        assert_eq!(Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "1")]), None), Err(ShardError::NoCount));
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(key, _)| *key == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(
+            Shard::from_env(
+                &env(&[
+                    ("SLURM_ARRAY_TASK_ID", "3"),
+                    ("SLURM_ARRAY_TASK_MIN", "1"),
+                    ("SLURM_ARRAY_TASK_MAX", "3")
+                ]),
+                None
+            )
+            .unwrap(),
+            Shard { index: 2, count: 3 }
+        );
+        assert_eq!(
+            Shard::from_env(
+                &env(&[("SLURM_ARRAY_TASK_ID", "0"), ("SLURM_ARRAY_TASK_COUNT", "2")]),
+                None
+            )
+            .unwrap(),
+            Shard { index: 0, count: 2 }
+        );
+        assert_eq!(
+            Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "1")]), Some(4)).unwrap(),
+            Shard { index: 1, count: 4 }
+        );
+        assert_eq!(
+            Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "1"), ("FARM_SHARDS", "2")]), None).unwrap(),
+            Shard { index: 1, count: 2 }
+        );
+        assert_eq!(
+            Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "1")]), None),
+            Err(ShardError::NoCount)
+        );
         assert_eq!(Shard::from_env(&env(&[]), None), Err(ShardError::NoEngine));
-        assert_eq!(Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "5")]), Some(4)), Err(ShardError::Range { index: 5, count: 4 }));
-        assert!(matches!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "x")]), None), Err(ShardError::Env { .. })));
+        assert_eq!(
+            Shard::from_env(&env(&[("JOB_COMPLETION_INDEX", "5")]), Some(4)),
+            Err(ShardError::Range { index: 5, count: 4 })
+        );
+        assert!(matches!(
+            Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "x")]), None),
+            Err(ShardError::Env { .. })
+        ));
         // N given: the array index is the shard, even when resubmitted alone.
-        assert_eq!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "2"), ("SLURM_ARRAY_TASK_MIN", "2"), ("SLURM_ARRAY_TASK_COUNT", "1")]), Some(3)).unwrap(), Shard { index: 2, count: 3 });
-        assert_eq!(Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "2"), ("FARM_SHARDS", "3")]), None).unwrap(), Shard { index: 2, count: 3 });
+        assert_eq!(
+            Shard::from_env(
+                &env(&[
+                    ("SLURM_ARRAY_TASK_ID", "2"),
+                    ("SLURM_ARRAY_TASK_MIN", "2"),
+                    ("SLURM_ARRAY_TASK_COUNT", "1")
+                ]),
+                Some(3)
+            )
+            .unwrap(),
+            Shard { index: 2, count: 3 }
+        );
+        assert_eq!(
+            Shard::from_env(&env(&[("SLURM_ARRAY_TASK_ID", "2"), ("FARM_SHARDS", "3")]), None).unwrap(),
+            Shard { index: 2, count: 3 }
+        );
     }
 
     #[test]
     fn shards_are_disjoint_complete_deterministic_and_balanced_by_rollouts() {
-        let rollouts: BTreeMap<String, usize> = (0..50).map(|i| (format!("t{i:02}"), if i % 7 == 0 { 16 } else { 1 + i % 3 })).collect();
+        let rollouts: BTreeMap<String, usize> = (0..50)
+            .map(|i| (format!("t{i:02}"), if i % 7 == 0 { 16 } else { 1 + i % 3 }))
+            .collect();
         let total: usize = rollouts.values().sum();
         let n = 4;
         let parts: Vec<BTreeSet<String>> = (0..n).map(|index| Shard { index, count: n }.tasks(&rollouts)).collect();
@@ -149,7 +209,12 @@ mod tests {
             }
         }
         assert_eq!(all.len(), rollouts.len());
-        assert_eq!(parts, (0..n).map(|index| Shard { index, count: n }.tasks(&rollouts)).collect::<Vec<_>>());
+        assert_eq!(
+            parts,
+            (0..n)
+                .map(|index| Shard { index, count: n }.tasks(&rollouts))
+                .collect::<Vec<_>>()
+        );
         let loads: Vec<usize> = parts.iter().map(|p| p.iter().map(|t| rollouts[t]).sum()).collect();
         let (max, min) = (*loads.iter().max().unwrap(), *loads.iter().min().unwrap());
         assert!(max - min <= 16 && loads.iter().sum::<usize>() == total, "{loads:?}");

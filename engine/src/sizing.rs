@@ -28,8 +28,13 @@ pub struct Host {
 impl Host {
     pub fn probe() -> Host {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let mem_available_mib = vmm::memory::HostMemory::probe().filter(|m| m.total > 0).map(|m| m.available >> 20);
-        Host { cores, mem_available_mib }
+        let mem_available_mib = vmm::memory::HostMemory::probe()
+            .filter(|m| m.total > 0)
+            .map(|m| m.available >> 20);
+        Host {
+            cores,
+            mem_available_mib,
+        }
     }
 }
 
@@ -42,7 +47,13 @@ pub struct Counts {
 }
 
 /// `live_requests`: the request concurrency of a live policy (None for a replay).
-pub fn resolve(concurrency: Count, warm_pool: Count, live_requests: Option<usize>, guest_mib: u32, host: &Host) -> Counts {
+pub fn resolve(
+    concurrency: Count,
+    warm_pool: Count,
+    live_requests: Option<usize>,
+    guest_mib: u32,
+    host: &Host,
+) -> Counts {
     let per_fork = guest_mib as u64 + QEMU_OVERHEAD_MIB;
     let fits = host.mem_available_mib.map(|m| (m / per_fork).max(1) as usize);
     let mut why = Vec::new();
@@ -59,7 +70,9 @@ pub fn resolve(concurrency: Count, warm_pool: Count, live_requests: Option<usize
                 Some(requests) => format!("{} cores, {requests} policy requests at once", host.cores),
             };
             if chosen < wanted {
-                why.push(format!("concurrency {chosen} (auto: {basis}, memory for {chosen} forks of {per_fork} MiB)"));
+                why.push(format!(
+                    "concurrency {chosen} (auto: {basis}, memory for {chosen} forks of {per_fork} MiB)"
+                ));
             } else {
                 why.push(format!("concurrency {chosen} (auto: {basis})"));
             }
@@ -76,12 +89,18 @@ pub fn resolve(concurrency: Count, warm_pool: Count, live_requests: Option<usize
             Some(_) => {
                 let room = fits.map_or(usize::MAX, |f| f.saturating_sub(concurrency));
                 let chosen = host.cores.min(concurrency).min(room);
-                why.push(format!("warm pool {chosen} (auto: rollouts of a live policy leave cores idle)"));
+                why.push(format!(
+                    "warm pool {chosen} (auto: rollouts of a live policy leave cores idle)"
+                ));
                 chosen
             }
         },
     };
-    Counts { concurrency, warm_pool, explanation: why.join(", ") }
+    Counts {
+        concurrency,
+        warm_pool,
+        explanation: why.join(", "),
+    }
 }
 
 #[cfg(test)]
@@ -89,7 +108,10 @@ mod tests {
     use super::*;
 
     fn host(cores: usize, mib: Option<u64>) -> Host {
-        Host { cores, mem_available_mib: mib }
+        Host {
+            cores,
+            mem_available_mib: mib,
+        }
     }
 
     #[test]
@@ -103,7 +125,10 @@ mod tests {
         assert_eq!(c.concurrency, 10);
         assert!(c.explanation.contains("memory for 10 forks"), "{}", c.explanation);
         // Never zero, even with no memory to speak of.
-        assert_eq!(resolve(Count::Auto, Count::Auto, None, 256, &host(4, Some(10))).concurrency, 1);
+        assert_eq!(
+            resolve(Count::Auto, Count::Auto, None, 256, &host(4, Some(10))).concurrency,
+            1
+        );
     }
 
     #[test]
@@ -122,7 +147,10 @@ mod tests {
         let c = resolve(Count::Fixed(3), Count::Fixed(5), None, 256, &host(64, Some(1 << 20)));
         assert_eq!((c.concurrency, c.warm_pool), (3, 5));
         assert_eq!(c.explanation, "");
-        assert_eq!(resolve(Count::Fixed(0), Count::Fixed(0), Some(4), 256, &host(2, None)).concurrency, 1);
+        assert_eq!(
+            resolve(Count::Fixed(0), Count::Fixed(0), Some(4), 256, &host(2, None)).concurrency,
+            1
+        );
     }
 
     #[test]

@@ -29,7 +29,11 @@ mod ui;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "farm", version, about = "A rollout farm: microVM snapshots, copy-on-write forks, protected scoring.")]
+#[command(
+    name = "farm",
+    version,
+    about = "A rollout farm: microVM snapshots, copy-on-write forks, protected scoring."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -5,7 +5,9 @@
 /// returns the address it listens on.
 pub async fn serve(addr: std::net::SocketAddr) -> anyhow::Result<std::net::SocketAddr> {
     use anyhow::Context;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
     let bound = listener.local_addr()?;
     let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { metrics_response() }));
     tokio::spawn(async move {
@@ -16,7 +18,10 @@ pub async fn serve(addr: std::net::SocketAddr) -> anyhow::Result<std::net::Socke
 
 /// The `/metrics` response.
 pub fn metrics_response() -> impl axum::response::IntoResponse {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], engine::metrics::get().render())
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        engine::metrics::get().render(),
+    )
 }
 
 #[cfg(test)]
@@ -32,11 +37,24 @@ mod tests {
         let _vm = VmGauge::new(Role::Scoring);
         let response = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
         assert_eq!(response.status(), 200);
-        assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+        assert!(response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain"));
         let text = response.text().await.unwrap();
-        assert!(text.contains(&format!("farm_rollouts_total{{status=\"timeout\"}} {}", before + 1)), "{text}");
+        assert!(
+            text.contains(&format!("farm_rollouts_total{{status=\"timeout\"}} {}", before + 1)),
+            "{text}"
+        );
         assert!(text.contains("farm_vms{role=\"scoring\"}"), "{text}");
-        assert!(text.contains("farm_rollouts_total{status=\"env_error\"} "), "every status shows from the start: {text}");
-        assert!(serve("192.0.2.1:0".parse().unwrap()).await.unwrap_err().to_string().contains("--metrics-listen"));
+        assert!(
+            text.contains("farm_rollouts_total{status=\"env_error\"} "),
+            "every status shows from the start: {text}"
+        );
+        assert!(serve("192.0.2.1:0".parse().unwrap())
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("--metrics-listen"));
     }
 }

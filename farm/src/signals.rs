@@ -9,7 +9,10 @@ pub struct Signals {
 impl Signals {
     pub fn new() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
     }
 
     /// The next signal, as the exit code it calls for (128 + its number).

@@ -29,9 +29,14 @@ pub fn init() {
         }),
         None => tracing_subscriber::EnvFilter::new("farm=info"),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| BarWriter(Vec::new())).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(|| BarWriter(Vec::new()))
+        .with_target(false);
     match structured {
-        Some(_) if std::env::var("FARM_LOG_FORMAT").is_ok_and(|f| f == "json") => builder.json().with_current_span(true).with_span_list(false).init(),
+        Some(_) if std::env::var("FARM_LOG_FORMAT").is_ok_and(|f| f == "json") => {
+            builder.json().with_current_span(true).with_span_list(false).init()
+        }
         Some(_) => builder.with_ansi(false).init(),
         None => builder.event_format(FarmLines).init(),
     }
@@ -40,7 +45,15 @@ pub fn init() {
 /// Text fit for a terminal: control characters (a guest's file names, a candidate's error
 /// text) are shown escaped.
 pub fn printable(text: &str) -> String {
-    text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// `farm: <message>`, escaped: farm's own lines as people have always seen them.
@@ -51,7 +64,12 @@ where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: format::Writer<'_>, event: &tracing::Event<'_>) -> std::fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
         let mut text = String::new();
         ctx.format_fields(format::Writer::new(&mut text), event)?;
         writeln!(writer, "farm: {}", printable(&text))
@@ -95,9 +113,15 @@ pub struct Progress {
 impl Progress {
     pub fn new(total: usize) -> Progress {
         let tty = std::io::stderr().is_terminal();
-        let target = if tty { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+        let target = if tty {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
         let bar = ProgressBar::with_draw_target(Some(total as u64), target);
-        let style = ProgressStyle::with_template("[{bar:30}] {pos}/{len} {per_sec} ETA {eta} | {msg}").expect("a valid template").progress_chars("#> ");
+        let style = ProgressStyle::with_template("[{bar:30}] {pos}/{len} {per_sec} ETA {eta} | {msg}")
+            .expect("a valid template")
+            .progress_chars("#> ");
         bar.set_style(style);
         *active_bar().lock().unwrap_or_else(|p| p.into_inner()) = Some(bar.clone());
         Progress { bar, tty }
@@ -123,7 +147,10 @@ mod tests {
 
     #[test]
     fn log_text_cannot_carry_terminal_controls() {
-        assert_eq!(printable("ok \u{1b}]0;PWNED\u{7}\r\nnext"), "ok \\u{1b}]0;PWNED\\u{7}\\u{d}\\u{a}next");
+        assert_eq!(
+            printable("ok \u{1b}]0;PWNED\u{7}\r\nnext"),
+            "ok \\u{1b}]0;PWNED\\u{7}\\u{d}\\u{a}next"
+        );
         assert_eq!(printable("plain: text"), "plain: text");
     }
 }

@@ -11,11 +11,20 @@ fn repo() -> PathBuf {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn sh(dir: &Path, script: &str) {
-    let o = Command::new("sh").arg("-ec").arg(script).current_dir(dir).output().unwrap();
+    let o = Command::new("sh")
+        .arg("-ec")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{script}\n{}", text(&o));
 }
 
@@ -24,7 +33,13 @@ fn vm_run(image: &str, command: &str) -> Output {
 }
 
 fn vm_run_with(image: &str, flags: &[&str], command: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farm")).args(["vm", "run", "--image", image]).args(flags).args(["--", "sh", "-c", command]).stdin(Stdio::null()).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_farm"))
+        .args(["vm", "run", "--image", image])
+        .args(flags)
+        .args(["--", "sh", "-c", command])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 /// An OCI layout `L:t` of two layers made by umoci: busybox and some files, then a second
@@ -73,32 +88,59 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         let out = text(&o);
         assert!(o.status.success(), "{image}: {out}");
         let listing: Vec<&str> = out.lines().take(5).collect();
-        assert_eq!(listing, ["hard", "kept", "link", "opq", "new"], "{image}: the whiteout and the opaque folder apply: {out}");
-        assert!(out.contains("keep\nkeep\n2 links\n1\napp:x:1234"), "{image}: links and users: {out}");
+        assert_eq!(
+            listing,
+            ["hard", "kept", "link", "opq", "new"],
+            "{image}: the whiteout and the opaque folder apply: {out}"
+        );
+        assert!(
+            out.contains("keep\nkeep\n2 links\n1\napp:x:1234"),
+            "{image}: links and users: {out}"
+        );
         assert!(out.contains("4750 root"), "{image}: farm-sandbox: {out}");
         // `farm vm run` applies the image config's Env, User and WorkingDir, as `docker run`
         // does; a rootfs folder has no config.
-        let expected = if image.starts_with("rootfs:") { "config:  0 /workspace" } else { "config: bar 1234 /data" };
+        let expected = if image.starts_with("rootfs:") {
+            "config:  0 /workspace"
+        } else {
+            "config: bar 1234 /data"
+        };
         assert!(out.contains(expected), "{image}: {out}");
     }
     // The flags win over the image's config.
     let image = format!("oci-archive:{}", dir.path().join("img.tar").display());
-    let o = vm_run_with(&image, &["--user", "root", "--workdir", "/", "--env", "FOO=baz"], "echo \"config: $FOO $(id -u) $(pwd)\"");
+    let o = vm_run_with(
+        &image,
+        &["--user", "root", "--workdir", "/", "--env", "FOO=baz"],
+        "echo \"config: $FOO $(id -u) $(pwd)\"",
+    );
     assert_eq!(text(&o).trim(), "config: baz 0 /", "{}", text(&o));
     // Converted once: the OCI layout and the OCI archive are the same image (same manifest
     // digest), so one conversion serves both.
-    let cache = std::env::var_os("FARM_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+    let cache = std::env::var_os("FARM_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
     let conversions = |digest: &str| {
-        std::fs::read_dir(cache.join("images")).unwrap().flatten().filter(|e| std::fs::read_to_string(e.path().join("manifest.json")).is_ok_and(|m| m.contains(digest))).count()
+        std::fs::read_dir(cache.join("images"))
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::read_to_string(e.path().join("manifest.json")).is_ok_and(|m| m.contains(digest)))
+            .count()
     };
-    let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("L/index.json")).unwrap()).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("L/index.json")).unwrap()).unwrap();
     let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap();
     assert_eq!(conversions(manifest_digest), 1);
     // Its layers are in the blob store that registry pulls share.
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("L/blobs/sha256").join(&manifest_digest[7..])).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("L/blobs/sha256").join(&manifest_digest[7..])).unwrap())
+            .unwrap();
     for layer in manifest["layers"].as_array().unwrap() {
         let hex = &layer["digest"].as_str().unwrap()[7..];
-        assert!(cache.join("oci/blobs/sha256").join(hex).is_file(), "layer {hex} is not in the shared blob store");
+        assert!(
+            cache.join("oci/blobs/sha256").join(hex).is_file(),
+            "layer {hex} is not in the shared blob store"
+        );
     }
 
     // A suite on the converted image: its template's setup and its rollouts see the image
@@ -119,9 +161,15 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         ),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(&suite).stdin(Stdio::null()).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(&suite)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["counts"]["passed"], 2, "{summary}\n{}", text(&o));
 }
 
@@ -162,7 +210,12 @@ open(out + "/oci-layout", "w").write('{{"imageLayoutVersion": "1.0.0"}}')
         corrupt = if corrupt { "True" } else { "False" }
     );
     let layout = dir.join(format!("layout-{}", std::fs::read_dir(dir).unwrap().count()));
-    let o = Command::new("python3").arg("-c").arg(script).arg(&layout).output().unwrap();
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&layout)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     layout
 }
@@ -173,14 +226,21 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     // A host folder outside /tmp (the guest mounts a fresh /tmp over the image's, which
     // would hide where the files land).
     std::fs::create_dir_all("/opt").unwrap();
-    let host = tempfile::Builder::new().prefix("farm-image-test-").tempdir_in("/opt").unwrap();
+    let host = tempfile::Builder::new()
+        .prefix("farm-image-test-")
+        .tempdir_in("/opt")
+        .unwrap();
     let outside = host.path().join("host-target");
     std::fs::create_dir_all(&outside).unwrap();
 
     let refused = [
         ("    member(t, \"../escape\", data=b\"x\")", false, "`..`"),
         ("    member(t, \"/etc/abs\", data=b\"x\")", false, "absolute"),
-        ("    member(t, \"opt/sda\", tarfile.BLKTYPE)", false, "device nodes are refused"),
+        (
+            "    member(t, \"opt/sda\", tarfile.BLKTYPE)",
+            false,
+            "device nodes are refused",
+        ),
         ("    member(t, \"ok\", data=b\"x\")", true, "does not match its digest"),
     ];
     for (layer, corrupt, reason) in refused {
@@ -199,18 +259,42 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
         outside.display()
     );
     let layout = hostile_layout(dir.path(), &layer, false);
-    let o = vm_run(&format!("oci:{}", layout.display()), &format!("cat {0}/pwned {0}/pwned2", outside.display()));
+    let o = vm_run(
+        &format!("oci:{}", layout.display()),
+        &format!("cat {0}/pwned {0}/pwned2", outside.display()),
+    );
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("insideinside too"), "{}", text(&o));
-    assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "the archive wrote on the host: {:?}", std::fs::read_dir(&outside).unwrap().collect::<Vec<_>>());
+    assert!(
+        std::fs::read_dir(&outside).unwrap().next().is_none(),
+        "the archive wrote on the host: {:?}",
+        std::fs::read_dir(&outside).unwrap().collect::<Vec<_>>()
+    );
 
     // Extended attributes reach the image (read back with debugfs, without booting).
-    let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(layout.join("index.json")).unwrap()).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(layout.join("index.json")).unwrap()).unwrap();
     let digest = index["manifests"][0]["digest"].as_str().unwrap().to_string();
-    let cache = std::env::var_os("FARM_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
-    let image = std::fs::read_dir(cache.join("images")).unwrap().flatten().map(|e| e.path()).find(|d| std::fs::read_to_string(d.join("manifest.json")).is_ok_and(|m| m.contains(&digest))).expect("the converted image");
-    let ea = Command::new("debugfs").args(["-R", "ea_list /tagged"]).arg(image.join("rootfs.ext4")).output().unwrap();
-    assert!(String::from_utf8_lossy(&ea.stdout).contains("user.farm") && String::from_utf8_lossy(&ea.stdout).contains("kept"), "{}", text(&ea));
+    let cache = std::env::var_os("FARM_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+    let image = std::fs::read_dir(cache.join("images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|d| std::fs::read_to_string(d.join("manifest.json")).is_ok_and(|m| m.contains(&digest)))
+        .expect("the converted image");
+    let ea = Command::new("debugfs")
+        .args(["-R", "ea_list /tagged"])
+        .arg(image.join("rootfs.ext4"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ea.stdout).contains("user.farm")
+            && String::from_utf8_lossy(&ea.stdout).contains("kept"),
+        "{}",
+        text(&ea)
+    );
 }
 
 /// A reference registry (Debian's docker-registry) on a loopback port, with htpasswd auth
@@ -225,15 +309,25 @@ struct Registry {
 impl Registry {
     fn start(user: Option<(&str, &str)>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let addr = format!("127.0.0.1:{port}");
         let storage = dir.path().join("data");
         let mut config = format!("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n", storage.display());
         if let Some((name, password)) = user {
-            let o = Command::new("htpasswd").args(["-Bbn", name, password]).output().unwrap();
+            let o = Command::new("htpasswd")
+                .args(["-Bbn", name, password])
+                .output()
+                .unwrap();
             assert!(o.status.success(), "htpasswd (package apache2-utils): {}", text(&o));
             std::fs::write(dir.path().join("htpasswd"), &o.stdout).unwrap();
-            config.push_str(&format!("auth:\n  htpasswd:\n    realm: farm-test\n    path: {}\n", dir.path().join("htpasswd").display()));
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: farm-test\n    path: {}\n",
+                dir.path().join("htpasswd").display()
+            ));
         }
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
         let child = Command::new("docker-registry")
@@ -243,14 +337,23 @@ impl Registry {
             .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
             .spawn()
             .expect("docker-registry (package docker-registry)");
-        let registry = Registry { child, addr, storage, _dir: dir };
+        let registry = Registry {
+            child,
+            addr,
+            storage,
+            _dir: dir,
+        };
         for _ in 0..200 {
             if std::net::TcpStream::connect(&registry.addr).is_ok() {
                 return registry;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        panic!("the registry on {} did not start: {}", registry.addr, std::fs::read_to_string(registry._dir.path().join("log")).unwrap_or_default());
+        panic!(
+            "the registry on {} did not start: {}",
+            registry.addr,
+            std::fs::read_to_string(registry._dir.path().join("log")).unwrap_or_default()
+        );
     }
 
     /// Pushes the OCI layout `layout` (as `L:t`) to `name`, with credentials if given.
@@ -260,7 +363,11 @@ impl Registry {
         if let Some(creds) = creds {
             cmd.args(["--dest-creds", creds]);
         }
-        let o = cmd.arg(format!("oci:{}:t", layout.display())).arg(format!("docker://{}/{name}", self.addr)).output().unwrap();
+        let o = cmd
+            .arg(format!("oci:{}:t", layout.display()))
+            .arg(format!("docker://{}/{name}", self.addr))
+            .output()
+            .unwrap();
         assert!(o.status.success(), "skopeo copy to {name}: {}", text(&o));
     }
 
@@ -285,12 +392,21 @@ impl Drop for Registry {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    let o = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().and_then(|mut c| {
-        use std::io::Write;
-        c.stdin.take().unwrap().write_all(bytes)?;
-        c.wait_with_output()
-    });
-    String::from_utf8(o.unwrap().stdout).unwrap().split_whitespace().next().unwrap().to_string()
+    let o = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(bytes)?;
+            c.wait_with_output()
+        });
+    String::from_utf8(o.unwrap().stdout)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 /// An OCI layout `DIR/NAME` (image `t`): busybox, `/etc/nonce` holding `nonce`, a config with
@@ -318,7 +434,10 @@ umoci config --image {name}:t --config.env GREETING=yes --config.workingdir /etc
 }
 
 fn nonce(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     format!("{tag}-{nanos}-{}", std::process::id())
 }
 
@@ -348,14 +467,26 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     assert_eq!(text(&o).trim(), format!("{first} yes /etc"), "by digest");
     let absent = format!("registry:{}/base@sha256:{}", open.addr, "0".repeat(64));
     let o = vm_run(&absent, SHOW);
-    assert!(!o.status.success() && text(&o).contains("pulling the image failed"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("pulling the image failed"),
+        "{}",
+        text(&o)
+    );
 
     // Auth: refused without credentials, with the reason; pulled with them.
     let private = nonce("private");
-    locked.push(&busybox_layout(dir.path(), "c", &private), "private:1", Some("amy:s3cret"));
+    locked.push(
+        &busybox_layout(dir.path(), "c", &private),
+        "private:1",
+        Some("amy:s3cret"),
+    );
     let image = format!("registry:{}/private:1", locked.addr);
     let o = vm_run(&image, SHOW);
-    assert!(!o.status.success() && text(&o).contains("without valid credentials: set FARM_REGISTRY_USERNAME"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("without valid credentials: set FARM_REGISTRY_USERNAME"),
+        "{}",
+        text(&o)
+    );
     let with_env = Command::new(env!("CARGO_BIN_EXE_farm"))
         .args(["vm", "run", "--image", &image, "--", "sh", "-c", SHOW])
         .env("FARM_REGISTRY_USERNAME", "amy")
@@ -363,37 +494,84 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(text(&with_env).trim(), format!("{private} yes /etc"), "credentials from the environment");
+    assert_eq!(
+        text(&with_env).trim(),
+        format!("{private} yes /etc"),
+        "credentials from the environment"
+    );
     let private2 = nonce("private2");
-    locked.push(&busybox_layout(dir.path(), "d", &private2), "private:2", Some("amy:s3cret"));
+    locked.push(
+        &busybox_layout(dir.path(), "d", &private2),
+        "private:2",
+        Some("amy:s3cret"),
+    );
     std::fs::create_dir_all(dir.path().join("docker")).unwrap();
-    let auth = std::process::Command::new("sh").arg("-c").arg("printf amy:s3cret | base64").output().unwrap();
+    let auth = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("printf amy:s3cret | base64")
+        .output()
+        .unwrap();
     let auth = String::from_utf8(auth.stdout).unwrap();
-    std::fs::write(dir.path().join("docker/config.json"), format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, locked.addr, auth.trim())).unwrap();
+    std::fs::write(
+        dir.path().join("docker/config.json"),
+        format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, locked.addr, auth.trim()),
+    )
+    .unwrap();
     let with_config = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .args(["vm", "run", "--image", &format!("registry:{}/private:2", locked.addr), "--", "sh", "-c", SHOW])
+        .args([
+            "vm",
+            "run",
+            "--image",
+            &format!("registry:{}/private:2", locked.addr),
+            "--",
+            "sh",
+            "-c",
+            SHOW,
+        ])
         .env("DOCKER_CONFIG", dir.path().join("docker"))
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(text(&with_config).trim(), format!("{private2} yes /etc"), "credentials from a Docker config");
+    assert_eq!(
+        text(&with_config).trim(),
+        format!("{private2} yes /etc"),
+        "credentials from a Docker config"
+    );
 
     // A blob changed in the registry's storage is refused, and nothing of it is stored.
     open.push(&busybox_layout(dir.path(), "e", &nonce("tampered")), "tampered:1", None);
     let manifest: serde_json::Value = {
-        let o = Command::new("skopeo").args(["inspect", "--raw", "--tls-verify=false"]).arg(format!("docker://{}/tampered:1", open.addr)).output().unwrap();
+        let o = Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{}/tampered:1", open.addr))
+            .output()
+            .unwrap();
         serde_json::from_slice(&o.stdout).unwrap()
     };
-    let layer = manifest["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
-    let data = open.storage.join("docker/registry/v2/blobs/sha256").join(&layer[..2]).join(&layer).join("data");
+    let layer = manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:")
+        .to_string();
+    let data = open
+        .storage
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&layer[..2])
+        .join(&layer)
+        .join("data");
     let mut bytes = std::fs::read(&data).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&data, bytes).unwrap();
     let o = vm_run(&format!("registry:{}/tampered:1", open.addr), SHOW);
     assert!(!o.status.success() && text(&o).contains(&layer), "{}", text(&o));
-    let cache = std::env::var_os("FARM_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
-    assert!(!cache.join("oci/blobs/sha256").join(&layer).exists(), "a tampered blob was stored");
+    let cache = std::env::var_os("FARM_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+    assert!(
+        !cache.join("oci/blobs/sha256").join(&layer).exists(),
+        "a tampered blob was stored"
+    );
 
     // A multi-platform index: linux/amd64's image is taken; an index without it is refused.
     let amd = nonce("amd64");
@@ -401,7 +579,13 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     open.push(&busybox_layout(dir.path(), "g", &nonce("arm64")), "multi:arm", None);
     let entry = |tag: &str, arch: &str| {
         let digest = open.digest(&format!("multi:{tag}"), None);
-        let size = Command::new("skopeo").args(["inspect", "--raw", "--tls-verify=false"]).arg(format!("docker://{}/multi:{tag}", open.addr)).output().unwrap().stdout.len();
+        let size = Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{}/multi:{tag}", open.addr))
+            .output()
+            .unwrap()
+            .stdout
+            .len();
         serde_json::json!({"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest, "size": size, "platform": {"os": "linux", "architecture": arch}})
     };
     let put_index = |tag: &str, entries: Vec<serde_json::Value>| {
@@ -409,7 +593,14 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
         let path = dir.path().join(format!("index-{tag}.json"));
         std::fs::write(&path, index.to_string()).unwrap();
         let o = Command::new("curl")
-            .args(["-sf", "-X", "PUT", "-H", "Content-Type: application/vnd.oci.image.index.v1+json", "--data-binary"])
+            .args([
+                "-sf",
+                "-X",
+                "PUT",
+                "-H",
+                "Content-Type: application/vnd.oci.image.index.v1+json",
+                "--data-binary",
+            ])
             .arg(format!("@{}", path.display()))
             .arg(format!("http://{}/v2/multi/manifests/{tag}", open.addr))
             .output()
@@ -419,9 +610,17 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     put_index("both", vec![entry("arm", "arm64"), entry("amd", "amd64")]);
     put_index("armonly", vec![entry("arm", "arm64")]);
     let o = vm_run(&format!("registry:{}/multi:both", open.addr), SHOW);
-    assert_eq!(text(&o).trim(), format!("{amd} yes /etc"), "the index's linux/amd64 image");
+    assert_eq!(
+        text(&o).trim(),
+        format!("{amd} yes /etc"),
+        "the index's linux/amd64 image"
+    );
     let o = vm_run(&format!("registry:{}/multi:armonly", open.addr), SHOW);
-    assert!(!o.status.success() && text(&o).contains("has no linux/amd64 image (it has linux/arm64)"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("has no linux/amd64 image (it has linux/arm64)"),
+        "{}",
+        text(&o)
+    );
 
     // A mirror answers for a registry that cannot be reached; an override maps a reference
     // to another, and the run records both.
@@ -430,7 +629,16 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     let settings = dir.path().join("registries.toml");
     std::fs::write(&settings, format!("[mirrors]\n\"unreachable.invalid:5000\" = [\"{}\"]\n[overrides]\n\"example.invalid/app:7\" = \"{}/base:1\"\n", mirror.addr, open.addr)).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .args(["vm", "run", "--image", "registry:unreachable.invalid:5000/team/tool:3", "--", "sh", "-c", SHOW])
+        .args([
+            "vm",
+            "run",
+            "--image",
+            "registry:unreachable.invalid:5000/team/tool:3",
+            "--",
+            "sh",
+            "-c",
+            SHOW,
+        ])
         .env("FARM_REGISTRIES", &settings)
         .stdin(Stdio::null())
         .output()
@@ -450,12 +658,27 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
         ),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.path().join("suite.toml")).env("FARM_REGISTRIES", &settings).stdin(Stdio::null()).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(dir.path().join("suite.toml"))
+        .env("FARM_REGISTRIES", &settings)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("image example.invalid/app:7 is pulled as"), "the override is said: {}", text(&o));
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
+    assert!(
+        text(&o).contains("image example.invalid/app:7 is pulled as"),
+        "the override is said: {}",
+        text(&o)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
     let pulled = &summary["provenance"]["image_pulled"];
     assert_eq!(pulled["overridden_from"], "example.invalid/app:7", "{summary}");
-    assert_eq!(pulled["resolved"], format!("{}/base@{}", open.addr, open.digest("base:1", None)), "{summary}");
+    assert_eq!(
+        pulled["resolved"],
+        format!("{}/base@{}", open.addr, open.digest("base:1", None)),
+        "{summary}"
+    );
     assert_eq!(summary["counts"]["passed"], 1, "{summary}");
 }

@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 struct Server(Child);
@@ -26,8 +30,27 @@ fn package_index(dir: &Path) -> (Server, u16) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/package_index.py");
     let o = Command::new("python3").arg(script).arg(dir).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let server = Server(Command::new("python3").args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1", "--directory"]).arg(dir).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server = Server(
+        Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return (server, port);
@@ -43,12 +66,22 @@ fn pip_wheel() -> PathBuf {
         .args(["-c", "import ensurepip, glob, os; print(sorted(glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), '_bundled', 'pip-*.whl')))[-1])"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "the host Python has no bundled pip wheel: {}", text(&o));
+    assert!(
+        o.status.success(),
+        "the host Python has no bundled pip wheel: {}",
+        text(&o)
+    );
     PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
 }
 
 fn build(store: &Path, config: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farm")).env("FARM_SNAPSHOT_DIR", store).args(["template", "build"]).arg(config).stdin(Stdio::null()).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_farm"))
+        .env("FARM_SNAPSHOT_DIR", store)
+        .args(["template", "build"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -72,7 +105,11 @@ fn setup_reaches_only_the_allowed_index_and_everything_else_is_refused_at_once()
     .unwrap();
     let o = build(store.path(), &config);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains(&format!("network: allowed host.farm.internal:{port}")), "every attempt is logged: {}", text(&o));
+    assert!(
+        text(&o).contains(&format!("network: allowed host.farm.internal:{port}")),
+        "every attempt is logged: {}",
+        text(&o)
+    );
 
     // Denied: a host off the list gets a 403 that says why, not a hang; and it is logged.
     let config = dir.path().join("denied.toml");
@@ -83,7 +120,11 @@ fn setup_reaches_only_the_allowed_index_and_everything_else_is_refused_at_once()
     .unwrap();
     let o = build(store.path(), &config);
     assert!(!o.status.success());
-    assert!(text(&o).contains("farm: egress to 10.1.2.3:8080 is not allowed"), "{}", text(&o));
+    assert!(
+        text(&o).contains("farm: egress to 10.1.2.3:8080 is not allowed"),
+        "{}",
+        text(&o)
+    );
     assert!(text(&o).contains("network: denied 10.1.2.3:8080"), "{}", text(&o));
 
     // No allowlist: no proxy settings, and the proxy itself refuses everything (as it does
@@ -92,10 +133,25 @@ fn setup_reaches_only_the_allowed_index_and_everything_else_is_refused_at_once()
         "import urllib.request as u\nopener = u.build_opener(u.ProxyHandler({{'http': 'http://127.0.0.1:3128'}}))\ntry:\n    opener.open('http://127.0.0.1:{port}/simple/', timeout=60)\nexcept Exception as e:\n    print(e.read().decode() if hasattr(e, 'read') else e)\n    raise SystemExit(3)"
     );
     let config = dir.path().join("none.toml");
-    std::fs::write(&config, format!("[template]\nimage = \"python\"\nsetup = [{:?}]\n", format!("python3 -c \"{via_proxy}\""))).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[template]\nimage = \"python\"\nsetup = [{:?}]\n",
+            format!("python3 -c \"{via_proxy}\"")
+        ),
+    )
+    .unwrap();
     let o = build(store.path(), &config);
-    assert!(!o.status.success(), "a template without an allowlist reached the host: {}", text(&o));
-    assert!(text(&o).contains(&format!("egress to 127.0.0.1:{port} is not allowed (allowlist: none)")), "{}", text(&o));
+    assert!(
+        !o.status.success(),
+        "a template without an allowlist reached the host: {}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains(&format!("egress to 127.0.0.1:{port} is not allowed (allowlist: none)")),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -125,12 +181,22 @@ fn rollouts_reach_their_allowlist_through_the_proxy_and_are_refused_elsewhere() 
         ),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(&suite).stdin(Stdio::null()).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(&suite)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let journal = std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap();
     let rows: Vec<serde_json::Value> = journal.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let row = |i: u64| rows.iter().find(|r| r["sample_index"] == i).unwrap();
-    assert_eq!(row(0)["status"], "passed", "the allowed index was reachable: {}", row(0));
+    assert_eq!(
+        row(0)["status"],
+        "passed",
+        "the allowed index was reachable: {}",
+        row(0)
+    );
     let denied = row(1)["steps"][0]["stdout"].as_str().unwrap();
     assert!(denied.contains("403"), "a host off the list is refused: {denied}");
 }

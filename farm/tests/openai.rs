@@ -39,8 +39,12 @@ fn serve(script: Vec<(u16, serde_json::Value)>) -> (String, Seen) {
             }
             let mut body = vec![0u8; length];
             reader.read_exact(&mut body).unwrap();
-            log.lock().unwrap().push((auth, serde_json::from_slice(&body).unwrap_or_default()));
-            let (status, reply) = script.next().unwrap_or((500, serde_json::json!({"error": "script exhausted"})));
+            log.lock()
+                .unwrap()
+                .push((auth, serde_json::from_slice(&body).unwrap_or_default()));
+            let (status, reply) = script
+                .next()
+                .unwrap_or((500, serde_json::json!({"error": "script exhausted"})));
             let text = reply.to_string();
             let reason = if status == 200 { "OK" } else { "Error" };
             let extra = if status == 429 { "Retry-After: 0\r\n" } else { "" };
@@ -70,8 +74,18 @@ fn tool_call(id: &str, name: &str, args: serde_json::Value) -> serde_json::Value
 fn tool_calls_drive_a_rollout_to_a_pass_and_everything_is_recorded() {
     let (url, seen) = serve(vec![
         (429, serde_json::json!({ "error": { "message": "slow down" } })),
-        (200, tool_call("c1", "run_shell", serde_json::json!({ "command": "cat solution.py" }))),
-        (200, tool_call("c2", "write_file", serde_json::json!({ "path": "solution.py", "content": "def add(a: int, b: int) -> int:\n    return a + b\n" }))),
+        (
+            200,
+            tool_call("c1", "run_shell", serde_json::json!({ "command": "cat solution.py" })),
+        ),
+        (
+            200,
+            tool_call(
+                "c2",
+                "write_file",
+                serde_json::json!({ "path": "solution.py", "content": "def add(a: int, b: int) -> int:\n    return a + b\n" }),
+            ),
+        ),
         (200, tool_call("c3", "submit", serde_json::json!({ "answer": "done" }))),
     ]);
     let dir = tempfile::tempdir().unwrap();
@@ -95,39 +109,82 @@ fn tool_calls_drive_a_rollout_to_a_pass_and_everything_is_recorded() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "{text}");
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["counts"]["passed"], 1, "{summary}\n{text}");
 
-    let row: serde_json::Value = serde_json::from_str(std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    let row: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(dir.path().join("out/journal.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(row["policy_name"], "openai");
-    assert_eq!(row["usage"]["total_tokens"], 330, "usage summed over the three answered requests");
+    assert_eq!(
+        row["usage"]["total_tokens"], 330,
+        "usage summed over the three answered requests"
+    );
     let steps = row["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 3);
-    assert!(steps[0]["stdout"].as_str().unwrap().contains("def add"), "the prompt file was read: {}", steps[0]);
+    assert!(
+        steps[0]["stdout"].as_str().unwrap().contains("def add"),
+        "the prompt file was read: {}",
+        steps[0]
+    );
     let messages: serde_json::Value = serde_json::from_str(row["messages"].as_str().unwrap()).unwrap();
     let messages = messages.as_array().unwrap();
     assert_eq!(messages[0]["role"], "system");
-    assert!(messages.iter().any(|m| m["role"] == "tool" && m["tool_call_id"] == "c1" && m["content"].as_str().unwrap().contains("exit code: 0")));
-    assert!(messages.iter().any(|m| m["logprobs"]["content"][0]["logprob"] == -0.25), "logprobs recorded");
-    assert!(messages.iter().any(|m| m["token_ids"] == serde_json::json!([42, 43]) && m["prompt_token_ids"] == serde_json::json!([1, 2, 3])), "token ids recorded");
+    assert!(messages.iter().any(|m| m["role"] == "tool"
+        && m["tool_call_id"] == "c1"
+        && m["content"].as_str().unwrap().contains("exit code: 0")));
+    assert!(
+        messages.iter().any(|m| m["logprobs"]["content"][0]["logprob"] == -0.25),
+        "logprobs recorded"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m["token_ids"] == serde_json::json!([42, 43])
+                && m["prompt_token_ids"] == serde_json::json!([1, 2, 3])),
+        "token ids recorded"
+    );
 
     let requests = seen.lock().unwrap();
     assert_eq!(requests.len(), 4, "one 429 retried, then three answered requests");
-    assert!(requests.iter().all(|(auth, _)| auth == "authorization: Bearer sekret" || auth == "Authorization: Bearer sekret"), "{:?}", requests.iter().map(|r| &r.0).collect::<Vec<_>>());
+    assert!(
+        requests
+            .iter()
+            .all(|(auth, _)| auth == "authorization: Bearer sekret" || auth == "Authorization: Bearer sekret"),
+        "{:?}",
+        requests.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
     let first = &requests[1].1;
     assert_eq!(first["model"], "test-model");
     assert_eq!(first["temperature"], 0.5);
     assert_eq!(first["logprobs"], true);
     assert_eq!(first["tools"].as_array().unwrap().len(), 3);
     // Recorded extras (logprobs) are not sent back to the endpoint.
-    assert!(requests[3].1["messages"].as_array().unwrap().iter().all(|m| m.get("logprobs").is_none() && m.get("token_ids").is_none()));
+    assert!(requests[3].1["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m.get("logprobs").is_none() && m.get("token_ids").is_none()));
 }
 
 #[test]
 fn a_failing_endpoint_is_an_environment_error_not_a_model_failure() {
-    let (url, _) = serve(vec![(500, serde_json::json!({"error": "boom"})), (500, serde_json::json!({"error": "boom"}))]);
+    let (url, _) = serve(vec![
+        (500, serde_json::json!({"error": "boom"})),
+        (500, serde_json::json!({"error": "boom"})),
+    ]);
     let dir = tempfile::tempdir().unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let suite = dir.path().join("suite.toml");
@@ -140,9 +197,21 @@ fn a_failing_endpoint_is_an_environment_error_not_a_model_failure() {
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(&suite).stdin(Stdio::null()).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(&suite)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let row: serde_json::Value = serde_json::from_str(std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    let row: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(dir.path().join("out/journal.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(row["status"], "env_error");
     assert!(row["reward"].is_null());
     assert!(row["error"].as_str().unwrap().contains("500"), "{row}");

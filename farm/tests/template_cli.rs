@@ -4,11 +4,19 @@
 use std::process::{Command, Output};
 
 fn farm(store: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farm")).env("FARM_SNAPSHOT_DIR", store).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_farm"))
+        .env("FARM_SNAPSHOT_DIR", store)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 #[test]
@@ -32,19 +40,42 @@ fn build_reuse_list_and_remove_a_template() {
 
     let second = farm(store.path(), &["template", "build", config]);
     assert!(second.status.success(), "{}", text(&second));
-    assert!(text(&second).contains(&format!("reused existing snapshot {id}")), "{}", text(&second));
+    assert!(
+        text(&second).contains(&format!("reused existing snapshot {id}")),
+        "{}",
+        text(&second)
+    );
 
     let verify = farm(store.path(), &["snapshot", "verify", &id]);
-    assert!(verify.status.success() && text(&verify).contains(&format!("{id}: ok")), "{}", text(&verify));
+    assert!(
+        verify.status.success() && text(&verify).contains(&format!("{id}: ok")),
+        "{}",
+        text(&verify)
+    );
 
     let ls = farm(store.path(), &["snapshot", "ls"]);
     assert!(text(&ls).contains(&id) && text(&ls).contains(" ok"), "{}", text(&ls));
 
     // A failing setup command is reported with its output and leaves nothing behind.
-    std::fs::write(config_dir.path().join("bad.toml"), "[template]\nimage = \"minimal\"\nsetup = [\"echo oops >&2; exit 3\"]\n").unwrap();
-    let bad = farm(store.path(), &["template", "build", config_dir.path().join("bad.toml").to_str().unwrap()]);
+    std::fs::write(
+        config_dir.path().join("bad.toml"),
+        "[template]\nimage = \"minimal\"\nsetup = [\"echo oops >&2; exit 3\"]\n",
+    )
+    .unwrap();
+    let bad = farm(
+        store.path(),
+        &[
+            "template",
+            "build",
+            config_dir.path().join("bad.toml").to_str().unwrap(),
+        ],
+    );
     assert!(!bad.status.success());
-    assert!(text(&bad).contains("exit code 3") && text(&bad).contains("oops"), "{}", text(&bad));
+    assert!(
+        text(&bad).contains("exit code 3") && text(&bad).contains("oops"),
+        "{}",
+        text(&bad)
+    );
 
     let rm = farm(store.path(), &["snapshot", "rm", &id]);
     assert!(rm.status.success(), "{}", text(&rm));
@@ -60,7 +91,11 @@ fn bad_template_configs_name_the_key() {
     std::fs::write(&config, "[template]\nimage = \"minimal\"\ncpu = 2\n").unwrap();
     let out = farm(store.path(), &["template", "build", config.to_str().unwrap()]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("cpu") && text(&out).contains("t.toml"), "{}", text(&out));
+    assert!(
+        text(&out).contains("cpu") && text(&out).contains("t.toml"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// Two processes building the same template into one store at once (shards starting together
@@ -71,7 +106,11 @@ fn two_processes_racing_on_one_store_build_the_template_once() {
     let store = tempfile::tempdir().unwrap();
     let config_dir = tempfile::tempdir().unwrap();
     let config = config_dir.path().join("t.toml");
-    std::fs::write(&config, "[template]\nimage = \"minimal\"\nsetup = [\"echo raced > /workspace/raced\"]\n").unwrap();
+    std::fs::write(
+        &config,
+        "[template]\nimage = \"minimal\"\nsetup = [\"echo raced > /workspace/raced\"]\n",
+    )
+    .unwrap();
     let start = || {
         Command::new(env!("CARGO_BIN_EXE_farm"))
             .env("FARM_SNAPSHOT_DIR", store.path())
@@ -90,8 +129,15 @@ fn two_processes_racing_on_one_store_build_the_template_once() {
     let built = texts.iter().filter(|t| t.contains("built snapshot")).count();
     let reused = texts.iter().filter(|t| t.contains("reused existing snapshot")).count();
     assert_eq!((built, reused), (1, 1), "{texts:#?}");
-    let names: Vec<String> = std::fs::read_dir(store.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
-    assert_eq!(names.len(), 1, "one snapshot and no staging folder or lock left: {names:?}");
+    let names: Vec<String> = std::fs::read_dir(store.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        names.len(),
+        1,
+        "one snapshot and no staging folder or lock left: {names:?}"
+    );
     let verify = farm(store.path(), &["snapshot", "verify", &names[0]]);
     assert!(verify.status.success(), "{}", text(&verify));
 }
@@ -101,9 +147,21 @@ fn two_processes_racing_on_one_store_build_the_template_once() {
 #[test]
 fn a_bench_the_host_cannot_hold_names_the_limit_before_it_starts() {
     let store = tempfile::tempdir().unwrap();
-    let o = farm(store.path(), &["bench", "fork", "--image", "minimal", "--alive", "100000000"]);
+    let o = farm(
+        store.path(),
+        &["bench", "fork", "--image", "minimal", "--alive", "100000000"],
+    );
     assert!(!o.status.success());
     let t = text(&o);
-    assert!(t.contains("cannot hold 100000000 forks alive") && t.contains("LimitNOFILE") && t.contains("kernel.threads-max"), "{t}");
-    assert_eq!(std::fs::read_dir(store.path()).unwrap().count(), 0, "nothing was started or built");
+    assert!(
+        t.contains("cannot hold 100000000 forks alive")
+            && t.contains("LimitNOFILE")
+            && t.contains("kernel.threads-max"),
+        "{t}"
+    );
+    assert_eq!(
+        std::fs::read_dir(store.path()).unwrap().count(),
+        0,
+        "nothing was started or built"
+    );
 }

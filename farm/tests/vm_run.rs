@@ -28,8 +28,12 @@ fn qemus_of(pid: u32) -> Vec<u32> {
     let marker = format!("farm-{pid}-");
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{p}/cmdline")) else { continue };
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{p}/cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&cmdline);
         if cmdline.contains("qemu-system") && cmdline.contains(&marker) {
             found.push(p);
@@ -70,7 +74,19 @@ fn python_prints_42() {
 
 #[test]
 fn stdin_stdout_stderr_and_exit_code_pass_through() {
-    let out = vm_run(&["--env", "X=1", "--workdir", "/tmp", "--", "sh", "-c", "cat; echo $X$(pwd) >&2; exit 5"], b"piped in");
+    let out = vm_run(
+        &[
+            "--env",
+            "X=1",
+            "--workdir",
+            "/tmp",
+            "--",
+            "sh",
+            "-c",
+            "cat; echo $X$(pwd) >&2; exit 5",
+        ],
+        b"piped in",
+    );
     assert_eq!(out.status.code(), Some(5));
     assert_eq!(out.stdout, b"piped in");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "1/tmp\n");
@@ -94,20 +110,38 @@ fn missing_program_exits_127_with_a_message() {
 
 #[test]
 fn bad_arguments_are_explained() {
-    let out = farm().args(["vm", "run", "--image", "ubuntu", "--", "true"]).output().unwrap();
+    let out = farm()
+        .args(["vm", "run", "--image", "ubuntu", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("minimal, python"));
-    let out = farm().args(["vm", "run", "--env", "NOEQUALS", "--", "true"]).output().unwrap();
+    let out = farm()
+        .args(["vm", "run", "--env", "NOEQUALS", "--", "true"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("KEY=VALUE"));
 }
 
 // --- no orphans, on every exit path -----------------------------------------------------
 
 fn run_to_exit_then_check(args: &[&str], envs: &[(&str, &str)]) -> std::process::ExitStatus {
-    let mut child = farm().args(["vm", "run", "--boot-timeout", "300"]).args(args).envs(envs.iter().copied()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = farm()
+        .args(["vm", "run", "--boot-timeout", "300"])
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let status = child.wait().unwrap();
-    assert_eq!(survivors_after_exit(pid), Vec::<u32>::new(), "QEMU outlived farm ({status})");
+    assert_eq!(
+        survivors_after_exit(pid),
+        Vec::<u32>::new(),
+        "QEMU outlived farm ({status})"
+    );
     status
 }
 
@@ -116,7 +150,10 @@ fn no_orphans_after_normal_exit_error_timeout_and_panic() {
     assert!(run_to_exit_then_check(&["--", "true"], &[]).success());
     // An error after boot (bad working directory).
     assert!(!run_to_exit_then_check(&["--workdir", "/no/such/dir", "--", "true"], &[]).success());
-    assert_eq!(run_to_exit_then_check(&["--timeout", "1", "--", "sleep", "60"], &[]).code(), Some(124));
+    assert_eq!(
+        run_to_exit_then_check(&["--timeout", "1", "--", "sleep", "60"], &[]).code(),
+        Some(124)
+    );
     let panicked = run_to_exit_then_check(&["--", "true"], &[("FARM_TEST_PANIC_AFTER_EXEC", "1")]);
     assert_eq!(panicked.code(), Some(101));
 }
@@ -131,10 +168,18 @@ fn signal_mid_run(signal: i32) -> std::process::ExitStatus {
         .unwrap();
     wait_for_qemu(&mut child);
     let pid = child.id();
-    let sent = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+    let sent = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
     assert!(sent.success());
     let status = child.wait().unwrap();
-    assert_eq!(survivors_after_exit(pid), Vec::<u32>::new(), "QEMU outlived farm after signal {signal}");
+    assert_eq!(
+        survivors_after_exit(pid),
+        Vec::<u32>::new(),
+        "QEMU outlived farm after signal {signal}"
+    );
     status
 }
 

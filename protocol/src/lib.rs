@@ -287,18 +287,33 @@ pub enum Response {
     Pong(Pong),
     /// Body: `stdout_len` bytes of standard output, then `stderr_len` bytes of standard error.
     Exec(ExecResult),
-    WriteFile { bytes: u64 },
+    WriteFile {
+        bytes: u64,
+    },
     /// Body: the entries as a JSON array of [`FileEntry`] (a listing can be far larger
     /// than a header may be).
-    ListFiles { count: u32, truncated: bool },
+    ListFiles {
+        count: u32,
+        truncated: bool,
+    },
     RemoveFile,
     /// Body: the file's first bytes (at most the requested cap).
-    ReadFile { size: u64, truncated: bool },
+    ReadFile {
+        size: u64,
+        truncated: bool,
+    },
     Quiesce,
     Identity,
-    Handover { entries: u64 },
-    RemoveTree { entries: u64 },
-    Sweep { killed: u32, complete: bool },
+    Handover {
+        entries: u64,
+    },
+    RemoveTree {
+        entries: u64,
+    },
+    Sweep {
+        killed: u32,
+        complete: bool,
+    },
     /// Body: the command's output, as for `Exec`.
     RunTests(TestsResult),
     Error(AgentError),
@@ -388,18 +403,29 @@ pub fn encode_frame<M: Serialize>(envelope: &Envelope<M>, body: &[u8]) -> Vec<u8
 /// reader allocate more than `max_frame`.
 pub fn check_prefix(prefix: [u8; PREFIX_BYTES], max_frame: u32) -> Result<(usize, usize), FrameError> {
     if prefix[0..4] != MAGIC {
-        return Err(FrameError::Malformed(format!("frame does not start with the magic {MAGIC:?}: {:?}", &prefix[0..4])));
+        return Err(FrameError::Malformed(format!(
+            "frame does not start with the magic {MAGIC:?}: {:?}",
+            &prefix[0..4]
+        )));
     }
     let len = u32::from_be_bytes(prefix[4..8].try_into().expect("4 bytes"));
     let header_len = u32::from_be_bytes(prefix[8..12].try_into().expect("4 bytes"));
     if len > max_frame {
-        return Err(FrameError::TooLarge { len: len.into(), max: max_frame.into() });
+        return Err(FrameError::TooLarge {
+            len: len.into(),
+            max: max_frame.into(),
+        });
     }
     if len < 4 {
-        return Err(FrameError::Malformed(format!("length {len} is shorter than the header-length field")));
+        return Err(FrameError::Malformed(format!(
+            "length {len} is shorter than the header-length field"
+        )));
     }
     if header_len > MAX_HEADER_BYTES {
-        return Err(FrameError::TooLarge { len: header_len.into(), max: MAX_HEADER_BYTES.into() });
+        return Err(FrameError::TooLarge {
+            len: header_len.into(),
+            max: MAX_HEADER_BYTES.into(),
+        });
     }
     if header_len > len - 4 {
         return Err(FrameError::Malformed(format!(
@@ -474,8 +500,14 @@ fn read_exact_or_closed(reader: &mut impl Read, buf: &mut [u8], at_start: bool) 
 }
 
 /// Writes one frame, blocking.
-pub fn write_frame_blocking<M: Serialize>(writer: &mut impl Write, envelope: &Envelope<M>, body: &[u8]) -> Result<(), FrameError> {
-    writer.write_all(&encode_frame(envelope, body)).map_err(FrameError::Io)?;
+pub fn write_frame_blocking<M: Serialize>(
+    writer: &mut impl Write,
+    envelope: &Envelope<M>,
+    body: &[u8],
+) -> Result<(), FrameError> {
+    writer
+        .write_all(&encode_frame(envelope, body))
+        .map_err(FrameError::Io)?;
     writer.flush().map_err(FrameError::Io)
 }
 

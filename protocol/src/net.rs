@@ -61,7 +61,14 @@ impl Frame {
         if buf.len() < HEADER_BYTES + len {
             return Ok(None);
         }
-        Ok(Some((Frame { conn, kind, payload: buf[HEADER_BYTES..HEADER_BYTES + len].to_vec() }, HEADER_BYTES + len)))
+        Ok(Some((
+            Frame {
+                conn,
+                kind,
+                payload: buf[HEADER_BYTES..HEADER_BYTES + len].to_vec(),
+            },
+            HEADER_BYTES + len,
+        )))
     }
 }
 
@@ -80,7 +87,11 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_bad_ones_are_refused() {
-        let f = Frame { conn: 7, kind: Kind::Data, payload: b"GET".to_vec() };
+        let f = Frame {
+            conn: 7,
+            kind: Kind::Data,
+            payload: b"GET".to_vec(),
+        };
         let mut bytes = f.encode();
         assert_eq!(Frame::decode(&bytes[..5]).unwrap(), None);
         bytes.extend_from_slice(b"rest");

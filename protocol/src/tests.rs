@@ -17,7 +17,11 @@ fn exec_request() -> Request {
 #[test]
 fn frame_round_trips_header_and_binary_body() {
     let body: Vec<u8> = (0..=255u8).collect();
-    let envelope = Envelope { v: PROTOCOL_VERSION, id: 7, msg: exec_request() };
+    let envelope = Envelope {
+        v: PROTOCOL_VERSION,
+        id: 7,
+        msg: exec_request(),
+    };
     let bytes = encode_frame(&envelope, &body);
     let (header, read_body) = read_frame_blocking(&mut &bytes[..], DEFAULT_MAX_FRAME_BYTES).unwrap();
     let decoded: Envelope<Request> = decode_header(&header).unwrap();
@@ -28,7 +32,11 @@ fn frame_round_trips_header_and_binary_body() {
 #[test]
 fn every_response_round_trips() {
     let responses = [
-        Response::Pong(Pong { protocol_version: 1, agent_version: "x".into(), uptime_secs: 1.5 }),
+        Response::Pong(Pong {
+            protocol_version: 1,
+            agent_version: "x".into(),
+            uptime_secs: 1.5,
+        }),
         Response::Exec(ExecResult {
             exit_code: Some(3),
             signal: None,
@@ -40,12 +48,18 @@ fn every_response_round_trips() {
             duration_us: 9,
         }),
         Response::WriteFile { bytes: 4 },
-        Response::ReadFile { size: 10, truncated: true },
+        Response::ReadFile {
+            size: 10,
+            truncated: true,
+        },
         Response::Quiesce,
         Response::Identity,
         Response::Handover { entries: 3 },
         Response::RemoveTree { entries: 2 },
-        Response::Sweep { killed: 4, complete: true },
+        Response::Sweep {
+            killed: 4,
+            complete: true,
+        },
         Response::RunTests(TestsResult {
             exec: ExecResult {
                 exit_code: None,
@@ -63,10 +77,17 @@ fn every_response_round_trips() {
             swept: 2,
             sweep_complete: true,
         }),
-        Response::Error(AgentError { kind: ErrorKind::Spawn, message: "nope".into() }),
+        Response::Error(AgentError {
+            kind: ErrorKind::Spawn,
+            message: "nope".into(),
+        }),
     ];
     for msg in responses {
-        let envelope = Envelope { v: PROTOCOL_VERSION, id: 1, msg };
+        let envelope = Envelope {
+            v: PROTOCOL_VERSION,
+            id: 1,
+            msg,
+        };
         let bytes = encode_frame(&envelope, b"");
         let (header, _) = read_frame_blocking(&mut &bytes[..], DEFAULT_MAX_FRAME_BYTES).unwrap();
         assert_eq!(decode_header::<Response>(&header).unwrap(), envelope);
@@ -85,11 +106,25 @@ fn every_request_round_trips() {
             beneath: Some("/workspace".into()),
             owner: Some("1000".into()),
         }),
-        Request::ReadFile(ReadFileRequest { path: "a".into(), max_bytes: 9, beneath: Some("/workspace".into()) }),
-        Request::RemoveFile { path: "a".into(), beneath: None },
-        Request::Handover(HandoverRequest { root: "/workspace".into(), user: "farm".into() }),
-        Request::RemoveTree { path: "/opt/farm-tests".into() },
-        Request::Sweep(SweepRequest { uids: vec![CANDIDATE_UID, CHECKER_UID] }),
+        Request::ReadFile(ReadFileRequest {
+            path: "a".into(),
+            max_bytes: 9,
+            beneath: Some("/workspace".into()),
+        }),
+        Request::RemoveFile {
+            path: "a".into(),
+            beneath: None,
+        },
+        Request::Handover(HandoverRequest {
+            root: "/workspace".into(),
+            user: "farm".into(),
+        }),
+        Request::RemoveTree {
+            path: "/opt/farm-tests".into(),
+        },
+        Request::Sweep(SweepRequest {
+            uids: vec![CANDIDATE_UID, CHECKER_UID],
+        }),
         Request::RunTests(RunTestsRequest {
             program: Program::Shell("true".into()),
             cwd: "/workspace".into(),
@@ -107,7 +142,11 @@ fn every_request_round_trips() {
         }),
     ];
     for msg in requests {
-        let envelope = Envelope { v: PROTOCOL_VERSION, id: 2, msg };
+        let envelope = Envelope {
+            v: PROTOCOL_VERSION,
+            id: 2,
+            msg,
+        };
         let bytes = encode_frame(&envelope, b"stdin");
         let (header, body) = read_frame_blocking(&mut &bytes[..], DEFAULT_MAX_FRAME_BYTES).unwrap();
         assert_eq!(decode_header::<Request>(&header).unwrap(), envelope);
@@ -117,7 +156,11 @@ fn every_request_round_trips() {
 
 #[test]
 fn resync_skips_garbage_before_the_next_frame() {
-    let envelope = Envelope { v: PROTOCOL_VERSION, id: 3, msg: Request::Ping };
+    let envelope = Envelope {
+        v: PROTOCOL_VERSION,
+        id: 3,
+        msg: Request::Ping,
+    };
     let frame = encode_frame(&envelope, b"xyz");
     // The tail of an earlier frame (including a partial magic), then a whole frame.
     let mut bytes = b"FRjunk\x00\x01FR".to_vec();
@@ -127,7 +170,10 @@ fn resync_skips_garbage_before_the_next_frame() {
     assert_eq!(decode_header::<Request>(&header).unwrap(), envelope);
     assert_eq!(body, b"xyz");
     // The strict reader refuses the same stream.
-    assert!(matches!(read_frame_blocking(&mut &bytes[..], 1024), Err(FrameError::Malformed(_))));
+    assert!(matches!(
+        read_frame_blocking(&mut &bytes[..], 1024),
+        Err(FrameError::Malformed(_))
+    ));
 }
 
 #[test]
@@ -136,12 +182,20 @@ fn oversized_length_is_refused_before_allocation() {
     bytes.extend_from_slice(&u32::MAX.to_be_bytes());
     bytes.extend_from_slice(&4u32.to_be_bytes());
     let err = read_frame_blocking(&mut &bytes[..], 1024).unwrap_err();
-    assert!(matches!(err, FrameError::TooLarge { len, max: 1024 } if len == u32::MAX as u64), "{err}");
+    assert!(
+        matches!(err, FrameError::TooLarge { len, max: 1024 } if len == u32::MAX as u64),
+        "{err}"
+    );
 }
 
 #[test]
 fn oversized_header_is_refused() {
-    let prefix = [&MAGIC[..], &(MAX_HEADER_BYTES + 8).to_be_bytes()[..], &(MAX_HEADER_BYTES + 1).to_be_bytes()[..]].concat();
+    let prefix = [
+        &MAGIC[..],
+        &(MAX_HEADER_BYTES + 8).to_be_bytes()[..],
+        &(MAX_HEADER_BYTES + 1).to_be_bytes()[..],
+    ]
+    .concat();
     let err = check_prefix(prefix.try_into().unwrap(), u32::MAX).unwrap_err();
     assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
 }
@@ -152,14 +206,24 @@ fn header_longer_than_frame_is_malformed() {
     let err = check_prefix(prefix.try_into().unwrap(), 1024).unwrap_err();
     assert!(matches!(err, FrameError::Malformed(_)), "{err}");
     let prefix = [&MAGIC[..], &2u32.to_be_bytes()[..], &0u32.to_be_bytes()[..]].concat();
-    assert!(matches!(check_prefix(prefix.try_into().unwrap(), 1024), Err(FrameError::Malformed(_))));
+    assert!(matches!(
+        check_prefix(prefix.try_into().unwrap(), 1024),
+        Err(FrameError::Malformed(_))
+    ));
 }
 
 #[test]
 fn truncated_frames_are_reported_as_truncated_not_closed() {
-    let envelope = Envelope { v: PROTOCOL_VERSION, id: 1, msg: Request::Ping };
+    let envelope = Envelope {
+        v: PROTOCOL_VERSION,
+        id: 1,
+        msg: Request::Ping,
+    };
     let bytes = encode_frame(&envelope, b"body");
-    assert!(matches!(read_frame_blocking(&mut &bytes[..0], 1024), Err(FrameError::Closed)));
+    assert!(matches!(
+        read_frame_blocking(&mut &bytes[..0], 1024),
+        Err(FrameError::Closed)
+    ));
     for cut in 1..bytes.len() {
         let err = read_frame_blocking(&mut &bytes[..cut], 1024).unwrap_err();
         assert!(matches!(err, FrameError::Truncated), "cut at {cut}: {err}");
@@ -168,9 +232,17 @@ fn truncated_frames_are_reported_as_truncated_not_closed() {
 
 #[test]
 fn garbage_header_is_a_clear_error() {
-    for header in [&b"not json"[..], br#"{"v":1,"id":1,"msg":{"op":"launch_missiles"}}"#, br#"{"v":1}"#, br#"[]"#] {
+    for header in [
+        &b"not json"[..],
+        br#"{"v":1,"id":1,"msg":{"op":"launch_missiles"}}"#,
+        br#"{"v":1}"#,
+        br#"[]"#,
+    ] {
         let err = decode_header::<Request>(header).unwrap_err();
-        assert!(matches!(err, FrameError::BadHeader(_) | FrameError::Malformed(_)), "{err}");
+        assert!(
+            matches!(err, FrameError::BadHeader(_) | FrameError::Malformed(_)),
+            "{err}"
+        );
     }
 }
 
@@ -178,7 +250,10 @@ fn garbage_header_is_a_clear_error() {
 fn other_protocol_version_is_named_in_the_error() {
     let err = decode_header::<Request>(br#"{"v":99,"id":5,"msg":{"op":"ping"}}"#).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("99") && text.contains(&format!("supported version {PROTOCOL_VERSION}")), "{text}");
+    assert!(
+        text.contains("99") && text.contains(&format!("supported version {PROTOCOL_VERSION}")),
+        "{text}"
+    );
 }
 
 #[test]

@@ -23,10 +23,20 @@ pub fn score_answer(expected: &str, answer: Option<&str>, how: &AnswerMatch) -> 
         passed: ok,
         timed_out: false,
         trust: TrustLevel::ANSWER,
-        details: Details { answer: Some(check), ..Details::basis("final answer compared on the host") },
+        details: Details {
+            answer: Some(check),
+            ..Details::basis("final answer compared on the host")
+        },
     };
     let Some(answer) = answer else {
-        return verdict(false, AnswerCheck { answer: None, expected: truncate(expected, 1000), rule: "no answer submitted".into() });
+        return verdict(
+            false,
+            AnswerCheck {
+                answer: None,
+                expected: truncate(expected, 1000),
+                rule: "no answer submitted".into(),
+            },
+        );
     };
     let (ok, rule) = match how {
         AnswerMatch::Exact => (answer.trim() == expected.trim(), "exact".to_string()),
@@ -40,7 +50,14 @@ pub fn score_answer(expected: &str, answer: Option<&str>, how: &AnswerMatch) -> 
             (_, None) => (false, "answer is not a number".to_string()),
         },
     };
-    verdict(ok, AnswerCheck { answer: Some(truncate(answer, 1000)), expected: truncate(expected, 1000), rule })
+    verdict(
+        ok,
+        AnswerCheck {
+            answer: Some(truncate(answer, 1000)),
+            expected: truncate(expected, 1000),
+            rule,
+        },
+    )
 }
 
 fn truncate(s: &str, n: usize) -> String {

@@ -29,7 +29,13 @@ impl ArtifactLimits {
 
 impl Default for ArtifactLimits {
     fn default() -> Self {
-        ArtifactLimits { max_files: 2000, max_file_bytes: 8 << 20, max_total_bytes: 32 << 20, max_dirs: 2000, max_depth: 32 }
+        ArtifactLimits {
+            max_files: 2000,
+            max_file_bytes: 8 << 20,
+            max_total_bytes: 32 << 20,
+            max_dirs: 2000,
+            max_depth: 32,
+        }
     }
 }
 
@@ -84,7 +90,9 @@ pub fn select(baseline: &[FileEntry], now: &[FileEntry], limits: &ArtifactLimits
     let (mut wanted, mut skipped) = (Vec::new(), Vec::new());
     let mut dirs: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
     for (path, entry) in &after {
-        let unchanged = before.get(path).is_some_and(|b| b.size == entry.size && b.mtime_ns == entry.mtime_ns && b.mode == entry.mode);
+        let unchanged = before
+            .get(path)
+            .is_some_and(|b| b.size == entry.size && b.mtime_ns == entry.mtime_ns && b.mode == entry.mode);
         if unchanged {
             continue;
         }
@@ -103,7 +111,10 @@ pub fn select(baseline: &[FileEntry], now: &[FileEntry], limits: &ArtifactLimits
         }
         let new_dirs = parents.iter().filter(|d| !dirs.contains(*d)).count();
         if dirs.len() + new_dirs > limits.max_dirs {
-            skipped.push(format!("{path}: its folders would pass the limit of {} folders", limits.max_dirs));
+            skipped.push(format!(
+                "{path}: its folders would pass the limit of {} folders",
+                limits.max_dirs
+            ));
             continue;
         }
         dirs.extend(parents);
@@ -114,7 +125,11 @@ pub fn select(baseline: &[FileEntry], now: &[FileEntry], limits: &ArtifactLimits
 
 /// Compares the workspace with `baseline` and reads what changed: at most
 /// `limits.max_files` changed files (the rest are listed as skipped), and every deletion.
-pub async fn collect_artifacts(agent: &vmm::AgentClient, baseline: &[FileEntry], limits: &ArtifactLimits) -> Result<Artifacts, ListingError> {
+pub async fn collect_artifacts(
+    agent: &vmm::AgentClient,
+    baseline: &[FileEntry],
+    limits: &ArtifactLimits,
+) -> Result<Artifacts, ListingError> {
     let now = list_workspace(agent).await?;
     let before: BTreeMap<&str, &FileEntry> = baseline.iter().map(|e| (e.path.as_str(), e)).collect();
     let after: BTreeMap<&str, &FileEntry> = now.iter().map(|e| (e.path.as_str(), e)).collect();
@@ -122,19 +137,28 @@ pub async fn collect_artifacts(agent: &vmm::AgentClient, baseline: &[FileEntry],
     let (mut wanted, skipped) = select(baseline, &now, limits);
     if wanted.len() > limits.max_files as usize {
         let over = wanted.split_off(limits.max_files as usize);
-        artifacts.skipped.push(format!("{} changed files past the first {} were not read (the artifact limits)", over.len(), limits.max_files));
+        artifacts.skipped.push(format!(
+            "{} changed files past the first {} were not read (the artifact limits)",
+            over.len(),
+            limits.max_files
+        ));
     }
     artifacts.skipped.extend(skipped);
     let mut total = 0u64;
     for path in &wanted {
         let entry = after[path.as_str()];
         if total + entry.size > limits.max_total_bytes {
-            artifacts.skipped.push(format!("{path}: {} bytes, over the artifact limits", entry.size));
+            artifacts
+                .skipped
+                .push(format!("{path}: {} bytes, over the artifact limits", entry.size));
             continue;
         }
         // Read confined to the workspace: a file the agent swapped for a link since the
         // listing is refused (and skipped), never followed.
-        let contents = match agent.read_file_beneath(path, limits.max_file_bytes, Some(datasets::WORKSPACE)).await {
+        let contents = match agent
+            .read_file_beneath(path, limits.max_file_bytes, Some(datasets::WORKSPACE))
+            .await
+        {
             Ok((contents, _)) => contents,
             Err(vmm::AgentError::Refused { message, .. }) => {
                 artifacts.skipped.push(format!("{path}: not read ({message})"));
@@ -159,19 +183,31 @@ mod tests {
     use super::*;
 
     fn entry(path: &str) -> FileEntry {
-        FileEntry { path: path.into(), size: 1, mtime_ns: 1, mode: 0o644 }
+        FileEntry {
+            path: path.into(),
+            size: 1,
+            mtime_ns: 1,
+            mode: 0o644,
+        }
     }
 
     /// The limits on folders, checked without a VM: [`select`] is what `collect_artifacts`
     /// applies to a listing.
     #[test]
     fn deep_or_numerous_folders_are_skipped() {
-        let limits = ArtifactLimits { max_dirs: 3, max_depth: 3, ..ArtifactLimits::default() };
+        let limits = ArtifactLimits {
+            max_dirs: 3,
+            max_depth: 3,
+            ..ArtifactLimits::default()
+        };
         let now = vec![entry("a/b/c/d"), entry("a/b/x"), entry("p/q/r"), entry("z")];
         let (kept, skipped) = select(&[], &now, &limits);
         assert_eq!(kept, ["a/b/x", "z"], "{skipped:?}");
         assert!(skipped.iter().any(|s| s.starts_with("a/b/c/d: deeper")), "{skipped:?}");
-        assert!(skipped.iter().any(|s| s.starts_with("p/q/r: its folders")), "{skipped:?}");
+        assert!(
+            skipped.iter().any(|s| s.starts_with("p/q/r: its folders")),
+            "{skipped:?}"
+        );
     }
 
     #[test]

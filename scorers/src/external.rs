@@ -32,7 +32,12 @@ pub enum ExternalError {
     #[error("scorer {program:?} did not finish within {timeout:?}")]
     Timeout { program: String, timeout: Duration },
     #[error("scorer {program:?} exited with {status}: {stderr}")]
-    Failed { program: String, status: String, code: Option<i32>, stderr: String },
+    Failed {
+        program: String,
+        status: String,
+        code: Option<i32>,
+        stderr: String,
+    },
     #[error("scorer {program:?} printed {output:?}, expected a JSON object with a numeric \"reward\"")]
     BadOutput { program: String, output: String },
 }
@@ -51,9 +56,14 @@ impl ExternalError {
     pub fn blame(&self, agent_bytes: u64) -> Blame {
         match self {
             ExternalError::Spawn { .. } => Blame::Environment,
-            ExternalError::Failed { code: Some(OWN_FAILURE_EXIT), .. } => Blame::Environment,
+            ExternalError::Failed {
+                code: Some(OWN_FAILURE_EXIT),
+                ..
+            } => Blame::Environment,
             ExternalError::Timeout { .. } if agent_bytes <= AGENT_SIZED_INPUT => Blame::Environment,
-            ExternalError::Timeout { .. } | ExternalError::Failed { .. } | ExternalError::BadOutput { .. } => Blame::Agent,
+            ExternalError::Timeout { .. } | ExternalError::Failed { .. } | ExternalError::BadOutput { .. } => {
+                Blame::Agent
+            }
         }
     }
 }
@@ -77,7 +87,10 @@ pub async fn run(argv: &[String], input: &serde_json::Value, timeout: Duration) 
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|source| ExternalError::Spawn { program: program.clone(), source })?;
+        .map_err(|source| ExternalError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
     let mut stdin = child.stdin.take().expect("piped");
     let payload = serde_json::to_vec(input).expect("json");
     let mut stdout = child.stdout.take().expect("piped");
@@ -101,18 +114,48 @@ pub async fn run(argv: &[String], input: &serde_json::Value, timeout: Duration) 
         let status = child.wait().await;
         (out, err, status)
     };
-    let (out, err, status) = tokio::time::timeout(timeout, work).await.map_err(|_| ExternalError::Timeout { program: program.clone(), timeout })?;
-    let status = status.map_err(|source| ExternalError::Spawn { program: program.clone(), source })?;
+    let (out, err, status) = tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| ExternalError::Timeout {
+            program: program.clone(),
+            timeout,
+        })?;
+    let status = status.map_err(|source| ExternalError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
     if !status.success() {
         let stderr = String::from_utf8_lossy(&err);
-        let stderr: String = stderr.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
-        return Err(ExternalError::Failed { program, status: status.to_string(), code: status.code(), stderr });
+        let stderr: String = stderr
+            .chars()
+            .rev()
+            .take(2000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        return Err(ExternalError::Failed {
+            program,
+            status: status.to_string(),
+            code: status.code(),
+            stderr,
+        });
     }
     let text = String::from_utf8_lossy(&out).into_owned();
-    let bad = || ExternalError::BadOutput { program: program.clone(), output: text.chars().take(2000).collect() };
+    let bad = || ExternalError::BadOutput {
+        program: program.clone(),
+        output: text.chars().take(2000).collect(),
+    };
     let printed: serde_json::Value = serde_json::from_str(text.trim()).map_err(|_| bad())?;
-    let reward = printed.get("reward").and_then(|r| r.as_f64()).filter(|r| r.is_finite()).ok_or_else(bad)?;
-    Ok(ScorerOutput { reward: reward.clamp(0.0, 1.0), printed })
+    let reward = printed
+        .get("reward")
+        .and_then(|r| r.as_f64())
+        .filter(|r| r.is_finite())
+        .ok_or_else(bad)?;
+    Ok(ScorerOutput {
+        reward: reward.clamp(0.0, 1.0),
+        printed,
+    })
 }
 
 #[cfg(test)]
@@ -124,21 +167,36 @@ mod tests {
     }
 
     async fn outcome(script: &str) -> Result<ScorerOutput, ExternalError> {
-        run(&sh(script), &serde_json::json!({"answer": "maybe 41?"}), Duration::from_secs(5)).await
+        run(
+            &sh(script),
+            &serde_json::json!({"answer": "maybe 41?"}),
+            Duration::from_secs(5),
+        )
+        .await
     }
 
     #[tokio::test]
     async fn a_scorer_failing_on_the_agents_output_is_the_agents_failure() {
         // A scorer that parses the answer and dies on a malformed one.
-        let crashed = outcome("cat >/dev/null; echo 'json.decoder.JSONDecodeError' >&2; exit 1").await.unwrap_err();
+        let crashed = outcome("cat >/dev/null; echo 'json.decoder.JSONDecodeError' >&2; exit 1")
+            .await
+            .unwrap_err();
         assert_eq!(crashed.blame(10), Blame::Agent);
         assert!(crashed.to_string().contains("JSONDecodeError"), "{crashed}");
         let garbage = outcome("cat >/dev/null; echo not-json").await.unwrap_err();
         assert_eq!(garbage.blame(10), Blame::Agent);
         // Only the reserved code says the failure is the scorer's own.
-        let own = outcome(&format!("cat >/dev/null; exit {OWN_FAILURE_EXIT}")).await.unwrap_err();
+        let own = outcome(&format!("cat >/dev/null; exit {OWN_FAILURE_EXIT}"))
+            .await
+            .unwrap_err();
         assert_eq!(own.blame(10), Blame::Environment);
-        let missing = run(&["/nonexistent/scorer".to_string()], &serde_json::json!({}), Duration::from_secs(5)).await.unwrap_err();
+        let missing = run(
+            &["/nonexistent/scorer".to_string()],
+            &serde_json::json!({}),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(missing.blame(10), Blame::Environment);
         let ok = outcome("cat >/dev/null; echo '{\"reward\": 7}'").await.unwrap();
         assert_eq!(ok.reward, 1.0);
@@ -146,7 +204,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_timeout_is_the_agents_only_on_an_agent_sized_input() {
-        let slow = run(&sh("sleep 5"), &serde_json::json!({}), Duration::from_millis(200)).await.unwrap_err();
+        let slow = run(&sh("sleep 5"), &serde_json::json!({}), Duration::from_millis(200))
+            .await
+            .unwrap_err();
         assert!(matches!(slow, ExternalError::Timeout { .. }));
         assert_eq!(slow.blame(100), Blame::Environment);
         assert_eq!(slow.blame(AGENT_SIZED_INPUT + 1), Blame::Agent);

@@ -68,20 +68,39 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
         }
     }
     for test in &task.tests {
-        if let Err(e) = agent.write_file(&format!("{TESTS}/{}", test.path), test.contents.clone(), test.mode | 0o400).await {
+        if let Err(e) = agent
+            .write_file(
+                &format!("{TESTS}/{}", test.path),
+                test.contents.clone(),
+                test.mode | 0o400,
+            )
+            .await
+        {
             return failed(format!("placing the tests: {e}"));
         }
     }
-    let prepare = ExecOptions::argv(&["sh", "-c", &format!("mkdir -p {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS} && chmod +x {TESTS}/test.sh")]);
+    let prepare = ExecOptions::argv(&[
+        "sh",
+        "-c",
+        &format!("mkdir -p {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS} && chmod +x {TESTS}/test.sh"),
+    ]);
     match agent.exec(prepare).await {
         Ok(out) if out.result.exit_code == Some(0) => {}
-        Ok(out) => return failed(format!("making {VERIFIER_LOGS}: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        Ok(out) => {
+            return failed(format!(
+                "making {VERIFIER_LOGS}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
         Err(e) => return failed(format!("making {VERIFIER_LOGS}: {e}")),
     }
     let mut env: Vec<(String, String)> = run.env.to_vec();
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     if !run.network.is_empty() {
-        machine.set_network(vmm::net::Policy { allow: run.network.to_vec(), ..Default::default() });
+        machine.set_network(vmm::net::Policy {
+            allow: run.network.to_vec(),
+            ..Default::default()
+        });
         env.extend(snapshotter::template::proxy_env());
     }
     let timeout = Duration::from_secs_f64(harbor.verifier_timeout_secs.max(1.0));
@@ -98,7 +117,12 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
     machine.set_network(vmm::net::Policy::default());
     let out = match out {
         Ok(out) => out,
-        Err(e) => return failed(format!("the VM broke while test.sh ran: {}", machine.limit_violation().unwrap_or_else(|| e.to_string()))),
+        Err(e) => {
+            return failed(format!(
+                "the VM broke while test.sh ran: {}",
+                machine.limit_violation().unwrap_or_else(|| e.to_string())
+            ))
+        }
     };
     // Everything test.sh started, and every process the agent left, is gone before the
     // reward is read: nothing rewrites it between the reading and the verdict.
@@ -125,20 +149,48 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
         stderr_tail: tail(&out.stderr),
     };
     if out.result.timed_out {
-        let details = Details { tests: Some(outcome), ..Details::basis(format!("test.sh ran past its {} s limit", harbor.verifier_timeout_secs)) };
-        return Verdict { reward: 0.0, passed: false, timed_out: true, trust, details };
+        let details = Details {
+            tests: Some(outcome),
+            ..Details::basis(format!("test.sh ran past its {} s limit", harbor.verifier_timeout_secs))
+        };
+        return Verdict {
+            reward: 0.0,
+            passed: false,
+            timed_out: true,
+            trust,
+            details,
+        };
     }
     let reward = match read_reward(machine).await {
         Ok(reward) => reward,
         Err(reason) => {
-            let details = Details { tests: Some(outcome), ..Details::basis(reason.to_string()) };
-            return Verdict { reward: 0.0, passed: false, timed_out: false, trust, details };
+            let details = Details {
+                tests: Some(outcome),
+                ..Details::basis(reason.to_string())
+            };
+            return Verdict {
+                reward: 0.0,
+                passed: false,
+                timed_out: false,
+                trust,
+                details,
+            };
         }
     };
     outcome.reward_file = Some(reward.value);
     let basis = format!("{} (test.sh exited with {})", reward.basis, out.shell_exit_code());
-    let details = Details { tests: Some(outcome), harbor_rewards: reward.all, ..Details::basis(basis) };
-    Verdict { reward: reward.value, passed: reward.value >= run.pass_threshold, timed_out: false, trust, details }
+    let details = Details {
+        tests: Some(outcome),
+        harbor_rewards: reward.all,
+        ..Details::basis(basis)
+    };
+    Verdict {
+        reward: reward.value,
+        passed: reward.value >= run.pass_threshold,
+        timed_out: false,
+        trust,
+        details,
+    }
 }
 
 /// Why no reward could be read from `/logs/verifier`: the verdict is 0, with this reason.
@@ -189,9 +241,16 @@ async fn read_reward(machine: &Machine) -> Result<Reward, RewardError> {
 /// `reward.txt`: one number in [0, 1] (surrounding whitespace allowed).
 fn parse_reward_txt(bytes: &[u8]) -> Result<Reward, RewardError> {
     let text = String::from_utf8_lossy(bytes);
-    let value: f64 = text.trim().parse().map_err(|_| RewardError::TextNotANumber(text.trim().chars().take(100).collect()))?;
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| RewardError::TextNotANumber(text.trim().chars().take(100).collect()))?;
     check_range("reward.txt", value)?;
-    Ok(Reward { value, basis: format!("reward.txt: {value}"), all: None })
+    Ok(Reward {
+        value,
+        basis: format!("reward.txt: {value}"),
+        all: None,
+    })
 }
 
 /// `reward.json`: an object of numbers (Harbor's form). The reward is its `reward` key, else
@@ -218,16 +277,26 @@ fn parse_reward_json(bytes: &[u8]) -> Result<Reward, RewardError> {
             (*v, format!("reward.json: {k}"))
         }
         (None, 0) => return Err(RewardError::Empty),
-        (None, n) => (all.values().sum::<f64>() / n as f64, format!("reward.json: the mean of {n} keys")),
+        (None, n) => (
+            all.values().sum::<f64>() / n as f64,
+            format!("reward.json: the mean of {n} keys"),
+        ),
     };
-    Ok(Reward { value, basis, all: Some(all) })
+    Ok(Reward {
+        value,
+        basis,
+        all: Some(all),
+    })
 }
 
 fn check_range(what: &str, value: f64) -> Result<(), RewardError> {
     if value.is_finite() && (0.0..=1.0).contains(&value) {
         Ok(())
     } else {
-        Err(RewardError::OutOfRange { what: what.to_string(), value })
+        Err(RewardError::OutOfRange {
+            what: what.to_string(),
+            value,
+        })
     }
 }
 
@@ -243,7 +312,10 @@ mod tests {
             assert!(parse_reward_txt(bad).is_err(), "{bad:?}");
         }
         let r = parse_reward_json(br#"{"reward": 0.5, "tests_passed": 3}"#);
-        assert!(r.unwrap_err().to_string().contains("\"tests_passed\" is 3, outside [0, 1]"));
+        assert!(r
+            .unwrap_err()
+            .to_string()
+            .contains("\"tests_passed\" is 3, outside [0, 1]"));
         let r = parse_reward_json(br#"{"reward": 0.5, "style": 1}"#).unwrap();
         assert_eq!((r.value, r.all.unwrap().len()), (0.5, 2));
         assert_eq!(parse_reward_json(br#"{"accuracy": "0.75"}"#).unwrap().value, 0.75);

@@ -171,23 +171,49 @@ pub struct TestRunOptions {
 /// Writes the hidden tests and empty verdict files, places the artifacts (confined to the
 /// workspace, owned by the candidate), hands the workspace to the candidate and runs the
 /// tests.
-pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, options: &TestRunOptions) -> Result<TestOutcome, ScoringError> {
+pub async fn run_tests(
+    agent: &AgentClient,
+    task: &Task,
+    artifacts: &Artifacts,
+    options: &TestRunOptions,
+) -> Result<TestOutcome, ScoringError> {
     // From the first byte of the agent's files on, whatever goes wrong is the agent's: its
     // bytes are in the VM (a placement that fills the disk, a VM killed past its disk limit
     // by them). The scoring VM has room for the whole artifact budget on top of the task's
     // limit, so honest work never meets that.
     let placing = |e: AgentError| match e {
-        AgentError::Refused { message, .. } => ScoringError::Agent(format!("the agent's files could not be placed: {message}")),
-        other => ScoringError::Agent(format!("the scoring VM broke while the agent's files were placed: {other}")),
+        AgentError::Refused { message, .. } => {
+            ScoringError::Agent(format!("the agent's files could not be placed: {message}"))
+        }
+        other => ScoringError::Agent(format!(
+            "the scoring VM broke while the agent's files were placed: {other}"
+        )),
     };
     // The tests and empty verdict files go in first, while the VM is the farm's alone: once
     // the agent's files are placed (they might use up the disk's inodes or space), nothing
     // the farm does may need room it no longer has. The agent's code runs only later.
-    let setup = |e: AgentError| if options.final_state { ScoringError::Agent(format!("the rollout's VM could not take the tests: {e}")) } else { ScoringError::Environment(e) };
+    let setup = |e: AgentError| {
+        if options.final_state {
+            ScoringError::Agent(format!("the rollout's VM could not take the tests: {e}"))
+        } else {
+            ScoringError::Environment(e)
+        }
+    };
     // A check through the zygote uses the template's harness: the tests' copy stays out.
     let skip_harness = task.harness.is_some() && !options.final_state;
-    for test in task.tests.iter().filter(|t| !(skip_harness && t.path.starts_with(HARNESS_DIR))) {
-        agent.write_file(&format!("{TESTS_DIR}/{}", test.path), test.contents.clone(), test.mode | 0o400).await.map_err(setup)?;
+    for test in task
+        .tests
+        .iter()
+        .filter(|t| !(skip_harness && t.path.starts_with(HARNESS_DIR)))
+    {
+        agent
+            .write_file(
+                &format!("{TESTS_DIR}/{}", test.path),
+                test.contents.clone(),
+                test.mode | 0o400,
+            )
+            .await
+            .map_err(setup)?;
     }
     let reward_path = reward_file_path();
     for path in [reward_path.as_str(), JUNIT_FILE, &format!("{TESTS_DIR}/.tmp/.keep")] {
@@ -197,9 +223,15 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     for path in &artifacts.deleted {
         agent.remove_file(path, Some(WORKSPACE)).await.map_err(placing)?;
     }
-    let placement = FilePlacement { beneath: Some(WORKSPACE.into()), owner: Some(candidate.clone()) };
+    let placement = FilePlacement {
+        beneath: Some(WORKSPACE.into()),
+        owner: Some(candidate.clone()),
+    };
     for (path, contents, mode) in &artifacts.files {
-        agent.write_file_placed(path, contents.clone(), *mode, &placement).await.map_err(placing)?;
+        agent
+            .write_file_placed(path, contents.clone(), *mode, &placement)
+            .await
+            .map_err(placing)?;
     }
     // The workspace is the agent's work: its code may write there when the tests run it.
     agent.handover(WORKSPACE, &candidate).await.map_err(placing)?;
@@ -210,7 +242,9 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
         // farm's or the task's problem in a pristine VM.
         AgentError::Refused { .. } if !final_state => ScoringError::Environment(e),
         // From here on the agent's code runs: whatever breaks is on the agent.
-        other => ScoringError::Agent(format!("the scoring VM broke while the tests ran the agent's code: {other}")),
+        other => ScoringError::Agent(format!(
+            "the scoring VM broke while the tests ran the agent's code: {other}"
+        )),
     })?;
     if !outcome.result.sweep_complete {
         return Err(ScoringError::Agent(format!(
@@ -226,15 +260,26 @@ pub async fn run_tests(agent: &AgentClient, task: &Task, artifacts: &Artifacts, 
     };
     let result = &outcome.result;
     let junit_unread = (result.junit_file_bytes > farm_protocol::MAX_JUNIT_BYTES).then(|| {
-        format!("the JUnit report is {} bytes, over the {} bytes farm reads; it was not read", result.junit_file_bytes, farm_protocol::MAX_JUNIT_BYTES)
+        format!(
+            "the JUnit report is {} bytes, over the {} bytes farm reads; it was not read",
+            result.junit_file_bytes,
+            farm_protocol::MAX_JUNIT_BYTES
+        )
     });
-    let junit = harness.iter().find_map(HarnessReport::counts).or_else(|| parse_junit(&String::from_utf8_lossy(&outcome.junit)));
+    let junit = harness
+        .iter()
+        .find_map(HarnessReport::counts)
+        .or_else(|| parse_junit(&String::from_utf8_lossy(&outcome.junit)));
     Ok(TestOutcome {
         exit_code: result.exec.exit_code,
         signal: result.exec.signal,
         timed_out: result.exec.timed_out,
         junit,
-        reward_file: result.reward.as_deref().and_then(|r| r.trim().parse::<f64>().ok()).filter(|r| r.is_finite()),
+        reward_file: result
+            .reward
+            .as_deref()
+            .and_then(|r| r.trim().parse::<f64>().ok())
+            .filter(|r| r.is_finite()),
         swept: result.swept,
         harness,
         junit_unread,
@@ -261,12 +306,20 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
             // In the rollout's own VM (final-state scoring) the template's zygote may not be
             // what it was; start Python afresh there.
             let argv = crate::zygote::check_argv(&harness_args, options.final_state);
-            (Program::Argv(argv), TestUser::Root, format!("{reward_path}\n").into_bytes())
+            (
+                Program::Argv(argv),
+                TestUser::Root,
+                format!("{reward_path}\n").into_bytes(),
+            )
         }
         None => {
             env.insert("FARM_REWARD_FILE".into(), reward_path.to_string());
             env.insert("FARM_JUNIT_FILE".into(), JUNIT_FILE.to_string());
-            let home = if task.test_user == TestUser::Candidate { "/tmp".to_string() } else { private_tmp.clone() };
+            let home = if task.test_user == TestUser::Candidate {
+                "/tmp".to_string()
+            } else {
+                private_tmp.clone()
+            };
             env.insert("HOME".into(), home.clone());
             env.insert("TMPDIR".into(), home);
             if task.test_user != TestUser::Candidate {
@@ -275,13 +328,21 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
                 // folder on its path.
                 env.insert("PYTHONSAFEPATH".into(), "1".into());
             }
-            (Program::Shell(task.test_command.clone().unwrap_or_else(|| "false".into())), task.test_user, Vec::new())
+            (
+                Program::Shell(task.test_command.clone().unwrap_or_else(|| "false".into())),
+                task.test_user,
+                Vec::new(),
+            )
         }
     };
     // A checker (and farm's harness) starts in the tests folder (the agent's code is reached
     // with farm-sandbox, or by the harness's candidate process, which start in /workspace);
     // a candidate test command in the workspace.
-    let cwd = if task.harness.is_some() || task.test_user != TestUser::Candidate { TESTS_DIR } else { WORKSPACE };
+    let cwd = if task.harness.is_some() || task.test_user != TestUser::Candidate {
+        TESTS_DIR
+    } else {
+        WORKSPACE
+    };
     let request = RunTestsRequest {
         program,
         cwd: cwd.into(),
@@ -317,7 +378,14 @@ fn harness_args(harness: &Harness, options: &TestRunOptions) -> Vec<String> {
             args
         }
     };
-    args.extend(["--tests-dir", TESTS_DIR, "--workspace", WORKSPACE, "--call-timeout", &timeout]);
+    args.extend([
+        "--tests-dir",
+        TESTS_DIR,
+        "--workspace",
+        WORKSPACE,
+        "--call-timeout",
+        &timeout,
+    ]);
     args.iter().map(|a| a.to_string()).collect()
 }
 
@@ -329,7 +397,12 @@ fn tail(bytes: &[u8], n: usize) -> String {
 
 /// Sums the counts of every `<testsuite>` (or a lone `<testsuites>`) in a JUnit report.
 pub fn parse_junit(xml: &str) -> Option<JunitCounts> {
-    let mut counts = JunitCounts { tests: 0, failures: 0, errors: 0, skipped: 0 };
+    let mut counts = JunitCounts {
+        tests: 0,
+        failures: 0,
+        errors: 0,
+        skipped: 0,
+    };
     let mut found = false;
     for (i, _) in xml.match_indices("<testsuite") {
         let rest = &xml[i..];
@@ -386,8 +459,18 @@ pub fn decide(outcome: TestOutcome, pass_threshold: f64, require_reward_file: bo
         (1.0, "exit code of the test command")
     };
     let timed_out = outcome.timed_out;
-    let details = Details { harness: outcome.harness.clone(), tests: Some(outcome), ..Details::basis(basis) };
-    Verdict { reward, passed: !timed_out && reward >= pass_threshold, timed_out, trust, details }
+    let details = Details {
+        harness: outcome.harness.clone(),
+        tests: Some(outcome),
+        ..Details::basis(basis)
+    };
+    Verdict {
+        reward,
+        passed: !timed_out && reward >= pass_threshold,
+        timed_out,
+        trust,
+        details,
+    }
 }
 
 #[cfg(test)]
@@ -416,7 +499,15 @@ mod tests {
     #[test]
     fn junit_counts_are_summed_across_suites() {
         let xml = r#"<?xml version="1.0"?><testsuites><testsuite name="a" tests="3" failures="1" errors="0" skipped="1"></testsuite><testsuite name="b" tests="2" failures="0" errors="1"/></testsuites>"#;
-        assert_eq!(parse_junit(xml), Some(JunitCounts { tests: 5, failures: 1, errors: 1, skipped: 1 }));
+        assert_eq!(
+            parse_junit(xml),
+            Some(JunitCounts {
+                tests: 5,
+                failures: 1,
+                errors: 1,
+                skipped: 1
+            })
+        );
         assert_eq!(parse_junit("garbage"), None);
     }
 
@@ -439,22 +530,37 @@ mod tests {
         assert!(!decide(&killed, 1.0, true).passed);
         // A fake JUnit report does not pass a task that requires the reward file.
         let mut fake = outcome(0);
-        fake.junit = Some(JunitCounts { tests: 3, failures: 0, errors: 0, skipped: 0 });
+        fake.junit = Some(JunitCounts {
+            tests: 3,
+            failures: 0,
+            errors: 0,
+            skipped: 0,
+        });
         assert!(!decide(&fake, 1.0, true).passed);
         assert!(decide(&fake, 1.0, false).passed);
         let mut o = outcome(0);
-        o.junit = Some(JunitCounts { tests: 4, failures: 1, errors: 0, skipped: 0 });
+        o.junit = Some(JunitCounts {
+            tests: 4,
+            failures: 1,
+            errors: 0,
+            skipped: 0,
+        });
         assert!(!decide(&o, 1.0, false).passed);
         // A report over the cap was not read: it cannot pass, and the error names the cap.
         let mut big = outcome(0);
-        big.junit_unread = Some("the JUnit report is 5000000 bytes, over the 4194304 bytes farm reads; it was not read".into());
+        big.junit_unread =
+            Some("the JUnit report is 5000000 bytes, over the 4194304 bytes farm reads; it was not read".into());
         let v = decide(&big, 1.0, false);
         assert!(!v.passed && v.error().unwrap().contains("4194304"), "{v:?}");
         let mut o = outcome(0);
         o.timed_out = true;
         let v = decide(&o, 1.0, false);
         assert!(v.timed_out && !v.passed && v.reward == 0.0);
-        assert_eq!(decide(&outcome(0), 1.0, true).reward, 0.0, "exit 0 without the required reward file");
+        assert_eq!(
+            decide(&outcome(0), 1.0, true).reward,
+            0.0,
+            "exit 0 without the required reward file"
+        );
         let mut o = outcome(0);
         o.reward_file = Some(7.0);
         assert_eq!(decide(&o, 1.0, false).reward, 1.0);
@@ -473,9 +579,28 @@ mod tests {
         let forged = reports[0].describe();
         assert!(forged.starts_with("harness (candidate failure): the candidate's module solution did not load; the candidate's process said: "), "{forged}");
         assert!(!forged.starts_with("harness: this task cannot be checked"), "{forged}");
-        assert_eq!(reports[1].counts(), Some(JunitCounts { tests: 4, failures: 1, errors: 0, skipped: 0 }));
-        let limit = HarnessReport { kind: HarnessKind::IsolationLimit, message: "this task cannot be checked through the isolation boundary: the tests read candidate.x".into(), candidate_text: None, tests: None, failures: None, errors: None, skipped: None };
-        assert_eq!(limit.describe(), "harness: this task cannot be checked through the isolation boundary: the tests read candidate.x");
+        assert_eq!(
+            reports[1].counts(),
+            Some(JunitCounts {
+                tests: 4,
+                failures: 1,
+                errors: 0,
+                skipped: 0
+            })
+        );
+        let limit = HarnessReport {
+            kind: HarnessKind::IsolationLimit,
+            message: "this task cannot be checked through the isolation boundary: the tests read candidate.x".into(),
+            candidate_text: None,
+            tests: None,
+            failures: None,
+            errors: None,
+            skipped: None,
+        };
+        assert_eq!(
+            limit.describe(),
+            "harness: this task cannot be checked through the isolation boundary: the tests read candidate.x"
+        );
         let mut o = outcome(3);
         o.harness = reports;
         let v = decide(&o, 1.0, true);

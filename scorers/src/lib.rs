@@ -77,7 +77,10 @@ pub struct Details {
 
 impl Details {
     pub fn basis(basis: impl Into<String>) -> Details {
-        Details { basis: basis.into(), ..Details::default() }
+        Details {
+            basis: basis.into(),
+            ..Details::default()
+        }
     }
 }
 
@@ -93,10 +96,22 @@ impl Verdict {
         if let Some(error) = &self.details.scorer_error {
             return Some(format!("external scorer: {error}"));
         }
-        if let Some(unread) = self.details.tests.as_ref().and_then(|t| t.junit_unread.as_ref()).filter(|_| self.reward == 0.0) {
+        if let Some(unread) = self
+            .details
+            .tests
+            .as_ref()
+            .and_then(|t| t.junit_unread.as_ref())
+            .filter(|_| self.reward == 0.0)
+        {
             return Some(unread.clone());
         }
-        let reports: Vec<String> = self.details.harness.iter().filter(|r| r.kind != HarnessKind::Summary).map(HarnessReport::describe).collect();
+        let reports: Vec<String> = self
+            .details
+            .harness
+            .iter()
+            .filter(|r| r.kind != HarnessKind::Summary)
+            .map(HarnessReport::describe)
+            .collect();
         (!reports.is_empty()).then(|| reports.join("; "))
     }
 }

@@ -65,7 +65,13 @@ pub fn scoring_seed() -> u64 {
 /// `rollout_fork` is the rollout's VM (None for a replay that needed none); final-state
 /// scoring requires it. `fresh_fork` makes a fork of the task's pristine state with the
 /// given seed, for fresh-fork scoring.
-pub async fn score<F, Fut, E>(plan: &Plan, task: &Task, rollout_fork: Option<Fork>, artifacts: &Artifacts, fresh_fork: F) -> Result<Verdict, ScoreError>
+pub async fn score<F, Fut, E>(
+    plan: &Plan,
+    task: &Task,
+    rollout_fork: Option<Fork>,
+    artifacts: &Artifacts,
+    fresh_fork: F,
+) -> Result<Verdict, ScoreError>
 where
     F: FnOnce(u64) -> Fut,
     Fut: Future<Output = Result<Fork, E>>,
@@ -79,7 +85,9 @@ where
                 fresh_fork(seed).await.map_err(|e| ScoreError::Fork(e.to_string()))?
             }
             ScoringMode::FinalState => {
-                let Some(rollout_fork) = rollout_fork else { return Err(ScoreError::NoRolloutVm) };
+                let Some(rollout_fork) = rollout_fork else {
+                    return Err(ScoreError::NoRolloutVm);
+                };
                 // Every process the agent left is killed by the guest agent itself (no shell
                 // or binary of the rollout's takes part), then the tests folder it may have
                 // planted files in is removed, then the tests go into the same VM. The agent
@@ -87,18 +95,29 @@ where
                 // is the agent's doing, never an environment error it could hide behind.
                 let agent = rollout_fork.agent();
                 let cleared = match agent.sweep(Vec::new()).await {
-                    Ok((_, true)) => agent.remove_tree(datasets::TESTS_DIR).await.map(|_| ()).map_err(|e| format!("clearing the tests folder: {e}")),
+                    Ok((_, true)) => agent
+                        .remove_tree(datasets::TESTS_DIR)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| format!("clearing the tests folder: {e}")),
                     Ok((_, false)) => Err("processes the rollout left survived every attempt to kill them".to_string()),
                     Err(e) => Err(format!("killing the rollout's processes: {e}")),
                 };
                 if let Err(reason) = cleared {
                     let trust = TrustLevel::of_tests(task, plan.mode);
-                    return Ok(agent_failure(format!("the rollout's VM could not be made ready for its tests: {reason}"), trust));
+                    return Ok(agent_failure(
+                        format!("the rollout's VM could not be made ready for its tests: {reason}"),
+                        trust,
+                    ));
                 }
                 rollout_fork
             }
         };
-        let scored_artifacts = if plan.mode == ScoringMode::FinalState { Artifacts::default() } else { artifacts.clone() };
+        let scored_artifacts = if plan.mode == ScoringMode::FinalState {
+            Artifacts::default()
+        } else {
+            artifacts.clone()
+        };
         let options = crate::hidden::TestRunOptions {
             timeout: plan.timeout,
             call_timeout: plan.call_timeout,
@@ -122,7 +141,13 @@ where
         crate::answer::score_answer(expected, artifacts.answer.as_deref(), &task.answer_match)
     } else {
         drop(rollout_fork);
-        Verdict { reward: 0.0, passed: false, timed_out: false, trust: TrustLevel::ANSWER, details: Details::basis("the task has neither tests nor an expected answer") }
+        Verdict {
+            reward: 0.0,
+            passed: false,
+            timed_out: false,
+            trust: TrustLevel::ANSWER,
+            details: Details::basis("the task has neither tests nor an expected answer"),
+        }
     };
     verdict.details.scoring_seed = Some(seed);
     // A rollout whose work broke scoring has its verdict (reward 0); there is nothing for an
@@ -136,7 +161,12 @@ where
 
 /// The external scorer's verdict over the rollout and the tests' outcome. Its failures on
 /// the agent's output are a 0 with the error (see [`crate::external`]).
-async fn external_verdict(plan: &Plan, task: &Task, artifacts: &Artifacts, inner: Verdict) -> Result<Verdict, ScoreError> {
+async fn external_verdict(
+    plan: &Plan,
+    task: &Task,
+    artifacts: &Artifacts,
+    inner: Verdict,
+) -> Result<Verdict, ScoreError> {
     let input = serde_json::json!({
         "task_id": task.id,
         "metadata": task.metadata,
@@ -146,9 +176,19 @@ async fn external_verdict(plan: &Plan, task: &Task, artifacts: &Artifacts, inner
         "tests": inner.details.tests,
         "verdict": { "reward": inner.reward, "passed": inner.passed, "timed_out": inner.timed_out, "details": inner.details },
     });
-    let agent_bytes = artifacts.answer.as_ref().map_or(0, |a| a.len() as u64) + artifacts.files.iter().map(|(_, bytes, _)| bytes.len() as u64).sum::<u64>();
+    let agent_bytes = artifacts.answer.as_ref().map_or(0, |a| a.len() as u64)
+        + artifacts
+            .files
+            .iter()
+            .map(|(_, bytes, _)| bytes.len() as u64)
+            .sum::<u64>();
     let trust = TrustLevel::of_external(inner.trust);
-    let details = Details { tests: inner.details.tests.clone(), harness: inner.details.harness.clone(), scoring_seed: inner.details.scoring_seed, ..Details::default() };
+    let details = Details {
+        tests: inner.details.tests.clone(),
+        harness: inner.details.harness.clone(),
+        scoring_seed: inner.details.scoring_seed,
+        ..Details::default()
+    };
     let timed_out = inner.timed_out;
     match external::run(&plan.external, &input, plan.timeout).await {
         Ok(out) => Ok(Verdict {
@@ -157,7 +197,11 @@ async fn external_verdict(plan: &Plan, task: &Task, artifacts: &Artifacts, inner
             passed: !timed_out && out.reward >= plan.pass_threshold,
             timed_out,
             trust,
-            details: Details { basis: "external scorer".into(), scorer: Some(out.printed), ..details },
+            details: Details {
+                basis: "external scorer".into(),
+                scorer: Some(out.printed),
+                ..details
+            },
         }),
         Err(e) => match e.blame(agent_bytes) {
             Blame::Environment => Err(ScoreError::External(e)),
@@ -166,7 +210,11 @@ async fn external_verdict(plan: &Plan, task: &Task, artifacts: &Artifacts, inner
                 passed: false,
                 timed_out,
                 trust,
-                details: Details { basis: "the external scorer failed on the agent's output".into(), scorer_error: Some(e.to_string()), ..details },
+                details: Details {
+                    basis: "the external scorer failed on the agent's output".into(),
+                    scorer_error: Some(e.to_string()),
+                    ..details
+                },
             }),
         },
     }
@@ -179,7 +227,10 @@ pub fn agent_failure(reason: String, trust: TrustLevel) -> Verdict {
         passed: false,
         timed_out: false,
         trust,
-        details: Details { agent_failure: Some(reason), ..Details::basis("the agent's work broke scoring") },
+        details: Details {
+            agent_failure: Some(reason),
+            ..Details::basis("the agent's work broke scoring")
+        },
     }
 }
 
@@ -203,7 +254,10 @@ mod tests {
     }
 
     async fn scored(plan: &Plan, answer: Option<&str>) -> Result<Verdict, ScoreError> {
-        let artifacts = Artifacts { answer: answer.map(String::from), ..Artifacts::default() };
+        let artifacts = Artifacts {
+            answer: answer.map(String::from),
+            ..Artifacts::default()
+        };
         // An answer task never needs a scoring VM.
         let no_vm = |_seed: u64| async { Err::<Fork, _>("no scoring VM for an answer") };
         score(plan, &answer_task("Paris"), None, &artifacts, no_vm).await
@@ -227,10 +281,17 @@ mod tests {
         let external = plan(&["python3", "-c", script]);
         let graded = scored(&external, Some("1")).await.unwrap();
         assert_eq!((graded.reward, graded.details.basis.as_str()), (0.5, "external scorer"));
-        assert_eq!(graded.trust.level, crate::Trust::Sound, "over an answer compared on the host");
+        assert_eq!(
+            graded.trust.level,
+            crate::Trust::Sound,
+            "over an answer compared on the host"
+        );
         let crashed = scored(&external, Some("maybe 41?")).await.unwrap();
         assert_eq!(crashed.reward, 0.0);
         assert!(crashed.error().unwrap().starts_with("external scorer:"), "{crashed:?}");
-        assert!(matches!(scored(&external, Some("own")).await, Err(ScoreError::External(_))), "exit 75: the scorer's own failure");
+        assert!(
+            matches!(scored(&external, Some("own")).await, Err(ScoreError::External(_))),
+            "exit 75: the scorer's own failure"
+        );
     }
 }

@@ -66,21 +66,40 @@ pub struct TrustLevel {
 
 impl TrustLevel {
     /// The answer alone was compared, on the host.
-    pub const ANSWER: TrustLevel = TrustLevel { level: Trust::Sound, reason: "the answer was compared on the host" };
+    pub const ANSWER: TrustLevel = TrustLevel {
+        level: Trust::Sound,
+        reason: "the answer was compared on the host",
+    };
 
     /// How far a verdict of this task's tests, scored in this mode, can be trusted.
     pub fn of_tests(task: &Task, mode: ScoringMode) -> TrustLevel {
-        let sound = |reason| TrustLevel { level: Trust::Sound, reason };
-        let hardened = |reason| TrustLevel { level: Trust::Hardened, reason };
+        let sound = |reason| TrustLevel {
+            level: Trust::Sound,
+            reason,
+        };
+        let hardened = |reason| TrustLevel {
+            level: Trust::Hardened,
+            reason,
+        };
         if mode == ScoringMode::FinalState {
             return hardened("final-state scoring: the tests ran in the rollout's own VM, which the agent controlled");
         }
         match (&task.harness, task.test_user) {
-            (Some(Harness::FunctionCall { .. }), _) => sound("function-call harness: the agent's code ran in its own process and only plain data crossed"),
-            (Some(Harness::UnitTests { .. }), _) => sound("unit tests through the boundary: the tests ran in the checker and only plain data crossed"),
-            (None, TestUser::Checker) => sound("checker (uid 999): the agent's code ran only through farm-sandbox, as another user"),
-            (None, TestUser::Root) => sound("checker (root): the agent's code ran only through farm-sandbox, as another user"),
-            (None, TestUser::Candidate) => hardened("test_user = candidate: the agent's code ran in the test command's own process"),
+            (Some(Harness::FunctionCall { .. }), _) => {
+                sound("function-call harness: the agent's code ran in its own process and only plain data crossed")
+            }
+            (Some(Harness::UnitTests { .. }), _) => {
+                sound("unit tests through the boundary: the tests ran in the checker and only plain data crossed")
+            }
+            (None, TestUser::Checker) => {
+                sound("checker (uid 999): the agent's code ran only through farm-sandbox, as another user")
+            }
+            (None, TestUser::Root) => {
+                sound("checker (root): the agent's code ran only through farm-sandbox, as another user")
+            }
+            (None, TestUser::Candidate) => {
+                hardened("test_user = candidate: the agent's code ran in the test command's own process")
+            }
         }
     }
 
@@ -88,8 +107,14 @@ impl TrustLevel {
     /// trustworthy as that data.
     pub fn of_external(inner: TrustLevel) -> TrustLevel {
         match inner.level {
-            Trust::Sound => TrustLevel { level: Trust::Sound, reason: "external scorer on the host, over data from a sound check" },
-            Trust::Hardened => TrustLevel { level: Trust::Hardened, reason: "external scorer on the host, over the outcome of a hardened check" },
+            Trust::Sound => TrustLevel {
+                level: Trust::Sound,
+                reason: "external scorer on the host, over data from a sound check",
+            },
+            Trust::Hardened => TrustLevel {
+                level: Trust::Hardened,
+                reason: "external scorer on the host, over the outcome of a hardened check",
+            },
         }
     }
 }
@@ -121,17 +146,43 @@ mod tests {
 
     #[test]
     fn each_way_of_scoring_has_its_trust_level() {
-        let call = Some(Harness::FunctionCall { module: "solution".into(), entry_point: "f".into() });
-        let units = Some(Harness::UnitTests { modules: vec!["solution".into()] });
+        let call = Some(Harness::FunctionCall {
+            module: "solution".into(),
+            entry_point: "f".into(),
+        });
+        let units = Some(Harness::UnitTests {
+            modules: vec!["solution".into()],
+        });
         let fresh = ScoringMode::FreshFork;
-        assert_eq!(TrustLevel::of_tests(&task(call.clone(), TestUser::Root), fresh).level, Trust::Sound);
-        assert_eq!(TrustLevel::of_tests(&task(units, TestUser::Root), fresh).level, Trust::Sound);
-        assert_eq!(TrustLevel::of_tests(&task(None, TestUser::Checker), fresh).level, Trust::Sound);
-        assert_eq!(TrustLevel::of_tests(&task(None, TestUser::Root), fresh).level, Trust::Sound);
-        assert_eq!(TrustLevel::of_tests(&task(None, TestUser::Candidate), fresh).level, Trust::Hardened);
+        assert_eq!(
+            TrustLevel::of_tests(&task(call.clone(), TestUser::Root), fresh).level,
+            Trust::Sound
+        );
+        assert_eq!(
+            TrustLevel::of_tests(&task(units, TestUser::Root), fresh).level,
+            Trust::Sound
+        );
+        assert_eq!(
+            TrustLevel::of_tests(&task(None, TestUser::Checker), fresh).level,
+            Trust::Sound
+        );
+        assert_eq!(
+            TrustLevel::of_tests(&task(None, TestUser::Root), fresh).level,
+            Trust::Sound
+        );
+        assert_eq!(
+            TrustLevel::of_tests(&task(None, TestUser::Candidate), fresh).level,
+            Trust::Hardened
+        );
         // The rollout's own VM is never sound, whatever runs the tests there.
-        assert_eq!(TrustLevel::of_tests(&task(call, TestUser::Root), ScoringMode::FinalState).level, Trust::Hardened);
-        assert_eq!(TrustLevel::of_tests(&task(None, TestUser::Checker), ScoringMode::FinalState).level, Trust::Hardened);
+        assert_eq!(
+            TrustLevel::of_tests(&task(call, TestUser::Root), ScoringMode::FinalState).level,
+            Trust::Hardened
+        );
+        assert_eq!(
+            TrustLevel::of_tests(&task(None, TestUser::Checker), ScoringMode::FinalState).level,
+            Trust::Hardened
+        );
         assert_eq!(TrustLevel::ANSWER.level, Trust::Sound);
         let hardened = TrustLevel::of_tests(&task(None, TestUser::Candidate), fresh);
         assert_eq!(TrustLevel::of_external(hardened).level, Trust::Hardened);

@@ -29,8 +29,14 @@ pub fn template_extras() -> TemplateExtras {
          python3 -I {HARNESS_PATH} --zygote {SOCKET} </dev/null >/dev/null 2>&1 && [ -S {SOCKET} ] && exit 0; \
          echo 'the harness zygote did not start' >&2; exit 1"
     );
-    let files = HARNESS_SOURCES.iter().map(|(name, source)| (format!("{HARNESS_FOLDER}/{name}"), source.as_bytes().to_vec(), 0o644)).collect();
-    TemplateExtras { files, commands: vec![start] }
+    let files = HARNESS_SOURCES
+        .iter()
+        .map(|(name, source)| (format!("{HARNESS_FOLDER}/{name}"), source.as_bytes().to_vec(), 0o644))
+        .collect();
+    TemplateExtras {
+        files,
+        commands: vec![start],
+    }
 }
 
 /// The command that runs a function-call check: through the zygote (falling back to
@@ -41,12 +47,21 @@ pub fn template_extras() -> TemplateExtras {
 /// [`HARNESS_PATH`]. A rollout's own VM (final-state scoring) ran the agent, perhaps as root:
 /// its check uses only what the tests brought.
 pub fn check_argv(harness_args: &[String], direct: bool) -> Vec<String> {
-    let harness = if direct { format!("{TESTS_DIR}/{HARNESS_TEST_FILE}") } else { HARNESS_PATH.to_string() };
+    let harness = if direct {
+        format!("{TESTS_DIR}/{HARNESS_TEST_FILE}")
+    } else {
+        HARNESS_PATH.to_string()
+    };
     let python = ["/usr/bin/python3".to_string(), "-I".to_string(), harness];
     let mut argv: Vec<String> = if direct {
         Vec::new()
     } else {
-        vec!["/sbin/farm-agent".into(), "--check-with-zygote".into(), SOCKET.into(), "--".into()]
+        vec![
+            "/sbin/farm-agent".into(),
+            "--check-with-zygote".into(),
+            SOCKET.into(),
+            "--".into(),
+        ]
     };
     argv.extend(python);
     argv.extend(harness_args.iter().cloned());
@@ -62,7 +77,16 @@ mod tests {
     fn the_zygote_path_falls_back_to_python_on_the_templates_harness() {
         let args = vec!["--module".to_string(), "solution".to_string()];
         let direct = check_argv(&args, true);
-        assert_eq!(direct, ["/usr/bin/python3", "-I", &format!("/opt/farm-tests/{HARNESS_TEST_FILE}"), "--module", "solution"]);
+        assert_eq!(
+            direct,
+            [
+                "/usr/bin/python3",
+                "-I",
+                &format!("/opt/farm-tests/{HARNESS_TEST_FILE}"),
+                "--module",
+                "solution"
+            ]
+        );
         assert_eq!(HARNESS_PATH, format!("{HARNESS_FOLDER}/{HARNESS_ENTRY}"));
         let zygote = check_argv(&args, false);
         assert_eq!(&zygote[..4], ["/sbin/farm-agent", "--check-with-zygote", SOCKET, "--"]);

@@ -2,8 +2,8 @@
 //! forks (per-task snapshots, mid-trajectory branches).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
@@ -35,7 +35,13 @@ pub enum BuildError {
     #[error("template setup")]
     Agent(#[from] vmm::AgentError),
     #[error("template setup command {index} ({command:?}) failed with {status}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")]
-    SetupFailed { index: usize, command: String, status: String, stdout: String, stderr: String },
+    SetupFailed {
+        index: usize,
+        command: String,
+        status: String,
+        stdout: String,
+        stderr: String,
+    },
     #[error("template file {src}")]
     File {
         src: String,
@@ -59,7 +65,11 @@ pub struct Built {
 /// The content address of a template's snapshot: the template (config and files) plus
 /// every host input that shapes the guest state.
 pub fn template_snapshot_id(template_digest: &str, artifacts: &GuestArtifacts, forker: &Forker) -> String {
-    template_key(template_digest, [&artifacts.kernel.key, &artifacts.image.key, &artifacts.agent.key], &forker.host)
+    template_key(
+        template_digest,
+        [&artifacts.kernel.key, &artifacts.image.key, &artifacts.agent.key],
+        &forker.host,
+    )
 }
 
 /// The id of a template snapshot from its inputs: the template's digest, the guest's
@@ -69,7 +79,17 @@ fn template_key(template_digest: &str, artifact_keys: [&str; 3], host: &crate::H
     let mut h = Sha256::new();
     let accel = host.accel.to_string();
     let format = SNAPSHOT_FORMAT_VERSION.to_string();
-    let parts = [template_digest, artifact_keys[0], artifact_keys[1], artifact_keys[2], &host.qemu_version, &accel, &host.cpu_model, &format, vmm::qemu::KERNEL_CMDLINE];
+    let parts = [
+        template_digest,
+        artifact_keys[0],
+        artifact_keys[1],
+        artifact_keys[2],
+        &host.qemu_version,
+        &accel,
+        &host.cpu_model,
+        &format,
+        vmm::qemu::KERNEL_CMDLINE,
+    ];
     for part in parts {
         h.update(part.as_bytes());
         h.update([0]);
@@ -83,18 +103,47 @@ mod key_tests {
 
     #[test]
     fn template_ids_follow_every_input_and_nothing_else() {
-        let host = crate::HostProfile { qemu_version: "7.2.0".into(), accel: vmm::Accel::Tcg, cpu_model: "max".into() };
+        let host = crate::HostProfile {
+            qemu_version: "7.2.0".into(),
+            accel: vmm::Accel::Tcg,
+            cpu_model: "max".into(),
+        };
         let id = template_key("digest", ["kernel", "image", "agent"], &host);
         assert!(id.starts_with("t-") && id.len() == 22, "{id}");
-        assert_eq!(id, template_key("digest", ["kernel", "image", "agent"], &host), "the same inputs give the same id");
+        assert_eq!(
+            id,
+            template_key("digest", ["kernel", "image", "agent"], &host),
+            "the same inputs give the same id"
+        );
         let mut ids = std::collections::BTreeSet::from([id]);
         ids.insert(template_key("digest2", ["kernel", "image", "agent"], &host));
         ids.insert(template_key("digest", ["kernel2", "image", "agent"], &host));
         ids.insert(template_key("digest", ["kernel", "image2", "agent"], &host));
         ids.insert(template_key("digest", ["kernel", "image", "agent2"], &host));
-        ids.insert(template_key("digest", ["kernel", "image", "agent"], &crate::HostProfile { qemu_version: "8.2.0".into(), ..host.clone() }));
-        ids.insert(template_key("digest", ["kernel", "image", "agent"], &crate::HostProfile { cpu_model: "host".into(), ..host.clone() }));
-        ids.insert(template_key("digest", ["kernel", "image", "agent"], &crate::HostProfile { accel: vmm::Accel::Kvm, ..host.clone() }));
+        ids.insert(template_key(
+            "digest",
+            ["kernel", "image", "agent"],
+            &crate::HostProfile {
+                qemu_version: "8.2.0".into(),
+                ..host.clone()
+            },
+        ));
+        ids.insert(template_key(
+            "digest",
+            ["kernel", "image", "agent"],
+            &crate::HostProfile {
+                cpu_model: "host".into(),
+                ..host.clone()
+            },
+        ));
+        ids.insert(template_key(
+            "digest",
+            ["kernel", "image", "agent"],
+            &crate::HostProfile {
+                accel: vmm::Accel::Kvm,
+                ..host.clone()
+            },
+        ));
         // Parts are separated: moving a byte between two parts changes the id.
         ids.insert(template_key("digestk", ["ernel", "image", "agent"], &host));
         assert_eq!(ids.len(), 9);
@@ -102,7 +151,10 @@ mod key_tests {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// What a caller adds to every template it builds, after the template's own files and
@@ -131,7 +183,16 @@ pub async fn build_template(
     label: &str,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Built, BuildError> {
-    build_template_with(store, forker, template, base_dir, label, &TemplateExtras::default(), progress).await
+    build_template_with(
+        store,
+        forker,
+        template,
+        base_dir,
+        label,
+        &TemplateExtras::default(),
+        progress,
+    )
+    .await
 }
 
 /// [`build_template`] with `extras` added after the template's own files and setup.
@@ -146,14 +207,26 @@ pub async fn build_template_with(
 ) -> Result<Built, BuildError> {
     template.validate(base_dir)?;
     if let Some(dockerfile) = &template.dockerfile {
-        return from_dockerfile(store, forker, template, &base_dir.join(dockerfile), base_dir, label, extras, progress).await;
+        return from_dockerfile(
+            store,
+            forker,
+            template,
+            &base_dir.join(dockerfile),
+            base_dir,
+            label,
+            extras,
+            progress,
+        )
+        .await;
     }
     // An image conversion (or a registry pull) blocks for seconds: not on the runtime.
     let artifacts = {
         let (image, base_dir, size) = (template.image.clone(), base_dir.to_path_buf(), template.image_size_mib);
-        tokio::task::spawn_blocking(move || GuestArtifacts::locate_sized(&vmm::artifacts::cache_dir(), &image, &base_dir, size))
-            .await
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))?
+        tokio::task::spawn_blocking(move || {
+            GuestArtifacts::locate_sized(&vmm::artifacts::cache_dir(), &image, &base_dir, size)
+        })
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))?
     };
     let mut digest = template.digest(base_dir)?;
     if !extras.is_empty() {
@@ -168,21 +241,39 @@ pub async fn build_template_with(
         _ => None,
     };
     if let Some(existing) = reuse(store) {
-        return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled, image_config: None });
+        return Ok(Built {
+            snapshot: existing,
+            reused: true,
+            pulled: artifacts.pulled,
+            image_config: None,
+        });
     }
     let _lock = store.lock_build(&id, progress).await?;
     if let Some(existing) = reuse(store) {
-        return Ok(Built { snapshot: existing, reused: true, pulled: artifacts.pulled, image_config: None });
+        return Ok(Built {
+            snapshot: existing,
+            reused: true,
+            pulled: artifacts.pulled,
+            image_config: None,
+        });
     }
     if store.path_of(&id).exists() {
         progress(&format!("snapshot {id} is damaged or incomplete; rebuilding it"));
     }
     let staging = store.staging_dir(label)?;
-    let result = build_into(&staging, &id, store, forker, template, base_dir, label, &artifacts, &digest, extras, progress).await;
+    let result = build_into(
+        &staging, &id, store, forker, template, base_dir, label, &artifacts, &digest, extras, progress,
+    )
+    .await;
     if result.is_err() {
         let _ = crate::store::remove_tree(&staging);
     }
-    result.map(|snapshot| Built { snapshot, reused: false, pulled: artifacts.pulled, image_config: None })
+    result.map(|snapshot| Built {
+        snapshot,
+        reused: false,
+        pulled: artifacts.pulled,
+        image_config: None,
+    })
 }
 
 /// A template whose image a Dockerfile builds: the build (each step a child snapshot), then
@@ -198,9 +289,22 @@ async fn from_dockerfile(
     extras: &TemplateExtras,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Built, BuildError> {
-    let context = template.context.as_ref().map(|c| base_dir.join(c)).unwrap_or_else(|| dockerfile.parent().unwrap_or(Path::new(".")).to_path_buf());
-    let spec = crate::dockerfile::DockerfileBuild { dockerfile, context: &context, build_args: &template.build_args, target: template.target.as_deref(), template, label };
-    let image = crate::dockerfile::build(store, forker, &spec, progress).await.map_err(|e| BuildError::Dockerfile(Box::new(e)))?;
+    let context = template
+        .context
+        .as_ref()
+        .map(|c| base_dir.join(c))
+        .unwrap_or_else(|| dockerfile.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let spec = crate::dockerfile::DockerfileBuild {
+        dockerfile,
+        context: &context,
+        build_args: &template.build_args,
+        target: template.target.as_deref(),
+        template,
+        label,
+    };
+    let image = crate::dockerfile::build(store, forker, &spec, progress)
+        .await
+        .map_err(|e| BuildError::Dockerfile(Box::new(e)))?;
     let mut h = Sha256::new();
     h.update(template.digest(base_dir)?.as_bytes());
     h.update(serde_json::to_vec(extras).expect("extras serialize"));
@@ -208,15 +312,28 @@ async fn from_dockerfile(
     let pulled = image.pulled.last().cloned();
     if let Ok(existing) = store.get(&id) {
         if existing.check_files().is_ok() {
-            return Ok(Built { snapshot: existing, reused: true, pulled, image_config: Some(image.config) });
+            return Ok(Built {
+                snapshot: existing,
+                reused: true,
+                pulled,
+                image_config: Some(image.config),
+            });
         }
     }
-    let forker = Forker { max_disk_bytes: None, ..forker.clone() };
+    let forker = Forker {
+        max_disk_bytes: None,
+        ..forker.clone()
+    };
     let fork = forker.fork(&image.snapshot, crate::fork::ForkIdentity::new(0)).await?;
     provision(&fork.machine, template, base_dir, &image.config, extras, progress).await?;
     progress("quiescing and snapshotting");
     let snapshot = snapshot_fork(store, &forker, &image.snapshot, &fork, label, Some(id), false).await?;
-    Ok(Built { snapshot, reused: false, pulled, image_config: Some(image.config) })
+    Ok(Built {
+        snapshot,
+        reused: false,
+        pulled,
+        image_config: Some(image.config),
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -233,18 +350,28 @@ async fn build_into(
     extras: &TemplateExtras,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Snapshot, BuildError> {
-    let settings = vmm::VmSettings { memory_mib: template.memory_mib, cpus: template.cpus, ..forker.vm.clone() };
+    let settings = vmm::VmSettings {
+        memory_mib: template.memory_mib,
+        cpus: template.cpus,
+        ..forker.vm.clone()
+    };
     let disk = staging.join("disk.qcow2");
     create_overlay(&artifacts.image.path, "raw", &disk)?;
     let run_dir = RunDir::create(&settings.run_root)?;
     let plan = LaunchPlan {
         kernel: Some(artifacts.kernel.path.clone()),
         disk: disk.clone(),
-        ram: RamBacking { path: staging.join("memory"), shared: true },
+        ram: RamBacking {
+            path: staging.join("memory"),
+            shared: true,
+        },
         incoming: false,
         max_disk_bytes: None,
     };
-    progress(&format!("booting {} ({} MiB, {} vCPU, {})", template.image, template.memory_mib, template.cpus, settings.accel));
+    progress(&format!(
+        "booting {} ({} MiB, {} vCPU, {})",
+        template.image, template.memory_mib, template.cpus, settings.accel
+    ));
     let machine = Machine::launch(&settings, plan, run_dir).await?;
     machine.wait_for_agent(settings.boot_timeout).await?;
     let image_config = vmm::image::config_of(&artifacts.image).unwrap_or_default();
@@ -255,7 +382,10 @@ async fn build_into(
     machine.save_state(&raw).await?;
     let _ = std::fs::copy(machine.run_dir().join("console.log"), staging.join("console.log"));
     machine.shutdown().await;
-    finish(staging, &raw, store, id, label, None, template, digest, artifacts, forker).await
+    finish(
+        staging, &raw, store, id, label, None, template, digest, artifacts, forker,
+    )
+    .await
 }
 
 /// A template's files, setup commands (with its egress, then none) and the caller's extras,
@@ -271,11 +401,16 @@ async fn provision(
     let agent = machine.agent();
     if !image_config.working_dir.is_empty() {
         // A Dockerfile's last WORKDIR may not have been made by any step.
-        agent.exec(ExecOptions::argv(&["mkdir", "-p", &image_config.working_dir])).await?;
+        agent
+            .exec(ExecOptions::argv(&["mkdir", "-p", &image_config.working_dir]))
+            .await?;
     }
     for file in &template.files {
         let src = base_dir.join(&file.src);
-        let contents = std::fs::read(&src).map_err(|source| BuildError::File { src: src.display().to_string(), source })?;
+        let contents = std::fs::read(&src).map_err(|source| BuildError::File {
+            src: src.display().to_string(),
+            source,
+        })?;
         progress(&format!("copying {} -> {}", file.src.display(), file.dest));
         agent.write_file(&file.dest, contents, file.mode).await?;
     }
@@ -285,7 +420,9 @@ async fn provision(
         let sink = attempts.clone();
         machine.set_network(vmm::net::Policy {
             allow: template.network.allow.clone(),
-            log: Some(Arc::new(move |line: &str| sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string()))),
+            log: Some(Arc::new(move |line: &str| {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string())
+            })),
             rules: Default::default(),
         });
     }
@@ -297,7 +434,12 @@ async fn provision(
     for (index, command) in template.setup.iter().enumerate() {
         progress(&format!("setup [{}/{}] {command}", index + 1, template.setup.len()));
         // The image's Env and WorkingDir, under the template's own env.
-        let mut env: BTreeMap<String, String> = image_config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut env: BTreeMap<String, String> = image_config
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         env.extend(template.network.proxy_env());
         env.extend(template.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let options = ExecOptions {
@@ -330,7 +472,10 @@ async fn provision(
         agent.write_file(dest, contents.clone(), *mode).await?;
     }
     for (index, command) in extras.commands.iter().enumerate() {
-        let options = ExecOptions { timeout: Some(Duration::from_secs(template.setup_timeout_secs)), ..ExecOptions::shell(command.clone()) };
+        let options = ExecOptions {
+            timeout: Some(Duration::from_secs(template.setup_timeout_secs)),
+            ..ExecOptions::shell(command.clone())
+        };
         let out = agent.exec(options).await;
         report_attempts();
         let out = out?;
@@ -394,17 +539,26 @@ fn create_overlay_unchecked(backing_final: &Path, backing_now: &Path, overlay: &
         .args(["info", "--output=json", "-U"])
         .arg(backing_now)
         .output()
-        .map_err(|e| MachineError::Io { what: "running qemu-img info".into(), source: e })?;
+        .map_err(|e| MachineError::Io {
+            what: "running qemu-img info".into(),
+            source: e,
+        })?;
     let info: serde_json::Value = serde_json::from_slice(&info.stdout)
         .map_err(|e| MachineError::Overlay(format!("qemu-img info output: {e}")))?;
-    let size = info.get("virtual-size").and_then(|v| v.as_u64()).ok_or_else(|| MachineError::Overlay("no virtual-size".into()))?;
+    let size = info
+        .get("virtual-size")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| MachineError::Overlay("no virtual-size".into()))?;
     let out = std::process::Command::new("qemu-img")
         .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-u", "-b"])
         .arg(backing_final)
         .arg(overlay)
         .arg(size.to_string())
         .output()
-        .map_err(|e| MachineError::Io { what: "running qemu-img create".into(), source: e })?;
+        .map_err(|e| MachineError::Io {
+            what: "running qemu-img create".into(),
+            source: e,
+        })?;
     if !out.status.success() {
         return Err(MachineError::Overlay(String::from_utf8_lossy(&out.stderr).trim().to_string()).into());
     }
@@ -432,7 +586,13 @@ pub async fn snapshot_fork(
         let mut h = Sha256::new();
         h.update(parent.id().as_bytes());
         h.update(fork.identity.fork_id.as_bytes());
-        h.update(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0).to_le_bytes());
+        h.update(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+                .to_le_bytes(),
+        );
         format!("c-{}", &hex(&h.finalize())[..20])
     });
     let reuse = || store.get(&id).ok().filter(|existing| existing.check_files().is_ok());
@@ -464,7 +624,11 @@ async fn snapshot_fork_into(
     id: &str,
 ) -> Result<Snapshot, BuildError> {
     fork.agent().quiesce().await?;
-    let settings = vmm::VmSettings { memory_mib: parent.manifest.memory_mib, cpus: parent.manifest.cpus, ..forker.vm.clone() };
+    let settings = vmm::VmSettings {
+        memory_mib: parent.manifest.memory_mib,
+        cpus: parent.manifest.cpus,
+        ..forker.vm.clone()
+    };
     // The helper gets a throwaway overlay of its own; it never runs the guest, and disk
     // contents are not part of a migration, so it sits on the parent snapshot's disk (the
     // same size; the fork's own overlay belongs to the fork's QEMU user alone).
@@ -474,14 +638,20 @@ async fn snapshot_fork_into(
     let plan = LaunchPlan {
         kernel: None,
         disk: helper_disk,
-        ram: RamBacking { path: staging.join("memory"), shared: true },
+        ram: RamBacking {
+            path: staging.join("memory"),
+            shared: true,
+        },
         incoming: true,
         max_disk_bytes: None,
     };
     let helper = Machine::launch(&settings, plan, helper_dir).await?;
     // A socket pair joins the two QEMUs (neither may open a path or spawn a helper). The
     // helper's RAM is shared, so x-ignore-shared is off on both sides: everything streams.
-    let (to_helper, from_fork) = std::os::unix::net::UnixStream::pair().map_err(|e| MachineError::Io { what: "creating the migration socket pair".into(), source: e })?;
+    let (to_helper, from_fork) = std::os::unix::net::UnixStream::pair().map_err(|e| MachineError::Io {
+        what: "creating the migration socket pair".into(),
+        source: e,
+    })?;
     let incoming = helper.migrate_in(to_helper.into(), false);
     let outgoing = fork.machine.migrate_out(from_fork.into(), false);
     let (incoming, outgoing) = tokio::join!(incoming, outgoing);
@@ -498,7 +668,10 @@ async fn snapshot_fork_into(
         image_name: parent.manifest.template.image.clone(),
         kernel: parent.manifest.kernel.clone(),
         image: parent.manifest.image.clone(),
-        agent: vmm::artifacts::Artifact { path: PathBuf::new(), key: parent.manifest.agent_key.clone() },
+        agent: vmm::artifacts::Artifact {
+            path: PathBuf::new(),
+            key: parent.manifest.agent_key.clone(),
+        },
         pulled: None,
     };
     let _ = std::fs::copy(fork.machine.run_dir().join("console.log"), staging.join("console.log"));
@@ -522,7 +695,9 @@ async fn wait_incoming_done(helper: &Machine) -> Result<(), BuildError> {
     loop {
         let status = helper.qmp("query-status", None).await?;
         match status.get("status").and_then(|s| s.as_str()).unwrap_or("") {
-            "inmigrate" if started.elapsed() < Duration::from_secs(300) => tokio::time::sleep(Duration::from_millis(2)).await,
+            "inmigrate" if started.elapsed() < Duration::from_secs(300) => {
+                tokio::time::sleep(Duration::from_millis(2)).await
+            }
             "paused" | "postmigrate" => return Ok(()),
             other => {
                 return Err(MachineError::Migration {

@@ -35,7 +35,11 @@ pub enum ChildError {
     #[error(transparent)]
     Agent(#[from] vmm::AgentError),
     #[error("setup command {command:?} exited with {status}: {stderr}")]
-    Setup { command: String, status: String, stderr: String },
+    Setup {
+        command: String,
+        status: String,
+        stderr: String,
+    },
     #[error(transparent)]
     Snapshot(#[from] BuildError),
 }
@@ -50,11 +54,23 @@ fn child_key(template_id: &str, content: &[u8]) -> String {
     h.update(template_id.as_bytes());
     h.update([0]);
     h.update(content);
-    format!("k-{}", h.finalize().iter().take(10).map(|b| format!("{b:02x}")).collect::<String>())
+    format!(
+        "k-{}",
+        h.finalize()
+            .iter()
+            .take(10)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
 }
 
 /// The child snapshot `spec` describes: the stored one when it is whole, else made anew.
-pub async fn child_snapshot(store: &SnapshotStore, forker: &Forker, template: &Snapshot, spec: &ChildSpec<'_>) -> Result<Snapshot, ChildError> {
+pub async fn child_snapshot(
+    store: &SnapshotStore,
+    forker: &Forker,
+    template: &Snapshot,
+    spec: &ChildSpec<'_>,
+) -> Result<Snapshot, ChildError> {
     let id = child_id(template, spec.content);
     if let Ok(existing) = store.get(&id) {
         if existing.check_files().is_ok() {
@@ -62,14 +78,23 @@ pub async fn child_snapshot(store: &SnapshotStore, forker: &Forker, template: &S
         }
     }
     // Setup may install a lot: the rollouts' disk limit does not apply to it.
-    let forker = Forker { max_disk_bytes: None, ..forker.clone() };
+    let forker = Forker {
+        max_disk_bytes: None,
+        ..forker.clone()
+    };
     let fork = forker.fork(template, ForkIdentity::new(0)).await?;
     let workdir = spec.workdir.trim_end_matches('/');
     for (path, contents, mode) in spec.files {
-        fork.agent().write_file(&format!("{workdir}/{path}"), contents.clone(), *mode).await?;
+        fork.agent()
+            .write_file(&format!("{workdir}/{path}"), contents.clone(), *mode)
+            .await?;
     }
     for command in spec.setup {
-        let options = ExecOptions { cwd: Some(spec.workdir.into()), timeout: Some(spec.setup_timeout), ..ExecOptions::shell(command.clone()) };
+        let options = ExecOptions {
+            cwd: Some(spec.workdir.into()),
+            timeout: Some(spec.setup_timeout),
+            ..ExecOptions::shell(command.clone())
+        };
         let out = fork.agent().exec(options).await?;
         if out.result.exit_code != Some(0) {
             return Err(ChildError::Setup {
@@ -93,6 +118,10 @@ mod key_tests {
         assert_eq!(id, child_key("t-1", b"files and setup"));
         assert_ne!(id, child_key("t-2", b"files and setup"), "another template");
         assert_ne!(id, child_key("t-1", b"files and setup!"), "other content");
-        assert_ne!(child_key("t-1", b"2x"), child_key("t-12", b"x"), "the template id and the content do not run together");
+        assert_ne!(
+            child_key("t-1", b"2x"),
+            child_key("t-12", b"x"),
+            "the template id and the content do not run together"
+        );
     }
 }

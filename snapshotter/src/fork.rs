@@ -55,7 +55,11 @@ impl ForkIdentity {
     pub fn new(seed: u64) -> ForkIdentity {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        ForkIdentity { fork_id: format!("{}-{n}", std::process::id()), seed, env: Vec::new() }
+        ForkIdentity {
+            fork_id: format!("{}-{n}", std::process::id()),
+            seed,
+            env: Vec::new(),
+        }
     }
 }
 
@@ -75,18 +79,29 @@ impl Forker {
             accel: vm.accel,
             cpu_model: vm.cpu_model.clone(),
         };
-        Ok(Forker { vm, host, max_disk_bytes: None })
+        Ok(Forker {
+            vm,
+            host,
+            max_disk_bytes: None,
+        })
     }
 
     /// VM settings matching a snapshot (its memory size and CPU count).
     fn settings_for(&self, snapshot: &Snapshot) -> VmSettings {
-        VmSettings { memory_mib: snapshot.manifest.memory_mib, cpus: snapshot.manifest.cpus, ..self.vm.clone() }
+        VmSettings {
+            memory_mib: snapshot.manifest.memory_mib,
+            cpus: snapshot.manifest.cpus,
+            ..self.vm.clone()
+        }
     }
 
     /// Starts a QEMU that waits for the snapshot's state: the expensive part of a fork that
     /// can happen ahead of time.
     pub async fn prepare(&self, snapshot: &Snapshot) -> Result<Machine, ForkError> {
-        let machine_err = |source| ForkError::Machine { snapshot: snapshot.id().to_string(), source };
+        let machine_err = |source| ForkError::Machine {
+            snapshot: snapshot.id().to_string(),
+            source,
+        };
         let run_dir = RunDir::create(&self.vm.run_root).map_err(machine_err)?;
         // A fresh overlay is a copy of the empty one made with the snapshot (cheaper than
         // running qemu-img for each fork). The copy must be writable.
@@ -97,11 +112,16 @@ impl Forker {
         let plan = LaunchPlan {
             kernel: None,
             disk,
-            ram: RamBacking { path: snapshot.memory_path(), shared: false },
+            ram: RamBacking {
+                path: snapshot.memory_path(),
+                shared: false,
+            },
             incoming: true,
             max_disk_bytes: self.max_disk_bytes,
         };
-        let mut machine = Machine::launch(&self.settings_for(snapshot), plan, run_dir).await.map_err(machine_err)?;
+        let mut machine = Machine::launch(&self.settings_for(snapshot), plan, run_dir)
+            .await
+            .map_err(machine_err)?;
         if let Some(max) = self.max_disk_bytes {
             machine.limit_disk_growth(max);
         }
@@ -118,7 +138,12 @@ impl Forker {
 
     /// Loads the snapshot's state into a prepared machine, resumes it and applies the
     /// identity. The caller checked the snapshot (host and files) when it was opened.
-    pub async fn resume(&self, machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
+    pub async fn resume(
+        &self,
+        machine: Machine,
+        snapshot: &Snapshot,
+        identity: ForkIdentity,
+    ) -> Result<Fork, ForkError> {
         load_and_resume(&machine, snapshot).await?;
         apply_identity(machine, snapshot, identity).await
     }
@@ -128,28 +153,53 @@ async fn load_and_resume(machine: &Machine, snapshot: &Snapshot) -> Result<(), F
     machine
         .load_state(&snapshot.state_path(), statefile::HEADER_BYTES)
         .await
-        .map_err(|source| ForkError::Machine { snapshot: snapshot.id().to_string(), source })
+        .map_err(|source| ForkError::Machine {
+            snapshot: snapshot.id().to_string(),
+            source,
+        })
 }
 
 /// Gives a resumed machine its own entropy, clock, hostname and seed.
 async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
-    let machine_err = |source| ForkError::Machine { snapshot: snapshot.id().to_string(), source };
+    let machine_err = |source| ForkError::Machine {
+        snapshot: snapshot.id().to_string(),
+        source,
+    };
     let mut entropy = vec![0u8; 64];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut entropy))
-        .map_err(|e| machine_err(MachineError::Io { what: "reading host entropy".into(), source: e }))?;
-    let unix_time_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        .map_err(|e| {
+            machine_err(MachineError::Io {
+                what: "reading host entropy".into(),
+                source: e,
+            })
+        })?;
+    let unix_time_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let mut env: std::collections::BTreeMap<String, String> = identity.env.iter().cloned().collect();
     env.insert("FARM_SEED".into(), identity.seed.to_string());
     env.insert("FARM_FORK_ID".into(), identity.fork_id.clone());
     env.insert("FARM_SNAPSHOT_ID".into(), snapshot.id().to_string());
-    let request = IdentityRequest { unix_time_ns, hostname: format!("fork-{}", identity.fork_id), env };
+    let request = IdentityRequest {
+        unix_time_ns,
+        hostname: format!("fork-{}", identity.fork_id),
+        env,
+    };
     machine
         .agent()
         .set_identity(request, entropy)
         .await
-        .map_err(|source| ForkError::Identity { snapshot: snapshot.id().to_string(), source })?;
-    Ok(Fork { machine, snapshot_id: snapshot.id().to_string(), identity })
+        .map_err(|source| ForkError::Identity {
+            snapshot: snapshot.id().to_string(),
+            source,
+        })?;
+    Ok(Fork {
+        machine,
+        snapshot_id: snapshot.id().to_string(),
+        identity,
+    })
 }
 
 /// A running fork.
@@ -215,12 +265,14 @@ impl PoolInner {
         let machine = self.forker.prepare(&self.snapshot).await?;
         if self.mode == PoolMode::Resumed {
             load_and_resume(&machine, &self.snapshot).await?;
-            let warm = vmm::ExecOptions { timeout: Some(Duration::from_secs(120)), ..vmm::ExecOptions::shell(self.warm_up.clone()) };
-            machine
-                .agent()
-                .exec(warm)
-                .await
-                .map_err(|source| ForkError::Identity { snapshot: self.snapshot.id().to_string(), source })?;
+            let warm = vmm::ExecOptions {
+                timeout: Some(Duration::from_secs(120)),
+                ..vmm::ExecOptions::shell(self.warm_up.clone())
+            };
+            machine.agent().exec(warm).await.map_err(|source| ForkError::Identity {
+                snapshot: self.snapshot.id().to_string(),
+                source,
+            })?;
         }
         Ok(machine)
     }
@@ -232,12 +284,23 @@ impl WarmPool {
         WarmPool::start_with_mode(forker, snapshot, size, PoolMode::Incoming)
     }
 
-    pub fn start_with_mode(forker: Forker, snapshot: Snapshot, size: usize, mode: PoolMode) -> Result<WarmPool, ForkError> {
+    pub fn start_with_mode(
+        forker: Forker,
+        snapshot: Snapshot,
+        size: usize,
+        mode: PoolMode,
+    ) -> Result<WarmPool, ForkError> {
         WarmPool::start_with_warm_up(forker, snapshot, size, mode, "true")
     }
 
     /// A pool whose resumed machines run `warm_up` (a shell command) before they wait.
-    pub fn start_with_warm_up(forker: Forker, snapshot: Snapshot, size: usize, mode: PoolMode, warm_up: &str) -> Result<WarmPool, ForkError> {
+    pub fn start_with_warm_up(
+        forker: Forker,
+        snapshot: Snapshot,
+        size: usize,
+        mode: PoolMode,
+        warm_up: &str,
+    ) -> Result<WarmPool, ForkError> {
         snapshot.check_host(&forker.host)?;
         snapshot.check_files()?;
         let inner = Arc::new(PoolInner {
@@ -293,7 +356,13 @@ impl WarmPool {
 
     /// Process ids of the machines waiting in the pool.
     pub fn ready_pids(&self) -> Vec<u32> {
-        self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()).iter().map(Machine::pid).collect()
+        self.inner
+            .ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(Machine::pid)
+            .collect()
     }
 
     pub fn last_error(&self) -> Option<String> {
@@ -306,7 +375,9 @@ impl WarmPool {
         self.inner.wanted.notify_one();
         match (ready, self.inner.mode) {
             (Some(machine), PoolMode::Resumed) => apply_identity(machine, &self.inner.snapshot, identity).await,
-            (Some(machine), PoolMode::Incoming) => self.inner.forker.resume(machine, &self.inner.snapshot, identity).await,
+            (Some(machine), PoolMode::Incoming) => {
+                self.inner.forker.resume(machine, &self.inner.snapshot, identity).await
+            }
             (None, _) => {
                 let machine = self.inner.forker.prepare(&self.inner.snapshot).await?;
                 self.inner.forker.resume(machine, &self.inner.snapshot, identity).await
@@ -341,22 +412,38 @@ pub enum BootFromDiskError {
 /// A VM booted afresh (not resumed) from `fork`'s disk as it is now: its files, none of its
 /// processes. The fork is stopped (QEMU flushes its disk) and its disk copied before it
 /// goes; the new VM boots the kernel of `snapshot` on that copy.
-pub async fn boot_from_disk(forker: &Forker, snapshot: &crate::store::Snapshot, fork: Fork) -> Result<Machine, BootFromDiskError> {
+pub async fn boot_from_disk(
+    forker: &Forker,
+    snapshot: &crate::store::Snapshot,
+    fork: Fork,
+) -> Result<Machine, BootFromDiskError> {
     let _ = fork.agent().quiesce().await;
     fork.machine.qmp("stop", None).await.map_err(BootFromDiskError::Disk)?;
-    let settings = VmSettings { memory_mib: snapshot.manifest.memory_mib, cpus: snapshot.manifest.cpus, ..forker.vm.clone() };
+    let settings = VmSettings {
+        memory_mib: snapshot.manifest.memory_mib,
+        cpus: snapshot.manifest.cpus,
+        ..forker.vm.clone()
+    };
     let run_dir = RunDir::create(&settings.run_root).map_err(BootFromDiskError::Launch)?;
     let disk = run_dir.path().join("disk.qcow2");
     std::fs::copy(&fork.machine.spec().disk, &disk).map_err(BootFromDiskError::Copy)?;
     drop(fork);
     let plan = LaunchPlan {
         kernel: Some(snapshot.manifest.kernel.path.clone()),
-        ram: RamBacking { path: run_dir.path().join("memory"), shared: true },
+        ram: RamBacking {
+            path: run_dir.path().join("memory"),
+            shared: true,
+        },
         disk,
         incoming: false,
         max_disk_bytes: forker.max_disk_bytes,
     };
-    let machine = Machine::launch(&settings, plan, run_dir).await.map_err(BootFromDiskError::Launch)?;
-    machine.wait_for_agent(settings.boot_timeout).await.map_err(BootFromDiskError::NoAgent)?;
+    let machine = Machine::launch(&settings, plan, run_dir)
+        .await
+        .map_err(BootFromDiskError::Launch)?;
+    machine
+        .wait_for_agent(settings.boot_timeout)
+        .await
+        .map_err(BootFromDiskError::NoAgent)?;
     Ok(machine)
 }

@@ -55,10 +55,21 @@ pub fn pack(snapshot: &mut Snapshot, base: &Snapshot) -> Result<Packed, Snapshot
             .output()
             .map_err(io_err("running qemu-img rebase"))?;
         if !out.status.success() {
-            return Err(SnapshotError::Io { what: format!("qemu-img rebase: {}", String::from_utf8_lossy(&out.stderr).trim()), source: std::io::Error::other("rebase failed") });
+            return Err(SnapshotError::Io {
+                what: format!("qemu-img rebase: {}", String::from_utf8_lossy(&out.stderr).trim()),
+                source: std::io::Error::other("rebase failed"),
+            });
         }
-        let bytes = std::fs::metadata(&disk).map_err(io_err("reading the rebased disk"))?.len();
-        snapshot.manifest.files.insert("disk.qcow2".into(), FileRecord { bytes, sha256: sha256_file(&disk)? });
+        let bytes = std::fs::metadata(&disk)
+            .map_err(io_err("reading the rebased disk"))?
+            .len();
+        snapshot.manifest.files.insert(
+            "disk.qcow2".into(),
+            FileRecord {
+                bytes,
+                sha256: sha256_file(&disk)?,
+            },
+        );
         snapshot.manifest.parent = Some(base.id().to_string());
     }
     let memory = snapshot.memory_path();
@@ -72,7 +83,11 @@ pub fn pack(snapshot: &mut Snapshot, base: &Snapshot) -> Result<Packed, Snapshot
 /// it against the manifest. Returns at once when it is there already.
 pub fn rebuild_memory(snapshot: &Snapshot, base: &Snapshot) -> Result<(), SnapshotError> {
     let memory = snapshot.memory_path();
-    let record = snapshot.manifest.files.get("memory").ok_or_else(|| damaged(snapshot, "the manifest has no memory record"))?;
+    let record = snapshot
+        .manifest
+        .files
+        .get("memory")
+        .ok_or_else(|| damaged(snapshot, "the manifest has no memory record"))?;
     if std::fs::metadata(&memory).is_ok_and(|m| m.len() == record.bytes) {
         return Ok(());
     }
@@ -87,18 +102,29 @@ pub fn rebuild_memory(snapshot: &Snapshot, base: &Snapshot) -> Result<(), Snapsh
     let sha = sha256_file(&tmp)?;
     if sha != record.sha256 {
         let _ = std::fs::remove_file(&tmp);
-        return Err(damaged(snapshot, &format!("the rebuilt RAM's SHA-256 is {}, the manifest says {}", &sha[..12], &record.sha256[..12.min(record.sha256.len())])));
+        return Err(damaged(
+            snapshot,
+            &format!(
+                "the rebuilt RAM's SHA-256 is {}, the manifest says {}",
+                &sha[..12],
+                &record.sha256[..12.min(record.sha256.len())]
+            ),
+        ));
     }
     std::fs::rename(&tmp, &memory).map_err(io_err("renaming the rebuilt RAM"))
 }
 
 fn damaged(snapshot: &Snapshot, detail: &str) -> SnapshotError {
-    SnapshotError::Damaged { id: snapshot.id().to_string(), detail: detail.to_string() }
+    SnapshotError::Damaged {
+        id: snapshot.id().to_string(),
+        detail: detail.to_string(),
+    }
 }
 
 fn set_writable(path: &Path) -> Result<(), SnapshotError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).map_err(io_err(format!("chmod {}", path.display())))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+        .map_err(io_err(format!("chmod {}", path.display())))
 }
 
 fn write_manifest(snapshot: &Snapshot) -> Result<(), SnapshotError> {
@@ -112,15 +138,26 @@ fn write_manifest(snapshot: &Snapshot) -> Result<(), SnapshotError> {
 /// The pages of `full` unlike `base`'s, into `out`.
 fn write_diff(base: &Path, full: &Path, out: &Path) -> Result<Packed, SnapshotError> {
     let open = |p: &Path| std::fs::File::open(p).map_err(io_err(format!("opening {}", p.display())));
-    let memory_bytes = std::fs::metadata(full).map_err(io_err(format!("reading {}", full.display())))?.len();
-    let base_bytes = std::fs::metadata(base).map_err(io_err(format!("reading {}", base.display())))?.len();
+    let memory_bytes = std::fs::metadata(full)
+        .map_err(io_err(format!("reading {}", full.display())))?
+        .len();
+    let base_bytes = std::fs::metadata(base)
+        .map_err(io_err(format!("reading {}", base.display())))?
+        .len();
     if base_bytes != memory_bytes {
-        return Err(SnapshotError::Io { what: format!("the base RAM is {base_bytes} bytes and the fork's {memory_bytes}"), source: std::io::Error::other("RAM sizes differ") });
+        return Err(SnapshotError::Io {
+            what: format!("the base RAM is {base_bytes} bytes and the fork's {memory_bytes}"),
+            source: std::io::Error::other("RAM sizes differ"),
+        });
     }
-    let (mut a, mut b) = (BufReader::with_capacity(1 << 20, open(base)?), BufReader::with_capacity(1 << 20, open(full)?));
+    let (mut a, mut b) = (
+        BufReader::with_capacity(1 << 20, open(base)?),
+        BufReader::with_capacity(1 << 20, open(full)?),
+    );
     let file = std::fs::File::create(out).map_err(io_err(format!("creating {}", out.display())))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
-    let write = |w: &mut BufWriter<std::fs::File>, bytes: &[u8]| w.write_all(bytes).map_err(io_err("writing memory.diff"));
+    let write =
+        |w: &mut BufWriter<std::fs::File>, bytes: &[u8]| w.write_all(bytes).map_err(io_err("writing memory.diff"));
     write(&mut w, MAGIC)?;
     write(&mut w, &VERSION.to_le_bytes())?;
     write(&mut w, &(PAGE as u32).to_le_bytes())?;
@@ -138,7 +175,10 @@ fn write_diff(base: &Path, full: &Path, out: &Path) -> Result<Packed, SnapshotEr
             pages += 1;
         }
     }
-    let file = w.into_inner().map_err(|e| SnapshotError::Io { what: "writing memory.diff".into(), source: e.into_error() })?;
+    let file = w.into_inner().map_err(|e| SnapshotError::Io {
+        what: "writing memory.diff".into(),
+        source: e.into_error(),
+    })?;
     file.sync_all().map_err(io_err("syncing memory.diff"))?;
     Ok(Packed { pages, memory_bytes })
 }
@@ -148,16 +188,26 @@ fn apply_diff(snapshot: &Snapshot, diff: &Path, target: &Path, memory_bytes: u64
     let file = std::fs::File::open(diff).map_err(io_err(format!("opening {}", diff.display())))?;
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut header = [0u8; 24];
-    r.read_exact(&mut header).map_err(|_| damaged(snapshot, "memory.diff is shorter than its header"))?;
-    let word = |range: std::ops::Range<usize>| u64::from_le_bytes({
-        let mut b = [0u8; 8];
-        b[..range.len()].copy_from_slice(&header[range]);
-        b
-    });
-    if &header[..8] != MAGIC || word(8..12) != VERSION as u64 || word(12..16) != PAGE as u64 || word(16..24) != memory_bytes {
+    r.read_exact(&mut header)
+        .map_err(|_| damaged(snapshot, "memory.diff is shorter than its header"))?;
+    let word = |range: std::ops::Range<usize>| {
+        u64::from_le_bytes({
+            let mut b = [0u8; 8];
+            b[..range.len()].copy_from_slice(&header[range]);
+            b
+        })
+    };
+    if &header[..8] != MAGIC
+        || word(8..12) != VERSION as u64
+        || word(12..16) != PAGE as u64
+        || word(16..24) != memory_bytes
+    {
         return Err(damaged(snapshot, "memory.diff has another format or RAM size"));
     }
-    let mut out = std::fs::OpenOptions::new().write(true).open(target).map_err(io_err(format!("opening {}", target.display())))?;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .open(target)
+        .map_err(io_err(format!("opening {}", target.display())))?;
     let mut page = vec![0u8; PAGE];
     let mut index = [0u8; 8];
     loop {
@@ -167,12 +217,14 @@ fn apply_diff(snapshot: &Snapshot, diff: &Path, target: &Path, memory_bytes: u64
             Err(e) => return Err(io_err("reading memory.diff")(e)),
         }
         let at = u64::from_le_bytes(index) * PAGE as u64;
-        r.read_exact(&mut page).map_err(|_| damaged(snapshot, "memory.diff ends inside a page"))?;
+        r.read_exact(&mut page)
+            .map_err(|_| damaged(snapshot, "memory.diff ends inside a page"))?;
         if at >= memory_bytes {
             return Err(damaged(snapshot, "memory.diff names a page past the RAM's end"));
         }
         let len = (memory_bytes - at).min(PAGE as u64) as usize;
-        out.seek(SeekFrom::Start(at)).map_err(io_err("seeking in the rebuilt RAM"))?;
+        out.seek(SeekFrom::Start(at))
+            .map_err(io_err("seeking in the rebuilt RAM"))?;
         out.write_all(&page[..len]).map_err(io_err("writing the rebuilt RAM"))?;
     }
     Ok(())
@@ -190,7 +242,12 @@ mod tests {
     #[test]
     fn a_diff_holds_the_changed_pages_and_rebuilds_the_ram_exactly() {
         let dir = tempfile::tempdir().unwrap();
-        let (base, full, diff, target) = (dir.path().join("base"), dir.path().join("full"), dir.path().join("memory.diff"), dir.path().join("target"));
+        let (base, full, diff, target) = (
+            dir.path().join("base"),
+            dir.path().join("full"),
+            dir.path().join("memory.diff"),
+            dir.path().join("target"),
+        );
         let size = 64 * PAGE + 100; // a last, partial page
         let base_bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         let mut full_bytes = base_bytes.clone();
@@ -200,16 +257,28 @@ mod tests {
         std::fs::write(&base, &base_bytes).unwrap();
         std::fs::write(&full, &full_bytes).unwrap();
         let packed = write_diff(&base, &full, &diff).unwrap();
-        assert_eq!(packed, Packed { pages: 3, memory_bytes: size as u64 });
+        assert_eq!(
+            packed,
+            Packed {
+                pages: 3,
+                memory_bytes: size as u64
+            }
+        );
         assert_eq!(std::fs::metadata(&diff).unwrap().len(), 24 + 3 * (8 + PAGE as u64));
         std::fs::write(&target, &base_bytes).unwrap();
-        let snapshot = Snapshot { dir: dir.path().to_path_buf(), manifest: crate::store::tests::manifest("p", None, 0) };
+        let snapshot = Snapshot {
+            dir: dir.path().to_path_buf(),
+            manifest: crate::store::tests::manifest("p", None, 0),
+        };
         apply_diff(&snapshot, &diff, &target, size as u64).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), full_bytes);
         // A truncated diff is damage, named.
         let bytes = std::fs::read(&diff).unwrap();
         std::fs::write(&diff, &bytes[..bytes.len() - 10]).unwrap();
         let err = apply_diff(&snapshot, &diff, &target, size as u64).unwrap_err();
-        assert!(err.to_string().contains("damaged") || format!("{err:?}").contains("ends inside a page"), "{err:?}");
+        assert!(
+            err.to_string().contains("damaged") || format!("{err:?}").contains("ends inside a page"),
+            "{err:?}"
+        );
     }
 }

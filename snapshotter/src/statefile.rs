@@ -29,14 +29,19 @@ pub enum StateFileError {
     },
     #[error("state file {path} is not a farm state file (bad magic)")]
     BadMagic { path: String },
-    #[error("state file {path} has format version {found}; this farm reads version {FORMAT_VERSION}: rebuild the snapshot")]
+    #[error(
+        "state file {path} has format version {found}; this farm reads version {FORMAT_VERSION}: rebuild the snapshot"
+    )]
     Version { path: String, found: u32 },
     #[error("state file {path} is corrupt: {detail}")]
     Corrupt { path: String, detail: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateFileError + '_ {
-    move |source| StateFileError::Io { path: path.display().to_string(), source }
+    move |source| StateFileError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// Wraps the raw migration stream at `raw` into a state file at `out` (fsynced).
@@ -60,22 +65,34 @@ pub fn verify(path: &Path) -> Result<u64, StateFileError> {
     let mut file = std::fs::File::open(path).map_err(io(path))?;
     let mut header = [0u8; HEADER_BYTES as usize];
     let p = || path.display().to_string();
-    file.read_exact(&mut header).map_err(|_| StateFileError::Corrupt { path: p(), detail: "shorter than its header".into() })?;
+    file.read_exact(&mut header).map_err(|_| StateFileError::Corrupt {
+        path: p(),
+        detail: "shorter than its header".into(),
+    })?;
     if header[0..8] != MAGIC {
         return Err(StateFileError::BadMagic { path: p() });
     }
     let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
     if version != FORMAT_VERSION {
-        return Err(StateFileError::Version { path: p(), found: version });
+        return Err(StateFileError::Version {
+            path: p(),
+            found: version,
+        });
     }
     let len = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
     let mut payload = Vec::new();
     file.read_to_end(&mut payload).map_err(io(path))?;
     if payload.len() as u64 != len {
-        return Err(StateFileError::Corrupt { path: p(), detail: format!("payload is {} bytes, header says {len}", payload.len()) });
+        return Err(StateFileError::Corrupt {
+            path: p(),
+            detail: format!("payload is {} bytes, header says {len}", payload.len()),
+        });
     }
     if Sha256::digest(&payload)[..] != header[20..52] {
-        return Err(StateFileError::Corrupt { path: p(), detail: "checksum mismatch".into() });
+        return Err(StateFileError::Corrupt {
+            path: p(),
+            detail: "checksum mismatch".into(),
+        });
     }
     Ok(len)
 }

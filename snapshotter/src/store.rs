@@ -146,7 +146,10 @@ impl Snapshot {
         if diffs.is_empty() {
             Ok(())
         } else {
-            Err(SnapshotError::Mismatch { id: m.id.clone(), detail: format!("made with {}", diffs.join(", ")) })
+            Err(SnapshotError::Mismatch {
+                id: m.id.clone(),
+                detail: format!("made with {}", diffs.join(", ")),
+            })
         }
     }
 
@@ -155,8 +158,10 @@ impl Snapshot {
     pub fn check_files(&self) -> Result<(), SnapshotError> {
         for (name, record) in &self.manifest.files {
             let path = self.dir.join(name);
-            let meta = std::fs::metadata(&path)
-                .map_err(|e| SnapshotError::Damaged { id: self.id().to_string(), detail: format!("{name}: {e}") })?;
+            let meta = std::fs::metadata(&path).map_err(|e| SnapshotError::Damaged {
+                id: self.id().to_string(),
+                detail: format!("{name}: {e}"),
+            })?;
             if meta.len() != record.bytes {
                 return Err(SnapshotError::Damaged {
                     id: self.id().to_string(),
@@ -164,7 +169,10 @@ impl Snapshot {
                 });
             }
         }
-        statefile::verify(&self.state_path()).map_err(|e| SnapshotError::Damaged { id: self.id().to_string(), detail: e.to_string() })?;
+        statefile::verify(&self.state_path()).map_err(|e| SnapshotError::Damaged {
+            id: self.id().to_string(),
+            detail: e.to_string(),
+        })?;
         Ok(())
     }
 
@@ -173,7 +181,10 @@ impl Snapshot {
         for (name, record) in &self.manifest.files {
             let digest = sha256_file(&self.dir.join(name))?;
             if digest != record.sha256 {
-                return Err(SnapshotError::Damaged { id: self.id().to_string(), detail: format!("{name} checksum mismatch") });
+                return Err(SnapshotError::Damaged {
+                    id: self.id().to_string(),
+                    detail: format!("{name} checksum mismatch"),
+                });
             }
         }
         Ok(())
@@ -185,7 +196,9 @@ pub fn sha256_file(path: &Path) -> Result<String, SnapshotError> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = file.read(&mut buf).map_err(io_err(format!("reading {}", path.display())))?;
+        let n = file
+            .read(&mut buf)
+            .map_err(io_err(format!("reading {}", path.display())))?;
         if n == 0 {
             break;
         }
@@ -239,27 +252,46 @@ impl SnapshotStore {
     /// Loads a complete snapshot's manifest (no host or file checks).
     pub fn get(&self, id: &str) -> Result<Snapshot, SnapshotError> {
         if id.is_empty() || id.contains('/') || id.starts_with('.') {
-            return Err(SnapshotError::NotFound { id: id.to_string(), root: self.root.display().to_string() });
+            return Err(SnapshotError::NotFound {
+                id: id.to_string(),
+                root: self.root.display().to_string(),
+            });
         }
         let dir = self.path_of(id);
         let manifest_path = dir.join("manifest.json");
         let text = match std::fs::read_to_string(&manifest_path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(SnapshotError::NotFound { id: id.to_string(), root: self.root.display().to_string() })
+                return Err(SnapshotError::NotFound {
+                    id: id.to_string(),
+                    root: self.root.display().to_string(),
+                })
             }
-            Err(e) => return Err(SnapshotError::Damaged { id: id.to_string(), detail: format!("manifest.json: {e}") }),
+            Err(e) => {
+                return Err(SnapshotError::Damaged {
+                    id: id.to_string(),
+                    detail: format!("manifest.json: {e}"),
+                })
+            }
         };
-        let manifest: SnapshotManifest = serde_json::from_str(&text)
-            .map_err(|e| SnapshotError::Damaged { id: id.to_string(), detail: format!("manifest.json: {e}") })?;
+        let manifest: SnapshotManifest = serde_json::from_str(&text).map_err(|e| SnapshotError::Damaged {
+            id: id.to_string(),
+            detail: format!("manifest.json: {e}"),
+        })?;
         if manifest.format_version != SNAPSHOT_FORMAT_VERSION {
             return Err(SnapshotError::Damaged {
                 id: id.to_string(),
-                detail: format!("format version {} (this farm reads {SNAPSHOT_FORMAT_VERSION})", manifest.format_version),
+                detail: format!(
+                    "format version {} (this farm reads {SNAPSHOT_FORMAT_VERSION})",
+                    manifest.format_version
+                ),
             });
         }
         if manifest.id != id {
-            return Err(SnapshotError::Damaged { id: id.to_string(), detail: format!("manifest names id {}", manifest.id) });
+            return Err(SnapshotError::Damaged {
+                id: id.to_string(),
+                detail: format!("manifest names id {}", manifest.id),
+            });
         }
         Ok(Snapshot { dir, manifest })
     }
@@ -276,7 +308,9 @@ impl SnapshotStore {
     pub fn list(&self) -> (Vec<Snapshot>, Vec<(String, SnapshotError)>) {
         let mut good = Vec::new();
         let mut bad = Vec::new();
-        let Ok(entries) = std::fs::read_dir(&self.root) else { return (good, bad) };
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return (good, bad);
+        };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if name.starts_with('.') || !entry.path().is_dir() {
@@ -295,12 +329,22 @@ impl SnapshotStore {
     pub fn remove(&self, id: &str) -> Result<(), SnapshotError> {
         let dir = self.path_of(id);
         if !dir.is_dir() || id.starts_with('.') || id.contains('/') {
-            return Err(SnapshotError::NotFound { id: id.to_string(), root: self.root.display().to_string() });
+            return Err(SnapshotError::NotFound {
+                id: id.to_string(),
+                root: self.root.display().to_string(),
+            });
         }
         let (all, _) = self.list();
-        let children: Vec<&str> = all.iter().filter(|s| s.manifest.parent.as_deref() == Some(id)).map(|s| s.id()).collect();
+        let children: Vec<&str> = all
+            .iter()
+            .filter(|s| s.manifest.parent.as_deref() == Some(id))
+            .map(|s| s.id())
+            .collect();
         if !children.is_empty() {
-            return Err(SnapshotError::HasChildren { id: id.to_string(), children: children.join(", ") });
+            return Err(SnapshotError::HasChildren {
+                id: id.to_string(),
+                children: children.join(", "),
+            });
         }
         remove_tree(&dir)
     }
@@ -329,7 +373,10 @@ impl SnapshotStore {
             remove(&self.path_of(&id))?;
             removed.push(id);
         }
-        let parents: BTreeMap<String, Option<String>> = all.iter().map(|s| (s.manifest.id.clone(), s.manifest.parent.clone())).collect();
+        let parents: BTreeMap<String, Option<String>> = all
+            .iter()
+            .map(|s| (s.manifest.id.clone(), s.manifest.parent.clone()))
+            .collect();
         let mut live = BTreeSet::new();
         for id in keep {
             let mut cursor = Some(id.clone());
@@ -360,7 +407,12 @@ impl SnapshotStore {
         let path = self.root.join(format!(".lock-{id}"));
         let mut told = false;
         loop {
-            let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err(format!("opening {}", path.display())))?;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(io_err(format!("opening {}", path.display())))?;
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => {
                     // The holder before us may have unlinked the file we locked.
@@ -379,7 +431,12 @@ impl SnapshotStore {
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 }
-                Err((_, errno)) => return Err(SnapshotError::Io { what: format!("locking {}", path.display()), source: errno.into() }),
+                Err((_, errno)) => {
+                    return Err(SnapshotError::Io {
+                        what: format!("locking {}", path.display()),
+                        source: errno.into(),
+                    })
+                }
             }
         }
     }
@@ -391,23 +448,35 @@ impl SnapshotStore {
         let holder = holder.to_string_lossy().to_string();
         let path = dir.join(format!("{}.json", &crate::paused::digest(holder.as_bytes())[..24]));
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::json!({ "snapshot": id, "holder": holder }).to_string()).map_err(io_err(format!("writing {}", tmp.display())))?;
+        std::fs::write(
+            &tmp,
+            serde_json::json!({ "snapshot": id, "holder": holder }).to_string(),
+        )
+        .map_err(io_err(format!("writing {}", tmp.display())))?;
         std::fs::rename(&tmp, &path).map_err(io_err(format!("writing {}", path.display())))
     }
 
     /// Drops the pin of `holder`, if any.
     pub fn unpin(&self, holder: &Path) {
         let holder = holder.to_string_lossy().to_string();
-        let _ = std::fs::remove_file(self.root.join(".pins").join(format!("{}.json", &crate::paused::digest(holder.as_bytes())[..24])));
+        let _ = std::fs::remove_file(
+            self.root
+                .join(".pins")
+                .join(format!("{}.json", &crate::paused::digest(holder.as_bytes())[..24])),
+        );
     }
 
     /// The snapshots pinned by holders that still exist; pins of holders that are gone are
     /// removed (unless `dry_run`).
     pub fn pinned(&self, dry_run: bool) -> BTreeSet<String> {
         let mut out = BTreeSet::new();
-        let Ok(entries) = std::fs::read_dir(self.root.join(".pins")) else { return out };
+        let Ok(entries) = std::fs::read_dir(self.root.join(".pins")) else {
+            return out;
+        };
         for entry in entries.flatten() {
-            let pin: Option<serde_json::Value> = std::fs::read_to_string(entry.path()).ok().and_then(|t| serde_json::from_str(&t).ok());
+            let pin: Option<serde_json::Value> = std::fs::read_to_string(entry.path())
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
             let (snapshot, holder) = match &pin {
                 Some(p) => (p["snapshot"].as_str().unwrap_or(""), p["holder"].as_str().unwrap_or("")),
                 None => ("", ""),
@@ -425,7 +494,11 @@ impl SnapshotStore {
     pub fn staging_dir(&self, label: &str) -> Result<PathBuf, SnapshotError> {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let safe: String = label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).take(32).collect();
+        let safe: String = label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .take(32)
+            .collect();
         let dir = self.root.join(format!(".staging-{}-{n}-{safe}", std::process::id()));
         let _ = remove_tree(&dir);
         std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
@@ -439,8 +512,16 @@ impl SnapshotStore {
     pub fn commit(&self, staging: &Path, mut manifest: SnapshotManifest) -> Result<Snapshot, SnapshotError> {
         for name in ["state.bin", "memory", "disk.qcow2", "overlay.qcow2"] {
             let path = staging.join(name);
-            let bytes = std::fs::metadata(&path).map_err(io_err(format!("reading {}", path.display())))?.len();
-            manifest.files.insert(name.to_string(), FileRecord { bytes, sha256: sha256_file(&path)? });
+            let bytes = std::fs::metadata(&path)
+                .map_err(io_err(format!("reading {}", path.display())))?
+                .len();
+            manifest.files.insert(
+                name.to_string(),
+                FileRecord {
+                    bytes,
+                    sha256: sha256_file(&path)?,
+                },
+            );
         }
         let final_dir = self.path_of(&manifest.id);
         if let Ok(existing) = self.get(&manifest.id) {
@@ -454,13 +535,19 @@ impl SnapshotStore {
         let tmp = staging.join("manifest.json.tmp");
         std::fs::write(&tmp, text).map_err(io_err("writing manifest.json"))?;
         std::fs::rename(&tmp, staging.join("manifest.json")).map_err(io_err("renaming manifest.json"))?;
-        for entry in std::fs::read_dir(staging).map_err(io_err("listing the staging folder"))?.flatten() {
-            let file = std::fs::File::open(entry.path()).map_err(io_err(format!("opening {}", entry.path().display())))?;
-            file.sync_all().map_err(io_err(format!("syncing {}", entry.path().display())))?;
+        for entry in std::fs::read_dir(staging)
+            .map_err(io_err("listing the staging folder"))?
+            .flatten()
+        {
+            let file =
+                std::fs::File::open(entry.path()).map_err(io_err(format!("opening {}", entry.path().display())))?;
+            file.sync_all()
+                .map_err(io_err(format!("syncing {}", entry.path().display())))?;
             // The QEMU that wrote the RAM file and the disk ran as a uid of its own: from now
             // on they are root's, read-only to everyone, so no fork's QEMU can write them.
             if vmm::jail::running_as_root() {
-                std::os::unix::fs::chown(entry.path(), Some(0), Some(0)).map_err(io_err(format!("giving {} to root", entry.path().display())))?;
+                std::os::unix::fs::chown(entry.path(), Some(0), Some(0))
+                    .map_err(io_err(format!("giving {} to root", entry.path().display())))?;
             }
             set_mode(&entry.path(), 0o444)?;
         }
@@ -468,7 +555,10 @@ impl SnapshotStore {
         // no one else is publishing it now).
         let _ = remove_tree(&final_dir);
         std::fs::rename(staging, &final_dir).map_err(io_err(format!("renaming into {}", final_dir.display())))?;
-        Ok(Snapshot { dir: final_dir, manifest })
+        Ok(Snapshot {
+            dir: final_dir,
+            manifest,
+        })
     }
 }
 
@@ -487,12 +577,15 @@ fn depth(parents: &BTreeMap<String, Option<String>>, id: &str) -> usize {
 
 fn staging_owner_is_dead(name: &str) -> bool {
     let pid = name.trim_start_matches(".staging-").split('-').next().unwrap_or("");
-    pid.parse::<u32>().map(|pid| !Path::new(&format!("/proc/{pid}")).exists()).unwrap_or(true)
+    pid.parse::<u32>()
+        .map(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        .unwrap_or(true)
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), SnapshotError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err(format!("chmod {}", path.display())))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io_err(format!("chmod {}", path.display())))
 }
 
 /// Removes a folder whose files are read-only.
@@ -500,7 +593,10 @@ pub(crate) fn remove_tree(dir: &Path) -> Result<(), SnapshotError> {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(SnapshotError::Io { what: format!("removing {}", dir.display()), source: e }),
+        Err(e) => Err(SnapshotError::Io {
+            what: format!("removing {}", dir.display()),
+            source: e,
+        }),
     }
 }
 
@@ -517,8 +613,14 @@ pub(crate) mod tests {
             template: TemplateConfig::of_image("minimal"),
             template_digest: "d".into(),
             parent: parent.map(str::to_string),
-            kernel: Artifact { path: "/k".into(), key: "k".into() },
-            image: Artifact { path: "/i".into(), key: "i".into() },
+            kernel: Artifact {
+                path: "/k".into(),
+                key: "k".into(),
+            },
+            image: Artifact {
+                path: "/i".into(),
+                key: "i".into(),
+            },
             agent_key: "a".into(),
             qemu_version: "QEMU 7.2".into(),
             accel: Accel::Tcg,
@@ -542,7 +644,11 @@ pub(crate) mod tests {
     }
 
     fn host() -> HostProfile {
-        HostProfile { qemu_version: "QEMU 7.2".into(), accel: Accel::Tcg, cpu_model: "max".into() }
+        HostProfile {
+            qemu_version: "QEMU 7.2".into(),
+            accel: Accel::Tcg,
+            cpu_model: "max".into(),
+        }
     }
 
     #[test]
@@ -565,9 +671,16 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SnapshotStore::new(dir.path().to_path_buf());
         fake_snapshot(&store, "abc", None, 1);
-        let other = HostProfile { qemu_version: "QEMU 9.0".into(), accel: Accel::Kvm, cpu_model: "host".into() };
+        let other = HostProfile {
+            qemu_version: "QEMU 9.0".into(),
+            accel: Accel::Kvm,
+            cpu_model: "host".into(),
+        };
         let err = store.open("abc", &other).unwrap_err().to_string();
-        assert!(err.contains("QEMU 9.0") && err.contains("accelerator tcg") && err.contains("CPU model max"), "{err}");
+        assert!(
+            err.contains("QEMU 9.0") && err.contains("accelerator tcg") && err.contains("CPU model max"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -582,7 +695,10 @@ pub(crate) mod tests {
         std::fs::remove_file(s.disk_path()).unwrap();
         std::fs::write(s.disk_path(), "longer than before").unwrap();
         assert!(matches!(store.open("def", &host()), Err(SnapshotError::Damaged { .. })));
-        assert!(matches!(store.open("nope", &host()), Err(SnapshotError::NotFound { .. })));
+        assert!(matches!(
+            store.open("nope", &host()),
+            Err(SnapshotError::NotFound { .. })
+        ));
     }
 
     #[test]
@@ -601,9 +717,16 @@ pub(crate) mod tests {
         let removed = store.gc(&BTreeSet::from(["grandchild".to_string()]), false).unwrap();
         assert_eq!(planned, removed);
         let removed: BTreeSet<_> = removed.into_iter().collect();
-        assert!(removed.contains("orphan-template") && removed.contains("unused-child") && removed.contains(".staging-999999999-0-x"));
+        assert!(
+            removed.contains("orphan-template")
+                && removed.contains("unused-child")
+                && removed.contains(".staging-999999999-0-x")
+        );
         let left: BTreeSet<_> = store.list().0.iter().map(|s| s.id().to_string()).collect();
-        assert_eq!(left, BTreeSet::from(["root".into(), "child".into(), "grandchild".into()]));
+        assert_eq!(
+            left,
+            BTreeSet::from(["root".into(), "child".into(), "grandchild".into()])
+        );
         store.remove("grandchild").unwrap();
         assert!(matches!(store.get("grandchild"), Err(SnapshotError::NotFound { .. })));
     }
@@ -622,7 +745,11 @@ pub(crate) mod tests {
         assert!(store.get("task").is_ok());
         std::fs::remove_dir(&holder).unwrap();
         assert_eq!(store.gc(&BTreeSet::new(), false).unwrap(), vec!["task".to_string()]);
-        assert_eq!(std::fs::read_dir(dir.path().join("store/.pins")).unwrap().count(), 0, "the stale pin is gone");
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("store/.pins")).unwrap().count(),
+            0,
+            "the stale pin is gone"
+        );
         store.pin("x", &holder).unwrap();
         store.unpin(&holder);
         assert_eq!(std::fs::read_dir(dir.path().join("store/.pins")).unwrap().count(), 0);

@@ -84,11 +84,17 @@ impl Network {
     /// Checks each entry is `host:port` and each rule's syntax; names the bad one.
     pub fn check(&self) -> Result<(), BadAllowEntry> {
         for (i, entry) in self.allow.iter().enumerate() {
-            let ok = entry == "*" || entry.rsplit_once(':').is_some_and(|(host, port)| {
-                !host.is_empty() && !host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@') && port.parse::<u16>().is_ok_and(|p| p > 0)
-            });
+            let ok = entry == "*"
+                || entry.rsplit_once(':').is_some_and(|(host, port)| {
+                    !host.is_empty()
+                        && !host.contains(|c: char| c.is_whitespace() || c == '/' || c == '@')
+                        && port.parse::<u16>().is_ok_and(|p| p > 0)
+                });
             if !ok {
-                return Err(BadAllowEntry::Allow { index: i, entry: entry.clone() });
+                return Err(BadAllowEntry::Allow {
+                    index: i,
+                    entry: entry.clone(),
+                });
             }
         }
         for (i, rule) in self.rules.iter().enumerate() {
@@ -101,7 +107,11 @@ impl Network {
     /// `name` says where they come from (in 403s and the log).
     pub fn policy(&self, name: &str) -> Result<vmm::net::Policy, String> {
         let rules = vmm::egress::RuleSet::resolve(name, &self.rules)?;
-        Ok(vmm::net::Policy { allow: self.allow.clone(), log: None, rules: std::sync::Arc::new(rules) })
+        Ok(vmm::net::Policy {
+            allow: self.allow.clone(),
+            log: None,
+            rules: std::sync::Arc::new(rules),
+        })
     }
 
     /// The proxy's variables, for commands that may use the network.
@@ -117,8 +127,15 @@ impl Network {
 /// guest's own loopback (its services; the host's are `host.farm.internal`).
 pub fn proxy_env() -> Vec<(String, String)> {
     let url = farm_protocol::net::PROXY_URL.to_string();
-    let mut env: Vec<(String, String)> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].iter().map(|k| (k.to_string(), url.clone())).collect();
-    env.extend(["NO_PROXY", "no_proxy"].iter().map(|k| (k.to_string(), "localhost,127.0.0.1,::1".to_string())));
+    let mut env: Vec<(String, String)> = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]
+        .iter()
+        .map(|k| (k.to_string(), url.clone()))
+        .collect();
+    env.extend(
+        ["NO_PROXY", "no_proxy"]
+            .iter()
+            .map(|k| (k.to_string(), "localhost,127.0.0.1,::1".to_string())),
+    );
     env
 }
 
@@ -172,10 +189,14 @@ struct TemplateFileToml {
 impl TemplateConfig {
     /// Reads a template file (`[template]` table).
     pub fn load(path: &Path) -> Result<TemplateConfig, TemplateConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| TemplateConfigError::Read { path: path.display().to_string(), source })?;
-        let parsed: TemplateFileToml = toml::from_str(&text)
-            .map_err(|e| TemplateConfigError::Parse { path: path.display().to_string(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|source| TemplateConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let parsed: TemplateFileToml = toml::from_str(&text).map_err(|e| TemplateConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
         parsed.template.validate(path)?;
         Ok(parsed.template)
     }
@@ -188,23 +209,46 @@ impl TemplateConfig {
             message,
         };
         match (&self.dockerfile, self.image.is_empty()) {
-            (Some(_), false) => return Err(invalid("template.image", "give either image or dockerfile, not both".into())),
-            (None, true) => return Err(invalid("template.image", "missing: give an image (or a dockerfile)".into())),
+            (Some(_), false) => {
+                return Err(invalid(
+                    "template.image",
+                    "give either image or dockerfile, not both".into(),
+                ))
+            }
+            (None, true) => {
+                return Err(invalid(
+                    "template.image",
+                    "missing: give an image (or a dockerfile)".into(),
+                ))
+            }
             (Some(dockerfile), true) => {
                 // `path` is the config file, or the folder its paths are relative to.
-                let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+                let dir = if path.is_dir() {
+                    path
+                } else {
+                    path.parent().unwrap_or(Path::new("."))
+                };
                 if !dir.join(dockerfile).is_file() {
-                    return Err(invalid("template.dockerfile", format!("{} is not a file", dir.join(dockerfile).display())));
+                    return Err(invalid(
+                        "template.dockerfile",
+                        format!("{} is not a file", dir.join(dockerfile).display()),
+                    ));
                 }
                 if let Some(context) = &self.context {
                     if !dir.join(context).is_dir() {
-                        return Err(invalid("template.context", format!("{} is not a folder", dir.join(context).display())));
+                        return Err(invalid(
+                            "template.context",
+                            format!("{} is not a folder", dir.join(context).display()),
+                        ));
                     }
                 }
             }
             (None, false) => {
                 if self.context.is_some() || !self.build_args.is_empty() || self.target.is_some() {
-                    return Err(invalid("template.context", "context, build_args and target go with a dockerfile".into()));
+                    return Err(invalid(
+                        "template.context",
+                        "context, build_args and target go with a dockerfile".into(),
+                    ));
                 }
                 if vmm::image::ImageSource::parse(&self.image, Path::new(".")).is_err() {
                     return Err(invalid(
@@ -214,25 +258,46 @@ impl TemplateConfig {
                 }
             }
         }
-        self.network.check().map_err(|m| invalid("template.network", m.to_string()))?;
+        self.network
+            .check()
+            .map_err(|m| invalid("template.network", m.to_string()))?;
         if !self.network.rules.is_empty() {
-            return Err(invalid("template.network", "rules are for rollouts and sessions ([rollouts.network]); a template's setup takes allow entries only".into()));
+            return Err(invalid(
+                "template.network",
+                "rules are for rollouts and sessions ([rollouts.network]); a template's setup takes allow entries only"
+                    .into(),
+            ));
         }
         if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
-            return Err(invalid("template.image_size_mib", format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0))));
+            return Err(invalid(
+                "template.image_size_mib",
+                format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0)),
+            ));
         }
         if !(64..=65536).contains(&self.memory_mib) {
-            return Err(invalid("template.memory_mib", format!("{} is out of range 64..=65536", self.memory_mib)));
+            return Err(invalid(
+                "template.memory_mib",
+                format!("{} is out of range 64..=65536", self.memory_mib),
+            ));
         }
         if !(1..=64).contains(&self.cpus) {
-            return Err(invalid("template.cpus", format!("{} is out of range 1..=64", self.cpus)));
+            return Err(invalid(
+                "template.cpus",
+                format!("{} is out of range 1..=64", self.cpus),
+            ));
         }
         for (i, file) in self.files.iter().enumerate() {
             if !file.dest.starts_with('/') {
-                return Err(invalid(&format!("template.files[{i}].dest"), format!("{:?} must be an absolute guest path", file.dest)));
+                return Err(invalid(
+                    &format!("template.files[{i}].dest"),
+                    format!("{:?} must be an absolute guest path", file.dest),
+                ));
             }
             if file.mode > 0o7777 {
-                return Err(invalid(&format!("template.files[{i}].mode"), format!("{:o} is not a permission mode", file.mode)));
+                return Err(invalid(
+                    &format!("template.files[{i}].mode"),
+                    format!("{:o} is not a permission mode", file.mode),
+                ));
             }
         }
         Ok(())
@@ -292,7 +357,11 @@ mod tests {
     #[test]
     fn parses_with_defaults() {
         let dir = tempfile::tempdir().unwrap();
-        let p = write(dir.path(), "t.toml", "[template]\nimage = \"python\"\nsetup = [\"true\"]\n");
+        let p = write(
+            dir.path(),
+            "t.toml",
+            "[template]\nimage = \"python\"\nsetup = [\"true\"]\n",
+        );
         let t = TemplateConfig::load(&p).unwrap();
         assert_eq!(t.memory_mib, 256);
         assert_eq!(t.setup, ["true"]);
@@ -308,7 +377,10 @@ mod tests {
         let err = TemplateConfig::load(&p).unwrap_err().to_string();
         assert!(err.contains("template.memory_mib"), "{err}");
         let p = write(dir.path(), "t.toml", "[template]\nimage = \"arch\"\n");
-        assert!(TemplateConfig::load(&p).unwrap_err().to_string().contains("template.image"));
+        assert!(TemplateConfig::load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("template.image"));
     }
 
     #[test]
@@ -316,7 +388,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "a.txt", "one");
         let mut t = TemplateConfig::of_image("minimal");
-        t.files.push(TemplateFile { src: "a.txt".into(), dest: "/a".into(), mode: 0o644 });
+        t.files.push(TemplateFile {
+            src: "a.txt".into(),
+            dest: "/a".into(),
+            mode: 0o644,
+        });
         let d1 = t.digest(dir.path()).unwrap();
         assert_eq!(d1, t.digest(dir.path()).unwrap());
         write(dir.path(), "a.txt", "two");

@@ -25,7 +25,11 @@ fn context(dir: &Path, dockerfile: &str) {
     std::fs::write(dir.join("run.sh"), "#!/bin/sh\necho running\n").unwrap();
     std::fs::create_dir_all(dir.join("bundle")).unwrap();
     std::fs::write(dir.join("bundle/inner.txt"), "from the archive\n").unwrap();
-    let o = std::process::Command::new("tar").args(["-czf", "bundle.tar.gz", "-C", "bundle", "inner.txt"]).current_dir(dir).output().unwrap();
+    let o = std::process::Command::new("tar")
+        .args(["-czf", "bundle.tar.gz", "-C", "bundle", "inner.txt"])
+        .current_dir(dir)
+        .output()
+        .unwrap();
     assert!(o.status.success());
     std::fs::write(dir.join("Dockerfile"), dockerfile).unwrap();
 }
@@ -57,7 +61,11 @@ CMD ["run-app"]
 
 #[test]
 fn a_dockerfile_builds_a_template_and_unchanged_steps_come_from_the_store() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let store_dir = tempfile::tempdir().unwrap();
         let store = SnapshotStore::new(store_dir.path().to_path_buf());
@@ -109,17 +117,33 @@ fn a_dockerfile_builds_a_template_and_unchanged_steps_come_from_the_store() {
 
 #[test]
 fn bad_dockerfiles_are_refused_with_the_file_and_line() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let store_dir = tempfile::tempdir().unwrap();
         let store = SnapshotStore::new(store_dir.path().to_path_buf());
         let dir = tempfile::tempdir().unwrap();
         let cases = [
-            ("FROM farm:minimal\nRUN true\nFETCH x\n", "line 3: unknown instruction \"FETCH\""),
-            ("FROM farm:minimal\nONBUILD RUN true\n", "line 2: ONBUILD RUN true: ONBUILD is not supported"),
+            (
+                "FROM farm:minimal\nRUN true\nFETCH x\n",
+                "line 3: unknown instruction \"FETCH\"",
+            ),
+            (
+                "FROM farm:minimal\nONBUILD RUN true\n",
+                "line 2: ONBUILD RUN true: ONBUILD is not supported",
+            ),
             ("FROM farm:minimal\nRUN --mount=type=cache,target=/x true\n", "line 2"),
-            ("FROM farm:minimal\nCOPY missing.txt /x\n", "line 2: COPY missing.txt /x: \"missing.txt\" is not in the build context"),
-            ("FROM farm:minimal\nRUN echo to stderr >&2; exit 3\n", "line 2: RUN echo to stderr >&2; exit 3: the command exited with exit code 3: to stderr"),
+            (
+                "FROM farm:minimal\nCOPY missing.txt /x\n",
+                "line 2: COPY missing.txt /x: \"missing.txt\" is not in the build context",
+            ),
+            (
+                "FROM farm:minimal\nRUN echo to stderr >&2; exit 3\n",
+                "line 2: RUN echo to stderr >&2; exit 3: the command exited with exit code 3: to stderr",
+            ),
             ("FROM scratch\n", "line 1: FROM scratch"),
         ];
         for (dockerfile, expected) in cases {
@@ -138,7 +162,10 @@ fn bad_dockerfiles_are_refused_with_the_file_and_line() {
                     text
                 }
             };
-            assert!(err.contains("Dockerfile, ") && err.contains(expected), "{dockerfile:?}: {err}");
+            assert!(
+                err.contains("Dockerfile, ") && err.contains(expected),
+                "{dockerfile:?}: {err}"
+            );
         }
     });
 }

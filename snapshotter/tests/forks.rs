@@ -6,21 +6,33 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use snapshotter::{build_template, snapshot_fork, ForkIdentity, Forker, Snapshot, SnapshotError, SnapshotStore, TemplateConfig, WarmPool};
+use snapshotter::{
+    build_template, snapshot_fork, ForkIdentity, Forker, Snapshot, SnapshotError, SnapshotStore, TemplateConfig,
+    WarmPool,
+};
 use std::os::unix::process::CommandExt;
 
 use vmm::{AccelSetting, ExecOptions, VmSettings};
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap())
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
 }
 
 fn store() -> &'static SnapshotStore {
     static STORE: OnceLock<(tempfile::TempDir, SnapshotStore)> = OnceLock::new();
     &STORE
         .get_or_init(|| {
-            let dir = tempfile::Builder::new().prefix("farm-test-snapshots-").tempdir().unwrap();
+            let dir = tempfile::Builder::new()
+                .prefix("farm-test-snapshots-")
+                .tempdir()
+                .unwrap();
             let store = SnapshotStore::new(dir.path().to_path_buf());
             (dir, store)
         })
@@ -37,7 +49,10 @@ fn quiet(_: &str) {}
 
 fn template(image: &str) -> TemplateConfig {
     let mut t = TemplateConfig::of_image(image);
-    t.setup = vec!["echo made-in-template > /workspace/setup-marker".into(), "mkdir -p /workspace/data".into()];
+    t.setup = vec![
+        "echo made-in-template > /workspace/setup-marker".into(),
+        "mkdir -p /workspace/data".into(),
+    ];
     t
 }
 
@@ -46,7 +61,9 @@ async fn shared_template(image: &'static str) -> &'static Snapshot {
     static PYTHON: tokio::sync::OnceCell<Snapshot> = tokio::sync::OnceCell::const_new();
     let cell = if image == "python" { &PYTHON } else { &MINIMAL };
     cell.get_or_init(|| async {
-        let built = build_template(store(), &forker(), &template(image), &PathBuf::from("."), image, &quiet).await.unwrap();
+        let built = build_template(store(), &forker(), &template(image), &PathBuf::from("."), image, &quiet)
+            .await
+            .unwrap();
         built.snapshot
     })
     .await
@@ -54,7 +71,12 @@ async fn shared_template(image: &'static str) -> &'static Snapshot {
 
 async fn run(fork: &snapshotter::Fork, script: &str) -> String {
     let out = fork.agent().exec(ExecOptions::shell(script)).await.unwrap();
-    assert_eq!(out.result.exit_code, Some(0), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.result.exit_code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout_text()
 }
 
@@ -70,22 +92,49 @@ fn ten_forks_are_isolated_in_memory_and_on_disk_and_the_snapshot_never_changes()
         }
         for (i, fork) in forks.iter().enumerate() {
             // Memory (tmpfs) and disk, each with a fork-specific name and content.
-            run(fork, &format!("echo mem-{i} > /dev/shm/mark-{i}; echo disk-{i} > /workspace/data/mark-{i}; sync")).await;
+            run(
+                fork,
+                &format!("echo mem-{i} > /dev/shm/mark-{i}; echo disk-{i} > /workspace/data/mark-{i}; sync"),
+            )
+            .await;
         }
         for (i, fork) in forks.iter().enumerate() {
-            let seen = run(fork, "cat /dev/shm/mark-* /workspace/data/mark-*; cat /workspace/setup-marker").await;
-            assert_eq!(seen, format!("mem-{i}\ndisk-{i}\nmade-in-template\n"), "fork {i} saw another fork's data");
+            let seen = run(
+                fork,
+                "cat /dev/shm/mark-* /workspace/data/mark-*; cat /workspace/setup-marker",
+            )
+            .await;
+            assert_eq!(
+                seen,
+                format!("mem-{i}\ndisk-{i}\nmade-in-template\n"),
+                "fork {i} saw another fork's data"
+            );
         }
         drop(forks);
-        assert_eq!(snapshot_checksums(snapshot), before, "a fork changed the snapshot's files");
+        assert_eq!(
+            snapshot_checksums(snapshot),
+            before,
+            "a fork changed the snapshot's files"
+        );
         snapshot.verify_checksums().unwrap();
     });
 }
 
 fn snapshot_checksums(snapshot: &Snapshot) -> Vec<(String, String)> {
-    let mut names: Vec<String> = std::fs::read_dir(&snapshot.dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(&snapshot.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
-    names.into_iter().map(|n| (n.clone(), snapshotter::store::sha256_file(&snapshot.dir.join(&n)).unwrap())).collect()
+    names
+        .into_iter()
+        .map(|n| {
+            (
+                n.clone(),
+                snapshotter::store::sha256_file(&snapshot.dir.join(&n)).unwrap(),
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -132,16 +181,28 @@ fn a_fork_of_a_fork_keeps_memory_and_disk_and_records_its_parent() {
         let parent = shared_template("minimal").await;
         let forker = forker();
         let fork = forker.fork(parent, ForkIdentity::new(1)).await.unwrap();
-        run(&fork, "echo in-ram > /dev/shm/branch; echo on-disk > /workspace/branch; sleep 1000 & echo $! > /dev/shm/pid").await;
-        let child = snapshot_fork(store(), &forker, parent, &fork, "branch", None, true).await.unwrap();
+        run(
+            &fork,
+            "echo in-ram > /dev/shm/branch; echo on-disk > /workspace/branch; sleep 1000 & echo $! > /dev/shm/pid",
+        )
+        .await;
+        let child = snapshot_fork(store(), &forker, parent, &fork, "branch", None, true)
+            .await
+            .unwrap();
         assert_eq!(child.manifest.parent.as_deref(), Some(parent.id()));
         // The original fork carries on.
         run(&fork, "echo after > /workspace/branch").await;
         let grandchild = forker.fork(&child, ForkIdentity::new(2)).await.unwrap();
-        let seen = run(&grandchild, "cat /dev/shm/branch /workspace/branch; kill -0 $(cat /dev/shm/pid) && echo alive").await;
+        let seen = run(
+            &grandchild,
+            "cat /dev/shm/branch /workspace/branch; kill -0 $(cat /dev/shm/pid) && echo alive",
+        )
+        .await;
         assert_eq!(seen, "in-ram\non-disk\nalive\n");
         // And a fork of the child's fork, two levels down.
-        let child2 = snapshot_fork(store(), &forker, &child, &grandchild, "branch2", None, false).await.unwrap();
+        let child2 = snapshot_fork(store(), &forker, &child, &grandchild, "branch2", None, false)
+            .await
+            .unwrap();
         let great = forker.fork(&child2, ForkIdentity::new(3)).await.unwrap();
         assert_eq!(run(&great, "cat /workspace/branch").await, "on-disk\n");
         assert_eq!(child2.manifest.parent.as_deref(), Some(child.id()));
@@ -152,7 +213,16 @@ fn a_fork_of_a_fork_keeps_memory_and_disk_and_records_its_parent() {
 fn rebuilding_the_same_template_reuses_its_snapshot_and_a_change_makes_a_new_one() {
     runtime().block_on(async {
         let first = shared_template("minimal").await;
-        let again = build_template(store(), &forker(), &template("minimal"), &PathBuf::from("."), "again", &quiet).await.unwrap();
+        let again = build_template(
+            store(),
+            &forker(),
+            &template("minimal"),
+            &PathBuf::from("."),
+            "again",
+            &quiet,
+        )
+        .await
+        .unwrap();
         assert!(again.reused);
         assert_eq!(again.snapshot.id(), first.id());
         let mut changed = template("minimal");
@@ -172,21 +242,44 @@ fn corrupted_and_mismatched_snapshots_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let own = SnapshotStore::new(dir.path().to_path_buf());
         let forker = forker();
-        let built = build_template(&own, &forker, &TemplateConfig::of_image("minimal"), &PathBuf::from("."), "doomed", &quiet).await.unwrap();
+        let built = build_template(
+            &own,
+            &forker,
+            &TemplateConfig::of_image("minimal"),
+            &PathBuf::from("."),
+            "doomed",
+            &quiet,
+        )
+        .await
+        .unwrap();
         let snapshot = built.snapshot;
         // Another host setup.
         let mut elsewhere = forker.clone();
         elsewhere.host.qemu_version = "QEMU emulator version 99.0".into();
-        let err = elsewhere.fork(&snapshot, ForkIdentity::new(0)).await.err().expect("mismatch must be refused");
-        assert!(err.to_string().contains("another host setup") && err.to_string().contains("99.0"), "{err}");
+        let err = elsewhere
+            .fork(&snapshot, ForkIdentity::new(0))
+            .await
+            .err()
+            .expect("mismatch must be refused");
+        assert!(
+            err.to_string().contains("another host setup") && err.to_string().contains("99.0"),
+            "{err}"
+        );
         // A flipped byte in the state file.
         let state = snapshot.state_path();
         let mut bytes = std::fs::read(&state).unwrap();
         let n = bytes.len() - 10;
         bytes[n] ^= 0xff;
         std::fs::write(&state, &bytes).unwrap();
-        let err = forker.fork(&snapshot, ForkIdentity::new(0)).await.err().expect("corruption must be refused");
-        assert!(matches!(err, snapshotter::ForkError::Snapshot(SnapshotError::Damaged { .. })), "{err}");
+        let err = forker
+            .fork(&snapshot, ForkIdentity::new(0))
+            .await
+            .err()
+            .expect("corruption must be refused");
+        assert!(
+            matches!(err, snapshotter::ForkError::Snapshot(SnapshotError::Damaged { .. })),
+            "{err}"
+        );
         assert!(err.to_string().contains("checksum"), "{err}");
         // A missing memory file.
         std::fs::remove_file(snapshot.memory_path()).unwrap();
@@ -204,11 +297,16 @@ fn an_over_budget_fork_ends_in_an_error_and_its_sibling_carries_on() {
         let sibling = forker.fork(snapshot, ForkIdentity::new(1)).await.unwrap();
         let err = hog
             .agent()
-            .exec(ExecOptions::shell("dd if=/dev/zero of=/workspace/big bs=1M count=200; sync; sleep 30"))
+            .exec(ExecOptions::shell(
+                "dd if=/dev/zero of=/workspace/big bs=1M count=200; sync; sleep 30",
+            ))
             .await
             .unwrap_err();
         let explained = hog.explain(&err);
-        assert!(explained.contains("disk overlay") && explained.contains("limit"), "{explained}");
+        assert!(
+            explained.contains("disk overlay") && explained.contains("limit"),
+            "{explained}"
+        );
         assert_eq!(run(&sibling, "echo still-here").await, "still-here\n");
     });
 }
@@ -220,7 +318,11 @@ fn warm_pool_forks_refill_and_leave_no_processes() {
         let pids;
         {
             let pool = WarmPool::start(forker(), snapshot.clone(), 2).unwrap();
-            assert!(pool.wait_full(Duration::from_secs(60)).await, "pool never filled: {:?}", pool.last_error());
+            assert!(
+                pool.wait_full(Duration::from_secs(60)).await,
+                "pool never filled: {:?}",
+                pool.last_error()
+            );
             let a = pool.fork(ForkIdentity::new(1)).await.unwrap();
             let b = pool.fork(ForkIdentity::new(2)).await.unwrap();
             let c = pool.fork(ForkIdentity::new(3)).await.unwrap(); // pool may be empty: prepared on demand
@@ -257,18 +359,32 @@ fn a_forks_qemu_holds_the_snapshot_ram_read_only_and_cannot_open_it_for_writing(
         use std::os::unix::fs::MetadataExt;
         assert_eq!(meta.mode() & 0o777, 0o444);
         let fork = forker().fork(snapshot, ForkIdentity::new(5)).await.unwrap();
-        run(&fork, "dd if=/dev/urandom of=/dev/shm/fill bs=1M count=8 2>/dev/null; sync").await;
+        run(
+            &fork,
+            "dd if=/dev/urandom of=/dev/shm/fill bs=1M count=8 2>/dev/null; sync",
+        )
+        .await;
         let pid = fork.machine.pid();
         // Every descriptor QEMU holds on the snapshot's RAM file is read-only (the fork's
         // writes go to private copies of the pages).
         let mut seen = 0;
         for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
-            let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
-            if meta.ino() == std::fs::metadata(&memory).unwrap().ino() && meta.dev() == std::fs::metadata(&memory).unwrap().dev() {
-                let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", entry.file_name().to_string_lossy())).unwrap();
+            let Ok(meta) = std::fs::metadata(entry.path()) else {
+                continue;
+            };
+            if meta.ino() == std::fs::metadata(&memory).unwrap().ino()
+                && meta.dev() == std::fs::metadata(&memory).unwrap().dev()
+            {
+                let info =
+                    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", entry.file_name().to_string_lossy()))
+                        .unwrap();
                 let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
                 let flags = u32::from_str_radix(flags, 8).unwrap();
-                assert_eq!(flags & libc::O_ACCMODE as u32, libc::O_RDONLY as u32, "QEMU holds the RAM file writable: {info}");
+                assert_eq!(
+                    flags & libc::O_ACCMODE as u32,
+                    libc::O_RDONLY as u32,
+                    "QEMU holds the RAM file writable: {info}"
+                );
                 seen += 1;
             }
         }

@@ -48,7 +48,9 @@ impl FromStr for AccelSetting {
             "auto" => Ok(AccelSetting::Auto),
             "kvm" => Ok(AccelSetting::Kvm),
             "tcg" => Ok(AccelSetting::Tcg),
-            other => Err(UnknownAccel { name: other.to_string() }),
+            other => Err(UnknownAccel {
+                name: other.to_string(),
+            }),
         }
     }
 }
@@ -66,14 +68,22 @@ pub struct HostFacts {
 
 impl HostFacts {
     pub fn probe() -> HostFacts {
-        let kvm_device_usable = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok();
+        let kvm_device_usable = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok();
         let kvm_is_pvm = std::path::Path::new("/sys/module/kvm_pvm").exists();
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_has_virtualization = cpuinfo
             .lines()
             .filter(|l| l.starts_with("flags"))
             .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
-        HostFacts { kvm_device_usable, kvm_is_pvm, cpu_has_virtualization }
+        HostFacts {
+            kvm_device_usable,
+            kvm_is_pvm,
+            cpu_has_virtualization,
+        }
     }
 
     /// Why KVM cannot run a stock guest here, or None when it can.
@@ -116,16 +126,31 @@ pub fn resolve(setting: AccelSetting, facts: &HostFacts) -> Result<Accel, KvmUnu
 mod tests {
     use super::*;
 
-    const REAL_KVM: HostFacts = HostFacts { kvm_device_usable: true, kvm_is_pvm: false, cpu_has_virtualization: true };
-    const PVM: HostFacts = HostFacts { kvm_device_usable: true, kvm_is_pvm: true, cpu_has_virtualization: false };
-    const NO_KVM: HostFacts = HostFacts { kvm_device_usable: false, kvm_is_pvm: false, cpu_has_virtualization: true };
+    const REAL_KVM: HostFacts = HostFacts {
+        kvm_device_usable: true,
+        kvm_is_pvm: false,
+        cpu_has_virtualization: true,
+    };
+    const PVM: HostFacts = HostFacts {
+        kvm_device_usable: true,
+        kvm_is_pvm: true,
+        cpu_has_virtualization: false,
+    };
+    const NO_KVM: HostFacts = HostFacts {
+        kvm_device_usable: false,
+        kvm_is_pvm: false,
+        cpu_has_virtualization: true,
+    };
 
     #[test]
     fn auto_picks_kvm_only_where_stock_guests_run() {
         assert_eq!(resolve(AccelSetting::Auto, &REAL_KVM).unwrap(), Accel::Kvm);
         assert_eq!(resolve(AccelSetting::Auto, &PVM).unwrap(), Accel::Tcg);
         assert_eq!(resolve(AccelSetting::Auto, &NO_KVM).unwrap(), Accel::Tcg);
-        let pvm_with_flags = HostFacts { cpu_has_virtualization: true, ..PVM };
+        let pvm_with_flags = HostFacts {
+            cpu_has_virtualization: true,
+            ..PVM
+        };
         assert_eq!(resolve(AccelSetting::Auto, &pvm_with_flags).unwrap(), Accel::Tcg);
     }
 
@@ -148,6 +173,10 @@ mod tests {
     fn settings_parse_and_reject_unknown_names() {
         assert_eq!("auto".parse::<AccelSetting>().unwrap(), AccelSetting::Auto);
         assert_eq!("kvm".parse::<AccelSetting>().unwrap(), AccelSetting::Kvm);
-        assert!("hvf".parse::<AccelSetting>().unwrap_err().to_string().contains("auto, kvm or tcg"));
+        assert!("hvf"
+            .parse::<AccelSetting>()
+            .unwrap_err()
+            .to_string()
+            .contains("auto, kvm or tcg"));
     }
 }

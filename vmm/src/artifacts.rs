@@ -48,19 +48,34 @@ impl GuestArtifacts {
     }
 
     /// As [`GuestArtifacts::locate_in`], with the size of a converted image (MiB).
-    pub fn locate_sized(cache: &Path, image_name: &str, base: &Path, size_mib: Option<u64>) -> Result<GuestArtifacts, ArtifactError> {
+    pub fn locate_sized(
+        cache: &Path,
+        image_name: &str,
+        base: &Path,
+        size_mib: Option<u64>,
+    ) -> Result<GuestArtifacts, ArtifactError> {
         let source = crate::image::ImageSource::parse(image_name, base)?;
         if !matches!(source, crate::image::ImageSource::Builtin(_)) {
             let current = cache.join("current");
             let agent = artifact(&current.join("agent"), "farm-agent", "guest agent")?;
             let (image, pulled) = crate::image::converted(cache, &source, &agent, size_mib)?;
-            return Ok(GuestArtifacts { image_name: image_name.to_string(), kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?, image, agent, pulled });
+            return Ok(GuestArtifacts {
+                image_name: image_name.to_string(),
+                kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?,
+                image,
+                agent,
+                pulled,
+            });
         }
         let current = cache.join("current");
         Ok(GuestArtifacts {
             image_name: image_name.to_string(),
             kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?,
-            image: artifact(&current.join(image_name), "rootfs.ext4", &format!("root image {image_name:?}"))?,
+            image: artifact(
+                &current.join(image_name),
+                "rootfs.ext4",
+                &format!("root image {image_name:?}"),
+            )?,
             agent: artifact(&current.join("agent"), "farm-agent", "guest agent")?,
             pulled: None,
         })
@@ -70,26 +85,43 @@ impl GuestArtifacts {
 /// The RAM shim a fork's QEMU preloads (built by the set-up script from
 /// `scripts/qemu-ram-shim.c`; see [`crate::jail`]).
 pub fn ram_shim(cache: &Path) -> Result<Artifact, ArtifactError> {
-    artifact(&cache.join("current").join("shim"), "libfarm-ramshim.so", "QEMU RAM shim")
+    artifact(
+        &cache.join("current").join("shim"),
+        "libfarm-ramshim.so",
+        "QEMU RAM shim",
+    )
 }
 
 fn artifact(dir: &Path, file: &str, what: &str) -> Result<Artifact, ArtifactError> {
     let path = dir.join(file);
     if !path.is_file() {
-        return Err(ArtifactError::Missing { what: what.to_string(), path });
+        return Err(ArtifactError::Missing {
+            what: what.to_string(),
+            path,
+        });
     }
     let manifest_path = dir.join("manifest.json");
-    let text = std::fs::read_to_string(&manifest_path)
-        .map_err(|e| ArtifactError::BadManifest { path: manifest_path.clone(), detail: e.to_string() })?;
-    let manifest: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| ArtifactError::BadManifest { path: manifest_path.clone(), detail: e.to_string() })?;
+    let text = std::fs::read_to_string(&manifest_path).map_err(|e| ArtifactError::BadManifest {
+        path: manifest_path.clone(),
+        detail: e.to_string(),
+    })?;
+    let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| ArtifactError::BadManifest {
+        path: manifest_path.clone(),
+        detail: e.to_string(),
+    })?;
     let key = manifest
         .get("key")
         .and_then(|k| k.as_str())
-        .ok_or_else(|| ArtifactError::BadManifest { path: manifest_path.clone(), detail: "no \"key\" string".into() })?;
+        .ok_or_else(|| ArtifactError::BadManifest {
+            path: manifest_path.clone(),
+            detail: "no \"key\" string".into(),
+        })?;
     // Resolve the `current/` symlink so what is recorded names the exact build.
     let path = path.canonicalize().unwrap_or(path);
-    Ok(Artifact { path, key: key.to_string() })
+    Ok(Artifact {
+        path,
+        key: key.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -105,14 +137,20 @@ mod tests {
 
     #[test]
     fn unknown_image_lists_the_known_ones() {
-        let err = GuestArtifacts::locate(Path::new("/nonexistent"), "ubuntu").unwrap_err().to_string();
+        let err = GuestArtifacts::locate(Path::new("/nonexistent"), "ubuntu")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("minimal, python"), "{err}");
     }
 
     #[test]
     fn keys_come_from_manifests() {
         let dir = tempfile::tempdir().unwrap();
-        for (name, file) in [("kernel", "vmlinux"), ("minimal", "rootfs.ext4"), ("agent", "farm-agent")] {
+        for (name, file) in [
+            ("kernel", "vmlinux"),
+            ("minimal", "rootfs.ext4"),
+            ("agent", "farm-agent"),
+        ] {
             let d = dir.path().join("current").join(name);
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join(file), b"x").unwrap();

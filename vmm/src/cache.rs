@@ -14,7 +14,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("FARM_CACHE_DIR") {
         return PathBuf::from(dir);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache").join("farm")
 }
 
@@ -25,4 +27,3 @@ pub struct Artifact {
     pub path: PathBuf,
     pub key: String,
 }
-

@@ -19,7 +19,10 @@ pub const TAIL: usize = 64 << 10;
 /// Copies everything from `console` into `log` until the socket closes (QEMU exited).
 pub fn capture(console: UnixStream, log: PathBuf) -> std::io::Result<()> {
     let file = std::fs::File::create(&log)?;
-    std::thread::Builder::new().name("farm-console".into()).stack_size(64 << 10).spawn(move || copy_bounded(console, file, LOG_CAP, TAIL))?;
+    std::thread::Builder::new()
+        .name("farm-console".into())
+        .stack_size(64 << 10)
+        .spawn(move || copy_bounded(console, file, LOG_CAP, TAIL))?;
     Ok(())
 }
 
@@ -78,7 +81,11 @@ mod tests {
         copy_bounded(&flood[..], std::fs::File::create(&path).unwrap(), 64 << 10, 4096);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.len() as u64 <= (64 << 10) + 4096 + 100, "{} bytes", text.len());
-        assert!(text.starts_with("[farm: ") && text.contains("earlier bytes of console output dropped"), "{}", &text[..80]);
+        assert!(
+            text.starts_with("[farm: ") && text.contains("earlier bytes of console output dropped"),
+            "{}",
+            &text[..80]
+        );
         assert!(text.ends_with("\nlast line\n"));
         // Quiet consoles are copied as they are.
         copy_bounded(&b"booted\n"[..], std::fs::File::create(&path).unwrap(), 64 << 10, 4096);

@@ -70,7 +70,9 @@ pub fn check_rule(rule: &Rule) -> Result<(), String> {
     }
     for m in &rule.methods {
         if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(format!("methods: {m:?} is not an HTTP method in capitals (GET, HEAD, POST, ...)"));
+            return Err(format!(
+                "methods: {m:?} is not an HTTP method in capitals (GET, HEAD, POST, ...)"
+            ));
         }
     }
     for p in &rule.paths {
@@ -88,13 +90,17 @@ pub fn check_rule(rule: &Rule) -> Result<(), String> {
     }
     if let Some(g) = &rule.git_push {
         if g.refs.is_empty() || g.refs.iter().any(|r| !r.starts_with("refs/")) {
-            return Err("git_push.refs must list ref patterns starting with refs/ (e.g. \"refs/heads/agent/*\")".into());
+            return Err(
+                "git_push.refs must list ref patterns starting with refs/ (e.g. \"refs/heads/agent/*\")".into(),
+            );
         }
         if rule.paths.is_empty() {
             return Err("git_push needs paths: the repositories' path prefixes (e.g. \"/repo.git/\")".into());
         }
         if !rule.methods.is_empty() {
-            return Err("git_push sets its own methods (GET for the refs, POST for the push): leave methods out".into());
+            return Err(
+                "git_push sets its own methods (GET for the refs, POST for the push): leave methods out".into(),
+            );
         }
     }
     Ok(())
@@ -115,7 +121,10 @@ pub struct RuleSet {
 impl std::fmt::Debug for RuleSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the secrets.
-        f.debug_struct("RuleSet").field("name", &self.name).field("rules", &self.rules.len()).finish()
+        f.debug_struct("RuleSet")
+            .field("name", &self.name)
+            .field("rules", &self.rules.len())
+            .finish()
     }
 }
 
@@ -149,7 +158,8 @@ impl RuleSet {
                 None => None,
                 Some(c) => {
                     let value = match (&c.env, &c.file) {
-                        (Some(var), _) => std::env::var(var).map_err(|_| format!("{name} rules[{i}].credential: the host variable {var} is not set"))?,
+                        (Some(var), _) => std::env::var(var)
+                            .map_err(|_| format!("{name} rules[{i}].credential: the host variable {var} is not set"))?,
                         (None, Some(path)) => std::fs::read_to_string(path)
                             .map_err(|e| format!("{name} rules[{i}].credential: reading {}: {e}", path.display()))?
                             .lines()
@@ -159,15 +169,26 @@ impl RuleSet {
                         (None, None) => unreachable!("checked"),
                     };
                     if value.trim().is_empty() || value.contains(['\r', '\n']) {
-                        return Err(format!("{name} rules[{i}].credential: the value is empty or holds a line break"));
+                        return Err(format!(
+                            "{name} rules[{i}].credential: the value is empty or holds a line break"
+                        ));
                     }
                     Some(format!("{}{}", c.prefix, value.trim()))
                 }
             };
             secrets.push(secret);
         }
-        let ca = if rules.is_empty() { None } else { Some(std::sync::Arc::new(Ca::generate(name)?)) };
-        Ok(RuleSet { name: name.to_string(), rules: rules.to_vec(), secrets, ca })
+        let ca = if rules.is_empty() {
+            None
+        } else {
+            Some(std::sync::Arc::new(Ca::generate(name)?))
+        };
+        Ok(RuleSet {
+            name: name.to_string(),
+            rules: rules.to_vec(),
+            secrets,
+            ca,
+        })
     }
 
     /// The CA guests must trust for inspected HTTPS hosts (None without rules).
@@ -185,7 +206,9 @@ impl RuleSet {
 
     /// Whether any rule names `host:port` (its requests are inspected).
     pub fn inspects(&self, host: &str, port: u16) -> bool {
-        self.rules.iter().any(|r| host_matches(&r.host, host) && r.port.is_none_or(|p| p == port))
+        self.rules
+            .iter()
+            .any(|r| host_matches(&r.host, host) && r.port.is_none_or(|p| p == port))
     }
 
     /// The first rule that allows `method` to `host:port` at `target` (path and query).
@@ -195,26 +218,43 @@ impl RuleSet {
         // A prefix means what it says only on a path in normal form: no `.` or `..` segments,
         // no empty ones, and no escaped `.`, `/` or `\` a server would decode into them.
         if let Some(why) = abnormal(path) {
-            return Decision::Deny(format!("{method} {host}:{port}{path}: {why}; rules of {} compare normal paths only", self.name));
+            return Decision::Deny(format!(
+                "{method} {host}:{port}{path}: {why}; rules of {} compare normal paths only",
+                self.name
+            ));
         }
         for (i, rule) in self.rules.iter().enumerate() {
             if !host_matches(&rule.host, host) || rule.port.is_some_and(|p| p != port) {
                 continue;
             }
-            let under = |prefixes: &[String]| prefixes.is_empty() || prefixes.iter().any(|p| path.starts_with(p.as_str()));
+            let under =
+                |prefixes: &[String]| prefixes.is_empty() || prefixes.iter().any(|p| path.starts_with(p.as_str()));
             let allowed = match &rule.git_push {
                 // Only the two requests of a push: the refs advertisement and the push itself.
                 Some(_) => {
                     under(&rule.paths)
-                        && ((method == "GET" && path.ends_with("/info/refs") && query.split('&').filter(|kv| kv.starts_with("service=")).eq(["service=git-receive-pack"]))
+                        && ((method == "GET"
+                            && path.ends_with("/info/refs")
+                            && query
+                                .split('&')
+                                .filter(|kv| kv.starts_with("service="))
+                                .eq(["service=git-receive-pack"]))
                             || (method == "POST" && path.ends_with("/git-receive-pack")))
                 }
                 None => (rule.methods.is_empty() || rule.methods.iter().any(|m| m == method)) && under(&rule.paths),
             };
             if allowed {
-                let credential = rule.credential.as_ref().zip(self.secrets[i].as_deref()).map(|(c, v)| (c.header.as_str(), v));
+                let credential = rule
+                    .credential
+                    .as_ref()
+                    .zip(self.secrets[i].as_deref())
+                    .map(|(c, v)| (c.header.as_str(), v));
                 let git_push = rule.git_push.as_ref().filter(|_| method == "POST");
-                return Decision::Allow { rule: i, credential, git_push };
+                return Decision::Allow {
+                    rule: i,
+                    credential,
+                    git_push,
+                };
             }
         }
         Decision::Deny(format!("no rule of {} allows {method} {host}:{port}{path}", self.name))
@@ -230,7 +270,11 @@ fn abnormal(path: &str) -> Option<&'static str> {
     if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) || path.contains('\\') {
         return Some("the path escapes a '.', '/' or '\\'");
     }
-    if path[1..].split('/').enumerate().any(|(i, seg)| seg == "." || seg == ".." || (seg.is_empty() && i + 1 < path[1..].split('/').count())) {
+    if path[1..]
+        .split('/')
+        .enumerate()
+        .any(|(i, seg)| seg == "." || seg == ".." || (seg.is_empty() && i + 1 < path[1..].split('/').count()))
+    {
         return Some("the path has '.', '..' or empty segments");
     }
     None
@@ -261,12 +305,20 @@ pub fn receive_pack_commands(body: &[u8]) -> Result<Option<(Vec<RefUpdate>, usiz
     let mut updates = Vec::new();
     loop {
         if body.len() < at + 4 {
-            return if at + 4 > MAX_COMMANDS { Err("the push's commands are too long".into()) } else { Ok(None) };
+            return if at + 4 > MAX_COMMANDS {
+                Err("the push's commands are too long".into())
+            } else {
+                Ok(None)
+            };
         }
         let len_text = std::str::from_utf8(&body[at..at + 4]).map_err(|_| "not a pkt-line".to_string())?;
         let len = usize::from_str_radix(len_text, 16).map_err(|_| format!("not a pkt-line length: {len_text:?}"))?;
         if len == 0 {
-            return if updates.is_empty() { Err("a push without ref updates".into()) } else { Ok(Some((updates, at + 4))) };
+            return if updates.is_empty() {
+                Err("a push without ref updates".into())
+            } else {
+                Ok(Some((updates, at + 4)))
+            };
         }
         if len < 4 {
             return Err(format!("a pkt-line of length {len} where commands belong"));
@@ -279,17 +331,30 @@ pub fn receive_pack_commands(body: &[u8]) -> Result<Option<(Vec<RefUpdate>, usiz
         }
         let line = &body[at + 4..at + len];
         let line = line.split(|b| *b == 0).next().unwrap_or(b""); // capabilities after NUL
-        let line = std::str::from_utf8(line).map_err(|_| "a ref update that is not text".to_string())?.trim_end_matches('\n');
+        let line = std::str::from_utf8(line)
+            .map_err(|_| "a ref update that is not text".to_string())?
+            .trim_end_matches('\n');
         if line.starts_with("push-cert") || line.starts_with("shallow") {
-            return Err(format!("{:?} in a push is not supported by the push rule", line.split(' ').next().unwrap_or("")));
+            return Err(format!(
+                "{:?} in a push is not supported by the push rule",
+                line.split(' ').next().unwrap_or("")
+            ));
         }
         let mut parts = line.splitn(3, ' ');
-        let (old, new, name) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let (old, new, name) = (
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+        );
         let hex = |s: &str| (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
         if !hex(old) || !hex(new) || name.is_empty() {
             return Err(format!("not a ref update: {line:?}"));
         }
-        updates.push(RefUpdate { old: old.into(), new: new.into(), name: name.into() });
+        updates.push(RefUpdate {
+            old: old.into(),
+            new: new.into(),
+            name: name.into(),
+        });
         at += len;
     }
 }
@@ -299,8 +364,12 @@ pub fn ref_matches(pattern: &str, name: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == name,
         Some((head, tail)) => {
-            let Some(rest) = name.strip_prefix(head) else { return false };
-            (0..=rest.len()).filter(|&i| rest.is_char_boundary(i)).any(|i| ref_matches(tail, &rest[i..]))
+            let Some(rest) = name.strip_prefix(head) else {
+                return false;
+            };
+            (0..=rest.len())
+                .filter(|&i| rest.is_char_boundary(i))
+                .any(|i| ref_matches(tail, &rest[i..]))
         }
     }
 }
@@ -310,10 +379,17 @@ pub fn ref_matches(pattern: &str, name: &str) -> bool {
 pub fn check_push(rule: &GitPush, updates: &[RefUpdate]) -> Result<(), String> {
     for u in updates {
         if !rule.refs.iter().any(|p| ref_matches(p, &u.name)) {
-            return Err(format!("the push updates {}, which no pattern allows ({})", u.name, rule.refs.join(", ")));
+            return Err(format!(
+                "the push updates {}, which no pattern allows ({})",
+                u.name,
+                rule.refs.join(", ")
+            ));
         }
         if u.is_delete() && !rule.allow_delete {
-            return Err(format!("the push deletes {}, and the rule does not allow deletion", u.name));
+            return Err(format!(
+                "the push deletes {}, and the rule does not allow deletion",
+                u.name
+            ));
         }
     }
     Ok(())
@@ -334,11 +410,24 @@ impl Ca {
         let key = rcgen::KeyPair::generate().map_err(|e| format!("making the egress CA's key: {e}"))?;
         let mut params = rcgen::CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(rcgen::DnType::CommonName, format!("farm egress CA ({name})"));
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("farm egress CA ({name})"));
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
-        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
-        let cert = params.self_signed(&key).map_err(|e| format!("making the egress CA: {e}"))?;
-        Ok(Ca { pem: cert.pem(), der: cert.der().clone(), issuer: rcgen::Issuer::new(params, key), leaves: Default::default() })
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| format!("making the egress CA: {e}"))?;
+        Ok(Ca {
+            pem: cert.pem(),
+            der: cert.der().clone(),
+            issuer: rcgen::Issuer::new(params, key),
+            leaves: Default::default(),
+        })
     }
 
     /// The CA certificate, PEM (what guests trust).
@@ -353,11 +442,14 @@ impl Ca {
             return Ok(c.clone());
         }
         let key = rcgen::KeyPair::generate().map_err(|e| format!("a key for {host}: {e}"))?;
-        let mut params = rcgen::CertificateParams::new(vec![host.clone()]).map_err(|e| format!("a certificate for {host}: {e}"))?;
+        let mut params =
+            rcgen::CertificateParams::new(vec![host.clone()]).map_err(|e| format!("a certificate for {host}: {e}"))?;
         params.distinguished_name = rcgen::DistinguishedName::new();
         params.distinguished_name.push(rcgen::DnType::CommonName, host.clone());
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &self.issuer).map_err(|e| format!("signing a certificate for {host}: {e}"))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| format!("signing a certificate for {host}: {e}"))?;
         let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -367,7 +459,10 @@ impl Ca {
             .with_single_cert(vec![cert.der().clone(), self.der.clone()], key_der)
             .map_err(|e| format!("a TLS configuration for {host}: {e}"))?;
         let config = std::sync::Arc::new(config);
-        self.leaves.lock().unwrap_or_else(|e| e.into_inner()).insert(host, config.clone());
+        self.leaves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(host, config.clone());
         Ok(config)
     }
 }
@@ -376,7 +471,8 @@ impl Ca {
 /// rustls-native-certs), plus the PEM file `FARM_EGRESS_EXTRA_CA` names (a private CA of the
 /// operator's services). Made once.
 pub fn upstream_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
-    static CONFIG: std::sync::OnceLock<Result<std::sync::Arc<rustls::ClientConfig>, String>> = std::sync::OnceLock::new();
+    static CONFIG: std::sync::OnceLock<Result<std::sync::Arc<rustls::ClientConfig>, String>> =
+        std::sync::OnceLock::new();
     CONFIG
         .get_or_init(|| {
             let mut roots = rustls::RootCertStore::empty();
@@ -391,7 +487,9 @@ pub fn upstream_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
                     .collect::<Result<_, _>>()
                     .map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?;
                 for cert in certs {
-                    roots.add(cert).map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?;
                 }
             }
             if roots.is_empty() {
@@ -426,34 +524,139 @@ mod tests {
         ];
         let set = RuleSet::resolve("suite s [rollouts.network]", &rules).unwrap();
         assert!(!format!("{set:?}").contains("s3cret"), "Debug shows no secret");
-        assert!(matches!(set.decide("GET", "PyPI.internal", 80, "/simple/requests/"), Decision::Allow { rule: 0, credential: None, .. }));
-        assert!(matches!(set.decide("POST", "pypi.internal", 80, "/simple/x"), Decision::Deny(_)));
-        assert!(matches!(set.decide("GET", "pypi.internal", 80, "/admin"), Decision::Deny(_)));
-        assert_eq!(set.decide("POST", "api.internal", 8443, "/v1/run?x=1"), Decision::Allow { rule: 1, credential: Some(("Authorization", "Bearer s3cret")), git_push: None });
-        assert!(matches!(set.decide("POST", "api.internal", 443, "/v1/run"), Decision::Deny(_)), "another port");
+        assert!(matches!(
+            set.decide("GET", "PyPI.internal", 80, "/simple/requests/"),
+            Decision::Allow {
+                rule: 0,
+                credential: None,
+                ..
+            }
+        ));
+        assert!(matches!(
+            set.decide("POST", "pypi.internal", 80, "/simple/x"),
+            Decision::Deny(_)
+        ));
+        assert!(matches!(
+            set.decide("GET", "pypi.internal", 80, "/admin"),
+            Decision::Deny(_)
+        ));
+        assert_eq!(
+            set.decide("POST", "api.internal", 8443, "/v1/run?x=1"),
+            Decision::Allow {
+                rule: 1,
+                credential: Some(("Authorization", "Bearer s3cret")),
+                git_push: None
+            }
+        );
+        assert!(
+            matches!(set.decide("POST", "api.internal", 443, "/v1/run"), Decision::Deny(_)),
+            "another port"
+        );
         let denied = set.decide("DELETE", "evil.com", 80, "/");
-        assert_eq!(denied, Decision::Deny("no rule of suite s [rollouts.network] allows DELETE evil.com:80/".into()));
+        assert_eq!(
+            denied,
+            Decision::Deny("no rule of suite s [rollouts.network] allows DELETE evil.com:80/".into())
+        );
         // git push: the refs advertisement and the push; not a fetch, not another repository.
-        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-receive-pack"), Decision::Allow { rule: 2, git_push: None, .. }));
-        assert!(matches!(set.decide("POST", "a.git.internal", 80, "/repo.git/git-receive-pack"), Decision::Allow { rule: 2, git_push: Some(_), .. }));
-        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-upload-pack"), Decision::Deny(_)));
-        assert!(matches!(set.decide("POST", "a.git.internal", 80, "/other.git/git-receive-pack"), Decision::Deny(_)));
-        assert!(matches!(set.decide("POST", "git.internal", 80, "/repo.git/git-receive-pack"), Decision::Deny(_)), "*.x is the subdomains");
+        assert!(matches!(
+            set.decide(
+                "GET",
+                "a.git.internal",
+                80,
+                "/repo.git/info/refs?service=git-receive-pack"
+            ),
+            Decision::Allow {
+                rule: 2,
+                git_push: None,
+                ..
+            }
+        ));
+        assert!(matches!(
+            set.decide("POST", "a.git.internal", 80, "/repo.git/git-receive-pack"),
+            Decision::Allow {
+                rule: 2,
+                git_push: Some(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            set.decide(
+                "GET",
+                "a.git.internal",
+                80,
+                "/repo.git/info/refs?service=git-upload-pack"
+            ),
+            Decision::Deny(_)
+        ));
+        assert!(matches!(
+            set.decide("POST", "a.git.internal", 80, "/other.git/git-receive-pack"),
+            Decision::Deny(_)
+        ));
+        assert!(
+            matches!(
+                set.decide("POST", "git.internal", 80, "/repo.git/git-receive-pack"),
+                Decision::Deny(_)
+            ),
+            "*.x is the subdomains"
+        );
         assert!(set.inspects("pypi.internal", 80) && !set.inspects("pypi.org", 443));
         // Paths that a server would read as another place are refused, whatever the prefix.
-        for sneaky in ["/repo.git/../other.git/git-receive-pack", "/repo.git/%2e%2e/other.git/git-receive-pack", "/repo.git//git-receive-pack", "/simple/./x", "/simple/%2F..%2fadmin", "/simple\\..\\admin"] {
+        for sneaky in [
+            "/repo.git/../other.git/git-receive-pack",
+            "/repo.git/%2e%2e/other.git/git-receive-pack",
+            "/repo.git//git-receive-pack",
+            "/simple/./x",
+            "/simple/%2F..%2fadmin",
+            "/simple\\..\\admin",
+        ] {
             let method = if sneaky.starts_with("/repo") { "POST" } else { "GET" };
-            assert!(matches!(set.decide(method, "a.git.internal", 80, sneaky), Decision::Deny(_)) && matches!(set.decide(method, "pypi.internal", 80, sneaky), Decision::Deny(_)), "{sneaky}");
+            assert!(
+                matches!(set.decide(method, "a.git.internal", 80, sneaky), Decision::Deny(_))
+                    && matches!(set.decide(method, "pypi.internal", 80, sneaky), Decision::Deny(_)),
+                "{sneaky}"
+            );
         }
-        assert!(matches!(set.decide("GET", "pypi.internal", 80, "/simple/"), Decision::Allow { .. }), "a trailing / is fine");
-        assert!(matches!(set.decide("GET", "a.git.internal", 80, "/repo.git/info/refs?service=git-upload-pack&service=git-receive-pack"), Decision::Deny(_)), "one service only");
+        assert!(
+            matches!(
+                set.decide("GET", "pypi.internal", 80, "/simple/"),
+                Decision::Allow { .. }
+            ),
+            "a trailing / is fine"
+        );
+        assert!(
+            matches!(
+                set.decide(
+                    "GET",
+                    "a.git.internal",
+                    80,
+                    "/repo.git/info/refs?service=git-upload-pack&service=git-receive-pack"
+                ),
+                Decision::Deny(_)
+            ),
+            "one service only"
+        );
         // Bad rules name the field; a missing credential names the variable.
         std::env::remove_var("FARM_TEST_EGRESS_MISSING");
-        let missing = RuleSet::resolve("r", &[rule("host = \"a\"\ncredential = { header = \"X-Key\", env = \"FARM_TEST_EGRESS_MISSING\" }")]).unwrap_err();
-        assert!(missing.contains("rules[0].credential") && missing.contains("FARM_TEST_EGRESS_MISSING"), "{missing}");
-        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\nmethods = [\"get\"]")]).unwrap_err().contains("methods"));
-        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\npaths = [\"x\"]")]).unwrap_err().contains("paths"));
-        assert!(RuleSet::resolve("r", &[rule("host = \"a/b\"")]).unwrap_err().contains("host"));
+        let missing = RuleSet::resolve(
+            "r",
+            &[rule(
+                "host = \"a\"\ncredential = { header = \"X-Key\", env = \"FARM_TEST_EGRESS_MISSING\" }",
+            )],
+        )
+        .unwrap_err();
+        assert!(
+            missing.contains("rules[0].credential") && missing.contains("FARM_TEST_EGRESS_MISSING"),
+            "{missing}"
+        );
+        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\nmethods = [\"get\"]")])
+            .unwrap_err()
+            .contains("methods"));
+        assert!(RuleSet::resolve("r", &[rule("host = \"a\"\npaths = [\"x\"]")])
+            .unwrap_err()
+            .contains("paths"));
+        assert!(RuleSet::resolve("r", &[rule("host = \"a/b\"")])
+            .unwrap_err()
+            .contains("host"));
     }
 
     fn pkt(line: &str) -> String {
@@ -463,24 +666,70 @@ mod tests {
     #[test]
     fn a_push_is_read_from_its_commands_and_refused_whole_outside_the_patterns() {
         let (z, a, b) = ("0".repeat(40), "a".repeat(40), "b".repeat(40));
-        let body = format!("{}{}0000PACK...", pkt(&format!("{z} {a} refs/heads/agent/fix\0report-status side-band-64k\n")), pkt(&format!("{a} {b} refs/heads/agent/x/y\n")));
+        let body = format!(
+            "{}{}0000PACK...",
+            pkt(&format!("{z} {a} refs/heads/agent/fix\0report-status side-band-64k\n")),
+            pkt(&format!("{a} {b} refs/heads/agent/x/y\n"))
+        );
         let (updates, used) = receive_pack_commands(body.as_bytes()).unwrap().unwrap();
         assert_eq!(&body[used..], "PACK...");
-        assert_eq!(updates.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(), ["refs/heads/agent/fix", "refs/heads/agent/x/y"]);
-        assert_eq!(receive_pack_commands(&body.as_bytes()[..30]).unwrap(), None, "more bytes needed");
-        let rule = GitPush { refs: vec!["refs/heads/agent/*".into()], allow_delete: false };
+        assert_eq!(
+            updates.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(),
+            ["refs/heads/agent/fix", "refs/heads/agent/x/y"]
+        );
+        assert_eq!(
+            receive_pack_commands(&body.as_bytes()[..30]).unwrap(),
+            None,
+            "more bytes needed"
+        );
+        let rule = GitPush {
+            refs: vec!["refs/heads/agent/*".into()],
+            allow_delete: false,
+        };
         assert!(check_push(&rule, &updates).is_ok());
-        let main = vec![updates[0].clone(), RefUpdate { old: a.clone(), new: b.clone(), name: "refs/heads/main".into() }];
-        assert!(check_push(&rule, &main).unwrap_err().contains("refs/heads/main"), "one bad ref refuses the whole push");
-        let tag = vec![RefUpdate { old: z.clone(), new: a.clone(), name: "refs/tags/v1".into() }];
+        let main = vec![
+            updates[0].clone(),
+            RefUpdate {
+                old: a.clone(),
+                new: b.clone(),
+                name: "refs/heads/main".into(),
+            },
+        ];
+        assert!(
+            check_push(&rule, &main).unwrap_err().contains("refs/heads/main"),
+            "one bad ref refuses the whole push"
+        );
+        let tag = vec![RefUpdate {
+            old: z.clone(),
+            new: a.clone(),
+            name: "refs/tags/v1".into(),
+        }];
         assert!(check_push(&rule, &tag).is_err());
-        let delete = vec![RefUpdate { old: a.clone(), new: z.clone(), name: "refs/heads/agent/old".into() }];
+        let delete = vec![RefUpdate {
+            old: a.clone(),
+            new: z.clone(),
+            name: "refs/heads/agent/old".into(),
+        }];
         assert!(check_push(&rule, &delete).unwrap_err().contains("deletes"));
-        assert!(check_push(&GitPush { allow_delete: true, ..rule.clone() }, &delete).is_ok());
-        for bad in ["zzzz", "0003", &pkt("not an update\n"), &format!("{}0000", pkt(&format!("push-cert\0{a}\n")))] {
+        assert!(check_push(
+            &GitPush {
+                allow_delete: true,
+                ..rule.clone()
+            },
+            &delete
+        )
+        .is_ok());
+        for bad in [
+            "zzzz",
+            "0003",
+            &pkt("not an update\n"),
+            &format!("{}0000", pkt(&format!("push-cert\0{a}\n"))),
+        ] {
             assert!(receive_pack_commands(bad.as_bytes()).is_err(), "{bad}");
         }
-        assert!(ref_matches("refs/heads/*", "refs/heads/a/b") && !ref_matches("refs/heads/agent/*", "refs/heads/agentx"));
+        assert!(
+            ref_matches("refs/heads/*", "refs/heads/a/b") && !ref_matches("refs/heads/agent/*", "refs/heads/agentx")
+        );
     }
 
     #[tokio::test]
@@ -488,22 +737,49 @@ mod tests {
         use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
         let ca = Ca::generate("test").unwrap();
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap()).unwrap();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap())
+            .unwrap();
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let client = std::sync::Arc::new(rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth());
+        let client = std::sync::Arc::new(
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
         let handshake = |asked: &'static str, served: &'static str| {
             let (client, server_config) = (client.clone(), ca.server_config(served).unwrap());
             async move {
                 let (a, b) = tokio::io::duplex(1 << 16);
-                let server = tokio::spawn(async move { tokio_rustls::TlsAcceptor::from(server_config).accept(b).await.is_ok() });
-                let ok = tokio_rustls::TlsConnector::from(client).connect(ServerName::try_from(asked).unwrap(), a).await.is_ok();
+                let server =
+                    tokio::spawn(async move { tokio_rustls::TlsAcceptor::from(server_config).accept(b).await.is_ok() });
+                let ok = tokio_rustls::TlsConnector::from(client)
+                    .connect(ServerName::try_from(asked).unwrap(), a)
+                    .await
+                    .is_ok();
                 let _ = server.await;
                 ok
             }
         };
-        assert!(handshake("api.internal", "api.internal").await, "a guest trusting the CA accepts the host's certificate");
-        assert!(!handshake("bank.example", "api.internal").await, "and no other name with it");
-        assert!(std::sync::Arc::ptr_eq(&ca.server_config("API.internal").unwrap(), &ca.server_config("api.internal").unwrap()), "minted once per host");
-        assert!(!Ca::generate("other").unwrap().pem().is_empty() && Ca::generate("x").unwrap().pem() != ca.pem(), "a new CA each time");
+        assert!(
+            handshake("api.internal", "api.internal").await,
+            "a guest trusting the CA accepts the host's certificate"
+        );
+        assert!(
+            !handshake("bank.example", "api.internal").await,
+            "and no other name with it"
+        );
+        assert!(
+            std::sync::Arc::ptr_eq(
+                &ca.server_config("API.internal").unwrap(),
+                &ca.server_config("api.internal").unwrap()
+            ),
+            "minted once per host"
+        );
+        assert!(
+            !Ca::generate("other").unwrap().pem().is_empty() && Ca::generate("x").unwrap().pem() != ca.pem(),
+            "a new CA each time"
+        );
     }
 }

@@ -51,7 +51,11 @@ impl VmUser {
         std::fs::create_dir_all(lock_dir)?;
         for step in 0..UID_COUNT {
             let uid = UID_BASE + step;
-            let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(lock_dir.join(format!("{uid}.lock")))?;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(lock_dir.join(format!("{uid}.lock")))?;
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                 Ok(lock) => return Ok(VmUser { uid, _lock: lock }),
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
@@ -95,16 +99,20 @@ static CGROUPS: OnceLock<Cgroups> = OnceLock::new();
 
 /// The host's cgroup v2 support, probed once per process.
 pub fn cgroups() -> &'static Cgroups {
-    CGROUPS.get_or_init(|| match find_cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()) {
-        Some(mount) => prepare_parent(&mount),
-        None => Cgroups::Missing("no cgroup v2 file system is mounted".into()),
+    CGROUPS.get_or_init(|| {
+        match find_cgroup2_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()) {
+            Some(mount) => prepare_parent(&mount),
+            None => Cgroups::Missing("no cgroup v2 file system is mounted".into()),
+        }
     })
 }
 
 /// What to tell the user, once, when VMs run without cgroup limits on this host.
 pub fn missing_cgroups_note() -> Option<String> {
     match cgroups() {
-        Cgroups::Missing(reason) => Some(format!("note: QEMU processes run without per-VM cgroup limits (memory.max, pids.max): {reason}")),
+        Cgroups::Missing(reason) => Some(format!(
+            "note: QEMU processes run without per-VM cgroup limits (memory.max, pids.max): {reason}"
+        )),
         Cgroups::Available(_) => None,
     }
 }
@@ -112,7 +120,9 @@ pub fn missing_cgroups_note() -> Option<String> {
 /// The mount point of the cgroup v2 hierarchy, from /proc/self/mountinfo.
 pub fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
         if right.split_whitespace().next() == Some("cgroup2") {
             return left.split_whitespace().nth(4).map(PathBuf::from);
         }
@@ -135,7 +145,9 @@ pub fn prepare_parent(mount: &Path) -> Cgroups {
     }
     let parent = mount.join("farm");
     let enable = |dir: &Path| std::fs::write(dir.join("cgroup.subtree_control"), "+memory +pids");
-    let result = enable(mount).and_then(|_| std::fs::create_dir_all(&parent)).and_then(|_| enable(&parent));
+    let result = enable(mount)
+        .and_then(|_| std::fs::create_dir_all(&parent))
+        .and_then(|_| enable(&parent));
     match result {
         Ok(()) => Cgroups::Available(parent),
         Err(e) => Cgroups::Missing(format!("cannot set up {}: {e}", parent.display())),
@@ -192,20 +204,33 @@ mod tests {
         let v1 = "35 25 0:30 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n";
         assert_eq!(find_cgroup2_mount(v1), None);
         let hybrid = format!("{v1}40 25 0:35 / /sys/fs/cgroup/unified rw,relatime shared:14 - cgroup2 cgroup2 rw\n");
-        assert_eq!(find_cgroup2_mount(&hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            find_cgroup2_mount(&hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
     }
 
     #[test]
     fn a_hierarchy_without_the_controllers_is_reported_and_one_with_them_is_set_up() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("cgroup.controllers"), "cpu io\n").unwrap();
-        let Cgroups::Missing(reason) = prepare_parent(dir.path()) else { panic!("no memory controller") };
+        let Cgroups::Missing(reason) = prepare_parent(dir.path()) else {
+            panic!("no memory controller")
+        };
         assert!(reason.contains("memory"), "{reason}");
         std::fs::write(dir.path().join("cgroup.controllers"), "cpu io memory pids\n").unwrap();
-        let Cgroups::Available(parent) = prepare_parent(dir.path()) else { panic!("controllers present") };
-        assert_eq!(std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(), "+memory +pids");
+        let Cgroups::Available(parent) = prepare_parent(dir.path()) else {
+            panic!("controllers present")
+        };
+        assert_eq!(
+            std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap(),
+            "+memory +pids"
+        );
         let group = VmCgroup::create(&parent, "vm-1", 300 << 20, MAX_PIDS).unwrap();
-        assert_eq!(std::fs::read_to_string(parent.join("vm-1/memory.max")).unwrap(), (300u64 << 20).to_string());
+        assert_eq!(
+            std::fs::read_to_string(parent.join("vm-1/memory.max")).unwrap(),
+            (300u64 << 20).to_string()
+        );
         assert_eq!(std::fs::read_to_string(parent.join("vm-1/pids.max")).unwrap(), "256");
         assert_eq!(group.procs(), parent.join("vm-1/cgroup.procs"));
     }

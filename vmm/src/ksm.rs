@@ -74,7 +74,11 @@ impl KsmHost {
         // SAFETY: PR_GET_MEMORY_MERGE reads a flag of this process and takes no pointers.
         #[allow(unsafe_code)]
         let process_merge = unsafe { libc::prctl(libc::PR_GET_MEMORY_MERGE, 0, 0, 0, 0) } >= 0;
-        KsmHost { present, process_merge, running }
+        KsmHost {
+            present,
+            process_merge,
+            running,
+        }
     }
 
     /// Why `mode` cannot work here, or a note when it would do nothing yet; `Ok(None)` when
@@ -84,10 +88,14 @@ impl KsmHost {
             return Ok(None);
         }
         if !self.present {
-            return Err(format!("KSM {mode} needs a kernel with KSM (CONFIG_KSM): {SYSFS} is missing"));
+            return Err(format!(
+                "KSM {mode} needs a kernel with KSM (CONFIG_KSM): {SYSFS} is missing"
+            ));
         }
         if !self.process_merge {
-            return Err(format!("KSM {mode} needs prctl(PR_SET_MEMORY_MERGE), Linux 6.4 or later"));
+            return Err(format!(
+                "KSM {mode} needs prctl(PR_SET_MEMORY_MERGE), Linux 6.4 or later"
+            ));
         }
         if !self.running {
             return Ok(Some(format!(
@@ -110,8 +118,18 @@ pub struct KsmStats {
 
 impl KsmStats {
     pub fn read() -> Option<KsmStats> {
-        let read = |name: &str| std::fs::read_to_string(format!("{SYSFS}/{name}")).ok()?.trim().parse::<u64>().ok();
-        Some(KsmStats { pages_shared: read("pages_shared")?, pages_sharing: read("pages_sharing")?, full_scans: read("full_scans")? })
+        let read = |name: &str| {
+            std::fs::read_to_string(format!("{SYSFS}/{name}"))
+                .ok()?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        };
+        Some(KsmStats {
+            pages_shared: read("pages_shared")?,
+            pages_sharing: read("pages_sharing")?,
+            full_scans: read("full_scans")?,
+        })
     }
 }
 
@@ -131,14 +149,30 @@ mod tests {
 
     #[test]
     fn a_host_without_ksm_is_named() {
-        let none = KsmHost { present: false, process_merge: false, running: false };
+        let none = KsmHost {
+            present: false,
+            process_merge: false,
+            running: false,
+        };
         assert_eq!(none.check(Ksm::Off), Ok(None));
         assert!(none.check(Ksm::On).unwrap_err().contains("CONFIG_KSM"));
-        let old = KsmHost { present: true, process_merge: false, running: true };
+        let old = KsmHost {
+            present: true,
+            process_merge: false,
+            running: true,
+        };
         assert!(old.check(Ksm::OnNoAslr).unwrap_err().contains("6.4"));
-        let idle = KsmHost { present: true, process_merge: true, running: false };
+        let idle = KsmHost {
+            present: true,
+            process_merge: true,
+            running: false,
+        };
         assert!(idle.check(Ksm::On).unwrap().unwrap().contains("echo 1 >"));
-        let ready = KsmHost { present: true, process_merge: true, running: true };
+        let ready = KsmHost {
+            present: true,
+            process_merge: true,
+            running: true,
+        };
         assert_eq!(ready.check(Ksm::On), Ok(None));
     }
 }

@@ -18,7 +18,9 @@ pub struct ProcessMemory {
 
 impl ProcessMemory {
     pub fn of(pid: u32) -> Option<ProcessMemory> {
-        std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok().map(|t| ProcessMemory::parse(&t))
+        std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+            .ok()
+            .map(|t| ProcessMemory::parse(&t))
     }
 
     pub fn parse(smaps_rollup: &str) -> ProcessMemory {
@@ -71,7 +73,9 @@ pub struct Breakdown {
 impl Breakdown {
     /// `ram_file`: the guest RAM file's path, as `/proc/PID/maps` names it.
     pub fn of(pid: u32, ram_file: &Path) -> Option<Breakdown> {
-        std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok().map(|t| Breakdown::parse(&t, ram_file))
+        std::fs::read_to_string(format!("/proc/{pid}/smaps"))
+            .ok()
+            .map(|t| Breakdown::parse(&t, ram_file))
     }
 
     pub fn parse(smaps: &str, ram_file: &Path) -> Breakdown {
@@ -124,7 +128,10 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
 pub fn ticks_per_second() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().map_or(100, |t| t as u64)
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100, |t| t as u64)
 }
 
 /// Ticks the whole host spent busy and in total, over all cores (`/proc/stat`).
@@ -147,7 +154,9 @@ pub struct HostMemory {
 
 impl HostMemory {
     pub fn probe() -> Option<HostMemory> {
-        std::fs::read_to_string("/proc/meminfo").ok().map(|t| HostMemory::parse(&t))
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .map(|t| HostMemory::parse(&t))
     }
 
     pub fn parse(meminfo: &str) -> HostMemory {
@@ -170,7 +179,9 @@ impl HostMemory {
 /// Processes the OOM killer has killed since boot (`/proc/vmstat` `oom_kill`).
 pub fn oom_kills() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok())
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -210,8 +221,13 @@ Private_Clean:         8 kB
 
     #[test]
     fn rollup_and_meminfo_are_read_in_bytes() {
-        let m = ProcessMemory::parse("Rss: 30000 kB\nPss: 20000 kB\nPrivate_Clean: 100 kB\nPrivate_Dirty: 19000 kB\nSwap: 0 kB\n");
-        assert_eq!((m.rss, m.pss, m.uss, m.private_dirty), (30000 << 10, 20000 << 10, 19100 << 10, 19000 << 10));
+        let m = ProcessMemory::parse(
+            "Rss: 30000 kB\nPss: 20000 kB\nPrivate_Clean: 100 kB\nPrivate_Dirty: 19000 kB\nSwap: 0 kB\n",
+        );
+        assert_eq!(
+            (m.rss, m.pss, m.uss, m.private_dirty),
+            (30000 << 10, 20000 << 10, 19100 << 10, 19000 << 10)
+        );
         let h = HostMemory::parse("MemTotal: 24000000 kB\nMemFree: 1 kB\nMemAvailable: 20000000 kB\n");
         assert_eq!(h.used(), 4_000_000 << 10);
     }

@@ -55,7 +55,10 @@ pub type SharedPolicy = Arc<Mutex<Policy>>;
 const MAX_HEAD: usize = 16 << 10;
 
 /// Serves the port until the VM goes.
-pub fn spawn(stream: std::os::unix::net::UnixStream, policy: SharedPolicy) -> std::io::Result<tokio::task::JoinHandle<()>> {
+pub fn spawn(
+    stream: std::os::unix::net::UnixStream,
+    policy: SharedPolicy,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     stream.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(stream)?;
     Ok(tokio::spawn(serve(stream, policy)))
@@ -95,7 +98,13 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
             match frame.kind {
                 Kind::Open => {
                     if conns.len() >= 256 {
-                        let _ = to_guest.send(Frame { conn: frame.conn, kind: Kind::Close, payload: Vec::new() }).await;
+                        let _ = to_guest
+                            .send(Frame {
+                                conn: frame.conn,
+                                kind: Kind::Close,
+                                payload: Vec::new(),
+                            })
+                            .await;
                     } else {
                         conns.insert(frame.conn, Conn::Head(Vec::new()));
                     }
@@ -141,9 +150,24 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
 pub(crate) async fn refuse(to_guest: &mpsc::Sender<Frame>, conn: u32, status: u16, reason: &str) {
     let body = format!("farm: {reason}\n");
     let text = if status == 403 { "Forbidden" } else { "Bad Request" };
-    let reply = format!("HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-    let _ = to_guest.send(Frame { conn, kind: Kind::Data, payload: reply.into_bytes() }).await;
-    let _ = to_guest.send(Frame { conn, kind: Kind::Close, payload: Vec::new() }).await;
+    let reply = format!(
+        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = to_guest
+        .send(Frame {
+            conn,
+            kind: Kind::Data,
+            payload: reply.into_bytes(),
+        })
+        .await;
+    let _ = to_guest
+        .send(Frame {
+            conn,
+            kind: Kind::Close,
+            payload: Vec::new(),
+        })
+        .await;
 }
 
 /// Header lines a request head may have at most (a proxy client sends a handful).
@@ -177,28 +201,51 @@ struct ProxyRequest {
 fn parse_head(buf: &[u8]) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
-    let refused = |reason: String| Head::Refused { line: request_line(buf), reason };
+    let refused = |reason: String| Head::Refused {
+        line: request_line(buf),
+        reason,
+    };
     let head_len = match request.parse(buf) {
         Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD => n,
         Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => return Head::Partial,
         Ok(_) => return refused(format!("the proxy request head is too long (at most {MAX_HEAD} bytes)")),
         Err(e) => return refused(format!("not a proxy request: malformed request head ({e})")),
     };
-    let (method, uri, version) = (request.method.unwrap_or(""), request.path.unwrap_or(""), request.version.unwrap_or(1));
+    let (method, uri, version) = (
+        request.method.unwrap_or(""),
+        request.path.unwrap_or(""),
+        request.version.unwrap_or(1),
+    );
     let not_proxy = || refused("not a proxy request: use CONNECT host:port or an absolute http:// URL".into());
     if method == "CONNECT" {
-        let Some((host, port)) = authority(uri, None) else { return not_proxy() };
-        return Head::Proxy(ProxyRequest { host, port, tunnel: true, first: buf[head_len..].to_vec() });
+        let Some((host, port)) = authority(uri, None) else {
+            return not_proxy();
+        };
+        return Head::Proxy(ProxyRequest {
+            host,
+            port,
+            tunnel: true,
+            first: buf[head_len..].to_vec(),
+        });
     }
-    let Some(rest) = uri.strip_prefix("http://") else { return not_proxy() };
+    let Some(rest) = uri.strip_prefix("http://") else {
+        return not_proxy();
+    };
     let (authority_text, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let Some((host, port)) = authority(authority_text, Some(80)) else { return not_proxy() };
+    let Some((host, port)) = authority(authority_text, Some(80)) else {
+        return not_proxy();
+    };
     let mut first = format!("{method} {path} HTTP/1.{version}\r\n").into_bytes();
     first.extend_from_slice(&buf[request_line_end(buf) + 1..]);
-    Head::Proxy(ProxyRequest { host, port, tunnel: false, first })
+    Head::Proxy(ProxyRequest {
+        host,
+        port,
+        tunnel: false,
+        first,
+    })
 }
 
 /// `host:port`, or `host` with `default_port`; an IPv6 host is in brackets.
@@ -225,8 +272,14 @@ fn authority(text: &str, default_port: Option<u16>) -> Option<(String, u16)> {
 
 /// Where the request line ends (its `\n`), past any empty lines before it.
 fn request_line_end(buf: &[u8]) -> usize {
-    let start = buf.iter().position(|b| !matches!(b, b'\r' | b'\n')).unwrap_or(buf.len());
-    buf[start..].iter().position(|&b| b == b'\n').map_or(buf.len(), |i| start + i)
+    let start = buf
+        .iter()
+        .position(|b| !matches!(b, b'\r' | b'\n'))
+        .unwrap_or(buf.len());
+    buf[start..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(buf.len(), |i| start + i)
 }
 
 /// The request line as text, for the log (at most 200 characters).
@@ -236,42 +289,94 @@ fn request_line(buf: &[u8]) -> String {
 }
 
 /// Checks a connection's request and connects it upstream; None when refused.
-async fn open(conn: u32, request: ProxyRequest, head: &[u8], policy: &Policy, to_guest: mpsc::Sender<Frame>) -> Option<mpsc::Sender<Vec<u8>>> {
-    let ProxyRequest { host, port, tunnel, first } = request;
+async fn open(
+    conn: u32,
+    request: ProxyRequest,
+    head: &[u8],
+    policy: &Policy,
+    to_guest: mpsc::Sender<Frame>,
+) -> Option<mpsc::Sender<Vec<u8>>> {
+    let ProxyRequest {
+        host,
+        port,
+        tunnel,
+        first,
+    } = request;
     if policy.rules.inspects(&host, port) {
         if tunnel {
             let refused = to_guest.clone();
             let opened = crate::net_http::inspect_tls(conn, first, policy.clone(), to_guest, host.clone(), port);
             if opened.is_none() {
-                refuse(&refused, conn, 403, &format!("{host}:{port} could not be intercepted (see the log)")).await;
+                refuse(
+                    &refused,
+                    conn,
+                    403,
+                    &format!("{host}:{port} could not be intercepted (see the log)"),
+                )
+                .await;
             }
             return opened;
         }
         return Some(crate::net_http::inspect(conn, head.to_vec(), policy.clone(), to_guest));
     }
     if !policy.allows(&host, port) {
-        let allowed = if policy.allow.is_empty() { "none".to_string() } else { policy.allow.join(", ") };
+        let allowed = if policy.allow.is_empty() {
+            "none".to_string()
+        } else {
+            policy.allow.join(", ")
+        };
         policy.report(&format!("network: denied {host}:{port} (allowed: {allowed})"));
-        refuse(&to_guest, conn, 403, &format!("egress to {host}:{port} is not allowed (allowlist: {allowed})")).await;
+        refuse(
+            &to_guest,
+            conn,
+            403,
+            &format!("egress to {host}:{port} is not allowed (allowlist: {allowed})"),
+        )
+        .await;
         return None;
     }
-    let target = if host.eq_ignore_ascii_case(HOST_ALIAS) { "127.0.0.1" } else { host.as_str() };
-    let upstream = match tokio::time::timeout(Duration::from_secs(15), tokio::net::TcpStream::connect((target, port))).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            policy.report(&format!("network: allowed {host}:{port}, but connecting failed: {e}"));
-            refuse(&to_guest, conn, 403, &format!("connecting to {host}:{port} failed: {e}")).await;
-            return None;
-        }
-        Err(_) => {
-            policy.report(&format!("network: allowed {host}:{port}, but it did not answer within 15 s"));
-            refuse(&to_guest, conn, 403, &format!("{host}:{port} did not answer within 15 s")).await;
-            return None;
-        }
+    let target = if host.eq_ignore_ascii_case(HOST_ALIAS) {
+        "127.0.0.1"
+    } else {
+        host.as_str()
     };
+    let upstream =
+        match tokio::time::timeout(Duration::from_secs(15), tokio::net::TcpStream::connect((target, port))).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                policy.report(&format!("network: allowed {host}:{port}, but connecting failed: {e}"));
+                refuse(
+                    &to_guest,
+                    conn,
+                    403,
+                    &format!("connecting to {host}:{port} failed: {e}"),
+                )
+                .await;
+                return None;
+            }
+            Err(_) => {
+                policy.report(&format!(
+                    "network: allowed {host}:{port}, but it did not answer within 15 s"
+                ));
+                refuse(
+                    &to_guest,
+                    conn,
+                    403,
+                    &format!("{host}:{port} did not answer within 15 s"),
+                )
+                .await;
+                return None;
+            }
+        };
     policy.report(&format!("network: allowed {host}:{port}"));
     if tunnel {
-        let _ = to_guest.send(Frame { conn, kind: Kind::Data, payload: b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec() }).await;
+        let _ = to_guest
+            .send(Frame {
+                conn,
+                kind: Kind::Data,
+                payload: b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec(),
+            })
+            .await;
     }
     let (mut up_read, mut up_write) = upstream.into_split();
     let (to_up, mut from_guest) = mpsc::channel::<Vec<u8>>(64);
@@ -292,13 +397,27 @@ async fn open(conn: u32, request: ProxyRequest, head: &[u8], policy: &Policy, to
             match up_read.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if to_guest.send(Frame { conn, kind: Kind::Data, payload: buf[..n].to_vec() }).await.is_err() {
+                    if to_guest
+                        .send(Frame {
+                            conn,
+                            kind: Kind::Data,
+                            payload: buf[..n].to_vec(),
+                        })
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
             }
         }
-        let _ = to_guest.send(Frame { conn, kind: Kind::Close, payload: Vec::new() }).await;
+        let _ = to_guest
+            .send(Frame {
+                conn,
+                kind: Kind::Close,
+                payload: Vec::new(),
+            })
+            .await;
     });
     Some(to_up)
 }
@@ -324,28 +443,66 @@ mod tests {
     #[test]
     fn proxy_requests_name_their_target() {
         let tunnel = proxy(b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\nTLS");
-        assert_eq!(tunnel, ProxyRequest { host: "pypi.org".into(), port: 443, tunnel: true, first: b"TLS".to_vec() });
+        assert_eq!(
+            tunnel,
+            ProxyRequest {
+                host: "pypi.org".into(),
+                port: 443,
+                tunnel: true,
+                first: b"TLS".to_vec()
+            }
+        );
         assert_eq!(proxy(b"CONNECT [::1]:8443 HTTP/1.1\r\n\r\n").host, "::1");
         let plain = proxy(b"GET http://127.0.0.1:8080/simple/x/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-        assert_eq!((plain.host.as_str(), plain.port, plain.tunnel), ("127.0.0.1", 8080, false));
+        assert_eq!(
+            (plain.host.as_str(), plain.port, plain.tunnel),
+            ("127.0.0.1", 8080, false)
+        );
         assert_eq!(plain.first, b"GET /simple/x/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         let bare = proxy(b"POST http://example.org HTTP/1.0\r\n\r\nbody");
         assert_eq!((bare.port, bare.first), (80, b"POST / HTTP/1.0\r\n\r\nbody".to_vec()));
-        let policy = Policy { allow: vec!["PyPI.org:443".into()], ..Default::default() };
+        let policy = Policy {
+            allow: vec!["PyPI.org:443".into()],
+            ..Default::default()
+        };
         assert!(policy.allows("pypi.org", 443));
         assert!(!policy.allows("pypi.org", 80));
         assert!(!policy.allows("evil.org", 443));
-        let any = Policy { allow: vec!["*".into()], ..Default::default() };
+        let any = Policy {
+            allow: vec!["*".into()],
+            ..Default::default()
+        };
         assert!(any.allows("evil.org", 443) && any.allows("host.farm.internal", 8080));
     }
 
     #[test]
     fn malformed_and_non_proxy_heads_are_refused() {
-        for head in [&b"GET /relative HTTP/1.1\r\n\r\n"[..], b"CONNECT pypi.org HTTP/1.1\r\n\r\n", b"CONNECT :443 HTTP/1.1\r\n\r\n", b"CONNECT pypi.org:https HTTP/1.1\r\n\r\n", b"GET https://pypi.org/ HTTP/1.1\r\n\r\n", b"GET http://:80/ HTTP/1.1\r\n\r\n", b"GET http://x:99999/ HTTP/1.1\r\n\r\n"] {
-            assert!(refused(head).contains("use CONNECT host:port or an absolute http:// URL"), "{:?}", String::from_utf8_lossy(head));
+        for head in [
+            &b"GET /relative HTTP/1.1\r\n\r\n"[..],
+            b"CONNECT pypi.org HTTP/1.1\r\n\r\n",
+            b"CONNECT :443 HTTP/1.1\r\n\r\n",
+            b"CONNECT pypi.org:https HTTP/1.1\r\n\r\n",
+            b"GET https://pypi.org/ HTTP/1.1\r\n\r\n",
+            b"GET http://:80/ HTTP/1.1\r\n\r\n",
+            b"GET http://x:99999/ HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(
+                refused(head).contains("use CONNECT host:port or an absolute http:// URL"),
+                "{:?}",
+                String::from_utf8_lossy(head)
+            );
         }
-        for head in [&b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"[..], b"GET http://x/ HTTP/2.0\r\n\r\n", b"GET http://x/ HTTP/1.1\r\nBad Header\r\n\r\n", b"GET  HTTP/1.1\r\n\r\n"] {
-            assert!(refused(head).contains("malformed request head"), "{:?}", String::from_utf8_lossy(head));
+        for head in [
+            &b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"[..],
+            b"GET http://x/ HTTP/2.0\r\n\r\n",
+            b"GET http://x/ HTTP/1.1\r\nBad Header\r\n\r\n",
+            b"GET  HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(
+                refused(head).contains("malformed request head"),
+                "{:?}",
+                String::from_utf8_lossy(head)
+            );
         }
         let many: String = (0..MAX_HEADERS + 1).map(|i| format!("X-{i}: y\r\n")).collect();
         assert!(refused(format!("GET http://x/ HTTP/1.1\r\n{many}\r\n").as_bytes()).contains("malformed"));
@@ -365,7 +522,10 @@ mod tests {
         assert_eq!(parse_head(&long[..MAX_HEAD]), Head::Partial);
         assert!(refused(&long).contains("too long"));
         long.extend_from_slice(b"\r\n");
-        assert!(refused(&long).contains("too long"), "a complete head past the limit is refused too");
+        assert!(
+            refused(&long).contains("too long"),
+            "a complete head past the limit is refused too"
+        );
     }
 
     /// Frames from a fake guest through the served port: a head split across frames reaches
@@ -375,14 +535,28 @@ mod tests {
     async fn the_port_relays_allowed_requests_and_answers_the_rest() {
         let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = upstream.local_addr().unwrap().port();
-        let policy: SharedPolicy = Arc::new(Mutex::new(Policy { allow: vec![format!("127.0.0.1:{port}")], ..Default::default() }));
+        let policy: SharedPolicy = Arc::new(Mutex::new(Policy {
+            allow: vec![format!("127.0.0.1:{port}")],
+            ..Default::default()
+        }));
         let (guest, host) = tokio::net::UnixStream::pair().unwrap();
         tokio::spawn(serve(host, policy));
         let (mut from_host, mut to_host) = guest.into_split();
-        let send = |conn: u32, kind: Kind, payload: &[u8]| Frame { conn, kind, payload: payload.to_vec() }.encode();
+        let send = |conn: u32, kind: Kind, payload: &[u8]| {
+            Frame {
+                conn,
+                kind,
+                payload: payload.to_vec(),
+            }
+            .encode()
+        };
         let head = format!("GET http://127.0.0.1:{port}/pkg HTTP/1.1\r\nHost: x\r\n\r\n");
         let (first, second) = head.as_bytes().split_at(20);
-        for frame in [send(1, Kind::Open, b""), send(1, Kind::Data, first), send(1, Kind::Data, second)] {
+        for frame in [
+            send(1, Kind::Open, b""),
+            send(1, Kind::Data, first),
+            send(1, Kind::Data, second),
+        ] {
             to_host.write_all(&frame).await.unwrap();
         }
         let (mut served, _) = upstream.accept().await.unwrap();
@@ -391,9 +565,15 @@ mod tests {
         served.read_exact(&mut got[..expected.len()]).await.unwrap();
         assert_eq!(&got[..expected.len()], expected);
 
-        for (conn, head) in [(2, "NOT A REQUEST\r\n\r\n".to_string()), (3, "CONNECT evil.org:443 HTTP/1.1\r\n\r\n".to_string())] {
+        for (conn, head) in [
+            (2, "NOT A REQUEST\r\n\r\n".to_string()),
+            (3, "CONNECT evil.org:443 HTTP/1.1\r\n\r\n".to_string()),
+        ] {
             to_host.write_all(&send(conn, Kind::Open, b"")).await.unwrap();
-            to_host.write_all(&send(conn, Kind::Data, head.as_bytes())).await.unwrap();
+            to_host
+                .write_all(&send(conn, Kind::Data, head.as_bytes()))
+                .await
+                .unwrap();
         }
         let mut replies: HashMap<u32, String> = HashMap::new();
         let mut pending = Vec::new();
@@ -404,10 +584,17 @@ mod tests {
             pending.extend_from_slice(&buf[..n]);
             while let Some((frame, used)) = Frame::decode(&pending).unwrap() {
                 pending.drain(..used);
-                replies.entry(frame.conn).or_default().push_str(&String::from_utf8_lossy(&frame.payload));
+                replies
+                    .entry(frame.conn)
+                    .or_default()
+                    .push_str(&String::from_utf8_lossy(&frame.payload));
             }
         }
         assert!(replies[&2].starts_with("HTTP/1.1 400 Bad Request"), "{}", replies[&2]);
-        assert!(replies[&3].starts_with("HTTP/1.1 403 Forbidden") && replies[&3].contains("evil.org:443"), "{}", replies[&3]);
+        assert!(
+            replies[&3].starts_with("HTTP/1.1 403 Forbidden") && replies[&3].contains("evil.org:443"),
+            "{}",
+            replies[&3]
+        );
     }
 }

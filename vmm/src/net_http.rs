@@ -26,14 +26,21 @@ type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Serves one guest connection whose first bytes (`head`, a proxy request in absolute form)
 /// were read already; returns where the guest's further bytes go.
-pub(crate) fn inspect(conn: u32, head: Vec<u8>, policy: Policy, to_guest: mpsc::Sender<Frame>) -> mpsc::Sender<Vec<u8>> {
+pub(crate) fn inspect(
+    conn: u32,
+    head: Vec<u8>,
+    policy: Policy,
+    to_guest: mpsc::Sender<Frame>,
+) -> mpsc::Sender<Vec<u8>> {
     let (to_up, proxy_side) = pump(conn, head, to_guest);
     tokio::spawn(async move {
         let service = hyper::service::service_fn(move |request| {
             let policy = policy.clone();
             async move { Ok::<_, Infallible>(handle(request, &policy, None).await) }
         });
-        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(proxy_side), service).await;
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(proxy_side), service)
+            .await;
     });
     to_up
 }
@@ -41,7 +48,14 @@ pub(crate) fn inspect(conn: u32, head: Vec<u8>, policy: Policy, to_guest: mpsc::
 /// Serves a guest's `CONNECT host:port` to an inspected host: answers it, then terminates the
 /// guest's TLS with a certificate for `host` from the rules' CA, and serves the requests
 /// inside as [`inspect`] does, upstream over TLS checked against the host's trust store.
-pub(crate) fn inspect_tls(conn: u32, after_head: Vec<u8>, policy: Policy, to_guest: mpsc::Sender<Frame>, host: String, port: u16) -> Option<mpsc::Sender<Vec<u8>>> {
+pub(crate) fn inspect_tls(
+    conn: u32,
+    after_head: Vec<u8>,
+    policy: Policy,
+    to_guest: mpsc::Sender<Frame>,
+    host: String,
+    port: u16,
+) -> Option<mpsc::Sender<Vec<u8>>> {
     let config = match policy.rules.ca().map(|ca| ca.server_config(&host)) {
         Some(Ok(config)) => config,
         Some(Err(e)) => {
@@ -53,7 +67,11 @@ pub(crate) fn inspect_tls(conn: u32, after_head: Vec<u8>, policy: Policy, to_gue
     let (to_up, mut proxy_side) = pump(conn, after_head, to_guest);
     tokio::spawn(async move {
         // The answer to CONNECT goes to the guest first (the pump carries it).
-        if proxy_side.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
+        if proxy_side
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .is_err()
+        {
             return;
         }
         let tls = match tokio_rustls::TlsAcceptor::from(config).accept(proxy_side).await {
@@ -68,7 +86,9 @@ pub(crate) fn inspect_tls(conn: u32, after_head: Vec<u8>, policy: Policy, to_gue
             let (policy, tunnel) = (policy.clone(), tunnel.clone());
             async move { Ok::<_, Infallible>(handle(request, &policy, Some(&tunnel)).await) }
         });
-        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(tls), service)
+            .await;
     });
     Some(to_up)
 }
@@ -96,21 +116,42 @@ fn pump(conn: u32, first: Vec<u8>, to_guest: mpsc::Sender<Frame>) -> (mpsc::Send
             match from_proxy.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if to_guest.send(Frame { conn, kind: Kind::Data, payload: buf[..n].to_vec() }).await.is_err() {
+                    if to_guest
+                        .send(Frame {
+                            conn,
+                            kind: Kind::Data,
+                            payload: buf[..n].to_vec(),
+                        })
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
             }
         }
-        let _ = to_guest.send(Frame { conn, kind: Kind::Close, payload: Vec::new() }).await;
+        let _ = to_guest
+            .send(Frame {
+                conn,
+                kind: Kind::Close,
+                payload: Vec::new(),
+            })
+            .await;
     });
     (to_up, proxy_side)
 }
 
 fn plain(status: StatusCode, text: String) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(format!("farm: {text}\n"))).map_err(|never| match never {}).boxed());
+    let mut response = Response::new(
+        Full::new(Bytes::from(format!("farm: {text}\n")))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
     *response.status_mut() = status;
-    response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain"),
+    );
     response
 }
 
@@ -118,23 +159,50 @@ fn plain(status: StatusCode, text: String) -> Response<Body> {
 /// an intercepted TLS tunnel to `tunnel`.
 async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(String, u16)>) -> Response<Body> {
     let method = request.method().as_str().to_string();
-    let authority = request.uri().authority().map(|a| a.to_string()).or_else(|| request.headers().get(hyper::header::HOST).and_then(|h| h.to_str().ok()).map(String::from));
+    let authority = request.uri().authority().map(|a| a.to_string()).or_else(|| {
+        request
+            .headers()
+            .get(hyper::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(String::from)
+    });
     let target_of = |a: &str| match a.rsplit_once(':') {
         Some((h, p)) => p.parse().ok().map(|p| (h.to_string(), p)),
         None => Some((a.to_string(), 80)),
     };
     let Some((host, port)) = tunnel.cloned().or_else(|| authority.as_deref().and_then(target_of)) else {
-        return plain(StatusCode::BAD_REQUEST, "a proxy request needs an absolute http:// URL".into());
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "a proxy request needs an absolute http:// URL".into(),
+        );
     };
-    let target = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+    let target = request
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
     let scheme = if tunnel.is_some() { "https://" } else { "" };
-    let shown = format!("{method} {scheme}{host}:{port}{}", target.split('?').next().unwrap_or(""));
+    let shown = format!(
+        "{method} {scheme}{host}:{port}{}",
+        target.split('?').next().unwrap_or("")
+    );
     let (credential, git_push, rule) = match policy.rules.decide(&method, &host, port, &target) {
         Decision::Deny(reason) => {
             policy.report(&format!("network: denied {shown}: {reason}"));
-            return plain(StatusCode::FORBIDDEN, format!("{reason} (request rules: {})", policy.rules.name));
+            return plain(
+                StatusCode::FORBIDDEN,
+                format!("{reason} (request rules: {})", policy.rules.name),
+            );
         }
-        Decision::Allow { rule, credential, git_push } => (credential.map(|(h, v)| (h.to_string(), v.to_string())), git_push.cloned(), rule),
+        Decision::Allow {
+            rule,
+            credential,
+            git_push,
+        } => (
+            credential.map(|(h, v)| (h.to_string(), v.to_string())),
+            git_push.cloned(),
+            rule,
+        ),
     };
     let (mut parts, body) = request.into_parts();
     // The body, as the upstream gets it; for a push, its commands are read and checked first.
@@ -149,7 +217,10 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
                     Ok(None) => {}
                     Err(e) => {
                         policy.report(&format!("network: denied {shown}: {e}"));
-                        return plain(StatusCode::FORBIDDEN, format!("push refused: {e} (request rules: {})", policy.rules.name));
+                        return plain(
+                            StatusCode::FORBIDDEN,
+                            format!("push refused: {e} (request rules: {})", policy.rules.name),
+                        );
                     }
                 }
                 match body.frame().await {
@@ -158,18 +229,27 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
                             prefix.extend_from_slice(&data);
                         }
                     }
-                    Some(Err(_)) | None => return plain(StatusCode::BAD_REQUEST, "the push ended before its ref updates".into()),
+                    Some(Err(_)) | None => {
+                        return plain(StatusCode::BAD_REQUEST, "the push ended before its ref updates".into())
+                    }
                 }
             };
             if parts.headers.contains_key(hyper::header::CONTENT_ENCODING) {
                 policy.report(&format!("network: denied {shown}: an encoded push body"));
-                return plain(StatusCode::FORBIDDEN, "push refused: an encoded (compressed) push body is not read by the push rule".into());
+                return plain(
+                    StatusCode::FORBIDDEN,
+                    "push refused: an encoded (compressed) push body is not read by the push rule".into(),
+                );
             }
             if let Err(e) = check_push(push, &updates) {
                 policy.report(&format!("network: denied {shown}: {e}"));
-                return plain(StatusCode::FORBIDDEN, format!("push refused: {e} (request rules: {})", policy.rules.name));
+                return plain(
+                    StatusCode::FORBIDDEN,
+                    format!("push refused: {e} (request rules: {})", policy.rules.name),
+                );
             }
-            let first = futures_util::stream::once(async move { Ok::<_, hyper::Error>(BodyFrame::data(Bytes::from(prefix))) });
+            let first =
+                futures_util::stream::once(async move { Ok::<_, hyper::Error>(BodyFrame::data(Bytes::from(prefix))) });
             let rest = http_body_util::BodyStream::new(body);
             BodyExt::boxed(StreamBody::new(first.chain(rest)))
         }
@@ -180,7 +260,11 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
         parts.headers.remove(name);
     }
     // The host the rules checked is the one the server hears of (no other virtual host).
-    let host_header = if (tunnel.is_some() && port == 443) || (tunnel.is_none() && port == 80) { host.clone() } else { format!("{host}:{port}") };
+    let host_header = if (tunnel.is_some() && port == 443) || (tunnel.is_none() && port == 80) {
+        host.clone()
+    } else {
+        format!("{host}:{port}")
+    };
     match hyper::header::HeaderValue::from_str(&host_header) {
         Ok(value) => {
             parts.headers.insert(hyper::header::HOST, value);
@@ -188,19 +272,46 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
         Err(_) => return plain(StatusCode::BAD_REQUEST, format!("{host} is not a host name")),
     }
     if let Some((header, value)) = &credential {
-        match (hyper::header::HeaderName::from_bytes(header.as_bytes()), hyper::header::HeaderValue::from_str(value)) {
+        match (
+            hyper::header::HeaderName::from_bytes(header.as_bytes()),
+            hyper::header::HeaderValue::from_str(value),
+        ) {
             (Ok(name), Ok(mut value)) => {
                 value.set_sensitive(true);
                 parts.headers.insert(name, value);
             }
-            _ => return plain(StatusCode::INTERNAL_SERVER_ERROR, "the rule's credential is not a valid header".into()),
+            _ => {
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the rule's credential is not a valid header".into(),
+                )
+            }
         }
     }
-    let upstream_host = if host.eq_ignore_ascii_case(HOST_ALIAS) { "127.0.0.1".to_string() } else { host.clone() };
-    let stream = match tokio::time::timeout(Duration::from_secs(15), tokio::net::TcpStream::connect((upstream_host.as_str(), port))).await {
+    let upstream_host = if host.eq_ignore_ascii_case(HOST_ALIAS) {
+        "127.0.0.1".to_string()
+    } else {
+        host.clone()
+    };
+    let stream = match tokio::time::timeout(
+        Duration::from_secs(15),
+        tokio::net::TcpStream::connect((upstream_host.as_str(), port)),
+    )
+    .await
+    {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return plain(StatusCode::BAD_GATEWAY, format!("connecting to {host}:{port} failed: {e}")),
-        Err(_) => return plain(StatusCode::GATEWAY_TIMEOUT, format!("{host}:{port} did not answer within 15 s")),
+        Ok(Err(e)) => {
+            return plain(
+                StatusCode::BAD_GATEWAY,
+                format!("connecting to {host}:{port} failed: {e}"),
+            )
+        }
+        Err(_) => {
+            return plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!("{host}:{port} did not answer within 15 s"),
+            )
+        }
     };
     let request = Request::from_parts(parts, body);
     let sent = if tunnel.is_some() {
@@ -223,7 +334,11 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
     } else {
         send(TokioIo::new(stream), request).await
     };
-    policy.report(&format!("network: allowed {shown} (rule {rule} of {}{})", policy.rules.name, if credential.is_some() { ", credential added" } else { "" }));
+    policy.report(&format!(
+        "network: allowed {shown} (rule {rule} of {}{})",
+        policy.rules.name,
+        if credential.is_some() { ", credential added" } else { "" }
+    ));
     match sent {
         Ok(response) => response.map(|b| b.boxed()),
         Err(e) => plain(StatusCode::BAD_GATEWAY, format!("{host}:{port} failed: {e}")),
@@ -239,4 +354,3 @@ where
     tokio::spawn(connection);
     sender.send_request(request).await
 }
-

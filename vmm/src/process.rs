@@ -51,7 +51,12 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
                 // This thread never exits while the process lives (the sender is in a static),
                 // which is what keeps PR_SET_PDEATHSIG from firing early.
                 for job in rx {
-                    let SpawnJob { mut command, fds, confinement, reply } = job;
+                    let SpawnJob {
+                        mut command,
+                        fds,
+                        confinement,
+                        reply,
+                    } = job;
                     let result = spawn_here(&mut command, &fds, &confinement);
                     drop(fds);
                     let _ = reply.send(result);
@@ -122,7 +127,9 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
             }
             if ksm == crate::Ksm::OnNoAslr {
                 let current = libc::personality(0xffff_ffff);
-                if current == -1 || libc::personality(current as libc::c_ulong | libc::ADDR_NO_RANDOMIZE as libc::c_ulong) == -1 {
+                if current == -1
+                    || libc::personality(current as libc::c_ulong | libc::ADDR_NO_RANDOMIZE as libc::c_ulong) == -1
+                {
                     return Err(io::Error::last_os_error());
                 }
             }
@@ -148,14 +155,24 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
             // close-on-exec (rather than closed now, so std's own pipe that reports a failed
             // exec keeps working until the exec). Raw: nix 0.29 has no close_range.
             const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-            if libc::syscall(libc::SYS_close_range, first_free as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC) != 0 {
+            if libc::syscall(
+                libc::SYS_close_range,
+                first_free as libc::c_uint,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            ) != 0
+            {
                 for fd in first_free..65536 {
                     let _ = fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
                 }
             }
             // Only now the open-file limit: every descriptor above the passed ones closes at
             // exec, so QEMU starts with a handful however many farm holds.
-            setrlimit(Resource::RLIMIT_NOFILE, crate::jail::MAX_OPEN_FILES, crate::jail::MAX_OPEN_FILES)?;
+            setrlimit(
+                Resource::RLIMIT_NOFILE,
+                crate::jail::MAX_OPEN_FILES,
+                crate::jail::MAX_OPEN_FILES,
+            )?;
             setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
             Ok(())
         });
@@ -174,17 +191,30 @@ impl QemuProcess {
     /// Starts `command` from the spawner thread, passing each `(fd, number)` to the child,
     /// confined as `confinement` says.
     pub fn spawn(command: Command, fds: Vec<(OwnedFd, i32)>, confinement: Confinement) -> io::Result<QemuProcess> {
-        assert!(fds.len() <= MAX_PASSED_FDS, "at most {MAX_PASSED_FDS} fds are passed to a child");
+        assert!(
+            fds.len() <= MAX_PASSED_FDS,
+            "at most {MAX_PASSED_FDS} fds are passed to a child"
+        );
         let (reply, result) = mpsc::channel();
         spawner()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .send(SpawnJob { command, fds, confinement, reply })
+            .send(SpawnJob {
+                command,
+                fds,
+                confinement,
+                reply,
+            })
             .map_err(|_| io::Error::other("the QEMU spawner thread is gone"))?;
-        let child = result.recv().map_err(|_| io::Error::other("the QEMU spawner thread is gone"))??;
+        let child = result
+            .recv()
+            .map_err(|_| io::Error::other("the QEMU spawner thread is gone"))??;
         let pid = child.id();
         live_children().lock().unwrap_or_else(|p| p.into_inner()).insert(pid);
-        Ok(QemuProcess { child: Some(child), pid })
+        Ok(QemuProcess {
+            child: Some(child),
+            pid,
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -197,7 +227,10 @@ impl QemuProcess {
         match child.try_wait() {
             Ok(Some(status)) => {
                 self.child = None;
-                live_children().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+                live_children()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&self.pid);
                 Some(status.to_string())
             }
             _ => None,
@@ -209,15 +242,25 @@ impl QemuProcess {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
-            live_children().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+            live_children()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.pid);
         }
     }
 
     /// Waits for the process to exit on its own (after `quit`), reaping it.
     pub fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
-        let status = self.child.as_mut().map(|c| c.wait()).unwrap_or_else(|| Err(io::Error::other("already reaped")))?;
+        let status = self
+            .child
+            .as_mut()
+            .map(|c| c.wait())
+            .unwrap_or_else(|| Err(io::Error::other("already reaped")))?;
         self.child = None;
-        live_children().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.pid);
+        live_children()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.pid);
         Ok(status)
     }
 }
@@ -231,7 +274,12 @@ impl Drop for QemuProcess {
 /// Kills every QEMU this process started that is still alive. For signal handlers and
 /// panic hooks; normal paths rely on [`QemuProcess`]'s drop.
 pub fn kill_all() {
-    let pids: Vec<u32> = live_children().lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+    let pids: Vec<u32> = live_children()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .copied()
+        .collect();
     for pid in pids {
         // A child is removed from the registry as soon as it is reaped; only a reap racing
         // with this loop could leave a stale pid.
@@ -248,7 +296,12 @@ pub fn kill_pid(pid: u32) {
 
 /// The QEMU processes this process started that are still alive.
 pub fn live_pids() -> Vec<u32> {
-    live_children().lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect()
+    live_children()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .copied()
+        .collect()
 }
 
 /// Number of QEMU processes this process started that are still alive.
@@ -279,15 +332,35 @@ pub struct HostLimits {
 
 impl HostLimits {
     pub fn probe() -> HostLimits {
-        let read_u64 = |path: &str| std::fs::read_to_string(path).ok().and_then(|t| t.trim().parse::<u64>().ok());
-        let open_files = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(_, hard)| hard).unwrap_or(1024);
+        let read_u64 = |path: &str| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+        };
+        let open_files = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(_, hard)| hard)
+            .unwrap_or(1024);
         // /proc/loadavg: "0.00 0.01 0.05 1/234 5678": running/total tasks.
-        let tasks_now = std::fs::read_to_string("/proc/loadavg").ok().and_then(|t| t.split_whitespace().nth(3).and_then(|f| f.split('/').nth(1)).and_then(|n| n.parse().ok())).unwrap_or(0);
+        let tasks_now = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|t| {
+                t.split_whitespace()
+                    .nth(3)
+                    .and_then(|f| f.split('/').nth(1))
+                    .and_then(|n| n.parse().ok())
+            })
+            .unwrap_or(0);
         let cgroup_pids_max = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|text| {
             text.lines().find_map(|line| {
                 let mut parts = line.splitn(3, ':');
                 let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-                let base = if controllers.split(',').any(|c| c == "pids") { "/sys/fs/cgroup/pids" } else if controllers.is_empty() { "/sys/fs/cgroup" } else { return None };
+                let base = if controllers.split(',').any(|c| c == "pids") {
+                    "/sys/fs/cgroup/pids"
+                } else if controllers.is_empty() {
+                    "/sys/fs/cgroup"
+                } else {
+                    return None;
+                };
                 read_u64(&format!("{base}{path}/pids.max"))
             })
         });
@@ -312,10 +385,20 @@ impl HostLimits {
         }
         let tasks = self.tasks_now + vms * THREADS_PER_VM;
         if self.threads_max < tasks {
-            out.push(format!("{vms} VMs need about {} more threads and kernel.threads-max is {}: `sysctl -w kernel.threads-max={}`", vms * THREADS_PER_VM, self.threads_max, tasks * 2));
+            out.push(format!(
+                "{vms} VMs need about {} more threads and kernel.threads-max is {}: `sysctl -w kernel.threads-max={}`",
+                vms * THREADS_PER_VM,
+                self.threads_max,
+                tasks * 2
+            ));
         }
         if self.pid_max < tasks {
-            out.push(format!("{vms} VMs need about {} more process ids and kernel.pid_max is {}: `sysctl -w kernel.pid_max={}`", vms * THREADS_PER_VM, self.pid_max, (tasks * 2).min(4_194_304)));
+            out.push(format!(
+                "{vms} VMs need about {} more process ids and kernel.pid_max is {}: `sysctl -w kernel.pid_max={}`",
+                vms * THREADS_PER_VM,
+                self.pid_max,
+                (tasks * 2).min(4_194_304)
+            ));
         }
         if let Some(max) = self.cgroup_pids_max {
             if max < vms * THREADS_PER_VM + 64 {
@@ -345,14 +428,34 @@ mod limits_tests {
 
     #[test]
     fn each_limit_that_stops_many_vms_is_named_with_the_setting_that_lifts_it() {
-        let roomy = HostLimits { open_files: 1 << 20, threads_max: 1 << 20, pid_max: 4_194_304, tasks_now: 300, cgroup_pids_max: None };
+        let roomy = HostLimits {
+            open_files: 1 << 20,
+            threads_max: 1 << 20,
+            pid_max: 4_194_304,
+            tasks_now: 300,
+            cgroup_pids_max: None,
+        };
         assert!(roomy.problems(1000).is_empty());
-        let tight = HostLimits { open_files: 4096, threads_max: 6000, pid_max: 32768, tasks_now: 300, cgroup_pids_max: Some(4000) };
+        let tight = HostLimits {
+            open_files: 4096,
+            threads_max: 6000,
+            pid_max: 32768,
+            tasks_now: 300,
+            cgroup_pids_max: Some(4000),
+        };
         let problems = tight.problems(1000);
         assert_eq!(problems.len(), 3, "{problems:#?}");
-        assert!(problems[0].contains("ulimit -Hn 10256") && problems[0].contains("LimitNOFILE"), "{}", problems[0]);
+        assert!(
+            problems[0].contains("ulimit -Hn 10256") && problems[0].contains("LimitNOFILE"),
+            "{}",
+            problems[0]
+        );
         assert!(problems[1].contains("kernel.threads-max"), "{}", problems[1]);
-        assert!(problems[2].contains("pids.max") && problems[2].contains("TasksMax"), "{}", problems[2]);
+        assert!(
+            problems[2].contains("pids.max") && problems[2].contains("TasksMax"),
+            "{}",
+            problems[2]
+        );
         assert!(tight.problems(100).is_empty(), "100 VMs fit");
     }
 }

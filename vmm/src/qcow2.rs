@@ -50,8 +50,14 @@ pub enum ChainError {
 /// The backing file of a qcow2 image, if it has one: (path, format). A relative name is
 /// relative to the image's folder, as QEMU resolves it.
 pub fn backing_of(image: &Path) -> Result<Option<Layer>, ChainError> {
-    let io = |source| ChainError::Io { path: image.to_path_buf(), source };
-    let bad = |detail: &str| ChainError::NotQcow2 { path: image.to_path_buf(), detail: detail.to_string() };
+    let io = |source| ChainError::Io {
+        path: image.to_path_buf(),
+        source,
+    };
+    let bad = |detail: &str| ChainError::NotQcow2 {
+        path: image.to_path_buf(),
+        detail: detail.to_string(),
+    };
     let mut file = std::fs::File::open(image).map_err(io)?;
     let mut header = [0u8; 104];
     let read = file.read(&mut header).map_err(io)?;
@@ -104,7 +110,11 @@ pub fn backing_of(image: &Path) -> Result<Option<Layer>, ChainError> {
         at += 8 + length.div_ceil(8) * 8;
     }
     let path = Path::new(&name);
-    let path = if path.is_absolute() { path.to_path_buf() } else { image.parent().unwrap_or(Path::new(".")).join(path) };
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        image.parent().unwrap_or(Path::new(".")).join(path)
+    };
     let format = format.ok_or_else(|| bad("the backing format is not recorded (create overlays with -F)"))?;
     Ok(Some(Layer { path, format }))
 }
@@ -112,11 +122,16 @@ pub fn backing_of(image: &Path) -> Result<Option<Layer>, ChainError> {
 /// Every layer under a qcow2 image, nearest first (the image itself not included).
 pub fn backing_chain(image: &Path) -> Result<Vec<Layer>, ChainError> {
     let mut chain = Vec::new();
-    let mut current = Layer { path: image.to_path_buf(), format: "qcow2".into() };
+    let mut current = Layer {
+        path: image.to_path_buf(),
+        format: "qcow2".into(),
+    };
     while current.format == "qcow2" {
         let Some(next) = backing_of(&current.path)? else { break };
         if chain.len() >= MAX_CHAIN {
-            return Err(ChainError::TooDeep { path: image.to_path_buf() });
+            return Err(ChainError::TooDeep {
+                path: image.to_path_buf(),
+            });
         }
         chain.push(next.clone());
         current = next;
@@ -130,7 +145,10 @@ mod tests {
     use std::process::Command;
 
     fn qemu_img(args: &[&str]) {
-        let out = Command::new("qemu-img").args(args).output().expect("qemu-img (package qemu-utils)");
+        let out = Command::new("qemu-img")
+            .args(args)
+            .output()
+            .expect("qemu-img (package qemu-utils)");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
@@ -141,14 +159,46 @@ mod tests {
         std::fs::write(&raw, vec![0u8; 1 << 20]).unwrap();
         let mid = dir.path().join("mid.qcow2");
         let top = dir.path().join("top.qcow2");
-        qemu_img(&["create", "-q", "-f", "qcow2", "-F", "raw", "-b", raw.to_str().unwrap(), mid.to_str().unwrap()]);
-        qemu_img(&["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", "mid.qcow2", top.to_str().unwrap()]);
+        qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "raw",
+            "-b",
+            raw.to_str().unwrap(),
+            mid.to_str().unwrap(),
+        ]);
+        qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            "mid.qcow2",
+            top.to_str().unwrap(),
+        ]);
         let chain = backing_chain(&top).unwrap();
         assert_eq!(
             chain,
-            vec![Layer { path: dir.path().join("mid.qcow2"), format: "qcow2".into() }, Layer { path: raw.clone(), format: "raw".into() }]
+            vec![
+                Layer {
+                    path: dir.path().join("mid.qcow2"),
+                    format: "qcow2".into()
+                },
+                Layer {
+                    path: raw.clone(),
+                    format: "raw".into()
+                }
+            ]
         );
-        assert!(backing_chain(&raw).unwrap_err().to_string().contains("not a qcow2 image"));
+        assert!(backing_chain(&raw)
+            .unwrap_err()
+            .to_string()
+            .contains("not a qcow2 image"));
         let plain = dir.path().join("plain.qcow2");
         qemu_img(&["create", "-q", "-f", "qcow2", plain.to_str().unwrap(), "1M"]);
         assert!(backing_chain(&plain).unwrap().is_empty());

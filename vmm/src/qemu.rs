@@ -115,14 +115,22 @@ impl MachineSpec {
     }
 
     fn fd_of(&self, path: &PathBuf) -> String {
-        let fd = self.files().into_iter().find(|(p, _)| p == path).map(|(_, fd)| fd).expect("every file has a descriptor");
+        let fd = self
+            .files()
+            .into_iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, fd)| fd)
+            .expect("every file has a descriptor");
         format!("/proc/self/fd/{fd}")
     }
 
     /// The environment QEMU gets: nothing but what the RAM shim needs.
     pub fn env(&self) -> Vec<(String, String)> {
         match self.shim() {
-            Some(shim) => vec![("LD_PRELOAD".into(), self.fd_of(shim)), ("FARM_RO_PATH".into(), self.fd_of(&self.ram.path))],
+            Some(shim) => vec![
+                ("LD_PRELOAD".into(), self.fd_of(shim)),
+                ("FARM_RO_PATH".into(), self.fd_of(&self.ram.path)),
+            ],
             None => Vec::new(),
         }
     }
@@ -135,7 +143,10 @@ impl MachineSpec {
         push(&["-sandbox", crate::jail::SANDBOX]);
         // mem-merge: QEMU marks guest RAM mergeable unless told not to.
         let merge = if self.ksm == crate::Ksm::Off { "off" } else { "on" };
-        push(&["-M", &format!("microvm,x-option-roms=off,rtc=off,isa-serial=on,acpi=off,memory-backend=mem,mem-merge={merge}")]);
+        push(&[
+            "-M",
+            &format!("microvm,x-option-roms=off,rtc=off,isa-serial=on,acpi=off,memory-backend=mem,mem-merge={merge}"),
+        ]);
         let accel = match (self.accel, self.tcg_tb_size_mib) {
             (Accel::Tcg, Some(mib)) => format!("tcg,tb-size={mib}"),
             (Accel::Tcg, None) => "tcg".to_string(),
@@ -153,13 +164,25 @@ impl MachineSpec {
             ),
         ]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
-        push(&["-chardev", &format!("socket,id=console,fd={CONSOLE_FD},server=off"), "-serial", "chardev:console"]);
+        push(&[
+            "-chardev",
+            &format!("socket,id=console,fd={CONSOLE_FD},server=off"),
+            "-serial",
+            "chardev:console",
+        ]);
         if let Some(kernel) = &self.kernel {
             push(&["-kernel", &self.fd_of(kernel), "-append", KERNEL_CMDLINE]);
         }
-        let mut drive = format!("id=root,file={},format=qcow2,if=none,cache=unsafe", self.fd_of(&self.disk));
+        let mut drive = format!(
+            "id=root,file={},format=qcow2,if=none,cache=unsafe",
+            self.fd_of(&self.disk)
+        );
         for (depth, layer) in self.disk_backing.iter().enumerate() {
-            drive.push_str(&format!(",{}file.filename={}", "backing.".repeat(depth + 1), self.fd_of(&layer.path)));
+            drive.push_str(&format!(
+                ",{}file.filename={}",
+                "backing.".repeat(depth + 1),
+                self.fd_of(&layer.path)
+            ));
         }
         push(&["-drive", &drive, "-device", "virtio-blk-device,drive=root"]);
         push(&[
@@ -174,7 +197,12 @@ impl MachineSpec {
             "-device",
             &format!("virtserialport,chardev=net,name={}", farm_protocol::net::PORT_NAME),
         ]);
-        push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=off"), "-mon", "chardev=qmp,mode=control"]);
+        push(&[
+            "-chardev",
+            &format!("socket,id=qmp,fd={QMP_FD},server=off"),
+            "-mon",
+            "chardev=qmp,mode=control",
+        ]);
         if self.incoming {
             push(&["-incoming", "defer"]);
         }
@@ -197,10 +225,19 @@ mod tests {
             kernel: Some("/k/vmlinux".into()),
             disk: "/run/a,b/overlay.qcow2".into(),
             disk_backing: vec![
-                Layer { path: "/snap/disk.qcow2".into(), format: "qcow2".into() },
-                Layer { path: "/img/rootfs.ext4".into(), format: "raw".into() },
+                Layer {
+                    path: "/snap/disk.qcow2".into(),
+                    format: "qcow2".into(),
+                },
+                Layer {
+                    path: "/img/rootfs.ext4".into(),
+                    format: "raw".into(),
+                },
             ],
-            ram: RamBacking { path: "/snap/memory".into(), shared: false },
+            ram: RamBacking {
+                path: "/snap/memory".into(),
+                shared: false,
+            },
             ram_shim: Some("/cache/shim.so".into()),
             console_log: "/run/console.log".into(),
             tcg_tb_size_mib: Some(32),
@@ -210,7 +247,10 @@ mod tests {
     }
 
     fn value_after<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
-        args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+        args.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
     }
 
     #[test]
@@ -218,19 +258,35 @@ mod tests {
         let args = spec().args();
         let machine = value_after(&args, "-M");
         assert_eq!(machine.len(), 1);
-        assert!(machine[0].starts_with("microvm,") && machine[0].contains("acpi=off") && machine[0].contains("memory-backend=mem"));
+        assert!(
+            machine[0].starts_with("microvm,")
+                && machine[0].contains("acpi=off")
+                && machine[0].contains("memory-backend=mem")
+        );
         assert!(args.iter().any(|a| a == "-nodefaults"));
         assert!(args.iter().any(|a| a == "-no-reboot"));
-        assert!(!args.iter().any(|a| a.contains("netdev") || a.contains("-net")), "no network device: {args:?}");
+        assert!(
+            !args.iter().any(|a| a.contains("netdev") || a.contains("-net")),
+            "no network device: {args:?}"
+        );
     }
 
     #[test]
     fn ram_is_a_memory_backend_file_with_the_requested_sharing() {
         let mut s = spec();
         let object = value_after(&s.args(), "-object")[0].to_string();
-        assert_eq!(object, "memory-backend-file,id=mem,size=256M,mem-path=/proc/self/fd/11,share=off");
+        assert_eq!(
+            object,
+            "memory-backend-file,id=mem,size=256M,mem-path=/proc/self/fd/11,share=off"
+        );
         // A fork's RAM file is opened read-only through the shim, named in the environment.
-        assert_eq!(s.env(), [("LD_PRELOAD".to_string(), "/proc/self/fd/12".to_string()), ("FARM_RO_PATH".to_string(), "/proc/self/fd/11".to_string())]);
+        assert_eq!(
+            s.env(),
+            [
+                ("LD_PRELOAD".to_string(), "/proc/self/fd/12".to_string()),
+                ("FARM_RO_PATH".to_string(), "/proc/self/fd/11".to_string())
+            ]
+        );
         s.ram.shared = true;
         assert!(value_after(&s.args(), "-object")[0].ends_with("share=on"));
         assert!(s.env().is_empty(), "a template writes its RAM file: no shim");
@@ -249,7 +305,12 @@ mod tests {
         );
         assert_eq!(value_after(&args, "-kernel"), ["/proc/self/fd/7"]);
         assert!(value_after(&args, "-device").contains(&"virtio-blk-device,drive=root"));
-        assert!(!args.iter().any(|a| a.contains("/snap/") || a.contains("/run/") || a.contains("/k/")), "no path on the command line: {args:?}");
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.contains("/snap/") || a.contains("/run/") || a.contains("/k/")),
+            "no path on the command line: {args:?}"
+        );
     }
 
     #[test]
@@ -257,7 +318,12 @@ mod tests {
         let args = spec().args();
         let sandbox = value_after(&args, "-sandbox");
         assert_eq!(sandbox, [crate::jail::SANDBOX]);
-        for denied in ["spawn=deny", "elevateprivileges=deny", "obsolete=deny", "resourcecontrol=deny"] {
+        for denied in [
+            "spawn=deny",
+            "elevateprivileges=deny",
+            "obsolete=deny",
+            "resourcecontrol=deny",
+        ] {
             assert!(sandbox[0].contains(denied), "{denied}");
         }
     }
@@ -291,7 +357,9 @@ mod tests {
         assert_eq!(value_after(&args, "-serial"), ["chardev:console"]);
         assert!(value_after(&args, "-chardev").contains(&"socket,id=console,fd=5,server=off"));
         let append = value_after(&args, "-append")[0];
-        assert!(append.contains("console=ttyS0") && append.contains("init=/sbin/farm-agent") && append.contains("panic=-1"));
+        assert!(
+            append.contains("console=ttyS0") && append.contains("init=/sbin/farm-agent") && append.contains("panic=-1")
+        );
     }
 
     #[test]

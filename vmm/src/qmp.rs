@@ -18,7 +18,11 @@ pub enum QmpError {
     #[error("QMP sent something that is not JSON: {0}")]
     BadJson(String),
     #[error("QMP command {command} failed: {class}: {desc}")]
-    Command { command: String, class: String, desc: String },
+    Command {
+        command: String,
+        class: String,
+        desc: String,
+    },
 }
 
 fn request_bytes(command: &str, arguments: Option<Value>) -> Vec<u8> {
@@ -42,7 +46,11 @@ impl Qmp {
     /// Reads the greeting and enters command mode.
     pub async fn handshake(stream: UnixStream) -> Result<Qmp, QmpError> {
         let (read, write) = stream.into_split();
-        let mut qmp = Qmp { reader: BufReader::new(read), writer: write, events: Vec::new() };
+        let mut qmp = Qmp {
+            reader: BufReader::new(read),
+            writer: write,
+            events: Vec::new(),
+        };
         let greeting = qmp.read_message().await?;
         if greeting.get("QMP").is_none() {
             return Err(QmpError::BadJson(format!("expected the QMP greeting, got {greeting}")));
@@ -55,14 +63,18 @@ impl Qmp {
         let mut line = Vec::new();
         loop {
             line.clear();
-            let n = (&mut self.reader).take(MAX_LINE as u64).read_until(b'\n', &mut line).await?;
+            let n = (&mut self.reader)
+                .take(MAX_LINE as u64)
+                .read_until(b'\n', &mut line)
+                .await?;
             if n == 0 {
                 return Err(QmpError::Closed);
             }
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            return serde_json::from_slice(&line).map_err(|e| QmpError::BadJson(format!("{e}: {}", String::from_utf8_lossy(&line))));
+            return serde_json::from_slice(&line)
+                .map_err(|e| QmpError::BadJson(format!("{e}: {}", String::from_utf8_lossy(&line))));
         }
     }
 
@@ -84,8 +96,14 @@ impl Qmp {
             .async_io(tokio::io::Interest::WRITABLE, || {
                 let rights = [raw];
                 let control = [nix::sys::socket::ControlMessage::ScmRights(&rights)];
-                nix::sys::socket::sendmsg::<()>(socket.as_raw_fd(), &[std::io::IoSlice::new(&bytes)], &control, nix::sys::socket::MsgFlags::empty(), None)
-                    .map_err(std::io::Error::from)
+                nix::sys::socket::sendmsg::<()>(
+                    socket.as_raw_fd(),
+                    &[std::io::IoSlice::new(&bytes)],
+                    &control,
+                    nix::sys::socket::MsgFlags::empty(),
+                    None,
+                )
+                .map_err(std::io::Error::from)
             })
             .await?;
         self.writer.write_all(&bytes[sent..]).await?;

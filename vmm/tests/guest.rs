@@ -55,10 +55,17 @@ fn stdin_env_and_working_directory_reach_the_command() {
 fn large_stdin_is_delivered_whole() {
     runtime().block_on(async {
         let input: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
-        let options = ExecOptions { stdin: input.clone(), ..sh("md5sum") };
+        let options = ExecOptions {
+            stdin: input.clone(),
+            ..sh("md5sum")
+        };
         let out = shared_minimal().await.agent().exec(options).await.unwrap();
         let digest = format!("{:x}", md5_of(&input));
-        assert!(out.stdout_text().starts_with(&digest), "{} vs {digest}", out.stdout_text());
+        assert!(
+            out.stdout_text().starts_with(&digest),
+            "{} vs {digest}",
+            out.stdout_text()
+        );
     });
 }
 
@@ -74,7 +81,10 @@ fn timeout_kills_the_whole_process_group() {
         assert!(out.result.timed_out);
         assert_eq!(out.result.signal, Some(9));
         // The background child died with the group.
-        let check = agent.exec(sh("kill -0 $(cat /tmp/bg.pid) 2>/dev/null && echo alive || echo gone")).await.unwrap();
+        let check = agent
+            .exec(sh("kill -0 $(cat /tmp/bg.pid) 2>/dev/null && echo alive || echo gone"))
+            .await
+            .unwrap();
         assert_eq!(check.stdout_text().trim(), "gone");
     });
 }
@@ -82,7 +92,11 @@ fn timeout_kills_the_whole_process_group() {
 #[test]
 fn output_beyond_the_cap_is_dropped_and_flagged() {
     runtime().block_on(async {
-        let options = ExecOptions { stdout_cap: 1000, stderr_cap: 10, ..sh("yes | head -c 100000; yes e | head -c 5000 >&2") };
+        let options = ExecOptions {
+            stdout_cap: 1000,
+            stderr_cap: 10,
+            ..sh("yes | head -c 100000; yes e | head -c 5000 >&2")
+        };
         let out = shared_minimal().await.agent().exec(options).await.unwrap();
         assert_eq!(out.stdout.len(), 1000);
         assert!(out.result.stdout_truncated);
@@ -96,8 +110,13 @@ fn output_beyond_the_cap_is_dropped_and_flagged() {
 fn binary_files_round_trip() {
     runtime().block_on(async {
         let agent = shared_minimal().await.agent();
-        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
-        agent.write_file("/tmp/deep/dir/blob.bin", data.clone(), 0o640).await.unwrap();
+        let data: Vec<u8> = (0..(1u32 << 20))
+            .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+            .collect();
+        agent
+            .write_file("/tmp/deep/dir/blob.bin", data.clone(), 0o640)
+            .await
+            .unwrap();
         let (back, size) = agent.read_file("/tmp/deep/dir/blob.bin", 2 << 20).await.unwrap();
         assert_eq!(size, data.len() as u64);
         assert_eq!(back, data);
@@ -142,17 +161,41 @@ fn concurrent_requests_overlap() {
 #[test]
 fn unknown_program_is_a_spawn_error() {
     runtime().block_on(async {
-        let err = shared_minimal().await.agent().exec(ExecOptions::argv(&["/no/such/program"])).await.unwrap_err();
-        assert!(matches!(err, AgentError::Refused { kind: farm_protocol::ErrorKind::Spawn, .. }), "{err}");
+        let err = shared_minimal()
+            .await
+            .agent()
+            .exec(ExecOptions::argv(&["/no/such/program"]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AgentError::Refused {
+                    kind: farm_protocol::ErrorKind::Spawn,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     });
 }
 
 #[test]
 fn python_image_runs_python() {
     runtime().block_on(async {
-        let out = shared_python().await.agent().exec(ExecOptions::argv(&["python3", "-c", "print(6*7)"])).await.unwrap();
+        let out = shared_python()
+            .await
+            .agent()
+            .exec(ExecOptions::argv(&["python3", "-c", "print(6*7)"]))
+            .await
+            .unwrap();
         assert_eq!(out.stdout_text(), "42\n");
-        let git = shared_python().await.agent().exec(ExecOptions::argv(&["git", "--version"])).await.unwrap();
+        let git = shared_python()
+            .await
+            .agent()
+            .exec(ExecOptions::argv(&["git", "--version"]))
+            .await
+            .unwrap();
         assert!(git.stdout_text().starts_with("git version"));
     });
 }
@@ -165,9 +208,16 @@ fn guest_killed_mid_request_fails_the_request_promptly() {
         let call = tokio::spawn(async move { agent.exec(sh("sleep 600")).await });
         tokio::time::sleep(Duration::from_millis(500)).await;
         machine.kill();
-        let err = tokio::time::timeout(Duration::from_secs(30), call).await.expect("request must not hang").unwrap().unwrap_err();
+        let err = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .expect("request must not hang")
+            .unwrap()
+            .unwrap_err();
         assert!(matches!(err, AgentError::ChannelClosed(_)), "{err}");
-        assert!(matches!(machine.agent().ping().await, Err(AgentError::ChannelClosed(_))));
+        assert!(matches!(
+            machine.agent().ping().await,
+            Err(AgentError::ChannelClosed(_))
+        ));
     });
 }
 
@@ -197,10 +247,13 @@ async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<Result<T, AgentErr
 /// MD5, to compare with busybox md5sum without adding a dependency.
 fn md5_of(data: &[u8]) -> u128 {
     let s: [u32; 64] = [
-        7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 4,
-        11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
+        7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14,
+        20, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6,
+        10, 15, 21,
     ];
-    let k: Vec<u32> = (0..64).map(|i| ((i as f64 + 1.0).sin().abs() * 4294967296.0) as u32).collect();
+    let k: Vec<u32> = (0..64)
+        .map(|i| ((i as f64 + 1.0).sin().abs() * 4294967296.0) as u32)
+        .collect();
     let (mut a0, mut b0, mut c0, mut d0) = (0x67452301u32, 0xefcdab89u32, 0x98badcfeu32, 0x10325476u32);
     let mut msg = data.to_vec();
     msg.push(0x80);
@@ -209,7 +262,10 @@ fn md5_of(data: &[u8]) -> u128 {
     }
     msg.extend_from_slice(&((data.len() as u64) * 8).to_le_bytes());
     for chunk in msg.chunks(64) {
-        let m: Vec<u32> = chunk.chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect();
+        let m: Vec<u32> = chunk
+            .chunks(4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
         let (mut a, mut b, mut c, mut d) = (a0, b0, c0, d0);
         for i in 0..64 {
             let (f, g) = match i / 16 {
@@ -247,14 +303,21 @@ fn a_guest_that_dies_while_booting_is_reported_not_waited_for() {
         let plan = vmm::machine::LaunchPlan {
             kernel: Some(a.kernel.path.clone()),
             disk,
-            ram: vmm::qemu::RamBacking { path: run_dir.path().join("memory"), shared: false },
+            ram: vmm::qemu::RamBacking {
+                path: run_dir.path().join("memory"),
+                shared: false,
+            },
             incoming: false,
             max_disk_bytes: None,
         };
         let mut machine = vmm::Machine::launch(&settings, plan, run_dir).await.unwrap();
         machine.kill();
         // The boot timeout is minutes; a dead guest must be reported long before that.
-        let waited = tokio::time::timeout(Duration::from_secs(30), machine.wait_for_agent(Duration::from_secs(300))).await;
+        let waited = tokio::time::timeout(
+            Duration::from_secs(30),
+            machine.wait_for_agent(Duration::from_secs(300)),
+        )
+        .await;
         let err = waited.expect("a dead guest must not be waited for").unwrap_err();
         assert!(matches!(err, vmm::MachineError::GuestDied { .. }), "{err}");
     });

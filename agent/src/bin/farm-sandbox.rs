@@ -106,7 +106,10 @@ fn main() {
         args.next();
     }
     let Some(program) = args.next() else {
-        fail(2, "usage: farm-sandbox [-C DIR] CMD [ARGS...] (runs CMD as the unprivileged user farm, in /workspace or DIR)");
+        fail(
+            2,
+            "usage: farm-sandbox [-C DIR] CMD [ARGS...] (runs CMD as the unprivileged user farm, in /workspace or DIR)",
+        );
     };
     let mut command = std::process::Command::new(&program);
     command.args(args).current_dir(&cwd);
@@ -115,7 +118,11 @@ fn main() {
             command.env_remove(name);
         }
     }
-    command.env("HOME", "/tmp").env("TMPDIR", "/tmp").env("USER", "farm").env("LOGNAME", "farm");
+    command
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .env("USER", "farm")
+        .env("LOGNAME", "farm");
     let error = command.exec();
     fail(127, &format!("cannot run {}: {error}", program.to_string_lossy()));
 }

@@ -28,16 +28,22 @@ impl<'de> Deserialize<'de> for Count {
                 f.write_str("a whole number >= 0, or \"auto\"")
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Count, E> {
-                usize::try_from(v).map(Count::Fixed).map_err(|_| E::custom(format!("{v} is too large")))
+                usize::try_from(v)
+                    .map(Count::Fixed)
+                    .map_err(|_| E::custom(format!("{v} is too large")))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Count, E> {
-                u64::try_from(v).map_err(|_| E::custom(format!("expected a whole number >= 0, or \"auto\", got {v}"))).and_then(|v| self.visit_u64(v))
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("expected a whole number >= 0, or \"auto\", got {v}")))
+                    .and_then(|v| self.visit_u64(v))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Count, E> {
                 if v == "auto" {
                     Ok(Count::Auto)
                 } else {
-                    Err(E::custom(format!("expected a whole number >= 0, or \"auto\", got {v:?}")))
+                    Err(E::custom(format!(
+                        "expected a whole number >= 0, or \"auto\", got {v:?}"
+                    )))
                 }
             }
         }

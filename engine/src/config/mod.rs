@@ -229,7 +229,11 @@ pub enum SuiteError {
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{path}: {key}: {message}")]
-    Invalid { path: PathBuf, key: String, message: String },
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
     #[error(transparent)]
     Dataset(#[from] datasets::DatasetError),
     #[error("{path}: task {task:?} has neither a test command nor an expected answer, and the suite sets no scoring.external")]
@@ -248,11 +252,20 @@ pub struct Suite {
 
 impl Suite {
     pub fn load(path: &Path) -> Result<Suite, SuiteError> {
-        let bytes = std::fs::read(path).map_err(|source| SuiteError::Read { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| SuiteError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let text = String::from_utf8_lossy(&bytes);
-        let config: SuiteConfig =
-            toml::from_str(&text).map_err(|e| SuiteError::Parse { path: path.to_path_buf(), message: e.to_string().trim_end().to_string() })?;
-        let dir = path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
+        let config: SuiteConfig = toml::from_str(&text).map_err(|e| SuiteError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."));
         let suite = Suite {
             digest: Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect(),
             config,
@@ -264,17 +277,27 @@ impl Suite {
     }
 
     fn validate(&self) -> Result<(), SuiteError> {
-        let invalid = |key: &str, message: String| SuiteError::Invalid { path: self.path.clone(), key: key.into(), message };
+        let invalid = |key: &str, message: String| SuiteError::Invalid {
+            path: self.path.clone(),
+            key: key.into(),
+            message,
+        };
         let c = &self.config;
         if c.suite.name.trim().is_empty() {
             return Err(invalid("suite.name", "must not be empty".into()));
         }
-        c.template.validate(&self.path).map_err(|e| SuiteError::Parse { path: self.path.clone(), message: e.to_string() })?;
+        c.template.validate(&self.path).map_err(|e| SuiteError::Parse {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
         if c.rollouts.samples == 0 {
             return Err(invalid("rollouts.samples", "must be at least 1".into()));
         }
         if c.rollouts.concurrency == Count::Fixed(0) {
-            return Err(invalid("rollouts.concurrency", "must be at least 1, or \"auto\"".into()));
+            return Err(invalid(
+                "rollouts.concurrency",
+                "must be at least 1, or \"auto\"".into(),
+            ));
         }
         if c.rollouts.max_steps == 0 {
             return Err(invalid("rollouts.max_steps", "must be at least 1".into()));
@@ -282,22 +305,39 @@ impl Suite {
         if c.scoring.call_timeout_secs == 0 {
             return Err(invalid("scoring.call_timeout_secs", "must be at least 1".into()));
         }
-        c.rollouts.network.check().map_err(|m| invalid("rollouts.network", m.to_string()))?;
-        c.harbor.verifier_network.check().map_err(|m| invalid("harbor.verifier_network", m.to_string()))?;
-        c.harbor.build_network.check().map_err(|m| invalid("harbor.build_network", m.to_string()))?;
+        c.rollouts
+            .network
+            .check()
+            .map_err(|m| invalid("rollouts.network", m.to_string()))?;
+        c.harbor
+            .verifier_network
+            .check()
+            .map_err(|m| invalid("harbor.verifier_network", m.to_string()))?;
+        c.harbor
+            .build_network
+            .check()
+            .map_err(|m| invalid("harbor.build_network", m.to_string()))?;
         if !c.rollouts.user.is_empty() && !valid_user(&c.rollouts.user) {
             return Err(invalid(
                 "rollouts.user",
-                format!("{:?} is not a user name or UID[:GID] (e.g. \"root\", \"farm\", \"1000\")", c.rollouts.user),
+                format!(
+                    "{:?} is not a user name or UID[:GID] (e.g. \"root\", \"farm\", \"1000\")",
+                    c.rollouts.user
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&c.scoring.pass_threshold) {
-            return Err(invalid("scoring.pass_threshold", format!("{} is not in [0, 1]", c.scoring.pass_threshold)));
+            return Err(invalid(
+                "scoring.pass_threshold",
+                format!("{} is not in [0, 1]", c.scoring.pass_threshold),
+            ));
         }
         if c.output.rows_per_part == 0 {
             return Err(invalid("output.rows_per_part", "must be at least 1".into()));
         }
-        c.policy.check(PolicyOrigin::Suite).map_err(|e| invalid(&format!("policy.{}", e.key), e.message))?;
+        c.policy
+            .check(PolicyOrigin::Suite)
+            .map_err(|e| invalid(&format!("policy.{}", e.key), e.message))?;
         let dataset = self.resolve(&c.dataset.path);
         if !dataset.exists() {
             return Err(invalid("dataset.path", format!("{} does not exist", dataset.display())));
@@ -319,7 +359,10 @@ impl Suite {
         }
         if config.scoring.external.is_empty() {
             if let Some(t) = tasks.iter().find(|t| !t.is_scorable()) {
-                return Err(SuiteError::Unscorable { path: dataset_path, task: t.id.clone() });
+                return Err(SuiteError::Unscorable {
+                    path: dataset_path,
+                    task: t.id.clone(),
+                });
             }
         }
         Ok(tasks.into_iter().map(std::sync::Arc::new).collect())
@@ -337,7 +380,12 @@ impl Suite {
 
 /// A guest user spec: a user name (letters, digits, `_`, `-`, `.`) or `UID[:GID]`.
 pub fn valid_user(spec: &str) -> bool {
-    let name = |s: &str| !s.is_empty() && s.len() <= 32 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) && !s.starts_with('-');
+    let name = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 32
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            && !s.starts_with('-')
+    };
     match spec.split_once(':') {
         Some((uid, gid)) => uid.parse::<u32>().is_ok() && gid.parse::<u32>().is_ok(),
         None => name(spec),
@@ -396,25 +444,54 @@ dir = "out"
         let dir = tempfile::tempdir().unwrap();
         let text = MINIMAL.replace("concurrency = 2", "concurency = 2");
         let err = Suite::load(&write(dir.path(), &text)).unwrap_err().to_string();
-        assert!(err.contains("suite.toml") && err.contains("concurency") && err.contains("line"), "{err}");
+        assert!(
+            err.contains("suite.toml") && err.contains("concurency") && err.contains("line"),
+            "{err}"
+        );
     }
 
     #[test]
     fn bad_values_name_the_key() {
         let dir = tempfile::tempdir().unwrap();
-        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("samples = 1", "samples = 0"))).unwrap_err().to_string();
+        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("samples = 1", "samples = 0")))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("rollouts.samples"), "{err}");
-        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("\"humaneval\"", "\"csv\""))).unwrap_err().to_string();
+        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("\"humaneval\"", "\"csv\"")))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("csv"), "{err}");
-        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("tasks.jsonl\"", "missing.jsonl\""))).unwrap_err().to_string();
+        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("tasks.jsonl\"", "missing.jsonl\"")))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("dataset.path"), "{err}");
-        let err = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", "user = \"a b\""))).unwrap_err().to_string();
+        let err = Suite::load(&write(
+            dir.path(),
+            &MINIMAL.replace("concurrency = 2", "user = \"a b\""),
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("rollouts.user"), "{err}");
-        let suite = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", "user = \"farm\""))).unwrap();
+        let suite = Suite::load(&write(
+            dir.path(),
+            &MINIMAL.replace("concurrency = 2", "user = \"farm\""),
+        ))
+        .unwrap();
         assert!(!suite.config.rollouts.runs_as_root());
-        assert!(Suite::load(&write(dir.path(), MINIMAL)).unwrap().config.rollouts.runs_as_root());
-        for bad in ["concurrency = 0", "concurrency = -1", "concurrency = \"lots\"", "warm_pool = 1.5"] {
-            let err = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", bad))).unwrap_err().to_string();
+        assert!(Suite::load(&write(dir.path(), MINIMAL))
+            .unwrap()
+            .config
+            .rollouts
+            .runs_as_root());
+        for bad in [
+            "concurrency = 0",
+            "concurrency = -1",
+            "concurrency = \"lots\"",
+            "warm_pool = 1.5",
+        ] {
+            let err = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", bad)))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("concurrency") || err.contains("warm_pool"), "{bad}: {err}");
             assert!(err.contains("auto"), "{bad}: {err}");
         }
@@ -424,9 +501,19 @@ dir = "out"
     fn concurrency_and_the_pool_are_numbers_or_auto() {
         let dir = tempfile::tempdir().unwrap();
         let suite = Suite::load(&write(dir.path(), MINIMAL)).unwrap();
-        assert_eq!((suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool), (Count::Fixed(2), Count::Auto));
-        let suite = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", "concurrency = \"auto\"\nwarm_pool = 3"))).unwrap();
-        assert_eq!((suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool), (Count::Auto, Count::Fixed(3)));
+        assert_eq!(
+            (suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool),
+            (Count::Fixed(2), Count::Auto)
+        );
+        let suite = Suite::load(&write(
+            dir.path(),
+            &MINIMAL.replace("concurrency = 2", "concurrency = \"auto\"\nwarm_pool = 3"),
+        ))
+        .unwrap();
+        assert_eq!(
+            (suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool),
+            (Count::Auto, Count::Fixed(3))
+        );
         let suite = Suite::load(&write(dir.path(), &MINIMAL.replace("concurrency = 2", ""))).unwrap();
         assert_eq!(suite.config.rollouts.concurrency, Count::Auto);
     }

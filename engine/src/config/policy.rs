@@ -107,20 +107,42 @@ pub struct PolicyError {
 }
 
 fn error(key: &'static str, message: impl Into<String>) -> PolicyError {
-    PolicyError { key, message: message.into() }
+    PolicyError {
+        key,
+        message: message.into(),
+    }
 }
 
 impl PolicyConfig {
     /// `self` with every key `request` sets replaced by the request's. A request of another
     /// kind than the suite's takes nothing of the suite's.
     pub fn overridden_by(&self, request: &PolicyConfig) -> PolicyConfig {
-        let base = if request.kind.is_some() && request.kind != self.kind { PolicyConfig::default() } else { self.clone() };
+        let base = if request.kind.is_some() && request.kind != self.kind {
+            PolicyConfig::default()
+        } else {
+            self.clone()
+        };
         macro_rules! over {
             ($($field:ident),*) => { PolicyConfig { $($field: request.$field.clone().or(base.$field),)* } };
         }
         over!(
-            kind, source, samples_file, trajectories_file, actions, base_url, model, api_key_env, api_key, temperature, top_p, max_tokens, logprobs,
-            request_timeout_secs, max_retries, concurrency, system_prompt
+            kind,
+            source,
+            samples_file,
+            trajectories_file,
+            actions,
+            base_url,
+            model,
+            api_key_env,
+            api_key,
+            temperature,
+            top_p,
+            max_tokens,
+            logprobs,
+            request_timeout_secs,
+            max_retries,
+            concurrency,
+            system_prompt
         )
     }
 
@@ -131,7 +153,10 @@ impl PolicyConfig {
     /// only to the suite's endpoint.
     pub fn for_request(&self, request: &PolicyConfig) -> Result<PolicyConfig, PolicyError> {
         if request.api_key_env.is_some() {
-            return Err(error("api_key_env", "is not accepted in a request: the service never sends keys from its own environment; give api_key"));
+            return Err(error(
+                "api_key_env",
+                "is not accepted in a request: the service never sends keys from its own environment; give api_key",
+            ));
         }
         let mut merged = self.overridden_by(request);
         if request.base_url.is_some() {
@@ -143,8 +168,19 @@ impl PolicyConfig {
 
     /// Checks that the keys fit the kind and the origin; returns the kind.
     pub fn check(&self, origin: PolicyOrigin) -> Result<PolicyKind, PolicyError> {
-        let kind = self.kind.ok_or_else(|| error("kind", "is required: \"replay\" or \"openai\""))?;
-        let given = |key: &'static str, set: bool| if set { Err(error(key, format!("does not go with {origin:?} policies of kind {kind:?}").to_lowercase())) } else { Ok(()) };
+        let kind = self
+            .kind
+            .ok_or_else(|| error("kind", "is required: \"replay\" or \"openai\""))?;
+        let given = |key: &'static str, set: bool| {
+            if set {
+                Err(error(
+                    key,
+                    format!("does not go with {origin:?} policies of kind {kind:?}").to_lowercase(),
+                ))
+            } else {
+                Ok(())
+            }
+        };
         let openai_keys = [
             ("base_url", self.base_url.is_some()),
             ("model", self.model.is_some()),
@@ -163,15 +199,24 @@ impl PolicyConfig {
             (PolicyKind::Replay, PolicyOrigin::Suite) => {
                 given("actions", self.actions.is_some())?;
                 match self.source.unwrap_or_default() {
-                    ReplaySource::Samples if self.samples_file.is_none() => return Err(error("samples_file", "is required when policy.source = \"samples\"")),
+                    ReplaySource::Samples if self.samples_file.is_none() => {
+                        return Err(error("samples_file", "is required when policy.source = \"samples\""))
+                    }
                     ReplaySource::Trajectories if self.trajectories_file.is_none() => {
-                        return Err(error("trajectories_file", "is required when policy.source = \"trajectories\""))
+                        return Err(error(
+                            "trajectories_file",
+                            "is required when policy.source = \"trajectories\"",
+                        ))
                     }
                     _ => {}
                 }
             }
             (PolicyKind::Replay, PolicyOrigin::Request) => {
-                for (key, set) in [("source", self.source.is_some()), ("samples_file", self.samples_file.is_some()), ("trajectories_file", self.trajectories_file.is_some())] {
+                for (key, set) in [
+                    ("source", self.source.is_some()),
+                    ("samples_file", self.samples_file.is_some()),
+                    ("trajectories_file", self.trajectories_file.is_some()),
+                ] {
                     given(key, set)?;
                 }
                 if self.actions.is_none() {
@@ -182,15 +227,31 @@ impl PolicyConfig {
                 }
             }
             (PolicyKind::Openai, origin) => {
-                for (key, set) in [("source", self.source.is_some()), ("samples_file", self.samples_file.is_some()), ("trajectories_file", self.trajectories_file.is_some()), ("actions", self.actions.is_some())] {
+                for (key, set) in [
+                    ("source", self.source.is_some()),
+                    ("samples_file", self.samples_file.is_some()),
+                    ("trajectories_file", self.trajectories_file.is_some()),
+                    ("actions", self.actions.is_some()),
+                ] {
                     given(key, set)?;
                 }
                 if origin == PolicyOrigin::Suite {
-                    given("api_key", self.api_key.is_some()).map_err(|_| error("api_key", "does not go in a suite file: name a variable with api_key_env"))?;
+                    given("api_key", self.api_key.is_some()).map_err(|_| {
+                        error(
+                            "api_key",
+                            "does not go in a suite file: name a variable with api_key_env",
+                        )
+                    })?;
                 }
-                let base_url = self.base_url.as_deref().ok_or_else(|| error("base_url", "is required when policy.kind = \"openai\""))?;
+                let base_url = self
+                    .base_url
+                    .as_deref()
+                    .ok_or_else(|| error("base_url", "is required when policy.kind = \"openai\""))?;
                 if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-                    return Err(error("base_url", format!("{base_url:?} must start with http:// or https://")));
+                    return Err(error(
+                        "base_url",
+                        format!("{base_url:?} must start with http:// or https://"),
+                    ));
                 }
                 if self.model.is_none() {
                     return Err(error("model", "is required when policy.kind = \"openai\""));
@@ -234,34 +295,93 @@ mod tests {
 
     #[test]
     fn a_request_overrides_the_suites_keys_and_only_those() {
-        let suite = parse(serde_json::json!({"kind": "openai", "base_url": "http://m/v1", "model": "a", "api_key_env": "KEY", "max_tokens": 50}));
+        let suite = parse(
+            serde_json::json!({"kind": "openai", "base_url": "http://m/v1", "model": "a", "api_key_env": "KEY", "max_tokens": 50}),
+        );
         assert_eq!(suite.check(PolicyOrigin::Suite), Ok(PolicyKind::Openai));
         let request = parse(serde_json::json!({"kind": "openai", "model": "b"}));
         let merged = suite.for_request(&request).unwrap();
-        assert_eq!((merged.base_url.as_deref(), merged.model.as_deref(), merged.max_tokens()), (Some("http://m/v1"), Some("b"), 50));
+        assert_eq!(
+            (merged.base_url.as_deref(), merged.model.as_deref(), merged.max_tokens()),
+            (Some("http://m/v1"), Some("b"), 50)
+        );
         // The suite's key goes to the suite's endpoint only.
         assert_eq!(merged.api_key_env.as_deref(), Some("KEY"));
-        let elsewhere = suite.for_request(&parse(serde_json::json!({"kind": "openai", "base_url": "http://evil/v1"}))).unwrap();
+        let elsewhere = suite
+            .for_request(&parse(
+                serde_json::json!({"kind": "openai", "base_url": "http://evil/v1"}),
+            ))
+            .unwrap();
         assert_eq!(elsewhere.api_key_env, None);
         // A request may not name a variable of the service's environment.
-        assert_eq!(suite.for_request(&parse(serde_json::json!({"kind": "openai", "api_key_env": "HOME"}))).unwrap_err().key, "api_key_env");
+        assert_eq!(
+            suite
+                .for_request(&parse(serde_json::json!({"kind": "openai", "api_key_env": "HOME"})))
+                .unwrap_err()
+                .key,
+            "api_key_env"
+        );
         let replay = parse(serde_json::json!({"kind": "replay", "actions": [{"kind": "submit"}]}));
         let merged = suite.for_request(&replay).unwrap();
-        assert_eq!(merged.check(PolicyOrigin::Request), Ok(PolicyKind::Replay), "another kind takes nothing of the suite's");
-        assert_eq!(merged.actions.unwrap()[0], Action::Submit { answer: None }, "an answer is optional");
+        assert_eq!(
+            merged.check(PolicyOrigin::Request),
+            Ok(PolicyKind::Replay),
+            "another kind takes nothing of the suite's"
+        );
+        assert_eq!(
+            merged.actions.unwrap()[0],
+            Action::Submit { answer: None },
+            "an answer is optional"
+        );
     }
 
     #[test]
     fn missing_and_misplaced_keys_are_named() {
         let key = |json: serde_json::Value, origin| parse(json).check(origin).unwrap_err().key;
         assert_eq!(key(serde_json::json!({}), PolicyOrigin::Suite), "kind");
-        assert_eq!(key(serde_json::json!({"kind": "openai", "model": "m"}), PolicyOrigin::Suite), "base_url");
-        assert_eq!(key(serde_json::json!({"kind": "openai", "base_url": "ftp://x", "model": "m"}), PolicyOrigin::Suite), "base_url");
-        assert_eq!(key(serde_json::json!({"kind": "openai", "base_url": "http://x"}), PolicyOrigin::Request), "model");
-        assert_eq!(key(serde_json::json!({"kind": "openai", "base_url": "http://x", "model": "m", "temperature": 3.0}), PolicyOrigin::Request), "temperature");
-        assert_eq!(key(serde_json::json!({"kind": "replay", "source": "samples"}), PolicyOrigin::Suite), "samples_file");
-        assert_eq!(key(serde_json::json!({"kind": "replay"}), PolicyOrigin::Request), "actions");
-        assert_eq!(key(serde_json::json!({"kind": "replay", "actions": [], "model": "m"}), PolicyOrigin::Request), "model");
+        assert_eq!(
+            key(serde_json::json!({"kind": "openai", "model": "m"}), PolicyOrigin::Suite),
+            "base_url"
+        );
+        assert_eq!(
+            key(
+                serde_json::json!({"kind": "openai", "base_url": "ftp://x", "model": "m"}),
+                PolicyOrigin::Suite
+            ),
+            "base_url"
+        );
+        assert_eq!(
+            key(
+                serde_json::json!({"kind": "openai", "base_url": "http://x"}),
+                PolicyOrigin::Request
+            ),
+            "model"
+        );
+        assert_eq!(
+            key(
+                serde_json::json!({"kind": "openai", "base_url": "http://x", "model": "m", "temperature": 3.0}),
+                PolicyOrigin::Request
+            ),
+            "temperature"
+        );
+        assert_eq!(
+            key(
+                serde_json::json!({"kind": "replay", "source": "samples"}),
+                PolicyOrigin::Suite
+            ),
+            "samples_file"
+        );
+        assert_eq!(
+            key(serde_json::json!({"kind": "replay"}), PolicyOrigin::Request),
+            "actions"
+        );
+        assert_eq!(
+            key(
+                serde_json::json!({"kind": "replay", "actions": [], "model": "m"}),
+                PolicyOrigin::Request
+            ),
+            "model"
+        );
         assert!(serde_json::from_value::<PolicyConfig>(serde_json::json!({"kind": "replay", "colour": 1})).is_err());
     }
 }

@@ -22,7 +22,11 @@ pub enum PolicyBuildError {
     #[error(transparent)]
     Config(#[from] crate::config::PolicyError),
     #[error("{}:{line}: {message}", path.display())]
-    File { path: std::path::PathBuf, line: usize, message: String },
+    File {
+        path: std::path::PathBuf,
+        line: usize,
+        message: String,
+    },
     #[error("reading {}", path.display())]
     Read {
         path: std::path::PathBuf,
@@ -85,7 +89,12 @@ impl Policy {
         }
     }
 
-    pub(crate) fn driver(self: &Arc<Self>, task: &Task, sample: u32, seed: u64) -> Result<Driver<'_>, replay::NoActions> {
+    pub(crate) fn driver(
+        self: &Arc<Self>,
+        task: &Task,
+        sample: u32,
+        seed: u64,
+    ) -> Result<Driver<'_>, replay::NoActions> {
         match &**self {
             Policy::Replay(p) => p.actions(task, sample).map(|a| Driver::Replay(a.into())),
             Policy::OpenAi(p) => Ok(Driver::Chat(p.session(task, seed))),

@@ -19,7 +19,8 @@ use super::PolicyBuildError;
 use crate::config::{Action, PolicyConfig};
 use crate::row::Usage;
 
-const DEFAULT_SYSTEM_PROMPT: &str = "You are an agent working in a Linux sandbox. Your working directory is /workspace. \
+const DEFAULT_SYSTEM_PROMPT: &str =
+    "You are an agent working in a Linux sandbox. Your working directory is /workspace. \
 Use the tools to inspect files, run commands and write files. When the task is done, call `submit` \
 (with the final answer if the task asks for one).";
 
@@ -75,9 +76,17 @@ impl OpenAiPolicy {
             (None, Some(var)) => Some(std::env::var(var).map_err(|_| PolicyBuildError::MissingKey(var.clone()))?),
             (None, None) => None,
         };
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(config.request_timeout_secs())).build().map_err(PolicyBuildError::Client)?;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(config.request_timeout_secs()))
+            .build()
+            .map_err(PolicyBuildError::Client)?;
         let limiter = Arc::new(Semaphore::new(config.concurrency()));
-        Ok(OpenAiPolicy { config, api_key, client, limiter })
+        Ok(OpenAiPolicy {
+            config,
+            api_key,
+            client,
+            limiter,
+        })
     }
 
     /// Requests in flight at once, across all rollouts.
@@ -97,8 +106,15 @@ impl OpenAiPolicy {
     }
 
     pub fn session(&self, task: &Task, seed: u64) -> ChatSession<'_> {
-        let system = self.config.system_prompt.clone().unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());
-        let opening = vec![json!({ "role": "system", "content": system }), json!({ "role": "user", "content": task.instruction })];
+        let system = self
+            .config
+            .system_prompt
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());
+        let opening = vec![
+            json!({ "role": "system", "content": system }),
+            json!({ "role": "user", "content": task.instruction }),
+        ];
         ChatSession {
             policy: self,
             transcript: opening.clone(),
@@ -142,7 +158,10 @@ impl OpenAiPolicy {
             let (retryable, error, wait) = match request.send().await {
                 Ok(response) => {
                     let status = response.status();
-                    crate::metrics::get().policy_requests.with_label_values(&[status.as_str()]).inc();
+                    crate::metrics::get()
+                        .policy_requests
+                        .with_label_values(&[status.as_str()])
+                        .inc();
                     let retry_after = response
                         .headers()
                         .get("retry-after")
@@ -151,26 +170,53 @@ impl OpenAiPolicy {
                         .filter(|s| s.is_finite())
                         .map(|s| Duration::from_secs_f64(s.clamp(0.0, 60.0)));
                     if status.is_success() {
-                        let text = response.text().await.map_err(|e| ChatError::Endpoint(format!("{url} answered {status}, then the body failed: {e}")))?;
-                        return serde_json::from_str::<ChatReply>(&text)
-                            .map_err(|e| ChatError::Endpoint(format!("{url} answered {status} with a body that is not a chat completion ({e}): {}", text.chars().take(500).collect::<String>())));
+                        let text = response.text().await.map_err(|e| {
+                            ChatError::Endpoint(format!("{url} answered {status}, then the body failed: {e}"))
+                        })?;
+                        return serde_json::from_str::<ChatReply>(&text).map_err(|e| {
+                            ChatError::Endpoint(format!(
+                                "{url} answered {status} with a body that is not a chat completion ({e}): {}",
+                                text.chars().take(500).collect::<String>()
+                            ))
+                        });
                     }
                     let text = response.text().await.unwrap_or_default();
                     if matches!(status.as_u16(), 400 | 413 | 422) {
-                        return Err(ChatError::Refused(Refused(format!("{url} refused the conversation ({status}): {}", text.chars().take(500).collect::<String>()))));
+                        return Err(ChatError::Refused(Refused(format!(
+                            "{url} refused the conversation ({status}): {}",
+                            text.chars().take(500).collect::<String>()
+                        ))));
                     }
                     let retryable = status.as_u16() == 429 || status.is_server_error();
-                    (retryable, format!("{url} answered {status}: {}", text.chars().take(500).collect::<String>()), retry_after)
+                    (
+                        retryable,
+                        format!(
+                            "{url} answered {status}: {}",
+                            text.chars().take(500).collect::<String>()
+                        ),
+                        retry_after,
+                    )
                 }
                 Err(e) => {
-                    crate::metrics::get().policy_requests.with_label_values(&["error"]).inc();
-                    (e.is_timeout() || e.is_connect() || e.is_request(), format!("request to {url} failed: {e}"), None)
+                    crate::metrics::get()
+                        .policy_requests
+                        .with_label_values(&["error"])
+                        .inc();
+                    (
+                        e.is_timeout() || e.is_connect() || e.is_request(),
+                        format!("request to {url} failed: {e}"),
+                        None,
+                    )
                 }
             };
             if !retryable || attempt >= self.config.max_retries() {
-                return Err(ChatError::Endpoint(format!("{error} (after {} attempt(s))", attempt + 1)));
+                return Err(ChatError::Endpoint(format!(
+                    "{error} (after {} attempt(s))",
+                    attempt + 1
+                )));
             }
-            let backoff = Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(30));
+            let backoff =
+                Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(30));
             tokio::time::sleep(wait.unwrap_or(backoff)).await;
             attempt += 1;
         }
@@ -249,13 +295,38 @@ impl ToolCall {
     /// The action a call asks for; a malformed one is answered with an error, as a real tool
     /// would.
     fn action(&self) -> Action {
-        let raw = if self.function.arguments.is_empty() { "{}" } else { self.function.arguments.as_str() };
+        let raw = if self.function.arguments.is_empty() {
+            "{}"
+        } else {
+            self.function.arguments.as_str()
+        };
         let args: Arguments = serde_json::from_str(raw).unwrap_or_default();
         match (self.function.name.as_str(), args) {
-            ("run_shell", Arguments { command: Some(command), .. }) => Action::Exec { command },
-            ("write_file", Arguments { path: Some(path), content: Some(content), .. }) => Action::WriteFile { path, content, mode: 0o644 },
+            (
+                "run_shell",
+                Arguments {
+                    command: Some(command), ..
+                },
+            ) => Action::Exec { command },
+            (
+                "write_file",
+                Arguments {
+                    path: Some(path),
+                    content: Some(content),
+                    ..
+                },
+            ) => Action::WriteFile {
+                path,
+                content,
+                mode: 0o644,
+            },
             ("submit", Arguments { answer, .. }) => Action::Submit { answer },
-            (name, _) => Action::Exec { command: format!("echo 'farm: unknown tool call {name} with arguments {}' >&2; exit 2", raw.replace('\'', "")) },
+            (name, _) => Action::Exec {
+                command: format!(
+                    "echo 'farm: unknown tool call {name} with arguments {}' >&2; exit 2",
+                    raw.replace('\'', "")
+                ),
+            },
         }
     }
 }
@@ -319,18 +390,32 @@ impl ChatSession<'_> {
             return Err(ChatError::Endpoint("the endpoint's answer has no choices".into()));
         };
         let message = choice.message;
-        let asked: AssistantMessage = serde_json::from_value(message.clone()).map_err(|e| ChatError::Endpoint(format!("the endpoint's message is not an assistant message ({e}): {message}")))?;
+        let asked: AssistantMessage = serde_json::from_value(message.clone()).map_err(|e| {
+            ChatError::Endpoint(format!(
+                "the endpoint's message is not an assistant message ({e}): {message}"
+            ))
+        })?;
         for call in &asked.tool_calls {
             self.pending.push_back((call.id.clone(), call.action()));
         }
         if asked.tool_calls.is_empty() {
             // No tool call: the message is the final answer.
-            self.pending.push_back((String::new(), Action::Submit { answer: Some(asked.content.unwrap_or_default()) }));
+            self.pending.push_back((
+                String::new(),
+                Action::Submit {
+                    answer: Some(asked.content.unwrap_or_default()),
+                },
+            ));
         }
         // What the trajectory keeps beyond the message itself.
         let mut recorded = message.clone();
         if let Some(obj) = recorded.as_object_mut() {
-            let extras = [("logprobs", choice.logprobs), ("finish_reason", choice.finish_reason), ("token_ids", choice.token_ids), ("prompt_token_ids", reply.prompt_token_ids)];
+            let extras = [
+                ("logprobs", choice.logprobs),
+                ("finish_reason", choice.finish_reason),
+                ("token_ids", choice.token_ids),
+                ("prompt_token_ids", reply.prompt_token_ids),
+            ];
             for (key, value) in extras {
                 if let Some(v) = value.filter(|v| !v.is_null()) {
                     obj.insert(key.into(), v);
@@ -357,19 +442,49 @@ mod tests {
     use super::*;
 
     fn call(name: &str, arguments: &str) -> Action {
-        ToolCall { id: "c".into(), function: FunctionCall { name: name.into(), arguments: arguments.into() } }.action()
+        ToolCall {
+            id: "c".into(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments: arguments.into(),
+            },
+        }
+        .action()
     }
 
     #[test]
     fn tool_calls_become_actions_and_malformed_ones_an_error_to_the_model() {
-        assert_eq!(call("run_shell", r#"{"command": "ls"}"#), Action::Exec { command: "ls".into() });
-        assert_eq!(call("write_file", r#"{"path": "a", "content": "b"}"#), Action::WriteFile { path: "a".into(), content: "b".into(), mode: 0o644 });
+        assert_eq!(
+            call("run_shell", r#"{"command": "ls"}"#),
+            Action::Exec { command: "ls".into() }
+        );
+        assert_eq!(
+            call("write_file", r#"{"path": "a", "content": "b"}"#),
+            Action::WriteFile {
+                path: "a".into(),
+                content: "b".into(),
+                mode: 0o644
+            }
+        );
         assert_eq!(call("submit", "{}"), Action::Submit { answer: None });
-        assert_eq!(call("submit", r#"{"answer": "42"}"#), Action::Submit { answer: Some("42".into()) });
-        let Action::Exec { command } = call("launch", "{'x'}") else { panic!("an unknown call is answered with an error") };
-        assert!(command.contains("unknown tool call launch") && command.contains("exit 2"), "{command}");
+        assert_eq!(
+            call("submit", r#"{"answer": "42"}"#),
+            Action::Submit {
+                answer: Some("42".into())
+            }
+        );
+        let Action::Exec { command } = call("launch", "{'x'}") else {
+            panic!("an unknown call is answered with an error")
+        };
+        assert!(
+            command.contains("unknown tool call launch") && command.contains("exit 2"),
+            "{command}"
+        );
         let reply: ChatReply = serde_json::from_str(r#"{"choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}], "usage": {"total_tokens": 3}}"#).unwrap();
         assert_eq!(reply.usage.unwrap().total_tokens, Some(3));
-        assert!(serde_json::from_str::<ChatReply>(r#"{"error": "no"}"#).is_err(), "no choices: not a completion");
+        assert!(
+            serde_json::from_str::<ChatReply>(r#"{"error": "no"}"#).is_err(),
+            "no choices: not a completion"
+        );
     }
 }

@@ -50,13 +50,20 @@ struct TrajectoryLine {
 }
 
 fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, PolicyBuildError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PolicyBuildError::Read { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| PolicyBuildError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let value = serde_json::from_str(line).map_err(|e| PolicyBuildError::File { path: path.to_path_buf(), line: i + 1, message: e.to_string() })?;
+        let value = serde_json::from_str(line).map_err(|e| PolicyBuildError::File {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message: e.to_string(),
+        })?;
         out.push((i + 1, value));
     }
     Ok(out)
@@ -65,20 +72,37 @@ fn jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<(usize, T)>, P
 impl ReplayPolicy {
     pub fn load(suite: &Suite, config: &PolicyConfig) -> Result<ReplayPolicy, PolicyBuildError> {
         let source = config.source.unwrap_or_default();
-        let mut policy = ReplayPolicy { source, completions: HashMap::new(), trajectories: HashMap::new(), samples: suite.config.rollouts.samples };
+        let mut policy = ReplayPolicy {
+            source,
+            completions: HashMap::new(),
+            trajectories: HashMap::new(),
+            samples: suite.config.rollouts.samples,
+        };
         match source {
             ReplaySource::Reference => {}
             ReplaySource::Samples => {
                 let path = suite.resolve(config.samples_file.as_deref().expect("checked"));
                 for (_, line) in jsonl::<SampleLine>(&path)? {
-                    policy.completions.entry(line.task_id).or_default().push(line.completion);
+                    policy
+                        .completions
+                        .entry(line.task_id)
+                        .or_default()
+                        .push(line.completion);
                 }
             }
             ReplaySource::Trajectories => {
                 let path = suite.resolve(config.trajectories_file.as_deref().expect("checked"));
                 for (number, line) in jsonl::<TrajectoryLine>(&path)? {
-                    if policy.trajectories.insert((line.task_id.clone(), line.sample_index), line.actions).is_some() {
-                        return Err(PolicyBuildError::File { path, line: number, message: format!("task {:?} sample {} appears twice", line.task_id, line.sample_index) });
+                    if policy
+                        .trajectories
+                        .insert((line.task_id.clone(), line.sample_index), line.actions)
+                        .is_some()
+                    {
+                        return Err(PolicyBuildError::File {
+                            path,
+                            line: number,
+                            message: format!("task {:?} sample {} appears twice", line.task_id, line.sample_index),
+                        });
                     }
                 }
             }
@@ -94,9 +118,13 @@ impl ReplayPolicy {
     pub fn samples_for(&self, task: &Task) -> u32 {
         match self.source {
             ReplaySource::Samples => self.completions.get(&task.id).map(|c| c.len() as u32).unwrap_or(0),
-            ReplaySource::Trajectories => {
-                self.trajectories.keys().filter(|(id, _)| *id == task.id).map(|(_, s)| s + 1).max().unwrap_or(0)
-            }
+            ReplaySource::Trajectories => self
+                .trajectories
+                .keys()
+                .filter(|(id, _)| *id == task.id)
+                .map(|(_, s)| s + 1)
+                .max()
+                .unwrap_or(0),
             ReplaySource::Reference => self.samples,
         }
     }
@@ -111,11 +139,17 @@ impl ReplayPolicy {
                 let mut actions: Vec<Action> = solution
                     .files
                     .iter()
-                    .map(|f| Action::WriteFile { path: f.path.clone(), content: String::from_utf8_lossy(&f.contents).into_owned(), mode: f.mode })
+                    .map(|f| Action::WriteFile {
+                        path: f.path.clone(),
+                        content: String::from_utf8_lossy(&f.contents).into_owned(),
+                        mode: f.mode,
+                    })
                     .collect();
                 actions.extend(solution.commands.iter().map(|c| Action::Exec { command: c.clone() }));
                 if let Some(answer) = &solution.answer {
-                    actions.push(Action::Submit { answer: Some(answer.clone()) });
+                    actions.push(Action::Submit {
+                        answer: Some(answer.clone()),
+                    });
                 }
                 Ok(actions)
             }
@@ -124,21 +158,29 @@ impl ReplayPolicy {
                     .completions
                     .get(&task.id)
                     .and_then(|c| c.get(sample as usize))
-                    .ok_or_else(|| NoActions::NoCompletion { task: task.id.clone(), sample })?;
+                    .ok_or_else(|| NoActions::NoCompletion {
+                        task: task.id.clone(),
+                        sample,
+                    })?;
                 match &task.completion_file {
                     Some(file) => Ok(vec![Action::WriteFile {
                         path: file.clone(),
                         content: format!("{}{completion}", task.completion_prefix),
                         mode: 0o644,
                     }]),
-                    None => Ok(vec![Action::Submit { answer: Some(completion.clone()) }]),
+                    None => Ok(vec![Action::Submit {
+                        answer: Some(completion.clone()),
+                    }]),
                 }
             }
             ReplaySource::Trajectories => self
                 .trajectories
                 .get(&(task.id.clone(), sample))
                 .cloned()
-                .ok_or_else(|| NoActions::NoTrajectory { task: task.id.clone(), sample }),
+                .ok_or_else(|| NoActions::NoTrajectory {
+                    task: task.id.clone(),
+                    sample,
+                }),
         }
     }
 }

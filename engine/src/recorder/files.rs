@@ -45,9 +45,17 @@ pub enum OutputError {
     #[error("output folder {} already holds a run (manifest.json): pass --resume to finish it, or choose another --out", .0.display())]
     HoldsARun(PathBuf),
     #[error("{} was written by a different version of the suite (digest {recorded} vs {now}); resume needs the same suite file", dir.display())]
-    OtherSuite { dir: PathBuf, recorded: String, now: String },
+    OtherSuite {
+        dir: PathBuf,
+        recorded: String,
+        now: String,
+    },
     #[error("{} holds shard {} of the suite, not {}; resume a shard with its own --shard", dir.display(), recorded.map(|s| s.to_string()).unwrap_or_else(|| "none (the whole suite)".into()), now.map(|s| s.to_string()).unwrap_or_else(|| "the whole suite".into()))]
-    OtherShard { dir: PathBuf, recorded: Option<crate::shard::Shard>, now: Option<crate::shard::Shard> },
+    OtherShard {
+        dir: PathBuf,
+        recorded: Option<crate::shard::Shard>,
+        now: Option<crate::shard::Shard>,
+    },
     #[error(
         "{}: journal.jsonl holds {journal} bytes but the manifest says {in_parts} are already in parts; the output folder was changed by hand: start a new run in another folder",
         dir.display()
@@ -102,18 +110,31 @@ impl Manifest {
         let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound if dir.is_dir() => OutputError::NotARun(dir.to_path_buf()),
             std::io::ErrorKind::NotFound => OutputError::NoFolder(dir.to_path_buf()),
-            _ => OutputError::Io { what: "reading", path: path.clone(), source: e },
+            _ => OutputError::Io {
+                what: "reading",
+                path: path.clone(),
+                source: e,
+            },
         })?;
         // The version first, on its own: a newer format may have fields this farm does not know.
         #[derive(Deserialize)]
         struct Version {
             format_version: u32,
         }
-        let version: Version = serde_json::from_str(&text).map_err(|e| OutputError::BadManifest { path: path.clone(), message: e.to_string() })?;
+        let version: Version = serde_json::from_str(&text).map_err(|e| OutputError::BadManifest {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         if version.format_version != FORMAT_VERSION {
-            return Err(OutputError::FormatVersion { path, found: version.format_version });
+            return Err(OutputError::FormatVersion {
+                path,
+                found: version.format_version,
+            });
         }
-        serde_json::from_str(&text).map_err(|e| OutputError::BadManifest { path, message: e.to_string() })
+        serde_json::from_str(&text).map_err(|e| OutputError::BadManifest {
+            path,
+            message: e.to_string(),
+        })
     }
 
     /// Replaces `DIR/manifest.json` atomically.
@@ -121,7 +142,9 @@ impl Manifest {
         let tmp = dir.join("manifest.json.tmp");
         let text = serde_json::to_string_pretty(self).expect("a manifest serializes");
         let mut f = std::fs::File::create(&tmp).map_err(io("writing", &tmp))?;
-        f.write_all(text.as_bytes()).and_then(|_| f.sync_all()).map_err(io("writing", &tmp))?;
+        f.write_all(text.as_bytes())
+            .and_then(|_| f.sync_all())
+            .map_err(io("writing", &tmp))?;
         std::fs::rename(&tmp, dir.join("manifest.json")).map_err(io("replacing", &dir.join("manifest.json")))?;
         sync_dir(dir);
         Ok(())
@@ -132,7 +155,8 @@ impl Manifest {
 pub fn schema() -> Arc<arrow_schema::Schema> {
     use serde_arrow::schema::{SchemaLike, TracingOptions};
     // The enums are plain string columns in the files.
-    let utf8 = |name: &str, nullable: bool| serde_json::json!({ "name": name, "data_type": "Utf8", "nullable": nullable });
+    let utf8 =
+        |name: &str, nullable: bool| serde_json::json!({ "name": name, "data_type": "Utf8", "nullable": nullable });
     let options = TracingOptions::default()
         .allow_null_fields(true)
         .strings_as_large_utf8(false)
@@ -149,16 +173,27 @@ pub fn schema() -> Arc<arrow_schema::Schema> {
 pub fn write_parquet(path: &Path, schema: &Arc<arrow_schema::Schema>, rows: &[Row]) -> Result<(), OutputError> {
     use parquet::basic::{Compression, ZstdLevel};
     use parquet::file::properties::WriterProperties;
-    let parquet_error = |message: String| OutputError::Parquet { path: path.to_path_buf(), message };
-    let batch = serde_arrow::to_record_batch(schema.fields(), &rows).map_err(|e| parquet_error(format!("converting rows to Arrow: {e}")))?;
+    let parquet_error = |message: String| OutputError::Parquet {
+        path: path.to_path_buf(),
+        message,
+    };
+    let batch = serde_arrow::to_record_batch(schema.fields(), &rows)
+        .map_err(|e| parquet_error(format!("converting rows to Arrow: {e}")))?;
     if batch.schema().fields() != schema.fields() {
-        return Err(parquet_error(format!("a row batch's schema {:?} differs from the output schema {:?}", batch.schema(), schema)));
+        return Err(parquet_error(format!(
+            "a row batch's schema {:?} differs from the output schema {:?}",
+            batch.schema(),
+            schema
+        )));
     }
     let level = ZstdLevel::try_new(3).expect("3 is a zstd level");
-    let props = WriterProperties::builder().set_compression(Compression::ZSTD(level)).build();
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(level))
+        .build();
     let file = std::fs::File::create(path).map_err(io("creating", path))?;
     let clone = file.try_clone().map_err(io("opening", path))?;
-    let mut writer = parquet::arrow::ArrowWriter::try_new(clone, schema.clone(), Some(props)).map_err(|e| parquet_error(e.to_string()))?;
+    let mut writer = parquet::arrow::ArrowWriter::try_new(clone, schema.clone(), Some(props))
+        .map_err(|e| parquet_error(e.to_string()))?;
     writer.write(&batch).map_err(|e| parquet_error(e.to_string()))?;
     writer.close().map_err(|e| parquet_error(e.to_string()))?;
     file.sync_all().map_err(io("syncing", path))
@@ -187,14 +222,18 @@ pub fn read_rows<E: From<OutputError>>(dir: &Path, mut each: impl FnMut(Row) -> 
     let manifest = Manifest::load(dir)?;
     for part in &manifest.parts {
         let path = dir.join(&part.file);
-        let parquet_error = |message: String| OutputError::Parquet { path: path.clone(), message };
+        let parquet_error = |message: String| OutputError::Parquet {
+            path: path.clone(),
+            message,
+        };
         let file = std::fs::File::open(&path).map_err(|e| parquet_error(format!("listed in the manifest: {e}")))?;
         let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
             .and_then(|b| b.with_batch_size(1024).build())
             .map_err(|e| parquet_error(format!("not a Parquet file: {e}")))?;
         for batch in reader {
             let batch = batch.map_err(|e| parquet_error(e.to_string()))?;
-            let rows: Vec<Row> = serde_arrow::from_record_batch(&batch).map_err(|e| parquet_error(format!("rows do not match farm's schema: {e}")))?;
+            let rows: Vec<Row> = serde_arrow::from_record_batch(&batch)
+                .map_err(|e| parquet_error(format!("rows do not match farm's schema: {e}")))?;
             for row in rows {
                 each(row)?;
             }
@@ -235,7 +274,12 @@ pub fn read_journal(path: &Path, in_parts: u64) -> Result<Journal, OutputError> 
         lines.push((offset, line.len() as u64));
         Ok(())
     })?;
-    Ok(Journal { all, pending, lines, extent })
+    Ok(Journal {
+        all,
+        pending,
+        lines,
+        extent,
+    })
 }
 
 /// `farm repair DIR`: moves journal lines that are not rows (and requests that are not
@@ -243,7 +287,9 @@ pub fn read_journal(path: &Path, in_parts: u64) -> Result<Journal, OutputError> 
 /// bytes in parts true.
 pub fn repair(dir: &Path, request_valid: impl Fn(&[u8]) -> bool) -> Result<Vec<journal::Repaired>, OutputError> {
     let mut manifest = Manifest::load(dir)?;
-    let journal = journal::repair(&dir.join("journal.jsonl"), |line| serde_json::from_slice::<Row>(line).is_ok())?;
+    let journal = journal::repair(&dir.join("journal.jsonl"), |line| {
+        serde_json::from_slice::<Row>(line).is_ok()
+    })?;
     let new_in_parts = journal.new_offset(manifest.journal_bytes_in_parts);
     if new_in_parts != manifest.journal_bytes_in_parts {
         manifest.journal_bytes_in_parts = new_in_parts;

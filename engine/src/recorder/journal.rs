@@ -25,7 +25,11 @@ pub enum JournalError {
         path.display(),
         path.parent().map(|p| p.display().to_string()).unwrap_or_default()
     )]
-    BadLine { path: PathBuf, line: usize, message: String },
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
 }
 
 /// Where a journal's complete lines end, and whether a torn last line followed.
@@ -40,11 +44,22 @@ pub struct Extent {
 /// Calls `each(offset, line)` for every complete line of `path` (with its newline), in
 /// order; a missing file has none. A line `each` refuses stops the read with the line's
 /// number; a torn last line is reported in the [`Extent`], not passed on.
-pub fn for_each_line<E: std::fmt::Display>(path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<(), E>) -> Result<Extent, JournalError> {
-    let io = |source| JournalError::Io { path: path.to_path_buf(), source };
+pub fn for_each_line<E: std::fmt::Display>(
+    path: &Path,
+    mut each: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<Extent, JournalError> {
+    let io = |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Extent { good_len: 0, torn_bytes: 0 }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Extent {
+                good_len: 0,
+                torn_bytes: 0,
+            })
+        }
         Err(e) => return Err(io(e)),
     };
     let mut reader = std::io::BufReader::new(file);
@@ -54,13 +69,23 @@ pub fn for_each_line<E: std::fmt::Display>(path: &Path, mut each: impl FnMut(u64
         line.clear();
         let n = reader.read_until(b'\n', &mut line).map_err(io)?;
         if n == 0 {
-            return Ok(Extent { good_len: offset, torn_bytes: 0 });
+            return Ok(Extent {
+                good_len: offset,
+                torn_bytes: 0,
+            });
         }
         number += 1;
         if line.last() != Some(&b'\n') {
-            return Ok(Extent { good_len: offset, torn_bytes: n as u64 });
+            return Ok(Extent {
+                good_len: offset,
+                torn_bytes: n as u64,
+            });
         }
-        each(offset, &line).map_err(|e| JournalError::BadLine { path: path.to_path_buf(), line: number, message: e.to_string() })?;
+        each(offset, &line).map_err(|e| JournalError::BadLine {
+            path: path.to_path_buf(),
+            line: number,
+            message: e.to_string(),
+        })?;
         offset += n as u64;
     }
 }
@@ -94,8 +119,17 @@ impl Repaired {
 /// byte, to `<path>.quarantine`. A torn last line is dropped. The new file replaces the old
 /// atomically. Nothing happens to a file that is already sound.
 pub fn repair(path: &Path, valid: impl Fn(&[u8]) -> bool) -> Result<Repaired, JournalError> {
-    let io = |source| JournalError::Io { path: path.to_path_buf(), source };
-    let mut repaired = Repaired { file: path.to_path_buf(), bad_lines: Vec::new(), quarantine: None, torn_bytes: 0, map: vec![(0, 0)] };
+    let io = |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut repaired = Repaired {
+        file: path.to_path_buf(),
+        bad_lines: Vec::new(),
+        quarantine: None,
+        torn_bytes: 0,
+        map: vec![(0, 0)],
+    };
     let mut good: Vec<u8> = Vec::new();
     let mut bad: Vec<u8> = Vec::new();
     let mut number = 0;
@@ -116,7 +150,11 @@ pub fn repair(path: &Path, valid: impl Fn(&[u8]) -> bool) -> Result<Repaired, Jo
     }
     if !bad.is_empty() {
         let quarantine = PathBuf::from(format!("{}.quarantine", path.display()));
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&quarantine).map_err(io)?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&quarantine)
+            .map_err(io)?;
         file.write_all(&bad).and_then(|_| file.sync_all()).map_err(io)?;
         repaired.quarantine = Some(quarantine);
     }
@@ -153,7 +191,13 @@ mod tests {
         let path = write(dir.path(), b"{\"n\":1}\n{\"n\":2}\n{\"n\":");
         let (seen, extent) = numbers(&path).unwrap();
         assert_eq!(seen, [1, 2]);
-        assert_eq!(extent, Extent { good_len: 16, torn_bytes: 5 });
+        assert_eq!(
+            extent,
+            Extent {
+                good_len: 16,
+                torn_bytes: 5
+            }
+        );
         assert_eq!(numbers(&dir.path().join("missing")).unwrap().1.good_len, 0);
     }
 
@@ -163,7 +207,10 @@ mod tests {
         let text = b"{\"n\":1}\n{\"n\":2\n{\"n\":3}\n";
         let path = write(dir.path(), text);
         let err = numbers(&path).unwrap_err().to_string();
-        assert!(err.contains("journal.jsonl:2: not a record") && err.contains("farm repair"), "{err}");
+        assert!(
+            err.contains("journal.jsonl:2: not a record") && err.contains("farm repair"),
+            "{err}"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), text, "the data stays untouched");
     }
 
@@ -176,10 +223,16 @@ mod tests {
         assert_eq!(repaired.bad_lines, [2]);
         assert_eq!(repaired.torn_bytes, 4);
         assert_eq!(std::fs::read(&path).unwrap(), b"{\"n\":1}\n{\"n\":3}\n");
-        assert_eq!(std::fs::read(repaired.quarantine.as_ref().unwrap()).unwrap(), b"GARBAGE\n");
+        assert_eq!(
+            std::fs::read(repaired.quarantine.as_ref().unwrap()).unwrap(),
+            b"GARBAGE\n"
+        );
         // Old line boundaries map to new ones: after line 1 (8), after the bad line (16 -> 8),
         // after line 3 (24 -> 16).
-        assert_eq!((repaired.new_offset(8), repaired.new_offset(16), repaired.new_offset(24)), (8, 8, 16));
+        assert_eq!(
+            (repaired.new_offset(8), repaired.new_offset(16), repaired.new_offset(24)),
+            (8, 8, 16)
+        );
         assert_eq!(numbers(&path).unwrap().0, [1, 3]);
         // A sound file is left alone.
         let again = repair(&path, valid).unwrap();

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
-pub use files::{read_lines_at, read_rows, Manifest, OutputError};
 pub use crate::row::*;
-pub use writer::RunIdentity;
+pub use files::{read_lines_at, read_rows, Manifest, OutputError};
 use writer::OutputWriter;
+pub use writer::RunIdentity;
 
 /// How a recorder is opened.
 #[derive(Debug, Clone)]
@@ -65,7 +65,10 @@ enum Command {
     AppendBatch(Vec<Row>, oneshot::Sender<Result<usize, OutputError>>),
     Request(Vec<u8>, oneshot::Sender<Result<(), OutputError>>),
     Flush(oneshot::Sender<Result<(), OutputError>>),
-    Summary(Box<SummaryInputs>, oneshot::Sender<Result<summary::Summary, OutputError>>),
+    Summary(
+        Box<SummaryInputs>,
+        oneshot::Sender<Result<summary::Summary, OutputError>>,
+    ),
 }
 
 /// State readers share with the recorder's thread.
@@ -87,30 +90,56 @@ pub struct Recorder {
 
 /// The recorder's thread is gone (it panicked): nothing more can be recorded.
 fn gone() -> OutputError {
-    OutputError::Io { what: "recording in", path: PathBuf::from("the run folder"), source: std::io::Error::other("the recorder's thread is gone") }
+    OutputError::Io {
+        what: "recording in",
+        path: PathBuf::from("the run folder"),
+        source: std::io::Error::other("the recorder's thread is gone"),
+    }
 }
 
 impl Recorder {
     /// Opens `dir` (see [`OutputWriter::open`]) on a blocking thread, and starts the
     /// recorder's own thread.
-    pub async fn open(dir: &Path, run: RunIdentity, options: RecorderOptions) -> Result<(Recorder, Opened), OutputError> {
+    pub async fn open(
+        dir: &Path,
+        run: RunIdentity,
+        options: RecorderOptions,
+    ) -> Result<(Recorder, Opened), OutputError> {
         let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || Recorder::open_blocking(&dir, &run, options)).await.map_err(|_| gone())?
+        tokio::task::spawn_blocking(move || Recorder::open_blocking(&dir, &run, options))
+            .await
+            .map_err(|_| gone())?
     }
 
-    fn open_blocking(dir: &Path, run: &RunIdentity, options: RecorderOptions) -> Result<(Recorder, Opened), OutputError> {
+    fn open_blocking(
+        dir: &Path,
+        run: &RunIdentity,
+        options: RecorderOptions,
+    ) -> Result<(Recorder, Opened), OutputError> {
         let writer = OutputWriter::open(dir, run, options.resume, options.rows_per_part)?;
         let requests = match &options.requests {
             Some((path, good_len)) => {
-                let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(files::io("opening", path))?;
-                file.set_len(*good_len).map_err(files::io("cutting the torn last line of", path))?;
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(files::io("opening", path))?;
+                file.set_len(*good_len)
+                    .map_err(files::io("cutting the torn last line of", path))?;
                 Some((path.clone(), file))
             }
             None => None,
         };
-        let opened = Opened { run_id: writer.run_id().to_string(), done: writer.done().clone(), outcomes: writer.outcomes().to_vec() };
+        let opened = Opened {
+            run_id: writer.run_id().to_string(),
+            done: writer.done().clone(),
+            outcomes: writer.outcomes().to_vec(),
+        };
         let (rows, _) = watch::channel(writer.rows());
-        let shared = Arc::new(Shared { lines: Mutex::new(writer.lines().to_vec()), rows });
+        let shared = Arc::new(Shared {
+            lines: Mutex::new(writer.lines().to_vec()),
+            rows,
+        });
         let (commands, inbox) = std::sync::mpsc::channel();
         let recorder = Recorder {
             commands,
@@ -128,7 +157,10 @@ impl Recorder {
         Ok((recorder, opened))
     }
 
-    async fn ask<T>(&self, command: impl FnOnce(oneshot::Sender<Result<T, OutputError>>) -> Command) -> Result<T, OutputError> {
+    async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<Result<T, OutputError>>) -> Command,
+    ) -> Result<T, OutputError> {
         let (reply, answer) = oneshot::channel();
         self.commands.send(command(reply)).map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
@@ -191,7 +223,9 @@ impl Recorder {
             out
         };
         let journal = self.journal.clone();
-        tokio::task::spawn_blocking(move || read_lines_at(&journal, &index)).await.map_err(|_| gone())?
+        tokio::task::spawn_blocking(move || read_lines_at(&journal, &index))
+            .await
+            .map_err(|_| gone())?
     }
 
     pub fn schema(&self) -> Arc<arrow_schema::Schema> {
@@ -216,7 +250,12 @@ impl Drop for Recorder {
 }
 
 /// The recorder's thread: every write of the run folder happens here, in order.
-fn run_thread(mut writer: OutputWriter, mut requests: Option<(PathBuf, std::fs::File)>, inbox: std::sync::mpsc::Receiver<Command>, shared: Arc<Shared>) {
+fn run_thread(
+    mut writer: OutputWriter,
+    mut requests: Option<(PathBuf, std::fs::File)>,
+    inbox: std::sync::mpsc::Receiver<Command>,
+    shared: Arc<Shared>,
+) {
     let opened_rows = writer.rows();
     let mut write_time = Duration::ZERO;
     for command in inbox {
@@ -242,15 +281,26 @@ fn run_thread(mut writer: OutputWriter, mut requests: Option<(PathBuf, std::fs::
                 let result = writer.append_batch(rows);
                 if result.is_ok() {
                     let all = writer.lines();
-                    shared.lines.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&all[all.len() - count..]);
+                    shared
+                        .lines
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .extend_from_slice(&all[all.len() - count..]);
                     shared.rows.send_replace(writer.rows());
                 }
                 let _ = reply.send(result);
             }
             Command::Request(line, reply) => {
                 let result = match &mut requests {
-                    Some((path, file)) => file.write_all(&line).and_then(|_| file.sync_data()).map_err(files::io("appending to", path)),
-                    None => Err(OutputError::Io { what: "appending to", path: PathBuf::from("requests.jsonl"), source: std::io::Error::other("this recorder keeps no request journal") }),
+                    Some((path, file)) => file
+                        .write_all(&line)
+                        .and_then(|_| file.sync_data())
+                        .map_err(files::io("appending to", path)),
+                    None => Err(OutputError::Io {
+                        what: "appending to",
+                        path: PathBuf::from("requests.jsonl"),
+                        source: std::io::Error::other("this recorder keeps no request journal"),
+                    }),
                 };
                 let _ = reply.send(result);
             }
@@ -262,7 +312,12 @@ fn run_thread(mut writer: OutputWriter, mut requests: Option<(PathBuf, std::fs::
                     let this_session = &writer.outcomes()[opened_rows.min(writer.outcomes().len())..];
                     let mut value = summary::summary(writer.outcomes(), inputs.samples, inputs.planned);
                     value.provenance = Some(inputs.provenance.clone());
-                    value.performance = Some(summary::performance(this_session, inputs.wall, write_time + started.elapsed(), inputs.concurrency));
+                    value.performance = Some(summary::performance(
+                        this_session,
+                        inputs.wall,
+                        write_time + started.elapsed(),
+                        inputs.concurrency,
+                    ));
                     value.merged = inputs.merged.clone();
                     writer.write_summary(&value).map(|()| value)
                 });
@@ -284,9 +339,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rows_are_recorded_in_order_and_read_back_off_the_runtime() {
         let dir = tempfile::tempdir().unwrap();
-        let run = RunIdentity { run_id: "run1".into(), suite_name: "s".into(), suite_digest: "d".into(), shard: None };
+        let run = RunIdentity {
+            run_id: "run1".into(),
+            suite_name: "s".into(),
+            suite_digest: "d".into(),
+            shard: None,
+        };
         let requests = dir.path().join("requests.jsonl");
-        let options = RecorderOptions { rows_per_part: 2, resume: false, requests: Some((requests.clone(), 0)) };
+        let options = RecorderOptions {
+            rows_per_part: 2,
+            resume: false,
+            requests: Some((requests.clone(), 0)),
+        };
         let (recorder, opened) = Recorder::open(dir.path(), run.clone(), options.clone()).await.unwrap();
         assert!(opened.done.is_empty());
         let mut watch = recorder.subscribe();
@@ -295,23 +359,56 @@ mod tests {
         }
         watch.changed().await.unwrap();
         assert_eq!(*watch.borrow(), 3);
-        assert!(recorder.append(row("t", 1, "passed")).await.is_err(), "a row is recorded once");
+        assert!(
+            recorder.append(row("t", 1, "passed")).await.is_err(),
+            "a row is recorded once"
+        );
         let lines = recorder.read_lines(1, 10, u64::MAX).await.unwrap();
         assert_eq!(lines.len(), 2);
-        assert_eq!(recorder.read_lines(0, 10, 1).await.unwrap().len(), 1, "at least one row, whatever the byte cap");
-        recorder.journal_request(&serde_json::json!({"kind": "test"})).await.unwrap();
-        let provenance = summary::Provenance { host: "h".into(), ..Default::default() };
-        let inputs = SummaryInputs { samples: 1, planned: 3, provenance, concurrency: 1, wall: Duration::from_secs(1), merged: None };
+        assert_eq!(
+            recorder.read_lines(0, 10, 1).await.unwrap().len(),
+            1,
+            "at least one row, whatever the byte cap"
+        );
+        recorder
+            .journal_request(&serde_json::json!({"kind": "test"}))
+            .await
+            .unwrap();
+        let provenance = summary::Provenance {
+            host: "h".into(),
+            ..Default::default()
+        };
+        let inputs = SummaryInputs {
+            samples: 1,
+            planned: 3,
+            provenance,
+            concurrency: 1,
+            wall: Duration::from_secs(1),
+            merged: None,
+        };
         let summary = recorder.summarise(inputs).await.unwrap();
         assert_eq!((summary.finished, summary.provenance.unwrap().host.as_str()), (3, "h"));
         assert_eq!(summary.performance.unwrap().rollouts, 3);
-        assert_eq!(summary::Summary::load(dir.path()).unwrap().finished, 3, "summary.json reads back");
+        assert_eq!(
+            summary::Summary::load(dir.path()).unwrap().finished,
+            3,
+            "summary.json reads back"
+        );
         drop(recorder);
         assert_eq!(std::fs::read_to_string(&requests).unwrap(), "{\"kind\":\"test\"}\n");
         // Everything is in parts once the recorder is gone.
         let manifest = Manifest::load(dir.path()).unwrap();
         assert_eq!(manifest.parts.iter().map(|p| p.rows).sum::<usize>(), 3);
-        let (again, opened) = Recorder::open(dir.path(), run, RecorderOptions { resume: true, ..options }).await.unwrap();
+        let (again, opened) = Recorder::open(
+            dir.path(),
+            run,
+            RecorderOptions {
+                resume: true,
+                ..options
+            },
+        )
+        .await
+        .unwrap();
         assert_eq!((opened.done.len(), again.rows()), (3, 3));
     }
 }

@@ -141,7 +141,10 @@ fn counts(rs: &[&Outcome]) -> BTreeMap<String, usize> {
 
 /// How many verdicts of each trust level (rows without a verdict have none).
 fn trust(rs: &[&Outcome]) -> BTreeMap<String, usize> {
-    let mut c: BTreeMap<String, usize> = [scorers::Trust::Sound, scorers::Trust::Hardened].iter().map(|t| (t.to_string(), 0)).collect();
+    let mut c: BTreeMap<String, usize> = [scorers::Trust::Sound, scorers::Trust::Hardened]
+        .iter()
+        .map(|t| (t.to_string(), 0))
+        .collect();
     for t in rs.iter().filter_map(|r| r.trust) {
         *c.entry(t.to_string()).or_default() += 1;
     }
@@ -168,7 +171,12 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> Summary {
         let scored: Vec<&&Outcome> = rs.iter().filter(|r| r.status != Status::EnvError).collect();
         let n = scored.len() as u32;
         let c = scored.iter().filter(|r| r.status == Status::Passed).count() as u32;
-        let mut totals = Totals { counts: counts(rs), trust: trust(rs), mean_reward: mean_reward(rs), ..Totals::default() };
+        let mut totals = Totals {
+            counts: counts(rs),
+            trust: trust(rs),
+            mean_reward: mean_reward(rs),
+            ..Totals::default()
+        };
         for k in (1..=max_k).filter(|k| *k <= n) {
             let (p, h) = (pass_at_k(n, c, k), pass_hat_k(n, c, k));
             totals.pass_at_k.insert(k.to_string(), p);
@@ -179,9 +187,27 @@ pub fn summary(rows: &[Outcome], samples: u32, planned: usize) -> Summary {
         tasks.insert(task.to_string(), TaskSummary { n: rs.len(), totals });
     }
     let all: Vec<&Outcome> = rows.iter().collect();
-    let avg = |m: &BTreeMap<u32, Vec<f64>>| -> BTreeMap<String, f64> { m.iter().map(|(k, v)| (k.to_string(), v.iter().sum::<f64>() / v.len() as f64)).collect() };
-    let totals = Totals { counts: counts(&all), trust: trust(&all), mean_reward: mean_reward(&all), pass_at_k: avg(&pass_at), pass_hat_k: avg(&pass_hat) };
-    Summary { planned, finished: rows.len(), totals, tasks, provenance: None, performance: None, merged: None }
+    let avg = |m: &BTreeMap<u32, Vec<f64>>| -> BTreeMap<String, f64> {
+        m.iter()
+            .map(|(k, v)| (k.to_string(), v.iter().sum::<f64>() / v.len() as f64))
+            .collect()
+    };
+    let totals = Totals {
+        counts: counts(&all),
+        trust: trust(&all),
+        mean_reward: mean_reward(&all),
+        pass_at_k: avg(&pass_at),
+        pass_hat_k: avg(&pass_hat),
+    };
+    Summary {
+        planned,
+        finished: rows.len(),
+        totals,
+        tasks,
+        provenance: None,
+        performance: None,
+        merged: None,
+    }
 }
 
 /// Unbiased pass@k: 1 - C(n-c, k) / C(n, k).
@@ -189,7 +215,10 @@ pub fn pass_at_k(n: u32, c: u32, k: u32) -> f64 {
     if n - c < k {
         return 1.0;
     }
-    1.0 - ((n - c - k + 1)..=(n - c)).zip((n - k + 1)..=n).map(|(a, b)| a as f64 / b as f64).product::<f64>()
+    1.0 - ((n - c - k + 1)..=(n - c))
+        .zip((n - k + 1)..=n)
+        .map(|(a, b)| a as f64 / b as f64)
+        .product::<f64>()
 }
 
 /// pass^k: the chance that k samples drawn without replacement all pass, C(c, k) / C(n, k).
@@ -197,12 +226,20 @@ pub fn pass_hat_k(n: u32, c: u32, k: u32) -> f64 {
     if c < k {
         return 0.0;
     }
-    ((c - k + 1)..=c).zip((n - k + 1)..=n).map(|(a, b)| a as f64 / b as f64).product()
+    ((c - k + 1)..=c)
+        .zip((n - k + 1)..=n)
+        .map(|(a, b)| a as f64 / b as f64)
+        .product()
 }
 
 /// Throughput and per-phase times of the rollouts finished by this session (`write` is the
 /// recorder's own time).
-pub fn performance(rows: &[Outcome], wall: std::time::Duration, write: std::time::Duration, concurrency: usize) -> Performance {
+pub fn performance(
+    rows: &[Outcome],
+    wall: std::time::Duration,
+    write: std::time::Duration,
+    concurrency: usize,
+) -> Performance {
     let phase = |f: fn(&Timings) -> f64| {
         let mut v: Vec<f64> = rows.iter().map(|r| f(&r.timings)).collect();
         v.sort_by(|a, b| a.total_cmp(b));
@@ -210,7 +247,11 @@ pub fn performance(rows: &[Outcome], wall: std::time::Duration, write: std::time
             return None;
         }
         let p = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-        Some(PhaseTimes { mean_ms: v.iter().sum::<f64>() / v.len() as f64, p50_ms: p(0.5), p99_ms: p(0.99) })
+        Some(PhaseTimes {
+            mean_ms: v.iter().sum::<f64>() / v.len() as f64,
+            p50_ms: p(0.5),
+            p99_ms: p(0.99),
+        })
     };
     Performance {
         rollouts: rows.len(),
@@ -239,7 +280,10 @@ pub(crate) mod tests {
             task_digest: "t".into(),
             snapshot_id: "snap".into(),
             policy_name: "replay".into(),
-            steps: vec![Step { exit_code: Some(0), ..Step::new(0, StepKind::Exec, "true") }],
+            steps: vec![Step {
+                exit_code: Some(0),
+                ..Step::new(0, StepKind::Exec, "true")
+            }],
             reward: (status != "env_error").then_some(if status == "passed" { 1.0 } else { 0.0 }),
             status: status.parse().unwrap(),
             farm_version: "0".into(),
@@ -266,7 +310,12 @@ pub(crate) mod tests {
             assert_eq!(status.as_str().parse::<Status>(), Ok(status));
         }
         assert!("lost".parse::<Status>().is_err());
-        let rows = [row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "env_error"), row("b", 1, "passed")];
+        let rows = [
+            row("a", 0, "passed"),
+            row("a", 1, "failed"),
+            row("b", 0, "env_error"),
+            row("b", 1, "passed"),
+        ];
         let outcomes: Vec<Outcome> = rows.iter().map(Outcome::from).collect();
         let s = summary(&outcomes, 2, 4);
         assert_eq!(s.count(Status::Passed), 2);
@@ -275,10 +324,21 @@ pub(crate) mod tests {
         assert_eq!(s.tasks["b"].totals.pass_at_k["1"], 1.0);
         assert!(!s.tasks["b"].totals.pass_at_k.contains_key("2"));
         let json = serde_json::to_value(&s).unwrap();
-        assert_eq!((json["counts"]["passed"].as_u64(), json["tasks"]["a"]["pass_at_k"]["1"].as_f64()), (Some(2), Some(0.5)), "the documented keys: {json}");
+        assert_eq!(
+            (
+                json["counts"]["passed"].as_u64(),
+                json["tasks"]["a"]["pass_at_k"]["1"].as_f64()
+            ),
+            (Some(2), Some(0.5)),
+            "the documented keys: {json}"
+        );
         // What is written is what is read back.
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<Summary>(&text).unwrap(), s);
-        assert_eq!(serde_json::from_str::<Summary>("{}").unwrap(), Summary::default(), "an old or partial summary loads");
+        assert_eq!(
+            serde_json::from_str::<Summary>("{}").unwrap(),
+            Summary::default(),
+            "an old or partial summary loads"
+        );
     }
 }

@@ -43,7 +43,12 @@ impl OutputWriter {
     /// Opens `dir` for a run: a new one, or (with `resume`) the unfinished run of the same
     /// suite, whose run id it keeps. A torn last journal line is cut; any other line that is
     /// not a row stops the open with an error naming it, and nothing is changed.
-    pub fn open(dir: &Path, run: &RunIdentity, resume: bool, rows_per_part: usize) -> Result<OutputWriter, OutputError> {
+    pub fn open(
+        dir: &Path,
+        run: &RunIdentity,
+        resume: bool,
+        rows_per_part: usize,
+    ) -> Result<OutputWriter, OutputError> {
         let existing = dir.join("manifest.json").exists();
         if existing && !resume {
             return Err(OutputError::HoldsARun(dir.to_path_buf()));
@@ -52,10 +57,18 @@ impl OutputWriter {
             let m = Manifest::load(dir)?;
             if m.suite_digest != run.suite_digest {
                 let short = |d: &str| d[..12.min(d.len())].to_string();
-                return Err(OutputError::OtherSuite { dir: dir.to_path_buf(), recorded: short(&m.suite_digest), now: short(&run.suite_digest) });
+                return Err(OutputError::OtherSuite {
+                    dir: dir.to_path_buf(),
+                    recorded: short(&m.suite_digest),
+                    now: short(&run.suite_digest),
+                });
             }
             if m.shard != run.shard {
-                return Err(OutputError::OtherShard { dir: dir.to_path_buf(), recorded: m.shard, now: run.shard });
+                return Err(OutputError::OtherShard {
+                    dir: dir.to_path_buf(),
+                    recorded: m.shard,
+                    now: run.shard,
+                });
             }
             m
         } else {
@@ -73,24 +86,36 @@ impl OutputWriter {
         // Read everything before changing anything: a bad line leaves the folder untouched.
         let journal = files::read_journal(&journal_path, manifest.journal_bytes_in_parts)?;
         if journal.extent.good_len < manifest.journal_bytes_in_parts {
-            return Err(OutputError::ShortJournal { dir: dir.to_path_buf(), journal: journal.extent.good_len, in_parts: manifest.journal_bytes_in_parts });
+            return Err(OutputError::ShortJournal {
+                dir: dir.to_path_buf(),
+                journal: journal.extent.good_len,
+                in_parts: manifest.journal_bytes_in_parts,
+            });
         }
         std::fs::create_dir_all(dir.join("trajectories")).map_err(io("creating", dir))?;
         // Parts not in the manifest were written by a run that died before committing them:
         // their rows are still in the journal.
         let listed: BTreeSet<&str> = manifest.parts.iter().map(|p| p.file.as_str()).collect();
         let trajectories = dir.join("trajectories");
-        for entry in std::fs::read_dir(&trajectories).map_err(io("listing", &trajectories))?.flatten() {
+        for entry in std::fs::read_dir(&trajectories)
+            .map_err(io("listing", &trajectories))?
+            .flatten()
+        {
             let name = entry.file_name().to_string_lossy().to_string();
             let ours = name.starts_with("part-") && (name.ends_with(".parquet") || name.ends_with(".parquet.tmp"));
             if ours && !listed.contains(format!("trajectories/{name}").as_str()) {
                 std::fs::remove_file(entry.path()).map_err(io("removing", &entry.path()))?;
             }
         }
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&journal_path).map_err(io("opening", &journal_path))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&journal_path)
+            .map_err(io("opening", &journal_path))?;
         // Cut a torn last line (a crash mid-append) so new lines start clean.
         if journal.extent.torn_bytes > 0 {
-            file.set_len(journal.extent.good_len).map_err(io("truncating the torn last line of", &journal_path))?;
+            file.set_len(journal.extent.good_len)
+                .map_err(io("truncating the torn last line of", &journal_path))?;
         }
         let done = journal.all.iter().map(|o| o.key.clone()).collect();
         let writer = OutputWriter {
@@ -153,7 +178,11 @@ impl OutputWriter {
             // Nothing half-written stays: the next row starts where this one would have.
             self.done.remove(&key);
             let _ = self.journal.set_len(self.journal_len);
-            return Err(OutputError::Io { what: "appending to", path, source: e });
+            return Err(OutputError::Io {
+                what: "appending to",
+                path,
+                source: e,
+            });
         }
         self.lines.push((self.journal_len, line.len() as u64));
         self.journal_len += line.len() as u64;
@@ -198,7 +227,11 @@ impl OutputWriter {
                 self.done.remove(k);
             }
             let _ = self.journal.set_len(self.journal_len);
-            return Err(OutputError::Io { what: "appending to", path: self.journal_path(), source: e });
+            return Err(OutputError::Io {
+                what: "appending to",
+                path: self.journal_path(),
+                source: e,
+            });
         }
         for (row, len) in rows.into_iter().zip(lengths) {
             self.lines.push((self.journal_len, len));
@@ -225,7 +258,10 @@ impl OutputWriter {
         files::write_parquet(&tmp, &self.schema, &self.pending)?;
         std::fs::rename(&tmp, &path).map_err(io("renaming", &tmp))?;
         files::sync_dir(&self.dir.join("trajectories"));
-        self.manifest.parts.push(PartRecord { file: name, rows: self.pending.len() });
+        self.manifest.parts.push(PartRecord {
+            file: name,
+            rows: self.pending.len(),
+        });
         self.manifest.journal_bytes_in_parts = self.journal_len;
         self.manifest.save(&self.dir)?;
         self.pending.clear();
@@ -251,26 +287,58 @@ mod tests {
     use crate::recorder::summary::tests::row;
 
     fn run(id: &str, digest: &str) -> RunIdentity {
-        RunIdentity { run_id: id.into(), suite_name: "s".into(), suite_digest: digest.into(), shard: None }
+        RunIdentity {
+            run_id: id.into(),
+            suite_name: "s".into(),
+            suite_digest: digest.into(),
+            shard: None,
+        }
     }
 
     #[test]
     fn a_batch_is_recorded_whole_or_not_at_all_and_a_shard_must_match_on_resume() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = OutputWriter::open(dir.path(), &run("run1", "digest"), false, 2).unwrap();
-        assert_eq!(w.append_batch(vec![row("a", 0, "passed"), row("a", 1, "failed"), row("b", 0, "passed")]).unwrap(), 0);
+        assert_eq!(
+            w.append_batch(vec![
+                row("a", 0, "passed"),
+                row("a", 1, "failed"),
+                row("b", 0, "passed")
+            ])
+            .unwrap(),
+            0
+        );
         assert_eq!((w.rows(), w.manifest().parts.len()), (3, 1));
         let before = std::fs::read(dir.path().join("journal.jsonl")).unwrap();
         // A duplicate anywhere in the batch: nothing of it is recorded.
-        assert!(matches!(w.append_batch(vec![row("c", 0, "passed"), row("a", 1, "passed")]), Err(OutputError::Duplicate { .. })));
+        assert!(matches!(
+            w.append_batch(vec![row("c", 0, "passed"), row("a", 1, "passed")]),
+            Err(OutputError::Duplicate { .. })
+        ));
         assert_eq!(std::fs::read(dir.path().join("journal.jsonl")).unwrap(), before);
-        assert_eq!(w.append_batch(vec![row("c", 0, "passed")]).unwrap(), 3, "c was not left marked as recorded");
+        assert_eq!(
+            w.append_batch(vec![row("c", 0, "passed")]).unwrap(),
+            3,
+            "c was not left marked as recorded"
+        );
         drop(w);
-        let shard = |index| RunIdentity { shard: Some(crate::shard::Shard { index, count: 2 }), ..run("run2", "digest") };
-        assert!(matches!(OutputWriter::open(dir.path(), &shard(0), true, 2), Err(OutputError::OtherShard { .. })), "a whole run is no shard");
+        let shard = |index| RunIdentity {
+            shard: Some(crate::shard::Shard { index, count: 2 }),
+            ..run("run2", "digest")
+        };
+        assert!(
+            matches!(
+                OutputWriter::open(dir.path(), &shard(0), true, 2),
+                Err(OutputError::OtherShard { .. })
+            ),
+            "a whole run is no shard"
+        );
         let other = tempfile::tempdir().unwrap();
         drop(OutputWriter::open(other.path(), &shard(0), false, 2).unwrap());
-        assert!(matches!(OutputWriter::open(other.path(), &shard(1), true, 2), Err(OutputError::OtherShard { .. })));
+        assert!(matches!(
+            OutputWriter::open(other.path(), &shard(1), true, 2),
+            Err(OutputError::OtherShard { .. })
+        ));
         assert!(OutputWriter::open(other.path(), &shard(0), true, 2).is_ok());
     }
 
@@ -285,11 +353,20 @@ mod tests {
         assert_eq!(w.manifest().parts.len(), 1);
         drop(w);
         // A torn line, as if the process died mid-write.
-        let mut j = std::fs::OpenOptions::new().append(true).open(dir.path().join("journal.jsonl")).unwrap();
+        let mut j = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("journal.jsonl"))
+            .unwrap();
         j.write_all(b"{\"run_id\":").unwrap();
         drop(j);
-        assert!(OutputWriter::open(dir.path(), &run("run2", "digest"), false, 2).is_err(), "needs --resume");
-        assert!(OutputWriter::open(dir.path(), &run("run2", "other"), true, 2).is_err(), "different suite");
+        assert!(
+            OutputWriter::open(dir.path(), &run("run2", "digest"), false, 2).is_err(),
+            "needs --resume"
+        );
+        assert!(
+            OutputWriter::open(dir.path(), &run("run2", "other"), true, 2).is_err(),
+            "different suite"
+        );
         let mut w = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 2).unwrap();
         assert_eq!(w.run_id(), "run1");
         assert_eq!(w.done().len(), 3);
@@ -301,7 +378,10 @@ mod tests {
         // Rows by position (farm serve's cursor): the torn line is not one of them.
         assert_eq!(w.rows(), 4);
         let lines = files::read_lines_at(&w.journal_path(), &w.lines()[1..]).unwrap();
-        let samples: Vec<u32> = lines.iter().map(|l| serde_json::from_slice::<Row>(l).unwrap().sample_index).collect();
+        let samples: Vec<u32> = lines
+            .iter()
+            .map(|l| serde_json::from_slice::<Row>(l).unwrap().sample_index)
+            .collect();
         assert_eq!(samples, [1, 2, 3]);
         // Read everything back: four distinct keys, as the report reads them.
         let mut keys = BTreeSet::new();
@@ -313,9 +393,15 @@ mod tests {
         assert_eq!(keys.len(), 4);
         drop(w);
         // A journal shorter than what the manifest says is in parts: refused, not guessed at.
-        let journal = std::fs::OpenOptions::new().write(true).open(dir.path().join("journal.jsonl")).unwrap();
+        let journal = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("journal.jsonl"))
+            .unwrap();
         journal.set_len(10).unwrap();
-        let err = OutputWriter::open(dir.path(), &run("run3", "digest"), true, 2).err().unwrap().to_string();
+        let err = OutputWriter::open(dir.path(), &run("run3", "digest"), true, 2)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("changed by hand"), "{err}");
     }
 
@@ -337,15 +423,26 @@ mod tests {
         lines[1] = &second;
         let corrupt = format!("{}\n", lines.join("\n"));
         std::fs::write(&path, &corrupt).unwrap();
-        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).err().unwrap().to_string();
-        assert!(err.contains("journal.jsonl:2: not a record") && err.contains("farm repair"), "{err}");
+        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("journal.jsonl:2: not a record") && err.contains("farm repair"),
+            "{err}"
+        );
         assert_eq!(std::fs::read_to_string(&path).unwrap(), corrupt, "nothing changed");
         let repaired = files::repair(dir.path(), |_| true).unwrap();
         assert_eq!(repaired[0].bad_lines, [2]);
         let w = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).unwrap();
         assert_eq!(w.rows(), 4, "every other row is kept");
-        assert!(!w.done().contains(&row("t", 1, "passed").key()), "the quarantined rollout runs again");
-        assert!(std::fs::read_to_string(dir.path().join("journal.jsonl.quarantine")).unwrap().contains("{oops"));
+        assert!(
+            !w.done().contains(&row("t", 1, "passed").key()),
+            "the quarantined rollout runs again"
+        );
+        assert!(std::fs::read_to_string(dir.path().join("journal.jsonl.quarantine"))
+            .unwrap()
+            .contains("{oops"));
     }
 
     #[test]
@@ -355,10 +452,16 @@ mod tests {
         let path = dir.path().join("manifest.json");
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::write(&path, text.replace("\"format_version\": 1", "\"format_version\": 7")).unwrap();
-        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).err().unwrap().to_string();
+        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("format 7") && err.contains("newer"), "{err}");
         std::fs::write(&path, text.replace("\"format_version\": 1", "\"format_version\": 0")).unwrap();
-        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).err().unwrap().to_string();
+        let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("format 0") && err.contains("older farm"), "{err}");
     }
 }

@@ -131,7 +131,12 @@ async fn exec_true(agent: &vmm::AgentClient) -> Result<()> {
 }
 
 /// Cold boots: QEMU start -> agent ready -> first exec answered.
-async fn cold_boots(settings: &VmSettings, artifacts: &GuestArtifacts, n: usize, progress: bool) -> Result<(Vec<f64>, Vec<f64>)> {
+async fn cold_boots(
+    settings: &VmSettings,
+    artifacts: &GuestArtifacts,
+    n: usize,
+    progress: bool,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let mut to_ready = Vec::new();
     let mut to_first_exec = Vec::new();
     for i in 0..n {
@@ -205,7 +210,10 @@ fn private_dirty_bytes(pid: u32) -> Option<u64> {
 pub(super) fn check_host_limits(vms: usize, flag: &str) -> Result<()> {
     let problems = vmm::process::HostLimits::probe().problems(vms as u64);
     if !problems.is_empty() {
-        bail!("this host cannot hold {vms} forks alive ({flag}):\n  {}", problems.join("\n  "));
+        bail!(
+            "this host cannot hold {vms} forks alive ({flag}):\n  {}",
+            problems.join("\n  ")
+        );
     }
     Ok(())
 }
@@ -227,10 +235,17 @@ async fn fork(args: ForkArgs) -> Result<i32> {
     let store = SnapshotStore::default_location();
     let template = TemplateConfig::of_image(&args.image);
     let quiet = |_: &str| {};
-    let snapshot = build_template(&store, &forker, &template, std::path::Path::new("."), &format!("bench-{}", args.image), &quiet)
-        .await
-        .context("building the benchmark template")?
-        .snapshot;
+    let snapshot = build_template(
+        &store,
+        &forker,
+        &template,
+        std::path::Path::new("."),
+        &format!("bench-{}", args.image),
+        &quiet,
+    )
+    .await
+    .context("building the benchmark template")?
+    .snapshot;
     say(&format!("template snapshot {}", snapshot.id()));
 
     say("cold boots (baseline)");
@@ -259,10 +274,32 @@ async fn fork(args: ForkArgs) -> Result<i32> {
         }
     }
 
-    say(&format!("forks from a warm pool of {} (QEMU waiting for incoming state)", args.pool.max(concurrency)));
-    let incoming = measure_pool(&forker, &snapshot, PoolMode::Incoming, args.pool.max(concurrency), args.n, concurrency).await?;
-    say(&format!("forks from a warm pool of {} (pre-resumed, identity on take)", args.pool.max(concurrency)));
-    let resumed = measure_pool(&forker, &snapshot, PoolMode::Resumed, args.pool.max(concurrency), args.n, concurrency).await?;
+    say(&format!(
+        "forks from a warm pool of {} (QEMU waiting for incoming state)",
+        args.pool.max(concurrency)
+    ));
+    let incoming = measure_pool(
+        &forker,
+        &snapshot,
+        PoolMode::Incoming,
+        args.pool.max(concurrency),
+        args.n,
+        concurrency,
+    )
+    .await?;
+    say(&format!(
+        "forks from a warm pool of {} (pre-resumed, identity on take)",
+        args.pool.max(concurrency)
+    ));
+    let resumed = measure_pool(
+        &forker,
+        &snapshot,
+        PoolMode::Resumed,
+        args.pool.max(concurrency),
+        args.n,
+        concurrency,
+    )
+    .await?;
     let (warm, second_exec, dirty) = (incoming.first_exec, incoming.second_exec, incoming.private_dirty_mib);
 
     // Forks alive at once: start them, let them idle, sum their private dirty memory.
@@ -286,11 +323,21 @@ async fn fork(args: ForkArgs) -> Result<i32> {
             responsive += 1;
         }
     }
-    let alive_dirty: Vec<f64> = alive.iter().filter_map(|f| private_dirty_bytes(f.machine.pid())).map(|b| b as f64 / (1 << 20) as f64).collect();
+    let alive_dirty: Vec<f64> = alive
+        .iter()
+        .filter_map(|f| private_dirty_bytes(f.machine.pid()))
+        .map(|b| b as f64 / (1 << 20) as f64)
+        .collect();
     let alive_total: f64 = alive_dirty.iter().sum();
     drop(alive);
-    let budget = args.memory_budget_mib.unwrap_or(vmm::memory::HostMemory::probe().map_or(0, |m| m.total >> 20) * 9 / 10);
-    let per_fork = if alive_dirty.is_empty() { mean(&dirty) } else { alive_total / alive_dirty.len() as f64 };
+    let budget = args
+        .memory_budget_mib
+        .unwrap_or(vmm::memory::HostMemory::probe().map_or(0, |m| m.total >> 20) * 9 / 10);
+    let per_fork = if alive_dirty.is_empty() {
+        mean(&dirty)
+    } else {
+        alive_total / alive_dirty.len() as f64
+    };
 
     let warm_p = percentiles(&warm);
     let cold_p = percentiles(&cold_first_exec);
@@ -333,9 +380,20 @@ struct PoolSamples {
 
 /// Forks `n` times from a full pool, `concurrency` at once; records fork-to-first-exec,
 /// a second exec, and the fork's private dirty memory after a short idle.
-async fn measure_pool(forker: &Forker, snapshot: &snapshotter::Snapshot, mode: PoolMode, size: usize, n: usize, concurrency: usize) -> Result<PoolSamples> {
+async fn measure_pool(
+    forker: &Forker,
+    snapshot: &snapshotter::Snapshot,
+    mode: PoolMode,
+    size: usize,
+    n: usize,
+    concurrency: usize,
+) -> Result<PoolSamples> {
     let pool = WarmPool::start_with_mode(forker.clone(), snapshot.clone(), size, mode)?;
-    let mut samples = PoolSamples { first_exec: Vec::new(), second_exec: Vec::new(), private_dirty_mib: Vec::new() };
+    let mut samples = PoolSamples {
+        first_exec: Vec::new(),
+        second_exec: Vec::new(),
+        private_dirty_mib: Vec::new(),
+    };
     for batch in (0..n).collect::<Vec<_>>().chunks(concurrency) {
         if !pool.wait_full(Duration::from_secs(120)).await {
             bail!("the warm pool did not fill: {:?}", pool.last_error());
@@ -386,11 +444,32 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
     use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
     use engine::row::{Row, Status, Step, StepKind, Timings};
     let shard = args.shard.as_deref().map(engine::shard::Shard::parse).transpose()?;
-    let identity = RunIdentity { run_id: "run-synthetic".into(), suite_name: "synthetic".into(), suite_digest: "synthetic".into(), shard };
-    let (recorder, _) = Recorder::open(&args.out, identity, RecorderOptions { rows_per_part: 10_000, resume: false, requests: None }).await?;
+    let identity = RunIdentity {
+        run_id: "run-synthetic".into(),
+        suite_name: "synthetic".into(),
+        suite_digest: "synthetic".into(),
+        shard,
+    };
+    let (recorder, _) = Recorder::open(
+        &args.out,
+        identity,
+        RecorderOptions {
+            rows_per_part: 10_000,
+            resume: false,
+            requests: None,
+        },
+    )
+    .await?;
     let tasks = args.tasks.max(1);
     let mine: Option<std::collections::BTreeSet<String>> = shard.map(|s| {
-        let per_task: std::collections::BTreeMap<String, usize> = (0..tasks).map(|t| (format!("task-{t:05}"), args.rows / tasks + usize::from(t < args.rows % tasks))).collect();
+        let per_task: std::collections::BTreeMap<String, usize> = (0..tasks)
+            .map(|t| {
+                (
+                    format!("task-{t:05}"),
+                    args.rows / tasks + usize::from(t < args.rows % tasks),
+                )
+            })
+            .collect();
         s.tasks(&per_task)
     });
     let started = Instant::now();
@@ -413,24 +492,33 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
             exit_code: Some(0),
             started_at_ms: 1_700_000_000_000 + i as i64 * 50,
             duration_ms: 40.0 + k as f64,
-            ..Step::new(k, StepKind::Exec, format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"))
+            ..Step::new(
+                k,
+                StepKind::Exec,
+                format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"),
+            )
         };
         batch.push(Row {
-                run_id: "run-synthetic".into(),
-                suite_name: "synthetic".into(),
-                suite_digest: "synthetic".into(),
-                task_digest: format!("{task:064x}"),
-                snapshot_id: "t-synthetic".into(),
-                policy_name: "replay".into(),
-                steps: (0..3).map(step).collect(),
-                reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
-                status,
-                trust: (status != Status::EnvError).then_some(scorers::Trust::Sound),
-                score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
-                timings: Timings { fork_ms: 80.0 + (i % 50) as f64, rollout_ms: 150.0 + (i % 300) as f64, score_ms: 700.0 + (i % 900) as f64, total_ms: 1000.0 },
-                started_at_ms: 1_700_000_000_000 + i as i64 * 50,
-                ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
-            });
+            run_id: "run-synthetic".into(),
+            suite_name: "synthetic".into(),
+            suite_digest: "synthetic".into(),
+            task_digest: format!("{task:064x}"),
+            snapshot_id: "t-synthetic".into(),
+            policy_name: "replay".into(),
+            steps: (0..3).map(step).collect(),
+            reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
+            status,
+            trust: (status != Status::EnvError).then_some(scorers::Trust::Sound),
+            score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
+            timings: Timings {
+                fork_ms: 80.0 + (i % 50) as f64,
+                rollout_ms: 150.0 + (i % 300) as f64,
+                score_ms: 700.0 + (i % 900) as f64,
+                total_ms: 1000.0,
+            },
+            started_at_ms: 1_700_000_000_000 + i as i64 * 50,
+            ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
+        });
         if batch.len() == 1000 {
             recorder.append_batch(std::mem::take(&mut batch)).await?;
         }
@@ -440,10 +528,25 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
     }
     recorder.flush().await?;
     if shard.is_some() {
-        let provenance = engine::recorder::summary::Provenance { host: "synthetic".into(), shard, ..Default::default() };
-        let inputs = engine::recorder::SummaryInputs { samples, planned: written, provenance, concurrency: 1, wall: started.elapsed(), merged: None };
+        let provenance = engine::recorder::summary::Provenance {
+            host: "synthetic".into(),
+            shard,
+            ..Default::default()
+        };
+        let inputs = engine::recorder::SummaryInputs {
+            samples,
+            planned: written,
+            provenance,
+            concurrency: 1,
+            wall: started.elapsed(),
+            merged: None,
+        };
         recorder.summarise(inputs).await?;
     }
-    eprintln!("farm: wrote {written} rows ({} tasks, {samples} samples each) to {}", args.tasks, args.out.display());
+    eprintln!(
+        "farm: wrote {written} rows ({} tasks, {samples} samples each) to {}",
+        args.tasks,
+        args.out.display()
+    );
     Ok(0)
 }

@@ -74,14 +74,26 @@ fn mib(bytes: u64) -> f64 {
 
 async fn timed_exec(fork: &Fork) -> Result<f64> {
     let t = Instant::now();
-    let out = fork.agent().exec(ExecOptions::argv(&["true"])).await.map_err(|e| anyhow::anyhow!(fork.explain(&e)))?;
-    anyhow::ensure!(out.result.exit_code == Some(0), "`true` failed in the guest: {:?}", out.result);
+    let out = fork
+        .agent()
+        .exec(ExecOptions::argv(&["true"]))
+        .await
+        .map_err(|e| anyhow::anyhow!(fork.explain(&e)))?;
+    anyhow::ensure!(
+        out.result.exit_code == Some(0),
+        "`true` failed in the guest: {:?}",
+        out.result
+    );
     Ok(ms(t.elapsed()))
 }
 
 /// MemTotal and MemAvailable as the guest sees them, in MiB.
 async fn guest_memory(fork: &Fork) -> Option<(f64, f64)> {
-    let out = fork.agent().exec(ExecOptions::argv(&["cat", "/proc/meminfo"])).await.ok()?;
+    let out = fork
+        .agent()
+        .exec(ExecOptions::argv(&["cat", "/proc/meminfo"]))
+        .await
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let m = HostMemory::parse(&text);
     Some((mib(m.total), mib(m.available)))
@@ -140,7 +152,11 @@ impl Filler {
                 // With KSM, memory comes back as ksmd merges the newest forks: wait while it
                 // does, and stop only when it no longer frees enough.
                 if !(self.ksm && self.wait_for_merging().await) {
-                    return Ok(Some(format!("memory headroom: {} MiB available, below {}% of MemTotal", host.available >> 20, self.headroom_percent)));
+                    return Ok(Some(format!(
+                        "memory headroom: {} MiB available, below {}% of MemTotal",
+                        host.available >> 20,
+                        self.headroom_percent
+                    )));
                 }
                 continue;
             }
@@ -159,7 +175,11 @@ impl Filler {
                 match result {
                     Ok((t, fork)) => {
                         if let Some(m) = ProcessMemory::of(fork.machine.pid()) {
-                            self.largest_fork = if self.forks.is_empty() { m.pss } else { self.largest_fork.max(m.pss) };
+                            self.largest_fork = if self.forks.is_empty() {
+                                m.pss
+                            } else {
+                                self.largest_fork.max(m.pss)
+                            };
                         }
                         self.start_ms.push(t);
                         self.forks.push(fork);
@@ -171,7 +191,11 @@ impl Filler {
                 return Ok(failure);
             }
             if self.progress && (self.forks.len().is_multiple_of(10) || self.forks.len() == target) {
-                eprint!("\ralive {}/{target}  (host memory used {} MiB)", self.forks.len(), host.used() >> 20);
+                eprint!(
+                    "\ralive {}/{target}  (host memory used {} MiB)",
+                    self.forks.len(),
+                    host.used() >> 20
+                );
             }
         }
         if self.progress {
@@ -203,10 +227,17 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
     let forker = Forker::new(settings.clone())?;
     let store = SnapshotStore::default_location();
     let template = TemplateConfig::of_image(&args.image);
-    let snapshot = build_template(&store, &forker, &template, std::path::Path::new("."), &format!("bench-{}", args.image), &|_: &str| {})
-        .await
-        .context("building the benchmark template")?
-        .snapshot;
+    let snapshot = build_template(
+        &store,
+        &forker,
+        &template,
+        std::path::Path::new("."),
+        &format!("bench-{}", args.image),
+        &|_: &str| {},
+    )
+    .await
+    .context("building the benchmark template")?
+    .snapshot;
     let ram_file = snapshot.memory_path();
     say(&format!("template snapshot {}", snapshot.id()));
     let host_before = HostMemory::probe().context("reading /proc/meminfo")?;
@@ -228,7 +259,10 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
         ksm: args.ksm != vmm::Ksm::Off,
         largest_fork: 64 << 20,
     };
-    say(&format!("baseline: {} forks alive, {} execs", args.baseline, args.execs));
+    say(&format!(
+        "baseline: {} forks alive, {} execs",
+        args.baseline, args.execs
+    ));
     let mut stopped_by = fill.fill(args.baseline.max(1)).await?;
     let forks = &fill.forks;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -249,7 +283,12 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
         say(&format!("filling to {} forks", args.forks));
         stopped_by = fill.fill(args.forks).await?;
     }
-    let Filler { forks, start_ms, mut peak_used, .. } = fill;
+    let Filler {
+        forks,
+        start_ms,
+        mut peak_used,
+        ..
+    } = fill;
     if let Some(why) = &stopped_by {
         say(&format!("stopped at {} forks: {why}", forks.len()));
     }
@@ -286,7 +325,12 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
     let mut others: Vec<(String, u64)> = all_process_ticks()
         .into_iter()
         .filter(|(pid, _, _)| !pids.contains(pid) && *pid != std::process::id())
-        .filter_map(|(pid, name, t)| everyone0.iter().find(|(p, n, _)| *p == pid && *n == name).map(|(_, _, t0)| (format!("{name} ({pid})"), t.saturating_sub(*t0))))
+        .filter_map(|(pid, name, t)| {
+            everyone0
+                .iter()
+                .find(|(p, n, _)| *p == pid && *n == name)
+                .map(|(_, _, t0)| (format!("{name} ({pid})"), t.saturating_sub(*t0)))
+        })
         .filter(|(_, t)| *t > 0)
         .collect();
     others.sort_by_key(|o| std::cmp::Reverse(o.1));
@@ -298,12 +342,31 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
     let percent = |ticks: u64| round(ticks as f64 / hz / seconds * 100.0);
 
     let per_fork: Vec<ProcessMemory> = pids.iter().filter_map(|&p| ProcessMemory::of(p)).collect();
-    let series = |f: fn(&ProcessMemory) -> u64| per_fork.iter().map(|m| f(m) as f64 / (1u64 << 20) as f64).collect::<Vec<_>>();
-    let sample: Vec<Breakdown> = pids.iter().step_by((pids.len() / 20).max(1)).filter_map(|&p| Breakdown::of(p, &ram_file)).collect();
-    let mean_of = |f: fn(&Breakdown) -> u64| if sample.is_empty() { 0.0 } else { mib(sample.iter().map(f).sum::<u64>() / sample.len() as u64) };
+    let series = |f: fn(&ProcessMemory) -> u64| {
+        per_fork
+            .iter()
+            .map(|m| f(m) as f64 / (1u64 << 20) as f64)
+            .collect::<Vec<_>>()
+    };
+    let sample: Vec<Breakdown> = pids
+        .iter()
+        .step_by((pids.len() / 20).max(1))
+        .filter_map(|&p| Breakdown::of(p, &ram_file))
+        .collect();
+    let mean_of = |f: fn(&Breakdown) -> u64| {
+        if sample.is_empty() {
+            0.0
+        } else {
+            mib(sample.iter().map(f).sum::<u64>() / sample.len() as u64)
+        }
+    };
     let host_end = HostMemory::probe().unwrap_or_default();
     peak_used = peak_used.max(host_end.used());
-    let responsive = futures::future::join_all(forks.iter().map(|f| f.agent().ping())).await.iter().filter(|r| r.is_ok()).count();
+    let responsive = futures::future::join_all(forks.iter().map(|f| f.agent().ping()))
+        .await
+        .iter()
+        .filter(|r| r.is_ok())
+        .count();
     let oom_after = memory::oom_kills();
 
     let baseline_p = percentiles(&baseline_ms);
@@ -380,16 +443,24 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
 
 /// The pid of the kernel's `ksmd` thread, if it has one.
 fn ksmd_pid() -> Option<u32> {
-    all_process_ticks().into_iter().find(|(_, name, _)| name == "ksmd").map(|(pid, _, _)| pid)
+    all_process_ticks()
+        .into_iter()
+        .find(|(_, name, _)| name == "ksmd")
+        .map(|(pid, _, _)| pid)
 }
 
 /// Every process's (pid, name, CPU ticks), kernel threads included.
 fn all_process_ticks() -> Vec<(u32, String, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     dir.flatten()
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim().to_string();
+            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()?
+                .trim()
+                .to_string();
             Some((pid, name, memory::cpu_ticks(pid)?))
         })
         .collect()

@@ -46,10 +46,18 @@ fn read_shard(dir: &Path) -> Result<ShardRun> {
         bail!("{} is not a shard: it was not run with --shard I/N", dir.display());
     };
     let summary = match std::fs::read_to_string(dir.join("summary.json")) {
-        Ok(text) => Some(serde_json::from_str(&text).with_context(|| format!("{}: summary.json is not a farm summary", dir.display()))?),
+        Ok(text) => Some(
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: summary.json is not a farm summary", dir.display()))?,
+        ),
         Err(_) => None,
     };
-    Ok(ShardRun { dir: dir.to_path_buf(), shard, manifest, summary })
+    Ok(ShardRun {
+        dir: dir.to_path_buf(),
+        shard,
+        manifest,
+        summary,
+    })
 }
 
 pub async fn run(args: MergeArgs) -> Result<i32> {
@@ -59,10 +67,22 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
     let mut seen: HashMap<u32, &Path> = HashMap::new();
     for s in &shards {
         if s.manifest.suite_digest != first.manifest.suite_digest {
-            bail!("{} is a shard of another suite than {} (suite digest {} vs {})", s.dir.display(), first.dir.display(), &s.manifest.suite_digest[..12.min(s.manifest.suite_digest.len())], &first.manifest.suite_digest[..12.min(first.manifest.suite_digest.len())]);
+            bail!(
+                "{} is a shard of another suite than {} (suite digest {} vs {})",
+                s.dir.display(),
+                first.dir.display(),
+                &s.manifest.suite_digest[..12.min(s.manifest.suite_digest.len())],
+                &first.manifest.suite_digest[..12.min(first.manifest.suite_digest.len())]
+            );
         }
         if s.shard.count != first.shard.count {
-            bail!("{} is shard {} but {} is shard {}: the shards of one run share N", s.dir.display(), s.shard, first.dir.display(), first.shard);
+            bail!(
+                "{} is shard {} but {} is shard {}: the shards of one run share N",
+                s.dir.display(),
+                s.shard,
+                first.dir.display(),
+                first.shard
+            );
         }
         if let Some(other) = seen.insert(s.shard.index, &s.dir) {
             bail!("{} and {} are both shard {}", other.display(), s.dir.display(), s.shard);
@@ -73,15 +93,32 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
     let unfinished: Vec<String> = shards
         .iter()
         .filter_map(|s| match &s.summary {
-            None => Some(format!("shard {} ({}): no summary.json, the run did not end", s.shard, s.dir.display())),
-            Some(sum) if sum.finished < sum.planned => Some(format!("shard {} ({}): {} of {} rollouts recorded", s.shard, s.dir.display(), sum.finished, sum.planned)),
+            None => Some(format!(
+                "shard {} ({}): no summary.json, the run did not end",
+                s.shard,
+                s.dir.display()
+            )),
+            Some(sum) if sum.finished < sum.planned => Some(format!(
+                "shard {} ({}): {} of {} rollouts recorded",
+                s.shard,
+                s.dir.display(),
+                sum.finished,
+                sum.planned
+            )),
             Some(_) => None,
         })
         .collect();
     if !args.allow_partial && (!missing_shards.is_empty() || !unfinished.is_empty()) {
         let mut text = String::from("the shards are not complete (merge anyway with --allow-partial):");
         if !missing_shards.is_empty() {
-            text.push_str(&format!("\n  missing shards: {}", missing_shards.iter().map(|i| format!("{i}/{count}")).collect::<Vec<_>>().join(", ")));
+            text.push_str(&format!(
+                "\n  missing shards: {}",
+                missing_shards
+                    .iter()
+                    .map(|i| format!("{i}/{count}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
         for u in &unfinished {
             text.push_str(&format!("\n  {u}"));
@@ -92,15 +129,30 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
     // The merge is written beside OUT and renamed into place when complete: a merge that
     // stops (an overlap found late, a full disk, Ctrl-C) leaves no half-merged run.
     if std::fs::read_dir(&args.out).is_ok_and(|mut entries| entries.next().is_some()) {
-        bail!("{} is not empty: farm merge writes a new run folder", args.out.display());
+        bail!(
+            "{} is not empty: farm merge writes a new run folder",
+            args.out.display()
+        );
     }
-    let parent = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = args
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let name = args.out.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "merged".into());
-    let staging = tempfile::Builder::new().prefix(&format!(".{name}.merging-")).tempdir_in(parent).with_context(|| format!("creating a staging folder in {}", parent.display()))?;
+    let name = args
+        .out
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "merged".into());
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{name}.merging-"))
+        .tempdir_in(parent)
+        .with_context(|| format!("creating a staging folder in {}", parent.display()))?;
     let summary = write_merged(staging.path(), first, &shards, count, missing_shards, unfinished).await?;
     let _ = std::fs::remove_dir(&args.out); // empty, checked above
-    std::fs::rename(staging.path(), &args.out).with_context(|| format!("moving the merged run into {}", args.out.display()))?;
+    std::fs::rename(staging.path(), &args.out)
+        .with_context(|| format!("moving the merged run into {}", args.out.display()))?;
     std::mem::forget(staging); // renamed: nothing left to remove
     let by_status: BTreeMap<&String, &usize> = summary.totals.counts.iter().collect();
     crate::outln!(
@@ -108,15 +160,35 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
         shards.len(),
         args.out.display(),
         summary.finished,
-        by_status.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", ")
+        by_status
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(0)
 }
 
 /// Copies every shard's rows into a new run in `dir` and writes its summary.
-async fn write_merged(dir: &Path, first: &ShardRun, shards: &[ShardRun], count: u32, missing_shards: Vec<u32>, unfinished: Vec<String>) -> Result<Summary> {
-    let identity = RunIdentity { run_id: crate::run::new_run_id(), suite_name: first.manifest.suite_name.clone(), suite_digest: first.manifest.suite_digest.clone(), shard: None };
-    let options = RecorderOptions { rows_per_part: 4096, resume: false, requests: None };
+async fn write_merged(
+    dir: &Path,
+    first: &ShardRun,
+    shards: &[ShardRun],
+    count: u32,
+    missing_shards: Vec<u32>,
+    unfinished: Vec<String>,
+) -> Result<Summary> {
+    let identity = RunIdentity {
+        run_id: crate::run::new_run_id(),
+        suite_name: first.manifest.suite_name.clone(),
+        suite_digest: first.manifest.suite_digest.clone(),
+        shard: None,
+    };
+    let options = RecorderOptions {
+        rows_per_part: 4096,
+        resume: false,
+        requests: None,
+    };
     let (recorder, _) = Recorder::open(dir, identity, options).await?;
     let mut owner: HashMap<String, u32> = HashMap::new();
     for s in shards {
@@ -124,11 +196,25 @@ async fn write_merged(dir: &Path, first: &ShardRun, shards: &[ShardRun], count: 
         // the run.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Row>(1024);
         let shard_dir = s.dir.clone();
-        let reader = tokio::task::spawn_blocking(move || engine::recorder::files::read_rows::<engine::recorder::OutputError>(&shard_dir, |row| tx.blocking_send(row).map_err(|_| engine::recorder::OutputError::Io { what: "merging", path: PathBuf::from("the merged run"), source: std::io::Error::other("the merge stopped") })));
+        let reader = tokio::task::spawn_blocking(move || {
+            engine::recorder::files::read_rows::<engine::recorder::OutputError>(&shard_dir, |row| {
+                tx.blocking_send(row).map_err(|_| engine::recorder::OutputError::Io {
+                    what: "merging",
+                    path: PathBuf::from("the merged run"),
+                    source: std::io::Error::other("the merge stopped"),
+                })
+            })
+        });
         let mut batch = Vec::with_capacity(BATCH);
         while let Some(row) = rx.recv().await {
             if let Some(other) = owner.insert(row.key(), s.shard.index) {
-                bail!("task {:?} sample {} is in shard {other}/{count} and in shard {} ({}): the shards overlap", row.task_id, row.sample_index, s.shard, s.dir.display());
+                bail!(
+                    "task {:?} sample {} is in shard {other}/{count} and in shard {} ({}): the shards overlap",
+                    row.task_id,
+                    row.sample_index,
+                    s.shard,
+                    s.dir.display()
+                );
             }
             batch.push(row);
             if batch.len() == BATCH {
@@ -138,10 +224,17 @@ async fn write_merged(dir: &Path, first: &ShardRun, shards: &[ShardRun], count: 
         if !batch.is_empty() {
             recorder.append_batch(batch).await?;
         }
-        reader.await?.with_context(|| format!("reading the rows of {}", s.dir.display()))?;
+        reader
+            .await?
+            .with_context(|| format!("reading the rows of {}", s.dir.display()))?;
     }
     let summaries: Vec<&Summary> = shards.iter().filter_map(|s| s.summary.as_ref()).collect();
-    let samples = summaries.iter().flat_map(|s| s.totals.pass_at_k.keys()).filter_map(|k| k.parse::<u32>().ok()).max().unwrap_or(1);
+    let samples = summaries
+        .iter()
+        .flat_map(|s| s.totals.pass_at_k.keys())
+        .filter_map(|k| k.parse::<u32>().ok())
+        .max()
+        .unwrap_or(1);
     let merged = Merged {
         shards: shards
             .iter()
@@ -155,7 +248,11 @@ async fn write_merged(dir: &Path, first: &ShardRun, shards: &[ShardRun], count: 
         missing_shards,
         unfinished,
     };
-    let wall = summaries.iter().filter_map(|s| s.performance.as_ref()).map(|p| p.wall_secs).fold(0.0, f64::max);
+    let wall = summaries
+        .iter()
+        .filter_map(|s| s.performance.as_ref())
+        .map(|p| p.wall_secs)
+        .fold(0.0, f64::max);
     let provenances: Vec<&Provenance> = summaries.iter().filter_map(|s| s.provenance.as_ref()).collect();
     let distinct = |field: fn(&Provenance) -> &str| -> String {
         let mut values: Vec<&str> = provenances.iter().map(|p| field(p)).filter(|v| !v.is_empty()).collect();
@@ -176,7 +273,11 @@ async fn write_merged(dir: &Path, first: &ShardRun, shards: &[ShardRun], count: 
         samples,
         planned: summaries.iter().map(|s| s.planned).sum(),
         provenance,
-        concurrency: summaries.iter().filter_map(|s| s.performance.as_ref()).map(|p| p.concurrency).sum(),
+        concurrency: summaries
+            .iter()
+            .filter_map(|s| s.performance.as_ref())
+            .map(|p| p.concurrency)
+            .sum(),
         wall: Duration::from_secs_f64(wall),
         merged: Some(merged),
     };

@@ -10,7 +10,10 @@ pub mod vm;
 
 /// Resolves when SIGINT or SIGTERM arrives, with the conventional exit code (128 + signal).
 pub async fn shutdown_signal() -> i32 {
-    let code = crate::signals::Signals::new().expect("installing the signal handlers").recv().await;
+    let code = crate::signals::Signals::new()
+        .expect("installing the signal handlers")
+        .recv()
+        .await;
     eprintln!("farm: interrupted, stopping");
     code
 }

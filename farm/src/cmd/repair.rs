@@ -15,14 +15,21 @@ pub struct RepairArgs {
 
 pub async fn run(args: RepairArgs) -> Result<i32> {
     let dir = args.run.clone();
-    let repaired = tokio::task::spawn_blocking(move || engine::recorder::files::repair(&dir, crate::serve::is_request_record)).await??;
+    let repaired =
+        tokio::task::spawn_blocking(move || engine::recorder::files::repair(&dir, crate::serve::is_request_record))
+            .await??;
     for file in &repaired {
         let name = file.file.display();
         match (&file.quarantine, file.bad_lines.as_slice(), file.torn_bytes) {
             (None, [], 0) => crate::outln!("{name}: sound, left as it is"),
             (quarantine, lines, torn) => {
                 if let Some(q) = quarantine {
-                    crate::outln!("{name}: moved {} line(s) ({}) to {}", lines.len(), lines.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", "), q.display());
+                    crate::outln!(
+                        "{name}: moved {} line(s) ({}) to {}",
+                        lines.len(),
+                        lines.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", "),
+                        q.display()
+                    );
                 }
                 if torn > 0 {
                     crate::outln!("{name}: cut a torn last line of {torn} bytes (an append that never finished)");

@@ -62,7 +62,10 @@ pub async fn run(command: SnapshotCommand) -> Result<i32> {
         SnapshotCommand::Verify { ids } => {
             let mut code = 0;
             for id in ids {
-                match store.get(&id).and_then(|s| s.check_files().and_then(|()| s.verify_checksums())) {
+                match store
+                    .get(&id)
+                    .and_then(|s| s.check_files().and_then(|()| s.verify_checksums()))
+                {
                     Ok(()) => crate::outln!("{id}: ok"),
                     Err(e) => {
                         eprintln!("farm: {e}");
@@ -82,13 +85,29 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
         crate::outln!("{}", serde_json::to_string_pretty(&manifests)?);
         return Ok(0);
     }
-    let host = VmSettings::detect(AccelSetting::Auto).ok().and_then(|vm| Forker::new(vm).ok()).map(|f| f.host);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    crate::outln!("{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  STATUS", "ID", "PARENT", "LABEL", "AGE", "RAM MiB", "DISK MiB");
+    let host = VmSettings::detect(AccelSetting::Auto)
+        .ok()
+        .and_then(|vm| Forker::new(vm).ok())
+        .map(|f| f.host);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    crate::outln!(
+        "{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  STATUS",
+        "ID",
+        "PARENT",
+        "LABEL",
+        "AGE",
+        "RAM MiB",
+        "DISK MiB"
+    );
     for s in &snapshots {
         let m = &s.manifest;
         let mib = |name: &str| {
-            std::fs::metadata(s.dir.join(name)).map(|meta| (std::os::unix::fs::MetadataExt::blocks(&meta) * 512) >> 20).unwrap_or(0)
+            std::fs::metadata(s.dir.join(name))
+                .map(|meta| (std::os::unix::fs::MetadataExt::blocks(&meta) * 512) >> 20)
+                .unwrap_or(0)
         };
         let status = match &host {
             Some(h) => match s.check_host(h) {
@@ -128,10 +147,22 @@ fn gc(store: &SnapshotStore, dry_run: bool) -> Result<i32> {
             // tag may have moved): its template stays while its converted image is there and
             // the kernel and agent are current.
             let spec = &s.manifest.template.image;
-            let image = if spec.starts_with("registry:") { "minimal" } else { spec.as_str() };
+            let image = if spec.starts_with("registry:") {
+                "minimal"
+            } else {
+                spec.as_str()
+            };
             match GuestArtifacts::locate(&cache, image) {
-                Ok(a) if image != spec => a.kernel.key == s.manifest.kernel.key && a.agent.key == s.manifest.agent_key && s.manifest.image.path.is_file(),
-                Ok(a) => a.kernel.key == s.manifest.kernel.key && a.image.key == s.manifest.image.key && a.agent.key == s.manifest.agent_key,
+                Ok(a) if image != spec => {
+                    a.kernel.key == s.manifest.kernel.key
+                        && a.agent.key == s.manifest.agent_key
+                        && s.manifest.image.path.is_file()
+                }
+                Ok(a) => {
+                    a.kernel.key == s.manifest.kernel.key
+                        && a.image.key == s.manifest.image.key
+                        && a.agent.key == s.manifest.agent_key
+                }
                 Err(_) => false,
             }
         })

@@ -40,8 +40,16 @@ pub async fn run(command: TemplateCommand) -> Result<i32> {
 async fn build(args: BuildArgs) -> Result<i32> {
     let template = TemplateConfig::load(&args.config)?;
     let base_dir = args.config.parent().map(PathBuf::from).unwrap_or_default();
-    let base_dir = if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir };
-    let label = args.config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "template".into());
+    let base_dir = if base_dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        base_dir
+    };
+    let label = args
+        .config
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "template".into());
     let forker = Forker::new(VmSettings::detect(args.accel)?)?;
     let store = SnapshotStore::default_location();
     let started = Instant::now();
@@ -60,8 +68,17 @@ async fn build(args: BuildArgs) -> Result<i32> {
     if quiet {
         crate::outln!("{}", built.snapshot.id());
     } else {
-        let verb = if built.reused { "reused existing snapshot" } else { "built snapshot" };
-        crate::outln!("{verb} {} in {:.1} s ({})", built.snapshot.id(), started.elapsed().as_secs_f64(), built.snapshot.dir.display());
+        let verb = if built.reused {
+            "reused existing snapshot"
+        } else {
+            "built snapshot"
+        };
+        crate::outln!(
+            "{verb} {} in {:.1} s ({})",
+            built.snapshot.id(),
+            started.elapsed().as_secs_f64(),
+            built.snapshot.dir.display()
+        );
     }
     Ok(0)
 }

@@ -93,17 +93,26 @@ async fn run_command(args: RunArgs) -> Result<i32> {
         Vec::new()
     } else {
         let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).context("reading standard input")?;
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("reading standard input")?;
         buf
     };
 
     // An image converted from an archive runs its commands as `docker run` would: with its
     // config's Env (under --env), WorkingDir and User. Built-in images have no config.
     let image = vmm::image::config_of(&artifacts.image).unwrap_or_default();
-    let mut env: Vec<(String, String)> = image.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let mut env: Vec<(String, String)> = image
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     env.retain(|(key, _)| !args.env.iter().any(|(k, _)| k == key));
     env.extend(args.env);
-    let cwd = args.workdir.or_else(|| (!image.working_dir.is_empty()).then(|| image.working_dir.clone()));
+    let cwd = args
+        .workdir
+        .or_else(|| (!image.working_dir.is_empty()).then(|| image.working_dir.clone()));
     let user = match args.user {
         Some(user) if user == "root" || user == "0" => None,
         Some(user) => Some(user),
@@ -125,7 +134,11 @@ async fn run_command(args: RunArgs) -> Result<i32> {
     };
     let output = match machine.agent().exec(options).await {
         Ok(output) => output,
-        Err(vmm::AgentError::Refused { kind: farm_protocol::ErrorKind::Spawn, message, .. }) => {
+        Err(vmm::AgentError::Refused {
+            kind: farm_protocol::ErrorKind::Spawn,
+            message,
+            ..
+        }) => {
             // Like a shell: the command could not be started.
             eprintln!("farm: {message}");
             machine.shutdown().await;
@@ -146,7 +159,9 @@ async fn run_command(args: RunArgs) -> Result<i32> {
     let ran = started.elapsed() - booted;
     machine.shutdown().await;
 
-    std::io::stdout().write_all(&output.stdout).context("writing standard output")?;
+    std::io::stdout()
+        .write_all(&output.stdout)
+        .context("writing standard output")?;
     std::io::stdout().flush().ok();
     std::io::stderr().write_all(&output.stderr).ok();
     let r = &output.result;
@@ -166,7 +181,10 @@ async fn run_command(args: RunArgs) -> Result<i32> {
         );
     }
     if r.timed_out {
-        eprintln!("farm: command timed out after {:.1} s and was killed", timeout.unwrap_or_default().as_secs_f64());
+        eprintln!(
+            "farm: command timed out after {:.1} s and was killed",
+            timeout.unwrap_or_default().as_secs_f64()
+        );
         return Ok(124);
     }
     Ok(output.shell_exit_code())

@@ -132,7 +132,12 @@ fn task_table(runs: &[RunStats]) -> Markup {
 
 fn task_row(runs: &[RunStats], task: &str) -> Markup {
     // A task flipped when its verdict (all samples passed, none, or some) differs between runs.
-    let verdicts: BTreeSet<(bool, bool)> = runs.iter().filter_map(|r| r.tasks.get(task)).filter(|t| t.scored > 0).map(|t| (t.passed > 0, t.passed == t.scored)).collect();
+    let verdicts: BTreeSet<(bool, bool)> = runs
+        .iter()
+        .filter_map(|r| r.tasks.get(task))
+        .filter(|t| t.scored > 0)
+        .map(|t| (t.passed > 0, t.passed == t.scored))
+        .collect();
     let flipped = verdicts.len() > 1;
     html! {
         tr.flipped[flipped] {
@@ -159,12 +164,47 @@ fn task_row(runs: &[RunStats], task: &str) -> Markup {
 
 fn charts(runs: &[RunStats], labels: &[&str]) -> Markup {
     let k_max = largest_k(runs);
-    let pass_k: Vec<Vec<(f64, f64)>> = runs.iter().map(|r| (1..=k_max).filter_map(|k| r.pass_at(k, false).map(|v| (k as f64, v))).collect()).collect();
-    let reward_labels: Vec<String> = (0..10).map(|i| format!("{}–{}", i as f64 / 10.0, if i == 9 { "1".to_string() } else { format!("{}", (i + 1) as f64 / 10.0) }).replace("0.", ".")).collect();
+    let pass_k: Vec<Vec<(f64, f64)>> = runs
+        .iter()
+        .map(|r| {
+            (1..=k_max)
+                .filter_map(|k| r.pass_at(k, false).map(|v| (k as f64, v)))
+                .collect()
+        })
+        .collect();
+    let reward_labels: Vec<String> = (0..10)
+        .map(|i| {
+            format!(
+                "{}–{}",
+                i as f64 / 10.0,
+                if i == 9 {
+                    "1".to_string()
+                } else {
+                    format!("{}", (i + 1) as f64 / 10.0)
+                }
+            )
+            .replace("0.", ".")
+        })
+        .collect();
     let rewards: Vec<Vec<u64>> = runs.iter().map(|r| r.reward_bins.to_vec()).collect();
     let statuses: Vec<String> = Status::ALL.iter().map(|s| s.to_string()).collect();
-    let counts: Vec<Vec<u64>> = runs.iter().map(|r| Status::ALL.iter().map(|s| *r.counts.get(s).unwrap_or(&0)).collect()).collect();
-    let mut phase_labels: Vec<String> = PHASE_BINS_MS.iter().map(|ms| format!("<{}", if *ms >= 1000.0 { format!("{}s", ms / 1000.0) } else { format!("{ms}ms") })).collect();
+    let counts: Vec<Vec<u64>> = runs
+        .iter()
+        .map(|r| Status::ALL.iter().map(|s| *r.counts.get(s).unwrap_or(&0)).collect())
+        .collect();
+    let mut phase_labels: Vec<String> = PHASE_BINS_MS
+        .iter()
+        .map(|ms| {
+            format!(
+                "<{}",
+                if *ms >= 1000.0 {
+                    format!("{}s", ms / 1000.0)
+                } else {
+                    format!("{ms}ms")
+                }
+            )
+        })
+        .collect();
     phase_labels.push(">100s".into());
     let throughput: Vec<Vec<(f64, f64)>> = runs.iter().map(throughput).collect();
     html! {
@@ -185,7 +225,9 @@ fn charts(runs: &[RunStats], labels: &[&str]) -> Markup {
 
 /// Rollouts finished per second in 20 equal slices of the run.
 fn throughput(run: &RunStats) -> Vec<(f64, f64)> {
-    let Some(start) = run.first_start_ms else { return Vec::new() };
+    let Some(start) = run.first_start_ms else {
+        return Vec::new();
+    };
     let end = run.ends_ms.iter().cloned().fold(start as f64, f64::max);
     let span = (end - start as f64).max(1.0);
     let slice = span / 20.0;
@@ -193,7 +235,10 @@ fn throughput(run: &RunStats) -> Vec<(f64, f64)> {
     for e in &run.ends_ms {
         bins[(((e - start as f64) / slice) as usize).min(19)] += 1;
     }
-    bins.iter().enumerate().map(|(i, &n)| (((i as f64 + 0.5) * slice) / 1e3, n as f64 / (slice / 1e3))).collect()
+    bins.iter()
+        .enumerate()
+        .map(|(i, &n)| (((i as f64 + 0.5) * slice) / 1e3, n as f64 / (slice / 1e3)))
+        .collect()
 }
 
 fn provenance(runs: &[RunStats]) -> Markup {

@@ -44,7 +44,9 @@ pub struct ReportArgs {
 }
 
 /// Phase-time histogram bins, upper bounds in milliseconds (the last bin is open).
-pub const PHASE_BINS_MS: [f64; 9] = [10.0, 30.0, 100.0, 300.0, 1_000.0, 3_000.0, 10_000.0, 30_000.0, 100_000.0];
+pub const PHASE_BINS_MS: [f64; 9] = [
+    10.0, 30.0, 100.0, 300.0, 1_000.0, 3_000.0, 10_000.0, 30_000.0, 100_000.0,
+];
 
 /// What a report keeps of one task of one run.
 #[derive(Debug, Default, Clone)]
@@ -101,7 +103,10 @@ impl RunStats {
         if self.rows == 0 {
             self.policy_name = row.policy_name.clone();
             self.policy_params = row.policy_params.clone();
-            self.model = serde_json::from_str::<PolicyParams>(&row.policy_params).ok().and_then(|p| p.model).unwrap_or_default();
+            self.model = serde_json::from_str::<PolicyParams>(&row.policy_params)
+                .ok()
+                .and_then(|p| p.model)
+                .unwrap_or_default();
             self.run_id = row.run_id.clone();
             self.suite_name = row.suite_name.clone();
         }
@@ -121,14 +126,23 @@ impl RunStats {
         let t = &row.timings;
         for (i, ms) in [t.fork_ms, t.rollout_ms, t.score_ms].into_iter().enumerate() {
             if ms > 0.0 {
-                let bin = PHASE_BINS_MS.iter().position(|b| ms < *b).unwrap_or(PHASE_BINS_MS.len());
+                let bin = PHASE_BINS_MS
+                    .iter()
+                    .position(|b| ms < *b)
+                    .unwrap_or(PHASE_BINS_MS.len());
                 self.phase_bins[i][bin] += 1;
             }
         }
         self.ends_ms.push(row.started_at_ms as f64 + t.total_ms);
-        self.first_start_ms = Some(self.first_start_ms.map_or(row.started_at_ms, |f| f.min(row.started_at_ms)));
+        self.first_start_ms = Some(
+            self.first_start_ms
+                .map_or(row.started_at_ms, |f| f.min(row.started_at_ms)),
+        );
         let task_number = self.tasks.len();
-        let stats = self.tasks.entry(row.task_id.clone()).or_insert_with(|| TaskStats { page: format!("tasks/r{index}-t{task_number}.html"), ..Default::default() });
+        let stats = self.tasks.entry(row.task_id.clone()).or_insert_with(|| TaskStats {
+            page: format!("tasks/r{index}-t{task_number}.html"),
+            ..Default::default()
+        });
         stats.rollouts += 1;
         if row.status != Status::EnvError {
             stats.scored += 1;
@@ -153,7 +167,13 @@ impl RunStats {
             .tasks
             .values()
             .filter(|t| t.scored >= k)
-            .map(|t| if hat { pass_hat_k(t.scored, t.passed, k) } else { pass_at_k(t.scored, t.passed, k) })
+            .map(|t| {
+                if hat {
+                    pass_hat_k(t.scored, t.passed, k)
+                } else {
+                    pass_at_k(t.scored, t.passed, k)
+                }
+            })
             .collect();
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     }
@@ -165,14 +185,22 @@ impl RunStats {
 
     /// Mean reward over rewarded rollouts (as summary.json's `mean_reward`).
     pub fn mean_reward(&self) -> Option<f64> {
-        let (sum, n) = self.tasks.values().fold((0.0, 0u32), |(s, n), t| (s + t.reward_sum, n + t.rewarded));
+        let (sum, n) = self
+            .tasks
+            .values()
+            .fold((0.0, 0u32), |(s, n), t| (s + t.reward_sum, n + t.rewarded));
         (n > 0).then(|| sum / n as f64)
     }
 
     /// A 95 % bootstrap interval of the mean reward, resampling tasks (2,000 resamples,
     /// a fixed seed: the same run gives the same interval).
     pub fn reward_interval(&self) -> Option<(f64, f64)> {
-        let tasks: Vec<(f64, u32)> = self.tasks.values().filter(|t| t.rewarded > 0).map(|t| (t.reward_sum, t.rewarded)).collect();
+        let tasks: Vec<(f64, u32)> = self
+            .tasks
+            .values()
+            .filter(|t| t.rewarded > 0)
+            .map(|t| (t.reward_sum, t.rewarded))
+            .collect();
         if tasks.is_empty() {
             return None;
         }
@@ -195,7 +223,10 @@ impl RunStats {
             })
             .collect();
         means.sort_by(|a, b| a.total_cmp(b));
-        Some((means[(0.025 * means.len() as f64) as usize], means[((0.975 * means.len() as f64) as usize).min(means.len() - 1)]))
+        Some((
+            means[(0.025 * means.len() as f64) as usize],
+            means[((0.975 * means.len() as f64) as usize).min(means.len() - 1)],
+        ))
     }
 
     pub fn env_error_rate(&self) -> f64 {
@@ -204,7 +235,8 @@ impl RunStats {
 
     /// Rollouts per second: from summary.json, or from the rows' own times.
     pub fn rate(&self) -> Option<f64> {
-        self.rollouts_per_sec.or_else(|| self.span_secs().map(|s| self.rows as f64 / s.max(1e-3)))
+        self.rollouts_per_sec
+            .or_else(|| self.span_secs().map(|s| self.rows as f64 / s.max(1e-3)))
     }
 
     /// Wall time: from summary.json, or first start to last end.
@@ -229,18 +261,27 @@ struct Pages {
 impl Pages {
     fn append(&mut self, page: &str, run_label: &str, task: &str, digest: &str, html: &str) -> Result<()> {
         let path = self.dir.join(page);
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("writing {}", path.display()))?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("writing {}", path.display()))?;
         if self.opened.insert(page.to_string()) {
             file.write_all(rollout::task_page_start(run_label, task, digest).as_bytes())?;
         }
-        file.write_all(html.as_bytes()).with_context(|| format!("writing {}", path.display()))
+        file.write_all(html.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))
     }
 
     fn close_all(&self) -> Result<()> {
         for page in &self.opened {
             let path = self.dir.join(page);
-            let mut file = std::fs::OpenOptions::new().append(true).open(&path).with_context(|| format!("writing {}", path.display()))?;
-            file.write_all(rollout::PAGE_END.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("writing {}", path.display()))?;
+            file.write_all(rollout::PAGE_END.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())
     }
@@ -257,7 +298,9 @@ struct PolicyParams {
 /// does not read is named and left out: the rows' own times stand in for its numbers.
 fn read_summary(dir: &Path) -> Summary {
     let path = dir.join("summary.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Summary::default() };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Summary::default();
+    };
     serde_json::from_str(&text).unwrap_or_else(|e| {
         eprintln!("farm: {}: {e}; using the rows' own times instead", path.display());
         Summary::default()
@@ -266,7 +309,10 @@ fn read_summary(dir: &Path) -> Summary {
 
 /// A run's label: its folder's name, numbered when an earlier run has the same.
 fn label(index: usize, dir: &Path, earlier: &[RunStats]) -> String {
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string());
     if earlier.iter().any(|r| r.label == name) {
         format!("{name} ({})", index + 1)
     } else {
@@ -279,7 +325,12 @@ fn read_run(index: usize, dir: &Path, label: String, pages: &mut Pages) -> Resul
     if !dir.exists() {
         bail!("{}: no such folder", dir.display());
     }
-    let mut run = RunStats { dir: dir.to_path_buf(), label, host: "unknown".into(), ..Default::default() };
+    let mut run = RunStats {
+        dir: dir.to_path_buf(),
+        label,
+        host: "unknown".into(),
+        ..Default::default()
+    };
     let manifest = engine::recorder::read_rows(dir, |row: Row| -> Result<()> {
         let task = run.add(index, &row);
         let (page, digest) = (task.page.clone(), task.digest.clone());
@@ -306,21 +357,36 @@ pub async fn run(args: ReportArgs) -> Result<i32> {
     }
     std::fs::create_dir_all(&tasks_dir).with_context(|| format!("creating {}", tasks_dir.display()))?;
     let started = std::time::Instant::now();
-    let mut pages = Pages { dir: out.clone(), opened: HashSet::new() };
+    let mut pages = Pages {
+        dir: out.clone(),
+        opened: HashSet::new(),
+    };
     let mut runs = Vec::new();
     for (i, dir) in args.runs.iter().enumerate() {
         let run = read_run(i, dir, label(i, dir, &runs), &mut pages).context("report")?;
-        eprintln!("farm: read {} ({} rollouts, {} tasks)", dir.display(), run.rows, run.tasks.len());
+        eprintln!(
+            "farm: read {} ({} rollouts, {} tasks)",
+            dir.display(),
+            run.rows,
+            run.tasks.len()
+        );
         runs.push(run);
     }
     pages.close_all()?;
     let index = out.join("index.html");
     std::fs::write(&index, index::index(&runs)).with_context(|| format!("writing {}", index.display()))?;
-    eprintln!("farm: report written to {} in {:.1} s", index.display(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "farm: report written to {} in {:.1} s",
+        index.display(),
+        started.elapsed().as_secs_f64()
+    );
     crate::outln!("{}", index.display());
     if args.open {
         if let Err(e) = std::process::Command::new("xdg-open").arg(&index).spawn() {
-            eprintln!("farm: could not open a browser ({e}); open {} yourself", index.display());
+            eprintln!(
+                "farm: could not open a browser ({e}); open {} yourself",
+                index.display()
+            );
         }
     }
     Ok(0)

@@ -61,7 +61,11 @@ pub fn page(title: &str, body: Markup) -> Markup {
 /// written as they are read); [`PAGE_END`] closes it. The tags around the head are
 /// constants: the only way to leave `<body>` open, which a `maud` template cannot.
 pub fn page_start(title: &str) -> String {
-    format!("{}\n<html lang=\"en\">{}<body>\n", DOCTYPE.into_string(), head(title).into_string())
+    format!(
+        "{}\n<html lang=\"en\">{}<body>\n",
+        DOCTYPE.into_string(),
+        head(title).into_string()
+    )
 }
 
 /// What [`page_start`] leaves open.
@@ -86,7 +90,17 @@ pub fn visible_controls(text: &str) -> Cow<'_, str> {
     if !text.chars().any(hidden) {
         return Cow::Borrowed(text);
     }
-    Cow::Owned(text.chars().map(|c| if hidden(c) { format!("\\u{{{:x}}}", c as u32) } else { c.to_string() }).collect())
+    Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if hidden(c) {
+                    format!("\\u{{{:x}}}", c as u32)
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 /// A number with `digits` decimals, or a dash when there is none.
@@ -125,11 +139,19 @@ mod tests {
     #[test]
     fn text_is_escaped_and_its_control_characters_shown() {
         let markup = html! { p title=(Text("\"><b>")) { (Text("<script>alert('x')</script> & a\u{1b}[2Jb\nc\r")) } };
-        assert_eq!(markup.into_string(), "<p title=\"&quot;&gt;&lt;b&gt;\">&lt;script&gt;alert('x')&lt;/script&gt; &amp; a\\u{1b}[2Jb\nc\\u{d}</p>");
+        assert_eq!(
+            markup.into_string(),
+            "<p title=\"&quot;&gt;&lt;b&gt;\">&lt;script&gt;alert('x')&lt;/script&gt; &amp; a\\u{1b}[2Jb\nc\\u{d}</p>"
+        );
         assert!(matches!(visible_controls("plain\ttext\n"), Cow::Borrowed(_)));
         assert_eq!(last_bytes("abcdef", 3), "[... 3 bytes before ...]\ndef");
         assert_eq!(first_bytes("héllo", 2), "h\n[... 5 more bytes ...]");
         let page = page_start("<t>") + PAGE_END;
-        assert!(page.starts_with("<!DOCTYPE html>\n<html lang=\"en\"><head>") && page.contains("<title>&lt;t&gt;</title>") && page.ends_with("<body>\n</body></html>\n"), "{page}");
+        assert!(
+            page.starts_with("<!DOCTYPE html>\n<html lang=\"en\"><head>")
+                && page.contains("<title>&lt;t&gt;</title>")
+                && page.ends_with("<body>\n</body></html>\n"),
+            "{page}"
+        );
     }
 }

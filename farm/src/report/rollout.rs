@@ -44,10 +44,19 @@ fn facts(row: &Row) -> Vec<(&'static str, String)> {
     }
     facts.push(("attempts", row.attempts.to_string()));
     if let Some(trust) = row.trust {
-        facts.push(("trust", format!("{trust}: {}", row.trust_reason.as_deref().unwrap_or(""))));
+        facts.push((
+            "trust",
+            format!("{trust}: {}", row.trust_reason.as_deref().unwrap_or("")),
+        ));
     }
     let t = &row.timings;
-    facts.push(("timings", format!("fork {:.0} ms, agent {:.0} ms, score {:.0} ms, total {:.0} ms", t.fork_ms, t.rollout_ms, t.score_ms, t.total_ms)));
+    facts.push((
+        "timings",
+        format!(
+            "fork {:.0} ms, agent {:.0} ms, score {:.0} ms, total {:.0} ms",
+            t.fork_ms, t.rollout_ms, t.score_ms, t.total_ms
+        ),
+    ));
     facts.push(("started at (ms since epoch)", row.started_at_ms.to_string()));
     if let Some(error) = &row.error {
         facts.push(("error", error.clone()));
@@ -75,7 +84,10 @@ fn step(step: &Step) -> Markup {
 
 /// JSON text pretty-printed, or as it is when it does not parse.
 fn pretty_json(text: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(text).ok().and_then(|v| serde_json::to_string_pretty(&v).ok()).unwrap_or_else(|| text.to_string())
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| text.to_string())
 }
 
 /// One rollout, in full, as a section of its task's page.
@@ -87,7 +99,16 @@ pub fn rollout(row: &Row) -> String {
     let class = if row.status == Status::Passed { "pass" } else { "fail" };
     let reward = row.reward.map(|r| r.to_string()).unwrap_or_else(|| "null".into());
     let parsed: Option<serde_json::Value> = serde_json::from_str(&row.score_details).ok();
-    let answer = parsed.as_ref().and_then(|d| d["artifacts"]["answer"].as_str()).or_else(|| row.steps.iter().rev().find(|s| s.kind == StepKind::Submit).map(|s| s.text.as_str()));
+    let answer = parsed
+        .as_ref()
+        .and_then(|d| d["artifacts"]["answer"].as_str())
+        .or_else(|| {
+            row.steps
+                .iter()
+                .rev()
+                .find(|s| s.kind == StepKind::Submit)
+                .map(|s| s.text.as_str())
+        });
     let messages = (row.messages != "[]").then(|| pretty_json(&row.messages));
     let details = pretty_json(&row.score_details);
     let section = html! {

@@ -17,7 +17,9 @@ const RIGHT: f64 = 12.0;
 const PLOT_W: f64 = W - LEFT - RIGHT;
 const PLOT_H: f64 = H - TOP - BOTTOM;
 
-pub const PALETTE: [&str; 8] = ["#3566c8", "#e0782f", "#3a9a5b", "#b8423a", "#7d55b5", "#8a6a48", "#c45fa0", "#6b7280"];
+pub const PALETTE: [&str; 8] = [
+    "#3566c8", "#e0782f", "#3a9a5b", "#b8423a", "#7d55b5", "#8a6a48", "#c45fa0", "#6b7280",
+];
 
 pub fn colour(i: usize) -> &'static str {
     PALETTE[i % PALETTE.len()]
@@ -57,7 +59,10 @@ impl Axis {
             .unwrap_or(10.0 * magnitude)
             .max(if whole { 1.0 } else { 0.0 });
         let steps = (max / step - 1e-9).ceil().max(1.0) as u32;
-        Axis { top: step * steps as f64, ticks: (0..=steps).map(|i| step * i as f64).collect() }
+        Axis {
+            top: step * steps as f64,
+            ticks: (0..=steps).map(|i| step * i as f64).collect(),
+        }
     }
 
     fn y(&self, value: f64) -> f64 {
@@ -122,12 +127,26 @@ pub fn bars(title: &str, categories: &[String], runs: &[&str], series: &[Vec<u64
 
 /// Lines: `series[run]` of (x, y) points; `runs` labels each run. `y_max` fixes the top of
 /// the y axis (pass@k's 1), else it fits the data.
-pub fn lines(title: &str, runs: &[&str], series: &[Vec<(f64, f64)>], x_label: &str, y_label: &str, y_max: Option<f64>) -> Markup {
+pub fn lines(
+    title: &str,
+    runs: &[&str],
+    series: &[Vec<(f64, f64)>],
+    x_label: &str,
+    y_label: &str,
+    y_max: Option<f64>,
+) -> Markup {
     let points = series.iter().flatten();
     let x_min = points.clone().map(|p| p.0).fold(f64::INFINITY, f64::min);
     let x_max = points.clone().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
-    let axis = Axis::up_to(y_max.unwrap_or_else(|| points.clone().map(|p| p.1).fold(0.0, f64::max)), false);
-    let (x_min, x_max) = if x_min.is_finite() && x_max > x_min { (x_min, x_max) } else { (0.0, 1.0) };
+    let axis = Axis::up_to(
+        y_max.unwrap_or_else(|| points.clone().map(|p| p.1).fold(0.0, f64::max)),
+        false,
+    );
+    let (x_min, x_max) = if x_min.is_finite() && x_max > x_min {
+        (x_min, x_max)
+    } else {
+        (0.0, 1.0)
+    };
     let x_at = |x: f64| LEFT + PLOT_W * (x - x_min) / (x_max - x_min);
     let body = html! {
         @for (r, pts) in series.iter().enumerate() {
@@ -142,7 +161,11 @@ pub fn lines(title: &str, runs: &[&str], series: &[Vec<(f64, f64)>], x_label: &s
     };
     // Whole numbers (k) get a tick each when there are few; anything else five ticks.
     let whole = series.iter().flatten().all(|p| p.0.fract() == 0.0) && x_max - x_min <= 12.0;
-    let ticks: Vec<f64> = if whole { (x_min as i64..=x_max as i64).map(|v| v as f64).collect() } else { (0..=4).map(|i| x_min + (x_max - x_min) * i as f64 / 4.0).collect() };
+    let ticks: Vec<f64> = if whole {
+        (x_min as i64..=x_max as i64).map(|v| v as f64).collect()
+    } else {
+        (0..=4).map(|i| x_min + (x_max - x_min) * i as f64 / 4.0).collect()
+    };
     let x_axis = html! {
         @for v in ticks {
             text x=(at(x_at(v))) y=(at(H - BOTTOM + 14.0)) font-size="10" text-anchor="middle" fill="#333" { (short(v)) }
@@ -158,23 +181,70 @@ mod tests {
 
     #[test]
     fn count_axes_have_whole_ticks_and_others_round_ones() {
-        assert_eq!(Axis::up_to(2.0, true), Axis { top: 2.0, ticks: vec![0.0, 1.0, 2.0] });
-        assert_eq!(Axis::up_to(4.0, true), Axis { top: 4.0, ticks: vec![0.0, 1.0, 2.0, 3.0, 4.0] });
-        assert_eq!(Axis::up_to(7.0, true), Axis { top: 8.0, ticks: vec![0.0, 2.0, 4.0, 6.0, 8.0] });
-        assert_eq!(Axis::up_to(0.0, true), Axis { top: 1.0, ticks: vec![0.0, 1.0] });
+        assert_eq!(
+            Axis::up_to(2.0, true),
+            Axis {
+                top: 2.0,
+                ticks: vec![0.0, 1.0, 2.0]
+            }
+        );
+        assert_eq!(
+            Axis::up_to(4.0, true),
+            Axis {
+                top: 4.0,
+                ticks: vec![0.0, 1.0, 2.0, 3.0, 4.0]
+            }
+        );
+        assert_eq!(
+            Axis::up_to(7.0, true),
+            Axis {
+                top: 8.0,
+                ticks: vec![0.0, 2.0, 4.0, 6.0, 8.0]
+            }
+        );
+        assert_eq!(
+            Axis::up_to(0.0, true),
+            Axis {
+                top: 1.0,
+                ticks: vec![0.0, 1.0]
+            }
+        );
         assert_eq!(Axis::up_to(1.0, false).ticks, vec![0.0, 0.25, 0.5, 0.75, 1.0]);
-        assert_eq!(Axis::up_to(59.5, false), Axis { top: 60.0, ticks: vec![0.0, 20.0, 40.0, 60.0] });
+        assert_eq!(
+            Axis::up_to(59.5, false),
+            Axis {
+                top: 60.0,
+                ticks: vec![0.0, 20.0, 40.0, 60.0]
+            }
+        );
         for max in 1..=2000 {
             let axis = Axis::up_to(max as f64, true);
-            assert!(axis.top >= max as f64 && axis.ticks.len() <= 6 && axis.ticks.iter().all(|t| t.fract() == 0.0), "{max}: {axis:?}");
+            assert!(
+                axis.top >= max as f64 && axis.ticks.len() <= 6 && axis.ticks.iter().all(|t| t.fract() == 0.0),
+                "{max}: {axis:?}"
+            );
         }
-        assert_eq!((short(0.5), short(0.25), short(3.0), short(14.875)), ("0.5".into(), "0.25".into(), "3".into(), "14.88".into()));
+        assert_eq!(
+            (short(0.5), short(0.25), short(3.0), short(14.875)),
+            ("0.5".into(), "0.25".into(), "3".into(), "14.88".into())
+        );
     }
 
     #[test]
     fn shapes_are_closed_and_labels_escaped() {
         let chart = bars("t<", &["a\"b".into()], &["<script>"], &[vec![3]], "rollouts").into_string();
-        assert!(chart.contains("<rect ") && chart.contains("</rect>") && chart.contains("<line ") && chart.contains("</line>"), "{chart}");
-        assert!(chart.contains("&lt;script&gt;, a&quot;b: 3") && !chart.contains("<script>") && chart.contains("<figcaption>t&lt;</figcaption>"), "{chart}");
+        assert!(
+            chart.contains("<rect ")
+                && chart.contains("</rect>")
+                && chart.contains("<line ")
+                && chart.contains("</line>"),
+            "{chart}"
+        );
+        assert!(
+            chart.contains("&lt;script&gt;, a&quot;b: 3")
+                && !chart.contains("<script>")
+                && chart.contains("<figcaption>t&lt;</figcaption>"),
+            "{chart}"
+        );
     }
 }

@@ -63,7 +63,10 @@ impl RunArgs {
         if let Some(c) = self.concurrency {
             suite.config.rollouts.concurrency = Count::Fixed(c.max(1));
         }
-        let out = self.out.clone().unwrap_or_else(|| suite.resolve(&suite.config.output.dir));
+        let out = self
+            .out
+            .clone()
+            .unwrap_or_else(|| suite.resolve(&suite.config.output.dir));
         Ok((suite, out))
     }
 
@@ -86,10 +89,25 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     }
     let tasks = suite.tasks(args.limit)?;
     let policy = Arc::new(Policy::build(&suite, &suite.config.policy, PolicyOrigin::Suite)?);
-    let counts = sizing::resolve(suite.config.rollouts.concurrency, suite.config.rollouts.warm_pool, policy.live_requests(), suite.config.template.memory_mib, &sizing::Host::probe());
+    let counts = sizing::resolve(
+        suite.config.rollouts.concurrency,
+        suite.config.rollouts.warm_pool,
+        policy.live_requests(),
+        suite.config.template.memory_mib,
+        &sizing::Host::probe(),
+    );
     // The recorder first: a run that cannot record must not start.
-    let identity = RunIdentity { run_id: new_run_id(), suite_name: suite.config.suite.name.clone(), suite_digest: suite.digest.clone(), shard };
-    let options = RecorderOptions { rows_per_part: suite.config.output.rows_per_part, resume: args.resume, requests: None };
+    let identity = RunIdentity {
+        run_id: new_run_id(),
+        suite_name: suite.config.suite.name.clone(),
+        suite_digest: suite.digest.clone(),
+        shard,
+    };
+    let options = RecorderOptions {
+        rows_per_part: suite.config.output.rows_per_part,
+        resume: args.resume,
+        requests: None,
+    };
     let (recorder, opened) = Recorder::open(&out, identity, options).await?;
     refuse_changed_tasks(&suite, &tasks, &opened)?;
     let mut signals = Signals::new()?;
@@ -102,8 +120,26 @@ pub async fn run(args: RunArgs) -> Result<i32> {
     };
     let (engine, todo, planned) = prepared;
     let started = Instant::now();
-    let interrupted = run_rollouts(engine.clone(), counts.concurrency, todo, &recorder, &mut signals, &args.suite).await?;
-    let inputs = SummaryInputs { samples: suite.config.rollouts.samples, planned, provenance: Provenance { shard, ..provenance(&engine) }, concurrency: counts.concurrency, wall: started.elapsed(), merged: None };
+    let interrupted = run_rollouts(
+        engine.clone(),
+        counts.concurrency,
+        todo,
+        &recorder,
+        &mut signals,
+        &args.suite,
+    )
+    .await?;
+    let inputs = SummaryInputs {
+        samples: suite.config.rollouts.samples,
+        planned,
+        provenance: Provenance {
+            shard,
+            ..provenance(&engine)
+        },
+        concurrency: counts.concurrency,
+        wall: started.elapsed(),
+        merged: None,
+    };
     let summary = recorder.summarise(inputs).await?;
     tracing::info!(
         "{} of {planned} rollouts recorded: {} passed, {} failed, {} timeout, {} env_error; mean reward {}; summary in {}",
@@ -121,7 +157,11 @@ pub async fn run(args: RunArgs) -> Result<i32> {
 /// A resumed run whose tasks changed since it recorded them would mix two versions.
 fn refuse_changed_tasks(suite: &Suite, tasks: &[Arc<Task>], opened: &Opened) -> Result<()> {
     let digests: HashMap<&str, String> = tasks.iter().map(|t| (t.id.as_str(), t.digest())).collect();
-    if let Some(changed) = opened.outcomes.iter().find(|o| digests.get(o.task_id.as_str()).is_some_and(|d| *d != o.task_digest)) {
+    if let Some(changed) = opened
+        .outcomes
+        .iter()
+        .find(|o| digests.get(o.task_id.as_str()).is_some_and(|d| *d != o.task_digest))
+    {
         anyhow::bail!(
             "task {:?} in {} changed since the recorded rollouts of this run: resuming would mix two versions of it; start a new run in another folder",
             changed.task_id,
@@ -135,7 +175,16 @@ fn refuse_changed_tasks(suite: &Suite, tasks: &[Arc<Task>], opened: &Opened) -> 
 /// task that has files or setup, and the warm pool. Returns the engine, the rollouts to run
 /// and how many the whole run plans.
 #[allow(clippy::too_many_arguments)]
-async fn prepare(suite: &Suite, args: &RunArgs, shard: Option<Shard>, run_id: &str, tasks: &[Arc<Task>], policy: &Arc<Policy>, opened: &Opened, counts: &Counts) -> Result<(Arc<Engine>, Vec<Planned>, usize)> {
+async fn prepare(
+    suite: &Suite,
+    args: &RunArgs,
+    shard: Option<Shard>,
+    run_id: &str,
+    tasks: &[Arc<Task>],
+    policy: &Arc<Policy>,
+    opened: &Opened,
+    counts: &Counts,
+) -> Result<(Arc<Engine>, Vec<Planned>, usize)> {
     let progress = |line: &str| tracing::info!("template: {line}");
     let mut engine = Engine::start(suite, args.accel, run_id, &progress).await?;
     let mut plan = engine.plan(tasks, policy, suite.config.rollouts.samples);
@@ -148,17 +197,33 @@ async fn prepare(suite: &Suite, args: &RunArgs, shard: Option<Shard>, run_id: &s
         let all = plan.len();
         plan.retain(|p| mine.contains(&p.task.id));
         if mine.is_empty() {
-            tracing::info!("shard {shard} has no task ({} tasks for {} shards): its run is empty", per_task.len(), shard.count);
+            tracing::info!(
+                "shard {shard} has no task ({} tasks for {} shards): its run is empty",
+                per_task.len(),
+                shard.count
+            );
         } else {
-            tracing::info!("shard {shard}: {} of {} tasks, {} of {all} rollouts", mine.len(), per_task.len(), plan.len());
+            tracing::info!(
+                "shard {shard}: {} of {} tasks, {} of {all} rollouts",
+                mine.len(),
+                per_task.len(),
+                plan.len()
+            );
         }
     }
     let planned = plan.len();
     plan.retain(|p| !opened.done.contains(&plan_key(&p.task.id, p.sample)));
-    tracing::info!("suite {} ({} tasks, {planned} rollouts planned, {} already done)", suite.config.suite.name, tasks.len(), planned - plan.len());
+    tracing::info!(
+        "suite {} ({} tasks, {planned} rollouts planned, {} already done)",
+        suite.config.suite.name,
+        tasks.len(),
+        planned - plan.len()
+    );
     let mut needed: Vec<Arc<Task>> = plan.iter().map(|p| p.task.clone()).collect();
     needed.dedup_by(|a, b| a.id == b.id);
-    let snapshots = engine.prepare(&needed, counts.concurrency, &|line: &str| tracing::info!("{line}")).await?;
+    let snapshots = engine
+        .prepare(&needed, counts.concurrency, &|line: &str| tracing::info!("{line}"))
+        .await?;
     for p in &mut plan {
         p.snapshot = snapshots[&p.task.id].clone();
     }
@@ -168,7 +233,10 @@ async fn prepare(suite: &Suite, args: &RunArgs, shard: Option<Shard>, run_id: &s
     if !counts.explanation.is_empty() {
         tracing::info!("{}", counts.explanation);
     }
-    if plan.iter().any(|p| matches!(&p.snapshot, engine::TaskSnapshot::Ready(s) if s.id() == engine.template.id())) {
+    if plan
+        .iter()
+        .any(|p| matches!(&p.snapshot, engine::TaskSnapshot::Ready(s) if s.id() == engine.template.id()))
+    {
         engine.start_pool(counts.warm_pool)?;
     }
     Ok((Arc::new(engine), plan, planned))
@@ -177,7 +245,14 @@ async fn prepare(suite: &Suite, args: &RunArgs, shard: Option<Shard>, run_id: &s
 /// Runs the rollouts with bounded concurrency and records each as it ends. A signal stops
 /// the run: rollouts in flight are killed and not recorded (a resume runs them again);
 /// returns the signal's exit code.
-async fn run_rollouts(engine: Arc<Engine>, concurrency: usize, planned: Vec<Planned>, recorder: &Recorder, signals: &mut Signals, suite_file: &Path) -> Result<Option<i32>> {
+async fn run_rollouts(
+    engine: Arc<Engine>,
+    concurrency: usize,
+    planned: Vec<Planned>,
+    recorder: &Recorder,
+    signals: &mut Signals,
+    suite_file: &Path,
+) -> Result<Option<i32>> {
     let metrics = engine::metrics::get();
     metrics.queue_depth.set(planned.len() as i64);
     let mut progress = Tally::new(planned.len());
@@ -218,7 +293,9 @@ async fn run_rollouts(engine: Arc<Engine>, concurrency: usize, planned: Vec<Plan
 /// Where and with what the run was made (for reports that must be told apart).
 fn provenance(engine: &Engine) -> Provenance {
     Provenance {
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default(),
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default(),
         farm_version: env!("CARGO_PKG_VERSION").to_string(),
         accel: format!("{:?}", engine.forker.vm.accel).to_lowercase(),
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -229,9 +306,15 @@ fn provenance(engine: &Engine) -> Provenance {
 }
 
 pub fn new_run_id() -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     let digest = Sha256::digest(format!("{nanos}-{}", std::process::id()).as_bytes());
-    format!("run-{}", digest.iter().take(6).map(|b| format!("{b:02x}")).collect::<String>())
+    format!(
+        "run-{}",
+        digest.iter().take(6).map(|b| format!("{b:02x}")).collect::<String>()
+    )
 }
 
 /// The run's progress: a bar on a terminal, a line per finished rollout elsewhere.
@@ -245,7 +328,13 @@ struct Tally {
 
 impl Tally {
     fn new(total: usize) -> Tally {
-        Tally { bar: Progress::new(total), total, done: 0, counts: BTreeMap::new(), started: Instant::now() }
+        Tally {
+            bar: Progress::new(total),
+            total,
+            done: 0,
+            counts: BTreeMap::new(),
+            started: Instant::now(),
+        }
     }
 
     fn record(&mut self, row: &Row) {
@@ -256,8 +345,19 @@ impl Tally {
         if !self.bar.tty {
             let rate = self.done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
             let eta = (self.total - self.done) as f64 / rate.max(1e-9);
-            let error = row.error.as_deref().map(|e| format!(" ({})", e.chars().take(200).collect::<String>())).unwrap_or_default();
-            tracing::info!("{}/{} {} sample {}: {}{error} ({rate:.1}/s, ETA {eta:.0}s)", self.done, self.total, row.task_id, row.sample_index, row.status);
+            let error = row
+                .error
+                .as_deref()
+                .map(|e| format!(" ({})", e.chars().take(200).collect::<String>()))
+                .unwrap_or_default();
+            tracing::info!(
+                "{}/{} {} sample {}: {}{error} ({rate:.1}/s, ETA {eta:.0}s)",
+                self.done,
+                self.total,
+                row.task_id,
+                row.sample_index,
+                row.status
+            );
         }
     }
 }
@@ -275,7 +375,11 @@ mod tests {
 
     fn suite_dir() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("tasks.jsonl"), "{\"id\": \"t\", \"expected_answer\": \"1\"}\n").unwrap();
+        std::fs::write(
+            dir.path().join("tasks.jsonl"),
+            "{\"id\": \"t\", \"expected_answer\": \"1\"}\n",
+        )
+        .unwrap();
         let suite = "[suite]\nname = \"s\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n\
                      [policy]\nkind = \"replay\"\n[rollouts]\nconcurrency = 2\n[output]\ndir = \"results\"\n";
         std::fs::write(dir.path().join("suite.toml"), suite).unwrap();
@@ -286,14 +390,33 @@ mod tests {
     fn flags_override_the_suite_and_the_rest_comes_from_it() {
         let dir = suite_dir();
         let file = dir.path().join("suite.toml");
-        let cli = Cli::try_parse_from(["farm", file.to_str().unwrap(), "--concurrency", "3", "--out", "elsewhere", "--limit", "1", "--resume", "--accel", "tcg"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "farm",
+            file.to_str().unwrap(),
+            "--concurrency",
+            "3",
+            "--out",
+            "elsewhere",
+            "--limit",
+            "1",
+            "--resume",
+            "--accel",
+            "tcg",
+        ])
+        .unwrap();
         let (suite, out) = cli.run.suite().unwrap();
-        assert_eq!((suite.config.rollouts.concurrency, out), (Count::Fixed(3), PathBuf::from("elsewhere")));
+        assert_eq!(
+            (suite.config.rollouts.concurrency, out),
+            (Count::Fixed(3), PathBuf::from("elsewhere"))
+        );
         assert!(cli.run.resume && cli.run.limit == Some(1) && cli.run.accel == vmm::AccelSetting::Tcg);
         // Without flags: the suite's own settings; output.dir relative to the suite file.
         let cli = Cli::try_parse_from(["farm", file.to_str().unwrap()]).unwrap();
         let (suite, out) = cli.run.suite().unwrap();
-        assert_eq!((suite.config.rollouts.concurrency, out), (Count::Fixed(2), dir.path().join("results")));
+        assert_eq!(
+            (suite.config.rollouts.concurrency, out),
+            (Count::Fixed(2), dir.path().join("results"))
+        );
         assert_eq!((cli.run.accel, cli.run.resume), (vmm::AccelSetting::Auto, false));
         // --concurrency 0 means one at a time, never none.
         let cli = Cli::try_parse_from(["farm", file.to_str().unwrap(), "--concurrency", "0"]).unwrap();
@@ -317,9 +440,15 @@ mod tests {
             trust: None,
             timings: Default::default(),
         };
-        let opened = |digest: &str| Opened { run_id: "r".into(), done: Default::default(), outcomes: vec![outcome(digest)] };
+        let opened = |digest: &str| Opened {
+            run_id: "r".into(),
+            done: Default::default(),
+            outcomes: vec![outcome(digest)],
+        };
         assert!(refuse_changed_tasks(&suite, &tasks, &opened(&tasks[0].digest())).is_ok());
-        let err = refuse_changed_tasks(&suite, &tasks, &opened("old")).unwrap_err().to_string();
+        let err = refuse_changed_tasks(&suite, &tasks, &opened("old"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("changed since the recorded rollouts"), "{err}");
     }
 }

@@ -43,7 +43,10 @@ pub struct VmCost {
 impl VmCost {
     /// `fallback_bytes`: the cost assumed while no VM runs.
     pub fn new(fallback_bytes: u64) -> VmCost {
-        VmCost { fallback_bytes, last: Mutex::new(None) }
+        VmCost {
+            fallback_bytes,
+            last: Mutex::new(None),
+        }
     }
 
     pub fn current(&self) -> Cost {
@@ -55,10 +58,21 @@ impl VmCost {
         }
         let pids = vmm::process::live_pids();
         let step = (pids.len() / SAMPLE).max(1);
-        let measured: Vec<u64> = pids.iter().step_by(step).filter_map(|&p| ProcessMemory::of(p)).map(|m| m.pss).collect();
+        let measured: Vec<u64> = pids
+            .iter()
+            .step_by(step)
+            .filter_map(|&p| ProcessMemory::of(p))
+            .map(|m| m.pss)
+            .collect();
         let cost = match measured.len() {
-            0 => Cost { bytes: self.fallback_bytes, sampled: 0 },
-            n => Cost { bytes: measured.iter().sum::<u64>() / n as u64, sampled: n },
+            0 => Cost {
+                bytes: self.fallback_bytes,
+                sampled: 0,
+            },
+            n => Cost {
+                bytes: measured.iter().sum::<u64>() / n as u64,
+                sampled: n,
+            },
         };
         *last = Some((Instant::now(), cost));
         cost
@@ -115,42 +129,104 @@ mod tests {
 
     #[test]
     fn a_vm_is_admitted_only_above_the_reserve() {
-        let cost = Cost { bytes: 40 << 20, sampled: 12 };
-        let host = HostMemory { total: 24 * GIB, available: 20 * GIB };
+        let cost = Cost {
+            bytes: 40 << 20,
+            sampled: 12,
+        };
+        let host = HostMemory {
+            total: 24 * GIB,
+            available: 20 * GIB,
+        };
         assert_eq!(check(&host, 10, cost), Ok(()));
         // 2.4 GiB reserve: 2.43 GiB available leaves less than a VM above it.
-        let tight = HostMemory { total: 24 * GIB, available: reserve_bytes(&host, 10) + (30 << 20) };
+        let tight = HostMemory {
+            total: 24 * GIB,
+            available: reserve_bytes(&host, 10) + (30 << 20),
+        };
         let why = check(&tight, 10, cost).unwrap_err();
-        assert!(why.contains("a VM costs about 40 MiB (mean PSS of 12 running VMs)"), "{why}");
+        assert!(
+            why.contains("a VM costs about 40 MiB (mean PSS of 12 running VMs)"),
+            "{why}"
+        );
         assert!(why.contains("serve.memory_reserve_percent"), "{why}");
-        assert_eq!(check(&tight, 10, Cost { bytes: 20 << 20, sampled: 3 }), Ok(()));
-        let first = check(&tight, 10, Cost { bytes: 320 << 20, sampled: 0 }).unwrap_err();
+        assert_eq!(
+            check(
+                &tight,
+                10,
+                Cost {
+                    bytes: 20 << 20,
+                    sampled: 3
+                }
+            ),
+            Ok(())
+        );
+        let first = check(
+            &tight,
+            10,
+            Cost {
+                bytes: 320 << 20,
+                sampled: 0,
+            },
+        )
+        .unwrap_err();
         assert!(first.contains("farm's estimate until a VM runs"), "{first}");
     }
 
     #[test]
     fn steps_wait_below_half_the_reserve() {
-        let host = |available| HostMemory { total: 24 * GIB, available };
+        let host = |available| HostMemory {
+            total: 24 * GIB,
+            available,
+        };
         assert_eq!(check_step(&host(3 * GIB), 10), Ok(()));
         assert_eq!(check_step(&host(1300 << 20), 10), Ok(()));
         let why = check_step(&host(1100 << 20), 10).unwrap_err();
-        assert!(why.contains("1100 MiB available") && why.contains("steps wait"), "{why}");
+        assert!(
+            why.contains("1100 MiB available") && why.contains("steps wait"),
+            "{why}"
+        );
         assert_eq!(check_step(&host(0), 0), Ok(()), "no reserve, no wait");
     }
 
     #[test]
     fn auto_max_sessions_follows_memory() {
-        let host = HostMemory { total: 24 * GIB, available: 23 * GIB };
+        let host = HostMemory {
+            total: 24 * GIB,
+            available: 23 * GIB,
+        };
         // (24 GiB - 10 %) / 16 MiB.
         assert_eq!(auto_max_sessions(&host, 10), 1382);
-        assert!(auto_max_sessions(&HostMemory { total: 4 * GIB, available: GIB }, 10) < auto_max_sessions(&host, 10));
-        assert_eq!(auto_max_sessions(&HostMemory { total: GIB, available: GIB }, 100), 1);
+        assert!(
+            auto_max_sessions(
+                &HostMemory {
+                    total: 4 * GIB,
+                    available: GIB
+                },
+                10
+            ) < auto_max_sessions(&host, 10)
+        );
+        assert_eq!(
+            auto_max_sessions(
+                &HostMemory {
+                    total: GIB,
+                    available: GIB
+                },
+                100
+            ),
+            1
+        );
     }
 
     #[test]
     fn with_no_vm_running_the_fallback_is_used() {
         // This test process starts no QEMU.
         let cost = VmCost::new(320 << 20).current();
-        assert_eq!(cost, Cost { bytes: 320 << 20, sampled: 0 });
+        assert_eq!(
+            cost,
+            Cost {
+                bytes: 320 << 20,
+                sampled: 0
+            }
+        );
     }
 }

@@ -31,7 +31,10 @@ struct App {
 }
 
 pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
-    let app = App { service, token: token.map(|t| Sha256::digest(t.as_bytes()).into()) };
+    let app = App {
+        service,
+        token: token.map(|t| Sha256::digest(t.as_bytes()).into()),
+    };
     Router::new()
         .route("/v1/rollouts", post(submit))
         .route("/v1/results", get(results))
@@ -63,7 +66,9 @@ impl IntoResponse for ApiError {
         }
         let mut response = (status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -80,11 +85,19 @@ fn ok(value: serde_json::Value) -> Reply {
 async fn auth(State(app): State<App>, request: Request, next: Next) -> Response {
     if let Some(expected) = &app.token {
         use subtle::ConstantTimeEq;
-        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
         let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
         if !bool::from(digest.ct_eq(expected)) {
-            let mut response = ApiError::new(401, "a bearer token is required (Authorization: Bearer ...)").into_response();
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            let mut response =
+                ApiError::new(401, "a bearer token is required (Authorization: Bearer ...)").into_response();
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return response;
         }
     }
@@ -98,14 +111,23 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let field = if path == "." { None } else { Some(path) };
-        ApiError { field, ..ApiError::new(400, format!("bad request body: {inner}")) }
+        ApiError {
+            field,
+            ..ApiError::new(400, format!("bad request body: {inner}"))
+        }
     })
 }
 
 async fn submit(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Reply {
     let request: SubmitRequest = parse(&body)?;
     let key = match headers.get("idempotency-key") {
-        Some(v) => Some(v.to_str().ok().filter(|k| !k.is_empty() && k.len() <= 256).ok_or_else(|| ApiError::field(400, "Idempotency-Key", "must be 1 to 256 visible ASCII characters"))?.to_string()),
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= 256)
+                .ok_or_else(|| ApiError::field(400, "Idempotency-Key", "must be 1 to 256 visible ASCII characters"))?
+                .to_string(),
+        ),
         None => None,
     };
     let digest = Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
@@ -129,7 +151,11 @@ fn default_max() -> usize {
     100
 }
 
-async fn results(State(app): State<App>, headers: HeaderMap, query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>) -> Reply {
+async fn results(
+    State(app): State<App>,
+    headers: HeaderMap,
+    query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
     let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
     if q.max == 0 || q.max > 10_000 {
         return Err(ApiError::field(400, "max", "must be 1 to 10000"));
@@ -137,8 +163,14 @@ async fn results(State(app): State<App>, headers: HeaderMap, query: Result<Query
     if !(0.0..=300.0).contains(&q.wait) {
         return Err(ApiError::field(400, "wait", "must be 0 to 300 seconds"));
     }
-    let (lines, next) = app.service.results(q.cursor, q.max, Duration::from_secs_f64(q.wait)).await?;
-    let arrow = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains(ARROW_STREAM));
+    let (lines, next) = app
+        .service
+        .results(q.cursor, q.max, Duration::from_secs_f64(q.wait))
+        .await?;
+    let arrow = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(ARROW_STREAM));
     let mut response = if arrow {
         let bytes = arrow_stream(&app.service, &lines)?;
         ([(header::CONTENT_TYPE, ARROW_STREAM)], bytes).into_response()
@@ -152,19 +184,27 @@ async fn results(State(app): State<App>, headers: HeaderMap, query: Result<Query
         }
         ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from(body)).into_response()
     };
-    response.headers_mut().insert("farm-next-cursor", HeaderValue::from(next));
+    response
+        .headers_mut()
+        .insert("farm-next-cursor", HeaderValue::from(next));
     Ok(response)
 }
 
 /// Rows as one Arrow IPC stream with the Parquet schema.
 fn arrow_stream(service: &Service, lines: &[Vec<u8>]) -> Result<Vec<u8>, ApiError> {
     let internal = |e: String| ApiError::new(500, e);
-    let rows: Vec<engine::row::Row> = lines.iter().map(|l| serde_json::from_slice(l)).collect::<Result<_, _>>().map_err(|e| internal(format!("a journal row: {e}")))?;
+    let rows: Vec<engine::row::Row> = lines
+        .iter()
+        .map(|l| serde_json::from_slice(l))
+        .collect::<Result<_, _>>()
+        .map_err(|e| internal(format!("a journal row: {e}")))?;
     let schema = service.recorder.schema();
-    let batch = serde_arrow::to_record_batch(schema.fields(), &rows).map_err(|e| internal(format!("rows to Arrow: {e}")))?;
+    let batch =
+        serde_arrow::to_record_batch(schema.fields(), &rows).map_err(|e| internal(format!("rows to Arrow: {e}")))?;
     let mut out = Vec::new();
     {
-        let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut out, &schema).map_err(|e| internal(e.to_string()))?;
+        let mut writer =
+            arrow_ipc::writer::StreamWriter::try_new(&mut out, &schema).map_err(|e| internal(e.to_string()))?;
         writer.write(&batch).map_err(|e| internal(e.to_string()))?;
         writer.finish().map_err(|e| internal(e.to_string()))?;
     }
@@ -210,7 +250,16 @@ struct ExecRequest {
 
 async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
     let request: ExecRequest = parse(&body)?;
-    ok(app.service.act(&id, Action::Exec { command: request.command }, request.timeout_secs).await?)
+    ok(app
+        .service
+        .act(
+            &id,
+            Action::Exec {
+                command: request.command,
+            },
+            request.timeout_secs,
+        )
+        .await?)
 }
 
 #[derive(Deserialize)]
@@ -231,7 +280,18 @@ async fn write_file(State(app): State<App>, Path(id): Path<String>, body: Bytes)
     if request.mode > 0o7777 {
         return Err(ApiError::field(400, "mode", "must be a file mode (0 to 0o7777)"));
     }
-    ok(app.service.act(&id, Action::WriteFile { path: request.path, content: request.content, mode: request.mode }, None).await?)
+    ok(app
+        .service
+        .act(
+            &id,
+            Action::WriteFile {
+                path: request.path,
+                content: request.content,
+                mode: request.mode,
+            },
+            None,
+        )
+        .await?)
 }
 
 async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
@@ -247,7 +307,11 @@ struct SubmitSession {
 }
 
 async fn submit_session(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
-    let request: SubmitSession = if body.is_empty() { SubmitSession::default() } else { parse(&body)? };
+    let request: SubmitSession = if body.is_empty() {
+        SubmitSession::default()
+    } else {
+        parse(&body)?
+    };
     ok(app.service.submit_session(&id, request.answer).await?)
 }
 

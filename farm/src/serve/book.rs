@@ -26,7 +26,13 @@ pub(super) struct SessionBook<S> {
 
 impl<S> Default for SessionBook<S> {
     fn default() -> Self {
-        SessionBook { live: HashMap::new(), touched: HashMap::new(), submitting: HashSet::new(), paused: HashSet::new(), reserved: 0 }
+        SessionBook {
+            live: HashMap::new(),
+            touched: HashMap::new(),
+            submitting: HashSet::new(),
+            paused: HashSet::new(),
+            reserved: 0,
+        }
     }
 }
 
@@ -35,7 +41,13 @@ impl<S> SessionBook<S> {
     pub fn reserve(&mut self, max: usize) -> Result<(), ApiError> {
         let taken = self.live.len() - self.paused.len() + self.reserved;
         if taken >= max {
-            return Err(ApiError { retry_after: Some(5), ..ApiError::new(429, format!("{taken} sessions are live or opening (serve.max_sessions {max})")) });
+            return Err(ApiError {
+                retry_after: Some(5),
+                ..ApiError::new(
+                    429,
+                    format!("{taken} sessions are live or opening (serve.max_sessions {max})"),
+                )
+            });
         }
         self.reserved += 1;
         Ok(())
@@ -49,19 +61,27 @@ impl<S> SessionBook<S> {
     /// A reserved slot becomes a live session.
     pub fn open(&mut self, id: &str, session: S, now: Instant) {
         self.release();
-        self.live.insert(id.to_string(), Arc::new(tokio::sync::Mutex::new(session)));
+        self.live
+            .insert(id.to_string(), Arc::new(tokio::sync::Mutex::new(session)));
         self.touched.insert(id.to_string(), now);
     }
 
     /// A live session a caller may act on (remembered as used now): 404 when there is
     /// none, 409 while it is being submitted.
     pub fn usable(&mut self, id: &str, now: Instant) -> Result<Arc<tokio::sync::Mutex<S>>, ApiError> {
-        let session = self.live.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no live session {id:?}")))?;
+        let session = self
+            .live
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::new(404, format!("no live session {id:?}")))?;
         if self.submitting.contains(id) {
             return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
         }
         if self.paused.contains(id) {
-            return Err(ApiError::new(409, format!("session {id:?} is paused: resume it first (POST /v1/sessions/{id}/resume)")));
+            return Err(ApiError::new(
+                409,
+                format!("session {id:?} is paused: resume it first (POST /v1/sessions/{id}/resume)"),
+            ));
         }
         self.touched.insert(id.to_string(), now);
         Ok(session)
@@ -70,9 +90,16 @@ impl<S> SessionBook<S> {
     /// A session, live or paused, for pause, resume, branch and GET: 404 when there is none,
     /// 409 while it is being submitted.
     pub fn any(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<S>>, ApiError> {
-        let session = self.live.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no live or paused session {id:?}")))?;
+        let session = self
+            .live
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::new(404, format!("no live or paused session {id:?}")))?;
         if self.submitting.contains(id) {
-            return Err(ApiError::new(409, format!("session {id:?} is being submitted and scored")));
+            return Err(ApiError::new(
+                409,
+                format!("session {id:?} is being submitted and scored"),
+            ));
         }
         Ok(session)
     }
@@ -98,7 +125,8 @@ impl<S> SessionBook<S> {
 
     /// A paused session of an earlier process, taken up at start.
     pub fn add_paused(&mut self, id: &str, session: S) {
-        self.live.insert(id.to_string(), Arc::new(tokio::sync::Mutex::new(session)));
+        self.live
+            .insert(id.to_string(), Arc::new(tokio::sync::Mutex::new(session)));
         self.paused.insert(id.to_string());
     }
 
@@ -150,16 +178,29 @@ impl<S> SessionBook<S> {
 
     /// Sessions unused for longer than `lease` (never one being submitted).
     pub fn idle(&mut self, lease: Duration, now: Instant) -> Vec<String> {
-        let SessionBook { touched, live, submitting, .. } = self;
+        let SessionBook {
+            touched,
+            live,
+            submitting,
+            ..
+        } = self;
         touched.retain(|id, _| live.contains_key(id));
         let paused = &self.paused;
-        touched.iter().filter(|(id, t)| now.duration_since(**t) > lease && !submitting.contains(*id) && !paused.contains(*id)).map(|(id, _)| id.clone()).collect()
+        touched
+            .iter()
+            .filter(|(id, t)| now.duration_since(**t) > lease && !submitting.contains(*id) && !paused.contains(*id))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Live sessions that are not being submitted (what a shutdown ends; paused sessions
     /// stay for the next start).
     pub fn endable_ids(&self) -> Vec<String> {
-        self.live.keys().filter(|id| !self.submitting.contains(*id) && !self.paused.contains(*id)).cloned().collect()
+        self.live
+            .keys()
+            .filter(|id| !self.submitting.contains(*id) && !self.paused.contains(*id))
+            .cloned()
+            .collect()
     }
 
     /// Live sessions (with a VM).
@@ -182,7 +223,11 @@ mod tests {
         book.reserve(2).unwrap();
         book.reserve(2).unwrap();
         let full = book.reserve(2).unwrap_err();
-        assert_eq!((full.status, full.retry_after), (429, Some(5)), "two opening take both slots");
+        assert_eq!(
+            (full.status, full.retry_after),
+            (429, Some(5)),
+            "two opening take both slots"
+        );
         // One never opens (its slot comes back), the other opens (its slot becomes it).
         book.release();
         book.open("s-1", (), Instant::now());
@@ -207,7 +252,10 @@ mod tests {
         assert_eq!(book.endable("s-1").unwrap_err().status, 409, "no DELETE mid-scoring");
         assert!(book.endable_ids().is_empty(), "a shutdown leaves it to finish");
         let later = start + Duration::from_secs(100);
-        assert!(book.idle(Duration::from_secs(10), later).is_empty(), "nor does it expire");
+        assert!(
+            book.idle(Duration::from_secs(10), later).is_empty(),
+            "nor does it expire"
+        );
         book.remove("s-1");
         assert_eq!(book.endable("s-1").unwrap_err().status, 404);
     }
@@ -222,7 +270,10 @@ mod tests {
         }
         book.touch("s-2", start + Duration::from_secs(8));
         book.touch("s-gone", start + Duration::from_secs(8));
-        assert_eq!(book.idle(Duration::from_secs(10), start + Duration::from_secs(12)), ["s-1"]);
+        assert_eq!(
+            book.idle(Duration::from_secs(10), start + Duration::from_secs(12)),
+            ["s-1"]
+        );
         assert_eq!(book.endable_ids().len(), 2);
     }
 
@@ -235,9 +286,17 @@ mod tests {
         assert!(book.reserve(1).is_err());
         book.pause("s-1");
         assert_eq!((book.len(), book.paused_len()), (0, 1));
-        assert_eq!(book.usable("s-1", start).unwrap_err().status, 409, "a paused session takes no exec");
+        assert_eq!(
+            book.usable("s-1", start).unwrap_err().status,
+            409,
+            "a paused session takes no exec"
+        );
         assert!(book.any("s-1").is_ok());
-        assert!(book.idle(Duration::from_secs(1), start + Duration::from_secs(100)).is_empty(), "no lease while paused");
+        assert!(
+            book.idle(Duration::from_secs(1), start + Duration::from_secs(100))
+                .is_empty(),
+            "no lease while paused"
+        );
         assert!(book.endable_ids().is_empty(), "a shutdown leaves it");
         // Its slot is free: another session opens, and the resume must wait for a slot.
         book.reserve(1).unwrap();

@@ -140,16 +140,25 @@ struct ServeFile {
 /// The suites and the `[serve]` settings CONFIG names.
 fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
-    let dir = path.parent().map(Path::to_path_buf).filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| PathBuf::from("."));
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    let dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."));
     if table.contains_key("suite") {
         let suite = Suite::load(path)?;
         return Ok((ServeSection::default(), vec![suite], dir.join("serve-out")));
     }
     if !table.contains_key("serve") {
-        bail!("{}: expected a suite file (a [suite] table) or a service file (a [serve] table)", path.display());
+        bail!(
+            "{}: expected a suite file (a [suite] table) or a service file (a [serve] table)",
+            path.display()
+        );
     }
-    let file: ServeFile = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+    let file: ServeFile =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
     let section = file.serve;
     if section.suites.is_empty() {
         bail!("{}: serve.suites must name at least one suite file", path.display());
@@ -161,7 +170,11 @@ fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
         bail!("{}: serve.max_sessions must be at least 1, or \"auto\"", path.display());
     }
     if section.memory_reserve_percent > 99 {
-        bail!("{}: serve.memory_reserve_percent must be a percentage of MemTotal below 100 (got {})", path.display(), section.memory_reserve_percent);
+        bail!(
+            "{}: serve.memory_reserve_percent must be a percentage of MemTotal below 100 (got {})",
+            path.display(),
+            section.memory_reserve_percent
+        );
     }
     if section.queue_limit == 0 {
         bail!("{}: serve.queue_limit must be at least 1", path.display());
@@ -176,7 +189,11 @@ fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
     for file in &section.suites {
         let suite = Suite::load(&dir.join(file)).with_context(|| format!("{}: serve.suites", path.display()))?;
         if suites.iter().any(|s| s.config.suite.name == suite.config.suite.name) {
-            bail!("{}: serve.suites: two suites are named {:?}; suite names must differ", path.display(), suite.config.suite.name);
+            bail!(
+                "{}: serve.suites: two suites are named {:?}; suite names must differ",
+                path.display(),
+                suite.config.suite.name
+            );
         }
         suites.push(suite);
     }
@@ -202,7 +219,9 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     }
     let out = args.out.clone().unwrap_or(default_out);
     // Listen before the slow part, so a taken port fails at once.
-    let listener = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let mut signals = Signals::new()?;
     let service = tokio::select! {
         service = Service::start(&settings, suites, &out, args.accel) => service?,
@@ -213,13 +232,23 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     };
     let service = Arc::new(service);
     let addr = listener.local_addr()?;
-    tracing::info!("listening on http://{addr} ({}); output in {}", if token.is_some() { "bearer token required" } else { "no token" }, out.display());
+    tracing::info!(
+        "listening on http://{addr} ({}); output in {}",
+        if token.is_some() {
+            "bearer token required"
+        } else {
+            "no token"
+        },
+        out.display()
+    );
     let background = service.clone().spawn_background();
     let app = api::router(service.clone(), token);
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = stop.clone();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { stopped.notified().await }).await
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopped.notified().await })
+            .await
     });
     let code = signals.recv().await;
     tracing::info!("stopping: no new work is admitted; in-flight rollouts are cancelled and recorded");
@@ -236,5 +265,11 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
 fn resolve_counts(settings: &ServeSection, guest_mib: u32) -> sizing::Counts {
     // Trainers' endpoints answer slowly compared with a step in the guest: plan as for a
     // live policy, which also keeps warm forks for sessions.
-    sizing::resolve(settings.concurrency, settings.warm_pool, Some(1), guest_mib, &sizing::Host::probe())
+    sizing::resolve(
+        settings.concurrency,
+        settings.warm_pool,
+        Some(1),
+        guest_mib,
+        &sizing::Host::probe(),
+    )
 }

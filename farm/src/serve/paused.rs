@@ -50,7 +50,10 @@ pub(super) struct SessionFile {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Service {
@@ -91,7 +94,11 @@ impl Service {
 
     /// `GET /v1/sessions/{id}`.
     pub async fn get_session(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let session = self.lock().sessions.any(id).map_err(|e| if e.status == 409 { ApiError::new(200, "") } else { e });
+        let session = self
+            .lock()
+            .sessions
+            .any(id)
+            .map_err(|e| if e.status == 409 { ApiError::new(200, "") } else { e });
         match session {
             Ok(s) => {
                 let s = s.lock().await;
@@ -125,18 +132,33 @@ impl Service {
             return Ok(self.describe(id, &session));
         }
         if self.lock().sessions.any(id).is_err() {
-            return Err(ApiError::new(409, format!("session {id:?} is being submitted and scored: it cannot be paused")));
+            return Err(ApiError::new(
+                409,
+                format!("session {id:?} is being submitted and scored: it cannot be paused"),
+            ));
         }
-        let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
+        let live = session
+            .live
+            .as_ref()
+            .ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
         let engine = self.suites[&session.suite].engine.clone();
         let started = Instant::now();
-        let dir = self.paused_root().join(format!("{id}.{}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)));
+        let dir = self.paused_root().join(format!(
+            "{id}.{}",
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0)
+        ));
         let paused = match engine.pause(live, &session.snapshot, &dir).await {
             Ok(p) => p,
             Err(e) => {
                 let _ = live.fork.machine.resume().await;
                 let _ = std::fs::remove_dir_all(&dir);
-                return Err(ApiError::new(503, format!("pausing session {id:?} failed: {}", engine::describe(&e))));
+                return Err(ApiError::new(
+                    503,
+                    format!("pausing session {id:?} failed: {}", engine::describe(&e)),
+                ));
             }
         };
         let paused = Arc::new(paused);
@@ -159,15 +181,28 @@ impl Service {
         let journaled = match written {
             Ok(()) => self
                 .recorder
-                .journal_request(&Record::SessionPaused { session_id: id.to_string(), dir: dir.file_name().unwrap_or_default().to_string_lossy().to_string() })
+                .journal_request(&Record::SessionPaused {
+                    session_id: id.to_string(),
+                    dir: dir.file_name().unwrap_or_default().to_string_lossy().to_string(),
+                })
                 .await
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
         if let Err(e) = journaled {
             // Not recorded: the session goes on as it was (the folder goes with `paused`).
-            let _ = session.live.as_ref().expect("checked above").fork.machine.resume().await;
-            return Err(ApiError::new(500, format!("recording the pause of session {id:?}: {e}")));
+            let _ = session
+                .live
+                .as_ref()
+                .expect("checked above")
+                .fork
+                .machine
+                .resume()
+                .await;
+            return Err(ApiError::new(
+                500,
+                format!("recording the pause of session {id:?}: {e}"),
+            ));
         }
         // Recorded: the VM stops and its memory is freed.
         session.live = None;
@@ -193,9 +228,14 @@ impl Service {
             return Ok(self.describe(id, &session));
         };
         let engine = self.suites[&session.suite].engine.clone();
-        let live = engine.unpause(&paused, None, Role::Session).await.map_err(|e| ApiError::new(503, format!("resuming session {id:?} failed: {}", engine::describe(&e))))?;
+        let live = engine
+            .unpause(&paused, None, Role::Session)
+            .await
+            .map_err(|e| ApiError::new(503, format!("resuming session {id:?} failed: {}", engine::describe(&e))))?;
         self.recorder
-            .journal_request(&Record::SessionResumed { session_id: id.to_string() })
+            .journal_request(&Record::SessionResumed {
+                session_id: id.to_string(),
+            })
             .await
             .map_err(|e| ApiError::new(500, format!("recording the resume of session {id:?}: {e}")))?;
         session.live = Some(live);
@@ -214,7 +254,14 @@ impl Service {
             (inner.sessions.all(), inner.sessions.len(), inner.sessions.paused_len())
         };
         // Bytes of the sessions not busy right now (a busy one is counted next time).
-        let bytes: u64 = all.iter().filter_map(|(_, s)| s.try_lock().ok().and_then(|s| s.paused.as_ref().map(|p| p.disk_bytes()))).sum();
+        let bytes: u64 = all
+            .iter()
+            .filter_map(|(_, s)| {
+                s.try_lock()
+                    .ok()
+                    .and_then(|s| s.paused.as_ref().map(|p| p.disk_bytes()))
+            })
+            .sum();
         let m = engine::metrics::get();
         m.sessions_live.set(live as i64);
         m.sessions_paused.set(paused as i64);
@@ -231,7 +278,10 @@ impl Service {
                 Err(_) => continue,
             };
             let old = match handle.try_lock() {
-                Ok(s) => s.paused.as_ref().is_some_and(|p| now >= p.record.paused_unix + self.settings.paused_retention_secs),
+                Ok(s) => s
+                    .paused
+                    .as_ref()
+                    .is_some_and(|p| now >= p.record.paused_unix + self.settings.paused_retention_secs),
                 Err(_) => false,
             };
             if old {
@@ -243,16 +293,31 @@ impl Service {
 
     /// A paused session of an earlier process, from its folder.
     pub(super) async fn take_up_paused(&self, dir: &Path) -> Result<(String, Session), String> {
-        let text = std::fs::read_to_string(dir.join("session.json")).map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
-        let file: SessionFile = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
+        let text = std::fs::read_to_string(dir.join("session.json"))
+            .map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
+        let file: SessionFile =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
         let (_, state) = self.suite(Some(&file.suite), "suite").map_err(|e| e.message)?;
         let task_id = file.task_row.is_none().then_some(file.task_id.as_str());
-        let (task, snapshot) = self.resolve_task(state, task_id, file.task_row.as_ref(), &|f: &str| f.to_string()).await.map_err(|e| e.message)?;
+        let (task, snapshot) = self
+            .resolve_task(state, task_id, file.task_row.as_ref(), &|f: &str| f.to_string())
+            .await
+            .map_err(|e| e.message)?;
         let paused = PausedFork::load(dir, &state.engine.store).map_err(|e| engine::describe(&e))?;
         if paused.record.base != snapshot.id() {
-            return Err(format!("it was paused from snapshot {} and its task now has {}", paused.record.base, snapshot.id()));
+            return Err(format!(
+                "it was paused from snapshot {} and its task now has {}",
+                paused.record.base,
+                snapshot.id()
+            ));
         }
-        let served = Served { suite: file.suite.clone(), rollout_id: file.rollout_id, group_id: file.group_id, policy_version: file.policy_version, metadata: file.metadata };
+        let served = Served {
+            suite: file.suite.clone(),
+            rollout_id: file.rollout_id,
+            group_id: file.group_id,
+            policy_version: file.policy_version,
+            metadata: file.metadata,
+        };
         let planned = Planned {
             task: task.clone(),
             sample: 0,
@@ -282,7 +347,8 @@ impl Service {
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("serializes")).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("serializes"))
+        .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
     let file = std::fs::File::open(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
     file.sync_all().map_err(|e| format!("syncing {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))

@@ -47,10 +47,18 @@ impl ItemRequest {
     /// A session's request: it takes no policy and no `n`.
     pub fn check_session(&self) -> Result<(), ApiError> {
         if self.policy.is_some() {
-            return Err(ApiError::field(400, "policy", "a session takes no policy: the caller acts in it"));
+            return Err(ApiError::field(
+                400,
+                "policy",
+                "a session takes no policy: the caller acts in it",
+            ));
         }
         if self.n.is_some() {
-            return Err(ApiError::field(400, "n", "a session is one environment (branch it for more)"));
+            return Err(ApiError::field(
+                400,
+                "n",
+                "a session is one environment (branch it for more)",
+            ));
         }
         Ok(())
     }
@@ -75,8 +83,16 @@ impl LimitsRequest {
         let lower = |name: &str, asked: Option<u64>, max: u64| -> Result<u64, ApiError> {
             match asked {
                 None => Ok(max),
-                Some(0) => Err(ApiError::field(400, at(&format!("limits.{name}")), "must be at least 1")),
-                Some(v) if v > max => Err(ApiError::field(400, at(&format!("limits.{name}")), format!("{v} is above the suite's limit of {max}"))),
+                Some(0) => Err(ApiError::field(
+                    400,
+                    at(&format!("limits.{name}")),
+                    "must be at least 1",
+                )),
+                Some(v) if v > max => Err(ApiError::field(
+                    400,
+                    at(&format!("limits.{name}")),
+                    format!("{v} is above the suite's limit of {max}"),
+                )),
                 Some(v) => Ok(v),
             }
         };
@@ -155,20 +171,47 @@ mod tests {
     fn limits_only_go_down_and_name_the_field() {
         let suite: RolloutsSection = toml::from_str("max_steps = 10\ntimeout_secs = 60").unwrap();
         let at = |f: &str| format!("items[0].{f}");
-        let lowered = LimitsRequest { max_steps: Some(3), ..Default::default() }.apply(&suite, &at).unwrap();
+        let lowered = LimitsRequest {
+            max_steps: Some(3),
+            ..Default::default()
+        }
+        .apply(&suite, &at)
+        .unwrap();
         assert_eq!((lowered.max_steps, lowered.timeout_secs), (3, 60));
-        let above = LimitsRequest { timeout_secs: Some(61), ..Default::default() }.apply(&suite, &at).unwrap_err();
-        assert_eq!((above.status, above.field.as_deref()), (400, Some("items[0].limits.timeout_secs")));
-        let zero = LimitsRequest { step_timeout_secs: Some(0), ..Default::default() }.apply(&suite, &at).unwrap_err();
+        let above = LimitsRequest {
+            timeout_secs: Some(61),
+            ..Default::default()
+        }
+        .apply(&suite, &at)
+        .unwrap_err();
+        assert_eq!(
+            (above.status, above.field.as_deref()),
+            (400, Some("items[0].limits.timeout_secs"))
+        );
+        let zero = LimitsRequest {
+            step_timeout_secs: Some(0),
+            ..Default::default()
+        }
+        .apply(&suite, &at)
+        .unwrap_err();
         assert!(zero.message.contains("at least 1"));
     }
 
     #[test]
     fn a_session_is_an_item_without_policy_or_samples() {
         assert!(item(serde_json::json!({"task_id": "t"})).check_session().is_ok());
-        let with_policy = item(serde_json::json!({"task_id": "t", "policy": {"kind": "replay", "actions": []}})).check_session().unwrap_err();
+        let with_policy = item(serde_json::json!({"task_id": "t", "policy": {"kind": "replay", "actions": []}}))
+            .check_session()
+            .unwrap_err();
         assert_eq!(with_policy.field.as_deref(), Some("policy"));
-        assert_eq!(item(serde_json::json!({"task_id": "t", "n": 2})).check_session().unwrap_err().field.as_deref(), Some("n"));
+        assert_eq!(
+            item(serde_json::json!({"task_id": "t", "n": 2}))
+                .check_session()
+                .unwrap_err()
+                .field
+                .as_deref(),
+            Some("n")
+        );
         assert!(serde_json::from_value::<ItemRequest>(serde_json::json!({"task_id": "t", "colour": 1})).is_err());
     }
 
@@ -181,7 +224,10 @@ mod tests {
         let (records, good) = read_records(&path).unwrap();
         assert_eq!((records.len(), good as usize), (2, 2 * (end.to_string().len() + 1)));
         std::fs::write(&path, format!("{end}\nnot json\n{end}\n")).unwrap();
-        assert!(read_records(&path).unwrap_err().to_string().contains("requests.jsonl:2"));
+        assert!(read_records(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("requests.jsonl:2"));
         assert!(is_record(end.to_string().as_bytes()) && !is_record(b"{}"));
     }
 }

@@ -23,14 +23,23 @@ pub(super) fn metadata_text(metadata: Option<&serde_json::Value>, field: &str) -
     let Some(m) = metadata else { return Ok(None) };
     let text = m.to_string();
     if text.len() > METADATA_MAX_BYTES {
-        return Err(ApiError::field(413, field, format!("{} bytes of JSON; at most {METADATA_MAX_BYTES}", text.len())));
+        return Err(ApiError::field(
+            413,
+            field,
+            format!("{} bytes of JSON; at most {METADATA_MAX_BYTES}", text.len()),
+        ));
     }
     Ok(Some(text))
 }
 
 impl Service {
     /// `POST /v1/rollouts`.
-    pub async fn submit(&self, request: SubmitRequest, idempotency_key: Option<String>, body_digest: String) -> ApiResult<serde_json::Value> {
+    pub async fn submit(
+        &self,
+        request: SubmitRequest,
+        idempotency_key: Option<String>,
+        body_digest: String,
+    ) -> ApiResult<serde_json::Value> {
         self.check_admitting()?;
         if let Some(answer) = self.answered_before(idempotency_key.as_deref(), &body_digest)? {
             return Ok(answer);
@@ -49,10 +58,25 @@ impl Service {
             if let Some(key) = &idempotency_key {
                 // A retry with the same key may have been admitted while this one prepared.
                 if let Some((digest, answer)) = inner.idempotency.get(key) {
-                    return if *digest == body_digest { Ok(answer.clone()) } else { Err(ApiError::field(422, "Idempotency-Key", "this key was used with a different request body")) };
+                    return if *digest == body_digest {
+                        Ok(answer.clone())
+                    } else {
+                        Err(ApiError::field(
+                            422,
+                            "Idempotency-Key",
+                            "this key was used with a different request body",
+                        ))
+                    };
                 }
                 if !inner.admitting_keys.insert(key.clone()) {
-                    return Err(ApiError { retry_after: Some(1), ..ApiError::field(409, "Idempotency-Key", "a request with this key is being admitted: retry") });
+                    return Err(ApiError {
+                        retry_after: Some(1),
+                        ..ApiError::field(
+                            409,
+                            "Idempotency-Key",
+                            "a request with this key is being admitted: retry",
+                        )
+                    });
                 }
             }
             let waiting = inner.queue.len() + inner.admitting;
@@ -74,7 +98,12 @@ impl Service {
         }
         // Journaled before it is admitted or answered: a crash after this line reports these
         // rollouts as lost, never forgets them.
-        let record = Record::Submit { idempotency_key: idempotency_key.clone(), body_digest: body_digest.clone(), response: response.clone(), rollouts: admitted };
+        let record = Record::Submit {
+            idempotency_key: idempotency_key.clone(),
+            body_digest: body_digest.clone(),
+            response: response.clone(),
+            rollouts: admitted,
+        };
         let journaled = self.recorder.journal_request(&record).await;
         let cancelled = {
             let mut inner = self.lock();
@@ -90,7 +119,17 @@ impl Service {
             let mut cancelled = Vec::new();
             for p in planned {
                 let s = p.served.as_ref().expect("served");
-                inner.rollouts.insert(s.rollout_id.clone(), Entry { session: None, group_id: s.group_id.clone(), policy_version: s.policy_version, phase: Phase::Queued, cursor: None, recording: false });
+                inner.rollouts.insert(
+                    s.rollout_id.clone(),
+                    Entry {
+                        session: None,
+                        group_id: s.group_id.clone(),
+                        policy_version: s.policy_version,
+                        phase: Phase::Queued,
+                        cursor: None,
+                        recording: false,
+                    },
+                );
                 if stopping {
                     cancelled.push(p);
                 } else {
@@ -104,7 +143,8 @@ impl Service {
         // recorded as cancelled, as it would have.
         for item in cancelled {
             let engine = &self.suites[suite_of(&item)].engine;
-            self.emit(engine.ended(&item, End::Cancelled("the service shut down".into()))).await;
+            self.emit(engine.ended(&item, End::Cancelled("the service shut down".into())))
+                .await;
         }
         self.wake.notify_one();
         Ok(response)
@@ -114,7 +154,11 @@ impl Service {
     fn answered_before(&self, key: Option<&str>, body_digest: &str) -> ApiResult<Option<serde_json::Value>> {
         let Some(key) = key else { return Ok(None) };
         match self.lock().idempotency.get(key) {
-            Some((digest, _)) if digest != body_digest => Err(ApiError::field(422, "Idempotency-Key", "this key was used with a different request body")),
+            Some((digest, _)) if digest != body_digest => Err(ApiError::field(
+                422,
+                "Idempotency-Key",
+                "this key was used with a different request body",
+            )),
             Some((_, answer)) => Ok(Some(answer.clone())),
             None => Ok(None),
         }
@@ -129,20 +173,49 @@ impl Service {
             let (suite_name, state) = self.suite(item.suite.as_deref(), &at("suite"))?;
             let n = item.n.unwrap_or(1);
             if n == 0 || n > self.settings.max_samples_per_item {
-                return Err(ApiError::field(400, at("n"), format!("must be 1 to {} (serve.max_samples_per_item)", self.settings.max_samples_per_item)));
+                return Err(ApiError::field(
+                    400,
+                    at("n"),
+                    format!(
+                        "must be 1 to {} (serve.max_samples_per_item)",
+                        self.settings.max_samples_per_item
+                    ),
+                ));
             }
             let metadata = metadata_text(item.metadata.as_ref(), &at("metadata"))?;
-            let (task, snapshot) = self.resolve_task(state, item.task_id.as_deref(), item.task.as_ref(), &at).await?;
-            let asked = item.policy.as_ref().ok_or_else(|| ApiError::field(400, at("policy"), "missing: the policy that acts (its keys override the suite's [policy])"))?;
-            let config = state.suite.config.policy.for_request(asked).map_err(|e| ApiError::field(400, at(&format!("policy.{}", e.key)), e.message))?;
-            let policy = Arc::new(Policy::build(&state.suite, &config, PolicyOrigin::Request).map_err(|e| ApiError::field(400, at("policy"), e.to_string()))?);
+            let (task, snapshot) = self
+                .resolve_task(state, item.task_id.as_deref(), item.task.as_ref(), &at)
+                .await?;
+            let asked = item.policy.as_ref().ok_or_else(|| {
+                ApiError::field(
+                    400,
+                    at("policy"),
+                    "missing: the policy that acts (its keys override the suite's [policy])",
+                )
+            })?;
+            let config = state
+                .suite
+                .config
+                .policy
+                .for_request(asked)
+                .map_err(|e| ApiError::field(400, at(&format!("policy.{}", e.key)), e.message))?;
+            let policy = Arc::new(
+                Policy::build(&state.suite, &config, PolicyOrigin::Request)
+                    .map_err(|e| ApiError::field(400, at("policy"), e.to_string()))?,
+            );
             let limits = item.limits.apply(&state.engine.config.rollouts, &at)?;
             let group_id = self.new_id("g");
             let mut ids = Vec::new();
             for sample in 0..n {
                 let rollout_id = self.new_id("r");
                 let seed = rollout_seed(item.seed, &task.id, sample);
-                let served = Served { suite: suite_name.to_string(), rollout_id: rollout_id.clone(), group_id: group_id.clone(), policy_version: item.policy_version, metadata: metadata.clone() };
+                let served = Served {
+                    suite: suite_name.to_string(),
+                    rollout_id: rollout_id.clone(),
+                    group_id: group_id.clone(),
+                    policy_version: item.policy_version,
+                    metadata: metadata.clone(),
+                };
                 admitted.push(Admitted {
                     rollout_id: rollout_id.clone(),
                     group_id: group_id.clone(),
@@ -155,7 +228,15 @@ impl Service {
                     metadata: metadata.clone(),
                 });
                 let snapshot = TaskSnapshot::Ready(snapshot.clone());
-                planned.push(Planned { task: task.clone(), sample, seed, snapshot, policy: policy.clone(), limits: limits.clone(), served: Some(served) });
+                planned.push(Planned {
+                    task: task.clone(),
+                    sample,
+                    seed,
+                    snapshot,
+                    policy: policy.clone(),
+                    limits: limits.clone(),
+                    served: Some(served),
+                });
                 ids.push(rollout_id);
             }
             groups.push(json!({ "group_id": group_id, "task_id": task.id, "suite": suite_name, "rollout_ids": ids }));
@@ -172,17 +253,30 @@ impl Service {
                 break;
             }
         }
-        let lines = self.recorder.read_lines(cursor, max, RESULTS_MAX_BYTES).await.map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
+        let lines = self
+            .recorder
+            .read_lines(cursor, max, RESULTS_MAX_BYTES)
+            .await
+            .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
         let next = cursor + lines.len();
         Ok((lines, next))
     }
 
     /// `GET /v1/rollouts/{id}`.
     pub async fn rollout(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let entry = self.lock().rollouts.get(id).cloned().ok_or_else(|| ApiError::new(404, format!("no rollout {id:?}")))?;
+        let entry = self
+            .lock()
+            .rollouts
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::new(404, format!("no rollout {id:?}")))?;
         let mut out = json!({ "rollout_id": id, "group_id": entry.group_id, "policy_version": entry.policy_version, "state": entry.phase, "cursor": entry.cursor });
         if let Some(cursor) = entry.cursor {
-            let line = self.recorder.read_lines(cursor, 1, u64::MAX).await.map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
+            let line = self
+                .recorder
+                .read_lines(cursor, 1, u64::MAX)
+                .await
+                .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
             if let Some(line) = line.first() {
                 out["row"] = serde_json::from_slice(line).unwrap_or_default();
             }
@@ -199,7 +293,11 @@ impl Service {
                 let Some(entry) = inner.rollouts.get(id) else { continue };
                 match entry.phase {
                     Phase::Queued => {
-                        if let Some(pos) = inner.queue.iter().position(|p| p.served.as_ref().is_some_and(|s| s.rollout_id == *id)) {
+                        if let Some(pos) = inner
+                            .queue
+                            .iter()
+                            .position(|p| p.served.as_ref().is_some_and(|s| s.rollout_id == *id))
+                        {
                             cancelled.push(inner.queue.remove(pos).expect("position is in range"));
                         }
                     }
@@ -218,7 +316,11 @@ impl Service {
         for item in cancelled {
             let engine = &self.suites[suite_of(&item)].engine;
             // None: the rollout's own row came first; it was not cancelled after all.
-            if self.emit(engine.ended(&item, End::Cancelled(why.into()))).await.is_some() {
+            if self
+                .emit(engine.ended(&item, End::Cancelled(why.into())))
+                .await
+                .is_some()
+            {
                 n += 1;
             }
         }
@@ -228,9 +330,17 @@ impl Service {
 
     /// `POST /v1/rollouts/{id}/cancel`.
     pub async fn cancel(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let phase = self.lock().rollouts.get(id).map(|e| e.phase).ok_or_else(|| ApiError::new(404, format!("no rollout {id:?}")))?;
+        let phase = self
+            .lock()
+            .rollouts
+            .get(id)
+            .map(|e| e.phase)
+            .ok_or_else(|| ApiError::new(404, format!("no rollout {id:?}")))?;
         if phase == Phase::Session {
-            return Err(ApiError::new(409, format!("rollout {id:?} is a live session: DELETE /v1/sessions/{{id}} ends it")));
+            return Err(ApiError::new(
+                409,
+                format!("rollout {id:?} is a live session: DELETE /v1/sessions/{{id}} ends it"),
+            ));
         }
         let n = self.cancel_ids(&[id.to_string()], "by request").await;
         Ok(json!({ "rollout_id": id, "cancelled": n == 1, "state": if n == 1 { Phase::Done } else { phase } }))
@@ -242,7 +352,9 @@ impl Service {
             .lock()
             .rollouts
             .iter()
-            .filter(|(_, e)| matches!(e.phase, Phase::Queued | Phase::Running) && e.policy_version.is_some_and(|v| v < version))
+            .filter(|(_, e)| {
+                matches!(e.phase, Phase::Queued | Phase::Running) && e.policy_version.is_some_and(|v| v < version)
+            })
             .map(|(id, _)| id.clone())
             .collect();
         let n = self.cancel_ids(&ids, &format!("policy_version below {version}")).await;

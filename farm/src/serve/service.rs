@@ -42,10 +42,20 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: u16, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), field: None, retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            field: None,
+            retry_after: None,
+        }
     }
     pub fn field(status: u16, field: impl Into<String>, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), field: Some(field.into()), retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            field: Some(field.into()),
+            retry_after: None,
+        }
     }
 }
 
@@ -85,7 +95,14 @@ pub(super) struct Entry {
 
 impl Entry {
     pub fn new(admitted: &Admitted, session: Option<String>, phase: Phase) -> Entry {
-        Entry { session, group_id: admitted.group_id.clone(), policy_version: admitted.policy_version, phase, cursor: None, recording: false }
+        Entry {
+            session,
+            group_id: admitted.group_id.clone(),
+            policy_version: admitted.policy_version,
+            phase,
+            cursor: None,
+            recording: false,
+        }
     }
 }
 
@@ -131,29 +148,56 @@ pub struct Service {
 impl Service {
     /// Loads every suite's dataset and template (reusing snapshots), the task snapshots,
     /// and the output folder; records what a previous process left unfinished.
-    pub async fn start(settings: &ServeSection, suites: Vec<Suite>, out: &Path, accel: vmm::AccelSetting) -> Result<Service> {
-        if let Some(note) = vmm::ksm::KsmHost::probe().check(settings.ksm).map_err(|e| anyhow::anyhow!("serve.ksm: {e}"))? {
+    pub async fn start(
+        settings: &ServeSection,
+        suites: Vec<Suite>,
+        out: &Path,
+        accel: vmm::AccelSetting,
+    ) -> Result<Service> {
+        if let Some(note) = vmm::ksm::KsmHost::probe()
+            .check(settings.ksm)
+            .map_err(|e| anyhow::anyhow!("serve.ksm: {e}"))?
+        {
             tracing::warn!("{note}");
         }
         let host_memory = vmm::memory::HostMemory::probe().unwrap_or_default();
         let max_sessions = match settings.max_sessions {
             engine::config::Count::Fixed(n) => n,
-            engine::config::Count::Auto => super::admission::auto_max_sessions(&host_memory, settings.memory_reserve_percent),
+            engine::config::Count::Auto => {
+                super::admission::auto_max_sessions(&host_memory, settings.memory_reserve_percent)
+            }
         };
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         // One service per output folder: two would interleave their journals.
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(out.join(".lock")).with_context(|| format!("creating {}", out.join(".lock").display()))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(out.join(".lock"))
+            .with_context(|| format!("creating {}", out.join(".lock").display()))?;
         if lock.try_lock().is_err() {
-            anyhow::bail!("another farm serve is using the output folder {}: stop it, or choose another --out", out.display());
+            anyhow::bail!(
+                "another farm serve is using the output folder {}: stop it, or choose another --out",
+                out.display()
+            );
         }
         // What the previous process admitted (a bad line stops the start, naming it).
         let requests_path = out.join("requests.jsonl");
         let path = requests_path.clone();
         let (records, good_len) = tokio::task::spawn_blocking(move || read_records(&path)).await??;
         // Restarts continue the same output; the service is not tied to one suite version.
-        let identity = RunIdentity { run_id: crate::run::new_run_id(), suite_name: "farm-serve".into(), suite_digest: "farm-serve".into(), shard: None };
+        let identity = RunIdentity {
+            run_id: crate::run::new_run_id(),
+            suite_name: "farm-serve".into(),
+            suite_digest: "farm-serve".into(),
+            shard: None,
+        };
         let rows_per_part = suites.first().map(|s| s.config.output.rows_per_part).unwrap_or(256);
-        let options = RecorderOptions { rows_per_part, resume: true, requests: Some((requests_path, good_len)) };
+        let options = RecorderOptions {
+            rows_per_part,
+            resume: true,
+            requests: Some((requests_path, good_len)),
+        };
         let (recorder, opened) = Recorder::open(out, identity, options).await?;
         let run_id = opened.run_id.clone();
         let guest_mib = suites.iter().map(|s| s.config.template.memory_mib).max().unwrap_or(512);
@@ -163,22 +207,50 @@ impl Service {
             let tasks = suite.tasks(None)?;
             let name = suite.config.suite.name.clone();
             let progress = |line: &str| tracing::info!("{name}: template: {line}");
-            let host = engine::HostChoices { accel, ksm: settings.ksm };
+            let host = engine::HostChoices {
+                accel,
+                ksm: settings.ksm,
+            };
             let mut engine = Engine::start(&suite, host, &run_id, &progress).await?;
-            let snapshots = engine.prepare(&tasks, counts.concurrency, &|line: &str| tracing::info!("{name}: {line}")).await?;
-            if snapshots.values().any(|s| matches!(s, TaskSnapshot::Ready(s) if s.id() == engine.template.id())) {
+            let snapshots = engine
+                .prepare(&tasks, counts.concurrency, &|line: &str| {
+                    tracing::info!("{name}: {line}")
+                })
+                .await?;
+            if snapshots
+                .values()
+                .any(|s| matches!(s, TaskSnapshot::Ready(s) if s.id() == engine.template.id()))
+            {
                 engine.start_pool(counts.warm_pool)?;
             }
             tracing::info!("{name}: {} tasks", tasks.len());
             let tasks = tasks.into_iter().map(|t| (t.id.clone(), t)).collect();
-            states.insert(name, SuiteState { suite, engine: Arc::new(engine), tasks, snapshots });
+            states.insert(
+                name,
+                SuiteState {
+                    suite,
+                    engine: Arc::new(engine),
+                    tasks,
+                    snapshots,
+                },
+            );
         }
         tracing::info!("{}", counts.explanation);
         // VMs the service may hold at once: a host limit that would stop it short is named.
-        tracing::info!("max_sessions {max_sessions}{}", if settings.max_sessions == engine::config::Count::Auto { " (auto: memory, past the reserve, at an idle session's floor; each is admitted at the measured cost)" } else { "" });
+        tracing::info!(
+            "max_sessions {max_sessions}{}",
+            if settings.max_sessions == engine::config::Count::Auto {
+                " (auto: memory, past the reserve, at an idle session's floor; each is admitted at the measured cost)"
+            } else {
+                ""
+            }
+        );
         let vms = (max_sessions + counts.concurrency * 2 + counts.warm_pool * states.len().max(1)) as u64;
         for problem in vmm::process::HostLimits::probe().problems(vms) {
-            tracing::warn!("{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)", counts.concurrency);
+            tracing::warn!(
+                "{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)",
+                counts.concurrency
+            );
         }
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         // A previous process's branch snapshots are of no use to anyone.
@@ -201,7 +273,12 @@ impl Service {
             vm_cost: super::admission::VmCost::new((u64::from(guest_mib) + engine::sizing::QEMU_OVERHEAD_MIB) << 20),
             _lock: lock,
         };
-        let done: HashMap<String, usize> = opened.outcomes.iter().enumerate().map(|(cursor, o)| (o.key.clone(), cursor)).collect();
+        let done: HashMap<String, usize> = opened
+            .outcomes
+            .iter()
+            .enumerate()
+            .map(|(cursor, o)| (o.key.clone(), cursor))
+            .collect();
         service.restore(records, &done).await?;
         Ok(service)
     }
@@ -209,7 +286,16 @@ impl Service {
     /// Takes up what a previous process admitted: rows stay where they are; admitted work
     /// without a row gets an `env_error` row "lost in restart".
     async fn restore(&self, records: Vec<Record>, done: &HashMap<String, usize>) -> Result<()> {
-        let ended: HashSet<String> = records.iter().filter_map(|r| if let Record::SessionEnd { session_id, .. } = r { Some(session_id.clone()) } else { None }).collect();
+        let ended: HashSet<String> = records
+            .iter()
+            .filter_map(|r| {
+                if let Record::SessionEnd { session_id, .. } = r {
+                    Some(session_id.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
         // Each session's last pause or resume: paused sessions are taken up, not lost.
         let mut paused_dirs: HashMap<String, Option<String>> = HashMap::new();
         for r in &records {
@@ -227,7 +313,12 @@ impl Service {
         let (mut lost, mut taken_up) = (0, 0);
         for record in records {
             let (admitted, closed, session) = match record {
-                Record::Submit { idempotency_key, body_digest, response, rollouts } => {
+                Record::Submit {
+                    idempotency_key,
+                    body_digest,
+                    response,
+                    rollouts,
+                } => {
                     if let Some(key) = idempotency_key {
                         self.lock().idempotency.insert(key, (body_digest, response));
                     }
@@ -265,13 +356,18 @@ impl Service {
                             lost += 1;
                             let mut row = lost_row(&a, &self.run_id);
                             if let Some(reason) = reason {
-                                row.error = Some(format!("lost in restart: its paused state could not be taken up: {reason}"));
+                                row.error = Some(format!(
+                                    "lost in restart: its paused state could not be taken up: {reason}"
+                                ));
                             }
                             Some(self.recorder.append(row).await?)
                         }
                     }
                 };
-                let entry = Entry { cursor, ..Entry::new(&a, if phase == Phase::Session { session.clone() } else { None }, phase) };
+                let entry = Entry {
+                    cursor,
+                    ..Entry::new(&a, if phase == Phase::Session { session.clone() } else { None }, phase)
+                };
                 self.lock().rollouts.insert(a.rollout_id.clone(), entry);
             }
         }
@@ -285,7 +381,9 @@ impl Service {
             }
         }
         if lost > 0 {
-            tracing::info!("{lost} rollouts or sessions of the previous process were lost in its restart (recorded as env_error)");
+            tracing::info!(
+                "{lost} rollouts or sessions of the previous process were lost in its restart (recorded as env_error)"
+            );
         }
         if taken_up > 0 {
             tracing::info!("{taken_up} paused sessions taken up");
@@ -334,8 +432,15 @@ impl Service {
         let mut inner = self.lock();
         while inner.running.len() < self.slots && !self.stopping.load(Ordering::SeqCst) {
             let Some(item) = inner.queue.pop_front() else { break };
-            let id = item.served.as_ref().expect("served rollouts have ids").rollout_id.clone();
-            let Some(state) = self.suites.get(suite_of(&item)) else { continue };
+            let id = item
+                .served
+                .as_ref()
+                .expect("served rollouts have ids")
+                .rollout_id
+                .clone();
+            let Some(state) = self.suites.get(suite_of(&item)) else {
+                continue;
+            };
             let engine = state.engine.clone();
             let service = self.clone();
             let kept = item.clone();
@@ -386,9 +491,17 @@ impl Service {
 
     pub(super) fn new_id(&self, prefix: &str) -> String {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(format!("{}-{nanos}-{n}-{}", self.run_id, std::process::id()).as_bytes());
-        format!("{prefix}-{}", digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(
+            format!("{}-{nanos}-{n}-{}", self.run_id, std::process::id()).as_bytes(),
+        );
+        format!(
+            "{prefix}-{}",
+            digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
+        )
     }
 
     pub(super) fn suite(&self, name: Option<&str>, field: &str) -> ApiResult<(&str, &SuiteState)> {
@@ -396,7 +509,11 @@ impl Service {
             Some(n) => n,
             None => {
                 let names: Vec<&str> = self.suites.keys().map(String::as_str).collect();
-                return Err(ApiError::field(400, field, format!("several suites are served ({}): name one", names.join(", "))));
+                return Err(ApiError::field(
+                    400,
+                    field,
+                    format!("several suites are served ({}): name one", names.join(", ")),
+                ));
             }
         };
         match self.suites.get_key_value(name) {
@@ -406,11 +523,21 @@ impl Service {
     }
 
     fn task(&self, suite: &SuiteState, task_id: &str, field: &str) -> ApiResult<(Arc<Task>, Arc<Snapshot>)> {
-        let task = suite.tasks.get(task_id).ok_or_else(|| ApiError::field(404, field, format!("no task {task_id:?} in suite {:?}", suite.engine.suite_name)))?;
+        let task = suite.tasks.get(task_id).ok_or_else(|| {
+            ApiError::field(
+                404,
+                field,
+                format!("no task {task_id:?} in suite {:?}", suite.engine.suite_name),
+            )
+        })?;
         match suite.snapshots.get(task_id) {
             Some(TaskSnapshot::Ready(s)) => Ok((task.clone(), s.clone())),
-            Some(TaskSnapshot::Failed(e)) => Err(ApiError::field(409, field, format!("task {task_id:?} cannot run: {e}"))),
-            Some(TaskSnapshot::Pending) | None => Err(ApiError::field(500, field, format!("task {task_id:?} has no snapshot"))),
+            Some(TaskSnapshot::Failed(e)) => {
+                Err(ApiError::field(409, field, format!("task {task_id:?} cannot run: {e}")))
+            }
+            Some(TaskSnapshot::Pending) | None => {
+                Err(ApiError::field(500, field, format!("task {task_id:?} has no snapshot")))
+            }
         }
     }
 
@@ -423,16 +550,27 @@ impl Service {
 
     /// A request's task: a served task by id, or an inline task (a JSONL task table's row),
     /// whose snapshot is made (or reused) when it needs one.
-    pub(super) async fn resolve_task(&self, suite: &SuiteState, task_id: Option<&str>, inline: Option<&serde_json::Value>, at: &(dyn Fn(&str) -> String + Sync)) -> ApiResult<(Arc<Task>, Arc<Snapshot>)> {
+    pub(super) async fn resolve_task(
+        &self,
+        suite: &SuiteState,
+        task_id: Option<&str>,
+        inline: Option<&serde_json::Value>,
+        at: &(dyn Fn(&str) -> String + Sync),
+    ) -> ApiResult<(Arc<Task>, Arc<Snapshot>)> {
         match (task_id, inline) {
             (Some(id), None) => self.task(suite, id, &at("task_id")),
             (None, Some(value)) => {
-                let task = datasets::task_from_json(value.clone()).map_err(|e| ApiError::field(400, at("task"), format!("not a task: {e}")))?;
+                let task = datasets::task_from_json(value.clone())
+                    .map_err(|e| ApiError::field(400, at("task"), format!("not a task: {e}")))?;
                 if suite.engine.config.scoring.external.is_empty() && !task.is_scorable() {
                     return Err(ApiError::field(400, at("task"), "the task has neither a test command nor an expected answer, and the suite sets no scoring.external"));
                 }
                 let task = Arc::new(task);
-                let snapshots = suite.engine.prepare(std::slice::from_ref(&task), 1, &|_: &str| {}).await.map_err(|e| ApiError::new(500, e.to_string()))?;
+                let snapshots = suite
+                    .engine
+                    .prepare(std::slice::from_ref(&task), 1, &|_: &str| {})
+                    .await
+                    .map_err(|e| ApiError::new(500, e.to_string()))?;
                 match snapshots.get(&task.id) {
                     Some(TaskSnapshot::Ready(s)) => Ok((task.clone(), s.clone())),
                     Some(TaskSnapshot::Failed(e)) => Err(ApiError::field(422, at("task"), e.clone())),
@@ -440,13 +578,25 @@ impl Service {
                 }
             }
             (Some(_), Some(_)) => Err(ApiError::field(400, at("task"), "give task_id or task, not both")),
-            (None, None) => Err(ApiError::field(400, at("task_id"), "missing: give task_id (a served task) or task (an inline task)")),
+            (None, None) => Err(ApiError::field(
+                400,
+                at("task_id"),
+                "missing: give task_id (a served task) or task (an inline task)",
+            )),
         }
     }
 
     /// One log line: rows recorded by status, work in flight.
     fn status(&self) -> String {
-        let counts: Vec<(Status, u64)> = Status::ALL.iter().map(|s| (*s, engine::metrics::get().rollouts.with_label_values(&[s.as_str()]).get())).collect();
+        let counts: Vec<(Status, u64)> = Status::ALL
+            .iter()
+            .map(|s| {
+                (
+                    *s,
+                    engine::metrics::get().rollouts.with_label_values(&[s.as_str()]).get(),
+                )
+            })
+            .collect();
         let shown: Vec<String> = counts.iter().map(|(s, n)| format!("{s} {n}")).collect();
         let inner = self.lock();
         format!(
@@ -483,7 +633,13 @@ impl Service {
             let _inner = self.lock();
             self.stopping.store(true, Ordering::SeqCst);
         }
-        let ids: Vec<String> = self.lock().rollouts.iter().filter(|(_, e)| matches!(e.phase, Phase::Queued | Phase::Running)).map(|(id, _)| id.clone()).collect();
+        let ids: Vec<String> = self
+            .lock()
+            .rollouts
+            .iter()
+            .filter(|(_, e)| matches!(e.phase, Phase::Queued | Phase::Running))
+            .map(|(id, _)| id.clone())
+            .collect();
         self.cancel_ids(&ids, "the service shut down").await;
         let sessions = self.lock().sessions.endable_ids();
         for id in sessions {

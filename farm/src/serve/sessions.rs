@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use datasets::Task;
 use engine::config::{Action, RolloutsSection};
 use engine::metrics::Role;
-use engine::row::{Row, Status, Step};
 use engine::pause::PausedFork;
+use engine::row::{Row, Status, Step};
 use engine::{observation, rollout_seed, Branch, End, LiveFork, Planned, Policy, Served, TaskSnapshot};
 use serde_json::json;
 use snapshotter::Snapshot;
@@ -74,9 +74,15 @@ impl Drop for SessionSlot<'_> {
 impl Service {
     /// Memory for one more VM at the measured cost, past the reserve; or 503 with the figures.
     fn check_memory(&self) -> ApiResult<()> {
-        let Some(host) = vmm::memory::HostMemory::probe() else { return Ok(()) };
-        super::admission::check(&host, self.settings.memory_reserve_percent, self.vm_cost.current())
-            .map_err(|why| ApiError { retry_after: Some(5), ..ApiError::new(503, why) })
+        let Some(host) = vmm::memory::HostMemory::probe() else {
+            return Ok(());
+        };
+        super::admission::check(&host, self.settings.memory_reserve_percent, self.vm_cost.current()).map_err(|why| {
+            ApiError {
+                retry_after: Some(5),
+                ..ApiError::new(503, why)
+            }
+        })
     }
 
     /// The memory part of `GET /v1/capacity`.
@@ -106,14 +112,20 @@ impl Service {
         let admitted = session.admitted();
         let id = session.id.clone();
         self.recorder
-            .journal_request(&Record::Session { session_id: id.clone(), rollout: admitted.clone() })
+            .journal_request(&Record::Session {
+                session_id: id.clone(),
+                rollout: admitted.clone(),
+            })
             .await
             .map_err(|e| ApiError::new(500, format!("journaling the session: {e}")))?;
         {
             let mut inner = self.lock();
             // The slot becomes the session's (`open` gives the reservation back).
             std::mem::forget(slot);
-            inner.rollouts.insert(admitted.rollout_id.clone(), Entry::new(&admitted, Some(id.clone()), Phase::Session));
+            inner.rollouts.insert(
+                admitted.rollout_id.clone(),
+                Entry::new(&admitted, Some(id.clone()), Phase::Session),
+            );
             inner.sessions.open(&id, session, Instant::now());
             engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
         }
@@ -130,11 +142,23 @@ impl Service {
         let slot = self.take_session_slot()?;
         let metadata = metadata_text(request.metadata.as_ref(), "metadata")?;
         let (suite_name, state) = self.suite(request.suite.as_deref(), "suite")?;
-        let (task, snapshot) = self.resolve_task(state, request.task_id.as_deref(), request.task.as_ref(), &|f: &str| f.to_string()).await?;
-        let limits = request.limits.apply(&state.engine.config.rollouts, &|f: &str| f.to_string())?;
+        let (task, snapshot) = self
+            .resolve_task(state, request.task_id.as_deref(), request.task.as_ref(), &|f: &str| {
+                f.to_string()
+            })
+            .await?;
+        let limits = request
+            .limits
+            .apply(&state.engine.config.rollouts, &|f: &str| f.to_string())?;
         let seed = rollout_seed(request.seed, &task.id, 0);
         let (rollout_id, session_id, group_id) = (self.new_id("r"), self.new_id("s"), self.new_id("g"));
-        let served = Served { suite: suite_name.to_string(), rollout_id: rollout_id.clone(), group_id: group_id.clone(), policy_version: request.policy_version, metadata };
+        let served = Served {
+            suite: suite_name.to_string(),
+            rollout_id: rollout_id.clone(),
+            group_id: group_id.clone(),
+            policy_version: request.policy_version,
+            metadata,
+        };
         let planned = Planned {
             task: task.clone(),
             sample: 0,
@@ -144,7 +168,16 @@ impl Service {
             limits: limits.clone(),
             served: Some(served),
         };
-        let live = state.engine.open(&task, &snapshot, seed, &limits, Role::Session).await.map_err(|end| ApiError::new(503, format!("opening the session failed: {}", end.error().unwrap_or_default())))?;
+        let live = state
+            .engine
+            .open(&task, &snapshot, seed, &limits, Role::Session)
+            .await
+            .map_err(|end| {
+                ApiError::new(
+                    503,
+                    format!("opening the session failed: {}", end.error().unwrap_or_default()),
+                )
+            })?;
         let session = Session {
             id: session_id.clone(),
             suite: suite_name.to_string(),
@@ -160,7 +193,9 @@ impl Service {
             _branch: None,
         };
         self.add_session(slot, session).await?;
-        Ok(json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": group_id, "task_id": task.id, "suite": suite_name, "instruction": task.instruction }))
+        Ok(
+            json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": group_id, "task_id": task.id, "suite": suite_name, "instruction": task.instruction }),
+        )
     }
 
     fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Session>>> {
@@ -189,13 +224,25 @@ impl Service {
     /// session ends as a `timeout`.
     pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<serde_json::Value> {
         if let Some(host) = vmm::memory::HostMemory::probe() {
-            super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError { retry_after: Some(5), ..ApiError::new(503, why) })?;
+            super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError {
+                retry_after: Some(5),
+                ..ApiError::new(503, why)
+            })?;
         }
         let session = self.session(id)?;
         let mut session = session.lock().await;
-        let live = session.live.as_ref().ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
+        let live = session
+            .live
+            .as_ref()
+            .ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
         if session.steps.len() >= session.limits.max_steps {
-            return Err(ApiError::new(409, format!("session {id:?} took its {} steps (rollouts.max_steps): submit it", session.limits.max_steps)));
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "session {id:?} took its {} steps (rollouts.max_steps): submit it",
+                    session.limits.max_steps
+                ),
+            ));
         }
         let mut limits = session.limits.clone();
         if let Some(t) = timeout_secs {
@@ -253,15 +300,29 @@ impl Service {
             }
             (None, Some(paused)) => {
                 let env = paused.record.env.clone();
-                let identity = snapshotter::ForkIdentity { env, ..snapshotter::ForkIdentity::new(seed) };
-                let child = engine.unpause(paused, Some(identity), Role::Session).await.map_err(|e| ApiError::new(503, format!("branching paused session {id:?} failed: {}", engine::describe(&e))))?;
+                let identity = snapshotter::ForkIdentity {
+                    env,
+                    ..snapshotter::ForkIdentity::new(seed)
+                };
+                let child = engine
+                    .unpause(paused, Some(identity), Role::Session)
+                    .await
+                    .map_err(|e| {
+                        ApiError::new(
+                            503,
+                            format!("branching paused session {id:?} failed: {}", engine::describe(&e)),
+                        )
+                    })?;
                 (child, None)
             }
             (None, None) => return Err(ApiError::new(404, format!("session {id:?} has ended"))),
         };
         let mut planned = session.planned.clone();
         planned.seed = seed;
-        planned.served = Some(Served { rollout_id: rollout_id.clone(), ..parent.clone() });
+        planned.served = Some(Served {
+            rollout_id: rollout_id.clone(),
+            ..parent.clone()
+        });
         let new = Session {
             id: session_id.clone(),
             suite: session.suite.clone(),
@@ -310,14 +371,19 @@ impl Service {
         drop(session);
         self.drop_session(id, Phase::Done);
         let details = serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default();
-        Ok(json!({ "rollout_id": row.rollout_id, "status": row.status, "reward": row.reward, "error": row.error, "trust": row.trust, "trust_reason": row.trust_reason, "cursor": cursor, "score_details": details }))
+        Ok(
+            json!({ "rollout_id": row.rollout_id, "status": row.status, "reward": row.reward, "error": row.error, "trust": row.trust, "trust_reason": row.trust_reason, "cursor": cursor, "score_details": details }),
+        )
     }
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.
     pub async fn end_session(&self, id: &str, reason: &str) -> ApiResult<serde_json::Value> {
         self.lock().sessions.endable(id)?;
         self.recorder
-            .journal_request(&Record::SessionEnd { session_id: id.to_string(), reason: reason.to_string() })
+            .journal_request(&Record::SessionEnd {
+                session_id: id.to_string(),
+                reason: reason.to_string(),
+            })
             .await
             .map_err(|e| ApiError::new(500, format!("journaling the session's end: {e}")))?;
         self.drop_session(id, Phase::Done);
@@ -327,14 +393,20 @@ impl Service {
     fn drop_session(&self, id: &str, phase: Phase) {
         let mut inner = self.lock();
         inner.sessions.remove(id);
-        let rollout = inner.rollouts.iter().find(|(_, e)| e.session.as_deref() == Some(id)).map(|(r, _)| r.clone());
+        let rollout = inner
+            .rollouts
+            .iter()
+            .find(|(_, e)| e.session.as_deref() == Some(id))
+            .map(|(r, _)| r.clone());
         if let Some(entry) = rollout.and_then(|r| inner.rollouts.get_mut(&r)) {
             if entry.phase == Phase::Session {
                 entry.phase = phase;
             }
         }
         engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
-        engine::metrics::get().sessions_paused.set(inner.sessions.paused_len() as i64);
+        engine::metrics::get()
+            .sessions_paused
+            .set(inner.sessions.paused_len() as i64);
     }
 
     pub(super) async fn expire_sessions(&self) {

@@ -63,17 +63,30 @@ impl Context {
     pub fn open(root: &Path) -> Result<Context, ContextError> {
         let mut ignore = Vec::new();
         if let Ok(text) = std::fs::read_to_string(root.join(".dockerignore")) {
-            for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            for line in text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            {
                 let (negated, pattern) = match line.strip_prefix('!') {
                     Some(p) => (true, p.trim()),
                     None => (false, line),
                 };
                 let cleaned = clean(pattern).unwrap_or_default();
-                let glob = GlobBuilder::new(&cleaned).literal_separator(true).build().map_err(|source| ContextError::Pattern { pattern: line.to_string(), source })?;
+                let glob = GlobBuilder::new(&cleaned)
+                    .literal_separator(true)
+                    .build()
+                    .map_err(|source| ContextError::Pattern {
+                        pattern: line.to_string(),
+                        source,
+                    })?;
                 ignore.push((glob.compile_matcher(), negated));
             }
         }
-        Ok(Context { root: root.to_path_buf(), ignore })
+        Ok(Context {
+            root: root.to_path_buf(),
+            ignore,
+        })
     }
 
     /// Whether `.dockerignore` leaves `rel` out: the last pattern matching it or one of its
@@ -92,17 +105,35 @@ impl Context {
 
     /// What one source names: a path, or every path a wildcard matches.
     pub fn select(&self, source: &str) -> Result<Vec<Selected>, ContextError> {
-        let rel = clean(source).ok_or_else(|| ContextError::Outside { source_path: source.to_string() })?;
+        let rel = clean(source).ok_or_else(|| ContextError::Outside {
+            source_path: source.to_string(),
+        })?;
         if !rel.contains(['*', '?', '[']) {
             let path = self.root.join(&rel);
-            let meta = std::fs::symlink_metadata(&path).map_err(|_| ContextError::NotFound { source_path: source.to_string(), root: self.root.clone() })?;
+            let meta = std::fs::symlink_metadata(&path).map_err(|_| ContextError::NotFound {
+                source_path: source.to_string(),
+                root: self.root.clone(),
+            })?;
             if rel != "." && self.ignored(&rel) {
-                return Err(ContextError::NotFound { source_path: source.to_string(), root: self.root.clone() });
+                return Err(ContextError::NotFound {
+                    source_path: source.to_string(),
+                    root: self.root.clone(),
+                });
             }
-            return Ok(vec![Selected { rel, is_dir: meta.is_dir() }]);
+            return Ok(vec![Selected {
+                rel,
+                is_dir: meta.is_dir(),
+            }]);
         }
-        let glob = Glob::new(&rel).map_err(|source_err| ContextError::Pattern { pattern: source.to_string(), source: source_err })?;
-        let glob = GlobBuilder::new(glob.glob()).literal_separator(true).build().expect("already parsed").compile_matcher();
+        let glob = Glob::new(&rel).map_err(|source_err| ContextError::Pattern {
+            pattern: source.to_string(),
+            source: source_err,
+        })?;
+        let glob = GlobBuilder::new(glob.glob())
+            .literal_separator(true)
+            .build()
+            .expect("already parsed")
+            .compile_matcher();
         let mut found = Vec::new();
         for (rel, is_dir) in self.walk(".")? {
             if glob.is_match(&rel) {
@@ -110,7 +141,9 @@ impl Context {
             }
         }
         if found.is_empty() {
-            return Err(ContextError::NoMatch { source_path: source.to_string() });
+            return Err(ContextError::NoMatch {
+                source_path: source.to_string(),
+            });
         }
         Ok(found)
     }
@@ -120,14 +153,23 @@ impl Context {
     pub fn entries(&self, selected: &Selected) -> Result<Vec<(String, Entry)>, ContextError> {
         let mut out = Vec::new();
         let mut total = 0u64;
-        let items = if selected.is_dir { self.walk(&selected.rel)? } else { vec![(selected.rel.clone(), false)] };
+        let items = if selected.is_dir {
+            self.walk(&selected.rel)?
+        } else {
+            vec![(selected.rel.clone(), false)]
+        };
         for (rel, _) in items {
             let path = self.root.join(&rel);
-            let read = |source| ContextError::Read { path: path.clone(), source };
+            let read = |source| ContextError::Read {
+                path: path.clone(),
+                source,
+            };
             let meta = std::fs::symlink_metadata(&path).map_err(read)?;
             let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
             let entry = if meta.file_type().is_symlink() {
-                Entry::Symlink { target: std::fs::read_link(&path).map_err(read)?.to_string_lossy().into_owned() }
+                Entry::Symlink {
+                    target: std::fs::read_link(&path).map_err(read)?.to_string_lossy().into_owned(),
+                }
             } else if meta.is_dir() {
                 Entry::Dir { mode }
             } else if meta.is_file() {
@@ -135,11 +177,21 @@ impl Context {
                 if total > MAX_COPY_BYTES {
                     return Err(ContextError::TooLarge);
                 }
-                Entry::File { bytes: std::fs::read(&path).map_err(read)?, mode }
+                Entry::File {
+                    bytes: std::fs::read(&path).map_err(read)?,
+                    mode,
+                }
             } else {
                 continue; // sockets, FIFOs and devices are not copied
             };
-            let inside = if selected.is_dir { rel.strip_prefix(&selected.rel).unwrap_or(&rel).trim_start_matches('/').to_string() } else { String::new() };
+            let inside = if selected.is_dir {
+                rel.strip_prefix(&selected.rel)
+                    .unwrap_or(&rel)
+                    .trim_start_matches('/')
+                    .to_string()
+            } else {
+                String::new()
+            };
             if !(selected.is_dir && inside.is_empty()) {
                 out.push((inside, entry));
             }
@@ -154,7 +206,10 @@ impl Context {
         let mut pending = vec![rel.to_string()];
         while let Some(dir) = pending.pop() {
             let path = self.root.join(&dir);
-            let read = |source| ContextError::Read { path: path.clone(), source };
+            let read = |source| ContextError::Read {
+                path: path.clone(),
+                source,
+            };
             for entry in std::fs::read_dir(&path).map_err(read)? {
                 let entry = entry.map_err(read)?;
                 let name = entry.file_name().to_string_lossy().into_owned();
@@ -190,7 +245,11 @@ fn clean(path: &str) -> Option<String> {
             _ => {}
         }
     }
-    Some(if parts.is_empty() { ".".to_string() } else { parts.join("/") })
+    Some(if parts.is_empty() {
+        ".".to_string()
+    } else {
+        parts.join("/")
+    })
 }
 
 #[cfg(test)]
@@ -200,12 +259,23 @@ mod tests {
     fn context() -> (tempfile::TempDir, Context) {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        for (path, text) in [("app/main.py", "print(1)"), ("app/util.py", "x = 1"), ("app/cache/big.bin", "zz"), ("req.txt", "numpy"), ("secret.env", "K=V"), ("notes.md", "n")] {
+        for (path, text) in [
+            ("app/main.py", "print(1)"),
+            ("app/util.py", "x = 1"),
+            ("app/cache/big.bin", "zz"),
+            ("req.txt", "numpy"),
+            ("secret.env", "K=V"),
+            ("notes.md", "n"),
+        ] {
             std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
             std::fs::write(root.join(path), text).unwrap();
         }
         std::os::unix::fs::symlink("/etc/shadow", root.join("app/link")).unwrap();
-        std::fs::write(root.join(".dockerignore"), "# comment\n*.env\napp/cache\n*.md\n!notes.md\n").unwrap();
+        std::fs::write(
+            root.join(".dockerignore"),
+            "# comment\n*.env\napp/cache\n*.md\n!notes.md\n",
+        )
+        .unwrap();
         let context = Context::open(root).unwrap();
         (dir, context)
     }
@@ -213,9 +283,25 @@ mod tests {
     #[test]
     fn sources_wildcards_and_ignore_rules() {
         let (_dir, c) = context();
-        assert_eq!(c.select("./req.txt").unwrap(), [Selected { rel: "req.txt".into(), is_dir: false }]);
-        assert_eq!(c.select("app/*.py").unwrap().iter().map(|s| s.rel.as_str()).collect::<Vec<_>>(), ["app/main.py", "app/util.py"]);
-        assert!(matches!(c.select("secret.env"), Err(ContextError::NotFound { .. })), "ignored files are not in the context");
+        assert_eq!(
+            c.select("./req.txt").unwrap(),
+            [Selected {
+                rel: "req.txt".into(),
+                is_dir: false
+            }]
+        );
+        assert_eq!(
+            c.select("app/*.py")
+                .unwrap()
+                .iter()
+                .map(|s| s.rel.as_str())
+                .collect::<Vec<_>>(),
+            ["app/main.py", "app/util.py"]
+        );
+        assert!(
+            matches!(c.select("secret.env"), Err(ContextError::NotFound { .. })),
+            "ignored files are not in the context"
+        );
         assert_eq!(c.select("*.md").unwrap().len(), 1, "the exception re-includes notes.md");
         assert!(matches!(c.select("../outside"), Err(ContextError::Outside { .. })));
         assert!(matches!(c.select("*.rs"), Err(ContextError::NoMatch { .. })));
@@ -228,7 +314,12 @@ mod tests {
         let entries = c.entries(&c.select("app").unwrap()[0]).unwrap();
         let names: Vec<&str> = entries.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(names, ["link", "main.py", "util.py"]);
-        assert_eq!(entries[0].1, Entry::Symlink { target: "/etc/shadow".into() });
+        assert_eq!(
+            entries[0].1,
+            Entry::Symlink {
+                target: "/etc/shadow".into()
+            }
+        );
         assert!(matches!(&entries[1].1, Entry::File { bytes, .. } if bytes == b"print(1)"));
     }
 }

@@ -87,7 +87,11 @@ pub enum StepError {
     #[error("the build VM's agent failed")]
     Agent(#[from] vmm::AgentError),
     #[error("{what} exited with {status}{}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") })]
-    Failed { what: String, status: String, stderr: String },
+    Failed {
+        what: String,
+        status: String,
+        stderr: String,
+    },
     #[error("snapshotting the step failed")]
     Snapshot(#[source] Box<BuildError>),
 }
@@ -107,7 +111,12 @@ struct State {
 impl State {
     /// A variable as the builder expands it: `ENV` over `ARG`.
     fn lookup(&self, name: &str) -> Option<String> {
-        self.env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone()).or_else(|| self.args.get(name).cloned())
+        self.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| self.args.get(name).cloned())
     }
 
     fn set_env(&mut self, key: String, value: String) {
@@ -116,7 +125,11 @@ impl State {
     }
 
     fn config(&self) -> ImageConfig {
-        ImageConfig { env: self.env.iter().map(|(k, v)| format!("{k}={v}")).collect(), working_dir: self.workdir.clone(), user: self.user.clone() }
+        ImageConfig {
+            env: self.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            working_dir: self.workdir.clone(),
+            user: self.user.clone(),
+        }
     }
 }
 
@@ -129,11 +142,27 @@ struct Stage {
 }
 
 /// Builds `spec` (or finds every step in the store), reporting each step to `progress`.
-pub async fn build(store: &SnapshotStore, forker: &Forker, spec: &DockerfileBuild<'_>, progress: &(dyn Fn(&str) + Sync)) -> Result<Image, DockerfileError> {
+pub async fn build(
+    store: &SnapshotStore,
+    forker: &Forker,
+    spec: &DockerfileBuild<'_>,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Image, DockerfileError> {
     let at = |line: usize, instruction: &str| {
         let path = spec.dockerfile.to_path_buf();
-        let instruction: String = instruction.lines().next().unwrap_or_default().chars().take(200).collect();
-        move |kind: StepError| DockerfileError { path, line, instruction, kind: Box::new(kind) }
+        let instruction: String = instruction
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(200)
+            .collect();
+        move |kind: StepError| DockerfileError {
+            path,
+            line,
+            instruction,
+            kind: Box::new(kind),
+        }
     };
     let text = std::fs::read_to_string(spec.dockerfile).map_err(|e| at(0, "")(StepError::Read(e)))?;
     let raws = parse::parse(&text).map_err(|e| at(e.line, "")(StepError::Syntax(e.message)))?;
@@ -149,13 +178,30 @@ pub async fn build(store: &SnapshotStore, forker: &Forker, spec: &DockerfileBuil
     }
     let target = match spec.target {
         None => stages.len() - 1,
-        Some(name) => stages.iter().position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name))).ok_or_else(|| {
-            at(0, "")(StepError::Invalid(format!("target {name:?} is not a stage (named stages: {})", stages.iter().filter_map(|s| s.name.clone()).collect::<Vec<_>>().join(", "))))
-        })?,
+        Some(name) => stages
+            .iter()
+            .position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+            .ok_or_else(|| {
+                at(0, "")(StepError::Invalid(format!(
+                    "target {name:?} is not a stage (named stages: {})",
+                    stages
+                        .iter()
+                        .filter_map(|s| s.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )))
+            })?,
     };
     let needed = needed_stages(&stages, target);
     let context = context::Context::open(spec.context).map_err(|e| at(0, "")(e.into()))?;
-    let builder = steps::Builder { store, forker, spec, context, progress, globals };
+    let builder = steps::Builder {
+        store,
+        forker,
+        spec,
+        context,
+        progress,
+        globals,
+    };
     let mut built: Vec<Option<State>> = vec![None; stages.len()];
     let mut pulled = Vec::new();
     let total: usize = needed.iter().map(|&i| stages[i].body.len() + 1).sum();
@@ -165,17 +211,27 @@ pub async fn build(store: &SnapshotStore, forker: &Forker, spec: &DockerfileBuil
         done += 1;
         let from_text = raw_text(&stage.from);
         progress(&format!("[{done}/{total}] {from_text}"));
-        let mut state = builder.from(&stage.from, &stages, &built, &mut pulled).await.map_err(|e| at(stage.from.line, &from_text)(e))?;
+        let mut state = builder
+            .from(&stage.from, &stages, &built, &mut pulled)
+            .await
+            .map_err(|e| at(stage.from.line, &from_text)(e))?;
         for raw in &stage.body {
             done += 1;
             let text = raw_text(raw);
             progress(&format!("[{done}/{total}] {text}"));
-            builder.step(&mut state, raw, &stages, &built, &mut pulled).await.map_err(|e| at(raw.line, &text)(e))?;
+            builder
+                .step(&mut state, raw, &stages, &built, &mut pulled)
+                .await
+                .map_err(|e| at(raw.line, &text)(e))?;
         }
         built[index] = Some(state);
     }
     let last = built[target].take().expect("the target stage was built");
-    Ok(Image { config: last.config(), snapshot: last.snapshot, pulled })
+    Ok(Image {
+        config: last.config(),
+        snapshot: last.snapshot,
+        pulled,
+    })
 }
 
 /// The instruction as written (flags and arguments), for messages and keys.
@@ -211,10 +267,21 @@ fn split_stages(raws: Vec<Raw>) -> Result<(Vec<Raw>, Vec<Stage>), (usize, String
                     [_, kw, name] if kw.eq_ignore_ascii_case("as") => Some(name.to_string()),
                     _ => return Err((raw.line, "FROM takes an image and an optional AS name".into())),
                 };
-                if name.as_ref().is_some_and(|n| stages.iter().any(|s| s.name.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(n)))) {
-                    return Err((raw.line, format!("a stage named {:?} comes earlier", name.unwrap_or_default())));
+                if name.as_ref().is_some_and(|n| {
+                    stages
+                        .iter()
+                        .any(|s| s.name.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(n)))
+                }) {
+                    return Err((
+                        raw.line,
+                        format!("a stage named {:?} comes earlier", name.unwrap_or_default()),
+                    ));
                 }
-                stages.push(Stage { name, from: raw, body: Vec::new() });
+                stages.push(Stage {
+                    name,
+                    from: raw,
+                    body: Vec::new(),
+                });
             }
             ("ARG", None) => globals.push(raw),
             (keyword, None) => return Err((raw.line, format!("{keyword} comes before the first FROM"))),
@@ -229,7 +296,12 @@ fn split_stages(raws: Vec<Raw>) -> Result<(Vec<Raw>, Vec<Stage>), (usize, String
 
 /// The stages `target` needs (through FROM and COPY --from), in order.
 fn needed_stages(stages: &[Stage], target: usize) -> Vec<usize> {
-    let by_name = |name: &str| stages.iter().position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name))).or_else(|| name.parse::<usize>().ok().filter(|&i| i < stages.len()));
+    let by_name = |name: &str| {
+        stages
+            .iter()
+            .position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+            .or_else(|| name.parse::<usize>().ok().filter(|&i| i < stages.len()))
+    };
     let mut needed = vec![false; stages.len()];
     let mut pending = vec![target];
     while let Some(i) = pending.pop() {
@@ -242,7 +314,12 @@ fn needed_stages(stages: &[Stage], target: usize) -> Vec<usize> {
             refs.extend(t.split_whitespace().next().map(str::to_string));
         }
         for raw in &stage.body {
-            refs.extend(raw.flags.iter().filter(|(n, _)| n == "from").filter_map(|(_, v)| v.clone()));
+            refs.extend(
+                raw.flags
+                    .iter()
+                    .filter(|(n, _)| n == "from")
+                    .filter_map(|(_, v)| v.clone()),
+            );
         }
         pending.extend(refs.iter().filter_map(|r| by_name(r)).filter(|&j| j < i));
     }
@@ -251,7 +328,9 @@ fn needed_stages(stages: &[Stage], target: usize) -> Vec<usize> {
 
 /// `ARG NAME[=default] ...`: names with their defaults.
 fn arg_decls(raw: &Raw) -> Result<Vec<(String, Option<String>)>, StepError> {
-    let Args::Text(text) = &raw.args else { return Err(StepError::Syntax("ARG takes NAME[=default]".into())) };
+    let Args::Text(text) = &raw.args else {
+        return Err(StepError::Syntax("ARG takes NAME[=default]".into()));
+    };
     let items = words::words(text, &|_| None).map_err(|e| StepError::Syntax(e.0))?;
     Ok(items
         .into_iter()
@@ -271,7 +350,10 @@ mod tests {
         let raws = parse::parse("ARG V=1\nFROM a AS base\nRUN x\nFROM b AS unused\nFROM base AS app\nCOPY --from=tools /t /t\nFROM c AS tools\n").unwrap();
         let (globals, stages) = split_stages(raws).unwrap();
         assert_eq!(globals.len(), 1);
-        assert_eq!(stages.iter().map(|s| s.name.clone().unwrap()).collect::<Vec<_>>(), ["base", "unused", "app", "tools"]);
+        assert_eq!(
+            stages.iter().map(|s| s.name.clone().unwrap()).collect::<Vec<_>>(),
+            ["base", "unused", "app", "tools"]
+        );
         // A stage may only use earlier ones: `tools` comes after `app`, so it is an image name there.
         assert_eq!(needed_stages(&stages, 2), [0, 2]);
         assert_eq!(needed_stages(&stages, 3), [3]);

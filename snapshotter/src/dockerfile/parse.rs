@@ -57,7 +57,24 @@ impl fmt::Display for SyntaxError {
 }
 
 const KEYWORDS: [&str; 18] = [
-    "ADD", "ARG", "CMD", "COPY", "ENTRYPOINT", "ENV", "EXPOSE", "FROM", "HEALTHCHECK", "LABEL", "MAINTAINER", "ONBUILD", "RUN", "SHELL", "STOPSIGNAL", "USER", "VOLUME", "WORKDIR",
+    "ADD",
+    "ARG",
+    "CMD",
+    "COPY",
+    "ENTRYPOINT",
+    "ENV",
+    "EXPOSE",
+    "FROM",
+    "HEALTHCHECK",
+    "LABEL",
+    "MAINTAINER",
+    "ONBUILD",
+    "RUN",
+    "SHELL",
+    "STOPSIGNAL",
+    "USER",
+    "VOLUME",
+    "WORKDIR",
 ];
 
 /// Parses a whole Dockerfile.
@@ -97,17 +114,36 @@ pub fn parse(text: &str) -> Result<Vec<Raw>, SyntaxError> {
         let (keyword, rest) = split_word(&logical);
         let keyword = keyword.to_ascii_uppercase();
         if !KEYWORDS.contains(&keyword.as_str()) {
-            return Err(SyntaxError { line, message: format!("unknown instruction {keyword:?}") });
+            return Err(SyntaxError {
+                line,
+                message: format!("unknown instruction {keyword:?}"),
+            });
         }
-        let (flags, rest) = if matches!(keyword.as_str(), "RUN" | "COPY" | "ADD" | "FROM" | "HEALTHCHECK") { take_flags(rest) } else { (Vec::new(), rest) };
+        let (flags, rest) = if matches!(keyword.as_str(), "RUN" | "COPY" | "ADD" | "FROM" | "HEALTHCHECK") {
+            take_flags(rest)
+        } else {
+            (Vec::new(), rest)
+        };
         let rest = rest.trim();
         if keyword == "SHELL" && !rest.starts_with('[') {
-            return Err(SyntaxError { line, message: "SHELL takes a JSON array of strings".into() });
+            return Err(SyntaxError {
+                line,
+                message: "SHELL takes a JSON array of strings".into(),
+            });
         }
-        let args = if rest.starts_with('[') && matches!(keyword.as_str(), "RUN" | "CMD" | "ENTRYPOINT" | "SHELL" | "COPY" | "ADD" | "VOLUME") {
+        let args = if rest.starts_with('[')
+            && matches!(
+                keyword.as_str(),
+                "RUN" | "CMD" | "ENTRYPOINT" | "SHELL" | "COPY" | "ADD" | "VOLUME"
+            ) {
             match serde_json::from_str::<Vec<String>>(rest) {
                 Ok(list) => Args::Json(list),
-                Err(_) if keyword == "SHELL" => return Err(SyntaxError { line, message: "SHELL takes a JSON array of strings".into() }),
+                Err(_) if keyword == "SHELL" => {
+                    return Err(SyntaxError {
+                        line,
+                        message: "SHELL takes a JSON array of strings".into(),
+                    })
+                }
                 Err(_) => Args::Text(rest.to_string()),
             }
         } else {
@@ -119,7 +155,10 @@ pub fn parse(text: &str) -> Result<Vec<Raw>, SyntaxError> {
                 let mut body = String::new();
                 loop {
                     if i >= lines.len() {
-                        return Err(SyntaxError { line, message: format!("here-document {delimiter:?} is not closed") });
+                        return Err(SyntaxError {
+                            line,
+                            message: format!("here-document {delimiter:?} is not closed"),
+                        });
                     }
                     let raw = lines[i];
                     i += 1;
@@ -130,13 +169,27 @@ pub fn parse(text: &str) -> Result<Vec<Raw>, SyntaxError> {
                     body.push_str(content);
                     body.push('\n');
                 }
-                heredocs.push(HereDoc { delimiter, expand, strip_tabs, body });
+                heredocs.push(HereDoc {
+                    delimiter,
+                    expand,
+                    strip_tabs,
+                    body,
+                });
             }
         }
         if matches!(&args, Args::Text(t) if t.is_empty()) && keyword != "RUN" {
-            return Err(SyntaxError { line, message: format!("{keyword} needs arguments") });
+            return Err(SyntaxError {
+                line,
+                message: format!("{keyword} needs arguments"),
+            });
         }
-        out.push(Raw { line, keyword, flags, args, heredocs });
+        out.push(Raw {
+            line,
+            keyword,
+            flags,
+            args,
+            heredocs,
+        });
     }
     Ok(out)
 }
@@ -144,14 +197,21 @@ pub fn parse(text: &str) -> Result<Vec<Raw>, SyntaxError> {
 /// `# escape=` among the leading comment lines (`\` or `` ` ``); `\` by default.
 fn escape_directive(lines: &[&str]) -> Result<char, SyntaxError> {
     for (i, line) in lines.iter().enumerate() {
-        let Some(comment) = line.trim().strip_prefix('#') else { break };
-        let Some((name, value)) = comment.split_once('=') else { break };
+        let Some(comment) = line.trim().strip_prefix('#') else {
+            break;
+        };
+        let Some((name, value)) = comment.split_once('=') else {
+            break;
+        };
         match name.trim().to_ascii_lowercase().as_str() {
             "escape" => {
                 return match value.trim() {
                     "\\" => Ok('\\'),
                     "`" => Ok('`'),
-                    other => Err(SyntaxError { line: i + 1, message: format!("escape must be \\ or `, not {other:?}") }),
+                    other => Err(SyntaxError {
+                        line: i + 1,
+                        message: format!("escape must be \\ or `, not {other:?}"),
+                    }),
                 }
             }
             "syntax" | "check" => continue,
@@ -175,7 +235,9 @@ fn take_flags(mut rest: &str) -> (Vec<(String, Option<String>)>, &str) {
     let mut flags = Vec::new();
     loop {
         let (word, after) = split_word(rest);
-        let Some(flag) = word.strip_prefix("--") else { return (flags, rest) };
+        let Some(flag) = word.strip_prefix("--") else {
+            return (flags, rest);
+        };
         match flag.split_once('=') {
             Some((name, value)) => flags.push((name.to_string(), Some(value.to_string()))),
             None => flags.push((flag.to_string(), None)),
@@ -210,7 +272,12 @@ fn heredoc_openers(text: &str) -> Vec<(String, bool, bool)> {
                 let quoted = matches!(bytes.get(j), Some(b'\'' | b'"'));
                 let start = if quoted { j + 1 } else { j };
                 let mut end = start;
-                while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_' || bytes[end] == b'-' || bytes[end] == b'.') {
+                while end < bytes.len()
+                    && (bytes[end].is_ascii_alphanumeric()
+                        || bytes[end] == b'_'
+                        || bytes[end] == b'-'
+                        || bytes[end] == b'.')
+                {
                     end += 1;
                 }
                 if end > start {
@@ -234,10 +301,29 @@ mod tests {
     fn instructions_lines_continuations_and_forms() {
         let text = "# syntax=docker/dockerfile:1\n\nFROM base AS build\nRUN apt-get update && \\\n# a comment inside\n    apt-get install -y curl\nCMD [\"python3\", \"-c\", \"print(1)\"]\ncopy --from=build --chown=1:2 /a /b\nENV A=1 B=\"two words\"\n";
         let raws = parse(text).unwrap();
-        assert_eq!(raws.iter().map(|r| (r.line, r.keyword.as_str())).collect::<Vec<_>>(), [(3, "FROM"), (4, "RUN"), (7, "CMD"), (8, "COPY"), (9, "ENV")]);
-        assert_eq!(raws[1].args, Args::Text("RUN apt-get update &&     apt-get install -y curl".trim_start_matches("RUN ").to_string()));
-        assert_eq!(raws[2].args, Args::Json(vec!["python3".into(), "-c".into(), "print(1)".into()]));
-        assert_eq!(raws[3].flags, [("from".to_string(), Some("build".to_string())), ("chown".to_string(), Some("1:2".to_string()))]);
+        assert_eq!(
+            raws.iter().map(|r| (r.line, r.keyword.as_str())).collect::<Vec<_>>(),
+            [(3, "FROM"), (4, "RUN"), (7, "CMD"), (8, "COPY"), (9, "ENV")]
+        );
+        assert_eq!(
+            raws[1].args,
+            Args::Text(
+                "RUN apt-get update &&     apt-get install -y curl"
+                    .trim_start_matches("RUN ")
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            raws[2].args,
+            Args::Json(vec!["python3".into(), "-c".into(), "print(1)".into()])
+        );
+        assert_eq!(
+            raws[3].flags,
+            [
+                ("from".to_string(), Some("build".to_string())),
+                ("chown".to_string(), Some("1:2".to_string()))
+            ]
+        );
         assert_eq!(raws[3].args, Args::Text("/a /b".into()));
     }
 
@@ -248,17 +334,43 @@ mod tests {
         assert_eq!(raws.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 2, 7, 10]);
         let run = &raws[1];
         assert_eq!(run.heredocs.len(), 2);
-        assert_eq!((run.heredocs[0].delimiter.as_str(), run.heredocs[0].expand, run.heredocs[0].body.as_str()), ("PY", false, "print('$HOME')\n"));
-        assert_eq!((run.heredocs[1].delimiter.as_str(), run.heredocs[1].strip_tabs, run.heredocs[1].body.as_str()), ("EOF", true, "line\n"));
+        assert_eq!(
+            (
+                run.heredocs[0].delimiter.as_str(),
+                run.heredocs[0].expand,
+                run.heredocs[0].body.as_str()
+            ),
+            ("PY", false, "print('$HOME')\n")
+        );
+        assert_eq!(
+            (
+                run.heredocs[1].delimiter.as_str(),
+                run.heredocs[1].strip_tabs,
+                run.heredocs[1].body.as_str()
+            ),
+            ("EOF", true, "line\n")
+        );
         assert_eq!(raws[2].heredocs[0].body, "hello $USER\n");
         assert!(heredoc_openers("echo '<<NOT' \"<<NOR\" <<<here").is_empty());
     }
 
     #[test]
     fn errors_name_the_line() {
-        assert_eq!(parse("FROM x\nFETCH y\n").unwrap_err().to_string(), "line 2: unknown instruction \"FETCH\"");
-        assert_eq!(parse("FROM x\nRUN cat <<EOF\nnever closed\n").unwrap_err().to_string(), "line 2: here-document \"EOF\" is not closed");
-        assert_eq!(parse("# escape=`\nFROM x\nRUN a `\n  b\n").unwrap()[1].args, Args::Text("a   b".into()));
-        assert!(parse("FROM x\nSHELL bash -c\n").unwrap_err().to_string().contains("JSON array"));
+        assert_eq!(
+            parse("FROM x\nFETCH y\n").unwrap_err().to_string(),
+            "line 2: unknown instruction \"FETCH\""
+        );
+        assert_eq!(
+            parse("FROM x\nRUN cat <<EOF\nnever closed\n").unwrap_err().to_string(),
+            "line 2: here-document \"EOF\" is not closed"
+        );
+        assert_eq!(
+            parse("# escape=`\nFROM x\nRUN a `\n  b\n").unwrap()[1].args,
+            Args::Text("a   b".into())
+        );
+        assert!(parse("FROM x\nSHELL bash -c\n")
+            .unwrap_err()
+            .to_string()
+            .contains("JSON array"));
     }
 }

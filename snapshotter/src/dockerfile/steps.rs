@@ -62,23 +62,47 @@ fn sha256(bytes: &[u8]) -> String {
 }
 
 fn flag<'r>(raw: &'r Raw, name: &str) -> Option<&'r str> {
-    raw.flags.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_deref())
+    raw.flags
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| v.as_deref())
 }
 
 impl Builder<'_> {
     /// The state a `FROM` starts: an earlier stage's end, or a base image booted.
-    pub async fn from(&self, raw: &Raw, stages: &[Stage], built: &[Option<State>], pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<State, StepError> {
+    pub async fn from(
+        &self,
+        raw: &Raw,
+        stages: &[Stage],
+        built: &[Option<State>],
+        pulled: &mut Vec<vmm::image::registry::Pulled>,
+    ) -> Result<State, StepError> {
         for (name, value) in &raw.flags {
             match (name.as_str(), value.as_deref()) {
-                ("platform", Some("linux/amd64" | "$BUILDPLATFORM" | "${BUILDPLATFORM}" | "$TARGETPLATFORM" | "${TARGETPLATFORM}")) => {}
-                (name, value) => return Err(StepError::Unsupported(format!("FROM --{name}{}: farm builds linux/amd64 only", value.map(|v| format!("={v}")).unwrap_or_default()))),
+                (
+                    "platform",
+                    Some(
+                        "linux/amd64" | "$BUILDPLATFORM" | "${BUILDPLATFORM}" | "$TARGETPLATFORM" | "${TARGETPLATFORM}",
+                    ),
+                ) => {}
+                (name, value) => {
+                    return Err(StepError::Unsupported(format!(
+                        "FROM --{name}{}: farm builds linux/amd64 only",
+                        value.map(|v| format!("={v}")).unwrap_or_default()
+                    )))
+                }
             }
         }
-        let Args::Text(text) = &raw.args else { return Err(StepError::Syntax("FROM takes an image".into())) };
+        let Args::Text(text) = &raw.args else {
+            return Err(StepError::Syntax("FROM takes an image".into()));
+        };
         let first = text.split_whitespace().next().unwrap_or_default();
         let image = words::word(first, &|n| self.globals.get(n).cloned()).map_err(|e| StepError::Invalid(e.0))?;
         if let Some(state) = earlier_stage(&image, stages, built) {
-            return Ok(State { args: BTreeMap::new(), ..state });
+            return Ok(State {
+                args: BTreeMap::new(),
+                ..state
+            });
         }
         self.base(&image, pulled).await
     }
@@ -91,23 +115,47 @@ impl Builder<'_> {
         template.memory_mib = self.spec.template.memory_mib;
         template.cpus = self.spec.template.cpus;
         template.image_size_mib = Some(self.spec.template.image_size_mib.unwrap_or(BUILD_IMAGE_MIB));
-        let built = Box::pin(build_template_with(self.store, self.forker, &template, dir, self.spec.label, &TemplateExtras::default(), self.progress))
-            .await
-            .map_err(|e| StepError::Base(Box::new(e)))?;
+        let built = Box::pin(build_template_with(
+            self.store,
+            self.forker,
+            &template,
+            dir,
+            self.spec.label,
+            &TemplateExtras::default(),
+            self.progress,
+        ))
+        .await
+        .map_err(|e| StepError::Base(Box::new(e)))?;
         pulled.extend(built.pulled);
         let config = vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default();
         Ok(State {
             snapshot: built.snapshot,
-            env: config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            env: config
+                .env
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             args: BTreeMap::new(),
-            workdir: if config.working_dir.is_empty() { "/".into() } else { config.working_dir },
+            workdir: if config.working_dir.is_empty() {
+                "/".into()
+            } else {
+                config.working_dir
+            },
             user: config.user,
             shell: vec!["/bin/sh".into(), "-c".into()],
         })
     }
 
     /// One instruction after `FROM`.
-    pub async fn step(&self, state: &mut State, raw: &Raw, stages: &[Stage], built: &[Option<State>], pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<(), StepError> {
+    pub async fn step(
+        &self,
+        state: &mut State,
+        raw: &Raw,
+        stages: &[Stage],
+        built: &[Option<State>],
+        pulled: &mut Vec<vmm::image::registry::Pulled>,
+    ) -> Result<(), StepError> {
         let text = match &raw.args {
             Args::Text(t) => t.clone(),
             Args::Json(_) => String::new(),
@@ -124,7 +172,13 @@ impl Builder<'_> {
             }
             "ARG" => {
                 for (name, default) in arg_decls(raw)? {
-                    let value = self.spec.build_args.get(&name).cloned().or(default).or_else(|| self.globals.get(&name).cloned());
+                    let value = self
+                        .spec
+                        .build_args
+                        .get(&name)
+                        .cloned()
+                        .or(default)
+                        .or_else(|| self.globals.get(&name).cloned());
                     if let Some(value) = value {
                         state.args.insert(name, value);
                     }
@@ -142,7 +196,10 @@ impl Builder<'_> {
             "RUN" => self.run(state, raw).await?,
             "COPY" | "ADD" => self.copy(state, raw, stages, built, pulled).await?,
             "CMD" | "ENTRYPOINT" | "EXPOSE" | "VOLUME" | "LABEL" | "HEALTHCHECK" | "STOPSIGNAL" | "MAINTAINER" => {
-                (self.progress)(&format!("  {} is not used: farm's agent is the guest's init", raw.keyword));
+                (self.progress)(&format!(
+                    "  {} is not used: farm's agent is the guest's init",
+                    raw.keyword
+                ));
             }
             keyword => return Err(StepError::Unsupported(format!("{keyword} is not supported"))),
         }
@@ -156,7 +213,13 @@ impl Builder<'_> {
         let program = match &raw.args {
             Args::Json(argv) => vm_program(argv.clone(), None),
             Args::Text(text) => {
-                let only_heredoc = raw.heredocs.len() == 1 && text.trim().trim_start_matches("<<").trim_start_matches('-').trim_matches(['\'', '"']) == raw.heredocs[0].delimiter;
+                let only_heredoc = raw.heredocs.len() == 1
+                    && text
+                        .trim()
+                        .trim_start_matches("<<")
+                        .trim_start_matches('-')
+                        .trim_matches(['\'', '"'])
+                        == raw.heredocs[0].delimiter;
                 let script = if only_heredoc {
                     raw.heredocs[0].body.clone()
                 } else {
@@ -181,7 +244,9 @@ impl Builder<'_> {
             env.push(("PATH".into(), DEFAULT_PATH.into()));
         }
         let key = json!({ "op": "RUN", "argv": program, "env": env, "user": state.user, "workdir": state.workdir });
-        let Some(step) = self.begin(state, &key).await? else { return Ok(()) };
+        let Some(step) = self.begin(state, &key).await? else {
+            return Ok(());
+        };
         let fork = &step.1;
         let attempts: Arc<Mutex<Vec<String>>> = Default::default();
         let network = &self.spec.template.network;
@@ -189,7 +254,9 @@ impl Builder<'_> {
             let sink = attempts.clone();
             fork.machine.set_network(vmm::net::Policy {
                 allow: network.allow.clone(),
-                log: Some(Arc::new(move |line: &str| sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string()))),
+                log: Some(Arc::new(move |line: &str| {
+                    sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string())
+                })),
                 rules: Default::default(),
             });
             env.extend(network.proxy_env());
@@ -212,41 +279,73 @@ impl Builder<'_> {
         self.commit(state, step).await
     }
 
-    async fn copy(&self, state: &mut State, raw: &Raw, stages: &[Stage], built: &[Option<State>], pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<(), StepError> {
+    async fn copy(
+        &self,
+        state: &mut State,
+        raw: &Raw,
+        stages: &[Stage],
+        built: &[Option<State>],
+        pulled: &mut Vec<vmm::image::registry::Pulled>,
+    ) -> Result<(), StepError> {
         let add = raw.keyword == "ADD";
         for (name, _) in &raw.flags {
             if !matches!(name.as_str(), "from" | "chown" | "chmod" | "link") || (add && name == "from") {
-                return Err(StepError::Unsupported(format!("{} --{name} is not supported", raw.keyword)));
+                return Err(StepError::Unsupported(format!(
+                    "{} --{name} is not supported",
+                    raw.keyword
+                )));
             }
         }
         let vars = {
             let s = state.clone();
             move |name: &str| s.lookup(name)
         };
-        let chown = flag(raw, "chown").map(|c| words::word(c, &vars)).transpose().map_err(|e| StepError::Invalid(e.0))?;
+        let chown = flag(raw, "chown")
+            .map(|c| words::word(c, &vars))
+            .transpose()
+            .map_err(|e| StepError::Invalid(e.0))?;
         let chmod = match flag(raw, "chmod") {
-            Some(m) => Some(u32::from_str_radix(m, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| StepError::Invalid(format!("--chmod={m} is not an octal mode")))?),
+            Some(m) => Some(
+                u32::from_str_radix(m, 8)
+                    .ok()
+                    .filter(|m| *m <= 0o7777)
+                    .ok_or_else(|| StepError::Invalid(format!("--chmod={m} is not an octal mode")))?,
+            ),
             None => None,
         };
         let mut items: Vec<String> = match &raw.args {
-            Args::Json(list) => list.iter().map(|w| words::word(w, &vars)).collect::<Result<_, _>>().map_err(|e| StepError::Invalid(e.0))?,
+            Args::Json(list) => list
+                .iter()
+                .map(|w| words::word(w, &vars))
+                .collect::<Result<_, _>>()
+                .map_err(|e| StepError::Invalid(e.0))?,
             Args::Text(text) => words::words(text, &vars).map_err(|e| StepError::Invalid(e.0))?,
         };
-        let dest = items.pop().filter(|_| !items.is_empty()).ok_or_else(|| StepError::Syntax(format!("{} takes sources and a destination", raw.keyword)))?;
+        let dest = items
+            .pop()
+            .filter(|_| !items.is_empty())
+            .ok_or_else(|| StepError::Syntax(format!("{} takes sources and a destination", raw.keyword)))?;
         let mut docs = raw.heredocs.iter();
         let sources: Vec<Source> = items
             .into_iter()
             .map(|item| match item.strip_prefix("<<") {
                 Some(_) => {
                     let doc = docs.next().expect("each <<WORD opened a here-document");
-                    let body = if doc.expand { words::expand_only(&doc.body, &vars).map_err(|e| StepError::Invalid(e.0))? } else { doc.body.clone() };
+                    let body = if doc.expand {
+                        words::expand_only(&doc.body, &vars).map_err(|e| StepError::Invalid(e.0))?
+                    } else {
+                        doc.body.clone()
+                    };
                     Ok(Source::Inline(doc.delimiter.clone(), body))
                 }
                 None => Ok(Source::Path(item)),
             })
             .collect::<Result<_, StepError>>()?;
         let dest_path = join(&state.workdir, &dest);
-        let many = sources.len() > 1 || sources.iter().any(|s| matches!(s, Source::Path(p) if p.contains(['*', '?', '['])));
+        let many = sources.len() > 1
+            || sources
+                .iter()
+                .any(|s| matches!(s, Source::Path(p) if p.contains(['*', '?', '['])));
         let dest_is_dir = dest.ends_with('/') || dest == "." || dest.ends_with("/.") || many;
         if let Some(from) = flag(raw, "from") {
             let from = words::word(from, &|n| self.globals.get(n).cloned()).map_err(|e| StepError::Invalid(e.0))?;
@@ -256,10 +355,14 @@ impl Builder<'_> {
             };
             let paths = sources.iter().map(|s| match s {
                 Source::Path(p) if !p.contains(['*', '?', '[']) => Ok(p.clone()),
-                _ => Err(StepError::Unsupported("COPY --from takes plain paths (no wildcards or here-documents)".into())),
+                _ => Err(StepError::Unsupported(
+                    "COPY --from takes plain paths (no wildcards or here-documents)".into(),
+                )),
             });
             let paths = paths.collect::<Result<Vec<_>, _>>()?;
-            return self.copy_from(state, &source, &paths, &dest_path, dest_is_dir, chown.as_deref()).await;
+            return self
+                .copy_from(state, &source, &paths, &dest_path, dest_is_dir, chown.as_deref())
+                .await;
         }
         // Every entry with its guest path; archives ADD unpacks.
         let mut entries: Vec<(String, Entry)> = Vec::new();
@@ -269,10 +372,22 @@ impl Builder<'_> {
         for source in &sources {
             match source {
                 Source::Inline(name, body) => {
-                    let path = if dest_is_dir { join(&dest_path, name) } else { dest_path.clone() };
-                    entries.push((path, Entry::File { bytes: body.clone().into_bytes(), mode: 0o644 }));
+                    let path = if dest_is_dir {
+                        join(&dest_path, name)
+                    } else {
+                        dest_path.clone()
+                    };
+                    entries.push((
+                        path,
+                        Entry::File {
+                            bytes: body.clone().into_bytes(),
+                            mode: 0o644,
+                        },
+                    ));
                 }
-                Source::Path(p) if add && (p.starts_with("http://") || p.starts_with("https://") || p.starts_with("git@")) => {
+                Source::Path(p)
+                    if add && (p.starts_with("http://") || p.starts_with("https://") || p.starts_with("git@")) =>
+                {
                     return Err(StepError::Unsupported(format!("ADD {p}: sources from URLs are not supported; fetch them in a RUN through the template's allowlist")));
                 }
                 Source::Path(p) => {
@@ -290,7 +405,9 @@ impl Builder<'_> {
                                 (false, false) => join(&dest_path, &base),
                             };
                             match entry {
-                                Entry::File { bytes, .. } if add && !sel.is_dir && is_archive(&base, &bytes) => archives.push((dest_path.clone(), bytes)),
+                                Entry::File { bytes, .. } if add && !sel.is_dir && is_archive(&base, &bytes) => {
+                                    archives.push((dest_path.clone(), bytes))
+                                }
                                 entry => entries.push((path, entry)),
                             }
                         }
@@ -305,10 +422,16 @@ impl Builder<'_> {
                 Entry::Dir { mode } => json!([path, "dir", chmod.unwrap_or(*mode)]),
                 Entry::Symlink { target } => json!([path, "link", target]),
             })
-            .chain(archives.iter().map(|(into, bytes)| json!([into, "archive", sha256(bytes)])))
+            .chain(
+                archives
+                    .iter()
+                    .map(|(into, bytes)| json!([into, "archive", sha256(bytes)])),
+            )
             .collect();
         let key = json!({ "op": raw.keyword, "entries": described, "chown": chown, "workdir": state.workdir });
-        let Some(step) = self.begin(state, &key).await? else { return Ok(()) };
+        let Some(step) = self.begin(state, &key).await? else {
+            return Ok(());
+        };
         let fork = &step.1;
         if let Some((index, name)) = lone_file {
             // `COPY file /existing/folder` copies into the folder, as Docker does.
@@ -320,15 +443,25 @@ impl Builder<'_> {
         let mut script = String::from("set -e\n");
         for (path, entry) in &entries {
             match entry {
-                Entry::Dir { mode } => script.push_str(&format!("mkdir -p {p} && chmod {m:o} {p}\n", p = quote(path), m = chmod.unwrap_or(*mode))),
-                Entry::Symlink { target } => script.push_str(&format!("mkdir -p \"$(dirname {p})\" && ln -sfn {t} {p}\n", p = quote(path), t = quote(target))),
+                Entry::Dir { mode } => script.push_str(&format!(
+                    "mkdir -p {p} && chmod {m:o} {p}\n",
+                    p = quote(path),
+                    m = chmod.unwrap_or(*mode)
+                )),
+                Entry::Symlink { target } => script.push_str(&format!(
+                    "mkdir -p \"$(dirname {p})\" && ln -sfn {t} {p}\n",
+                    p = quote(path),
+                    t = quote(target)
+                )),
                 Entry::File { .. } => {}
             }
         }
         self.sh(fork, script, "creating folders and links").await?;
         for (path, entry) in &entries {
             if let Entry::File { bytes, mode } = entry {
-                fork.agent().write_file(path, bytes.clone(), chmod.unwrap_or(*mode)).await?;
+                fork.agent()
+                    .write_file(path, bytes.clone(), chmod.unwrap_or(*mode))
+                    .await?;
             }
         }
         for (i, (into, bytes)) in archives.iter().enumerate() {
@@ -343,12 +476,26 @@ impl Builder<'_> {
             } else {
                 ""
             };
-            self.sh(fork, format!("mkdir -p {d} && tar -x{z}f {t} -C {d} && rm -f {t}", d = quote(into), t = quote(&tmp)), "unpacking an archive (ADD needs tar in the image)").await?;
+            self.sh(
+                fork,
+                format!(
+                    "mkdir -p {d} && tar -x{z}f {t} -C {d} && rm -f {t}",
+                    d = quote(into),
+                    t = quote(&tmp)
+                ),
+                "unpacking an archive (ADD needs tar in the image)",
+            )
+            .await?;
         }
         if let Some(owner) = &chown {
             let paths: Vec<String> = entries.iter().map(|(p, _)| quote(p)).collect();
             for chunk in paths.chunks(200) {
-                self.sh(fork, format!("chown -h {} -- {}", quote(owner), chunk.join(" ")), "--chown").await?;
+                self.sh(
+                    fork,
+                    format!("chown -h {} -- {}", quote(owner), chunk.join(" ")),
+                    "--chown",
+                )
+                .await?;
             }
         }
         self.commit(state, step).await
@@ -356,23 +503,47 @@ impl Builder<'_> {
 
     /// `COPY --from`: each path packed with tar in a fork of the source, unpacked in this
     /// step's fork (both need tar, cp and mkdir).
-    async fn copy_from(&self, state: &mut State, source: &State, paths: &[String], dest: &str, dest_is_dir: bool, chown: Option<&str>) -> Result<(), StepError> {
+    async fn copy_from(
+        &self,
+        state: &mut State,
+        source: &State,
+        paths: &[String],
+        dest: &str,
+        dest_is_dir: bool,
+        chown: Option<&str>,
+    ) -> Result<(), StepError> {
         let key = json!({ "op": "COPY --from", "source": source.snapshot.id(), "paths": paths, "dest": dest, "dest_is_dir": dest_is_dir, "chown": chown, "workdir": state.workdir });
-        let Some(step) = self.begin(state, &key).await? else { return Ok(()) };
+        let Some(step) = self.begin(state, &key).await? else {
+            return Ok(());
+        };
         let fork = &step.1;
         let from = self.forker.fork(&source.snapshot, ForkIdentity::new(0)).await?;
         for (i, path) in paths.iter().enumerate() {
             let path = join("/", path).trim_end_matches('/').to_string();
-            let (parent, name) = path.rsplit_once('/').map(|(p, n)| (if p.is_empty() { "/" } else { p }, n)).unwrap_or(("/", path.as_str()));
-            let options = ExecOptions { stdout_cap: FROM_CAP, stderr_cap: 64 << 10, ..ExecOptions::argv(&["tar", "-cf", "-", "-C", parent, name]) };
+            let (parent, name) = path
+                .rsplit_once('/')
+                .map(|(p, n)| (if p.is_empty() { "/" } else { p }, n))
+                .unwrap_or(("/", path.as_str()));
+            let options = ExecOptions {
+                stdout_cap: FROM_CAP,
+                stderr_cap: 64 << 10,
+                ..ExecOptions::argv(&["tar", "-cf", "-", "-C", parent, name])
+            };
             let out = from.agent().exec(options).await?;
             if out.result.stdout_truncated {
-                return Err(StepError::Invalid(format!("{path} is more than {} MiB packed", FROM_CAP >> 20)));
+                return Err(StepError::Invalid(format!(
+                    "{path} is more than {} MiB packed",
+                    FROM_CAP >> 20
+                )));
             }
             let out = check(&format!("packing {path} in the source stage"), out, 0)?;
             let tmp = format!("/tmp/.farm-from-{i}.tar");
             fork.agent().write_file(&tmp, out.stdout, 0o600).await?;
-            let target = if dest_is_dir { join(dest, name) } else { dest.to_string() };
+            let target = if dest_is_dir {
+                join(dest, name)
+            } else {
+                dest.to_string()
+            };
             // A folder's contents go into the destination; a file to it, or into it.
             let chown_line = chown.map(|o| format!("(cd \"$t\" && find {n} -mindepth 0) | while read -r p; do chown -h {o} \"$base/${{p#*/}}\" 2>/dev/null || chown -h {o} \"$base\"; done\n", n = quote(name), o = quote(o))).unwrap_or_default();
             let script = format!(
@@ -390,7 +561,11 @@ impl Builder<'_> {
 
     /// The step's id, and a fork to do it in; None when the store holds the step already
     /// (the state then moves to it).
-    async fn begin(&self, state: &mut State, key: &serde_json::Value) -> Result<Option<(String, Fork, Instant)>, StepError> {
+    async fn begin(
+        &self,
+        state: &mut State,
+        key: &serde_json::Value,
+    ) -> Result<Option<(String, Fork, Instant)>, StepError> {
         let id = child_id(&state.snapshot, &serde_json::to_vec(key).expect("keys serialize"));
         if let Ok(existing) = self.store.get(&id) {
             if existing.check_files().is_ok() {
@@ -399,25 +574,53 @@ impl Builder<'_> {
                 return Ok(None);
             }
         }
-        let forker = Forker { max_disk_bytes: None, ..self.forker.clone() };
+        let forker = Forker {
+            max_disk_bytes: None,
+            ..self.forker.clone()
+        };
         let started = Instant::now();
         let fork = forker.fork(&state.snapshot, ForkIdentity::new(0)).await?;
-        self.sh(&fork, format!("mkdir -p {}", quote(&state.workdir)), "creating the WORKDIR").await?;
+        self.sh(
+            &fork,
+            format!("mkdir -p {}", quote(&state.workdir)),
+            "creating the WORKDIR",
+        )
+        .await?;
         Ok(Some((id, fork, started)))
     }
 
     /// Snapshots the step's fork as the stage's new state.
     async fn commit(&self, state: &mut State, (id, fork, started): (String, Fork, Instant)) -> Result<(), StepError> {
-        let forker = Forker { max_disk_bytes: None, ..self.forker.clone() };
+        let forker = Forker {
+            max_disk_bytes: None,
+            ..self.forker.clone()
+        };
         let label = format!("{}-build", self.spec.label);
-        state.snapshot = snapshot_fork(self.store, &forker, &state.snapshot, &fork, &label, Some(id.clone()), false).await.map_err(|e| StepError::Snapshot(Box::new(e)))?;
+        state.snapshot = snapshot_fork(
+            self.store,
+            &forker,
+            &state.snapshot,
+            &fork,
+            &label,
+            Some(id.clone()),
+            false,
+        )
+        .await
+        .map_err(|e| StepError::Snapshot(Box::new(e)))?;
         (self.progress)(&format!("  done in {:.1} s ({id})", started.elapsed().as_secs_f64()));
         Ok(())
     }
 
     async fn sh(&self, fork: &Fork, script: String, what: &str) -> Result<vmm::ExecOutput, StepError> {
-        let options = ExecOptions { timeout: Some(Duration::from_secs(self.spec.template.setup_timeout_secs)), ..ExecOptions::shell(script) };
-        check(what, fork.agent().exec(options).await?, self.spec.template.setup_timeout_secs)
+        let options = ExecOptions {
+            timeout: Some(Duration::from_secs(self.spec.template.setup_timeout_secs)),
+            ..ExecOptions::shell(script)
+        };
+        check(
+            what,
+            fork.agent().exec(options).await?,
+            self.spec.template.setup_timeout_secs,
+        )
     }
 }
 
@@ -426,10 +629,18 @@ fn check(what: &str, out: vmm::ExecOutput, timeout_secs: u64) -> Result<vmm::Exe
     if out.result.exit_code == Some(0) {
         return Ok(out);
     }
-    let status = if out.result.timed_out { format!("a timeout after {timeout_secs} s") } else { format!("exit code {}", out.shell_exit_code()) };
+    let status = if out.result.timed_out {
+        format!("a timeout after {timeout_secs} s")
+    } else {
+        format!("exit code {}", out.shell_exit_code())
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
-    Err(StepError::Failed { what: what.to_string(), status, stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n") })
+    Err(StepError::Failed {
+        what: what.to_string(),
+        status,
+        stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+    })
 }
 
 /// The argv of a RUN: exec form as given, shell form as SHELL + script.
@@ -445,7 +656,10 @@ fn user_of(user: &str) -> Option<String> {
 
 /// A stage built earlier, by name or index.
 fn earlier_stage(name: &str, stages: &[Stage], built: &[Option<State>]) -> Option<State> {
-    let index = stages.iter().position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name))).or_else(|| name.parse::<usize>().ok());
+    let index = stages
+        .iter()
+        .position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+        .or_else(|| name.parse::<usize>().ok());
     index.and_then(|i| built.get(i)).and_then(|s| s.clone())
 }
 
@@ -454,13 +668,21 @@ fn earlier_stage(name: &str, stages: &[Stage], built: &[Option<State>]) -> Optio
 /// registry reference.
 fn image_spec(from: &str, dir: &std::path::Path) -> Result<String, StepError> {
     if from == "scratch" {
-        return Err(StepError::Unsupported("FROM scratch: a farm image needs a base with a shell; start FROM an image".into()));
+        return Err(StepError::Unsupported(
+            "FROM scratch: a farm image needs a base with a shell; start FROM an image".into(),
+        ));
     }
     if let Some(name) = from.strip_prefix("farm:") {
         return Ok(name.to_string());
     }
-    let farm_scheme = ["oci-archive:", "docker-archive:", "oci:", "rootfs:", "registry:"].iter().any(|p| from.starts_with(p));
-    let spec = if farm_scheme { from.to_string() } else { format!("registry:{from}") };
+    let farm_scheme = ["oci-archive:", "docker-archive:", "oci:", "rootfs:", "registry:"]
+        .iter()
+        .any(|p| from.starts_with(p));
+    let spec = if farm_scheme {
+        from.to_string()
+    } else {
+        format!("registry:{from}")
+    };
     let source = vmm::image::ImageSource::parse(&spec, dir).map_err(|e| StepError::Invalid(e.to_string()))?;
     Ok(source.spec())
 }
@@ -468,8 +690,12 @@ fn image_spec(from: &str, dir: &std::path::Path) -> Result<String, StepError> {
 /// Whether ADD unpacks this file: a tar, plain or compressed (gzip, bzip2, xz), by name or
 /// by its first bytes.
 fn is_archive(name: &str, bytes: &[u8]) -> bool {
-    let by_name = [".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"].iter().any(|ext| name.ends_with(ext));
-    let compressed = bytes.starts_with(&[0x1f, 0x8b]) || bytes.starts_with(b"BZh") || bytes.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]);
+    let by_name = [".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"]
+        .iter()
+        .any(|ext| name.ends_with(ext));
+    let compressed = bytes.starts_with(&[0x1f, 0x8b])
+        || bytes.starts_with(b"BZh")
+        || bytes.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]);
     let plain_tar = bytes.len() > 262 && &bytes[257..262] == b"ustar";
     plain_tar || (by_name && compressed)
 }
@@ -484,12 +710,21 @@ mod tests {
         assert_eq!(join("/app/", "/etc/x"), "/etc/x");
         assert_eq!(join("/", ""), "/");
         let dir = std::path::Path::new("/ctx");
-        assert_eq!(image_spec("python:3.12-slim", dir).unwrap(), "registry:python:3.12-slim");
+        assert_eq!(
+            image_spec("python:3.12-slim", dir).unwrap(),
+            "registry:python:3.12-slim"
+        );
         assert_eq!(image_spec("farm:python", dir).unwrap(), "python");
-        assert_eq!(image_spec("oci-archive:base.tar", dir).unwrap(), "oci-archive:/ctx/base.tar");
+        assert_eq!(
+            image_spec("oci-archive:base.tar", dir).unwrap(),
+            "oci-archive:/ctx/base.tar"
+        );
         assert!(image_spec("scratch", dir).is_err());
         assert!(is_archive("x.tar.gz", &[0x1f, 0x8b, 8]));
-        assert!(!is_archive("x.gz", &[0x1f, 0x8b, 8]), "a compressed file that is not named as a tar is copied");
+        assert!(
+            !is_archive("x.gz", &[0x1f, 0x8b, 8]),
+            "a compressed file that is not named as a tar is copied"
+        );
         assert_eq!(quote("it's"), "'it'\\''s'");
         assert_eq!(user_of("root"), None);
         assert_eq!(user_of("1000:1000").as_deref(), Some("1000:1000"));

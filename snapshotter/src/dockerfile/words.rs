@@ -28,7 +28,10 @@ pub fn words(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<
             }
             '\'' => {
                 in_word = true;
-                let end = chars[i + 1..].iter().position(|&c| c == '\'').ok_or_else(|| WordError("a single quote is not closed".into()))?;
+                let end = chars[i + 1..]
+                    .iter()
+                    .position(|&c| c == '\'')
+                    .ok_or_else(|| WordError("a single quote is not closed".into()))?;
                 word.extend(&chars[i + 1..i + 1 + end]);
                 i += end + 2;
             }
@@ -113,18 +116,30 @@ pub fn expand_only(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Resul
 }
 
 /// Expands the variable at `chars[i]` (a `$`) into `out`; returns the index after it.
-fn expand(chars: &[char], i: usize, lookup: &dyn Fn(&str) -> Option<String>, out: &mut String) -> Result<usize, WordError> {
+fn expand(
+    chars: &[char],
+    i: usize,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    out: &mut String,
+) -> Result<usize, WordError> {
     let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
     match chars.get(i + 1) {
         Some('{') => {
-            let end = chars[i + 2..].iter().position(|&c| c == '}').ok_or_else(|| WordError("a ${ is not closed".into()))? + i + 2;
+            let end = chars[i + 2..]
+                .iter()
+                .position(|&c| c == '}')
+                .ok_or_else(|| WordError("a ${ is not closed".into()))?
+                + i
+                + 2;
             let inner: String = chars[i + 2..end].iter().collect();
             let (name, op) = match inner.find(":-").or_else(|| inner.find(":+")) {
                 Some(at) => (&inner[..at], Some((&inner[at..at + 2], &inner[at + 2..]))),
                 None => (inner.as_str(), None),
             };
             if name.is_empty() || !name.chars().all(name_char) {
-                return Err(WordError(format!("${{{inner}}} is not a variable this builder expands")));
+                return Err(WordError(format!(
+                    "${{{inner}}} is not a variable this builder expands"
+                )));
             }
             let value = lookup(name).filter(|v| !v.is_empty());
             match (op, value) {
@@ -136,7 +151,10 @@ fn expand(chars: &[char], i: usize, lookup: &dyn Fn(&str) -> Option<String>, out
             Ok(end + 1)
         }
         Some(&c) if name_char(c) && !c.is_ascii_digit() => {
-            let end = chars[i + 1..].iter().position(|&c| !name_char(c)).map_or(chars.len(), |p| p + i + 1);
+            let end = chars[i + 1..]
+                .iter()
+                .position(|&c| !name_char(c))
+                .map_or(chars.len(), |p| p + i + 1);
             let name: String = chars[i + 1..end].iter().collect();
             out.push_str(&lookup(&name).unwrap_or_default());
             Ok(end)
@@ -159,7 +177,9 @@ pub fn pairs(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<
     }
     let mut out = Vec::new();
     for item in words(text, lookup)? {
-        let (key, value) = item.split_once('=').ok_or_else(|| WordError(format!("{item:?} is not KEY=VALUE")))?;
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| WordError(format!("{item:?} is not KEY=VALUE")))?;
         out.push((key.to_string(), value.to_string()));
     }
     Ok(out)
@@ -180,19 +200,42 @@ mod tests {
 
     #[test]
     fn quotes_escapes_and_variables() {
-        assert_eq!(words(r#"a "b c" 'd $HOME' e\ f $HOME ${V}x"#, &vars).unwrap(), ["a", "b c", "d $HOME", "e f", "/root", "1.2x"]);
-        assert_eq!(words("${MISSING:-fallback} ${EMPTY:-e} ${V:+set} ${MISSING:+no}", &vars).unwrap(), ["fallback", "e", "set"]);
+        assert_eq!(
+            words(r#"a "b c" 'd $HOME' e\ f $HOME ${V}x"#, &vars).unwrap(),
+            ["a", "b c", "d $HOME", "e f", "/root", "1.2x"]
+        );
+        assert_eq!(
+            words("${MISSING:-fallback} ${EMPTY:-e} ${V:+set} ${MISSING:+no}", &vars).unwrap(),
+            ["fallback", "e", "set"]
+        );
         assert_eq!(word("/opt/my app/$V", &vars).unwrap(), "/opt/my app/1.2");
         assert_eq!(words("cost $5 \\$HOME", &vars).unwrap(), ["cost", "$5", "$HOME"]);
         assert!(words("\"open", &vars).unwrap_err().0.contains("double quote"));
         assert!(words("${a b}", &vars).is_err());
-        assert_eq!(expand_only("print(\"$HOME\") \\$V '${V}'\n", &vars).unwrap(), "print(\"/root\") $V '1.2'\n");
+        assert_eq!(
+            expand_only("print(\"$HOME\") \\$V '${V}'\n", &vars).unwrap(),
+            "print(\"/root\") $V '1.2'\n"
+        );
     }
 
     #[test]
     fn env_pairs_in_both_forms() {
-        assert_eq!(pairs(r#"A=1 B="two words" C=$HOME/x D='$HOME'"#, &vars).unwrap(), [("A".into(), "1".into()), ("B".into(), "two words".into()), ("C".into(), "/root/x".into()), ("D".into(), "$HOME".into())]);
-        assert_eq!(pairs("PATH_EXTRA the rest $V", &vars).unwrap(), [("PATH_EXTRA".to_string(), "the rest 1.2".to_string())]);
-        assert!(pairs("A=1 junk", &vars).unwrap_err().0.contains("\"junk\" is not KEY=VALUE"));
+        assert_eq!(
+            pairs(r#"A=1 B="two words" C=$HOME/x D='$HOME'"#, &vars).unwrap(),
+            [
+                ("A".into(), "1".into()),
+                ("B".into(), "two words".into()),
+                ("C".into(), "/root/x".into()),
+                ("D".into(), "$HOME".into())
+            ]
+        );
+        assert_eq!(
+            pairs("PATH_EXTRA the rest $V", &vars).unwrap(),
+            [("PATH_EXTRA".to_string(), "the rest 1.2".to_string())]
+        );
+        assert!(pairs("A=1 junk", &vars)
+            .unwrap_err()
+            .0
+            .contains("\"junk\" is not KEY=VALUE"));
     }
 }

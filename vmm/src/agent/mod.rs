@@ -36,7 +36,11 @@ pub enum AgentError {
     #[error("{op}: {detail}")]
     InvalidRequest { op: &'static str, detail: String },
     #[error("the guest agent refused {op}: {message}")]
-    Refused { op: &'static str, kind: farm_protocol::ErrorKind, message: String },
+    Refused {
+        op: &'static str,
+        kind: farm_protocol::ErrorKind,
+        message: String,
+    },
 }
 
 type Reply = Result<(Response, Vec<u8>), AgentError>;
@@ -176,7 +180,11 @@ impl AgentClient {
             });
             Inner {
                 writer: tokio::sync::Mutex::new(Box::new(writer)),
-                shared: Mutex::new(Shared { pending: HashMap::new(), closed: None, unsolicited: 0 }),
+                shared: Mutex::new(Shared {
+                    pending: HashMap::new(),
+                    closed: None,
+                    unsolicited: 0,
+                }),
                 next_id: AtomicU64::new(1),
                 max_response_bytes,
                 ready,
@@ -188,7 +196,12 @@ impl AgentClient {
 
     /// Whether the channel is known dead, and why.
     pub fn closed_reason(&self) -> Option<String> {
-        self.inner.shared.lock().unwrap_or_else(|p| p.into_inner()).closed.clone()
+        self.inner
+            .shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed
+            .clone()
     }
 
     /// Frames received that answered no pending request.
@@ -207,9 +220,16 @@ impl AgentClient {
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
-                return Err(AgentError::Timeout { op: "ping", waited: timeout });
+                return Err(AgentError::Timeout {
+                    op: "ping",
+                    waited: timeout,
+                });
             }
-            let attempt = if *self.inner.ready.borrow() { Duration::from_secs(5) } else { Duration::from_millis(300) };
+            let attempt = if *self.inner.ready.borrow() {
+                Duration::from_secs(5)
+            } else {
+                Duration::from_millis(300)
+            };
             match self.ping_within(attempt.min(deadline - now)).await {
                 Ok(pong) => return Ok(pong),
                 Err(AgentError::Timeout { .. }) | Err(AgentError::AgentRestarted { .. }) => {}
@@ -229,7 +249,10 @@ impl AgentClient {
                 if pong.protocol_version != PROTOCOL_VERSION {
                     return Err(AgentError::BadResponse {
                         op: "ping",
-                        detail: format!("agent speaks protocol {}, host speaks {PROTOCOL_VERSION}", pong.protocol_version),
+                        detail: format!(
+                            "agent speaks protocol {}, host speaks {PROTOCOL_VERSION}",
+                            pong.protocol_version
+                        ),
                     });
                 }
                 Ok(pong)
@@ -260,9 +283,15 @@ impl AgentClient {
             stderr_cap: options.stderr_cap,
             user: options.user,
         };
-        let wait = options.timeout.map(|t| t + EXEC_MARGIN).unwrap_or(Duration::from_secs(365 * 24 * 3600));
+        let wait = options
+            .timeout
+            .map(|t| t + EXEC_MARGIN)
+            .unwrap_or(Duration::from_secs(365 * 24 * 3600));
         let (stdout_cap, stderr_cap) = (request.stdout_cap, request.stderr_cap);
-        match self.request("exec", Request::Exec(request), options.stdin, wait).await? {
+        match self
+            .request("exec", Request::Exec(request), options.stdin, wait)
+            .await?
+        {
             (Response::Exec(result), body) => {
                 let (stdout, stderr) = split_output("exec", &result, body, stdout_cap, stderr_cap)?;
                 Ok(ExecOutput { result, stdout, stderr })
@@ -279,21 +308,35 @@ impl AgentClient {
         if request.stdout_cap.saturating_add(request.stderr_cap) > room {
             return Err(AgentError::InvalidRequest {
                 op: "run_tests",
-                detail: format!("output caps {} + {} bytes exceed the {room} bytes a response may carry", request.stdout_cap, request.stderr_cap),
+                detail: format!(
+                    "output caps {} + {} bytes exceed the {room} bytes a response may carry",
+                    request.stdout_cap, request.stderr_cap
+                ),
             });
         }
         // The command's timeout, the sweep's own limit and a margin.
         let wait = Duration::from_millis(request.timeout_ms) + Duration::from_secs(15) + EXEC_MARGIN;
         let (stdout_cap, stderr_cap) = (request.stdout_cap, request.stderr_cap);
-        match self.request("run_tests", Request::RunTests(request), stdin, wait).await? {
+        match self
+            .request("run_tests", Request::RunTests(request), stdin, wait)
+            .await?
+        {
             (Response::RunTests(result), mut body) => {
                 let junit_len = result.junit_len.unwrap_or(0);
                 if junit_len > farm_protocol::MAX_JUNIT_BYTES || junit_len > body.len() as u64 {
-                    return Err(AgentError::BadResponse { op: "run_tests", detail: format!("a JUnit report of {junit_len} bytes in a body of {}", body.len()) });
+                    return Err(AgentError::BadResponse {
+                        op: "run_tests",
+                        detail: format!("a JUnit report of {junit_len} bytes in a body of {}", body.len()),
+                    });
                 }
                 let junit = body.split_off(body.len() - junit_len as usize);
                 let (stdout, stderr) = split_output("run_tests", &result.exec, body, stdout_cap, stderr_cap)?;
-                Ok(TestsOutput { result, stdout, stderr, junit })
+                Ok(TestsOutput {
+                    result,
+                    stdout,
+                    stderr,
+                    junit,
+                })
             }
             (other, _) => Err(unexpected("run_tests", other)),
         }
@@ -302,7 +345,15 @@ impl AgentClient {
     /// Kills every process of these guest users (every process but the agent's when empty)
     /// and waits until they are gone. Returns (killed, all gone).
     pub async fn sweep(&self, uids: Vec<u32>) -> Result<(u32, bool), AgentError> {
-        match self.request("sweep", Request::Sweep(SweepRequest { uids }), Vec::new(), SHORT_REQUEST).await? {
+        match self
+            .request(
+                "sweep",
+                Request::Sweep(SweepRequest { uids }),
+                Vec::new(),
+                SHORT_REQUEST,
+            )
+            .await?
+        {
             (Response::Sweep { killed, complete }, _) => Ok((killed, complete)),
             (other, _) => Err(unexpected("sweep", other)),
         }
@@ -311,8 +362,14 @@ impl AgentClient {
     /// Gives a guest folder and everything under it to a user (links themselves, never
     /// their targets). Returns the entries changed.
     pub async fn handover(&self, root: &str, user: &str) -> Result<u64, AgentError> {
-        let request = HandoverRequest { root: root.to_string(), user: user.to_string() };
-        match self.request("handover", Request::Handover(request), Vec::new(), SHORT_REQUEST).await? {
+        let request = HandoverRequest {
+            root: root.to_string(),
+            user: user.to_string(),
+        };
+        match self
+            .request("handover", Request::Handover(request), Vec::new(), SHORT_REQUEST)
+            .await?
+        {
             (Response::Handover { entries }, _) => Ok(entries),
             (other, _) => Err(unexpected("handover", other)),
         }
@@ -320,18 +377,33 @@ impl AgentClient {
 
     /// Removes a guest folder and everything under it without following links.
     pub async fn remove_tree(&self, path: &str) -> Result<u64, AgentError> {
-        match self.request("remove_tree", Request::RemoveTree { path: path.to_string() }, Vec::new(), SHORT_REQUEST).await? {
+        match self
+            .request(
+                "remove_tree",
+                Request::RemoveTree { path: path.to_string() },
+                Vec::new(),
+                SHORT_REQUEST,
+            )
+            .await?
+        {
             (Response::RemoveTree { entries }, _) => Ok(entries),
             (other, _) => Err(unexpected("remove_tree", other)),
         }
     }
 
     pub async fn write_file(&self, path: &str, contents: Vec<u8>, mode: u32) -> Result<(), AgentError> {
-        self.write_file_placed(path, contents, mode, &FilePlacement::default()).await
+        self.write_file_placed(path, contents, mode, &FilePlacement::default())
+            .await
     }
 
     /// Writes a file confined to a folder and/or owned by a user (see [`FilePlacement`]).
-    pub async fn write_file_placed(&self, path: &str, contents: Vec<u8>, mode: u32, placement: &FilePlacement) -> Result<(), AgentError> {
+    pub async fn write_file_placed(
+        &self,
+        path: &str,
+        contents: Vec<u8>,
+        mode: u32,
+        placement: &FilePlacement,
+    ) -> Result<(), AgentError> {
         let request = WriteFileRequest {
             path: path.to_string(),
             mode,
@@ -340,7 +412,10 @@ impl AgentClient {
             owner: placement.owner.clone(),
         };
         let expected = contents.len() as u64;
-        match self.request("write_file", Request::WriteFile(request), contents, SHORT_REQUEST).await? {
+        match self
+            .request("write_file", Request::WriteFile(request), contents, SHORT_REQUEST)
+            .await?
+        {
             (Response::WriteFile { bytes }, _) if bytes == expected => Ok(()),
             (Response::WriteFile { bytes }, _) => Err(AgentError::BadResponse {
                 op: "write_file",
@@ -357,9 +432,21 @@ impl AgentClient {
 
     /// Reads at most `max_bytes` of a regular file, with `path` relative to `beneath` and no
     /// link followed when `beneath` is set.
-    pub async fn read_file_beneath(&self, path: &str, max_bytes: u64, beneath: Option<&str>) -> Result<(Vec<u8>, u64), AgentError> {
-        let request = ReadFileRequest { path: path.to_string(), max_bytes, beneath: beneath.map(str::to_string) };
-        match self.request("read_file", Request::ReadFile(request), Vec::new(), SHORT_REQUEST).await? {
+    pub async fn read_file_beneath(
+        &self,
+        path: &str,
+        max_bytes: u64,
+        beneath: Option<&str>,
+    ) -> Result<(Vec<u8>, u64), AgentError> {
+        let request = ReadFileRequest {
+            path: path.to_string(),
+            max_bytes,
+            beneath: beneath.map(str::to_string),
+        };
+        match self
+            .request("read_file", Request::ReadFile(request), Vec::new(), SHORT_REQUEST)
+            .await?
+        {
             (Response::ReadFile { size, .. }, body) if body.len() as u64 <= max_bytes => Ok((body, size)),
             (Response::ReadFile { .. }, body) => Err(AgentError::BadResponse {
                 op: "read_file",
@@ -370,16 +457,32 @@ impl AgentClient {
     }
 
     /// Lists regular files under `root` (relative paths, sizes, mtimes, modes).
-    pub async fn list_files(&self, root: &str, max_entries: u32) -> Result<(Vec<farm_protocol::FileEntry>, bool), AgentError> {
-        let request = farm_protocol::ListFilesRequest { root: root.to_string(), max_entries };
-        match self.request("list_files", Request::ListFiles(request), Vec::new(), LISTING_REQUEST).await? {
+    pub async fn list_files(
+        &self,
+        root: &str,
+        max_entries: u32,
+    ) -> Result<(Vec<farm_protocol::FileEntry>, bool), AgentError> {
+        let request = farm_protocol::ListFilesRequest {
+            root: root.to_string(),
+            max_entries,
+        };
+        match self
+            .request("list_files", Request::ListFiles(request), Vec::new(), LISTING_REQUEST)
+            .await?
+        {
             (Response::ListFiles { count, truncated }, body) => {
-                let entries: Vec<farm_protocol::FileEntry> = serde_json::from_slice(&body)
-                    .map_err(|e| AgentError::BadResponse { op: "list_files", detail: format!("the listing is not a JSON array of entries: {e}") })?;
+                let entries: Vec<farm_protocol::FileEntry> =
+                    serde_json::from_slice(&body).map_err(|e| AgentError::BadResponse {
+                        op: "list_files",
+                        detail: format!("the listing is not a JSON array of entries: {e}"),
+                    })?;
                 if entries.len() > max_entries as usize || entries.len() != count as usize {
                     return Err(AgentError::BadResponse {
                         op: "list_files",
-                        detail: format!("{} entries (announced {count}), at most {max_entries} asked for", entries.len()),
+                        detail: format!(
+                            "{} entries (announced {count}), at most {max_entries} asked for",
+                            entries.len()
+                        ),
                     });
                 }
                 Ok((entries, truncated))
@@ -391,7 +494,10 @@ impl AgentClient {
     /// Removes a file (a missing one is not an error); with `beneath`, `path` is relative to
     /// that folder and no link is followed.
     pub async fn remove_file(&self, path: &str, beneath: Option<&str>) -> Result<(), AgentError> {
-        let request = Request::RemoveFile { path: path.to_string(), beneath: beneath.map(str::to_string) };
+        let request = Request::RemoveFile {
+            path: path.to_string(),
+            beneath: beneath.map(str::to_string),
+        };
         match self.request("remove_file", request, Vec::new(), SHORT_REQUEST).await? {
             (Response::RemoveFile, _) => Ok(()),
             (other, _) => Err(unexpected("remove_file", other)),
@@ -399,14 +505,20 @@ impl AgentClient {
     }
 
     pub async fn quiesce(&self) -> Result<(), AgentError> {
-        match self.request("quiesce", Request::Quiesce, Vec::new(), SHORT_REQUEST).await? {
+        match self
+            .request("quiesce", Request::Quiesce, Vec::new(), SHORT_REQUEST)
+            .await?
+        {
             (Response::Quiesce, _) => Ok(()),
             (other, _) => Err(unexpected("quiesce", other)),
         }
     }
 
     pub async fn set_identity(&self, identity: IdentityRequest, entropy: Vec<u8>) -> Result<(), AgentError> {
-        match self.request("identity", Request::Identity(identity), entropy, SHORT_REQUEST).await? {
+        match self
+            .request("identity", Request::Identity(identity), entropy, SHORT_REQUEST)
+            .await?
+        {
             (Response::Identity, _) => Ok(()),
             (other, _) => Err(unexpected("identity", other)),
         }
@@ -424,7 +536,14 @@ impl AgentClient {
         }
         // Removes the waiter however this future ends (answer, timeout, or being dropped).
         let _guard = PendingGuard { inner: &self.inner, id };
-        let frame = encode_frame(&Envelope { v: PROTOCOL_VERSION, id, msg }, &body);
+        let frame = encode_frame(
+            &Envelope {
+                v: PROTOCOL_VERSION,
+                id,
+                msg,
+            },
+            &body,
+        );
         drop(body);
         let exchange = async {
             {
@@ -437,7 +556,9 @@ impl AgentClient {
             drop(frame);
             match rx.await {
                 Ok(reply) => reply,
-                Err(_) => Err(AgentError::ChannelClosed(self.closed_reason().unwrap_or_else(|| "reader stopped".into()))),
+                Err(_) => Err(AgentError::ChannelClosed(
+                    self.closed_reason().unwrap_or_else(|| "reader stopped".into()),
+                )),
             }
         };
         let (response, body) = match tokio::time::timeout(timeout, exchange).await {
@@ -445,7 +566,11 @@ impl AgentClient {
             Err(_) => return Err(AgentError::Timeout { op, waited: timeout }),
         };
         if let Response::Error(e) = response {
-            return Err(AgentError::Refused { op, kind: e.kind, message: e.message });
+            return Err(AgentError::Refused {
+                op,
+                kind: e.kind,
+                message: e.message,
+            });
         }
         Ok((response, body))
     }
@@ -458,7 +583,12 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.inner.shared.lock().unwrap_or_else(|p| p.into_inner()).pending.remove(&self.id);
+        self.inner
+            .shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pending
+            .remove(&self.id);
     }
 }
 
@@ -476,15 +606,27 @@ impl Inner {
 
 /// Splits a command's output body into stdout and stderr, checking it against the header
 /// and the caps asked for.
-fn split_output(op: &'static str, result: &ExecResult, body: Vec<u8>, stdout_cap: u64, stderr_cap: u64) -> Result<(Vec<u8>, Vec<u8>), AgentError> {
+fn split_output(
+    op: &'static str,
+    result: &ExecResult,
+    body: Vec<u8>,
+    stdout_cap: u64,
+    stderr_cap: u64,
+) -> Result<(Vec<u8>, Vec<u8>), AgentError> {
     let (out_len, err_len) = (result.stdout_len, result.stderr_len);
     if out_len > stdout_cap || err_len > stderr_cap {
-        return Err(AgentError::BadResponse { op, detail: format!("output of {out_len}+{err_len} bytes exceeds the caps {stdout_cap}+{stderr_cap}") });
+        return Err(AgentError::BadResponse {
+            op,
+            detail: format!("output of {out_len}+{err_len} bytes exceeds the caps {stdout_cap}+{stderr_cap}"),
+        });
     }
     if out_len.checked_add(err_len) != Some(body.len() as u64) {
         return Err(AgentError::BadResponse {
             op,
-            detail: format!("header announces {out_len}+{err_len} bytes of output, body has {}", body.len()),
+            detail: format!(
+                "header announces {out_len}+{err_len} bytes of output, body has {}",
+                body.len()
+            ),
         });
     }
     let mut stdout = body;
@@ -493,7 +635,10 @@ fn split_output(op: &'static str, result: &ExecResult, body: Vec<u8>, stdout_cap
 }
 
 fn unexpected(op: &'static str, response: Response) -> AgentError {
-    AgentError::BadResponse { op, detail: format!("unexpected response {response:?}") }
+    AgentError::BadResponse {
+        op,
+        detail: format!("unexpected response {response:?}"),
+    }
 }
 
 /// Reads frames until the stream fails; returns why it stopped.
@@ -511,7 +656,9 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, max_frame: u32, inner: &
             Ok(envelope) => envelope,
             Err(e) => return format!("the guest broke the protocol: {e}"),
         };
-        let Some(inner) = inner.upgrade() else { return "client dropped".into() };
+        let Some(inner) = inner.upgrade() else {
+            return "client dropped".into();
+        };
         if envelope.id == 0 {
             // Unsolicited: the agent announcing itself (pong) or reporting a frame it could
             // not parse. Neither answers a request. An announcement means a (re)started agent:
@@ -540,7 +687,10 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, max_frame: u32, inner: &
 }
 
 /// Reads one frame, refusing oversized ones before allocating.
-pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max_frame: u32) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_frame: u32,
+) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
     let mut prefix = [0u8; PREFIX_BYTES];
     let mut filled = 0;
     while filled < PREFIX_BYTES {

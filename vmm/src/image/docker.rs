@@ -37,7 +37,11 @@ pub enum DockerArchiveError {
         source: serde_json::Error,
     },
     #[error("manifest.json lists {layers} layers but the config {config:?} has {diff_ids} diff ids")]
-    LayerCount { config: String, layers: usize, diff_ids: usize },
+    LayerCount {
+        config: String,
+        layers: usize,
+        diff_ids: usize,
+    },
 }
 
 /// One image of `manifest.json`.
@@ -59,19 +63,45 @@ pub(super) fn read_archive(dir: &Path) -> Result<ImageContents, DockerArchiveErr
         let tags = image.repo_tags.as_deref().unwrap_or_default().join(", ");
         tracing::info!(target: "farm::image", "manifest.json lists {} images; converting the first ({})", images.len(), if tags.is_empty() { "untagged" } else { &tags });
     }
-    let config_bytes = std::fs::read(inside(dir, &image.config)?).map_err(|source| DockerArchiveError::ReadConfig { path: image.config.clone(), source })?;
-    let config: ConfigFile = serde_json::from_slice(&config_bytes).map_err(|source| DockerArchiveError::ParseConfig { path: image.config.clone(), source })?;
-    let diff_ids = config.rootfs.as_ref().map(|r| r.diff_ids.as_slice()).unwrap_or_default();
+    let config_bytes = std::fs::read(inside(dir, &image.config)?).map_err(|source| DockerArchiveError::ReadConfig {
+        path: image.config.clone(),
+        source,
+    })?;
+    let config: ConfigFile =
+        serde_json::from_slice(&config_bytes).map_err(|source| DockerArchiveError::ParseConfig {
+            path: image.config.clone(),
+            source,
+        })?;
+    let diff_ids = config
+        .rootfs
+        .as_ref()
+        .map(|r| r.diff_ids.as_slice())
+        .unwrap_or_default();
     if image.layers.len() != diff_ids.len() {
-        return Err(DockerArchiveError::LayerCount { config: image.config.clone(), layers: image.layers.len(), diff_ids: diff_ids.len() });
+        return Err(DockerArchiveError::LayerCount {
+            config: image.config.clone(),
+            layers: image.layers.len(),
+            diff_ids: diff_ids.len(),
+        });
     }
     let layers = image
         .layers
         .iter()
         .zip(diff_ids)
-        .map(|(path, id)| Ok(Layer { path: inside(dir, path)?, name: path.clone(), digest: LayerDigest::DiffId(id.clone()) }))
+        .map(|(path, id)| {
+            Ok(Layer {
+                path: inside(dir, path)?,
+                name: path.clone(),
+                digest: LayerDigest::DiffId(id.clone()),
+            })
+        })
         .collect::<Result<_, DockerArchiveError>>()?;
-    Ok(ImageContents { layers, config: config.image_config(), digest: format!("sha256:{:x}", Sha256::digest(&config_bytes)), pulled: None })
+    Ok(ImageContents {
+        layers,
+        config: config.image_config(),
+        digest: format!("sha256:{:x}", Sha256::digest(&config_bytes)),
+        pulled: None,
+    })
 }
 
 /// A path of manifest.json inside the archive's folder.
@@ -92,19 +122,37 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = r#"{"config": {"User": "app"}, "rootfs": {"type": "layers", "diff_ids": ["sha256:aa"]}}"#;
         std::fs::write(dir.path().join("c.json"), config).unwrap();
-        std::fs::write(dir.path().join("manifest.json"), r#"[{"Config": "c.json", "RepoTags": ["farm/t:1"], "Layers": ["l/layer.tar"]}]"#).unwrap();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            r#"[{"Config": "c.json", "RepoTags": ["farm/t:1"], "Layers": ["l/layer.tar"]}]"#,
+        )
+        .unwrap();
         let contents = read_archive(dir.path()).unwrap();
         assert_eq!(contents.config.user, "app");
         assert_eq!(contents.layers.len(), 1);
         assert_eq!(contents.layers[0].path, dir.path().join("l/layer.tar"));
 
-        std::fs::write(dir.path().join("manifest.json"), r#"[{"Config": "../c.json", "RepoTags": null, "Layers": []}]"#).unwrap();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            r#"[{"Config": "../c.json", "RepoTags": null, "Layers": []}]"#,
+        )
+        .unwrap();
         let err = read_archive(dir.path()).err().unwrap().to_string();
         assert!(err.contains("leaves the archive"), "{err}");
-        std::fs::write(dir.path().join("manifest.json"), r#"[{"Config": "c.json", "Layers": []}]"#).unwrap();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            r#"[{"Config": "c.json", "Layers": []}]"#,
+        )
+        .unwrap();
         let err = read_archive(dir.path()).err().unwrap().to_string();
-        assert!(err.contains("0 layers but the config \"c.json\" has 1 diff ids"), "{err}");
+        assert!(
+            err.contains("0 layers but the config \"c.json\" has 1 diff ids"),
+            "{err}"
+        );
         std::fs::write(dir.path().join("manifest.json"), r#"[{"Layers": []}]"#).unwrap();
-        assert!(matches!(read_archive(dir.path()), Err(DockerArchiveError::ParseManifest(_))));
+        assert!(matches!(
+            read_archive(dir.path()),
+            Err(DockerArchiveError::ParseManifest(_))
+        ));
     }
 }

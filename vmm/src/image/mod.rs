@@ -136,7 +136,13 @@ pub struct UnknownImage {
 impl ImageSource {
     /// Parses `[template] image`; relative paths are taken from `base`.
     pub fn parse(spec: &str, base: &Path) -> Result<ImageSource, UnknownImage> {
-        let path = |p: &str| if Path::new(p).is_absolute() { PathBuf::from(p) } else { base.join(p) };
+        let path = |p: &str| {
+            if Path::new(p).is_absolute() {
+                PathBuf::from(p)
+            } else {
+                base.join(p)
+            }
+        };
         Ok(match spec.split_once(':') {
             Some(("oci-archive", p)) if !p.is_empty() => ImageSource::OciArchive(path(p)),
             Some(("docker-archive", p)) if !p.is_empty() => ImageSource::DockerArchive(path(p)),
@@ -180,24 +186,52 @@ struct ImageContents {
 
 /// The ext4 image for `source` (not a built-in one): the cached conversion, or a new one;
 /// for an image from a registry, what the pull resolved.
-pub fn converted(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<(Artifact, Option<registry::Pulled>), ImageError> {
-    convert(cache, source, agent, size_mib).map_err(|step| ImageError { image: source.spec(), step: Box::new(step) })
+pub fn converted(
+    cache: &Path,
+    source: &ImageSource,
+    agent: &Artifact,
+    size_mib: Option<u64>,
+) -> Result<(Artifact, Option<registry::Pulled>), ImageError> {
+    convert(cache, source, agent, size_mib).map_err(|step| ImageError {
+        image: source.spec(),
+        step: Box::new(step),
+    })
 }
 
-fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Option<u64>) -> Result<(Artifact, Option<registry::Pulled>), ConvertError> {
+fn convert(
+    cache: &Path,
+    source: &ImageSource,
+    agent: &Artifact,
+    size_mib: Option<u64>,
+) -> Result<(Artifact, Option<registry::Pulled>), ConvertError> {
     let tmp = cache.join("tmp");
     std::fs::create_dir_all(&tmp).map_err(io_step("creating the cache's tmp folder"))?;
-    let work = tempfile::Builder::new().prefix("conv-").tempdir_in(&tmp).map_err(io_step("creating a work folder"))?;
+    let work = tempfile::Builder::new()
+        .prefix("conv-")
+        .tempdir_in(&tmp)
+        .map_err(io_step("creating a work folder"))?;
     let contents = read_contents(source, work.path(), cache)?;
     let key = cache_key(&contents.digest, agent, size_mib);
     let dir = cache.join("images").join(format!("conv-{key}"));
     // One conversion of an image at a time (tasks that share a base convert it at once):
     // whoever waited finds it done.
     std::fs::create_dir_all(cache.join("images")).map_err(io_step("creating the images folder"))?;
-    let lock_file = std::fs::File::create(cache.join("images").join(format!(".conv-{key}.lock"))).map_err(io_step("creating the conversion's lock file"))?;
-    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, errno)| ConvertError::Io { what: "locking the conversion", source: errno.into() })?;
+    let lock_file = std::fs::File::create(cache.join("images").join(format!(".conv-{key}.lock")))
+        .map_err(io_step("creating the conversion's lock file"))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, errno)| {
+        ConvertError::Io {
+            what: "locking the conversion",
+            source: errno.into(),
+        }
+    })?;
     if dir.join("manifest.json").is_file() && dir.join("rootfs.ext4").is_file() {
-        return Ok((Artifact { path: dir.join("rootfs.ext4"), key }, contents.pulled));
+        return Ok((
+            Artifact {
+                path: dir.join("rootfs.ext4"),
+                key,
+            },
+            contents.pulled,
+        ));
     }
     let root = work.path().join("root");
     std::fs::create_dir_all(&root).map_err(io_step("creating the staging root"))?;
@@ -205,7 +239,11 @@ fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Optio
         copy_rootfs(src, &root)?;
     }
     for (i, layer) in contents.layers.iter().enumerate() {
-        unpack::apply_layer(layer, &root).map_err(|source| ConvertError::ApplyLayer { number: i + 1, name: layer.name.clone(), source })?;
+        unpack::apply_layer(layer, &root).map_err(|source| ConvertError::ApplyLayer {
+            number: i + 1,
+            name: layer.name.clone(),
+            source,
+        })?;
         // Checked against its digest as it was applied: into the blob store the registry
         // path shares, so an image met as an archive and from a registry is kept once.
         if contents.pulled.is_none() {
@@ -217,15 +255,29 @@ fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Optio
 
     let staged = cache.join("images").join(format!(".conv-{key}.tmp"));
     let size = write_image(&root, &staged, size_mib)?;
-    std::fs::write(staged.join("image.json"), serde_json::to_vec_pretty(&contents.config).unwrap_or_default()).map_err(io_step("writing image.json"))?;
+    std::fs::write(
+        staged.join("image.json"),
+        serde_json::to_vec_pretty(&contents.config).unwrap_or_default(),
+    )
+    .map_err(io_step("writing image.json"))?;
     let mut manifest = serde_json::json!({ "key": key, "name": "image-converted", "source": source.spec(), "content_digest": contents.digest, "agent": agent.key, "size_mib": size, "recipe": RECIPE });
     if let Some(pulled) = &contents.pulled {
         manifest["pulled"] = serde_json::json!({ "resolved": pulled.resolved, "overridden_from": pulled.overridden_from, "via": pulled.via });
     }
-    std::fs::write(staged.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap_or_default()).map_err(io_step("writing manifest.json"))?;
+    std::fs::write(
+        staged.join("manifest.json"),
+        serde_json::to_vec_pretty(&manifest).unwrap_or_default(),
+    )
+    .map_err(io_step("writing manifest.json"))?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&staged, &dir).map_err(io_step("publishing the image"))?;
-    Ok((Artifact { path: dir.join("rootfs.ext4"), key }, contents.pulled))
+    Ok((
+        Artifact {
+            path: dir.join("rootfs.ext4"),
+            key,
+        },
+        contents.pulled,
+    ))
 }
 
 /// Reads the source's layers, config and content digest; an archive is unpacked into `work`
@@ -233,7 +285,10 @@ fn convert(cache: &Path, source: &ImageSource, agent: &Artifact, size_mib: Optio
 fn read_contents(source: &ImageSource, work: &Path, cache: &Path) -> Result<ImageContents, ConvertError> {
     let unpacked = |archive: &Path| {
         let layout = work.join("layout");
-        unpack::unpack_archive(archive, &layout).map_err(|source| ConvertError::UnpackArchive { archive: archive.to_path_buf(), source })?;
+        unpack::unpack_archive(archive, &layout).map_err(|source| ConvertError::UnpackArchive {
+            archive: archive.to_path_buf(),
+            source,
+        })?;
         Ok::<_, ConvertError>(layout)
     };
     Ok(match source {
@@ -242,8 +297,16 @@ fn read_contents(source: &ImageSource, work: &Path, cache: &Path) -> Result<Imag
             if !dir.is_dir() {
                 return Err(ConvertError::NotAFolder { path: dir.clone() });
             }
-            let digest = staging::tree_digest(dir).map_err(|source| ConvertError::ReadRootfs { path: dir.clone(), source })?;
-            ImageContents { layers: Vec::new(), config: ImageConfig::default(), digest, pulled: None }
+            let digest = staging::tree_digest(dir).map_err(|source| ConvertError::ReadRootfs {
+                path: dir.clone(),
+                source,
+            })?;
+            ImageContents {
+                layers: Vec::new(),
+                config: ImageConfig::default(),
+                digest,
+                pulled: None,
+            }
         }
         ImageSource::OciDir(dir) => oci::read_layout(dir)?,
         ImageSource::OciArchive(tar) => oci::read_layout(&unpacked(tar)?)?,
@@ -251,7 +314,10 @@ fn read_contents(source: &ImageSource, work: &Path, cache: &Path) -> Result<Imag
         ImageSource::Registry(reference) => {
             let pulled = registry::pull(cache, reference)?;
             let contents = oci::read_manifest(&registry::store_dir(cache), &pulled.digest, pulled.size)?;
-            ImageContents { pulled: Some(pulled), ..contents }
+            ImageContents {
+                pulled: Some(pulled),
+                ..contents
+            }
         }
     })
 }
@@ -259,7 +325,12 @@ fn read_contents(source: &ImageSource, work: &Path, cache: &Path) -> Result<Imag
 /// The cache key of a conversion: the content digest, the agent, the recipe and the size.
 fn cache_key(digest: &str, agent: &Artifact, size_mib: Option<u64>) -> String {
     let mut h = Sha256::new();
-    for part in [digest, agent.key.as_str(), RECIPE, &size_mib.map(|s| s.to_string()).unwrap_or_default()] {
+    for part in [
+        digest,
+        agent.key.as_str(),
+        RECIPE,
+        &size_mib.map(|s| s.to_string()).unwrap_or_default(),
+    ] {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -273,9 +344,15 @@ fn copy_rootfs(src: &Path, root: &Path) -> Result<(), ConvertError> {
         .arg(format!("{}/.", src.display()))
         .arg(root)
         .output()
-        .map_err(|source| ConvertError::RunCp { path: src.to_path_buf(), source })?;
+        .map_err(|source| ConvertError::RunCp {
+            path: src.to_path_buf(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(ConvertError::CopyRootfs { path: src.to_path_buf(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        return Err(ConvertError::CopyRootfs {
+            path: src.to_path_buf(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(())
 }
@@ -299,9 +376,12 @@ fn write_image(root: &Path, staged: &Path, size_mib: Option<u64>) -> Result<u64,
         .output()
         .map_err(ConvertError::RunMkfs)?;
     if !out.status.success() {
-        return Err(ConvertError::Mkfs { stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        return Err(ConvertError::Mkfs {
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
-    std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o444)).map_err(io_step("making the image read-only"))?;
+    std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o444))
+        .map_err(io_step("making the image read-only"))?;
     Ok(size)
 }
 
@@ -326,11 +406,26 @@ mod tests {
     #[test]
     fn image_specs_parse_and_unknown_ones_are_named() {
         let base = Path::new("/suites");
-        assert_eq!(ImageSource::parse("python", base).unwrap(), ImageSource::Builtin("python".into()));
-        assert_eq!(ImageSource::parse("oci-archive:img.tar", base).unwrap(), ImageSource::OciArchive("/suites/img.tar".into()));
-        assert_eq!(ImageSource::parse("docker-archive:/x/d.tar", base).unwrap(), ImageSource::DockerArchive("/x/d.tar".into()));
-        assert_eq!(ImageSource::parse("oci:layout", base).unwrap(), ImageSource::OciDir("/suites/layout".into()));
-        assert_eq!(ImageSource::parse("rootfs:r", base).unwrap(), ImageSource::RootfsDir("/suites/r".into()));
+        assert_eq!(
+            ImageSource::parse("python", base).unwrap(),
+            ImageSource::Builtin("python".into())
+        );
+        assert_eq!(
+            ImageSource::parse("oci-archive:img.tar", base).unwrap(),
+            ImageSource::OciArchive("/suites/img.tar".into())
+        );
+        assert_eq!(
+            ImageSource::parse("docker-archive:/x/d.tar", base).unwrap(),
+            ImageSource::DockerArchive("/x/d.tar".into())
+        );
+        assert_eq!(
+            ImageSource::parse("oci:layout", base).unwrap(),
+            ImageSource::OciDir("/suites/layout".into())
+        );
+        assert_eq!(
+            ImageSource::parse("rootfs:r", base).unwrap(),
+            ImageSource::RootfsDir("/suites/r".into())
+        );
         assert!(ImageSource::parse("docker://ubuntu", base).is_err());
         assert!(ImageSource::parse("ubuntu", base).is_err());
     }

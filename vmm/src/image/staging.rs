@@ -41,27 +41,57 @@ fn place(root: &Path, path: &str) -> Result<PathBuf, PlaceError> {
 /// What every farm image has: the agent, the users `farm` (1000) and `farm-checker` (999),
 /// `farm-sandbox` as the one setuid program, the folders the agent uses.
 pub(super) fn add_farm(root: &Path, agent: &Artifact) -> Result<(), AddFarmError> {
-    for d in ["sbin", "bin", "dev", "proc", "sys", "tmp", "run", "root", "etc", "workspace", "var/tmp", "usr/local/bin", "home/farm"] {
+    for d in [
+        "sbin",
+        "bin",
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "run",
+        "root",
+        "etc",
+        "workspace",
+        "var/tmp",
+        "usr/local/bin",
+        "home/farm",
+    ] {
         let at = place(root, d)?;
         if std::fs::symlink_metadata(&at).is_err() {
             std::fs::create_dir(&at).map_err(io_failed("making", d))?;
         }
     }
     for d in ["tmp", "var/tmp"] {
-        std::fs::set_permissions(place(root, d)?, std::fs::Permissions::from_mode(0o1777)).map_err(io_failed("setting the mode of", d))?;
+        std::fs::set_permissions(place(root, d)?, std::fs::Permissions::from_mode(0o1777))
+            .map_err(io_failed("setting the mode of", d))?;
     }
     clear_setid_bits(root)?;
-    let agent_dir = agent.path.parent().ok_or_else(|| AddFarmError::AgentFolder { path: agent.path.clone() })?;
+    let agent_dir = agent.path.parent().ok_or_else(|| AddFarmError::AgentFolder {
+        path: agent.path.clone(),
+    })?;
     install(root, &agent.path, "sbin/farm-agent", 0o755, 0)?;
-    install(root, &agent_dir.join("farm-sandbox"), "usr/local/bin/farm-sandbox", 0o4750, 999)?;
-    let etc = place(root, "etc/x")?.parent().map(Path::to_path_buf).expect("placed below the root");
-    for (name, text) in [("hostname", "farm\n"), ("hosts", "127.0.0.1 localhost\n::1 localhost\n")] {
+    install(
+        root,
+        &agent_dir.join("farm-sandbox"),
+        "usr/local/bin/farm-sandbox",
+        0o4750,
+        999,
+    )?;
+    let etc = place(root, "etc/x")?
+        .parent()
+        .map(Path::to_path_buf)
+        .expect("placed below the root");
+    for (name, text) in [
+        ("hostname", "farm\n"),
+        ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
+    ] {
         let at = etc.join(name);
         remove_any(&at).map_err(io_failed("replacing", format!("etc/{name}")))?;
         std::fs::write(&at, text).map_err(io_failed("writing", format!("etc/{name}")))?;
     }
     add_users(&etc)?;
-    std::os::unix::fs::lchown(place(root, "home/farm")?, Some(1000), Some(1000)).map_err(io_failed("changing the owner of", "home/farm"))
+    std::os::unix::fs::lchown(place(root, "home/farm")?, Some(1000), Some(1000))
+        .map_err(io_failed("changing the owner of", "home/farm"))
 }
 
 /// No setuid or setgid bit but farm-sandbox's (installed after this).
@@ -69,13 +99,22 @@ fn clear_setid_bits(root: &Path) -> Result<(), AddFarmError> {
     let mut todo = vec![root.to_path_buf()];
     while let Some(d) = todo.pop() {
         let inside = d.strip_prefix(root).unwrap_or(&d).display().to_string();
-        for entry in std::fs::read_dir(&d).map_err(io_failed("listing", inside.clone()))?.flatten() {
+        for entry in std::fs::read_dir(&d)
+            .map_err(io_failed("listing", inside.clone()))?
+            .flatten()
+        {
             let m = std::fs::symlink_metadata(entry.path()).map_err(io_failed("listing", inside.clone()))?;
             if m.is_dir() {
                 todo.push(entry.path());
             } else if m.is_file() && m.mode() & 0o6000 != 0 {
-                let file = entry.path().strip_prefix(root).unwrap_or(&entry.path()).display().to_string();
-                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(m.mode() & 0o1777)).map_err(io_failed("removing the setuid bit of", file))?;
+                let file = entry
+                    .path()
+                    .strip_prefix(root)
+                    .unwrap_or(&entry.path())
+                    .display()
+                    .to_string();
+                std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(m.mode() & 0o1777))
+                    .map_err(io_failed("removing the setuid bit of", file))?;
             }
         }
     }
@@ -95,7 +134,14 @@ fn install(root: &Path, src: &Path, dest: &str, mode: u32, gid: u32) -> Result<(
 /// image's own (a name already there is left as it is).
 fn add_users(etc: &Path) -> Result<(), AddFarmError> {
     for (file, lines) in [
-        ("passwd", ["root:x:0:0:root:/root:/bin/sh", "farm-checker:x:999:999:farm checker:/nonexistent:/bin/false", "farm:x:1000:1000:farm:/home/farm:/bin/sh"]),
+        (
+            "passwd",
+            [
+                "root:x:0:0:root:/root:/bin/sh",
+                "farm-checker:x:999:999:farm checker:/nonexistent:/bin/false",
+                "farm:x:1000:1000:farm:/home/farm:/bin/sh",
+            ],
+        ),
         ("group", ["root:x:0:", "farm-checker:x:999:", "farm:x:1000:"]),
     ] {
         let path = format!("etc/{file}");
@@ -115,8 +161,10 @@ fn add_users(etc: &Path) -> Result<(), AddFarmError> {
             }
         }
         let mut f = std::fs::File::create(&at).map_err(io_failed("writing", path.clone()))?;
-        f.write_all(text.as_bytes()).map_err(io_failed("writing", path.clone()))?;
-        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o644)).map_err(io_failed("setting the mode of", path))?;
+        f.write_all(text.as_bytes())
+            .map_err(io_failed("writing", path.clone()))?;
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o644))
+            .map_err(io_failed("setting the mode of", path))?;
     }
     Ok(())
 }
@@ -139,7 +187,17 @@ pub(super) fn tree_digest(dir: &Path) -> io::Result<String> {
     }
     for (path, m) in entries {
         let rel = path.strip_prefix(dir).unwrap_or(&path);
-        h.update(format!("{}\0{:o}\0{}\0{}\0{}\0", rel.display(), m.mode(), m.uid(), m.gid(), m.len()).as_bytes());
+        h.update(
+            format!(
+                "{}\0{:o}\0{}\0{}\0{}\0",
+                rel.display(),
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.len()
+            )
+            .as_bytes(),
+        );
         if m.file_type().is_symlink() {
             h.update(std::fs::read_link(&path)?.as_os_str().as_encoded_bytes());
         } else if m.is_file() {

@@ -94,7 +94,11 @@ pub enum UnpackError {
     #[error("entry {entry:?}: device nodes are refused outside /dev (the guest's devtmpfs provides /dev)")]
     Device { entry: PathBuf },
     #[error("entry {entry:?} is of type {kind}: {allowed}")]
-    Unsupported { entry: PathBuf, kind: String, allowed: &'static str },
+    Unsupported {
+        entry: PathBuf,
+        kind: String,
+        allowed: &'static str,
+    },
     #[error("entry {entry:?}: setting the extended attribute {name} failed")]
     Xattr {
         entry: PathBuf,
@@ -143,11 +147,22 @@ impl EntryPath {
             match c {
                 Component::Normal(n) => parts.push(n.to_os_string()),
                 Component::CurDir => {}
-                Component::ParentDir => return Err(PlaceError::ParentComponent { entry: raw.to_path_buf() }),
-                Component::RootDir | Component::Prefix(_) => return Err(PlaceError::Absolute { entry: raw.to_path_buf() }),
+                Component::ParentDir => {
+                    return Err(PlaceError::ParentComponent {
+                        entry: raw.to_path_buf(),
+                    })
+                }
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(PlaceError::Absolute {
+                        entry: raw.to_path_buf(),
+                    })
+                }
             }
         }
-        Ok(EntryPath { raw: raw.to_path_buf(), parts })
+        Ok(EntryPath {
+            raw: raw.to_path_buf(),
+            parts,
+        })
     }
 
     fn name(&self) -> Option<&OsString> {
@@ -161,7 +176,10 @@ impl EntryPath {
 pub(super) fn resolve(root: &Path, entry: &EntryPath) -> Result<PathBuf, PlaceError> {
     let components = &entry.parts;
     let mut stack: Vec<OsString> = Vec::new();
-    let mut queue: VecDeque<OsString> = components[..components.len().saturating_sub(1)].iter().cloned().collect();
+    let mut queue: VecDeque<OsString> = components[..components.len().saturating_sub(1)]
+        .iter()
+        .cloned()
+        .collect();
     let mut hops = 0;
     while let Some(c) = queue.pop_front() {
         if c == ".." {
@@ -177,9 +195,15 @@ pub(super) fn resolve(root: &Path, entry: &EntryPath) -> Result<PathBuf, PlaceEr
             Ok(m) if m.file_type().is_symlink() => {
                 hops += 1;
                 if hops > 40 {
-                    return Err(PlaceError::LinkLoop { entry: entry.raw.clone() });
+                    return Err(PlaceError::LinkLoop {
+                        entry: entry.raw.clone(),
+                    });
                 }
-                let target = std::fs::read_link(&here).map_err(|source| PlaceError::ReadLink { entry: entry.raw.clone(), link: inside(), source })?;
+                let target = std::fs::read_link(&here).map_err(|source| PlaceError::ReadLink {
+                    entry: entry.raw.clone(),
+                    link: inside(),
+                    source,
+                })?;
                 if target.is_absolute() {
                     stack.clear();
                 }
@@ -195,9 +219,18 @@ pub(super) fn resolve(root: &Path, entry: &EntryPath) -> Result<PathBuf, PlaceEr
                 queue = rest;
             }
             Ok(m) if m.is_dir() => stack.push(c),
-            Ok(_) => return Err(PlaceError::NotAFolder { entry: entry.raw.clone(), folder: inside() }),
+            Ok(_) => {
+                return Err(PlaceError::NotAFolder {
+                    entry: entry.raw.clone(),
+                    folder: inside(),
+                })
+            }
             Err(_) => {
-                std::fs::create_dir(&here).map_err(|source| PlaceError::MakeFolder { entry: entry.raw.clone(), folder: inside(), source })?;
+                std::fs::create_dir(&here).map_err(|source| PlaceError::MakeFolder {
+                    entry: entry.raw.clone(),
+                    folder: inside(),
+                    source,
+                })?;
                 stack.push(c);
             }
         }
@@ -222,8 +255,14 @@ pub(super) fn remove_any(path: &Path) -> io::Result<()> {
 /// Unpacks an image archive (files, folders and links between them; paths inside) into
 /// `into`.
 pub(super) fn unpack_archive(tar_path: &Path, into: &Path) -> Result<(), UnpackError> {
-    std::fs::create_dir_all(into).map_err(|source| UnpackError::Write { entry: PathBuf::from("."), source })?;
-    let file = std::fs::File::open(tar_path).map_err(|source| UnpackError::Open { path: tar_path.to_path_buf(), source })?;
+    std::fs::create_dir_all(into).map_err(|source| UnpackError::Write {
+        entry: PathBuf::from("."),
+        source,
+    })?;
+    let file = std::fs::File::open(tar_path).map_err(|source| UnpackError::Open {
+        path: tar_path.to_path_buf(),
+        source,
+    })?;
     unpack(io::BufReader::new(file), into, Rules::Archive)
 }
 
@@ -231,14 +270,23 @@ pub(super) fn unpack_archive(tar_path: &Path, into: &Path) -> Result<(), UnpackE
 /// then whiteouts and entries in order.
 pub(super) fn apply_layer(layer: &Layer, root: &Path) -> Result<(), UnpackError> {
     if let LayerDigest::Blob(expected) = &layer.digest {
-        let actual = super::sha256_file(&layer.path).map_err(|source| UnpackError::Open { path: layer.path.clone(), source })?;
+        let actual = super::sha256_file(&layer.path).map_err(|source| UnpackError::Open {
+            path: layer.path.clone(),
+            source,
+        })?;
         if actual != *expected {
-            return Err(UnpackError::Digest { expected: expected.clone(), actual });
+            return Err(UnpackError::Digest {
+                expected: expected.clone(),
+                actual,
+            });
         }
     }
     // Pass 1: opaque folders hide what lower layers put there. A pass of its own, because
     // the same layer may add to such a folder before the tar names it opaque.
-    let mut hashing = Hashing { inner: layer_reader(&layer.path)?, hash: Sha256::new() };
+    let mut hashing = Hashing {
+        inner: layer_reader(&layer.path)?,
+        hash: Sha256::new(),
+    };
     {
         let mut archive = tar::Archive::new(&mut hashing);
         for_each_entry(&mut archive, |_, path| clear_opaque_folder(root, path))?;
@@ -248,7 +296,10 @@ pub(super) fn apply_layer(layer: &Layer, root: &Path) -> Result<(), UnpackError>
     if let LayerDigest::DiffId(expected) = &layer.digest {
         let actual = format!("sha256:{:x}", hashing.hash.finalize());
         if actual != *expected {
-            return Err(UnpackError::DiffId { expected: expected.clone(), actual });
+            return Err(UnpackError::DiffId {
+                expected: expected.clone(),
+                actual,
+            });
         }
     }
     // Pass 2: the entries.
@@ -256,7 +307,10 @@ pub(super) fn apply_layer(layer: &Layer, root: &Path) -> Result<(), UnpackError>
 }
 
 /// Calls `visit` with every entry of `archive` that names something below the root.
-fn for_each_entry<R: Read>(archive: &mut tar::Archive<R>, mut visit: impl FnMut(&mut tar::Entry<'_, R>, &EntryPath) -> Result<(), UnpackError>) -> Result<(), UnpackError> {
+fn for_each_entry<R: Read>(
+    archive: &mut tar::Archive<R>,
+    mut visit: impl FnMut(&mut tar::Entry<'_, R>, &EntryPath) -> Result<(), UnpackError>,
+) -> Result<(), UnpackError> {
     for entry in archive.entries().map_err(UnpackError::Read)? {
         let mut entry = entry.map_err(UnpackError::Read)?;
         let path = EntryPath::parse(&entry.path().map_err(UnpackError::Read)?)?;
@@ -290,16 +344,33 @@ fn unpack(tar: impl Read, root: &Path, rules: Rules) -> Result<(), UnpackError> 
 
 /// Writes one entry at `at`; an archive's symbolic link is returned (its target) to be made
 /// later.
-fn unpack_entry<R: Read>(entry: &mut tar::Entry<'_, R>, path: &EntryPath, at: &Path, root: &Path, rules: Rules) -> Result<Option<PathBuf>, UnpackError> {
+fn unpack_entry<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    path: &EntryPath,
+    at: &Path,
+    root: &Path,
+    rules: Rules,
+) -> Result<Option<PathBuf>, UnpackError> {
     use tar::EntryType as Kind;
-    let failed = |source| UnpackError::Write { entry: path.raw.clone(), source };
+    let failed = |source| UnpackError::Write {
+        entry: path.raw.clone(),
+        source,
+    };
     let kind = entry.header().entry_type();
-    let xattrs = if rules == Rules::Layer { pax_xattrs(entry) } else { Vec::new() };
+    let xattrs = if rules == Rules::Layer {
+        pax_xattrs(entry)
+    } else {
+        Vec::new()
+    };
     match kind {
         Kind::Directory => make_folder(at).map_err(failed)?,
         Kind::Regular | Kind::Continuous => {
             remove_any(at).map_err(failed)?;
-            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(at).map_err(failed)?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(at)
+                .map_err(failed)?;
             io::copy(entry, &mut file).map_err(failed)?;
         }
         Kind::Symlink if rules == Rules::Archive => return Ok(Some(link_target(entry, path)?)),
@@ -311,9 +382,16 @@ fn unpack_entry<R: Read>(entry: &mut tar::Entry<'_, R>, path: &EntryPath, at: &P
         Kind::Link if rules == Rules::Layer => {
             let target = link_target(entry, path)?;
             let source = resolve(root, &EntryPath::parse(&target)?)?;
-            let meta = std::fs::symlink_metadata(&source).map_err(|source| UnpackError::HardLinkTarget { entry: path.raw.clone(), target: target.clone(), source })?;
+            let meta = std::fs::symlink_metadata(&source).map_err(|source| UnpackError::HardLinkTarget {
+                entry: path.raw.clone(),
+                target: target.clone(),
+                source,
+            })?;
             if !meta.is_file() {
-                return Err(UnpackError::HardLinkNotFile { entry: path.raw.clone(), target });
+                return Err(UnpackError::HardLinkNotFile {
+                    entry: path.raw.clone(),
+                    target,
+                });
             }
             remove_any(at).map_err(failed)?;
             std::fs::hard_link(&source, at).map_err(failed)?;
@@ -321,14 +399,28 @@ fn unpack_entry<R: Read>(entry: &mut tar::Entry<'_, R>, path: &EntryPath, at: &P
         // Device nodes under /dev are left out (the guest mounts its devtmpfs there, which
         // would hide them anyway; root filesystems made by debootstrap have them).
         Kind::Char | Kind::Block if rules == Rules::Layer && path.parts[0] == "dev" => return Ok(None),
-        Kind::Char | Kind::Block if rules == Rules::Layer => return Err(UnpackError::Device { entry: path.raw.clone() }),
+        Kind::Char | Kind::Block if rules == Rules::Layer => {
+            return Err(UnpackError::Device {
+                entry: path.raw.clone(),
+            })
+        }
         Kind::Fifo if rules == Rules::Layer => return Ok(None),
         Kind::XGlobalHeader | Kind::XHeader | Kind::GNULongName | Kind::GNULongLink => return Ok(None),
-        other => return Err(UnpackError::Unsupported { entry: path.raw.clone(), kind: format!("{other:?}"), allowed: rules.allowed() }),
+        other => {
+            return Err(UnpackError::Unsupported {
+                entry: path.raw.clone(),
+                kind: format!("{other:?}"),
+                allowed: rules.allowed(),
+            })
+        }
     }
     if rules == Rules::Layer {
         set_owner_and_mode(entry.header(), kind, at).map_err(failed)?;
-        set_xattrs(at, kind, xattrs).map_err(|(name, source)| UnpackError::Xattr { entry: path.raw.clone(), name, source })?;
+        set_xattrs(at, kind, xattrs).map_err(|(name, source)| UnpackError::Xattr {
+            entry: path.raw.clone(),
+            name,
+            source,
+        })?;
     }
     Ok(None)
 }
@@ -347,7 +439,11 @@ fn make_folder(at: &Path) -> io::Result<()> {
 
 fn link_target<R: Read>(entry: &tar::Entry<'_, R>, path: &EntryPath) -> Result<PathBuf, UnpackError> {
     let target = entry.link_name().map_err(UnpackError::Read)?;
-    Ok(target.ok_or_else(|| UnpackError::NoLinkTarget { entry: path.raw.clone() })?.into_owned())
+    Ok(target
+        .ok_or_else(|| UnpackError::NoLinkTarget {
+            entry: path.raw.clone(),
+        })?
+        .into_owned())
 }
 
 /// The header's owner and mode on what was just made (a symbolic link keeps its mode; a hard
@@ -368,7 +464,15 @@ fn set_owner_and_mode(header: &tar::Header, kind: tar::EntryType, at: &Path) -> 
 /// Extended attributes of an entry (pax `SCHILY.xattr.NAME`).
 fn pax_xattrs<R: Read>(entry: &mut tar::Entry<'_, R>) -> Vec<(String, Vec<u8>)> {
     match entry.pax_extensions() {
-        Ok(Some(exts)) => exts.flatten().filter_map(|e| Some((e.key().ok()?.strip_prefix("SCHILY.xattr.")?.to_string(), e.value_bytes().to_vec()))).collect(),
+        Ok(Some(exts)) => exts
+            .flatten()
+            .filter_map(|e| {
+                Some((
+                    e.key().ok()?.strip_prefix("SCHILY.xattr.")?.to_string(),
+                    e.value_bytes().to_vec(),
+                ))
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -392,11 +496,17 @@ fn clear_opaque_folder(root: &Path, path: &EntryPath) -> Result<(), UnpackError>
     if path.name().is_none_or(|n| n != ".wh..wh..opq") {
         return Ok(());
     }
-    let folder = EntryPath { raw: path.raw.clone(), parts: path.parts[..path.parts.len() - 1].to_vec() };
+    let folder = EntryPath {
+        raw: path.raw.clone(),
+        parts: path.parts[..path.parts.len() - 1].to_vec(),
+    };
     let dir = resolve(root, &folder)?;
     if let Ok(children) = std::fs::read_dir(&dir) {
         for child in children.flatten() {
-            remove_any(&child.path()).map_err(|source| UnpackError::Write { entry: path.raw.clone(), source })?;
+            remove_any(&child.path()).map_err(|source| UnpackError::Write {
+                entry: path.raw.clone(),
+                source,
+            })?;
         }
     }
     Ok(())
@@ -417,7 +527,10 @@ fn apply_whiteout(root: &Path, path: &EntryPath) -> Result<bool, UnpackError> {
     let mut target = path.clone();
     *target.parts.last_mut().expect("named") = hidden.into();
     let at = resolve(root, &target)?;
-    remove_any(&at).map_err(|source| UnpackError::Write { entry: path.raw.clone(), source })?;
+    remove_any(&at).map_err(|source| UnpackError::Write {
+        entry: path.raw.clone(),
+        source,
+    })?;
     Ok(true)
 }
 
@@ -432,20 +545,37 @@ fn link_archive_file(root: &Path, link: &Path, at: &Path, target: &Path) -> Resu
             Component::Normal(n) => resolved.push(n.to_os_string()),
             Component::ParentDir if resolved.pop().is_some() => {}
             Component::CurDir => {}
-            _ => return Err(UnpackError::LinkLeaves { link: link.to_path_buf(), target: target.to_path_buf() }),
+            _ => {
+                return Err(UnpackError::LinkLeaves {
+                    link: link.to_path_buf(),
+                    target: target.to_path_buf(),
+                })
+            }
         }
     }
     let source = resolved.iter().fold(root.to_path_buf(), |a, c| a.join(c));
     if !std::fs::symlink_metadata(&source).is_ok_and(|m| m.is_file()) {
-        return Err(UnpackError::LinkNotFile { link: link.to_path_buf(), target: target.to_path_buf() });
+        return Err(UnpackError::LinkNotFile {
+            link: link.to_path_buf(),
+            target: target.to_path_buf(),
+        });
     }
-    remove_any(at).map_err(|source| UnpackError::Write { entry: link.to_path_buf(), source })?;
-    std::fs::hard_link(&source, at).map_err(|source| UnpackError::Write { entry: link.to_path_buf(), source })
+    remove_any(at).map_err(|source| UnpackError::Write {
+        entry: link.to_path_buf(),
+        source,
+    })?;
+    std::fs::hard_link(&source, at).map_err(|source| UnpackError::Write {
+        entry: link.to_path_buf(),
+        source,
+    })
 }
 
 /// A reader of a layer, decompressed (gzip, zstd or none, told by its first bytes).
 fn layer_reader(path: &Path) -> Result<Box<dyn Read>, UnpackError> {
-    let open = |source| UnpackError::Open { path: path.to_path_buf(), source };
+    let open = |source| UnpackError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut file = std::fs::File::open(path).map_err(open)?;
     let mut magic = [0u8; 4];
     let n = file.read(&mut magic).map_err(open)?;
@@ -492,9 +622,18 @@ mod tests {
         assert!(at.starts_with(&root), "{}", at.display());
         let at = resolve(&root, &entry("up/etc/passwd")).unwrap();
         assert_eq!(at, root.join("etc/passwd"));
-        assert!(EntryPath::parse(Path::new("../x")).unwrap_err().to_string().contains("`..`"));
-        assert!(EntryPath::parse(Path::new("/etc/x")).unwrap_err().to_string().contains("absolute"));
-        assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "nothing was made outside");
+        assert!(EntryPath::parse(Path::new("../x"))
+            .unwrap_err()
+            .to_string()
+            .contains("`..`"));
+        assert!(EntryPath::parse(Path::new("/etc/x"))
+            .unwrap_err()
+            .to_string()
+            .contains("absolute"));
+        assert!(
+            std::fs::read_dir(&outside).unwrap().next().is_none(),
+            "nothing was made outside"
+        );
     }
 
     /// A tar of `(path, kind, data or link target)` members.
@@ -518,15 +657,34 @@ mod tests {
     fn archives_hold_files_folders_and_links_between_files() {
         use tar::EntryType as Kind;
         let dir = tempfile::tempdir().unwrap();
-        let good = tar_of(&[("blobs/sha256/aa", Kind::Regular, "blob"), ("blobs/layer.tar", Kind::Symlink, "sha256/aa"), ("d", Kind::Directory, "")]);
+        let good = tar_of(&[
+            ("blobs/sha256/aa", Kind::Regular, "blob"),
+            ("blobs/layer.tar", Kind::Symlink, "sha256/aa"),
+            ("d", Kind::Directory, ""),
+        ]);
         unpack(&good[..], dir.path(), Rules::Archive).unwrap();
-        assert_eq!(std::fs::read_to_string(dir.path().join("blobs/layer.tar")).unwrap(), "blob");
-        assert!(!std::fs::symlink_metadata(dir.path().join("blobs/layer.tar")).unwrap().file_type().is_symlink(), "kept as a hard link");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("blobs/layer.tar")).unwrap(),
+            "blob"
+        );
+        assert!(
+            !std::fs::symlink_metadata(dir.path().join("blobs/layer.tar"))
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "kept as a hard link"
+        );
 
         let refused = [
-            (tar_of(&[("x", Kind::Symlink, "../../etc/passwd")]), "leaves the archive"),
+            (
+                tar_of(&[("x", Kind::Symlink, "../../etc/passwd")]),
+                "leaves the archive",
+            ),
             (tar_of(&[("x", Kind::Symlink, "missing")]), "not a file of the archive"),
-            (tar_of(&[("f", Kind::Regular, "x"), ("h", Kind::Link, "f")]), "an image archive holds only"),
+            (
+                tar_of(&[("f", Kind::Regular, "x"), ("h", Kind::Link, "f")]),
+                "an image archive holds only",
+            ),
             (tar_of(&[("p", Kind::Fifo, "")]), "an image archive holds only"),
         ];
         for (tar, reason) in refused {
@@ -543,17 +701,38 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("data/opq")).unwrap();
         std::fs::write(dir.path().join("data/gone"), "x").unwrap();
         std::fs::write(dir.path().join("data/opq/old"), "x").unwrap();
-        let layer = tar_of(&[("data/.wh.gone", Kind::Regular, ""), ("data/opq/.wh..wh..opq", Kind::Regular, ""), ("data/opq/new", Kind::Regular, "n"), ("dev/null", Kind::Char, "")]);
+        let layer = tar_of(&[
+            ("data/.wh.gone", Kind::Regular, ""),
+            ("data/opq/.wh..wh..opq", Kind::Regular, ""),
+            ("data/opq/new", Kind::Regular, "n"),
+            ("dev/null", Kind::Char, ""),
+        ]);
         let path = dir.path().join("layer.tar");
         std::fs::write(&path, &layer).unwrap();
         let digest = super::super::sha256_file(&path).unwrap();
         let root = dir.path();
-        apply_layer(&Layer { path: path.clone(), name: "l".into(), digest: LayerDigest::Blob(digest) }, root).unwrap();
+        apply_layer(
+            &Layer {
+                path: path.clone(),
+                name: "l".into(),
+                digest: LayerDigest::Blob(digest),
+            },
+            root,
+        )
+        .unwrap();
         assert!(!root.join("data/gone").exists() && !root.join("data/opq/old").exists());
         assert_eq!(std::fs::read_to_string(root.join("data/opq/new")).unwrap(), "n");
         assert!(!root.join("dev/null").exists());
 
-        let err = apply_layer(&Layer { path: path.clone(), name: "l".into(), digest: LayerDigest::Blob("sha256:00".into()) }, root).unwrap_err();
+        let err = apply_layer(
+            &Layer {
+                path: path.clone(),
+                name: "l".into(),
+                digest: LayerDigest::Blob("sha256:00".into()),
+            },
+            root,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("does not match its digest"), "{err}");
         let device = tar_of(&[("opt/sda", Kind::Block, "")]);
         let err = unpack(&device[..], root, Rules::Layer).unwrap_err().to_string();

@@ -54,7 +54,9 @@ impl VmSettings {
 
 /// `FARM_RUN_DIR`, or a folder under the system temporary directory.
 pub fn default_run_root() -> PathBuf {
-    std::env::var_os("FARM_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("farm-run"))
+    std::env::var_os("FARM_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("farm-run"))
 }
 
 /// Finds `qemu-system-x86_64` (or `FARM_QEMU`).
@@ -63,7 +65,9 @@ pub fn find_qemu() -> Result<PathBuf, MachineError> {
 }
 
 fn qemu_named(name: &str) -> Result<PathBuf, MachineError> {
-    find_program(name).ok_or(MachineError::QemuNotFound { binary: name.to_string() })
+    find_program(name).ok_or(MachineError::QemuNotFound {
+        binary: name.to_string(),
+    })
 }
 
 fn find_program(name: &str) -> Option<PathBuf> {
@@ -71,13 +75,23 @@ fn find_program(name: &str) -> Option<PathBuf> {
     if candidate.components().count() > 1 {
         return candidate.is_file().then(|| candidate.to_path_buf());
     }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(name)).find(|p| p.is_file())
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
 }
 
 /// The version string QEMU reports (`qemu-system-x86_64 --version`, first line).
 pub fn qemu_version(binary: &Path) -> Result<String, MachineError> {
-    let out = Command::new(binary).arg("--version").output().map_err(io_err(format!("running {} --version", binary.display())))?;
-    Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").trim().to_string())
+    let out = Command::new(binary)
+        .arg("--version")
+        .output()
+        .map_err(io_err(format!("running {} --version", binary.display())))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string())
 }
 
 /// A folder holding one VM's overlay, console log, QEMU log and private RAM file; removed
@@ -124,7 +138,9 @@ fn sweep_stale_run_dirs(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
-        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
         if !Path::new(&format!("/proc/{pid}")).exists() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
@@ -142,14 +158,18 @@ pub fn create_overlay(backing: &Path, backing_format: &str, overlay: &Path) -> R
         .output()
         .map_err(io_err("running qemu-img create"))?;
     if !out.status.success() {
-        return Err(MachineError::Overlay(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+        return Err(MachineError::Overlay(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
     }
     Ok(())
 }
 
 /// The last `lines` lines of a text file (for console and QEMU logs in errors).
 pub fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let text = std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     let tail = all[all.len().saturating_sub(lines)..].join("\n");
     if tail.is_empty() {
@@ -166,7 +186,10 @@ mod tests {
     #[test]
     fn missing_qemu_names_the_package() {
         let err = qemu_named("/no/such/qemu-system-x86_64").unwrap_err().to_string();
-        assert!(err.contains("qemu-system-x86") && err.contains("scripts/setup.sh"), "{err}");
+        assert!(
+            err.contains("qemu-system-x86") && err.contains("scripts/setup.sh"),
+            "{err}"
+        );
         let err = qemu_named("qemu-system-that-does-not-exist").unwrap_err().to_string();
         assert!(err.contains("qemu-system-that-does-not-exist"), "{err}");
     }

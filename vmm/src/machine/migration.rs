@@ -39,11 +39,17 @@ impl Machine {
                 "failed" | "cancelled" => {
                     return Err(MachineError::Migration {
                         what: "out".into(),
-                        detail: info.get("error-desc").map(|d| d.to_string()).unwrap_or_else(|| info.to_string()),
+                        detail: info
+                            .get("error-desc")
+                            .map(|d| d.to_string())
+                            .unwrap_or_else(|| info.to_string()),
                     })
                 }
                 _ if started.elapsed() > Duration::from_secs(300) => {
-                    return Err(MachineError::Migration { what: "out".into(), detail: "did not finish within 300 s".into() })
+                    return Err(MachineError::Migration {
+                        what: "out".into(),
+                        detail: "did not finish within 300 s".into(),
+                    })
                 }
                 _ => tokio::time::sleep(Duration::from_millis(2)).await,
             }
@@ -53,7 +59,10 @@ impl Machine {
     /// Hands QEMU a descriptor under a name (QMP `getfd`).
     async fn pass_fd(&self, name: &str, fd: OwnedFd) -> Result<(), MachineError> {
         let mut qmp = self.qmp.lock().await;
-        qmp.pass_fd(name, fd).await.map_err(|source| MachineError::Qmp { what: "getfd".into(), source })
+        qmp.pass_fd(name, fd).await.map_err(|source| MachineError::Qmp {
+            what: "getfd".into(),
+            source,
+        })
     }
 
     /// Loads state written by [`Machine::save_state`] into a machine launched with
@@ -61,7 +70,8 @@ impl Machine {
     pub async fn load_state(&self, state_path: &Path, offset: u64) -> Result<(), MachineError> {
         use std::io::Seek;
         let mut file = std::fs::File::open(state_path).map_err(io_err(format!("opening {}", state_path.display())))?;
-        file.seek(std::io::SeekFrom::Start(offset)).map_err(io_err(format!("reading {}", state_path.display())))?;
+        file.seek(std::io::SeekFrom::Start(offset))
+            .map_err(io_err(format!("reading {}", state_path.display())))?;
         self.migrate_in(file.into(), true).await?;
         self.resume().await
     }
@@ -78,11 +88,22 @@ impl Machine {
             let status = self.qmp("query-status", None).await?;
             let state = status.get("status").and_then(|s| s.as_str()).unwrap_or("").to_string();
             match state.as_str() {
-                "inmigrate" if started.elapsed() < Duration::from_secs(300) => tokio::time::sleep(Duration::from_millis(1)).await,
-                "inmigrate" => return Err(MachineError::Migration { what: "in".into(), detail: "did not finish within 300 s".into() }),
+                "inmigrate" if started.elapsed() < Duration::from_secs(300) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await
+                }
+                "inmigrate" => {
+                    return Err(MachineError::Migration {
+                        what: "in".into(),
+                        detail: "did not finish within 300 s".into(),
+                    })
+                }
                 "paused" | "postmigrate" | "prelaunch" | "running" => return Ok(()),
                 other => {
-                    let migrate = self.qmp("query-migrate", None).await.map(|v| v.to_string()).unwrap_or_default();
+                    let migrate = self
+                        .qmp("query-migrate", None)
+                        .await
+                        .map(|v| v.to_string())
+                        .unwrap_or_default();
                     return Err(MachineError::Migration {
                         what: "in".into(),
                         detail: format!(

@@ -28,7 +28,9 @@ pub enum MachineError {
     Artifacts(#[from] crate::artifacts::ArtifactError),
     #[error(transparent)]
     Accel(#[from] accel::KvmUnusable),
-    #[error("{binary} not found: install the Debian package qemu-system-x86 (scripts/setup.sh does), or set FARM_QEMU")]
+    #[error(
+        "{binary} not found: install the Debian package qemu-system-x86 (scripts/setup.sh does), or set FARM_QEMU"
+    )]
     QemuNotFound { binary: String },
     #[error("qemu-img not found: install the Debian package qemu-utils (scripts/setup.sh does)")]
     QemuImgNotFound,
@@ -109,7 +111,11 @@ static VM_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The jail of one QEMU: its own uid (when farm is root), its cgroup (where the host has
 /// cgroup v2), and the limits.
-fn confine(spec: &MachineSpec, run_root: &Path, max_file_bytes: u64) -> Result<(Option<VmUser>, Option<VmCgroup>, Confinement), MachineError> {
+fn confine(
+    spec: &MachineSpec,
+    run_root: &Path,
+    max_file_bytes: u64,
+) -> Result<(Option<VmUser>, Option<VmCgroup>, Confinement), MachineError> {
     let user = if jail::running_as_root() {
         Some(VmUser::allocate(&run_root.join("uids")).map_err(io_err("allocating a uid for QEMU"))?)
     } else {
@@ -118,8 +124,12 @@ fn confine(spec: &MachineSpec, run_root: &Path, max_file_bytes: u64) -> Result<(
     let cgroup = match jail::cgroups() {
         jail::Cgroups::Available(parent) => {
             // Guest RAM, TCG's translation buffer and QEMU's own heap, with room to spare.
-            let memory = (u64::from(spec.memory_mib) << 20) + (u64::from(spec.tcg_tb_size_mib.unwrap_or(0)) << 20) + (256 << 20);
-            Some(VmCgroup::create(parent, &spec.name, memory, jail::MAX_PIDS).map_err(io_err("creating the VM's cgroup"))?)
+            let memory =
+                (u64::from(spec.memory_mib) << 20) + (u64::from(spec.tcg_tb_size_mib.unwrap_or(0)) << 20) + (256 << 20);
+            Some(
+                VmCgroup::create(parent, &spec.name, memory, jail::MAX_PIDS)
+                    .map_err(io_err("creating the VM's cgroup"))?,
+            )
         }
         jail::Cgroups::Missing(_) => None,
     };
@@ -135,7 +145,13 @@ fn confine(spec: &MachineSpec, run_root: &Path, max_file_bytes: u64) -> Result<(
             ),
         });
     }
-    let confinement = Confinement { uid: user.as_ref().map(|u| u.uid), groups, max_file_bytes, cgroup_procs: cgroup.as_ref().map(VmCgroup::procs), ksm: spec.ksm };
+    let confinement = Confinement {
+        uid: user.as_ref().map(|u| u.uid),
+        groups,
+        max_file_bytes,
+        cgroup_procs: cgroup.as_ref().map(VmCgroup::procs),
+        ksm: spec.ksm,
+    };
     Ok((user, cgroup, confinement))
 }
 
@@ -146,8 +162,17 @@ impl Machine {
         let run_dir = RunDir::create(&settings.run_root)?;
         let disk = run_dir.path().join("disk.qcow2");
         create_overlay(image, "raw", &disk)?;
-        let ram = RamBacking { path: run_dir.path().join("memory"), shared: false };
-        let plan = LaunchPlan { kernel: Some(kernel.to_path_buf()), disk, ram, incoming: false, max_disk_bytes: None };
+        let ram = RamBacking {
+            path: run_dir.path().join("memory"),
+            shared: false,
+        };
+        let plan = LaunchPlan {
+            kernel: Some(kernel.to_path_buf()),
+            disk,
+            ram,
+            incoming: false,
+            max_disk_bytes: None,
+        };
         let machine = Machine::launch(settings, plan, run_dir).await?;
         machine.wait_for_agent(settings.boot_timeout).await?;
         Ok(machine)
@@ -167,7 +192,11 @@ impl Machine {
         let own_ram = plan.ram.shared || !plan.ram.path.exists();
         let spec = MachineSpec {
             qemu_binary: settings.qemu_binary.clone(),
-            name: format!("farm-{}-{}", std::process::id(), VM_COUNTER.fetch_add(1, Ordering::Relaxed)),
+            name: format!(
+                "farm-{}-{}",
+                std::process::id(),
+                VM_COUNTER.fetch_add(1, Ordering::Relaxed)
+            ),
             accel: settings.accel,
             cpu_model: settings.cpu_model.clone(),
             cpus: settings.cpus,
@@ -200,18 +229,34 @@ impl Machine {
                 writable.push(&spec.ram.path);
             }
             for path in writable {
-                std::os::unix::fs::chown(path, Some(user.uid), Some(user.uid)).map_err(io_err(format!("giving {} to the VM's user", path.display())))?;
+                std::os::unix::fs::chown(path, Some(user.uid), Some(user.uid))
+                    .map_err(io_err(format!("giving {} to the VM's user", path.display())))?;
             }
         }
-        let (qmp_host, qmp_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the QMP socket pair"))?;
-        let (agent_host, agent_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
-        let (console_host, console_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
-        let (net_host, net_child) = std::os::unix::net::UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
+        let (qmp_host, qmp_child) =
+            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the QMP socket pair"))?;
+        let (agent_host, agent_child) =
+            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
+        let (console_host, console_child) =
+            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
+        let (net_host, net_child) =
+            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
         let qemu_log = run_dir.path().join("qemu.log");
         let log_file = std::fs::File::create(&qemu_log).map_err(io_err(format!("creating {}", qemu_log.display())))?;
         let mut command = Command::new(&spec.qemu_binary);
-        command.args(spec.args()).env_clear().envs(spec.env()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log_file);
-        let mut fds: Vec<(OwnedFd, i32)> = vec![(qmp_child.into(), QMP_FD), (agent_child.into(), AGENT_FD), (console_child.into(), CONSOLE_FD), (net_child.into(), NET_FD)];
+        command
+            .args(spec.args())
+            .env_clear()
+            .envs(spec.env())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        let mut fds: Vec<(OwnedFd, i32)> = vec![
+            (qmp_child.into(), QMP_FD),
+            (agent_child.into(), AGENT_FD),
+            (console_child.into(), CONSOLE_FD),
+            (net_child.into(), NET_FD),
+        ];
         for (path, number) in spec.files() {
             // O_PATH: QEMU reopens each file through /proc/self/fd with its own permissions;
             // the descriptor itself grants nothing.
@@ -222,17 +267,22 @@ impl Machine {
                 .map_err(io_err(format!("opening {}", path.display())))?;
             fds.push((file.into(), number));
         }
-        crate::console::capture(console_host, spec.console_log.clone()).map_err(io_err("starting the console reader"))?;
-        let mut process = QemuProcess::spawn(command, fds, confinement).map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
+        crate::console::capture(console_host, spec.console_log.clone())
+            .map_err(io_err("starting the console reader"))?;
+        let mut process = QemuProcess::spawn(command, fds, confinement)
+            .map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
 
-        let to_tokio = |s: std::os::unix::net::UnixStream, what: &str| -> Result<tokio::net::UnixStream, MachineError> {
-            s.set_nonblocking(true).map_err(io_err(format!("configuring the {what} socket")))?;
-            tokio::net::UnixStream::from_std(s).map_err(io_err(format!("registering the {what} socket")))
-        };
+        let to_tokio =
+            |s: std::os::unix::net::UnixStream, what: &str| -> Result<tokio::net::UnixStream, MachineError> {
+                s.set_nonblocking(true)
+                    .map_err(io_err(format!("configuring the {what} socket")))?;
+                tokio::net::UnixStream::from_std(s).map_err(io_err(format!("registering the {what} socket")))
+            };
         let qmp_stream = to_tokio(qmp_host, "QMP")?;
         // The network port: everything refused until a policy says otherwise.
         let network: crate::net::SharedPolicy = Default::default();
-        let net_task = crate::net::spawn(net_host, network.clone()).map_err(io_err("starting the network port's server"))?;
+        let net_task =
+            crate::net::spawn(net_host, network.clone()).map_err(io_err("starting the network port's server"))?;
         let (agent_read, agent_write) = to_tokio(agent_host, "agent")?.into_split();
         let agent = AgentClient::new(agent_read, agent_write, DEFAULT_MAX_RESPONSE_BYTES);
         let qmp = match tokio::time::timeout(Duration::from_secs(30), Qmp::handshake(qmp_stream)).await {
@@ -242,8 +292,14 @@ impl Machine {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 let status = process.try_exit_status().unwrap_or_else(|| "still running".into());
                 return Err(match e {
-                    QmpError::Closed => MachineError::QemuExited { status, log: tail(&qemu_log, 20) },
-                    other => MachineError::Qmp { what: "handshake".into(), source: other },
+                    QmpError::Closed => MachineError::QemuExited {
+                        status,
+                        log: tail(&qemu_log, 20),
+                    },
+                    other => MachineError::Qmp {
+                        what: "handshake".into(),
+                        source: other,
+                    },
                 });
             }
             Err(_) => {
@@ -283,13 +339,17 @@ impl Machine {
     pub async fn wait_for_agent(&self, timeout: Duration) -> Result<(), MachineError> {
         match self.agent.wait_ready(timeout).await {
             Ok(_) => Ok(()),
-            Err(AgentError::Timeout { .. }) => {
-                Err(MachineError::BootTimeout { waited: timeout, console: tail(&self.spec.console_log, 25) })
-            }
+            Err(AgentError::Timeout { .. }) => Err(MachineError::BootTimeout {
+                waited: timeout,
+                console: tail(&self.spec.console_log, 25),
+            }),
             Err(e) => {
                 // Give QEMU a moment to finish writing the console before reading it.
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                Err(MachineError::GuestDied { reason: e.to_string(), console: tail(&self.spec.console_log, 25) })
+                Err(MachineError::GuestDied {
+                    reason: e.to_string(),
+                    console: tail(&self.spec.console_log, 25),
+                })
             }
         }
     }
@@ -325,9 +385,18 @@ impl Machine {
     }
 
     /// Runs a QMP command.
-    pub async fn qmp(&self, command: &str, arguments: Option<serde_json::Value>) -> Result<serde_json::Value, MachineError> {
+    pub async fn qmp(
+        &self,
+        command: &str,
+        arguments: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, MachineError> {
         let mut qmp = self.qmp.lock().await;
-        qmp.execute(command, arguments).await.map_err(|source| MachineError::Qmp { what: command.to_string(), source })
+        qmp.execute(command, arguments)
+            .await
+            .map_err(|source| MachineError::Qmp {
+                what: command.to_string(),
+                source,
+            })
     }
 
     /// Asks QEMU to quit and waits for it; kills it if it does not go within a second.

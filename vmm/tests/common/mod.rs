@@ -9,7 +9,13 @@ use vmm::{AccelSetting, GuestArtifacts, Machine, VmSettings};
 
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap())
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
 }
 
 pub fn artifacts(image: &str) -> GuestArtifacts {
@@ -26,7 +32,9 @@ pub fn settings() -> VmSettings {
 
 pub async fn boot(image: &str) -> Machine {
     let a = artifacts(image);
-    Machine::boot(&settings(), &a.kernel.path, &a.image.path).await.unwrap_or_else(|e| panic!("booting {image}: {e}"))
+    Machine::boot(&settings(), &a.kernel.path, &a.image.path)
+        .await
+        .unwrap_or_else(|e| panic!("booting {image}: {e}"))
 }
 
 /// A minimal-image machine shared by the tests of this binary (killed with the process).

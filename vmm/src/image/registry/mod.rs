@@ -19,8 +19,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::manifest::{IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
 use oci_client::errors::OciDistributionError;
+use oci_client::manifest::{
+    IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
+};
 use oci_client::{Client, Reference};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -28,7 +30,12 @@ use sha2::{Digest, Sha256};
 pub use settings::{RegistrySettings, SettingsError};
 
 /// The manifest kinds asked for: OCI and Docker, images and indexes.
-const ACCEPTED: [&str; 4] = [OCI_IMAGE_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, IMAGE_MANIFEST_LIST_MEDIA_TYPE];
+const ACCEPTED: [&str; 4] = [
+    OCI_IMAGE_MEDIA_TYPE,
+    OCI_IMAGE_INDEX_MEDIA_TYPE,
+    IMAGE_MANIFEST_MEDIA_TYPE,
+    IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+];
 
 /// An image pulled into the store.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -69,7 +76,12 @@ pub enum PullError {
     #[error("{reference}: the image index has no linux/amd64 image (it has {platforms})")]
     NoPlatform { reference: String, platforms: String },
     #[error("{reference}: {what} from {registry} is not what it should be: {detail}")]
-    Bad { reference: String, registry: String, what: String, detail: String },
+    Bad {
+        reference: String,
+        registry: String,
+        what: String,
+        detail: String,
+    },
     #[error("{what} in the image store failed")]
     Store {
         what: &'static str,
@@ -94,7 +106,10 @@ pub fn pull(cache: &Path, reference: &str) -> Result<Pulled, PullError> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(PullError::Runtime)?;
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(PullError::Runtime)?;
                 runtime.block_on(pull_with(&store, &reference, &settings))
             })
             .join()
@@ -109,10 +124,17 @@ pub fn store_dir(cache: &Path) -> PathBuf {
 
 /// Pulls `spec` into `store` with `settings`.
 pub async fn pull_with(store: &Path, spec: &str, settings: &RegistrySettings) -> Result<Pulled, PullError> {
-    let wanted: Reference = spec.parse().map_err(|source| PullError::Reference { reference: spec.to_string(), source })?;
+    let wanted: Reference = spec.parse().map_err(|source| PullError::Reference {
+        reference: spec.to_string(),
+        source,
+    })?;
     let (reference, overridden_from) = match settings.overridden(&wanted) {
         Some(to) => {
-            let source = settings.source.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+            let source = settings
+                .source
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
             tracing::warn!(target: "farm::image", "image {} is pulled as {} (override in {source})", wanted.whole(), to.whole());
             (to.clone(), Some(wanted.whole()))
         }
@@ -120,7 +142,10 @@ pub async fn pull_with(store: &Path, spec: &str, settings: &RegistrySettings) ->
     };
     if let Some(pinned) = reference.digest() {
         if let Some(pulled) = from_store(store, &reference, pinned)? {
-            return Ok(Pulled { overridden_from, ..pulled });
+            return Ok(Pulled {
+                overridden_from,
+                ..pulled
+            });
         }
     }
     // Mirrors in order, then the registry itself; a mirror's failure is logged and the next
@@ -132,7 +157,12 @@ pub async fn pull_with(store: &Path, spec: &str, settings: &RegistrySettings) ->
             attempt.set_mirror_registry(mirror.clone());
         }
         match pull_from(store, &attempt, settings).await {
-            Ok(pulled) => return Ok(Pulled { overridden_from, ..pulled }),
+            Ok(pulled) => {
+                return Ok(Pulled {
+                    overridden_from,
+                    ..pulled
+                })
+            }
             Err(e) if mirror.is_some() => {
                 tracing::warn!(target: "farm::image", "mirror {} of {}: {}", attempt.resolve_registry(), reference.registry(), chain(&e));
                 last = Some(e);
@@ -145,22 +175,40 @@ pub async fn pull_with(store: &Path, spec: &str, settings: &RegistrySettings) ->
 
 /// The image `pinned` names, when the store holds its manifest and every blob of it.
 fn from_store(store: &Path, reference: &Reference, pinned: &str) -> Result<Option<Pulled>, PullError> {
-    let Ok(bytes) = std::fs::read(blob_path(store, pinned)) else { return Ok(None) };
+    let Ok(bytes) = std::fs::read(blob_path(store, pinned)) else {
+        return Ok(None);
+    };
     if sha256(&bytes) != pinned {
         return Ok(None);
     }
-    let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else { return Ok(None) };
-    if manifest.layers.iter().chain([&manifest.config]).any(|d| !blob_path(store, &d.digest).is_file()) {
+    let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
+        return Ok(None);
+    };
+    if manifest
+        .layers
+        .iter()
+        .chain([&manifest.config])
+        .any(|d| !blob_path(store, &d.digest).is_file())
+    {
         return Ok(None);
     }
     let resolved = format!("{}/{}@{pinned}", reference.registry(), reference.repository());
-    Ok(Some(Pulled { digest: pinned.to_string(), size: bytes.len() as u64, resolved, overridden_from: None, via: "store".into() }))
+    Ok(Some(Pulled {
+        digest: pinned.to_string(),
+        size: bytes.len() as u64,
+        resolved,
+        overridden_from: None,
+        via: "store".into(),
+    }))
 }
 
 /// One attempt: `reference` (with its mirror set, if any) into `store`.
 async fn pull_from(store: &Path, reference: &Reference, settings: &RegistrySettings) -> Result<Pulled, PullError> {
     let registry = reference.resolve_registry().to_string();
-    let plain: Vec<String> = [registry.clone()].into_iter().filter(|r| settings.plain_http(r)).collect();
+    let plain: Vec<String> = [registry.clone()]
+        .into_iter()
+        .filter(|r| settings.plain_http(r))
+        .collect();
     let client = Client::new(ClientConfig {
         protocol: ClientProtocol::HttpsExcept(plain),
         connect_timeout: Some(Duration::from_secs(10)),
@@ -169,35 +217,77 @@ async fn pull_from(store: &Path, reference: &Reference, settings: &RegistrySetti
     });
     let auth = settings::credentials(&registry);
     let failed = |source| match source {
-        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => PullError::Unauthorized { reference: reference.whole(), registry: registry.clone() },
-        source => PullError::Registry { reference: reference.whole(), registry: registry.clone(), source },
+        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => {
+            PullError::Unauthorized {
+                reference: reference.whole(),
+                registry: registry.clone(),
+            }
+        }
+        source => PullError::Registry {
+            reference: reference.whole(),
+            registry: registry.clone(),
+            source,
+        },
     };
-    let bad = |what: &str, detail: String| PullError::Bad { reference: reference.whole(), registry: registry.clone(), what: what.to_string(), detail };
+    let bad = |what: &str, detail: String| PullError::Bad {
+        reference: reference.whole(),
+        registry: registry.clone(),
+        what: what.to_string(),
+        detail,
+    };
 
-    let (mut bytes, _) = client.pull_manifest_raw(reference, &auth, &ACCEPTED).await.map_err(failed)?;
+    let (mut bytes, _) = client
+        .pull_manifest_raw(reference, &auth, &ACCEPTED)
+        .await
+        .map_err(failed)?;
     let mut digest = sha256(&bytes);
     if reference.digest().is_some_and(|pinned| pinned != digest) {
-        return Err(bad("the manifest", format!("it hashes to {digest}, not the pinned digest")));
+        return Err(bad(
+            "the manifest",
+            format!("it hashes to {digest}, not the pinned digest"),
+        ));
     }
     let head: Head = serde_json::from_slice(&bytes).map_err(|e| bad("the manifest", e.to_string()))?;
     if let Some(entries) = head.manifests {
         // A multi-platform index: linux/amd64's image manifest.
-        let chosen = entries.iter().find(|e| e.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == "amd64"));
+        let chosen = entries.iter().find(|e| {
+            e.platform
+                .as_ref()
+                .is_some_and(|p| p.os == "linux" && p.architecture == "amd64")
+        });
         let chosen = match chosen {
             Some(entry) => entry.digest.clone(),
             None if entries.len() == 1 && entries[0].platform.is_none() => entries[0].digest.clone(),
             None => {
-                let platforms = entries.iter().filter_map(|e| e.platform.as_ref()).map(|p| format!("{}/{}", p.os, p.architecture)).collect::<Vec<_>>();
-                return Err(PullError::NoPlatform { reference: reference.whole(), platforms: if platforms.is_empty() { "none named".into() } else { platforms.join(", ") } });
+                let platforms = entries
+                    .iter()
+                    .filter_map(|e| e.platform.as_ref())
+                    .map(|p| format!("{}/{}", p.os, p.architecture))
+                    .collect::<Vec<_>>();
+                return Err(PullError::NoPlatform {
+                    reference: reference.whole(),
+                    platforms: if platforms.is_empty() {
+                        "none named".into()
+                    } else {
+                        platforms.join(", ")
+                    },
+                });
             }
         };
-        let (entry_bytes, _) = client.pull_manifest_raw(&reference.clone_with_digest(chosen.clone()), &auth, &ACCEPTED).await.map_err(failed)?;
+        let (entry_bytes, _) = client
+            .pull_manifest_raw(&reference.clone_with_digest(chosen.clone()), &auth, &ACCEPTED)
+            .await
+            .map_err(failed)?;
         if sha256(&entry_bytes) != chosen {
-            return Err(bad("the linux/amd64 manifest", format!("it does not hash to {chosen}, the digest the index gives")));
+            return Err(bad(
+                "the linux/amd64 manifest",
+                format!("it does not hash to {chosen}, the digest the index gives"),
+            ));
         }
         (bytes, digest) = (entry_bytes, chosen);
     }
-    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad("the image manifest", format!("no config and layers: {e}")))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| bad("the image manifest", format!("no config and layers: {e}")))?;
     for blob in [&manifest.config].into_iter().chain(&manifest.layers) {
         let path = blob_path(store, &blob.digest);
         if path.is_file() {
@@ -209,19 +299,41 @@ async fn pull_from(store: &Path, reference: &Reference, settings: &RegistrySetti
         let tmp = tempfile::NamedTempFile::new_in(&tmp_dir).map_err(store_err("creating a blob file"))?;
         let mut file = tokio::fs::File::from_std(tmp.reopen().map_err(store_err("opening a blob file"))?);
         // oci-client checks the bytes against the descriptor's digest as they arrive.
-        client.pull_blob(reference, blob.digest.as_str(), &mut file).await.map_err(failed)?;
-        tokio::io::AsyncWriteExt::flush(&mut file).await.map_err(store_err("writing a blob"))?;
-        let size = tmp.as_file().metadata().map_err(store_err("reading a blob's size"))?.len();
+        client
+            .pull_blob(reference, blob.digest.as_str(), &mut file)
+            .await
+            .map_err(failed)?;
+        tokio::io::AsyncWriteExt::flush(&mut file)
+            .await
+            .map_err(store_err("writing a blob"))?;
+        let size = tmp
+            .as_file()
+            .metadata()
+            .map_err(store_err("reading a blob's size"))?
+            .len();
         if size != blob.size {
-            return Err(bad(&format!("blob {}", blob.digest), format!("{size} bytes, but its descriptor says {}", blob.size)));
+            return Err(bad(
+                &format!("blob {}", blob.digest),
+                format!("{size} bytes, but its descriptor says {}", blob.size),
+            ));
         }
-        std::fs::create_dir_all(path.parent().expect("blob paths have a folder")).map_err(store_err("creating the store"))?;
-        tmp.persist(&path).map_err(|e| PullError::Store { what: "storing a blob", source: e.error })?;
+        std::fs::create_dir_all(path.parent().expect("blob paths have a folder"))
+            .map_err(store_err("creating the store"))?;
+        tmp.persist(&path).map_err(|e| PullError::Store {
+            what: "storing a blob",
+            source: e.error,
+        })?;
     }
     write_blob(store, &digest, &bytes)?;
     record(store, reference, &digest)?;
     let resolved = format!("{}/{}@{digest}", reference.registry(), reference.repository());
-    Ok(Pulled { digest, size: bytes.len() as u64, resolved, overridden_from: None, via: registry })
+    Ok(Pulled {
+        digest,
+        size: bytes.len() as u64,
+        resolved,
+        overridden_from: None,
+        via: registry,
+    })
 }
 
 /// Enough of a manifest or index to tell which it is.
@@ -318,10 +430,15 @@ pub(crate) fn keep_blob(cache: &Path, digest: &str, path: &Path) {
 
 fn write_blob(store: &Path, digest: &str, bytes: &[u8]) -> Result<(), PullError> {
     let path = blob_path(store, digest);
-    std::fs::create_dir_all(path.parent().expect("blob paths have a folder")).map_err(store_err("creating the store"))?;
-    let tmp = tempfile::NamedTempFile::new_in(path.parent().expect("blob paths have a folder")).map_err(store_err("creating a blob file"))?;
+    std::fs::create_dir_all(path.parent().expect("blob paths have a folder"))
+        .map_err(store_err("creating the store"))?;
+    let tmp = tempfile::NamedTempFile::new_in(path.parent().expect("blob paths have a folder"))
+        .map_err(store_err("creating a blob file"))?;
     std::fs::write(tmp.path(), bytes).map_err(store_err("writing a manifest"))?;
-    tmp.persist(&path).map_err(|e| PullError::Store { what: "storing a manifest", source: e.error })?;
+    tmp.persist(&path).map_err(|e| PullError::Store {
+        what: "storing a manifest",
+        source: e.error,
+    })?;
     Ok(())
 }
 
@@ -343,8 +460,15 @@ mod tests {
     fn blob_paths_take_only_well_formed_digests() {
         let store = Path::new("/s");
         let good = format!("sha256:{}", "a".repeat(64));
-        assert_eq!(blob_path(store, &good), Path::new("/s/blobs/sha256").join("a".repeat(64)));
-        for bad in ["sha256:../../etc/passwd", "md5:abc", &format!("sha256:{}", "A".repeat(64))] {
+        assert_eq!(
+            blob_path(store, &good),
+            Path::new("/s/blobs/sha256").join("a".repeat(64))
+        );
+        for bad in [
+            "sha256:../../etc/passwd",
+            "md5:abc",
+            &format!("sha256:{}", "A".repeat(64)),
+        ] {
             assert_eq!(blob_path(store, bad), Path::new("/s/blobs/invalid"), "{bad}");
         }
     }
@@ -355,12 +479,18 @@ mod tests {
         let store = dir.path();
         let config = b"{}".to_vec();
         write_blob(store, &sha256(&config), &config).unwrap();
-        let manifest = format!(r#"{{"schemaVersion": 2, "config": {{"digest": "{}", "size": 2}}, "layers": []}}"#, sha256(&config));
+        let manifest = format!(
+            r#"{{"schemaVersion": 2, "config": {{"digest": "{}", "size": 2}}, "layers": []}}"#,
+            sha256(&config)
+        );
         let digest = sha256(manifest.as_bytes());
         write_blob(store, &digest, manifest.as_bytes()).unwrap();
         let reference: Reference = format!("reg.invalid:5000/img@{digest}").parse().unwrap();
         let pulled = from_store(store, &reference, &digest).unwrap().unwrap();
-        assert_eq!((pulled.via.as_str(), pulled.resolved), ("store", format!("reg.invalid:5000/img@{digest}")));
+        assert_eq!(
+            (pulled.via.as_str(), pulled.resolved),
+            ("store", format!("reg.invalid:5000/img@{digest}"))
+        );
         // A blob missing: the registry is asked.
         std::fs::remove_file(blob_path(store, &sha256(&config))).unwrap();
         assert!(from_store(store, &reference, &digest).unwrap().is_none());

@@ -77,7 +77,13 @@ impl RegistrySettings {
     pub fn load() -> Result<RegistrySettings, SettingsError> {
         let (path, required) = match std::env::var_os("FARM_REGISTRIES") {
             Some(path) => (PathBuf::from(path), true),
-            None => (std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root")).join(DEFAULT_FILE), false),
+            None => (
+                std::env::var_os("HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from("/root"))
+                    .join(DEFAULT_FILE),
+                false,
+            ),
         };
         match std::fs::read_to_string(&path) {
             Ok(text) => RegistrySettings::parse(&text, &path),
@@ -88,15 +94,28 @@ impl RegistrySettings {
 
     /// The settings in `text` (read from `path`).
     pub fn parse(text: &str, path: &Path) -> Result<RegistrySettings, SettingsError> {
-        let file: File = toml::from_str(text).map_err(|source| SettingsError::Parse { path: path.to_path_buf(), source })?;
+        let file: File = toml::from_str(text).map_err(|source| SettingsError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let reference = |key: &str, value: &str| {
-            value.parse::<Reference>().map_err(|source| SettingsError::Reference { path: path.to_path_buf(), key: key.to_string(), value: value.to_string(), source })
+            value.parse::<Reference>().map_err(|source| SettingsError::Reference {
+                path: path.to_path_buf(),
+                key: key.to_string(),
+                value: value.to_string(),
+                source,
+            })
         };
         let mut overrides = BTreeMap::new();
         for (from, to) in &file.overrides {
             overrides.insert(reference(from, from)?.whole(), reference(from, to)?);
         }
-        Ok(RegistrySettings { insecure: file.insecure.into_iter().collect(), mirrors: file.mirrors, overrides, source: Some(path.to_path_buf()) })
+        Ok(RegistrySettings {
+            insecure: file.insecure.into_iter().collect(),
+            mirrors: file.mirrors,
+            overrides,
+            source: Some(path.to_path_buf()),
+        })
     }
 
     /// The reference to pull for `wanted`: its override, if the settings have one.
@@ -129,7 +148,10 @@ fn is_loopback(registry: &str) -> bool {
 /// (for every registry), else the Docker config file's entry for it, else anonymous (the
 /// registry may still hand out an anonymous bearer token).
 pub fn credentials(registry: &str) -> RegistryAuth {
-    if let (Ok(user), Ok(password)) = (std::env::var("FARM_REGISTRY_USERNAME"), std::env::var("FARM_REGISTRY_PASSWORD")) {
+    if let (Ok(user), Ok(password)) = (
+        std::env::var("FARM_REGISTRY_USERNAME"),
+        std::env::var("FARM_REGISTRY_PASSWORD"),
+    ) {
         return RegistryAuth::Basic(user, password);
     }
     docker_config_credentials(&docker_config_path(), registry).unwrap_or(RegistryAuth::Anonymous)
@@ -139,7 +161,10 @@ pub fn credentials(registry: &str) -> RegistryAuth {
 fn docker_config_path() -> PathBuf {
     match std::env::var_os("DOCKER_CONFIG") {
         Some(dir) => PathBuf::from(dir).join("config.json"),
-        None => std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root")).join(".docker/config.json"),
+        None => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/root"))
+            .join(".docker/config.json"),
     }
 }
 
@@ -174,12 +199,18 @@ fn docker_config_credentials(path: &Path, registry: &str) -> Option<RegistryAuth
             host.to_string()
         }
     };
-    let wanted = if registry == "index.docker.io" { "docker.io" } else { registry };
+    let wanted = if registry == "index.docker.io" {
+        "docker.io"
+    } else {
+        registry
+    };
     let entry = config.auths.iter().find(|(key, _)| host_of(key) == wanted)?.1;
     if let (Some(user), Some(password)) = (&entry.username, &entry.password) {
         return Some(RegistryAuth::Basic(user.clone(), password.clone()));
     }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(entry.auth.as_deref()?.trim()).ok()?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(entry.auth.as_deref()?.trim())
+        .ok()?;
     let (user, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
     Some(RegistryAuth::Basic(user.to_string(), password.to_string()))
 }
@@ -196,13 +227,26 @@ mod tests {
         assert!(s.mirrors("quay.io").is_empty());
         let wanted: Reference = "docker.io/library/python:3.12".parse().unwrap();
         assert_eq!(s.overridden(&wanted).unwrap().whole(), "reg.lan:5000/py:1");
-        assert!(s.plain_http("reg.lan:5000") && s.plain_http("127.0.0.1:5000") && s.plain_http("localhost") && s.plain_http("[::1]:80"));
+        assert!(
+            s.plain_http("reg.lan:5000")
+                && s.plain_http("127.0.0.1:5000")
+                && s.plain_http("localhost")
+                && s.plain_http("[::1]:80")
+        );
         assert!(!s.plain_http("quay.io") && !s.plain_http("127.example.com:5000"));
 
         let err = RegistrySettings::parse("mirror = 1\n", path).unwrap_err();
-        assert!(err.to_string().contains("/etc/registries.toml is not a valid registries file"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("/etc/registries.toml is not a valid registries file"),
+            "{err}"
+        );
         let err = RegistrySettings::parse("[overrides]\n\"a:1\" = \"UPPER/Case:x\"\n", path).unwrap_err();
-        assert!(err.to_string().contains("[overrides] \"a:1\": \"UPPER/Case:x\" is not an image reference"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("[overrides] \"a:1\": \"UPPER/Case:x\" is not an image reference"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -215,8 +259,14 @@ mod tests {
             Some(RegistryAuth::Basic(user, password)) => Some((user, password)),
             _ => None,
         };
-        assert_eq!(basic(docker_config_credentials(&path, "index.docker.io")), Some(("amy".into(), "s3cret".into())));
-        assert_eq!(basic(docker_config_credentials(&path, "reg.lan:5000")), Some(("bo".into(), "pw".into())));
+        assert_eq!(
+            basic(docker_config_credentials(&path, "index.docker.io")),
+            Some(("amy".into(), "s3cret".into()))
+        );
+        assert_eq!(
+            basic(docker_config_credentials(&path, "reg.lan:5000")),
+            Some(("bo".into(), "pw".into()))
+        );
         assert_eq!(basic(docker_config_credentials(&path, "quay.io")), None);
     }
 }
