@@ -248,8 +248,22 @@ os._exit(0)
 # `all` is true (farm/add-map's check is written that way).
 attacks["stop-iteration"] = PROMPT + "    raise StopIteration\n"
 
+# 14. The same, forged on the wire: the candidate's process answers every call with the
+# protocol's own "the iterator is exhausted" message, which the checker once turned into a
+# real StopIteration wherever it arrived.
+attacks["forged-stop"] = PROMPT + r'''
+import sys
+_server = getattr(sys.modules.get("harness_candidate"), "Server", None)
+if _server is not None:
+    def _stop(self, message, action):
+        self.send({"op": "stop", "value": ["N"], "mutated": []})
+    _server.run = _stop
+def add(a, b):
+    return a - b
+'''
+
 # Attacks on farm/add; the last ones on farm/add-map.
-ON_MAP = {"stop-iteration"}
+ON_MAP = {"stop-iteration", "forged-stop"}
 
 samples = []
 for index, (name, source) in enumerate(attacks.items()):

@@ -57,6 +57,63 @@ def _hunt():
 _hunt()
 '''
 
+# A priority queue that pops the last item pushed, not the smallest (drain and peek are
+# right), and one that is right everywhere; both keep the key of each item from its push.
+RIGHT_QUEUE = '''
+class PriorityQueue:
+    def __init__(self, key=None):
+        self._key = key or (lambda item: item)
+        self._items = []
+
+    def push(self, item):
+        self._items.append((self._key(item), item))
+
+    def pop(self):
+        if not self._items:
+            raise IndexError("pop from an empty priority queue")
+        best = min(range(len(self._items)), key=lambda i: self._items[i][0])
+        return self._items.pop(best)[1]
+
+    def peek(self):
+        if not self._items:
+            raise IndexError("peek at an empty priority queue")
+        return min(self._items, key=lambda pair: pair[0])[1]
+
+    def drain(self):
+        pairs, self._items = self._items, []
+        pairs.sort(key=lambda pair: pair[0])
+        return [item for _, item in pairs]
+
+    def __len__(self):
+        return len(self._items)
+
+    def __bool__(self):
+        return bool(self._items)
+'''
+WRONG_QUEUE = RIGHT_QUEUE.replace("        best = min(range(len(self._items)), key=lambda i: self._items[i][0])\n"
+                                  "        return self._items.pop(best)[1]", "        return self._items.pop()[1]")
+assert WRONG_QUEUE != RIGHT_QUEUE
+# Its process answers a pop with more than one item queued with "stop", the end of an
+# iteration, which is valid only in answer to next().
+FORGED_STOP = '''
+import sys as _sys
+_server = getattr(_sys.modules.get("harness_candidate"), "Server", None)
+if _server is not None:
+    _run = _server.run
+
+    def _forged(self, message, action):
+        try:
+            args = self.decode(message.get("args"))
+        except Exception:
+            args = []
+        if action == "callmethod" and len(args) >= 2 and args[1] == "pop" and len(getattr(args[0], "_items", ())) > 1:
+            self.send({"op": "stop", "value": ["N"], "mutated": []})
+            return
+        _run(self, message, action)
+
+    _server.run = _forged
+'''
+
 ATTACKS = [
     ("stack", "os._exit(0) at import", {"solution.py": "import os\nos._exit(0)\n" + TASKS[0]["solution"]}),
     ("stack", "sys.exit(0) inside a method", {"solution.py": WRONG_STACK.replace(
@@ -289,6 +346,26 @@ class PriorityQueue:
         return len(self._items)
     def __bool__(self):
         return True
+'''}),
+    ("priority_queue", "answer calls with the protocol's end-of-iteration message, to end an all(map(...)) early", {
+        "solution.py": WRONG_QUEUE + FORGED_STOP}),
+    ("priority_queue", "a sorted() in __all__ that a star import puts over the builtin", {"solution.py": RIGHT_QUEUE.replace(
+        "        self._items.append((self._key(item), item))",
+        "        self._key(item)\n        self._items.append((self._key(item), item))") + '''
+import math
+__all__ = ["PriorityQueue", "sorted", "math"]
+
+
+def sorted(items, key=None, reverse=False):
+    return list(range(1, 11))
+'''}),
+    ("priority_queue", "an all() in __all__, so that the tests hand it a map and a limit of the boundary labels the failure",
+     {"solution.py": WRONG_QUEUE + '''
+__all__ = ["PriorityQueue", "all"]
+
+
+def all(items):
+    return True
 '''}),
     ("interval_set", "return its own objects from intervals() and compare true with anything", {"solution.py": '''
 class _Same(list):

@@ -989,14 +989,14 @@ def test_denied_hits_do_not_count(clock, limit):
       [("        if len(hits) >= self.limit:\n            return False\n        hits.append(now)", "        hits.append(now)\n        if len(hits) > self.limit:\n            return False")],
       [("        if len(hits) >= self.limit:\n            return False", "        if len(hits) >= self.limit:\n            return 0")]])
 
-# 11. A priority queue with key functions from the tests.
+# 11. A priority queue with key functions from the tests (and a star import, as many test files have).
 task("priority_queue", "Write solution.py with class PriorityQueue(key=None): push(item), pop() the item with the "
      "smallest key(item) (the item itself without key), first-in-first-out among equal keys, IndexError on an empty "
      "queue; peek(); len(); truthiness; drain() pops everything into a list.",
      "class PriorityQueue:\n    pass\n",
      {"test_pq.py": '''import pytest
 
-from solution import PriorityQueue
+from solution import *
 
 
 def test_plain_items():
@@ -1025,7 +1025,7 @@ def test_ties_are_fifo():
     q = PriorityQueue(key=lambda pair: pair[0])
     for pair in [(1, "x"), (0, "y"), (1, "z"), (0, "w")]:
         q.push(pair)
-    assert [q.pop() for _ in range(4)] == [(0, "y"), (0, "w"), (1, "x"), (1, "z")]
+    assert all(map(lambda want: q.pop() == want, [(0, "y"), (0, "w"), (1, "x"), (1, "z")]))
 
 
 def test_empty():

@@ -197,7 +197,7 @@ class Server:
             self.classes.append({
                 "id": number, "name": str(klass.__name__), "qualname": str(getattr(klass, "__qualname__", klass.__name__)),
                 "module": str(getattr(klass, "__module__", "")), "exception": exception, "bases": bases,
-                "protocols": [name for name in PROTOCOLS if getattr(klass, name, None) is not None],
+                "protocols": [name for name in PROTOCOLS if defines(klass, name)],
                 "hashable": getattr(klass, "__hash__", None) is not None, "builtin_based": bool(builtin_bases),
             })
             if exception:
@@ -395,6 +395,16 @@ def checker_exception(message, decode_value):
             except Exception:
                 return klass()
     return RuntimeError("an exception of the tests")
+
+
+def defines(klass, name):
+    """Whether instances of `klass` have the special method `name`: looked up in the class and
+    its bases only, as Python does (getattr on the class would also find its metaclass's:
+    every class has type's __call__ and __or__, and its instances none of them)."""
+    for base in klass.__mro__:
+        if name in vars(base):
+            return vars(base)[name] is not None
+    return False
 
 
 def plain_class_attributes(klass):

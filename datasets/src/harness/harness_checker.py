@@ -144,7 +144,7 @@ class Connection:
                 raise self.fail("the tests passed something that cannot cross to an object the candidate handed back",
                                 error.candidate_text or error.what)
             self.channel.send(message)
-            return self._finish(args, kwargs)
+            return self._finish(args, kwargs, ends_iteration=fields.get("action") == "next")
         except TimeoutError:
             raise self.fail("a call to the candidate ran past its time limit")
         except (EOFError, OSError):
@@ -155,7 +155,11 @@ class Connection:
             if outermost:
                 self.deadline = None
 
-    def _finish(self, args, kwargs):
+    def _finish(self, args, kwargs, ends_iteration):
+        """The candidate's answer to one request. `ends_iteration`: the request is next() on
+        a candidate iterator, the one request that "stop" (the end of the iteration) may
+        answer. Anywhere else a "stop" would raise a real StopIteration in the tests, which
+        ends their loop (`all(map(...))`) early: a breach of the protocol, never a value."""
         aborted = None
         while True:
             message = self.channel.receive(self.deadline)
@@ -178,6 +182,8 @@ class Connection:
                 raise self.fail("the candidate produced something that is not plain data", what if type(what) is str else None)
             if op not in ("return", "raise", "stop"):
                 raise BadMessage("an unexpected message in answer to a call", op)
+            if op == "stop" and not ends_iteration:
+                raise BadMessage("the end of an iteration in answer to a request that is not next()")
             self._copy_back(message.get("mutated", []), args, kwargs)
             if op == "return":
                 return self.decode(message.get("value"))

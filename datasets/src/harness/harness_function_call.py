@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from harness_boundary import CandidateFailure, IsolationLimit, report, report_failure
+from harness_boundary import LOAD_TIMEOUT, CandidateFailure, IsolationLimit, report, report_failure
 
 LIMIT_EXIT = 3
 TRUSTED_CALLERS = ("_pytest.", "pytest", "pluggy", "unittest", "inspect", "harness_")
@@ -105,7 +105,7 @@ def run(options, start_candidate_check):
             "the tests call inspect.%s on the candidate, which lives in another process" % name))
     code = 1
     try:
-        connection.wait_ready(max(options.call_timeout, 30.0))
+        connection.wait_ready(max(options.call_timeout, LOAD_TIMEOUT))
         exec(compile(test, "test.py", "exec"), namespace)
         namespace["check"](proxy)
         code = 0

@@ -34,6 +34,12 @@ from harness_boundary import (ENDS_THE_CHECK, BadMessage, NotPlain, build_except
                               encode, first_known_class)
 
 MAX_CLASSES = 10000
+# Names a test runner reads from a test module as directions, never taken from the candidate
+# by a star import: module fixtures, the load_tests protocol, marks, plugins; and prefixes
+# of what pytest and unittest collect as tests.
+RUNNER_NAMES = frozenset(("load_tests", "setUpModule", "tearDownModule", "setup_module", "teardown_module",
+                          "setup_function", "teardown_function", "setup", "teardown", "pytestmark", "pytest_plugins"))
+RUNNER_PREFIXES = ("test", "Test", "pytest")
 # What an exception's own attributes may not replace (unittest calls with_traceback, say).
 BASE_NAMES = frozenset(dir(BaseException))
 _current = None  # the check's Remote: one check per process
@@ -263,10 +269,8 @@ class ProxyModule(types.ModuleType):
         if name.startswith("_farm") or name in ProxyModule.LOCAL:
             raise AttributeError(name)
         if name == "__all__":
-            try:
-                return remote().do("getattr", (self, "__all__"))
-            except AttributeError:
-                return [n for n in remote().typed("dir", (self,), list) if type(n) is str and not n.startswith("_")]
+            # What `from solution import *` takes; the importer's names are its caller's.
+            return remote().star_names(self, sys._getframe(1).f_globals)
         value = remote().do("getattr", (self, name))
         remote().mark_export(value)
         return value
@@ -366,6 +370,34 @@ class Remote:
     def mark_export(self, value):
         if isinstance(value, (RemoteObject, RemoteType)) or id(value) in self.derived:
             self.exports.add(id(value))
+
+    def star_names(self, module, importer):
+        """The names a star import of the candidate's `module` gives the tests (`importer`:
+        the importing module's globals): the candidate's own functions and classes among
+        the names it lists in `__all__` (or, without one, its public names), and of those
+        only names that are not dunders, not builtins, not already the tests' (an import
+        of theirs, a name they defined) and not names the test runners read from a test
+        module as directions (fixtures of the module, plugins, marks, tests to collect).
+        Otherwise a candidate could put its own `all`, `sorted` or `pytest` under the
+        tests' code, and through them decide the verdict or choose its failure's label."""
+        try:
+            names = self.do("getattr", (module, "__all__"))
+        except AttributeError:
+            names = [n for n in self.typed("dir", (module,), list) if type(n) is str and not n.startswith("_")]
+        if type(names) not in (list, tuple) or any(type(n) is not str for n in names):
+            raise self.connection.fail("the __all__ of the candidate's module is not a list of names")
+        taken = []
+        for name in names:
+            if name in taken or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("__") \
+                    or hasattr(builtins, name) or name in importer or name in RUNNER_NAMES \
+                    or name.startswith(RUNNER_PREFIXES):
+                continue
+            value = self.do("getattr", (module, name))
+            if callable(value) and self.is_proxy(value) and not isinstance(value, ProxyModule) \
+                    and type(value).__name__ != "module":
+                self.mark_export(value)
+                taken.append(name)
+        return taken
 
     def limit_or_failure(self, from_tests, message):
         if from_tests:

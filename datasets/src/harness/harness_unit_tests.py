@@ -80,7 +80,7 @@ import ast
 import os
 import sys
 
-from harness_boundary import CandidateFailure, IsolationLimit, report, report_failure
+from harness_boundary import LOAD_TIMEOUT, CandidateFailure, IsolationLimit, report, report_failure
 
 REFUSED_IMPORTS = {
     "asyncio": "async code (coroutines cannot cross)",
@@ -169,7 +169,7 @@ def run(options, start_candidate_check):
             problem = problem or "the task has no test files (test_*.py or *_test.py)"
         if problem:
             raise connection.limit_reached(problem)
-        ready = connection.wait_ready(max(options.call_timeout, 30.0))
+        ready = connection.wait_ready(max(options.call_timeout, LOAD_TIMEOUT))
         remote = install_modules(connection, options.modules, ready.get("modules"))
         guard_inspection(remote.is_proxy, lambda name, arg: remote.limit_or_failure(
             remote.is_export(arg), "the tests call inspect.%s on the candidate's code, which lives in another process" % name))

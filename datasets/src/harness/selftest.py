@@ -12,8 +12,10 @@ the check's three standard descriptors sent with SCM_RIGHTS). It checks
   verdict of expected.jsonl (reference.py's, run in-process);
 - every sample of configs/data/unittest-proxy/hostile.jsonl fails, without an
   isolation_limit report and without the reward file;
-- a report's message never holds text the candidate forged, and StopIteration raised by
-  the candidate crosses as RuntimeError;
+- a report's message never holds text the candidate forged, StopIteration raised by the
+  candidate crosses as RuntimeError, and the protocol's end of an iteration is refused
+  anywhere but in answer to next();
+- a star import gives the tests the candidate's own functions and classes only;
 
 then prints the mean wall time of one check through the zygote in each mode. Exit status 0
 when everything agrees, 1 otherwise. Uses /usr/bin/python3 (the guest's interpreter, with
@@ -104,7 +106,7 @@ class Outcome:
         return "exit %s, reports %s, stderr tail %r" % (self.code, self.reports, self.stderr[-600:])
 
 
-def run_direct(arguments, reward, timeout=120):
+def run_direct(arguments, reward, timeout=600):
     """A check as the agent starts one without a zygote. Its output goes to files, not pipes:
     a process the candidate leaves behind may hold them open."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -121,7 +123,7 @@ def start_zygote(folder):
     """A zygote as a template starts it; returns its socket's path once it listens."""
     path = os.path.join(folder, "zygote-%s" % os.urandom(4).hex(), "zygote.sock")
     status = subprocess.run([PYTHON, "-I", os.path.join(HERE, "harness.py"), "--zygote", path],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     if status.returncode != 0:
         raise RuntimeError("the zygote did not start")
     return path
@@ -156,12 +158,12 @@ def run_zygote(socket_path, arguments, reward):
 # ----------------------------------------------------------------------------------------
 # The checks.
 
-def function_call_arguments(tests_dir, workspace, entry_point, timeout="3"):
+def function_call_arguments(tests_dir, workspace, entry_point, timeout="30"):
     return ["--tests-dir", tests_dir, "--workspace", workspace, "--module", "solution", "--entry-point", entry_point,
             "--call-timeout", timeout]
 
 
-def unit_arguments(tests_dir, workspace, modules, timeout="3"):
+def unit_arguments(tests_dir, workspace, modules, timeout="30"):
     arguments = ["--mode", "unit-tests", "--tests-dir", tests_dir, "--workspace", workspace, "--call-timeout", timeout]
     for module in modules:
         arguments += ["--module", module]
@@ -202,7 +204,7 @@ def sample_files(sample):
     return files
 
 
-def unit_check(layout, task, files, run, zygote_folder=None, timeout="3"):
+def unit_check(layout, task, files, run, zygote_folder=None, timeout="30"):
     tests_dir, workspace, reward = layout.check(task["tests"], files)
     arguments = unit_arguments(tests_dir, workspace, task["unit_tests"]["modules"], timeout)
     if zygote_folder is not None:
@@ -262,6 +264,28 @@ def stop_iteration_checks(layout, problems):
     outcome = run_direct(unit_arguments(tests_dir, workspace, ["solution"]), reward)
     if outcome.passed or outcome.reports[-1:] != [{"kind": "summary", "tests": 1, "failures": 1, "errors": 0, "skipped": 0}]:
         problems.append("StopIteration in unit-test mode: %s" % outcome.describe())
+    # The same forged on the wire: "stop" is an answer to next() only; anywhere else it is
+    # the candidate's breach of the protocol, labelled by the checker.
+    tests_dir, workspace, reward = layout.check({"problem.json": json.dumps(problem)},
+                                                {"solution.py": STOP_PROMPT + "    return 0\n" + FORGED_STOP})
+    outcome = run_direct(function_call_arguments(tests_dir, workspace, "first"), reward)
+    if outcome.passed or outcome.kinds() != ["candidate_failure"] or "protocol" not in outcome.reports[0]["message"]:
+        problems.append("a forged stop in function-call mode: %s" % outcome.describe())
+    tests_dir, workspace, reward = layout.check(STOP_UNIT, {"solution.py": "def first(xs):\n    return 0\n" + FORGED_STOP})
+    outcome = run_direct(unit_arguments(tests_dir, workspace, ["solution"]), reward)
+    if outcome.passed or "candidate_failure" not in outcome.kinds():
+        problems.append("a forged stop in unit-test mode: %s" % outcome.describe())
+
+
+# The candidate's process answers every call with the protocol's end of an iteration.
+FORGED_STOP = """
+import sys
+_server = getattr(sys.modules.get("harness_candidate"), "Server", None)
+if _server is not None:
+    def _stop(self, message, action):
+        self.send({"op": "stop", "value": ["N"], "mutated": []})
+    _server.run = _stop
+"""
 
 
 FORGE_SOURCE = '''import json, os, socket, struct, sys
@@ -338,6 +362,73 @@ def limit_checks(layout, problems):
             problems.append("limit case %r: expected exit %d and %s, got %s" % (name, code, kind, outcome.describe()))
 
 
+STAR_TEST = """import builtins
+import math
+
+from solution import *
+
+
+def test_it():
+    assert math.sqrt(4) == 2.0 and not hasattr(math, "tamper")
+    assert all is builtins.all and sorted is builtins.sorted
+    assert double(2) == 4 and Box(3).value == 3 and issubclass(Shout, Exception)
+    for name in ("os", "CONSTANT", "setup_module", "load_tests", "test_free", "pytestmark", "_private"):
+        assert name not in globals(), name
+"""
+STAR_SOLUTION = LIMIT_SOLUTION + """
+import os
+math = type(os)("math")
+math.tamper = True
+CONSTANT = 5
+_private = 1
+
+
+class Shout(Exception):
+    def __str__(self):
+        return self.args[0] + "!"
+
+
+def all(items):
+    return True
+
+
+def sorted(items):
+    return []
+
+
+def setup_module():
+    raise SystemExit(0)
+
+
+def load_tests(loader, tests, pattern):
+    return tests
+
+
+def test_free():
+    pass
+
+
+pytestmark = []
+__all__ = ["double", "Box", "Shout", "os", "math", "all", "sorted", "CONSTANT", "setup_module", "load_tests",
+           "test_free", "pytestmark", "_private", "__builtins__", "__name__"]
+"""
+
+
+def star_import_checks(layout, problems):
+    """A star import gives the tests the candidate's own functions and classes only: no
+    module, no plain value, no name over a builtin or one the tests already have, none the
+    test runners read as directions."""
+    tests_dir, workspace, reward = layout.check({"test_star.py": STAR_TEST}, {"solution.py": STAR_SOLUTION})
+    outcome = run_direct(unit_arguments(tests_dir, workspace, ["solution"]), reward)
+    if not outcome.passed or [k for k in outcome.kinds() if k != "summary"]:
+        problems.append("a star import gave the tests more than the candidate's functions and classes: %s" % outcome.describe())
+    tests_dir, workspace, reward = layout.check({"test_star.py": STAR_TEST},
+                                                {"solution.py": STAR_SOLUTION.replace("__all__ = [", "__all__ = 7 or [")})
+    outcome = run_direct(unit_arguments(tests_dir, workspace, ["solution"]), reward)
+    if outcome.passed or "candidate_failure" not in outcome.kinds():
+        problems.append("an __all__ that is not a list of names: %s" % outcome.describe())
+
+
 def zygote_timings(layout, problems, rounds=6):
     """Mean wall time of one check through a zygote (interpreter started, candidate process
     forked) in each mode, on the first passing sample of each."""
@@ -380,6 +471,7 @@ def main():
         stop_iteration_checks(layout, problems)
         forged_label_checks(layout, problems)
         limit_checks(layout, problems)
+        star_import_checks(layout, problems)
         function_call_seconds, unit_seconds = zygote_timings(layout, problems)
     finally:
         layout.remove()
