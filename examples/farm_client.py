@@ -83,7 +83,9 @@ class Fleet:
 
     def _capacity(self, url):
         try:
-            return self.members[url].call("GET", "/v1/capacity", timeout=10).json()
+            # A refused connection is seen at once; the time limit is for a service that
+            # hangs, with room for one that is merely slow on a loaded machine.
+            return self.members[url].call("GET", "/v1/capacity", timeout=60).json()
         except (requests.ConnectionError, requests.Timeout) as e:
             raise Down(url) from e
 

@@ -111,10 +111,12 @@ echo $! >> "$DIR/pids"
 nohup python3 -m http.server "$APT_PORT" --bind 127.0.0.1 --directory "$DIR/apt" >"$DIR/apt.log" 2>&1 &
 echo $! >> "$DIR/pids"
 for p in "$REG_PORT" "$PYPI_PORT" "$APT_PORT"; do
-  for _ in $(seq 100); do
-    python3 -c "import socket, sys; socket.create_connection(('127.0.0.1', $p), 1)" 2>/dev/null && break
+  up=
+  for _ in $(seq 600); do
+    python3 -c "import socket, sys; socket.create_connection(('127.0.0.1', $p), 1)" 2>/dev/null && up=1 && break
     sleep 0.1
   done
+  [ -n "$up" ] || die "nothing listens on 127.0.0.1:$p after 60 s (logs in $DIR)"
 done
 skopeo copy -q --dest-tls-verify=false "oci:$BASE/layout:b" "docker://127.0.0.1:$REG_PORT/harbor-base:bookworm" || die "pushing the base image failed (registry log: $DIR/registry/log)"
 # The registry is pulled from on the host (127.0.0.1); the index and the repository are

@@ -1,10 +1,76 @@
 #!/usr/bin/env bash
-# The whole test suite: sets up whatever is missing (scripts/setup.sh; seconds when
-# everything is in place), then `cargo test --workspace`, which boots real guests. CI runs
-# exactly this (.ci/run).
+# The test suite, in two tiers.
 #
-#   scripts/test.sh [CARGO TEST ARGS...]        (on Debian 12, as root)
-set -euo pipefail
+#   scripts/test.sh [CARGO TEST ARGS...]          the full tier (on Debian 12, as root): the set-up
+#                                                 (scripts/setup.sh; seconds when everything is in
+#                                                 place), the formatter and clippy, then
+#                                                 `cargo test --workspace`, which boots real guests.
+#                                                 CI runs exactly this (.ci/run).
+#   scripts/test.sh --fast [CARGO TEST ARGS...]   the developer's loop: the formatter, clippy and
+#                                                 every test that needs no guest (the crates' unit
+#                                                 tests and the harness's self-test); no set-up.
+#
+# Every check and every test binary runs even when one fails (cargo's --no-fail-fast), and the
+# run ends with the list of what failed, so one failure cannot hide another.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-exec cargo test --workspace "$@"
+
+fast=
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
+
+started=$(date +%s)
+failed=()
+log=$(mktemp -t farm-test.XXXXXX.log)
+trap 'rm -f "$log"' EXIT
+
+step() { printf '\n[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if [ -z "$fast" ]; then
+  step "set-up (scripts/setup.sh)"
+  bash scripts/setup.sh || { echo "[test] the set-up failed: nothing was tested" >&2; exit 1; }
+fi
+
+step "cargo fmt --all --check"
+cargo fmt --all --check || failed+=("cargo fmt --all --check (run: cargo fmt --all)")
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings || failed+=("cargo clippy --workspace --all-targets -- -D warnings")
+
+if [ -n "$fast" ]; then
+  step "cargo test --workspace --lib --bins (no guests)"
+  cargo test --workspace --lib --bins --no-fail-fast "$@" 2>&1 | tee "$log"
+else
+  step "cargo test --workspace (real guests)"
+  cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+fi
+status=${PIPESTATUS[0]}
+
+# Each failed test, under the test binary it belongs to ("Running tests/suites.rs (...)").
+while IFS= read -r line; do
+  failed+=("$line")
+done < <(awk '
+  /^ *Running / { if (match($0, /\(.*\)/)) binary = substr($0, RSTART + 1, RLENGTH - 2) }
+  /^test .* \.\.\. FAILED$/ { name = $2; print "test " name "  (" binary ")" }
+' "$log")
+if [ "$status" -ne 0 ] && ! grep -q '^test .* \.\.\. FAILED$' "$log"; then
+  failed+=("cargo test exited with $status without a failed test (a build error, or a test binary that crashed): see above")
+fi
+# The binaries cargo itself reports as failed (a crash or a timeout shows only here).
+while IFS= read -r line; do
+  failed+=("test binary $line")
+done < <(sed -n '/^error: [0-9]* targets\? failed:/,/^$/{/^ *`/p}' "$log" | sed 's/^ *//')
+
+elapsed=$(( $(date +%s) - started ))
+tier=$([ -n "$fast" ] && echo "fast tier" || echo "full tier")
+if [ "${#failed[@]}" -eq 0 ]; then
+  printf '\n[test] %s passed in %dm%02ds\n' "$tier" $((elapsed / 60)) $((elapsed % 60)) >&2
+  exit 0
+fi
+printf '\n[test] %s FAILED in %dm%02ds:\n' "$tier" $((elapsed / 60)) $((elapsed % 60)) >&2
+for f in "${failed[@]}"; do
+  printf '  - %s\n' "$f" >&2
+done
+exit 1

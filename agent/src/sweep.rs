@@ -221,13 +221,17 @@ mod tests {
                     .unwrap(),
             );
         }
-        std::thread::sleep(Duration::from_millis(500));
         let count = || {
             processes()
                 .into_iter()
                 .filter(|p| p.uids.contains(&UID) && p.state != 'Z')
                 .count()
         };
+        // Wait (generously: a loaded machine) until the shells have started their children.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while count() < 6 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         assert!(count() >= 6, "the user's processes are running");
         let swept = sweep(&Targets {
             uids: vec![UID],

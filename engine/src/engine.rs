@@ -145,7 +145,6 @@ impl Engine {
         let host = host.into();
         let mut vm = VmSettings::detect(host.accel)?;
         vm.ksm = host.ksm;
-        vm.boot_timeout = Duration::from_secs(300);
         let mut config = suite.config.clone();
         // The rollouts' egress, with the rules' credentials read now: a missing one stops
         // the start, naming it.

@@ -156,7 +156,7 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         &suite,
         format!(
             "[suite]\nname = \"on-oci\"\n[template]\nimage = \"oci-archive:img.tar\"\nsetup = [\"test \\\"$FOO\\\" = bar\", \"test \\\"$(pwd)\\\" = /data\"]\n\
-             [dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n[policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"trajectories.jsonl\"\n[output]\ndir = \"out\"\n",
+             [dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n[policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"trajectories.jsonl\"\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             repo().join("configs/data/serve-tasks").display()
         ),
     )
@@ -343,7 +343,7 @@ impl Registry {
             storage,
             _dir: dir,
         };
-        for _ in 0..200 {
+        for _ in 0..1200 {
             if std::net::TcpStream::connect(&registry.addr).is_ok() {
                 return registry;
             }
@@ -653,7 +653,7 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
         dir.path().join("suite.toml"),
         format!(
             "[suite]\nname = \"pulled\"\n[template]\nimage = \"registry:example.invalid/app:7\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n\
-             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"trajectories.jsonl\"\n[output]\ndir = \"out\"\n",
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"trajectories.jsonl\"\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             repo().join("configs/data/serve-tasks").display()
         ),
     )

@@ -51,7 +51,7 @@ fn package_index(dir: &Path) -> (Server, u16) {
             .spawn()
             .unwrap(),
     );
-    for _ in 0..100 {
+    for _ in 0..600 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return (server, port);
         }
@@ -176,7 +176,7 @@ fn rollouts_reach_their_allowlist_through_the_proxy_and_are_refused_elsewhere() 
         &suite,
         format!(
             "[suite]\nname = \"net-rollouts\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"double\"]\n\
-             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"t.jsonl\"\n[rollouts.network]\nallow = [\"host.farm.internal:{port}\"]\n[output]\ndir = \"out\"\n",
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"t.jsonl\"\n[rollouts.network]\nallow = [\"host.farm.internal:{port}\"]\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             repo.join("configs/data/serve-tasks").display()
         ),
     )

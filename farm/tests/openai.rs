@@ -97,7 +97,7 @@ fn tool_calls_drive_a_rollout_to_a_pass_and_everything_is_recorded() {
         format!(
             "[suite]\nname = \"openai-test\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"humaneval\"\ntasks = [\"farm/add\"]\n\
              [policy]\nkind = \"openai\"\nbase_url = \"{url}\"\nmodel = \"test-model\"\napi_key_env = \"FARM_TEST_KEY\"\ntemperature = 0.5\nlogprobs = true\nmax_retries = 3\n\
-             [rollouts]\nretries = 0\n[output]\ndir = \"out\"\n",
+             [rollouts]\nretries = 0\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             dataset.display()
         ),
     )
@@ -192,7 +192,7 @@ fn a_failing_endpoint_is_an_environment_error_not_a_model_failure() {
         &suite,
         format!(
             "[suite]\nname = \"openai-down\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"humaneval\"\ntasks = [\"farm/add\"]\n\
-             [policy]\nkind = \"openai\"\nbase_url = \"{url}\"\nmodel = \"m\"\nmax_retries = 1\n[rollouts]\nretries = 0\n[output]\ndir = \"out\"\n",
+             [policy]\nkind = \"openai\"\nbase_url = \"{url}\"\nmodel = \"m\"\nmax_retries = 1\n[rollouts]\nretries = 0\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             repo.join("configs/data/humaneval-sample.jsonl").display()
         ),
     )

@@ -33,7 +33,7 @@ fn suite(dir: &Path, name: &str, policy: &str, out: &Path) -> PathBuf {
         &path,
         format!(
             "[suite]\nname = \"report-test\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\n\
-             [policy]\nkind = \"replay\"\n{policy}\n[rollouts]\nsamples = 2\n[scoring]\ntimeout_secs = 30\n[output]\ndir = \"{}\"\n",
+             [policy]\nkind = \"replay\"\n{policy}\n[rollouts]\nsamples = 2\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"{}\"\n",
             repo().join("configs/data/serve-tasks").display(),
             out.display()
         ),

@@ -50,13 +50,13 @@ fn summary(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
-/// (task, sample) → status of every row in the run's journal; fails on a duplicate.
+/// (task, sample) → status of every row in the run's journal; fails on a duplicate. A line
+/// still being written (no newline yet) is not a row yet.
 fn rows(dir: &Path) -> BTreeMap<(String, u64), String> {
     let mut rows = BTreeMap::new();
-    for line in std::fs::read_to_string(dir.join("journal.jsonl"))
-        .unwrap_or_default()
-        .lines()
-    {
+    let text = std::fs::read_to_string(dir.join("journal.jsonl")).unwrap_or_default();
+    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    for line in complete.lines() {
         let row: Value = serde_json::from_str(line).unwrap();
         let key = (
             row["task_id"].as_str().unwrap().to_string(),

@@ -208,17 +208,23 @@ fn journal_rows(out: &Path) -> std::collections::BTreeMap<(String, u64), serde_j
         .collect()
 }
 
-/// Asserts that every rollout of a hostile run ended `failed` (not passed, not written off as
-/// an environment error, not a timeout) and prints why each failed.
-fn assert_every_attack_failed(out: &Path, expected: usize) {
+/// Asserts that an attack was defeated: its rollout ended `failed` or `timeout` with reward
+/// 0, the two honest outcomes of an attack (which one may depend on how busy the machine
+/// is); never `passed`, never written off as an environment error.
+fn assert_attack_defeated(key: impl std::fmt::Debug, row: &serde_json::Value) {
+    assert!(
+        matches!(row["status"].as_str(), Some("failed" | "timeout")),
+        "{key:?} was neither a failure nor a timeout: {row}"
+    );
+    assert_eq!(row["reward"].as_f64(), Some(0.0), "{key:?}: {row}");
+}
+
+/// Asserts that a hostile run has `expected` rows and every attack in it was defeated.
+fn assert_every_attack_defeated(out: &Path, expected: usize) {
     let rows = journal_rows(out);
     assert_eq!(rows.len(), expected, "{:?}", rows.keys());
-    for ((task, sample), row) in &rows {
-        assert_eq!(
-            row["status"], "failed",
-            "{task} sample {sample} was not a plain failure: {row}"
-        );
-        assert_eq!(row["reward"], 0.0, "{task} sample {sample}");
+    for (key, row) in &rows {
+        assert_attack_defeated(key, row);
     }
 }
 
@@ -246,7 +252,7 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "a hostile agent passed: {s}");
     assert_eq!(s["counts"]["env_error"], 0, "{s}");
-    assert_every_attack_failed(out.path(), 23);
+    assert_every_attack_defeated(out.path(), 23);
     let rows = journal_rows(out.path());
     // Links out of the workspace are refused when the agent's files are placed.
     let escape = &rows[&("symlink-escape".to_string(), 0)];
@@ -336,16 +342,12 @@ fn links_left_for_the_checker_and_artifacts_sized_to_break_scoring_fail() {
     );
     assert_eq!(rows.len(), 2);
     for (key, row) in &rows {
-        assert_eq!(
-            (row["status"].as_str(), row["reward"].as_f64()),
-            (Some("failed"), Some(0.0)),
-            "{key:?}: {row}"
-        );
+        assert_attack_defeated(key, row);
     }
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("hostile-scoring.toml", out.path(), &[]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_every_attack_failed(out.path(), 1);
+    assert_every_attack_defeated(out.path(), 1);
     let row = &journal_rows(out.path())[&("tmpfs-artifacts".to_string(), 0)];
     let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();
     // The artifacts were placed and the tests ran: the failure is the wrong answer's.
@@ -364,7 +366,7 @@ fn hostile_code_against_the_function_call_harness_fails() {
     assert!(o.status.success(), "{}", text(&o));
     let s = summary(out.path());
     assert_eq!(s["counts"]["passed"], 0, "an attack on the harness passed: {s}");
-    assert_every_attack_failed(out.path(), 14);
+    assert_every_attack_defeated(out.path(), 15);
     // The candidate cannot write the harness's report: its forged one labels no row, and a
     // label it sends on its socket is quoted as its own words, never the harness's.
     for (key, row) in journal_rows(out.path()) {
@@ -386,6 +388,8 @@ fn the_function_call_harness_agrees_with_the_reference_harness() {
         .arg(data.join("humaneval-proxy-reference.py"))
         .arg(data.join("humaneval-proxy.jsonl"))
         .arg(data.join("humaneval-proxy-samples.jsonl"))
+        // Room for a loaded machine: no sample of these passes or fails by its time.
+        .args(["--timeout", "60"])
         .output()
         .unwrap();
     assert!(
@@ -466,7 +470,7 @@ fn unit_tests_through_the_boundary_agree_with_pytest_and_refuse_every_attack() {
     let out = tempfile::tempdir().unwrap();
     let o = farm_run("hostile-unittest.toml", out.path(), &[]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_every_attack_failed(out.path(), 19);
+    assert_every_attack_defeated(out.path(), 22);
     for (key, row) in journal_rows(out.path()) {
         // No attack gets its failure labelled as a task the boundary cannot check.
         let error = row["error"].as_str().unwrap_or("");
@@ -526,7 +530,7 @@ fn an_exit_on_import_passes_only_where_the_row_says_hardened() {
     let o = run_suite_file(
         dir.path(),
         "[suite]\nname = \"exit-on-import\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n\
-         [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n[output]\ndir = \"out\"\n",
+         [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
     );
     assert!(o.status.success(), "{}", text(&o));
     let rows = journal_rows(&dir.path().join("out"));
@@ -561,7 +565,7 @@ fn tests_that_inspect_the_candidate_fail_with_the_reason() {
         dir.path(),
         &format!(
             "[suite]\nname = \"internals\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"humaneval\"\n\
-             [policy]\nkind = \"replay\"\n[output]\ndir = \"out\"\n",
+             [policy]\nkind = \"replay\"\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             data.join("humaneval-proxy-internals.jsonl").display()
         ),
     );
@@ -590,7 +594,7 @@ fn rollouts_can_run_as_an_unprivileged_user() {
         dir.path(),
         &format!(
             "[suite]\nname = \"as-user\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"greeting\"]\n\
-             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n[rollouts]\nuser = \"farm\"\n[output]\ndir = \"out\"\n",
+             [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n[rollouts]\nuser = \"farm\"\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             tasks.display()
         ),
     );
@@ -656,7 +660,7 @@ fn run_with_external_scorer(dir: &Path, (image, task): (&str, &str), sections: &
     let suite = format!(
         "[suite]\nname = \"external\"\n[template]\nimage = \"{image}\"\n[dataset]\npath = \"{}\"\nformat = \"task_dirs\"\ntasks = [\"{task}\"]\n\
          [policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"traj.jsonl\"\n\
-         {sections}external = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
+         {sections}timeout_secs = 300\nexternal = [\"python3\", \"{}\"]\n[output]\ndir = \"out\"\n",
         repo().join("configs/data/tasks").display(),
         dir.join("score.py").display()
     );
@@ -774,7 +778,7 @@ fn junit_reports_up_to_the_cap_count_and_past_it_the_error_names_the_cap() {
     .unwrap();
     let o = run_suite_file(
         dir.path(),
-        "[suite]\nname = \"junit\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n[policy]\nkind = \"replay\"\n[output]\ndir = \"out\"\n",
+        "[suite]\nname = \"junit\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"tasks.jsonl\"\nformat = \"jsonl\"\n[policy]\nkind = \"replay\"\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
     );
     assert!(o.status.success(), "{}", text(&o));
     let rows = journal_rows(&dir.path().join("out"));
@@ -799,7 +803,7 @@ fn rollouts_and_scoring_from_a_warm_pool_still_pass_and_fail_correctly() {
         dir.path(),
         &format!(
             "[suite]\nname = \"pooled\"\n[template]\nimage = \"python\"\n[dataset]\npath = \"{}\"\nformat = \"humaneval\"\nlimit = 2\n\
-             [policy]\nkind = \"replay\"\nsource = \"samples\"\nsamples_file = \"{}\"\n[rollouts]\nwarm_pool = 2\n[output]\ndir = \"out\"\n",
+             [policy]\nkind = \"replay\"\nsource = \"samples\"\nsamples_file = \"{}\"\n[rollouts]\nwarm_pool = 2\n[scoring]\ntimeout_secs = 300\n[output]\ndir = \"out\"\n",
             data.join("humaneval-sample.jsonl").display(),
             data.join("humaneval-samples-file.jsonl").display()
         ),

@@ -94,7 +94,7 @@ slurmctld -f "$SLURM_CONF"
 slurmd -f "$SLURM_CONF" -N "$host"
 
 # Up when the node is idle.
-for _ in $(seq 100); do
+for _ in $(seq 300); do
   state=$(sinfo -h -N -o '%t' 2>/dev/null | head -1 || true)
   case "$state" in idle*|mix*|alloc*) echo "export SLURM_CONF=$SLURM_CONF"; exit 0 ;; esac
   sleep 0.2

@@ -140,7 +140,7 @@ fn a_console_flood_leaves_a_bounded_log_and_a_working_guest() {
         let machine = common::boot("minimal").await;
         // Root in the guest writes 6 MiB to the serial console (six times the log's cap).
         let flood = vmm::ExecOptions {
-            timeout: Some(Duration::from_secs(120)),
+            timeout: Some(Duration::from_secs(600)),
             ..vmm::ExecOptions::shell("head -c 6291456 /dev/zero | tr '\\0' x > /dev/ttyS0; echo done")
         };
         let out = machine.agent().exec(flood).await.unwrap();

@@ -46,7 +46,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "auto")]
     accel: AccelSetting,
     /// Seconds to wait for the guest agent after starting QEMU.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 300.0)]
     boot_timeout: f64,
     /// Print timings (boot, command) to standard error.
     #[arg(short, long)]

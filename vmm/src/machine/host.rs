@@ -46,7 +46,9 @@ impl VmSettings {
             memory_mib: 256,
             tcg_tb_size_mib: Some(64),
             ksm: crate::Ksm::Off,
-            boot_timeout: Duration::from_secs(60),
+            // A boot takes seconds; the limit only catches a guest that never comes up,
+            // and a loaded host may be many times slower.
+            boot_timeout: Duration::from_secs(300),
             run_root: default_run_root(),
         })
     }
