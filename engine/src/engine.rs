@@ -75,7 +75,7 @@ pub struct Engine {
     /// The image config of each Harbor task's environment snapshot, by snapshot id.
     pub(crate) task_images: std::sync::Mutex<HashMap<String, vmm::image::ImageConfig>>,
     /// The proxy policy of `rollouts.network` (rules resolved).
-    pub(crate) egress: vmm::net::Policy,
+    pub(crate) egress: egress::Policy,
 }
 
 /// A task's snapshot, as far as it got.

@@ -141,11 +141,11 @@ impl Engine {
 
     /// The proxy policy for a rollout's `limits.network`: the suite's, rules resolved at start
     /// (requests cannot change the network).
-    fn egress_of(&self, limits: &RolloutsSection) -> vmm::net::Policy {
+    fn egress_of(&self, limits: &RolloutsSection) -> egress::Policy {
         if limits.network == self.config.rollouts.network {
             self.egress.clone()
         } else {
-            vmm::net::Policy {
+            egress::Policy {
                 allow: limits.network.allow.clone(),
                 ..Default::default()
             }
@@ -347,7 +347,7 @@ const CA_FILE: &str = "/etc/farm/egress-ca.pem";
 const CA_BUNDLE: &str = "/etc/farm/ca-bundle.pem";
 
 /// The variables that point TLS clients at the bundle with farm's CA (when the rules have one).
-pub(crate) fn ca_env(egress: &vmm::net::Policy) -> Vec<(String, String)> {
+pub(crate) fn ca_env(egress: &egress::Policy) -> Vec<(String, String)> {
     if egress.rules.ca().is_none() {
         return Vec::new();
     }
@@ -367,7 +367,7 @@ pub(crate) fn ca_env(egress: &vmm::net::Policy) -> Vec<(String, String)> {
 
 /// Installs the rules' CA in the guest: `/etc/farm/egress-ca.pem`, appended to the system
 /// bundle, a bundle of both at `/etc/farm/ca-bundle.pem`, and git's `http.sslCAInfo`.
-pub(crate) async fn install_ca(fork: &Fork, egress: &vmm::net::Policy) -> Result<(), String> {
+pub(crate) async fn install_ca(fork: &Fork, egress: &egress::Policy) -> Result<(), String> {
     let Some(ca) = egress.rules.ca() else { return Ok(()) };
     let agent = fork.agent();
     agent

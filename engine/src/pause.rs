@@ -231,7 +231,7 @@ impl Engine {
                 })?;
             fork.machine.set_network(self.egress.clone());
         } else {
-            fork.machine.set_network(vmm::net::Policy {
+            fork.machine.set_network(egress::Policy {
                 allow: record.network.clone(),
                 ..Default::default()
             });

@@ -97,7 +97,7 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
     let mut env: Vec<(String, String)> = run.env.to_vec();
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     if !run.network.is_empty() {
-        machine.set_network(vmm::net::Policy {
+        machine.set_network(egress::Policy {
             allow: run.network.to_vec(),
             ..Default::default()
         });
@@ -114,7 +114,7 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
         ..ExecOptions::argv(&["bash", "-c", &format!("{TESTS}/test.sh")])
     };
     let out = agent.exec(options).await;
-    machine.set_network(vmm::net::Policy::default());
+    machine.set_network(egress::Policy::default());
     let out = match out {
         Ok(out) => out,
         Err(e) => {

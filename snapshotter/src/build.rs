@@ -418,7 +418,7 @@ async fn provision(
     let attempts: Arc<Mutex<Vec<String>>> = Default::default();
     if !template.network.is_empty() {
         let sink = attempts.clone();
-        machine.set_network(vmm::net::Policy {
+        machine.set_network(egress::Policy {
             allow: template.network.allow.clone(),
             log: Some(Arc::new(move |line: &str| {
                 sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string())
@@ -467,7 +467,7 @@ async fn provision(
         }
     }
     // Setup is over: the snapshot, and every fork of it, starts with no network.
-    machine.set_network(vmm::net::Policy::default());
+    machine.set_network(egress::Policy::default());
     for (dest, contents, mode) in &extras.files {
         agent.write_file(dest, contents.clone(), *mode).await?;
     }

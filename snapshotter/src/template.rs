@@ -64,7 +64,7 @@ pub struct Network {
     #[serde(default)]
     pub allow: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rules: Vec<vmm::egress::Rule>,
+    pub rules: Vec<egress::Rule>,
 }
 
 /// An allowlist entry that is not `host:port` (or `*`), or a bad rule.
@@ -98,16 +98,16 @@ impl Network {
             }
         }
         for (i, rule) in self.rules.iter().enumerate() {
-            vmm::egress::check_rule(rule).map_err(|message| BadAllowEntry::Rule { index: i, message })?;
+            egress::check_rule(rule).map_err(|message| BadAllowEntry::Rule { index: i, message })?;
         }
         Ok(())
     }
 
     /// The proxy policy of these settings, with the rules' credentials read on the host;
     /// `name` says where they come from (in 403s and the log).
-    pub fn policy(&self, name: &str) -> Result<vmm::net::Policy, String> {
-        let rules = vmm::egress::RuleSet::resolve(name, &self.rules)?;
-        Ok(vmm::net::Policy {
+    pub fn policy(&self, name: &str) -> Result<egress::Policy, String> {
+        let rules = egress::RuleSet::resolve(name, &self.rules)?;
+        Ok(egress::Policy {
             allow: self.allow.clone(),
             log: None,
             rules: std::sync::Arc::new(rules),

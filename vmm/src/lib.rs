@@ -17,14 +17,11 @@ pub mod agent;
 pub mod artifacts;
 pub mod cache;
 pub mod console;
-pub mod egress;
 pub mod image;
 pub mod jail;
 pub mod ksm;
 pub mod machine;
 pub mod memory;
-pub mod net;
-mod net_http;
 #[allow(unsafe_code)]
 pub mod process;
 pub mod qcow2;

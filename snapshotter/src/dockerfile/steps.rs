@@ -252,7 +252,7 @@ impl Builder<'_> {
         let network = &self.spec.template.network;
         if !network.is_empty() {
             let sink = attempts.clone();
-            fork.machine.set_network(vmm::net::Policy {
+            fork.machine.set_network(egress::Policy {
                 allow: network.allow.clone(),
                 log: Some(Arc::new(move |line: &str| {
                     sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string())
@@ -275,7 +275,7 @@ impl Builder<'_> {
             (self.progress)(&format!("  {line}"));
         }
         check("the command", out?, self.spec.template.setup_timeout_secs)?;
-        fork.machine.set_network(vmm::net::Policy::default());
+        fork.machine.set_network(egress::Policy::default());
         self.commit(state, step).await
     }
 

@@ -79,7 +79,7 @@ pub struct Machine {
     /// Set when a resource watchdog killed the machine, with the reason.
     limit_violation: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     watchdog: Option<tokio::task::JoinHandle<()>>,
-    network: crate::net::SharedPolicy,
+    network: egress::SharedPolicy,
     _net_task: AbortOnDrop,
     spec: MachineSpec,
     run_dir: RunDir,
@@ -280,9 +280,9 @@ impl Machine {
             };
         let qmp_stream = to_tokio(qmp_host, "QMP")?;
         // The network port: everything refused until a policy says otherwise.
-        let network: crate::net::SharedPolicy = Default::default();
+        let network: egress::SharedPolicy = Default::default();
         let net_task =
-            crate::net::spawn(net_host, network.clone()).map_err(io_err("starting the network port's server"))?;
+            egress::spawn(net_host, network.clone()).map_err(io_err("starting the network port's server"))?;
         let (agent_read, agent_write) = to_tokio(agent_host, "agent")?.into_split();
         let agent = AgentClient::new(agent_read, agent_write, DEFAULT_MAX_RESPONSE_BYTES);
         let qmp = match tokio::time::timeout(Duration::from_secs(30), Qmp::handshake(qmp_stream)).await {
@@ -325,13 +325,13 @@ impl Machine {
     }
 
     /// What the guest may reach now.
-    pub fn network(&self) -> crate::net::Policy {
+    pub fn network(&self) -> egress::Policy {
         self.network.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What the guest may reach from now on (see [`crate::net`]); `Policy::default()`
     /// refuses everything.
-    pub fn set_network(&self, policy: crate::net::Policy) {
+    pub fn set_network(&self, policy: egress::Policy) {
         *self.network.lock().unwrap_or_else(|e| e.into_inner()) = policy;
     }
 

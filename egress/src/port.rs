@@ -27,9 +27,9 @@ pub struct Policy {
     pub allow: Vec<String>,
     /// Called with one line per connection attempt and its verdict.
     pub log: Option<AttemptLog>,
-    /// Request rules ([`crate::egress`]): the hosts they name are inspected request by
+    /// Request rules ([`crate::rules`]): the hosts they name are inspected request by
     /// request.
-    pub rules: Arc<crate::egress::RuleSet>,
+    pub rules: Arc<crate::rules::RuleSet>,
 }
 
 impl Policy {
@@ -305,7 +305,7 @@ async fn open(
     if policy.rules.inspects(&host, port) {
         if tunnel {
             let refused = to_guest.clone();
-            let opened = crate::net_http::inspect_tls(conn, first, policy.clone(), to_guest, host.clone(), port);
+            let opened = crate::inspect::inspect_tls(conn, first, policy.clone(), to_guest, host.clone(), port);
             if opened.is_none() {
                 refuse(
                     &refused,
@@ -317,7 +317,7 @@ async fn open(
             }
             return opened;
         }
-        return Some(crate::net_http::inspect(conn, head.to_vec(), policy.clone(), to_guest));
+        return Some(crate::inspect::inspect(conn, head.to_vec(), policy.clone(), to_guest));
     }
     if !policy.allows(&host, port) {
         let allowed = if policy.allow.is_empty() {

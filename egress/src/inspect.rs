@@ -1,5 +1,5 @@
 //! Inspected connections: a guest connection to a host that request rules name
-//! ([`crate::egress`]) is served as HTTP/1.1 by the proxy itself (hyper), one request at a
+//! ([`crate::rules`]) is served as HTTP/1.1 by the proxy itself (hyper), one request at a
 //! time. Each request is checked against the rules; an allowed one gets the rule's
 //! credential header and is sent upstream on a connection of its own; any other gets a 403
 //! that names the rule set, and is logged with its method, host and path. A `git push` is
@@ -19,8 +19,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::egress::{check_push, receive_pack_commands, Decision};
-use crate::net::{Policy, HOST_ALIAS};
+use crate::port::{Policy, HOST_ALIAS};
+use crate::rules::{check_push, receive_pack_commands, Decision};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -316,7 +316,7 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
     let request = Request::from_parts(parts, body);
     let sent = if tunnel.is_some() {
         // Upstream TLS, checked against the host's trust store for the name the guest asked for.
-        let config = match crate::egress::upstream_tls() {
+        let config = match crate::ca::upstream_tls() {
             Ok(c) => c,
             Err(e) => return plain(StatusCode::BAD_GATEWAY, e),
         };

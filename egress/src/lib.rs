@@ -1,0 +1,18 @@
+//! Egress: what a guest may reach on the network, and how.
+//!
+//! A guest has no network device. Its proxy listener (in the guest agent) carries each
+//! connection over the VM's network port as frames ([`farm_protocol::net`]); [`spawn`]
+//! serves that port on the host. Each connection's proxy request head is read and checked
+//! against the VM's [`Policy`]: hosts on the plain allowlist are relayed as bytes; hosts that
+//! request rules name ([`rules`]) are *inspected*: served as HTTP by the proxy itself, request
+//! by request, HTTPS included through farm's own CA ([`ca`]); everything else is refused.
+//! Every attempt is logged with its verdict.
+#![forbid(unsafe_code)]
+
+pub mod ca;
+mod inspect;
+mod port;
+pub mod rules;
+
+pub use port::{spawn, AttemptLog, Policy, SharedPolicy, HOST_ALIAS};
+pub use rules::{check_rule, Credential, Decision, GitPush, RefUpdate, Rule, RuleSet};
