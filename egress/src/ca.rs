@@ -2,6 +2,25 @@
 //! start), installed in the guests that have request rules, and leaf certificates it mints
 //! per host; and the trust store the proxy checks upstream TLS against.
 
+/// Why a certificate or a TLS configuration could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("{what}")]
+    Certificate {
+        what: String,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("{what}")]
+    Tls {
+        what: String,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("FARM_EGRESS_EXTRA_CA = {path}: {message}")]
+    ExtraCa { path: String, message: String },
+}
+
 /// The certificate authority a VM's proxy answers inspected HTTPS hosts with: made fresh for
 /// each run (or service start) and installed in the guests that have request rules. Its key
 /// never leaves the host. Leaf certificates are minted per host on first use.
@@ -13,8 +32,12 @@ pub struct Ca {
 }
 
 impl Ca {
-    pub fn generate(name: &str) -> Result<Ca, String> {
-        let key = rcgen::KeyPair::generate().map_err(|e| format!("making the egress CA's key: {e}"))?;
+    pub fn generate(name: &str) -> Result<Ca, CaError> {
+        let certificate = |what: &str| {
+            let what = what.to_string();
+            move |source| CaError::Certificate { what, source }
+        };
+        let key = rcgen::KeyPair::generate().map_err(certificate("making the egress CA's key"))?;
         let mut params = rcgen::CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
         params
@@ -26,9 +49,7 @@ impl Ca {
             rcgen::KeyUsagePurpose::CrlSign,
             rcgen::KeyUsagePurpose::DigitalSignature,
         ];
-        let cert = params
-            .self_signed(&key)
-            .map_err(|e| format!("making the egress CA: {e}"))?;
+        let cert = params.self_signed(&key).map_err(certificate("making the egress CA"))?;
         Ok(Ca {
             pem: cert.pem(),
             der: cert.der().clone(),
@@ -43,28 +64,35 @@ impl Ca {
     }
 
     /// A TLS server configuration presenting a certificate for `host`, signed by the CA.
-    pub fn server_config(&self, host: &str) -> Result<std::sync::Arc<rustls::ServerConfig>, String> {
+    pub fn server_config(&self, host: &str) -> Result<std::sync::Arc<rustls::ServerConfig>, CaError> {
         let host = host.to_ascii_lowercase();
         if let Some(c) = self.leaves.lock().unwrap_or_else(|e| e.into_inner()).get(&host) {
             return Ok(c.clone());
         }
-        let key = rcgen::KeyPair::generate().map_err(|e| format!("a key for {host}: {e}"))?;
-        let mut params =
-            rcgen::CertificateParams::new(vec![host.clone()]).map_err(|e| format!("a certificate for {host}: {e}"))?;
+        let certificate = |what: &str| {
+            let what = format!("{what} for {host}");
+            move |source| CaError::Certificate { what, source }
+        };
+        let tls = |what: &str| {
+            let what = format!("{what} for {host}");
+            move |source| CaError::Tls { what, source }
+        };
+        let key = rcgen::KeyPair::generate().map_err(certificate("a key"))?;
+        let mut params = rcgen::CertificateParams::new(vec![host.clone()]).map_err(certificate("a certificate"))?;
         params.distinguished_name = rcgen::DistinguishedName::new();
         params.distinguished_name.push(rcgen::DnType::CommonName, host.clone());
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params
             .signed_by(&key, &self.issuer)
-            .map_err(|e| format!("signing a certificate for {host}: {e}"))?;
+            .map_err(certificate("signing a certificate"))?;
         let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .map_err(tls("TLS versions"))?
             .with_no_client_auth()
             .with_single_cert(vec![cert.der().clone(), self.der.clone()], key_der)
-            .map_err(|e| format!("a TLS configuration for {host}: {e}"))?;
+            .map_err(tls("a TLS configuration"))?;
         let config = std::sync::Arc::new(config);
         self.leaves
             .lock()
@@ -77,40 +105,47 @@ impl Ca {
 /// How the proxy checks upstream TLS: the host's trust store (`/etc/ssl/certs`, through
 /// rustls-native-certs), plus the PEM file `FARM_EGRESS_EXTRA_CA` names (a private CA of the
 /// operator's services). Made once.
-pub fn upstream_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
-    static CONFIG: std::sync::OnceLock<Result<std::sync::Arc<rustls::ClientConfig>, String>> =
-        std::sync::OnceLock::new();
+pub fn upstream_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, std::sync::Arc<CaError>> {
+    type Made = Result<std::sync::Arc<rustls::ClientConfig>, std::sync::Arc<CaError>>;
+    static CONFIG: std::sync::OnceLock<Made> = std::sync::OnceLock::new();
     CONFIG
-        .get_or_init(|| {
-            let mut roots = rustls::RootCertStore::empty();
-            let native = rustls_native_certs::load_native_certs();
-            for cert in native.certs {
-                let _ = roots.add(cert);
-            }
-            if let Ok(path) = std::env::var("FARM_EGRESS_EXTRA_CA") {
-                use rustls::pki_types::pem::PemObject;
-                let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(&path)
-                    .map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?;
-                for cert in certs {
-                    roots
-                        .add(cert)
-                        .map_err(|e| format!("FARM_EGRESS_EXTRA_CA = {path}: {e}"))?;
-                }
-            }
-            if roots.is_empty() {
-                roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            }
-            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            Ok(std::sync::Arc::new(config))
-        })
+        .get_or_init(|| make_upstream_tls().map_err(std::sync::Arc::new))
         .clone()
+}
+
+fn make_upstream_tls() -> Result<std::sync::Arc<rustls::ClientConfig>, CaError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for cert in native.certs {
+        let _ = roots.add(cert);
+    }
+    if let Ok(path) = std::env::var("FARM_EGRESS_EXTRA_CA") {
+        use rustls::pki_types::pem::PemObject;
+        let extra = |message: String| CaError::ExtraCa {
+            path: path.clone(),
+            message,
+        };
+        let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(&path)
+            .map_err(|e| extra(e.to_string()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| extra(e.to_string()))?;
+        for cert in certs {
+            roots.add(cert).map_err(|e| extra(e.to_string()))?;
+        }
+    }
+    if roots.is_empty() {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|source| CaError::Tls {
+            what: "TLS versions for upstream connections".into(),
+            source,
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
 }
 
 #[cfg(test)]

@@ -1,28 +1,57 @@
 //! Inspected connections: a guest connection to a host that request rules name
 //! ([`crate::rules`]) is served as HTTP/1.1 by the proxy itself (hyper), one request at a
-//! time. Each request is checked against the rules; an allowed one gets the rule's
-//! credential header and is sent upstream on a connection of its own; any other gets a 403
-//! that names the rule set, and is logged with its method, host and path. A `git push` is
-//! read up to its ref updates, and refused whole before anything reaches the server if one
-//! is outside the rule's patterns.
+//! time. Each request is checked against the rules; an allowed one is re-serialised and sent
+//! upstream alone, on a connection of its own that carries nothing else; any other gets a
+//! 403 that names the rule set (or a 400 for framing the proxy never forwards), and is logged
+//! with its method, host and path. A `git push` is read up to its ref updates, and refused
+//! whole before anything reaches the server if one is outside the rule's patterns.
+//!
+//! What goes upstream is what was checked: the request line in origin form, the headers less
+//! the hop-by-hop ones (the proxy's framing and connection handling are its own), `Host` set
+//! to the checked host, `Connection: close`, and a body only where one belongs: a method that
+//! carries one (POST, PUT, PATCH) or a rule that allows bodies. Framing a server could read
+//! two ways is refused outright: `Content-Length` with `Transfer-Encoding`, several
+//! `Content-Length`s, a `Transfer-Encoding` other than `chunked`, an `Upgrade`.
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use bytes::Bytes;
-use farm_protocol::net::{Frame, Kind, MAX_PAYLOAD};
+use farm_protocol::net::Frame;
 use futures_util::StreamExt;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame as BodyFrame, Incoming};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::port::{Policy, HOST_ALIAS};
+use crate::destination::{resolve, UPSTREAM_TIMEOUT};
+use crate::framing::{FramingGuard, REFUSED_HEADER};
+use crate::policy::{Attempt, Policy, UpstreamFailure, Verdict};
+use crate::relay::pipe;
 use crate::rules::{check_push, receive_pack_commands, Decision};
 
 type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Methods whose requests carry a body. Any other request with one is refused unless the
+/// rule that allows it says `allow_bodies`: a server that does not read, say, a GET's body
+/// would read it as the next request on the connection.
+const BODY_METHODS: [&str; 3] = ["POST", "PUT", "PATCH"];
+
+/// Headers that belong to one connection (RFC 9110 section 7.6.1), never forwarded either way.
+const HOP_BY_HOP: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+];
 
 /// Serves one guest connection whose first bytes (`head`, a proxy request in absolute form)
 /// were read already; returns where the guest's further bytes go.
@@ -32,14 +61,14 @@ pub(crate) fn inspect(
     policy: Policy,
     to_guest: mpsc::Sender<Frame>,
 ) -> mpsc::Sender<Vec<u8>> {
-    let (to_up, proxy_side) = pump(conn, head, to_guest);
+    let (to_up, proxy_side) = pipe(conn, head, to_guest);
     tokio::spawn(async move {
         let service = hyper::service::service_fn(move |request| {
             let policy = policy.clone();
             async move { Ok::<_, Infallible>(handle(request, &policy, None).await) }
         });
         let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(proxy_side), service)
+            .serve_connection(TokioIo::new(FramingGuard::new(proxy_side)), service)
             .await;
     });
     to_up
@@ -56,17 +85,18 @@ pub(crate) fn inspect_tls(
     host: String,
     port: u16,
 ) -> Option<mpsc::Sender<Vec<u8>>> {
+    let target = format!("CONNECT {host}:{port}");
     let config = match policy.rules.ca().map(|ca| ca.server_config(&host)) {
         Some(Ok(config)) => config,
         Some(Err(e)) => {
-            policy.report(&format!("network: refused CONNECT {host}:{port}: {e}"));
+            policy.report(Attempt::new(target, Verdict::Refused { reason: e.to_string() }));
             return None;
         }
         None => return None,
     };
-    let (to_up, mut proxy_side) = pump(conn, after_head, to_guest);
+    let (to_up, mut proxy_side) = pipe(conn, after_head, to_guest);
     tokio::spawn(async move {
-        // The answer to CONNECT goes to the guest first (the pump carries it).
+        // The answer to CONNECT goes to the guest first (the pipe carries it).
         if proxy_side
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await
@@ -77,7 +107,8 @@ pub(crate) fn inspect_tls(
         let tls = match tokio_rustls::TlsAcceptor::from(config).accept(proxy_side).await {
             Ok(tls) => tls,
             Err(e) => {
-                policy.report(&format!("network: TLS with the guest for {host}:{port} failed: {e} (does the guest trust farm's egress CA?)"));
+                let reason = format!("TLS with the guest failed: {e} (does the guest trust farm's egress CA?)");
+                policy.report(Attempt::new(target, Verdict::Refused { reason }));
                 return;
             }
         };
@@ -87,72 +118,80 @@ pub(crate) fn inspect_tls(
             async move { Ok::<_, Infallible>(handle(request, &policy, Some(&tunnel)).await) }
         });
         let _ = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(tls), service)
+            .serve_connection(TokioIo::new(FramingGuard::new(tls)), service)
             .await;
     });
     Some(to_up)
 }
 
-/// Joins a guest connection to one end of an in-memory pipe: what the guest sends (after
-/// `first`) comes out of the returned end, and what is written there goes to the guest.
-fn pump(conn: u32, first: Vec<u8>, to_guest: mpsc::Sender<Frame>) -> (mpsc::Sender<Vec<u8>>, tokio::io::DuplexStream) {
-    let (guest_side, proxy_side) = tokio::io::duplex(256 << 10);
-    let (mut from_proxy, mut to_proxy) = tokio::io::split(guest_side);
-    let (to_up, mut from_guest) = mpsc::channel::<Vec<u8>>(64);
-    tokio::spawn(async move {
-        if !first.is_empty() && to_proxy.write_all(&first).await.is_err() {
-            return;
-        }
-        while let Some(bytes) = from_guest.recv().await {
-            if to_proxy.write_all(&bytes).await.is_err() {
-                return;
-            }
-        }
-        let _ = to_proxy.shutdown().await;
-    });
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; MAX_PAYLOAD];
-        loop {
-            match from_proxy.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to_guest
-                        .send(Frame {
-                            conn,
-                            kind: Kind::Data,
-                            payload: buf[..n].to_vec(),
-                        })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            }
-        }
-        let _ = to_guest
-            .send(Frame {
-                conn,
-                kind: Kind::Close,
-                payload: Vec::new(),
-            })
-            .await;
-    });
-    (to_up, proxy_side)
-}
-
-fn plain(status: StatusCode, text: String) -> Response<Body> {
+fn plain(status: StatusCode, text: &str) -> Response<Body> {
     let mut response = Response::new(
         Full::new(Bytes::from(format!("farm: {text}\n")))
             .map_err(|never| match never {})
             .boxed(),
     );
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain"),
-    );
     response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    response
+}
+
+/// Why a request's framing is refused whatever the rules, if it is.
+fn ambiguous_framing(headers: &HeaderMap) -> Option<&'static str> {
+    let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
+    let encodings: Vec<&HeaderValue> = headers.get_all(header::TRANSFER_ENCODING).iter().collect();
+    if lengths.len() > 1 {
+        return Some("more than one Content-Length");
+    }
+    if lengths
+        .first()
+        .is_some_and(|v| v.is_empty() || !v.as_bytes().iter().all(u8::is_ascii_digit))
+    {
+        return Some("a Content-Length that is not a number");
+    }
+    if !lengths.is_empty() && !encodings.is_empty() {
+        return Some("both Content-Length and Transfer-Encoding");
+    }
+    if encodings.len() > 1
+        || encodings
+            .first()
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"chunked"))
+    {
+        return Some("a Transfer-Encoding other than chunked");
+    }
+    if headers.contains_key(header::UPGRADE) {
+        return Some("a protocol upgrade (Upgrade), which the proxy does not inspect");
+    }
+    None
+}
+
+/// Whether a request says it carries a body: a non-zero length, chunks, or `Expect`.
+fn announces_body(headers: &HeaderMap) -> bool {
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    length.is_some_and(|n| n > 0)
+        || headers.contains_key(header::TRANSFER_ENCODING)
+        || headers.contains_key(header::EXPECT)
+}
+
+/// Removes the hop-by-hop headers, and those `Connection` names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
 }
 
 /// One request from the guest: plain (`tunnel` None: the host is the request's), or inside
@@ -162,7 +201,7 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
     let authority = request.uri().authority().map(|a| a.to_string()).or_else(|| {
         request
             .headers()
-            .get(hyper::header::HOST)
+            .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .map(String::from)
     });
@@ -171,10 +210,7 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
         None => Some((a.to_string(), 80)),
     };
     let Some((host, port)) = tunnel.cloned().or_else(|| authority.as_deref().and_then(target_of)) else {
-        return plain(
-            StatusCode::BAD_REQUEST,
-            "a proxy request needs an absolute http:// URL".into(),
-        );
+        return plain(StatusCode::BAD_REQUEST, "a proxy request needs an absolute http:// URL");
     };
     let target = request
         .uri()
@@ -186,24 +222,52 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
         "{method} {scheme}{host}:{port}{}",
         target.split('?').next().unwrap_or("")
     );
-    let (credential, git_push, rule) = match policy.rules.decide(&method, &host, port, &target) {
-        Decision::Deny(reason) => {
-            policy.report(&format!("network: denied {shown}: {reason}"));
-            return plain(
-                StatusCode::FORBIDDEN,
-                format!("{reason} (request rules: {})", policy.rules.name),
-            );
-        }
+    let refuse = |reason: String| {
+        let response = plain(
+            StatusCode::BAD_REQUEST,
+            &format!("{reason}; the proxy does not forward it"),
+        );
+        policy.report(Attempt::new(&shown, Verdict::Refused { reason }));
+        response
+    };
+    let deny = |reason: String| {
+        let response = plain(
+            StatusCode::FORBIDDEN,
+            &format!("{reason} (request rules: {})", policy.rules.name),
+        );
+        policy.report(Attempt::new(&shown, Verdict::Denied { reason }));
+        response
+    };
+    if let Some(reason) = request.headers().get(REFUSED_HEADER) {
+        // farm's stand-in for a request the framing guard refused (see crate::framing).
+        let reason = reason.to_str().unwrap_or("").replace('-', " ");
+        return refuse(format!(
+            "a request with {reason}: framing a server could read as more than one request"
+        ));
+    }
+    if let Some(why) = ambiguous_framing(request.headers()) {
+        return refuse(format!("{why}: framing a server could read as more than one request"));
+    }
+    let (rule, credential, git_push, bodies) = match policy.rules.decide(&method, &host, port, &target) {
+        Decision::Deny(reason) => return deny(reason),
         Decision::Allow {
             rule,
             credential,
             git_push,
+            bodies,
         } => (
+            rule,
             credential.map(|(h, v)| (h.to_string(), v.to_string())),
             git_push.cloned(),
-            rule,
+            bodies,
         ),
     };
+    if announces_body(request.headers()) && !BODY_METHODS.contains(&method.as_str()) && !bodies {
+        return refuse(format!(
+            "a {method} with a body (a server that does not read it would take it for another request; \
+             a rule with allow_bodies = true allows it)"
+        ));
+    }
     let (mut parts, body) = request.into_parts();
     // The body, as the upstream gets it; for a push, its commands are read and checked first.
     let body: Body = match &git_push {
@@ -215,13 +279,7 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
                 match receive_pack_commands(&prefix) {
                     Ok(Some((updates, _))) => break updates,
                     Ok(None) => {}
-                    Err(e) => {
-                        policy.report(&format!("network: denied {shown}: {e}"));
-                        return plain(
-                            StatusCode::FORBIDDEN,
-                            format!("push refused: {e} (request rules: {})", policy.rules.name),
-                        );
-                    }
+                    Err(e) => return deny(format!("push refused: {e}")),
                 }
                 match body.frame().await {
                     Some(Ok(frame)) => {
@@ -230,23 +288,15 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
                         }
                     }
                     Some(Err(_)) | None => {
-                        return plain(StatusCode::BAD_REQUEST, "the push ended before its ref updates".into())
+                        return refuse("a push that ended before its ref updates".into());
                     }
                 }
             };
-            if parts.headers.contains_key(hyper::header::CONTENT_ENCODING) {
-                policy.report(&format!("network: denied {shown}: an encoded push body"));
-                return plain(
-                    StatusCode::FORBIDDEN,
-                    "push refused: an encoded (compressed) push body is not read by the push rule".into(),
-                );
+            if parts.headers.contains_key(header::CONTENT_ENCODING) {
+                return deny("push refused: an encoded (compressed) push body is not read by the push rule".into());
             }
             if let Err(e) = check_push(push, &updates) {
-                policy.report(&format!("network: denied {shown}: {e}"));
-                return plain(
-                    StatusCode::FORBIDDEN,
-                    format!("push refused: {e} (request rules: {})", policy.rules.name),
-                );
+                return deny(format!("push refused: {e}"));
             }
             let first =
                 futures_util::stream::once(async move { Ok::<_, hyper::Error>(BodyFrame::data(Bytes::from(prefix))) });
@@ -254,28 +304,27 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
             BodyExt::boxed(StreamBody::new(first.chain(rest)))
         }
     };
-    // Origin form upstream; the proxy's own headers stay here; the credential is the rule's.
+    // Origin form upstream; the framing and the connection are the proxy's own (hyper frames
+    // the body again: by the checked Content-Length, else in chunks); one request only.
     parts.uri = target.parse().unwrap_or_else(|_| hyper::Uri::from_static("/"));
-    for name in ["proxy-connection", "proxy-authorization"] {
-        parts.headers.remove(name);
-    }
+    strip_hop_by_hop(&mut parts.headers);
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     // The host the rules checked is the one the server hears of (no other virtual host).
     let host_header = if (tunnel.is_some() && port == 443) || (tunnel.is_none() && port == 80) {
         host.clone()
     } else {
         format!("{host}:{port}")
     };
-    match hyper::header::HeaderValue::from_str(&host_header) {
+    match HeaderValue::from_str(&host_header) {
         Ok(value) => {
-            parts.headers.insert(hyper::header::HOST, value);
+            parts.headers.insert(header::HOST, value);
         }
-        Err(_) => return plain(StatusCode::BAD_REQUEST, format!("{host} is not a host name")),
+        Err(_) => return refuse(format!("{host} is not a host name")),
     }
-    if let Some((header, value)) = &credential {
-        match (
-            hyper::header::HeaderName::from_bytes(header.as_bytes()),
-            hyper::header::HeaderValue::from_str(value),
-        ) {
+    if let Some((name, value)) = &credential {
+        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
             (Ok(name), Ok(mut value)) => {
                 value.set_sensitive(true);
                 parts.headers.insert(name, value);
@@ -283,66 +332,74 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
             _ => {
                 return plain(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "the rule's credential is not a valid header".into(),
+                    "the rule's credential is not a valid header",
                 )
             }
         }
     }
-    let upstream_host = if host.eq_ignore_ascii_case(HOST_ALIAS) {
-        "127.0.0.1".to_string()
-    } else {
-        host.clone()
+    let detail = format!(
+        "rule {rule} of {}{}",
+        policy.rules.name,
+        if credential.is_some() { ", credential added" } else { "" }
+    );
+    match exchange(Request::from_parts(parts, body), &host, port, tunnel.is_some()).await {
+        Ok(mut response) => {
+            policy.report(Attempt::new(&shown, Verdict::Allowed { detail: Some(detail) }));
+            strip_hop_by_hop(response.headers_mut());
+            response.map(|b| b.boxed())
+        }
+        Err((failure, detail)) => {
+            let status = StatusCode::from_u16(failure.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let response = plain(status, &format!("{host}:{port}: {detail}"));
+            policy.report(Attempt::new(&shown, Verdict::UpstreamFailed { failure, detail }));
+            response
+        }
+    }
+}
+
+/// Sends one checked request to `host:port` on a connection of its own (over TLS verified
+/// for `host` when `tls`), and returns the answer or where it failed.
+async fn exchange(
+    request: Request<Body>,
+    host: &str,
+    port: u16,
+    tls: bool,
+) -> Result<Response<Incoming>, (UpstreamFailure, String)> {
+    let timed_out = |what: &str| {
+        (
+            UpstreamFailure::Timeout,
+            format!("{what} took over {} s", UPSTREAM_TIMEOUT.as_secs()),
+        )
     };
-    let stream = match tokio::time::timeout(
-        Duration::from_secs(15),
-        tokio::net::TcpStream::connect((upstream_host.as_str(), port)),
+    let addresses = match tokio::time::timeout(UPSTREAM_TIMEOUT, resolve(host, port)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => return Err((UpstreamFailure::Dns, format!("resolving {host} failed: {e}"))),
+        Err(_) => return Err(timed_out("resolving")),
+    };
+    let stream = match tokio::time::timeout(UPSTREAM_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..])).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err((UpstreamFailure::Connect, format!("connecting failed: {e}"))),
+        Err(_) => return Err(timed_out("connecting")),
+    };
+    let exchange_failed = |e: hyper::Error| (UpstreamFailure::Exchange, format!("the exchange failed: {e}"));
+    if !tls {
+        return send(TokioIo::new(stream), request).await.map_err(exchange_failed);
+    }
+    // Upstream TLS, checked against the host's trust store for the name the guest asked for.
+    let config = crate::ca::upstream_tls().map_err(|e| (UpstreamFailure::Tls, e.to_string()))?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|_| (UpstreamFailure::Tls, format!("{host} is not a TLS server name")))?;
+    let tls = match tokio::time::timeout(
+        UPSTREAM_TIMEOUT,
+        tokio_rustls::TlsConnector::from(config).connect(name, stream),
     )
     .await
     {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            return plain(
-                StatusCode::BAD_GATEWAY,
-                format!("connecting to {host}:{port} failed: {e}"),
-            )
-        }
-        Err(_) => {
-            return plain(
-                StatusCode::GATEWAY_TIMEOUT,
-                format!("{host}:{port} did not answer within 15 s"),
-            )
-        }
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => return Err((UpstreamFailure::Tls, format!("TLS failed: {e}"))),
+        Err(_) => return Err(timed_out("the TLS handshake")),
     };
-    let request = Request::from_parts(parts, body);
-    let sent = if tunnel.is_some() {
-        // Upstream TLS, checked against the host's trust store for the name the guest asked for.
-        let config = match crate::ca::upstream_tls() {
-            Ok(c) => c,
-            Err(e) => return plain(StatusCode::BAD_GATEWAY, e),
-        };
-        let Ok(name) = rustls::pki_types::ServerName::try_from(host.clone()) else {
-            return plain(StatusCode::BAD_GATEWAY, format!("{host} is not a TLS server name"));
-        };
-        let tls = match tokio_rustls::TlsConnector::from(config).connect(name, stream).await {
-            Ok(tls) => tls,
-            Err(e) => {
-                policy.report(&format!("network: TLS to {host}:{port} failed: {e}"));
-                return plain(StatusCode::BAD_GATEWAY, format!("TLS to {host}:{port} failed: {e}"));
-            }
-        };
-        send(TokioIo::new(tls), request).await
-    } else {
-        send(TokioIo::new(stream), request).await
-    };
-    policy.report(&format!(
-        "network: allowed {shown} (rule {rule} of {}{})",
-        policy.rules.name,
-        if credential.is_some() { ", credential added" } else { "" }
-    ));
-    match sent {
-        Ok(response) => response.map(|b| b.boxed()),
-        Err(e) => plain(StatusCode::BAD_GATEWAY, format!("{host}:{port} failed: {e}")),
-    }
+    send(TokioIo::new(tls), request).await.map_err(exchange_failed)
 }
 
 /// One request on a new upstream connection.
@@ -353,4 +410,56 @@ where
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
     tokio::spawn(connection);
     sender.send_request(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn framing_a_server_could_read_two_ways_is_refused() {
+        for bad in [
+            &[("content-length", "5"), ("transfer-encoding", "chunked")][..],
+            &[("content-length", "5"), ("content-length", "5")],
+            &[("content-length", "+5")],
+            &[("transfer-encoding", "gzip, chunked")],
+            &[("transfer-encoding", "chunked"), ("transfer-encoding", "chunked")],
+            &[("transfer-encoding", " chunked")],
+            &[("upgrade", "h2c"), ("connection", "upgrade")],
+        ] {
+            assert!(ambiguous_framing(&headers(bad)).is_some(), "{bad:?}");
+        }
+        for fine in [
+            &[("content-length", "12")][..],
+            &[("transfer-encoding", "Chunked")],
+            &[],
+        ] {
+            assert_eq!(ambiguous_framing(&headers(fine)), None, "{fine:?}");
+        }
+        assert!(announces_body(&headers(&[("content-length", "1")])));
+        assert!(announces_body(&headers(&[("expect", "100-continue")])));
+        assert!(announces_body(&headers(&[("transfer-encoding", "chunked")])));
+        assert!(!announces_body(&headers(&[("content-length", "0")])));
+        let mut map = headers(&[
+            ("connection", "close, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "5"),
+            ("te", "trailers"),
+            ("expect", "100-continue"),
+            ("accept", "*/*"),
+        ]);
+        strip_hop_by_hop(&mut map);
+        assert_eq!(map.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["accept"]);
+    }
 }

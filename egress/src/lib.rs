@@ -10,9 +10,16 @@
 #![forbid(unsafe_code)]
 
 pub mod ca;
+mod destination;
+mod framing;
+#[cfg(test)]
+mod hostile_tests;
 mod inspect;
+pub mod policy;
 mod port;
+mod relay;
 pub mod rules;
 
-pub use port::{spawn, AttemptLog, Policy, SharedPolicy, HOST_ALIAS};
+pub use policy::{Attempt, AttemptLog, Policy, SharedPolicy, UpstreamFailure, Verdict, HOST_ALIAS};
+pub use port::spawn;
 pub use rules::{check_rule, Credential, Decision, GitPush, RefUpdate, Rule, RuleSet};

@@ -1,55 +1,23 @@
 //! The host side of a VM's network port ([`farm_protocol::net`]): each connection the guest's
 //! proxy listener accepted is read up to the end of its HTTP proxy request head (parsed with
-//! `httparse`: `CONNECT host:port`, or an absolute `http://` URL), checked against the VM's allowlist, and then relayed to that host
-//! or answered `403` and closed. Every attempt is logged with its verdict. With no allowlist
+//! `httparse`: `CONNECT host:port`, or an absolute `http://` URL) and checked against the VM's
+//! [`Policy`]. A host that request rules name is inspected ([`crate::inspect`]); a host on the
+//! allowlist is resolved on the host, checked again by address (so that another name for an
+//! inspected host is not passed through), connected to at exactly the addresses checked, and
+//! relayed; anything else is answered (`403`, `400`, or `502`/`504` when an allowed host fails
+//! on the host's side) and closed. Every attempt is logged with its verdict. With no allowlist
 //! (the default, and always for scoring VMs) every attempt is refused at once: a guest never
 //! hangs waiting for a network it does not have.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use farm_protocol::net::{Frame, Kind, MAX_PAYLOAD};
+use farm_protocol::net::{Frame, Kind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-/// The name a guest reaches the host's own loopback by (allowlisted as `host.farm.internal:PORT`),
-/// as containers have `host.docker.internal`: inside a guest, 127.0.0.1 is the guest itself.
-pub const HOST_ALIAS: &str = "host.farm.internal";
-
-/// Where connection attempts are reported, besides `tracing`.
-pub type AttemptLog = Arc<dyn Fn(&str) + Send + Sync>;
-
-/// What a VM may reach, and where its attempts are reported.
-#[derive(Clone, Default)]
-pub struct Policy {
-    /// `host:port` entries (hosts compared without case), passed through whatever is sent.
-    pub allow: Vec<String>,
-    /// Called with one line per connection attempt and its verdict.
-    pub log: Option<AttemptLog>,
-    /// Request rules ([`crate::rules`]): the hosts they name are inspected request by
-    /// request.
-    pub rules: Arc<crate::rules::RuleSet>,
-}
-
-impl Policy {
-    /// Whether `host:port` is on the list; the entry `*` allows every host (each attempt is
-    /// still logged).
-    pub fn allows(&self, host: &str, port: u16) -> bool {
-        let wanted = format!("{}:{port}", host.to_ascii_lowercase());
-        self.allow.iter().any(|a| a == "*" || a.to_ascii_lowercase() == wanted)
-    }
-
-    pub(crate) fn report(&self, line: &str) {
-        tracing::info!(target: "farm::net", "{line}");
-        if let Some(log) = &self.log {
-            log(line);
-        }
-    }
-}
-
-/// A VM's current policy (changed between template setup and snapshot, or per fork).
-pub type SharedPolicy = Arc<Mutex<Policy>>;
+use crate::destination::{resolve, UPSTREAM_TIMEOUT};
+use crate::policy::{Attempt, Policy, SharedPolicy, UpstreamFailure, Verdict};
+use crate::relay::{answer, relay};
 
 /// Bytes of a request head the proxy reads at most before it must see the end of it.
 const MAX_HEAD: usize = 16 << 10;
@@ -64,7 +32,7 @@ pub fn spawn(
     Ok(tokio::spawn(serve(stream, policy)))
 }
 
-async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
+pub(crate) async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
     let (mut read, mut write) = stream.into_split();
     let (to_guest, mut outgoing) = mpsc::channel::<Frame>(256);
     tokio::spawn(async move {
@@ -125,8 +93,8 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
                         let opened = match parse_head(head) {
                             Head::Partial => continue,
                             Head::Refused { line, reason } => {
-                                current().report(&format!("network: refused {line:?}: {reason}"));
-                                refuse(&to_guest, frame.conn, 400, &reason).await;
+                                answer(&to_guest, frame.conn, 400, &reason).await;
+                                current().report(Attempt::new(format!("{line:?}"), Verdict::Refused { reason }));
                                 None
                             }
                             Head::Proxy(request) => open(frame.conn, request, head, &current(), to_guest.clone()).await,
@@ -145,29 +113,6 @@ async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
             }
         }
     }
-}
-
-pub(crate) async fn refuse(to_guest: &mpsc::Sender<Frame>, conn: u32, status: u16, reason: &str) {
-    let body = format!("farm: {reason}\n");
-    let text = if status == 403 { "Forbidden" } else { "Bad Request" };
-    let reply = format!(
-        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = to_guest
-        .send(Frame {
-            conn,
-            kind: Kind::Data,
-            payload: reply.into_bytes(),
-        })
-        .await;
-    let _ = to_guest
-        .send(Frame {
-            conn,
-            kind: Kind::Close,
-            payload: Vec::new(),
-        })
-        .await;
 }
 
 /// Header lines a request head may have at most (a proxy client sends a handful).
@@ -288,7 +233,7 @@ fn request_line(buf: &[u8]) -> String {
     line.trim().chars().take(200).collect()
 }
 
-/// Checks a connection's request and connects it upstream; None when refused.
+/// Checks a connection's request and connects it upstream; None when it was answered.
 async fn open(
     conn: u32,
     request: ProxyRequest,
@@ -302,128 +247,113 @@ async fn open(
         tunnel,
         first,
     } = request;
+    let target = format!("{host}:{port}");
     if policy.rules.inspects(&host, port) {
         if tunnel {
             let refused = to_guest.clone();
             let opened = crate::inspect::inspect_tls(conn, first, policy.clone(), to_guest, host.clone(), port);
             if opened.is_none() {
-                refuse(
-                    &refused,
-                    conn,
-                    403,
-                    &format!("{host}:{port} could not be intercepted (see the log)"),
-                )
-                .await;
+                let reason = format!("{target} could not be intercepted (see the log)");
+                answer(&refused, conn, 403, &reason).await;
             }
             return opened;
         }
         return Some(crate::inspect::inspect(conn, head.to_vec(), policy.clone(), to_guest));
     }
+    let reply = Reply {
+        to_guest: &to_guest,
+        conn,
+        policy,
+        target: &target,
+    };
     if !policy.allows(&host, port) {
         let allowed = if policy.allow.is_empty() {
             "none".to_string()
         } else {
             policy.allow.join(", ")
         };
-        policy.report(&format!("network: denied {host}:{port} (allowed: {allowed})"));
-        refuse(
-            &to_guest,
-            conn,
-            403,
-            &format!("egress to {host}:{port} is not allowed (allowlist: {allowed})"),
-        )
-        .await;
+        reply
+            .deny(format!("egress to {target} is not allowed (allowlist: {allowed})"))
+            .await;
         return None;
     }
-    let target = if host.eq_ignore_ascii_case(HOST_ALIAS) {
-        "127.0.0.1"
-    } else {
-        host.as_str()
+    // The addresses checked are the ones connected to: a name cannot resolve once for the
+    // check and again, elsewhere, for the connection.
+    let addresses = match tokio::time::timeout(UPSTREAM_TIMEOUT, resolve(&host, port)).await {
+        Ok(Ok(addresses)) => addresses,
+        Ok(Err(e)) => {
+            reply
+                .failed(UpstreamFailure::Dns, format!("resolving {host} failed: {e}"))
+                .await;
+            return None;
+        }
+        Err(_) => {
+            let detail = format!("resolving {host} took over {} s", UPSTREAM_TIMEOUT.as_secs());
+            reply.failed(UpstreamFailure::Timeout, detail).await;
+            return None;
+        }
     };
-    let upstream =
-        match tokio::time::timeout(Duration::from_secs(15), tokio::net::TcpStream::connect((target, port))).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                policy.report(&format!("network: allowed {host}:{port}, but connecting failed: {e}"));
-                refuse(
-                    &to_guest,
-                    conn,
-                    403,
-                    &format!("connecting to {host}:{port} failed: {e}"),
-                )
-                .await;
-                return None;
-            }
-            Err(_) => {
-                policy.report(&format!(
-                    "network: allowed {host}:{port}, but it did not answer within 15 s"
-                ));
-                refuse(
-                    &to_guest,
-                    conn,
-                    403,
-                    &format!("{host}:{port} did not answer within 15 s"),
-                )
-                .await;
-                return None;
-            }
-        };
-    policy.report(&format!("network: allowed {host}:{port}"));
-    if tunnel {
-        let _ = to_guest
-            .send(Frame {
-                conn,
-                kind: Kind::Data,
-                payload: b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec(),
-            })
+    if let Some(inspected) = policy.rules.inspected_at(&addresses).await {
+        reply
+            .deny(format!(
+                "{target} is an address of {inspected}, which request rules inspect: reach it by that name"
+            ))
             .await;
+        return None;
     }
-    let (mut up_read, mut up_write) = upstream.into_split();
-    let (to_up, mut from_guest) = mpsc::channel::<Vec<u8>>(64);
-    tokio::spawn(async move {
-        if !first.is_empty() && up_write.write_all(&first).await.is_err() {
-            return;
+    let upstream = match tokio::time::timeout(UPSTREAM_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..])).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            reply
+                .failed(UpstreamFailure::Connect, format!("connecting failed: {e}"))
+                .await;
+            return None;
         }
-        while let Some(bytes) = from_guest.recv().await {
-            if up_write.write_all(&bytes).await.is_err() {
-                return;
-            }
+        Err(_) => {
+            let detail = format!("connecting took over {} s", UPSTREAM_TIMEOUT.as_secs());
+            reply.failed(UpstreamFailure::Timeout, detail).await;
+            return None;
         }
-        let _ = up_write.shutdown().await;
-    });
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; MAX_PAYLOAD];
-        loop {
-            match up_read.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to_guest
-                        .send(Frame {
-                            conn,
-                            kind: Kind::Data,
-                            payload: buf[..n].to_vec(),
-                        })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            }
-        }
-        let _ = to_guest
-            .send(Frame {
-                conn,
-                kind: Kind::Close,
-                payload: Vec::new(),
-            })
-            .await;
-    });
-    Some(to_up)
+    };
+    policy.report(Attempt::new(&target, Verdict::Allowed { detail: None }));
+    if tunnel {
+        let established = Frame {
+            conn,
+            kind: Kind::Data,
+            payload: b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec(),
+        };
+        let _ = to_guest.send(established).await;
+    }
+    Some(relay(conn, first, upstream, to_guest))
+}
+
+/// How a connection that goes no further is answered and reported.
+struct Reply<'a> {
+    to_guest: &'a mpsc::Sender<Frame>,
+    conn: u32,
+    policy: &'a Policy,
+    target: &'a str,
+}
+
+impl Reply<'_> {
+    async fn deny(&self, reason: String) {
+        answer(self.to_guest, self.conn, 403, &reason).await;
+        self.policy
+            .report(Attempt::new(self.target, Verdict::Denied { reason }));
+    }
+
+    async fn failed(&self, failure: UpstreamFailure, detail: String) {
+        let text = format!("{}: {detail}", self.target);
+        answer(self.to_guest, self.conn, failure.status(), &text).await;
+        self.policy
+            .report(Attempt::new(self.target, Verdict::UpstreamFailed { failure, detail }));
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
 
     fn proxy(head: &[u8]) -> ProxyRequest {

@@ -35,6 +35,11 @@ pub struct Rule {
     /// that: the ref updates are read before anything reaches the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_push: Option<GitPush>,
+    /// Requests this rule allows may carry a body whatever their method. By default only
+    /// POST, PUT and PATCH do: a server that does not read, say, a GET's body would take it
+    /// for the next request on the connection, one no rule checked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_bodies: bool,
 }
 
 /// A credential the proxy adds: `header: prefix + value`, the value read on the host from the
@@ -61,51 +66,104 @@ pub struct GitPush {
     pub allow_delete: bool,
 }
 
-/// Checks a rule's syntax; the message names the field.
-pub fn check_rule(rule: &Rule) -> Result<(), String> {
+/// What is wrong with a rule; the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("host = {0:?} is not a host name (or *.domain)")]
+    Host(String),
+    #[error("port = 0 is not a port")]
+    Port,
+    #[error("methods: {0:?} is not an HTTP method in capitals (GET, HEAD, POST, ...)")]
+    Method(String),
+    #[error("paths: {path:?} {why}")]
+    Path { path: String, why: PathError },
+    #[error("credential.header = {0:?} is not a header name")]
+    CredentialHeader(String),
+    #[error("credential needs exactly one of env (a variable of the host) or file")]
+    CredentialSource,
+    #[error("git_push.refs must list ref patterns starting with refs/ (e.g. \"refs/heads/agent/*\")")]
+    GitPushRefs,
+    #[error("git_push needs paths: the repositories' path prefixes (e.g. \"/repo.git/\")")]
+    GitPushPaths,
+    #[error("git_push sets its own methods (GET for the refs, POST for the push): leave methods out")]
+    GitPushMethods,
+}
+
+/// Checks a rule's syntax.
+pub fn check_rule(rule: &Rule) -> Result<(), RuleError> {
     let host = rule.host.strip_prefix("*.").unwrap_or(&rule.host);
     if host.is_empty() || host.contains(|c: char| c.is_whitespace() || "/@:*".contains(c)) {
-        return Err(format!("host = {:?} is not a host name (or *.domain)", rule.host));
+        return Err(RuleError::Host(rule.host.clone()));
     }
     if rule.port == Some(0) {
-        return Err("port = 0 is not a port".into());
+        return Err(RuleError::Port);
     }
-    for m in &rule.methods {
-        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(format!(
-                "methods: {m:?} is not an HTTP method in capitals (GET, HEAD, POST, ...)"
-            ));
-        }
+    if let Some(m) = rule
+        .methods
+        .iter()
+        .find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()))
+    {
+        return Err(RuleError::Method(m.clone()));
     }
     for p in &rule.paths {
-        if !p.starts_with('/') {
-            return Err(format!("paths: {p:?} does not start with /"));
+        // A prefix is compared with paths in normal form, so it must be one itself.
+        if let Err(why) = normal_path(p) {
+            return Err(RuleError::Path { path: p.clone(), why });
         }
     }
     if let Some(c) = &rule.credential {
         if c.header.is_empty() || !c.header.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-            return Err(format!("credential.header = {:?} is not a header name", c.header));
+            return Err(RuleError::CredentialHeader(c.header.clone()));
         }
         if c.env.is_some() == c.file.is_some() {
-            return Err("credential needs exactly one of env (a variable of the host) or file".into());
+            return Err(RuleError::CredentialSource);
         }
     }
     if let Some(g) = &rule.git_push {
         if g.refs.is_empty() || g.refs.iter().any(|r| !r.starts_with("refs/")) {
-            return Err(
-                "git_push.refs must list ref patterns starting with refs/ (e.g. \"refs/heads/agent/*\")".into(),
-            );
+            return Err(RuleError::GitPushRefs);
         }
         if rule.paths.is_empty() {
-            return Err("git_push needs paths: the repositories' path prefixes (e.g. \"/repo.git/\")".into());
+            return Err(RuleError::GitPushPaths);
         }
         if !rule.methods.is_empty() {
-            return Err(
-                "git_push sets its own methods (GET for the refs, POST for the push): leave methods out".into(),
-            );
+            return Err(RuleError::GitPushMethods);
         }
     }
     Ok(())
+}
+
+/// Why a rule set could not be made: the rule (`{name} rules[{index}]`) and what was wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{name} rules[{index}]: {error}")]
+    Rule {
+        name: String,
+        index: usize,
+        error: RuleError,
+    },
+    #[error("{name} rules[{index}].credential: the host variable {variable} is not set")]
+    CredentialVariable {
+        name: String,
+        index: usize,
+        variable: String,
+    },
+    #[error("{name} rules[{index}].credential: reading {}", path.display())]
+    CredentialFile {
+        name: String,
+        index: usize,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{name} rules[{index}].credential: the value is empty or holds a line break")]
+    CredentialValue { name: String, index: usize },
+    #[error("{name}: making the egress CA")]
+    Ca {
+        name: String,
+        #[source]
+        source: crate::ca::CaError,
+    },
 }
 
 /// Rules with their credentials read: what a VM's proxy applies.
@@ -118,6 +176,23 @@ pub struct RuleSet {
     secrets: Vec<Option<String>>,
     /// Answers inspected HTTPS hosts (made when there are rules).
     ca: Option<std::sync::Arc<Ca>>,
+    /// The addresses the rules' hosts resolve to, looked up when first needed and again
+    /// after [`ADDRESSES_FOR`].
+    addresses: std::sync::Arc<tokio::sync::Mutex<Option<Resolved>>>,
+}
+
+/// How long resolved rule addresses are used before they are looked up again.
+const ADDRESSES_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The rules' addresses, and when they were resolved.
+type Resolved = (std::time::Instant, Vec<Bound>);
+
+/// An address an inspected host is reached at, with the rule's port.
+#[derive(Debug, Clone)]
+struct Bound {
+    host: String,
+    port: Option<u16>,
+    ip: std::net::IpAddr,
 }
 
 impl std::fmt::Debug for RuleSet {
@@ -138,6 +213,8 @@ pub enum Decision<'a> {
         /// (header, value) to set.
         credential: Option<(&'a str, &'a str)>,
         git_push: Option<&'a GitPush>,
+        /// The rule's `allow_bodies`.
+        bodies: bool,
     },
     Deny(String),
 }
@@ -152,18 +229,33 @@ fn host_matches(pattern: &str, host: &str) -> bool {
 
 impl RuleSet {
     /// Checks the rules and reads their credentials on the host; errors name the rule.
-    pub fn resolve(name: &str, rules: &[Rule]) -> Result<RuleSet, String> {
+    pub fn resolve(name: &str, rules: &[Rule]) -> Result<RuleSet, ResolveError> {
         let mut secrets = Vec::new();
-        for (i, rule) in rules.iter().enumerate() {
-            check_rule(rule).map_err(|e| format!("{name} rules[{i}]: {e}"))?;
+        for (index, rule) in rules.iter().enumerate() {
+            let name = name.to_string();
+            check_rule(rule).map_err(|error| ResolveError::Rule {
+                name: name.clone(),
+                index,
+                error,
+            })?;
             let secret = match &rule.credential {
                 None => None,
                 Some(c) => {
                     let value = match (&c.env, &c.file) {
-                        (Some(var), _) => std::env::var(var)
-                            .map_err(|_| format!("{name} rules[{i}].credential: the host variable {var} is not set"))?,
+                        (Some(variable), _) => {
+                            std::env::var(variable).map_err(|_| ResolveError::CredentialVariable {
+                                name: name.clone(),
+                                index,
+                                variable: variable.clone(),
+                            })?
+                        }
                         (None, Some(path)) => std::fs::read_to_string(path)
-                            .map_err(|e| format!("{name} rules[{i}].credential: reading {}: {e}", path.display()))?
+                            .map_err(|source| ResolveError::CredentialFile {
+                                name: name.clone(),
+                                index,
+                                path: path.clone(),
+                                source,
+                            })?
                             .lines()
                             .next()
                             .unwrap_or("")
@@ -171,9 +263,7 @@ impl RuleSet {
                         (None, None) => unreachable!("checked"),
                     };
                     if value.trim().is_empty() || value.contains(['\r', '\n']) {
-                        return Err(format!(
-                            "{name} rules[{i}].credential: the value is empty or holds a line break"
-                        ));
+                        return Err(ResolveError::CredentialValue { name, index });
                     }
                     Some(format!("{}{}", c.prefix, value.trim()))
                 }
@@ -183,13 +273,18 @@ impl RuleSet {
         let ca = if rules.is_empty() {
             None
         } else {
-            Some(std::sync::Arc::new(Ca::generate(name)?))
+            let ca = Ca::generate(name).map_err(|source| ResolveError::Ca {
+                name: name.to_string(),
+                source,
+            })?;
+            Some(std::sync::Arc::new(ca))
         };
         Ok(RuleSet {
             name: name.to_string(),
             rules: rules.to_vec(),
             secrets,
             ca,
+            addresses: Default::default(),
         })
     }
 
@@ -213,15 +308,61 @@ impl RuleSet {
             .any(|r| host_matches(&r.host, host) && r.port.is_none_or(|p| p == port))
     }
 
+    /// Whether any of `addresses` (a name's, resolved on the host) is where a rule's host is
+    /// reached, whatever name was used: the rule's host name, when so. Wildcard rules
+    /// (`*.example.com`) are bound by name only: their hosts cannot be listed.
+    pub async fn inspected_at(&self, addresses: &[std::net::SocketAddr]) -> Option<String> {
+        if self.rules.is_empty() {
+            return None;
+        }
+        let bound = {
+            let mut cache = self.addresses.lock().await;
+            match &*cache {
+                Some((when, bound)) if when.elapsed() < ADDRESSES_FOR => bound.clone(),
+                _ => {
+                    let bound = self.bind().await;
+                    *cache = Some((std::time::Instant::now(), bound.clone()));
+                    bound
+                }
+            }
+        };
+        let local = crate::destination::LocalAddresses::probe();
+        addresses.iter().find_map(|address| {
+            bound
+                .iter()
+                .find(|b| b.port.is_none_or(|p| p == address.port()) && local.same_destination(b.ip, address.ip()))
+                .map(|b| match b.port {
+                    Some(port) => format!("{}:{port}", b.host),
+                    None => b.host.clone(),
+                })
+        })
+    }
+
+    /// The addresses of the rules' hosts (those that resolve; wildcards have none).
+    async fn bind(&self) -> Vec<Bound> {
+        let mut bound = Vec::new();
+        for rule in self.rules.iter().filter(|r| !r.host.starts_with("*.")) {
+            let lookup = crate::destination::resolve(&rule.host, rule.port.unwrap_or(80));
+            if let Ok(Ok(addresses)) = tokio::time::timeout(crate::destination::UPSTREAM_TIMEOUT, lookup).await {
+                bound.extend(addresses.into_iter().map(|a| Bound {
+                    host: rule.host.clone(),
+                    port: rule.port,
+                    ip: a.ip(),
+                }));
+            }
+        }
+        bound
+    }
+
     /// The first rule that allows `method` to `host:port` at `target` (path and query).
     pub fn decide(&self, method: &str, host: &str, port: u16, target: &str) -> Decision<'_> {
         let path = target.split('?').next().unwrap_or("");
         let query = target.split_once('?').map(|(_, q)| q).unwrap_or("");
-        // A prefix means what it says only on a path in normal form: no `.` or `..` segments,
-        // no empty ones, and no escaped `.`, `/` or `\` a server would decode into them.
-        if let Some(why) = abnormal(path) {
+        // A prefix means what it says only on a path every server reads the same way (see
+        // [`normal_path`]).
+        if let Err(why) = normal_path(path) {
             return Decision::Deny(format!(
-                "{method} {host}:{port}{path}: {why}; rules of {} compare normal paths only",
+                "{method} {host}:{port}{path}: the path {why}; rules of {} compare paths in normal form only",
                 self.name
             ));
         }
@@ -256,6 +397,7 @@ impl RuleSet {
                     rule: i,
                     credential,
                     git_push,
+                    bodies: rule.allow_bodies,
                 };
             }
         }
@@ -263,23 +405,82 @@ impl RuleSet {
     }
 }
 
-/// Why a request path is not in normal form, if it is not.
-fn abnormal(path: &str) -> Option<&'static str> {
+/// Why a path is not in normal form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("does not start with /")]
+    NotAbsolute,
+    #[error("holds {0}, which is outside the characters paths may have (letters, digits, - . _ ~ ! $ & ' ( ) * + , = : @ / and %XX escapes)")]
+    Character(String),
+    #[error("holds a malformed %-escape")]
+    BadEscape,
+    #[error("escapes bytes that are not UTF-8 (an overlong or invalid sequence)")]
+    NotUtf8,
+    #[error("escapes {0}, which a server could decode into another path")]
+    EscapedDelimiter(char),
+    #[error("has '.', '..' or empty segments")]
+    DotSegment,
+}
+
+/// Checks that `path` reads the same to every server: it starts with `/`; it has only
+/// unreserved characters, the sub-delimiters but `;` (which Tomcat and Jetty read as
+/// path parameters: `/a/..;/b`), `:`, `@`, `/` and `%XX` escapes; the escapes decode to
+/// UTF-8 (no overlong `%c0%ae`) and to none of `.`, `/`, `\`, `;`, `%` (so no `%2e%2e`, no
+/// double encoding `%252e`) or a control character; and no segment is `.`, `..` or empty
+/// (but a trailing `/`).
+pub fn normal_path(path: &str) -> Result<(), PathError> {
     if !path.starts_with('/') {
-        return Some("the path does not start with /");
+        return Err(PathError::NotAbsolute);
     }
-    let lower = path.to_ascii_lowercase();
-    if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) || path.contains('\\') {
-        return Some("the path escapes a '.', '/' or '\\'");
+    let bytes = path.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        if byte == b'%' {
+            let hex = |b: u8| (b as char).to_digit(16);
+            let (Some(high), Some(low)) = (
+                bytes.get(at + 1).and_then(|b| hex(*b)),
+                bytes.get(at + 2).and_then(|b| hex(*b)),
+            ) else {
+                return Err(PathError::BadEscape);
+            };
+            let value = (high * 16 + low) as u8;
+            if matches!(value, b'.' | b'/' | b'\\' | b';' | b'%') {
+                return Err(PathError::EscapedDelimiter(value as char));
+            }
+            if value < 0x20 || value == 0x7f {
+                return Err(PathError::EscapedDelimiter(value as char));
+            }
+            decoded.push(value);
+            at += 3;
+            continue;
+        }
+        let allowed = byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,=:@/".contains(&byte);
+        if !allowed {
+            let shown = if byte.is_ascii_graphic() {
+                format!("{:?}", byte as char)
+            } else {
+                format!("the byte 0x{byte:02x}")
+            };
+            return Err(PathError::Character(shown));
+        }
+        decoded.push(byte);
+        at += 1;
     }
-    if path[1..]
-        .split('/')
+    if std::str::from_utf8(&decoded).is_err() {
+        return Err(PathError::NotUtf8);
+    }
+    let segments: Vec<&str> = path[1..].split('/').collect();
+    let last = segments.len() - 1;
+    if segments
+        .iter()
         .enumerate()
-        .any(|(i, seg)| seg == "." || seg == ".." || (seg.is_empty() && i + 1 < path[1..].split('/').count()))
+        .any(|(i, seg)| *seg == "." || *seg == ".." || (seg.is_empty() && i < last))
     {
-        return Some("the path has '.', '..' or empty segments");
+        return Err(PathError::DotSegment);
     }
-    None
+    Ok(())
 }
 
 /// One ref update of a push: `old new name` (ids in hex).
@@ -299,34 +500,57 @@ impl RefUpdate {
 /// Most bytes of ref-update commands read before the pack.
 pub const MAX_COMMANDS: usize = 1 << 20;
 
+/// Why a push is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    #[error("the push's commands are longer than {MAX_COMMANDS} bytes")]
+    TooLong,
+    #[error("not a pkt-line length: {0:?}")]
+    Length(String),
+    #[error("a push without ref updates")]
+    NoUpdates,
+    #[error("a pkt-line of length {0} where commands belong")]
+    ShortLine(usize),
+    #[error("a ref update that is not text")]
+    NotText,
+    #[error("{0:?} in a push is not supported by the push rule")]
+    Unsupported(String),
+    #[error("not a ref update: {0:?}")]
+    NotAnUpdate(String),
+    #[error("the push updates {name}, which no pattern allows ({patterns})")]
+    RefNotAllowed { name: String, patterns: String },
+    #[error("the push deletes {0}, and the rule does not allow deletion")]
+    Delete(String),
+}
+
 /// The ref-update commands at the start of a `git-receive-pack` request body (pkt-lines up
 /// to the first flush packet). Ok(None): more bytes are needed. Returns the updates and how
 /// many bytes they took.
-pub fn receive_pack_commands(body: &[u8]) -> Result<Option<(Vec<RefUpdate>, usize)>, String> {
+pub fn receive_pack_commands(body: &[u8]) -> Result<Option<(Vec<RefUpdate>, usize)>, PushError> {
     let mut at = 0;
     let mut updates = Vec::new();
     loop {
         if body.len() < at + 4 {
             return if at + 4 > MAX_COMMANDS {
-                Err("the push's commands are too long".into())
+                Err(PushError::TooLong)
             } else {
                 Ok(None)
             };
         }
-        let len_text = std::str::from_utf8(&body[at..at + 4]).map_err(|_| "not a pkt-line".to_string())?;
-        let len = usize::from_str_radix(len_text, 16).map_err(|_| format!("not a pkt-line length: {len_text:?}"))?;
+        let len_text = String::from_utf8_lossy(&body[at..at + 4]).into_owned();
+        let len = usize::from_str_radix(&len_text, 16).map_err(|_| PushError::Length(len_text))?;
         if len == 0 {
             return if updates.is_empty() {
-                Err("a push without ref updates".into())
+                Err(PushError::NoUpdates)
             } else {
                 Ok(Some((updates, at + 4)))
             };
         }
         if len < 4 {
-            return Err(format!("a pkt-line of length {len} where commands belong"));
+            return Err(PushError::ShortLine(len));
         }
         if at + len > MAX_COMMANDS {
-            return Err("the push's commands are too long".into());
+            return Err(PushError::TooLong);
         }
         if body.len() < at + len {
             return Ok(None);
@@ -334,13 +558,10 @@ pub fn receive_pack_commands(body: &[u8]) -> Result<Option<(Vec<RefUpdate>, usiz
         let line = &body[at + 4..at + len];
         let line = line.split(|b| *b == 0).next().unwrap_or(b""); // capabilities after NUL
         let line = std::str::from_utf8(line)
-            .map_err(|_| "a ref update that is not text".to_string())?
+            .map_err(|_| PushError::NotText)?
             .trim_end_matches('\n');
         if line.starts_with("push-cert") || line.starts_with("shallow") {
-            return Err(format!(
-                "{:?} in a push is not supported by the push rule",
-                line.split(' ').next().unwrap_or("")
-            ));
+            return Err(PushError::Unsupported(line.split(' ').next().unwrap_or("").to_string()));
         }
         let mut parts = line.splitn(3, ' ');
         let (old, new, name) = (
@@ -350,7 +571,7 @@ pub fn receive_pack_commands(body: &[u8]) -> Result<Option<(Vec<RefUpdate>, usiz
         );
         let hex = |s: &str| (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
         if !hex(old) || !hex(new) || name.is_empty() {
-            return Err(format!("not a ref update: {line:?}"));
+            return Err(PushError::NotAnUpdate(line.to_string()));
         }
         updates.push(RefUpdate {
             old: old.into(),
@@ -378,20 +599,16 @@ pub fn ref_matches(pattern: &str, name: &str) -> bool {
 
 /// Refuses the whole push when one update is outside the patterns, or deletes a ref the rule
 /// may not delete.
-pub fn check_push(rule: &GitPush, updates: &[RefUpdate]) -> Result<(), String> {
+pub fn check_push(rule: &GitPush, updates: &[RefUpdate]) -> Result<(), PushError> {
     for u in updates {
         if !rule.refs.iter().any(|p| ref_matches(p, &u.name)) {
-            return Err(format!(
-                "the push updates {}, which no pattern allows ({})",
-                u.name,
-                rule.refs.join(", ")
-            ));
+            return Err(PushError::RefNotAllowed {
+                name: u.name.clone(),
+                patterns: rule.refs.join(", "),
+            });
         }
         if u.is_delete() && !rule.allow_delete {
-            return Err(format!(
-                "the push deletes {}, and the rule does not allow deletion",
-                u.name
-            ));
+            return Err(PushError::Delete(u.name.clone()));
         }
     }
     Ok(())
@@ -436,7 +653,8 @@ mod tests {
             Decision::Allow {
                 rule: 1,
                 credential: Some(("Authorization", "Bearer s3cret")),
-                git_push: None
+                git_push: None,
+                bodies: false
             }
         );
         assert!(
@@ -499,6 +717,22 @@ mod tests {
             "/simple/./x",
             "/simple/%2F..%2fadmin",
             "/simple\\..\\admin",
+            // Servers that walk what others do not: path parameters (Tomcat, Jetty), double
+            // encoding, overlong and invalid UTF-8, bytes outside the documented set.
+            "/simple/..;/admin",
+            "/simple/x;jsessionid=1",
+            "/repo.git/%252e%252e/other.git/git-receive-pack",
+            "/simple/%25",
+            "/simple/%c0%ae%c0%ae/admin",
+            "/simple/%e0%80%ae",
+            "/simple/%ff",
+            "/simple/%2",
+            "/simple/%zz",
+            "/simple/a b",
+            "/simple/\u{e9}",
+            "/simple/%00",
+            "/simple/x\"y",
+            "/simple/<x>",
         ] {
             let method = if sneaky.starts_with("/repo") { "POST" } else { "GET" };
             assert!(
@@ -513,6 +747,21 @@ mod tests {
                 Decision::Allow { .. }
             ),
             "a trailing / is fine"
+        );
+        for fine in [
+            "/simple/requests/",
+            "/simple/a-b_c.d~e/",
+            "/simple/%C3%A9t%C3%A9/",
+            "/simple/x@1:2+3,4=5",
+        ] {
+            assert!(
+                matches!(set.decide("GET", "pypi.internal", 80, fine), Decision::Allow { .. }),
+                "{fine}"
+            );
+        }
+        assert!(
+            check_rule(&rule("host = \"a\"\npaths = [\"/x/..;/\"]")).is_err(),
+            "a rule's prefix must be a normal path itself"
         );
         assert!(
             matches!(
@@ -534,19 +783,23 @@ mod tests {
                 "host = \"a\"\ncredential = { header = \"X-Key\", env = \"FARM_TEST_EGRESS_MISSING\" }",
             )],
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             missing.contains("rules[0].credential") && missing.contains("FARM_TEST_EGRESS_MISSING"),
             "{missing}"
         );
         assert!(RuleSet::resolve("r", &[rule("host = \"a\"\nmethods = [\"get\"]")])
             .unwrap_err()
+            .to_string()
             .contains("methods"));
         assert!(RuleSet::resolve("r", &[rule("host = \"a\"\npaths = [\"x\"]")])
             .unwrap_err()
+            .to_string()
             .contains("paths"));
         assert!(RuleSet::resolve("r", &[rule("host = \"a/b\"")])
             .unwrap_err()
+            .to_string()
             .contains("host"));
     }
 
@@ -587,7 +840,10 @@ mod tests {
             },
         ];
         assert!(
-            check_push(&rule, &main).unwrap_err().contains("refs/heads/main"),
+            check_push(&rule, &main)
+                .unwrap_err()
+                .to_string()
+                .contains("refs/heads/main"),
             "one bad ref refuses the whole push"
         );
         let tag = vec![RefUpdate {
@@ -601,7 +857,7 @@ mod tests {
             new: z.clone(),
             name: "refs/heads/agent/old".into(),
         }];
-        assert!(check_push(&rule, &delete).unwrap_err().contains("deletes"));
+        assert!(check_push(&rule, &delete).unwrap_err().to_string().contains("deletes"));
         assert!(check_push(
             &GitPush {
                 allow_delete: true,

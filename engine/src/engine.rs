@@ -27,8 +27,8 @@ pub enum EngineError {
     Pool(#[source] snapshotter::ForkError),
     #[error("a task snapshot build panicked")]
     Panicked,
-    #[error("{0}")]
-    Egress(String),
+    #[error(transparent)]
+    Egress(egress::rules::ResolveError),
 }
 
 /// Why a fork of a task's pristine state could not be made.

@@ -8,6 +8,11 @@ token is appended to LOG.
 
 ROOT/repo.git is the repository. Under /simple/ and /packages/, a file of ROOT/index is
 served when there is one (a package index), and anything else answers 200 "ok".
+
+It is as careless as many http.server-based apps: it never reads the body of a GET or a
+HEAD and keeps the connection open, so a body sent with one is read as the next request.
+The egress tests need such an upstream: a proxy that forwarded those bodies would let a
+request no rule checked reach it (logged here like any other).
 """
 import os
 import subprocess
@@ -50,7 +55,7 @@ class Handler(BaseHTTPRequestHandler):
     def handle_any(self):
         authorized = self.headers.get("Authorization") == f"Bearer {TOKEN}"
         self.record(authorized)
-        data = self.body()
+        data = self.body() if self.command not in ("GET", "HEAD") else b""
         if not authorized:
             return self.reply(401, b"a bearer token is required\n", [("WWW-Authenticate", "Bearer")])
         path, _, query = self.path.partition("?")

@@ -1421,6 +1421,30 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
         "python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', 3128)); s.sendall(b'GET {base}/simple/pkg/ HTTP/1.1\\r\\nHost: internal-admin.example\\r\\nConnection: close\\r\\n\\r\\n'); print(s.recv(100).split(b'\\r\\n')[0].decode())\""
     );
     assert_eq!(run_in(&api, &s, &raw).await.trim(), "HTTP/1.1 200 OK");
+    // Smuggling: an allowed GET carrying a body that holds another request (a push the
+    // rules would check, or a POST they deny). The git server never reads a GET's body and
+    // keeps the connection open, so a forwarded body would be executed as a request of its
+    // own; the proxy refuses such a GET (400) over plain HTTP and inside intercepted HTTPS.
+    let smuggle = format!(
+        "python3 -c \"import socket, ssl\n\
+         inner = b'POST /repo.git/git-receive-pack HTTP/1.1\\r\\nHost: host.farm.internal:{port}\\r\\nContent-Length: 0\\r\\n\\r\\n'\n\
+         s = socket.create_connection(('127.0.0.1', 3128))\n\
+         s.sendall(b'GET {base}/repo.git/info/refs?service=git-receive-pack HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: %d\\r\\n\\r\\n' % len(inner) + inner)\n\
+         print(s.recv(100).split(b'\\r\\n')[0].decode())\n\
+         inner = b'POST /simple/pkg/ HTTP/1.1\\r\\nHost: host.farm.internal:{tls_port}\\r\\nContent-Length: 0\\r\\n\\r\\n'\n\
+         s = socket.create_connection(('127.0.0.1', 3128))\n\
+         s.sendall(b'CONNECT host.farm.internal:{tls_port} HTTP/1.1\\r\\n\\r\\n')\n\
+         head = b''\n\
+         while not head.endswith(b'\\r\\n\\r\\n'): head += s.recv(1)\n\
+         t = ssl.create_default_context().wrap_socket(s, server_hostname='host.farm.internal')\n\
+         t.sendall(b'GET /simple/pkg/ HTTP/1.1\\r\\nHost: host.farm.internal\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n%x\\r\\n' % len(inner) + inner + b'\\r\\n0\\r\\n\\r\\n')\n\
+         print(t.recv(100).split(b'\\r\\n')[0].decode())\""
+    );
+    assert_eq!(
+        run_in(&api, &s, &smuggle).await.trim(),
+        "HTTP/1.1 400 Bad Request\nHTTP/1.1 400 Bad Request",
+        "a GET with a body is refused, plain and inside TLS"
+    );
     let log = std::fs::read_to_string(git.path().join("requests.log")).unwrap();
     assert!(
         !log.contains("internal-admin") && log.contains(&format!("host=host.farm.internal:{port}")),

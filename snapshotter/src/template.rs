@@ -72,8 +72,11 @@ pub struct Network {
 pub enum BadAllowEntry {
     #[error("allow[{index}] = {entry:?} is not host:port (e.g. \"pypi.org:443\"), or \"*\" for any host")]
     Allow { index: usize, entry: String },
-    #[error("rules[{index}]: {message}")]
-    Rule { index: usize, message: String },
+    #[error("rules[{index}]: {error}")]
+    Rule {
+        index: usize,
+        error: egress::rules::RuleError,
+    },
 }
 
 impl Network {
@@ -98,14 +101,14 @@ impl Network {
             }
         }
         for (i, rule) in self.rules.iter().enumerate() {
-            egress::check_rule(rule).map_err(|message| BadAllowEntry::Rule { index: i, message })?;
+            egress::check_rule(rule).map_err(|error| BadAllowEntry::Rule { index: i, error })?;
         }
         Ok(())
     }
 
     /// The proxy policy of these settings, with the rules' credentials read on the host;
     /// `name` says where they come from (in 403s and the log).
-    pub fn policy(&self, name: &str) -> Result<egress::Policy, String> {
+    pub fn policy(&self, name: &str) -> Result<egress::Policy, egress::rules::ResolveError> {
         let rules = egress::RuleSet::resolve(name, &self.rules)?;
         Ok(egress::Policy {
             allow: self.allow.clone(),

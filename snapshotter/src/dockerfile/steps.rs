@@ -254,8 +254,8 @@ impl Builder<'_> {
             let sink = attempts.clone();
             fork.machine.set_network(egress::Policy {
                 allow: network.allow.clone(),
-                log: Some(Arc::new(move |line: &str| {
-                    sink.lock().unwrap_or_else(|e| e.into_inner()).push(line.to_string())
+                log: Some(Arc::new(move |attempt: &egress::Attempt| {
+                    sink.lock().unwrap_or_else(|e| e.into_inner()).push(attempt.to_string())
                 })),
                 rules: Default::default(),
             });

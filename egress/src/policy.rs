@@ -1,0 +1,134 @@
+//! What a VM may reach ([`Policy`]), and what became of each attempt ([`Attempt`]).
+
+use std::sync::{Arc, Mutex};
+
+use crate::rules::RuleSet;
+
+/// The name a guest reaches the host's own loopback by (allowlisted as `host.farm.internal:PORT`),
+/// as containers have `host.docker.internal`: inside a guest, 127.0.0.1 is the guest itself.
+pub const HOST_ALIAS: &str = "host.farm.internal";
+
+/// Where attempts are reported, besides `tracing`.
+pub type AttemptLog = Arc<dyn Fn(&Attempt) + Send + Sync>;
+
+/// What a VM may reach, and where its attempts are reported.
+#[derive(Clone, Default)]
+pub struct Policy {
+    /// `host:port` entries (hosts compared without case), passed through whatever is sent.
+    pub allow: Vec<String>,
+    /// Called with every attempt and its verdict.
+    pub log: Option<AttemptLog>,
+    /// Request rules ([`crate::rules`]): the hosts they name are inspected request by
+    /// request.
+    pub rules: Arc<RuleSet>,
+}
+
+impl Policy {
+    /// Whether `host:port` is on the list; the entry `*` allows every host (each attempt is
+    /// still logged).
+    pub fn allows(&self, host: &str, port: u16) -> bool {
+        let wanted = format!("{}:{port}", host.to_ascii_lowercase());
+        self.allow.iter().any(|a| a == "*" || a.to_ascii_lowercase() == wanted)
+    }
+
+    pub(crate) fn report(&self, attempt: Attempt) {
+        tracing::info!(target: "farm::net", "{attempt}");
+        if let Some(log) = &self.log {
+            log(&attempt);
+        }
+    }
+}
+
+/// A VM's current policy (changed between template setup and snapshot, or per fork).
+pub type SharedPolicy = Arc<Mutex<Policy>>;
+
+/// One connection attempt (`host:port`) or inspected request (`METHOD [https://]host:port/path`)
+/// through the proxy, and its verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub target: String,
+    pub verdict: Verdict,
+}
+
+/// What the proxy did with an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Relayed (a host on the allowlist) or sent upstream (an inspected request a rule
+    /// allows); `detail` names the rule.
+    Allowed { detail: Option<String> },
+    /// The policy does not allow it (not on the allowlist, no rule allows the request).
+    Denied { reason: String },
+    /// Not something the proxy forwards whatever the policy: a malformed request head, or a
+    /// request whose framing a server could read another way (answered 400).
+    Refused { reason: String },
+    /// Allowed, but the host's side of it failed: the guest gets 502 (504 on a timeout).
+    UpstreamFailed { failure: UpstreamFailure, detail: String },
+}
+
+/// Where an allowed attempt failed on the host's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The name did not resolve on the host.
+    Dns,
+    /// Connecting to its addresses failed.
+    Connect,
+    /// Resolving or connecting did not finish in time.
+    Timeout,
+    /// The TLS handshake with the upstream failed (its certificate, say).
+    Tls,
+    /// Connected, but the exchange with the upstream failed.
+    Exchange,
+}
+
+impl UpstreamFailure {
+    /// The status the guest gets.
+    pub fn status(self) -> u16 {
+        match self {
+            UpstreamFailure::Timeout => 504,
+            _ => 502,
+        }
+    }
+
+    /// Whether the failure lies wholly outside the request's content (resolving, connecting,
+    /// TLS with the upstream): nothing a guest sends can cause it.
+    pub fn before_the_request(self) -> bool {
+        !matches!(self, UpstreamFailure::Exchange)
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            UpstreamFailure::Dns => "resolving it failed",
+            UpstreamFailure::Connect => "connecting failed",
+            UpstreamFailure::Timeout => "it did not answer in time",
+            UpstreamFailure::Tls => "TLS with it failed",
+            UpstreamFailure::Exchange => "the exchange with it failed",
+        }
+    }
+}
+
+impl std::fmt::Display for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let target = &self.target;
+        match &self.verdict {
+            Verdict::Allowed { detail: None } => write!(f, "network: allowed {target}"),
+            Verdict::Allowed { detail: Some(d) } => write!(f, "network: allowed {target} ({d})"),
+            Verdict::Denied { reason } => write!(f, "network: denied {target}: {reason}"),
+            Verdict::Refused { reason } => write!(f, "network: refused {target}: {reason}"),
+            Verdict::UpstreamFailed { failure, detail } => write!(
+                f,
+                "network: allowed {target}, but {}: {detail} (the guest got {})",
+                failure.describe(),
+                failure.status()
+            ),
+        }
+    }
+}
+
+impl Attempt {
+    pub(crate) fn new(target: impl Into<String>, verdict: Verdict) -> Attempt {
+        Attempt {
+            target: target.into(),
+            verdict,
+        }
+    }
+}
