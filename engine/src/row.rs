@@ -48,6 +48,10 @@ pub struct Row {
     pub policy_version: Option<u64>,
     #[serde(default)]
     pub metadata: Option<String>,
+    /// The journal's hash chain at this row (see [`crate::recorder::chain`]): set by the
+    /// recorder when the row is recorded, whatever the row held before. Always the last field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -193,6 +197,7 @@ impl Row {
             group_id: None,
             policy_version: None,
             metadata: None,
+            chain: None,
         }
     }
 

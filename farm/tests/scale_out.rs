@@ -295,6 +295,91 @@ fn shards_killed_resumed_and_merged_equal_one_run() {
         .replace("\"index\": 0", "\"index\": 2");
     std::fs::write(forged.join("manifest.json"), manifest).unwrap();
     refused(&[&shard(0), &shard(1), &forged], &["the shards overlap", p(&forged)]);
+    // What a shard says about itself is checked, not trusted: each copy of shard 1 below has
+    // one thing changed, and the merge refuses it and names what.
+    let tampered = |name: &str, change: &dyn Fn(&Path)| -> PathBuf {
+        let d = dir.path().join(name);
+        copy_dir(&shard(1), &d);
+        change(&d);
+        d
+    };
+    let edit_json = |path: &Path, edit: &dyn Fn(&mut Value)| {
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    };
+    // A row edited in the journal (its reward and status rewritten): the hash chain breaks
+    // at its line, even though the merge would read that row from a part.
+    let edited = tampered("edited", &|d| {
+        let journal = d.join("journal.jsonl");
+        let text = std::fs::read_to_string(&journal).unwrap();
+        let mut lines: Vec<String> = text.lines().map(String::from).collect();
+        let mut row: Value = serde_json::from_str(&lines[2]).unwrap();
+        row["status"] = "passed".into();
+        row["reward"] = 1.0.into();
+        row["attempts"] = 7.into();
+        let chain = row.as_object_mut().unwrap().remove("chain").unwrap();
+        let mut line = serde_json::to_string(&row).unwrap();
+        line.pop();
+        lines[2] = format!("{line},\"chain\":{chain}}}");
+        std::fs::write(&journal, lines.join("\n") + "\n").unwrap();
+    });
+    refused(
+        &[&shard(0), &edited, &shard(2)],
+        &[&format!("{}:3", p(&edited.join("journal.jsonl"))), "hash chain breaks"],
+    );
+    // A part removed, and taken off the manifest: the parts no longer hold the journal's rows.
+    let removed = tampered("removed", &|d| {
+        std::fs::remove_file(d.join("trajectories/part-00000.parquet")).unwrap();
+        edit_json(&d.join("manifest.json"), &|m| {
+            m["parts"].as_array_mut().unwrap().remove(0);
+        });
+    });
+    refused(
+        &[&shard(0), &removed, &shard(2)],
+        &[p(&removed), "a part was removed or replaced"],
+    );
+    // A part changed after it was committed.
+    let changed = tampered("changed", &|d| {
+        let part = d.join("trajectories/part-00000.parquet");
+        let mut bytes = std::fs::read(&part).unwrap();
+        bytes.extend_from_slice(b"tail");
+        std::fs::write(&part, bytes).unwrap();
+    });
+    refused(
+        &[&shard(0), &changed, &shard(2)],
+        &["part-00000.parquet changed after it was written"],
+    );
+    // A torn journal under a summary that says the shard finished.
+    let torn = tampered("torn", &|d| {
+        let journal = d.join("journal.jsonl");
+        let len = std::fs::metadata(&journal).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(&journal).unwrap();
+        file.set_len(len - 40).unwrap();
+    });
+    assert_eq!(summary(&torn)["finished"], 6, "the summary still says finished");
+    refused(&[&shard(0), &torn, &shard(2)], &[p(&torn)]);
+    // Rows of another run under a manifest that claims this suite: each row's digest is checked.
+    let suite_digest = serde_json::from_str::<Value>(&std::fs::read_to_string(shard(0).join("manifest.json")).unwrap())
+        .unwrap()["suite_digest"]
+        .clone();
+    let alien = dir.path().join("alien");
+    copy_dir(&other, &alien);
+    edit_json(&alien.join("manifest.json"), &|m| {
+        m["suite_digest"] = suite_digest.clone();
+        m["suite_name"] = "scale-out".into();
+    });
+    refused(&[&shard(0), &shard(1), &alien], &[p(&alien), "a row of another run"]);
+    // A plan edited to take in another shard's rows.
+    let replanned = tampered("replanned", &|d| {
+        edit_json(&d.join("plan.json"), &|plan| {
+            plan["tasks"]["extra-task"] = 2.into();
+        });
+    });
+    refused(
+        &[&shard(0), &replanned, &shard(2)],
+        &["plan.json changed after it was written"],
+    );
     let leftovers: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())

@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! DIR/
-//!   manifest.json            format version, run id, suite digest, parts written, journal bytes in parts
-//!   journal.jsonl            every finished rollout, appended and fsynced as it ends
+//!   manifest.json            format version, run id, suite digest, parts written (rows, SHA-256),
+//!                            journal bytes in parts, the plan's size and SHA-256
+//!   plan.json                the rollouts the run plans: each task's number of samples
+//!   journal.jsonl            every finished rollout, appended and fsynced as it ends, each line
+//!                            ending with its hash chain ([`super::chain`])
 //!   trajectories/part-00000.parquet   rows (zstd), written atomically (temp, fsync, rename)
 //!   summary.json             counts by status and trust, mean reward, pass@k, pass^k
 //! ```
@@ -22,9 +25,11 @@ use serde::{Deserialize, Serialize};
 use super::journal::{self, JournalError};
 use crate::row::{Outcome, Row};
 
-/// The manifest format this farm writes and reads. A manifest of another version is
-/// refused with a message that says which.
-pub const FORMAT_VERSION: u32 = 1;
+/// The manifest format this farm writes. Format 1 (no part checksums, no plan) is still read,
+/// and a resumed format-1 run continues in format 2; any other version is refused with a
+/// message that says which.
+pub const FORMAT_VERSION: u32 = 2;
+const READS: [u32; 2] = [1, 2];
 
 /// Why a run folder could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +79,25 @@ pub enum OutputError {
     },
     #[error("{}: {message}", path.display())]
     Parquet { path: PathBuf, message: String },
+    #[error("{} changed after it was written: {what}", path.display())]
+    Changed { path: PathBuf, what: &'static str },
+    #[error("{}:{line}: {error}", path.display())]
+    Chain {
+        path: PathBuf,
+        line: usize,
+        error: super::chain::ChainError,
+    },
+    #[error(
+        "{}: the parts hold {part_rows} rows, but the journal has {journal_rows} lines before the point the manifest says is in parts: a part was removed or replaced",
+        dir.display()
+    )]
+    PartsAndJournal {
+        dir: PathBuf,
+        part_rows: usize,
+        journal_rows: usize,
+    },
+    #[error("{}: written by a farm whose runs cannot be checked (manifest format {found}, without part checksums or a plan): run it again with this farm", dir.display())]
+    Unverifiable { dir: PathBuf, found: u32 },
 }
 
 pub(crate) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OutputError {
@@ -94,6 +118,9 @@ pub struct Manifest {
     /// The part of the suite this run holds (`farm run --shard I/N`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<crate::shard::Shard>,
+    /// `plan.json`: how many rollouts it plans and its SHA-256 (`farm run`; none in `farm serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -101,6 +128,94 @@ pub struct Manifest {
 pub struct PartRecord {
     pub file: String,
     pub rows: usize,
+    /// The file's SHA-256 when it was committed (none in format 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanRecord {
+    pub rollouts: usize,
+    pub sha256: String,
+}
+
+/// `plan.json`: the rollouts a run plans, each task's number of samples (`0..samples`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub tasks: std::collections::BTreeMap<String, u32>,
+}
+
+impl Plan {
+    pub fn rollouts(&self) -> usize {
+        self.tasks.values().map(|n| *n as usize).sum()
+    }
+
+    /// Whether the plan has sample `sample` of `task`.
+    pub fn has(&self, task: &str, sample: u32) -> bool {
+        self.tasks.get(task).is_some_and(|n| sample < *n)
+    }
+
+    /// Writes `DIR/plan.json` atomically; returns its record for the manifest.
+    pub fn save(&self, dir: &Path) -> Result<PlanRecord, OutputError> {
+        let text = serde_json::to_vec_pretty(self).expect("a plan serializes");
+        let tmp = dir.join("plan.json.tmp");
+        let mut f = std::fs::File::create(&tmp).map_err(io("writing", &tmp))?;
+        f.write_all(&text)
+            .and_then(|_| f.sync_all())
+            .map_err(io("writing", &tmp))?;
+        std::fs::rename(&tmp, dir.join("plan.json")).map_err(io("replacing", &dir.join("plan.json")))?;
+        Ok(PlanRecord {
+            rollouts: self.rollouts(),
+            sha256: sha256_hex(&text),
+        })
+    }
+
+    /// Reads `DIR/plan.json` and checks it against its record.
+    pub fn load(dir: &Path, record: &PlanRecord) -> Result<Plan, OutputError> {
+        let path = dir.join("plan.json");
+        let text = std::fs::read(&path).map_err(io("reading", &path))?;
+        if sha256_hex(&text) != record.sha256 {
+            return Err(OutputError::Changed {
+                path,
+                what: "its SHA-256 is not the one the manifest recorded",
+            });
+        }
+        let plan: Plan = serde_json::from_slice(&text).map_err(|e| OutputError::BadManifest {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        if plan.rollouts() != record.rollouts {
+            return Err(OutputError::Changed {
+                path,
+                what: "its rollouts are not the number the manifest recorded",
+            });
+        }
+        Ok(plan)
+    }
+}
+
+/// SHA-256, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(bytes))
+}
+
+/// A file's SHA-256, hex, read in pieces.
+pub fn sha256_file(path: &Path) -> Result<String, OutputError> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(io("reading", path))?;
+    let mut hash = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io("reading", path))?;
+        if n == 0 {
+            return Ok(format!("{:x}", hash.finalize()));
+        }
+        hash.update(&buf[..n]);
+    }
 }
 
 impl Manifest {
@@ -125,7 +240,7 @@ impl Manifest {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        if version.format_version != FORMAT_VERSION {
+        if !READS.contains(&version.format_version) {
             return Err(OutputError::FormatVersion {
                 path,
                 found: version.format_version,
@@ -246,6 +361,83 @@ pub fn read_rows<E: From<OutputError>>(dir: &Path, mut each: impl FnMut(Row) -> 
     Ok(manifest)
 }
 
+/// What [`read_rows_verified`] found besides the rows.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub manifest: Manifest,
+    /// What the run planned.
+    pub plan: Plan,
+    /// Bytes of a torn last journal line (an append that never finished; 0: none).
+    pub torn_bytes: u64,
+}
+
+/// Every row of the run in `dir`, as [`read_rows`] gives them, after checking what a run
+/// folder records about itself: the manifest is of a format with checksums, `plan.json`
+/// matches its record, each committed part matches its SHA-256 and row count, every
+/// journal line's hash chain holds ([`super::chain`]), and the parts hold as many rows as
+/// the journal lines they were made from. Errors name the file (and line).
+pub fn read_rows_verified<E: From<OutputError>>(
+    dir: &Path,
+    mut each: impl FnMut(&Plan, Row) -> Result<(), E>,
+) -> Result<Verified, E> {
+    let manifest = Manifest::load(dir)?;
+    let Some(record) = manifest.plan.as_ref().filter(|_| manifest.format_version >= 2) else {
+        return Err(OutputError::Unverifiable {
+            dir: dir.to_path_buf(),
+            found: manifest.format_version,
+        }
+        .into());
+    };
+    let plan = Plan::load(dir, record)?;
+    for part in &manifest.parts {
+        let path = dir.join(&part.file);
+        let Some(recorded) = &part.sha256 else {
+            return Err(OutputError::Unverifiable {
+                dir: dir.to_path_buf(),
+                found: 1,
+            }
+            .into());
+        };
+        if sha256_file(&path)? != *recorded {
+            return Err(OutputError::Changed {
+                path,
+                what: "its SHA-256 is not the one the manifest recorded",
+            }
+            .into());
+        }
+    }
+    let journal = dir.join("journal.jsonl");
+    let (mut previous, mut number, mut before_parts) = (String::new(), 0usize, 0usize);
+    let mut broken = None;
+    let extent = journal::for_each_line(&journal, |offset, line| -> Result<(), super::chain::ChainError> {
+        number += 1;
+        previous = super::chain::verify(&previous, line).inspect_err(|e| broken = Some((number, e.clone())))?;
+        if offset < manifest.journal_bytes_in_parts {
+            before_parts += 1;
+        }
+        Ok(())
+    })
+    .map_err(|e| match (e, broken.take()) {
+        (JournalError::BadLine { path, .. }, Some((line, error))) => OutputError::Chain { path, line, error },
+        (other, _) => OutputError::from(other),
+    })?;
+    let part_rows: usize = manifest.parts.iter().map(|p| p.rows).sum();
+    if part_rows != before_parts {
+        return Err(OutputError::PartsAndJournal {
+            dir: dir.to_path_buf(),
+            part_rows,
+            journal_rows: before_parts,
+        }
+        .into());
+    }
+    read_rows(dir, |row| each(&plan, row))?;
+    Ok(Verified {
+        manifest,
+        plan,
+        torn_bytes: extent.torn_bytes,
+    })
+}
+
 pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(f) = std::fs::File::open(dir) {
         let _ = f.sync_all();
@@ -259,15 +451,19 @@ pub struct Journal {
     pub pending: Vec<Row>,
     pub lines: Vec<(u64, u64)>,
     pub extent: journal::Extent,
+    /// The chain of the last line (empty when there is none, or it has none).
+    pub last_chain: String,
 }
 
 /// Reads the journal; a line that is not a row (other than a torn last one) is an error
 /// naming the file and line, and nothing is dropped.
 pub fn read_journal(path: &Path, in_parts: u64) -> Result<Journal, OutputError> {
     let (mut all, mut pending, mut lines) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last_chain = String::new();
     let extent = journal::for_each_line(path, |offset, line| -> Result<(), serde_json::Error> {
         let row: Row = serde_json::from_slice(line)?;
         all.push(Outcome::from(&row));
+        last_chain = row.chain.clone().unwrap_or_default();
         if offset >= in_parts {
             pending.push(row);
         }
@@ -279,6 +475,7 @@ pub fn read_journal(path: &Path, in_parts: u64) -> Result<Journal, OutputError> 
         pending,
         lines,
         extent,
+        last_chain,
     })
 }
 
@@ -287,9 +484,12 @@ pub fn read_journal(path: &Path, in_parts: u64) -> Result<Journal, OutputError> 
 /// bytes in parts true.
 pub fn repair(dir: &Path, request_valid: impl Fn(&[u8]) -> bool) -> Result<Vec<journal::Repaired>, OutputError> {
     let mut manifest = Manifest::load(dir)?;
-    let journal = journal::repair(&dir.join("journal.jsonl"), |line| {
-        serde_json::from_slice::<Row>(line).is_ok()
-    })?;
+    let path = dir.join("journal.jsonl");
+    let journal = journal::repair(&path, |line| serde_json::from_slice::<Row>(line).is_ok())?;
+    if !journal.bad_lines.is_empty() {
+        // The lines kept close over the gap: their hash chain is made again (same lengths).
+        super::chain::reseal(&path).map_err(io("resealing the hash chain of", &path))?;
+    }
     let new_in_parts = journal.new_offset(manifest.journal_bytes_in_parts);
     if new_in_parts != manifest.journal_bytes_in_parts {
         manifest.journal_bytes_in_parts = new_in_parts;

@@ -7,6 +7,7 @@
 //!
 //! Files and formats: [`files`]. Reading journals safely: [`journal`]. Rows: [`row`].
 
+pub mod chain;
 pub mod files;
 pub mod journal;
 pub mod summary;
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 pub use crate::row::*;
-pub use files::{read_lines_at, read_rows, Manifest, OutputError};
+pub use files::{read_lines_at, read_rows, Manifest, OutputError, Plan};
 use writer::OutputWriter;
 pub use writer::RunIdentity;
 
@@ -65,6 +66,7 @@ enum Command {
     AppendBatch(Vec<Row>, oneshot::Sender<Result<usize, OutputError>>),
     Request(Vec<u8>, oneshot::Sender<Result<(), OutputError>>),
     Flush(oneshot::Sender<Result<(), OutputError>>),
+    Plan(Plan, oneshot::Sender<Result<(), OutputError>>),
     Summary(
         Box<SummaryInputs>,
         oneshot::Sender<Result<summary::Summary, OutputError>>,
@@ -190,6 +192,11 @@ impl Recorder {
         self.ask(Command::Flush).await
     }
 
+    /// Records what the run plans (`plan.json`), which `farm merge` counts rows against.
+    pub async fn record_plan(&self, plan: Plan) -> Result<(), OutputError> {
+        self.ask(|reply| Command::Plan(plan, reply)).await
+    }
+
     /// Flushes, then writes and returns `summary.json`: counts over every row of the run,
     /// plus `inputs`' provenance and this session's performance.
     pub async fn summarise(&self, inputs: SummaryInputs) -> Result<summary::Summary, OutputError> {
@@ -306,6 +313,9 @@ fn run_thread(
             }
             Command::Flush(reply) => {
                 let _ = reply.send(writer.flush());
+            }
+            Command::Plan(plan, reply) => {
+                let _ = reply.send(writer.record_plan(&plan));
             }
             Command::Summary(inputs, reply) => {
                 let result = writer.flush().and_then(|()| {

@@ -7,7 +7,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::files::{self, io, Manifest, OutputError, PartRecord, FORMAT_VERSION};
+use super::chain;
+use super::files::{self, io, Manifest, OutputError, PartRecord, Plan, FORMAT_VERSION};
 use crate::row::{Outcome, Row};
 
 /// Writes rows durably and turns them into Parquet parts.
@@ -27,6 +28,8 @@ pub struct OutputWriter {
     lines: Vec<(u64, u64)>,
     /// Every finished rollout of this run (for the summary), in parts or pending.
     all: Vec<Outcome>,
+    /// The journal's hash chain so far (its last line's).
+    last_chain: String,
 }
 
 /// Which run an output folder is for.
@@ -70,7 +73,11 @@ impl OutputWriter {
                     now: run.shard,
                 });
             }
-            m
+            // A format-1 run continues in this farm's format.
+            Manifest {
+                format_version: FORMAT_VERSION,
+                ..m
+            }
         } else {
             Manifest {
                 format_version: FORMAT_VERSION,
@@ -80,6 +87,7 @@ impl OutputWriter {
                 parts: Vec::new(),
                 journal_bytes_in_parts: 0,
                 shard: run.shard,
+                plan: None,
             }
         };
         let journal_path = dir.join("journal.jsonl");
@@ -129,6 +137,7 @@ impl OutputWriter {
             done,
             lines: journal.lines,
             all: journal.all,
+            last_chain: journal.last_chain,
         };
         writer.manifest.save(dir)?;
         Ok(writer)
@@ -164,15 +173,25 @@ impl OutputWriter {
         &self.all
     }
 
+    /// `row`'s journal line (with its newline), chained after `previous`; sets the row's
+    /// chain and returns the line and the new chain.
+    fn sealed(previous: &str, row: &mut Row) -> (Vec<u8>, String) {
+        row.chain = None;
+        let content = serde_json::to_vec(&*row).expect("rows serialize");
+        let (mut line, chain) = chain::seal(previous, &content);
+        line.push(b'\n');
+        row.chain = Some(chain.clone());
+        (line, chain)
+    }
+
     /// Records a finished rollout durably; writes a part when enough rows are pending.
     /// Returns the row's position (its cursor).
-    pub fn append(&mut self, row: Row) -> Result<usize, OutputError> {
+    pub fn append(&mut self, mut row: Row) -> Result<usize, OutputError> {
         let key = row.key();
         if !self.done.insert(key.clone()) {
             return Err(OutputError::Duplicate { key });
         }
-        let mut line = serde_json::to_vec(&row).expect("rows serialize");
-        line.push(b'\n');
+        let (line, chain) = Self::sealed(&self.last_chain, &mut row);
         let path = self.journal_path();
         if let Err(e) = self.journal.write_all(&line).and_then(|_| self.journal.sync_data()) {
             // Nothing half-written stays: the next row starts where this one would have.
@@ -184,6 +203,7 @@ impl OutputWriter {
                 source: e,
             });
         }
+        self.last_chain = chain;
         self.lines.push((self.journal_len, line.len() as u64));
         self.journal_len += line.len() as u64;
         self.all.push(Outcome::from(&row));
@@ -201,7 +221,7 @@ impl OutputWriter {
     /// Records rows as [`append`](Self::append) does, with one fsync for all of them: all
     /// are recorded, or none (a duplicate or a failed write leaves the journal as it was).
     /// Returns the first row's cursor.
-    pub fn append_batch(&mut self, rows: Vec<Row>) -> Result<usize, OutputError> {
+    pub fn append_batch(&mut self, mut rows: Vec<Row>) -> Result<usize, OutputError> {
         let first = self.lines.len();
         let mut keys = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -216,11 +236,12 @@ impl OutputWriter {
         }
         let mut buffer = Vec::new();
         let mut lengths = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let before = buffer.len();
-            serde_json::to_writer(&mut buffer, row).expect("rows serialize");
-            buffer.push(b'\n');
-            lengths.push((buffer.len() - before) as u64);
+        let mut chain = self.last_chain.clone();
+        for row in &mut rows {
+            let (line, next) = Self::sealed(&chain, row);
+            buffer.extend_from_slice(&line);
+            lengths.push(line.len() as u64);
+            chain = next;
         }
         if let Err(e) = self.journal.write_all(&buffer).and_then(|_| self.journal.sync_data()) {
             for k in &keys {
@@ -233,6 +254,7 @@ impl OutputWriter {
                 source: e,
             });
         }
+        self.last_chain = chain;
         for (row, len) in rows.into_iter().zip(lengths) {
             self.lines.push((self.journal_len, len));
             self.journal_len += len;
@@ -256,16 +278,24 @@ impl OutputWriter {
         let path = self.dir.join(&name);
         let tmp = self.dir.join(format!("{name}.tmp"));
         files::write_parquet(&tmp, &self.schema, &self.pending)?;
+        let sha256 = files::sha256_file(&tmp)?;
         std::fs::rename(&tmp, &path).map_err(io("renaming", &tmp))?;
         files::sync_dir(&self.dir.join("trajectories"));
         self.manifest.parts.push(PartRecord {
             file: name,
             rows: self.pending.len(),
+            sha256: Some(sha256),
         });
         self.manifest.journal_bytes_in_parts = self.journal_len;
         self.manifest.save(&self.dir)?;
         self.pending.clear();
         Ok(())
+    }
+
+    /// Writes `plan.json` (what the run plans) and records it in the manifest.
+    pub fn record_plan(&mut self, plan: &Plan) -> Result<(), OutputError> {
+        self.manifest.plan = Some(plan.save(&self.dir)?);
+        self.manifest.save(&self.dir)
     }
 
     /// Replaces `summary.json` atomically.
@@ -436,6 +466,13 @@ mod tests {
         assert_eq!(repaired[0].bad_lines, [2]);
         let w = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).unwrap();
         assert_eq!(w.rows(), 4, "every other row is kept");
+        // The kept lines are chained again, over the gap.
+        let (mut previous, mut lines) = (String::new(), 0);
+        for line in std::fs::read(&path).unwrap().split_inclusive(|b| *b == b'\n') {
+            previous = chain::verify(&previous, line).unwrap();
+            lines += 1;
+        }
+        assert_eq!(lines, 4);
         assert!(
             !w.done().contains(&row("t", 1, "passed").key()),
             "the quarantined rollout runs again"
@@ -451,17 +488,21 @@ mod tests {
         drop(OutputWriter::open(dir.path(), &run("run1", "digest"), false, 100).unwrap());
         let path = dir.path().join("manifest.json");
         let text = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, text.replace("\"format_version\": 1", "\"format_version\": 7")).unwrap();
+        std::fs::write(&path, text.replace("\"format_version\": 2", "\"format_version\": 7")).unwrap();
         let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100)
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains("format 7") && err.contains("newer"), "{err}");
-        std::fs::write(&path, text.replace("\"format_version\": 1", "\"format_version\": 0")).unwrap();
+        std::fs::write(&path, text.replace("\"format_version\": 2", "\"format_version\": 0")).unwrap();
         let err = OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100)
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains("format 0") && err.contains("older farm"), "{err}");
+        // Format 1 (before part checksums and plans) is read, and resumed in format 2.
+        std::fs::write(&path, text.replace("\"format_version\": 2", "\"format_version\": 1")).unwrap();
+        drop(OutputWriter::open(dir.path(), &run("run2", "digest"), true, 100).unwrap());
+        assert_eq!(Manifest::load(dir.path()).unwrap().format_version, FORMAT_VERSION);
     }
 }

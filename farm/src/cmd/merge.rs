@@ -2,12 +2,19 @@
 //! into one run folder that every reader understands. Rows are copied through the same
 //! recorder that wrote them; the summary and pass@k are computed again from all of them, as
 //! a single run of the suite would have them.
+//!
+//! A merge checks what the shards say about themselves instead of trusting it: each shard's
+//! parts against their recorded SHA-256, its journal's hash chain, its parts against its
+//! journal, each row's suite digest and (task, sample) against the shard's own plan, and the
+//! rows it read against the rollouts the shard planned (see
+//! [`engine::recorder::files::read_rows_verified`]). That finds mix-ups and careless edits,
+//! not a forger who rewrites a whole shard folder.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use engine::recorder::files::Manifest;
 use engine::recorder::summary::{Merged, MergedShard, Provenance, Summary};
@@ -22,8 +29,9 @@ pub struct MergeArgs {
     /// The shards' run folders.
     #[arg(required = true)]
     shards: Vec<PathBuf>,
-    /// Merge even when shards are missing or did not finish; the summary lists what is
-    /// missing (`merged.missing_shards`, `merged.unfinished`).
+    /// Merge even when shards are missing or incomplete (fewer rows than they planned, a torn
+    /// last journal line); the summary lists what is missing (`merged.missing_shards`,
+    /// `merged.unfinished`).
     #[arg(long)]
     allow_partial: bool,
 }
@@ -90,44 +98,10 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
     }
     let count = first.shard.count;
     let missing_shards: Vec<u32> = (0..count).filter(|i| !seen.contains_key(i)).collect();
-    let unfinished: Vec<String> = shards
-        .iter()
-        .filter_map(|s| match &s.summary {
-            None => Some(format!(
-                "shard {} ({}): no summary.json, the run did not end",
-                s.shard,
-                s.dir.display()
-            )),
-            Some(sum) if sum.finished < sum.planned => Some(format!(
-                "shard {} ({}): {} of {} rollouts recorded",
-                s.shard,
-                s.dir.display(),
-                sum.finished,
-                sum.planned
-            )),
-            Some(_) => None,
-        })
-        .collect();
-    if !args.allow_partial && (!missing_shards.is_empty() || !unfinished.is_empty()) {
-        let mut text = String::from("the shards are not complete (merge anyway with --allow-partial):");
-        if !missing_shards.is_empty() {
-            text.push_str(&format!(
-                "\n  missing shards: {}",
-                missing_shards
-                    .iter()
-                    .map(|i| format!("{i}/{count}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        for u in &unfinished {
-            text.push_str(&format!("\n  {u}"));
-        }
-        bail!("{text}");
-    }
 
     // The merge is written beside OUT and renamed into place when complete: a merge that
-    // stops (an overlap found late, a full disk, Ctrl-C) leaves no half-merged run.
+    // stops (an overlap or a bad row found late, an incomplete shard, a full disk, Ctrl-C)
+    // leaves no half-merged run.
     if std::fs::read_dir(&args.out).is_ok_and(|mut entries| entries.next().is_some()) {
         bail!(
             "{} is not empty: farm merge writes a new run folder",
@@ -149,7 +123,7 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
         .prefix(&format!(".{name}.merging-"))
         .tempdir_in(parent)
         .with_context(|| format!("creating a staging folder in {}", parent.display()))?;
-    let summary = write_merged(staging.path(), first, &shards, count, missing_shards, unfinished).await?;
+    let summary = write_merged(staging.path(), &shards, count, missing_shards, args.allow_partial).await?;
     let _ = std::fs::remove_dir(&args.out); // empty, checked above
     std::fs::rename(staging.path(), &args.out)
         .with_context(|| format!("moving the merged run into {}", args.out.display()))?;
@@ -169,15 +143,88 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Copies every shard's rows into a new run in `dir` and writes its summary.
+/// What one shard gave the merge.
+struct ShardRead {
+    rows: usize,
+    planned: usize,
+    torn_bytes: u64,
+}
+
+/// Streams one shard's rows, checked, into `recorder`; `owner` says which shard each
+/// (task, sample) came from so far.
+async fn copy_shard(
+    recorder: &Recorder,
+    s: &ShardRun,
+    count: u32,
+    owner: &mut HashMap<String, u32>,
+) -> Result<ShardRead> {
+    // Rows stream from a blocking reader, a batch at a time: memory does not grow with the run.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Row>(1024);
+    let (dir, digest, shard) = (s.dir.clone(), s.manifest.suite_digest.clone(), s.shard);
+    let reader = tokio::task::spawn_blocking(move || {
+        engine::recorder::files::read_rows_verified::<anyhow::Error>(&dir, |plan, row| {
+            if row.suite_digest != digest {
+                bail!(
+                    "{}: task {:?} sample {} has suite digest {}, not its shard's {}: a row of another run",
+                    dir.display(),
+                    row.task_id,
+                    row.sample_index,
+                    &row.suite_digest[..12.min(row.suite_digest.len())],
+                    &digest[..12.min(digest.len())]
+                );
+            }
+            if !plan.has(&row.task_id, row.sample_index) {
+                bail!(
+                    "{}: task {:?} sample {} is not a rollout shard {shard} planned (plan.json): a row of another shard or run",
+                    dir.display(),
+                    row.task_id,
+                    row.sample_index
+                );
+            }
+            tx.blocking_send(row).map_err(|_| anyhow!("the merge stopped"))
+        })
+    });
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut rows = 0;
+    while let Some(row) = rx.recv().await {
+        if let Some(other) = owner.insert(row.key(), s.shard.index) {
+            bail!(
+                "task {:?} sample {} is in shard {other}/{count} and in shard {} ({}): the shards overlap",
+                row.task_id,
+                row.sample_index,
+                s.shard,
+                s.dir.display()
+            );
+        }
+        rows += 1;
+        batch.push(row);
+        if batch.len() == BATCH {
+            recorder.append_batch(std::mem::take(&mut batch)).await?;
+        }
+    }
+    if !batch.is_empty() {
+        recorder.append_batch(batch).await?;
+    }
+    let verified = reader
+        .await?
+        .with_context(|| format!("reading the rows of shard {} ({})", s.shard, s.dir.display()))?;
+    Ok(ShardRead {
+        rows,
+        planned: verified.plan.rollouts(),
+        torn_bytes: verified.torn_bytes,
+    })
+}
+
+/// Copies every shard's rows into a new run in `dir` and writes its summary; refuses
+/// incomplete shards unless `allow_partial`, and then lists them.
 async fn write_merged(
     dir: &Path,
-    first: &ShardRun,
     shards: &[ShardRun],
     count: u32,
     missing_shards: Vec<u32>,
-    unfinished: Vec<String>,
+    allow_partial: bool,
 ) -> Result<Summary> {
+    let first = &shards[0];
     let identity = RunIdentity {
         run_id: crate::run::new_run_id(),
         suite_name: first.manifest.suite_name.clone(),
@@ -191,42 +238,39 @@ async fn write_merged(
     };
     let (recorder, _) = Recorder::open(dir, identity, options).await?;
     let mut owner: HashMap<String, u32> = HashMap::new();
+    let (mut unfinished, mut planned) = (Vec::new(), 0);
     for s in shards {
-        // Rows stream from a blocking reader, a batch at a time: memory does not grow with
-        // the run.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Row>(1024);
-        let shard_dir = s.dir.clone();
-        let reader = tokio::task::spawn_blocking(move || {
-            engine::recorder::files::read_rows::<engine::recorder::OutputError>(&shard_dir, |row| {
-                tx.blocking_send(row).map_err(|_| engine::recorder::OutputError::Io {
-                    what: "merging",
-                    path: PathBuf::from("the merged run"),
-                    source: std::io::Error::other("the merge stopped"),
-                })
-            })
-        });
-        let mut batch = Vec::with_capacity(BATCH);
-        while let Some(row) = rx.recv().await {
-            if let Some(other) = owner.insert(row.key(), s.shard.index) {
-                bail!(
-                    "task {:?} sample {} is in shard {other}/{count} and in shard {} ({}): the shards overlap",
-                    row.task_id,
-                    row.sample_index,
-                    s.shard,
-                    s.dir.display()
-                );
-            }
-            batch.push(row);
-            if batch.len() == BATCH {
-                recorder.append_batch(std::mem::take(&mut batch)).await?;
-            }
+        let read = copy_shard(&recorder, s, count, &mut owner).await?;
+        planned += read.planned;
+        // Counted here, from the rows read: a shard's own summary could say anything.
+        if read.rows < read.planned {
+            unfinished.push(format!(
+                "shard {} ({}): {} of {} planned rollouts recorded",
+                s.shard,
+                s.dir.display(),
+                read.rows,
+                read.planned
+            ));
         }
-        if !batch.is_empty() {
-            recorder.append_batch(batch).await?;
+        if read.torn_bytes > 0 {
+            unfinished.push(format!(
+                "shard {} ({}): journal.jsonl ends with a torn line of {} bytes (an append that never finished)",
+                s.shard,
+                s.dir.display(),
+                read.torn_bytes
+            ));
         }
-        reader
-            .await?
-            .with_context(|| format!("reading the rows of {}", s.dir.display()))?;
+    }
+    if !allow_partial && (!missing_shards.is_empty() || !unfinished.is_empty()) {
+        let mut text = String::from("the shards are not complete (merge anyway with --allow-partial):");
+        if !missing_shards.is_empty() {
+            let missing: Vec<String> = missing_shards.iter().map(|i| format!("{i}/{count}")).collect();
+            text.push_str(&format!("\n  missing shards: {}", missing.join(", ")));
+        }
+        for u in &unfinished {
+            text.push_str(&format!("\n  {u}"));
+        }
+        bail!("{text}");
     }
     let summaries: Vec<&Summary> = shards.iter().filter_map(|s| s.summary.as_ref()).collect();
     let samples = summaries
@@ -271,7 +315,7 @@ async fn write_merged(
     };
     let inputs = SummaryInputs {
         samples,
-        planned: summaries.iter().map(|s| s.planned).sum(),
+        planned,
         provenance,
         concurrency: summaries
             .iter()

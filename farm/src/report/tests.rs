@@ -247,6 +247,7 @@ fn hostile_row(json: bool) -> Row {
         group_id: Some(field("group_id")),
         policy_version: Some(3),
         metadata: Some(as_json("metadata", |m| serde_json::json!({ "item": m }))),
+        chain: None,
     }
 }
 

@@ -118,7 +118,10 @@ pub async fn run(args: RunArgs) -> Result<i32> {
             return Ok(code);
         }
     };
-    let (engine, todo, planned) = prepared;
+    let (engine, todo, plan) = prepared;
+    let planned = plan.rollouts();
+    // What the run plans, for `farm merge` to count its rows against.
+    recorder.record_plan(plan).await?;
     let started = Instant::now();
     let interrupted = run_rollouts(
         engine.clone(),
@@ -173,7 +176,7 @@ fn refuse_changed_tasks(suite: &Suite, tasks: &[Arc<Task>], opened: &Opened) -> 
 
 /// Plan and prepare: the template snapshot, the rollouts still to run, then a snapshot per
 /// task that has files or setup, and the warm pool. Returns the engine, the rollouts to run
-/// and how many the whole run plans.
+/// and what the whole run plans (each task's samples).
 #[allow(clippy::too_many_arguments)]
 async fn prepare(
     suite: &Suite,
@@ -184,7 +187,7 @@ async fn prepare(
     policy: &Arc<Policy>,
     opened: &Opened,
     counts: &Counts,
-) -> Result<(Arc<Engine>, Vec<Planned>, usize)> {
+) -> Result<(Arc<Engine>, Vec<Planned>, engine::recorder::Plan)> {
     let progress = |line: &str| tracing::info!("template: {line}");
     let mut engine = Engine::start(suite, args.accel, run_id, &progress).await?;
     let mut plan = engine.plan(tasks, policy, suite.config.rollouts.samples);
@@ -212,6 +215,10 @@ async fn prepare(
         }
     }
     let planned = plan.len();
+    let mut recorded = engine::recorder::Plan { tasks: BTreeMap::new() };
+    for p in &plan {
+        *recorded.tasks.entry(p.task.id.clone()).or_insert(0) += 1;
+    }
     plan.retain(|p| !opened.done.contains(&plan_key(&p.task.id, p.sample)));
     tracing::info!(
         "suite {} ({} tasks, {planned} rollouts planned, {} already done)",
@@ -239,7 +246,8 @@ async fn prepare(
     {
         engine.start_pool(counts.warm_pool)?;
     }
-    Ok((Arc::new(engine), plan, planned))
+    debug_assert_eq!(recorded.rollouts(), planned);
+    Ok((Arc::new(engine), plan, recorded))
 }
 
 /// Runs the rollouts with bounded concurrency and records each as it ends. A signal stops
