@@ -102,12 +102,23 @@ impl End {
         if let Some(status) = self.status() {
             row.status = status;
             row.reward = (status != Status::EnvError).then_some(0.0);
+            // The agent's failure without a verdict is farm's own observation, on the host.
+            if status != Status::EnvError {
+                row.trust = Some(scorers::Trust::Sound);
+                row.trust_reason = Some(AGENT_ENDED_IT.into());
+            }
         }
         if let Some(error) = self.error() {
             row.error = Some(error);
         }
     }
 }
+
+/// Why a row that the agent's doing ended before any verdict is `sound`.
+pub(crate) const AGENT_ENDED_IT: &str =
+    "no verdict was needed: farm saw on the host that the agent's doing ended the rollout \
+     (a timeout, a VM it broke, artifacts it did not hand over, a conversation the endpoint refused), and no code of \
+     the agent's can turn that 0 into a pass";
 
 /// What ended a rollout's actions before scoring.
 pub(crate) enum Ending {
@@ -249,6 +260,17 @@ mod tests {
             (Status::Failed, Some(0.0), Some("policy: too long".into()))
         );
         assert_eq!(settled(End::AgentBrokeVm("the VM died".into())).0, Status::Failed);
+        // Every row with a reward has a trust level; an environment error has neither.
+        for (end, trust) in [
+            (End::AgentBrokeVm("x".into()), Some(scorers::Trust::Sound)),
+            (End::Timeout(1), Some(scorers::Trust::Sound)),
+            (End::NoArtifacts("x".into()), Some(scorers::Trust::Sound)),
+            (End::Scoring("x".into()), None),
+        ] {
+            let mut r = row("env_error", None, 0);
+            end.settle(&mut r);
+            assert_eq!(r.trust, trust, "{end:?}");
+        }
         // A verdict stays as scoring put it.
         let mut r = row("passed", None, 1);
         r.reward = Some(1.0);

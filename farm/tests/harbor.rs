@@ -220,6 +220,15 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
         fresh["reward-rewriter"].0, "failed",
         "no process of the agent's is alive under fresh_boot"
     );
+    // A guest reset the moment the agent's phase ended: the agent's doing in both modes,
+    // never an environment error (whichever comes first: the reset or taking the disk).
+    for (mode, rows) in [("live", &live), ("fresh_boot", &fresh)] {
+        let (status, reward, trust) = &rows["guest-reset"];
+        assert!(
+            matches!(status.as_str(), "failed" | "timeout") && *reward == 0.0 && !trust.is_empty(),
+            "guest-reset ({mode}): {status} {reward} trust {trust:?}"
+        );
+    }
     // Not stopped, in either mode: the verifier runs the environment's own python3, which the
     // agent (root there) replaced. The row says hardened.
     assert_eq!(

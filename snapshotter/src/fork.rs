@@ -412,13 +412,36 @@ pub enum BootFromDiskError {
 /// A VM booted afresh (not resumed) from `fork`'s disk as it is now: its files, none of its
 /// processes. The fork is stopped (QEMU flushes its disk) and its disk copied before it
 /// goes; the new VM boots the kernel of `snapshot` on that copy.
+///
+/// A guest that already went (it reset, halted or panicked: QEMU runs with `-no-reboot`, so
+/// any of these ends it) is not an error here: after the agent's phase that is the agent's
+/// doing, and its disk is booted as it was left. Only a QEMU still running that refuses to
+/// stop is the farm's failure.
 pub async fn boot_from_disk(
     forker: &Forker,
     snapshot: &crate::store::Snapshot,
-    fork: Fork,
+    mut fork: Fork,
 ) -> Result<Machine, BootFromDiskError> {
     let _ = fork.agent().quiesce().await;
-    fork.machine.qmp("stop", None).await.map_err(BootFromDiskError::Disk)?;
+    if let Err(e) = fork.machine.qmp("stop", None).await {
+        // The monitor goes first when the guest ends QEMU: give the process a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let gone = loop {
+            if let Some(status) = fork.machine.exited() {
+                break Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                break None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        match gone {
+            Some(status) => tracing::info!(
+                "the rollout's guest had already ended ({status}) when its disk was taken; booting the disk as it was left"
+            ),
+            None => return Err(BootFromDiskError::Disk(e)),
+        }
+    }
     let settings = VmSettings {
         memory_mib: snapshot.manifest.memory_mib,
         cpus: snapshot.manifest.cpus,

@@ -405,3 +405,49 @@ fn a_forks_qemu_holds_the_snapshot_ram_read_only_and_cannot_open_it_for_writing(
         snapshot.verify_checksums().unwrap();
     });
 }
+
+/// A fork's disk booted afresh: its files, none of its processes; and a guest that already
+/// ended itself (reset, as an agent's leftover process can make it) is booted from the disk
+/// it left, not turned into a failure of the farm's.
+#[test]
+fn a_forks_disk_boots_afresh_even_after_its_guest_reset_itself() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let forker = forker();
+        let fork = forker.fork(snapshot, ForkIdentity::new(7)).await.unwrap();
+        run(
+            &fork,
+            "echo left > /workspace/on-disk; sync; sleep 600 > /dev/null 2>&1 &",
+        )
+        .await;
+        let machine = snapshotter::boot_from_disk(&forker, snapshot, fork).await.unwrap();
+        let out = machine
+            .agent()
+            .exec(ExecOptions::shell(
+                "cat /workspace/on-disk; pgrep -x sleep || echo no-sleep",
+            ))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout_text(), "left\nno-sleep\n");
+        drop(machine);
+
+        let mut fork = forker.fork(snapshot, ForkIdentity::new(8)).await.unwrap();
+        run(&fork, "echo before-reset > /workspace/on-disk; sync").await;
+        // The guest resets itself: with -no-reboot, QEMU ends.
+        let _ = fork.agent().exec(ExecOptions::shell("reboot -f")).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while fork.machine.exited().is_none() {
+            assert!(std::time::Instant::now() < deadline, "the guest did not end");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let machine = snapshotter::boot_from_disk(&forker, snapshot, fork)
+            .await
+            .expect("a guest that ended itself is booted from the disk it left");
+        let out = machine
+            .agent()
+            .exec(ExecOptions::shell("cat /workspace/on-disk"))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout_text(), "before-reset\n");
+    });
+}

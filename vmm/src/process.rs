@@ -185,6 +185,8 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
 pub struct QemuProcess {
     child: Option<Child>,
     pid: u32,
+    /// How it ended, once reaped by [`QemuProcess::try_exit_status`].
+    exit_status: Option<String>,
 }
 
 impl QemuProcess {
@@ -214,6 +216,7 @@ impl QemuProcess {
         Ok(QemuProcess {
             child: Some(child),
             pid,
+            exit_status: None,
         })
     }
 
@@ -221,8 +224,12 @@ impl QemuProcess {
         self.pid
     }
 
-    /// Whether the process has exited (reaping it if so), with its status text.
+    /// Whether the process has exited (reaping it if so), with its status text; the same
+    /// answer on every later call.
     pub fn try_exit_status(&mut self) -> Option<String> {
+        if let Some(status) = &self.exit_status {
+            return Some(status.clone());
+        }
         let child = self.child.as_mut()?;
         match child.try_wait() {
             Ok(Some(status)) => {
@@ -231,7 +238,8 @@ impl QemuProcess {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&self.pid);
-                Some(status.to_string())
+                self.exit_status = Some(status.to_string());
+                self.exit_status.clone()
             }
             _ => None,
         }
