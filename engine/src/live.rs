@@ -244,7 +244,7 @@ impl Engine {
                     match snapshotter::boot_from_disk(&self.forker, snapshot, fork).await {
                         Ok(machine) => scorers::harbor::verify(&machine, task, harbor, &run).await,
                         // The agent had root on that disk: a disk that no longer boots is its doing.
-                        Err(e @ snapshotter::BootFromDiskError::NoAgent(_)) => scorers::orchestrate::agent_failure(
+                        Err(e) if e.is_the_disks() => scorers::orchestrate::agent_failure(
                             format!("the disk the agent left did not boot: {}", crate::engine::describe(&e)),
                             run.mode.trust(),
                         ),

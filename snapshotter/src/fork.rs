@@ -407,6 +407,17 @@ pub enum BootFromDiskError {
     /// QEMU ran but the guest never answered: the disk did not boot.
     #[error("the disk did not boot to a working agent")]
     NoAgent(#[source] MachineError),
+    /// The booted guest's agent did not take its identity (clock, entropy, hostname).
+    #[error("the booted disk's agent did not take its identity")]
+    NoIdentity(#[source] ForkError),
+}
+
+impl BootFromDiskError {
+    /// Whether the disk the fork left is to blame (it does not boot to an agent that works):
+    /// after an agent's phase, that disk is the agent's doing.
+    pub fn is_the_disks(&self) -> bool {
+        matches!(self, BootFromDiskError::NoAgent(_) | BootFromDiskError::NoIdentity(_))
+    }
 }
 
 /// A VM booted afresh (not resumed) from `fork`'s disk as it is now: its files, none of its
@@ -450,6 +461,7 @@ pub async fn boot_from_disk(
     let run_dir = RunDir::create(&settings.run_root).map_err(BootFromDiskError::Launch)?;
     let disk = run_dir.path().join("disk.qcow2");
     std::fs::copy(&fork.machine.spec().disk, &disk).map_err(BootFromDiskError::Copy)?;
+    let identity = fork.identity.clone();
     drop(fork);
     let plan = LaunchPlan {
         kernel: Some(snapshot.manifest.kernel.path.clone()),
@@ -468,5 +480,10 @@ pub async fn boot_from_disk(
         .wait_for_agent(settings.boot_timeout)
         .await
         .map_err(BootFromDiskError::NoAgent)?;
-    Ok(machine)
+    // A booted guest starts with the clock at 1970 and the kernel's own entropy: it takes the
+    // rollout's identity (with the host's time and fresh entropy) as a fork does.
+    let booted = apply_identity(machine, snapshot, identity)
+        .await
+        .map_err(BootFromDiskError::NoIdentity)?;
+    Ok(booted.machine)
 }

@@ -424,11 +424,23 @@ fn a_forks_disk_boots_afresh_even_after_its_guest_reset_itself() {
         let out = machine
             .agent()
             .exec(ExecOptions::shell(
-                "cat /workspace/on-disk; pgrep -x sleep || echo no-sleep",
+                "cat /workspace/on-disk; pgrep -x sleep || echo no-sleep; date +%s",
             ))
             .await
             .unwrap();
-        assert_eq!(out.stdout_text(), "left\nno-sleep\n");
+        let text = out.stdout_text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..2], ["left", "no-sleep"], "{text}");
+        // It took an identity: the host's clock, not the 1970 a booted guest starts at.
+        let guest_time: u64 = lines[2].parse().unwrap();
+        let host_time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(
+            guest_time.abs_diff(host_time) < 86_400,
+            "the guest's clock is {guest_time}, the host's {host_time}"
+        );
         drop(machine);
 
         let mut fork = forker.fork(snapshot, ForkIdentity::new(8)).await.unwrap();
