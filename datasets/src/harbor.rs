@@ -437,15 +437,25 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
     })
 }
 
+/// Bytes of the end of solve.sh's output the oracle's step keeps (all of it stays in
+/// `/logs/agent/oracle.txt`, collected with the run's artifacts).
+pub const ORACLE_TAIL_BYTES: u32 = 16 << 10;
+
 /// The oracle as Harbor runs it: `solve.sh` made executable and run through bash (a script
-/// without `#!` is read by bash), with `DEBIAN_FRONTEND=noninteractive` and `[solution.env]`.
+/// without `#!` is read by bash), with `DEBIAN_FRONTEND=noninteractive` and `[solution.env]`,
+/// its output in `/logs/agent/oracle.txt`. The step then shows the end of that output and
+/// ends with solve.sh's own exit status, so a solve.sh that failed half-way is seen.
 fn oracle_command(env: &BTreeMap<String, String>) -> String {
     let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
     let mut exports = String::from("export DEBIAN_FRONTEND=noninteractive; ");
     for (k, v) in env {
         exports.push_str(&format!("export {k}={}; ", quote(v)));
     }
-    format!("{exports}chmod +x {SOLUTION}/solve.sh && mkdir -p {AGENT_LOGS} && bash -c {SOLUTION}/solve.sh > {AGENT_LOGS}/oracle.txt 2>&1")
+    format!(
+        "{exports}chmod +x {SOLUTION}/solve.sh && mkdir -p {AGENT_LOGS} && \
+         {{ bash -c {SOLUTION}/solve.sh > {AGENT_LOGS}/oracle.txt 2>&1; status=$?; \
+         tail -c {ORACLE_TAIL_BYTES} {AGENT_LOGS}/oracle.txt; exit $status; }}"
+    )
 }
 
 /// Everything of task.toml farm does not use, for the rows' metadata: `[metadata]`, `[task]`

@@ -74,6 +74,8 @@ pub struct Engine {
     pub(crate) image_env: Vec<(String, String)>,
     /// The image config of each Harbor task's environment snapshot, by snapshot id.
     pub(crate) task_images: std::sync::Mutex<HashMap<String, vmm::image::ImageConfig>>,
+    /// What each Harbor task's environment was built from, by task id.
+    pub environments: std::sync::Mutex<std::collections::BTreeMap<String, crate::harbor::EnvironmentRecord>>,
     /// The proxy policy of `rollouts.network` (rules resolved).
     pub(crate) egress: egress::Policy,
 }
@@ -212,6 +214,7 @@ impl Engine {
             template: Arc::new(template.snapshot),
             image_pulled: template.pulled,
             task_images: Default::default(),
+            environments: Default::default(),
             scoring,
             pool: None,
             egress,
@@ -291,7 +294,9 @@ impl Engine {
                     let _slot = slots.acquire_owned().await.expect("semaphore open");
                     let built = crate::harbor::environment(&store, &forker, &config, &task).await;
                     let (snapshot, image) = match built {
-                        Ok((s, image)) => (TaskSnapshot::Ready(Arc::new(s)), Some(image)),
+                        Ok((s, image, record)) => {
+                            (TaskSnapshot::Ready(Arc::new(s)), Some((image, task.id.clone(), record)))
+                        }
                         Err(e) => (
                             TaskSnapshot::Failed(format!("building the task's environment failed: {}", describe(&e))),
                             None,
@@ -332,11 +337,15 @@ impl Engine {
         }
         while let Some(built) = building.join_next().await {
             let (id, snapshot, image) = built.map_err(|_| EngineError::Panicked)?;
-            if let (TaskSnapshot::Ready(s), Some(image)) = (&snapshot, image) {
+            if let (TaskSnapshot::Ready(s), Some((image, task_id, record))) = (&snapshot, image) {
                 self.task_images
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(s.id().to_string(), image);
+                self.environments
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(task_id, record);
             }
             for task_id in by_id.get(&id).into_iter().flatten() {
                 if let TaskSnapshot::Failed(e) = &snapshot {

@@ -13,15 +13,58 @@ use crate::config::SuiteConfig;
 /// file is sparse).
 const DEFAULT_STORAGE_MIB: u64 = 4096;
 
-/// Builds (or finds) the template snapshot of a Harbor task's environment, and the config
-/// its commands run with.
+/// What a task's environment was built from, as the run records it (`summary.json`'s
+/// `provenance.environments`, shown by `farm report`): a Dockerfile or an image, every
+/// image resolved from a registry on the way (with any override of the host's registry
+/// settings), and the `docker_image` that gave way to the Dockerfile, with why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EnvironmentRecord {
+    pub built_from: BuiltFrom,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<vmm::image::registry::Pulled>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<Fallback>,
+    /// The environment's template snapshot.
+    pub snapshot: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuiltFrom {
+    /// `environment/Dockerfile`, step by step.
+    Dockerfile,
+    /// `[environment] docker_image`.
+    Image { reference: String },
+}
+
+/// A `docker_image` that could not be had, so the Dockerfile was built instead.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fallback {
+    pub image: String,
+    pub reason: String,
+}
+
+/// Builds (or finds) the template snapshot of a Harbor task's environment; returns it, the
+/// config its commands run with, and what it was built from.
 pub(crate) async fn environment(
     store: &SnapshotStore,
     forker: &Forker,
     config: &SuiteConfig,
     task: &Task,
-) -> Result<(Snapshot, ImageConfig), BuildError> {
+) -> Result<(Snapshot, ImageConfig, EnvironmentRecord), BuildError> {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
+    let record = |built_from: BuiltFrom, built: &snapshotter::Built, fallback: Option<Fallback>| EnvironmentRecord {
+        built_from,
+        images: built.images.clone(),
+        fallback,
+        snapshot: built.snapshot.id().to_string(),
+    };
+    let from = |environment: &Environment| match environment {
+        Environment::Dockerfile { .. } => BuiltFrom::Dockerfile,
+        Environment::Image { reference, .. } => BuiltFrom::Image {
+            reference: reference.clone(),
+        },
+    };
     match (
         &harbor.environment,
         build(store, forker, config, task, &harbor.environment).await,
@@ -34,11 +77,30 @@ pub(crate) async fn environment(
             },
             Err(e @ BuildError::Artifacts(_)),
         ) => {
-            tracing::warn!(target: "farm::harbor", task = %task.id, "docker_image {reference} could not be pulled ({}); building environment/Dockerfile instead", crate::engine::describe(&e));
-            build(store, forker, config, task, dockerfile).await
+            let reason = crate::engine::describe(&e);
+            tracing::warn!(target: "farm::harbor", task = %task.id, "docker_image {reference} could not be pulled ({reason}); building environment/Dockerfile instead");
+            let built = build(store, forker, config, task, dockerfile).await?;
+            let fallback = Fallback {
+                image: reference.clone(),
+                reason,
+            };
+            let record = record(from(dockerfile), &built, Some(fallback));
+            Ok((built.snapshot.clone(), image_config(&built), record))
         }
-        (_, built) => built,
+        (environment, built) => {
+            let built = built?;
+            let record = record(from(environment), &built, None);
+            Ok((built.snapshot.clone(), image_config(&built), record))
+        }
     }
+}
+
+/// The config a built environment's commands run with.
+fn image_config(built: &snapshotter::Built) -> ImageConfig {
+    built
+        .image_config
+        .clone()
+        .unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default())
 }
 
 async fn build(
@@ -47,7 +109,7 @@ async fn build(
     config: &SuiteConfig,
     task: &Task,
     environment: &Environment,
-) -> Result<(Snapshot, ImageConfig), BuildError> {
+) -> Result<snapshotter::Built, BuildError> {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
     let mut template = TemplateConfig::of_image("");
     let base_dir = match environment {
@@ -72,7 +134,7 @@ async fn build(
     // Harbor's log folders, writable by whoever the agent and the verifier run as.
     template.setup = vec![format!("mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts && chmod 777 {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts")];
     let progress = |line: &str| tracing::info!(target: "farm::harbor", task = %task.id, "{line}");
-    let built = build_template_with(
+    build_template_with(
         store,
         forker,
         &template,
@@ -81,12 +143,7 @@ async fn build(
         &TemplateExtras::default(),
         &progress,
     )
-    .await?;
-    let image = built
-        .image_config
-        .clone()
-        .unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default());
-    Ok((built.snapshot, image))
+    .await
 }
 
 /// Where and as whom a live fork's actions run, with what environment.

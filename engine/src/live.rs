@@ -235,23 +235,48 @@ impl Engine {
                 network: &self.config.harbor.verifier_network.allow,
                 pass_threshold: self.config.scoring.pass_threshold,
             };
-            let verdict = match run.mode {
+            // Verified, then Harbor's logs and artifacts collected from the same VM.
+            let verify_and_collect = |machine| scorers::harbor::verify_and_collect(machine, task, harbor, &run);
+            let mut logs = scorers::harbor::Logs::default();
+            let verified = match run.mode {
                 scorers::harbor::HarborVerify::Live => {
-                    scorers::harbor::verify(&live.fork.machine, task, harbor, &run).await
+                    let (verified, collected) = verify_and_collect(&live.fork.machine).await;
+                    logs = collected;
+                    verified
                 }
                 scorers::harbor::HarborVerify::FreshBoot => {
                     let LiveFork { fork, .. } = live;
                     match snapshotter::boot_from_disk(&self.forker, snapshot, fork).await {
-                        Ok(machine) => scorers::harbor::verify(&machine, task, harbor, &run).await,
+                        Ok(machine) => {
+                            let (verified, collected) = verify_and_collect(&machine).await;
+                            logs = collected;
+                            verified
+                        }
                         // The agent had root on that disk: a disk that no longer boots is its doing.
-                        Err(e) if e.is_the_disks() => scorers::orchestrate::agent_failure(
+                        Err(e) if e.is_the_disks() => Ok(scorers::orchestrate::agent_failure(
                             format!("the disk the agent left did not boot: {}", crate::engine::describe(&e)),
                             run.mode.trust(),
-                        ),
+                        )),
                         Err(e) => return End::Scoring(crate::engine::describe(&e)),
                     }
                 }
             };
+            let mut verdict = match verified {
+                Ok(verdict) => verdict,
+                Err(e) => return End::Scoring(e.to_string()),
+            };
+            if !logs.files.is_empty() || !logs.notes.is_empty() {
+                let folder = format!("artifacts/{}", row.artifacts_folder());
+                verdict.details.harbor_logs = Some(logs.record(folder));
+                row.attachments = logs
+                    .files
+                    .into_iter()
+                    .map(|f| crate::row::Attachment {
+                        path: f.path,
+                        bytes: f.bytes,
+                    })
+                    .collect();
+            }
             row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
             let artifacts = scorers::Artifacts {
                 answer,

@@ -52,6 +52,18 @@ pub struct Row {
     /// recorder when the row is recorded, whatever the row held before. Always the last field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chain: Option<String>,
+    /// Files of the rollout that the recorder stores under the run folder's
+    /// `artifacts/<folder>/` ([`Row::artifacts_folder`]) when it records the row (Harbor's
+    /// logs and artifacts); not a column, and not in the journal.
+    #[serde(skip)]
+    pub attachments: Vec<Attachment>,
+}
+
+/// A file of a rollout's, kept beside its row: a plain relative path and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub path: String,
+    pub bytes: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -198,7 +210,33 @@ impl Row {
             policy_version: None,
             metadata: None,
             chain: None,
+            attachments: Vec::new(),
         }
+    }
+
+    /// The folder under the run's `artifacts/` where the rollout's attachments go: the task id
+    /// made safe for a file name, a short hash of it (two ids may look alike once made safe),
+    /// and the sample (or the rollout id in `farm serve`).
+    pub fn artifacts_folder(&self) -> String {
+        use sha2::Digest;
+        let safe = |text: &str| -> String {
+            text.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(100)
+                .collect()
+        };
+        let hash = format!("{:x}", sha2::Sha256::digest(self.task_id.as_bytes()));
+        let which = match &self.rollout_id {
+            Some(id) => safe(id),
+            None => self.sample_index.to_string(),
+        };
+        format!("{}-{}-{which}", safe(&self.task_id), &hash[..8])
     }
 
     /// What makes a row unique in its output folder: the rollout id (`farm serve`), else the

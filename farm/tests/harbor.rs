@@ -73,8 +73,28 @@ fn suite(dir: &Path, name: &str, tasks: &Path, policy: &str, verify: &str, s: &S
 }
 
 /// Runs a suite with the registry mirror and the index address in the environment; returns
-/// each task's (status, reward, trust).
+/// each task's (status, reward, trust), none of them an environment error.
 fn run(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, (String, f64, String)> {
+    outcomes(&run_rows(suite, s, store))
+}
+
+/// Each task's (status, reward, trust), none of them an environment error.
+fn outcomes(rows: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, (String, f64, String)> {
+    rows.iter()
+        .map(|(id, row)| {
+            assert_ne!(row["status"], "env_error", "{id}: {row}");
+            let row = (
+                row["status"].as_str().unwrap().to_string(),
+                row["reward"].as_f64().unwrap_or(-1.0),
+                row["trust"].as_str().unwrap_or("").to_string(),
+            );
+            (id.clone(), row)
+        })
+        .collect()
+}
+
+/// Runs a suite as [`run`] does; returns each task's row.
+fn run_rows(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, serde_json::Value> {
     let registries = s.dir.path().join("registries.toml");
     std::fs::write(
         &registries,
@@ -101,15 +121,7 @@ fn run(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, (String, f6
         .map(|l| {
             let row: serde_json::Value = serde_json::from_str(l).unwrap();
             let id = row["task_id"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
-            assert_ne!(row["status"], "env_error", "{id}: {row}");
-            (
-                id,
-                (
-                    row["status"].as_str().unwrap().to_string(),
-                    row["reward"].as_f64().unwrap_or(-1.0),
-                    row["trust"].as_str().unwrap_or("").to_string(),
-                ),
-            )
+            (id, row)
         })
         .collect()
 }
@@ -123,11 +135,12 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
     let oracle = "[policy]\nkind = \"replay\"\nsource = \"reference\"";
 
     // The oracle passes every task, verified live (Harbor's way).
-    let rows = run(
+    let full = run_rows(
         &suite(dir.path(), "oracle-live", &samples, oracle, "live", &services),
         &services,
         store.path(),
     );
+    let rows = outcomes(&full);
     assert_eq!(rows.len(), 11);
     for (task, (status, reward, trust)) in &rows {
         assert_eq!(
@@ -136,22 +149,47 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
             "{task}"
         );
     }
-
-    // An agent that does nothing fails every task.
-    let nothing: String = rows
-        .keys()
-        .map(|t| {
-            format!(
-                "{}\n",
-                serde_json::json!({ "task_id": task_id(&samples, t), "sample_index": 0, "actions": [] })
-            )
-        })
-        .collect();
-    std::fs::write(dir.path().join("nothing.jsonl"), nothing).unwrap();
-    let policy = format!(
-        "[policy]\nkind = \"replay\"\nsource = \"trajectories\"\ntrajectories_file = \"{}\"",
-        dir.path().join("nothing.jsonl").display()
+    // What solve.sh printed is in the oracle's step, and Harbor's logs and the task's
+    // artifacts are in the run folder, as the row lists them.
+    let row = &full["workdir-env"];
+    assert!(
+        row["steps"][0]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("wrote /srv/work/greeting.txt"),
+        "{row}"
     );
+    let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();
+    let logs = &details["harbor_logs"];
+    let folder = dir
+        .path()
+        .join("out-oracle-live")
+        .join(logs["folder"].as_str().unwrap());
+    let listed: Vec<&str> = logs["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    for path in ["agent/oracle.txt", "verifier/reward.txt", "artifacts/greeting.txt"] {
+        assert!(listed.contains(&path), "{path} not in {logs}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(folder.join("verifier/reward.txt"))
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    assert_eq!(
+        std::fs::read_to_string(folder.join("artifacts/greeting.txt")).unwrap(),
+        "bonjour\n"
+    );
+    assert!(std::fs::read_to_string(folder.join("agent/oracle.txt"))
+        .unwrap()
+        .contains("wrote"));
+
+    // An agent that does nothing (Harbor's nop agent) fails every task.
+    let policy = "[policy]\nkind = \"nop\"".to_string();
     let rows = run(
         &suite(dir.path(), "nothing", &samples, &policy, "live", &services),
         &services,
@@ -188,17 +226,49 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
         .unwrap()
         .success());
     let toml = fallback.join("hello-fallback/task.toml");
-    let text = std::fs::read_to_string(&toml).unwrap().replace(
+    let with_image = std::fs::read_to_string(&toml).unwrap().replace(
         "[environment]\n",
         "[environment]\ndocker_image = \"registry.farm.test/not-there:1\"\n",
     );
-    std::fs::write(&toml, text).unwrap();
+    std::fs::write(&toml, with_image).unwrap();
     let rows = run(
         &suite(dir.path(), "fallback", &fallback, oracle, "live", &services),
         &services,
         store.path(),
     );
     assert_eq!(rows["hello-fallback"].0, "passed");
+    // The run records what the environment was built from, and the report shows it.
+    let out = dir.path().join("out-fallback");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let env = &summary["provenance"]["environments"]["hello-fallback"];
+    assert_eq!(env["built_from"], "dockerfile", "{env}");
+    assert_eq!(env["fallback"]["image"], "registry.farm.test/not-there:1", "{env}");
+    assert!(
+        env["fallback"]["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{env}"
+    );
+    assert!(
+        env["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["resolved"].as_str().unwrap().contains("harbor-base")),
+        "the FROM image, as resolved: {env}"
+    );
+    let report = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .args(["report"])
+        .arg(&out)
+        .arg("--out")
+        .arg(dir.path().join("report"))
+        .output()
+        .unwrap();
+    assert!(report.status.success(), "{}", text(&report));
+    let index = std::fs::read_to_string(dir.path().join("report/index.html")).unwrap();
+    assert!(
+        index.contains("Environments") && index.contains("could not be had"),
+        "the report shows it"
+    );
 
     // Hostile tasks (docs/security.md, "Harbor tasks"): what each mode stops, and what it cannot.
     let hostile = repo().join("configs/data/harbor-hostile");
@@ -236,16 +306,107 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
         ("passed", "hardened")
     );
     assert_eq!(fresh["fake-python"].0, "passed");
+
+    verifier_networks(dir.path(), &samples, oracle, &services, store.path());
 }
 
-/// A task's id as the dataset gives it (`[task] name`, else the folder's name).
-fn task_id(root: &Path, folder: &str) -> String {
-    let toml = std::fs::read_to_string(root.join(folder).join("task.toml")).unwrap();
-    let value: toml::Value = toml::from_str(&toml).unwrap();
-    value
-        .get("task")
-        .and_then(|t| t.get("name"))
-        .and_then(|n| n.as_str())
-        .unwrap_or(folder)
-        .to_string()
+/// The verifier's network is its own, and a dependency of it that is down on the host's side
+/// is the farm's failure (`env_error`, naming it), never the agent's: the agent cannot make
+/// one look down.
+fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, store: &Path) {
+    let pypi = &s.env["HARBOR_PYPI"];
+    let closed = || {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let (down, unlisted) = (closed(), closed());
+    let tasks = dir.join("verifier-networks");
+    std::fs::create_dir_all(&tasks).unwrap();
+    let copy = |name: &str| {
+        assert!(Command::new("cp")
+            .arg("-r")
+            .arg(samples.join("pytest-verifier"))
+            .arg(tasks.join(name))
+            .status()
+            .unwrap()
+            .success());
+        let toml = tasks.join(name).join("task.toml");
+        let text = std::fs::read_to_string(&toml)
+            .unwrap()
+            .replace("farm/pytest-verifier", &format!("farm/{name}"));
+        std::fs::write(&toml, text).unwrap();
+        tasks.join(name)
+    };
+    // The verifier's index, on a port the verifier's network names, where nothing listens.
+    let dependency_down = copy("dependency-down");
+    let toml = dependency_down.join("task.toml");
+    let text = std::fs::read_to_string(&toml).unwrap().replace(
+        "${HARBOR_PIP_INDEX:-http://host.farm.internal:15001/simple}",
+        &format!("http://host.farm.internal:{down}/simple"),
+    );
+    std::fs::write(&toml, text).unwrap();
+    // The agent (root) redirects the verifier's pip to an index that does not answer, so
+    // that its wrong answer reads as a dependency that was down.
+    let blame = copy("blame-the-network");
+    let solve = [
+        "#!/bin/bash".to_string(),
+        "printf 'def mean(values):\\n    return 0\\n' > /app/calc.py".into(),
+        "rm -f /usr/local/bin/pip".into(),
+        format!(
+            "printf '#!/bin/sh\\nexec python3 -m pip \"$@\" --index-url http://host.farm.internal:{unlisted}/simple --retries 0\\n' > /usr/local/bin/pip"
+        ),
+        "chmod 755 /usr/local/bin/pip".into(),
+        "printf '[global]\\nindex-url = http://no-such-host.invalid/simple\\n' > /etc/pip.conf".into(),
+    ];
+    std::fs::write(blame.join("solution/solve.sh"), solve.join("\n") + "\n").unwrap();
+    copy("index-up");
+    let suite = |name: &str, sections: &str| -> PathBuf {
+        let text = format!(
+            "[suite]\nname = \"{name}\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"harbor\"\n{oracle}\n\
+             [harbor]\nverify = \"live\"\n[harbor.build_network]\nallow = [\"{pypi}\"]\n{sections}[output]\ndir = \"out-{name}\"\n",
+            tasks.display()
+        );
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    // No [harbor.verifier_network]: test.sh has no network, whatever the agent's allowed.
+    let rows = run_rows(
+        &suite(
+            "agents-network-only",
+            &format!("[rollouts.network]\nallow = [\"{pypi}\"]\n"),
+        ),
+        s,
+        store,
+    );
+    let row = &rows["index-up"];
+    assert_eq!(
+        (row["status"].as_str(), row["reward"].as_f64()),
+        (Some("failed"), Some(0.0)),
+        "the verifier installed pytest through the agent's network: {row}"
+    );
+    // The verifier may reach the index and the port that is down.
+    let rows = run_rows(
+        &suite(
+            "verifier-network",
+            &format!("[harbor.verifier_network]\nallow = [\"{pypi}\", \"host.farm.internal:{down}\"]\n"),
+        ),
+        s,
+        store,
+    );
+    assert_eq!(rows["index-up"]["status"], "passed", "{}", rows["index-up"]);
+    let row = &rows["dependency-down"];
+    assert_eq!(row["status"], "env_error", "{row}");
+    assert!(row["reward"].is_null(), "{row}");
+    let error = row["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("host.farm.internal:{down}")) && error.contains("failed on the host's side"),
+        "{error}"
+    );
+    let row = &rows["blame-the-network"];
+    assert_eq!(
+        (row["status"].as_str(), row["reward"].as_f64()),
+        (Some("failed"), Some(0.0)),
+        "a down index the agent pointed the verifier at is the agent's failure: {row}"
+    );
 }

@@ -55,9 +55,68 @@ pub struct VerifyRun<'a> {
 /// Most bytes of `reward.json` read.
 const MAX_REWARD_BYTES: u64 = 64 << 10;
 
+/// Why a Harbor verification gave no verdict: the one failure that is not the agent's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// A host the verifier's network names (exactly, not through `*`) failed on the host's
+    /// side while test.sh ran (resolving it, connecting, TLS with it), and the tests failed:
+    /// a dependency of the verifier's was down, which nothing the agent did can cause.
+    #[error("the verifier's network: {target} failed on the host's side while test.sh ran ({detail}); the tests' verdict does not count")]
+    DependencyDown { target: String, detail: String },
+}
+
 /// Runs the task's verifier in `fork` and reads its reward. Every failure on the VM's side
-/// is the agent's (it had the VM), scored 0 with the reason.
-pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &VerifyRun<'_>) -> Verdict {
+/// is the agent's (it had the VM), scored 0 with the reason; only a dependency the
+/// verifier's network names that fails on the host's side is not ([`VerifyError`]).
+pub async fn verify(
+    machine: &Machine,
+    task: &Task,
+    harbor: &HarborTask,
+    run: &VerifyRun<'_>,
+) -> Result<Verdict, VerifyError> {
+    let attempts: std::sync::Arc<std::sync::Mutex<Vec<egress::Attempt>>> = Default::default();
+    let verdict = verify_with(machine, task, harbor, run, &attempts).await;
+    if verdict.passed {
+        return Ok(verdict);
+    }
+    let attempts = attempts.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    match dependency_down(&attempts, run.network) {
+        Some((target, detail)) => Err(VerifyError::DependencyDown { target, detail }),
+        None => Ok(verdict),
+    }
+}
+
+/// [`verify`], then [`collect_logs`] from the same VM (after the verifier, as Harbor does).
+pub async fn verify_and_collect(
+    machine: &Machine,
+    task: &Task,
+    harbor: &HarborTask,
+    run: &VerifyRun<'_>,
+) -> (Result<Verdict, VerifyError>, Logs) {
+    let verified = verify(machine, task, harbor, run).await;
+    (verified, collect_logs(machine, harbor).await)
+}
+
+/// The first attempt that failed on the host's side (before any request: resolving,
+/// connecting, TLS) at a `host:port` that `network` names exactly.
+fn dependency_down(attempts: &[egress::Attempt], network: &[String]) -> Option<(String, String)> {
+    attempts.iter().find_map(|a| match &a.verdict {
+        egress::Verdict::UpstreamFailed { failure, detail }
+            if failure.before_the_request() && network.iter().any(|n| n.eq_ignore_ascii_case(&a.target)) =>
+        {
+            Some((a.target.clone(), detail.clone()))
+        }
+        _ => None,
+    })
+}
+
+async fn verify_with(
+    machine: &Machine,
+    task: &Task,
+    harbor: &HarborTask,
+    run: &VerifyRun<'_>,
+    attempts: &std::sync::Arc<std::sync::Mutex<Vec<egress::Attempt>>>,
+) -> Verdict {
     let trust = run.mode.trust();
     let failed = |reason: String| crate::orchestrate::agent_failure(reason, trust);
     let agent = machine.agent();
@@ -96,11 +155,18 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
     }
     let mut env: Vec<(String, String)> = run.env.to_vec();
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // The verifier's network is exactly its own: none when `[harbor.verifier_network]` is
+    // absent, never what the agent had. Its attempts are kept to tell a dependency that was
+    // down from a failure of the agent's.
+    let sink = attempts.clone();
+    machine.set_network(egress::Policy {
+        allow: run.network.to_vec(),
+        log: Some(std::sync::Arc::new(move |attempt: &egress::Attempt| {
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push(attempt.clone())
+        })),
+        ..Default::default()
+    });
     if !run.network.is_empty() {
-        machine.set_network(egress::Policy {
-            allow: run.network.to_vec(),
-            ..Default::default()
-        });
         env.extend(snapshotter::template::proxy_env());
     }
     let timeout = Duration::from_secs_f64(harbor.verifier_timeout_secs.max(1.0));
@@ -191,6 +257,141 @@ pub async fn verify(machine: &Machine, task: &Task, harbor: &HarborTask, run: &V
         trust,
         details,
     }
+}
+
+/// Harbor's logs and artifacts of a rollout, as collected from its VM after verification:
+/// `agent/` (`/logs/agent`: the oracle's output, an agent's logs), `verifier/`
+/// (`/logs/verifier`: ctrf.json, the reward file, test.sh's own logs), and `artifacts/`
+/// (`/logs/artifacts`, and each path task.toml's `artifacts` names, under its base name).
+/// The contents are the agent's (it had the VM), so they are data only: paths are checked
+/// and capped, and files and totals are capped.
+#[derive(Debug, Clone, Default)]
+pub struct Logs {
+    pub files: Vec<LogFile>,
+    /// What was left out, and why (a cap reached, a path that could not be read).
+    pub notes: Vec<String>,
+}
+
+/// One collected file: its path under the rollout's folder (`agent/oracle.txt`), its size in
+/// the VM, and the bytes kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogFile {
+    pub path: String,
+    pub size: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl Logs {
+    /// What the row says of them: the run folder's `folder` holds them.
+    pub fn record(&self, folder: String) -> LogsRecord {
+        LogsRecord {
+            folder,
+            files: self
+                .files
+                .iter()
+                .map(|f| LogEntry {
+                    path: f.path.clone(),
+                    size: f.size,
+                    kept: f.bytes.len() as u64,
+                })
+                .collect(),
+            notes: self.notes.clone(),
+        }
+    }
+}
+
+/// [`Logs`] as a row's `score_details` records them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogsRecord {
+    /// Under the run folder (`artifacts/<task>-<hash>-<sample>`).
+    pub folder: String,
+    pub files: Vec<LogEntry>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogEntry {
+    pub path: String,
+    pub size: u64,
+    pub kept: u64,
+}
+
+/// Most files collected per folder, bytes kept per file, and bytes kept in all.
+pub const LOG_FILES: u32 = 512;
+pub const LOG_FILE_BYTES: u64 = 1 << 20;
+pub const LOG_TOTAL_BYTES: u64 = 16 << 20;
+
+/// Whether `path` (from the VM's listing) is a plain relative path: components that are
+/// neither empty, `.` nor `..`, of printable characters other than `\`.
+pub fn plain_relative_path(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= 1024
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && c.chars().all(|ch| !ch.is_control() && ch != '\\'))
+}
+
+/// Collects Harbor's log folders and the task's `artifacts` from `machine`.
+pub async fn collect_logs(machine: &Machine, harbor: &HarborTask) -> Logs {
+    let mut logs = Logs::default();
+    let mut total = 0u64;
+    let mut roots: Vec<(String, String)> = vec![
+        (datasets::harbor::AGENT_LOGS.to_string(), "agent".into()),
+        (VERIFIER_LOGS.to_string(), "verifier".into()),
+        ("/logs/artifacts".to_string(), "artifacts".into()),
+    ];
+    for path in &harbor.artifacts {
+        let name = path.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string();
+        if plain_relative_path(&name) {
+            roots.push((path.clone(), format!("artifacts/{name}")));
+        } else {
+            logs.notes
+                .push(format!("artifacts entry {path:?} has no usable base name"));
+        }
+    }
+    let agent = machine.agent();
+    for (root, prefix) in roots {
+        let mut keep = |logs: &mut Logs, path: String, size: u64, bytes: Vec<u8>| {
+            if total + bytes.len() as u64 > LOG_TOTAL_BYTES {
+                logs.notes
+                    .push(format!("{path}: left out, past the {LOG_TOTAL_BYTES}-byte total"));
+                return;
+            }
+            if size > bytes.len() as u64 {
+                logs.notes
+                    .push(format!("{path}: {size} bytes, the first {} kept", bytes.len()));
+            }
+            total += bytes.len() as u64;
+            logs.files.push(LogFile { path, size, bytes });
+        };
+        match agent.list_files(&root, LOG_FILES).await {
+            Ok((entries, truncated)) => {
+                if truncated {
+                    logs.notes
+                        .push(format!("{root}: more than {LOG_FILES} files, the first kept"));
+                }
+                for entry in entries {
+                    if !plain_relative_path(&entry.path) {
+                        logs.notes
+                            .push(format!("{root}: a path that is not plain was left out"));
+                        continue;
+                    }
+                    match agent.read_file_beneath(&entry.path, LOG_FILE_BYTES, Some(&root)).await {
+                        Ok((bytes, size)) => keep(&mut logs, format!("{prefix}/{}", entry.path), size, bytes),
+                        Err(e) => logs.notes.push(format!("{root}/{}: {e}", entry.path)),
+                    }
+                }
+            }
+            // Not a folder: a file task.toml names, or nothing there.
+            Err(_) => match agent.read_file(&root, LOG_FILE_BYTES).await {
+                Ok((bytes, size)) => keep(&mut logs, prefix, size, bytes),
+                Err(_) if !prefix.starts_with("artifacts/") => {} // a log folder nobody wrote
+                Err(e) => logs.notes.push(format!("{root}: {e}")),
+            },
+        }
+    }
+    logs
 }
 
 /// Why no reward could be read from `/logs/verifier`: the verdict is 0, with this reason.
@@ -303,6 +504,38 @@ fn check_range(what: &str, value: f64) -> Result<(), RewardError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_named_dependency_down_on_the_hosts_side_is_not_the_agents_failure() {
+        let failed = |target: &str, failure| egress::Attempt {
+            target: target.into(),
+            verdict: egress::Verdict::UpstreamFailed {
+                failure,
+                detail: "connection refused".into(),
+            },
+        };
+        let network = ["deps.internal:443".to_string()];
+        let down = [failed("deps.internal:443", egress::UpstreamFailure::Connect)];
+        assert_eq!(
+            dependency_down(&down, &network).map(|(t, _)| t).as_deref(),
+            Some("deps.internal:443")
+        );
+        // Not named exactly (an allow of "*" lets the agent's leftovers point anywhere),
+        // an exchange that failed after its request, or a denial: the agent's failure.
+        assert!(dependency_down(&down, &["*".to_string()]).is_none());
+        assert!(dependency_down(
+            &[failed("deps.internal:443", egress::UpstreamFailure::Exchange)],
+            &network
+        )
+        .is_none());
+        let denied = egress::Attempt {
+            target: "elsewhere:80".into(),
+            verdict: egress::Verdict::Denied {
+                reason: "not allowed".into(),
+            },
+        };
+        assert!(dependency_down(&[denied], &network).is_none());
+    }
 
     #[test]
     fn reward_files_in_harbors_forms() {

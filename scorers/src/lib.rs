@@ -73,6 +73,10 @@ pub struct Details {
     /// Every key of a Harbor verifier's `reward.json`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harbor_rewards: Option<std::collections::BTreeMap<String, f64>>,
+    /// Harbor's logs and artifacts, as collected: where they are in the run folder, each
+    /// file's size and the bytes kept, and what was left out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harbor_logs: Option<harbor::LogsRecord>,
 }
 
 impl Details {

@@ -57,6 +57,9 @@ pub struct Built {
     pub reused: bool,
     /// For an image from a registry: what it resolved to this time.
     pub pulled: Option<vmm::image::registry::Pulled>,
+    /// Every image resolved from a registry to make it (a Dockerfile's `FROM`s and `COPY
+    /// --from` images, or the template's image), with any override.
+    pub images: Vec<vmm::image::registry::Pulled>,
     /// What commands of the template run with, when a Dockerfile made it (otherwise the
     /// image's own config, `vmm::image::config_of`).
     pub image_config: Option<vmm::image::ImageConfig>,
@@ -244,6 +247,7 @@ pub async fn build_template_with(
         return Ok(Built {
             snapshot: existing,
             reused: true,
+            images: artifacts.pulled.iter().cloned().collect(),
             pulled: artifacts.pulled,
             image_config: None,
         });
@@ -253,6 +257,7 @@ pub async fn build_template_with(
         return Ok(Built {
             snapshot: existing,
             reused: true,
+            images: artifacts.pulled.iter().cloned().collect(),
             pulled: artifacts.pulled,
             image_config: None,
         });
@@ -271,6 +276,7 @@ pub async fn build_template_with(
     result.map(|snapshot| Built {
         snapshot,
         reused: false,
+        images: artifacts.pulled.iter().cloned().collect(),
         pulled: artifacts.pulled,
         image_config: None,
     })
@@ -316,6 +322,7 @@ async fn from_dockerfile(
                 snapshot: existing,
                 reused: true,
                 pulled,
+                images: image.pulled,
                 image_config: Some(image.config),
             });
         }
@@ -332,6 +339,7 @@ async fn from_dockerfile(
         snapshot,
         reused: false,
         pulled,
+        images: image.pulled,
         image_config: Some(image.config),
     })
 }

@@ -13,6 +13,8 @@ pub enum PolicyKind {
     Replay,
     /// An OpenAI-compatible chat-completions endpoint acting through tool calls.
     Openai,
+    /// No action at all (Harbor's `nop` agent): what an agent that does nothing scores.
+    Nop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -170,7 +172,7 @@ impl PolicyConfig {
     pub fn check(&self, origin: PolicyOrigin) -> Result<PolicyKind, PolicyError> {
         let kind = self
             .kind
-            .ok_or_else(|| error("kind", "is required: \"replay\" or \"openai\""))?;
+            .ok_or_else(|| error("kind", "is required: \"replay\", \"openai\" or \"nop\""))?;
         let given = |key: &'static str, set: bool| {
             if set {
                 Err(error(
@@ -221,6 +223,19 @@ impl PolicyConfig {
                 }
                 if self.actions.is_none() {
                     return Err(error("actions", "is required for a request's replay policy"));
+                }
+                for (key, set) in openai_keys {
+                    given(key, set)?;
+                }
+            }
+            (PolicyKind::Nop, _) => {
+                for (key, set) in [
+                    ("source", self.source.is_some()),
+                    ("samples_file", self.samples_file.is_some()),
+                    ("trajectories_file", self.trajectories_file.is_some()),
+                    ("actions", self.actions.is_some()),
+                ] {
+                    given(key, set)?;
                 }
                 for (key, set) in openai_keys {
                     given(key, set)?;

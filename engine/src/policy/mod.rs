@@ -45,6 +45,8 @@ pub enum Policy {
     OpenAi(Box<OpenAiPolicy>),
     /// The same actions for every sample (a `farm serve` request's replay).
     Actions(Vec<Action>),
+    /// No actions (`kind = "nop"`).
+    Nop,
 }
 
 impl Policy {
@@ -55,6 +57,7 @@ impl Policy {
             (PolicyKind::Replay, Some(actions)) => Policy::Actions(actions.clone()),
             (PolicyKind::Replay, None) => Policy::Replay(ReplayPolicy::load(suite, config)?),
             (PolicyKind::Openai, _) => Policy::OpenAi(Box::new(OpenAiPolicy::new(config.clone())?)),
+            (PolicyKind::Nop, _) => Policy::Nop,
         })
     }
 
@@ -62,6 +65,7 @@ impl Policy {
         match self {
             Policy::Replay(_) | Policy::Actions(_) => "replay",
             Policy::OpenAi(_) => "openai",
+            Policy::Nop => "nop",
         }
     }
 
@@ -70,13 +74,14 @@ impl Policy {
             Policy::Replay(p) => p.params(),
             Policy::OpenAi(p) => p.params(),
             Policy::Actions(_) => serde_json::json!({ "source": "request" }),
+            Policy::Nop => serde_json::json!({}),
         }
     }
 
     pub fn samples_for(&self, task: &Task, samples: u32) -> u32 {
         match self {
             Policy::Replay(p) => p.samples_for(task),
-            Policy::OpenAi(_) | Policy::Actions(_) => samples,
+            Policy::OpenAi(_) | Policy::Actions(_) | Policy::Nop => samples,
         }
     }
 
@@ -85,7 +90,7 @@ impl Policy {
     pub fn live_requests(&self) -> Option<usize> {
         match self {
             Policy::OpenAi(p) => Some(p.concurrency()),
-            Policy::Replay(_) | Policy::Actions(_) => None,
+            Policy::Replay(_) | Policy::Actions(_) | Policy::Nop => None,
         }
     }
 
@@ -99,6 +104,7 @@ impl Policy {
             Policy::Replay(p) => p.actions(task, sample).map(|a| Driver::Replay(a.into())),
             Policy::OpenAi(p) => Ok(Driver::Chat(p.session(task, seed))),
             Policy::Actions(actions) => Ok(Driver::Replay(actions.clone().into())),
+            Policy::Nop => Ok(Driver::Replay(VecDeque::new())),
         }
     }
 }

@@ -94,6 +94,10 @@ pub struct Provenance {
     /// The part of the suite the run holds (`farm run --shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<crate::shard::Shard>,
+    /// What each Harbor task's environment was built from, by task id (images resolved,
+    /// overrides, a `docker_image` that gave way to the Dockerfile and why).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub environments: std::collections::BTreeMap<String, crate::harbor::EnvironmentRecord>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -191,6 +191,10 @@ impl OutputWriter {
         if !self.done.insert(key.clone()) {
             return Err(OutputError::Duplicate { key });
         }
+        if let Err(e) = self.store_attachments(&row) {
+            self.done.remove(&key);
+            return Err(e);
+        }
         let (line, chain) = Self::sealed(&self.last_chain, &mut row);
         let path = self.journal_path();
         if let Err(e) = self.journal.write_all(&line).and_then(|_| self.journal.sync_data()) {
@@ -289,6 +293,44 @@ impl OutputWriter {
         self.manifest.journal_bytes_in_parts = self.journal_len;
         self.manifest.save(&self.dir)?;
         self.pending.clear();
+        Ok(())
+    }
+
+    /// Writes a row's attachments under `artifacts/<its folder>/`, before its journal line
+    /// (a crash between the two leaves files that the row, recorded again, overwrites). Each
+    /// path must be plain and relative; nothing is written outside the folder.
+    fn store_attachments(&self, row: &Row) -> Result<(), OutputError> {
+        if row.attachments.is_empty() {
+            return Ok(());
+        }
+        let folder = self.dir.join("artifacts").join(row.artifacts_folder());
+        if folder.exists() {
+            std::fs::remove_dir_all(&folder).map_err(io("replacing", &folder))?;
+        }
+        for attachment in &row.attachments {
+            let plain = !attachment.path.is_empty()
+                && attachment
+                    .path
+                    .split('/')
+                    .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\\'));
+            if !plain {
+                return Err(OutputError::Io {
+                    what: "storing an attachment (its path is not plain) in",
+                    path: folder.clone(),
+                    source: std::io::Error::other(format!("{:?}", attachment.path)),
+                });
+            }
+            let path = folder.join(&attachment.path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
+            }
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(io("writing", &path))?;
+            file.write_all(&attachment.bytes).map_err(io("writing", &path))?;
+        }
         Ok(())
     }
 

@@ -312,6 +312,7 @@ async fn write_merged(
         template_snapshot: distinct(|p| &p.template_snapshot),
         image_pulled: provenances.iter().find_map(|p| p.image_pulled.clone()),
         shard: None,
+        environments: provenances.iter().flat_map(|p| p.environments.clone()).collect(),
     };
     let inputs = SummaryInputs {
         samples,

@@ -264,5 +264,51 @@ fn provenance(runs: &[RunStats]) -> Markup {
             }
         }
         p { "Each task's digest is on its cell in the task table and at the top of its page; each rollout's seed and snapshot are on its page." }
+        (environments(runs))
+    }
+}
+
+/// What each task's environment was built from (Harbor tasks): the Dockerfile or image,
+/// every image resolved (and the reference an override replaced), and a fallback's reason.
+fn environments(runs: &[RunStats]) -> Markup {
+    use engine::harbor::BuiltFrom;
+    html! {
+        @if runs.iter().any(|r| !r.environments.is_empty()) {
+            h2 { "Environments" }
+            table #environments {
+                thead { tr { th { "run" } th { "task" } th { "built from" } th { "images resolved" } th { "fallback" } th { "snapshot" } } }
+                tbody {
+                    @for run in runs {
+                        @for (task, env) in &run.environments {
+                            tr {
+                                td.text { (Text(&run.label)) }
+                                td.text { (Text(task)) }
+                                td.text {
+                                    @match &env.built_from {
+                                        BuiltFrom::Dockerfile => "environment/Dockerfile",
+                                        BuiltFrom::Image { reference } => { "docker_image " code { (Text(reference)) } }
+                                    }
+                                }
+                                td.text {
+                                    @for image in &env.images {
+                                        div {
+                                            code { (Text(&image.resolved)) }
+                                            @if let Some(from) = &image.overridden_from { " (override of " code { (Text(from)) } ")" }
+                                            " via " (Text(&image.via))
+                                        }
+                                    }
+                                }
+                                td.text {
+                                    @if let Some(fallback) = &env.fallback {
+                                        code { (Text(&fallback.image)) } " could not be had: " (Text(&fallback.reason))
+                                    }
+                                }
+                                td { code { (Text(&env.snapshot)) } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -79,6 +79,8 @@ pub struct RunStats {
     pub farm_versions: BTreeSet<String>,
     pub snapshot_ids: BTreeSet<String>,
     pub host: String,
+    /// What each Harbor task's environment was built from (summary.json's provenance).
+    pub environments: BTreeMap<String, engine::harbor::EnvironmentRecord>,
     pub tasks: BTreeMap<String, TaskStats>,
     pub counts: BTreeMap<Status, u64>,
     /// Verdicts by trust level.
@@ -343,8 +345,11 @@ fn read_run(index: usize, dir: &Path, label: String, pages: &mut Pages) -> Resul
         run.rollouts_per_sec = Some(performance.rollouts_per_sec);
         run.wall_secs = Some(performance.wall_secs);
     }
-    if let Some(host) = summary.provenance.map(|p| p.host).filter(|h| !h.is_empty()) {
-        run.host = host;
+    if let Some(provenance) = summary.provenance {
+        if !provenance.host.is_empty() {
+            run.host = provenance.host;
+        }
+        run.environments = provenance.environments;
     }
     Ok(run)
 }

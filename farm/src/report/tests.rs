@@ -248,6 +248,7 @@ fn hostile_row(json: bool) -> Row {
         policy_version: Some(3),
         metadata: Some(as_json("metadata", |m| serde_json::json!({ "item": m }))),
         chain: None,
+        attachments: Vec::new(),
     }
 }
 

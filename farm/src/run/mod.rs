@@ -310,6 +310,7 @@ fn provenance(engine: &Engine) -> Provenance {
         template_snapshot: engine.template.id().to_string(),
         image_pulled: engine.image_pulled.clone(),
         shard: None,
+        environments: engine.environments.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     }
 }
 

@@ -1,2 +1,3 @@
 #!/bin/bash
 echo "$GREETING" > greeting.txt
+echo "wrote $(pwd)/greeting.txt"
