@@ -58,7 +58,9 @@ impl Engine {
             .map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if let Some(egress) = egress {
             // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
-            install_ca(&fork, &egress).await.map_err(End::Setup)?;
+            install_ca(&fork, &egress)
+                .await
+                .map_err(|e| End::Setup(crate::engine::describe(&e)))?;
             fork.machine.set_network(egress);
         }
         let gauge = VmGauge::new(role);
@@ -127,7 +129,9 @@ impl Engine {
             .map_err(|e| End::Fork(crate::engine::describe(&e)))?;
         if online {
             let egress = self.egress_of(limits);
-            install_ca(&fork, &egress).await.map_err(End::Setup)?;
+            install_ca(&fork, &egress)
+                .await
+                .map_err(|e| End::Setup(crate::engine::describe(&e)))?;
             fork.machine.set_network(egress);
         }
         Ok(LiveFork {
@@ -390,29 +394,31 @@ pub(crate) fn ca_env(egress: &egress::Policy) -> Vec<(String, String)> {
     env
 }
 
+/// Why farm's egress CA could not be installed in a guest.
+#[derive(Debug, thiserror::Error)]
+pub enum CaInstallError {
+    #[error("installing farm's egress CA")]
+    Agent(#[from] AgentError),
+    #[error("installing farm's egress CA failed: {0}")]
+    Script(String),
+}
+
 /// Installs the rules' CA in the guest: `/etc/farm/egress-ca.pem`, appended to the system
 /// bundle, a bundle of both at `/etc/farm/ca-bundle.pem`, and git's `http.sslCAInfo`.
-pub(crate) async fn install_ca(fork: &Fork, egress: &egress::Policy) -> Result<(), String> {
+pub(crate) async fn install_ca(fork: &Fork, egress: &egress::Policy) -> Result<(), CaInstallError> {
     let Some(ca) = egress.rules.ca() else { return Ok(()) };
     let agent = fork.agent();
-    agent
-        .write_file(CA_FILE, ca.pem().as_bytes().to_vec(), 0o644)
-        .await
-        .map_err(|e| format!("installing farm's egress CA: {e}"))?;
+    agent.write_file(CA_FILE, ca.pem().as_bytes().to_vec(), 0o644).await?;
     let script = format!(
         "b=/etc/ssl/certs/ca-certificates.crt; if [ -f $b ]; then cat $b {CA_FILE} > {CA_BUNDLE} && cat {CA_FILE} >> $b; else cp {CA_FILE} {CA_BUNDLE}; fi; \
          chmod 644 {CA_BUNDLE}; if command -v git >/dev/null 2>&1; then git config --system http.sslCAInfo {CA_BUNDLE}; fi"
     );
     let mut options = vmm::ExecOptions::argv(&["/bin/sh", "-c", &script]);
     options.timeout = Some(Duration::from_secs(30));
-    let out = agent
-        .exec(options)
-        .await
-        .map_err(|e| format!("installing farm's egress CA: {e}"))?;
+    let out = agent.exec(options).await?;
     if out.result.exit_code != Some(0) {
-        return Err(format!(
-            "installing farm's egress CA failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        return Err(CaInstallError::Script(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
         ));
     }
     Ok(())

@@ -227,7 +227,7 @@ impl Engine {
                 .await
                 .map_err(|what| PauseError::Folder {
                     dir: paused.dir.clone(),
-                    what,
+                    what: crate::engine::describe(&what),
                 })?;
             fork.machine.set_network(self.egress.clone());
         } else {

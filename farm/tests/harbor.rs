@@ -153,10 +153,15 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
     // artifacts are in the run folder, as the row lists them.
     let row = &full["workdir-env"];
     assert!(
-        row["steps"][0]["stdout"]
-            .as_str()
+        row["steps"]
+            .as_array()
             .unwrap()
-            .contains("wrote /srv/work/greeting.txt"),
+            .iter()
+            .any(|step| step["kind"] == "exec"
+                && step["stdout"]
+                    .as_str()
+                    .unwrap()
+                    .contains("wrote /srv/work/greeting.txt")),
         "{row}"
     );
     let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();

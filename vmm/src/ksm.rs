@@ -57,6 +57,15 @@ impl fmt::Display for Ksm {
 }
 
 /// What this host's kernel offers.
+/// Why a KSM mode cannot work on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KsmUnavailable {
+    #[error("KSM {0} needs a kernel with KSM (CONFIG_KSM): {SYSFS} is missing")]
+    NoKsm(Ksm),
+    #[error("KSM {0} needs prctl(PR_SET_MEMORY_MERGE), Linux 6.4 or later")]
+    NoProcessMerge(Ksm),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KsmHost {
     /// `/sys/kernel/mm/ksm` exists (CONFIG_KSM).
@@ -83,19 +92,15 @@ impl KsmHost {
 
     /// Why `mode` cannot work here, or a note when it would do nothing yet; `Ok(None)` when
     /// all is well.
-    pub fn check(&self, mode: Ksm) -> Result<Option<String>, String> {
+    pub fn check(&self, mode: Ksm) -> Result<Option<String>, KsmUnavailable> {
         if mode == Ksm::Off {
             return Ok(None);
         }
         if !self.present {
-            return Err(format!(
-                "KSM {mode} needs a kernel with KSM (CONFIG_KSM): {SYSFS} is missing"
-            ));
+            return Err(KsmUnavailable::NoKsm(mode));
         }
         if !self.process_merge {
-            return Err(format!(
-                "KSM {mode} needs prctl(PR_SET_MEMORY_MERGE), Linux 6.4 or later"
-            ));
+            return Err(KsmUnavailable::NoProcessMerge(mode));
         }
         if !self.running {
             return Ok(Some(format!(
@@ -155,13 +160,13 @@ mod tests {
             running: false,
         };
         assert_eq!(none.check(Ksm::Off), Ok(None));
-        assert!(none.check(Ksm::On).unwrap_err().contains("CONFIG_KSM"));
+        assert!(none.check(Ksm::On).unwrap_err().to_string().contains("CONFIG_KSM"));
         let old = KsmHost {
             present: true,
             process_merge: false,
             running: true,
         };
-        assert!(old.check(Ksm::OnNoAslr).unwrap_err().contains("6.4"));
+        assert!(old.check(Ksm::OnNoAslr).unwrap_err().to_string().contains("6.4"));
         let idle = KsmHost {
             present: true,
             process_merge: true,

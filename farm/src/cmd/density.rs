@@ -215,7 +215,7 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
     };
     if args.ksm != vmm::Ksm::Off {
         let host = vmm::ksm::KsmHost::probe();
-        if let Some(note) = host.check(args.ksm).map_err(anyhow::Error::msg)? {
+        if let Some(note) = host.check(args.ksm)? {
             anyhow::bail!("{note}");
         }
     }

@@ -90,35 +90,57 @@ pub fn auto_max_sessions(host: &HostMemory, reserve_percent: u64) -> usize {
     ((usable >> 20) / IDLE_SESSION_FLOOR_MIB).max(1) as usize
 }
 
+/// Why the service refuses more work for now: the host's memory, with the figures.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Pressure {
+    #[error(
+        "memory: the host has {} MiB available; a VM costs about {} MiB ({basis}) and the service keeps {} MiB ({reserve_percent}% of MemTotal, serve.memory_reserve_percent) free",
+        available >> 20,
+        cost >> 20,
+        reserve >> 20
+    )]
+    NoRoom {
+        available: u64,
+        cost: u64,
+        basis: String,
+        reserve: u64,
+        reserve_percent: u64,
+    },
+    #[error(
+        "memory: the host has {} MiB available, under half the service's reserve ({} MiB); steps wait until memory comes back (pause or delete sessions)",
+        available >> 20,
+        critical >> 20
+    )]
+    UnderHalfTheReserve { available: u64, critical: u64 },
+}
+
 /// Ok when one more VM at `cost` leaves the reserve free; else the reason, with figures.
-pub fn check(host: &HostMemory, reserve_percent: u64, cost: Cost) -> Result<(), String> {
+pub fn check(host: &HostMemory, reserve_percent: u64, cost: Cost) -> Result<(), Pressure> {
     let reserve = reserve_bytes(host, reserve_percent);
     if host.available >= reserve.saturating_add(cost.bytes) {
         return Ok(());
     }
-    Err(format!(
-        "memory: the host has {} MiB available; a VM costs about {} MiB ({}) and the service keeps {} MiB ({}% of MemTotal, serve.memory_reserve_percent) free",
-        host.available >> 20,
-        cost.bytes >> 20,
-        cost.basis(),
-        reserve >> 20,
-        reserve_percent
-    ))
+    Err(Pressure::NoRoom {
+        available: host.available,
+        cost: cost.bytes,
+        basis: cost.basis(),
+        reserve,
+        reserve_percent,
+    })
 }
 
 /// Ok while the host has at least half the reserve available. Below that, a session's step
 /// (which may grow its VM: new code to translate, pages written) waits: VMs admitted earlier
 /// can still grow into the reserve, and this keeps them from growing into the OOM killer.
-pub fn check_step(host: &HostMemory, reserve_percent: u64) -> Result<(), String> {
+pub fn check_step(host: &HostMemory, reserve_percent: u64) -> Result<(), Pressure> {
     let critical = reserve_bytes(host, reserve_percent) / 2;
     if host.available >= critical {
         return Ok(());
     }
-    Err(format!(
-        "memory: the host has {} MiB available, under half the service's reserve ({} MiB); steps wait until memory comes back (pause or delete sessions)",
-        host.available >> 20,
-        critical >> 20
-    ))
+    Err(Pressure::UnderHalfTheReserve {
+        available: host.available,
+        critical,
+    })
 }
 
 #[cfg(test)]
@@ -143,7 +165,7 @@ mod tests {
             total: 24 * GIB,
             available: reserve_bytes(&host, 10) + (30 << 20),
         };
-        let why = check(&tight, 10, cost).unwrap_err();
+        let why = check(&tight, 10, cost).unwrap_err().to_string();
         assert!(
             why.contains("a VM costs about 40 MiB (mean PSS of 12 running VMs)"),
             "{why}"
@@ -168,7 +190,8 @@ mod tests {
                 sampled: 0,
             },
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(first.contains("farm's estimate until a VM runs"), "{first}");
     }
 
@@ -180,7 +203,7 @@ mod tests {
         };
         assert_eq!(check_step(&host(3 * GIB), 10), Ok(()));
         assert_eq!(check_step(&host(1300 << 20), 10), Ok(()));
-        let why = check_step(&host(1100 << 20), 10).unwrap_err();
+        let why = check_step(&host(1100 << 20), 10).unwrap_err().to_string();
         assert!(
             why.contains("1100 MiB available") && why.contains("steps wait"),
             "{why}"

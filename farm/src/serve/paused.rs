@@ -187,7 +187,7 @@ impl Service {
                 })
                 .await
                 .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+            Err(e) => Err(format!("writing {}: {e}", dir.join("session.json").display())),
         };
         if let Err(e) = journaled {
             // Not recorded: the session goes on as it was (the folder goes with `paused`).
@@ -292,24 +292,27 @@ impl Service {
     }
 
     /// A paused session of an earlier process, from its folder.
-    pub(super) async fn take_up_paused(&self, dir: &Path) -> Result<(String, Session), String> {
-        let text = std::fs::read_to_string(dir.join("session.json"))
-            .map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
-        let file: SessionFile =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", dir.join("session.json").display()))?;
-        let (_, state) = self.suite(Some(&file.suite), "suite").map_err(|e| e.message)?;
+    pub(super) async fn take_up_paused(&self, dir: &Path) -> Result<(String, Session), TakeUpError> {
+        let path = dir.join("session.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| TakeUpError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let file: SessionFile = serde_json::from_str(&text).map_err(|source| TakeUpError::Record { path, source })?;
+        let (_, state) = self
+            .suite(Some(&file.suite), "suite")
+            .map_err(|e| TakeUpError::NotServed(e.message))?;
         let task_id = file.task_row.is_none().then_some(file.task_id.as_str());
         let (task, snapshot) = self
             .resolve_task(state, task_id, file.task_row.as_ref(), &|f: &str| f.to_string())
             .await
-            .map_err(|e| e.message)?;
-        let paused = PausedFork::load(dir, &state.engine.store).map_err(|e| engine::describe(&e))?;
+            .map_err(|e| TakeUpError::NotServed(e.message))?;
+        let paused = PausedFork::load(dir, &state.engine.store)?;
         if paused.record.base != snapshot.id() {
-            return Err(format!(
-                "it was paused from snapshot {} and its task now has {}",
-                paused.record.base,
-                snapshot.id()
-            ));
+            return Err(TakeUpError::OtherSnapshot {
+                paused: paused.record.base.clone(),
+                now: snapshot.id().to_string(),
+            });
         }
         let served = Served {
             suite: file.suite.clone(),
@@ -345,11 +348,34 @@ impl Service {
     }
 }
 
-fn write_json(path: &Path, value: &impl Serialize) -> Result<(), String> {
+/// Why a paused session of an earlier process could not be taken up.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TakeUpError {
+    #[error("reading {}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a paused session's record", path.display())]
+    Record {
+        path: std::path::PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Its suite or task is not served any more (the service's own answer).
+    #[error("{0}")]
+    NotServed(String),
+    #[error(transparent)]
+    Load(#[from] engine::pause::PauseError),
+    #[error("it was paused from snapshot {paused} and its task now has {now}")]
+    OtherSnapshot { paused: String, now: String },
+}
+
+/// Writes `value` as JSON to `path` atomically (a temporary file, synced, renamed).
+fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("serializes"))
-        .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-    let file = std::fs::File::open(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    file.sync_all().map_err(|e| format!("syncing {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("serializes"))?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)
 }

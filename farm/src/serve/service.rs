@@ -347,7 +347,7 @@ impl Service {
                                     taken_up += 1;
                                     phase = Phase::Session;
                                 }
-                                Err(e) => reason = Some(e),
+                                Err(e) => reason = Some(engine::describe(&e)),
                             }
                         }
                         if phase == Phase::Session {

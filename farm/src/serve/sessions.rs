@@ -80,7 +80,7 @@ impl Service {
         super::admission::check(&host, self.settings.memory_reserve_percent, self.vm_cost.current()).map_err(|why| {
             ApiError {
                 retry_after: Some(5),
-                ..ApiError::new(503, why)
+                ..ApiError::new(503, why.to_string())
             }
         })
     }
@@ -226,7 +226,7 @@ impl Service {
         if let Some(host) = vmm::memory::HostMemory::probe() {
             super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError {
                 retry_after: Some(5),
-                ..ApiError::new(503, why)
+                ..ApiError::new(503, why.to_string())
             })?;
         }
         let session = self.session(id)?;
