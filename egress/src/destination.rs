@@ -6,7 +6,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::policy::HOST_ALIAS;
+/// The name a guest reaches the host's own loopback by (allowlisted as `host.farm.internal:PORT`),
+/// as containers have `host.docker.internal`: inside a guest, 127.0.0.1 is the guest itself.
+pub const HOST_ALIAS: &str = "host.farm.internal";
 
 /// How long resolving or connecting may take.
 pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(15);

@@ -4,9 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::rules::RuleSet;
 
-/// The name a guest reaches the host's own loopback by (allowlisted as `host.farm.internal:PORT`),
-/// as containers have `host.docker.internal`: inside a guest, 127.0.0.1 is the guest itself.
-pub const HOST_ALIAS: &str = "host.farm.internal";
+pub use crate::destination::HOST_ALIAS;
 
 /// Where attempts are reported, besides `tracing`.
 pub type AttemptLog = Arc<dyn Fn(&Attempt) + Send + Sync>;

@@ -22,7 +22,7 @@ pub enum EngineError {
     #[error("setting up QEMU")]
     Machine(#[from] vmm::MachineError),
     #[error("building the suite's template")]
-    Template(#[source] snapshotter::BuildError),
+    Template(#[source] snapshotter::TemplateError),
     #[error("starting the warm pool")]
     Pool(#[source] snapshotter::ForkError),
     #[error("a task snapshot build panicked")]

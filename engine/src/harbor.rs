@@ -4,7 +4,9 @@
 
 use datasets::harbor::{Environment, AGENT_LOGS, VERIFIER_LOGS};
 use datasets::Task;
-use snapshotter::{build_template_with, BuildError, Forker, Snapshot, SnapshotStore, TemplateConfig, TemplateExtras};
+use snapshotter::{
+    build_template_with, BuildError, Forker, Snapshot, SnapshotStore, TemplateConfig, TemplateError, TemplateExtras,
+};
 use vmm::image::ImageConfig;
 
 use crate::config::SuiteConfig;
@@ -51,7 +53,7 @@ pub(crate) async fn environment(
     forker: &Forker,
     config: &SuiteConfig,
     task: &Task,
-) -> Result<(Snapshot, ImageConfig, EnvironmentRecord), BuildError> {
+) -> Result<(Snapshot, ImageConfig, EnvironmentRecord), TemplateError> {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
     let record = |built_from: BuiltFrom, built: &snapshotter::Built, fallback: Option<Fallback>| EnvironmentRecord {
         built_from,
@@ -75,7 +77,7 @@ pub(crate) async fn environment(
                 reference,
                 dockerfile: Some(dockerfile),
             },
-            Err(e @ BuildError::Artifacts(_)),
+            Err(e @ TemplateError::Build(BuildError::Artifacts(_))),
         ) => {
             let reason = crate::engine::describe(&e);
             tracing::warn!(target: "farm::harbor", task = %task.id, "docker_image {reference} could not be pulled ({reason}); building environment/Dockerfile instead");
@@ -109,7 +111,7 @@ async fn build(
     config: &SuiteConfig,
     task: &Task,
     environment: &Environment,
-) -> Result<snapshotter::Built, BuildError> {
+) -> Result<snapshotter::Built, TemplateError> {
     let harbor = task.harbor.as_ref().expect("a Harbor task");
     let mut template = TemplateConfig::of_image("");
     let base_dir = match environment {

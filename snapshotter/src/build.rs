@@ -28,8 +28,6 @@ pub enum BuildError {
     StateFile(#[from] statefile::StateFileError),
     #[error("template machine failed")]
     Machine(#[from] MachineError),
-    #[error("building the template's Dockerfile failed")]
-    Dockerfile(#[source] Box<crate::dockerfile::DockerfileError>),
     #[error("forking the Dockerfile's image failed")]
     Fork(#[from] crate::fork::ForkError),
     #[error("template setup")]
@@ -171,35 +169,15 @@ pub struct TemplateExtras {
 }
 
 impl TemplateExtras {
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.files.is_empty() && self.commands.is_empty()
     }
 }
 
-/// Builds (or reuses) the snapshot of a template. `base_dir` is where the template's file
-/// paths are relative to. `progress` receives one line per step.
-pub async fn build_template(
-    store: &SnapshotStore,
-    forker: &Forker,
-    template: &TemplateConfig,
-    base_dir: &Path,
-    label: &str,
-    progress: &(dyn Fn(&str) + Sync),
-) -> Result<Built, BuildError> {
-    build_template_with(
-        store,
-        forker,
-        template,
-        base_dir,
-        label,
-        &TemplateExtras::default(),
-        progress,
-    )
-    .await
-}
-
-/// [`build_template`] with `extras` added after the template's own files and setup.
-pub async fn build_template_with(
+/// The snapshot of a template whose image is an image (not a Dockerfile: see
+/// [`crate::templates`]), built or reused, with `extras` added after the template's own
+/// files and setup. The template was validated.
+pub async fn build_image_template(
     store: &SnapshotStore,
     forker: &Forker,
     template: &TemplateConfig,
@@ -208,20 +186,6 @@ pub async fn build_template_with(
     extras: &TemplateExtras,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Built, BuildError> {
-    template.validate(base_dir)?;
-    if let Some(dockerfile) = &template.dockerfile {
-        return from_dockerfile(
-            store,
-            forker,
-            template,
-            &base_dir.join(dockerfile),
-            base_dir,
-            label,
-            extras,
-            progress,
-        )
-        .await;
-    }
     // An image conversion (or a registry pull) blocks for seconds: not on the runtime.
     let artifacts = {
         let (image, base_dir, size) = (template.image.clone(), base_dir.to_path_buf(), template.image_size_mib);
@@ -282,68 +246,6 @@ pub async fn build_template_with(
     })
 }
 
-/// A template whose image a Dockerfile builds: the build (each step a child snapshot), then
-/// the template's own files, setup and the extras as one more content-addressed child.
-#[allow(clippy::too_many_arguments)]
-async fn from_dockerfile(
-    store: &SnapshotStore,
-    forker: &Forker,
-    template: &TemplateConfig,
-    dockerfile: &Path,
-    base_dir: &Path,
-    label: &str,
-    extras: &TemplateExtras,
-    progress: &(dyn Fn(&str) + Sync),
-) -> Result<Built, BuildError> {
-    let context = template
-        .context
-        .as_ref()
-        .map(|c| base_dir.join(c))
-        .unwrap_or_else(|| dockerfile.parent().unwrap_or(Path::new(".")).to_path_buf());
-    let spec = crate::dockerfile::DockerfileBuild {
-        dockerfile,
-        context: &context,
-        build_args: &template.build_args,
-        target: template.target.as_deref(),
-        template,
-        label,
-    };
-    let image = crate::dockerfile::build(store, forker, &spec, progress)
-        .await
-        .map_err(|e| BuildError::Dockerfile(Box::new(e)))?;
-    let mut h = Sha256::new();
-    h.update(template.digest(base_dir)?.as_bytes());
-    h.update(serde_json::to_vec(extras).expect("extras serialize"));
-    let id = crate::child::child_id(&image.snapshot, hex(&h.finalize()).as_bytes());
-    let pulled = image.pulled.last().cloned();
-    if let Ok(existing) = store.get(&id) {
-        if existing.check_files().is_ok() {
-            return Ok(Built {
-                snapshot: existing,
-                reused: true,
-                pulled,
-                images: image.pulled,
-                image_config: Some(image.config),
-            });
-        }
-    }
-    let forker = Forker {
-        max_disk_bytes: None,
-        ..forker.clone()
-    };
-    let fork = forker.fork(&image.snapshot, crate::fork::ForkIdentity::new(0)).await?;
-    provision(&fork.machine, template, base_dir, &image.config, extras, progress).await?;
-    progress("quiescing and snapshotting");
-    let snapshot = snapshot_fork(store, &forker, &image.snapshot, &fork, label, Some(id), false).await?;
-    Ok(Built {
-        snapshot,
-        reused: false,
-        pulled,
-        images: image.pulled,
-        image_config: Some(image.config),
-    })
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn build_into(
     staging: &Path,
@@ -398,7 +300,7 @@ async fn build_into(
 
 /// A template's files, setup commands (with its egress, then none) and the caller's extras,
 /// on a running machine whose image config is `image_config`.
-async fn provision(
+pub(crate) async fn provision(
     machine: &Machine,
     template: &TemplateConfig,
     base_dir: &Path,

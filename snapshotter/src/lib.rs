@@ -18,9 +18,11 @@ pub mod paused;
 pub mod statefile;
 pub mod store;
 pub mod template;
+pub mod templates;
 
-pub use build::{build_template, build_template_with, snapshot_fork, BuildError, Built, TemplateExtras};
+pub use build::{snapshot_fork, BuildError, Built, TemplateExtras};
 pub use child::{child_snapshot, ChildError, ChildSpec};
 pub use fork::{boot_from_disk, BootFromDiskError, Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
 pub use template::{Network, TemplateConfig};
+pub use templates::{build_template, build_template_with, TemplateError};

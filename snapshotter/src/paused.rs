@@ -20,10 +20,7 @@
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
 use crate::store::{io_err, sha256_file, FileRecord, Snapshot, SnapshotError};
-use crate::template::hex;
 
 const MAGIC: &[u8; 8] = b"FARMMDIF";
 const VERSION: u32 = 1;
@@ -228,11 +225,6 @@ fn apply_diff(snapshot: &Snapshot, diff: &Path, target: &Path, memory_bytes: u64
         out.write_all(&page[..len]).map_err(io_err("writing the rebuilt RAM"))?;
     }
     Ok(())
-}
-
-/// SHA-256 of some bytes, as hex (pins are named by their holder's path).
-pub(crate) fn digest(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]

@@ -446,7 +446,7 @@ impl SnapshotStore {
         let dir = self.root.join(".pins");
         std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let holder = holder.to_string_lossy().to_string();
-        let path = dir.join(format!("{}.json", &crate::paused::digest(holder.as_bytes())[..24]));
+        let path = dir.join(format!("{}.json", &pin_digest(holder.as_bytes())[..24]));
         let tmp = path.with_extension("json.tmp");
         std::fs::write(
             &tmp,
@@ -462,7 +462,7 @@ impl SnapshotStore {
         let _ = std::fs::remove_file(
             self.root
                 .join(".pins")
-                .join(format!("{}.json", &crate::paused::digest(holder.as_bytes())[..24])),
+                .join(format!("{}.json", &pin_digest(holder.as_bytes())[..24])),
         );
     }
 
@@ -598,6 +598,12 @@ pub(crate) fn remove_tree(dir: &Path) -> Result<(), SnapshotError> {
             source: e,
         }),
     }
+}
+
+/// SHA-256 of a holder's path, as hex: pins are named by it.
+fn pin_digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(bytes))
 }
 
 #[cfg(test)]

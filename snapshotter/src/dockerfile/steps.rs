@@ -12,7 +12,7 @@ use vmm::ExecOptions;
 use super::context::{Context, Entry};
 use super::parse::{Args, Raw};
 use super::{arg_decls, words, DockerfileBuild, Stage, State, StepError};
-use crate::build::{build_template_with, snapshot_fork, TemplateExtras};
+use crate::build::{build_image_template, snapshot_fork, TemplateExtras};
 use crate::child::child_id;
 use crate::fork::{Fork, ForkIdentity, Forker};
 use crate::store::SnapshotStore;
@@ -115,7 +115,10 @@ impl Builder<'_> {
         template.memory_mib = self.spec.template.memory_mib;
         template.cpus = self.spec.template.cpus;
         template.image_size_mib = Some(self.spec.template.image_size_mib.unwrap_or(BUILD_IMAGE_MIB));
-        let built = Box::pin(build_template_with(
+        template
+            .validate(dir)
+            .map_err(|e| StepError::Base(Box::new(e.into())))?;
+        let built = Box::pin(build_image_template(
             self.store,
             self.forker,
             &template,
