@@ -10,7 +10,6 @@ use std::time::Duration;
 use datasets::{Task, WORKSPACE};
 use sha2::{Digest, Sha256};
 use snapshotter::{build_template_with, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
-use tokio::sync::Semaphore;
 use vmm::{AccelSetting, VmSettings};
 
 use crate::config::{RolloutsSection, Suite, SuiteConfig};
@@ -44,16 +43,7 @@ pub enum ForkTaskError {
     },
 }
 
-/// An error and its causes on one line (`what failed: why: why`), for a row's `error` text.
-pub fn describe(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    text
-}
+pub use crate::errors::describe;
 
 /// What every rollout of one suite shares: its template, forker, warm pool and settings.
 pub struct Engine {
@@ -263,100 +253,6 @@ impl Engine {
         planned
     }
 
-    /// A snapshot per task that has setup or large files, `concurrency` at a time; tasks with
-    /// the same files and setup share one. Tasks without use the template.
-    pub async fn prepare(
-        &self,
-        tasks: &[Arc<Task>],
-        concurrency: usize,
-        log: &(dyn Fn(&str) + Sync),
-    ) -> Result<TaskSnapshots, EngineError> {
-        let mut task_snapshots: TaskSnapshots = HashMap::new();
-        let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
-        let mut building = tokio::task::JoinSet::new();
-        let slots = Arc::new(Semaphore::new(concurrency.max(1)));
-        for task in tasks {
-            if task_snapshots.contains_key(&task.id) || by_id.values().flatten().any(|id| *id == task.id) {
-                continue;
-            }
-            if task.harbor.is_some() {
-                // A Harbor task brings its own environment: a template of its own.
-                let users = by_id.entry(format!("harbor:{}", task.id)).or_default();
-                users.push(task.id.clone());
-                let (store, forker, task, slots, config) = (
-                    self.store.clone(),
-                    self.forker.clone(),
-                    task.clone(),
-                    slots.clone(),
-                    self.config.clone(),
-                );
-                building.spawn(async move {
-                    let _slot = slots.acquire_owned().await.expect("semaphore open");
-                    let built = crate::harbor::environment(&store, &forker, &config, &task).await;
-                    let (snapshot, image) = match built {
-                        Ok((s, image, record)) => {
-                            (TaskSnapshot::Ready(Arc::new(s)), Some((image, task.id.clone(), record)))
-                        }
-                        Err(e) => (
-                            TaskSnapshot::Failed(format!("building the task's environment failed: {}", describe(&e))),
-                            None,
-                        ),
-                    };
-                    (format!("harbor:{}", task.id), snapshot, image)
-                });
-                continue;
-            }
-            if !task.needs_snapshot() {
-                task_snapshots.insert(task.id.clone(), TaskSnapshot::Ready(self.template.clone()));
-                continue;
-            }
-            let id = task_snapshot_id(&self.template, task);
-            let users = by_id.entry(id).or_default();
-            users.push(task.id.clone());
-            if users.len() > 1 {
-                continue;
-            }
-            let (store, forker, template, task, slots) = (
-                self.store.clone(),
-                self.forker.clone(),
-                self.template.clone(),
-                task.clone(),
-                slots.clone(),
-            );
-            building.spawn(async move {
-                let _slot = slots.acquire_owned().await.expect("semaphore open");
-                let snapshot = match task_snapshot(&store, &forker, &template, &task).await {
-                    Ok(s) => TaskSnapshot::Ready(Arc::new(s)),
-                    Err(e) => TaskSnapshot::Failed(format!("preparing the task snapshot failed: {}", describe(&e))),
-                };
-                (task_snapshot_id(&template, &task), snapshot, None)
-            });
-        }
-        if !building.is_empty() {
-            log(&format!("preparing {} task snapshots", building.len()));
-        }
-        while let Some(built) = building.join_next().await {
-            let (id, snapshot, image) = built.map_err(|_| EngineError::Panicked)?;
-            if let (TaskSnapshot::Ready(s), Some((image, task_id, record))) = (&snapshot, image) {
-                self.task_images
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(s.id().to_string(), image);
-                self.environments
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(task_id, record);
-            }
-            for task_id in by_id.get(&id).into_iter().flatten() {
-                if let TaskSnapshot::Failed(e) = &snapshot {
-                    log(&format!("task {task_id}: {e}"));
-                }
-                task_snapshots.insert(task_id.clone(), snapshot.clone());
-            }
-        }
-        Ok(task_snapshots)
-    }
-
     /// A fork of `snapshot`: from the warm pool when it holds that snapshot.
     pub(crate) async fn fork(
         &self,
@@ -413,41 +309,6 @@ fn resolve_external(suite: &Suite, argv: &[String]) -> Vec<String> {
 pub fn rollout_seed(base_seed: u64, task: &str, sample: u32) -> u64 {
     let d = Sha256::digest(format!("{base_seed}\0{task}\0{sample}").as_bytes());
     u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
-}
-
-/// What addresses a task's snapshot besides its template: its files and setup.
-fn task_snapshot_content(task: &Task) -> Vec<u8> {
-    serde_json::to_vec(&(&task.files, &task.setup)).expect("task files serialize")
-}
-
-/// The content address of a task's snapshot.
-fn task_snapshot_id(template: &Snapshot, task: &Task) -> String {
-    snapshotter::child::child_id(template, &task_snapshot_content(task))
-}
-
-/// The task's own snapshot: a child of the template with its files and setup (see
-/// [`snapshotter::child`]).
-async fn task_snapshot(
-    store: &SnapshotStore,
-    forker: &Forker,
-    template: &Snapshot,
-    task: &Task,
-) -> Result<Snapshot, snapshotter::ChildError> {
-    let content = task_snapshot_content(task);
-    let files: Vec<(String, Vec<u8>, u32)> = task
-        .files
-        .iter()
-        .map(|f| (f.path.clone(), f.contents.clone(), f.mode))
-        .collect();
-    let spec = snapshotter::ChildSpec {
-        label: &task.id,
-        content: &content,
-        files: &files,
-        setup: &task.setup,
-        workdir: WORKSPACE,
-        setup_timeout: Duration::from_secs(900),
-    };
-    snapshotter::child_snapshot(store, forker, template, &spec).await
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! agent acts (the image's `WORKDIR` and `USER`, unless the task says otherwise).
 
 use datasets::harbor::{Environment, AGENT_LOGS, VERIFIER_LOGS};
-use datasets::Task;
+use datasets::{HarborTask, Task};
 use snapshotter::{
     build_template_with, BuildError, Forker, Snapshot, SnapshotStore, TemplateConfig, TemplateError, TemplateExtras,
 };
@@ -53,8 +53,8 @@ pub(crate) async fn environment(
     forker: &Forker,
     config: &SuiteConfig,
     task: &Task,
+    harbor: &HarborTask,
 ) -> Result<(Snapshot, ImageConfig, EnvironmentRecord), TemplateError> {
-    let harbor = task.harbor.as_ref().expect("a Harbor task");
     let record = |built_from: BuiltFrom, built: &snapshotter::Built, fallback: Option<Fallback>| EnvironmentRecord {
         built_from,
         images: built.images.clone(),
@@ -69,7 +69,7 @@ pub(crate) async fn environment(
     };
     match (
         &harbor.environment,
-        build(store, forker, config, task, &harbor.environment).await,
+        build(store, forker, config, task, harbor, &harbor.environment).await,
     ) {
         // As Harbor: a prebuilt image that cannot be had gives way to the task's Dockerfile.
         (
@@ -79,9 +79,9 @@ pub(crate) async fn environment(
             },
             Err(e @ TemplateError::Build(BuildError::Artifacts(_))),
         ) => {
-            let reason = crate::engine::describe(&e);
+            let reason = crate::errors::describe(&e);
             tracing::warn!(target: "farm::harbor", task = %task.id, "docker_image {reference} could not be pulled ({reason}); building environment/Dockerfile instead");
-            let built = build(store, forker, config, task, dockerfile).await?;
+            let built = build(store, forker, config, task, harbor, dockerfile).await?;
             let fallback = Fallback {
                 image: reference.clone(),
                 reason,
@@ -110,9 +110,9 @@ async fn build(
     forker: &Forker,
     config: &SuiteConfig,
     task: &Task,
+    harbor: &HarborTask,
     environment: &Environment,
 ) -> Result<snapshotter::Built, TemplateError> {
-    let harbor = task.harbor.as_ref().expect("a Harbor task");
     let mut template = TemplateConfig::of_image("");
     let base_dir = match environment {
         Environment::Dockerfile { dir, .. } => {
@@ -162,8 +162,7 @@ pub struct Place {
 /// A Harbor task's place in its environment: `[environment] workdir` or the image's
 /// `WORKDIR` (else `/`), `[agent] user` or the image's `USER`, and the image's `Env` under
 /// `[environment.env]`.
-pub(crate) fn place(task: &Task, image: &ImageConfig) -> Place {
-    let harbor = task.harbor.as_ref().expect("a Harbor task");
+pub(crate) fn place(harbor: &HarborTask, image: &ImageConfig) -> Place {
     let workdir = harbor.workdir.clone().filter(|w| !w.is_empty()).unwrap_or_else(|| {
         if image.working_dir.is_empty() {
             "/".into()

@@ -24,6 +24,8 @@ pub mod action;
 pub mod config;
 pub mod end;
 mod engine;
+pub mod environment;
+pub mod errors;
 pub mod harbor;
 pub mod live;
 pub mod metrics;

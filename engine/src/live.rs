@@ -3,20 +3,19 @@
 //! ([`Engine::finish`]: artifacts out as untrusted data, then [`Engine::score`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use datasets::{Task, WORKSPACE};
+use datasets::Task;
 use farm_protocol::FileEntry;
 use snapshotter::{Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
 use vmm::AgentError;
 
 use crate::action::{run_action, Submitted};
 use crate::config::{Action, RolloutsSection, ScoringMode};
-use crate::end::{record_verdict, End};
 use crate::engine::Engine;
 use crate::harbor::Place;
 use crate::metrics::{Role, VmGauge};
-use crate::row::{Row, Step};
+use crate::row::Step;
 
 /// Why a session could not be branched.
 #[derive(Debug, thiserror::Error)]
@@ -28,124 +27,9 @@ pub enum BranchError {
 }
 
 impl Engine {
-    /// A fork of the task's pristine state, handed to the rollout's user, with the
-    /// workspace listed (the baseline its artifacts are told apart from).
-    pub async fn open(
-        &self,
-        task: &Task,
-        snapshot: &Snapshot,
-        seed: u64,
-        limits: &RolloutsSection,
-        role: Role,
-    ) -> Result<LiveFork, End> {
-        if task.harbor.is_some() {
-            return self.open_harbor(task, snapshot, seed, limits, role).await;
-        }
-        let mut env = self.image_env.clone();
-        env.extend(limits.network.proxy_env());
-        let egress = (!limits.network.is_empty()).then(|| self.egress_of(limits));
-        env.extend(egress.as_ref().map(ca_env).unwrap_or_default());
-        env.push(("FARM_TASK_ID".into(), task.id.clone()));
-        let identity = ForkIdentity {
-            env,
-            ..ForkIdentity::new(seed)
-        };
-        tracing::Span::current().record("fork_id", identity.fork_id.as_str());
-        tracing::debug!("forking the task's snapshot");
-        let fork = self
-            .fork_task(snapshot, task, identity)
-            .await
-            .map_err(|e| End::Fork(crate::engine::describe(&e)))?;
-        if let Some(egress) = egress {
-            // Only the rollout's own VM: scoring forks keep the default (nothing allowed).
-            install_ca(&fork, &egress)
-                .await
-                .map_err(|e| End::Setup(crate::engine::describe(&e)))?;
-            fork.machine.set_network(egress);
-        }
-        let gauge = VmGauge::new(role);
-        if !limits.runs_as_root() {
-            if let Err(e) = fork.agent().handover(WORKSPACE, &limits.user).await {
-                return Err(End::Setup(format!(
-                    "handing the workspace to rollouts.user {:?}: {e}",
-                    limits.user
-                )));
-            }
-        }
-        // The task's own workspace, before the agent acts: a listing that fails here is the
-        // farm's or the task's.
-        let baseline = scorers::artifacts::list_workspace(fork.agent())
-            .await
-            .map_err(|e| End::Setup(crate::engine::describe(&e)))?;
-        let place = Place {
-            workdir: WORKSPACE.into(),
-            user: (!limits.runs_as_root()).then(|| limits.user.clone()),
-            env: self.image_env.clone(),
-        };
-        Ok(LiveFork {
-            fork,
-            baseline: Arc::new(baseline),
-            origin: None,
-            place,
-            _gauge: gauge,
-        })
-    }
-
-    /// A fork of a Harbor task's environment: the agent acts in the working folder as the
-    /// task's user, with the network only when the task allows the internet (the suite's
-    /// `rollouts.network` is what the internet means here).
-    async fn open_harbor(
-        &self,
-        task: &Task,
-        snapshot: &Snapshot,
-        seed: u64,
-        limits: &RolloutsSection,
-        role: Role,
-    ) -> Result<LiveFork, End> {
-        let harbor = task.harbor.as_ref().expect("a Harbor task");
-        let image = self
-            .task_images
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(snapshot.id())
-            .cloned()
-            .unwrap_or_default();
-        let place = crate::harbor::place(task, &image);
-        let online = harbor.allow_internet && !limits.network.is_empty();
-        let mut env = place.env.clone();
-        if online {
-            env.extend(limits.network.proxy_env());
-            env.extend(ca_env(&self.egress_of(limits)));
-        }
-        env.push(("FARM_TASK_ID".into(), task.id.clone()));
-        let identity = ForkIdentity {
-            env,
-            ..ForkIdentity::new(seed)
-        };
-        tracing::Span::current().record("fork_id", identity.fork_id.as_str());
-        let fork = self
-            .fork(snapshot, identity)
-            .await
-            .map_err(|e| End::Fork(crate::engine::describe(&e)))?;
-        if online {
-            let egress = self.egress_of(limits);
-            install_ca(&fork, &egress)
-                .await
-                .map_err(|e| End::Setup(crate::engine::describe(&e)))?;
-            fork.machine.set_network(egress);
-        }
-        Ok(LiveFork {
-            fork,
-            baseline: Arc::new(Vec::new()),
-            origin: None,
-            place,
-            _gauge: VmGauge::new(role),
-        })
-    }
-
     /// The proxy policy for a rollout's `limits.network`: the suite's, rules resolved at start
     /// (requests cannot change the network).
-    fn egress_of(&self, limits: &RolloutsSection) -> egress::Policy {
+    pub(crate) fn egress_of(&self, limits: &RolloutsSection) -> egress::Policy {
         if limits.network == self.config.rollouts.network {
             self.egress.clone()
         } else {
@@ -220,103 +104,6 @@ impl Engine {
         ))
     }
 
-    /// After the agent's actions: the artifacts out, as untrusted data, and the verdict
-    /// into `row`. The rollout VM goes before a fresh scoring fork starts.
-    pub async fn finish(
-        &self,
-        live: LiveFork,
-        task: &Task,
-        snapshot: &Snapshot,
-        answer: Option<String>,
-        row: &mut Row,
-    ) -> End {
-        let score_started = Instant::now();
-        if let Some(harbor) = &task.harbor {
-            let run = scorers::harbor::VerifyRun {
-                mode: self.config.harbor.verify,
-                workdir: &live.place.workdir,
-                env: &live.place.env,
-                network: &self.config.harbor.verifier_network.allow,
-                pass_threshold: self.config.scoring.pass_threshold,
-            };
-            // Verified, then Harbor's logs and artifacts collected from the same VM.
-            let verify_and_collect = |machine| scorers::harbor::verify_and_collect(machine, task, harbor, &run);
-            let mut logs = scorers::harbor::Logs::default();
-            let verified = match run.mode {
-                scorers::harbor::HarborVerify::Live => {
-                    let (verified, collected) = verify_and_collect(&live.fork.machine).await;
-                    logs = collected;
-                    verified
-                }
-                scorers::harbor::HarborVerify::FreshBoot => {
-                    let LiveFork { fork, .. } = live;
-                    match snapshotter::boot_from_disk(&self.forker, snapshot, fork).await {
-                        Ok(machine) => {
-                            let (verified, collected) = verify_and_collect(&machine).await;
-                            logs = collected;
-                            verified
-                        }
-                        // The agent had root on that disk: a disk that no longer boots is its doing.
-                        Err(e) if e.is_the_disks() => Ok(scorers::orchestrate::agent_failure(
-                            format!("the disk the agent left did not boot: {}", crate::engine::describe(&e)),
-                            run.mode.trust(),
-                        )),
-                        Err(e) => return End::Scoring(crate::engine::describe(&e)),
-                    }
-                }
-            };
-            let mut verdict = match verified {
-                Ok(verdict) => verdict,
-                Err(e) => return End::Scoring(e.to_string()),
-            };
-            if !logs.files.is_empty() || !logs.notes.is_empty() {
-                let folder = format!("artifacts/{}", row.artifacts_folder());
-                verdict.details.harbor_logs = Some(logs.record(folder));
-                row.attachments = logs
-                    .files
-                    .into_iter()
-                    .map(|f| crate::row::Attachment {
-                        path: f.path,
-                        bytes: f.bytes,
-                    })
-                    .collect();
-            }
-            row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
-            let artifacts = scorers::Artifacts {
-                answer,
-                ..Default::default()
-            };
-            return record_verdict(row, Ok(verdict), &artifacts);
-        }
-        let limits = scorers::ArtifactLimits::default();
-        let fork = &live.fork;
-        let mut collected = scorers::collect_artifacts(fork.agent(), &live.baseline, &limits).await;
-        for _ in 0..3 {
-            // The agent's processes may still have been killing the guest agent: wait for
-            // the restarted one and ask again.
-            if !matches!(
-                collected,
-                Err(scorers::ListingError::Agent(AgentError::AgentRestarted { .. }))
-            ) {
-                break;
-            }
-            let _ = fork.agent().wait_ready(Duration::from_secs(30)).await;
-            collected = scorers::collect_artifacts(fork.agent(), &live.baseline, &limits).await;
-        }
-        let mut artifacts = match collected {
-            Ok(a) => a,
-            Err(scorers::ListingError::Agent(e)) => return End::NoArtifacts(fork.explain(&e)),
-            // The agent left more files than a listing holds: what it deleted cannot be told,
-            // and that is its doing.
-            Err(e @ scorers::ListingError::TooManyFiles { .. }) => return End::NoArtifacts(e.to_string()),
-        };
-        artifacts.answer = answer;
-        let LiveFork { fork, _gauge, .. } = live;
-        let verdict = self.score(task, snapshot, Some((fork, _gauge)), &artifacts).await;
-        row.timings.score_ms = score_started.elapsed().as_secs_f64() * 1e3;
-        record_verdict(row, verdict, &artifacts)
-    }
-
     /// Scores a rollout where the agent cannot reach (`scorers::orchestrate`). Errors are
     /// environment errors.
     pub(crate) async fn score(
@@ -368,6 +155,24 @@ pub struct LiveFork {
     /// Where and as whom its actions run.
     pub place: Place,
     _gauge: VmGauge,
+}
+
+impl LiveFork {
+    /// A fork opened on a task's pristine state.
+    pub(crate) fn new(fork: Fork, baseline: Arc<Vec<FileEntry>>, place: Place, gauge: VmGauge) -> LiveFork {
+        LiveFork {
+            fork,
+            baseline,
+            origin: None,
+            place,
+            _gauge: gauge,
+        }
+    }
+
+    /// The fork and its gauge, for a scoring that takes the VM.
+    pub(crate) fn into_parts(self) -> (Fork, VmGauge) {
+        (self.fork, self._gauge)
+    }
 }
 
 /// Where a guest finds farm's egress CA (request rules with HTTPS hosts): the CA alone, and

@@ -9,6 +9,7 @@ use crate::action::{data_only_rollout, observation, Submitted};
 use crate::config::{RolloutsSection, ScoringMode};
 use crate::end::{record_verdict, worth_retrying, End, Ending};
 use crate::engine::{Engine, Planned, TaskSnapshot};
+use crate::environment::Environment;
 use crate::live::LiveFork;
 use crate::metrics::{self, Role};
 use crate::policy::Driver;
@@ -109,17 +110,7 @@ impl Engine {
     /// needs no fork: those files are its artifacts.
     async fn rollout(&self, item: &Planned, row: &mut Row, started: Instant) -> End {
         let task = &item.task;
-        // A Harbor task's own agent timeout bounds its rollout, and its steps (the oracle's
-        // solve.sh is one step).
-        let harbor_limits = task.harbor.as_ref().and_then(|h| h.agent_timeout_secs).map(|secs| {
-            let secs = secs.ceil().max(1.0) as u64;
-            RolloutsSection {
-                timeout_secs: secs,
-                step_timeout_secs: secs,
-                ..item.limits.clone()
-            }
-        });
-        let limits = harbor_limits.as_ref().unwrap_or(&item.limits);
+        let limits = &Environment::of(task).limits(&item.limits);
         let snapshot = match &item.snapshot {
             TaskSnapshot::Ready(s) => s.clone(),
             TaskSnapshot::Failed(e) => return End::NoSnapshot(e.clone()),
@@ -163,7 +154,7 @@ impl Engine {
         driver: &Driver<'_>,
         row: &mut Row,
     ) -> Option<End> {
-        if self.config.scoring.mode != ScoringMode::FreshFork || item.task.harbor.is_some() {
+        if self.config.scoring.mode != ScoringMode::FreshFork || !Environment::of(&item.task).scores_files_alone() {
             return None;
         }
         let (steps, artifacts) = data_only_rollout(
