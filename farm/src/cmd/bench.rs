@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
+
+use super::measure::{check_host_limits, percentiles, print_report, round};
 use snapshotter::{build_template, ForkIdentity, Forker, PoolMode, SnapshotStore, TemplateConfig, WarmPool};
 use vmm::{AccelSetting, ExecOptions, GuestArtifacts, Machine, VmSettings};
 
@@ -99,21 +101,6 @@ pub async fn run(command: BenchCommand) -> Result<i32> {
     }
 }
 
-/// p50 and p99 of milliseconds (nearest rank).
-pub(super) fn percentiles(samples: &[f64]) -> serde_json::Value {
-    if samples.is_empty() {
-        return json!(null);
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let rank = |p: f64| s[((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
-    json!({ "p50": round(rank(0.50)), "p99": round(rank(0.99)), "min": round(s[0]), "max": round(s[s.len() - 1]), "n": s.len() })
-}
-
-pub(super) fn round(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -188,34 +175,9 @@ async fn boot(args: BootArgs) -> Result<i32> {
     Ok(0)
 }
 
-pub(super) fn print_report(report: &serde_json::Value, as_json: bool) {
-    if as_json {
-        crate::outln!("{report}");
-        return;
-    }
-    if let Some(map) = report.as_object() {
-        for (k, v) in map {
-            crate::outln!("{k:<40} {v}");
-        }
-    }
-}
-
 /// Private dirty bytes of a process (from /proc/PID/smaps_rollup).
 fn private_dirty_bytes(pid: u32) -> Option<u64> {
     vmm::memory::ProcessMemory::of(pid).map(|m| m.private_dirty)
-}
-
-/// Refuses, before anything starts, a host whose limits cannot hold `vms` VMs, naming each
-/// limit with the setting that lifts it.
-pub(super) fn check_host_limits(vms: usize, flag: &str) -> Result<()> {
-    let problems = vmm::process::HostLimits::probe().problems(vms as u64);
-    if !problems.is_empty() {
-        bail!(
-            "this host cannot hold {vms} forks alive ({flag}):\n  {}",
-            problems.join("\n  ")
-        );
-    }
-    Ok(())
 }
 
 async fn fork(args: ForkArgs) -> Result<i32> {

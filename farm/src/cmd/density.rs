@@ -19,7 +19,7 @@ use snapshotter::{build_template, Fork, ForkIdentity, Forker, SnapshotStore, Tem
 use vmm::memory::{self, Breakdown, HostMemory, ProcessMemory};
 use vmm::{AccelSetting, ExecOptions, VmSettings};
 
-use super::bench::{percentiles, print_report, round};
+use super::measure::{check_host_limits, percentiles, print_report, round};
 
 #[derive(Args)]
 pub struct DensityArgs {
@@ -206,7 +206,7 @@ impl Filler {
 }
 
 pub async fn density(args: DensityArgs) -> Result<i32> {
-    super::bench::check_host_limits(args.forks, "--forks")?;
+    check_host_limits(args.forks, "--forks")?;
     let progress = !args.json;
     let say = |s: &str| {
         if progress {
