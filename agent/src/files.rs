@@ -226,19 +226,24 @@ pub fn read_file(req: &ReadFileRequest) -> Result<(u64, Vec<u8>), AgentError> {
         }
         None => open_regular(None, &req.path, false, &req.path)?,
     };
-    read_capped(file, req.max_bytes, &req.path)
+    read_capped(file, req.offset, req.max_bytes, &req.path)
 }
 
-fn read_capped(file: File, max_bytes: u64, shown: &str) -> Result<(u64, Vec<u8>), AgentError> {
+fn read_capped(mut file: File, offset: u64, max_bytes: u64, shown: &str) -> Result<(u64, Vec<u8>), AgentError> {
+    use std::io::Seek;
     let size = file
         .metadata()
         .map_err(|e| io_error(format!("reading metadata of {shown}"), e))?
         .len();
+    if offset > 0 {
+        file.seek(std::io::SeekFrom::Start(offset))
+            .map_err(|e| io_error(format!("reading {shown}"), e))?;
+    }
     let mut data = Vec::new();
     file.take(max_bytes)
         .read_to_end(&mut data)
         .map_err(|e| io_error(format!("reading {shown}"), e))?;
-    Ok((size.max(data.len() as u64), data))
+    Ok((size.max(offset + data.len() as u64), data))
 }
 
 /// Reads a verdict file (reward, JUnit) at an absolute path without following a link at its
@@ -246,7 +251,7 @@ fn read_capped(file: File, max_bytes: u64, shown: &str) -> Result<(u64, Vec<u8>)
 /// a regular file.
 pub fn read_verdict_file(path: &str, max_bytes: u64) -> Option<(u64, Vec<u8>)> {
     let file = open_regular(None, path, true, path).ok()?;
-    read_capped(file, max_bytes, path).ok()
+    read_capped(file, 0, max_bytes, path).ok()
 }
 
 /// Removes a file; a missing one is not an error.
@@ -556,6 +561,7 @@ mod tests {
                 path: p.into(),
                 max_bytes: 10,
                 beneath: Some(root.to_string_lossy().into_owned()),
+                offset: 0,
             })
         };
         assert!(read("link").is_err());
@@ -579,12 +585,14 @@ mod tests {
             path: fifo.to_string_lossy().into_owned(),
             max_bytes: 10,
             beneath: None,
+            offset: 0,
         };
         assert!(read_file(&req).unwrap_err().message.contains("not a regular file"));
         let req = ReadFileRequest {
             path: "/dev/zero".into(),
             max_bytes: 10,
             beneath: None,
+            offset: 0,
         };
         assert!(read_file(&req).is_err());
     }

@@ -34,6 +34,7 @@ pub mod policy;
 pub mod recorder;
 mod rollout;
 pub mod row;
+pub mod sandbox;
 pub mod shard;
 pub mod sizing;
 

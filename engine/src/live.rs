@@ -289,6 +289,11 @@ impl Branch {
         }
     }
 
+    /// Whether it is a paused fork's state (kept in the pause's folder, removed with it).
+    pub(crate) fn is_paused_state(&self) -> bool {
+        self.folder.is_some()
+    }
+
     /// Leaves the snapshot (and its folder and pin) on disk when the last holder drops it.
     pub(crate) fn keep(&self) {
         self.keep.store(true, std::sync::atomic::Ordering::SeqCst);

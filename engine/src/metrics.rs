@@ -37,6 +37,8 @@ pub struct Metrics {
     /// Paused sessions of `farm serve`, and the disk they take.
     pub sessions_paused: IntGauge,
     pub paused_bytes: IntGauge,
+    /// Sandboxes of `farm serve`'s sandbox API (paused ones included).
+    pub sandboxes: IntGauge,
 }
 
 /// Every metric's name starts with `farm_`.
@@ -84,6 +86,10 @@ impl Metrics {
                 &["code"],
             )?,
             sessions_live: IntGauge::new("sessions_live", "Live sessions of farm serve.")?,
+            sandboxes: IntGauge::new(
+                "sandboxes",
+                "Sandboxes of farm serve's sandbox API (paused ones included).",
+            )?,
             sessions_paused: IntGauge::new(
                 "sessions_paused",
                 "Paused sessions of farm serve (saved to disk, no VM).",
@@ -104,6 +110,7 @@ impl Metrics {
         registry.register(Box::new(m.sessions_live.clone()))?;
         registry.register(Box::new(m.sessions_paused.clone()))?;
         registry.register(Box::new(m.paused_bytes.clone()))?;
+        registry.register(Box::new(m.sandboxes.clone()))?;
         // Every status and role shows from the start (0), so dashboards need no special case.
         for status in crate::row::Status::ALL {
             m.rollouts.with_label_values(&[status.as_str()]);
@@ -131,7 +138,7 @@ impl Metrics {
     /// and `_count` suffixes).
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 13] = [
+        let collectors: [&dyn Collector; 14] = [
             &self.rollouts,
             &self.verdicts,
             &self.reward,
@@ -145,6 +152,7 @@ impl Metrics {
             &self.sessions_live,
             &self.sessions_paused,
             &self.paused_bytes,
+            &self.sandboxes,
         ];
         collectors
             .iter()
@@ -177,16 +185,19 @@ pub enum Role {
     Rollout,
     Scoring,
     Session,
+    /// A sandbox of `farm serve`'s sandbox API.
+    Sandbox,
 }
 
 impl Role {
-    const ALL: [Role; 3] = [Role::Rollout, Role::Scoring, Role::Session];
+    const ALL: [Role; 4] = [Role::Rollout, Role::Scoring, Role::Session, Role::Sandbox];
 
     fn as_str(self) -> &'static str {
         match self {
             Role::Rollout => "rollout",
             Role::Scoring => "scoring",
             Role::Session => "session",
+            Role::Sandbox => "sandbox",
         }
     }
 }

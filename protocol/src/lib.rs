@@ -167,6 +167,14 @@ pub struct ReadFileRequest {
     /// Confine the read to this folder (`path` relative to it, no symbolic link followed).
     #[serde(default)]
     pub beneath: Option<String>,
+    /// Start reading this many bytes into the file (the size answered is still the whole
+    /// file's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offset: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// See [`Request::Handover`].

@@ -110,6 +110,7 @@ fn every_request_round_trips() {
             path: "a".into(),
             max_bytes: 9,
             beneath: Some("/workspace".into()),
+            offset: 0,
         }),
         Request::RemoveFile {
             path: "a".into(),

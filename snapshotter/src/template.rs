@@ -53,6 +53,12 @@ pub struct TemplateConfig {
     /// covers it. Rollouts and scoring never inherit it.
     #[serde(default, skip_serializing_if = "Network::is_empty")]
     pub network: Network,
+    /// The Dockerfile comes from someone the host does not trust (a client of `farm serve`'s
+    /// sandbox API): its `FROM` and `COPY --from` images may be registry references and the
+    /// built-in images only, never a host path (`oci-archive:`, `rootfs:` ...). Not part of
+    /// the template's digest (it changes what is allowed, not what is built).
+    #[serde(skip)]
+    pub confined: bool,
 }
 
 /// `[... .network]`: the `host:port` entries a VM may reach through farm's proxy (passed
@@ -339,6 +345,7 @@ impl TemplateConfig {
             setup: Vec::new(),
             setup_timeout_secs: default_setup_timeout(),
             env: BTreeMap::new(),
+            confined: false,
         }
     }
 }

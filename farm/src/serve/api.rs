@@ -7,28 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::middleware;
+use axum::response::IntoResponse;
 use axum::routing::{delete, get, post};
 use axum::Router;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::error::ApiError;
+use super::http::{auth, body_digest, idempotency_key, ok, parse, App, Reply};
 use super::requests::{ItemRequest, SubmitRequest};
-use super::service::{ApiError, Service};
+use super::service::Service;
 use engine::config::Action;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
-
-#[derive(Clone)]
-struct App {
-    service: Arc<Service>,
-    /// SHA-256 of the bearer token, when one is required.
-    token: Option<[u8; 32]>,
-}
 
 pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
     let app = App {
@@ -51,86 +45,17 @@ pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
         .route("/v1/sessions/{id}/resume", post(resume_session))
         .route("/v1/sessions/{id}", delete(end_session).get(get_session))
         .route("/metrics", get(|| async { crate::metrics_http::metrics_response() }))
+        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
+        .merge(super::sandbox_routes::routes())
         .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })
         .layer(middleware::from_fn_with_state(app.clone(), auth))
-        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
         .with_state(app)
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut body = serde_json::json!({ "error": self.message });
-        if let Some(field) = self.field {
-            body["field"] = field.into();
-        }
-        let mut response = (status, axum::Json(body)).into_response();
-        if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
-    }
-}
-
-type Reply = Result<Response, ApiError>;
-
-fn ok(value: serde_json::Value) -> Reply {
-    Ok(axum::Json(value).into_response())
-}
-
-/// Every request needs the bearer token when one is set; compared in constant time (of
-/// digests, so the token's length does not show either).
-async fn auth(State(app): State<App>, request: Request, next: Next) -> Response {
-    if let Some(expected) = &app.token {
-        use subtle::ConstantTimeEq;
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-        if !bool::from(digest.ct_eq(expected)) {
-            let mut response =
-                ApiError::new(401, "a bearer token is required (Authorization: Bearer ...)").into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
-        }
-    }
-    next.run(request).await
-}
-
-/// A JSON body, or a 400 naming the field that is wrong.
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let field = if path == "." { None } else { Some(path) };
-        ApiError {
-            field,
-            ..ApiError::new(400, format!("bad request body: {inner}"))
-        }
-    })
 }
 
 async fn submit(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Reply {
     let request: SubmitRequest = parse(&body)?;
-    let key = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .filter(|k| !k.is_empty() && k.len() <= 256)
-                .ok_or_else(|| ApiError::field(400, "Idempotency-Key", "must be 1 to 256 visible ASCII characters"))?
-                .to_string(),
-        ),
-        None => None,
-    };
-    let digest = Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
+    let key = idempotency_key(&headers)?;
+    let digest = body_digest(&body);
     let response = app.service.submit(request, key, digest).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(response)).into_response())
 }

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::service::ApiError;
+use super::error::ApiError;
 
 /// Live sessions by id, the slots of sessions still opening, and who is being submitted.
 pub(super) struct SessionBook<S> {
@@ -45,7 +45,7 @@ impl<S> SessionBook<S> {
                 retry_after: Some(5),
                 ..ApiError::new(
                     429,
-                    format!("{taken} sessions are live or opening (serve.max_sessions {max})"),
+                    format!("{taken} sessions and sandboxes are live or opening (serve.max_sessions {max})"),
                 )
             });
         }

@@ -7,16 +7,23 @@
 //!
 //! ```toml
 //! [serve]
-//! suites = ["humaneval.toml", "tasks.toml"]   # relative to this file
+//! suites = ["humaneval.toml", "tasks.toml"]   # relative to this file (none: the sandbox API only)
 //! out = "serve-out"
 //! ```
+//!
+//! Besides the suites' rollouts and sessions, the service has a sandbox API ([`sandbox`]):
+//! environments built on demand and sandboxes forked from them.
 
 mod admission;
 mod api;
 mod book;
+mod error;
+mod http;
 mod paused;
 mod requests;
 mod rollouts;
+mod sandbox;
+mod sandbox_routes;
 mod service;
 mod sessions;
 
@@ -100,6 +107,9 @@ pub struct ServeSection {
     /// A paused session is removed this long after it was paused.
     #[serde(default = "paused_retention")]
     pub paused_retention_secs: u64,
+    /// The sandbox API (`/v1/environments`, `/v1/sandboxes`).
+    #[serde(default)]
+    pub sandboxes: sandbox::SandboxSection,
 }
 
 fn paused_retention() -> u64 {
@@ -160,8 +170,15 @@ fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
     let file: ServeFile =
         toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
     let section = file.serve;
-    if section.suites.is_empty() {
-        bail!("{}: serve.suites must name at least one suite file", path.display());
+    section
+        .sandboxes
+        .check()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if section.suites.is_empty() && !section.sandboxes.enabled {
+        bail!(
+            "{}: nothing to serve: serve.suites is empty and serve.sandboxes.enabled is false",
+            path.display()
+        );
     }
     if section.concurrency == Count::Fixed(0) {
         bail!("{}: serve.concurrency must be at least 1, or \"auto\"", path.display());

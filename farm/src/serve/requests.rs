@@ -4,7 +4,7 @@
 use engine::config::{PolicyConfig, RolloutsSection};
 use serde::{Deserialize, Serialize};
 
-use super::service::ApiError;
+use super::error::ApiError;
 
 /// `POST /v1/rollouts` body.
 #[derive(Debug, Deserialize)]

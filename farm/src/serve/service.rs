@@ -25,41 +25,10 @@ use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
 
 use super::book::SessionBook;
+pub use super::error::{ApiError, ApiResult};
 use super::requests::{read_records, Admitted, Record};
 use super::sessions::Session;
 use super::ServeSection;
-
-/// A failure a request can be told about: an HTTP status and a message (and the request
-/// field it concerns).
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub field: Option<String>,
-    /// Seconds, for 429.
-    pub retry_after: Option<u64>,
-}
-
-impl ApiError {
-    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            field: None,
-            retry_after: None,
-        }
-    }
-    pub fn field(status: u16, field: impl Into<String>, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            field: Some(field.into()),
-            retry_after: None,
-        }
-    }
-}
-
-pub type ApiResult<T> = std::result::Result<T, ApiError>;
 
 /// One suite the service serves.
 pub(super) struct SuiteState {
@@ -141,6 +110,8 @@ pub struct Service {
     pub(super) max_sessions: usize,
     /// What one more VM costs, as measured on the running ones.
     pub(super) vm_cost: super::admission::VmCost,
+    /// The sandbox API (None when `serve.sandboxes.enabled` is false).
+    pub(super) sandbox: Option<super::sandbox::SandboxApi>,
     /// Held while the service runs (see `start`).
     _lock: std::fs::File,
 }
@@ -253,6 +224,20 @@ impl Service {
             );
         }
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
+        let sandbox = if settings.sandboxes.enabled {
+            let host = engine::HostChoices {
+                accel,
+                ksm: settings.ksm,
+            };
+            Some(super::sandbox::SandboxApi::start(
+                &settings.sandboxes,
+                out,
+                host,
+                &run_id,
+            )?)
+        } else {
+            None
+        };
         // A previous process's branch snapshots are of no use to anyone.
         let branches = SnapshotStore::new(out.join("branches"));
         let _ = std::fs::remove_dir_all(branches.root());
@@ -271,6 +256,7 @@ impl Service {
             counter: AtomicU64::new(0),
             max_sessions,
             vm_cost: super::admission::VmCost::new((u64::from(guest_mib) + engine::sizing::QEMU_OVERHEAD_MIB) << 20),
+            sandbox,
             _lock: lock,
         };
         let done: HashMap<String, usize> = opened
@@ -404,6 +390,9 @@ impl Service {
                     _ = self.wake.notified() => {}
                     _ = tick.tick() => {
                         self.expire_sessions().await;
+                        if let Some(api) = &self.sandbox {
+                            api.sandboxes.expire().await;
+                        }
                         if last_flush.elapsed() > Duration::from_secs(60) {
                             if let Err(e) = self.recorder.flush().await {
                                 tracing::warn!("writing a Parquet part failed (the rows stay in the journal): {e}");
@@ -541,6 +530,20 @@ impl Service {
         }
     }
 
+    /// A VM slot for a sandbox, counted with sessions against `serve.max_sessions` and
+    /// admitted by the same memory check; given back when the slot drops.
+    pub(super) fn vm_slot(self: &Arc<Self>) -> ApiResult<super::sandbox::sandboxes::VmSlot> {
+        self.check_admitting()?;
+        self.check_memory()?;
+        self.lock().sessions.reserve(self.max_sessions)?;
+        let service = Arc::downgrade(self);
+        Ok(super::sandbox::sandboxes::VmSlot::new(move || {
+            if let Some(service) = service.upgrade() {
+                service.lock().sessions.release();
+            }
+        }))
+    }
+
     pub(super) fn check_admitting(&self) -> ApiResult<()> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err(ApiError::new(503, "the service is shutting down"));
@@ -620,6 +623,7 @@ impl Service {
             "warm": warm,
             "queue_limit": self.settings.queue_limit,
             "sessions": inner.sessions.len(),
+            "sandboxes": self.sandbox.as_ref().map(|api| api.sandboxes.counts().0).unwrap_or(0),
             "max_sessions": self.max_sessions,
             "memory": self.memory_capacity(),
         })
@@ -644,6 +648,9 @@ impl Service {
         let sessions = self.lock().sessions.endable_ids();
         for id in sessions {
             let _ = self.end_session(&id, "the service shut down").await;
+        }
+        if let Some(api) = &self.sandbox {
+            api.sandboxes.shut_down().await;
         }
         // Paused sessions stay on disk for the next start.
         let all = self.lock().sessions.all();

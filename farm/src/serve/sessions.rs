@@ -73,7 +73,7 @@ impl Drop for SessionSlot<'_> {
 
 impl Service {
     /// Memory for one more VM at the measured cost, past the reserve; or 503 with the figures.
-    fn check_memory(&self) -> ApiResult<()> {
+    pub(super) fn check_memory(&self) -> ApiResult<()> {
         let Some(host) = vmm::memory::HostMemory::probe() else {
             return Ok(());
         };

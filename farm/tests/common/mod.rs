@@ -1,4 +1,7 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests (each test crate uses some of them).
+#![allow(dead_code)]
+
+pub mod serve;
 
 use std::path::Path;
 

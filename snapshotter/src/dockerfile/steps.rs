@@ -110,7 +110,7 @@ impl Builder<'_> {
     /// A base image's template snapshot, and the state its config gives.
     async fn base(&self, image: &str, pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<State, StepError> {
         let dir = self.spec.dockerfile.parent().unwrap_or(std::path::Path::new("."));
-        let spec = image_spec(image, dir)?;
+        let spec = image_spec(image, dir, self.spec.template.confined)?;
         let mut template = TemplateConfig::of_image(&spec);
         template.memory_mib = self.spec.template.memory_mib;
         template.cpus = self.spec.template.cpus;
@@ -668,8 +668,9 @@ fn earlier_stage(name: &str, stages: &[Stage], built: &[Option<State>]) -> Optio
 
 /// The farm image spec of a `FROM`: `farm:minimal` and `farm:python` are the built-in
 /// images, farm's own schemes (`oci-archive:` ...) pass as they are, and anything else is a
-/// registry reference.
-fn image_spec(from: &str, dir: &std::path::Path) -> Result<String, StepError> {
+/// registry reference. `confined`: the Dockerfile is not the host's own, and may name no
+/// host path (farm's schemes other than `registry:` are refused).
+fn image_spec(from: &str, dir: &std::path::Path, confined: bool) -> Result<String, StepError> {
     if from == "scratch" {
         return Err(StepError::Unsupported(
             "FROM scratch: a farm image needs a base with a shell; start FROM an image".into(),
@@ -681,6 +682,11 @@ fn image_spec(from: &str, dir: &std::path::Path) -> Result<String, StepError> {
     let farm_scheme = ["oci-archive:", "docker-archive:", "oci:", "rootfs:", "registry:"]
         .iter()
         .any(|p| from.starts_with(p));
+    if confined && farm_scheme && !from.starts_with("registry:") {
+        return Err(StepError::Unsupported(format!(
+            "FROM {from}: this Dockerfile may name registry images and farm:minimal or farm:python only (no host paths)"
+        )));
+    }
     let spec = if farm_scheme {
         from.to_string()
     } else {
@@ -714,15 +720,21 @@ mod tests {
         assert_eq!(join("/", ""), "/");
         let dir = std::path::Path::new("/ctx");
         assert_eq!(
-            image_spec("python:3.12-slim", dir).unwrap(),
+            image_spec("python:3.12-slim", dir, false).unwrap(),
             "registry:python:3.12-slim"
         );
-        assert_eq!(image_spec("farm:python", dir).unwrap(), "python");
+        assert_eq!(image_spec("farm:python", dir, false).unwrap(), "python");
         assert_eq!(
-            image_spec("oci-archive:base.tar", dir).unwrap(),
+            image_spec("oci-archive:base.tar", dir, false).unwrap(),
             "oci-archive:/ctx/base.tar"
         );
-        assert!(image_spec("scratch", dir).is_err());
+        assert!(image_spec("scratch", dir, false).is_err());
+        // A client's Dockerfile names no host path.
+        for host in ["oci-archive:/etc/x.tar", "docker-archive:d.tar", "oci:/srv", "rootfs:/"] {
+            assert!(image_spec(host, dir, true).is_err(), "{host}");
+        }
+        assert_eq!(image_spec("farm:python", dir, true).unwrap(), "python");
+        assert!(image_spec("registry:ghcr.io/o/i:1", dir, true).is_ok());
         assert!(is_archive("x.tar.gz", &[0x1f, 0x8b, 8]));
         assert!(
             !is_archive("x.gz", &[0x1f, 0x8b, 8]),

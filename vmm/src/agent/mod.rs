@@ -438,10 +438,23 @@ impl AgentClient {
         max_bytes: u64,
         beneath: Option<&str>,
     ) -> Result<(Vec<u8>, u64), AgentError> {
+        self.read_file_at(path, 0, max_bytes, beneath).await
+    }
+
+    /// Reads at most `max_bytes` of a regular file from byte `offset` on (for output that is
+    /// still growing); returns (contents, the whole file's size).
+    pub async fn read_file_at(
+        &self,
+        path: &str,
+        offset: u64,
+        max_bytes: u64,
+        beneath: Option<&str>,
+    ) -> Result<(Vec<u8>, u64), AgentError> {
         let request = ReadFileRequest {
             path: path.to_string(),
             max_bytes,
             beneath: beneath.map(str::to_string),
+            offset,
         };
         match self
             .request("read_file", Request::ReadFile(request), Vec::new(), SHORT_REQUEST)

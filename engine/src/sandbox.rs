@@ -1,0 +1,177 @@
+//! Sandboxes: live forks of an environment's snapshot that a client drives itself (the
+//! sandbox API of `farm serve`): no task, no verdict. An environment is any template
+//! snapshot (an image, or a Dockerfile's build, or a sandbox snapshotted again); its image
+//! config gives the working folder, user and variables, and the client's settings come on
+//! top. Branches, pauses and resumes are the engine's own ([`Engine::branch`],
+//! [`Engine::pause`], [`Engine::unpause`]).
+
+use std::sync::Arc;
+
+use snapshotter::{ForkIdentity, Snapshot};
+
+use crate::engine::Engine;
+use crate::errors::describe;
+use crate::harbor::Place;
+use crate::live::{ca_env, install_ca, LiveFork};
+use crate::metrics::{Role, VmGauge};
+
+/// What a client asks of a sandbox's fork.
+#[derive(Clone, Default)]
+pub struct SandboxSpec {
+    /// Variables every command gets, over the image's.
+    pub env: Vec<(String, String)>,
+    /// Where commands start (default: the image's `WORKDIR`, else `/`).
+    pub workdir: Option<String>,
+    /// Who commands run as (default: the image's `USER`, else root).
+    pub user: Option<String>,
+    /// Its egress (None: no network), one of the service's named policies.
+    pub network: Option<egress::Policy>,
+    /// How far its disk may grow past the environment's.
+    pub max_disk_bytes: Option<u64>,
+}
+
+/// Why a sandbox could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("forking the environment's snapshot")]
+    Fork(#[from] snapshotter::ForkError),
+    #[error(transparent)]
+    Ca(#[from] crate::live::CaInstallError),
+}
+
+impl Engine {
+    /// A live fork of `snapshot` (an environment) as `spec` says, with `image`'s config under
+    /// it. `pool`: a warm pool of that snapshot to take the fork from, when there is one.
+    pub async fn open_sandbox(
+        &self,
+        snapshot: &Snapshot,
+        image: &vmm::image::ImageConfig,
+        spec: &SandboxSpec,
+        seed: u64,
+        pool: Option<&snapshotter::WarmPool>,
+    ) -> Result<LiveFork, SandboxError> {
+        let mut env: Vec<(String, String)> = image
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for (k, v) in &spec.env {
+            env.retain(|(key, _)| key != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let place = Place {
+            workdir: spec
+                .workdir
+                .clone()
+                .or_else(|| (!image.working_dir.is_empty()).then(|| image.working_dir.clone()))
+                .unwrap_or_else(|| "/".into()),
+            user: spec
+                .user
+                .clone()
+                .or_else(|| Some(image.user.clone()))
+                .filter(|u| !u.is_empty() && u != "root" && u != "0"),
+            env: env.clone(),
+        };
+        let mut identity_env = env;
+        if let Some(network) = &spec.network {
+            identity_env.extend(snapshotter::template::proxy_env());
+            identity_env.extend(ca_env(network));
+        }
+        let identity = ForkIdentity {
+            env: identity_env,
+            ..ForkIdentity::new(seed)
+        };
+        let mut fork = match pool {
+            Some(pool) => pool.fork(identity).await?,
+            None => self.forker.fork(snapshot, identity).await?,
+        };
+        if let Some(limit) = spec.max_disk_bytes {
+            fork.machine.limit_disk_growth(limit);
+        }
+        if let Some(network) = &spec.network {
+            install_ca(&fork, network).await?;
+            fork.machine.set_network(network.clone());
+        }
+        Ok(LiveFork::new(
+            fork,
+            Arc::new(Vec::new()),
+            place,
+            VmGauge::new(Role::Sandbox),
+        ))
+    }
+}
+
+impl SandboxError {
+    /// The error and its causes, on one line.
+    pub fn describe(&self) -> String {
+        describe(self)
+    }
+}
+
+/// What a sandbox's command asks beyond the program: each `None` takes the fork's place.
+#[derive(Debug, Clone, Default)]
+pub struct Command {
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub user: Option<String>,
+    pub stdin: Vec<u8>,
+    pub timeout: Option<std::time::Duration>,
+    /// Caps of stdout and stderr, each.
+    pub output_cap: u64,
+}
+
+/// Why a sandbox could not be snapshotted into an environment.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotSandboxError {
+    #[error("a sandbox resumed from a pause cannot be snapshotted (its state lives in its pause folder, which goes with it): snapshot it before pausing, or branch it from an environment snapshotted before")]
+    Resumed,
+    #[error("snapshotting the sandbox")]
+    Snapshot(#[from] snapshotter::BuildError),
+}
+
+impl LiveFork {
+    /// The agent's options for `program` run as `command` asks, in this fork's place (its
+    /// folder, user and variables, the command's over them).
+    pub fn exec_options(&self, program: farm_protocol::Program, command: Command) -> vmm::ExecOptions {
+        let mut env = self.place.env.clone();
+        for (k, v) in command.env {
+            env.retain(|(key, _)| *key != k);
+            env.push((k, v));
+        }
+        vmm::ExecOptions {
+            program,
+            cwd: Some(command.cwd.unwrap_or_else(|| self.place.workdir.clone())),
+            env,
+            stdin: command.stdin,
+            timeout: command.timeout,
+            stdout_cap: command.output_cap,
+            stderr_cap: command.output_cap,
+            user: match command.user {
+                Some(u) if u.is_empty() || u == "root" || u == "0" => None,
+                Some(u) => Some(u),
+                None => self.place.user.clone(),
+            },
+        }
+    }
+}
+
+impl Engine {
+    /// A new template snapshot of `live` (a sandbox of the environment `base`) in the
+    /// engine's store: a child of the snapshot the fork came from. The sandbox goes on.
+    pub async fn snapshot_sandbox(&self, live: &LiveFork, base: &Snapshot) -> Result<Snapshot, SnapshotSandboxError> {
+        let parent = match live.origin() {
+            Some(branch) if branch.is_paused_state() => return Err(SnapshotSandboxError::Resumed),
+            Some(branch) => branch.snapshot.clone(),
+            None => base.clone(),
+        };
+        Ok(snapshotter::snapshot_fork(&self.store, &self.forker, &parent, &live.fork, "sandbox", None, true).await?)
+    }
+}
+
+impl SnapshotSandboxError {
+    /// The error and its causes, on one line.
+    pub fn describe(&self) -> String {
+        describe(self)
+    }
+}

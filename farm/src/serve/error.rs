@@ -1,0 +1,54 @@
+//! The failure a request is told about: an HTTP status, a message and the field it concerns,
+//! answered as `{"error": ..., "field": ...}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// A failure a request can be told about: an HTTP status and a message (and the request
+/// field it concerns).
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub field: Option<String>,
+    /// Seconds, for 429.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            field: None,
+            retry_after: None,
+        }
+    }
+    pub fn field(status: u16, field: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            field: Some(field.into()),
+            retry_after: None,
+        }
+    }
+}
+
+pub type ApiResult<T> = std::result::Result<T, ApiError>;
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut body = serde_json::json!({ "error": self.message });
+        if let Some(field) = self.field {
+            body["field"] = field.into();
+        }
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,762 @@
+//! Environments of the sandbox API: template snapshots made on demand from an image
+//! reference or an uploaded Dockerfile build context, or snapshotted from a sandbox.
+//!
+//! An environment's id is a digest of what it is made of (the request, and the context's
+//! content), so the same content gives the same environment, and a second request for it
+//! reuses the first (or waits for its build). Builds run in the background; their progress is
+//! a list of lines a client reads while they run. A ready environment is recorded in
+//! `environments/<id>.json`, which pins its snapshot through `farm snapshot gc` and makes it
+//! known again after a restart. Failed builds are not recorded: asking again builds again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use snapshotter::template::{Network, TemplateConfig};
+use snapshotter::Snapshot;
+use tokio::sync::watch;
+use vmm::image::ImageConfig;
+
+use super::contexts::Contexts;
+use super::LazyEngine;
+use crate::serve::error::{ApiError, ApiResult};
+
+/// Lines of build progress kept per environment (the first and the last ones).
+const MAX_LOG_LINES: usize = 5000;
+/// Version of `environments/<id>.json`.
+const RECORD_VERSION: u32 = 1;
+
+/// `POST /v1/environments`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentRequest {
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub dockerfile: Option<DockerfileRequest>,
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    #[serde(default)]
+    pub memory_mib: Option<u32>,
+    #[serde(default)]
+    pub disk_mib: Option<u64>,
+    #[serde(default)]
+    pub setup: Vec<String>,
+    /// Build again even when it exists.
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DockerfileRequest {
+    pub context: String,
+    #[serde(default = "dockerfile_name")]
+    pub path: String,
+    #[serde(default)]
+    pub build_args: BTreeMap<String, String>,
+    #[serde(default)]
+    pub target: Option<String>,
+}
+
+fn dockerfile_name() -> String {
+    "Dockerfile".into()
+}
+
+/// What an environment is made of (its id is a digest of this).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Source {
+    /// A built-in image or a registry reference.
+    Image { image: String },
+    /// A Dockerfile in an uploaded context.
+    Dockerfile {
+        context: String,
+        path: String,
+        build_args: BTreeMap<String, String>,
+        target: Option<String>,
+    },
+    /// A sandbox's state.
+    Sandbox { sandbox: String, environment: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub source: Source,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub disk_mib: Option<u64>,
+    pub setup: Vec<String>,
+}
+
+impl Spec {
+    fn id(&self) -> String {
+        let digest = Sha256::digest(serde_json::to_vec(self).expect("specs serialize"));
+        format!("env-{}", snapshotter::template::hex(&digest[..12]))
+    }
+}
+
+/// Where a build failed, for the client.
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildFailure {
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dockerfile_line: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instruction: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<String>,
+}
+
+/// A ready environment's snapshot, and what its commands run with.
+#[derive(Clone)]
+pub struct Ready {
+    pub snapshot: Arc<Snapshot>,
+    pub image: ImageConfig,
+}
+
+#[derive(Clone)]
+enum State {
+    Building,
+    Ready(Ready),
+    Failed(BuildFailure),
+}
+
+/// `environments/<id>.json`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    format_version: u32,
+    id: String,
+    spec: Spec,
+    created_at_ms: u64,
+    snapshot: String,
+    image: ImageConfig,
+}
+
+/// One environment: its spec, state and build log.
+pub struct Environment {
+    pub id: String,
+    pub spec: Spec,
+    pub created_at_ms: u64,
+    state: Mutex<State>,
+    log: Mutex<Vec<String>>,
+    /// Bumped on every log line and state change (readers wait on it).
+    changed: watch::Sender<u64>,
+    /// Warm forks of its snapshot (made when the first sandbox is).
+    pool: tokio::sync::OnceCell<Option<snapshotter::WarmPool>>,
+    /// Live sandboxes made from it.
+    pub(super) sandboxes: std::sync::atomic::AtomicUsize,
+}
+
+impl Environment {
+    fn new(id: String, spec: Spec, created_at_ms: u64, state: State) -> Environment {
+        Environment {
+            id,
+            spec,
+            created_at_ms,
+            state: Mutex::new(state),
+            log: Mutex::new(Vec::new()),
+            changed: watch::channel(0).0,
+            pool: tokio::sync::OnceCell::new(),
+            sandboxes: Default::default(),
+        }
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn push_log(&self, line: &str) {
+        {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            if log.len() < MAX_LOG_LINES {
+                log.push(line.to_string());
+            } else {
+                let last = log.len() - 1;
+                log[last] = format!("(lines past {MAX_LOG_LINES} left out) {line}");
+            }
+        }
+        self.bump();
+    }
+
+    fn set_state(&self, state: State) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+        self.bump();
+    }
+
+    fn state(&self) -> State {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The snapshot to fork, or 409 while it builds or when it failed.
+    pub fn ready(&self, field: &str) -> ApiResult<Ready> {
+        match self.state() {
+            State::Ready(ready) => Ok(ready),
+            State::Building => Err(ApiError::field(
+                409,
+                field,
+                format!(
+                    "environment {} is still building (GET /v1/environments/{}/logs)",
+                    self.id, self.id
+                ),
+            )),
+            State::Failed(f) => Err(ApiError::field(
+                409,
+                field,
+                format!("environment {} failed to build: {}", self.id, f.message),
+            )),
+        }
+    }
+
+    /// Its warm pool, started on first use when `size` > 0.
+    pub async fn pool(&self, engine: &engine::Engine, ready: &Ready, size: usize) -> Option<&snapshotter::WarmPool> {
+        self.pool
+            .get_or_init(|| async {
+                if size == 0 {
+                    return None;
+                }
+                match snapshotter::WarmPool::start_with_mode(
+                    engine.forker.clone(),
+                    (*ready.snapshot).clone(),
+                    size,
+                    snapshotter::PoolMode::Resumed,
+                ) {
+                    Ok(pool) => Some(pool),
+                    Err(e) => {
+                        tracing::warn!("environment {}: no warm pool: {e}", self.id);
+                        None
+                    }
+                }
+            })
+            .await
+            .as_ref()
+    }
+
+    /// The JSON a client sees.
+    pub fn view(&self) -> serde_json::Value {
+        let (state, snapshot, error) = match self.state() {
+            State::Building => ("building", None, None),
+            State::Ready(r) => ("ready", Some(r.snapshot.id().to_string()), None),
+            State::Failed(f) => ("failed", None, Some(f)),
+        };
+        serde_json::json!({
+            "id": self.id,
+            "state": state,
+            "spec": self.spec,
+            "cpus": self.spec.cpus,
+            "memory_mib": self.spec.memory_mib,
+            "created_at_ms": self.created_at_ms,
+            "log_lines": self.log.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            "snapshot": snapshot,
+            "error": error,
+            "sandboxes": self.sandboxes.load(std::sync::atomic::Ordering::SeqCst),
+        })
+    }
+}
+
+/// The registry of environments.
+pub struct Environments {
+    engine: Arc<LazyEngine>,
+    /// The snapshot store (the engine's).
+    store: snapshotter::SnapshotStore,
+    /// `OUT/sandboxes/environments`: one record per ready environment (each pins its snapshot).
+    dir: PathBuf,
+    pub contexts: Contexts,
+    build_network: Network,
+    all: Mutex<HashMap<String, Arc<Environment>>>,
+}
+
+impl Environments {
+    /// The registry in `root` (`root/environments`, `root/contexts`), with the environments
+    /// a previous process recorded whose snapshots are still in the store.
+    pub fn open(
+        engine: Arc<LazyEngine>,
+        store: snapshotter::SnapshotStore,
+        settings: &super::SandboxSection,
+        root: &Path,
+    ) -> anyhow::Result<Environments> {
+        use anyhow::Context as _;
+        let dir = root.join("environments");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut all = HashMap::new();
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let loaded = std::fs::read_to_string(&path)
+                .map_err(anyhow::Error::from)
+                .and_then(|t| Ok(serde_json::from_str::<Record>(&t)?));
+            let record = match loaded {
+                Ok(r) if r.format_version == RECORD_VERSION => r,
+                Ok(r) => {
+                    tracing::warn!(
+                        "{}: format version {} (this farm reads {RECORD_VERSION}); left alone",
+                        path.display(),
+                        r.format_version
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!("{}: not an environment record ({e}); left alone", path.display());
+                    continue;
+                }
+            };
+            match store.get(&record.snapshot) {
+                Ok(snapshot) => {
+                    let ready = Ready {
+                        snapshot: Arc::new(snapshot),
+                        image: record.image,
+                    };
+                    let env = Environment::new(
+                        record.id.clone(),
+                        record.spec,
+                        record.created_at_ms,
+                        State::Ready(ready),
+                    );
+                    all.insert(record.id, Arc::new(env));
+                }
+                Err(e) => {
+                    tracing::warn!("environment {}: its snapshot is gone ({e}); forgotten", record.id);
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        if !all.is_empty() {
+            tracing::info!("sandboxes: {} environments kept from before", all.len());
+        }
+        Ok(Environments {
+            contexts: Contexts::open(root, settings.max_context_mib << 20)?,
+            engine,
+            store,
+            dir,
+            build_network: settings.build_network.clone(),
+            all: Mutex::new(all),
+        })
+    }
+
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// An environment by id, or 404 naming `field`.
+    pub fn get(&self, id: &str, field: &str) -> ApiResult<Arc<Environment>> {
+        self.all
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::field(404, field, format!("no environment {id:?}")))
+    }
+
+    pub fn list(&self) -> Vec<serde_json::Value> {
+        let mut all: Vec<Arc<Environment>> = self
+            .all
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by_key(|e| (e.created_at_ms, e.id.clone()));
+        all.iter().map(|e| e.view()).collect()
+    }
+
+    /// The spec a request asks for, or a 400 naming the field.
+    fn spec_of(&self, request: &EnvironmentRequest) -> ApiResult<Spec> {
+        let source = match (&request.image, &request.dockerfile) {
+            (Some(image), None) => Source::Image {
+                image: image_reference(image)?,
+            },
+            (None, Some(d)) => {
+                self.contexts.folder(&d.context, "dockerfile.context")?;
+                if !super::contexts::plain_relative(&d.path) {
+                    return Err(ApiError::field(
+                        400,
+                        "dockerfile.path",
+                        "must be a plain path inside the context (no leading /, no ..)",
+                    ));
+                }
+                for key in d.build_args.keys() {
+                    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                        return Err(ApiError::field(
+                            400,
+                            format!("dockerfile.build_args.{key}"),
+                            "a build argument's name is letters, digits and _",
+                        ));
+                    }
+                }
+                Source::Dockerfile {
+                    context: d.context.clone(),
+                    path: d.path.clone(),
+                    build_args: d.build_args.clone(),
+                    target: d.target.clone().filter(|t| !t.is_empty()),
+                }
+            }
+            (Some(_), Some(_)) => return Err(ApiError::field(400, "dockerfile", "give image or dockerfile, not both")),
+            (None, None) => {
+                return Err(ApiError::field(
+                    400,
+                    "image",
+                    "missing: give image (a registry reference, minimal or python) or dockerfile",
+                ))
+            }
+        };
+        let cpus = request.cpus.unwrap_or(1);
+        if !(1..=64).contains(&cpus) {
+            return Err(ApiError::field(400, "cpus", "must be 1 to 64"));
+        }
+        let memory_mib = request.memory_mib.unwrap_or(512);
+        if !(128..=262_144).contains(&memory_mib) {
+            return Err(ApiError::field(400, "memory_mib", "must be 128 to 262144"));
+        }
+        if let Some(disk) = request.disk_mib {
+            if !(64..=1 << 20).contains(&disk) {
+                return Err(ApiError::field(400, "disk_mib", "must be 64 to 1048576"));
+            }
+        }
+        if let Some(i) = request.setup.iter().position(|c| c.trim().is_empty()) {
+            return Err(ApiError::field(400, format!("setup[{i}]"), "must be a command"));
+        }
+        Ok(Spec {
+            source,
+            cpus,
+            memory_mib,
+            disk_mib: request.disk_mib,
+            setup: request.setup.clone(),
+        })
+    }
+
+    /// `POST /v1/environments`: the environment (true when this request started its build).
+    pub fn create(self: &Arc<Self>, request: EnvironmentRequest) -> ApiResult<(Arc<Environment>, bool)> {
+        let spec = self.spec_of(&request)?;
+        let id = spec.id();
+        let env = {
+            let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(existing) = all.get(&id) {
+                let rebuild = match existing.state() {
+                    State::Building => false,
+                    State::Failed(_) => true,
+                    State::Ready(_) => request.force,
+                };
+                if !rebuild {
+                    return Ok((existing.clone(), false));
+                }
+                if existing.sandboxes.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                    return Err(ApiError::field(
+                        409,
+                        "force",
+                        format!("environment {id} has live sandboxes: delete them before building it again"),
+                    ));
+                }
+            }
+            let env = Arc::new(Environment::new(
+                id.clone(),
+                spec,
+                engine::row::now_ms() as u64,
+                State::Building,
+            ));
+            all.insert(id, env.clone());
+            env
+        };
+        let this = self.clone();
+        let building = env.clone();
+        tokio::spawn(async move { this.build(building).await });
+        Ok((env, true))
+    }
+
+    /// Builds `env` and records the outcome.
+    async fn build(&self, env: Arc<Environment>) {
+        let started = std::time::Instant::now();
+        let progress = |line: &str| env.push_log(line);
+        let outcome = self.build_snapshot(&env, &progress).await;
+        match outcome.and_then(|ready| self.record(&env, &ready).map(|()| ready)) {
+            Ok(ready) => {
+                progress(&format!(
+                    "ready in {:.1} s: snapshot {}",
+                    started.elapsed().as_secs_f64(),
+                    ready.snapshot.id()
+                ));
+                tracing::info!("sandboxes: environment {} ready", env.id);
+                env.set_state(State::Ready(ready));
+            }
+            Err(failure) => {
+                progress(&format!("failed: {}", failure.message));
+                tracing::warn!("sandboxes: environment {} failed: {}", env.id, failure.message);
+                env.set_state(State::Failed(failure));
+            }
+        }
+    }
+
+    async fn build_snapshot(&self, env: &Environment, progress: &(dyn Fn(&str) + Sync)) -> Result<Ready, BuildFailure> {
+        let spec = &env.spec;
+        let mut template = TemplateConfig::of_image("");
+        let base_dir = match &spec.source {
+            Source::Image { image } => {
+                template.image = image.clone();
+                self.dir.clone()
+            }
+            Source::Dockerfile {
+                context,
+                path,
+                build_args,
+                target,
+            } => {
+                template.dockerfile = Some(path.into());
+                template.context = Some(".".into());
+                template.build_args = build_args.clone();
+                template.target = target.clone();
+                template.confined = true;
+                self.contexts
+                    .folder(context, "dockerfile.context")
+                    .map_err(|e| plain(e.message))?
+            }
+            Source::Sandbox { .. } => unreachable!("sandbox environments are not built"),
+        };
+        template.cpus = spec.cpus;
+        template.memory_mib = spec.memory_mib;
+        template.image_size_mib = spec.disk_mib;
+        template.setup = spec.setup.clone();
+        template.setup_timeout_secs = 3600;
+        template.network = self.build_network.clone();
+        let engine = self.engine.get().await.map_err(|e| plain(e.message))?;
+        let built = snapshotter::build_template_with(
+            &engine.store,
+            &engine.forker,
+            &template,
+            &base_dir,
+            &env.id,
+            &snapshotter::TemplateExtras::default(),
+            progress,
+        )
+        .await
+        .map_err(failure)?;
+        let image = built
+            .image_config
+            .clone()
+            .unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default());
+        Ok(Ready {
+            snapshot: Arc::new(built.snapshot),
+            image,
+        })
+    }
+
+    /// Writes `env`'s record (atomically) and pins its snapshot.
+    fn record(&self, env: &Environment, ready: &Ready) -> Result<(), BuildFailure> {
+        let record = Record {
+            format_version: RECORD_VERSION,
+            id: env.id.clone(),
+            spec: env.spec.clone(),
+            created_at_ms: env.created_at_ms,
+            snapshot: ready.snapshot.id().to_string(),
+            image: ready.image.clone(),
+        };
+        let path = self.record_path(&env.id);
+        let tmp = path.with_extension("json.tmp");
+        let written = std::fs::write(&tmp, serde_json::to_vec_pretty(&record).expect("records serialize"))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        written.map_err(|e| plain(format!("recording the environment in {}: {e}", path.display())))?;
+        self.store
+            .pin(ready.snapshot.id(), &path)
+            .map_err(|e| plain(format!("pinning its snapshot: {e}")))
+    }
+
+    /// A new ready environment of a sandbox's state (`POST /v1/sandboxes/{id}/snapshot`).
+    pub fn add_snapshot(
+        &self,
+        sandbox: &str,
+        from: &Environment,
+        snapshot: Snapshot,
+        image: ImageConfig,
+    ) -> ApiResult<Arc<Environment>> {
+        let spec = Spec {
+            source: Source::Sandbox {
+                sandbox: sandbox.to_string(),
+                environment: from.id.clone(),
+            },
+            // Each snapshot is new content: its id is the snapshot's.
+            setup: vec![snapshot.id().to_string()],
+            ..from.spec.clone()
+        };
+        let env = Arc::new(Environment::new(
+            spec.id(),
+            spec,
+            engine::row::now_ms() as u64,
+            State::Building,
+        ));
+        let ready = Ready {
+            snapshot: Arc::new(snapshot),
+            image,
+        };
+        self.record(&env, &ready).map_err(|f| ApiError::new(500, f.message))?;
+        env.set_state(State::Ready(ready));
+        self.all
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(env.id.clone(), env.clone());
+        Ok(env)
+    }
+
+    /// `DELETE /v1/environments/{id}`: forgets it and unpins its snapshot.
+    pub fn delete(&self, id: &str) -> ApiResult<()> {
+        let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        let env = all
+            .get(id)
+            .ok_or_else(|| ApiError::new(404, format!("no environment {id:?}")))?;
+        if matches!(env.state(), State::Building) {
+            return Err(ApiError::new(409, format!("environment {id} is still building")));
+        }
+        let live = env.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
+        if live > 0 {
+            return Err(ApiError::new(
+                409,
+                format!("environment {id} has {live} live sandboxes: delete them first"),
+            ));
+        }
+        let path = self.record_path(id);
+        self.store.unpin(&path);
+        let _ = std::fs::remove_file(&path);
+        all.remove(id);
+        Ok(())
+    }
+
+    /// `GET /v1/environments/{id}/logs`: lines from `offset`, waiting up to `wait` for one
+    /// (or for the build to end).
+    pub async fn logs(&self, id: &str, offset: usize, wait: Duration) -> ApiResult<serde_json::Value> {
+        let env = self.get(id, "id")?;
+        let mut changed = env.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let (lines, total) = {
+                let log = env.log.lock().unwrap_or_else(|p| p.into_inner());
+                (log.iter().skip(offset).cloned().collect::<Vec<_>>(), log.len())
+            };
+            let building = matches!(env.state(), State::Building);
+            if !lines.is_empty() || !building || tokio::time::Instant::now() >= deadline {
+                let view = env.view();
+                return Ok(serde_json::json!({
+                    "lines": lines,
+                    "next": total.max(offset),
+                    "state": view["state"],
+                    "error": view["error"],
+                }));
+            }
+            let _ = tokio::time::timeout_at(deadline, changed.changed()).await;
+        }
+    }
+}
+
+/// The template image of a requested reference: the built-in images, or a registry
+/// reference (with or without `registry:`). Host paths and archives are refused.
+fn image_reference(image: &str) -> ApiResult<String> {
+    let bad = |why: &str| ApiError::field(400, "image", format!("{image:?}: {why}"));
+    let image = image.trim();
+    if image == "minimal" || image == "python" {
+        return Ok(image.to_string());
+    }
+    let reference = image.strip_prefix("registry:").unwrap_or(image);
+    if ["oci-archive:", "docker-archive:", "oci:", "rootfs:", "farm:"]
+        .iter()
+        .any(|p| reference.starts_with(p))
+        || reference.starts_with('/')
+        || reference.starts_with('.')
+        || reference.starts_with('~')
+    {
+        return Err(bad(
+            "only minimal, python and registry references are served here (no host paths or archives)",
+        ));
+    }
+    if reference.is_empty()
+        || reference.len() > 512
+        || !reference
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c))
+    {
+        return Err(bad(
+            "not an image reference (e.g. python:3.12-slim or ghcr.io/org/image:tag)",
+        ));
+    }
+    Ok(format!("registry:{reference}"))
+}
+
+fn plain(message: String) -> BuildFailure {
+    BuildFailure {
+        message,
+        dockerfile_line: None,
+        instruction: None,
+        output_tail: None,
+    }
+}
+
+/// A build error as the client sees it: the message, and for a Dockerfile its line,
+/// instruction and the end of the step's output.
+fn failure(e: snapshotter::TemplateError) -> BuildFailure {
+    if let snapshotter::TemplateError::Dockerfile(d) = &e {
+        let output_tail = match d.kind.as_ref() {
+            snapshotter::dockerfile::StepError::Failed { stderr, .. } if !stderr.is_empty() => Some(stderr.clone()),
+            _ => None,
+        };
+        return BuildFailure {
+            message: engine::describe(&e),
+            dockerfile_line: Some(d.line),
+            instruction: Some(d.instruction.clone()),
+            output_tail,
+        };
+    }
+    BuildFailure {
+        message: engine::describe(&e),
+        dockerfile_line: None,
+        instruction: None,
+        output_tail: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_references_name_no_host_path() {
+        assert_eq!(image_reference("python").unwrap(), "python");
+        assert_eq!(
+            image_reference("python:3.12-slim").unwrap(),
+            "registry:python:3.12-slim"
+        );
+        assert_eq!(
+            image_reference("registry:ghcr.io/o/i@sha256:ab").unwrap(),
+            "registry:ghcr.io/o/i@sha256:ab"
+        );
+        for bad in [
+            "oci-archive:/etc/x.tar",
+            "registry:rootfs:/",
+            "/srv/image",
+            "./image",
+            "~/x",
+            "farm:python",
+            "a b",
+            "",
+        ] {
+            let e = image_reference(bad).unwrap_err();
+            assert_eq!((e.status, e.field.as_deref()), (400, Some("image")), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_same_content_gives_the_same_id() {
+        let spec = |image: &str, cpus| Spec {
+            source: Source::Image { image: image.into() },
+            cpus,
+            memory_mib: 512,
+            disk_mib: None,
+            setup: vec![],
+        };
+        assert_eq!(spec("python", 1).id(), spec("python", 1).id());
+        assert_ne!(spec("python", 1).id(), spec("python", 2).id());
+        assert_ne!(spec("python", 1).id(), spec("minimal", 1).id());
+        assert!(spec("python", 1).id().starts_with("env-"));
+    }
+}

@@ -1,0 +1,333 @@
+//! The HTTP routes of the sandbox API (`/v1/contexts`, `/v1/environments`,
+//! `/v1/sandboxes`, `/v1/openapi.json`); the reference is `docs/sandbox-api.md`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::routing::{get, post, put};
+use axum::Router;
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::http::{body_digest, idempotency_key, ok, parse, App, Reply};
+use super::sandbox::environments::EnvironmentRequest;
+use super::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
+use super::sandbox::SandboxApi;
+
+/// Largest body of a folder upload (it travels to the guest in one agent request).
+const MAX_FOLDER_UPLOAD: usize = 64 << 20;
+
+pub(super) fn routes() -> Router<App> {
+    let files = Router::new()
+        .route("/v1/sandboxes/{id}/files", put(write_file).get(read_file))
+        .route("/v1/sandboxes/{id}/folders", put(write_folder).get(read_folder))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_FOLDER_UPLOAD.max(MAX_FILE_BYTES as usize),
+        ));
+    let contexts =
+        Router::new()
+            .route("/v1/contexts", post(upload_context))
+            .layer(axum::extract::DefaultBodyLimit::max(
+                super::sandbox::MAX_CONTEXT_BYTES as usize,
+            ));
+    Router::new()
+        .route("/v1/environments", post(create_environment).get(list_environments))
+        .route("/v1/environments/{id}", get(get_environment).delete(delete_environment))
+        .route("/v1/environments/{id}/logs", get(environment_logs))
+        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/exec/stream", post(exec_stream))
+        .route("/v1/sandboxes/{id}/branch", post(branch))
+        .route("/v1/sandboxes/{id}/pause", post(pause))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
+        .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
+        .route(
+            "/v1/openapi.json",
+            get(|| async { axum::Json(super::sandbox::openapi::document()) }),
+        )
+        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
+        .merge(files)
+        .merge(contexts)
+}
+
+fn api(app: &App) -> Result<&SandboxApi, ApiError> {
+    app.service
+        .sandbox
+        .as_ref()
+        .ok_or_else(|| ApiError::new(404, "the sandbox API is off here (serve.sandboxes.enabled = false)"))
+}
+
+fn created(value: serde_json::Value) -> Reply {
+    Ok((StatusCode::CREATED, axum::Json(value)).into_response())
+}
+
+async fn upload_context(State(app): State<App>, body: Bytes) -> Reply {
+    let api = api(&app)?;
+    if body.len() as u64 > api.environments.contexts.max_bytes() {
+        return Err(ApiError::new(
+            413,
+            format!(
+                "the context is larger than {} MiB (serve.sandboxes.max_context_mib)",
+                api.environments.contexts.max_bytes() >> 20
+            ),
+        ));
+    }
+    let uploaded = api.environments.contexts.upload(body).await?;
+    created(serde_json::to_value(uploaded).expect("uploads serialize"))
+}
+
+async fn create_environment(State(app): State<App>, body: Bytes) -> Reply {
+    let request: EnvironmentRequest = parse(&body)?;
+    let api = api(&app)?;
+    app.service.check_admitting()?;
+    let (env, started) = api.environments.create(request)?;
+    let status = if started || env.view()["state"] == "building" {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(env.view())).into_response())
+}
+
+async fn list_environments(State(app): State<App>) -> Reply {
+    ok(serde_json::json!({ "environments": api(&app)?.environments.list() }))
+}
+
+async fn get_environment(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(api(&app)?.environments.get(&id, "id")?.view())
+}
+
+async fn delete_environment(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    api(&app)?.environments.delete(&id)?;
+    ok(serde_json::json!({ "id": id, "deleted": true }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsQuery {
+    #[serde(default)]
+    offset: usize,
+    #[serde(default)]
+    wait: f64,
+}
+
+async fn environment_logs(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
+    if !(0.0..=300.0).contains(&q.wait) {
+        return Err(ApiError::field(400, "wait", "must be 0 to 300 seconds"));
+    }
+    ok(api(&app)?
+        .environments
+        .logs(&id, q.offset, Duration::from_secs_f64(q.wait))
+        .await?)
+}
+
+async fn create_sandbox(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Reply {
+    let request: SandboxRequest = parse(&body)?;
+    let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
+    let api = api(&app)?;
+    let service = app.service.clone();
+    let (view, made) = api
+        .sandboxes
+        .create(&api.environments, request, key, || service.vm_slot())
+        .await?;
+    if made {
+        created(view)
+    } else {
+        ok(view)
+    }
+}
+
+async fn list_sandboxes(State(app): State<App>) -> Reply {
+    ok(serde_json::json!({ "sandboxes": api(&app)?.sandboxes.list().await }))
+}
+
+async fn get_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(api(&app)?.sandboxes.view(&id).await?)
+}
+
+async fn delete_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    api(&app)?.sandboxes.delete(&id, "deleted").await?;
+    ok(serde_json::json!({ "id": id, "deleted": true }))
+}
+
+async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: ExecRequest = parse(&body)?;
+    ok(api(&app)?.sandboxes.exec(&id, request).await?)
+}
+
+async fn exec_stream(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: ExecRequest = parse(&body)?;
+    let mut rx = api(&app)?.sandboxes.exec_stream(&id, request).await?;
+    let events = async_stream(move |tx| async move {
+        while let Some(event) = rx.recv().await {
+            let (name, data) = match event {
+                StreamEvent::Stdout(text) => ("stdout", serde_json::json!({ "data": text })),
+                StreamEvent::Stderr(text) => ("stderr", serde_json::json!({ "data": text })),
+                StreamEvent::Exit(end) => ("exit", end),
+                StreamEvent::Error(error) => ("error", serde_json::json!({ "error": error })),
+            };
+            let last = name == "exit" || name == "error";
+            if tx
+                .send(Event::default().event(name).data(data.to_string()))
+                .await
+                .is_err()
+                || last
+            {
+                break;
+            }
+        }
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// A stream of SSE events that `fill` sends.
+fn async_stream<F, Fut>(fill: F) -> impl futures::Stream<Item = Result<Event, Infallible>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Event>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(fill(tx));
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PathQuery {
+    path: String,
+    /// Octal (`644`, `0644` or `0o644`).
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+fn path_query(
+    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<PathQuery, ApiError> {
+    query.map(|Query(q)| q).map_err(|e| {
+        ApiError::field(
+            400,
+            "path",
+            format!("bad query: {} (give ?path=/absolute/guest/path)", e.body_text()),
+        )
+    })
+}
+
+fn mode_of(mode: Option<&str>) -> Result<u32, ApiError> {
+    let Some(text) = mode else { return Ok(0o644) };
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    match u32::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(ApiError::field(
+            400,
+            "mode",
+            "must be an octal file mode (e.g. 644 or 0755)",
+        )),
+    }
+}
+
+async fn write_file(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+    body: Bytes,
+) -> Reply {
+    let q = path_query(query)?;
+    let mode = mode_of(q.mode.as_deref())?;
+    if body.len() as u64 > MAX_FILE_BYTES {
+        return Err(ApiError::new(
+            413,
+            format!("a file upload is at most {} MiB", MAX_FILE_BYTES >> 20),
+        ));
+    }
+    ok(api(&app)?
+        .sandboxes
+        .write_file(&id, &q.path, mode, body.to_vec())
+        .await?)
+}
+
+async fn read_file(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let q = path_query(query)?;
+    let bytes = api(&app)?.sandboxes.read_file(&id, &q.path).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+async fn write_folder(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+    body: Bytes,
+) -> Reply {
+    let q = path_query(query)?;
+    if q.mode.is_some() {
+        return Err(ApiError::field(400, "mode", "a folder's modes come from its archive"));
+    }
+    if body.len() > MAX_FOLDER_UPLOAD {
+        return Err(ApiError::new(
+            413,
+            format!("a folder upload is at most {} MiB", MAX_FOLDER_UPLOAD >> 20),
+        ));
+    }
+    ok(api(&app)?.sandboxes.write_folder(&id, &q.path, body.to_vec()).await?)
+}
+
+async fn read_folder(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let q = path_query(query)?;
+    let bytes = api(&app)?.sandboxes.read_folder(&id, &q.path).await?;
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], bytes).into_response())
+}
+
+async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    let service = app.service.clone();
+    created(api(&app)?.sandboxes.branch(&id, || service.vm_slot()).await?)
+}
+
+async fn pause(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(api(&app)?.sandboxes.pause(&id).await?)
+}
+
+async fn resume(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    let service = app.service.clone();
+    ok(api(&app)?.sandboxes.resume(&id, || service.vm_slot()).await?)
+}
+
+async fn snapshot(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    let api = api(&app)?;
+    created(api.sandboxes.snapshot(&api.environments, &id).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_octal() {
+        assert_eq!(mode_of(None).unwrap(), 0o644);
+        assert_eq!(mode_of(Some("755")).unwrap(), 0o755);
+        assert_eq!(mode_of(Some("0o600")).unwrap(), 0o600);
+        assert_eq!(mode_of(Some("0644")).unwrap(), 0o644);
+        for bad in ["9", "rw", "77777", ""] {
+            assert_eq!(mode_of(Some(bad)).unwrap_err().field.as_deref(), Some("mode"), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! A `farm serve` process for the tests, and a client of its API.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A child process killed when dropped, and what it printed on stderr.
+pub struct Proc {
+    pub child: Child,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+/// Starts `command` and waits for a line of its output starting with `marker`; returns the
+/// rest of that line.
+pub fn start(mut command: Command, marker: &str, from_stdout: bool) -> (Proc, String) {
+    command.stdin(Stdio::null());
+    if from_stdout {
+        command.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    } else {
+        command.stderr(Stdio::piped()).stdout(Stdio::inherit());
+    }
+    let mut child = command.spawn().unwrap();
+    let stream: Box<dyn std::io::Read + Send> = if from_stdout {
+        Box::new(child.stdout.take().unwrap())
+    } else {
+        Box::new(child.stderr.take().unwrap())
+    };
+    let log = Arc::new(Mutex::new(String::new()));
+    let (found_tx, found_rx) = std::sync::mpsc::channel();
+    let (log2, wanted) = (log.clone(), marker.to_string());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            log2.lock().unwrap().push_str(&format!("{line}\n"));
+            if let Some(i) = line.find(&wanted) {
+                let rest = line[i + wanted.len()..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+                let _ = found_tx.send(rest);
+            }
+        }
+    });
+    let proc = Proc { child, log };
+    match found_rx.recv_timeout(Duration::from_secs(600)) {
+        Ok(rest) => (proc, rest),
+        Err(_) => panic!("never printed {marker:?}:\n{}", proc.log()),
+    }
+}
+
+pub fn fake_model() -> (Proc, String) {
+    let mut c = Command::new("python3");
+    c.arg(repo().join("farm/tests/fake_model.py"));
+    let (p, port) = start(c, "listening on ", true);
+    (p, format!("http://127.0.0.1:{port}/v1"))
+}
+
+pub fn farm_serve(config: &Path, out: &Path, run_dir: &Path, listen: &str, token: Option<&str>) -> (Proc, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_farm"));
+    c.arg("serve")
+        .arg(config)
+        .arg("--out")
+        .arg(out)
+        .arg("--listen")
+        .arg(listen)
+        .env("FARM_RUN_DIR", run_dir)
+        .env_remove("FARM_SERVE_TOKEN");
+    if let Some(t) = token {
+        c.env("FARM_SERVE_TOKEN", t);
+    }
+    let (p, url) = start(c, "listening on ", false);
+    let url = url.replace("0.0.0.0", "127.0.0.1");
+    (p, url)
+}
+
+pub struct Api {
+    pub url: String,
+    pub http: reqwest::Client,
+    pub token: Option<String>,
+}
+
+impl Api {
+    pub fn new(url: &str, token: Option<&str>) -> Api {
+        Api {
+            url: url.to_string(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(600))
+                .build()
+                .unwrap(),
+            token: token.map(String::from),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut r = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        if let Some(b) = body {
+            r = r.body(b.to_string()).header("content-type", "application/json");
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        (status, headers, resp.bytes().await.unwrap().to_vec())
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let (status, _, bytes) = self.send(method, path, body, &[]).await;
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({ "raw": String::from_utf8_lossy(&bytes) })),
+        )
+    }
+
+    /// A call that must succeed with `expect`.
+    pub async fn ok(&self, method: &str, path: &str, body: Option<Value>, expect: u16) -> Value {
+        let (status, v) = self.call(method, path, body).await;
+        assert_eq!(status, expect, "{method} {path}: {v}");
+        v
+    }
+
+    /// Rows from `cursor` until every id in `ids` has one (or 10 minutes pass).
+    pub async fn rows_for(&self, ids: &[String], cursor: usize) -> Vec<Value> {
+        let started = Instant::now();
+        let mut cursor = cursor;
+        let mut rows: Vec<Value> = Vec::new();
+        while !ids.iter().all(|id| rows.iter().any(|r| r["rollout_id"] == *id)) {
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "rows never came for {ids:?}; got {rows:?}"
+            );
+            let (status, headers, body) = self
+                .send("GET", &format!("/v1/results?cursor={cursor}&wait=20"), None, &[])
+                .await;
+            assert_eq!(status, 200);
+            let next: usize = headers["farm-next-cursor"].to_str().unwrap().parse().unwrap();
+            for (i, line) in String::from_utf8(body).unwrap().lines().enumerate() {
+                let row: Value = serde_json::from_str(line).unwrap();
+                assert_eq!(row["cursor"], cursor + i, "rows come in cursor order");
+                rows.push(row);
+            }
+            cursor = next;
+        }
+        rows.retain(|r| ids.iter().any(|id| r["rollout_id"] == *id));
+        rows
+    }
+}
+
+pub fn stop(proc: &mut Proc) {
+    let pid = proc.child.id();
+    assert!(Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success());
+    let started = Instant::now();
+    loop {
+        if let Some(status) = proc.child.try_wait().unwrap() {
+            assert_eq!(
+                status.code(),
+                Some(128 + 15),
+                "farm serve exits with 143 after SIGTERM:\n{}",
+                proc.log()
+            );
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "farm serve did not stop on SIGTERM:\n{}",
+            proc.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,536 @@
+//! The sandbox API of `farm serve` against real guests (`configs/sandboxes.toml`, the minimal
+//! image): environments from an image and from an uploaded Dockerfile context (reused by
+//! content; a failed build names its line; host paths refused), sandboxes with their
+//! settings, exec whole and streamed, files and folders, branch, pause and resume,
+//! snapshot into a new environment, idle expiry, deletes, bad requests naming their field,
+//! and no QEMU left after the service stops.
+
+mod common;
+use common::assert_no_qemu_of;
+use common::serve::{farm_serve, stop, Api};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// A tar archive of `(path, contents)` files.
+fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, text) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(text.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, path, text.as_bytes()).unwrap();
+    }
+    builder.into_inner().unwrap()
+}
+
+impl Api {
+    async fn raw(&self, method: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let resp = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.bytes().await.unwrap().to_vec())
+    }
+
+    /// Waits for an environment's build to end; returns it.
+    async fn built(&self, id: &str) -> Value {
+        let started = Instant::now();
+        let mut offset = 0;
+        loop {
+            let logs = self
+                .ok(
+                    "GET",
+                    &format!("/v1/environments/{id}/logs?offset={offset}&wait=30"),
+                    None,
+                    200,
+                )
+                .await;
+            offset = logs["next"].as_u64().unwrap() as usize;
+            if logs["state"] != "building" {
+                return self.ok("GET", &format!("/v1/environments/{id}"), None, 200).await;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(900),
+                "the build of {id} never ended"
+            );
+        }
+    }
+
+    async fn sh(&self, sandbox: &str, command: &str) -> Value {
+        self.ok(
+            "POST",
+            &format!("/v1/sandboxes/{sandbox}/exec"),
+            Some(json!({ "command": command })),
+            200,
+        )
+        .await
+    }
+
+    async fn stdout(&self, sandbox: &str, command: &str) -> String {
+        let out = self.sh(sandbox, command).await;
+        assert_eq!(out["exit_code"], 0, "{command}: {out}");
+        out["stdout"].as_str().unwrap().to_string()
+    }
+}
+
+/// Server-sent events as (event, data) pairs.
+fn events(body: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for block in body.split("\n\n") {
+        let mut name = String::new();
+        let mut data = String::new();
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.trim_start());
+            }
+        }
+        if !name.is_empty() {
+            out.push((name, serde_json::from_str(&data).unwrap()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn environments_sandboxes_and_every_verb() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
+    let config = dir.path().join("sandboxes.toml");
+    std::fs::write(
+        &config,
+        "[serve]\nsuites = []\n[serve.sandboxes]\nwarm_pool = 1\n\
+         [serve.sandboxes.networks.loopback]\nallow = [\"127.0.0.1:9\"]\n",
+    )
+    .unwrap();
+    let (mut service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+
+    // The OpenAPI document names the routes.
+    let doc = api.ok("GET", "/v1/openapi.json", None, 200).await;
+    assert!(doc["paths"]["/v1/sandboxes/{id}/exec"]["post"].is_object());
+
+    // An environment from an image: built in the background, then found again by content.
+    let created = api
+        .ok("POST", "/v1/environments", Some(json!({ "image": "minimal" })), 202)
+        .await;
+    let env_id = created["id"].as_str().unwrap().to_string();
+    let env = api.built(&env_id).await;
+    assert_eq!(env["state"], "ready", "{env}");
+    let again = api
+        .ok("POST", "/v1/environments", Some(json!({ "image": "minimal" })), 200)
+        .await;
+    assert_eq!(again["id"], env_id);
+    for (body, field) in [
+        (json!({ "image": "oci-archive:/etc/passwd" }), "image"),
+        (json!({ "image": "/srv/rootfs" }), "image"),
+        (json!({}), "image"),
+        (json!({ "image": "minimal", "cpus": 0 }), "cpus"),
+        (json!({ "image": "minimal", "colour": "red" }), "colour"),
+        (json!({ "dockerfile": { "context": "ctx-00" } }), "dockerfile.context"),
+    ] {
+        let (status, v) = api.call("POST", "/v1/environments", Some(body.clone())).await;
+        assert!(status == 400 || status == 404, "{body}: {status} {v}");
+        assert!(
+            v["field"].as_str().unwrap_or("").contains(field) || v["error"].as_str().unwrap().contains(field),
+            "{body}: {v}"
+        );
+    }
+
+    // Bad sandbox requests name their field; nothing is made.
+    for (body, field) in [
+        (json!({ "environment": "env-nope" }), "environment"),
+        (json!({ "environment": env_id, "cpus": 4 }), "cpus"),
+        (json!({ "environment": env_id, "memory_mib": 4096 }), "memory_mib"),
+        (json!({ "environment": env_id, "network": "internet" }), "network"),
+        (json!({ "environment": env_id, "workdir": "rel" }), "workdir"),
+        (
+            json!({ "environment": env_id, "idle_timeout_secs": 0 }),
+            "idle_timeout_secs",
+        ),
+        (json!({ "environment": env_id, "gpus": 1 }), "gpus"),
+    ] {
+        let (status, v) = api.call("POST", "/v1/sandboxes", Some(body.clone())).await;
+        assert!((400..500).contains(&status), "{body}: {status} {v}");
+        assert!(v.to_string().contains(field), "{body}: {v}");
+    }
+    assert_eq!(api.ok("GET", "/v1/sandboxes", None, 200).await["sandboxes"], json!([]));
+
+    // A sandbox with its settings; a retried create (same key) is the same sandbox.
+    let body = json!({ "environment": env_id, "env": { "GREETING": "hi" }, "workdir": "/tmp", "network": "loopback",
+                       "metadata": { "trial": "7" } });
+    let (status, _, made) = api
+        .send(
+            "POST",
+            "/v1/sandboxes",
+            Some(body.clone()),
+            &[("Idempotency-Key", "k1")],
+        )
+        .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&made));
+    let sb: Value = serde_json::from_slice(&made).unwrap();
+    let id = sb["id"].as_str().unwrap().to_string();
+    let (status, _, retried) = api
+        .send("POST", "/v1/sandboxes", Some(body), &[("Idempotency-Key", "k1")])
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_slice::<Value>(&retried).unwrap()["id"], id.as_str());
+    assert_eq!(sb["metadata"]["trial"], "7");
+    assert_eq!(sb["network"], "loopback");
+
+    // exec: shell and argv, env, cwd, stdin, timeouts, caps.
+    assert_eq!(api.stdout(&id, "echo $GREETING; pwd").await, "hi\n/tmp\n");
+    let argv = api
+        .ok("POST", &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "argv": ["/bin/sh", "-c", "cat; echo \"$X\" >&2; exit 3"], "stdin": "in", "env": { "X": "y" }, "cwd": "/" })), 200)
+        .await;
+    assert_eq!(
+        (
+            argv["exit_code"].clone(),
+            argv["stdout"].clone(),
+            argv["stderr"].clone()
+        ),
+        (json!(3), json!("in"), json!("y\n"))
+    );
+    let slow = api
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "command": "sleep 30", "timeout_secs": 1 })),
+            200,
+        )
+        .await;
+    assert_eq!(
+        (slow["timed_out"].clone(), slow["exit_code"].clone()),
+        (json!(true), Value::Null),
+        "{slow}"
+    );
+    let chatty = api
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "command": "yes | head -c 100000", "max_output_bytes": 1000 })),
+            200,
+        )
+        .await;
+    assert_eq!(
+        (
+            chatty["stdout"].as_str().unwrap().len(),
+            chatty["stdout_truncated"].clone(),
+            chatty["output_cap_bytes"].clone()
+        ),
+        (1000, json!(true), json!(1000))
+    );
+    let (status, v) = api
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "command": "a", "argv": ["b"] })),
+        )
+        .await;
+    assert_eq!((status, v["field"].clone()), (400, json!("argv")));
+
+    // A streamed command: output as it comes, then its end.
+    let (status, headers, body) = api
+        .send(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec/stream"),
+            Some(json!({ "command": "for i in 1 2 3; do echo line$i; sleep 0.5; done; echo oops >&2; exit 4" })),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert!(headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let got = events(&String::from_utf8(body).unwrap());
+    let text = |kind: &str| -> String {
+        got.iter()
+            .filter(|(e, _)| e == kind)
+            .map(|(_, d)| d["data"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(text("stdout"), "line1\nline2\nline3\n", "{got:?}");
+    assert_eq!(text("stderr"), "oops\n");
+    assert!(
+        got.iter().filter(|(e, _)| e == "stdout").count() >= 2,
+        "the output came in pieces: {got:?}"
+    );
+    let (last, end) = got.last().unwrap();
+    assert_eq!((last.as_str(), end["exit_code"].clone()), ("exit", json!(4)));
+    assert_eq!(
+        api.stdout(&id, "ls -a /tmp | grep -c farm-stream || true").await,
+        "0\n",
+        "the stream's folder is removed"
+    );
+
+    // Files and folders.
+    let (status, _) = api
+        .raw(
+            "PUT",
+            &format!("/v1/sandboxes/{id}/files?path=/srv/a/b.txt&mode=600"),
+            b"bytes\x00\xff".to_vec(),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, read) = api
+        .raw("GET", &format!("/v1/sandboxes/{id}/files?path=/srv/a/b.txt"), vec![])
+        .await;
+    assert_eq!((status, read.as_slice()), (200, b"bytes\x00\xff".as_slice()));
+    assert_eq!(api.stdout(&id, "stat -c %a /srv/a/b.txt").await, "600\n");
+    let (status, missing) = api
+        .raw("GET", &format!("/v1/sandboxes/{id}/files?path=/nope"), vec![])
+        .await;
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&missing));
+    let (status, _) = api
+        .raw("GET", &format!("/v1/sandboxes/{id}/files?path=relative"), vec![])
+        .await;
+    assert_eq!(status, 400);
+    let archive = tar_of(&[("top.txt", "top\n"), ("sub/inner.txt", "inner\n")]);
+    let (status, v) = api
+        .raw("PUT", &format!("/v1/sandboxes/{id}/folders?path=/srv/tree"), archive)
+        .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&v));
+    assert_eq!(
+        api.stdout(&id, "cat /srv/tree/top.txt /srv/tree/sub/inner.txt").await,
+        "top\ninner\n"
+    );
+    let (status, packed) = api
+        .raw("GET", &format!("/v1/sandboxes/{id}/folders?path=/srv/tree"), vec![])
+        .await;
+    assert_eq!(status, 200);
+    let mut names: Vec<String> = tar::Archive::new(packed.as_slice())
+        .entries()
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .path()
+                .unwrap()
+                .to_string_lossy()
+                .trim_start_matches("./")
+                .to_string()
+        })
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["sub", "sub/inner.txt", "top.txt"]);
+    let (status, _) = api
+        .raw("GET", &format!("/v1/sandboxes/{id}/folders?path=/no/such"), vec![])
+        .await;
+    assert_eq!(status, 404);
+
+    // Branch: the child continues from the parent's state; the two go on apart.
+    api.stdout(&id, "echo before > /srv/state").await;
+    let child = api.ok("POST", &format!("/v1/sandboxes/{id}/branch"), None, 201).await;
+    let child = child["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        api.stdout(&child, "cat /srv/state; echo $GREETING").await,
+        "before\nhi\n"
+    );
+    api.stdout(&child, "echo child > /srv/state").await;
+    assert_eq!(api.stdout(&id, "cat /srv/state").await, "before\n");
+
+    // Pause and resume: processes and files as they were.
+    api.stdout(&id, "sleep 1000 >/dev/null 2>&1 & echo $! > /srv/pid").await;
+    let paused = api.ok("POST", &format!("/v1/sandboxes/{id}/pause"), None, 200).await;
+    assert_eq!(paused["state"], "paused");
+    let (status, _) = api
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "command": "true" })),
+        )
+        .await;
+    assert_eq!(status, 409);
+    let resumed = api.ok("POST", &format!("/v1/sandboxes/{id}/resume"), None, 200).await;
+    assert_eq!(resumed["state"], "running");
+    assert_eq!(
+        api.stdout(&id, "kill -0 $(cat /srv/pid) && echo alive; cat /srv/state")
+            .await,
+        "alive\nbefore\n"
+    );
+
+    // Snapshot into a new environment: set up once, fork N. A resumed sandbox cannot be.
+    let (status, v) = api.call("POST", &format!("/v1/sandboxes/{id}/snapshot"), None).await;
+    assert_eq!(status, 409, "{v}");
+    api.stdout(&child, "echo set-up > /srv/ready").await;
+    let snap = api
+        .ok("POST", &format!("/v1/sandboxes/{child}/snapshot"), None, 201)
+        .await;
+    assert_eq!(snap["state"], "ready");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+    let mut group = Vec::new();
+    for _ in 0..2 {
+        let sb = api
+            .ok("POST", "/v1/sandboxes", Some(json!({ "environment": snap_id })), 201)
+            .await;
+        group.push(sb["id"].as_str().unwrap().to_string());
+    }
+    for sb in &group {
+        assert_eq!(api.stdout(sb, "cat /srv/ready").await, "set-up\n");
+    }
+
+    // Deletes: an environment with live sandboxes stays; a sandbox goes at once.
+    let (status, v) = api.call("DELETE", &format!("/v1/environments/{snap_id}"), None).await;
+    assert_eq!(status, 409, "{v}");
+    for sb in &group {
+        api.ok("DELETE", &format!("/v1/sandboxes/{sb}"), None, 200).await;
+    }
+    api.ok("DELETE", &format!("/v1/environments/{snap_id}"), None, 200)
+        .await;
+    assert_eq!(
+        api.call("GET", &format!("/v1/environments/{snap_id}"), None).await.0,
+        404
+    );
+    assert_eq!(
+        api.call("GET", &format!("/v1/sandboxes/{}", group[0]), None).await.0,
+        404
+    );
+
+    // A Dockerfile context: built step by step, its files copied; a failing step names its
+    // line and output; a host path in FROM is refused.
+    let context = tar_of(&[
+        ("Dockerfile", "FROM farm:minimal\nARG WHO=nobody\nCOPY app/hello.txt /app/hello.txt\nRUN echo built-by-$WHO > /app/built\nWORKDIR /app\n"),
+        ("app/hello.txt", "hello\n"),
+    ]);
+    let (status, up) = api.raw("POST", "/v1/contexts", context.clone()).await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&up));
+    let ctx: Value = serde_json::from_slice(&up).unwrap();
+    assert_eq!(ctx["files"], 2);
+    let request = json!({ "dockerfile": { "context": ctx["context"], "build_args": { "WHO": "farm" } } });
+    let made = api.ok("POST", "/v1/environments", Some(request.clone()), 202).await;
+    let built = api.built(made["id"].as_str().unwrap()).await;
+    assert_eq!(built["state"], "ready", "{built}");
+    let sb = api
+        .ok(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({ "environment": built["id"] })),
+            201,
+        )
+        .await;
+    let sb = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        api.stdout(&sb, "pwd; cat hello.txt built").await,
+        "/app\nhello\nbuilt-by-farm\n"
+    );
+    api.ok("DELETE", &format!("/v1/sandboxes/{sb}"), None, 200).await;
+    let (status, up) = api
+        .raw(
+            "POST",
+            "/v1/contexts",
+            tar_of(&[(
+                "Dockerfile",
+                "FROM farm:minimal\nRUN echo going\nRUN echo broken >&2; exit 3\n",
+            )]),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let broken_ctx: Value = serde_json::from_slice(&up).unwrap();
+    let broken = api
+        .ok(
+            "POST",
+            "/v1/environments",
+            Some(json!({ "dockerfile": { "context": broken_ctx["context"] } })),
+            202,
+        )
+        .await;
+    let broken = api.built(broken["id"].as_str().unwrap()).await;
+    assert_eq!(broken["state"], "failed");
+    assert_eq!(broken["error"]["dockerfile_line"], 3, "{broken}");
+    assert!(
+        broken["error"]["output_tail"].as_str().unwrap().contains("broken"),
+        "{broken}"
+    );
+    let (status, _) = api
+        .call("POST", "/v1/sandboxes", Some(json!({ "environment": broken["id"] })))
+        .await;
+    assert_eq!(status, 409);
+    let host_ctx: Value = serde_json::from_slice(
+        &api.raw("POST", "/v1/contexts", tar_of(&[("Dockerfile", "FROM rootfs:/\n")]))
+            .await
+            .1,
+    )
+    .unwrap();
+    let host = api
+        .ok(
+            "POST",
+            "/v1/environments",
+            Some(json!({ "dockerfile": { "context": host_ctx["context"] } })),
+            202,
+        )
+        .await;
+    let host = api.built(host["id"].as_str().unwrap()).await;
+    assert_eq!(host["state"], "failed");
+    assert!(
+        host["error"]["message"].as_str().unwrap().contains("no host paths"),
+        "{host}"
+    );
+
+    // Idle sandboxes go.
+    let idle = api
+        .ok(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({ "environment": env_id, "idle_timeout_secs": 1 })),
+            201,
+        )
+        .await;
+    let idle = idle["id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    while api.call("GET", &format!("/v1/sandboxes/{idle}"), None).await.0 == 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the idle sandbox was never removed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // A deleted sandbox's command ends with an error, not a hang.
+    let doomed = api
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env_id })), 201)
+        .await;
+    let doomed = doomed["id"].as_str().unwrap().to_string();
+    let running = {
+        let (url, doomed) = (url.clone(), doomed.clone());
+        tokio::spawn(async move {
+            Api::new(&url, None)
+                .call(
+                    "POST",
+                    &format!("/v1/sandboxes/{doomed}/exec"),
+                    Some(json!({ "command": "sleep 600" })),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    api.ok("DELETE", &format!("/v1/sandboxes/{doomed}"), None, 200).await;
+    let (status, v) = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 410, "{v}");
+
+    // The environment survives a restart; sandboxes do not; no QEMU is left.
+    stop(&mut service);
+    assert_no_qemu_of(&run_dir);
+    let (mut service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let env = api.ok("GET", &format!("/v1/environments/{env_id}"), None, 200).await;
+    assert_eq!(env["state"], "ready");
+    assert_eq!(api.ok("GET", "/v1/sandboxes", None, 200).await["sandboxes"], json!([]));
+    let sb = api
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env_id })), 201)
+        .await;
+    assert_eq!(api.stdout(sb["id"].as_str().unwrap(), "echo again").await, "again\n");
+    stop(&mut service);
+    assert_no_qemu_of(&run_dir);
+}
