@@ -316,6 +316,7 @@ async fn environments_sandboxes_and_every_verb() {
                 .unwrap()
                 .to_string_lossy()
                 .trim_start_matches("./")
+                .trim_end_matches('/')
                 .to_string()
         })
         .filter(|n| !n.is_empty())
