@@ -58,7 +58,7 @@ try:
         should_use_prebuilt_docker_image,
     )
     from harbor.environments.options import EnvironmentOptions
-    from harbor.models.task.config import NetworkMode
+    from harbor.models.task.config import NetworkMode, TaskOS
     from harbor.models.trial.paths import EnvironmentPaths
     from pydantic import Field
 except ImportError as _e:  # pragma: no cover - only without Harbor
@@ -189,8 +189,15 @@ class FarmEnvironment(BaseEnvironment):
             self.environment_dir, docker_image=self.task_env_config.docker_image
         )
 
+    # GPUs, TPUs and Windows are refused in start() instead of while Harbor makes the trial,
+    # so such a task fails its own trial, with the reason, rather than ending the whole job.
     def _validate_gpu_support(self) -> None:
-        # Refused in start() instead, so one GPU task fails its own trial rather than the job.
+        return
+
+    def _validate_tpu_support(self) -> None:
+        return
+
+    def _validate_windows_support(self) -> None:
         return
 
     # ---- start and stop ---------------------------------------------------------------------
@@ -205,6 +212,10 @@ class FarmEnvironment(BaseEnvironment):
                 + (f" of type {', '.join(cfg.gpu_types)}" if cfg.gpu_types else "")
                 + ": farm's sandboxes are CPU-only VMs"
             )
+        if cfg.tpu is not None:
+            reasons.append(f"the task asks for a TPU slice ({cfg.tpu.type}, {cfg.tpu.topology}): farm has none")
+        if cfg.os != TaskOS.LINUX:
+            reasons.append(f"the task targets {cfg.os.value} ([environment] os): farm's sandboxes are Linux VMs")
         if (self.environment_dir / COMPOSE_FILE_NAME).exists():
             reasons.append(
                 f"the task's environment is a Docker Compose project ({self.environment_dir.name}/"
@@ -224,8 +235,8 @@ class FarmEnvironment(BaseEnvironment):
         if mode == NetworkMode.ALLOWLIST:
             if not self.options.allowlist_network:
                 raise FarmRefusal(
-                    "the task allows only these hosts: " + ", ".join(policy.allowed_hosts)
-                    + "; farm takes no client egress rules, only its own named policies "
+                    "the task's network is an allowlist (" + ", ".join(policy.allowed_hosts)
+                    + "): farm takes no client egress rules, only its own named policies "
                     "(set --ek allowlist_network=NAME to a [serve.sandboxes.networks.NAME] policy that enforces them)"
                 )
             self.logger.debug(
@@ -362,7 +373,8 @@ class FarmEnvironment(BaseEnvironment):
         try:
             await self._prepare_sandbox()
         except BaseException:
-            await self._kill_sandbox()
+            # Harbor stops the environment after a failed start too; this covers other callers.
+            await asyncio.shield(self._kill_sandbox())
             raise
 
     async def _prepare_sandbox(self) -> None:
@@ -424,12 +436,9 @@ class FarmEnvironment(BaseEnvironment):
                         self.logger.warning("could not forget farm environment %s: %s", environment.id, e)
         finally:
             farm, self._farm = self._farm, None
-            close = getattr(farm, "aclose", None) or getattr(farm, "close", None)
-            if close is not None:
+            if farm is not None:
                 try:
-                    closed = close()
-                    if asyncio.iscoroutine(closed):
-                        await closed
+                    await farm.close()
                 except Exception as e:
                     self.logger.debug("closing the farm client: %s", e)
 

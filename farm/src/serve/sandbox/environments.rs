@@ -255,6 +255,7 @@ impl Environment {
             "snapshot": snapshot,
             "error": error,
             "sandboxes": self.sandboxes.load(std::sync::atomic::Ordering::SeqCst),
+            "warm": self.pool.get().and_then(Option::as_ref).map(|p| p.ready()).unwrap_or(0),
         })
     }
 }

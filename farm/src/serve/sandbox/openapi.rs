@@ -82,7 +82,7 @@ pub fn document() -> Value {
                     "error": { "type": ["object", "null"], "properties": {
                         "message": { "type": "string" }, "dockerfile_line": { "type": "integer" },
                         "instruction": { "type": "string" }, "output_tail": { "type": "string" } } },
-                    "sandboxes": { "type": "integer" } } },
+                    "sandboxes": { "type": "integer" }, "warm": { "type": "integer" } } },
                 "Logs": { "type": "object", "properties": {
                     "lines": { "type": "array", "items": { "type": "string" } }, "next": { "type": "integer" },
                     "state": { "enum": ["building", "ready", "failed"] }, "error": { "type": ["object", "null"] } } },
