@@ -156,6 +156,11 @@ async fn environments_sandboxes_and_every_verb() {
             "idle_timeout_secs",
         ),
         (json!({ "environment": env_id, "gpus": 1 }), "gpus"),
+        // A client names a policy of the service's; it never brings its own rules.
+        (
+            json!({ "environment": env_id, "network": { "allow": ["*"] } }),
+            "network",
+        ),
     ] {
         let (status, v) = api.call("POST", "/v1/sandboxes", Some(body.clone())).await;
         assert!((400..500).contains(&status), "{body}: {status} {v}");
@@ -236,6 +241,26 @@ async fn environments_sandboxes_and_every_verb() {
         )
         .await;
     assert_eq!((status, v["field"].clone()), (400, json!("argv")));
+
+    // A sandbox reaches only what its named policy allows: never the service's own API on
+    // the host, with its policy or without any network.
+    let port = url.rsplit(':').next().unwrap().trim_end_matches('/');
+    let probe = format!("wget -O- http://host.farm.internal:{port}/v1/sandboxes 2>&1; echo rc=$?");
+    let through_proxy = api.stdout(&id, &probe).await;
+    assert!(
+        through_proxy.contains("403") && !through_proxy.contains("rc=0"),
+        "refused by the proxy: {through_proxy}"
+    );
+    let offline = api
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env_id })), 201)
+        .await;
+    let offline = offline["id"].as_str().unwrap().to_string();
+    let direct = api.stdout(&offline, &probe.replace("wget", "http_proxy= wget")).await;
+    assert!(
+        !direct.contains("\"sandboxes\"") && !direct.contains("rc=0"),
+        "{direct}"
+    );
+    api.ok("DELETE", &format!("/v1/sandboxes/{offline}"), None, 200).await;
 
     // A streamed command: output as it comes, then its end.
     let (status, headers, body) = api

@@ -22,7 +22,7 @@ Options (`--ek key=value`), all optional:
                              whose network mode is public (Harbor's default, allow_internet = true)
     offline_ok               run such tasks with no network instead of refusing them (default false)
     allowlist_network        farm policy for tasks with network_mode = "allowlist" (the operator
-                             vouches it enforces their allowed_hosts); unset: Harbor refuses them
+                             vouches it enforces their allowed_hosts); unset: they are refused
     build_args               {"NAME": "value"}: ARG values for every task's Dockerfile
     setup                    ["cmd", ...]: run once in each environment before its snapshot
     delete_environments      with Harbor's --delete: forget the farm environments this process
@@ -40,11 +40,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import signal as _signal
 import stat
+import sys
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Set
 
+# This file is farm_sdk/harbor.py: with its own folder on sys.path (python run from inside
+# farm_sdk/), "harbor" would be this file. Harbor is imported with that folder left out.
+_here = os.path.dirname(os.path.abspath(__file__))
+_saved_path = list(sys.path)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 try:
     from harbor.environments.base import BaseEnvironment, ExecResult
     from harbor.environments.capabilities import (
@@ -66,6 +73,8 @@ except ImportError as _e:  # pragma: no cover - only without Harbor
         "farm_sdk.harbor is Harbor's environment backend and needs Harbor "
         "(pip install 'harbor==0.26.*', which needs Python >= 3.12): " + str(_e)
     ) from _e
+finally:
+    sys.path[:] = _saved_path
 
 from . import AsyncFarm, BuildError, FarmError
 from .errors import Conflict, NotFound
@@ -109,7 +118,7 @@ class FarmOptions(EnvironmentOptions):
     allowlist_network: Optional[str] = Field(
         default=None,
         description="farm network policy for tasks with network_mode = 'allowlist'; the operator "
-        "vouches that it enforces their allowed_hosts. Unset: Harbor refuses such tasks.",
+        "vouches that it enforces their allowed_hosts. Unset: such tasks are refused at start.",
     )
     build_args: Dict[str, str] = Field(default_factory=dict, description="ARG values for every Dockerfile.")
     setup: List[str] = Field(default_factory=list, description="Commands run once in each environment before its snapshot.")

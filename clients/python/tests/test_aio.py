@@ -42,13 +42,14 @@ def test_create_an_environment_and_wait_with_an_async_callback():
         async with server.async_farm() as farm:
             env = await farm.environments.create(image="python", on_log=on_log)
             assert isinstance(env, AsyncEnvironment) and isinstance(env, Environment) and env.ready
-            assert await env.logs() == (["FROM python"], 1, "ready")
+            assert await env.logs(offset=1) == ([], 1, "ready")
 
     run(main())
     assert lines == ["FROM python"]
 
 
-def test_a_failed_build_raises():
+def test_from_dockerfile_and_a_failed_build(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM python\n")
     failed = dict(ENV, state="failed", error={"message": "RUN failed", "dockerfile_line": 3, "instruction": "RUN x"})
     server = (
         MockFarm()
@@ -58,17 +59,14 @@ def test_a_failed_build_raises():
         .on("GET", "/v1/environments/env-1", httpx.Response(200, json=failed))
     )
 
-    async def main(context):
+    async def main():
         with pytest.raises(BuildError) as caught:
-            await server.async_farm().environments.from_dockerfile(context)
-        assert caught.value.dockerfile_line == 3
+            await server.async_farm().environments.from_dockerfile(str(tmp_path), target="app")
+        assert caught.value.dockerfile_line == 3 and caught.value.instruction == "RUN x"
 
-    return main
-
-
-def test_from_dockerfile_async(tmp_path):
-    (tmp_path / "Dockerfile").write_text("FROM python\n")
-    run(test_a_failed_build_raises()(str(tmp_path)))
+    run(main())
+    create = server.sent("POST", "/v1/environments")[0]
+    assert body(create) == {"dockerfile": {"context": "ctx-1", "path": "Dockerfile", "target": "app"}}
 
 
 def test_sandboxes_exec_files_branch_and_kill():
