@@ -242,7 +242,8 @@ impl AgentClient {
         self.ping_within(SHORT_REQUEST).await
     }
 
-    async fn ping_within(&self, timeout: Duration) -> Result<Pong, AgentError> {
+    /// A ping that must be answered within `timeout`.
+    pub async fn ping_within(&self, timeout: Duration) -> Result<Pong, AgentError> {
         match self.request("ping", Request::Ping, Vec::new(), timeout).await? {
             (Response::Pong(pong), _) => {
                 let _ = self.inner.ready.send(true);

@@ -35,6 +35,14 @@ const MAX_OUTPUT: u64 = 16 << 20;
 const DEFAULT_STREAM_OUTPUT: u64 = 16 << 20;
 const DEFAULT_TIMEOUT_SECS: u64 = 600;
 const MAX_TIMEOUT_SECS: u64 = 86_400;
+/// While a command runs, its sandbox's guest is pinged this often; this many pings in a row
+/// unanswered within [`PING_TIMEOUT`] mean the guest is gone (halted, hung), and the sandbox
+/// is removed with the reason.
+const LIVENESS_EVERY: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
+const MISSED_PINGS: u32 = 3;
+/// Sandboxes that died, remembered (this many at most) to say why when they are asked for.
+const MAX_REMEMBERED_DEATHS: usize = 10_000;
 
 /// A VM slot of the service, given back when dropped.
 pub struct VmSlot(Option<Box<dyn FnOnce() + Send + Sync>>);
@@ -190,10 +198,16 @@ pub struct Sandboxes {
     activity: Mutex<HashMap<String, Activity>>,
     /// Paused sandboxes.
     paused: std::sync::atomic::AtomicUsize,
+    /// Why sandboxes whose VM died are gone.
+    deaths: Mutex<HashMap<String, String>>,
     /// Idempotency key -> (request digest, the sandbox made), and keys being created now.
-    keys: Mutex<(HashMap<String, (String, String)>, std::collections::HashSet<String>)>,
+    keys: Mutex<IdempotencyKeys>,
     counter: AtomicU64,
 }
+
+/// Idempotency keys seen: key -> (request digest, the sandbox made), and the keys whose
+/// sandbox is being created now.
+type IdempotencyKeys = (HashMap<String, (String, String)>, std::collections::HashSet<String>);
 
 impl Sandboxes {
     pub fn new(
@@ -215,6 +229,7 @@ impl Sandboxes {
             all: Mutex::new(HashMap::new()),
             activity: Mutex::new(HashMap::new()),
             paused: Default::default(),
+            deaths: Mutex::new(HashMap::new()),
             keys: Mutex::new(Default::default()),
             counter: AtomicU64::new(0),
         })
@@ -246,7 +261,10 @@ impl Sandboxes {
     /// A sandbox by id, or 404.
     fn get(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Sandbox>>> {
         let found = self.all.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
-        found.ok_or_else(|| ApiError::new(404, format!("no sandbox {id:?} (it may have expired)")))
+        found.ok_or_else(|| match self.deaths.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            Some(why) => ApiError::new(410, format!("sandbox {id} is gone: {why}")),
+            None => ApiError::new(404, format!("no sandbox {id:?} (it may have expired)")),
+        })
     }
 
     /// Marks a sandbox in use until the guard drops (then used last at that moment).
@@ -329,7 +347,7 @@ impl Sandboxes {
                 )
             })?),
         };
-        for (k, _) in &request.env {
+        for k in request.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(ApiError::field(400, format!("env.{k}"), "not a variable name"));
             }
@@ -564,7 +582,7 @@ impl Sandboxes {
         let cap = command.output_cap;
         let _in_use = self.begin(id);
         let (agent, options, _) = self.agent(id, |live| Ok(live.exec_options(program, command))).await?;
-        let out = agent.exec(options).await.map_err(|e| self.vm_error(id, &e))?;
+        let out = self.watched(id, &agent, agent.exec(options)).await?;
         let r = &out.result;
         Ok(json!({
             "exit_code": r.exit_code,
@@ -577,6 +595,57 @@ impl Sandboxes {
             "output_cap_bytes": cap,
             "duration_ms": r.duration_us / 1000,
         }))
+    }
+
+    /// `work` (a request to the sandbox's agent), while the guest is checked to answer: a
+    /// guest that stops answering, or whose VM is gone, has its sandbox removed, and the
+    /// client is told why (502; later requests for the sandbox get 410 with the reason).
+    async fn watched<T>(
+        &self,
+        id: &str,
+        agent: &vmm::AgentClient,
+        work: impl std::future::Future<Output = Result<T, vmm::AgentError>>,
+    ) -> ApiResult<T> {
+        tokio::pin!(work);
+        let mut missed = 0;
+        let dead = loop {
+            tokio::select! {
+                result = &mut work => match result {
+                    Ok(value) => return Ok(value),
+                    Err(e @ (vmm::AgentError::ChannelClosed(_) | vmm::AgentError::Timeout { .. })) => break e.to_string(),
+                    Err(e) => return Err(self.vm_error(id, &e)),
+                },
+                _ = tokio::time::sleep(LIVENESS_EVERY) => match agent.ping_within(PING_TIMEOUT).await {
+                    Ok(_) => missed = 0,
+                    Err(vmm::AgentError::Timeout { .. }) => {
+                        missed += 1;
+                        if missed >= MISSED_PINGS {
+                            break format!(
+                                "its guest stopped answering ({MISSED_PINGS} pings in a row unanswered within {} s): it halted, hung or is starved",
+                                PING_TIMEOUT.as_secs()
+                            );
+                        }
+                    }
+                    Err(e) => break e.to_string(),
+                },
+            }
+        };
+        if !self.all.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id) {
+            return Err(ApiError::new(
+                410,
+                format!("sandbox {id} was removed while the request ran"),
+            ));
+        }
+        let why = format!("its VM died: {dead}");
+        {
+            let mut deaths = self.deaths.lock().unwrap_or_else(|p| p.into_inner());
+            if deaths.len() >= MAX_REMEMBERED_DEATHS {
+                deaths.clear();
+            }
+            deaths.insert(id.to_string(), why.clone());
+        }
+        let _ = self.delete(id, &why).await;
+        Err(ApiError::new(502, format!("sandbox {id} {why}; it is removed")))
     }
 
     /// An agent failure as the client sees it: the sandbox's VM died (or was deleted).
@@ -622,10 +691,12 @@ impl Sandboxes {
         drop(in_use);
         tokio::spawn(async move {
             let _in_use = this.begin(&id);
-            let event = stream_command(&agent, options, &dir, cap, &tx).await;
+            let event = this
+                .watched(&id, &agent, stream_command(&agent, options, &dir, cap, &tx))
+                .await;
             let event = match event {
                 Ok(end) => end,
-                Err(e) => StreamEvent::Error(this.vm_error(&id, &e).message),
+                Err(e) => StreamEvent::Error(e.message),
             };
             let _ = tx.send(event).await;
             let _ = agent.remove_tree(&dir).await;
