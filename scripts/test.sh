@@ -8,7 +8,8 @@
 #                                                 CI runs exactly this (.ci/run).
 #   scripts/test.sh --fast [CARGO TEST ARGS...]   the developer's loop: the formatter, clippy and
 #                                                 every test that needs no guest (the crates' unit
-#                                                 tests and the harness's self-test); no set-up.
+#                                                 tests, the harness's self-test and the Python
+#                                                 SDK's tests on a scripted service); no set-up.
 #
 # Every check and every test binary runs even when one fails (cargo's --no-fail-fast), and the
 # run ends with the list of what failed, so one failure cannot hide another.
@@ -47,6 +48,13 @@ else
   cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
 fi
 status=${PIPESTATUS[0]}
+
+if [ -n "$fast" ]; then
+  # The Python SDK against its scripted service (the full tier runs these in
+  # farm/tests/sandboxes.rs, with the live ones against a real service).
+  step "python3 -m pytest clients/python/tests (the SDK, no service)"
+  python3 -m pytest -q -p no:cacheprovider clients/python/tests || failed+=("python3 -m pytest clients/python/tests")
+fi
 
 # Each failed test, under the test binary it belongs to ("Running tests/suites.rs (...)").
 while IFS= read -r line; do

@@ -3,11 +3,17 @@
 //! local registry (Debian's docker-registry), install from a local package index and a local
 //! Debian repository, and are verified by their own test.sh. The oracle passes every task, an
 //! agent that does nothing fails every task, and the hostile tasks end as docs/security.md
-//! says for each verification mode.
+//! says for each verification mode. Then Harbor's own CLI runs the same tasks on farm's Harbor
+//! backend (clients/python) and gives the same verdicts.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+/// Each task's (status, reward, trust).
+type Outcomes = BTreeMap<String, (String, f64, String)>;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -74,12 +80,12 @@ fn suite(dir: &Path, name: &str, tasks: &Path, policy: &str, verify: &str, s: &S
 
 /// Runs a suite with the registry mirror and the index address in the environment; returns
 /// each task's (status, reward, trust), none of them an environment error.
-fn run(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, (String, f64, String)> {
+fn run(suite: &Path, s: &Services, store: &Path) -> Outcomes {
     outcomes(&run_rows(suite, s, store))
 }
 
 /// Each task's (status, reward, trust), none of them an environment error.
-fn outcomes(rows: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, (String, f64, String)> {
+fn outcomes(rows: &BTreeMap<String, serde_json::Value>) -> Outcomes {
     rows.iter()
         .map(|(id, row)| {
             assert_ne!(row["status"], "env_error", "{id}: {row}");
@@ -195,12 +201,12 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
 
     // An agent that does nothing (Harbor's nop agent) fails every task.
     let policy = "[policy]\nkind = \"nop\"".to_string();
-    let rows = run(
+    let nothing = run(
         &suite(dir.path(), "nothing", &samples, &policy, "live", &services),
         &services,
         store.path(),
     );
-    for (task, (status, reward, _)) in &rows {
+    for (task, (status, reward, _)) in &nothing {
         assert_eq!(
             (status.as_str(), *reward),
             ("failed", 0.0),
@@ -313,6 +319,7 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
     assert_eq!(fresh["fake-python"].0, "passed");
 
     verifier_networks(dir.path(), &samples, oracle, &services, store.path());
+    harbor_backend(dir.path(), &services, store.path(), &outcomes(&full), &nothing);
 }
 
 /// The verifier's network is its own, and a dependency of it that is down on the host's side
@@ -414,4 +421,169 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
         (Some("failed"), Some(0.0)),
         "a down index the agent pointed the verifier at is the agent's failure: {row}"
     );
+}
+
+/// Harbor's own CLI (PyPI `harbor`, in the set-up's venv) on farm's environment backend
+/// (`farm_sdk.harbor:FarmEnvironment`, clients/python), against a `farm serve` with the
+/// sandbox API: the oracle and the nop agent give the verdicts farm's own run of the same
+/// tasks gave, Harbor's terminus-2 agent solves a task through a scripted model on loopback,
+/// and a failure on farm's side (a build that fails, a VM that dies) reaches Harbor as an
+/// exception with farm's message, never as a reward.
+fn harbor_backend(dir: &Path, s: &Services, store: &Path, oracle: &Outcomes, nothing: &Outcomes) {
+    let cache = std::env::var_os("FARM_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+    let harbor = cache.join("harbor-venv/bin/harbor");
+    assert!(
+        harbor.exists(),
+        "no Harbor at {}: run scripts/setup.sh",
+        harbor.display()
+    );
+    // The SDK's own tests on Harbor's Python too (the live ones run in tests/sandboxes.rs).
+    let pytest = Command::new(harbor.with_file_name("python"))
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "clients/python/tests"])
+        .current_dir(repo())
+        .env_remove("FARM_TEST_URL")
+        .output()
+        .unwrap();
+    assert!(
+        pytest.status.success(),
+        "the SDK's tests on Harbor's Python: {}",
+        text(&pytest)
+    );
+
+    let (apt, pypi) = (&s.env["HARBOR_APT"], &s.env["HARBOR_PYPI"]);
+    let config = dir.join("serve-sandboxes.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[serve]\nsuites = []\n[serve.sandboxes]\n[serve.sandboxes.build_network]\nallow = [\"{apt}\", \"{pypi}\"]\n\
+             [serve.sandboxes.networks.harbor]\nallow = [\"{pypi}\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_farm"));
+    serve
+        .arg("serve")
+        .arg(&config)
+        .arg("--out")
+        .arg(dir.join("serve-out"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("FARM_RUN_DIR", dir.join("serve-run"))
+        .env("FARM_REGISTRIES", s.dir.path().join("registries.toml"))
+        .env("FARM_SNAPSHOT_DIR", store)
+        .env_remove("FARM_SERVE_TOKEN");
+    let (mut service, url) = common::serve::start(serve, "listening on ", false);
+    let url = url.replace("0.0.0.0", "127.0.0.1");
+    let build_args = format!("build_args={{\"APT_REPO\": \"http://{apt}\", \"PIP_INDEX\": \"http://{pypi}/simple\"}}");
+    let jobs = dir.join("harbor-jobs");
+    // One Harbor job; each trial's result.json by task name, and what Harbor printed.
+    let job = |name: &str, tasks: &Path, agent: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(&harbor);
+        c.arg("run")
+            .args(["--env", "farm_sdk.harbor:FarmEnvironment", "--path"])
+            .arg(tasks)
+            .args(agent)
+            .args(["--n-concurrent", "2", "--yes", "--quiet", "--jobs-dir"])
+            .arg(&jobs)
+            .args(["--job-name", name])
+            .args([
+                "--ek",
+                &format!("url={url}"),
+                "--ek",
+                "network=harbor",
+                "--ek",
+                &build_args,
+            ])
+            .env("PYTHONPATH", repo().join("clients/python"))
+            // What the tasks' ${HARBOR_PIP_INDEX:-...} read (Harbor resolves it, as farm does).
+            .env("HARBOR_PIP_INDEX", format!("http://{pypi}/simple"))
+            .env_remove("FARM_SERVE_TOKEN")
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        let said = text(&o);
+        let mut trials = BTreeMap::new();
+        for entry in std::fs::read_dir(jobs.join(name)).unwrap_or_else(|e| panic!("job {name}: {e}\n{said}")) {
+            let path = entry.unwrap().path().join("result.json");
+            if let Ok(raw) = std::fs::read_to_string(&path) {
+                let result: serde_json::Value = serde_json::from_str(&raw).unwrap();
+                let task = result["task_name"]
+                    .as_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .to_string();
+                trials.insert(task, (result, path.parent().unwrap().to_path_buf()));
+            }
+        }
+        (trials, said)
+    };
+    let reward = |result: &serde_json::Value| result["verifier_result"]["rewards"]["reward"].as_f64();
+    let samples = repo().join("configs/data/harbor");
+
+    // The oracle and the nop agent: farm's verdicts, task by task, and no exception.
+    for (name, agent, farm) in [("oracle", "oracle", oracle), ("nop", "nop", nothing)] {
+        let (trials, said) = job(name, &samples, &["--agent", agent], &[]);
+        assert_eq!(trials.len(), farm.len(), "{name}: {said}");
+        for (task, (_, farm_reward, _)) in farm {
+            let (result, _) = &trials[task];
+            assert!(result["exception_info"].is_null(), "{name} {task}: {result}");
+            assert_eq!(reward(result), Some(*farm_reward), "{name} {task}: {result}");
+        }
+    }
+
+    // terminus-2, driving tmux in the sandbox, with a scripted model.
+    let mut model = Command::new("python3");
+    model.arg(repo().join("farm/tests/scripted_model.py"));
+    let requests = dir.join("model-requests.jsonl");
+    model.env("SCRIPTED_LLM_LOG", &requests);
+    let (model, port) = common::serve::start(model, "listening on ", true);
+    let api_base = format!("api_base=http://127.0.0.1:{port}/v1");
+    let (trials, said) = job(
+        "terminus",
+        &repo().join("configs/data/harbor-agents"),
+        &[
+            "--agent",
+            "terminus-2",
+            "--model",
+            "openai/scripted",
+            "--ak",
+            &api_base,
+            "--ak",
+            "record_terminal_session=false",
+        ],
+        &[("OPENAI_API_KEY", "sk-scripted")],
+    );
+    drop(model);
+    let (result, trial) = trials.get("tmux-greeting").unwrap_or_else(|| panic!("{said}"));
+    assert!(result["exception_info"].is_null(), "{result}");
+    assert_eq!(reward(result), Some(1.0), "{result}");
+    assert!(std::fs::read_to_string(&requests).unwrap().lines().count() >= 2);
+    assert!(trial.join("agent/trajectory.json").exists(), "{}", trial.display());
+
+    // farm's failures are Harbor's exceptions, with farm's message, and no reward; what
+    // farm cannot honour (a GPU) is refused with the reason, never run differently.
+    let (trials, said) = job(
+        "failures",
+        &repo().join("configs/data/harbor-failures"),
+        &["--agent", "oracle"],
+        &[],
+    );
+    for (task, says) in [("broken-build", "line 3"), ("vm-dies", "VM died"), ("needs-gpu", "GPU")] {
+        let (result, _) = trials.get(task).unwrap_or_else(|| panic!("{task}: {said}"));
+        let exception = &result["exception_info"];
+        assert!(
+            exception["exception_message"]
+                .as_str()
+                .is_some_and(|m| m.contains(says)),
+            "{task}: {result}"
+        );
+        assert_eq!(reward(result), None, "{task}: {result}");
+    }
+    common::serve::stop(&mut service);
+    common::assert_no_qemu_of(&dir.join("serve-run"));
 }

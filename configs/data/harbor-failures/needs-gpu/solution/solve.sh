@@ -1,0 +1,1 @@
+printf "hello, harbor\n" > /app/greeting.txt
