@@ -34,6 +34,13 @@ DIR="$(cd "$DIR" && pwd)"
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port() { if [ "${1:-}" = 0 ]; then free_port; else echo "$2"; fi; }
 REG_PORT=$(port "${3:-15000}" "${3:-15000}"); PYPI_PORT=$(port "${4:-15001}" "${4:-15001}"); APT_PORT=$(port "${5:-15002}" "${5:-15002}")
+# A port something already listens on would pass the readiness check below with another's
+# service (a run that was not stopped): refuse it instead.
+for p in "$REG_PORT" "$PYPI_PORT" "$APT_PORT"; do
+  if python3 -c "import socket, sys; socket.create_connection(('127.0.0.1', $p), 1)" 2>/dev/null; then
+    die "something already listens on 127.0.0.1:$p (an earlier run's services? scripts/harbor-services.sh stop DIR, or pick other ports)"
+  fi
+done
 PKGS="$CACHE/harbor-packages"
 [ -d "$PKGS/debs" ] && [ -d "$PKGS/wheels" ] || die "no packages in $PKGS (run scripts/setup.sh)"
 
