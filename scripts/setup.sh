@@ -8,6 +8,7 @@
 #   rootfs/python-<key>/         Debian bookworm minbase + python3 + git (debootstrap), no agent
 #   images/<name>-<key>.ext4     the root images `minimal` and `python`, agent included
 #   harbor-venv/                 a Python >= 3.12 venv with Harbor (PyPI), for its backend's tests
+#   openenv-venv/, mcp-venv/     the OpenEnv and MCP clients (PyPI), for the protocol tests
 # and finally `farm` in release mode (target/release/farm).
 #
 # `current/` holds symlinks to the artifacts of the last successful run; farm reads them.
@@ -390,6 +391,25 @@ if [ ! -f "$HARBOR_VENV/$venv_key.done" ]; then
   "$HARBOR_VENV/bin/python" -c 'import harbor.environments.base' || die "harbor does not import in $HARBOR_VENV"
   touch "$HARBOR_VENV/$venv_key.done"
 fi
+
+# ---------------------------------------------------------------------------------------------
+# 7b. The protocol clients farm is tested with, unmodified from PyPI, each in its own venv
+# (openenv pins fastmcp 3, which pins mcp 1; the MCP test uses mcp 2): OpenEnv's client (what
+# TRL's trainers use) in $CACHE/openenv-venv, MCP's in $CACHE/mcp-venv. Same Python as Harbor.
+protocol_venv() { # <dir> <pins> <import check>
+  local dir="$1" pins="$2" check="$3" key
+  key=$(printf '%s\n%s\n' "$("$HARBOR_PY" -c 'import sys; print(sys.version)')" "$pins" | sha)
+  [ -f "$dir/$key.done" ] && return 0
+  log "making $dir with $HARBOR_PY: $pins"
+  rm -rf "$dir"
+  "$HARBOR_PY" -m venv "$dir" || die "$HARBOR_PY -m venv $dir failed"
+  # shellcheck disable=SC2086
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check $pins || die "pip install of $pins failed"
+  "$dir/bin/python" -c "$check" || die "$check fails in $dir"
+  touch "$dir/$key.done"
+}
+protocol_venv "$CACHE/openenv-venv" "openenv==0.10.0" "from openenv.core import GenericEnvClient"
+protocol_venv "$CACHE/mcp-venv" "mcp==2.3.0" "from mcp.client.streamable_http import streamable_http_client; import httpx2"
 
 # ---------------------------------------------------------------------------------------------
 # 8. farm itself.

@@ -83,3 +83,40 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
 pub(super) fn body_digest(body: &[u8]) -> String {
     Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Whether a request may act, by its `Origin`: absent (not a browser), or the very host the
+/// request was sent to. Browsers send it on every cross-site POST and WebSocket upgrade,
+/// which CORS does not stop (MCP's transport asks for this check; OpenEnv's socket gets it
+/// too), so a page on another site cannot drive a session on a service without a token.
+pub(super) fn origin_allowed(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let origin = origin.to_str().unwrap_or("");
+    let origin_host = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .unwrap_or("");
+    !host.is_empty() && origin_host.eq_ignore_ascii_case(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origin_must_be_the_host_itself() {
+        let mut h = HeaderMap::new();
+        assert!(origin_allowed(&h), "no Origin: not a browser");
+        h.insert(header::HOST, "127.0.0.1:8080".parse().unwrap());
+        h.insert(header::ORIGIN, "http://127.0.0.1:8080".parse().unwrap());
+        assert!(origin_allowed(&h));
+        h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+        assert!(!origin_allowed(&h));
+        h.insert(header::ORIGIN, "null".parse().unwrap());
+        assert!(!origin_allowed(&h));
+        h.insert(header::ORIGIN, "http://127.0.0.1:8080.evil.example".parse().unwrap());
+        assert!(!origin_allowed(&h));
+    }
+}

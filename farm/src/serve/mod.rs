@@ -19,6 +19,8 @@ mod api;
 mod book;
 mod error;
 mod http;
+mod mcp;
+mod openenv;
 mod paused;
 mod requests;
 mod rollouts;

@@ -110,6 +110,13 @@ impl Service {
         }
     }
 
+    /// A session's task: its id and instruction.
+    pub async fn session_task(&self, id: &str) -> ApiResult<(String, String)> {
+        let session = self.lock().sessions.any(id)?;
+        let s = session.lock().await;
+        Ok((s.task.id.clone(), s.task.instruction.clone()))
+    }
+
     /// `GET /v1/sessions`: every live and paused session.
     pub async fn list_sessions(&self) -> ApiResult<serde_json::Value> {
         let all = self.lock().sessions.all();

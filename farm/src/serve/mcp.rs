@@ -1,0 +1,384 @@
+//! A session as an MCP server (Model Context Protocol, the streamable HTTP transport):
+//! `POST /v1/sessions/{id}/mcp` takes one JSON-RPC message and answers it with one JSON
+//! body. Tools: `exec`, `read_file`, `write_file`, `submit`, each one step of the session
+//! (the same budget, limits and journal as the session API's).
+//!
+//! The server is stateless in MCP's sense: it gives no `Mcp-Session-Id`, since the farm
+//! session is in the path and outlives the agent's connection (whoever opened it submits or
+//! deletes it). GET (a server-to-client stream) and DELETE answer 405. Auth is serve's
+//! bearer token; a request that carries an `Origin` other than the host it was sent to is
+//! refused (browsers on other sites cannot drive a session).
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::http::{origin_allowed, App};
+use engine::config::Action;
+
+/// Protocol revisions this server speaks; a client asking for another gets the newest.
+const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// Largest file `read_file` returns (bytes); longer files are cut, and the tool says so.
+const READ_LIMIT: u64 = 1 << 20;
+
+pub(super) fn routes() -> Router<App> {
+    Router::new().route("/v1/sessions/{id}/mcp", post(message).get(not_here).delete(not_here))
+}
+
+async fn not_here() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "POST")],
+        axum::Json(json!({ "error": "this MCP server answers each POST with JSON; it has no stream to GET and no MCP session to DELETE (end the farm session with DELETE /v1/sessions/{id})" })),
+    )
+        .into_response()
+}
+
+/// JSON-RPC error codes.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const NO_METHOD: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+
+#[derive(Deserialize)]
+struct Message {
+    jsonrpc: String,
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    params: Option<Value>,
+}
+
+fn reply(id: Value, result: Value) -> Response {
+    axum::Json(json!({ "jsonrpc": "2.0", "id": id, "result": result })).into_response()
+}
+
+fn rpc_error(status: StatusCode, id: Value, code: i64, message: impl Into<String>) -> Response {
+    let body = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message.into() } });
+    (status, axum::Json(body)).into_response()
+}
+
+async fn message(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    if !origin_allowed(&headers) {
+        return rpc_error(
+            StatusCode::FORBIDDEN,
+            Value::Null,
+            INVALID_REQUEST,
+            "this request's Origin is not the host it was sent to",
+        );
+    }
+    let value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Value::Null,
+                PARSE_ERROR,
+                format!("not JSON: {e}"),
+            )
+        }
+    };
+    if value.is_array() {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            Value::Null,
+            INVALID_REQUEST,
+            "batches are not accepted: send one JSON-RPC message per POST",
+        );
+    }
+    let message: Message = match serde_json::from_value(value) {
+        Ok(m) => m,
+        Err(e) => {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                Value::Null,
+                INVALID_REQUEST,
+                format!("not a JSON-RPC message: {e}"),
+            )
+        }
+    };
+    if message.jsonrpc != "2.0" {
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            message.id.unwrap_or(Value::Null),
+            INVALID_REQUEST,
+            "jsonrpc must be \"2.0\"",
+        );
+    }
+    let Some(request_id) = message.id else {
+        // A notification (`notifications/initialized`, `notifications/cancelled`) or a
+        // response to a server request: nothing to answer.
+        return StatusCode::ACCEPTED.into_response();
+    };
+    let Some(method) = message.method else {
+        return StatusCode::ACCEPTED.into_response();
+    };
+    // The session must exist for every method, so that a wrong URL fails at `initialize`.
+    if let Err(e) = app.service.get_session(&id).await {
+        return rpc_error(
+            StatusCode::from_u16(e.status).unwrap_or(StatusCode::NOT_FOUND),
+            request_id,
+            INVALID_REQUEST,
+            e.message,
+        );
+    }
+    let params = message.params.unwrap_or(Value::Null);
+    match method.as_str() {
+        "initialize" => reply(request_id, initialize(&id, &params)),
+        "ping" => reply(request_id, json!({})),
+        "tools/list" => reply(request_id, json!({ "tools": tools() })),
+        "tools/call" => match call(&app, &id, &params).await {
+            Ok(result) => reply(request_id, result),
+            Err(why) => rpc_error(StatusCode::OK, request_id, INVALID_PARAMS, why),
+        },
+        other => rpc_error(
+            StatusCode::OK,
+            request_id,
+            NO_METHOD,
+            format!("no method {other:?} (this server has tools only: tools/list, tools/call)"),
+        ),
+    }
+}
+
+fn initialize(id: &str, params: &Value) -> Value {
+    let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or("");
+    let version = if VERSIONS.contains(&asked) {
+        asked
+    } else {
+        VERSIONS[VERSIONS.len() - 1]
+    };
+    json!({
+        "protocolVersion": version,
+        "capabilities": { "tools": { "listChanged": false } },
+        "serverInfo": { "name": "farm", "version": env!("CARGO_PKG_VERSION") },
+        "instructions": format!("Tools act inside farm session {id}, an isolated Linux microVM. Commands run in /workspace. Call submit when the task is done: the session ends and is scored where you cannot reach."),
+    })
+}
+
+fn tools() -> Value {
+    json!([
+        {
+            "name": "exec",
+            "description": "Run a shell command (sh -c) in /workspace. Returns its exit code, stdout and stderr.",
+            "inputSchema": { "type": "object", "properties": {
+                "command": { "type": "string", "description": "The command line." },
+                "timeout_secs": { "type": "integer", "minimum": 1, "description": "At most the session's step timeout." },
+            }, "required": ["command"], "additionalProperties": false },
+        },
+        {
+            "name": "read_file",
+            "description": "Read a text file (relative paths are in /workspace); at most 1 MiB.",
+            "inputSchema": { "type": "object", "properties": {
+                "path": { "type": "string" },
+            }, "required": ["path"], "additionalProperties": false },
+        },
+        {
+            "name": "write_file",
+            "description": "Write a file (relative paths are in /workspace), creating its folders.",
+            "inputSchema": { "type": "object", "properties": {
+                "path": { "type": "string" },
+                "content": { "type": "string" },
+                "mode": { "type": "integer", "minimum": 0, "maximum": 4095, "description": "File mode, default 0644 (420)." },
+            }, "required": ["path", "content"], "additionalProperties": false },
+        },
+        {
+            "name": "submit",
+            "description": "End the task. The session is scored where you cannot reach; nothing can be done in it afterwards.",
+            "inputSchema": { "type": "object", "properties": {
+                "answer": { "type": "string", "description": "The final answer, when the task asks for one." },
+            }, "additionalProperties": false },
+        },
+    ])
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Call {
+    name: String,
+    #[serde(default)]
+    arguments: Option<Value>,
+    #[serde(default, rename = "_meta")]
+    _meta: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecArgs {
+    command: String,
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: String,
+    #[serde(default = "default_mode")]
+    mode: u32,
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SubmitArgs {
+    #[serde(default)]
+    answer: Option<String>,
+}
+
+fn args<T: serde::de::DeserializeOwned>(tool: &str, arguments: Option<Value>) -> Result<T, String> {
+    let value = arguments.unwrap_or_else(|| json!({}));
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        format!("{tool}: bad arguments at {path}: {}", e.into_inner())
+    })
+}
+
+/// A tool's result: text for the model, and the step as structured content.
+fn result(text: String, structured: Value, is_error: bool) -> Value {
+    json!({ "content": [{ "type": "text", "text": text }], "structuredContent": structured, "isError": is_error })
+}
+
+/// A tool that ran but failed (a session that ended, its step limit): told to the model as
+/// a tool error, as MCP asks, rather than as a protocol error.
+fn failed(e: ApiError) -> Value {
+    result(
+        e.message.clone(),
+        json!({ "error": e.message, "status": e.status }),
+        true,
+    )
+}
+
+/// Quotes `s` for `sh`.
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Runs one tool: Ok is the tool's result (also when the tool failed), Err a bad call.
+async fn call(app: &App, id: &str, params: &Value) -> Result<Value, String> {
+    let call: Call = serde_json::from_value(params.clone()).map_err(|e| format!("bad tools/call params: {e}"))?;
+    let service = &app.service;
+    let stepped = |out: Value| {
+        let observation = out["observation"].as_str().unwrap_or_default().to_string();
+        let ended = out["ended"].as_bool().unwrap_or(false);
+        let text = if ended {
+            format!(
+                "{observation}\n(the session has ended: {})",
+                out["error"].as_str().unwrap_or("over its limits")
+            )
+        } else {
+            observation
+        };
+        let failed = out["step"]["exit_code"].as_i64().is_some_and(|c| c != 0) || ended;
+        result(text, out, failed)
+    };
+    Ok(match call.name.as_str() {
+        "exec" => {
+            let a: ExecArgs = args("exec", call.arguments)?;
+            if a.timeout_secs == Some(0) {
+                return Err("exec: timeout_secs must be at least 1".into());
+            }
+            let action = Action::Exec { command: a.command };
+            match service.act(id, action, a.timeout_secs).await {
+                Ok(out) => stepped(out),
+                Err(e) => failed(e),
+            }
+        }
+        "read_file" => {
+            let a: ReadArgs = args("read_file", call.arguments)?;
+            // One exec step: the file's first bytes, then whether it went on.
+            let command = format!(
+                "f={}; head -c {READ_LIMIT} -- \"$f\" || exit 1; [ \"$(wc -c < \"$f\")\" -le {READ_LIMIT} ] || echo '[farm: cut at 1 MiB]' >&2",
+                quoted(&a.path)
+            );
+            match service.act(id, Action::Exec { command }, None).await {
+                Ok(out) if out["step"]["exit_code"] == 0 && !out["ended"].as_bool().unwrap_or(false) => {
+                    let text = out["step"]["stdout"].as_str().unwrap_or_default().to_string();
+                    let cut = out["step"]["stderr"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains("[farm: cut");
+                    result(text, json!({ "path": a.path, "cut": cut }), false)
+                }
+                Ok(out) => {
+                    let why = out["step"]["stderr"].as_str().unwrap_or_default().trim().to_string();
+                    result(format!("reading {:?} failed: {why}", a.path), out, true)
+                }
+                Err(e) => failed(e),
+            }
+        }
+        "write_file" => {
+            let a: WriteArgs = args("write_file", call.arguments)?;
+            if a.mode > 0o7777 {
+                return Err("write_file: mode must be a file mode (0 to 4095)".into());
+            }
+            let action = Action::WriteFile {
+                path: a.path,
+                content: a.content,
+                mode: a.mode,
+            };
+            match service.act(id, action, None).await {
+                Ok(out) => stepped(out),
+                Err(e) => failed(e),
+            }
+        }
+        "submit" => {
+            let a: SubmitArgs = args("submit", call.arguments)?;
+            match service.submit_session(id, a.answer).await {
+                // The verdict goes to whoever runs the session (its row, GET
+                // /v1/rollouts/{id}), not to the agent being scored.
+                Ok(out) => result(
+                    "submitted: the session has ended and was scored where you cannot reach".into(),
+                    json!({ "submitted": true, "rollout_id": out["rollout_id"] }),
+                    false,
+                ),
+                Err(e) => failed(e),
+            }
+        }
+        other => {
+            return Err(format!(
+                "no tool {other:?} (the tools are exec, read_file, write_file, submit)"
+            ))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(quoted("a'b"), r"'a'\''b'");
+    }
+
+    #[test]
+    fn arguments_name_the_bad_field() {
+        let e = args::<WriteArgs>("write_file", Some(json!({ "path": "a", "content": 3 })))
+            .err()
+            .unwrap();
+        assert!(e.contains("content"), "{e}");
+        let e = args::<ExecArgs>("exec", Some(json!({ "command": "ls", "cwd": "/" })))
+            .err()
+            .unwrap();
+        assert!(e.contains("cwd"), "{e}");
+    }
+}

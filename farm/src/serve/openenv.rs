@@ -1,0 +1,492 @@
+//! The served tasks as an OpenEnv environment (the `openenv` client on PyPI, which TRL's
+//! trainers use): a WebSocket at `/v1/openenv/ws` where each connection holds one farm
+//! session, plus `/v1/openenv/health`, `/schema` and `/metadata`.
+//!
+//! Messages, one reply each: `{"type": "reset", "data": {...}}` ends the connection's
+//! session, if any, and opens a fresh fork (or a branch of a live session, `branch_of`); the
+//! first observation carries the instruction. `{"type": "step", "data": <action>}` runs an
+//! `exec`, a `write_file` or a `submit` (the reward: farm's protected scoring, at submit
+//! only). `{"type": "state"}` tells the session and its step count; `{"type": "close"}` and
+//! a disconnect end the session (no row, as a DELETE). Failures answer `{"type": "error",
+//! "data": {"message", "code"}}` and keep the connection.
+//!
+//! The socket is read while a step runs, so the client's pings are answered on long steps.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::http::{ok, origin_allowed, App, Reply};
+use super::requests::{ItemRequest, LimitsRequest};
+use engine::config::Action;
+
+/// Largest message a client may send (a `write_file` carries the file).
+const MAX_MESSAGE: usize = 16 << 20;
+
+pub(super) fn routes() -> Router<App> {
+    // Tasks handed out in turn to resets that name none.
+    let next_task = Arc::new(AtomicUsize::new(0));
+    Router::new()
+        .route(
+            "/v1/openenv/ws",
+            get(move |headers: HeaderMap, ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, State(app): State<App>| {
+                let next_task = next_task.clone();
+                async move {
+                    if !origin_allowed(&headers) {
+                        return ApiError::new(403, "this request's Origin is not the host it was sent to").into_response();
+                    }
+                    match ws {
+                        Ok(ws) => ws
+                            .max_message_size(MAX_MESSAGE)
+                            .on_upgrade(move |socket| connection(socket, app, next_task)),
+                        Err(e) => ApiError::new(
+                            e.status().as_u16(),
+                            format!("{} (OpenEnv's socket: connect with a WebSocket client, e.g. openenv's GenericEnvClient)", e.body_text()),
+                        )
+                        .into_response(),
+                    }
+                }
+            }),
+        )
+        .route("/v1/openenv/health", get(|| async { ok(json!({ "status": "healthy" })) }))
+        .route("/v1/openenv/schema", get(|| async { ok(schema()) }))
+        .route("/v1/openenv/metadata", get(metadata))
+}
+
+async fn metadata(State(app): State<App>) -> Reply {
+    let mut suites: Vec<Value> = app
+        .service
+        .suites
+        .iter()
+        .map(|(name, state)| {
+            let mut tasks: Vec<&String> = state.tasks.keys().collect();
+            tasks.sort();
+            json!({ "name": name, "tasks": tasks })
+        })
+        .collect();
+    suites.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    ok(json!({
+        "name": "farm",
+        "description": "Tasks served by farm: each connection is a fork of a task's snapshotted microVM; actions are shell commands, file writes and a submit scored where the agent cannot reach.",
+        "version": env!("CARGO_PKG_VERSION"),
+        "readme_content": null,
+        "author": null,
+        "documentation_url": null,
+        "suites": suites,
+    }))
+}
+
+/// JSON Schemas of the actions, observations, state and reset's arguments.
+fn schema() -> Value {
+    json!({
+        "action": {
+            "title": "FarmAction",
+            "oneOf": [
+                { "type": "object", "additionalProperties": false, "required": ["kind", "command"], "properties": {
+                    "kind": { "const": "exec" }, "command": { "type": "string" },
+                    "timeout_secs": { "type": "integer", "minimum": 1 } } },
+                { "type": "object", "additionalProperties": false, "required": ["kind", "path", "content"], "properties": {
+                    "kind": { "const": "write_file" }, "path": { "type": "string" }, "content": { "type": "string" },
+                    "mode": { "type": "integer", "minimum": 0, "maximum": 4095 } } },
+                { "type": "object", "additionalProperties": false, "required": ["kind"], "properties": {
+                    "kind": { "const": "submit" }, "answer": { "type": ["string", "null"] } } },
+            ],
+        },
+        "observation": {
+            "title": "FarmObservation", "type": "object", "properties": {
+                "text": { "type": "string", "description": "What a model reads: the instruction after reset, the step's output after a step." },
+                "instruction": { "type": "string" }, "task_id": { "type": "string" },
+                "exit_code": { "type": ["integer", "null"] }, "stdout": { "type": "string" }, "stderr": { "type": "string" },
+                "status": { "type": "string", "description": "At the end: passed, failed, timeout, agent_error, env_error." },
+                "trust": { "type": "string" }, "error": { "type": ["string", "null"] },
+            },
+        },
+        "state": {
+            "title": "FarmState", "type": "object", "properties": {
+                "episode_id": { "type": ["string", "null"] }, "session_id": { "type": ["string", "null"] },
+                "rollout_id": { "type": ["string", "null"] }, "task_id": { "type": ["string", "null"] },
+                "step_count": { "type": "integer" }, "done": { "type": "boolean" },
+            },
+        },
+        "reset": {
+            "title": "FarmReset", "type": "object", "additionalProperties": false, "properties": {
+                "suite": { "type": "string" }, "task_id": { "type": "string", "description": "Default: the suite's tasks in turn." },
+                "seed": { "type": "integer", "minimum": 0 }, "episode_id": { "type": "string" },
+                "branch_of": { "type": "string", "description": "A live session's id: continue from its state exactly (a GRPO group from one prepared state)." },
+                "limits": { "type": "object" }, "policy_version": { "type": "integer" }, "metadata": { "type": "object" },
+            },
+        },
+    })
+}
+
+/// What one connection holds.
+#[derive(Default)]
+struct Conn {
+    session: Option<String>,
+    rollout: Option<String>,
+    task_id: Option<String>,
+    episode_id: Option<String>,
+    steps: usize,
+    done: bool,
+}
+
+/// A reply that failed: OpenEnv's error codes.
+struct Failure {
+    code: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: &'static str, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Failure {
+        let code = match e.status {
+            400 | 422 => "VALIDATION_ERROR",
+            503 | 429 => "CAPACITY_REACHED",
+            404 | 409 | 410 => "SESSION_ERROR",
+            _ => "EXECUTION_ERROR",
+        };
+        let message = match e.field {
+            Some(f) => format!("{f}: {}", e.message),
+            None => e.message,
+        };
+        Failure { code, message }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    data: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Reset {
+    #[serde(default)]
+    suite: Option<String>,
+    #[serde(default)]
+    task_id: Option<String>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    episode_id: Option<String>,
+    #[serde(default)]
+    branch_of: Option<String>,
+    #[serde(default)]
+    limits: LimitsRequest,
+    #[serde(default)]
+    policy_version: Option<u64>,
+    #[serde(default)]
+    metadata: Option<Value>,
+}
+
+/// `step`'s action: farm's actions, and a per-command timeout.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum StepAction {
+    Exec {
+        command: String,
+        #[serde(default)]
+        timeout_secs: Option<u64>,
+    },
+    WriteFile {
+        path: String,
+        content: String,
+        #[serde(default = "default_mode")]
+        mode: u32,
+    },
+    Submit {
+        #[serde(default)]
+        answer: Option<String>,
+    },
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+fn parse<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T, Failure> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!(" at {path}")
+        };
+        Failure::new("VALIDATION_ERROR", format!("bad {what}{at}: {}", e.into_inner()))
+    })
+}
+
+async fn connection(socket: WebSocket, app: App, next_task: Arc<AtomicUsize>) {
+    let (mut sender, mut receiver) = socket.split();
+    let mut conn = Some(Conn::default());
+    let mut work: Option<tokio::task::JoinHandle<(Conn, Value)>> = None;
+    loop {
+        tokio::select! {
+            incoming = receiver.next() => {
+                let text = match incoming {
+                    Some(Ok(Message::Text(t))) => t.to_string(),
+                    Some(Ok(Message::Binary(b))) => String::from_utf8_lossy(&b).into_owned(),
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                };
+                let Some(c) = conn.take() else {
+                    let busy = error_reply(&Failure::new("EXECUTION_ERROR", "one request at a time: the last one is still running"));
+                    if sender.send(Message::text(busy.to_string())).await.is_err() { break; }
+                    continue;
+                };
+                match serde_json::from_str::<Request>(&text) {
+                    Ok(r) if r.kind == "close" => { conn = Some(c); break; }
+                    Ok(r) => {
+                        let (app, next_task) = (app.clone(), next_task.clone());
+                        work = Some(tokio::spawn(async move { handle(&app, &next_task, c, r).await }));
+                    }
+                    Err(e) => {
+                        conn = Some(c);
+                        let code = if serde_json::from_str::<Value>(&text).is_ok() { "UNKNOWN_TYPE" } else { "INVALID_JSON" };
+                        let reply = error_reply(&Failure::new(code, format!("not a request ({{\"type\": \"reset\"|\"step\"|\"state\"|\"close\", \"data\": ...}}): {e}")));
+                        if sender.send(Message::text(reply.to_string())).await.is_err() { break; }
+                    }
+                }
+            }
+            finished = async { work.as_mut().expect("guarded").await }, if work.is_some() => {
+                work = None;
+                match finished {
+                    Ok((c, reply)) => {
+                        conn = Some(c);
+                        if sender.send(Message::text(reply.to_string())).await.is_err() { break; }
+                    }
+                    Err(e) => {
+                        tracing::error!("an OpenEnv request's task failed: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    // A request still running finishes first (it may be opening or scoring the session).
+    if let Some(w) = work {
+        conn = w.await.ok().map(|(c, _)| c);
+    }
+    if let Some(Conn {
+        session: Some(id),
+        done: false,
+        ..
+    }) = conn
+    {
+        let _ = app.service.end_session(&id, "the OpenEnv client disconnected").await;
+    }
+    let _ = sender.close().await;
+}
+
+fn error_reply(f: &Failure) -> Value {
+    json!({ "type": "error", "data": { "message": f.message, "code": f.code } })
+}
+
+async fn handle(app: &App, next_task: &AtomicUsize, mut conn: Conn, request: Request) -> (Conn, Value) {
+    let reply = match request.kind.as_str() {
+        "reset" => reset(app, next_task, &mut conn, request.data).await,
+        "step" => match request.data {
+            Some(data) => step(app, &mut conn, data).await,
+            None => Err(Failure::new("VALIDATION_ERROR", "step needs data: the action")),
+        },
+        "state" => Ok(json!({ "type": "state", "data": state(&conn) })),
+        other => Err(Failure::new(
+            "UNKNOWN_TYPE",
+            format!("Unknown message type: {other} (reset, step, state, close)"),
+        )),
+    };
+    (conn, reply.unwrap_or_else(|f| error_reply(&f)))
+}
+
+fn state(conn: &Conn) -> Value {
+    json!({
+        "episode_id": conn.episode_id, "session_id": conn.session, "rollout_id": conn.rollout,
+        "task_id": conn.task_id, "step_count": conn.steps, "done": conn.done,
+    })
+}
+
+fn observation(observation: Value, reward: Option<f64>, done: bool) -> Value {
+    json!({ "type": "observation", "data": { "observation": observation, "reward": reward, "done": done } })
+}
+
+async fn reset(app: &App, next_task: &AtomicUsize, conn: &mut Conn, data: Option<Value>) -> Result<Value, Failure> {
+    let reset: Reset = match data {
+        Some(Value::Null) | None => Reset::default(),
+        Some(v) => parse("reset arguments", v)?,
+    };
+    let service = &app.service;
+    if let Some(old) = conn.session.take().filter(|_| !conn.done) {
+        let _ = service.end_session(&old, "reset by the OpenEnv client").await;
+    }
+    *conn = Conn::default();
+    let opened = match &reset.branch_of {
+        Some(parent) => {
+            if reset.task_id.is_some() || reset.suite.is_some() {
+                return Err(Failure::new(
+                    "VALIDATION_ERROR",
+                    "branch_of continues a session: give no suite or task_id",
+                ));
+            }
+            service.branch(parent).await?
+        }
+        None => {
+            let (_, suite) = service.suite(reset.suite.as_deref(), "suite")?;
+            let task_id = match reset.task_id {
+                Some(t) => t,
+                None => {
+                    let mut ids: Vec<&String> = suite.tasks.keys().collect();
+                    ids.sort();
+                    if ids.is_empty() {
+                        return Err(Failure::new(
+                            "VALIDATION_ERROR",
+                            "the suite serves no task: give task_id",
+                        ));
+                    }
+                    ids[next_task.fetch_add(1, Ordering::Relaxed) % ids.len()].clone()
+                }
+            };
+            let mut metadata = reset.metadata.unwrap_or_else(|| json!({}));
+            if let (Some(m), Some(e)) = (metadata.as_object_mut(), &reset.episode_id) {
+                m.insert("episode_id".into(), json!(e));
+            }
+            let request = ItemRequest {
+                suite: reset.suite,
+                task_id: Some(task_id),
+                task: None,
+                n: None,
+                seed: reset.seed.unwrap_or(0),
+                policy: None,
+                policy_version: reset.policy_version,
+                limits: reset.limits,
+                metadata: Some(metadata),
+            };
+            service.open_session(request).await?
+        }
+    };
+    let id = opened["session_id"].as_str().unwrap_or_default().to_string();
+    let described = service.get_session(&id).await?;
+    let (task_id, instruction) = service.session_task(&id).await?;
+    conn.session = Some(id.clone());
+    conn.rollout = opened["rollout_id"].as_str().map(String::from);
+    conn.task_id = Some(task_id.clone());
+    conn.episode_id = Some(reset.episode_id.unwrap_or_else(|| id.clone()));
+    conn.steps = described["steps"].as_u64().unwrap_or(0) as usize;
+    Ok(observation(
+        json!({ "text": instruction, "instruction": instruction, "task_id": task_id, "session_id": id, "rollout_id": conn.rollout }),
+        None,
+        false,
+    ))
+}
+
+async fn step(app: &App, conn: &mut Conn, data: Value) -> Result<Value, Failure> {
+    let Some(id) = conn.session.clone() else {
+        return Err(Failure::new("SESSION_ERROR", "no session yet: reset first"));
+    };
+    if conn.done {
+        return Err(Failure::new("SESSION_ERROR", "the episode is done: reset for another"));
+    }
+    let action: StepAction = parse("action", data)?;
+    let service = &app.service;
+    let (action, timeout) = match action {
+        StepAction::Submit { answer } => {
+            let out = service.submit_session(&id, answer).await?;
+            conn.done = true;
+            conn.steps += 1;
+            let status = out["status"].as_str().unwrap_or_default().to_string();
+            let text = match out["error"].as_str() {
+                Some(e) if !e.is_empty() => format!("{status}: {e}"),
+                _ => status.clone(),
+            };
+            return Ok(observation(
+                json!({ "text": text, "status": status, "trust": out["trust"], "error": out["error"], "rollout_id": out["rollout_id"] }),
+                out["reward"].as_f64(),
+                true,
+            ));
+        }
+        StepAction::Exec { command, timeout_secs } => {
+            if timeout_secs == Some(0) {
+                return Err(Failure::new(
+                    "VALIDATION_ERROR",
+                    "action.timeout_secs must be at least 1",
+                ));
+            }
+            (Action::Exec { command }, timeout_secs)
+        }
+        StepAction::WriteFile { path, content, mode } => {
+            if mode > 0o7777 {
+                return Err(Failure::new(
+                    "VALIDATION_ERROR",
+                    "action.mode must be a file mode (0 to 4095)",
+                ));
+            }
+            (Action::WriteFile { path, content, mode }, None)
+        }
+    };
+    let out = service.act(&id, action, timeout).await?;
+    conn.steps += 1;
+    let step = &out["step"];
+    let mut obs = json!({
+        "text": out["observation"], "exit_code": step["exit_code"], "stdout": step["stdout"], "stderr": step["stderr"],
+    });
+    if out["ended"].as_bool().unwrap_or(false) {
+        // Over its time budget, or the action took the VM down: the episode ends unscored.
+        conn.done = true;
+        obs["status"] = out["status"].clone();
+        obs["error"] = out["error"].clone();
+        return Ok(observation(obs, Some(0.0), true));
+    }
+    Ok(observation(obs, None, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_parse_strictly_and_name_the_field() {
+        let a: StepAction = parse("action", json!({ "kind": "exec", "command": "ls" }))
+            .ok()
+            .unwrap();
+        assert!(matches!(a, StepAction::Exec { timeout_secs: None, .. }));
+        let e = parse::<StepAction>("action", json!({ "kind": "exec", "command": "ls", "cwd": "/" }))
+            .err()
+            .unwrap();
+        assert_eq!(e.code, "VALIDATION_ERROR");
+        assert!(e.message.contains("cwd"), "{}", e.message);
+        let e = parse::<StepAction>("action", json!({ "kind": "rm" })).err().unwrap();
+        assert!(e.message.contains("rm"), "{}", e.message);
+        let e = parse::<Reset>("reset arguments", json!({ "seeds": 3 })).err().unwrap();
+        assert!(e.message.contains("seeds"), "{}", e.message);
+    }
+
+    #[test]
+    fn service_failures_map_to_openenv_codes() {
+        let f: Failure = ApiError::field(400, "task_id", "no task").into();
+        assert_eq!((f.code, f.message.as_str()), ("VALIDATION_ERROR", "task_id: no task"));
+        assert_eq!(Failure::from(ApiError::new(503, "full")).code, "CAPACITY_REACHED");
+        assert_eq!(Failure::from(ApiError::new(404, "gone")).code, "SESSION_ERROR");
+    }
+}
