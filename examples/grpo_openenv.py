@@ -62,10 +62,11 @@ def run_group(url, token, task, group, size):
                         result = env.step(action)
                         if result.done:
                             break
-                    rewards[i] = float(result.reward or 0.0) if result and result.done else 0.0
+                    # No reward (an env_error, a policy that never submitted): the sample is
+                    # left out of the group, never counted as a failure.
+                    rewards[i] = float(result.reward) if result and result.done and result.reward is not None else None
             except Exception as e:  # noqa: BLE001 - one member's failure is reported, not fatal
                 failures.append(f"member {i}: {e}")
-                rewards[i] = 0.0
 
         threads = [threading.Thread(target=member, args=(i,)) for i in range(size)]
         for t in threads:
@@ -73,9 +74,10 @@ def run_group(url, token, task, group, size):
         for t in threads:
             t.join()
     # Leaving `root` ends the prepared session (it is never submitted: no row).
-    mean = statistics.fmean(rewards)
-    spread = statistics.pstdev(rewards)
-    advantages = [round((r - mean) / (spread + 1e-6), 4) for r in rewards]
+    scored = [r for r in rewards if r is not None]
+    mean = statistics.fmean(scored) if scored else 0.0
+    spread = statistics.pstdev(scored) if len(scored) > 1 else 0.0
+    advantages = [None if r is None else round((r - mean) / (spread + 1e-6), 4) for r in rewards]
     return {"group": group, "rewards": rewards, "mean": mean, "advantages": advantages, "failures": failures}
 
 

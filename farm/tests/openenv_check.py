@@ -133,7 +133,17 @@ with client() as a, client() as b:
     assert b.step({"kind": "submit"}).reward == 1.0
     assert a.step({"kind": "submit"}).reward == 0.0
     expect_error("SESSION_ERROR", b.reset, branch_of="s-no-such-session")
-print("ok: reset(branch_of=...) continues a live session's state; the two diverge")
+    msg = expect_error("VALIDATION_ERROR", b.reset, branch_of=parent, seed=3)
+    assert "seed" in msg, msg
+    # Branching the connection's own session: the new one continues it, the old one ends.
+    a.reset(task_id="double")
+    a.step({"kind": "write_file", "path": "out.txt", "content": "42"})
+    own = a.state()["session_id"]
+    a.reset(branch_of=own)
+    assert a.state()["session_id"] != own and a.state()["step_count"] == 1, a.state()
+    assert a.step({"kind": "exec", "command": "cat out.txt"}).observation["stdout"].strip() == "42"
+    assert not any(s["session_id"] == own for s in get("/v1/sessions")["sessions"]), "the old one ended"
+print("ok: reset(branch_of=...) continues a live session's state, its own too; the two diverge")
 
 # Many clients at once, each its own session.
 N = 6
@@ -161,12 +171,26 @@ assert not errors, errors
 assert rewards == [1.0 if i % 2 == 0 else 0.0 for i in range(N)], rewards
 print(f"ok: {N} clients at once, rewards {rewards}")
 
-# A client that goes away without a word: its session ends (nothing leaks).
+# Three ways to leave without submitting; each session must end (the test checks the ids).
+left = []
 env = client()
 env.connect()
 env.reset(task_id="double")
-gone = env.state()["session_id"]
-assert any(s["session_id"] == gone for s in get("/v1/sessions")["sessions"])
-env.disconnect()
-print(f"ok: disconnected with session {gone} live")
-print(json.dumps({"disconnected": gone}))
+left.append(env.state()["session_id"])
+assert any(s["session_id"] == left[0] for s in get("/v1/sessions")["sessions"])
+env.disconnect()  # a close message
+
+url = BASE.replace("http", "ws", 1) + "/ws"
+ws = ws_connect(url, additional_headers=AUTH)
+ws.send(json.dumps({"type": "reset", "data": {"task_id": "double"}}))
+left.append(json.loads(ws.recv())["data"]["observation"]["session_id"])
+ws.socket.close()  # the TCP connection drops: no close frame
+
+ws = ws_connect(url, additional_headers=AUTH)
+ws.send(json.dumps({"type": "reset", "data": {"task_id": "double"}}))
+left.append(json.loads(ws.recv())["data"]["observation"]["session_id"])
+ws.send(json.dumps({"type": "step", "data": {"kind": "exec", "command": "sleep 3"}}))
+ws.send(json.dumps({"type": "close"}))  # while the step runs
+ws.close()
+print(f"ok: left sessions {left} by close, a dropped connection and a close during a step")
+print(json.dumps({"left": left}))

@@ -41,18 +41,15 @@ fn python(venv: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// Waits (up to 10 minutes: not a timing claim) until no session is left.
-async fn no_sessions_left(api: &Api) {
+/// Waits (up to `deadline`: not a timing claim) until no session is left.
+async fn no_sessions_left(api: &Api, deadline: Duration) {
     let started = Instant::now();
     loop {
         let sessions = api.ok("GET", "/v1/sessions", None, 200).await;
         if sessions["sessions"].as_array().unwrap().is_empty() {
             return;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "sessions were left: {sessions}"
-        );
+        assert!(started.elapsed() < deadline, "sessions were left: {sessions}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -75,11 +72,15 @@ async fn openenv_and_mcp_clients_drive_sessions() {
     eprintln!("{}", String::from_utf8_lossy(&check.stdout));
     let stdout = String::from_utf8_lossy(&check.stdout);
     let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    // The client that went away without submitting: its session ended, with no row.
-    no_sessions_left(&api).await;
-    let gone = last["disconnected"].as_str().unwrap();
-    let (status, _) = api.call("GET", &format!("/v1/sessions/{gone}"), None).await;
-    assert_eq!(status, 404, "the disconnected client's session is gone");
+    // The clients that went away without submitting: their sessions end, with no row; well
+    // before the 600 s lease would have ended them (this wait is a deadline, not a timing).
+    no_sessions_left(&api, Duration::from_secs(300)).await;
+    for gone in last["left"].as_array().unwrap() {
+        let (status, _) = api
+            .call("GET", &format!("/v1/sessions/{}", gone.as_str().unwrap()), None)
+            .await;
+        assert_eq!(status, 404, "the disconnected client's session {gone} is gone");
+    }
 
     // The socket's route refuses a plain GET, and a foreign Origin before anything else.
     let (status, v) = api.call("GET", "/v1/openenv/ws", None).await;
@@ -92,21 +93,104 @@ async fn openenv_and_mcp_clients_drive_sessions() {
         .await;
     assert_eq!(status, 403);
 
-    // MCP: a session opened through the API, driven by `mcp`'s client.
+    // A browser page cannot reach the service but by its address, from a page it serves:
+    // another site's Origin, or a rebinding name as both Origin and Host, is 403 on every route.
+    let port = url.rsplit(':').next().unwrap().to_string();
+    let evil_host = format!("evil.example:{port}");
+    let evil_origin = format!("http://{evil_host}");
+    for (path, headers) in [
+        ("/v1/sessions", vec![("Origin", "http://evil.example")]),
+        (
+            "/v1/sessions",
+            vec![("Origin", evil_origin.as_str()), ("Host", evil_host.as_str())],
+        ),
+    ] {
+        let (status, _, body) = api
+            .send("POST", path, Some(json!({ "task_id": "double" })), &headers)
+            .await;
+        assert_eq!(status, 403, "{path} {headers:?}: {}", String::from_utf8_lossy(&body));
+    }
+    let own_origin = url.clone();
+    let (status, _, _) = api
+        .send("GET", "/v1/capacity", None, &[("Origin", own_origin.as_str())])
+        .await;
+    assert_eq!(status, 200, "a page the service serves, at its address, may call it");
+
+    // A caller that hangs up under a call does not cancel it: the command still runs to its
+    // end and is a recorded step (else the guest would go on running something unjournaled).
+    let opened = api
+        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
+        .await;
+    let hung = opened["session_id"].as_str().unwrap().to_string();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(format!("{url}/v1/sessions/{hung}/exec"))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "command": "sleep 2; echo done > hung.txt" }))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client was meant to give up first");
+    let started = Instant::now();
+    loop {
+        let described = api.ok("GET", &format!("/v1/sessions/{hung}"), None, 200).await;
+        if described["steps"] == 1 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the hung-up call was not recorded: {described}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = api
+        .ok(
+            "POST",
+            &format!("/v1/sessions/{hung}/exec"),
+            Some(json!({ "command": "cat hung.txt" })),
+            200,
+        )
+        .await;
+    assert_eq!(out["step"]["stdout"].as_str().unwrap().trim(), "done", "{out}");
+    api.ok("DELETE", &format!("/v1/sessions/{hung}"), None, 200).await;
+
+    // MCP: a session opened through the API; the agent gets the session's own MCP token.
     let opened = api
         .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
         .await;
     let session = opened["session_id"].as_str().unwrap().to_string();
-    // A browser page of another site cannot drive it (MCP's Origin rule).
-    let (status, _, body) = api
-        .send(
-            "POST",
-            &format!("/v1/sessions/{session}/mcp"),
-            Some(json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list" })),
-            &[("Origin", "http://evil.example")],
-        )
+    let rollout = opened["rollout_id"].as_str().unwrap().to_string();
+    assert_eq!(opened["mcp"]["path"], format!("/v1/sessions/{session}/mcp"), "{opened}");
+    let mcp_token = opened["mcp"]["token"].as_str().unwrap().to_string();
+    let other = api
+        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
         .await;
-    assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
+    let other_id = other["session_id"].as_str().unwrap().to_string();
+    // That token opens that session's MCP endpoint and nothing else: not the API (its verdict,
+    // a branch, the other sessions), not another session's endpoint.
+    let agent = Api::new(&url, Some(&mcp_token));
+    let list = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list" });
+    for (method, path, body) in [
+        ("GET", format!("/v1/rollouts/{rollout}"), None),
+        ("GET", "/v1/sessions".to_string(), None),
+        ("POST", format!("/v1/sessions/{session}/branch"), None),
+        (
+            "POST",
+            format!("/v1/sessions/{session}/exec"),
+            Some(json!({ "command": "true" })),
+        ),
+        ("POST", format!("/v1/sessions/{other_id}/mcp"), Some(list.clone())),
+    ] {
+        let (status, v) = agent.call(method, &path, body).await;
+        assert_eq!(status, 401, "the MCP token opened {method} {path}: {v}");
+    }
+    let (status, v) = agent
+        .call("POST", &format!("/v1/sessions/{session}/mcp"), Some(list))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    api.ok("DELETE", &format!("/v1/sessions/{other_id}"), None, 200).await;
     // A notification is accepted and answered with nothing; GET has no stream.
     let (status, _, body) = api
         .send(
@@ -132,21 +216,15 @@ async fn openenv_and_mcp_clients_drive_sessions() {
         "{v}"
     );
 
-    let check = python("mcp-venv", &["farm/tests/mcp_check.py", &url, TOKEN, &session]);
+    let check = python("mcp-venv", &["farm/tests/mcp_check.py", &url, &mcp_token, &session]);
     assert!(check.status.success(), "MCP's client:\n{}", said(&check));
     eprintln!("{}", String::from_utf8_lossy(&check.stdout));
-    let stdout = String::from_utf8_lossy(&check.stdout);
-    let rollout = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("rollout "))
-        .unwrap()
-        .to_string();
     // The verdict the agent was not told: the caller reads it.
     let row = api.ok("GET", &format!("/v1/rollouts/{rollout}"), None, 200).await;
     assert_eq!(row["row"]["status"], "passed", "{row}");
     assert_eq!(row["row"]["reward"], 1.0, "{row}");
     let steps = row["row"]["steps"].as_array().unwrap();
-    assert_eq!(steps.len(), 6, "each tool call is a step of the session: {row}");
+    assert_eq!(steps.len(), 8, "each tool call is a step of the session: {row}");
 
     // The GRPO-style example: groups of sessions branched from one prepared state.
     let mut example = Command::new(venv_python("openenv-venv"));
@@ -177,7 +255,7 @@ async fn openenv_and_mcp_clients_drive_sessions() {
             .collect();
         assert!(advantages[0] > 0.9 && advantages[1] < -0.9, "{result}");
     }
-    no_sessions_left(&api).await;
+    no_sessions_left(&api, Duration::from_secs(300)).await;
 
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());

@@ -163,8 +163,31 @@ async fn capacity(State(app): State<App>) -> Reply {
 
 async fn open_session(State(app): State<App>, body: Bytes) -> Reply {
     let request: ItemRequest = parse(&body)?;
-    let response = app.service.open_session(request).await?;
+    let service = app.service.clone();
+    let mut response = finish(async move { service.open_session(request).await }).await?;
+    with_mcp(&app, &mut response);
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
+}
+
+/// Where the agent in a session reaches it over MCP, and the token that opens only that.
+fn with_mcp(app: &App, response: &mut serde_json::Value) {
+    let Some(id) = response["session_id"].as_str().map(String::from) else {
+        return;
+    };
+    response["mcp"] = serde_json::json!({
+        "path": format!("/v1/sessions/{id}/mcp"),
+        "token": super::http::mcp_token(app.token.as_ref(), &id),
+    });
+}
+
+/// Runs a session call to its end even if the client hangs up meanwhile: a command the guest
+/// runs is then still a recorded step, and a submit still scores and writes its row.
+pub(super) async fn finish<T: Send + 'static>(
+    call: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(call)
+        .await
+        .unwrap_or_else(|e| Err(ApiError::new(500, format!("the request's task failed: {e}"))))
 }
 
 #[derive(Deserialize)]
@@ -177,16 +200,11 @@ struct ExecRequest {
 
 async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
     let request: ExecRequest = parse(&body)?;
-    ok(app
-        .service
-        .act(
-            &id,
-            Action::Exec {
-                command: request.command,
-            },
-            request.timeout_secs,
-        )
-        .await?)
+    let service = app.service.clone();
+    let action = Action::Exec {
+        command: request.command,
+    };
+    ok(finish(async move { service.act(&id, action, request.timeout_secs).await }).await?)
 }
 
 #[derive(Deserialize)]
@@ -207,22 +225,19 @@ async fn write_file(State(app): State<App>, Path(id): Path<String>, body: Bytes)
     if request.mode > 0o7777 {
         return Err(ApiError::field(400, "mode", "must be a file mode (0 to 0o7777)"));
     }
-    ok(app
-        .service
-        .act(
-            &id,
-            Action::WriteFile {
-                path: request.path,
-                content: request.content,
-                mode: request.mode,
-            },
-            None,
-        )
-        .await?)
+    let service = app.service.clone();
+    let action = Action::WriteFile {
+        path: request.path,
+        content: request.content,
+        mode: request.mode,
+    };
+    ok(finish(async move { service.act(&id, action, None).await }).await?)
 }
 
 async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    let response = app.service.branch(&id).await?;
+    let service = app.service.clone();
+    let mut response = finish(async move { service.branch(&id).await }).await?;
+    with_mcp(&app, &mut response);
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
 
@@ -239,19 +254,24 @@ async fn submit_session(State(app): State<App>, Path(id): Path<String>, body: By
     } else {
         parse(&body)?
     };
-    ok(app.service.submit_session(&id, request.answer).await?)
+    let service = app.service.clone();
+    ok(finish(async move { service.submit_session(&id, request.answer).await }).await?)
 }
 
 async fn pause_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.pause_session(&id).await?)
+    let service = app.service.clone();
+    ok(finish(async move { service.pause_session(&id).await }).await?)
 }
 
 async fn resume_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.resume_session(&id).await?)
+    let service = app.service.clone();
+    ok(finish(async move { service.resume_session(&id).await }).await?)
 }
 
 async fn get_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.get_session(&id).await?)
+    let mut response = app.service.get_session(&id).await?;
+    with_mcp(&app, &mut response);
+    ok(response)
 }
 
 async fn list_sessions(State(app): State<App>) -> Reply {

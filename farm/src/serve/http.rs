@@ -30,6 +30,13 @@ pub(super) fn ok(value: serde_json::Value) -> Reply {
 /// Every request needs the bearer token when one is set; compared in constant time (of
 /// digests, so the token's length does not show either).
 pub(super) async fn auth(State(app): State<App>, request: Request, next: Next) -> Response {
+    if !origin_allowed(request.headers()) {
+        return ApiError::new(
+            403,
+            "a browser page may reach this service only at its address, from a page it serves (Origin and Host differ, or Host is a DNS name)",
+        )
+        .into_response();
+    }
     if let Some(expected) = &app.token {
         use subtle::ConstantTimeEq;
         let given = request
@@ -39,7 +46,12 @@ pub(super) async fn auth(State(app): State<App>, request: Request, next: Next) -
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-        if !bool::from(digest.ct_eq(expected)) {
+        let service = bool::from(digest.ct_eq(expected));
+        let session = !service
+            && mcp_session(request.uri().path())
+                .and_then(|id| mcp_token(app.token.as_ref(), id))
+                .is_some_and(|t| bool::from(t.as_bytes().ct_eq(given.as_bytes())));
+        if !service && !session {
             let mut response =
                 ApiError::new(401, "a bearer token is required (Authorization: Bearer ...)").into_response();
             response
@@ -85,9 +97,12 @@ pub(super) fn body_digest(body: &[u8]) -> String {
 }
 
 /// Whether a request may act, by its `Origin`: absent (not a browser), or the very host the
-/// request was sent to. Browsers send it on every cross-site POST and WebSocket upgrade,
-/// which CORS does not stop (MCP's transport asks for this check; OpenEnv's socket gets it
-/// too), so a page on another site cannot drive a session on a service without a token.
+/// request was sent to when that host is an IP address or `localhost`. Browsers send
+/// `Origin` on every cross-site POST and WebSocket upgrade, which CORS does not stop (a form
+/// can POST JSON-looking text; WebSockets have no preflight), and a page that rebinds its
+/// own DNS name to the service's address sends that name as both `Origin` and `Host`: so a
+/// browser may reach the service by address only. Clients that are not browsers send no
+/// `Origin` and are not affected.
 pub(super) fn origin_allowed(headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return true;
@@ -98,7 +113,41 @@ pub(super) fn origin_allowed(headers: &HeaderMap) -> bool {
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"))
         .unwrap_or("");
-    !host.is_empty() && origin_host.eq_ignore_ascii_case(host)
+    !host.is_empty() && origin_host.eq_ignore_ascii_case(host) && is_address(host)
+}
+
+/// `host[:port]` names an IP address (`[v6]` too) or `localhost`, not a DNS name.
+fn is_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// The bearer token a session's MCP endpoint (`/v1/sessions/{id}/mcp`) also accepts, for the
+/// agent that acts in it: HMAC-SHA256 of the session's id under the service token's digest.
+/// It opens that one route of that one session, and from it neither the service token nor
+/// another session's token follows. None when the service has no token.
+pub(super) fn mcp_token(service_token: Option<&[u8; 32]>, session_id: &str) -> Option<String> {
+    use hmac::{Hmac, Mac};
+    let key = service_token?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(b"farm mcp session ");
+    mac.update(session_id.as_bytes());
+    Some(mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The session whose MCP endpoint `path` is, if it is one.
+fn mcp_session(path: &str) -> Option<&str> {
+    let id = path.strip_prefix("/v1/sessions/")?.strip_suffix("/mcp")?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
 }
 
 #[cfg(test)]
@@ -118,5 +167,39 @@ mod tests {
         assert!(!origin_allowed(&h));
         h.insert(header::ORIGIN, "http://127.0.0.1:8080.evil.example".parse().unwrap());
         assert!(!origin_allowed(&h));
+        // DNS rebinding: the attacker's name as both Origin and Host.
+        h.insert(header::HOST, "evil.example:8080".parse().unwrap());
+        h.insert(header::ORIGIN, "http://evil.example:8080".parse().unwrap());
+        assert!(!origin_allowed(&h));
+        for host in ["localhost:8765", "[::1]:8765", "10.1.2.3", "[fe80::1]"] {
+            h.insert(header::HOST, host.parse().unwrap());
+            h.insert(header::ORIGIN, format!("http://{host}").parse().unwrap());
+            assert!(origin_allowed(&h), "{host}");
+        }
+    }
+
+    #[test]
+    fn an_mcp_token_opens_one_sessions_endpoint_only() {
+        let key = |t: &str| -> [u8; 32] { Sha256::digest(t.as_bytes()).into() };
+        let (a, b) = (key("secret"), key("other"));
+        let t = mcp_token(Some(&a), "s-1").unwrap();
+        assert_eq!(t.len(), 64);
+        assert_eq!(
+            mcp_token(Some(&a), "s-1"),
+            Some(t.clone()),
+            "stable across calls (and restarts)"
+        );
+        assert_ne!(mcp_token(Some(&a), "s-2").unwrap(), t);
+        assert_ne!(mcp_token(Some(&b), "s-1").unwrap(), t, "keyed by the service token");
+        assert_eq!(mcp_token(None, "s-1"), None);
+        assert_eq!(mcp_session("/v1/sessions/s-1/mcp"), Some("s-1"));
+        for path in [
+            "/v1/sessions/s-1",
+            "/v1/sessions//mcp",
+            "/v1/sessions/s-1/x/mcp",
+            "/v1/sessions/s-1/mcp/",
+        ] {
+            assert_eq!(mcp_session(path), None, "{path}");
+        }
     }
 }

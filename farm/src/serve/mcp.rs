@@ -1,31 +1,35 @@
 //! A session as an MCP server (Model Context Protocol, the streamable HTTP transport):
 //! `POST /v1/sessions/{id}/mcp` takes one JSON-RPC message and answers it with one JSON
 //! body. Tools: `exec`, `read_file`, `write_file`, `submit`, each one step of the session
-//! (the same budget, limits and journal as the session API's).
+//! (the same budget, limits and journal as the session API's). A call runs to its end even
+//! if the client hangs up (the step is recorded; a submit scores).
 //!
 //! The server is stateless in MCP's sense: it gives no `Mcp-Session-Id`, since the farm
 //! session is in the path and outlives the agent's connection (whoever opened it submits or
 //! deletes it). GET (a server-to-client stream) and DELETE answer 405. Auth is serve's
-//! bearer token; a request that carries an `Origin` other than the host it was sent to is
-//! refused (browsers on other sites cannot drive a session).
+//! bearer token or the session's own MCP token (`serve::http::mcp_token`), which opens this
+//! route of this session only: the agent gets that one, never the service's. The verdict
+//! of a submit is not told to the agent.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::api::finish;
 use super::error::ApiError;
-use super::http::{origin_allowed, App};
+use super::http::App;
 use engine::config::Action;
 
 /// Protocol revisions this server speaks; a client asking for another gets the newest.
 const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
-/// Largest file `read_file` returns (bytes); longer files are cut, and the tool says so.
+/// Largest file `read_file` returns (bytes; less when the session's output cap is): longer
+/// files are cut, and the tool says so.
 const READ_LIMIT: u64 = 1 << 20;
 
 pub(super) fn routes() -> Router<App> {
@@ -67,15 +71,7 @@ fn rpc_error(status: StatusCode, id: Value, code: i64, message: impl Into<String
     (status, axum::Json(body)).into_response()
 }
 
-async fn message(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
-    if !origin_allowed(&headers) {
-        return rpc_error(
-            StatusCode::FORBIDDEN,
-            Value::Null,
-            INVALID_REQUEST,
-            "this request's Origin is not the host it was sent to",
-        );
-    }
+async fn message(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Response {
     let value: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -95,6 +91,8 @@ async fn message(State(app): State<App>, Path(id): Path<String>, headers: Header
             "batches are not accepted: send one JSON-RPC message per POST",
         );
     }
+    // A request has an id (even a null one); a notification or a response has none.
+    let has_id = value.get("id").is_some();
     let message: Message = match serde_json::from_value(value) {
         Ok(m) => m,
         Err(e) => {
@@ -106,24 +104,23 @@ async fn message(State(app): State<App>, Path(id): Path<String>, headers: Header
             )
         }
     };
+    let request_id = message.id.unwrap_or(Value::Null);
     if message.jsonrpc != "2.0" {
         return rpc_error(
             StatusCode::BAD_REQUEST,
-            message.id.unwrap_or(Value::Null),
+            request_id,
             INVALID_REQUEST,
             "jsonrpc must be \"2.0\"",
         );
     }
-    let Some(request_id) = message.id else {
+    let (true, Some(method)) = (has_id, message.method) else {
         // A notification (`notifications/initialized`, `notifications/cancelled`) or a
         // response to a server request: nothing to answer.
         return StatusCode::ACCEPTED.into_response();
     };
-    let Some(method) = message.method else {
-        return StatusCode::ACCEPTED.into_response();
-    };
-    // The session must exist for every method, so that a wrong URL fails at `initialize`.
-    if let Err(e) = app.service.get_session(&id).await {
+    // The session must exist for every method, so that a wrong URL fails at `initialize`;
+    // checked without waiting for a command running in it.
+    if let Err(e) = app.service.session_known(&id) {
         return rpc_error(
             StatusCode::from_u16(e.status).unwrap_or(StatusCode::NOT_FOUND),
             request_id,
@@ -131,14 +128,16 @@ async fn message(State(app): State<App>, Path(id): Path<String>, headers: Header
             e.message,
         );
     }
+    app.service.touch(&id);
     let params = message.params.unwrap_or(Value::Null);
     match method.as_str() {
         "initialize" => reply(request_id, initialize(&id, &params)),
         "ping" => reply(request_id, json!({})),
         "tools/list" => reply(request_id, json!({ "tools": tools() })),
-        "tools/call" => match call(&app, &id, &params).await {
-            Ok(result) => reply(request_id, result),
-            Err(why) => rpc_error(StatusCode::OK, request_id, INVALID_PARAMS, why),
+        "tools/call" => match finish(async move { Ok(call(&app, &id, &params).await) }).await {
+            Ok(Ok(result)) => reply(request_id, result),
+            Ok(Err(why)) => rpc_error(StatusCode::OK, request_id, INVALID_PARAMS, why),
+            Err(e) => rpc_error(StatusCode::INTERNAL_SERVER_ERROR, request_id, -32603, e.message),
         },
         other => rpc_error(
             StatusCode::OK,
@@ -160,7 +159,7 @@ fn initialize(id: &str, params: &Value) -> Value {
         "protocolVersion": version,
         "capabilities": { "tools": { "listChanged": false } },
         "serverInfo": { "name": "farm", "version": env!("CARGO_PKG_VERSION") },
-        "instructions": format!("Tools act inside farm session {id}, an isolated Linux microVM. Commands run in /workspace. Call submit when the task is done: the session ends and is scored where you cannot reach."),
+        "instructions": format!("Tools act inside farm session {id}, an isolated Linux microVM. Commands run in the task's working folder. Call submit when the task is done: the session ends and is scored where you cannot reach."),
     })
 }
 
@@ -168,7 +167,7 @@ fn tools() -> Value {
     json!([
         {
             "name": "exec",
-            "description": "Run a shell command (sh -c) in /workspace. Returns its exit code, stdout and stderr.",
+            "description": "Run a shell command (sh -c) in the task's working folder. Returns its exit code, stdout and stderr (each cut at the session's output cap).",
             "inputSchema": { "type": "object", "properties": {
                 "command": { "type": "string", "description": "The command line." },
                 "timeout_secs": { "type": "integer", "minimum": 1, "description": "At most the session's step timeout." },
@@ -176,14 +175,14 @@ fn tools() -> Value {
         },
         {
             "name": "read_file",
-            "description": "Read a text file (relative paths are in /workspace); at most 1 MiB.",
+            "description": "Read a text file (relative paths are in the task's working folder): at most 1 MiB or the session's output cap, whichever is less; a longer file is cut, and the result says so.",
             "inputSchema": { "type": "object", "properties": {
                 "path": { "type": "string" },
             }, "required": ["path"], "additionalProperties": false },
         },
         {
             "name": "write_file",
-            "description": "Write a file (relative paths are in /workspace), creating its folders.",
+            "description": "Write a file (relative paths are in the task's working folder), creating its folders.",
             "inputSchema": { "type": "object", "properties": {
                 "path": { "type": "string" },
                 "content": { "type": "string" },
@@ -200,8 +199,8 @@ fn tools() -> Value {
     ])
 }
 
+/// `tools/call`'s params (fields a later revision adds are let through).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Call {
     name: String,
     #[serde(default)]
@@ -304,19 +303,27 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, String> {
         }
         "read_file" => {
             let a: ReadArgs = args("read_file", call.arguments)?;
-            // One exec step: the file's first bytes, then whether it went on.
-            let command = format!(
-                "f={}; head -c {READ_LIMIT} -- \"$f\" || exit 1; [ \"$(wc -c < \"$f\")\" -le {READ_LIMIT} ] || echo '[farm: cut at 1 MiB]' >&2",
-                quoted(&a.path)
-            );
+            let cap = match service.session_output_cap(id).await {
+                Ok(cap) => cap,
+                Err(e) => return Ok(failed(e)),
+            };
+            // One byte past the limit tells a longer file from one of exactly the limit.
+            let limit = READ_LIMIT.min(cap.saturating_sub(1)).max(1);
+            let command = format!("head -c {} -- {}", limit + 1, quoted(&a.path));
             match service.act(id, Action::Exec { command }, None).await {
                 Ok(out) if out["step"]["exit_code"] == 0 && !out["ended"].as_bool().unwrap_or(false) => {
-                    let text = out["step"]["stdout"].as_str().unwrap_or_default().to_string();
-                    let cut = out["step"]["stderr"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .contains("[farm: cut");
-                    result(text, json!({ "path": a.path, "cut": cut }), false)
+                    let stdout = out["step"]["stdout"].as_str().unwrap_or_default();
+                    let cut = stdout.len() as u64 > limit;
+                    let mut text: String = stdout.to_string();
+                    if cut {
+                        let mut end = limit as usize;
+                        while !text.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        text.truncate(end);
+                        text.push_str(&format!("\n[farm: the file goes on; cut at {limit} bytes]"));
+                    }
+                    result(text, json!({ "path": a.path, "cut": cut, "limit": limit }), false)
                 }
                 Ok(out) => {
                     let why = out["step"]["stderr"].as_str().unwrap_or_default().trim().to_string();
@@ -344,10 +351,10 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, String> {
             let a: SubmitArgs = args("submit", call.arguments)?;
             match service.submit_session(id, a.answer).await {
                 // The verdict goes to whoever runs the session (its row, GET
-                // /v1/rollouts/{id}), not to the agent being scored.
-                Ok(out) => result(
+                // /v1/rollouts/{id}), not to the agent being scored: not even the id.
+                Ok(_) => result(
                     "submitted: the session has ended and was scored where you cannot reach".into(),
-                    json!({ "submitted": true, "rollout_id": out["rollout_id"] }),
+                    json!({ "submitted": true }),
                     false,
                 ),
                 Err(e) => failed(e),

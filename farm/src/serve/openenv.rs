@@ -10,7 +10,10 @@
 //! a disconnect end the session (no row, as a DELETE). Failures answer `{"type": "error",
 //! "data": {"message", "code"}}` and keep the connection.
 //!
-//! The socket is read while a step runs, so the client's pings are answered on long steps.
+//! The socket is read while a step runs, so the client's pings are answered on long steps;
+//! every frame (pings too) renews the session's lease, and a connection silent for a whole
+//! lease is closed. The auth middleware's bearer token and `Origin` rule apply to the
+//! upgrade.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,7 +21,6 @@ use std::sync::Arc;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -27,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::http::{ok, origin_allowed, App, Reply};
+use super::http::{ok, App, Reply};
 use super::requests::{ItemRequest, LimitsRequest};
 use engine::config::Action;
 
@@ -40,12 +42,9 @@ pub(super) fn routes() -> Router<App> {
     Router::new()
         .route(
             "/v1/openenv/ws",
-            get(move |headers: HeaderMap, ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, State(app): State<App>| {
+            get(move |ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, State(app): State<App>| {
                 let next_task = next_task.clone();
                 async move {
-                    if !origin_allowed(&headers) {
-                        return ApiError::new(403, "this request's Origin is not the host it was sent to").into_response();
-                    }
                     match ws {
                         Ok(ws) => ws
                             .max_message_size(MAX_MESSAGE)
@@ -108,7 +107,7 @@ fn schema() -> Value {
                 "text": { "type": "string", "description": "What a model reads: the instruction after reset, the step's output after a step." },
                 "instruction": { "type": "string" }, "task_id": { "type": "string" },
                 "exit_code": { "type": ["integer", "null"] }, "stdout": { "type": "string" }, "stderr": { "type": "string" },
-                "status": { "type": "string", "description": "At the end: passed, failed, timeout, agent_error, env_error." },
+                "status": { "type": "string", "description": "At the end: passed, failed, timeout or env_error." },
                 "trust": { "type": "string" }, "error": { "type": ["string", "null"] },
             },
         },
@@ -159,8 +158,11 @@ impl Failure {
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Failure {
         let code = match e.status {
+            _ if e.field.is_some() => "VALIDATION_ERROR",
             400 | 422 => "VALIDATION_ERROR",
-            503 | 429 => "CAPACITY_REACHED",
+            // Full (sessions, memory): worth a retry later.
+            429 => "CAPACITY_REACHED",
+            503 if e.retry_after.is_some() => "CAPACITY_REACHED",
             404 | 409 | 410 => "SESSION_ERROR",
             _ => "EXECUTION_ERROR",
         };
@@ -239,37 +241,50 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T, 
     })
 }
 
+/// The session a connection holds, kept outside the request's task so that it is ended on
+/// every way out, a panic included.
+type Holding = Arc<std::sync::Mutex<Option<String>>>;
+
 async fn connection(socket: WebSocket, app: App, next_task: Arc<AtomicUsize>) {
     let (mut sender, mut receiver) = socket.split();
+    let holding: Holding = Default::default();
     let mut conn = Some(Conn::default());
     let mut work: Option<tokio::task::JoinHandle<(Conn, Value)>> = None;
+    let lease = std::time::Duration::from_secs(app.service.settings.session_lease_secs);
     loop {
         tokio::select! {
-            incoming = receiver.next() => {
+            incoming = tokio::time::timeout(lease, receiver.next()) => {
                 let text = match incoming {
-                    Some(Ok(Message::Text(t))) => t.to_string(),
-                    Some(Ok(Message::Binary(b))) => String::from_utf8_lossy(&b).into_owned(),
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                    Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
+                    Ok(Some(Ok(Message::Binary(b)))) => String::from_utf8_lossy(&b).into_owned(),
+                    Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {
+                        touch(&app, &holding);
+                        continue;
+                    }
+                    // Closed, broken, or silent for a whole lease (a half-open connection).
+                    Ok(Some(Ok(Message::Close(_))) | Some(Err(_)) | None) | Err(_) => break,
                 };
+                touch(&app, &holding);
+                let request = match serde_json::from_str::<Request>(&text) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let code = if serde_json::from_str::<Value>(&text).is_ok() { "UNKNOWN_TYPE" } else { "INVALID_JSON" };
+                        let reply = error_reply(&Failure::new(code, format!("not a request ({{\"type\": \"reset\"|\"step\"|\"state\"|\"close\", \"data\": ...}}): {e}")));
+                        if sender.send(Message::text(reply.to_string())).await.is_err() { break; }
+                        continue;
+                    }
+                };
+                // A close ends the connection even while a request runs (it finishes first).
+                if request.kind == "close" {
+                    break;
+                }
                 let Some(c) = conn.take() else {
                     let busy = error_reply(&Failure::new("EXECUTION_ERROR", "one request at a time: the last one is still running"));
                     if sender.send(Message::text(busy.to_string())).await.is_err() { break; }
                     continue;
                 };
-                match serde_json::from_str::<Request>(&text) {
-                    Ok(r) if r.kind == "close" => { conn = Some(c); break; }
-                    Ok(r) => {
-                        let (app, next_task) = (app.clone(), next_task.clone());
-                        work = Some(tokio::spawn(async move { handle(&app, &next_task, c, r).await }));
-                    }
-                    Err(e) => {
-                        conn = Some(c);
-                        let code = if serde_json::from_str::<Value>(&text).is_ok() { "UNKNOWN_TYPE" } else { "INVALID_JSON" };
-                        let reply = error_reply(&Failure::new(code, format!("not a request ({{\"type\": \"reset\"|\"step\"|\"state\"|\"close\", \"data\": ...}}): {e}")));
-                        if sender.send(Message::text(reply.to_string())).await.is_err() { break; }
-                    }
-                }
+                let (app, next_task, holding) = (app.clone(), next_task.clone(), holding.clone());
+                work = Some(tokio::spawn(async move { handle(&app, &next_task, &holding, c, request).await }));
             }
             finished = async { work.as_mut().expect("guarded").await }, if work.is_some() => {
                 work = None;
@@ -288,28 +303,37 @@ async fn connection(socket: WebSocket, app: App, next_task: Arc<AtomicUsize>) {
     }
     // A request still running finishes first (it may be opening or scoring the session).
     if let Some(w) = work {
-        conn = w.await.ok().map(|(c, _)| c);
+        let _ = w.await;
     }
-    if let Some(Conn {
-        session: Some(id),
-        done: false,
-        ..
-    }) = conn
-    {
+    let held = holding.lock().unwrap().take();
+    if let Some(id) = held {
         let _ = app.service.end_session(&id, "the OpenEnv client disconnected").await;
     }
     let _ = sender.close().await;
+}
+
+/// Renews the lease of the connection's session.
+fn touch(app: &App, holding: &Holding) {
+    if let Some(id) = holding.lock().unwrap().as_deref() {
+        app.service.touch(id);
+    }
 }
 
 fn error_reply(f: &Failure) -> Value {
     json!({ "type": "error", "data": { "message": f.message, "code": f.code } })
 }
 
-async fn handle(app: &App, next_task: &AtomicUsize, mut conn: Conn, request: Request) -> (Conn, Value) {
+async fn handle(
+    app: &App,
+    next_task: &AtomicUsize,
+    holding: &Holding,
+    mut conn: Conn,
+    request: Request,
+) -> (Conn, Value) {
     let reply = match request.kind.as_str() {
-        "reset" => reset(app, next_task, &mut conn, request.data).await,
+        "reset" => reset(app, next_task, holding, &mut conn, request.data).await,
         "step" => match request.data {
-            Some(data) => step(app, &mut conn, data).await,
+            Some(data) => step(app, holding, &mut conn, data).await,
             None => Err(Failure::new("VALIDATION_ERROR", "step needs data: the action")),
         },
         "state" => Ok(json!({ "type": "state", "data": state(&conn) })),
@@ -332,22 +356,34 @@ fn observation(observation: Value, reward: Option<f64>, done: bool) -> Value {
     json!({ "type": "observation", "data": { "observation": observation, "reward": reward, "done": done } })
 }
 
-async fn reset(app: &App, next_task: &AtomicUsize, conn: &mut Conn, data: Option<Value>) -> Result<Value, Failure> {
+async fn reset(
+    app: &App,
+    next_task: &AtomicUsize,
+    holding: &Holding,
+    conn: &mut Conn,
+    data: Option<Value>,
+) -> Result<Value, Failure> {
     let reset: Reset = match data {
         Some(Value::Null) | None => Reset::default(),
         Some(v) => parse("reset arguments", v)?,
     };
     let service = &app.service;
-    if let Some(old) = conn.session.take().filter(|_| !conn.done) {
-        let _ = service.end_session(&old, "reset by the OpenEnv client").await;
-    }
-    *conn = Conn::default();
+    // Everything is checked, and the new session opened, before the old one ends: a branch
+    // of the connection's own session continues from it.
     let opened = match &reset.branch_of {
         Some(parent) => {
-            if reset.task_id.is_some() || reset.suite.is_some() {
+            let given = [
+                ("suite", reset.suite.is_some()),
+                ("task_id", reset.task_id.is_some()),
+                ("seed", reset.seed.is_some()),
+                ("limits", reset.limits != LimitsRequest::default()),
+                ("policy_version", reset.policy_version.is_some()),
+                ("metadata", reset.metadata.is_some()),
+            ];
+            if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
                 return Err(Failure::new(
                     "VALIDATION_ERROR",
-                    "branch_of continues a session: give no suite or task_id",
+                    format!("{name}: branch_of continues a session as it is (its task, seed, limits, policy_version and metadata)"),
                 ));
             }
             service.branch(parent).await?
@@ -368,9 +404,12 @@ async fn reset(app: &App, next_task: &AtomicUsize, conn: &mut Conn, data: Option
                     ids[next_task.fetch_add(1, Ordering::Relaxed) % ids.len()].clone()
                 }
             };
-            let mut metadata = reset.metadata.unwrap_or_else(|| json!({}));
-            if let (Some(m), Some(e)) = (metadata.as_object_mut(), &reset.episode_id) {
-                m.insert("episode_id".into(), json!(e));
+            let mut metadata = reset.metadata;
+            if let Some(e) = &reset.episode_id {
+                let m = metadata.get_or_insert_with(|| json!({}));
+                if let Some(m) = m.as_object_mut() {
+                    m.insert("episode_id".into(), json!(e));
+                }
             }
             let request = ItemRequest {
                 suite: reset.suite,
@@ -381,18 +420,25 @@ async fn reset(app: &App, next_task: &AtomicUsize, conn: &mut Conn, data: Option
                 policy: None,
                 policy_version: reset.policy_version,
                 limits: reset.limits,
-                metadata: Some(metadata),
+                metadata,
             };
             service.open_session(request).await?
         }
     };
     let id = opened["session_id"].as_str().unwrap_or_default().to_string();
+    let old = holding.lock().unwrap().replace(id.clone());
+    if let Some(old) = old.filter(|_| !conn.done) {
+        let _ = service.end_session(&old, "reset by the OpenEnv client").await;
+    }
+    *conn = Conn {
+        session: Some(id.clone()),
+        rollout: opened["rollout_id"].as_str().map(String::from),
+        episode_id: Some(reset.episode_id.unwrap_or_else(|| id.clone())),
+        ..Conn::default()
+    };
     let described = service.get_session(&id).await?;
     let (task_id, instruction) = service.session_task(&id).await?;
-    conn.session = Some(id.clone());
-    conn.rollout = opened["rollout_id"].as_str().map(String::from);
     conn.task_id = Some(task_id.clone());
-    conn.episode_id = Some(reset.episode_id.unwrap_or_else(|| id.clone()));
     conn.steps = described["steps"].as_u64().unwrap_or(0) as usize;
     Ok(observation(
         json!({ "text": instruction, "instruction": instruction, "task_id": task_id, "session_id": id, "rollout_id": conn.rollout }),
@@ -401,7 +447,7 @@ async fn reset(app: &App, next_task: &AtomicUsize, conn: &mut Conn, data: Option
     ))
 }
 
-async fn step(app: &App, conn: &mut Conn, data: Value) -> Result<Value, Failure> {
+async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Result<Value, Failure> {
     let Some(id) = conn.session.clone() else {
         return Err(Failure::new("SESSION_ERROR", "no session yet: reset first"));
     };
@@ -412,8 +458,12 @@ async fn step(app: &App, conn: &mut Conn, data: Value) -> Result<Value, Failure>
     let service = &app.service;
     let (action, timeout) = match action {
         StepAction::Submit { answer } => {
-            let out = service.submit_session(&id, answer).await?;
+            let out = service
+                .submit_session(&id, answer)
+                .await
+                .map_err(|e| gone(holding, conn, e))?;
             conn.done = true;
+            holding.lock().unwrap().take();
             conn.steps += 1;
             let status = out["status"].as_str().unwrap_or_default().to_string();
             let text = match out["error"].as_str() {
@@ -445,7 +495,10 @@ async fn step(app: &App, conn: &mut Conn, data: Value) -> Result<Value, Failure>
             (Action::WriteFile { path, content, mode }, None)
         }
     };
-    let out = service.act(&id, action, timeout).await?;
+    let out = service
+        .act(&id, action, timeout)
+        .await
+        .map_err(|e| gone(holding, conn, e))?;
     conn.steps += 1;
     let step = &out["step"];
     let mut obs = json!({
@@ -454,11 +507,21 @@ async fn step(app: &App, conn: &mut Conn, data: Value) -> Result<Value, Failure>
     if out["ended"].as_bool().unwrap_or(false) {
         // Over its time budget, or the action took the VM down: the episode ends unscored.
         conn.done = true;
+        holding.lock().unwrap().take();
         obs["status"] = out["status"].clone();
         obs["error"] = out["error"].clone();
         return Ok(observation(obs, Some(0.0), true));
     }
     Ok(observation(obs, None, false))
+}
+
+/// A failed step; when the session is gone (expired, deleted), the episode is done.
+fn gone(holding: &Holding, conn: &mut Conn, e: ApiError) -> Failure {
+    if e.status == 404 {
+        conn.done = true;
+        holding.lock().unwrap().take();
+    }
+    e.into()
 }
 
 #[cfg(test)]
@@ -486,7 +549,24 @@ mod tests {
     fn service_failures_map_to_openenv_codes() {
         let f: Failure = ApiError::field(400, "task_id", "no task").into();
         assert_eq!((f.code, f.message.as_str()), ("VALIDATION_ERROR", "task_id: no task"));
-        assert_eq!(Failure::from(ApiError::new(503, "full")).code, "CAPACITY_REACHED");
+        assert_eq!(
+            Failure::from(ApiError::new(429, "at serve.max_sessions")).code,
+            "CAPACITY_REACHED"
+        );
+        let low_memory = ApiError {
+            retry_after: Some(5),
+            ..ApiError::new(503, "memory")
+        };
+        assert_eq!(Failure::from(low_memory).code, "CAPACITY_REACHED");
+        // A VM that did not boot is no reason to come back later.
+        assert_eq!(
+            Failure::from(ApiError::new(503, "opening the session failed")).code,
+            "EXECUTION_ERROR"
+        );
+        assert_eq!(
+            Failure::from(ApiError::field(404, "task_id", "no task")).code,
+            "VALIDATION_ERROR"
+        );
         assert_eq!(Failure::from(ApiError::new(404, "gone")).code, "SESSION_ERROR");
     }
 }

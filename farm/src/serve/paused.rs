@@ -110,6 +110,18 @@ impl Service {
         }
     }
 
+    /// Whether a session is there (live or paused), without waiting for a call running in it.
+    pub fn session_known(&self, id: &str) -> ApiResult<()> {
+        self.lock().sessions.any(id).map(|_| ())
+    }
+
+    /// The cap on a step's output in a session (`rollouts.output_cap_bytes`).
+    pub async fn session_output_cap(&self, id: &str) -> ApiResult<u64> {
+        let session = self.lock().sessions.any(id)?;
+        let s = session.lock().await;
+        Ok(s.limits.output_cap_bytes)
+    }
+
     /// A session's task: its id and instruction.
     pub async fn session_task(&self, id: &str) -> ApiResult<(String, String)> {
         let session = self.lock().sessions.any(id)?;

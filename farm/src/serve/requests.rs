@@ -65,7 +65,7 @@ impl ItemRequest {
 }
 
 /// Limits a request may lower (never raise) below the suite's `[rollouts]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     #[serde(default)]

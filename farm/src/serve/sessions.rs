@@ -203,7 +203,7 @@ impl Service {
     }
 
     /// Marks a session used now, if it is still live.
-    fn touch(&self, id: &str) {
+    pub(super) fn touch(&self, id: &str) {
         self.lock().sessions.touch(id, Instant::now());
     }
 
