@@ -56,14 +56,14 @@ pub struct Engine {
     pub store: SnapshotStore,
     pub template: Arc<Snapshot>,
     /// For a template image from a registry: what it resolved to at start.
-    pub image_pulled: Option<vmm::image::registry::Pulled>,
+    pub image_pulled: Option<images::registry::Pulled>,
     pub(crate) scoring: scorers::orchestrate::Plan,
     /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
     pool: Option<(String, snapshotter::WarmPool)>,
     /// A converted image's `Env`, for every command of the rollouts' forks.
     pub(crate) image_env: Vec<(String, String)>,
     /// The image config of each Harbor task's environment snapshot, by snapshot id.
-    pub(crate) task_images: std::sync::Mutex<HashMap<String, vmm::image::ImageConfig>>,
+    pub(crate) task_images: std::sync::Mutex<HashMap<String, images::ImageConfig>>,
     /// What each Harbor task's environment was built from, by task id.
     pub environments: std::sync::Mutex<std::collections::BTreeMap<String, crate::harbor::EnvironmentRecord>>,
     /// The proxy policy of `rollouts.network` (rules resolved).
@@ -174,7 +174,7 @@ impl Engine {
         let image_config = template
             .image_config
             .clone()
-            .unwrap_or_else(|| vmm::image::config_of(&template.snapshot.manifest.image).unwrap_or_default());
+            .unwrap_or_else(|| images::config_of(&template.snapshot.manifest.image).unwrap_or_default());
         let image_env = image_config
             .env
             .iter()

@@ -57,7 +57,7 @@ enum Job {
 
 /// What a prepared Harbor environment adds to its snapshot: the config its commands run
 /// with, and what it was built from.
-type Extras = Option<(String, vmm::image::ImageConfig, EnvironmentRecord)>;
+type Extras = Option<(String, images::ImageConfig, EnvironmentRecord)>;
 
 impl Job {
     async fn run(self) -> (TaskSnapshot, Extras) {

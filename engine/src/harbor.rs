@@ -4,10 +4,10 @@
 
 use datasets::harbor::{Environment, AGENT_LOGS, VERIFIER_LOGS};
 use datasets::{HarborTask, Task};
+use images::ImageConfig;
 use snapshotter::{
     build_template_with, BuildError, Forker, Snapshot, SnapshotStore, TemplateConfig, TemplateError, TemplateExtras,
 };
-use vmm::image::ImageConfig;
 
 use crate::config::SuiteConfig;
 
@@ -23,7 +23,7 @@ const DEFAULT_STORAGE_MIB: u64 = 4096;
 pub struct EnvironmentRecord {
     pub built_from: BuiltFrom,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub images: Vec<vmm::image::registry::Pulled>,
+    pub images: Vec<images::registry::Pulled>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<Fallback>,
     /// The environment's template snapshot.
@@ -102,7 +102,7 @@ fn image_config(built: &snapshotter::Built) -> ImageConfig {
     built
         .image_config
         .clone()
-        .unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default())
+        .unwrap_or_else(|| images::config_of(&built.snapshot.manifest.image).unwrap_or_default())
 }
 
 async fn build(

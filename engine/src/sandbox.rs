@@ -45,7 +45,7 @@ impl Engine {
     pub async fn open_sandbox(
         &self,
         snapshot: &Snapshot,
-        image: &vmm::image::ImageConfig,
+        image: &images::ImageConfig,
         spec: &SandboxSpec,
         seed: u64,
         pool: Option<&snapshotter::WarmPool>,

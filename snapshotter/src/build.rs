@@ -54,13 +54,13 @@ pub struct Built {
     /// The snapshot existed already and was reused.
     pub reused: bool,
     /// For an image from a registry: what it resolved to this time.
-    pub pulled: Option<vmm::image::registry::Pulled>,
+    pub pulled: Option<images::registry::Pulled>,
     /// Every image resolved from a registry to make it (a Dockerfile's `FROM`s and `COPY
     /// --from` images, or the template's image), with any override.
-    pub images: Vec<vmm::image::registry::Pulled>,
+    pub images: Vec<images::registry::Pulled>,
     /// What commands of the template run with, when a Dockerfile made it (otherwise the
-    /// image's own config, `vmm::image::config_of`).
-    pub image_config: Option<vmm::image::ImageConfig>,
+    /// image's own config, `images::config_of`).
+    pub image_config: Option<images::ImageConfig>,
 }
 
 /// The content address of a template's snapshot: the template (config and files) plus
@@ -284,7 +284,7 @@ async fn build_into(
     ));
     let machine = Machine::launch(&settings, plan, run_dir).await?;
     machine.wait_for_agent(settings.boot_timeout).await?;
-    let image_config = vmm::image::config_of(&artifacts.image).unwrap_or_default();
+    let image_config = images::config_of(&artifacts.image).unwrap_or_default();
     provision(&machine, template, base_dir, &image_config, extras, progress).await?;
     progress("quiescing and snapshotting");
     machine.agent().quiesce().await?;
@@ -304,7 +304,7 @@ pub(crate) async fn provision(
     machine: &Machine,
     template: &TemplateConfig,
     base_dir: &Path,
-    image_config: &vmm::image::ImageConfig,
+    image_config: &images::ImageConfig,
     extras: &TemplateExtras,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<(), BuildError> {

@@ -259,7 +259,7 @@ impl TemplateConfig {
                         "context, build_args and target go with a dockerfile".into(),
                     ));
                 }
-                if vmm::image::ImageSource::parse(&self.image, Path::new(".")).is_err() {
+                if images::ImageSource::parse(&self.image, Path::new(".")).is_err() {
                     return Err(invalid(
                         "template.image",
                         format!("{:?} is not an image; expected one of {}, or oci-archive:PATH, docker-archive:PATH, oci:DIR, rootfs:DIR, registry:REF", self.image, vmm::artifacts::IMAGES.join(", ")),

@@ -8,18 +8,18 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-pub use crate::cache::{cache_dir, Artifact, IMAGES};
+pub use images::cache::{cache_dir, Artifact, IMAGES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     #[error("{what} not found at {path}: run scripts/setup.sh to build the guest kernel, agent and images")]
     Missing { what: String, path: PathBuf },
     #[error(transparent)]
-    UnknownImage(#[from] crate::image::UnknownImage),
+    UnknownImage(#[from] images::UnknownImage),
     #[error("manifest {path} is unreadable or malformed: {detail}; re-run scripts/setup.sh")]
     BadManifest { path: PathBuf, detail: String },
     #[error(transparent)]
-    Image(#[from] crate::image::ImageError),
+    Image(#[from] images::ImageError),
 }
 
 /// Everything needed to boot an image.
@@ -31,12 +31,12 @@ pub struct GuestArtifacts {
     pub agent: Artifact,
     /// For an image from a registry: what this lookup's pull resolved it to.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pulled: Option<crate::image::registry::Pulled>,
+    pub pulled: Option<images::registry::Pulled>,
 }
 
 impl GuestArtifacts {
     /// The artifacts of `image_name`: a built-in image, or an image archive or folder
-    /// (converted once, then cached; see [`crate::image`]) with relative paths taken from
+    /// (converted once, then cached; see the `images` crate) with relative paths taken from
     /// the current folder.
     pub fn locate(cache: &Path, image_name: &str) -> Result<GuestArtifacts, ArtifactError> {
         GuestArtifacts::locate_in(cache, image_name, Path::new("."))
@@ -54,11 +54,11 @@ impl GuestArtifacts {
         base: &Path,
         size_mib: Option<u64>,
     ) -> Result<GuestArtifacts, ArtifactError> {
-        let source = crate::image::ImageSource::parse(image_name, base)?;
-        if !matches!(source, crate::image::ImageSource::Builtin(_)) {
+        let source = images::ImageSource::parse(image_name, base)?;
+        if !matches!(source, images::ImageSource::Builtin(_)) {
             let current = cache.join("current");
             let agent = artifact(&current.join("agent"), "farm-agent", "guest agent")?;
-            let (image, pulled) = crate::image::converted(cache, &source, &agent, size_mib)?;
+            let (image, pulled) = images::converted(cache, &source, &agent, size_mib)?;
             return Ok(GuestArtifacts {
                 image_name: image_name.to_string(),
                 kernel: artifact(&current.join("kernel"), "vmlinux", "guest kernel")?,

@@ -1,7 +1,8 @@
 //! The machine layer: microVMs under QEMU.
 //!
 //! Data flows through it like this: [`artifacts`] finds the guest kernel and image built by
-//! `scripts/setup.sh`; [`accel`] picks KVM or TCG for this host; [`qemu`] turns a
+//! `scripts/setup.sh` (an image that is not built in is converted by the `images` crate, which
+//! owns root images; the guest's network proxy is the `egress` crate's); [`accel`] picks KVM or TCG for this host; [`qemu`] turns a
 //! [`qemu::MachineSpec`] into QEMU's command line; [`process`] starts QEMU so that it dies
 //! with its owner; [`machine::Machine`] ties the process to its QMP connection ([`qmp`]) and
 //! its guest agent channel ([`agent`]), and boots, snapshots (state-only migration) and
@@ -15,9 +16,7 @@
 pub mod accel;
 pub mod agent;
 pub mod artifacts;
-pub mod cache;
 pub mod console;
-pub mod image;
 pub mod jail;
 pub mod ksm;
 pub mod machine;

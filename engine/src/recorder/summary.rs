@@ -90,7 +90,7 @@ pub struct Provenance {
     /// For an image from a registry: the digest it resolved to, where from, and the
     /// reference an override replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pulled: Option<vmm::image::registry::Pulled>,
+    pub image_pulled: Option<images::registry::Pulled>,
     /// The part of the suite the run holds (`farm run --shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<crate::shard::Shard>,

@@ -101,7 +101,7 @@ async fn run_command(args: RunArgs) -> Result<i32> {
 
     // An image converted from an archive runs its commands as `docker run` would: with its
     // config's Env (under --env), WorkingDir and User. Built-in images have no config.
-    let image = vmm::image::config_of(&artifacts.image).unwrap_or_default();
+    let image = images::config_of(&artifacts.image).unwrap_or_default();
     let mut env: Vec<(String, String)> = image
         .env
         .iter()

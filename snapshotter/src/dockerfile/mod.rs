@@ -21,7 +21,7 @@ mod words;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use vmm::image::ImageConfig;
+use images::ImageConfig;
 
 use crate::build::BuildError;
 use crate::fork::Forker;
@@ -52,7 +52,7 @@ pub struct Image {
     pub snapshot: Snapshot,
     pub config: ImageConfig,
     /// Images pulled from registries for `FROM` (and `COPY --from=IMAGE`).
-    pub pulled: Vec<vmm::image::registry::Pulled>,
+    pub pulled: Vec<images::registry::Pulled>,
 }
 
 /// Why a Dockerfile build failed: where, and the step's error.

@@ -75,7 +75,7 @@ impl Builder<'_> {
         raw: &Raw,
         stages: &[Stage],
         built: &[Option<State>],
-        pulled: &mut Vec<vmm::image::registry::Pulled>,
+        pulled: &mut Vec<images::registry::Pulled>,
     ) -> Result<State, StepError> {
         for (name, value) in &raw.flags {
             match (name.as_str(), value.as_deref()) {
@@ -108,7 +108,7 @@ impl Builder<'_> {
     }
 
     /// A base image's template snapshot, and the state its config gives.
-    async fn base(&self, image: &str, pulled: &mut Vec<vmm::image::registry::Pulled>) -> Result<State, StepError> {
+    async fn base(&self, image: &str, pulled: &mut Vec<images::registry::Pulled>) -> Result<State, StepError> {
         let dir = self.spec.dockerfile.parent().unwrap_or(std::path::Path::new("."));
         let spec = image_spec(image, dir, self.spec.template.confined)?;
         let mut template = TemplateConfig::of_image(&spec);
@@ -130,7 +130,7 @@ impl Builder<'_> {
         .await
         .map_err(|e| StepError::Base(Box::new(e)))?;
         pulled.extend(built.pulled);
-        let config = vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default();
+        let config = images::config_of(&built.snapshot.manifest.image).unwrap_or_default();
         Ok(State {
             snapshot: built.snapshot,
             env: config
@@ -157,7 +157,7 @@ impl Builder<'_> {
         raw: &Raw,
         stages: &[Stage],
         built: &[Option<State>],
-        pulled: &mut Vec<vmm::image::registry::Pulled>,
+        pulled: &mut Vec<images::registry::Pulled>,
     ) -> Result<(), StepError> {
         let text = match &raw.args {
             Args::Text(t) => t.clone(),
@@ -288,7 +288,7 @@ impl Builder<'_> {
         raw: &Raw,
         stages: &[Stage],
         built: &[Option<State>],
-        pulled: &mut Vec<vmm::image::registry::Pulled>,
+        pulled: &mut Vec<images::registry::Pulled>,
     ) -> Result<(), StepError> {
         let add = raw.keyword == "ADD";
         for (name, _) in &raw.flags {
@@ -692,7 +692,7 @@ fn image_spec(from: &str, dir: &std::path::Path, confined: bool) -> Result<Strin
     } else {
         format!("registry:{from}")
     };
-    let source = vmm::image::ImageSource::parse(&spec, dir).map_err(|e| StepError::Invalid(e.to_string()))?;
+    let source = images::ImageSource::parse(&spec, dir).map_err(|e| StepError::Invalid(e.to_string()))?;
     Ok(source.spec())
 }
 

@@ -13,12 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use images::ImageConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use snapshotter::template::{Network, TemplateConfig};
 use snapshotter::Snapshot;
 use tokio::sync::watch;
-use vmm::image::ImageConfig;
 
 use super::contexts::Contexts;
 use super::LazyEngine;
@@ -539,7 +539,7 @@ impl Environments {
         let image = built
             .image_config
             .clone()
-            .unwrap_or_else(|| vmm::image::config_of(&built.snapshot.manifest.image).unwrap_or_default());
+            .unwrap_or_else(|| images::config_of(&built.snapshot.manifest.image).unwrap_or_default());
         Ok(Ready {
             snapshot: Arc::new(built.snapshot),
             image,

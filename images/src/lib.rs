@@ -1,4 +1,7 @@
-//! Root images from OCI and Docker archives and plain root filesystems.
+//! Root images: the guest's root filesystem, from the built-in images the set-up builds, OCI
+//! and Docker archives, registries and plain root filesystems. This crate owns everything
+//! between an image reference and an ext4 file a VM can boot; it knows nothing of QEMU (the
+//! machine layer, `vmm`, asks it for a converted image) or of the network (`egress`).
 //!
 //! `[template] image` may name, besides the built-in `minimal` and `python`:
 //! - `oci-archive:PATH`: an OCI image layout in a tar (`skopeo copy ... oci-archive:PATH`);
@@ -22,6 +25,7 @@
 //! the root (an absolute link target means the image's root, never the host's); device
 //! nodes are refused. Nothing is written outside the cache.
 
+pub mod cache;
 mod docker;
 mod oci;
 pub mod registry;
