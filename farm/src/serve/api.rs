@@ -18,9 +18,8 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::http::{auth, body_digest, idempotency_key, ok, parse, App, Reply};
-use super::requests::{ItemRequest, SubmitRequest};
+use super::requests::{ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
 use super::service::Service;
-use engine::config::Action;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
@@ -190,47 +189,15 @@ pub(super) async fn finish<T: Send + 'static>(
         .unwrap_or_else(|e| Err(ApiError::new(500, format!("the request's task failed: {e}"))))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecRequest {
-    command: String,
-    #[serde(default)]
-    timeout_secs: Option<u64>,
-}
-
 async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
-    let request: ExecRequest = parse(&body)?;
+    let (action, timeout) = parse::<ExecRequest>(&body)?.into_action();
     let service = app.service.clone();
-    let action = Action::Exec {
-        command: request.command,
-    };
-    ok(finish(async move { service.act(&id, action, request.timeout_secs).await }).await?)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WriteFileRequest {
-    path: String,
-    content: String,
-    #[serde(default = "default_mode")]
-    mode: u32,
-}
-
-fn default_mode() -> u32 {
-    0o644
+    ok(finish(async move { service.act(&id, action, timeout).await }).await?)
 }
 
 async fn write_file(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
-    let request: WriteFileRequest = parse(&body)?;
-    if request.mode > 0o7777 {
-        return Err(ApiError::field(400, "mode", "must be a file mode (0 to 0o7777)"));
-    }
+    let action = parse::<WriteFileRequest>(&body)?.into_action();
     let service = app.service.clone();
-    let action = Action::WriteFile {
-        path: request.path,
-        content: request.content,
-        mode: request.mode,
-    };
     ok(finish(async move { service.act(&id, action, None).await }).await?)
 }
 
@@ -241,16 +208,9 @@ async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SubmitSession {
-    #[serde(default)]
-    answer: Option<String>,
-}
-
 async fn submit_session(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
-    let request: SubmitSession = if body.is_empty() {
-        SubmitSession::default()
+    let request: SubmitSessionRequest = if body.is_empty() {
+        SubmitSessionRequest::default()
     } else {
         parse(&body)?
     };

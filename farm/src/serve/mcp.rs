@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use super::api::finish;
 use super::error::ApiError;
 use super::http::App;
+use super::requests::{ExecRequest, SubmitSessionRequest, WriteFileRequest};
 use engine::config::Action;
 
 /// Protocol revisions this server speaks; a client asking for another gets the newest.
@@ -136,7 +137,7 @@ async fn message(State(app): State<App>, Path(id): Path<String>, body: Bytes) ->
         "tools/list" => reply(request_id, json!({ "tools": tools() })),
         "tools/call" => match finish(async move { Ok(call(&app, &id, &params).await) }).await {
             Ok(Ok(result)) => reply(request_id, result),
-            Ok(Err(why)) => rpc_error(StatusCode::OK, request_id, INVALID_PARAMS, why),
+            Ok(Err(why)) => rpc_error(StatusCode::OK, request_id, INVALID_PARAMS, why.to_string()),
             Err(e) => rpc_error(StatusCode::INTERNAL_SERVER_ERROR, request_id, -32603, e.message),
         },
         other => rpc_error(
@@ -211,43 +212,33 @@ struct Call {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ExecArgs {
-    command: String,
-    #[serde(default)]
-    timeout_secs: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct ReadArgs {
     path: String,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WriteArgs {
-    path: String,
-    content: String,
-    #[serde(default = "default_mode")]
-    mode: u32,
+/// A call that cannot run: a JSON-RPC error (-32602) rather than a tool's error.
+#[derive(Debug, thiserror::Error)]
+enum BadCall {
+    #[error("bad tools/call params: {0}")]
+    Params(serde_json::Error),
+    #[error("{tool}: bad arguments at {path}: {why}")]
+    Arguments {
+        tool: String,
+        path: String,
+        why: serde_json::Error,
+    },
+    #[error("{tool}: {}{}", .error.field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default(), .error.message)]
+    Refused { tool: String, error: ApiError },
+    #[error("no tool {0:?} (the tools are exec, read_file, write_file, submit)")]
+    NoTool(String),
 }
 
-fn default_mode() -> u32 {
-    0o644
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SubmitArgs {
-    #[serde(default)]
-    answer: Option<String>,
-}
-
-fn args<T: serde::de::DeserializeOwned>(tool: &str, arguments: Option<Value>) -> Result<T, String> {
+fn args<T: serde::de::DeserializeOwned>(tool: &str, arguments: Option<Value>) -> Result<T, BadCall> {
     let value = arguments.unwrap_or_else(|| json!({}));
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        format!("{tool}: bad arguments at {path}: {}", e.into_inner())
+    serde_path_to_error::deserialize(value).map_err(|e| BadCall::Arguments {
+        tool: tool.to_string(),
+        path: e.path().to_string(),
+        why: e.into_inner(),
     })
 }
 
@@ -258,7 +249,7 @@ fn result(text: String, structured: Value, is_error: bool) -> Value {
 
 /// A tool that ran but failed (a session that ended, its step limit): told to the model as
 /// a tool error, as MCP asks, rather than as a protocol error.
-fn failed(e: ApiError) -> Value {
+fn tool_failed(e: ApiError) -> Value {
     result(
         e.message.clone(),
         json!({ "error": e.message, "status": e.status }),
@@ -272,8 +263,21 @@ fn quoted(s: &str) -> String {
 }
 
 /// Runs one tool: Ok is the tool's result (also when the tool failed), Err a bad call.
-async fn call(app: &App, id: &str, params: &Value) -> Result<Value, String> {
-    let call: Call = serde_json::from_value(params.clone()).map_err(|e| format!("bad tools/call params: {e}"))?;
+async fn call(app: &App, id: &str, params: &Value) -> Result<Value, BadCall> {
+    let call: Call = serde_json::from_value(params.clone()).map_err(BadCall::Params)?;
+    let tool = call.name.clone();
+    // A value the service refuses (a field error) is the caller's bad argument; any other
+    // failure (an ended session, its step limit) is the tool's, told to the model.
+    let failed = |e: ApiError| -> Result<Value, BadCall> {
+        if e.status == 400 && e.field.is_some() {
+            Err(BadCall::Refused {
+                tool: tool.clone(),
+                error: e,
+            })
+        } else {
+            Ok(tool_failed(e))
+        }
+    };
     let service = &app.service;
     let stepped = |out: Value| {
         let observation = out["observation"].as_str().unwrap_or_default().to_string();
@@ -291,21 +295,17 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, String> {
     };
     Ok(match call.name.as_str() {
         "exec" => {
-            let a: ExecArgs = args("exec", call.arguments)?;
-            if a.timeout_secs == Some(0) {
-                return Err("exec: timeout_secs must be at least 1".into());
-            }
-            let action = Action::Exec { command: a.command };
-            match service.act(id, action, a.timeout_secs).await {
+            let (action, timeout) = args::<ExecRequest>("exec", call.arguments)?.into_action();
+            match service.act(id, action, timeout).await {
                 Ok(out) => stepped(out),
-                Err(e) => failed(e),
+                Err(e) => failed(e)?,
             }
         }
         "read_file" => {
             let a: ReadArgs = args("read_file", call.arguments)?;
             let cap = match service.session_output_cap(id).await {
                 Ok(cap) => cap,
-                Err(e) => return Ok(failed(e)),
+                Err(e) => return failed(e),
             };
             // One byte past the limit tells a longer file from one of exactly the limit.
             let limit = READ_LIMIT.min(cap.saturating_sub(1)).max(1);
@@ -329,26 +329,18 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, String> {
                     let why = out["step"]["stderr"].as_str().unwrap_or_default().trim().to_string();
                     result(format!("reading {:?} failed: {why}", a.path), out, true)
                 }
-                Err(e) => failed(e),
+                Err(e) => failed(e)?,
             }
         }
         "write_file" => {
-            let a: WriteArgs = args("write_file", call.arguments)?;
-            if a.mode > 0o7777 {
-                return Err("write_file: mode must be a file mode (0 to 4095)".into());
-            }
-            let action = Action::WriteFile {
-                path: a.path,
-                content: a.content,
-                mode: a.mode,
-            };
+            let action = args::<WriteFileRequest>("write_file", call.arguments)?.into_action();
             match service.act(id, action, None).await {
                 Ok(out) => stepped(out),
-                Err(e) => failed(e),
+                Err(e) => failed(e)?,
             }
         }
         "submit" => {
-            let a: SubmitArgs = args("submit", call.arguments)?;
+            let a: SubmitSessionRequest = args("submit", call.arguments)?;
             match service.submit_session(id, a.answer).await {
                 // The verdict goes to whoever runs the session (its row, GET
                 // /v1/rollouts/{id}), not to the agent being scored: not even the id.
@@ -357,14 +349,10 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, String> {
                     json!({ "submitted": true }),
                     false,
                 ),
-                Err(e) => failed(e),
+                Err(e) => failed(e)?,
             }
         }
-        other => {
-            return Err(format!(
-                "no tool {other:?} (the tools are exec, read_file, write_file, submit)"
-            ))
-        }
+        other => return Err(BadCall::NoTool(other.to_string())),
     })
 }
 
@@ -379,13 +367,15 @@ mod tests {
 
     #[test]
     fn arguments_name_the_bad_field() {
-        let e = args::<WriteArgs>("write_file", Some(json!({ "path": "a", "content": 3 })))
+        let e = args::<WriteFileRequest>("write_file", Some(json!({ "path": "a", "content": 3 })))
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(e.contains("content"), "{e}");
-        let e = args::<ExecArgs>("exec", Some(json!({ "command": "ls", "cwd": "/" })))
+        let e = args::<ExecRequest>("exec", Some(json!({ "command": "ls", "cwd": "/" })))
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(e.contains("cwd"), "{e}");
     }
 }

@@ -30,8 +30,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::http::{ok, App, Reply};
-use super::requests::{ItemRequest, LimitsRequest};
-use engine::config::Action;
+use super::requests::{ExecRequest, ItemRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
 
 /// Largest message a client may send (a `write_file` carries the file).
 const MAX_MESSAGE: usize = 16 << 20;
@@ -204,29 +203,13 @@ struct Reset {
     metadata: Option<Value>,
 }
 
-/// `step`'s action: farm's actions, and a per-command timeout.
+/// `step`'s action: the session API's step bodies, told apart by `kind`.
 #[derive(Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 enum StepAction {
-    Exec {
-        command: String,
-        #[serde(default)]
-        timeout_secs: Option<u64>,
-    },
-    WriteFile {
-        path: String,
-        content: String,
-        #[serde(default = "default_mode")]
-        mode: u32,
-    },
-    Submit {
-        #[serde(default)]
-        answer: Option<String>,
-    },
-}
-
-fn default_mode() -> u32 {
-    0o644
+    Exec(ExecRequest),
+    WriteFile(WriteFileRequest),
+    Submit(SubmitSessionRequest),
 }
 
 fn parse<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T, Failure> {
@@ -457,7 +440,7 @@ async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Res
     let action: StepAction = parse("action", data)?;
     let service = &app.service;
     let (action, timeout) = match action {
-        StepAction::Submit { answer } => {
+        StepAction::Submit(SubmitSessionRequest { answer }) => {
             let out = service
                 .submit_session(&id, answer)
                 .await
@@ -476,24 +459,8 @@ async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Res
                 true,
             ));
         }
-        StepAction::Exec { command, timeout_secs } => {
-            if timeout_secs == Some(0) {
-                return Err(Failure::new(
-                    "VALIDATION_ERROR",
-                    "action.timeout_secs must be at least 1",
-                ));
-            }
-            (Action::Exec { command }, timeout_secs)
-        }
-        StepAction::WriteFile { path, content, mode } => {
-            if mode > 0o7777 {
-                return Err(Failure::new(
-                    "VALIDATION_ERROR",
-                    "action.mode must be a file mode (0 to 4095)",
-                ));
-            }
-            (Action::WriteFile { path, content, mode }, None)
-        }
+        StepAction::Exec(exec) => exec.into_action(),
+        StepAction::WriteFile(write) => (write.into_action(), None),
     };
     let out = service
         .act(&id, action, timeout)
@@ -533,7 +500,7 @@ mod tests {
         let a: StepAction = parse("action", json!({ "kind": "exec", "command": "ls" }))
             .ok()
             .unwrap();
-        assert!(matches!(a, StepAction::Exec { timeout_secs: None, .. }));
+        assert!(matches!(a, StepAction::Exec(ExecRequest { timeout_secs: None, .. })));
         let e = parse::<StepAction>("action", json!({ "kind": "exec", "command": "ls", "cwd": "/" }))
             .err()
             .unwrap();

@@ -1,7 +1,7 @@
 //! What callers send `farm serve` (request bodies, parsed strictly) and what the service
 //! journals about them (`requests.jsonl`, read back on restart).
 
-use engine::config::{PolicyConfig, RolloutsSection};
+use engine::config::{Action, PolicyConfig, RolloutsSection};
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
@@ -101,6 +101,57 @@ impl LimitsRequest {
         out.step_timeout_secs = lower("step_timeout_secs", self.step_timeout_secs, suite.step_timeout_secs)?;
         Ok(out)
     }
+}
+
+/// One step a caller takes in a session, in the shapes every front-end shares: the bodies of
+/// `POST /v1/sessions/{id}/exec`, `/write_file` and `/submit`, OpenEnv's `step` actions and
+/// MCP's tools. Values are checked once, where the step is taken (`Service::act`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    pub command: String,
+    /// At most the session's step timeout.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+impl ExecRequest {
+    /// The engine's action and the step's own timeout.
+    pub fn into_action(self) -> (Action, Option<u64>) {
+        (Action::Exec { command: self.command }, self.timeout_secs)
+    }
+}
+
+/// See [`ExecRequest`].
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileRequest {
+    pub path: String,
+    pub content: String,
+    #[serde(default = "default_mode")]
+    pub mode: u32,
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+impl WriteFileRequest {
+    pub fn into_action(self) -> Action {
+        Action::WriteFile {
+            path: self.path,
+            content: self.content,
+            mode: self.mode,
+        }
+    }
+}
+
+/// See [`ExecRequest`]; an empty body is no answer.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitSessionRequest {
+    #[serde(default)]
+    pub answer: Option<String>,
 }
 
 /// A line of `requests.jsonl`.

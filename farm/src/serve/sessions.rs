@@ -244,6 +244,11 @@ impl Service {
                 ),
             ));
         }
+        if let Action::WriteFile { mode, .. } = &action {
+            if *mode > 0o7777 {
+                return Err(ApiError::field(400, "mode", "must be a file mode (0 to 0o7777, 4095)"));
+            }
+        }
         let mut limits = session.limits.clone();
         if let Some(t) = timeout_secs {
             if t == 0 {
