@@ -17,7 +17,8 @@
 //! ([`end::End`]) becomes the row's status, reward and error in one place.
 //!
 //! Sessions (`farm serve`) are the same pieces stepped by a caller: [`Engine::open`],
-//! [`Engine::act`], [`Engine::branch`], [`Engine::finish`].
+//! [`Engine::act`], [`Engine::branch`], [`Engine::finish`]; [`sessions::SessionBook`] is their
+//! state machine (open, live, paused, submitting, gone) and their slots and leases.
 #![forbid(unsafe_code)]
 
 pub mod action;
@@ -35,6 +36,7 @@ pub mod recorder;
 mod rollout;
 pub mod row;
 pub mod sandbox;
+pub mod sessions;
 pub mod shard;
 pub mod sizing;
 

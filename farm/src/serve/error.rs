@@ -3,6 +3,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use engine::sessions::SessionRefusal;
 
 /// A failure a request can be told about: an HTTP status and a message (and the request
 /// field it concerns).
@@ -30,6 +31,22 @@ impl ApiError {
             message: message.into(),
             field: Some(field.into()),
             retry_after: None,
+        }
+    }
+}
+
+/// The session book's refusals: 429 (with a retry hint) when every slot is taken, 404 when
+/// there is no such session, 409 when it is busy being scored or is paused.
+impl From<SessionRefusal> for ApiError {
+    fn from(refusal: SessionRefusal) -> ApiError {
+        let status = match refusal {
+            SessionRefusal::Full { .. } => 429,
+            SessionRefusal::NoLive(_) | SessionRefusal::NoneLiveOrPaused(_) => 404,
+            SessionRefusal::BeingSubmitted(_) | SessionRefusal::BeingScored(_) | SessionRefusal::Paused(_) => 409,
+        };
+        ApiError {
+            retry_after: refusal.retryable().then_some(5),
+            ..ApiError::new(status, refusal.to_string())
         }
     }
 }

@@ -16,7 +16,6 @@
 
 mod admission;
 mod api;
-mod book;
 mod error;
 mod http;
 mod mcp;

@@ -22,6 +22,7 @@ use engine::config::RolloutsSection;
 use engine::metrics::Role;
 use engine::pause::PausedFork;
 use engine::row::Step;
+use engine::sessions::SessionRefusal;
 use engine::{Planned, Policy, Served, TaskSnapshot};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -94,25 +95,22 @@ impl Service {
 
     /// `GET /v1/sessions/{id}`.
     pub async fn get_session(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let session = self
-            .lock()
-            .sessions
-            .any(id)
-            .map_err(|e| if e.status == 409 { ApiError::new(200, "") } else { e });
+        let session = self.lock().sessions.any(id);
         match session {
             Ok(s) => {
                 let s = s.lock().await;
                 Ok(self.describe(id, &s))
             }
             // Being scored: say so without waiting for it.
-            Err(e) if e.status == 200 => Ok(json!({ "session_id": id, "state": "submitting" })),
-            Err(e) => Err(e),
+            Err(SessionRefusal::BeingScored(_)) => Ok(json!({ "session_id": id, "state": "submitting" })),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// Whether a session is there (live or paused), without waiting for a call running in it.
     pub fn session_known(&self, id: &str) -> ApiResult<()> {
-        self.lock().sessions.any(id).map(|_| ())
+        self.lock().sessions.any(id)?;
+        Ok(())
     }
 
     /// The cap on a step's output in a session (`rollouts.output_cap_bytes`).
@@ -270,7 +268,11 @@ impl Service {
     pub(super) fn update_session_gauges(&self) {
         let (all, live, paused) = {
             let inner = self.lock();
-            (inner.sessions.all(), inner.sessions.len(), inner.sessions.paused_len())
+            (
+                inner.sessions.all(),
+                inner.sessions.live_len(),
+                inner.sessions.paused_len(),
+            )
         };
         // Bytes of the sessions not busy right now (a busy one is counted next time).
         let bytes: u64 = all

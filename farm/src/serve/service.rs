@@ -19,12 +19,12 @@ use datasets::Task;
 use engine::config::Suite;
 use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
 use engine::row::{now_ms, Row, Status};
+use engine::sessions::SessionBook;
 use engine::{End, Engine, Planned, TaskSnapshot, TaskSnapshots};
 use serde::Serialize;
 use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
 
-use super::book::SessionBook;
 pub use super::error::{ApiError, ApiResult};
 use super::requests::{read_records, Admitted, Record};
 use super::sessions::Session;
@@ -608,7 +608,7 @@ impl Service {
             shown.join(", "),
             inner.running.len(),
             inner.queue.len(),
-            inner.sessions.len()
+            inner.sessions.live_len()
         )
     }
 
@@ -622,7 +622,7 @@ impl Service {
             "queued": inner.queue.len(),
             "warm": warm,
             "queue_limit": self.settings.queue_limit,
-            "sessions": inner.sessions.len(),
+            "sessions": inner.sessions.live_len(),
             "sandboxes": self.sandbox.as_ref().map(|api| api.sandboxes.counts().0).unwrap_or(0),
             "max_sessions": self.max_sessions,
             "memory": self.memory_capacity(),

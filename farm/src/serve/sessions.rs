@@ -127,7 +127,9 @@ impl Service {
                 Entry::new(&admitted, Some(id.clone()), Phase::Session),
             );
             inner.sessions.open(&id, session, Instant::now());
-            engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
+            engine::metrics::get()
+                .sessions_live
+                .set(inner.sessions.live_len() as i64);
         }
         if self.stopping.load(Ordering::SeqCst) {
             let _ = self.end_session(&id, "the service shut down").await;
@@ -199,7 +201,7 @@ impl Service {
     }
 
     fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Session>>> {
-        self.lock().sessions.usable(id, Instant::now())
+        Ok(self.lock().sessions.usable(id, Instant::now())?)
     }
 
     /// Marks a session used now, if it is still live.
@@ -408,7 +410,9 @@ impl Service {
                 entry.phase = phase;
             }
         }
-        engine::metrics::get().sessions_live.set(inner.sessions.len() as i64);
+        engine::metrics::get()
+            .sessions_live
+            .set(inner.sessions.live_len() as i64);
         engine::metrics::get()
             .sessions_paused
             .set(inner.sessions.paused_len() as i64);

@@ -1,4 +1,6 @@
-//! The sessions' bookkeeping, apart from their VMs so it can be tested on its own.
+//! Live sessions' bookkeeping, apart from their VMs so it can be tested on its own: the state
+//! machine every front-end shares (`farm serve`'s session API, the sandbox API, OpenEnv and MCP
+//! all reach sessions through one book).
 //!
 //! A session's life: opening (a slot reserved, counted against `serve.max_sessions`) →
 //! live (usable; its last use is remembered for the lease) → submitting (scored; nothing
@@ -10,10 +12,38 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::error::ApiError;
+/// Why the book refused: a front-end tells its caller (HTTP: 429, 404, 409).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionRefusal {
+    /// Every slot is live or opening; worth retrying later.
+    #[error("{taken} sessions and sandboxes are live or opening (serve.max_sessions {max})")]
+    Full { taken: usize, max: usize },
+    /// No such session (never opened, or ended).
+    #[error("no live session {0:?}")]
+    NoLive(String),
+    /// No such session, live or paused.
+    #[error("no live or paused session {0:?}")]
+    NoneLiveOrPaused(String),
+    /// It is being submitted: nothing else may touch it.
+    #[error("session {0:?} is being submitted")]
+    BeingSubmitted(String),
+    /// It is being submitted and scored (what pause, resume, branch and GET are told).
+    #[error("session {0:?} is being submitted and scored")]
+    BeingScored(String),
+    /// It is paused: resume it first.
+    #[error("session {0:?} is paused: resume it first (POST /v1/sessions/{0}/resume)")]
+    Paused(String),
+}
+
+impl SessionRefusal {
+    /// Whether the caller may retry the same request later (every slot taken).
+    pub fn retryable(&self) -> bool {
+        matches!(self, SessionRefusal::Full { .. })
+    }
+}
 
 /// Live sessions by id, the slots of sessions still opening, and who is being submitted.
-pub(super) struct SessionBook<S> {
+pub struct SessionBook<S> {
     live: HashMap<String, Arc<tokio::sync::Mutex<S>>>,
     /// Session id -> last use (kept outside the session's lock, so expiry never waits).
     touched: HashMap<String, Instant>,
@@ -38,16 +68,10 @@ impl<S> Default for SessionBook<S> {
 
 impl<S> SessionBook<S> {
     /// Takes a slot for a session about to open, or says how many are live or opening.
-    pub fn reserve(&mut self, max: usize) -> Result<(), ApiError> {
+    pub fn reserve(&mut self, max: usize) -> Result<(), SessionRefusal> {
         let taken = self.live.len() - self.paused.len() + self.reserved;
         if taken >= max {
-            return Err(ApiError {
-                retry_after: Some(5),
-                ..ApiError::new(
-                    429,
-                    format!("{taken} sessions and sandboxes are live or opening (serve.max_sessions {max})"),
-                )
-            });
+            return Err(SessionRefusal::Full { taken, max });
         }
         self.reserved += 1;
         Ok(())
@@ -68,20 +92,17 @@ impl<S> SessionBook<S> {
 
     /// A live session a caller may act on (remembered as used now): 404 when there is
     /// none, 409 while it is being submitted.
-    pub fn usable(&mut self, id: &str, now: Instant) -> Result<Arc<tokio::sync::Mutex<S>>, ApiError> {
+    pub fn usable(&mut self, id: &str, now: Instant) -> Result<Arc<tokio::sync::Mutex<S>>, SessionRefusal> {
         let session = self
             .live
             .get(id)
             .cloned()
-            .ok_or_else(|| ApiError::new(404, format!("no live session {id:?}")))?;
+            .ok_or_else(|| SessionRefusal::NoLive(id.to_string()))?;
         if self.submitting.contains(id) {
-            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+            return Err(SessionRefusal::BeingSubmitted(id.to_string()));
         }
         if self.paused.contains(id) {
-            return Err(ApiError::new(
-                409,
-                format!("session {id:?} is paused: resume it first (POST /v1/sessions/{id}/resume)"),
-            ));
+            return Err(SessionRefusal::Paused(id.to_string()));
         }
         self.touched.insert(id.to_string(), now);
         Ok(session)
@@ -89,17 +110,14 @@ impl<S> SessionBook<S> {
 
     /// A session, live or paused, for pause, resume, branch and GET: 404 when there is none,
     /// 409 while it is being submitted.
-    pub fn any(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<S>>, ApiError> {
+    pub fn any(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<S>>, SessionRefusal> {
         let session = self
             .live
             .get(id)
             .cloned()
-            .ok_or_else(|| ApiError::new(404, format!("no live or paused session {id:?}")))?;
+            .ok_or_else(|| SessionRefusal::NoneLiveOrPaused(id.to_string()))?;
         if self.submitting.contains(id) {
-            return Err(ApiError::new(
-                409,
-                format!("session {id:?} is being submitted and scored"),
-            ));
+            return Err(SessionRefusal::BeingScored(id.to_string()));
         }
         Ok(session)
     }
@@ -158,12 +176,12 @@ impl<S> SessionBook<S> {
     }
 
     /// Whether a session may be ended without a row (DELETE, expiry, shutdown).
-    pub fn endable(&self, id: &str) -> Result<(), ApiError> {
+    pub fn endable(&self, id: &str) -> Result<(), SessionRefusal> {
         if !self.live.contains_key(id) {
-            return Err(ApiError::new(404, format!("no live session {id:?}")));
+            return Err(SessionRefusal::NoLive(id.to_string()));
         }
         if self.submitting.contains(id) {
-            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+            return Err(SessionRefusal::BeingSubmitted(id.to_string()));
         }
         Ok(())
     }
@@ -204,7 +222,7 @@ impl<S> SessionBook<S> {
     }
 
     /// Live sessions (with a VM).
-    pub fn len(&self) -> usize {
+    pub fn live_len(&self) -> usize {
         self.live.len() - self.paused.len()
     }
 
@@ -224,14 +242,15 @@ mod tests {
         book.reserve(2).unwrap();
         let full = book.reserve(2).unwrap_err();
         assert_eq!(
-            (full.status, full.retry_after),
-            (429, Some(5)),
+            full,
+            SessionRefusal::Full { taken: 2, max: 2 },
             "two opening take both slots"
         );
+        assert!(full.retryable());
         // One never opens (its slot comes back), the other opens (its slot becomes it).
         book.release();
         book.open("s-1", (), Instant::now());
-        assert_eq!(book.len(), 1);
+        assert_eq!(book.live_len(), 1);
         book.reserve(2).unwrap();
         assert!(book.reserve(2).is_err(), "one live and one opening");
         book.remove("s-1");
@@ -245,11 +264,21 @@ mod tests {
         book.reserve(4).unwrap();
         book.open("s-1", (), start);
         assert!(book.usable("s-1", start).is_ok());
-        assert_eq!(book.usable("s-2", start).unwrap_err().status, 404);
+        assert_eq!(
+            book.usable("s-2", start).unwrap_err(),
+            SessionRefusal::NoLive("s-2".into())
+        );
         assert!(book.begin_submit("s-1"));
         assert!(!book.begin_submit("s-1"), "a second submit is refused");
-        assert_eq!(book.usable("s-1", start).unwrap_err().status, 409);
-        assert_eq!(book.endable("s-1").unwrap_err().status, 409, "no DELETE mid-scoring");
+        assert_eq!(
+            book.usable("s-1", start).unwrap_err(),
+            SessionRefusal::BeingSubmitted("s-1".into())
+        );
+        assert_eq!(
+            book.endable("s-1").unwrap_err(),
+            SessionRefusal::BeingSubmitted("s-1".into()),
+            "no DELETE mid-scoring"
+        );
         assert!(book.endable_ids().is_empty(), "a shutdown leaves it to finish");
         let later = start + Duration::from_secs(100);
         assert!(
@@ -257,7 +286,7 @@ mod tests {
             "nor does it expire"
         );
         book.remove("s-1");
-        assert_eq!(book.endable("s-1").unwrap_err().status, 404);
+        assert_eq!(book.endable("s-1").unwrap_err(), SessionRefusal::NoLive("s-1".into()));
     }
 
     #[test]
@@ -285,10 +314,10 @@ mod tests {
         book.open("s-1", (), start);
         assert!(book.reserve(1).is_err());
         book.pause("s-1");
-        assert_eq!((book.len(), book.paused_len()), (0, 1));
+        assert_eq!((book.live_len(), book.paused_len()), (0, 1));
         assert_eq!(
-            book.usable("s-1", start).unwrap_err().status,
-            409,
+            book.usable("s-1", start).unwrap_err(),
+            SessionRefusal::Paused("s-1".into()),
             "a paused session takes no exec"
         );
         assert!(book.any("s-1").is_ok());
@@ -305,10 +334,10 @@ mod tests {
         book.remove("s-2");
         book.reserve(1).unwrap();
         book.resume("s-1", start);
-        assert_eq!((book.len(), book.paused_len()), (1, 0));
+        assert_eq!((book.live_len(), book.paused_len()), (1, 0));
         assert!(book.usable("s-1", start).is_ok());
         // Being scored: a pause is refused.
         assert!(book.begin_submit("s-1"));
-        assert_eq!(book.any("s-1").unwrap_err().status, 409);
+        assert_eq!(book.any("s-1").unwrap_err(), SessionRefusal::BeingScored("s-1".into()));
     }
 }
