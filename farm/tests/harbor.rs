@@ -3,14 +3,19 @@
 //! local registry (Debian's docker-registry), install from a local package index and a local
 //! Debian repository, and are verified by their own test.sh. The oracle passes every task, an
 //! agent that does nothing fails every task, and the hostile tasks end as docs/security.md
-//! says for each verification mode. Then Harbor's own CLI runs the same tasks on farm's Harbor
+//! says for each verification mode. Harbor's own CLI runs the same tasks on farm's Harbor
 //! backend (clients/python) and gives the same verdicts.
+//!
+//! The three tests run side by side, each with its own services, sharing one snapshot store
+//! (see [`store`]): an environment one of them builds, the others reuse.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 /// Each task's (status, reward, trust).
 type Outcomes = BTreeMap<String, (String, f64, String)>;
@@ -27,10 +32,12 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// The local services (scripts/harbor-services.sh), stopped when dropped.
+/// The local services (scripts/harbor-services.sh), stopped when dropped, and the registry
+/// settings that send `registry.farm.test` to their registry.
 struct Services {
     dir: tempfile::TempDir,
     env: BTreeMap<String, String>,
+    registries: PathBuf,
 }
 
 impl Services {
@@ -48,8 +55,50 @@ impl Services {
             .lines()
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Services { dir, env }
+            .collect::<BTreeMap<_, _>>();
+        let registries = dir.path().join("registries.toml");
+        std::fs::write(
+            &registries,
+            format!("[mirrors]\n\"registry.farm.test\" = [\"{}\"]\n", env["HARBOR_REGISTRY"]),
+        )
+        .unwrap();
+        Services { dir, env, registries }
+    }
+}
+
+/// How many tests of this binary use [`store`].
+const STORE_USERS: usize = 3;
+
+/// One snapshot store for the tests of this binary, removed when the last of them is done
+/// (one a cut-short run left behind goes at the next run). The store's per-snapshot lock
+/// makes a test that needs what another is building wait for it, then reuse it.
+struct Store(&'static Path);
+
+fn store() -> Store {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    let root = ROOT.get_or_init(|| {
+        let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("harbor-store-") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let root = base.join(format!("harbor-store-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        root
+    });
+    Store(root)
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        static DONE: AtomicUsize = AtomicUsize::new(0);
+        if DONE.fetch_add(1, Ordering::SeqCst) + 1 == STORE_USERS {
+            let _ = std::fs::remove_dir_all(self.0);
+        }
     }
 }
 
@@ -101,19 +150,10 @@ fn outcomes(rows: &BTreeMap<String, serde_json::Value>) -> Outcomes {
 
 /// Runs a suite as [`run`] does; returns each task's row.
 fn run_rows(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, serde_json::Value> {
-    let registries = s.dir.path().join("registries.toml");
-    std::fs::write(
-        &registries,
-        format!(
-            "[mirrors]\n\"registry.farm.test\" = [\"{}\"]\n",
-            s.env["HARBOR_REGISTRY"]
-        ),
-    )
-    .unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_farm"))
         .arg("run")
         .arg(suite)
-        .env("FARM_REGISTRIES", &registries)
+        .env("FARM_REGISTRIES", &s.registries)
         .env("FARM_SNAPSHOT_DIR", store)
         .env("HARBOR_PIP_INDEX", format!("http://{}/simple", s.env["HARBOR_PYPI"]))
         .stdin(Stdio::null())
@@ -132,19 +172,31 @@ fn run_rows(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, serde_
         .collect()
 }
 
+const ORACLE: &str = "[policy]\nkind = \"replay\"\nsource = \"reference\"";
+
+/// The sample tasks, by name.
+fn sample_tasks() -> Vec<String> {
+    let mut tasks: Vec<String> = std::fs::read_dir(repo().join("configs/data/harbor"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    tasks.sort();
+    tasks
+}
+
 #[test]
-fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_documented() {
+fn oracle_passes_every_harbor_task_and_an_agent_that_does_nothing_fails_every_one() {
     let services = Services::start();
     let dir = tempfile::tempdir().unwrap();
-    let store = tempfile::tempdir().unwrap();
+    let store = store();
     let samples = repo().join("configs/data/harbor");
-    let oracle = "[policy]\nkind = \"replay\"\nsource = \"reference\"";
+    let oracle = ORACLE;
 
     // The oracle passes every task, verified live (Harbor's way).
     let full = run_rows(
         &suite(dir.path(), "oracle-live", &samples, oracle, "live", &services),
         &services,
-        store.path(),
+        store.0,
     );
     let rows = outcomes(&full);
     assert_eq!(rows.len(), 11);
@@ -204,7 +256,7 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
     let nothing = run(
         &suite(dir.path(), "nothing", &samples, &policy, "live", &services),
         &services,
-        store.path(),
+        store.0,
     );
     for (task, (status, reward, _)) in &nothing {
         assert_eq!(
@@ -219,7 +271,7 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
     let rows = run(
         &suite(dir.path(), "oracle-fresh", &samples, oracle, "fresh_boot", &services),
         &services,
-        store.path(),
+        store.0,
     );
     for (task, (status, _, _)) in &rows {
         let expected = if task == "http-service" { "failed" } else { "passed" };
@@ -245,7 +297,7 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
     let rows = run(
         &suite(dir.path(), "fallback", &fallback, oracle, "live", &services),
         &services,
-        store.path(),
+        store.0,
     );
     assert_eq!(rows["hello-fallback"].0, "passed");
     // The run records what the environment was built from, and the report shows it.
@@ -280,18 +332,27 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
         index.contains("Environments") && index.contains("could not be had"),
         "the report shows it"
     );
+}
 
-    // Hostile tasks (docs/security.md, "Harbor tasks"): what each mode stops, and what it cannot.
+/// Hostile tasks (docs/security.md, "Harbor tasks"): what each mode stops, and what it cannot.
+/// Then the verifier's network.
+#[test]
+fn the_hostile_harbor_tasks_end_as_documented_and_the_verifier_has_a_network_of_its_own() {
+    let services = Services::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store();
+    let samples = repo().join("configs/data/harbor");
+    let oracle = ORACLE;
     let hostile = repo().join("configs/data/harbor-hostile");
     let live = run(
         &suite(dir.path(), "hostile-live", &hostile, oracle, "live", &services),
         &services,
-        store.path(),
+        store.0,
     );
     let fresh = run(
         &suite(dir.path(), "hostile-fresh", &hostile, oracle, "fresh_boot", &services),
         &services,
-        store.path(),
+        store.0,
     );
     for task in ["planted-reward", "read-tests"] {
         assert_eq!(live[task].0, "failed", "{task} (live)");
@@ -318,8 +379,7 @@ fn harbor_tasks_pass_with_the_oracle_fail_without_it_and_hostile_ones_end_as_doc
     );
     assert_eq!(fresh["fake-python"].0, "passed");
 
-    verifier_networks(dir.path(), &samples, oracle, &services, store.path());
-    harbor_backend(dir.path(), &services, store.path(), &outcomes(&full), &nothing);
+    verifier_networks(dir.path(), &samples, oracle, &services, store.0);
 }
 
 /// The verifier's network is its own, and a dependency of it that is down on the host's side
@@ -429,7 +489,12 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
 /// tasks gave, Harbor's terminus-2 agent solves a task through a scripted model on loopback,
 /// and a failure on farm's side (a build that fails, a VM that dies) reaches Harbor as an
 /// exception with farm's message, never as a reward.
-fn harbor_backend(dir: &Path, s: &Services, store: &Path, oracle: &Outcomes, nothing: &Outcomes) {
+#[test]
+fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
+    let services = Services::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store();
+    let (dir, s, store) = (dir.path(), &services, store.0);
     let cache = std::env::var_os("FARM_CACHE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
@@ -470,7 +535,7 @@ fn harbor_backend(dir: &Path, s: &Services, store: &Path, oracle: &Outcomes, not
         .arg(dir.join("serve-out"))
         .args(["--listen", "127.0.0.1:0"])
         .env("FARM_RUN_DIR", dir.join("serve-run"))
-        .env("FARM_REGISTRIES", s.dir.path().join("registries.toml"))
+        .env("FARM_REGISTRIES", &s.registries)
         .env("FARM_SNAPSHOT_DIR", store)
         .env_remove("FARM_SERVE_TOKEN");
     let (mut service, url) = common::serve::start(serve, "listening on ", false);
@@ -525,14 +590,16 @@ fn harbor_backend(dir: &Path, s: &Services, store: &Path, oracle: &Outcomes, not
     let reward = |result: &serde_json::Value| result["verifier_result"]["rewards"]["reward"].as_f64();
     let samples = repo().join("configs/data/harbor");
 
-    // The oracle and the nop agent: farm's verdicts, task by task, and no exception.
-    for (name, agent, farm) in [("oracle", "oracle", oracle), ("nop", "nop", nothing)] {
+    // The oracle and the nop agent: farm's verdicts (the test above), task by task: 1 for
+    // the oracle on every task, 0 for the nop agent, and no exception.
+    let tasks = sample_tasks();
+    for (name, agent, farm_reward) in [("oracle", "oracle", 1.0), ("nop", "nop", 0.0)] {
         let (trials, said) = job(name, &samples, &["--agent", agent], &[]);
-        assert_eq!(trials.len(), farm.len(), "{name}: {said}");
-        for (task, (_, farm_reward, _)) in farm {
-            let (result, _) = &trials[task];
+        assert_eq!(trials.len(), tasks.len(), "{name}: {said}");
+        for task in &tasks {
+            let (result, _) = trials.get(task).unwrap_or_else(|| panic!("{name} {task}: {said}"));
             assert!(result["exception_info"].is_null(), "{name} {task}: {result}");
-            assert_eq!(reward(result), Some(*farm_reward), "{name} {task}: {result}");
+            assert_eq!(reward(result), Some(farm_reward), "{name} {task}: {result}");
         }
     }
 
