@@ -175,11 +175,16 @@ mod tests {
         path
     }
 
+    /// A test line: `{"n": N}`.
+    #[derive(serde::Deserialize)]
+    struct Numbered {
+        n: u64,
+    }
+
     fn numbers(path: &Path) -> Result<(Vec<u64>, Extent), JournalError> {
         let mut seen = Vec::new();
-        let extent = for_each_line(path, |_, line| -> Result<(), String> {
-            let v: serde_json::Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
-            seen.push(v["n"].as_u64().ok_or("no n")?);
+        let extent = for_each_line(path, |_, line| -> Result<(), serde_json::Error> {
+            seen.push(serde_json::from_slice::<Numbered>(line)?.n);
             Ok(())
         })?;
         Ok((seen, extent))
