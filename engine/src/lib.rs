@@ -16,9 +16,10 @@
 //! pristine snapshot, where the agent cannot reach (`scorers`) → settle: how it ended
 //! ([`end::End`]) becomes the row's status, reward and error in one place.
 //!
-//! Sessions (`farm serve`) are the same pieces stepped by a caller: [`Engine::open`],
-//! [`Engine::act`], [`Engine::branch`], [`Engine::finish`]; [`sessions::SessionBook`] is their
-//! state machine (open, live, paused, submitting, gone) and their slots and leases.
+//! Sessions (`farm serve`'s session API, OpenEnv, MCP) are the same pieces stepped by a
+//! caller: [`session::Session`] (opened by [`Engine::open_session`]; act, branch, pause,
+//! resume, submit, end, each with a typed outcome) is their lifecycle, and
+//! [`sessions::SessionBook`] keeps a service's sessions (slots, leases, who is submitting).
 #![forbid(unsafe_code)]
 
 pub mod action;
@@ -36,6 +37,7 @@ pub mod recorder;
 mod rollout;
 pub mod row;
 pub mod sandbox;
+pub mod session;
 pub mod sessions;
 pub mod shard;
 pub mod sizing;

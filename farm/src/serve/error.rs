@@ -3,6 +3,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use engine::session::SessionCallError;
 use engine::sessions::SessionRefusal;
 
 /// A failure a request can be told about: an HTTP status and a message (and the request
@@ -48,6 +49,20 @@ impl From<SessionRefusal> for ApiError {
             retry_after: refusal.retryable().then_some(5),
             ..ApiError::new(status, refusal.to_string())
         }
+    }
+}
+
+impl ApiError {
+    /// A session's refusal of a call, naming the session: 404 once it has ended, 409 while
+    /// it is paused or when it took its steps.
+    pub fn session(id: &str, refusal: SessionCallError) -> ApiError {
+        let status = match refusal {
+            SessionCallError::Ended => 404,
+            SessionCallError::Paused | SessionCallError::StepsTaken(_) => 409,
+        };
+        let what = refusal.to_string();
+        let what = what.strip_prefix("the session ").unwrap_or(&what);
+        ApiError::new(status, format!("session {id:?} {what}"))
     }
 }
 

@@ -15,15 +15,14 @@
 //! takes up every session whose last record is a pause; any other folder is removed.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use engine::config::RolloutsSection;
-use engine::metrics::Role;
 use engine::pause::PausedFork;
 use engine::row::Step;
+use engine::session::{SessionPauseError, SessionProgress, SessionState};
 use engine::sessions::SessionRefusal;
-use engine::{Planned, Policy, Served, TaskSnapshot};
+use engine::Served;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -50,6 +49,29 @@ pub(super) struct SessionFile {
     pub spent_ms: u64,
 }
 
+impl SessionFile {
+    /// The record of a session about to be paused.
+    fn of(session: &Session) -> SessionFile {
+        let run = &session.run;
+        let served = run.served();
+        let progress = run.progress();
+        SessionFile {
+            session_id: session.id.clone(),
+            suite: session.suite.clone(),
+            task_id: run.task().id.clone(),
+            task_row: session.task_row.clone(),
+            seed: progress.seed,
+            rollout_id: served.rollout_id.clone(),
+            group_id: served.group_id.clone(),
+            policy_version: served.policy_version,
+            metadata: served.metadata.clone(),
+            limits: progress.limits,
+            steps: progress.steps,
+            spent_ms: progress.spent.as_millis() as u64,
+        }
+    }
+}
+
 fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -65,30 +87,27 @@ impl Service {
 
     /// What GET says of a session.
     pub(super) fn describe(&self, id: &str, session: &Session) -> serde_json::Value {
-        let served = session.planned.served.as_ref().expect("sessions are served");
+        let run = &session.run;
+        let served = run.served();
         let mut out = json!({
             "session_id": id,
             "rollout_id": served.rollout_id,
             "group_id": served.group_id,
             "suite": session.suite,
-            "task_id": session.task.id,
-            "steps": session.steps.len(),
-            "spent_secs": session.spent.as_secs_f64(),
+            "task_id": run.task().id,
+            "steps": run.steps().len(),
+            "spent_secs": run.spent().as_secs_f64(),
+            "state": run.state(),
         });
-        match &session.paused {
-            Some(p) => {
-                let expires = p.record.paused_unix + self.settings.paused_retention_secs;
-                out["state"] = json!("paused");
-                out["paused"] = json!({
-                    "since_unix": p.record.paused_unix,
-                    "expires_unix": expires,
-                    "disk_bytes": p.disk_bytes(),
-                    "memory_pages_changed": p.record.packed.pages,
-                    "memory_bytes": p.record.packed.memory_bytes,
-                });
-            }
-            None if session.live.is_some() => out["state"] = json!("live"),
-            None => out["state"] = json!("ended"),
+        if let Some(p) = run.paused() {
+            let expires = p.record.paused_unix + self.settings.paused_retention_secs;
+            out["paused"] = json!({
+                "since_unix": p.record.paused_unix,
+                "expires_unix": expires,
+                "disk_bytes": p.disk_bytes(),
+                "memory_pages_changed": p.record.packed.pages,
+                "memory_bytes": p.record.packed.memory_bytes,
+            });
         }
         out
     }
@@ -117,14 +136,14 @@ impl Service {
     pub async fn session_output_cap(&self, id: &str) -> ApiResult<u64> {
         let session = self.lock().sessions.any(id)?;
         let s = session.lock().await;
-        Ok(s.limits.output_cap_bytes)
+        Ok(s.run.limits().output_cap_bytes)
     }
 
     /// A session's task: its id and instruction.
     pub async fn session_task(&self, id: &str) -> ApiResult<(String, String)> {
         let session = self.lock().sessions.any(id)?;
         let s = session.lock().await;
-        Ok((s.task.id.clone(), s.task.instruction.clone()))
+        Ok((s.run.task().id.clone(), s.run.task().instruction.clone()))
     }
 
     /// `GET /v1/sessions`: every live and paused session.
@@ -145,7 +164,7 @@ impl Service {
     pub async fn pause_session(&self, id: &str) -> ApiResult<serde_json::Value> {
         let handle = self.lock().sessions.any(id)?;
         let mut session = handle.lock().await;
-        if session.paused.is_some() {
+        if session.run.state() == SessionState::Paused {
             return Ok(self.describe(id, &session));
         }
         if self.lock().sessions.any(id).is_err() {
@@ -154,11 +173,7 @@ impl Service {
                 format!("session {id:?} is being submitted and scored: it cannot be paused"),
             ));
         }
-        let live = session
-            .live
-            .as_ref()
-            .ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
-        let engine = self.suites[&session.suite].engine.clone();
+        let engine = self.engine_of(&session);
         let started = Instant::now();
         let dir = self.paused_root().join(format!(
             "{id}.{}",
@@ -167,33 +182,12 @@ impl Service {
                 .map(|d| d.as_millis())
                 .unwrap_or(0)
         ));
-        let paused = match engine.pause(live, &session.snapshot, &dir).await {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = live.fork.machine.resume().await;
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(ApiError::new(
-                    503,
-                    format!("pausing session {id:?} failed: {}", engine::describe(&e)),
-                ));
-            }
-        };
-        let paused = Arc::new(paused);
-        let served = session.planned.served.clone().expect("sessions are served");
-        let file = SessionFile {
-            session_id: id.to_string(),
-            suite: session.suite.clone(),
-            task_id: session.task.id.clone(),
-            task_row: session.task_row.clone(),
-            seed: session.planned.seed,
-            rollout_id: served.rollout_id.clone(),
-            group_id: served.group_id.clone(),
-            policy_version: served.policy_version,
-            metadata: served.metadata.clone(),
-            limits: session.limits.clone(),
-            steps: session.steps.clone(),
-            spent_ms: session.spent.as_millis() as u64,
-        };
+        let file = SessionFile::of(&session);
+        let pending = session.run.pause(&engine, &dir).await.map_err(|e| match e {
+            SessionPauseError::Refused(e) => ApiError::session(id, e),
+            e => ApiError::new(503, format!("pausing session {id:?} failed: {}", engine::describe(&e))),
+        })?;
+        // The folder is complete before the journal says so; the VM stops only after that.
         let written = write_json(&dir.join("session.json"), &file);
         let journaled = match written {
             Ok(()) => self
@@ -207,23 +201,13 @@ impl Service {
             Err(e) => Err(format!("writing {}: {e}", dir.join("session.json").display())),
         };
         if let Err(e) = journaled {
-            // Not recorded: the session goes on as it was (the folder goes with `paused`).
-            let _ = session
-                .live
-                .as_ref()
-                .expect("checked above")
-                .fork
-                .machine
-                .resume()
-                .await;
+            pending.cancel().await;
             return Err(ApiError::new(
                 500,
                 format!("recording the pause of session {id:?}: {e}"),
             ));
         }
-        // Recorded: the VM stops and its memory is freed.
-        session.live = None;
-        session.paused = Some(paused);
+        pending.commit();
         self.lock().sessions.pause(id);
         tracing::info!(session_id = %id, "session paused in {:.1} s", started.elapsed().as_secs_f64());
         let answer = self.describe(id, &session);
@@ -241,22 +225,22 @@ impl Service {
         }
         let slot = self.take_session_slot()?;
         let mut session = handle.lock().await;
-        let Some(paused) = session.paused.clone() else {
-            return Ok(self.describe(id, &session));
-        };
-        let engine = self.suites[&session.suite].engine.clone();
-        let live = engine
-            .unpause(&paused, None, Role::Session)
+        let engine = self.engine_of(&session);
+        let pending = session
+            .run
+            .resume(&engine)
             .await
             .map_err(|e| ApiError::new(503, format!("resuming session {id:?} failed: {}", engine::describe(&e))))?;
+        let Some(pending) = pending else {
+            return Ok(self.describe(id, &session));
+        };
         self.recorder
             .journal_request(&Record::SessionResumed {
                 session_id: id.to_string(),
             })
             .await
             .map_err(|e| ApiError::new(500, format!("recording the resume of session {id:?}: {e}")))?;
-        session.live = Some(live);
-        session.paused = None;
+        pending.commit();
         std::mem::forget(slot); // the session's now (`resume` takes the reservation)
         self.lock().sessions.resume(id, Instant::now());
         let answer = self.describe(id, &session);
@@ -277,11 +261,7 @@ impl Service {
         // Bytes of the sessions not busy right now (a busy one is counted next time).
         let bytes: u64 = all
             .iter()
-            .filter_map(|(_, s)| {
-                s.try_lock()
-                    .ok()
-                    .and_then(|s| s.paused.as_ref().map(|p| p.disk_bytes()))
-            })
+            .filter_map(|(_, s)| s.try_lock().ok().and_then(|s| s.run.paused().map(|p| p.disk_bytes())))
             .sum();
         let m = engine::metrics::get();
         m.sessions_live.set(live as i64);
@@ -300,8 +280,8 @@ impl Service {
             };
             let old = match handle.try_lock() {
                 Ok(s) => s
-                    .paused
-                    .as_ref()
+                    .run
+                    .paused()
                     .is_some_and(|p| now >= p.record.paused_unix + self.settings.paused_retention_secs),
                 Err(_) => false,
             };
@@ -342,28 +322,17 @@ impl Service {
             policy_version: file.policy_version,
             metadata: file.metadata,
         };
-        let planned = Planned {
-            task: task.clone(),
-            sample: 0,
+        let progress = SessionProgress {
             seed: file.seed,
-            snapshot: TaskSnapshot::Ready(snapshot.clone()),
-            policy: Arc::new(Policy::Actions(Vec::new())),
-            limits: file.limits.clone(),
-            served: Some(served),
+            limits: file.limits,
+            steps: file.steps,
+            spent: Duration::from_millis(file.spent_ms),
         };
         let session = Session {
             id: file.session_id.clone(),
             suite: file.suite,
-            task,
             task_row: file.task_row,
-            snapshot,
-            live: None,
-            paused: Some(Arc::new(paused)),
-            steps: file.steps,
-            limits: file.limits,
-            planned,
-            spent: Duration::from_millis(file.spent_ms),
-            _branch: None,
+            run: engine::session::Session::paused_from(task, snapshot, paused, progress, served),
         };
         Ok((file.session_id, session))
     }

@@ -655,7 +655,7 @@ impl Service {
         // Paused sessions stay on disk for the next start.
         let all = self.lock().sessions.all();
         for (_, session) in all {
-            if let Some(paused) = &session.lock().await.paused {
+            if let Some(paused) = session.lock().await.run.paused() {
                 paused.keep_on_disk();
             }
         }

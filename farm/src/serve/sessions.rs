@@ -9,51 +9,37 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datasets::Task;
-use engine::config::{Action, RolloutsSection};
-use engine::metrics::Role;
-use engine::pause::PausedFork;
-use engine::row::{Row, Status, Step};
-use engine::{observation, rollout_seed, Branch, End, LiveFork, Planned, Policy, Served, TaskSnapshot};
+use engine::config::Action;
+use engine::row::Row;
+use engine::session::{Acted, SessionBranchError};
+use engine::{rollout_seed, Served};
 use serde_json::json;
-use snapshotter::Snapshot;
 
 use super::requests::{Admitted, ItemRequest, Record};
 use super::rollouts::metadata_text;
 use super::service::{ApiError, ApiResult, Entry, Phase, Service};
 
-/// A live environment a caller steps.
+/// A session as the service holds it: the engine's [`engine::session::Session`] and what
+/// only the service knows of it (its id, its suite, the inline task it was opened with).
 pub struct Session {
     pub(super) id: String,
     pub(super) suite: String,
-    pub(super) task: Arc<Task>,
     /// The inline task it was opened with (to take it up again after a restart).
     pub(super) task_row: Option<serde_json::Value>,
-    pub(super) snapshot: Arc<Snapshot>,
-    /// None once ended, or while paused.
-    pub(super) live: Option<LiveFork>,
-    /// Its saved state while paused (no VM).
-    pub(super) paused: Option<Arc<PausedFork>>,
-    pub(super) steps: Vec<Step>,
-    pub(super) limits: RolloutsSection,
-    pub(super) planned: Planned,
-    /// Time its actions took so far (against `limits.timeout_secs`).
-    pub(super) spent: Duration,
-    /// Branch snapshots this session's fork depends on.
-    pub(super) _branch: Option<Arc<Branch>>,
+    pub(super) run: engine::session::Session,
 }
 
 impl Session {
     /// What a restart needs to know of it.
     fn admitted(&self) -> Admitted {
-        let served = self.planned.served.as_ref().expect("sessions are served");
+        let served = self.run.served();
         Admitted {
             rollout_id: served.rollout_id.clone(),
             group_id: served.group_id.clone(),
             suite: self.suite.clone(),
-            task_id: self.task.id.clone(),
+            task_id: self.run.task().id.clone(),
             sample: 0,
-            seed: self.planned.seed,
+            seed: self.run.seed(),
             policy_version: served.policy_version,
             policy_name: "session".into(),
             metadata: served.metadata.clone(),
@@ -161,18 +147,9 @@ impl Service {
             policy_version: request.policy_version,
             metadata,
         };
-        let planned = Planned {
-            task: task.clone(),
-            sample: 0,
-            seed,
-            snapshot: TaskSnapshot::Ready(snapshot.clone()),
-            policy: Arc::new(Policy::Actions(Vec::new())),
-            limits: limits.clone(),
-            served: Some(served),
-        };
-        let live = state
+        let run = state
             .engine
-            .open(&task, &snapshot, seed, &limits, Role::Session)
+            .open_session(task.clone(), snapshot, seed, limits, served)
             .await
             .map_err(|end| {
                 ApiError::new(
@@ -183,16 +160,8 @@ impl Service {
         let session = Session {
             id: session_id.clone(),
             suite: suite_name.to_string(),
-            task: task.clone(),
             task_row: request.task.clone(),
-            snapshot,
-            live: Some(live),
-            paused: None,
-            steps: Vec::new(),
-            limits,
-            planned,
-            spent: Duration::ZERO,
-            _branch: None,
+            run,
         };
         self.add_session(slot, session).await?;
         Ok(
@@ -209,13 +178,13 @@ impl Service {
         self.lock().sessions.touch(id, Instant::now());
     }
 
-    /// Ends a session with a row of how it ended (its steps so far): the VM is gone.
-    async fn end_with_row(&self, session: &mut Session, end: End) -> serde_json::Value {
-        let engine = self.suites[&session.suite].engine.clone();
-        let mut row = engine.ended(&session.planned, end);
-        row.policy_name = "session".into();
-        row.steps = session.steps.clone();
-        session.live = None;
+    /// The engine of a session's suite.
+    pub(super) fn engine_of(&self, session: &Session) -> Arc<engine::Engine> {
+        self.suites[&session.suite].engine.clone()
+    }
+
+    /// Records the row of a session that ended without a score: what the caller is told.
+    async fn ended_row(&self, row: Row) -> serde_json::Value {
         let (status, error) = (row.status, row.error.clone());
         let cursor = self.emit(row).await;
         json!({ "ended": true, "status": status, "error": error, "cursor": cursor })
@@ -231,60 +200,35 @@ impl Service {
                 ..ApiError::new(503, why.to_string())
             })?;
         }
-        let session = self.session(id)?;
-        let mut session = session.lock().await;
-        let live = session
-            .live
-            .as_ref()
-            .ok_or_else(|| ApiError::new(404, format!("session {id:?} has ended")))?;
-        if session.steps.len() >= session.limits.max_steps {
-            return Err(ApiError::new(
-                409,
-                format!(
-                    "session {id:?} took its {} steps (rollouts.max_steps): submit it",
-                    session.limits.max_steps
-                ),
-            ));
-        }
         if let Action::WriteFile { mode, .. } = &action {
             if *mode > 0o7777 {
                 return Err(ApiError::field(400, "mode", "must be a file mode (0 to 0o7777, 4095)"));
             }
         }
-        let mut limits = session.limits.clone();
-        if let Some(t) = timeout_secs {
-            if t == 0 {
-                return Err(ApiError::field(400, "timeout_secs", "must be at least 1"));
-            }
-            limits.step_timeout_secs = t.min(limits.step_timeout_secs);
+        if timeout_secs == Some(0) {
+            return Err(ApiError::field(400, "timeout_secs", "must be at least 1"));
         }
-        let engine = self.suites[&session.suite].engine.clone();
-        let index = session.steps.len() as u32;
-        let budget = Duration::from_secs(limits.timeout_secs).saturating_sub(session.spent);
-        let started = Instant::now();
-        let result = tokio::time::timeout(budget, engine.act(live, &action, index, &limits)).await;
-        session.spent += started.elapsed();
+        let session = self.session(id)?;
+        let mut session = session.lock().await;
+        let engine = self.engine_of(&session);
+        let acted = session
+            .run
+            .act(&engine, &action, timeout_secs)
+            .await
+            .map_err(|e| ApiError::session(id, e))?;
         self.touch(id);
-        let (step, end) = match result {
-            Ok(Ok((step, _))) => {
-                let out = json!({ "step": step, "observation": observation(&step), "ended": false });
-                session.steps.push(step);
-                return Ok(out);
+        let observation = acted.observation(session.run.limits());
+        match acted {
+            Acted::Stepped(step) => Ok(json!({ "step": step, "observation": observation, "ended": false })),
+            Acted::Ended { step, row } => {
+                let mut out = self.ended_row(*row).await;
+                drop(session);
+                self.drop_session(id, Phase::Done);
+                out["step"] = json!(step);
+                out["observation"] = json!(observation);
+                Ok(out)
             }
-            // The action took the VM down: the session ends as the agent's failure.
-            Ok(Err((step, reason))) => (Some(step), End::AgentBrokeVm(reason)),
-            Err(_) => (None, End::Timeout(limits.timeout_secs)),
-        };
-        session.steps.extend(step.clone());
-        let mut out = self.end_with_row(&mut session, end).await;
-        drop(session);
-        self.drop_session(id, Phase::Done);
-        out["step"] = json!(step);
-        out["observation"] = match &step {
-            Some(step) => json!(observation(step)),
-            None => json!(format!("the session ran past its {} s limit", limits.timeout_secs)),
-        };
-        Ok(out)
+        }
     }
 
     /// `POST /v1/sessions/{id}/branch`: of a live session, or of a paused one (which stays
@@ -293,56 +237,30 @@ impl Service {
         let slot = self.take_session_slot()?;
         let session = self.lock().sessions.any(id)?;
         let session = session.lock().await;
-        let engine = self.suites[&session.suite].engine.clone();
-        let parent = session.planned.served.clone().expect("sessions are served");
+        let engine = self.engine_of(&session);
+        let parent = session.run.served().clone();
         let (rollout_id, session_id) = (self.new_id("r"), self.new_id("s"));
-        let seed = rollout_seed(session.planned.seed, &rollout_id, 0);
-        let (child, branch) = match (&session.live, &session.paused) {
-            (Some(live), _) => {
-                let (child, branch) = engine
-                    .branch(live, &session.snapshot, &self.branches, seed, Role::Session)
-                    .await
-                    .map_err(|e| ApiError::new(503, format!("branching session {id:?} failed: {e}")))?;
-                (child, Some(branch))
-            }
-            (None, Some(paused)) => {
-                let env = paused.record.env.clone();
-                let identity = snapshotter::ForkIdentity {
-                    env,
-                    ..snapshotter::ForkIdentity::new(seed)
-                };
-                let child = engine
-                    .unpause(paused, Some(identity), Role::Session)
-                    .await
-                    .map_err(|e| {
-                        ApiError::new(
-                            503,
-                            format!("branching paused session {id:?} failed: {}", engine::describe(&e)),
-                        )
-                    })?;
-                (child, None)
-            }
-            (None, None) => return Err(ApiError::new(404, format!("session {id:?} has ended"))),
-        };
-        let mut planned = session.planned.clone();
-        planned.seed = seed;
-        planned.served = Some(Served {
+        let seed = rollout_seed(session.run.seed(), &rollout_id, 0);
+        let served = Served {
             rollout_id: rollout_id.clone(),
             ..parent.clone()
-        });
+        };
+        let run = session
+            .run
+            .branch(&engine, &self.branches, seed, served)
+            .await
+            .map_err(|e| match e {
+                SessionBranchError::Refused(e) => ApiError::session(id, e),
+                e => ApiError::new(
+                    503,
+                    format!("branching session {id:?} failed: {}", engine::describe(&e)),
+                ),
+            })?;
         let new = Session {
             id: session_id.clone(),
             suite: session.suite.clone(),
-            task: session.task.clone(),
             task_row: session.task_row.clone(),
-            snapshot: session.snapshot.clone(),
-            live: Some(child),
-            paused: None,
-            steps: session.steps.clone(),
-            limits: session.limits.clone(),
-            planned,
-            spent: session.spent,
-            _branch: branch,
+            run,
         };
         drop(session);
         self.add_session(slot, new).await?;
@@ -359,21 +277,14 @@ impl Service {
             return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
         }
         let mut session = session.lock().await;
-        let Some(live) = session.live.take() else {
-            self.lock().sessions.abandon_submit(id);
-            return Err(ApiError::new(404, format!("session {id:?} has ended")));
+        let engine = self.engine_of(&session);
+        let row = match session.run.submit(&engine, answer).await {
+            Ok(row) => row,
+            Err(e) => {
+                self.lock().sessions.abandon_submit(id);
+                return Err(ApiError::session(id, e));
+            }
         };
-        let engine = self.suites[&session.suite].engine.clone();
-        let started = Instant::now();
-        let mut row: Row = engine.ended(&session.planned, End::Scored);
-        row.policy_name = "session".into();
-        row.status = Status::EnvError;
-        row.steps = session.steps.clone();
-        row.timings.rollout_ms = session.spent.as_secs_f64() * 1e3;
-        let (task, snapshot) = (session.task.clone(), session.snapshot.clone());
-        let end = engine.finish(live, &task, &snapshot, answer, &mut row).await;
-        end.settle(&mut row);
-        row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
         let cursor = self.emit(row.clone()).await;
         drop(session);
         self.drop_session(id, Phase::Done);

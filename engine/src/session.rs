@@ -1,0 +1,428 @@
+//! A session's lifecycle: an environment a caller steps itself, one action at a time, then
+//! submits to be scored like any rollout. Every front-end that offers sessions (`farm
+//! serve`'s session API, OpenEnv, MCP) drives this one type; they keep only ids, their
+//! requests journal, admission and their wire format. [`crate::sessions::SessionBook`] keeps
+//! the sessions of a service (slots, leases, who is being submitted).
+//!
+//! ```text
+//! Engine::open_session ──> live ──act──> live ... ──submit──> ended (a scored row)
+//!                           │  └─branch──> a second live session, from this state
+//!                           └─pause──> paused (no VM) ──resume──> live
+//! ```
+//! A session ends without a score when an action takes its VM down, when its actions
+//! together pass `rollouts.timeout_secs`, or when its front-end ends it ([`Session::end`]).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datasets::Task;
+use snapshotter::{ForkIdentity, Snapshot, SnapshotStore};
+
+use crate::action::observation;
+use crate::config::{Action, RolloutsSection};
+use crate::end::End;
+use crate::engine::{Engine, Planned, Served, TaskSnapshot};
+use crate::live::{Branch, BranchError, LiveFork};
+use crate::metrics::Role;
+use crate::pause::{PauseError, PausedFork};
+use crate::policy::Policy;
+use crate::row::{Row, Status, Step};
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    /// It has a running VM.
+    Live,
+    /// Saved to disk, without a VM.
+    Paused,
+    /// Submitted, or ended by its VM, its time limit or its front-end.
+    Ended,
+}
+
+enum Vm {
+    Live(Box<LiveFork>),
+    Paused(Arc<PausedFork>),
+    Ended,
+}
+
+/// A live environment a caller steps.
+pub struct Session {
+    /// Its task, seed, limits and `farm serve` ids (`policy` is unused: the caller acts).
+    planned: Planned,
+    snapshot: Arc<Snapshot>,
+    vm: Vm,
+    steps: Vec<Step>,
+    /// Time its actions took so far (against `limits.timeout_secs`).
+    spent: Duration,
+    /// The branch snapshot its fork depends on.
+    _branch: Option<Arc<Branch>>,
+}
+
+/// Why a session refused a call (the front-end tells its caller; HTTP: 404 or 409).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionCallError {
+    #[error("the session has ended")]
+    Ended,
+    #[error("the session is paused: resume it first")]
+    Paused,
+    #[error("the session took its {0} steps (rollouts.max_steps): submit it")]
+    StepsTaken(usize),
+}
+
+/// What one action did.
+pub enum Acted {
+    /// The step, and the session goes on.
+    Stepped(Step),
+    /// The session ended with this action: the VM went down (`step` is what it saw), or the
+    /// session's actions passed its time limit (`step` None). `row` records how it ended.
+    Ended { step: Option<Step>, row: Box<Row> },
+}
+
+impl Acted {
+    /// What the caller is shown of it: the step's observation, or why the session ended.
+    pub fn observation(&self, limits: &RolloutsSection) -> String {
+        match self {
+            Acted::Stepped(step) | Acted::Ended { step: Some(step), .. } => observation(step),
+            Acted::Ended { step: None, .. } => {
+                format!("the session ran past its {} s limit", limits.timeout_secs)
+            }
+        }
+    }
+}
+
+/// Why a session could not be branched.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionBranchError {
+    #[error(transparent)]
+    Refused(#[from] SessionCallError),
+    #[error(transparent)]
+    Live(#[from] BranchError),
+    #[error("forking the paused state")]
+    Paused(#[source] PauseError),
+}
+
+/// A session saved to disk whose VM is stopped but not yet gone: the front-end records the
+/// pause, then must [`PendingPause::commit`] it (the VM goes) or [`PendingPause::cancel`] it
+/// (the VM runs on, the folder goes).
+pub struct PendingPause<'a> {
+    session: &'a mut Session,
+    paused: Arc<PausedFork>,
+}
+
+impl PendingPause<'_> {
+    /// The saved state.
+    pub fn paused(&self) -> &PausedFork {
+        &self.paused
+    }
+
+    /// The pause is recorded: the VM stops and its memory is freed.
+    pub fn commit(self) {
+        self.session.vm = Vm::Paused(self.paused);
+    }
+
+    /// The pause could not be recorded: the session goes on as it was.
+    pub async fn cancel(self) {
+        if let Vm::Live(live) = &self.session.vm {
+            let _ = live.fork.machine.resume().await;
+        }
+    }
+}
+
+impl Engine {
+    /// Opens a session on `task`'s pristine state (its snapshot `snapshot`), with `planned`'s
+    /// seed, limits and ids. Err: how it ended before it began.
+    pub async fn open_session(
+        &self,
+        task: Arc<Task>,
+        snapshot: Arc<Snapshot>,
+        seed: u64,
+        limits: RolloutsSection,
+        served: Served,
+    ) -> Result<Session, End> {
+        let live = self.open(&task, &snapshot, seed, &limits, Role::Session).await?;
+        Ok(Session {
+            planned: session_plan(task, &snapshot, seed, limits, served),
+            snapshot,
+            vm: Vm::Live(Box::new(live)),
+            steps: Vec::new(),
+            spent: Duration::ZERO,
+            _branch: None,
+        })
+    }
+}
+
+fn session_plan(
+    task: Arc<Task>,
+    snapshot: &Arc<Snapshot>,
+    seed: u64,
+    limits: RolloutsSection,
+    served: Served,
+) -> Planned {
+    Planned {
+        task,
+        sample: 0,
+        seed,
+        snapshot: TaskSnapshot::Ready(snapshot.clone()),
+        policy: Arc::new(Policy::Actions(Vec::new())),
+        limits,
+        served: Some(served),
+    }
+}
+
+impl Session {
+    /// A paused session of an earlier process, from its saved state.
+    pub fn paused_from(
+        task: Arc<Task>,
+        snapshot: Arc<Snapshot>,
+        paused: PausedFork,
+        progress: SessionProgress,
+        served: Served,
+    ) -> Session {
+        Session {
+            planned: session_plan(task, &snapshot, progress.seed, progress.limits, served),
+            snapshot,
+            vm: Vm::Paused(Arc::new(paused)),
+            steps: progress.steps,
+            spent: progress.spent,
+            _branch: None,
+        }
+    }
+
+    pub fn state(&self) -> SessionState {
+        match self.vm {
+            Vm::Live(_) => SessionState::Live,
+            Vm::Paused(_) => SessionState::Paused,
+            Vm::Ended => SessionState::Ended,
+        }
+    }
+
+    pub fn task(&self) -> &Arc<Task> {
+        &self.planned.task
+    }
+
+    /// The snapshot it was opened from.
+    pub fn snapshot(&self) -> &Arc<Snapshot> {
+        &self.snapshot
+    }
+
+    /// Its `farm serve` ids.
+    pub fn served(&self) -> &Served {
+        self.planned.served.as_ref().expect("sessions are served")
+    }
+
+    pub fn limits(&self) -> &RolloutsSection {
+        &self.planned.limits
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.planned.seed
+    }
+
+    /// Time its actions took so far.
+    pub fn spent(&self) -> Duration {
+        self.spent
+    }
+
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// Its saved state, while paused.
+    pub fn paused(&self) -> Option<&Arc<PausedFork>> {
+        match &self.vm {
+            Vm::Paused(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// What a restart needs to take it up again (with its task and ids).
+    pub fn progress(&self) -> SessionProgress {
+        SessionProgress {
+            seed: self.planned.seed,
+            limits: self.planned.limits.clone(),
+            steps: self.steps.clone(),
+            spent: self.spent,
+        }
+    }
+
+    fn live(&self) -> Result<&LiveFork, SessionCallError> {
+        match &self.vm {
+            Vm::Live(live) => Ok(live),
+            Vm::Paused(_) => Err(SessionCallError::Paused),
+            Vm::Ended => Err(SessionCallError::Ended),
+        }
+    }
+
+    /// Runs one action, with at most `timeout_secs` for it (never more than
+    /// `rollouts.step_timeout_secs`). A session's actions share its `rollouts.timeout_secs`,
+    /// as a rollout's do: past it, the session ends as a `timeout`.
+    pub async fn act(
+        &mut self,
+        engine: &Engine,
+        action: &Action,
+        timeout_secs: Option<u64>,
+    ) -> Result<Acted, SessionCallError> {
+        let live = self.live()?;
+        let max_steps = self.planned.limits.max_steps;
+        if self.steps.len() >= max_steps {
+            return Err(SessionCallError::StepsTaken(max_steps));
+        }
+        let mut limits = self.planned.limits.clone();
+        if let Some(t) = timeout_secs {
+            limits.step_timeout_secs = t.min(limits.step_timeout_secs);
+        }
+        let index = self.steps.len() as u32;
+        let budget = Duration::from_secs(limits.timeout_secs).saturating_sub(self.spent);
+        let started = Instant::now();
+        let result = tokio::time::timeout(budget, engine.act(live, action, index, &limits)).await;
+        self.spent += started.elapsed();
+        let (step, end) = match result {
+            Ok(Ok((step, _))) => {
+                self.steps.push(step.clone());
+                return Ok(Acted::Stepped(step));
+            }
+            // The action took the VM down: the session ends as the agent's failure.
+            Ok(Err((step, reason))) => (Some(step), End::AgentBrokeVm(reason)),
+            Err(_) => (None, End::Timeout(limits.timeout_secs)),
+        };
+        self.steps.extend(step.clone());
+        let row = Box::new(self.end(engine, end));
+        Ok(Acted::Ended { step, row })
+    }
+
+    /// Ends the session without a score (its VM goes): the row of how it ended, with its steps
+    /// so far.
+    pub fn end(&mut self, engine: &Engine, end: End) -> Row {
+        self.vm = Vm::Ended;
+        let mut row = engine.ended(&self.planned, end);
+        row.policy_name = "session".into();
+        row.steps = self.steps.clone();
+        row
+    }
+
+    /// Ends the session and scores it like any rollout (with the suite's scoring mode: by
+    /// default in a fresh fork, where the session cannot reach): the row.
+    pub async fn submit(&mut self, engine: &Engine, answer: Option<String>) -> Result<Row, SessionCallError> {
+        self.live()?;
+        let Vm::Live(live) = std::mem::replace(&mut self.vm, Vm::Ended) else {
+            unreachable!("checked above")
+        };
+        let started = Instant::now();
+        let mut row = engine.ended(&self.planned, End::Scored);
+        row.policy_name = "session".into();
+        row.status = Status::EnvError;
+        row.steps = self.steps.clone();
+        row.timings.rollout_ms = self.spent.as_secs_f64() * 1e3;
+        let end = engine
+            .finish(*live, &self.planned.task, &self.snapshot, answer, &mut row)
+            .await;
+        end.settle(&mut row);
+        row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
+        Ok(row)
+    }
+
+    /// A new session that continues from this one's state exactly, with its own ids and seed
+    /// (`served`, `seed`). A live session is snapshotted into `store` and goes on; a paused
+    /// one is forked from its saved state and stays paused.
+    pub async fn branch(
+        &self,
+        engine: &Engine,
+        store: &SnapshotStore,
+        seed: u64,
+        served: Served,
+    ) -> Result<Session, SessionBranchError> {
+        let (child, branch) = match &self.vm {
+            Vm::Live(live) => {
+                let (child, branch) = engine.branch(live, &self.snapshot, store, seed, Role::Session).await?;
+                (child, Some(branch))
+            }
+            Vm::Paused(paused) => {
+                let identity = ForkIdentity {
+                    env: paused.record.env.clone(),
+                    ..ForkIdentity::new(seed)
+                };
+                let child = engine
+                    .unpause(paused, Some(identity), Role::Session)
+                    .await
+                    .map_err(SessionBranchError::Paused)?;
+                (child, None)
+            }
+            Vm::Ended => return Err(SessionCallError::Ended.into()),
+        };
+        let mut planned = self.planned.clone();
+        planned.seed = seed;
+        planned.served = Some(served);
+        Ok(Session {
+            planned,
+            snapshot: self.snapshot.clone(),
+            vm: Vm::Live(Box::new(child)),
+            steps: self.steps.clone(),
+            spent: self.spent,
+            _branch: branch,
+        })
+    }
+
+    /// Saves the live session into `dir` (which must not exist) and stops its VM; the caller
+    /// records the pause and then commits or cancels it. On an error the VM runs on and the
+    /// folder is gone.
+    pub async fn pause(&mut self, engine: &Engine, dir: &Path) -> Result<PendingPause<'_>, SessionPauseError> {
+        let live = self.live()?;
+        let paused = match engine.pause(live, &self.snapshot, dir).await {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = live.fork.machine.resume().await;
+                let _ = std::fs::remove_dir_all(dir);
+                return Err(e.into());
+            }
+        };
+        Ok(PendingPause {
+            session: self,
+            paused: Arc::new(paused),
+        })
+    }
+
+    /// Forks a paused session again, as it was; the caller records the resume and then
+    /// commits it (dropped uncommitted, the new VM goes and the session stays paused). None:
+    /// it was not paused (nothing done).
+    pub async fn resume(&mut self, engine: &Engine) -> Result<Option<PendingResume<'_>>, PauseError> {
+        let Vm::Paused(paused) = &self.vm else {
+            return Ok(None);
+        };
+        let live = engine.unpause(paused, None, Role::Session).await?;
+        Ok(Some(PendingResume { session: self, live }))
+    }
+}
+
+/// A paused session forked again, not yet recorded as resumed.
+pub struct PendingResume<'a> {
+    session: &'a mut Session,
+    live: LiveFork,
+}
+
+impl PendingResume<'_> {
+    /// The resume is recorded: the session is live (its paused state goes once no branch
+    /// needs it).
+    pub fn commit(self) {
+        self.session.vm = Vm::Live(Box::new(self.live));
+    }
+}
+
+/// Why a session could not be paused.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionPauseError {
+    #[error(transparent)]
+    Refused(#[from] SessionCallError),
+    #[error(transparent)]
+    Pause(#[from] PauseError),
+}
+
+/// A session's progress, saved with a paused session: enough, with its task and ids, to take
+/// it up again.
+pub struct SessionProgress {
+    pub seed: u64,
+    pub limits: RolloutsSection,
+    pub steps: Vec<Step>,
+    pub spent: Duration,
+}
