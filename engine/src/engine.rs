@@ -212,7 +212,7 @@ impl Engine {
     }
 
     /// Keeps `size` warm forks of the template ready (nothing when `size` is 0).
-    pub fn start_pool(&mut self, size: usize) -> Result<(), EngineError> {
+    pub(crate) fn start_pool(&mut self, size: usize) -> Result<(), EngineError> {
         if size == 0 {
             return Ok(());
         }

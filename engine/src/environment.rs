@@ -155,6 +155,27 @@ impl<'a> Environment<'a> {
 }
 
 impl Engine {
+    /// What `farm run` and `farm serve` do before their first rollout: every task's snapshot
+    /// ([`Engine::prepare`]), then a warm pool of `warm_pool` forks of the template when some
+    /// task runs in the template itself (a task with its own snapshot forks that instead).
+    pub async fn prepare_and_pool(
+        &mut self,
+        tasks: &[Arc<Task>],
+        concurrency: usize,
+        warm_pool: usize,
+        log: &(dyn Fn(&str) + Sync),
+    ) -> Result<TaskSnapshots, EngineError> {
+        let snapshots = self.prepare(tasks, concurrency, log).await?;
+        let template = self.template.id();
+        if snapshots
+            .values()
+            .any(|s| matches!(s, TaskSnapshot::Ready(s) if s.id() == template))
+        {
+            self.start_pool(warm_pool)?;
+        }
+        Ok(snapshots)
+    }
+
     /// Each task's snapshot, `concurrency` built at a time: the environment's own for Harbor
     /// tasks; for the others a child of the template with the task's files and setup (tasks
     /// with the same files and setup share one), or the template itself.

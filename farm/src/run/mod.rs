@@ -228,23 +228,19 @@ async fn prepare(
     );
     let mut needed: Vec<Arc<Task>> = plan.iter().map(|p| p.task.clone()).collect();
     needed.dedup_by(|a, b| a.id == b.id);
-    let snapshots = engine
-        .prepare(&needed, counts.concurrency, &|line: &str| tracing::info!("{line}"))
-        .await?;
-    for p in &mut plan {
-        p.snapshot = snapshots[&p.task.id].clone();
-    }
     if let Some(note) = vmm::jail::missing_cgroups_note() {
         tracing::info!("{note}");
     }
     if !counts.explanation.is_empty() {
         tracing::info!("{}", counts.explanation);
     }
-    if plan
-        .iter()
-        .any(|p| matches!(&p.snapshot, engine::TaskSnapshot::Ready(s) if s.id() == engine.template.id()))
-    {
-        engine.start_pool(counts.warm_pool)?;
+    let snapshots = engine
+        .prepare_and_pool(&needed, counts.concurrency, counts.warm_pool, &|line: &str| {
+            tracing::info!("{line}")
+        })
+        .await?;
+    for p in &mut plan {
+        p.snapshot = snapshots[&p.task.id].clone();
     }
     debug_assert_eq!(recorded.rollouts(), planned);
     Ok((Arc::new(engine), plan, recorded))

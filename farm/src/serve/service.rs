@@ -184,16 +184,10 @@ impl Service {
             };
             let mut engine = Engine::start(&suite, host, &run_id, &progress).await?;
             let snapshots = engine
-                .prepare(&tasks, counts.concurrency, &|line: &str| {
+                .prepare_and_pool(&tasks, counts.concurrency, counts.warm_pool, &|line: &str| {
                     tracing::info!("{name}: {line}")
                 })
                 .await?;
-            if snapshots
-                .values()
-                .any(|s| matches!(s, TaskSnapshot::Ready(s) if s.id() == engine.template.id()))
-            {
-                engine.start_pool(counts.warm_pool)?;
-            }
             tracing::info!("{name}: {} tasks", tasks.len());
             let tasks = tasks.into_iter().map(|t| (t.id.clone(), t)).collect();
             states.insert(
