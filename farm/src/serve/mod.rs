@@ -22,6 +22,7 @@ mod mcp;
 mod openenv;
 mod paused;
 mod requests;
+mod restore;
 mod rollouts;
 mod sandbox;
 mod sandbox_routes;

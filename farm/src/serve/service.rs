@@ -18,9 +18,9 @@ use anyhow::{Context, Result};
 use datasets::Task;
 use engine::config::Suite;
 use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
-use engine::row::{now_ms, Row, Status};
+use engine::row::{Row, Status};
 use engine::sessions::SessionBook;
-use engine::{End, Engine, Planned, TaskSnapshot, TaskSnapshots};
+use engine::{Engine, Planned, TaskSnapshot, TaskSnapshots};
 use serde::Serialize;
 use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
@@ -104,7 +104,7 @@ pub struct Service {
     pub(super) branches: SnapshotStore,
     /// The output folder.
     pub(super) out: std::path::PathBuf,
-    run_id: String,
+    pub(super) run_id: String,
     counter: AtomicU64,
     /// `serve.max_sessions`, resolved.
     pub(super) max_sessions: usize,
@@ -138,91 +138,20 @@ impl Service {
                 super::admission::auto_max_sessions(&host_memory, settings.memory_reserve_percent)
             }
         };
-        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        // One service per output folder: two would interleave their journals.
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(out.join(".lock"))
-            .with_context(|| format!("creating {}", out.join(".lock").display()))?;
-        if lock.try_lock().is_err() {
-            anyhow::bail!(
-                "another farm serve is using the output folder {}: stop it, or choose another --out",
-                out.display()
-            );
-        }
-        // What the previous process admitted (a bad line stops the start, naming it).
-        let requests_path = out.join("requests.jsonl");
-        let path = requests_path.clone();
-        let (records, good_len) = tokio::task::spawn_blocking(move || read_records(&path)).await??;
-        // Restarts continue the same output; the service is not tied to one suite version.
-        let identity = RunIdentity {
-            run_id: crate::run::new_run_id(),
-            suite_name: "farm-serve".into(),
-            suite_digest: "farm-serve".into(),
-            shard: None,
-        };
+        let lock = lock_out_folder(out)?;
         let rows_per_part = suites.first().map(|s| s.config.output.rows_per_part).unwrap_or(256);
-        let options = RecorderOptions {
-            rows_per_part,
-            resume: true,
-            requests: Some((requests_path, good_len)),
-        };
-        let (recorder, opened) = Recorder::open(out, identity, options).await?;
+        let (recorder, opened, records) = open_recorder(out, rows_per_part).await?;
         let run_id = opened.run_id.clone();
         let guest_mib = suites.iter().map(|s| s.config.template.memory_mib).max().unwrap_or(512);
         let counts = super::resolve_counts(settings, guest_mib);
-        let mut states = HashMap::new();
-        for suite in suites {
-            let tasks = suite.tasks(None)?;
-            let name = suite.config.suite.name.clone();
-            let progress = |line: &str| tracing::info!("{name}: template: {line}");
-            let host = engine::HostChoices {
-                accel,
-                ksm: settings.ksm,
-            };
-            let mut engine = Engine::start(&suite, host, &run_id, &progress).await?;
-            let snapshots = engine
-                .prepare_and_pool(&tasks, counts.concurrency, counts.warm_pool, &|line: &str| {
-                    tracing::info!("{name}: {line}")
-                })
-                .await?;
-            tracing::info!("{name}: {} tasks", tasks.len());
-            let tasks = tasks.into_iter().map(|t| (t.id.clone(), t)).collect();
-            states.insert(
-                name,
-                SuiteState {
-                    suite,
-                    engine: Arc::new(engine),
-                    tasks,
-                    snapshots,
-                },
-            );
-        }
-        tracing::info!("{}", counts.explanation);
-        // VMs the service may hold at once: a host limit that would stop it short is named.
-        tracing::info!(
-            "max_sessions {max_sessions}{}",
-            if settings.max_sessions == engine::config::Count::Auto {
-                " (auto: memory, past the reserve, at an idle session's floor; each is admitted at the measured cost)"
-            } else {
-                ""
-            }
-        );
-        let vms = (max_sessions + counts.concurrency * 2 + counts.warm_pool * states.len().max(1)) as u64;
-        for problem in vmm::process::HostLimits::probe().problems(vms) {
-            tracing::warn!(
-                "{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)",
-                counts.concurrency
-            );
-        }
+        let host = engine::HostChoices {
+            accel,
+            ksm: settings.ksm,
+        };
+        let states = start_suites(suites, host, &run_id, &counts).await?;
+        log_capacity(settings, max_sessions, &counts, states.len());
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         let sandbox = if settings.sandboxes.enabled {
-            let host = engine::HostChoices {
-                accel,
-                ksm: settings.ksm,
-            };
             Some(super::sandbox::SandboxApi::start(
                 &settings.sandboxes,
                 out,
@@ -261,115 +190,6 @@ impl Service {
             .collect();
         service.restore(records, &done).await?;
         Ok(service)
-    }
-
-    /// Takes up what a previous process admitted: rows stay where they are; admitted work
-    /// without a row gets an `env_error` row "lost in restart".
-    async fn restore(&self, records: Vec<Record>, done: &HashMap<String, usize>) -> Result<()> {
-        let ended: HashSet<String> = records
-            .iter()
-            .filter_map(|r| {
-                if let Record::SessionEnd { session_id, .. } = r {
-                    Some(session_id.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
-        // Each session's last pause or resume: paused sessions are taken up, not lost.
-        let mut paused_dirs: HashMap<String, Option<String>> = HashMap::new();
-        for r in &records {
-            match r {
-                Record::SessionPaused { session_id, dir } => {
-                    paused_dirs.insert(session_id.clone(), Some(dir.clone()));
-                }
-                Record::SessionResumed { session_id } => {
-                    paused_dirs.insert(session_id.clone(), None);
-                }
-                _ => {}
-            }
-        }
-        let mut kept_dirs = HashSet::new();
-        let (mut lost, mut taken_up) = (0, 0);
-        for record in records {
-            let (admitted, closed, session) = match record {
-                Record::Submit {
-                    idempotency_key,
-                    body_digest,
-                    response,
-                    rollouts,
-                } => {
-                    if let Some(key) = idempotency_key {
-                        self.lock().idempotency.insert(key, (body_digest, response));
-                    }
-                    (rollouts, false, None)
-                }
-                Record::Session { session_id, rollout } => {
-                    let closed = ended.contains(&session_id);
-                    (vec![rollout], closed, Some(session_id))
-                }
-                Record::SessionEnd { .. } | Record::SessionPaused { .. } | Record::SessionResumed { .. } => continue,
-            };
-            for a in admitted {
-                let mut phase = Phase::Done;
-                let cursor = match (done.get(&a.rollout_id).copied(), closed) {
-                    (Some(c), _) => Some(c),
-                    // A session ended without a row (deleted or expired).
-                    (None, true) => None,
-                    (None, false) => {
-                        let dir = session.as_ref().and_then(|id| paused_dirs.get(id).cloned().flatten());
-                        let mut reason = None;
-                        if let Some(dir) = dir {
-                            match self.take_up_paused(&self.paused_root().join(&dir)).await {
-                                Ok((id, s)) => {
-                                    self.lock().sessions.add_paused(&id, s);
-                                    kept_dirs.insert(dir);
-                                    taken_up += 1;
-                                    phase = Phase::Session;
-                                }
-                                Err(e) => reason = Some(engine::describe(&e)),
-                            }
-                        }
-                        if phase == Phase::Session {
-                            None
-                        } else {
-                            lost += 1;
-                            let mut row = lost_row(&a, &self.run_id);
-                            if let Some(reason) = reason {
-                                row.error = Some(format!(
-                                    "lost in restart: its paused state could not be taken up: {reason}"
-                                ));
-                            }
-                            Some(self.recorder.append(row).await?)
-                        }
-                    }
-                };
-                let entry = Entry {
-                    cursor,
-                    ..Entry::new(&a, if phase == Phase::Session { session.clone() } else { None }, phase)
-                };
-                self.lock().rollouts.insert(a.rollout_id.clone(), entry);
-            }
-        }
-        // Folders of sessions that are not paused any more (resumed, ended, or a pause that
-        // was never recorded).
-        if let Ok(entries) = std::fs::read_dir(self.paused_root()) {
-            for entry in entries.flatten() {
-                if !kept_dirs.contains(&entry.file_name().to_string_lossy().to_string()) {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
-        }
-        if lost > 0 {
-            tracing::info!(
-                "{lost} rollouts or sessions of the previous process were lost in its restart (recorded as env_error)"
-            );
-        }
-        if taken_up > 0 {
-            tracing::info!("{taken_up} paused sessions taken up");
-        }
-        self.update_session_gauges();
-        Ok(self.recorder.flush().await?)
     }
 
     /// The dispatcher (starts queued rollouts as slots free up), session expiry and
@@ -661,25 +481,105 @@ impl Service {
     }
 }
 
+/// The recorder of the output folder, continuing what a previous process wrote, and what it
+/// admitted (a bad line of `requests.jsonl` stops the start, naming it).
+async fn open_recorder(out: &Path, rows_per_part: usize) -> Result<(Recorder, engine::recorder::Opened, Vec<Record>)> {
+    // What the previous process admitted (a bad line stops the start, naming it).
+    let requests_path = out.join("requests.jsonl");
+    let path = requests_path.clone();
+    let (records, good_len) = tokio::task::spawn_blocking(move || read_records(&path)).await??;
+    // Restarts continue the same output; the service is not tied to one suite version.
+    let identity = RunIdentity {
+        run_id: crate::run::new_run_id(),
+        suite_name: "farm-serve".into(),
+        suite_digest: "farm-serve".into(),
+        shard: None,
+    };
+    let options = RecorderOptions {
+        rows_per_part,
+        resume: true,
+        requests: Some((requests_path, good_len)),
+    };
+    let (recorder, opened) = Recorder::open(out, identity, options).await?;
+    Ok((recorder, opened, records))
+}
+
+/// Creates the output folder and takes its lock: one service per output folder (two would
+/// interleave their journals).
+fn lock_out_folder(out: &Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(out.join(".lock"))
+        .with_context(|| format!("creating {}", out.join(".lock").display()))?;
+    if lock.try_lock().is_err() {
+        anyhow::bail!(
+            "another farm serve is using the output folder {}: stop it, or choose another --out",
+            out.display()
+        );
+    }
+    Ok(lock)
+}
+
+/// Every suite's engine: its template (reused when built before), task snapshots and warm
+/// pool.
+async fn start_suites(
+    suites: Vec<Suite>,
+    host: engine::HostChoices,
+    run_id: &str,
+    counts: &engine::sizing::Counts,
+) -> Result<HashMap<String, SuiteState>> {
+    let mut states = HashMap::new();
+    for suite in suites {
+        let tasks = suite.tasks(None)?;
+        let name = suite.config.suite.name.clone();
+        let progress = |line: &str| tracing::info!("{name}: template: {line}");
+        let mut engine = Engine::start(&suite, host, run_id, &progress).await?;
+        let snapshots = engine
+            .prepare_and_pool(&tasks, counts.concurrency, counts.warm_pool, &|line: &str| {
+                tracing::info!("{name}: {line}")
+            })
+            .await?;
+        tracing::info!("{name}: {} tasks", tasks.len());
+        let tasks = tasks.into_iter().map(|t| (t.id.clone(), t)).collect();
+        states.insert(
+            name,
+            SuiteState {
+                suite,
+                engine: Arc::new(engine),
+                tasks,
+                snapshots,
+            },
+        );
+    }
+    Ok(states)
+}
+
+/// Says how many sessions and VMs the service may hold, and names a host limit that would
+/// stop it short.
+fn log_capacity(settings: &ServeSection, max_sessions: usize, counts: &engine::sizing::Counts, suites: usize) {
+    tracing::info!("{}", counts.explanation);
+    // VMs the service may hold at once: a host limit that would stop it short is named.
+    tracing::info!(
+        "max_sessions {max_sessions}{}",
+        if settings.max_sessions == engine::config::Count::Auto {
+            " (auto: memory, past the reserve, at an idle session's floor; each is admitted at the measured cost)"
+        } else {
+            ""
+        }
+    );
+    let vms = (max_sessions + counts.concurrency * 2 + counts.warm_pool * suites.max(1)) as u64;
+    for problem in vmm::process::HostLimits::probe().problems(vms) {
+        tracing::warn!(
+            "{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)",
+            counts.concurrency
+        );
+    }
+}
+
 /// The suite a served rollout belongs to.
 pub(super) fn suite_of(item: &Planned) -> &str {
     item.served.as_ref().map(|s| s.suite.as_str()).unwrap_or_default()
-}
-
-/// The `env_error` row of a rollout a previous process admitted and never finished.
-fn lost_row(a: &Admitted, run_id: &str) -> Row {
-    let mut row = Row {
-        run_id: run_id.to_string(),
-        suite_name: a.suite.clone(),
-        policy_name: a.policy_name.clone(),
-        attempts: 0,
-        started_at_ms: now_ms(),
-        rollout_id: Some(a.rollout_id.clone()),
-        group_id: Some(a.group_id.clone()),
-        policy_version: a.policy_version,
-        metadata: a.metadata.clone(),
-        ..Row::blank(&a.task_id, a.sample, a.seed)
-    };
-    End::LostInRestart.settle(&mut row);
-    row
 }
