@@ -17,7 +17,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::http::{auth, body_digest, idempotency_key, ok, parse, App, Reply};
+use super::http::{auth, body_digest, finish, idempotency_key, ok, parse, App, Reply};
 use super::requests::{ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
 use super::service::Service;
 
@@ -177,16 +177,6 @@ fn with_mcp(app: &App, response: &mut serde_json::Value) {
         "path": format!("/v1/sessions/{id}/mcp"),
         "token": super::http::mcp_token(app.token.as_ref(), &id),
     });
-}
-
-/// Runs a session call to its end even if the client hangs up meanwhile: a command the guest
-/// runs is then still a recorded step, and a submit still scores and writes its row.
-pub(super) async fn finish<T: Send + 'static>(
-    call: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::spawn(call)
-        .await
-        .unwrap_or_else(|e| Err(ApiError::new(500, format!("the request's task failed: {e}"))))
 }
 
 async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {

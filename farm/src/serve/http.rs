@@ -150,6 +150,16 @@ fn mcp_session(path: &str) -> Option<&str> {
     (!id.is_empty() && !id.contains('/')).then_some(id)
 }
 
+/// Runs a session call to its end even if the client hangs up meanwhile: a command the guest
+/// runs is then still a recorded step, and a submit still scores and writes its row.
+pub(super) async fn finish<T: Send + 'static>(
+    call: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(call)
+        .await
+        .unwrap_or_else(|e| Err(ApiError::new(500, format!("the request's task failed: {e}"))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,9 +20,8 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::finish;
 use super::error::ApiError;
-use super::http::App;
+use super::http::{finish, App};
 use super::requests::{ExecRequest, SubmitSessionRequest, WriteFileRequest};
 use engine::config::Action;
 

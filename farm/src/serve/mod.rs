@@ -16,6 +16,7 @@
 
 mod admission;
 mod api;
+mod entries;
 mod error;
 mod http;
 mod mcp;

@@ -4,7 +4,7 @@
 use engine::config::{Action, PolicyConfig, RolloutsSection};
 use serde::{Deserialize, Serialize};
 
-use super::error::ApiError;
+use super::error::{ApiError, ApiResult};
 
 /// `POST /v1/rollouts` body.
 #[derive(Debug, Deserialize)]
@@ -208,6 +208,22 @@ pub fn read_records(path: &std::path::Path) -> Result<(Vec<Record>, u64), engine
         Ok(())
     })?;
     Ok((records, extent.good_len))
+}
+
+const METADATA_MAX_BYTES: usize = 64 << 10;
+
+/// A request's metadata as JSON text, within its size limit.
+pub(super) fn metadata_text(metadata: Option<&serde_json::Value>, field: &str) -> ApiResult<Option<String>> {
+    let Some(m) = metadata else { return Ok(None) };
+    let text = m.to_string();
+    if text.len() > METADATA_MAX_BYTES {
+        return Err(ApiError::field(
+            413,
+            field,
+            format!("{} bytes of JSON; at most {METADATA_MAX_BYTES}", text.len()),
+        ));
+    }
+    Ok(Some(text))
 }
 
 #[cfg(test)]

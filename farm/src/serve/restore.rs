@@ -9,7 +9,8 @@ use engine::row::{now_ms, Row};
 use engine::End;
 
 use super::requests::{Admitted, Record};
-use super::service::{Entry, Phase, Service};
+use super::entries::{Entry, Phase};
+use super::service::Service;
 
 /// What became of admitted work that has no row.
 enum TakenUp {

@@ -10,28 +10,13 @@ use engine::{rollout_seed, End, Planned, Policy, Served, TaskSnapshot};
 use serde_json::json;
 
 use super::requests::{Admitted, Record, SubmitRequest};
-use super::service::{suite_of, ApiError, ApiResult, Entry, Phase, Service};
+use super::entries::{Entry, Phase};
+use super::service::{suite_of, ApiError, ApiResult, Service};
 
 /// Bytes of rows one `/v1/results` answer carries at most (at least one row).
 const RESULTS_MAX_BYTES: u64 = 64 << 20;
 
 /// A request's `metadata`, as JSON text, at most.
-const METADATA_MAX_BYTES: usize = 64 << 10;
-
-/// A request's metadata as JSON text, within its size limit.
-pub(super) fn metadata_text(metadata: Option<&serde_json::Value>, field: &str) -> ApiResult<Option<String>> {
-    let Some(m) = metadata else { return Ok(None) };
-    let text = m.to_string();
-    if text.len() > METADATA_MAX_BYTES {
-        return Err(ApiError::field(
-            413,
-            field,
-            format!("{} bytes of JSON; at most {METADATA_MAX_BYTES}", text.len()),
-        ));
-    }
-    Ok(Some(text))
-}
-
 impl Service {
     /// `POST /v1/rollouts`.
     pub async fn submit(

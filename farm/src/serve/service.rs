@@ -26,8 +26,8 @@ use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
 
 pub use super::error::{ApiError, ApiResult};
-use super::requests::{read_records, Admitted, Record};
-use super::sessions::Session;
+use super::requests::{read_records, Record};
+use super::entries::{Entry, Phase, Session};
 use super::ServeSection;
 
 /// One suite the service serves.
@@ -38,42 +38,6 @@ pub(super) struct SuiteState {
     pub snapshots: TaskSnapshots,
 }
 
-/// Where a rollout is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    Queued,
-    Running,
-    /// A live session (its row comes when it is submitted).
-    Session,
-    Done,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct Entry {
-    /// The session, for a session's rollout.
-    pub session: Option<String>,
-    pub group_id: String,
-    pub policy_version: Option<u64>,
-    pub phase: Phase,
-    /// The row's cursor once done.
-    pub cursor: Option<usize>,
-    /// Its row is being recorded: the first row wins (a cancelled rollout may finish).
-    pub recording: bool,
-}
-
-impl Entry {
-    pub fn new(admitted: &Admitted, session: Option<String>, phase: Phase) -> Entry {
-        Entry {
-            session,
-            group_id: admitted.group_id.clone(),
-            policy_version: admitted.policy_version,
-            phase,
-            cursor: None,
-            recording: false,
-        }
-    }
-}
 
 #[derive(Default)]
 pub(super) struct Inner {

@@ -15,37 +15,10 @@ use engine::session::{Acted, SessionBranchError};
 use engine::{rollout_seed, Served};
 use serde_json::json;
 
-use super::requests::{Admitted, ItemRequest, Record};
-use super::rollouts::metadata_text;
-use super::service::{ApiError, ApiResult, Entry, Phase, Service};
-
-/// A session as the service holds it: the engine's [`engine::session::Session`] and what
-/// only the service knows of it (its id, its suite, the inline task it was opened with).
-pub struct Session {
-    pub(super) id: String,
-    pub(super) suite: String,
-    /// The inline task it was opened with (to take it up again after a restart).
-    pub(super) task_row: Option<serde_json::Value>,
-    pub(super) run: engine::session::Session,
-}
-
-impl Session {
-    /// What a restart needs to know of it.
-    fn admitted(&self) -> Admitted {
-        let served = self.run.served();
-        Admitted {
-            rollout_id: served.rollout_id.clone(),
-            group_id: served.group_id.clone(),
-            suite: self.suite.clone(),
-            task_id: self.run.task().id.clone(),
-            sample: 0,
-            seed: self.run.seed(),
-            policy_version: served.policy_version,
-            policy_name: "session".into(),
-            metadata: served.metadata.clone(),
-        }
-    }
-}
+use super::requests::{ItemRequest, Record};
+use super::requests::metadata_text;
+use super::entries::{Entry, Phase, Session};
+use super::service::{ApiError, ApiResult, Service};
 
 /// A session slot taken by [`Service::take_session_slot`]; given back when dropped unless
 /// the session was added.

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Size limits on formatted Rust code (STYLE.md habits 18 and 19), checked by scripts/test.sh.
+
+    python3 scripts/check-sizes.py [ROOT]
+
+Fails when a source file has more than 600 lines before its `#[cfg(test)]` part, or when a
+function outside test code has more than 80 lines, unless a comment says why:
+- a function: a `// Long: <why>` line among the comments and attributes right above it;
+- a file: a `//! Long: <why>` line in its module documentation.
+Test files (`tests/`, `*tests.rs`) are not read. Run it on code formatted by `cargo fmt`:
+packing lines to stay under the limits defeats them.
+"""
+import os
+import re
+import sys
+
+FILE_LIMIT = 600
+FUNCTION_LIMIT = 80
+FUNCTION = re.compile(
+    r'^(?P<indent>\s*)(pub(\([^)]*\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?(extern\s+"C"\s+)?fn\s+(?P<name>\w+)'
+)
+
+
+def rust_files(root):
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [s for s in subfolders if s not in ("target", ".git", "tests", "node_modules")]
+        for name in files:
+            if name.endswith(".rs") and not name.endswith("tests.rs"):
+                yield os.path.join(folder, name)
+
+
+def code_lines(lines):
+    """The lines before the file's test module."""
+    for i, line in enumerate(lines):
+        if line.startswith("#[cfg(test)]"):
+            return lines[:i]
+    return lines
+
+
+def function_end(lines, start, indent):
+    """The line of the `}` that closes the function opened at `start` (rustfmt puts it at the
+    signature's indentation)."""
+    closing = indent + "}"
+    for j in range(start, len(lines)):
+        if lines[j].rstrip() == closing:
+            return j
+    return len(lines) - 1
+
+
+def explained(lines, start):
+    """Whether the comments and attributes right above line `start` say why it is long."""
+    k = start - 1
+    while k >= 0 and lines[k].strip().startswith(("//", "#[")):
+        if lines[k].strip().startswith("// Long:"):
+            return True
+        k -= 1
+    return False
+
+
+def check(path):
+    lines = open(path, encoding="utf-8").read().split("\n")
+    code = code_lines(lines)
+    problems = []
+    if len(code) > FILE_LIMIT and not any(l.startswith("//! Long:") for l in code):
+        problems.append(f"{path}: {len(code)} lines of code (at most {FILE_LIMIT}, or a `//! Long:` line saying why)")
+    for i, line in enumerate(code):
+        m = FUNCTION.match(line)
+        if not m or line.rstrip().endswith(";"):
+            continue
+        # A signature over several lines ends with `{` or `where` on a later line.
+        end = function_end(code, i, m.group("indent"))
+        length = end - i + 1
+        if length > FUNCTION_LIMIT and not explained(code, i):
+            problems.append(
+                f"{path}:{i + 1}: fn {m.group('name')} has {length} lines "
+                f"(at most {FUNCTION_LIMIT}, or a `// Long:` comment above it saying why)"
+            )
+    return problems
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    problems = [p for path in sorted(rust_files(root)) for p in check(path)]
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} over a size limit: split along the seams, or say why", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
