@@ -301,46 +301,61 @@ fn pump(
         if let Some(deadline) = deadline {
             timeout = timeout.min(deadline.saturating_duration_since(now) + Duration::from_millis(1));
         }
-        let (stdout_ready, stderr_ready, stdin_ready) = {
-            use nix::poll::PollFlags;
-            let mut fds = Vec::with_capacity(3);
-            if out.open {
-                fds.push((child_stdout.as_fd(), PollFlags::POLLIN));
-            }
-            if err.open {
-                fds.push((child_stderr.as_fd(), PollFlags::POLLIN));
-            }
-            if let Some(s) = &child_stdin {
-                fds.push((s.as_fd(), PollFlags::POLLOUT));
-            }
-            let mut ready = sys::poll(&fds, timeout)?.into_iter();
-            (
-                out.open && ready.next() == Some(true),
-                err.open && ready.next() == Some(true),
-                child_stdin.is_some() && ready.next() == Some(true),
-            )
-        };
+        let (stdout_ready, stderr_ready, stdin_ready) =
+            poll_pipes(&child_stdout, &out, &child_stderr, &err, child_stdin.as_ref(), timeout)?;
         if stdout_ready {
             drain(&mut child_stdout, &mut out, &mut buf)?;
         }
         if stderr_ready {
             drain(&mut child_stderr, &mut err, &mut buf)?;
         }
-        if let Some(s) = child_stdin.as_mut().filter(|_| stdin_ready) {
-            match s.write(&stdin[written..]) {
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                // The command closed its input early (EPIPE): that is its business.
-                Err(_) => written = stdin.len(),
-            }
-            if written >= stdin.len() {
-                child_stdin = None;
-            }
+        if stdin_ready && feed_stdin(child_stdin.as_mut().expect("polled"), stdin, &mut written) {
+            child_stdin = None;
         }
         if exited_at.is_none() && child.try_wait()?.is_some() {
             exited_at = Some(Instant::now());
         }
     }
+}
+
+/// Waits up to `timeout` for output on the open output pipes or room in the command's input;
+/// says which are ready (stdout, stderr, stdin).
+fn poll_pipes(
+    child_stdout: &impl AsFd,
+    out: &Capped,
+    child_stderr: &impl AsFd,
+    err: &Capped,
+    child_stdin: Option<&impl AsFd>,
+    timeout: Duration,
+) -> io::Result<(bool, bool, bool)> {
+    use nix::poll::PollFlags;
+    let mut fds = Vec::with_capacity(3);
+    if out.open {
+        fds.push((child_stdout.as_fd(), PollFlags::POLLIN));
+    }
+    if err.open {
+        fds.push((child_stderr.as_fd(), PollFlags::POLLIN));
+    }
+    if let Some(s) = child_stdin {
+        fds.push((s.as_fd(), PollFlags::POLLOUT));
+    }
+    let mut ready = sys::poll(&fds, timeout)?.into_iter();
+    Ok((
+        out.open && ready.next() == Some(true),
+        err.open && ready.next() == Some(true),
+        child_stdin.is_some() && ready.next() == Some(true),
+    ))
+}
+
+/// Writes what the command's input can take now; true once all of it is written (or the
+/// command closed its input early, EPIPE: that is its business), when the pipe is to close.
+fn feed_stdin(pipe: &mut impl Write, stdin: &[u8], written: &mut usize) -> bool {
+    match pipe.write(&stdin[*written..]) {
+        Ok(n) => *written += n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(_) => *written = stdin.len(),
+    }
+    *written >= stdin.len()
 }
 
 fn drain(pipe: &mut impl Read, into: &mut Capped, buf: &mut [u8]) -> io::Result<()> {

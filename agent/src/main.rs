@@ -372,30 +372,7 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             let truncated = (data.len() as u64) < size;
             (Response::ReadFile { size, truncated }, data)
         }),
-        Request::ListFiles(req) => {
-            let mut entries = Vec::new();
-            let truncated = files::list_files(
-                Path::new(&req.root),
-                Path::new(""),
-                req.max_entries.min(farm_protocol::MAX_LISTING) as usize,
-                &mut entries,
-                0,
-            )
-            .map_err(|e| io_error(format!("listing {}", req.root), e))?;
-            let body = serde_json::to_vec(&entries).map_err(|e| {
-                io_error(
-                    format!("encoding the listing of {}", req.root),
-                    std::io::Error::other(e),
-                )
-            })?;
-            Ok((
-                Response::ListFiles {
-                    count: entries.len() as u32,
-                    truncated,
-                },
-                body,
-            ))
-        }
+        Request::ListFiles(req) => list_files(&req),
         Request::RemoveFile { path, beneath } => {
             files::remove_file(&path, beneath.as_deref()).map(|()| (Response::RemoveFile, Vec::new()))
         }
@@ -432,18 +409,50 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             sys::sync_all();
             Ok((Response::Quiesce, Vec::new()))
         }
-        Request::Identity(req) => {
-            if !body.is_empty() {
-                sys::add_entropy_and_reseed(&body)
-                    .map_err(|e| io_error("adding entropy to the kernel RNG".into(), e))?;
-            }
-            sys::set_realtime(req.unix_time_ns).map_err(|e| io_error("setting the clock".into(), e))?;
-            if !req.hostname.is_empty() {
-                sys::set_hostname(&req.hostname)
-                    .map_err(|e| io_error(format!("setting hostname {:?}", req.hostname), e))?;
-            }
-            state.base_env.lock().unwrap_or_else(|p| p.into_inner()).extend(req.env);
-            Ok((Response::Identity, Vec::new()))
-        }
+        Request::Identity(req) => take_identity(state, req, &body),
     }
+}
+
+/// The entries beneath a folder, as JSON in the body.
+fn list_files(req: &farm_protocol::ListFilesRequest) -> Result<(Response, Vec<u8>), AgentError> {
+    let mut entries = Vec::new();
+    let truncated = files::list_files(
+        Path::new(&req.root),
+        Path::new(""),
+        req.max_entries.min(farm_protocol::MAX_LISTING) as usize,
+        &mut entries,
+        0,
+    )
+    .map_err(|e| io_error(format!("listing {}", req.root), e))?;
+    let body = serde_json::to_vec(&entries).map_err(|e| {
+        io_error(
+            format!("encoding the listing of {}", req.root),
+            std::io::Error::other(e),
+        )
+    })?;
+    Ok((
+        Response::ListFiles {
+            count: entries.len() as u32,
+            truncated,
+        },
+        body,
+    ))
+}
+
+/// A fork's identity, before any of its commands runs: the host's entropy, the clock, the
+/// hostname and the variables every later command gets.
+fn take_identity(
+    state: &State,
+    req: farm_protocol::IdentityRequest,
+    entropy: &[u8],
+) -> Result<(Response, Vec<u8>), AgentError> {
+    if !entropy.is_empty() {
+        sys::add_entropy_and_reseed(entropy).map_err(|e| io_error("adding entropy to the kernel RNG".into(), e))?;
+    }
+    sys::set_realtime(req.unix_time_ns).map_err(|e| io_error("setting the clock".into(), e))?;
+    if !req.hostname.is_empty() {
+        sys::set_hostname(&req.hostname).map_err(|e| io_error(format!("setting hostname {:?}", req.hostname), e))?;
+    }
+    state.base_env.lock().unwrap_or_else(|p| p.into_inner()).extend(req.env);
+    Ok((Response::Identity, Vec::new()))
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use datasets::harbor::{TESTS, VERIFIER_LOGS};
 use datasets::{HarborTask, Task};
 use serde::{Deserialize, Serialize};
-use vmm::{ExecOptions, Machine};
+use vmm::{ExecOptions, ExecOutput, Machine};
 
 use crate::{Details, TestOutcome, Trust, TrustLevel, Verdict};
 
@@ -119,24 +119,90 @@ async fn verify_with(
 ) -> Verdict {
     let trust = run.mode.trust();
     let failed = |reason: String| crate::orchestrate::agent_failure(reason, trust);
+    if let Err(reason) = place_verifier_tests(machine, task).await {
+        return failed(reason);
+    }
+    let out = match run_test_sh(machine, harbor, run, attempts).await {
+        Ok(out) => out,
+        Err(reason) => return failed(reason),
+    };
+    // Everything test.sh started, and every process the agent left, is gone before the
+    // reward is read: nothing rewrites it between the reading and the verdict.
+    let swept = match machine.agent().sweep(Vec::new()).await {
+        Ok((n, true)) => n,
+        Ok((_, false)) => return failed("processes survived every attempt to kill them after test.sh ended".into()),
+        Err(e) => return failed(format!("killing the processes left after test.sh: {e}")),
+    };
+    let tail = |b: &[u8]| {
+        let text = String::from_utf8_lossy(b);
+        let chars: Vec<char> = text.chars().collect();
+        chars[chars.len().saturating_sub(2000)..].iter().collect::<String>()
+    };
+    let mut outcome = TestOutcome {
+        exit_code: out.result.exit_code,
+        signal: out.result.signal,
+        timed_out: out.result.timed_out,
+        junit: None,
+        reward_file: None,
+        swept,
+        harness: Vec::new(),
+        junit_unread: None,
+        stdout_tail: tail(&out.stdout),
+        stderr_tail: tail(&out.stderr),
+    };
+    let zero = |outcome: TestOutcome, basis: String, timed_out: bool| Verdict {
+        reward: 0.0,
+        passed: false,
+        timed_out,
+        trust,
+        details: Details {
+            tests: Some(outcome),
+            ..Details::basis(basis)
+        },
+    };
+    if out.result.timed_out {
+        let basis = format!("test.sh ran past its {} s limit", harbor.verifier_timeout_secs);
+        return zero(outcome, basis, true);
+    }
+    let reward = match read_reward(machine).await {
+        Ok(reward) => reward,
+        Err(reason) => return zero(outcome, reason.to_string(), false),
+    };
+    outcome.reward_file = Some(reward.value);
+    let basis = format!("{} (test.sh exited with {})", reward.basis, out.shell_exit_code());
+    let details = Details {
+        tests: Some(outcome),
+        harbor_rewards: reward.all,
+        ..Details::basis(basis)
+    };
+    Verdict {
+        reward: reward.value,
+        passed: reward.value >= run.pass_threshold,
+        timed_out: false,
+        trust,
+        details,
+    }
+}
+
+/// The tests go in only now; whatever the agent left at /tests or in /logs/verifier goes.
+/// An error is the agent's failure (it had the VM).
+async fn place_verifier_tests(machine: &Machine, task: &Task) -> Result<(), String> {
     let agent = machine.agent();
-    // The tests go in only now; whatever the agent left at /tests or in /logs/verifier goes.
     for path in [TESTS, VERIFIER_LOGS] {
-        if let Err(e) = agent.remove_tree(path).await {
-            return failed(format!("clearing {path} before the verifier: {e}"));
-        }
+        agent
+            .remove_tree(path)
+            .await
+            .map_err(|e| format!("clearing {path} before the verifier: {e}"))?;
     }
     for test in &task.tests {
-        if let Err(e) = agent
+        agent
             .write_file(
                 &format!("{TESTS}/{}", test.path),
                 test.contents.clone(),
                 test.mode | 0o400,
             )
             .await
-        {
-            return failed(format!("placing the tests: {e}"));
-        }
+            .map_err(|e| format!("placing the tests: {e}"))?;
     }
     let prepare = ExecOptions::argv(&[
         "sh",
@@ -144,15 +210,23 @@ async fn verify_with(
         &format!("mkdir -p {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS} && chmod +x {TESTS}/test.sh"),
     ]);
     match agent.exec(prepare).await {
-        Ok(out) if out.result.exit_code == Some(0) => {}
-        Ok(out) => {
-            return failed(format!(
-                "making {VERIFIER_LOGS}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-        Err(e) => return failed(format!("making {VERIFIER_LOGS}: {e}")),
+        Ok(out) if out.result.exit_code == Some(0) => Ok(()),
+        Ok(out) => Err(format!(
+            "making {VERIFIER_LOGS}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("making {VERIFIER_LOGS}: {e}")),
     }
+}
+
+/// Runs test.sh with the verifier's environment and network; an error (the VM broke under
+/// it) is the agent's failure.
+async fn run_test_sh(
+    machine: &Machine,
+    harbor: &HarborTask,
+    run: &VerifyRun<'_>,
+    attempts: &std::sync::Arc<std::sync::Mutex<Vec<egress::Attempt>>>,
+) -> Result<ExecOutput, String> {
     let mut env: Vec<(String, String)> = run.env.to_vec();
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     // The verifier's network is exactly its own: none when `[harbor.verifier_network]` is
@@ -179,84 +253,14 @@ async fn verify_with(
         stderr_cap: 64 << 10,
         ..ExecOptions::argv(&["bash", "-c", &format!("{TESTS}/test.sh")])
     };
-    let out = agent.exec(options).await;
+    let out = machine.agent().exec(options).await;
     machine.set_network(egress::Policy::default());
-    let out = match out {
-        Ok(out) => out,
-        Err(e) => {
-            return failed(format!(
-                "the VM broke while test.sh ran: {}",
-                machine.limit_violation().unwrap_or_else(|| e.to_string())
-            ))
-        }
-    };
-    // Everything test.sh started, and every process the agent left, is gone before the
-    // reward is read: nothing rewrites it between the reading and the verdict.
-    let swept = match agent.sweep(Vec::new()).await {
-        Ok((n, true)) => n,
-        Ok((_, false)) => return failed("processes survived every attempt to kill them after test.sh ended".into()),
-        Err(e) => return failed(format!("killing the processes left after test.sh: {e}")),
-    };
-    let tail = |b: &[u8]| {
-        let text = String::from_utf8_lossy(b);
-        let chars: Vec<char> = text.chars().collect();
-        chars[chars.len().saturating_sub(2000)..].iter().collect::<String>()
-    };
-    let mut outcome = TestOutcome {
-        exit_code: out.result.exit_code,
-        signal: out.result.signal,
-        timed_out: out.result.timed_out,
-        junit: None,
-        reward_file: None,
-        swept,
-        harness: Vec::new(),
-        junit_unread: None,
-        stdout_tail: tail(&out.stdout),
-        stderr_tail: tail(&out.stderr),
-    };
-    if out.result.timed_out {
-        let details = Details {
-            tests: Some(outcome),
-            ..Details::basis(format!("test.sh ran past its {} s limit", harbor.verifier_timeout_secs))
-        };
-        return Verdict {
-            reward: 0.0,
-            passed: false,
-            timed_out: true,
-            trust,
-            details,
-        };
-    }
-    let reward = match read_reward(machine).await {
-        Ok(reward) => reward,
-        Err(reason) => {
-            let details = Details {
-                tests: Some(outcome),
-                ..Details::basis(reason.to_string())
-            };
-            return Verdict {
-                reward: 0.0,
-                passed: false,
-                timed_out: false,
-                trust,
-                details,
-            };
-        }
-    };
-    outcome.reward_file = Some(reward.value);
-    let basis = format!("{} (test.sh exited with {})", reward.basis, out.shell_exit_code());
-    let details = Details {
-        tests: Some(outcome),
-        harbor_rewards: reward.all,
-        ..Details::basis(basis)
-    };
-    Verdict {
-        reward: reward.value,
-        passed: reward.value >= run.pass_threshold,
-        timed_out: false,
-        trust,
-        details,
-    }
+    out.map_err(|e| {
+        format!(
+            "the VM broke while test.sh ran: {}",
+            machine.limit_violation().unwrap_or_else(|| e.to_string())
+        )
+    })
 }
 
 /// Harbor's logs and artifacts of a rollout, as collected from its VM after verification:

@@ -12,7 +12,7 @@ use std::time::Duration;
 use datasets::{Harness, Task, TestUser, HARNESS_DIR, TESTS_DIR, WORKSPACE};
 use farm_protocol::{Program, RunTestsRequest, CANDIDATE_UID, CHECKER_UID};
 use serde::{Deserialize, Serialize};
-use vmm::{AgentClient, AgentError, FilePlacement};
+use vmm::{AgentClient, AgentError, FilePlacement, TestsOutput};
 
 use crate::{Artifacts, Details, TrustLevel, Verdict};
 
@@ -177,21 +177,38 @@ pub async fn run_tests(
     artifacts: &Artifacts,
     options: &TestRunOptions,
 ) -> Result<TestOutcome, ScoringError> {
-    // From the first byte of the agent's files on, whatever goes wrong is the agent's: its
-    // bytes are in the VM (a placement that fills the disk, a VM killed past its disk limit
-    // by them). The scoring VM has room for the whole artifact budget on top of the task's
-    // limit, so honest work never meets that.
-    let placing = |e: AgentError| match e {
-        AgentError::Refused { message, .. } => {
-            ScoringError::Agent(format!("the agent's files could not be placed: {message}"))
-        }
+    let reward_path = reward_file_path();
+    place_tests(agent, task, &reward_path, options).await?;
+    place_artifacts(agent, artifacts).await?;
+    let (request, stdin) = tests_request(task, &reward_path, options);
+    let final_state = options.final_state;
+    let outcome = agent.run_tests(request, stdin).await.map_err(|e| match e {
+        // Refused before the command ran (the tests folder, the program missing): the
+        // farm's or the task's problem in a pristine VM.
+        AgentError::Refused { .. } if !final_state => ScoringError::Environment(e),
+        // From here on the agent's code runs: whatever breaks is on the agent.
         other => ScoringError::Agent(format!(
-            "the scoring VM broke while the agent's files were placed: {other}"
+            "the scoring VM broke while the tests ran the agent's code: {other}"
         )),
-    };
-    // The tests and empty verdict files go in first, while the VM is the farm's alone: once
-    // the agent's files are placed (they might use up the disk's inodes or space), nothing
-    // the farm does may need room it no longer has. The agent's code runs only later.
+    })?;
+    if !outcome.result.sweep_complete {
+        return Err(ScoringError::Agent(format!(
+            "processes of the agent's code survived {} kill rounds after the tests ended",
+            outcome.result.swept
+        )));
+    }
+    Ok(TestOutcome::read(task, &outcome))
+}
+
+/// The tests and empty verdict files go in first, while the VM is the farm's alone: once
+/// the agent's files are placed (they might use up the disk's inodes or space), nothing the
+/// farm does may need room it no longer has. The agent's code runs only later.
+async fn place_tests(
+    agent: &AgentClient,
+    task: &Task,
+    reward_path: &str,
+    options: &TestRunOptions,
+) -> Result<(), ScoringError> {
     let setup = |e: AgentError| {
         if options.final_state {
             ScoringError::Agent(format!("the rollout's VM could not take the tests: {e}"))
@@ -215,10 +232,28 @@ pub async fn run_tests(
             .await
             .map_err(setup)?;
     }
-    let reward_path = reward_file_path();
-    for path in [reward_path.as_str(), JUNIT_FILE, &format!("{TESTS_DIR}/.tmp/.keep")] {
+    for path in [reward_path, JUNIT_FILE, &format!("{TESTS_DIR}/.tmp/.keep")] {
         agent.write_file(path, Vec::new(), 0o600).await.map_err(setup)?;
     }
+    Ok(())
+}
+
+/// Places the agent's files in the workspace (and removes what it deleted), then hands the
+/// workspace to the candidate, whose code may write there when the tests run it.
+///
+/// From the first byte of the agent's files on, whatever goes wrong is the agent's: its
+/// bytes are in the VM (a placement that fills the disk, a VM killed past its disk limit by
+/// them). The scoring VM has room for the whole artifact budget on top of the task's limit,
+/// so honest work never meets that.
+async fn place_artifacts(agent: &AgentClient, artifacts: &Artifacts) -> Result<(), ScoringError> {
+    let placing = |e: AgentError| match e {
+        AgentError::Refused { message, .. } => {
+            ScoringError::Agent(format!("the agent's files could not be placed: {message}"))
+        }
+        other => ScoringError::Agent(format!(
+            "the scoring VM broke while the agent's files were placed: {other}"
+        )),
+    };
     let candidate = format!("{CANDIDATE_UID}:{CANDIDATE_UID}");
     for path in &artifacts.deleted {
         agent.remove_file(path, Some(WORKSPACE)).await.map_err(placing)?;
@@ -233,59 +268,48 @@ pub async fn run_tests(
             .await
             .map_err(placing)?;
     }
-    // The workspace is the agent's work: its code may write there when the tests run it.
     agent.handover(WORKSPACE, &candidate).await.map_err(placing)?;
-    let (request, stdin) = tests_request(task, &reward_path, options);
-    let final_state = options.final_state;
-    let outcome = agent.run_tests(request, stdin).await.map_err(|e| match e {
-        // Refused before the command ran (the tests folder, the program missing): the
-        // farm's or the task's problem in a pristine VM.
-        AgentError::Refused { .. } if !final_state => ScoringError::Environment(e),
-        // From here on the agent's code runs: whatever breaks is on the agent.
-        other => ScoringError::Agent(format!(
-            "the scoring VM broke while the tests ran the agent's code: {other}"
-        )),
-    })?;
-    if !outcome.result.sweep_complete {
-        return Err(ScoringError::Agent(format!(
-            "processes of the agent's code survived {} kill rounds after the tests ended",
-            outcome.result.swept
-        )));
+    Ok(())
+}
+
+impl TestOutcome {
+    /// What the tests' run says, as scoring reads it.
+    fn read(task: &Task, outcome: &TestsOutput) -> TestOutcome {
+        // The harness reports on its standard output, which the candidate's process does
+        // not hold. (Only the harness's: a test command's output may be the agent's.)
+        let harness = match task.harness {
+            Some(_) => HarnessReport::parse_all(&String::from_utf8_lossy(&outcome.stdout)),
+            None => Vec::new(),
+        };
+        let result = &outcome.result;
+        let junit_unread = (result.junit_file_bytes > farm_protocol::MAX_JUNIT_BYTES).then(|| {
+            format!(
+                "the JUnit report is {} bytes, over the {} bytes farm reads; it was not read",
+                result.junit_file_bytes,
+                farm_protocol::MAX_JUNIT_BYTES
+            )
+        });
+        let junit = harness
+            .iter()
+            .find_map(HarnessReport::counts)
+            .or_else(|| parse_junit(&String::from_utf8_lossy(&outcome.junit)));
+        TestOutcome {
+            exit_code: result.exec.exit_code,
+            signal: result.exec.signal,
+            timed_out: result.exec.timed_out,
+            junit,
+            reward_file: result
+                .reward
+                .as_deref()
+                .and_then(|r| r.trim().parse::<f64>().ok())
+                .filter(|r| r.is_finite()),
+            swept: result.swept,
+            harness,
+            junit_unread,
+            stdout_tail: tail(&outcome.stdout, 2000),
+            stderr_tail: tail(&outcome.stderr, 2000),
+        }
     }
-    // The harness reports on its standard output, which the candidate's process does not hold.
-    // (Only the harness's: a test command's output may be the agent's.)
-    let harness = match task.harness {
-        Some(_) => HarnessReport::parse_all(&String::from_utf8_lossy(&outcome.stdout)),
-        None => Vec::new(),
-    };
-    let result = &outcome.result;
-    let junit_unread = (result.junit_file_bytes > farm_protocol::MAX_JUNIT_BYTES).then(|| {
-        format!(
-            "the JUnit report is {} bytes, over the {} bytes farm reads; it was not read",
-            result.junit_file_bytes,
-            farm_protocol::MAX_JUNIT_BYTES
-        )
-    });
-    let junit = harness
-        .iter()
-        .find_map(HarnessReport::counts)
-        .or_else(|| parse_junit(&String::from_utf8_lossy(&outcome.junit)));
-    Ok(TestOutcome {
-        exit_code: result.exec.exit_code,
-        signal: result.exec.signal,
-        timed_out: result.exec.timed_out,
-        junit,
-        reward_file: result
-            .reward
-            .as_deref()
-            .and_then(|r| r.trim().parse::<f64>().ok())
-            .filter(|r| r.is_finite()),
-        swept: result.swept,
-        harness,
-        junit_unread,
-        stdout_tail: tail(&outcome.stdout, 2000),
-        stderr_tail: tail(&outcome.stderr, 2000),
-    })
 }
 
 /// The agent request that runs a task's tests, and the standard input to give them.

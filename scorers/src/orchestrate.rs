@@ -84,58 +84,12 @@ where
                 drop(rollout_fork);
                 fresh_fork(seed).await.map_err(|e| ScoreError::Fork(e.to_string()))?
             }
-            ScoringMode::FinalState => {
-                let Some(rollout_fork) = rollout_fork else {
-                    return Err(ScoreError::NoRolloutVm);
-                };
-                // Every process the agent left is killed by the guest agent itself (no shell
-                // or binary of the rollout's takes part), then the tests folder it may have
-                // planted files in is removed, then the tests go into the same VM. The agent
-                // had this VM (as root, by default): whatever keeps it from taking the tests
-                // is the agent's doing, never an environment error it could hide behind.
-                let agent = rollout_fork.agent();
-                let cleared = match agent.sweep(Vec::new()).await {
-                    Ok((_, true)) => agent
-                        .remove_tree(datasets::TESTS_DIR)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| format!("clearing the tests folder: {e}")),
-                    Ok((_, false)) => Err("processes the rollout left survived every attempt to kill them".to_string()),
-                    Err(e) => Err(format!("killing the rollout's processes: {e}")),
-                };
-                if let Err(reason) = cleared {
-                    let trust = TrustLevel::of_tests(task, plan.mode);
-                    return Ok(agent_failure(
-                        format!("the rollout's VM could not be made ready for its tests: {reason}"),
-                        trust,
-                    ));
-                }
-                rollout_fork
-            }
+            ScoringMode::FinalState => match clear_for_tests(plan, task, rollout_fork).await? {
+                Ok(fork) => fork,
+                Err(failed) => return Ok(failed),
+            },
         };
-        let scored_artifacts = if plan.mode == ScoringMode::FinalState {
-            Artifacts::default()
-        } else {
-            artifacts.clone()
-        };
-        let options = crate::hidden::TestRunOptions {
-            timeout: plan.timeout,
-            call_timeout: plan.call_timeout,
-            final_state: plan.mode == ScoringMode::FinalState,
-            seed,
-        };
-        let trust = TrustLevel::of_tests(task, plan.mode);
-        match crate::run_tests(scoring_fork.agent(), task, &scored_artifacts, &options).await {
-            Ok(result) => crate::hidden::decide(result, plan.pass_threshold, task.require_reward_file, trust),
-            Err(ScoringError::Environment(e)) => return Err(ScoreError::ScoringVm(scoring_fork.explain(&e))),
-            Err(ScoringError::Agent(reason)) => {
-                let reason = match scoring_fork.machine.limit_violation() {
-                    Some(limit) => format!("{reason} ({limit})"),
-                    None => reason,
-                };
-                agent_failure(reason, trust)
-            }
-        }
+        tests_verdict(plan, task, &scoring_fork, artifacts, seed).await?
     } else if let Some(expected) = &task.expected_answer {
         drop(rollout_fork);
         crate::answer::score_answer(expected, artifacts.answer.as_deref(), &task.answer_match)
@@ -157,6 +111,76 @@ where
         verdict = external_verdict(plan, task, artifacts, verdict).await?;
     }
     Ok(verdict)
+}
+
+/// The rollout's own VM made ready for its tests (final-state scoring), or the agent's
+/// failure when it could not be.
+///
+/// Every process the agent left is killed by the guest agent itself (no shell or binary of
+/// the rollout's takes part), then the tests folder it may have planted files in is removed,
+/// then the tests go into the same VM. The agent had this VM (as root, by default): whatever
+/// keeps it from taking the tests is the agent's doing, never an environment error it could
+/// hide behind.
+async fn clear_for_tests(
+    plan: &Plan,
+    task: &Task,
+    rollout_fork: Option<Fork>,
+) -> Result<Result<Fork, Verdict>, ScoreError> {
+    let Some(rollout_fork) = rollout_fork else {
+        return Err(ScoreError::NoRolloutVm);
+    };
+    let agent = rollout_fork.agent();
+    let cleared = match agent.sweep(Vec::new()).await {
+        Ok((_, true)) => agent
+            .remove_tree(datasets::TESTS_DIR)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("clearing the tests folder: {e}")),
+        Ok((_, false)) => Err("processes the rollout left survived every attempt to kill them".to_string()),
+        Err(e) => Err(format!("killing the rollout's processes: {e}")),
+    };
+    match cleared {
+        Ok(()) => Ok(Ok(rollout_fork)),
+        Err(reason) => Ok(Err(agent_failure(
+            format!("the rollout's VM could not be made ready for its tests: {reason}"),
+            TrustLevel::of_tests(task, plan.mode),
+        ))),
+    }
+}
+
+/// The verdict of the task's tests run in `scoring_fork`.
+async fn tests_verdict(
+    plan: &Plan,
+    task: &Task,
+    scoring_fork: &Fork,
+    artifacts: &Artifacts,
+    seed: u64,
+) -> Result<Verdict, ScoreError> {
+    let scored_artifacts = if plan.mode == ScoringMode::FinalState {
+        Artifacts::default()
+    } else {
+        artifacts.clone()
+    };
+    let options = crate::hidden::TestRunOptions {
+        timeout: plan.timeout,
+        call_timeout: plan.call_timeout,
+        final_state: plan.mode == ScoringMode::FinalState,
+        seed,
+    };
+    let trust = TrustLevel::of_tests(task, plan.mode);
+    Ok(
+        match crate::run_tests(scoring_fork.agent(), task, &scored_artifacts, &options).await {
+            Ok(result) => crate::hidden::decide(result, plan.pass_threshold, task.require_reward_file, trust),
+            Err(ScoringError::Environment(e)) => return Err(ScoreError::ScoringVm(scoring_fork.explain(&e))),
+            Err(ScoringError::Agent(reason)) => {
+                let reason = match scoring_fork.machine.limit_violation() {
+                    Some(limit) => format!("{reason} ({limit})"),
+                    None => reason,
+                };
+                agent_failure(reason, trust)
+            }
+        },
+    )
 }
 
 /// The external scorer's verdict over the rollout and the tests' outcome. Its failures on

@@ -55,7 +55,7 @@ pub struct Session {
 
 impl Session {
     /// What a restart needs to know of it.
-    fn admitted(&self) -> Admitted {
+    pub(super) fn admitted(&self) -> Admitted {
         let served = self.run.served();
         Admitted {
             rollout_id: served.rollout_id.clone(),

@@ -26,9 +26,9 @@ use engine::Served;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::entries::Session;
 use super::requests::Record;
 use super::service::{ApiError, ApiResult, Service};
-use super::sessions::Session;
 
 /// `session.json`.
 #[derive(Debug, Serialize, Deserialize)]

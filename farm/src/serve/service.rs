@@ -21,13 +21,12 @@ use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
 use engine::row::{Row, Status};
 use engine::sessions::SessionBook;
 use engine::{Engine, Planned, TaskSnapshot, TaskSnapshots};
-use serde::Serialize;
 use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
 
+use super::entries::{Entry, Phase, Session};
 pub use super::error::{ApiError, ApiResult};
 use super::requests::{read_records, Record};
-use super::entries::{Entry, Phase, Session};
 use super::ServeSection;
 
 /// One suite the service serves.
@@ -37,7 +36,6 @@ pub(super) struct SuiteState {
     pub tasks: HashMap<String, Arc<Task>>,
     pub snapshots: TaskSnapshots,
 }
-
 
 #[derive(Default)]
 pub(super) struct Inner {

@@ -15,9 +15,9 @@ use engine::session::{Acted, SessionBranchError};
 use engine::{rollout_seed, Served};
 use serde_json::json;
 
-use super::requests::{ItemRequest, Record};
-use super::requests::metadata_text;
 use super::entries::{Entry, Phase, Session};
+use super::requests::metadata_text;
+use super::requests::{ItemRequest, Record};
 use super::service::{ApiError, ApiResult, Service};
 
 /// A session slot taken by [`Service::take_session_slot`]; given back when dropped unless
