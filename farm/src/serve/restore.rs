@@ -8,8 +8,8 @@ use anyhow::Result;
 use engine::row::{now_ms, Row};
 use engine::End;
 
-use super::requests::{Admitted, Record};
 use super::entries::{Entry, Phase};
+use super::requests::{Admitted, Record};
 use super::service::Service;
 
 /// What became of admitted work that has no row.

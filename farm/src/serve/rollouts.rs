@@ -9,8 +9,8 @@ use engine::config::PolicyOrigin;
 use engine::{rollout_seed, End, Planned, Policy, Served, TaskSnapshot};
 use serde_json::json;
 
-use super::requests::{Admitted, Record, SubmitRequest};
 use super::entries::{Entry, Phase};
+use super::requests::{Admitted, Record, SubmitRequest};
 use super::service::{suite_of, ApiError, ApiResult, Service};
 
 /// Bytes of rows one `/v1/results` answer carries at most (at least one row).
