@@ -81,28 +81,11 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         Err(e) => return Err(invalid(format!("task.toml: {e}"))),
     };
     let mut budget = MAX_TASK_BYTES;
-    let files = read_tree(&dir.join("files"), &mut budget).map_err(|e| invalid(format!("files/: {e}")))?;
-    let tests = read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
+    let mut files = read_tree(&dir.join("files"), &mut budget).map_err(|e| invalid(format!("files/: {e}")))?;
+    let mut tests = read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
     let solution_files =
         read_tree(&dir.join("solution"), &mut budget).map_err(|e| invalid(format!("solution/: {e}")))?;
-    let setup = match std::fs::read_to_string(dir.join("setup.sh")) {
-        Ok(_) => vec![format!(
-            "sh {}/.farm-setup.sh && rm -f {}/.farm-setup.sh",
-            crate::WORKSPACE,
-            crate::WORKSPACE
-        )],
-        Err(_) => Vec::new(),
-    };
-    let mut files = files;
-    if !setup.is_empty() {
-        let script = std::fs::read(dir.join("setup.sh")).map_err(|e| invalid(format!("setup.sh: {e}")))?;
-        files.push(TaskFile {
-            path: ".farm-setup.sh".into(),
-            contents: script,
-            mode: 0o755,
-        });
-    }
-    let mut tests = tests;
+    let setup = setup_script(dir, &mut files).map_err(|e| invalid(format!("setup.sh: {e}")))?;
     let (harness, test_user) = match config.unit_tests {
         Some(_) if config.test_command.is_some() => {
             return Err(invalid(
@@ -130,30 +113,7 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
             ))
         }
     };
-    let solution = if solution_files.is_empty() {
-        None
-    } else {
-        let answer = solution_files
-            .iter()
-            .find(|f| f.path == "answer.txt")
-            .map(|f| String::from_utf8_lossy(&f.contents).trim().to_string());
-        let has_script = solution_files.iter().any(|f| f.path == "solve.sh");
-        Some(Solution {
-            files: solution_files
-                .into_iter()
-                .map(|f| TaskFile {
-                    path: format!("{SOLUTION_DIR}/{}", f.path),
-                    ..f
-                })
-                .collect(),
-            commands: if has_script {
-                vec![format!("sh {SOLUTION_DIR}/solve.sh")]
-            } else {
-                Vec::new()
-            },
-            answer,
-        })
-    };
+    let solution = reference_solution(solution_files);
     let id = config.id.unwrap_or_else(|| {
         dir.file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -177,6 +137,56 @@ fn load_task_dir(dir: &Path) -> Result<Task, DatasetError> {
         require_reward_file: config.require_reward_file,
         metadata,
         harbor: None,
+    })
+}
+
+/// The setup commands: when the folder has a setup.sh, it goes into the workspace with the
+/// files (pushed onto `files`), and the one command runs it and removes it.
+fn setup_script(dir: &Path, files: &mut Vec<TaskFile>) -> std::io::Result<Vec<String>> {
+    let setup = match std::fs::read_to_string(dir.join("setup.sh")) {
+        Ok(_) => vec![format!(
+            "sh {}/.farm-setup.sh && rm -f {}/.farm-setup.sh",
+            crate::WORKSPACE,
+            crate::WORKSPACE
+        )],
+        Err(_) => Vec::new(),
+    };
+    if !setup.is_empty() {
+        let script = std::fs::read(dir.join("setup.sh"))?;
+        files.push(TaskFile {
+            path: ".farm-setup.sh".into(),
+            contents: script,
+            mode: 0o755,
+        });
+    }
+    Ok(setup)
+}
+
+/// The reference solution from the files of `solution/` (none when it is empty): they go
+/// under [`SOLUTION_DIR`], solve.sh (if present) is its command, answer.txt its answer.
+fn reference_solution(solution_files: Vec<TaskFile>) -> Option<Solution> {
+    if solution_files.is_empty() {
+        return None;
+    }
+    let answer = solution_files
+        .iter()
+        .find(|f| f.path == "answer.txt")
+        .map(|f| String::from_utf8_lossy(&f.contents).trim().to_string());
+    let has_script = solution_files.iter().any(|f| f.path == "solve.sh");
+    Some(Solution {
+        files: solution_files
+            .into_iter()
+            .map(|f| TaskFile {
+                path: format!("{SOLUTION_DIR}/{}", f.path),
+                ..f
+            })
+            .collect(),
+        commands: if has_script {
+            vec![format!("sh {SOLUTION_DIR}/solve.sh")]
+        } else {
+            Vec::new()
+        },
+        answer,
     })
 }
 

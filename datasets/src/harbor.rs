@@ -294,76 +294,12 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
     let text = std::fs::read_to_string(dir.join("task.toml"))
         .map_err(|e| invalid(format!("task.toml: {e} (every Harbor task needs one)")))?;
     let config: TaskToml = toml::from_str(&text).map_err(|e| invalid(format!("task.toml: {e}")))?;
+    refuse_unsupported(&config).map_err(invalid)?;
     let env_cfg = &config.environment;
-    if env_cfg.gpus.is_some_and(|g| g > 0) {
-        return Err(invalid(format!(
-            "task.toml: [environment] gpus = {}: farm's microVMs have no GPUs; this task cannot run here",
-            env_cfg.gpus.unwrap_or(0)
-        )));
-    }
-    if env_cfg
-        .os
-        .as_deref()
-        .is_some_and(|os| !os.eq_ignore_ascii_case("linux"))
-    {
-        return Err(invalid(format!(
-            "task.toml: [environment] os = {:?}: farm runs Linux guests only",
-            env_cfg.os.as_deref().unwrap_or_default()
-        )));
-    }
-    if config.steps.is_some() {
-        return Err(invalid(
-            "task.toml: [[steps]] (multi-step tasks) are not supported".into(),
-        ));
-    }
-    if config.verifier.environment.is_some() || config.verifier.environment_mode.as_deref() == Some("separate") {
-        return Err(invalid(
-            "task.toml: a separate verifier environment is not supported (farm verifies in the task's own environment)"
-                .into(),
-        ));
-    }
-    let memory_mib = match (env_cfg.memory_mb, &env_cfg.memory) {
-        (Some(mb), _) => Some(mb),
-        (None, Some(text)) => {
-            Some(size_to_mib(text).map_err(|e| invalid(format!("task.toml: [environment] memory: {e}")))? as u32)
-        }
-        (None, None) => None,
-    };
-    let storage_mib = match (env_cfg.storage_mb, &env_cfg.storage) {
-        (Some(mb), _) => Some(mb),
-        (None, Some(text)) => {
-            Some(size_to_mib(text).map_err(|e| invalid(format!("task.toml: [environment] storage: {e}")))?)
-        }
-        (None, None) => None,
-    };
-    let allow_internet = match (env_cfg.network_mode.as_deref(), env_cfg.allow_internet) {
-        (Some("no-network"), _) => false,
-        (Some("public" | "allowlist"), _) => true,
-        (Some(other), _) => {
-            return Err(invalid(format!(
-                "task.toml: [environment] network_mode = {other:?}: expected no-network, public or allowlist"
-            )))
-        }
-        (None, allow) => allow.unwrap_or(true),
-    };
-    let env_dir = dir.join("environment");
-    let dockerfile = if env_dir.join("Dockerfile").is_file() {
-        let dir = std::fs::canonicalize(&env_dir).map_err(|e| invalid(format!("environment/: {e}")))?;
-        Some(Environment::Dockerfile {
-            digest: tree_digest(&dir).map_err(|e| invalid(format!("environment/: {e}")))?,
-            dir,
-        })
-    } else {
-        None
-    };
-    let environment = match (&env_cfg.docker_image, dockerfile) {
-        (Some(reference), dockerfile) => Environment::Image { reference: reference.clone(), dockerfile: dockerfile.map(Box::new) },
-        (None, Some(dockerfile)) => dockerfile,
-        (None, None) if env_dir.join("docker-compose.yaml").is_file() || env_dir.join("docker-compose.yml").is_file() => {
-            return Err(invalid("environment/docker-compose.yaml without a Dockerfile or docker_image: compose environments are not supported".into()))
-        }
-        (None, None) => return Err(invalid("environment/Dockerfile is missing and task.toml sets no [environment] docker_image".into())),
-    };
+    let memory_mib = memory_mib(env_cfg).map_err(invalid)?;
+    let storage_mib = storage_mib(env_cfg).map_err(invalid)?;
+    let allow_internet = allow_internet(env_cfg).map_err(invalid)?;
+    let environment = environment_of(dir, env_cfg).map_err(invalid)?;
     let mut budget = MAX_TASK_BYTES;
     let tests =
         crate::folder::read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
@@ -374,17 +310,7 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
         crate::folder::read_tree(&dir.join("solution"), &mut budget).map_err(|e| invalid(format!("solution/: {e}")))?;
     let solution_env =
         resolve_all("solution.env", &config.solution.env).map_err(|e| invalid(format!("task.toml: {e}")))?;
-    let solution = solution_files.iter().any(|f| f.path == "solve.sh").then(|| Solution {
-        files: solution_files
-            .iter()
-            .map(|f| TaskFile {
-                path: format!("{SOLUTION}/{}", f.path),
-                ..f.clone()
-            })
-            .collect(),
-        commands: vec![oracle_command(&solution_env)],
-        answer: None,
-    });
+    let solution = oracle_solution(&solution_files, &solution_env);
     let harbor = HarborTask {
         environment,
         workdir: env_cfg.workdir.clone(),
@@ -402,15 +328,7 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
             .map_err(|e| invalid(format!("task.toml: {e}")))?,
         verifier_user: user_of(&config.verifier.user),
         solution_env,
-        artifacts: config
-            .artifacts
-            .iter()
-            .filter_map(|a| {
-                a.as_str()
-                    .map(str::to_string)
-                    .or_else(|| a.get("source").and_then(|s| s.as_str()).map(str::to_string))
-            })
-            .collect(),
+        artifacts: artifact_paths(&config.artifacts),
     };
     let id = config.task.as_ref().and_then(|t| t.name.clone()).unwrap_or_else(|| {
         dir.file_name()
@@ -435,6 +353,122 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
         metadata: metadata(&config),
         harbor: Some(Box::new(harbor)),
     })
+}
+
+/// Refuses, with the reason, what a task asks of its environment that farm cannot honour:
+/// GPUs, an OS other than Linux, several steps, a verifier environment of its own.
+fn refuse_unsupported(config: &TaskToml) -> Result<(), String> {
+    let env_cfg = &config.environment;
+    if env_cfg.gpus.is_some_and(|g| g > 0) {
+        return Err(format!(
+            "task.toml: [environment] gpus = {}: farm's microVMs have no GPUs; this task cannot run here",
+            env_cfg.gpus.unwrap_or(0)
+        ));
+    }
+    if env_cfg
+        .os
+        .as_deref()
+        .is_some_and(|os| !os.eq_ignore_ascii_case("linux"))
+    {
+        return Err(format!(
+            "task.toml: [environment] os = {:?}: farm runs Linux guests only",
+            env_cfg.os.as_deref().unwrap_or_default()
+        ));
+    }
+    if config.steps.is_some() {
+        return Err("task.toml: [[steps]] (multi-step tasks) are not supported".into());
+    }
+    if config.verifier.environment.is_some() || config.verifier.environment_mode.as_deref() == Some("separate") {
+        return Err(
+            "task.toml: a separate verifier environment is not supported (farm verifies in the task's own environment)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `[environment] memory_mb`, else `memory` as a size.
+fn memory_mib(env_cfg: &EnvironmentToml) -> Result<Option<u32>, String> {
+    Ok(match (env_cfg.memory_mb, &env_cfg.memory) {
+        (Some(mb), _) => Some(mb),
+        (None, Some(text)) => {
+            Some(size_to_mib(text).map_err(|e| format!("task.toml: [environment] memory: {e}"))? as u32)
+        }
+        (None, None) => None,
+    })
+}
+
+/// `[environment] storage_mb`, else `storage` as a size.
+fn storage_mib(env_cfg: &EnvironmentToml) -> Result<Option<u64>, String> {
+    Ok(match (env_cfg.storage_mb, &env_cfg.storage) {
+        (Some(mb), _) => Some(mb),
+        (None, Some(text)) => Some(size_to_mib(text).map_err(|e| format!("task.toml: [environment] storage: {e}"))?),
+        (None, None) => None,
+    })
+}
+
+/// Whether the task may reach the network: `network_mode` when it is set, else
+/// `allow_internet` (true by default).
+fn allow_internet(env_cfg: &EnvironmentToml) -> Result<bool, String> {
+    match (env_cfg.network_mode.as_deref(), env_cfg.allow_internet) {
+        (Some("no-network"), _) => Ok(false),
+        (Some("public" | "allowlist"), _) => Ok(true),
+        (Some(other), _) => Err(format!(
+            "task.toml: [environment] network_mode = {other:?}: expected no-network, public or allowlist"
+        )),
+        (None, allow) => Ok(allow.unwrap_or(true)),
+    }
+}
+
+/// Where the task's environment comes from: `docker_image` (with the Dockerfile, if any, to
+/// fall back on), else `environment/Dockerfile`; a compose file alone is refused.
+fn environment_of(dir: &Path, env_cfg: &EnvironmentToml) -> Result<Environment, String> {
+    let env_dir = dir.join("environment");
+    let dockerfile = if env_dir.join("Dockerfile").is_file() {
+        let dir = std::fs::canonicalize(&env_dir).map_err(|e| format!("environment/: {e}"))?;
+        Some(Environment::Dockerfile {
+            digest: tree_digest(&dir).map_err(|e| format!("environment/: {e}"))?,
+            dir,
+        })
+    } else {
+        None
+    };
+    match (&env_cfg.docker_image, dockerfile) {
+        (Some(reference), dockerfile) => Ok(Environment::Image { reference: reference.clone(), dockerfile: dockerfile.map(Box::new) }),
+        (None, Some(dockerfile)) => Ok(dockerfile),
+        (None, None) if env_dir.join("docker-compose.yaml").is_file() || env_dir.join("docker-compose.yml").is_file() => {
+            Err("environment/docker-compose.yaml without a Dockerfile or docker_image: compose environments are not supported".into())
+        }
+        (None, None) => Err("environment/Dockerfile is missing and task.toml sets no [environment] docker_image".into()),
+    }
+}
+
+/// The oracle, when `solution/` has a solve.sh: its files uploaded to [`SOLUTION`], run as
+/// Harbor runs it ([`oracle_command`]).
+fn oracle_solution(solution_files: &[TaskFile], solution_env: &BTreeMap<String, String>) -> Option<Solution> {
+    solution_files.iter().any(|f| f.path == "solve.sh").then(|| Solution {
+        files: solution_files
+            .iter()
+            .map(|f| TaskFile {
+                path: format!("{SOLUTION}/{}", f.path),
+                ..f.clone()
+            })
+            .collect(),
+        commands: vec![oracle_command(solution_env)],
+        answer: None,
+    })
+}
+
+/// `artifacts`: each a path, or a table with its `source`.
+fn artifact_paths(artifacts: &[toml::Value]) -> Vec<String> {
+    artifacts
+        .iter()
+        .filter_map(|a| {
+            a.as_str()
+                .map(str::to_string)
+                .or_else(|| a.get("source").and_then(|s| s.as_str()).map(str::to_string))
+        })
+        .collect()
 }
 
 /// Bytes of the end of solve.sh's output the oracle's step keeps (all of it stays in

@@ -114,41 +114,46 @@ impl<S> FramingGuard<S> {
                     let byte = bytes[0];
                     self.ready.push(byte);
                     bytes = &bytes[1..];
-                    let next = match chunk {
-                        Chunk::Size(line) => {
-                            line.push(byte);
-                            if byte != b'\n' {
-                                (line.len() > 1024).then_some(State::Through)
-                            } else {
-                                let text = String::from_utf8_lossy(line);
-                                let size = text.trim_end().split(';').next().unwrap_or("").trim();
-                                match u64::from_str_radix(size, 16) {
-                                    Ok(0) => Some(State::Chunked(Chunk::Trailer(Vec::new()))),
-                                    Ok(n) => Some(State::Chunked(Chunk::Data(n))),
-                                    Err(_) => Some(State::Through),
-                                }
-                            }
-                        }
-                        Chunk::Data(_) => unreachable!("taken in bulk above"),
-                        Chunk::Crlf(left) => {
-                            *left -= 1;
-                            (*left == 0).then_some(State::Chunked(Chunk::Size(Vec::new())))
-                        }
-                        Chunk::Trailer(line) => {
-                            line.push(byte);
-                            if byte != b'\n' {
-                                (line.len() > 8192).then_some(State::Through)
-                            } else if line.as_slice() == b"\r\n" || line.as_slice() == b"\n" {
-                                Some(State::Head(Vec::new()))
-                            } else {
-                                Some(State::Chunked(Chunk::Trailer(Vec::new())))
-                            }
-                        }
-                    };
-                    if let Some(next) = next {
+                    if let Some(next) = follow_chunk_framing(chunk, byte) {
                         self.state = next;
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Follows one byte of a chunked body's framing (a chunk-size line, a chunk's CRLF, a trailer
+/// line): the state it leads to, or `None` to stay in this one.
+fn follow_chunk_framing(chunk: &mut Chunk, byte: u8) -> Option<State> {
+    match chunk {
+        Chunk::Size(line) => {
+            line.push(byte);
+            if byte != b'\n' {
+                (line.len() > 1024).then_some(State::Through)
+            } else {
+                let text = String::from_utf8_lossy(line);
+                let size = text.trim_end().split(';').next().unwrap_or("").trim();
+                match u64::from_str_radix(size, 16) {
+                    Ok(0) => Some(State::Chunked(Chunk::Trailer(Vec::new()))),
+                    Ok(n) => Some(State::Chunked(Chunk::Data(n))),
+                    Err(_) => Some(State::Through),
+                }
+            }
+        }
+        Chunk::Data(_) => unreachable!("chunk data is taken in bulk by feed"),
+        Chunk::Crlf(left) => {
+            *left -= 1;
+            (*left == 0).then_some(State::Chunked(Chunk::Size(Vec::new())))
+        }
+        Chunk::Trailer(line) => {
+            line.push(byte);
+            if byte != b'\n' {
+                (line.len() > 8192).then_some(State::Through)
+            } else if line.as_slice() == b"\r\n" || line.as_slice() == b"\n" {
+                Some(State::Head(Vec::new()))
+            } else {
+                Some(State::Chunked(Chunk::Trailer(Vec::new())))
             }
         }
     }

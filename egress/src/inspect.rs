@@ -30,7 +30,7 @@ use crate::destination::{resolve, UPSTREAM_TIMEOUT};
 use crate::framing::{FramingGuard, REFUSED_HEADER};
 use crate::policy::{Attempt, Policy, UpstreamFailure, Verdict};
 use crate::relay::pipe;
-use crate::rules::{check_push, receive_pack_commands, Decision};
+use crate::rules::{check_push, receive_pack_commands, Decision, GitPush};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -198,18 +198,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// an intercepted TLS tunnel to `tunnel`.
 async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(String, u16)>) -> Response<Body> {
     let method = request.method().as_str().to_string();
-    let authority = request.uri().authority().map(|a| a.to_string()).or_else(|| {
-        request
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(String::from)
-    });
-    let target_of = |a: &str| match a.rsplit_once(':') {
-        Some((h, p)) => p.parse().ok().map(|p| (h.to_string(), p)),
-        None => Some((a.to_string(), 80)),
-    };
-    let Some((host, port)) = tunnel.cloned().or_else(|| authority.as_deref().and_then(target_of)) else {
+    let Some((host, port)) = destination(&request, tunnel) else {
         return plain(StatusCode::BAD_REQUEST, "a proxy request needs an absolute http:// URL");
     };
     let target = request
@@ -222,34 +211,19 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
         "{method} {scheme}{host}:{port}{}",
         target.split('?').next().unwrap_or("")
     );
-    let refuse = |reason: String| {
-        let response = plain(
-            StatusCode::BAD_REQUEST,
-            &format!("{reason}; the proxy does not forward it"),
-        );
-        policy.report(Attempt::new(&shown, Verdict::Refused { reason }));
-        response
-    };
-    let deny = |reason: String| {
-        let response = plain(
-            StatusCode::FORBIDDEN,
-            &format!("{reason} (request rules: {})", policy.rules.name),
-        );
-        policy.report(Attempt::new(&shown, Verdict::Denied { reason }));
-        response
-    };
+    let answers = Answers { policy, shown };
     if let Some(reason) = request.headers().get(REFUSED_HEADER) {
         // farm's stand-in for a request the framing guard refused (see crate::framing).
         let reason = reason.to_str().unwrap_or("").replace('-', " ");
-        return refuse(format!(
+        return answers.refuse(format!(
             "a request with {reason}: framing a server could read as more than one request"
         ));
     }
     if let Some(why) = ambiguous_framing(request.headers()) {
-        return refuse(format!("{why}: framing a server could read as more than one request"));
+        return answers.refuse(format!("{why}: framing a server could read as more than one request"));
     }
     let (rule, credential, git_push, bodies) = match policy.rules.decide(&method, &host, port, &target) {
-        Decision::Deny(reason) => return deny(reason),
+        Decision::Deny(reason) => return answers.deny(reason),
         Decision::Allow {
             rule,
             credential,
@@ -263,7 +237,7 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
         ),
     };
     if announces_body(request.headers()) && !BODY_METHODS.contains(&method.as_str()) && !bodies {
-        return refuse(format!(
+        return answers.refuse(format!(
             "a {method} with a body (a server that does not read it would take it for another request; \
              a rule with allow_bodies = true allows it)"
         ));
@@ -272,38 +246,125 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
     // The body, as the upstream gets it; for a push, its commands are read and checked first.
     let body: Body = match &git_push {
         None => body.boxed(),
-        Some(push) => {
-            let mut body = body;
-            let mut prefix = Vec::new();
-            let updates = loop {
-                match receive_pack_commands(&prefix) {
-                    Ok(Some((updates, _))) => break updates,
-                    Ok(None) => {}
-                    Err(e) => return deny(format!("push refused: {e}")),
+        Some(push) => match checked_push_body(body, &parts.headers, push, &answers).await {
+            Ok(body) => body,
+            Err(response) => return response,
+        },
+    };
+    if let Err(reason) = head_for_upstream(&mut parts, &target, &host, port, tunnel.is_some()) {
+        return answers.refuse(reason);
+    }
+    if let Some((name, value)) = &credential {
+        let Some((name, value)) = credential_header(name, value) else {
+            return plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the rule's credential is not a valid header",
+            );
+        };
+        parts.headers.insert(name, value);
+    }
+    let detail = format!(
+        "rule {rule} of {}{}",
+        policy.rules.name,
+        if credential.is_some() { ", credential added" } else { "" }
+    );
+    let request = Request::from_parts(parts, body);
+    forward(request, &host, port, tunnel.is_some(), detail, &answers).await
+}
+
+/// Where a request goes: the tunnel's end, else the request's authority (or its `Host`).
+fn destination(request: &Request<Incoming>, tunnel: Option<&(String, u16)>) -> Option<(String, u16)> {
+    let authority = request.uri().authority().map(|a| a.to_string()).or_else(|| {
+        request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(String::from)
+    });
+    let target_of = |a: &str| match a.rsplit_once(':') {
+        Some((h, p)) => p.parse().ok().map(|p| (h.to_string(), p)),
+        None => Some((a.to_string(), 80)),
+    };
+    tunnel.cloned().or_else(|| authority.as_deref().and_then(target_of))
+}
+
+/// How one guest request is answered, each answer logged as an attempt on `shown` (the
+/// request as the log names it).
+struct Answers<'a> {
+    policy: &'a Policy,
+    shown: String,
+}
+
+impl Answers<'_> {
+    /// 400: framing or a form the proxy never forwards, whatever the rules.
+    fn refuse(&self, reason: String) -> Response<Body> {
+        let response = plain(
+            StatusCode::BAD_REQUEST,
+            &format!("{reason}; the proxy does not forward it"),
+        );
+        self.policy
+            .report(Attempt::new(&self.shown, Verdict::Refused { reason }));
+        response
+    }
+
+    /// 403: the request rules do not allow it.
+    fn deny(&self, reason: String) -> Response<Body> {
+        let response = plain(
+            StatusCode::FORBIDDEN,
+            &format!("{reason} (request rules: {})", self.policy.rules.name),
+        );
+        self.policy
+            .report(Attempt::new(&self.shown, Verdict::Denied { reason }));
+        response
+    }
+}
+
+/// A push's body as the upstream gets it: read from the guest up to its ref updates, which
+/// are checked against the push rule before any of it goes on; or the guest's answer.
+async fn checked_push_body(
+    mut body: Incoming,
+    headers: &HeaderMap,
+    push: &GitPush,
+    answers: &Answers<'_>,
+) -> Result<Body, Response<Body>> {
+    let mut prefix = Vec::new();
+    let updates = loop {
+        match receive_pack_commands(&prefix) {
+            Ok(Some((updates, _))) => break updates,
+            Ok(None) => {}
+            Err(e) => return Err(answers.deny(format!("push refused: {e}"))),
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    prefix.extend_from_slice(&data);
                 }
-                match body.frame().await {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            prefix.extend_from_slice(&data);
-                        }
-                    }
-                    Some(Err(_)) | None => {
-                        return refuse("a push that ended before its ref updates".into());
-                    }
-                }
-            };
-            if parts.headers.contains_key(header::CONTENT_ENCODING) {
-                return deny("push refused: an encoded (compressed) push body is not read by the push rule".into());
             }
-            if let Err(e) = check_push(push, &updates) {
-                return deny(format!("push refused: {e}"));
+            Some(Err(_)) | None => {
+                return Err(answers.refuse("a push that ended before its ref updates".into()));
             }
-            let first =
-                futures_util::stream::once(async move { Ok::<_, hyper::Error>(BodyFrame::data(Bytes::from(prefix))) });
-            let rest = http_body_util::BodyStream::new(body);
-            BodyExt::boxed(StreamBody::new(first.chain(rest)))
         }
     };
+    if headers.contains_key(header::CONTENT_ENCODING) {
+        return Err(answers.deny("push refused: an encoded (compressed) push body is not read by the push rule".into()));
+    }
+    if let Err(e) = check_push(push, &updates) {
+        return Err(answers.deny(format!("push refused: {e}")));
+    }
+    let first = futures_util::stream::once(async move { Ok::<_, hyper::Error>(BodyFrame::data(Bytes::from(prefix))) });
+    let rest = http_body_util::BodyStream::new(body);
+    Ok(BodyExt::boxed(StreamBody::new(first.chain(rest))))
+}
+
+/// Makes a checked request's head the one that goes upstream; Err: why a host cannot be a
+/// `Host` header.
+fn head_for_upstream(
+    parts: &mut hyper::http::request::Parts,
+    target: &str,
+    host: &str,
+    port: u16,
+    tls: bool,
+) -> Result<(), String> {
     // Origin form upstream; the framing and the connection are the proxy's own (hyper frames
     // the body again: by the checked Content-Length, else in chunks); one request only.
     parts.uri = target.parse().unwrap_or_else(|_| hyper::Uri::from_static("/"));
@@ -312,46 +373,54 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     // The host the rules checked is the one the server hears of (no other virtual host).
-    let host_header = if (tunnel.is_some() && port == 443) || (tunnel.is_none() && port == 80) {
-        host.clone()
+    let host_header = if (tls && port == 443) || (!tls && port == 80) {
+        host.to_string()
     } else {
         format!("{host}:{port}")
     };
     match HeaderValue::from_str(&host_header) {
         Ok(value) => {
             parts.headers.insert(header::HOST, value);
+            Ok(())
         }
-        Err(_) => return refuse(format!("{host} is not a host name")),
+        Err(_) => Err(format!("{host} is not a host name")),
     }
-    if let Some((name, value)) = &credential {
-        match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
-            (Ok(name), Ok(mut value)) => {
-                value.set_sensitive(true);
-                parts.headers.insert(name, value);
-            }
-            _ => {
-                return plain(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the rule's credential is not a valid header",
-                )
-            }
+}
+
+/// The rule's credential as a header, its value marked sensitive; None when it is not a
+/// valid header.
+fn credential_header(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
+    match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+        (Ok(name), Ok(mut value)) => {
+            value.set_sensitive(true);
+            Some((name, value))
         }
+        _ => None,
     }
-    let detail = format!(
-        "rule {rule} of {}{}",
-        policy.rules.name,
-        if credential.is_some() { ", credential added" } else { "" }
-    );
-    match exchange(Request::from_parts(parts, body), &host, port, tunnel.is_some()).await {
+}
+
+/// Sends an allowed request upstream and answers the guest with what came back (or where it
+/// failed), logged with `detail` (the rule that allowed it).
+async fn forward(
+    request: Request<Body>,
+    host: &str,
+    port: u16,
+    tls: bool,
+    detail: String,
+    answers: &Answers<'_>,
+) -> Response<Body> {
+    match exchange(request, host, port, tls).await {
         Ok(mut response) => {
-            policy.report(Attempt::new(&shown, Verdict::Allowed { detail: Some(detail) }));
+            let verdict = Verdict::Allowed { detail: Some(detail) };
+            answers.policy.report(Attempt::new(&answers.shown, verdict));
             strip_hop_by_hop(response.headers_mut());
             response.map(|b| b.boxed())
         }
         Err((failure, detail)) => {
             let status = StatusCode::from_u16(failure.status()).unwrap_or(StatusCode::BAD_GATEWAY);
             let response = plain(status, &format!("{host}:{port}: {detail}"));
-            policy.report(Attempt::new(&shown, Verdict::UpstreamFailed { failure, detail }));
+            let verdict = Verdict::UpstreamFailed { failure, detail };
+            answers.policy.report(Attempt::new(&answers.shown, verdict));
             response
         }
     }

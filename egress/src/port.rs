@@ -33,15 +33,8 @@ pub fn spawn(
 }
 
 pub(crate) async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
-    let (mut read, mut write) = stream.into_split();
-    let (to_guest, mut outgoing) = mpsc::channel::<Frame>(256);
-    tokio::spawn(async move {
-        while let Some(frame) = outgoing.recv().await {
-            if write.write_all(&frame.encode()).await.is_err() {
-                return;
-            }
-        }
-    });
+    let (mut read, write) = stream.into_split();
+    let to_guest = spawn_writer(write);
     // Per connection: the request head still being read, or the channel to its upstream.
     enum Conn {
         Head(Vec<u8>),
@@ -113,6 +106,19 @@ pub(crate) async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) 
             }
         }
     }
+}
+
+/// The task that writes every frame for the guest, in the order sent on the channel it returns.
+fn spawn_writer(mut write: tokio::net::unix::OwnedWriteHalf) -> mpsc::Sender<Frame> {
+    let (to_guest, mut outgoing) = mpsc::channel::<Frame>(256);
+    tokio::spawn(async move {
+        while let Some(frame) = outgoing.recv().await {
+            if write.write_all(&frame.encode()).await.is_err() {
+                return;
+            }
+        }
+    });
+    to_guest
 }
 
 /// Header lines a request head may have at most (a proxy client sends a handful).
@@ -277,9 +283,25 @@ async fn open(
             .await;
         return None;
     }
+    let upstream = connect_checked(&host, port, &reply).await?;
+    policy.report(Attempt::new(&target, Verdict::Allowed { detail: None }));
+    if tunnel {
+        let established = Frame {
+            conn,
+            kind: Kind::Data,
+            payload: b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec(),
+        };
+        let _ = to_guest.send(established).await;
+    }
+    Some(relay(conn, first, upstream, to_guest))
+}
+
+/// Resolves an allowed host and connects to it, refusing an address of an inspected host;
+/// None when the connection was answered.
+async fn connect_checked(host: &str, port: u16, reply: &Reply<'_>) -> Option<tokio::net::TcpStream> {
     // The addresses checked are the ones connected to: a name cannot resolve once for the
     // check and again, elsewhere, for the connection.
-    let addresses = match tokio::time::timeout(UPSTREAM_TIMEOUT, resolve(&host, port)).await {
+    let addresses = match tokio::time::timeout(UPSTREAM_TIMEOUT, resolve(host, port)).await {
         Ok(Ok(addresses)) => addresses,
         Ok(Err(e)) => {
             reply
@@ -293,38 +315,29 @@ async fn open(
             return None;
         }
     };
-    if let Some(inspected) = policy.rules.inspected_at(&addresses).await {
+    if let Some(inspected) = reply.policy.rules.inspected_at(&addresses).await {
         reply
             .deny(format!(
-                "{target} is an address of {inspected}, which request rules inspect: reach it by that name"
+                "{} is an address of {inspected}, which request rules inspect: reach it by that name",
+                reply.target
             ))
             .await;
         return None;
     }
-    let upstream = match tokio::time::timeout(UPSTREAM_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..])).await {
-        Ok(Ok(s)) => s,
+    match tokio::time::timeout(UPSTREAM_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..])).await {
+        Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
             reply
                 .failed(UpstreamFailure::Connect, format!("connecting failed: {e}"))
                 .await;
-            return None;
+            None
         }
         Err(_) => {
             let detail = format!("connecting took over {} s", UPSTREAM_TIMEOUT.as_secs());
             reply.failed(UpstreamFailure::Timeout, detail).await;
-            return None;
+            None
         }
-    };
-    policy.report(Attempt::new(&target, Verdict::Allowed { detail: None }));
-    if tunnel {
-        let established = Frame {
-            conn,
-            kind: Kind::Data,
-            payload: b"HTTP/1.1 200 Connection established\r\n\r\n".to_vec(),
-        };
-        let _ = to_guest.send(established).await;
     }
-    Some(relay(conn, first, upstream, to_guest))
 }
 
 /// How a connection that goes no further is answered and reported.

@@ -238,24 +238,7 @@ fn convert(
         ));
     }
     let root = work.path().join("root");
-    std::fs::create_dir_all(&root).map_err(io_step("creating the staging root"))?;
-    if let ImageSource::RootfsDir(src) = source {
-        copy_rootfs(src, &root)?;
-    }
-    for (i, layer) in contents.layers.iter().enumerate() {
-        unpack::apply_layer(layer, &root).map_err(|source| ConvertError::ApplyLayer {
-            number: i + 1,
-            name: layer.name.clone(),
-            source,
-        })?;
-        // Checked against its digest as it was applied: into the blob store the registry
-        // path shares, so an image met as an archive and from a registry is kept once.
-        if contents.pulled.is_none() {
-            let (unpack::LayerDigest::Blob(digest) | unpack::LayerDigest::DiffId(digest)) = &layer.digest;
-            registry::keep_blob(cache, digest, &layer.path);
-        }
-    }
-    staging::add_farm(&root, agent)?;
+    stage_root(source, &contents, &root, cache, agent)?;
 
     let staged = cache.join("images").join(format!(".conv-{key}.tmp"));
     let size = write_image(&root, &staged, size_mib)?;
@@ -282,6 +265,36 @@ fn convert(
         },
         contents.pulled,
     ))
+}
+
+/// Builds the image's root filesystem in `root`: a rootfs folder copied, the layers applied in
+/// order, then farm's agent and users added.
+fn stage_root(
+    source: &ImageSource,
+    contents: &ImageContents,
+    root: &Path,
+    cache: &Path,
+    agent: &Artifact,
+) -> Result<(), ConvertError> {
+    std::fs::create_dir_all(root).map_err(io_step("creating the staging root"))?;
+    if let ImageSource::RootfsDir(src) = source {
+        copy_rootfs(src, root)?;
+    }
+    for (i, layer) in contents.layers.iter().enumerate() {
+        unpack::apply_layer(layer, root).map_err(|source| ConvertError::ApplyLayer {
+            number: i + 1,
+            name: layer.name.clone(),
+            source,
+        })?;
+        // Checked against its digest as it was applied: into the blob store the registry
+        // path shares, so an image met as an archive and from a registry is kept once.
+        if contents.pulled.is_none() {
+            let (unpack::LayerDigest::Blob(digest) | unpack::LayerDigest::DiffId(digest)) = &layer.digest;
+            registry::keep_blob(cache, digest, &layer.path);
+        }
+    }
+    staging::add_farm(root, agent)?;
+    Ok(())
 }
 
 /// Reads the source's layers, config and content digest; an archive is unpacked into `work`

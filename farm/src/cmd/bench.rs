@@ -194,112 +194,29 @@ async fn fork(args: ForkArgs) -> Result<i32> {
     let mut settings = VmSettings::detect(args.accel)?;
     settings.tcg_tb_size_mib = (args.tb_size_mib > 0).then_some(args.tb_size_mib);
     let forker = Forker::new(settings.clone())?;
-    let store = SnapshotStore::default_location();
-    let template = TemplateConfig::of_image(&args.image);
-    let quiet = |_: &str| {};
-    let snapshot = build_template(
-        &store,
-        &forker,
-        &template,
-        std::path::Path::new("."),
-        &format!("bench-{}", args.image),
-        &quiet,
-    )
-    .await
-    .context("building the benchmark template")?
-    .snapshot;
+    let snapshot = bench_template(&forker, &args.image).await?;
     say(&format!("template snapshot {}", snapshot.id()));
 
     say("cold boots (baseline)");
     let (cold_ready, cold_first_exec) = cold_boots(&settings, &artifacts, args.cold, progress).await?;
 
-    // Fork without the pool: spawn QEMU, load state, identity, first exec.
     say("forks without the warm pool");
-    let mut no_pool = Vec::new();
     let concurrency = args.concurrency.max(1);
-    for batch in (0..args.n).collect::<Vec<_>>().chunks(concurrency) {
-        let tasks: Vec<_> = batch
-            .iter()
-            .map(|&i| {
-                let forker = forker.clone();
-                let snapshot = snapshot.clone();
-                tokio::spawn(async move {
-                    let t = Instant::now();
-                    let fork = forker.fork(&snapshot, ForkIdentity::new(i as u64)).await?;
-                    exec_true(fork.agent()).await?;
-                    anyhow::Ok(ms(t.elapsed()))
-                })
-            })
-            .collect();
-        for t in tasks {
-            no_pool.push(t.await??);
-        }
-    }
+    let no_pool = forks_without_pool(&forker, &snapshot, args.n, concurrency).await?;
 
+    let pool_size = args.pool.max(concurrency);
     say(&format!(
-        "forks from a warm pool of {} (QEMU waiting for incoming state)",
-        args.pool.max(concurrency)
+        "forks from a warm pool of {pool_size} (QEMU waiting for incoming state)"
     ));
-    let incoming = measure_pool(
-        &forker,
-        &snapshot,
-        PoolMode::Incoming,
-        args.pool.max(concurrency),
-        args.n,
-        concurrency,
-    )
-    .await?;
+    let incoming = measure_pool(&forker, &snapshot, PoolMode::Incoming, pool_size, args.n, concurrency).await?;
     say(&format!(
-        "forks from a warm pool of {} (pre-resumed, identity on take)",
-        args.pool.max(concurrency)
+        "forks from a warm pool of {pool_size} (pre-resumed, identity on take)"
     ));
-    let resumed = measure_pool(
-        &forker,
-        &snapshot,
-        PoolMode::Resumed,
-        args.pool.max(concurrency),
-        args.n,
-        concurrency,
-    )
-    .await?;
+    let resumed = measure_pool(&forker, &snapshot, PoolMode::Resumed, pool_size, args.n, concurrency).await?;
     let (warm, second_exec, dirty) = (incoming.first_exec, incoming.second_exec, incoming.private_dirty_mib);
 
-    // Forks alive at once: start them, let them idle, sum their private dirty memory.
     say(&format!("holding {} forks alive", args.alive));
-    let mut alive = Vec::new();
-    for i in 0..args.alive {
-        let fork = forker.fork(&snapshot, ForkIdentity::new(i as u64)).await?;
-        exec_true(fork.agent()).await?;
-        alive.push(fork);
-        if progress && (i + 1) % 10 == 0 {
-            eprint!("\ralive {}/{}", i + 1, args.alive);
-        }
-    }
-    if progress && args.alive > 0 {
-        eprintln!();
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut responsive = 0;
-    for fork in &alive {
-        if fork.agent().ping().await.is_ok() {
-            responsive += 1;
-        }
-    }
-    let alive_dirty: Vec<f64> = alive
-        .iter()
-        .filter_map(|f| private_dirty_bytes(f.machine.pid()))
-        .map(|b| b as f64 / (1 << 20) as f64)
-        .collect();
-    let alive_total: f64 = alive_dirty.iter().sum();
-    drop(alive);
-    let budget = args
-        .memory_budget_mib
-        .unwrap_or(vmm::memory::HostMemory::probe().map_or(0, |m| m.total >> 20) * 9 / 10);
-    let per_fork = if alive_dirty.is_empty() {
-        mean(&dirty)
-    } else {
-        alive_total / alive_dirty.len() as f64
-    };
+    let alive = hold_forks_alive(&forker, &snapshot, args.alive, progress).await?;
 
     let warm_p = percentiles(&warm);
     let cold_p = percentiles(&cold_first_exec);
@@ -321,17 +238,128 @@ async fn fork(args: ForkArgs) -> Result<i32> {
         "ratio_cold_boot_over_warm_fork_p50": round(p50(&cold_p) / p50(&warm_p)),
         "ratio_cold_boot_over_no_pool_fork_p50": round(p50(&cold_p) / p50(&percentiles(&no_pool))),
         "private_dirty_per_idle_fork_mib": percentiles(&dirty),
-        "forks_alive": {
-            "started": alive_dirty.len(),
-            "responsive": responsive,
+        "forks_alive": alive.summary(args.memory_budget_mib, &dirty),
+    });
+    print_report(&report, args.json);
+    Ok(0)
+}
+
+/// The template snapshot of `image` the benchmarks fork from (built once, then cached).
+pub(super) async fn bench_template(forker: &Forker, image: &str) -> Result<snapshotter::Snapshot> {
+    let store = SnapshotStore::default_location();
+    let template = TemplateConfig::of_image(image);
+    let quiet = |_: &str| {};
+    let snapshot = build_template(
+        &store,
+        forker,
+        &template,
+        std::path::Path::new("."),
+        &format!("bench-{image}"),
+        &quiet,
+    )
+    .await
+    .context("building the benchmark template")?
+    .snapshot;
+    Ok(snapshot)
+}
+
+/// Fork without the pool: spawn QEMU, load state, identity, first exec; `n` forks,
+/// `concurrency` at once.
+async fn forks_without_pool(
+    forker: &Forker,
+    snapshot: &snapshotter::Snapshot,
+    n: usize,
+    concurrency: usize,
+) -> Result<Vec<f64>> {
+    let mut no_pool = Vec::new();
+    for batch in (0..n).collect::<Vec<_>>().chunks(concurrency) {
+        let tasks: Vec<_> = batch
+            .iter()
+            .map(|&i| {
+                let forker = forker.clone();
+                let snapshot = snapshot.clone();
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let fork = forker.fork(&snapshot, ForkIdentity::new(i as u64)).await?;
+                    exec_true(fork.agent()).await?;
+                    anyhow::Ok(ms(t.elapsed()))
+                })
+            })
+            .collect();
+        for t in tasks {
+            no_pool.push(t.await??);
+        }
+    }
+    Ok(no_pool)
+}
+
+/// What forks held alive at once showed after a short idle.
+struct AliveForks {
+    /// Forks that answered a ping.
+    responsive: usize,
+    /// Each started fork's private dirty memory.
+    private_dirty_mib: Vec<f64>,
+}
+
+impl AliveForks {
+    /// The report's `forks_alive`: their memory, and how many would fit in the budget (90% of
+    /// the host's memory unless given), at their mean (or, when none was measured, at the
+    /// pool forks' mean, `idle_fork_dirty_mib`).
+    fn summary(&self, memory_budget_mib: Option<u64>, idle_fork_dirty_mib: &[f64]) -> serde_json::Value {
+        let alive_total: f64 = self.private_dirty_mib.iter().sum();
+        let budget =
+            memory_budget_mib.unwrap_or(vmm::memory::HostMemory::probe().map_or(0, |m| m.total >> 20) * 9 / 10);
+        let per_fork = if self.private_dirty_mib.is_empty() {
+            mean(idle_fork_dirty_mib)
+        } else {
+            alive_total / self.private_dirty_mib.len() as f64
+        };
+        json!({
+            "started": self.private_dirty_mib.len(),
+            "responsive": self.responsive,
             "total_private_dirty_mib": round(alive_total),
             "mean_private_dirty_mib": round(per_fork),
             "memory_budget_mib": budget,
             "max_forks_in_budget": if per_fork > 0.0 { (budget as f64 / per_fork).floor() } else { 0.0 },
-        },
-    });
-    print_report(&report, args.json);
-    Ok(0)
+        })
+    }
+}
+
+/// Forks alive at once: start them, let them idle, sum their private dirty memory.
+async fn hold_forks_alive(
+    forker: &Forker,
+    snapshot: &snapshotter::Snapshot,
+    count: usize,
+    progress: bool,
+) -> Result<AliveForks> {
+    let mut alive = Vec::new();
+    for i in 0..count {
+        let fork = forker.fork(snapshot, ForkIdentity::new(i as u64)).await?;
+        exec_true(fork.agent()).await?;
+        alive.push(fork);
+        if progress && (i + 1) % 10 == 0 {
+            eprint!("\ralive {}/{}", i + 1, count);
+        }
+    }
+    if progress && count > 0 {
+        eprintln!();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut responsive = 0;
+    for fork in &alive {
+        if fork.agent().ping().await.is_ok() {
+            responsive += 1;
+        }
+    }
+    let private_dirty_mib: Vec<f64> = alive
+        .iter()
+        .filter_map(|f| private_dirty_bytes(f.machine.pid()))
+        .map(|b| b as f64 / (1 << 20) as f64)
+        .collect();
+    Ok(AliveForks {
+        responsive,
+        private_dirty_mib,
+    })
 }
 
 struct PoolSamples {
@@ -404,7 +432,6 @@ where
 /// deterministic statuses and rewards, written through the run's recorder.
 async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
     use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
-    use engine::row::{Row, Status, Step, StepKind, Timings};
     let shard = args.shard.as_deref().map(engine::shard::Shard::parse).transpose()?;
     let identity = RunIdentity {
         run_id: "run-synthetic".into(),
@@ -423,64 +450,18 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
     )
     .await?;
     let tasks = args.tasks.max(1);
-    let mine: Option<std::collections::BTreeSet<String>> = shard.map(|s| {
-        let per_task: std::collections::BTreeMap<String, usize> = (0..tasks)
-            .map(|t| {
-                (
-                    format!("task-{t:05}"),
-                    args.rows / tasks + usize::from(t < args.rows % tasks),
-                )
-            })
-            .collect();
-        s.tasks(&per_task)
-    });
+    let mine = shard.map(|s| shard_tasks(s, args.rows, tasks));
     let started = Instant::now();
     let mut written = 0usize;
     let mut batch = Vec::new();
     let samples = (args.rows / args.tasks.max(1)).max(1) as u32;
     for i in 0..args.rows {
-        let (task, sample) = (i % tasks, (i / tasks) as u32);
+        let task = i % tasks;
         if mine.as_ref().is_some_and(|m| !m.contains(&format!("task-{task:05}"))) {
             continue;
         }
         written += 1;
-        let status = match i % 10 {
-            0..=5 => Status::Passed,
-            6..=8 => Status::Failed,
-            _ => Status::EnvError,
-        };
-        let step = |k: u32| Step {
-            stdout: format!("{}\n{} passed in 0.{k}s\n", "line of test output ".repeat(20), k + 1),
-            exit_code: Some(0),
-            started_at_ms: 1_700_000_000_000 + i as i64 * 50,
-            duration_ms: 40.0 + k as f64,
-            ..Step::new(
-                k,
-                StepKind::Exec,
-                format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"),
-            )
-        };
-        batch.push(Row {
-            run_id: "run-synthetic".into(),
-            suite_name: "synthetic".into(),
-            suite_digest: "synthetic".into(),
-            task_digest: format!("{task:064x}"),
-            snapshot_id: "t-synthetic".into(),
-            policy_name: "replay".into(),
-            steps: (0..3).map(step).collect(),
-            reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
-            status,
-            trust: (status != Status::EnvError).then_some(scorers::Trust::Sound),
-            score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
-            timings: Timings {
-                fork_ms: 80.0 + (i % 50) as f64,
-                rollout_ms: 150.0 + (i % 300) as f64,
-                score_ms: 700.0 + (i % 900) as f64,
-                total_ms: 1000.0,
-            },
-            started_at_ms: 1_700_000_000_000 + i as i64 * 50,
-            ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
-        });
+        batch.push(synthetic_row(i, tasks));
         if batch.len() == 1000 {
             recorder.append_batch(std::mem::take(&mut batch)).await?;
         }
@@ -511,4 +492,55 @@ async fn synthetic_run(args: SyntheticArgs) -> Result<i32> {
         args.out.display()
     );
     Ok(0)
+}
+
+/// The tasks of `shard` when `rows` rows are spread over `tasks` tasks.
+fn shard_tasks(shard: engine::shard::Shard, rows: usize, tasks: usize) -> std::collections::BTreeSet<String> {
+    let per_task: std::collections::BTreeMap<String, usize> = (0..tasks)
+        .map(|t| (format!("task-{t:05}"), rows / tasks + usize::from(t < rows % tasks)))
+        .collect();
+    shard.tasks(&per_task)
+}
+
+/// Row `i` of a synthetic run over `tasks` tasks; its status, reward and timings follow `i`.
+fn synthetic_row(i: usize, tasks: usize) -> engine::row::Row {
+    use engine::row::{Row, Status, Step, StepKind, Timings};
+    let (task, sample) = (i % tasks, (i / tasks) as u32);
+    let status = match i % 10 {
+        0..=5 => Status::Passed,
+        6..=8 => Status::Failed,
+        _ => Status::EnvError,
+    };
+    let step = |k: u32| Step {
+        stdout: format!("{}\n{} passed in 0.{k}s\n", "line of test output ".repeat(20), k + 1),
+        exit_code: Some(0),
+        started_at_ms: 1_700_000_000_000 + i as i64 * 50,
+        duration_ms: 40.0 + k as f64,
+        ..Step::new(
+            k,
+            StepKind::Exec,
+            format!("python3 -m pytest -q tests/test_{task}.py -k case_{k}"),
+        )
+    };
+    Row {
+        run_id: "run-synthetic".into(),
+        suite_name: "synthetic".into(),
+        suite_digest: "synthetic".into(),
+        task_digest: format!("{task:064x}"),
+        snapshot_id: "t-synthetic".into(),
+        policy_name: "replay".into(),
+        steps: (0..3).map(step).collect(),
+        reward: (status != Status::EnvError).then_some(if status == Status::Passed { 1.0 } else { 0.0 }),
+        status,
+        trust: (status != Status::EnvError).then_some(scorers::Trust::Sound),
+        score_details: r#"{"basis":"exit code","tests":{"exit_code":0}}"#.into(),
+        timings: Timings {
+            fork_ms: 80.0 + (i % 50) as f64,
+            rollout_ms: 150.0 + (i % 300) as f64,
+            score_ms: 700.0 + (i % 900) as f64,
+            total_ms: 1000.0,
+        },
+        started_at_ms: 1_700_000_000_000 + i as i64 * 50,
+        ..Row::blank(&format!("task-{task:05}"), sample, i as u64)
+    }
 }

@@ -215,6 +215,58 @@ async fn copy_shard(
     })
 }
 
+/// Copies every shard's rows into `recorder`, a shard at a time; returns the rollouts they
+/// planned and what each that is incomplete lacks.
+async fn copy_shards(recorder: &Recorder, shards: &[ShardRun], count: u32) -> Result<(usize, Vec<String>)> {
+    let mut owner: HashMap<String, u32> = HashMap::new();
+    let (mut unfinished, mut planned) = (Vec::new(), 0);
+    for s in shards {
+        let read = copy_shard(recorder, s, count, &mut owner).await?;
+        planned += read.planned;
+        // Counted here, from the rows read: a shard's own summary could say anything.
+        if read.rows < read.planned {
+            unfinished.push(format!(
+                "shard {} ({}): {} of {} planned rollouts recorded",
+                s.shard,
+                s.dir.display(),
+                read.rows,
+                read.planned
+            ));
+        }
+        if read.torn_bytes > 0 {
+            unfinished.push(format!(
+                "shard {} ({}): journal.jsonl ends with a torn line of {} bytes (an append that never finished)",
+                s.shard,
+                s.dir.display(),
+                read.torn_bytes
+            ));
+        }
+    }
+    Ok((planned, unfinished))
+}
+
+/// The shards' provenances as one: each text field's distinct values, cores summed, the
+/// environments of all.
+fn merged_provenance(summaries: &[&Summary]) -> Provenance {
+    let provenances: Vec<&Provenance> = summaries.iter().filter_map(|s| s.provenance.as_ref()).collect();
+    let distinct = |field: fn(&Provenance) -> &str| -> String {
+        let mut values: Vec<&str> = provenances.iter().map(|p| field(p)).filter(|v| !v.is_empty()).collect();
+        values.sort();
+        values.dedup();
+        values.join(", ")
+    };
+    Provenance {
+        host: distinct(|p| &p.host),
+        farm_version: distinct(|p| &p.farm_version),
+        accel: distinct(|p| &p.accel),
+        cores: provenances.iter().map(|p| p.cores).sum(),
+        template_snapshot: distinct(|p| &p.template_snapshot),
+        image_pulled: provenances.iter().find_map(|p| p.image_pulled.clone()),
+        shard: None,
+        environments: provenances.iter().flat_map(|p| p.environments.clone()).collect(),
+    }
+}
+
 /// Copies every shard's rows into a new run in `dir` and writes its summary; refuses
 /// incomplete shards unless `allow_partial`, and then lists them.
 async fn write_merged(
@@ -237,30 +289,7 @@ async fn write_merged(
         requests: None,
     };
     let (recorder, _) = Recorder::open(dir, identity, options).await?;
-    let mut owner: HashMap<String, u32> = HashMap::new();
-    let (mut unfinished, mut planned) = (Vec::new(), 0);
-    for s in shards {
-        let read = copy_shard(&recorder, s, count, &mut owner).await?;
-        planned += read.planned;
-        // Counted here, from the rows read: a shard's own summary could say anything.
-        if read.rows < read.planned {
-            unfinished.push(format!(
-                "shard {} ({}): {} of {} planned rollouts recorded",
-                s.shard,
-                s.dir.display(),
-                read.rows,
-                read.planned
-            ));
-        }
-        if read.torn_bytes > 0 {
-            unfinished.push(format!(
-                "shard {} ({}): journal.jsonl ends with a torn line of {} bytes (an append that never finished)",
-                s.shard,
-                s.dir.display(),
-                read.torn_bytes
-            ));
-        }
-    }
+    let (planned, unfinished) = copy_shards(&recorder, shards, count).await?;
     if !allow_partial && (!missing_shards.is_empty() || !unfinished.is_empty()) {
         let mut text = String::from("the shards are not complete (merge anyway with --allow-partial):");
         if !missing_shards.is_empty() {
@@ -297,27 +326,10 @@ async fn write_merged(
         .filter_map(|s| s.performance.as_ref())
         .map(|p| p.wall_secs)
         .fold(0.0, f64::max);
-    let provenances: Vec<&Provenance> = summaries.iter().filter_map(|s| s.provenance.as_ref()).collect();
-    let distinct = |field: fn(&Provenance) -> &str| -> String {
-        let mut values: Vec<&str> = provenances.iter().map(|p| field(p)).filter(|v| !v.is_empty()).collect();
-        values.sort();
-        values.dedup();
-        values.join(", ")
-    };
-    let provenance = Provenance {
-        host: distinct(|p| &p.host),
-        farm_version: distinct(|p| &p.farm_version),
-        accel: distinct(|p| &p.accel),
-        cores: provenances.iter().map(|p| p.cores).sum(),
-        template_snapshot: distinct(|p| &p.template_snapshot),
-        image_pulled: provenances.iter().find_map(|p| p.image_pulled.clone()),
-        shard: None,
-        environments: provenances.iter().flat_map(|p| p.environments.clone()).collect(),
-    };
     let inputs = SummaryInputs {
         samples,
         planned,
-        provenance,
+        provenance: merged_provenance(&summaries),
         concurrency: summaries
             .iter()
             .filter_map(|s| s.performance.as_ref())

@@ -88,50 +88,13 @@ async fn run_command(args: RunArgs) -> Result<i32> {
     settings.cpus = args.cpus;
     settings.boot_timeout = Duration::from_secs_f64(args.boot_timeout.max(1.0));
 
-    // Standard input goes to the command in full; a terminal gives none.
-    let stdin = if std::io::stdin().is_terminal() {
-        Vec::new()
-    } else {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .context("reading standard input")?;
-        buf
-    };
-
-    // An image converted from an archive runs its commands as `docker run` would: with its
-    // config's Env (under --env), WorkingDir and User. Built-in images have no config.
+    let stdin = read_stdin()?;
     let image = images::config_of(&artifacts.image).unwrap_or_default();
-    let mut env: Vec<(String, String)> = image
-        .env
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    env.retain(|(key, _)| !args.env.iter().any(|(k, _)| k == key));
-    env.extend(args.env);
-    let cwd = args
-        .workdir
-        .or_else(|| (!image.working_dir.is_empty()).then(|| image.working_dir.clone()));
-    let user = match args.user {
-        Some(user) if user == "root" || user == "0" => None,
-        Some(user) => Some(user),
-        None => (!image.user.is_empty() && image.user != "root" && image.user != "0").then(|| image.user.clone()),
-    };
+    let options = exec_options(&args, &image, stdin, timeout);
 
     let started = Instant::now();
     let machine = Machine::boot(&settings, &artifacts.kernel.path, &artifacts.image.path).await?;
     let booted = started.elapsed();
-    let options = ExecOptions {
-        cwd,
-        env,
-        user,
-        stdin,
-        timeout,
-        stdout_cap: OUTPUT_CAP,
-        stderr_cap: OUTPUT_CAP,
-        ..ExecOptions::argv(&args.command)
-    };
     let output = match machine.agent().exec(options).await {
         Ok(output) => output,
         Err(vmm::AgentError::Refused {
@@ -169,16 +132,7 @@ async fn run_command(args: RunArgs) -> Result<i32> {
         eprintln!("farm: warning: output beyond {OUTPUT_CAP} bytes per stream was dropped");
     }
     if args.verbose {
-        if let Some(note) = vmm::jail::missing_cgroups_note() {
-            eprintln!("farm: {note}");
-        }
-        eprintln!(
-            "farm: accel {} boot {:.0} ms, command {:.1} ms in guest, {:.1} ms round trip",
-            settings.accel,
-            booted.as_secs_f64() * 1e3,
-            r.duration_us as f64 / 1e3,
-            ran.as_secs_f64() * 1e3
-        );
+        print_timings(&settings, booted, &output, ran);
     }
     if r.timed_out {
         eprintln!(
@@ -188,4 +142,63 @@ async fn run_command(args: RunArgs) -> Result<i32> {
         return Ok(124);
     }
     Ok(output.shell_exit_code())
+}
+
+/// Standard input goes to the command in full; a terminal gives none.
+fn read_stdin() -> Result<Vec<u8>> {
+    if std::io::stdin().is_terminal() {
+        return Ok(Vec::new());
+    }
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut buf)
+        .context("reading standard input")?;
+    Ok(buf)
+}
+
+/// The command as it runs: an image converted from an archive runs its commands as `docker
+/// run` would, with its config's Env (under --env), WorkingDir and User. Built-in images
+/// have no config.
+fn exec_options(args: &RunArgs, image: &images::ImageConfig, stdin: Vec<u8>, timeout: Option<Duration>) -> ExecOptions {
+    let mut env: Vec<(String, String)> = image
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.retain(|(key, _)| !args.env.iter().any(|(k, _)| k == key));
+    env.extend(args.env.iter().cloned());
+    let cwd = args
+        .workdir
+        .clone()
+        .or_else(|| (!image.working_dir.is_empty()).then(|| image.working_dir.clone()));
+    let user = match &args.user {
+        Some(user) if user == "root" || user == "0" => None,
+        Some(user) => Some(user.clone()),
+        None => (!image.user.is_empty() && image.user != "root" && image.user != "0").then(|| image.user.clone()),
+    };
+    ExecOptions {
+        cwd,
+        env,
+        user,
+        stdin,
+        timeout,
+        stdout_cap: OUTPUT_CAP,
+        stderr_cap: OUTPUT_CAP,
+        ..ExecOptions::argv(&args.command)
+    }
+}
+
+/// `--verbose`: boot and command times (and a host without the cgroups farm would use).
+fn print_timings(settings: &VmSettings, booted: Duration, output: &vmm::ExecOutput, ran: Duration) {
+    if let Some(note) = vmm::jail::missing_cgroups_note() {
+        eprintln!("farm: {note}");
+    }
+    eprintln!(
+        "farm: accel {} boot {:.0} ms, command {:.1} ms in guest, {:.1} ms round trip",
+        settings.accel,
+        booted.as_secs_f64() * 1e3,
+        output.result.duration_us as f64 / 1e3,
+        ran.as_secs_f64() * 1e3
+    );
 }

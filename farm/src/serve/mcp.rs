@@ -265,77 +265,21 @@ fn quoted(s: &str) -> String {
 async fn call(app: &App, id: &str, params: &Value) -> Result<Value, BadCall> {
     let call: Call = serde_json::from_value(params.clone()).map_err(BadCall::Params)?;
     let tool = call.name.clone();
-    // A value the service refuses (a field error) is the caller's bad argument; any other
-    // failure (an ended session, its step limit) is the tool's, told to the model.
-    let failed = |e: ApiError| -> Result<Value, BadCall> {
-        if e.status == 400 && e.field.is_some() {
-            Err(BadCall::Refused {
-                tool: tool.clone(),
-                error: e,
-            })
-        } else {
-            Ok(tool_failed(e))
-        }
-    };
     let service = &app.service;
-    let stepped = |out: Value| {
-        let observation = out["observation"].as_str().unwrap_or_default().to_string();
-        let ended = out["ended"].as_bool().unwrap_or(false);
-        let text = if ended {
-            format!(
-                "{observation}\n(the session has ended: {})",
-                out["error"].as_str().unwrap_or("over its limits")
-            )
-        } else {
-            observation
-        };
-        let failed = out["step"]["exit_code"].as_i64().is_some_and(|c| c != 0) || ended;
-        result(text, out, failed)
-    };
     Ok(match call.name.as_str() {
         "exec" => {
             let (action, timeout) = args::<ExecRequest>("exec", call.arguments)?.into_action();
             match service.act(id, action, timeout).await {
                 Ok(out) => stepped(out),
-                Err(e) => failed(e)?,
+                Err(e) => failed(&tool, e)?,
             }
         }
-        "read_file" => {
-            let a: ReadArgs = args("read_file", call.arguments)?;
-            let cap = match service.session_output_cap(id).await {
-                Ok(cap) => cap,
-                Err(e) => return failed(e),
-            };
-            // One byte past the limit tells a longer file from one of exactly the limit.
-            let limit = READ_LIMIT.min(cap.saturating_sub(1)).max(1);
-            let command = format!("head -c {} -- {}", limit + 1, quoted(&a.path));
-            match service.act(id, Action::Exec { command }, None).await {
-                Ok(out) if out["step"]["exit_code"] == 0 && !out["ended"].as_bool().unwrap_or(false) => {
-                    let stdout = out["step"]["stdout"].as_str().unwrap_or_default();
-                    let cut = stdout.len() as u64 > limit;
-                    let mut text: String = stdout.to_string();
-                    if cut {
-                        let mut end = limit as usize;
-                        while !text.is_char_boundary(end) {
-                            end -= 1;
-                        }
-                        text.truncate(end);
-                        text.push_str(&format!("\n[farm: the file goes on; cut at {limit} bytes]"));
-                    }
-                    result(text, json!({ "path": a.path, "cut": cut, "limit": limit }), false)
-                }
-                Ok(out) => {
-                    let why = out["step"]["stderr"].as_str().unwrap_or_default().trim().to_string();
-                    result(format!("reading {:?} failed: {why}", a.path), out, true)
-                }
-                Err(e) => failed(e)?,
-            }
-        }
+        "read_file" => read_file(app, id, args("read_file", call.arguments)?).await?,
         "write_file" => {
             let action = args::<WriteFileRequest>("write_file", call.arguments)?.into_action();
             match service.act(id, action, None).await {
                 Ok(out) => stepped(out),
-                Err(e) => failed(e)?,
+                Err(e) => failed(&tool, e)?,
             }
         }
         "submit" => {
@@ -348,10 +292,75 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, BadCall> {
                     json!({ "submitted": true }),
                     false,
                 ),
-                Err(e) => failed(e)?,
+                Err(e) => failed(&tool, e)?,
             }
         }
         other => return Err(BadCall::NoTool(other.to_string())),
+    })
+}
+
+/// A refusal of `tool`'s call. A value the service refuses (a field error) is the caller's
+/// bad argument; any other failure (an ended session, its step limit) is the tool's, told
+/// to the model.
+fn failed(tool: &str, e: ApiError) -> Result<Value, BadCall> {
+    if e.status == 400 && e.field.is_some() {
+        Err(BadCall::Refused {
+            tool: tool.to_string(),
+            error: e,
+        })
+    } else {
+        Ok(tool_failed(e))
+    }
+}
+
+/// A step's result: its observation for the model (with why the session ended, if it did),
+/// an error when the command failed or the session ended.
+fn stepped(out: Value) -> Value {
+    let observation = out["observation"].as_str().unwrap_or_default().to_string();
+    let ended = out["ended"].as_bool().unwrap_or(false);
+    let text = if ended {
+        format!(
+            "{observation}\n(the session has ended: {})",
+            out["error"].as_str().unwrap_or("over its limits")
+        )
+    } else {
+        observation
+    };
+    let failed = out["step"]["exit_code"].as_i64().is_some_and(|c| c != 0) || ended;
+    result(text, out, failed)
+}
+
+/// `read_file`: the file's text through `head`, cut at the limit (the session's output cap,
+/// at most [`READ_LIMIT`]) and saying so.
+async fn read_file(app: &App, id: &str, a: ReadArgs) -> Result<Value, BadCall> {
+    let service = &app.service;
+    let cap = match service.session_output_cap(id).await {
+        Ok(cap) => cap,
+        Err(e) => return failed("read_file", e),
+    };
+    // One byte past the limit tells a longer file from one of exactly the limit.
+    let limit = READ_LIMIT.min(cap.saturating_sub(1)).max(1);
+    let command = format!("head -c {} -- {}", limit + 1, quoted(&a.path));
+    Ok(match service.act(id, Action::Exec { command }, None).await {
+        Ok(out) if out["step"]["exit_code"] == 0 && !out["ended"].as_bool().unwrap_or(false) => {
+            let stdout = out["step"]["stdout"].as_str().unwrap_or_default();
+            let cut = stdout.len() as u64 > limit;
+            let mut text: String = stdout.to_string();
+            if cut {
+                let mut end = limit as usize;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+                text.push_str(&format!("\n[farm: the file goes on; cut at {limit} bytes]"));
+            }
+            result(text, json!({ "path": a.path, "cut": cut, "limit": limit }), false)
+        }
+        Ok(out) => {
+            let why = out["step"]["stderr"].as_str().unwrap_or_default().trim().to_string();
+            result(format!("reading {:?} failed: {why}", a.path), out, true)
+        }
+        Err(e) => failed("read_file", e)?,
     })
 }
 

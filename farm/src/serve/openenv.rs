@@ -351,62 +351,12 @@ async fn reset(
         Some(v) => parse("reset arguments", v)?,
     };
     let service = &app.service;
+    let episode_id = reset.episode_id.clone();
     // Everything is checked, and the new session opened, before the old one ends: a branch
     // of the connection's own session continues from it.
     let opened = match &reset.branch_of {
-        Some(parent) => {
-            let given = [
-                ("suite", reset.suite.is_some()),
-                ("task_id", reset.task_id.is_some()),
-                ("seed", reset.seed.is_some()),
-                ("limits", reset.limits != LimitsRequest::default()),
-                ("policy_version", reset.policy_version.is_some()),
-                ("metadata", reset.metadata.is_some()),
-            ];
-            if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
-                return Err(Failure::new(
-                    "VALIDATION_ERROR",
-                    format!("{name}: branch_of continues a session as it is (its task, seed, limits, policy_version and metadata)"),
-                ));
-            }
-            service.branch(parent).await?
-        }
-        None => {
-            let (_, suite) = service.suite(reset.suite.as_deref(), "suite")?;
-            let task_id = match reset.task_id {
-                Some(t) => t,
-                None => {
-                    let mut ids: Vec<&String> = suite.tasks.keys().collect();
-                    ids.sort();
-                    if ids.is_empty() {
-                        return Err(Failure::new(
-                            "VALIDATION_ERROR",
-                            "the suite serves no task: give task_id",
-                        ));
-                    }
-                    ids[next_task.fetch_add(1, Ordering::Relaxed) % ids.len()].clone()
-                }
-            };
-            let mut metadata = reset.metadata;
-            if let Some(e) = &reset.episode_id {
-                let m = metadata.get_or_insert_with(|| json!({}));
-                if let Some(m) = m.as_object_mut() {
-                    m.insert("episode_id".into(), json!(e));
-                }
-            }
-            let request = ItemRequest {
-                suite: reset.suite,
-                task_id: Some(task_id),
-                task: None,
-                n: None,
-                seed: reset.seed.unwrap_or(0),
-                policy: None,
-                policy_version: reset.policy_version,
-                limits: reset.limits,
-                metadata,
-            };
-            service.open_session(request).await?
-        }
+        Some(parent) => open_branch(app, parent, &reset).await?,
+        None => open_session(app, next_task, reset).await?,
     };
     let id = opened["session_id"].as_str().unwrap_or_default().to_string();
     let old = holding.lock().unwrap().replace(id.clone());
@@ -416,7 +366,7 @@ async fn reset(
     *conn = Conn {
         session: Some(id.clone()),
         rollout: opened["rollout_id"].as_str().map(String::from),
-        episode_id: Some(reset.episode_id.unwrap_or_else(|| id.clone())),
+        episode_id: Some(episode_id.unwrap_or_else(|| id.clone())),
         ..Conn::default()
     };
     let described = service.get_session(&id).await?;
@@ -428,6 +378,68 @@ async fn reset(
         None,
         false,
     ))
+}
+
+/// A branch of `parent`, which continues as it is: a reset that also names a task, a seed,
+/// limits, a policy version or metadata is refused.
+async fn open_branch(app: &App, parent: &str, reset: &Reset) -> Result<Value, Failure> {
+    let given = [
+        ("suite", reset.suite.is_some()),
+        ("task_id", reset.task_id.is_some()),
+        ("seed", reset.seed.is_some()),
+        ("limits", reset.limits != LimitsRequest::default()),
+        ("policy_version", reset.policy_version.is_some()),
+        ("metadata", reset.metadata.is_some()),
+    ];
+    if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
+        return Err(Failure::new(
+            "VALIDATION_ERROR",
+            format!(
+                "{name}: branch_of continues a session as it is (its task, seed, limits, policy_version and metadata)"
+            ),
+        ));
+    }
+    Ok(app.service.branch(parent).await?)
+}
+
+/// A new session of the reset's task, or else of the suite's tasks in turn; the episode id,
+/// if given, goes in its metadata.
+async fn open_session(app: &App, next_task: &AtomicUsize, reset: Reset) -> Result<Value, Failure> {
+    let service = &app.service;
+    let (_, suite) = service.suite(reset.suite.as_deref(), "suite")?;
+    let task_id = match reset.task_id {
+        Some(t) => t,
+        None => {
+            let mut ids: Vec<&String> = suite.tasks.keys().collect();
+            ids.sort();
+            if ids.is_empty() {
+                return Err(Failure::new(
+                    "VALIDATION_ERROR",
+                    "the suite serves no task: give task_id",
+                ));
+            }
+            ids[next_task.fetch_add(1, Ordering::Relaxed) % ids.len()].clone()
+        }
+    };
+    let mut metadata = reset.metadata;
+    if let Some(e) = &reset.episode_id {
+        let m = metadata.get_or_insert_with(|| json!({}));
+        if let Some(m) = m.as_object_mut() {
+            m.insert("episode_id".into(), json!(e));
+        }
+    }
+    let request = ItemRequest {
+        suite: reset.suite,
+        task_id: Some(task_id),
+        task: None,
+        n: None,
+        seed: reset.seed.unwrap_or(0),
+        policy: None,
+        policy_version: reset.policy_version,
+        limits: reset.limits,
+        metadata,
+    };
+    Ok(service.open_session(request).await?)
 }
 
 async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Result<Value, Failure> {

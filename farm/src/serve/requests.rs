@@ -210,6 +210,7 @@ pub fn read_records(path: &std::path::Path) -> Result<(Vec<Record>, u64), engine
     Ok((records, extent.good_len))
 }
 
+/// A request's `metadata`, as JSON text, at most.
 const METADATA_MAX_BYTES: usize = 64 << 10;
 
 /// A request's metadata as JSON text, within its size limit.

@@ -24,29 +24,9 @@ impl Service {
     /// Takes up what a previous process admitted: rows stay where they are; admitted work
     /// without a row gets an `env_error` row "lost in restart".
     pub(super) async fn restore(&self, records: Vec<Record>, done: &HashMap<String, usize>) -> Result<()> {
-        let ended: HashSet<String> = records
-            .iter()
-            .filter_map(|r| {
-                if let Record::SessionEnd { session_id, .. } = r {
-                    Some(session_id.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let ended = ended_sessions(&records);
         // Each session's last pause or resume: paused sessions are taken up, not lost.
-        let mut paused_dirs: HashMap<String, Option<String>> = HashMap::new();
-        for r in &records {
-            match r {
-                Record::SessionPaused { session_id, dir } => {
-                    paused_dirs.insert(session_id.clone(), Some(dir.clone()));
-                }
-                Record::SessionResumed { session_id } => {
-                    paused_dirs.insert(session_id.clone(), None);
-                }
-                _ => {}
-            }
-        }
+        let paused_dirs = paused_dirs(&records);
         let mut kept_dirs = HashSet::new();
         let (mut lost, mut taken_up) = (0, 0);
         for record in records {
@@ -96,15 +76,7 @@ impl Service {
                 self.lock().rollouts.insert(a.rollout_id.clone(), entry);
             }
         }
-        // Folders of sessions that are not paused any more (resumed, ended, or a pause that
-        // was never recorded).
-        if let Ok(entries) = std::fs::read_dir(self.paused_root()) {
-            for entry in entries.flatten() {
-                if !kept_dirs.contains(&entry.file_name().to_string_lossy().to_string()) {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
-        }
+        self.remove_unpaused_folders(&kept_dirs);
         if lost > 0 {
             tracing::info!(
                 "{lost} rollouts or sessions of the previous process were lost in its restart (recorded as env_error)"
@@ -115,6 +87,18 @@ impl Service {
         }
         self.update_session_gauges();
         Ok(self.recorder.flush().await?)
+    }
+
+    /// Removes the folders of sessions that are not paused any more (resumed, ended, or a
+    /// pause that was never recorded): all but `kept_dirs`.
+    fn remove_unpaused_folders(&self, kept_dirs: &HashSet<String>) {
+        if let Ok(entries) = std::fs::read_dir(self.paused_root()) {
+            for entry in entries.flatten() {
+                if !kept_dirs.contains(&entry.file_name().to_string_lossy().to_string()) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
     }
 
     /// A session paused in `paused_dir` is taken up; anything else admitted without a row is
@@ -138,6 +122,38 @@ impl Service {
         }
         Ok(TakenUp::Lost(self.recorder.append(row).await?))
     }
+}
+
+/// The sessions the records say ended.
+fn ended_sessions(records: &[Record]) -> HashSet<String> {
+    records
+        .iter()
+        .filter_map(|r| {
+            if let Record::SessionEnd { session_id, .. } = r {
+                Some(session_id.clone())
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Each session's folder as its last pause or resume left it: the folder while paused, None
+/// once resumed.
+fn paused_dirs(records: &[Record]) -> HashMap<String, Option<String>> {
+    let mut paused_dirs: HashMap<String, Option<String>> = HashMap::new();
+    for r in records {
+        match r {
+            Record::SessionPaused { session_id, dir } => {
+                paused_dirs.insert(session_id.clone(), Some(dir.clone()));
+            }
+            Record::SessionResumed { session_id } => {
+                paused_dirs.insert(session_id.clone(), None);
+            }
+            _ => {}
+        }
+    }
+    paused_dirs
 }
 
 /// The `env_error` row of a rollout a previous process admitted and never finished.

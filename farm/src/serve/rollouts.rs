@@ -16,7 +16,6 @@ use super::service::{suite_of, ApiError, ApiResult, Service};
 /// Bytes of rows one `/v1/results` answer carries at most (at least one row).
 const RESULTS_MAX_BYTES: u64 = 64 << 20;
 
-/// A request's `metadata`, as JSON text, at most.
 impl Service {
     /// `POST /v1/rollouts`.
     pub async fn submit(
@@ -35,51 +34,8 @@ impl Service {
         let (planned, admitted, response) = self.plan_items(&request).await?;
         // Admission: room in the queue and the key, taken under the lock; the journal line is
         // written without it; then the rollouts are queued.
-        {
-            let mut inner = self.lock();
-            if self.stopping.load(Ordering::SeqCst) {
-                return Err(ApiError::new(503, "the service is shutting down"));
-            }
-            if let Some(key) = &idempotency_key {
-                // A retry with the same key may have been admitted while this one prepared.
-                if let Some((digest, answer)) = inner.idempotency.get(key) {
-                    return if *digest == body_digest {
-                        Ok(answer.clone())
-                    } else {
-                        Err(ApiError::field(
-                            422,
-                            "Idempotency-Key",
-                            "this key was used with a different request body",
-                        ))
-                    };
-                }
-                if !inner.admitting_keys.insert(key.clone()) {
-                    return Err(ApiError {
-                        retry_after: Some(1),
-                        ..ApiError::field(
-                            409,
-                            "Idempotency-Key",
-                            "a request with this key is being admitted: retry",
-                        )
-                    });
-                }
-            }
-            let waiting = inner.queue.len() + inner.admitting;
-            let room = self.settings.queue_limit.saturating_sub(waiting);
-            if planned.len() > room {
-                if let Some(key) = &idempotency_key {
-                    inner.admitting_keys.remove(key);
-                }
-                let per_slot = waiting / self.slots.max(1);
-                return Err(ApiError {
-                    retry_after: Some((per_slot as u64).clamp(1, 60)),
-                    ..ApiError::new(
-                        429,
-                        format!("the queue holds {waiting} rollouts (serve.queue_limit {}); {} more do not fit: retry later", self.settings.queue_limit, planned.len()),
-                    )
-                });
-            }
-            inner.admitting += planned.len();
+        if let Some(answer) = self.reserve_admission(idempotency_key.as_deref(), &body_digest, planned.len())? {
+            return Ok(answer);
         }
         // Journaled before it is admitted or answered: a crash after this line reports these
         // rollouts as lost, never forgets them.
@@ -90,40 +46,7 @@ impl Service {
             rollouts: admitted,
         };
         let journaled = self.recorder.journal_request(&record).await;
-        let cancelled = {
-            let mut inner = self.lock();
-            inner.admitting -= planned.len();
-            if let Some(key) = &idempotency_key {
-                inner.admitting_keys.remove(key);
-            }
-            journaled.map_err(|e| ApiError::new(500, format!("journaling the request: {e}")))?;
-            if let Some(key) = idempotency_key {
-                inner.idempotency.insert(key, (body_digest, response.clone()));
-            }
-            let stopping = self.stopping.load(Ordering::SeqCst);
-            let mut cancelled = Vec::new();
-            for p in planned {
-                let s = p.served.as_ref().expect("served");
-                inner.rollouts.insert(
-                    s.rollout_id.clone(),
-                    Entry {
-                        session: None,
-                        group_id: s.group_id.clone(),
-                        policy_version: s.policy_version,
-                        phase: Phase::Queued,
-                        cursor: None,
-                        recording: false,
-                    },
-                );
-                if stopping {
-                    cancelled.push(p);
-                } else {
-                    inner.queue.push_back(p);
-                }
-            }
-            engine::metrics::get().queue_depth.set(inner.queue.len() as i64);
-            cancelled
-        };
+        let cancelled = self.admit(planned, idempotency_key, body_digest, &response, journaled)?;
         // A shutdown that began while the line was written did not see these: they are
         // recorded as cancelled, as it would have.
         for item in cancelled {
@@ -133,6 +56,109 @@ impl Service {
         }
         self.wake.notify_one();
         Ok(response)
+    }
+
+    /// Takes room in the queue for `count` rollouts, and the idempotency key, under the lock;
+    /// Some: the answer a retry with the same key got while this one prepared.
+    fn reserve_admission(
+        &self,
+        idempotency_key: Option<&str>,
+        body_digest: &str,
+        count: usize,
+    ) -> ApiResult<Option<serde_json::Value>> {
+        let mut inner = self.lock();
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::new(503, "the service is shutting down"));
+        }
+        if let Some(key) = idempotency_key {
+            // A retry with the same key may have been admitted while this one prepared.
+            if let Some((digest, answer)) = inner.idempotency.get(key) {
+                return if *digest == body_digest {
+                    Ok(Some(answer.clone()))
+                } else {
+                    Err(ApiError::field(
+                        422,
+                        "Idempotency-Key",
+                        "this key was used with a different request body",
+                    ))
+                };
+            }
+            if !inner.admitting_keys.insert(key.to_string()) {
+                return Err(ApiError {
+                    retry_after: Some(1),
+                    ..ApiError::field(
+                        409,
+                        "Idempotency-Key",
+                        "a request with this key is being admitted: retry",
+                    )
+                });
+            }
+        }
+        let waiting = inner.queue.len() + inner.admitting;
+        let room = self.settings.queue_limit.saturating_sub(waiting);
+        if count > room {
+            if let Some(key) = idempotency_key {
+                inner.admitting_keys.remove(key);
+            }
+            let per_slot = waiting / self.slots.max(1);
+            return Err(ApiError {
+                retry_after: Some((per_slot as u64).clamp(1, 60)),
+                ..ApiError::new(
+                    429,
+                    format!(
+                        "the queue holds {waiting} rollouts (serve.queue_limit {}); {} more do not fit: retry later",
+                        self.settings.queue_limit, count
+                    ),
+                )
+            });
+        }
+        inner.admitting += count;
+        Ok(None)
+    }
+
+    /// After the journal line (`journaled`): gives back the reservation and, when the line was
+    /// written, keeps the answer for the key and queues the rollouts; returns those a
+    /// shutdown under way cancels instead.
+    fn admit(
+        &self,
+        planned: Vec<Planned>,
+        idempotency_key: Option<String>,
+        body_digest: String,
+        response: &serde_json::Value,
+        journaled: Result<(), engine::recorder::OutputError>,
+    ) -> ApiResult<Vec<Planned>> {
+        let mut inner = self.lock();
+        inner.admitting -= planned.len();
+        if let Some(key) = &idempotency_key {
+            inner.admitting_keys.remove(key);
+        }
+        journaled.map_err(|e| ApiError::new(500, format!("journaling the request: {e}")))?;
+        if let Some(key) = idempotency_key {
+            inner.idempotency.insert(key, (body_digest, response.clone()));
+        }
+        let stopping = self.stopping.load(Ordering::SeqCst);
+        let mut cancelled = Vec::new();
+        for p in planned {
+            let s = p.served.as_ref().expect("served");
+            inner.rollouts.insert(
+                s.rollout_id.clone(),
+                Entry {
+                    session: None,
+                    group_id: s.group_id.clone(),
+                    policy_version: s.policy_version,
+                    phase: Phase::Queued,
+                    cursor: None,
+                    recording: false,
+                },
+            );
+            if stopping {
+                cancelled.push(p);
+            } else {
+                inner.queue.push_back(p);
+            }
+        }
+        engine::metrics::get().queue_depth.set(inner.queue.len() as i64);
+        Ok(cancelled)
     }
 
     /// The answer a request with this key already got, if any.

@@ -23,6 +23,7 @@ use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
 };
+use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -216,113 +217,21 @@ async fn pull_from(store: &Path, reference: &Reference, settings: &RegistrySetti
         ..Default::default()
     });
     let auth = settings::credentials(&registry);
-    let failed = |source| match source {
-        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => {
-            PullError::Unauthorized {
-                reference: reference.whole(),
-                registry: registry.clone(),
-            }
-        }
-        source => PullError::Registry {
-            reference: reference.whole(),
-            registry: registry.clone(),
-            source,
-        },
+    let attempt = Attempt {
+        client,
+        auth,
+        reference,
+        registry,
     };
-    let bad = |what: &str, detail: String| PullError::Bad {
-        reference: reference.whole(),
-        registry: registry.clone(),
-        what: what.to_string(),
-        detail,
-    };
-
-    let (mut bytes, _) = client
-        .pull_manifest_raw(reference, &auth, &ACCEPTED)
-        .await
-        .map_err(failed)?;
-    let mut digest = sha256(&bytes);
-    if reference.digest().is_some_and(|pinned| pinned != digest) {
-        return Err(bad(
-            "the manifest",
-            format!("it hashes to {digest}, not the pinned digest"),
-        ));
-    }
-    let head: Head = serde_json::from_slice(&bytes).map_err(|e| bad("the manifest", e.to_string()))?;
-    if let Some(entries) = head.manifests {
-        // A multi-platform index: linux/amd64's image manifest.
-        let chosen = entries.iter().find(|e| {
-            e.platform
-                .as_ref()
-                .is_some_and(|p| p.os == "linux" && p.architecture == "amd64")
-        });
-        let chosen = match chosen {
-            Some(entry) => entry.digest.clone(),
-            None if entries.len() == 1 && entries[0].platform.is_none() => entries[0].digest.clone(),
-            None => {
-                let platforms = entries
-                    .iter()
-                    .filter_map(|e| e.platform.as_ref())
-                    .map(|p| format!("{}/{}", p.os, p.architecture))
-                    .collect::<Vec<_>>();
-                return Err(PullError::NoPlatform {
-                    reference: reference.whole(),
-                    platforms: if platforms.is_empty() {
-                        "none named".into()
-                    } else {
-                        platforms.join(", ")
-                    },
-                });
-            }
-        };
-        let (entry_bytes, _) = client
-            .pull_manifest_raw(&reference.clone_with_digest(chosen.clone()), &auth, &ACCEPTED)
-            .await
-            .map_err(failed)?;
-        if sha256(&entry_bytes) != chosen {
-            return Err(bad(
-                "the linux/amd64 manifest",
-                format!("it does not hash to {chosen}, the digest the index gives"),
-            ));
-        }
-        (bytes, digest) = (entry_bytes, chosen);
-    }
-    let manifest: Manifest =
-        serde_json::from_slice(&bytes).map_err(|e| bad("the image manifest", format!("no config and layers: {e}")))?;
+    let (bytes, digest) = attempt.image_manifest().await?;
+    let manifest: Manifest = serde_json::from_slice(&bytes)
+        .map_err(|e| attempt.bad("the image manifest", format!("no config and layers: {e}")))?;
     for blob in [&manifest.config].into_iter().chain(&manifest.layers) {
         let path = blob_path(store, &blob.digest);
         if path.is_file() {
             continue;
         }
-        check_digest(&blob.digest).map_err(|e| bad("a descriptor", e.to_string()))?;
-        let tmp_dir = store.join("tmp");
-        std::fs::create_dir_all(&tmp_dir).map_err(store_err("creating the store"))?;
-        let tmp = tempfile::NamedTempFile::new_in(&tmp_dir).map_err(store_err("creating a blob file"))?;
-        let mut file = tokio::fs::File::from_std(tmp.reopen().map_err(store_err("opening a blob file"))?);
-        // oci-client checks the bytes against the descriptor's digest as they arrive.
-        client
-            .pull_blob(reference, blob.digest.as_str(), &mut file)
-            .await
-            .map_err(failed)?;
-        tokio::io::AsyncWriteExt::flush(&mut file)
-            .await
-            .map_err(store_err("writing a blob"))?;
-        let size = tmp
-            .as_file()
-            .metadata()
-            .map_err(store_err("reading a blob's size"))?
-            .len();
-        if size != blob.size {
-            return Err(bad(
-                &format!("blob {}", blob.digest),
-                format!("{size} bytes, but its descriptor says {}", blob.size),
-            ));
-        }
-        std::fs::create_dir_all(path.parent().expect("blob paths have a folder"))
-            .map_err(store_err("creating the store"))?;
-        tmp.persist(&path).map_err(|e| PullError::Store {
-            what: "storing a blob",
-            source: e.error,
-        })?;
+        attempt.fetch_blob(store, blob, &path).await?;
     }
     write_blob(store, &digest, &bytes)?;
     record(store, reference, &digest)?;
@@ -332,8 +241,135 @@ async fn pull_from(store: &Path, reference: &Reference, settings: &RegistrySetti
         size: bytes.len() as u64,
         resolved,
         overridden_from: None,
-        via: registry,
+        via: attempt.registry,
     })
+}
+
+/// One attempt's client for a registry (or a mirror of it), and how its failures name the
+/// image and the registry.
+struct Attempt<'a> {
+    client: Client,
+    auth: RegistryAuth,
+    reference: &'a Reference,
+    registry: String,
+}
+
+impl Attempt<'_> {
+    fn failed(&self, source: OciDistributionError) -> PullError {
+        match source {
+            OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => {
+                PullError::Unauthorized {
+                    reference: self.reference.whole(),
+                    registry: self.registry.clone(),
+                }
+            }
+            source => PullError::Registry {
+                reference: self.reference.whole(),
+                registry: self.registry.clone(),
+                source,
+            },
+        }
+    }
+
+    fn bad(&self, what: &str, detail: String) -> PullError {
+        PullError::Bad {
+            reference: self.reference.whole(),
+            registry: self.registry.clone(),
+            what: what.to_string(),
+            detail,
+        }
+    }
+
+    /// The image manifest's bytes and digest (linux/amd64's, for a multi-platform index),
+    /// each checked against the digest that named it.
+    async fn image_manifest(&self) -> Result<(Vec<u8>, String), PullError> {
+        let reference = self.reference;
+        let (mut bytes, _) = self
+            .client
+            .pull_manifest_raw(reference, &self.auth, &ACCEPTED)
+            .await
+            .map_err(|e| self.failed(e))?;
+        let mut digest = sha256(&bytes);
+        if reference.digest().is_some_and(|pinned| pinned != digest) {
+            return Err(self.bad("the manifest", format!("it hashes to {digest}, not the pinned digest")));
+        }
+        let head: Head = serde_json::from_slice(&bytes).map_err(|e| self.bad("the manifest", e.to_string()))?;
+        if let Some(entries) = head.manifests {
+            // A multi-platform index: linux/amd64's image manifest.
+            let chosen = entries.iter().find(|e| {
+                e.platform
+                    .as_ref()
+                    .is_some_and(|p| p.os == "linux" && p.architecture == "amd64")
+            });
+            let chosen = match chosen {
+                Some(entry) => entry.digest.clone(),
+                None if entries.len() == 1 && entries[0].platform.is_none() => entries[0].digest.clone(),
+                None => {
+                    let platforms = entries
+                        .iter()
+                        .filter_map(|e| e.platform.as_ref())
+                        .map(|p| format!("{}/{}", p.os, p.architecture))
+                        .collect::<Vec<_>>();
+                    return Err(PullError::NoPlatform {
+                        reference: reference.whole(),
+                        platforms: if platforms.is_empty() {
+                            "none named".into()
+                        } else {
+                            platforms.join(", ")
+                        },
+                    });
+                }
+            };
+            let (entry_bytes, _) = self
+                .client
+                .pull_manifest_raw(&reference.clone_with_digest(chosen.clone()), &self.auth, &ACCEPTED)
+                .await
+                .map_err(|e| self.failed(e))?;
+            if sha256(&entry_bytes) != chosen {
+                return Err(self.bad(
+                    "the linux/amd64 manifest",
+                    format!("it does not hash to {chosen}, the digest the index gives"),
+                ));
+            }
+            (bytes, digest) = (entry_bytes, chosen);
+        }
+        Ok((bytes, digest))
+    }
+
+    /// Fetches `blob` into the store at `path`, by way of a file in the store's `tmp/`.
+    async fn fetch_blob(&self, store: &Path, blob: &Blob, path: &Path) -> Result<(), PullError> {
+        check_digest(&blob.digest).map_err(|e| self.bad("a descriptor", e.to_string()))?;
+        let tmp_dir = store.join("tmp");
+        std::fs::create_dir_all(&tmp_dir).map_err(store_err("creating the store"))?;
+        let tmp = tempfile::NamedTempFile::new_in(&tmp_dir).map_err(store_err("creating a blob file"))?;
+        let mut file = tokio::fs::File::from_std(tmp.reopen().map_err(store_err("opening a blob file"))?);
+        // oci-client checks the bytes against the descriptor's digest as they arrive.
+        self.client
+            .pull_blob(self.reference, blob.digest.as_str(), &mut file)
+            .await
+            .map_err(|e| self.failed(e))?;
+        tokio::io::AsyncWriteExt::flush(&mut file)
+            .await
+            .map_err(store_err("writing a blob"))?;
+        let size = tmp
+            .as_file()
+            .metadata()
+            .map_err(store_err("reading a blob's size"))?
+            .len();
+        if size != blob.size {
+            return Err(self.bad(
+                &format!("blob {}", blob.digest),
+                format!("{size} bytes, but its descriptor says {}", blob.size),
+            ));
+        }
+        std::fs::create_dir_all(path.parent().expect("blob paths have a folder"))
+            .map_err(store_err("creating the store"))?;
+        tmp.persist(path).map_err(|e| PullError::Store {
+            what: "storing a blob",
+            source: e.error,
+        })?;
+        Ok(())
+    }
 }
 
 /// Enough of a manifest or index to tell which it is.

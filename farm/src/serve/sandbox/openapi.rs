@@ -45,6 +45,8 @@ fn raw_answer(content_type: &str, what: &str) -> Value {
     })
 }
 
+// Long: one literal document (the OpenAPI JSON in one `json!`), read as the document it is;
+// cut into pieces it would no longer read as one.
 /// The document.
 pub fn document() -> Value {
     let strings = json!({ "type": "object", "additionalProperties": { "type": "string" } });

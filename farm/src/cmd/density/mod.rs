@@ -15,11 +15,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use snapshotter::{build_template, Fork, ForkIdentity, Forker, SnapshotStore, TemplateConfig};
+use snapshotter::{Fork, ForkIdentity, Forker};
 use vmm::memory::{self, Breakdown, HostMemory, ProcessMemory};
 use vmm::{AccelSetting, ExecOptions, VmSettings};
 
 use super::measure::{check_host_limits, percentiles, print_report, round};
+
+mod idle;
+
+use idle::{ksmd_pid, IdleCpu};
 
 #[derive(Args)]
 pub struct DensityArgs {
@@ -119,6 +123,23 @@ struct Filler {
 }
 
 impl Filler {
+    /// No forks yet; `host` is the host's memory before any.
+    fn new(forker: Forker, snapshot: snapshotter::Snapshot, args: &DensityArgs, host: &HostMemory) -> Filler {
+        Filler {
+            forker,
+            snapshot,
+            floor: host.total / 100 * args.headroom_percent,
+            headroom_percent: args.headroom_percent,
+            concurrency: args.concurrency.max(1),
+            progress: !args.json,
+            forks: Vec::new(),
+            start_ms: Vec::new(),
+            peak_used: host.used(),
+            ksm: args.ksm != vmm::Ksm::Off,
+            largest_fork: 64 << 20,
+        }
+    }
+
     /// Waits for ksmd to bring available memory back above the floor plus 2 %, as long as
     /// merging still frees memory (at least 16 MiB a minute); true when it got there.
     async fn wait_for_merging(&mut self) -> bool {
@@ -225,59 +246,61 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
         settings.tcg_tb_size_mib = (mib > 0).then_some(mib);
     }
     let forker = Forker::new(settings.clone())?;
-    let store = SnapshotStore::default_location();
-    let template = TemplateConfig::of_image(&args.image);
-    let snapshot = build_template(
-        &store,
-        &forker,
-        &template,
-        std::path::Path::new("."),
-        &format!("bench-{}", args.image),
-        &|_: &str| {},
-    )
-    .await
-    .context("building the benchmark template")?
-    .snapshot;
-    let ram_file = snapshot.memory_path();
+    let snapshot = super::bench::bench_template(&forker, &args.image).await?;
     say(&format!("template snapshot {}", snapshot.id()));
+    let (run, forks) = measure(&args, &forker, &snapshot, &say).await?;
+    let report = run.report(&args, &settings, &snapshot);
+    say("stopping the forks");
+    futures::future::join_all(forks.into_iter().map(|f| f.machine.shutdown())).await;
+    print_report(&report, args.json);
+    Ok(0)
+}
+
+/// What one density run measured (the forks themselves are returned beside it).
+struct Density {
+    host_before: HostMemory,
+    ksm_before: Option<vmm::ksm::KsmStats>,
+    ksmd_ticks_before: Option<u64>,
+    oom_before: Option<u64>,
+    baseline: Baseline,
+    /// Why the fill stopped short of `--forks`, if it did.
+    stopped_by: Option<String>,
+    forks_alive: usize,
+    /// Fork to first exec answered, per fork.
+    start_ms: Vec<f64>,
+    /// The exec in each fork with every fork alive: the latencies, and the failures.
+    all_ms: Vec<f64>,
+    failed_execs: Vec<String>,
+    idle: IdleCpu,
+    memory: ForkMemory,
+    peak_used: u64,
+    host_end: HostMemory,
+    responsive: usize,
+    oom_after: Option<u64>,
+}
+
+/// The measurements in order (the baseline, the fill, an exec in each fork, the idle period,
+/// every fork's memory); the forks are returned alive.
+async fn measure(
+    args: &DensityArgs,
+    forker: &Forker,
+    snapshot: &snapshotter::Snapshot,
+    say: &dyn Fn(&str),
+) -> Result<(Density, Vec<Fork>)> {
+    let ram_file = snapshot.memory_path();
     let host_before = HostMemory::probe().context("reading /proc/meminfo")?;
     let ksm_before = vmm::ksm::KsmStats::read();
     let ksmd = ksmd_pid();
     let ksmd_ticks_before = ksmd.and_then(memory::cpu_ticks);
     let oom_before = memory::oom_kills();
 
-    let mut fill = Filler {
-        forker: forker.clone(),
-        snapshot: snapshot.clone(),
-        floor: host_before.total / 100 * args.headroom_percent,
-        headroom_percent: args.headroom_percent,
-        concurrency: args.concurrency.max(1),
-        progress,
-        forks: Vec::new(),
-        start_ms: Vec::new(),
-        peak_used: host_before.used(),
-        ksm: args.ksm != vmm::Ksm::Off,
-        largest_fork: 64 << 20,
-    };
+    let mut fill = Filler::new(forker.clone(), snapshot.clone(), args, &host_before);
     say(&format!(
         "baseline: {} forks alive, {} execs",
         args.baseline, args.execs
     ));
     let mut stopped_by = fill.fill(args.baseline.max(1)).await?;
-    let forks = &fill.forks;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut baseline_ms = Vec::new();
-    for i in 0..args.execs {
-        baseline_ms.push(timed_exec(&forks[i % forks.len()]).await?);
-    }
-    let baseline_alive = forks.len();
-    let one_idle = forks.first().map(|f| f.machine.pid());
-    let single = one_idle.and_then(ProcessMemory::of);
-    let single_breakdown = one_idle.and_then(|pid| Breakdown::of(pid, &ram_file));
-    let guest = match forks.first() {
-        Some(f) => guest_memory(f).await,
-        None => None,
-    };
+    let baseline = Baseline::measure(&fill.forks, args.execs, &ram_file).await?;
 
     if stopped_by.is_none() {
         say(&format!("filling to {} forks", args.forks));
@@ -295,71 +318,12 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     say(&format!("one exec in each of the {} forks", forks.len()));
-    let mut all_ms = Vec::new();
-    let mut failed_execs = Vec::new();
-    for (i, fork) in forks.iter().enumerate() {
-        match timed_exec(fork).await {
-            Ok(t) => all_ms.push(t),
-            Err(e) => failed_execs.push(format!("fork {i}: {e:#}")),
-        }
-    }
+    let (all_ms, failed_execs) = exec_in_each(&forks).await;
 
     say(&format!("idle for {} s", args.idle_secs));
     let pids: Vec<u32> = forks.iter().map(|f| f.machine.pid()).collect();
-    let qemu_ticks = |pids: &[u32]| pids.iter().filter_map(|&p| memory::cpu_ticks(p)).sum::<u64>();
-    let pages_to_scan = format!("{}/pages_to_scan", vmm::ksm::SYSFS);
-    let fill_pages_to_scan = std::fs::read_to_string(&pages_to_scan).ok();
-    if let Some(n) = args.ksmd_idle_pages_to_scan {
-        std::fs::write(&pages_to_scan, n.to_string()).with_context(|| format!("writing {pages_to_scan}"))?;
-    }
-    let ksmd0 = ksmd.and_then(memory::cpu_ticks);
-    let everyone0 = all_process_ticks();
-    let (busy0, _) = memory::host_cpu_ticks().unwrap_or((0, 0));
-    let (qemu0, farm0) = (qemu_ticks(&pids), memory::cpu_ticks(std::process::id()).unwrap_or(0));
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
-    let seconds = t0.elapsed().as_secs_f64();
-    let (busy1, _) = memory::host_cpu_ticks().unwrap_or((0, 0));
-    let (qemu1, farm1) = (qemu_ticks(&pids), memory::cpu_ticks(std::process::id()).unwrap_or(0));
-    let ksmd1 = ksmd.and_then(memory::cpu_ticks);
-    let mut others: Vec<(String, u64)> = all_process_ticks()
-        .into_iter()
-        .filter(|(pid, _, _)| !pids.contains(pid) && *pid != std::process::id())
-        .filter_map(|(pid, name, t)| {
-            everyone0
-                .iter()
-                .find(|(p, n, _)| *p == pid && *n == name)
-                .map(|(_, _, t0)| (format!("{name} ({pid})"), t.saturating_sub(*t0)))
-        })
-        .filter(|(_, t)| *t > 0)
-        .collect();
-    others.sort_by_key(|o| std::cmp::Reverse(o.1));
-    let ksm_after = vmm::ksm::KsmStats::read();
-    if let (Some(_), Some(original)) = (args.ksmd_idle_pages_to_scan, &fill_pages_to_scan) {
-        let _ = std::fs::write(&pages_to_scan, original.trim());
-    }
-    let hz = memory::ticks_per_second() as f64;
-    let percent = |ticks: u64| round(ticks as f64 / hz / seconds * 100.0);
-
-    let per_fork: Vec<ProcessMemory> = pids.iter().filter_map(|&p| ProcessMemory::of(p)).collect();
-    let series = |f: fn(&ProcessMemory) -> u64| {
-        per_fork
-            .iter()
-            .map(|m| f(m) as f64 / (1u64 << 20) as f64)
-            .collect::<Vec<_>>()
-    };
-    let sample: Vec<Breakdown> = pids
-        .iter()
-        .step_by((pids.len() / 20).max(1))
-        .filter_map(|&p| Breakdown::of(p, &ram_file))
-        .collect();
-    let mean_of = |f: fn(&Breakdown) -> u64| {
-        if sample.is_empty() {
-            0.0
-        } else {
-            mib(sample.iter().map(f).sum::<u64>() / sample.len() as u64)
-        }
-    };
+    let idle = IdleCpu::measure(&pids, ksmd, args.ksmd_idle_pages_to_scan, args.idle_secs).await?;
+    let memory = ForkMemory::measure(&pids, &ram_file);
     let host_end = HostMemory::probe().unwrap_or_default();
     peak_used = peak_used.max(host_end.used());
     let responsive = futures::future::join_all(forks.iter().map(|f| f.agent().ping()))
@@ -368,51 +332,169 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
         .filter(|r| r.is_ok())
         .count();
     let oom_after = memory::oom_kills();
-
-    let baseline_p = percentiles(&baseline_ms);
-    let all_p = percentiles(&all_ms);
-    let p99 = |v: &serde_json::Value| v.get("p99").and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
-    let breakdown = |b: &Breakdown| {
-        json!({
-            "guest_ram": mib(b.guest_ram), "translation_buffer": mib(b.translation_buffer), "heap": mib(b.heap),
-            "anonymous": mib(b.anonymous), "binaries": mib(b.binaries), "other": mib(b.other),
-        })
+    let run = Density {
+        host_before,
+        ksm_before,
+        ksmd_ticks_before,
+        oom_before,
+        baseline,
+        stopped_by,
+        forks_alive: forks.len(),
+        start_ms,
+        all_ms,
+        failed_execs,
+        idle,
+        memory,
+        peak_used,
+        host_end,
+        responsive,
+        oom_after,
     };
-    let report = json!({
-        "benchmark": "density",
-        "image": args.image,
-        "accel": settings.accel.to_string(),
-        "guest_memory_mib": snapshot.manifest.memory_mib,
-        "tb_size_mib": settings.tcg_tb_size_mib,
-        "ksm": args.ksm.to_string(),
-        "ksmd_pages_to_scan": { "fill": fill_pages_to_scan.as_deref().map(str::trim), "idle": args.ksmd_idle_pages_to_scan },
-        "ksm_pages_saved_mib": match (ksm_before, ksm_after) {
-            (Some(a), Some(b)) if args.ksm != vmm::Ksm::Off => json!(mib(b.pages_sharing.saturating_sub(a.pages_sharing) * 4096)),
-            _ => json!(null),
-        },
-        "ksmd_cpu_seconds_whole_run": match (ksmd_ticks_before, ksmd1) {
-            (Some(a), Some(b)) => json!(round((b - a) as f64 / memory::ticks_per_second() as f64)),
-            _ => json!(null),
-        },
-        "forks_wanted": args.forks,
-        "forks_alive": forks.len(),
-        "stopped_by": stopped_by,
-        "answered_exec": all_ms.len(),
-        "failed_execs": failed_execs.iter().take(10).collect::<Vec<_>>(),
-        "responsive_after_idle": responsive,
-        "fork_to_first_exec_ms": percentiles(&start_ms),
-        "exec_ms_baseline": { "forks_alive": baseline_alive, "latency": baseline_p },
-        "exec_ms_all_alive": { "forks_alive": forks.len(), "latency": all_p },
-        "ratio_exec_p99_all_over_baseline": round(p99(&all_p) / p99(&baseline_p)),
-        "memory": {
-            "per_fork_pss_mib": percentiles(&series(|m| m.pss)),
-            "per_fork_uss_mib": percentiles(&series(|m| m.uss)),
-            "per_fork_private_dirty_mib": percentiles(&series(|m| m.private_dirty)),
-            "total_pss_mib": round(series(|m| m.pss).iter().sum::<f64>()),
+    Ok((run, forks))
+}
+
+/// With the baseline's few forks alive: exec latency, and the first fork's memory as the
+/// host and the guest see it.
+struct Baseline {
+    forks_alive: usize,
+    exec_ms: Vec<f64>,
+    one_fork: Option<ProcessMemory>,
+    one_fork_breakdown: Option<Breakdown>,
+    /// The guest's MemTotal and MemAvailable, in MiB.
+    guest: Option<(f64, f64)>,
+}
+
+impl Baseline {
+    /// `execs` execs spread over `forks`, after a short idle.
+    async fn measure(forks: &[Fork], execs: usize, ram_file: &std::path::Path) -> Result<Baseline> {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut baseline_ms = Vec::new();
+        for i in 0..execs {
+            baseline_ms.push(timed_exec(&forks[i % forks.len()]).await?);
+        }
+        let baseline_alive = forks.len();
+        let one_idle = forks.first().map(|f| f.machine.pid());
+        let single = one_idle.and_then(ProcessMemory::of);
+        let single_breakdown = one_idle.and_then(|pid| Breakdown::of(pid, ram_file));
+        let guest = match forks.first() {
+            Some(f) => guest_memory(f).await,
+            None => None,
+        };
+        Ok(Baseline {
+            forks_alive: baseline_alive,
+            exec_ms: baseline_ms,
+            one_fork: single,
+            one_fork_breakdown: single_breakdown,
+            guest,
+        })
+    }
+}
+
+/// One exec in each fork: the latencies of those answered, and the failures.
+async fn exec_in_each(forks: &[Fork]) -> (Vec<f64>, Vec<String>) {
+    let mut all_ms = Vec::new();
+    let mut failed_execs = Vec::new();
+    for (i, fork) in forks.iter().enumerate() {
+        match timed_exec(fork).await {
+            Ok(t) => all_ms.push(t),
+            Err(e) => failed_execs.push(format!("fork {i}: {e:#}")),
+        }
+    }
+    (all_ms, failed_execs)
+}
+
+/// Every fork's memory after the idle period, and where it goes in a sample of them (about 20).
+struct ForkMemory {
+    per_fork: Vec<ProcessMemory>,
+    sample: Vec<Breakdown>,
+}
+
+impl ForkMemory {
+    fn measure(pids: &[u32], ram_file: &std::path::Path) -> ForkMemory {
+        let per_fork: Vec<ProcessMemory> = pids.iter().filter_map(|&p| ProcessMemory::of(p)).collect();
+        let sample: Vec<Breakdown> = pids
+            .iter()
+            .step_by((pids.len() / 20).max(1))
+            .filter_map(|&p| Breakdown::of(p, ram_file))
+            .collect();
+        ForkMemory { per_fork, sample }
+    }
+
+    /// One figure of every fork, in MiB.
+    fn series(&self, f: fn(&ProcessMemory) -> u64) -> Vec<f64> {
+        self.per_fork
+            .iter()
+            .map(|m| f(m) as f64 / (1u64 << 20) as f64)
+            .collect::<Vec<_>>()
+    }
+
+    /// The sample's mean of one part of the breakdown, in MiB.
+    fn mean_of(&self, f: fn(&Breakdown) -> u64) -> f64 {
+        if self.sample.is_empty() {
+            0.0
+        } else {
+            mib(self.sample.iter().map(f).sum::<u64>() / self.sample.len() as u64)
+        }
+    }
+}
+
+impl Density {
+    fn report(&self, args: &DensityArgs, settings: &VmSettings, snapshot: &snapshotter::Snapshot) -> serde_json::Value {
+        let baseline_p = percentiles(&self.baseline.exec_ms);
+        let all_p = percentiles(&self.all_ms);
+        let p99 = |v: &serde_json::Value| v.get("p99").and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+        let guest = self.baseline.guest;
+        json!({
+            "benchmark": "density",
+            "image": args.image,
+            "accel": settings.accel.to_string(),
+            "guest_memory_mib": snapshot.manifest.memory_mib,
+            "tb_size_mib": settings.tcg_tb_size_mib,
+            "ksm": args.ksm.to_string(),
+            "ksmd_pages_to_scan": { "fill": self.idle.fill_pages_to_scan.as_deref().map(str::trim), "idle": args.ksmd_idle_pages_to_scan },
+            "ksm_pages_saved_mib": match (self.ksm_before, self.idle.ksm_after) {
+                (Some(a), Some(b)) if args.ksm != vmm::Ksm::Off => json!(mib(b.pages_sharing.saturating_sub(a.pages_sharing) * 4096)),
+                _ => json!(null),
+            },
+            "ksmd_cpu_seconds_whole_run": match (self.ksmd_ticks_before, self.idle.ksmd.1) {
+                (Some(a), Some(b)) => json!(round((b - a) as f64 / memory::ticks_per_second() as f64)),
+                _ => json!(null),
+            },
+            "forks_wanted": args.forks,
+            "forks_alive": self.forks_alive,
+            "stopped_by": self.stopped_by,
+            "answered_exec": self.all_ms.len(),
+            "failed_execs": self.failed_execs.iter().take(10).collect::<Vec<_>>(),
+            "responsive_after_idle": self.responsive,
+            "fork_to_first_exec_ms": percentiles(&self.start_ms),
+            "exec_ms_baseline": { "forks_alive": self.baseline.forks_alive, "latency": baseline_p },
+            "exec_ms_all_alive": { "forks_alive": self.forks_alive, "latency": all_p },
+            "ratio_exec_p99_all_over_baseline": round(p99(&all_p) / p99(&baseline_p)),
+            "memory": self.memory_report(),
+            "guest": { "mem_total_mib": guest.map(|g| g.0), "mem_available_mib": guest.map(|g| g.1) },
+            "idle_cpu": self.idle.report(self.forks_alive),
+        })
+    }
+
+    /// The report's `memory`: per fork, where it goes, and the host's.
+    fn memory_report(&self) -> serde_json::Value {
+        let (memory, host_before) = (&self.memory, &self.host_before);
+        let (single, single_breakdown) = (self.baseline.one_fork, &self.baseline.one_fork_breakdown);
+        let breakdown = |b: &Breakdown| {
+            json!({
+                "guest_ram": mib(b.guest_ram), "translation_buffer": mib(b.translation_buffer), "heap": mib(b.heap),
+                "anonymous": mib(b.anonymous), "binaries": mib(b.binaries), "other": mib(b.other),
+            })
+        };
+        json!({
+            "per_fork_pss_mib": percentiles(&memory.series(|m| m.pss)),
+            "per_fork_uss_mib": percentiles(&memory.series(|m| m.uss)),
+            "per_fork_private_dirty_mib": percentiles(&memory.series(|m| m.private_dirty)),
+            "total_pss_mib": round(memory.series(|m| m.pss).iter().sum::<f64>()),
             "breakdown_mean_uss_mib": json!({
-                "guest_ram": mean_of(|b| b.guest_ram), "translation_buffer": mean_of(|b| b.translation_buffer),
-                "heap": mean_of(|b| b.heap), "anonymous": mean_of(|b| b.anonymous),
-                "binaries": mean_of(|b| b.binaries), "other": mean_of(|b| b.other), "forks_sampled": sample.len(),
+                "guest_ram": memory.mean_of(|b| b.guest_ram), "translation_buffer": memory.mean_of(|b| b.translation_buffer),
+                "heap": memory.mean_of(|b| b.heap), "anonymous": memory.mean_of(|b| b.anonymous),
+                "binaries": memory.mean_of(|b| b.binaries), "other": memory.mean_of(|b| b.other), "forks_sampled": memory.sample.len(),
             }),
             "one_fork_at_baseline": json!({
                 "pss_mib": single.map(|m| mib(m.pss)), "uss_mib": single.map(|m| mib(m.uss)),
@@ -420,48 +502,9 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
             }),
             "host_total_mib": host_before.total >> 20,
             "host_used_before_mib": host_before.used() >> 20,
-            "host_used_peak_percent": round(peak_used as f64 / host_before.total as f64 * 100.0),
-            "host_used_end_mib": host_end.used() >> 20,
-            "oom_kills_during_run": match (oom_before, oom_after) { (Some(a), Some(b)) => json!(b - a), _ => json!(null) },
-        },
-        "guest": { "mem_total_mib": guest.map(|g| g.0), "mem_available_mib": guest.map(|g| g.1) },
-        "idle_cpu": {
-            "seconds": round(seconds),
-            "host_percent_of_one_core": percent(busy1.saturating_sub(busy0)),
-            "qemu_percent_of_one_core": percent(qemu1.saturating_sub(qemu0)),
-            "farm_percent_of_one_core": percent(farm1.saturating_sub(farm0)),
-            "other_processes_percent_of_one_core": others.iter().take(6).map(|(n, t)| json!({ "process": n, "percent": percent(*t) })).collect::<Vec<_>>(),
-            "ksmd_percent_of_one_core": match (ksmd0, ksmd1) { (Some(a), Some(b)) => json!(percent(b.saturating_sub(a))), _ => json!(null) },
-            "per_fork_percent_of_one_core": if pids.is_empty() { 0.0 } else { round(qemu1.saturating_sub(qemu0) as f64 / hz / seconds * 100.0 / pids.len() as f64 * 1000.0) / 1000.0 },
-        },
-    });
-    say("stopping the forks");
-    futures::future::join_all(forks.into_iter().map(|f| f.machine.shutdown())).await;
-    print_report(&report, args.json);
-    Ok(0)
-}
-
-/// The pid of the kernel's `ksmd` thread, if it has one.
-fn ksmd_pid() -> Option<u32> {
-    all_process_ticks()
-        .into_iter()
-        .find(|(_, name, _)| name == "ksmd")
-        .map(|(pid, _, _)| pid)
-}
-
-/// Every process's (pid, name, CPU ticks), kernel threads included.
-fn all_process_ticks() -> Vec<(u32, String, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .ok()?
-                .trim()
-                .to_string();
-            Some((pid, name, memory::cpu_ticks(pid)?))
+            "host_used_peak_percent": round(self.peak_used as f64 / host_before.total as f64 * 100.0),
+            "host_used_end_mib": self.host_end.used() >> 20,
+            "oom_kills_during_run": match (self.oom_before, self.oom_after) { (Some(a), Some(b)) => json!(b - a), _ => json!(null) },
         })
-        .collect()
+    }
 }
