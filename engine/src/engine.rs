@@ -183,14 +183,7 @@ impl Engine {
             .collect();
         // `rollouts.user` unset: the image's User (a converted image's config), else root.
         if config.rollouts.user.is_empty() {
-            config.rollouts.user = match image_config.user.as_str() {
-                "" => "root".into(),
-                user if crate::config::valid_user(user) => user.to_string(),
-                user => {
-                    progress(&format!("the image's User {user:?} is not a user name or UID[:GID]; rollouts run as root (set rollouts.user)"));
-                    "root".into()
-                }
-            };
+            config.rollouts.user = rollouts_user_of_image(&image_config.user, progress);
         }
         Ok(Engine {
             image_env,
@@ -291,6 +284,21 @@ impl Engine {
             }
         }
         Ok(fork)
+    }
+}
+
+/// The user rollouts run as when the suite names none: the image's `User`, or root when it
+/// has none or one that is not a user name or `UID[:GID]` (said to `progress`).
+fn rollouts_user_of_image(user: &str, progress: &(dyn Fn(&str) + Sync)) -> String {
+    match user {
+        "" => "root".into(),
+        user if crate::config::valid_user(user) => user.to_string(),
+        user => {
+            progress(&format!(
+                "the image's User {user:?} is not a user name or UID[:GID]; rollouts run as root (set rollouts.user)"
+            ));
+            "root".into()
+        }
     }
 }
 

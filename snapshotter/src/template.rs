@@ -188,6 +188,15 @@ pub enum TemplateConfigError {
     Invalid { path: String, key: String, message: String },
 }
 
+/// The error for a key of the config file at `path` that has a wrong value.
+fn invalid_value(path: &Path, key: &str, message: String) -> TemplateConfigError {
+    TemplateConfigError::Invalid {
+        path: path.display().to_string(),
+        key: key.to_string(),
+        message,
+    }
+}
+
 /// A template file on disk: `[template]` and nothing else.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -212,11 +221,43 @@ impl TemplateConfig {
 
     /// Checks values serde cannot (ranges, paths) and names the key that is wrong.
     pub fn validate(&self, path: &Path) -> Result<(), TemplateConfigError> {
-        let invalid = |key: &str, message: String| TemplateConfigError::Invalid {
-            path: path.display().to_string(),
-            key: key.to_string(),
-            message,
-        };
+        let invalid = |key: &str, message: String| invalid_value(path, key, message);
+        self.validate_source(path)?;
+        self.network
+            .check()
+            .map_err(|m| invalid("template.network", m.to_string()))?;
+        if !self.network.rules.is_empty() {
+            return Err(invalid(
+                "template.network",
+                "rules are for rollouts and sessions ([rollouts.network]); a template's setup takes allow entries only"
+                    .into(),
+            ));
+        }
+        if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
+            return Err(invalid(
+                "template.image_size_mib",
+                format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0)),
+            ));
+        }
+        if !(64..=65536).contains(&self.memory_mib) {
+            return Err(invalid(
+                "template.memory_mib",
+                format!("{} is out of range 64..=65536", self.memory_mib),
+            ));
+        }
+        if !(1..=64).contains(&self.cpus) {
+            return Err(invalid(
+                "template.cpus",
+                format!("{} is out of range 1..=64", self.cpus),
+            ));
+        }
+        self.validate_files(path)
+    }
+
+    /// Where the image comes from: `image` or `dockerfile` (with its `context`, `build_args`
+    /// and `target`), never both.
+    fn validate_source(&self, path: &Path) -> Result<(), TemplateConfigError> {
+        let invalid = |key: &str, message: String| invalid_value(path, key, message);
         match (&self.dockerfile, self.image.is_empty()) {
             (Some(_), false) => {
                 return Err(invalid(
@@ -267,34 +308,12 @@ impl TemplateConfig {
                 }
             }
         }
-        self.network
-            .check()
-            .map_err(|m| invalid("template.network", m.to_string()))?;
-        if !self.network.rules.is_empty() {
-            return Err(invalid(
-                "template.network",
-                "rules are for rollouts and sessions ([rollouts.network]); a template's setup takes allow entries only"
-                    .into(),
-            ));
-        }
-        if self.image_size_mib.is_some_and(|s| !(64..=1 << 20).contains(&s)) {
-            return Err(invalid(
-                "template.image_size_mib",
-                format!("{} is out of range 64..=1048576", self.image_size_mib.unwrap_or(0)),
-            ));
-        }
-        if !(64..=65536).contains(&self.memory_mib) {
-            return Err(invalid(
-                "template.memory_mib",
-                format!("{} is out of range 64..=65536", self.memory_mib),
-            ));
-        }
-        if !(1..=64).contains(&self.cpus) {
-            return Err(invalid(
-                "template.cpus",
-                format!("{} is out of range 1..=64", self.cpus),
-            ));
-        }
+        Ok(())
+    }
+
+    /// Each file goes to an absolute guest path with a permission mode.
+    fn validate_files(&self, path: &Path) -> Result<(), TemplateConfigError> {
+        let invalid = |key: &str, message: String| invalid_value(path, key, message);
         for (i, file) in self.files.iter().enumerate() {
             if !file.dest.starts_with('/') {
                 return Err(invalid(

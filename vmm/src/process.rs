@@ -72,42 +72,81 @@ fn live_children() -> &'static Mutex<HashSet<u32>> {
     LIVE.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
-fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confinement) -> io::Result<Child> {
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-    use nix::sys::resource::{setrlimit, Resource};
-    use nix::sys::signal::{signal, SigHandler, Signal};
-    use nix::unistd::{dup2, getpid, getppid, setgroups, setpgid, setresgid, setresuid, Gid, Pid, Uid};
+/// What the child needs to enter its jail, all made before the fork: the hook that runs
+/// between fork and exec may not allocate.
+struct ChildJail {
+    parent: Pid,
+    /// (fd in this process, fd number in the child)
+    mapping: Vec<(i32, i32)>,
+    /// The lowest descriptor number above the passed ones.
+    first_free: i32,
+    groups: Vec<nix::unistd::Gid>,
+    uid: Option<u32>,
+    max_file_bytes: u64,
+    ksm: crate::Ksm,
+    /// Opened here, written in the child before it drops root; closed when the command (which
+    /// owns the hook) is dropped.
+    cgroup: Option<std::fs::File>,
+}
 
-    let parent = getpid();
-    let mapping: Vec<(i32, i32)> = fds.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)).collect();
-    let first_free = mapping.iter().map(|(_, target)| *target).max().unwrap_or(2).max(2) + 1;
-    let groups: Vec<Gid> = confinement.groups.iter().map(|g| Gid::from_raw(*g)).collect();
-    let uid = confinement.uid;
-    let max_file_bytes = confinement.max_file_bytes;
-    let ksm = confinement.ksm;
-    // Opened here, written in the child before it drops root; closed when the command (which
-    // owns the hook) is dropped.
-    let cgroup = match &confinement.cgroup_procs {
-        Some(path) => Some(std::fs::OpenOptions::new().write(true).open(path)?),
-        None => None,
-    };
-    // SAFETY: the hook runs between fork and exec. It allocates nothing (`mapping` and
-    // `groups` were built before the fork) and makes only async-signal-safe system calls:
-    // the nix functions used take integers, descriptors or slices built before the fork and
-    // wrap one call each (write, setrlimit, signal, setgroups, setresgid, setresuid, prctl,
-    // getppid, fcntl, dup2, setpgid); the raw ones are prctl, personality, close_range and
-    // _exit.
-    unsafe {
-        command.pre_exec(move || {
+impl ChildJail {
+    /// Everything the hook uses, built here in the parent.
+    fn prepare(fds: &[(OwnedFd, i32)], confinement: &Confinement) -> io::Result<ChildJail> {
+        use nix::unistd::{getpid, Gid};
+
+        let parent = getpid();
+        let mapping: Vec<(i32, i32)> = fds.iter().map(|(fd, target)| (fd.as_raw_fd(), *target)).collect();
+        let first_free = mapping.iter().map(|(_, target)| *target).max().unwrap_or(2).max(2) + 1;
+        let groups: Vec<Gid> = confinement.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+        let uid = confinement.uid;
+        let max_file_bytes = confinement.max_file_bytes;
+        let ksm = confinement.ksm;
+        let cgroup = match &confinement.cgroup_procs {
+            Some(path) => Some(std::fs::OpenOptions::new().write(true).open(path)?),
+            None => None,
+        };
+        Ok(ChildJail {
+            parent,
+            mapping,
+            first_free,
+            groups,
+            uid,
+            max_file_bytes,
+            ksm,
+            cgroup,
+        })
+    }
+
+    /// The child joins its cgroup, takes its limits (all but RLIMIT_NOFILE), drops to its
+    /// own uid, sets same-page merging, no_new_privs and the death signal, and ends itself if
+    /// the owner is already gone.
+    ///
+    /// # Safety
+    ///
+    /// Only in the child between fork and exec ([`spawn_here`]'s hook): it changes the
+    /// calling process's ids and limits, and exits it.
+    unsafe fn enter(&self) -> io::Result<()> {
+        use nix::sys::resource::{setrlimit, Resource};
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        use nix::unistd::{getppid, setgroups, setresgid, setresuid, Gid, Uid};
+
+        let (cgroup, groups) = (&self.cgroup, &self.groups);
+        let (parent, uid, max_file_bytes, ksm) = (self.parent, self.uid, self.max_file_bytes, self.ksm);
+        // SAFETY: the caller runs this between fork and exec. It allocates nothing and makes
+        // only async-signal-safe system calls: the nix functions used take integers,
+        // descriptors or slices built before the fork and wrap one call each (write,
+        // setrlimit, signal, setgroups, setresgid, setresuid, prctl, getppid); the raw ones
+        // are prctl, personality and _exit.
+        unsafe {
             if let Some(file) = &cgroup {
                 // "0" moves the writing process into the group.
                 if nix::unistd::write(file, b"0")? != 1 {
                     return Err(io::ErrorKind::WriteZero.into());
                 }
             }
-            // RLIMIT_NOFILE comes last, after the passed descriptors are in place: below, each
-            // is first duplicated above 64, which needs a free number under the limit, and
-            // farm itself may hold thousands (one set per VM).
+            // RLIMIT_NOFILE comes last, after the passed descriptors are in place: in
+            // pass_descriptors each is first duplicated above 64, which needs a free number
+            // under the limit, and farm itself may hold thousands (one set per VM).
             setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
             setrlimit(Resource::RLIMIT_FSIZE, max_file_bytes, max_file_bytes)?;
             // Past the file size cap a write fails (the guest sees an I/O error) instead of
@@ -117,7 +156,7 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
                 // The uid is this QEMU's alone, so its process limit bounds its threads.
                 setrlimit(Resource::RLIMIT_NPROC, crate::jail::MAX_PIDS, crate::jail::MAX_PIDS)?;
                 let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(uid));
-                setgroups(&groups)?;
+                setgroups(groups)?;
                 setresgid(gid, gid, gid)?;
                 setresuid(uid, uid, uid)?;
             }
@@ -141,6 +180,27 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
                 // allowed between fork and exec.
                 libc::_exit(1);
             }
+            Ok(())
+        }
+    }
+
+    /// Passes the descriptors: each to its number in the child, every other one closed at
+    /// exec; then the open-file limit.
+    ///
+    /// # Safety
+    ///
+    /// Only in the child between fork and exec ([`spawn_here`]'s hook): it moves the calling
+    /// process's descriptors and lowers its open-file limit.
+    unsafe fn pass_descriptors(&self) -> io::Result<()> {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        use nix::sys::resource::{setrlimit, Resource};
+        use nix::unistd::dup2;
+
+        let (mapping, first_free) = (&self.mapping, self.first_free);
+        // SAFETY: the caller runs this between fork and exec. It allocates nothing (`moved`
+        // is on the stack) and makes only async-signal-safe system calls: fcntl, dup2 and
+        // setrlimit through nix, close_range raw.
+        unsafe {
             // Move each passed fd to its number: first above every target so a source that
             // happens to equal another's target is not overwritten, then into place.
             let mut moved = [0i32; MAX_PASSED_FDS];
@@ -173,6 +233,24 @@ fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confi
                 crate::jail::MAX_OPEN_FILES,
                 crate::jail::MAX_OPEN_FILES,
             )?;
+            Ok(())
+        }
+    }
+}
+
+fn spawn_here(command: &mut Command, fds: &[(OwnedFd, i32)], confinement: &Confinement) -> io::Result<Child> {
+    use nix::unistd::{setpgid, Pid};
+
+    let jail = ChildJail::prepare(fds, confinement)?;
+    // SAFETY: the hook runs between fork and exec. It allocates nothing (`jail` was built
+    // before the fork) and makes only async-signal-safe system calls: the nix functions used
+    // take integers, descriptors or slices built before the fork and wrap one call each
+    // (write, setrlimit, signal, setgroups, setresgid, setresuid, prctl, getppid, fcntl, dup2,
+    // setpgid); the raw ones are prctl, personality, close_range and _exit.
+    unsafe {
+        command.pre_exec(move || {
+            jail.enter()?;
+            jail.pass_descriptors()?;
             setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
             Ok(())
         });

@@ -183,20 +183,7 @@ impl PolicyConfig {
                 Ok(())
             }
         };
-        let openai_keys = [
-            ("base_url", self.base_url.is_some()),
-            ("model", self.model.is_some()),
-            ("api_key_env", self.api_key_env.is_some()),
-            ("api_key", self.api_key.is_some()),
-            ("temperature", self.temperature.is_some()),
-            ("top_p", self.top_p.is_some()),
-            ("max_tokens", self.max_tokens.is_some()),
-            ("logprobs", self.logprobs.is_some()),
-            ("request_timeout_secs", self.request_timeout_secs.is_some()),
-            ("max_retries", self.max_retries.is_some()),
-            ("concurrency", self.concurrency.is_some()),
-            ("system_prompt", self.system_prompt.is_some()),
-        ];
+        let openai_keys = self.openai_keys();
         match (kind, origin) {
             (PolicyKind::Replay, PolicyOrigin::Suite) => {
                 given("actions", self.actions.is_some())?;
@@ -241,45 +228,72 @@ impl PolicyConfig {
                     given(key, set)?;
                 }
             }
-            (PolicyKind::Openai, origin) => {
-                for (key, set) in [
-                    ("source", self.source.is_some()),
-                    ("samples_file", self.samples_file.is_some()),
-                    ("trajectories_file", self.trajectories_file.is_some()),
-                    ("actions", self.actions.is_some()),
-                ] {
-                    given(key, set)?;
-                }
-                if origin == PolicyOrigin::Suite {
-                    given("api_key", self.api_key.is_some()).map_err(|_| {
-                        error(
-                            "api_key",
-                            "does not go in a suite file: name a variable with api_key_env",
-                        )
-                    })?;
-                }
-                let base_url = self
-                    .base_url
-                    .as_deref()
-                    .ok_or_else(|| error("base_url", "is required when policy.kind = \"openai\""))?;
-                if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-                    return Err(error(
-                        "base_url",
-                        format!("{base_url:?} must start with http:// or https://"),
-                    ));
-                }
-                if self.model.is_none() {
-                    return Err(error("model", "is required when policy.kind = \"openai\""));
-                }
-                if let Some(t) = self.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
-                    return Err(error("temperature", format!("{t} is not in [0, 2]")));
-                }
-                if self.request_timeout_secs == Some(0) {
-                    return Err(error("request_timeout_secs", "must be at least 1"));
-                }
-            }
+            (PolicyKind::Openai, origin) => self.check_openai(origin, &given)?,
         }
         Ok(kind)
+    }
+
+    /// The `openai` kind's keys: an http(s) endpoint and a model, no replay keys, values in
+    /// range, and in a suite file the key only through a variable (`api_key_env`).
+    fn check_openai(
+        &self,
+        origin: PolicyOrigin,
+        given: &dyn Fn(&'static str, bool) -> Result<(), PolicyError>,
+    ) -> Result<(), PolicyError> {
+        for (key, set) in [
+            ("source", self.source.is_some()),
+            ("samples_file", self.samples_file.is_some()),
+            ("trajectories_file", self.trajectories_file.is_some()),
+            ("actions", self.actions.is_some()),
+        ] {
+            given(key, set)?;
+        }
+        if origin == PolicyOrigin::Suite {
+            given("api_key", self.api_key.is_some()).map_err(|_| {
+                error(
+                    "api_key",
+                    "does not go in a suite file: name a variable with api_key_env",
+                )
+            })?;
+        }
+        let base_url = self
+            .base_url
+            .as_deref()
+            .ok_or_else(|| error("base_url", "is required when policy.kind = \"openai\""))?;
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(error(
+                "base_url",
+                format!("{base_url:?} must start with http:// or https://"),
+            ));
+        }
+        if self.model.is_none() {
+            return Err(error("model", "is required when policy.kind = \"openai\""));
+        }
+        if let Some(t) = self.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+            return Err(error("temperature", format!("{t} is not in [0, 2]")));
+        }
+        if self.request_timeout_secs == Some(0) {
+            return Err(error("request_timeout_secs", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Each key only the `openai` kind takes, and whether it is set.
+    fn openai_keys(&self) -> [(&'static str, bool); 12] {
+        [
+            ("base_url", self.base_url.is_some()),
+            ("model", self.model.is_some()),
+            ("api_key_env", self.api_key_env.is_some()),
+            ("api_key", self.api_key.is_some()),
+            ("temperature", self.temperature.is_some()),
+            ("top_p", self.top_p.is_some()),
+            ("max_tokens", self.max_tokens.is_some()),
+            ("logprobs", self.logprobs.is_some()),
+            ("request_timeout_secs", self.request_timeout_secs.is_some()),
+            ("max_retries", self.max_retries.is_some()),
+            ("concurrency", self.concurrency.is_some()),
+            ("system_prompt", self.system_prompt.is_some()),
+        ]
     }
 
     pub fn max_tokens(&self) -> u32 {

@@ -127,8 +127,9 @@ impl OpenAiPolicy {
         }
     }
 
-    /// One chat-completions request, with retries.
-    async fn complete(&self, messages: &[Value], seed: u64) -> Result<ChatReply, ChatError> {
+    /// The chat-completions request for `messages`: the model, the tools and the sampling
+    /// settings the config gives.
+    fn request_body(&self, messages: &[Value], seed: u64) -> Value {
         let mut body = json!({
             "model": self.config.model,
             "messages": messages,
@@ -146,6 +147,12 @@ impl OpenAiPolicy {
         if self.config.logprobs() {
             body["logprobs"] = json!(true);
         }
+        body
+    }
+
+    /// One chat-completions request, with retries.
+    async fn complete(&self, messages: &[Value], seed: u64) -> Result<ChatReply, ChatError> {
+        let body = self.request_body(messages, seed);
         let base_url = self.config.base_url.as_deref().unwrap_or_default();
         let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
         let _permit = self.limiter.acquire().await.expect("limiter open");
@@ -162,13 +169,7 @@ impl OpenAiPolicy {
                         .policy_requests
                         .with_label_values(&[status.as_str()])
                         .inc();
-                    let retry_after = response
-                        .headers()
-                        .get("retry-after")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<f64>().ok())
-                        .filter(|s| s.is_finite())
-                        .map(|s| Duration::from_secs_f64(s.clamp(0.0, 60.0)));
+                    let retry_after = retry_after(response.headers());
                     if status.is_success() {
                         let text = response.text().await.map_err(|e| {
                             ChatError::Endpoint(format!("{url} answered {status}, then the body failed: {e}"))
@@ -221,6 +222,16 @@ impl OpenAiPolicy {
             attempt += 1;
         }
     }
+}
+
+/// The wait a `Retry-After` header of seconds asks for, at most a minute.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite())
+        .map(|s| Duration::from_secs_f64(s.clamp(0.0, 60.0)))
 }
 
 /// A chat-completions answer: what farm reads of it. The message itself is kept whole (it

@@ -298,18 +298,7 @@ fn run_thread(
                 let _ = reply.send(result);
             }
             Command::Request(line, reply) => {
-                let result = match &mut requests {
-                    Some((path, file)) => file
-                        .write_all(&line)
-                        .and_then(|_| file.sync_data())
-                        .map_err(files::io("appending to", path)),
-                    None => Err(OutputError::Io {
-                        what: "appending to",
-                        path: PathBuf::from("requests.jsonl"),
-                        source: std::io::Error::other("this recorder keeps no request journal"),
-                    }),
-                };
-                let _ = reply.send(result);
+                let _ = reply.send(append_request(&mut requests, &line));
             }
             Command::Flush(reply) => {
                 let _ = reply.send(writer.flush());
@@ -318,20 +307,7 @@ fn run_thread(
                 let _ = reply.send(writer.record_plan(&plan));
             }
             Command::Summary(inputs, reply) => {
-                let result = writer.flush().and_then(|()| {
-                    let this_session = &writer.outcomes()[opened_rows.min(writer.outcomes().len())..];
-                    let mut value = summary::summary(writer.outcomes(), inputs.samples, inputs.planned);
-                    value.provenance = Some(inputs.provenance.clone());
-                    value.performance = Some(summary::performance(
-                        this_session,
-                        inputs.wall,
-                        write_time + started.elapsed(),
-                        inputs.concurrency,
-                    ));
-                    value.merged = inputs.merged.clone();
-                    writer.write_summary(&value).map(|()| value)
-                });
-                let _ = reply.send(result);
+                let _ = reply.send(write_summary(&mut writer, &inputs, opened_rows, write_time, started));
             }
         }
         write_time += started.elapsed();
@@ -339,6 +315,46 @@ fn run_thread(
     if let Err(e) = writer.flush() {
         tracing::warn!("writing the last Parquet part failed (the rows are safe in journal.jsonl): {e}");
     }
+}
+
+/// Appends a line to `farm serve`'s request journal, synced before the answer.
+fn append_request(requests: &mut Option<(PathBuf, std::fs::File)>, line: &[u8]) -> Result<(), OutputError> {
+    match requests {
+        Some((path, file)) => file
+            .write_all(line)
+            .and_then(|_| file.sync_data())
+            .map_err(files::io("appending to", path)),
+        None => Err(OutputError::Io {
+            what: "appending to",
+            path: PathBuf::from("requests.jsonl"),
+            source: std::io::Error::other("this recorder keeps no request journal"),
+        }),
+    }
+}
+
+/// Flushes, then writes `summary.json` over every row; the performance is this session's
+/// (the rows after the `opened_rows` the folder held, and the thread's write time so far,
+/// this command's since `started` included).
+fn write_summary(
+    writer: &mut OutputWriter,
+    inputs: &SummaryInputs,
+    opened_rows: usize,
+    write_time: Duration,
+    started: Instant,
+) -> Result<summary::Summary, OutputError> {
+    writer.flush().and_then(|()| {
+        let this_session = &writer.outcomes()[opened_rows.min(writer.outcomes().len())..];
+        let mut value = summary::summary(writer.outcomes(), inputs.samples, inputs.planned);
+        value.provenance = Some(inputs.provenance.clone());
+        value.performance = Some(summary::performance(
+            this_session,
+            inputs.wall,
+            write_time + started.elapsed(),
+            inputs.concurrency,
+        ));
+        value.merged = inputs.merged.clone();
+        writer.write_summary(&value).map(|()| value)
+    })
 }
 
 #[cfg(test)]

@@ -52,44 +52,7 @@ impl OutputWriter {
         resume: bool,
         rows_per_part: usize,
     ) -> Result<OutputWriter, OutputError> {
-        let existing = dir.join("manifest.json").exists();
-        if existing && !resume {
-            return Err(OutputError::HoldsARun(dir.to_path_buf()));
-        }
-        let manifest = if existing {
-            let m = Manifest::load(dir)?;
-            if m.suite_digest != run.suite_digest {
-                let short = |d: &str| d[..12.min(d.len())].to_string();
-                return Err(OutputError::OtherSuite {
-                    dir: dir.to_path_buf(),
-                    recorded: short(&m.suite_digest),
-                    now: short(&run.suite_digest),
-                });
-            }
-            if m.shard != run.shard {
-                return Err(OutputError::OtherShard {
-                    dir: dir.to_path_buf(),
-                    recorded: m.shard,
-                    now: run.shard,
-                });
-            }
-            // A format-1 run continues in this farm's format.
-            Manifest {
-                format_version: FORMAT_VERSION,
-                ..m
-            }
-        } else {
-            Manifest {
-                format_version: FORMAT_VERSION,
-                run_id: run.run_id.clone(),
-                suite_name: run.suite_name.clone(),
-                suite_digest: run.suite_digest.clone(),
-                parts: Vec::new(),
-                journal_bytes_in_parts: 0,
-                shard: run.shard,
-                plan: None,
-            }
-        };
+        let manifest = manifest_to_open(dir, run, resume)?;
         let journal_path = dir.join("journal.jsonl");
         // Read everything before changing anything: a bad line leaves the folder untouched.
         let journal = files::read_journal(&journal_path, manifest.journal_bytes_in_parts)?;
@@ -101,20 +64,7 @@ impl OutputWriter {
             });
         }
         std::fs::create_dir_all(dir.join("trajectories")).map_err(io("creating", dir))?;
-        // Parts not in the manifest were written by a run that died before committing them:
-        // their rows are still in the journal.
-        let listed: BTreeSet<&str> = manifest.parts.iter().map(|p| p.file.as_str()).collect();
-        let trajectories = dir.join("trajectories");
-        for entry in std::fs::read_dir(&trajectories)
-            .map_err(io("listing", &trajectories))?
-            .flatten()
-        {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let ours = name.starts_with("part-") && (name.ends_with(".parquet") || name.ends_with(".parquet.tmp"));
-            if ours && !listed.contains(format!("trajectories/{name}").as_str()) {
-                std::fs::remove_file(entry.path()).map_err(io("removing", &entry.path()))?;
-            }
-        }
+        remove_uncommitted_parts(dir, &manifest)?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -351,6 +301,68 @@ impl OutputWriter {
     pub(crate) fn manifest(&self) -> &Manifest {
         &self.manifest
     }
+}
+
+/// The manifest `dir` is opened with: the unfinished run's (with `resume`, and only when it
+/// is of the same suite and shard), in this farm's format, or a new run's.
+fn manifest_to_open(dir: &Path, run: &RunIdentity, resume: bool) -> Result<Manifest, OutputError> {
+    let existing = dir.join("manifest.json").exists();
+    if existing && !resume {
+        return Err(OutputError::HoldsARun(dir.to_path_buf()));
+    }
+    Ok(if existing {
+        let m = Manifest::load(dir)?;
+        if m.suite_digest != run.suite_digest {
+            let short = |d: &str| d[..12.min(d.len())].to_string();
+            return Err(OutputError::OtherSuite {
+                dir: dir.to_path_buf(),
+                recorded: short(&m.suite_digest),
+                now: short(&run.suite_digest),
+            });
+        }
+        if m.shard != run.shard {
+            return Err(OutputError::OtherShard {
+                dir: dir.to_path_buf(),
+                recorded: m.shard,
+                now: run.shard,
+            });
+        }
+        // A format-1 run continues in this farm's format.
+        Manifest {
+            format_version: FORMAT_VERSION,
+            ..m
+        }
+    } else {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            run_id: run.run_id.clone(),
+            suite_name: run.suite_name.clone(),
+            suite_digest: run.suite_digest.clone(),
+            parts: Vec::new(),
+            journal_bytes_in_parts: 0,
+            shard: run.shard,
+            plan: None,
+        }
+    })
+}
+
+/// Removes the parts the manifest does not list.
+fn remove_uncommitted_parts(dir: &Path, manifest: &Manifest) -> Result<(), OutputError> {
+    // Parts not in the manifest were written by a run that died before committing them:
+    // their rows are still in the journal.
+    let listed: BTreeSet<&str> = manifest.parts.iter().map(|p| p.file.as_str()).collect();
+    let trajectories = dir.join("trajectories");
+    for entry in std::fs::read_dir(&trajectories)
+        .map_err(io("listing", &trajectories))?
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let ours = name.starts_with("part-") && (name.ends_with(".parquet") || name.ends_with(".parquet.tmp"));
+        if ours && !listed.contains(format!("trajectories/{name}").as_str()) {
+            std::fs::remove_file(entry.path()).map_err(io("removing", &entry.path()))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -148,50 +148,12 @@ pub async fn build(
     spec: &DockerfileBuild<'_>,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Image, DockerfileError> {
-    let at = |line: usize, instruction: &str| {
-        let path = spec.dockerfile.to_path_buf();
-        let instruction: String = instruction
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .chars()
-            .take(200)
-            .collect();
-        move |kind: StepError| DockerfileError {
-            path,
-            line,
-            instruction,
-            kind: Box::new(kind),
-        }
-    };
+    let at = |line: usize, instruction: &str| error_at(spec.dockerfile, line, instruction);
     let text = std::fs::read_to_string(spec.dockerfile).map_err(|e| at(0, "")(StepError::Read(e)))?;
     let raws = parse::parse(&text).map_err(|e| at(e.line, "")(StepError::Syntax(e.message)))?;
     let (global_args, stages) = split_stages(raws).map_err(|(line, e)| at(line, "")(StepError::Syntax(e)))?;
-    // Global ARGs: the values FROM lines see (a build arg over the default).
-    let mut globals = BTreeMap::new();
-    for raw in &global_args {
-        for (name, default) in arg_decls(raw).map_err(|e| at(raw.line, &raw_text(raw))(e))? {
-            if let Some(value) = spec.build_args.get(&name).cloned().or(default) {
-                globals.insert(name, value);
-            }
-        }
-    }
-    let target = match spec.target {
-        None => stages.len() - 1,
-        Some(name) => stages
-            .iter()
-            .position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
-            .ok_or_else(|| {
-                at(0, "")(StepError::Invalid(format!(
-                    "target {name:?} is not a stage (named stages: {})",
-                    stages
-                        .iter()
-                        .filter_map(|s| s.name.clone())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )))
-            })?,
-    };
+    let globals = global_values(spec, &global_args)?;
+    let target = target_stage(&stages, spec.target).map_err(|e| at(0, "")(e))?;
     let needed = needed_stages(&stages, target);
     let context = context::Context::open(spec.context).map_err(|e| at(0, "")(e.into()))?;
     let builder = steps::Builder {
@@ -231,6 +193,58 @@ pub async fn build(
         config: last.config(),
         snapshot: last.snapshot,
         pulled,
+    })
+}
+
+/// Wraps a step's error with where it happened: the Dockerfile, the line and the instruction
+/// (its first line, cut at 200 characters).
+fn error_at(dockerfile: &Path, line: usize, instruction: &str) -> impl FnOnce(StepError) -> DockerfileError {
+    let path = dockerfile.to_path_buf();
+    let instruction: String = instruction
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .take(200)
+        .collect();
+    move |kind: StepError| DockerfileError {
+        path,
+        line,
+        instruction,
+        kind: Box::new(kind),
+    }
+}
+
+/// Global ARGs: the values FROM lines see (a build arg over the default).
+fn global_values(spec: &DockerfileBuild<'_>, global_args: &[Raw]) -> Result<BTreeMap<String, String>, DockerfileError> {
+    let mut globals = BTreeMap::new();
+    for raw in global_args {
+        for (name, default) in arg_decls(raw).map_err(|e| error_at(spec.dockerfile, raw.line, &raw_text(raw))(e))? {
+            if let Some(value) = spec.build_args.get(&name).cloned().or(default) {
+                globals.insert(name, value);
+            }
+        }
+    }
+    Ok(globals)
+}
+
+/// The index of the stage to build: the one named `target`, or the last.
+fn target_stage(stages: &[Stage], target: Option<&str>) -> Result<usize, StepError> {
+    Ok(match target {
+        None => stages.len() - 1,
+        Some(name) => stages
+            .iter()
+            .position(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)))
+            .ok_or_else(|| {
+                StepError::Invalid(format!(
+                    "target {name:?} is not a stage (named stages: {})",
+                    stages
+                        .iter()
+                        .filter_map(|s| s.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?,
     })
 }
 

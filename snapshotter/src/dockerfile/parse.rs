@@ -90,27 +90,7 @@ pub fn parse(text: &str) -> Result<Vec<Raw>, SyntaxError> {
             continue;
         }
         let line = i + 1;
-        // Join continuation lines; comment lines and blank lines inside are dropped.
-        let mut logical = String::new();
-        let mut current = lines[i].trim_start().to_string();
-        loop {
-            let ends_escaped = current.trim_end().ends_with(escape);
-            if !ends_escaped {
-                logical.push_str(&current);
-                break;
-            }
-            let kept = current.trim_end();
-            logical.push_str(&kept[..kept.len() - escape.len_utf8()]);
-            i += 1;
-            while i < lines.len() && (lines[i].trim_start().starts_with('#') || lines[i].trim().is_empty()) {
-                i += 1;
-            }
-            if i >= lines.len() {
-                break;
-            }
-            current = lines[i].to_string();
-        }
-        i += 1;
+        let logical = logical_line(&lines, &mut i, escape);
         let (keyword, rest) = split_word(&logical);
         let keyword = keyword.to_ascii_uppercase();
         if !KEYWORDS.contains(&keyword.as_str()) {
@@ -124,59 +104,11 @@ pub fn parse(text: &str) -> Result<Vec<Raw>, SyntaxError> {
         } else {
             (Vec::new(), rest)
         };
-        let rest = rest.trim();
-        if keyword == "SHELL" && !rest.starts_with('[') {
-            return Err(SyntaxError {
-                line,
-                message: "SHELL takes a JSON array of strings".into(),
-            });
-        }
-        let args = if rest.starts_with('[')
-            && matches!(
-                keyword.as_str(),
-                "RUN" | "CMD" | "ENTRYPOINT" | "SHELL" | "COPY" | "ADD" | "VOLUME"
-            ) {
-            match serde_json::from_str::<Vec<String>>(rest) {
-                Ok(list) => Args::Json(list),
-                Err(_) if keyword == "SHELL" => {
-                    return Err(SyntaxError {
-                        line,
-                        message: "SHELL takes a JSON array of strings".into(),
-                    })
-                }
-                Err(_) => Args::Text(rest.to_string()),
-            }
-        } else {
-            Args::Text(rest.to_string())
+        let args = arguments(&keyword, rest, line)?;
+        let heredocs = match (&args, keyword.as_str()) {
+            (Args::Text(text), "RUN" | "COPY" | "ADD") => here_documents(text, &lines, &mut i, line)?,
+            _ => Vec::new(),
         };
-        let mut heredocs = Vec::new();
-        if let (Args::Text(text), "RUN" | "COPY" | "ADD") = (&args, keyword.as_str()) {
-            for (delimiter, expand, strip_tabs) in heredoc_openers(text) {
-                let mut body = String::new();
-                loop {
-                    if i >= lines.len() {
-                        return Err(SyntaxError {
-                            line,
-                            message: format!("here-document {delimiter:?} is not closed"),
-                        });
-                    }
-                    let raw = lines[i];
-                    i += 1;
-                    let content = if strip_tabs { raw.trim_start_matches('\t') } else { raw };
-                    if content == delimiter {
-                        break;
-                    }
-                    body.push_str(content);
-                    body.push('\n');
-                }
-                heredocs.push(HereDoc {
-                    delimiter,
-                    expand,
-                    strip_tabs,
-                    body,
-                });
-            }
-        }
         if matches!(&args, Args::Text(t) if t.is_empty()) && keyword != "RUN" {
             return Err(SyntaxError {
                 line,
@@ -192,6 +124,95 @@ pub fn parse(text: &str) -> Result<Vec<Raw>, SyntaxError> {
         });
     }
     Ok(out)
+}
+
+/// The instruction that starts at `lines[*i]`, its continuation lines joined (comment lines
+/// and blank lines inside are dropped); moves `*i` past it.
+fn logical_line(lines: &[&str], i: &mut usize, escape: char) -> String {
+    let mut logical = String::new();
+    let mut current = lines[*i].trim_start().to_string();
+    loop {
+        let ends_escaped = current.trim_end().ends_with(escape);
+        if !ends_escaped {
+            logical.push_str(&current);
+            break;
+        }
+        let kept = current.trim_end();
+        logical.push_str(&kept[..kept.len() - escape.len_utf8()]);
+        *i += 1;
+        while *i < lines.len() && (lines[*i].trim_start().starts_with('#') || lines[*i].trim().is_empty()) {
+            *i += 1;
+        }
+        if *i >= lines.len() {
+            break;
+        }
+        current = lines[*i].to_string();
+    }
+    *i += 1;
+    logical
+}
+
+/// An instruction's arguments after its flags: the exec form (a JSON array) where the
+/// keyword takes one, else the text.
+fn arguments(keyword: &str, rest: &str, line: usize) -> Result<Args, SyntaxError> {
+    let rest = rest.trim();
+    if keyword == "SHELL" && !rest.starts_with('[') {
+        return Err(SyntaxError {
+            line,
+            message: "SHELL takes a JSON array of strings".into(),
+        });
+    }
+    let args = if rest.starts_with('[')
+        && matches!(
+            keyword,
+            "RUN" | "CMD" | "ENTRYPOINT" | "SHELL" | "COPY" | "ADD" | "VOLUME"
+        ) {
+        match serde_json::from_str::<Vec<String>>(rest) {
+            Ok(list) => Args::Json(list),
+            Err(_) if keyword == "SHELL" => {
+                return Err(SyntaxError {
+                    line,
+                    message: "SHELL takes a JSON array of strings".into(),
+                })
+            }
+            Err(_) => Args::Text(rest.to_string()),
+        }
+    } else {
+        Args::Text(rest.to_string())
+    };
+    Ok(args)
+}
+
+/// The bodies of the here-documents `text` opens, read from `lines[*i]` on; moves `*i` past
+/// the last one's delimiter. `line` is the instruction's, for errors.
+fn here_documents(text: &str, lines: &[&str], i: &mut usize, line: usize) -> Result<Vec<HereDoc>, SyntaxError> {
+    let mut heredocs = Vec::new();
+    for (delimiter, expand, strip_tabs) in heredoc_openers(text) {
+        let mut body = String::new();
+        loop {
+            if *i >= lines.len() {
+                return Err(SyntaxError {
+                    line,
+                    message: format!("here-document {delimiter:?} is not closed"),
+                });
+            }
+            let raw = lines[*i];
+            *i += 1;
+            let content = if strip_tabs { raw.trim_start_matches('\t') } else { raw };
+            if content == delimiter {
+                break;
+            }
+            body.push_str(content);
+            body.push('\n');
+        }
+        heredocs.push(HereDoc {
+            delimiter,
+            expand,
+            strip_tabs,
+            body,
+        });
+    }
+    Ok(heredocs)
 }
 
 /// `# escape=` among the leading comment lines (`\` or `` ` ``); `\` by default.

@@ -6,6 +6,11 @@
 //! stream cannot be resynchronised), responses whose body disagrees with their header fail
 //! that request, unsolicited frames are dropped, and every wait has a deadline. A closed
 //! channel fails all pending requests at once; nothing waits forever on a dead guest.
+//!
+//! File and folder requests are in `files.rs`; reading frames from the guest in `reader.rs`.
+
+mod files;
+mod reader;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,12 +18,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use farm_protocol::{
-    check_prefix, decode_header, encode_frame, Envelope, ExecRequest, ExecResult, FrameError, HandoverRequest,
-    IdentityRequest, Pong, Program, ReadFileRequest, Request, Response, RunTestsRequest, SweepRequest, TestsResult,
-    WriteFileRequest, PREFIX_BYTES, PROTOCOL_VERSION,
+    encode_frame, Envelope, ExecRequest, ExecResult, IdentityRequest, Pong, Program, Request, Response,
+    RunTestsRequest, SweepRequest, TestsResult, PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{oneshot, watch};
+
+pub use files::FilePlacement;
+pub use reader::read_frame;
+use reader::read_loop;
 
 /// Largest frame accepted from a guest by default.
 pub const DEFAULT_MAX_RESPONSE_BYTES: u32 = 80 << 20;
@@ -113,16 +121,6 @@ impl ExecOptions {
     }
 }
 
-/// Where a file goes and who owns it.
-#[derive(Debug, Clone, Default)]
-pub struct FilePlacement {
-    /// Confine the path to this folder (relative path, no link followed, links at the
-    /// destination replaced, setuid/setgid/sticky bits dropped).
-    pub beneath: Option<String>,
-    /// Owner (a guest user); root when None.
-    pub owner: Option<String>,
-}
-
 /// What ran and what the verdict files held, from [`AgentClient::run_tests`].
 #[derive(Debug, Clone)]
 pub struct TestsOutput {
@@ -159,8 +157,6 @@ impl ExecOutput {
 const EXEC_MARGIN: Duration = Duration::from_secs(10);
 /// Default deadline for short requests (ping, files, identity, quiesce).
 const SHORT_REQUEST: Duration = Duration::from_secs(60);
-/// Deadline for a workspace listing: up to [`farm_protocol::MAX_LISTING`] entries under TCG.
-const LISTING_REQUEST: Duration = Duration::from_secs(180);
 
 impl AgentClient {
     /// Starts serving a connected stream: `reader` and `writer` are its two halves.
@@ -360,164 +356,6 @@ impl AgentClient {
         }
     }
 
-    /// Gives a guest folder and everything under it to a user (links themselves, never
-    /// their targets). Returns the entries changed.
-    pub async fn handover(&self, root: &str, user: &str) -> Result<u64, AgentError> {
-        let request = HandoverRequest {
-            root: root.to_string(),
-            user: user.to_string(),
-        };
-        match self
-            .request("handover", Request::Handover(request), Vec::new(), SHORT_REQUEST)
-            .await?
-        {
-            (Response::Handover { entries }, _) => Ok(entries),
-            (other, _) => Err(unexpected("handover", other)),
-        }
-    }
-
-    /// Removes a guest folder and everything under it without following links.
-    pub async fn remove_tree(&self, path: &str) -> Result<u64, AgentError> {
-        match self
-            .request(
-                "remove_tree",
-                Request::RemoveTree { path: path.to_string() },
-                Vec::new(),
-                SHORT_REQUEST,
-            )
-            .await?
-        {
-            (Response::RemoveTree { entries }, _) => Ok(entries),
-            (other, _) => Err(unexpected("remove_tree", other)),
-        }
-    }
-
-    pub async fn write_file(&self, path: &str, contents: Vec<u8>, mode: u32) -> Result<(), AgentError> {
-        self.write_file_placed(path, contents, mode, &FilePlacement::default())
-            .await
-    }
-
-    /// Writes a file confined to a folder and/or owned by a user (see [`FilePlacement`]).
-    pub async fn write_file_placed(
-        &self,
-        path: &str,
-        contents: Vec<u8>,
-        mode: u32,
-        placement: &FilePlacement,
-    ) -> Result<(), AgentError> {
-        let request = WriteFileRequest {
-            path: path.to_string(),
-            mode,
-            create_parents: true,
-            beneath: placement.beneath.clone(),
-            owner: placement.owner.clone(),
-        };
-        let expected = contents.len() as u64;
-        match self
-            .request("write_file", Request::WriteFile(request), contents, SHORT_REQUEST)
-            .await?
-        {
-            (Response::WriteFile { bytes }, _) if bytes == expected => Ok(()),
-            (Response::WriteFile { bytes }, _) => Err(AgentError::BadResponse {
-                op: "write_file",
-                detail: format!("wrote {bytes} bytes of {expected}"),
-            }),
-            (other, _) => Err(unexpected("write_file", other)),
-        }
-    }
-
-    /// Reads at most `max_bytes` of a regular file; returns (contents, file size).
-    pub async fn read_file(&self, path: &str, max_bytes: u64) -> Result<(Vec<u8>, u64), AgentError> {
-        self.read_file_beneath(path, max_bytes, None).await
-    }
-
-    /// Reads at most `max_bytes` of a regular file, with `path` relative to `beneath` and no
-    /// link followed when `beneath` is set.
-    pub async fn read_file_beneath(
-        &self,
-        path: &str,
-        max_bytes: u64,
-        beneath: Option<&str>,
-    ) -> Result<(Vec<u8>, u64), AgentError> {
-        self.read_file_at(path, 0, max_bytes, beneath).await
-    }
-
-    /// Reads at most `max_bytes` of a regular file from byte `offset` on (for output that is
-    /// still growing); returns (contents, the whole file's size).
-    pub async fn read_file_at(
-        &self,
-        path: &str,
-        offset: u64,
-        max_bytes: u64,
-        beneath: Option<&str>,
-    ) -> Result<(Vec<u8>, u64), AgentError> {
-        let request = ReadFileRequest {
-            path: path.to_string(),
-            max_bytes,
-            beneath: beneath.map(str::to_string),
-            offset,
-        };
-        match self
-            .request("read_file", Request::ReadFile(request), Vec::new(), SHORT_REQUEST)
-            .await?
-        {
-            (Response::ReadFile { size, .. }, body) if body.len() as u64 <= max_bytes => Ok((body, size)),
-            (Response::ReadFile { .. }, body) => Err(AgentError::BadResponse {
-                op: "read_file",
-                detail: format!("sent {} bytes, more than the {max_bytes} asked for", body.len()),
-            }),
-            (other, _) => Err(unexpected("read_file", other)),
-        }
-    }
-
-    /// Lists regular files under `root` (relative paths, sizes, mtimes, modes).
-    pub async fn list_files(
-        &self,
-        root: &str,
-        max_entries: u32,
-    ) -> Result<(Vec<farm_protocol::FileEntry>, bool), AgentError> {
-        let request = farm_protocol::ListFilesRequest {
-            root: root.to_string(),
-            max_entries,
-        };
-        match self
-            .request("list_files", Request::ListFiles(request), Vec::new(), LISTING_REQUEST)
-            .await?
-        {
-            (Response::ListFiles { count, truncated }, body) => {
-                let entries: Vec<farm_protocol::FileEntry> =
-                    serde_json::from_slice(&body).map_err(|e| AgentError::BadResponse {
-                        op: "list_files",
-                        detail: format!("the listing is not a JSON array of entries: {e}"),
-                    })?;
-                if entries.len() > max_entries as usize || entries.len() != count as usize {
-                    return Err(AgentError::BadResponse {
-                        op: "list_files",
-                        detail: format!(
-                            "{} entries (announced {count}), at most {max_entries} asked for",
-                            entries.len()
-                        ),
-                    });
-                }
-                Ok((entries, truncated))
-            }
-            (other, _) => Err(unexpected("list_files", other)),
-        }
-    }
-
-    /// Removes a file (a missing one is not an error); with `beneath`, `path` is relative to
-    /// that folder and no link is followed.
-    pub async fn remove_file(&self, path: &str, beneath: Option<&str>) -> Result<(), AgentError> {
-        let request = Request::RemoveFile {
-            path: path.to_string(),
-            beneath: beneath.map(str::to_string),
-        };
-        match self.request("remove_file", request, Vec::new(), SHORT_REQUEST).await? {
-            (Response::RemoveFile, _) => Ok(()),
-            (other, _) => Err(unexpected("remove_file", other)),
-        }
-    }
-
     pub async fn quiesce(&self) -> Result<(), AgentError> {
         match self
             .request("quiesce", Request::Quiesce, Vec::new(), SHORT_REQUEST)
@@ -652,82 +490,6 @@ fn unexpected(op: &'static str, response: Response) -> AgentError {
     AgentError::BadResponse {
         op,
         detail: format!("unexpected response {response:?}"),
-    }
-}
-
-/// Reads frames until the stream fails; returns why it stopped.
-async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, max_frame: u32, inner: &std::sync::Weak<Inner>) -> String {
-    loop {
-        let (header, body) = match read_frame(&mut reader, max_frame).await {
-            Ok(frame) => frame,
-            Err(FrameError::Closed) => return "the guest closed the channel".into(),
-            // The VM went away (QEMU exited or was killed): not the guest's protocol error.
-            Err(FrameError::Io(e)) => return format!("the channel failed ({e}); did QEMU exit?"),
-            Err(FrameError::Truncated) => return "the channel closed in the middle of a frame".into(),
-            Err(e) => return format!("the guest broke the protocol: {e}"),
-        };
-        let envelope: Envelope<Response> = match decode_header(&header) {
-            Ok(envelope) => envelope,
-            Err(e) => return format!("the guest broke the protocol: {e}"),
-        };
-        let Some(inner) = inner.upgrade() else {
-            return "client dropped".into();
-        };
-        if envelope.id == 0 {
-            // Unsolicited: the agent announcing itself (pong) or reporting a frame it could
-            // not parse. Neither answers a request. An announcement means a (re)started agent:
-            // requests sent to its predecessor will never be answered.
-            if matches!(envelope.msg, Response::Pong(_)) {
-                let _ = inner.ready.send(true);
-                let mut shared = inner.shared.lock().unwrap_or_else(|p| p.into_inner());
-                for (_, waiter) in shared.pending.drain() {
-                    let _ = waiter.send(Err(AgentError::AgentRestarted { op: "request" }));
-                }
-            }
-            continue;
-        }
-        let waiter = {
-            let mut shared = inner.shared.lock().unwrap_or_else(|p| p.into_inner());
-            let waiter = shared.pending.remove(&envelope.id);
-            if waiter.is_none() {
-                shared.unsolicited += 1;
-            }
-            waiter
-        };
-        if let Some(waiter) = waiter {
-            let _ = waiter.send(Ok((envelope.msg, body)));
-        }
-    }
-}
-
-/// Reads one frame, refusing oversized ones before allocating.
-pub async fn read_frame<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    max_frame: u32,
-) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
-    let mut prefix = [0u8; PREFIX_BYTES];
-    let mut filled = 0;
-    while filled < PREFIX_BYTES {
-        match reader.read(&mut prefix[filled..]).await {
-            Ok(0) if filled == 0 => return Err(FrameError::Closed),
-            Ok(0) => return Err(FrameError::Truncated),
-            Ok(n) => filled += n,
-            Err(e) => return Err(FrameError::Io(e)),
-        }
-    }
-    let (header_len, body_len) = check_prefix(prefix, max_frame)?;
-    let mut header = vec![0u8; header_len];
-    read_exact(reader, &mut header).await?;
-    let mut body = vec![0u8; body_len];
-    read_exact(reader, &mut body).await?;
-    Ok((header, body))
-}
-
-async fn read_exact<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> Result<(), FrameError> {
-    match reader.read_exact(buf).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FrameError::Truncated),
-        Err(e) => Err(FrameError::Io(e)),
     }
 }
 

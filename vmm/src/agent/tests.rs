@@ -1,6 +1,6 @@
 //! The agent client against a scripted fake guest on an in-memory duplex stream: no VM.
 use super::*;
-use farm_protocol::{AgentError as WireError, ErrorKind};
+use farm_protocol::{decode_header, AgentError as WireError, ErrorKind};
 use tokio::io::{duplex, DuplexStream};
 
 /// A fake guest: reads request frames, answers through `respond`.

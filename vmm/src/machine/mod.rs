@@ -10,6 +10,7 @@
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -155,6 +156,117 @@ fn confine(
     Ok((user, cgroup, confinement))
 }
 
+/// Creates this QEMU's own RAM file, and gives the files it writes to its uid (when it has
+/// one of its own).
+fn prepare_writable_files(spec: &MachineSpec, own_ram: bool, user: Option<&VmUser>) -> Result<(), MachineError> {
+    if own_ram && !spec.ram.path.exists() {
+        std::fs::File::create(&spec.ram.path).map_err(io_err(format!("creating {}", spec.ram.path.display())))?;
+    }
+    if let Some(user) = user {
+        // The files this QEMU writes become its own; everything else it only reads.
+        let mut writable = vec![&spec.disk];
+        if own_ram {
+            writable.push(&spec.ram.path);
+        }
+        for path in writable {
+            std::os::unix::fs::chown(path, Some(user.uid), Some(user.uid))
+                .map_err(io_err(format!("giving {} to the VM's user", path.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// The host's ends of a QEMU's channels (the console's is read by its own thread).
+struct HostEnds {
+    qmp: UnixStream,
+    agent: UnixStream,
+    net: UnixStream,
+}
+
+/// Starts QEMU for `spec` in its jail, its messages going to `qemu_log`: every channel and
+/// every file it opens is passed as a descriptor, and the console is read into its log.
+fn spawn_qemu(
+    spec: &MachineSpec,
+    qemu_log: &Path,
+    confinement: Confinement,
+) -> Result<(QemuProcess, HostEnds), MachineError> {
+    let (qmp_host, qmp_child) = UnixStream::pair().map_err(io_err("creating the QMP socket pair"))?;
+    let (agent_host, agent_child) = UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
+    let (console_host, console_child) = UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
+    let (net_host, net_child) = UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
+    let log_file = std::fs::File::create(qemu_log).map_err(io_err(format!("creating {}", qemu_log.display())))?;
+    let mut command = Command::new(&spec.qemu_binary);
+    command
+        .args(spec.args())
+        .env_clear()
+        .envs(spec.env())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file);
+    let mut fds: Vec<(OwnedFd, i32)> = vec![
+        (qmp_child.into(), QMP_FD),
+        (agent_child.into(), AGENT_FD),
+        (console_child.into(), CONSOLE_FD),
+        (net_child.into(), NET_FD),
+    ];
+    for (path, number) in spec.files() {
+        // O_PATH: QEMU reopens each file through /proc/self/fd with its own permissions;
+        // the descriptor itself grants nothing.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        fds.push((file.into(), number));
+    }
+    crate::console::capture(console_host, spec.console_log.clone()).map_err(io_err("starting the console reader"))?;
+    let process = QemuProcess::spawn(command, fds, confinement)
+        .map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
+    let host_ends = HostEnds {
+        qmp: qmp_host,
+        agent: agent_host,
+        net: net_host,
+    };
+    Ok((process, host_ends))
+}
+
+/// A socket end for the async runtime.
+fn to_tokio(s: UnixStream, what: &str) -> Result<tokio::net::UnixStream, MachineError> {
+    s.set_nonblocking(true)
+        .map_err(io_err(format!("configuring the {what} socket")))?;
+    tokio::net::UnixStream::from_std(s).map_err(io_err(format!("registering the {what} socket")))
+}
+
+/// QEMU's QMP greeting; when QEMU exits first, its messages say why.
+async fn qmp_handshake(
+    qmp_stream: tokio::net::UnixStream,
+    process: &mut QemuProcess,
+    qemu_log: &Path,
+) -> Result<Qmp, MachineError> {
+    match tokio::time::timeout(Duration::from_secs(30), Qmp::handshake(qmp_stream)).await {
+        Ok(Ok(qmp)) => Ok(qmp),
+        Ok(Err(e)) => {
+            // Usually QEMU refused its command line; its stderr says why.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let status = process.try_exit_status().unwrap_or_else(|| "still running".into());
+            Err(match e {
+                QmpError::Closed => MachineError::QemuExited {
+                    status,
+                    log: tail(qemu_log, 20),
+                },
+                other => MachineError::Qmp {
+                    what: "handshake".into(),
+                    source: other,
+                },
+            })
+        }
+        Err(_) => Err(MachineError::QemuExited {
+            status: "no QMP greeting within 30 s".into(),
+            log: tail(qemu_log, 20),
+        }),
+    }
+}
+
 impl Machine {
     /// Boots `kernel` with a fresh copy-on-write overlay over the read-only raw `image` and
     /// waits for the guest agent.
@@ -219,96 +331,17 @@ impl Machine {
         }
         .max(if own_ram { ram_bytes } else { 0 });
         let (user, cgroup, confinement) = confine(&spec, &settings.run_root, max_file_bytes)?;
-        if own_ram && !spec.ram.path.exists() {
-            std::fs::File::create(&spec.ram.path).map_err(io_err(format!("creating {}", spec.ram.path.display())))?;
-        }
-        if let Some(user) = &user {
-            // The files this QEMU writes become its own; everything else it only reads.
-            let mut writable = vec![&spec.disk];
-            if own_ram {
-                writable.push(&spec.ram.path);
-            }
-            for path in writable {
-                std::os::unix::fs::chown(path, Some(user.uid), Some(user.uid))
-                    .map_err(io_err(format!("giving {} to the VM's user", path.display())))?;
-            }
-        }
-        let (qmp_host, qmp_child) =
-            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the QMP socket pair"))?;
-        let (agent_host, agent_child) =
-            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
-        let (console_host, console_child) =
-            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
-        let (net_host, net_child) =
-            std::os::unix::net::UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
+        prepare_writable_files(&spec, own_ram, user.as_ref())?;
         let qemu_log = run_dir.path().join("qemu.log");
-        let log_file = std::fs::File::create(&qemu_log).map_err(io_err(format!("creating {}", qemu_log.display())))?;
-        let mut command = Command::new(&spec.qemu_binary);
-        command
-            .args(spec.args())
-            .env_clear()
-            .envs(spec.env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file);
-        let mut fds: Vec<(OwnedFd, i32)> = vec![
-            (qmp_child.into(), QMP_FD),
-            (agent_child.into(), AGENT_FD),
-            (console_child.into(), CONSOLE_FD),
-            (net_child.into(), NET_FD),
-        ];
-        for (path, number) in spec.files() {
-            // O_PATH: QEMU reopens each file through /proc/self/fd with its own permissions;
-            // the descriptor itself grants nothing.
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_PATH)
-                .open(&path)
-                .map_err(io_err(format!("opening {}", path.display())))?;
-            fds.push((file.into(), number));
-        }
-        crate::console::capture(console_host, spec.console_log.clone())
-            .map_err(io_err("starting the console reader"))?;
-        let mut process = QemuProcess::spawn(command, fds, confinement)
-            .map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
-
-        let to_tokio =
-            |s: std::os::unix::net::UnixStream, what: &str| -> Result<tokio::net::UnixStream, MachineError> {
-                s.set_nonblocking(true)
-                    .map_err(io_err(format!("configuring the {what} socket")))?;
-                tokio::net::UnixStream::from_std(s).map_err(io_err(format!("registering the {what} socket")))
-            };
-        let qmp_stream = to_tokio(qmp_host, "QMP")?;
+        let (mut process, host_ends) = spawn_qemu(&spec, &qemu_log, confinement)?;
+        let qmp_stream = to_tokio(host_ends.qmp, "QMP")?;
         // The network port: everything refused until a policy says otherwise.
         let network: egress::SharedPolicy = Default::default();
         let net_task =
-            egress::spawn(net_host, network.clone()).map_err(io_err("starting the network port's server"))?;
-        let (agent_read, agent_write) = to_tokio(agent_host, "agent")?.into_split();
+            egress::spawn(host_ends.net, network.clone()).map_err(io_err("starting the network port's server"))?;
+        let (agent_read, agent_write) = to_tokio(host_ends.agent, "agent")?.into_split();
         let agent = AgentClient::new(agent_read, agent_write, DEFAULT_MAX_RESPONSE_BYTES);
-        let qmp = match tokio::time::timeout(Duration::from_secs(30), Qmp::handshake(qmp_stream)).await {
-            Ok(Ok(qmp)) => qmp,
-            Ok(Err(e)) => {
-                // Usually QEMU refused its command line; its stderr says why.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let status = process.try_exit_status().unwrap_or_else(|| "still running".into());
-                return Err(match e {
-                    QmpError::Closed => MachineError::QemuExited {
-                        status,
-                        log: tail(&qemu_log, 20),
-                    },
-                    other => MachineError::Qmp {
-                        what: "handshake".into(),
-                        source: other,
-                    },
-                });
-            }
-            Err(_) => {
-                return Err(MachineError::QemuExited {
-                    status: "no QMP greeting within 30 s".into(),
-                    log: tail(&qemu_log, 20),
-                })
-            }
-        };
+        let qmp = qmp_handshake(qmp_stream, &mut process, &qemu_log).await?;
         Ok(Machine {
             agent,
             qmp: tokio::sync::Mutex::new(qmp),

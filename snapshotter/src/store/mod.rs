@@ -24,6 +24,11 @@
 //! A snapshot is complete when its `manifest.json` exists: it is written last, by rename.
 //! After that every file is read-only (mode 0444) and never changes: a MAP_PRIVATE mapping
 //! would see later changes to the file.
+//!
+//! The build lock is in `lock.rs`, pins in `pins.rs`.
+
+mod lock;
+mod pins;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -36,6 +41,8 @@ use vmm::Accel;
 
 use crate::statefile;
 use crate::template::{hex, TemplateConfig};
+
+pub use lock::BuildLock;
 
 /// Version of the snapshot directory layout and manifest.
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
@@ -213,21 +220,6 @@ pub struct SnapshotStore {
     root: PathBuf,
 }
 
-/// The right to build one snapshot id in a store; see [`SnapshotStore::lock_build`].
-pub struct BuildLock {
-    path: PathBuf,
-    lock: Option<nix::fcntl::Flock<std::fs::File>>,
-}
-
-impl Drop for BuildLock {
-    fn drop(&mut self) {
-        // Unlinked while still held: a waiter that opened the old file sees it unlinked once
-        // it gets the lock, and opens the path again.
-        let _ = std::fs::remove_file(&self.path);
-        drop(self.lock.take());
-    }
-}
-
 impl SnapshotStore {
     pub fn new(root: PathBuf) -> SnapshotStore {
         SnapshotStore { root }
@@ -397,99 +389,6 @@ impl SnapshotStore {
         Ok(removed)
     }
 
-    /// Waits until this process alone may build `id` in the store (an exclusive `flock` on
-    /// `.lock-<id>`, which works across machines where the shared file system supports
-    /// it: NFS v4, Lustre mounted with `flock`). `waiting` is told once if another process
-    /// holds it. The caller checks again for the snapshot once it has the lock.
-    pub async fn lock_build(&self, id: &str, waiting: &(dyn Fn(&str) + Sync)) -> Result<BuildLock, SnapshotError> {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::create_dir_all(&self.root).map_err(io_err(format!("creating {}", self.root.display())))?;
-        let path = self.root.join(format!(".lock-{id}"));
-        let mut told = false;
-        loop {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(io_err(format!("opening {}", path.display())))?;
-            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => {
-                    // The holder before us may have unlinked the file we locked.
-                    let same = match (lock.metadata(), std::fs::metadata(&path)) {
-                        (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
-                        _ => false,
-                    };
-                    if same {
-                        return Ok(BuildLock { path, lock: Some(lock) });
-                    }
-                }
-                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                    if !told {
-                        waiting(&format!("another process is building snapshot {id}; waiting for it"));
-                        told = true;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-                Err((_, errno)) => {
-                    return Err(SnapshotError::Io {
-                        what: format!("locking {}", path.display()),
-                        source: errno.into(),
-                    })
-                }
-            }
-        }
-    }
-
-    /// Keeps `id` (and its ancestors) through `gc` while `holder` exists.
-    pub fn pin(&self, id: &str, holder: &Path) -> Result<(), SnapshotError> {
-        let dir = self.root.join(".pins");
-        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
-        let holder = holder.to_string_lossy().to_string();
-        let path = dir.join(format!("{}.json", &pin_digest(holder.as_bytes())[..24]));
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::json!({ "snapshot": id, "holder": holder }).to_string(),
-        )
-        .map_err(io_err(format!("writing {}", tmp.display())))?;
-        std::fs::rename(&tmp, &path).map_err(io_err(format!("writing {}", path.display())))
-    }
-
-    /// Drops the pin of `holder`, if any.
-    pub fn unpin(&self, holder: &Path) {
-        let holder = holder.to_string_lossy().to_string();
-        let _ = std::fs::remove_file(
-            self.root
-                .join(".pins")
-                .join(format!("{}.json", &pin_digest(holder.as_bytes())[..24])),
-        );
-    }
-
-    /// The snapshots pinned by holders that still exist; pins of holders that are gone are
-    /// removed (unless `dry_run`).
-    pub fn pinned(&self, dry_run: bool) -> BTreeSet<String> {
-        let mut out = BTreeSet::new();
-        let Ok(entries) = std::fs::read_dir(self.root.join(".pins")) else {
-            return out;
-        };
-        for entry in entries.flatten() {
-            let pin: Option<serde_json::Value> = std::fs::read_to_string(entry.path())
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
-            let (snapshot, holder) = match &pin {
-                Some(p) => (p["snapshot"].as_str().unwrap_or(""), p["holder"].as_str().unwrap_or("")),
-                None => ("", ""),
-            };
-            if !snapshot.is_empty() && !holder.is_empty() && Path::new(holder).exists() {
-                out.insert(snapshot.to_string());
-            } else if !dry_run {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-        out
-    }
-
     /// A fresh staging folder for a snapshot being built.
     pub fn staging_dir(&self, label: &str) -> Result<PathBuf, SnapshotError> {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -598,12 +497,6 @@ pub(crate) fn remove_tree(dir: &Path) -> Result<(), SnapshotError> {
             source: e,
         }),
     }
-}
-
-/// SHA-256 of a holder's path, as hex: pins are named by it.
-fn pin_digest(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex(&sha2::Sha256::digest(bytes))
 }
 
 #[cfg(test)]
