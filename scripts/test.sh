@@ -3,10 +3,12 @@
 #
 #   scripts/test.sh [CARGO TEST ARGS...]          the full tier (on Debian 12, as root): the set-up
 #                                                 (scripts/setup.sh; seconds when everything is in
-#                                                 place), the formatter and clippy, then
+#                                                 place), the formatter, the size limits and
+#                                                 clippy, then
 #                                                 `cargo test --workspace`, which boots real guests.
 #                                                 CI runs exactly this (.ci/run).
-#   scripts/test.sh --fast [CARGO TEST ARGS...]   the developer's loop: the formatter, clippy and
+#   scripts/test.sh --fast [CARGO TEST ARGS...]   the developer's loop: the formatter, the size
+#                                                 limits (scripts/check-sizes.py), clippy and
 #                                                 every test that needs no guest (the crates' unit
 #                                                 tests, the harness's self-test and the Python
 #                                                 SDK's tests on a scripted service); no set-up.
@@ -36,6 +38,9 @@ fi
 
 step "cargo fmt --all --check"
 cargo fmt --all --check || failed+=("cargo fmt --all --check (run: cargo fmt --all)")
+
+step "python3 scripts/check-sizes.py (600 lines a file, 80 a function)"
+python3 scripts/check-sizes.py || failed+=("python3 scripts/check-sizes.py")
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || failed+=("cargo clippy --workspace --all-targets -- -D warnings")
