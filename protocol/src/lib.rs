@@ -25,7 +25,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 
 use serde::{Deserialize, Serialize};
 
@@ -505,18 +505,6 @@ fn read_exact_or_closed(reader: &mut impl Read, buf: &mut [u8], at_start: bool) 
         }
     }
     Ok(())
-}
-
-/// Writes one frame, blocking.
-pub fn write_frame_blocking<M: Serialize>(
-    writer: &mut impl Write,
-    envelope: &Envelope<M>,
-    body: &[u8],
-) -> Result<(), FrameError> {
-    writer
-        .write_all(&encode_frame(envelope, body))
-        .map_err(FrameError::Io)?;
-    writer.flush().map_err(FrameError::Io)
 }
 
 pub mod net;

@@ -390,11 +390,6 @@ pub fn live_pids() -> Vec<u32> {
         .collect()
 }
 
-/// Number of QEMU processes this process started that are still alive.
-pub fn live_count() -> usize {
-    live_children().lock().unwrap_or_else(|p| p.into_inner()).len()
-}
-
 /// Descriptors farm holds per live VM (QMP, agent and network channels, console, pidfd, run
 /// folder), with room to spare; measured at about 6.
 pub const DESCRIPTORS_PER_VM: u64 = 10;

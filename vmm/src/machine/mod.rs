@@ -412,11 +412,6 @@ impl Machine {
         tail(&self.spec.console_log, lines)
     }
 
-    /// Keeps the run folder after the machine is gone (for debugging).
-    pub fn keep_run_dir(&mut self) {
-        self.run_dir.keep();
-    }
-
     /// Runs a QMP command.
     pub async fn qmp(
         &self,
