@@ -9,7 +9,8 @@
 #   images/<name>-<key>.ext4     the root images `minimal` and `python`, agent included
 #   harbor-venv/                 a Python >= 3.12 venv with Harbor (PyPI), for its backend's tests
 #   openenv-venv/, mcp-venv/     the OpenEnv and MCP clients (PyPI), for the protocol tests
-# and finally `farm` in release mode (target/release/farm).
+# and finally `farm` in release mode (target/release/farm), unless `--no-release` (the test
+# tier's set-up: the tests run the dev-profile binary cargo builds for them).
 #
 # `current/` holds symlinks to the artifacts of the last successful run; farm reads them.
 # Every artifact directory has a manifest.json with its input hashes, sizes and versions.
@@ -17,6 +18,12 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RELEASE=1
+case "${1:-}" in
+  "") ;;
+  --no-release) RELEASE= ;;
+  *) printf 'usage: scripts/setup.sh [--no-release]\n' >&2; exit 2 ;;
+esac
 CACHE="${FARM_CACHE_DIR:-$HOME/.cache/farm}"
 JOBS="$(nproc)"
 
@@ -413,6 +420,10 @@ protocol_venv "$CACHE/mcp-venv" "mcp==2.3.0" "from mcp.client.streamable_http im
 
 # ---------------------------------------------------------------------------------------------
 # 8. farm itself.
+if [ -z "$RELEASE" ]; then
+  log "done (farm itself not built: --no-release; artifacts in $CACHE)"
+  exit 0
+fi
 log "building farm (release)"
 (cd "$REPO" && cargo build -q --release --locked -p farm)
 log "done: $REPO/target/release/farm (artifacts in $CACHE)"
