@@ -8,14 +8,15 @@
 //! it: [`exec`] runs commands (as root or another [`users`] user), [`files`] reads and
 //! writes files (confined to a folder when the host places an agent's files), [`sweep`]
 //! kills processes natively, [`testrun`] runs hidden tests and reads their verdict only after
-//! the sweep, and [`zygote`] runs function-call checks in the harness zygote without
-//! starting a process. Every `unsafe` block lives in [`sys`].
+//! the sweep, [`zygote`] runs function-call checks in the harness zygote without starting
+//! a process, and [`reset`] makes a scoring VM that serves many checks ready for the next. Every `unsafe` block lives in [`sys`].
 
 #![deny(unsafe_code)]
 
 pub mod exec;
 pub mod files;
 pub mod net;
+pub mod reset;
 pub mod sweep;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -77,9 +77,10 @@ fn check_with_zygote(args: &[String]) -> ! {
         eprintln!("farm-agent: the harness zygote did not take the check: {e}");
         std::process::exit(70);
     }
-    let mut status = [0u8; 4];
-    match (&stream).read_exact(&mut status) {
-        Ok(()) => std::process::exit(i32::from_be_bytes(status)),
+    // The pid of the process that runs the check, then its status.
+    let mut answer = [0u8; 8];
+    match (&stream).read_exact(&mut answer) {
+        Ok(()) => std::process::exit(i32::from_be_bytes(answer[4..].try_into().expect("4 bytes"))),
         Err(e) => {
             eprintln!("farm-agent: the harness zygote went away during the check: {e}");
             std::process::exit(70);

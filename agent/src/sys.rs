@@ -130,6 +130,28 @@ pub fn kill_group(pgid: u32) {
     let _ = nix::sys::signal::killpg(Pid::from_raw(pgid as libc::pid_t), Signal::SIGKILL);
 }
 
+/// A System V IPC object kind, as `/proc/sysvipc` names its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SysvIpc {
+    SharedMemory,
+    MessageQueue,
+    Semaphores,
+}
+
+/// Removes one System V IPC object by its id (nix has no System V IPC calls). A shared
+/// memory segment still attached goes once its last user detaches.
+pub fn remove_sysv_ipc(kind: SysvIpc, id: i32) -> io::Result<()> {
+    // SAFETY: IPC_RMID takes no buffer (a null pointer is what the manual pages give), and
+    // the id is a plain integer: no memory of ours is read or written.
+    check(unsafe {
+        match kind {
+            SysvIpc::SharedMemory => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+            SysvIpc::MessageQueue => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+            SysvIpc::Semaphores => libc::semctl(id, 0, libc::IPC_RMID),
+        }
+    })
+}
+
 pub fn sync_all() {
     nix::unistd::sync();
 }

@@ -15,6 +15,7 @@ use farm_protocol::{AgentError, ErrorKind, RunTestsRequest, TestsResult};
 
 use crate::exec::{self, Launch, Output};
 use crate::files;
+use crate::reset;
 use crate::sweep::{self, Targets};
 use crate::users::{self, User};
 use crate::zygote;
@@ -95,12 +96,23 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         checker_view: req.checker_view,
     };
     // A function-call check goes straight to the harness zygote when one answers (as root,
-    // which the zygote's socket requires); anything else starts as a command.
+    // which the zygote's socket requires); anything else starts as a command. A shared check
+    // (a VM that serves more) runs only there: only the zygote gives each candidate a view
+    // of its own.
     let zygote = zygote::parse(&req.program)
         .filter(|_| user.is_root())
         .and_then(|check| zygote::connect(check.socket).map(|c| (check, c)));
+    if req.shared.is_some() && zygote.is_none() {
+        return Err(AgentError {
+            kind: ErrorKind::Spawn,
+            message: "a check in a shared scoring VM needs the harness zygote, and none answered".into(),
+        });
+    }
+    let zygote_pid = zygote.as_ref().map(|(_, (_, pid))| *pid);
     let (output, pid) = match zygote {
-        Some((check, (stream, zygote_pid))) => zygote::run(stream, zygote_pid, &check, &launch, stdin)?,
+        Some((check, (stream, zygote_pid))) => {
+            zygote::run(stream, zygote_pid, &check, &launch, stdin, req.shared.is_some())?
+        }
         None => exec::run_launch(&launch, stdin)?,
     };
 
@@ -119,6 +131,10 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         Some((size, _)) => (size, None),
         None => (0, None),
     };
+    let reset = req
+        .shared
+        .as_ref()
+        .map(|shared| reset::after_check(swept.complete, &req.tests_dir, &shared.workspace, zygote_pid));
     let result = TestsResult {
         exec: output.result.clone(),
         reward,
@@ -126,6 +142,7 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         junit_file_bytes,
         swept: swept.killed,
         sweep_complete: swept.complete,
+        reset,
     };
     Ok(TestsRun {
         result,

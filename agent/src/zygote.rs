@@ -58,21 +58,41 @@ pub fn connect(socket: &str) -> Option<(UnixStream, i32)> {
     (peer.uid() == 0 && peer.pid() > 1).then_some((stream, peer.pid()))
 }
 
-/// The zygote running one check: its exit status arrives as 4 bytes (big endian) on the
-/// socket.
+/// A check in the zygote: the process that runs it (the zygote itself, or a check process it
+/// forked) answers on the socket with its pid, then its exit status (4 bytes each, big
+/// endian).
 struct ZygoteCheck {
     stream: UnixStream,
+    /// The zygote, until the check's own process says who it is.
     pid: i32,
+    /// Whether `pid` is the check's process (its first answer came).
+    pid_known: bool,
     received: Vec<u8>,
     status: Option<ExitStatus>,
     killed: bool,
 }
 
+impl ZygoteCheck {
+    /// Takes what arrived: the pid first, then the status.
+    fn take(&mut self, bytes: &[u8]) {
+        self.received.extend_from_slice(bytes);
+        if !self.pid_known && self.received.len() >= 4 {
+            self.pid = i32::from_be_bytes(self.received[..4].try_into().expect("4 bytes"));
+            self.pid_known = true;
+            self.received.drain(..4);
+        }
+        if self.pid_known && self.received.len() >= 4 {
+            let code = i32::from_be_bytes(self.received[..4].try_into().expect("4 bytes"));
+            self.status = Some(exit_status(code));
+        }
+    }
+}
+
 impl Running for ZygoteCheck {
     fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         while self.status.is_none() {
-            let mut buf = [0u8; 4];
-            let want = 4 - self.received.len();
+            let mut buf = [0u8; 8];
+            let want = 8 - self.received.len() - if self.pid_known { 4 } else { 0 };
             match (&self.stream).read(&mut buf[..want]) {
                 Ok(0) => {
                     // Gone without a status: killed (by a timeout), or broken; as the
@@ -83,13 +103,7 @@ impl Running for ZygoteCheck {
                         exit_status(70)
                     });
                 }
-                Ok(n) => {
-                    self.received.extend_from_slice(&buf[..n]);
-                    if self.received.len() == 4 {
-                        let code = i32::from_be_bytes(self.received[..4].try_into().expect("4 bytes"));
-                        self.status = Some(exit_status(code));
-                    }
-                }
+                Ok(n) => self.take(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => self.status = Some(exit_status(70)),
@@ -109,7 +123,7 @@ impl Running for ZygoteCheck {
 
     fn kill(&mut self) {
         self.killed = true;
-        // The zygote leads a session (and group) of its own.
+        // The check's process leads a session (and group) of its own.
         sys::kill_group(self.pid as u32);
         sys::kill_pid(self.pid);
     }
@@ -127,21 +141,23 @@ fn io_error(what: &str, e: impl std::fmt::Display) -> AgentError {
     }
 }
 
-/// Runs the check in the zygote behind `stream`; returns the output and the zygote's pid
-/// (the leader of its session, for the sweep).
+/// Runs the check in the zygote behind `stream` (in a check process the zygote forks, with
+/// `fork`); returns the output and the pid of the process that ran it (the leader of its
+/// session, for the sweep).
 pub fn run(
     stream: UnixStream,
-    pid: i32,
+    zygote_pid: i32,
     check: &Check,
     launch: &Launch,
     stdin: &[u8],
+    fork: bool,
 ) -> Result<(Output, u32), AgentError> {
     let started = Instant::now();
     let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_error("could not get pipes", e));
     let (stdin_read, stdin_write) = pipe()?;
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
-    let request = serde_json::to_vec(check.args).expect("strings serialize");
+    let request = serde_json::to_vec(&serde_json::json!({ "args": check.args, "fork": fork })).expect("strings serialize");
     let fds = [
         stdin_read.as_raw_fd(),
         stdout_write.as_raw_fd(),
@@ -160,13 +176,14 @@ pub fn run(
     };
     let mut running = ZygoteCheck {
         stream,
-        pid,
+        pid: zygote_pid,
+        pid_known: false,
         received: Vec::new(),
         status: None,
         killed: false,
     };
     let output = exec::finish(&mut running, pipes, stdin, launch, started)?;
-    Ok((output, pid as u32))
+    Ok((output, running.pid as u32))
 }
 
 #[cfg(test)]
@@ -225,7 +242,9 @@ print("listening", flush=True)
 conn, _ = server.accept()
 message, fds, _, _ = socket.recv_fds(conn, 65536, 3)
 stdin, stdout, stderr = fds
-args = json.loads(message)
+request = json.loads(message)
+args = request["args"]
+conn.sendall(struct.pack(">i", os.getpid()))
 line = os.read(stdin, 100)
 if "{behaviour}" == "hang":
     time.sleep(600)
@@ -283,7 +302,7 @@ conn.sendall(struct.pack(">i", 3))
         let check = parse(&program).unwrap();
         let (stream, pid) = connect(check.socket).expect("a root zygote is taken");
         assert_eq!(pid as u32, child.id());
-        let (output, group) = run(stream, pid, &check, &launch(&program, 30_000), b"reward-path\n").unwrap();
+        let (output, group) = run(stream, pid, &check, &launch(&program, 30_000), b"reward-path\n", false).unwrap();
         assert_eq!(group, child.id());
         assert_eq!(output.result.exit_code, Some(3));
         assert!(!output.result.timed_out);
@@ -324,7 +343,7 @@ conn.sendall(struct.pack(">i", 3))
         let program = argv(&[CLIENT, FLAG, &socket, "--", "python3", "-I", "h.py"]);
         let check = parse(&program).unwrap();
         let (stream, pid) = connect(check.socket).unwrap();
-        let (output, _) = run(stream, pid, &check, &launch(&program, 1_000), b"x\n").unwrap();
+        let (output, _) = run(stream, pid, &check, &launch(&program, 1_000), b"x\n", false).unwrap();
         assert!(output.result.timed_out, "{:?}", output.result);
         assert_eq!(output.result.exit_code, None);
         let status = child.wait().unwrap();

@@ -58,6 +58,8 @@ pub struct Engine {
     /// For a template image from a registry: what it resolved to at start.
     pub image_pulled: Option<images::registry::Pulled>,
     pub(crate) scoring: scorers::orchestrate::Plan,
+    /// Scoring VMs that serve more checks (`[scoring] isolation = "sandbox"`), idle.
+    pub(crate) scoring_vms: crate::scoring_vms::ScoringVms,
     /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
     pool: Option<(String, snapshotter::WarmPool)>,
     /// A converted image's `Env`, for every command of the rollouts' forks.
@@ -166,6 +168,8 @@ impl Engine {
         ));
         let scoring = scorers::orchestrate::Plan {
             mode: config.scoring.mode,
+            isolation: config.scoring.isolation,
+            checks_per_vm: config.scoring.checks_per_vm,
             timeout: Duration::from_secs(config.scoring.timeout_secs),
             call_timeout: Duration::from_secs(config.scoring.call_timeout_secs),
             pass_threshold: config.scoring.pass_threshold,
@@ -199,6 +203,7 @@ impl Engine {
             task_images: Default::default(),
             environments: Default::default(),
             scoring,
+            scoring_vms: Default::default(),
             pool: None,
             egress,
         })
@@ -272,19 +277,26 @@ impl Engine {
         identity: ForkIdentity,
     ) -> Result<Fork, ForkTaskError> {
         let fork = self.fork(snapshot, identity).await?;
-        if task.files_in_forks() {
-            for file in &task.files {
-                fork.agent()
-                    .write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode)
-                    .await
-                    .map_err(|source| ForkTaskError::WriteFile {
-                        file: file.path.clone(),
-                        source,
-                    })?;
-            }
-        }
+        write_task_files(&fork, task).await?;
         Ok(fork)
     }
+}
+
+/// The task's files, into a fork of the template (a task with a snapshot of its own has them
+/// there already).
+pub(crate) async fn write_task_files(fork: &Fork, task: &Task) -> Result<(), ForkTaskError> {
+    if task.files_in_forks() {
+        for file in &task.files {
+            fork.agent()
+                .write_file(&format!("{WORKSPACE}/{}", file.path), file.contents.clone(), file.mode)
+                .await
+                .map_err(|source| ForkTaskError::WriteFile {
+                    file: file.path.clone(),
+                    source,
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// The user rollouts run as when the suite names none: the image's `User`, or root when it

@@ -166,6 +166,7 @@ impl Engine {
         log: &(dyn Fn(&str) + Sync),
     ) -> Result<TaskSnapshots, EngineError> {
         let snapshots = self.prepare(tasks, concurrency, log).await?;
+        self.scoring_vms.set_max_idle(concurrency);
         let template = self.template.id();
         if snapshots
             .values()

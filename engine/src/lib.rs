@@ -36,6 +36,7 @@ pub mod policy;
 pub mod recorder;
 mod rollout;
 pub mod row;
+pub mod scoring_vms;
 pub mod sandbox;
 pub mod session;
 pub mod sessions;

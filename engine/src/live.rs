@@ -115,33 +115,94 @@ impl Engine {
     ) -> Result<scorers::Verdict, scorers::orchestrate::ScoreError> {
         let scoring_vm_gauge = std::sync::Mutex::new(None);
         let scoring_vm = &scoring_vm_gauge;
+        let shares = self.scoring.shares_vms(task) && !self.scoring_vms.is_unshareable(snapshot.id());
         // The scoring VM's own seed: the checkers' `FARM_SEED`, which the rollout never saw.
-        let fresh = |seed: u64| async move {
-            let identity = ForkIdentity::new(seed);
-            tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
-            let mut fork = self
-                .fork_task(snapshot, task, identity)
-                .await
-                .map_err(|e| crate::engine::describe(&e))?;
-            // Room for the whole artifact budget on top of the task's own limit: placing an
-            // agent's files (which may have lived in a tmpfs of its rollout) never kills the
-            // scoring VM.
-            if let Some(limit) = self.forker.max_disk_bytes {
-                fork.machine
-                    .limit_disk_growth(limit + scorers::ArtifactLimits::default().scoring_room());
-            }
+        let vm = |seed: u64| async move {
+            let vm = if shares {
+                self.shared_scoring_vm(snapshot, task, seed).await?
+            } else {
+                scorers::orchestrate::ScoringVm {
+                    fork: self.fresh_scoring_vm(snapshot, task, seed, true).await?,
+                    shared: None,
+                }
+            };
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
-            Ok::<_, String>(fork)
+            Ok::<_, String>(vm)
         };
         let (fork, mut gauge) = rollout_fork.unzip();
         if self.scoring.mode == ScoringMode::FreshFork {
             // The rollout's VM goes before the scoring fork starts (orchestrate drops it).
             gauge = None;
         }
-        let verdict = scorers::orchestrate::score(&self.scoring, task, fork, artifacts, fresh).await;
+        let scored = scorers::orchestrate::score(&self.scoring, task, fork, artifacts, vm).await;
         drop(gauge);
         drop(scoring_vm_gauge);
-        verdict
+        let scored = scored?;
+        if let Some(used) = scored.vm.filter(|used| used.ready) {
+            self.scoring_vms
+                .give_back(snapshot.id(), used.fork, used.checks, self.scoring.checks_per_vm);
+        }
+        Ok(scored.verdict)
+    }
+
+    /// A fresh fork of the task's pristine state for its tests (`with_files`: the task's
+    /// files written, as a fork of the template needs).
+    async fn fresh_scoring_vm(&self, snapshot: &Snapshot, task: &Task, seed: u64, with_files: bool) -> Result<Fork, String> {
+        let identity = ForkIdentity::new(seed);
+        tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
+        let forked = if with_files {
+            self.fork_task(snapshot, task, identity).await
+        } else {
+            self.fork(snapshot, identity).await.map_err(Into::into)
+        };
+        let mut fork = forked.map_err(|e| crate::engine::describe(&e))?;
+        // Room for the whole artifact budget on top of the task's own limit: placing an
+        // agent's files (which may have lived in a tmpfs of its rollout) never kills the
+        // scoring VM.
+        if let Some(limit) = self.forker.max_disk_bytes {
+            fork.machine
+                .limit_disk_growth(limit + scorers::ArtifactLimits::default().scoring_room());
+        }
+        Ok(fork)
+    }
+
+    /// A scoring VM that serves more checks: an idle one of this snapshot (its workspace
+    /// emptied by the last reset, the task's files written again), or a fresh fork. A
+    /// snapshot whose workspace is not empty in a fresh fork never shares (a reset empties
+    /// the workspace): its checks keep fresh forks.
+    async fn shared_scoring_vm(
+        &self,
+        snapshot: &Snapshot,
+        task: &Task,
+        seed: u64,
+    ) -> Result<scorers::orchestrate::ScoringVm, String> {
+        while let Some((fork, checks)) = self.scoring_vms.take(snapshot.id()) {
+            match crate::engine::write_task_files(&fork, task).await {
+                Ok(()) => {
+                    return Ok(scorers::orchestrate::ScoringVm {
+                        fork,
+                        shared: Some(checks),
+                    })
+                }
+                // That VM broke while idle (it is dropped); another, or a fresh one.
+                Err(e) => tracing::warn!("an idle scoring VM was retired: {}", crate::engine::describe(&e)),
+            }
+        }
+        let fork = self.fresh_scoring_vm(snapshot, task, seed, false).await?;
+        let workspace = scorers::artifacts::list_workspace(fork.agent())
+            .await
+            .map_err(|e| format!("listing the scoring VM's workspace: {}", crate::engine::describe(&e)))?;
+        let shared = if workspace.is_empty() {
+            Some(0)
+        } else {
+            tracing::info!(snapshot = snapshot.id(), "the snapshot's workspace is not empty: its checks keep fresh forks");
+            self.scoring_vms.mark_unshareable(snapshot.id());
+            None
+        };
+        crate::engine::write_task_files(&fork, task)
+            .await
+            .map_err(|e| crate::engine::describe(&e))?;
+        Ok(scorers::orchestrate::ScoringVm { fork, shared })
     }
 }
 

@@ -115,7 +115,7 @@ impl Metrics {
         for status in crate::row::Status::ALL {
             m.rollouts.with_label_values(&[status.as_str()]);
         }
-        for trust in [scorers::Trust::Sound, scorers::Trust::Hardened] {
+        for trust in scorers::Trust::ALL {
             m.verdicts.with_label_values(&[trust.as_str()]);
         }
         for role in Role::ALL {

@@ -410,6 +410,78 @@ fn the_function_call_harness_agrees_with_the_reference_harness() {
     assert_verdicts_equal(&journal_rows(out.path()), &expected, "the reference harness");
 }
 
+/// A row's `score_details`, parsed.
+fn details_of(row: &serde_json::Value) -> serde_json::Value {
+    serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap()
+}
+
+/// Sandbox isolation: the same verdicts as the reference harness with scoring VMs that serve
+/// many checks, the first check of a VM `sound`, the later ones `shared`.
+#[test]
+fn shared_scoring_vms_give_the_reference_verdicts_and_say_they_were_shared() {
+    let data = repo().join("configs/data");
+    let expected = json_lines(&std::fs::read_to_string(data.join("humaneval-proxy-expected.jsonl")).unwrap());
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("humaneval-proxy.toml", out.path(), &["--isolation", "sandbox"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(out.path());
+    let mut later_checks = 0;
+    for (key, row) in &rows {
+        let check = details_of(row)["scoring_vm_check"].as_u64().expect("a shared scoring VM's check");
+        let trust = if check == 1 { "sound" } else { "shared" };
+        assert_eq!(row["trust"], trust, "{key:?}: {row}");
+        later_checks += u64::from(check > 1);
+    }
+    assert!(later_checks >= 60, "scoring VMs were hardly reused: {later_checks} of 72");
+    let as_sound: std::collections::BTreeMap<_, _> = rows
+        .into_iter()
+        .map(|(key, mut row)| {
+            row["trust"] = "sound".into();
+            (key, row)
+        })
+        .collect();
+    assert_verdicts_equal(&as_sound, &expected, "the reference harness");
+}
+
+/// Hostile: no state crosses from one check to the next in a shared scoring VM (files in
+/// every writable place, System V IPC, POSIX message queues, a process holding sockets), and
+/// every attack on the harness still fails there.
+#[test]
+fn nothing_crosses_between_checks_in_a_shared_scoring_vm() {
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("hostile-shared-scoring.toml", out.path(), &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = journal_rows(out.path());
+    assert_every_attack_defeated(out.path(), 6);
+    let stderr = |sample: u64| {
+        let details = details_of(&rows[&("farm/leak".to_string(), sample)]);
+        details["tests"]["stderr_tail"].as_str().unwrap_or("").to_string()
+    };
+    // The planters could leave all of it (they saw it themselves)...
+    for planter in [0, 3] {
+        let said = stderr(planter);
+        for channel in [
+            "/tmp/farm-leak", "/var/tmp/farm-leak", "/dev/shm/farm-leak", "/workspace/farm-leak",
+            "sysv-shm", "sysv-msg", "sysv-sem", "posix-mq", "abstract-socket", "tcp-port",
+        ] {
+            assert!(said.contains(&format!("\"{channel}\"")), "planter {planter} could not leave {channel}: {said}");
+        }
+    }
+    // ...the seekers, checked later in the same VM, found none of it.
+    let checks: Vec<u64> = (0..6)
+        .map(|s| details_of(&rows[&("farm/leak".to_string(), s)])["scoring_vm_check"].as_u64().unwrap())
+        .collect();
+    assert_eq!(checks, [1, 2, 3, 4, 5, 6], "one scoring VM served every check in turn");
+    for seeker in [1, 2, 4, 5] {
+        assert!(stderr(seeker).contains("found: []"), "seeker {seeker}: {}", stderr(seeker));
+    }
+    // The harness's own attacks, in shared VMs.
+    let out = tempfile::tempdir().unwrap();
+    let o = farm_run("hostile-humaneval.toml", out.path(), &["--isolation", "sandbox"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_every_attack_defeated(out.path(), 15);
+}
+
 /// JSON values, one per line.
 fn json_lines(text: &str) -> Vec<serde_json::Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()

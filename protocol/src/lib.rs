@@ -227,6 +227,30 @@ pub struct RunTestsRequest {
     /// ordinary view).
     #[serde(default)]
     pub checker_view: bool,
+    /// The scoring VM serves more checks after this one (`[scoring] isolation =
+    /// "sandbox"`): the check runs in a process the harness zygote forks, with a fresh
+    /// candidate in a private view, and after the verdict is read the agent makes the VM
+    /// ready for the next check ([`TestsResult::reset`]). Only for checks in the zygote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedCheck>,
+}
+
+/// A check in a scoring VM that serves more checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedCheck {
+    /// The workspace, removed and made again empty after the check.
+    pub workspace: String,
+}
+
+/// Whether a scoring VM is ready for its next check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetResult {
+    pub ready: bool,
+    /// Why it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// The most entries one [`Request::ListFiles`] may ask for: a workspace listing is complete
@@ -255,6 +279,10 @@ pub struct TestsResult {
     pub swept: u32,
     /// Whether every process of the sweep users was gone before the files were read.
     pub sweep_complete: bool,
+    /// For a shared check ([`RunTestsRequest::shared`]): whether the VM is ready for the
+    /// next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<ResetResult>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

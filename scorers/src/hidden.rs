@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use datasets::{Harness, Task, TestUser, HARNESS_DIR, TESTS_DIR, WORKSPACE};
-use farm_protocol::{Program, RunTestsRequest, CANDIDATE_UID, CHECKER_UID};
+use farm_protocol::{Program, ResetResult, RunTestsRequest, SharedCheck, CANDIDATE_UID, CHECKER_UID};
 use serde::{Deserialize, Serialize};
 use vmm::{AgentClient, AgentError, FilePlacement, TestsOutput};
 
@@ -38,6 +38,9 @@ pub struct TestOutcome {
     pub junit_unread: Option<String>,
     pub stdout_tail: String,
     pub stderr_tail: String,
+    /// After a shared check: whether the scoring VM is ready for the next.
+    #[serde(skip)]
+    pub reset: Option<ResetResult>,
 }
 
 /// One line of farm's harness's report. The harness writes them on its standard output,
@@ -74,6 +77,9 @@ pub enum HarnessKind {
     CandidateFailure,
     /// The unit tests' counts.
     Summary,
+    /// The scoring VM could not give a fresh candidate process its private view, before any
+    /// of the candidate's code ran: the farm's failure.
+    Environment,
 }
 
 /// The longest candidate text kept in a report.
@@ -102,6 +108,7 @@ impl HarnessReport {
         let class = match self.kind {
             HarnessKind::IsolationLimit => "harness",
             HarnessKind::CandidateFailure | HarnessKind::Summary => "harness (candidate failure)",
+            HarnessKind::Environment => "harness (scoring VM)",
         };
         match &self.candidate_text {
             Some(text) => format!("{class}: {}; the candidate's process said: {text:?}", self.message),
@@ -151,6 +158,10 @@ pub enum ScoringError {
     /// VM: the agent's fault, scored as a failure.
     #[error("{0}")]
     Agent(String),
+    /// A shared scoring VM could not sandbox the candidate before its code ran (the
+    /// harness said so): the farm's fault.
+    #[error("{0}")]
+    Sandbox(String),
 }
 
 /// How the tests run.
@@ -166,6 +177,8 @@ pub struct TestRunOptions {
     /// The checkers' `FARM_SEED` (drawn afresh for each scoring run): the rollout never
     /// saw it, and `farm-sandbox` keeps it from the agent's code.
     pub seed: u64,
+    /// The scoring VM serves more checks after this one (sandbox isolation).
+    pub shared: bool,
 }
 
 /// Writes the hidden tests and empty verdict files, places the artifacts (confined to the
@@ -197,7 +210,11 @@ pub async fn run_tests(
             outcome.result.swept
         )));
     }
-    Ok(TestOutcome::read(task, &outcome))
+    let outcome = TestOutcome::read(task, &outcome);
+    if let Some(report) = outcome.harness.iter().find(|r| r.kind == HarnessKind::Environment) {
+        return Err(ScoringError::Sandbox(report.describe()));
+    }
+    Ok(outcome)
 }
 
 /// The tests and empty verdict files go in first, while the VM is the farm's alone: once
@@ -308,6 +325,7 @@ impl TestOutcome {
             junit_unread,
             stdout_tail: tail(&outcome.stdout, 2000),
             stderr_tail: tail(&outcome.stderr, 2000),
+            reset: result.reset.clone(),
         }
     }
 }
@@ -385,6 +403,9 @@ pub fn tests_request(task: &Task, reward_path: &str, options: &TestRunOptions) -
         // the agent planted (farm's harness never opens the workspace as root: its candidate
         // process does, as the candidate).
         checker_view: task.harness.is_none() && task.test_user != TestUser::Candidate,
+        shared: (options.shared && task.harness.is_some()).then(|| SharedCheck {
+            workspace: WORKSPACE.into(),
+        }),
     };
     (request, stdin)
 }
@@ -513,6 +534,7 @@ mod tests {
             junit_unread: None,
             stdout_tail: String::new(),
             stderr_tail: String::new(),
+            reset: None,
         }
     }
 

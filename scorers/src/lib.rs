@@ -25,7 +25,7 @@ use serde::Serialize;
 
 pub use artifacts::{collect_artifacts, ArtifactLimits, Artifacts, ListingError};
 pub use hidden::{run_tests, HarnessKind, HarnessReport, ScoringError, TestOutcome};
-pub use orchestrate::{agent_failure, ScoringMode};
+pub use orchestrate::{agent_failure, ScoringIsolation, ScoringMode};
 pub use trust::{Trust, TrustLevel};
 
 /// The decision about one rollout.
@@ -70,6 +70,10 @@ pub struct Details {
     /// scoring run, never seen by the rollout, and recorded here to reproduce the check.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scoring_seed: Option<u64>,
+    /// In a scoring VM that serves many checks (`[scoring] isolation = "sandbox"`), which
+    /// of its checks this was (1: the VM was fresh).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scoring_vm_check: Option<u32>,
     /// Every key of a Harbor verifier's `reward.json`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harbor_rewards: Option<std::collections::BTreeMap<String, f64>>,

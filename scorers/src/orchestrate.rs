@@ -23,15 +23,83 @@ pub enum ScoringMode {
     FinalState,
 }
 
+/// How far apart checks in fresh forks are kept (`[scoring] isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoringIsolation {
+    /// Every rollout's check in a fresh fork of the pristine snapshot, alone.
+    #[default]
+    Vm,
+    /// Checks through farm's harness (function-call and unit-test tasks) share scoring VMs:
+    /// a VM serves up to `checks_per_vm` checks one after another, each with a fresh
+    /// candidate process in a private view of the file system, and between two checks the
+    /// guest agent removes every process, file, IPC object and message queue the last one
+    /// could leave. Under TCG this skips most of a check's cost (a new QEMU process
+    /// translates every guest code path anew); the verdicts are trusted as `shared` from a
+    /// VM's second check on. Other tasks keep fresh forks.
+    Sandbox,
+}
+
+/// Text that is not a scoring isolation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a scoring isolation (vm, sandbox)")]
+pub struct NotAnIsolation(pub String);
+
+impl std::str::FromStr for ScoringIsolation {
+    type Err = NotAnIsolation;
+    fn from_str(s: &str) -> Result<ScoringIsolation, NotAnIsolation> {
+        match s {
+            "vm" => Ok(ScoringIsolation::Vm),
+            "sandbox" => Ok(ScoringIsolation::Sandbox),
+            other => Err(NotAnIsolation(other.to_string())),
+        }
+    }
+}
+
 /// How to score: the suite's `[scoring]` settings.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub mode: ScoringMode,
+    pub isolation: ScoringIsolation,
+    /// Checks one scoring VM serves at most (sandbox isolation).
+    pub checks_per_vm: u32,
     pub timeout: Duration,
     pub call_timeout: Duration,
     pub pass_threshold: f64,
     /// An external scorer's argv (empty: none).
     pub external: Vec<String>,
+}
+
+impl Plan {
+    /// Whether this task's checks may share scoring VMs.
+    pub fn shares_vms(&self, task: &Task) -> bool {
+        self.isolation == ScoringIsolation::Sandbox
+            && self.mode == ScoringMode::FreshFork
+            && self.checks_per_vm > 1
+            && task.harness.is_some()
+    }
+}
+
+/// The VM a rollout's tests run in, as the caller of [`score`] provides it.
+pub struct ScoringVm {
+    pub fork: Fork,
+    /// For a VM that serves more checks: how many it ran before this one.
+    pub shared: Option<u32>,
+}
+
+/// A scoring VM after a shared check.
+pub struct UsedVm {
+    pub fork: Fork,
+    /// Checks it has run, this one included.
+    pub checks: u32,
+    /// It is ready for another (the guest agent reset it).
+    pub ready: bool,
+}
+
+/// A verdict, and the shared scoring VM it came from (for the caller to keep or drop).
+pub struct Scored {
+    pub verdict: Verdict,
+    pub vm: Option<UsedVm>,
 }
 
 /// Why a rollout could not be scored: the farm's failure (an `env_error`), never the
@@ -63,33 +131,43 @@ pub fn scoring_seed() -> u64 {
 /// Scores a rollout where the agent cannot reach.
 ///
 /// `rollout_fork` is the rollout's VM (None for a replay that needed none); final-state
-/// scoring requires it. `fresh_fork` makes a fork of the task's pristine state with the
-/// given seed, for fresh-fork scoring.
+/// scoring requires it. `scoring_vm` gives a VM with the task's pristine state and the given
+/// seed, for fresh-fork scoring: a fresh fork, or (sandbox isolation) one that serves more
+/// checks, handed back in [`Scored::vm`].
 pub async fn score<F, Fut, E>(
     plan: &Plan,
     task: &Task,
     rollout_fork: Option<Fork>,
     artifacts: &Artifacts,
-    fresh_fork: F,
-) -> Result<Verdict, ScoreError>
+    scoring_vm: F,
+) -> Result<Scored, ScoreError>
 where
     F: FnOnce(u64) -> Fut,
-    Fut: Future<Output = Result<Fork, E>>,
+    Fut: Future<Output = Result<ScoringVm, E>>,
     E: std::fmt::Display,
 {
     let seed = scoring_seed();
+    let mut used = None;
     let mut verdict = if task.has_tests() {
-        let scoring_fork = match plan.mode {
+        let vm = match plan.mode {
             ScoringMode::FreshFork => {
                 drop(rollout_fork);
-                fresh_fork(seed).await.map_err(|e| ScoreError::Fork(e.to_string()))?
+                scoring_vm(seed).await.map_err(|e| ScoreError::Fork(e.to_string()))?
             }
             ScoringMode::FinalState => match clear_for_tests(plan, task, rollout_fork).await? {
-                Ok(fork) => fork,
-                Err(failed) => return Ok(failed),
+                Ok(fork) => ScoringVm { fork, shared: None },
+                Err(failed) => return Ok(Scored { verdict: failed, vm: None }),
             },
         };
-        tests_verdict(plan, task, &scoring_fork, artifacts, seed).await?
+        let (verdict, ready) = tests_verdict(plan, task, &vm, artifacts, seed).await?;
+        if let Some(before) = vm.shared {
+            used = Some(UsedVm {
+                fork: vm.fork,
+                checks: before + 1,
+                ready,
+            });
+        }
+        verdict
     } else if let Some(expected) = &task.expected_answer {
         drop(rollout_fork);
         crate::answer::score_answer(expected, artifacts.answer.as_deref(), &task.answer_match)
@@ -104,13 +182,14 @@ where
         }
     };
     verdict.details.scoring_seed = Some(seed);
+    verdict.details.scoring_vm_check = used.as_ref().map(|u| u.checks);
     // A rollout whose work broke scoring has its verdict (reward 0); there is nothing for an
     // external scorer to grade, and its failing on the missing outcome must not turn the
     // agent's doing into an environment error.
     if !plan.external.is_empty() && verdict.details.agent_failure.is_none() {
         verdict = external_verdict(plan, task, artifacts, verdict).await?;
     }
-    Ok(verdict)
+    Ok(Scored { verdict, vm: used })
 }
 
 /// The rollout's own VM made ready for its tests (final-state scoring), or the agent's
@@ -148,14 +227,15 @@ async fn clear_for_tests(
     }
 }
 
-/// The verdict of the task's tests run in `scoring_fork`.
+/// The verdict of the task's tests run in the scoring VM, and whether a shared VM is ready
+/// for its next check.
 async fn tests_verdict(
     plan: &Plan,
     task: &Task,
-    scoring_fork: &Fork,
+    vm: &ScoringVm,
     artifacts: &Artifacts,
     seed: u64,
-) -> Result<Verdict, ScoreError> {
+) -> Result<(Verdict, bool), ScoreError> {
     let scored_artifacts = if plan.mode == ScoringMode::FinalState {
         Artifacts::default()
     } else {
@@ -166,18 +246,29 @@ async fn tests_verdict(
         call_timeout: plan.call_timeout,
         final_state: plan.mode == ScoringMode::FinalState,
         seed,
+        shared: vm.shared.is_some(),
     };
-    let trust = TrustLevel::of_tests(task, plan.mode);
+    let trust = match vm.shared {
+        // Other rollouts' checks ran in this VM before.
+        Some(before) if before > 0 => TrustLevel::shared(TrustLevel::of_tests(task, plan.mode)),
+        _ => TrustLevel::of_tests(task, plan.mode),
+    };
+    let fork = &vm.fork;
     Ok(
-        match crate::run_tests(scoring_fork.agent(), task, &scored_artifacts, &options).await {
-            Ok(result) => crate::hidden::decide(result, plan.pass_threshold, task.require_reward_file, trust),
-            Err(ScoringError::Environment(e)) => return Err(ScoreError::ScoringVm(scoring_fork.explain(&e))),
+        match crate::run_tests(fork.agent(), task, &scored_artifacts, &options).await {
+            Ok(result) => {
+                let ready = result.reset.as_ref().is_some_and(|r| r.ready);
+                let verdict = crate::hidden::decide(result, plan.pass_threshold, task.require_reward_file, trust);
+                (verdict, ready)
+            }
+            Err(ScoringError::Environment(e)) => return Err(ScoreError::ScoringVm(fork.explain(&e))),
+            Err(ScoringError::Sandbox(reason)) => return Err(ScoreError::ScoringVm(reason)),
             Err(ScoringError::Agent(reason)) => {
-                let reason = match scoring_fork.machine.limit_violation() {
+                let reason = match fork.machine.limit_violation() {
                     Some(limit) => format!("{reason} ({limit})"),
                     None => reason,
                 };
-                agent_failure(reason, trust)
+                (agent_failure(reason, trust), false)
             }
         },
     )
@@ -270,6 +361,8 @@ mod tests {
     fn plan(external: &[&str]) -> Plan {
         Plan {
             mode: ScoringMode::FreshFork,
+            isolation: ScoringIsolation::Vm,
+            checks_per_vm: 1,
             timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(5),
             pass_threshold: 1.0,
@@ -283,8 +376,10 @@ mod tests {
             ..Artifacts::default()
         };
         // An answer task never needs a scoring VM.
-        let no_vm = |_seed: u64| async { Err::<Fork, _>("no scoring VM for an answer") };
-        score(plan, &answer_task("Paris"), None, &artifacts, no_vm).await
+        let no_vm = |_seed: u64| async { Err::<ScoringVm, _>("no scoring VM for an answer") };
+        score(plan, &answer_task("Paris"), None, &artifacts, no_vm)
+            .await
+            .map(|scored| scored.verdict)
     }
 
     #[tokio::test]

@@ -6,6 +6,11 @@
 //! agent's code only through `farm-sandbox` (`test_user = "checker"` or `"root"`), an answer
 //! compared on the host.
 //!
+//! `shared`: as `sound`, in a scoring VM that had served other rollouts' checks before
+//! (`[scoring] isolation = "sandbox"`): each check had a fresh candidate process in a private
+//! view of the file system, and the VM was reset between checks; what could still reach the
+//! verdict is state of an earlier rollout's that outlived every reset.
+//!
 //! `hardened`: the agent's code ran where it could touch the verdict, and farm only made that
 //! place hard to abuse: a test command run as the candidate (pytest importing the agent's
 //! module in its own process: an `os._exit(0)` on import passes), or final-state scoring in
@@ -22,14 +27,22 @@ use crate::ScoringMode;
 pub enum Trust {
     /// It could not: the verdict rests on data its code produced behind a boundary.
     Sound,
+    /// As sound, in a scoring VM that had run other rollouts' checks before (each with a
+    /// fresh candidate process in a private view, the VM reset between checks): only state
+    /// that outlived every reset could reach the verdict.
+    Shared,
     /// It could: its code ran where the verdict is made; farm hardened that place.
     Hardened,
 }
 
 impl Trust {
+    /// Every level, most trusted first.
+    pub const ALL: [Trust; 3] = [Trust::Sound, Trust::Shared, Trust::Hardened];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Trust::Sound => "sound",
+            Trust::Shared => "shared",
             Trust::Hardened => "hardened",
         }
     }
@@ -43,7 +56,7 @@ impl std::fmt::Display for Trust {
 
 /// Text that is not a trust level.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a trust level (sound, hardened)")]
+#[error("{0:?} is not a trust level (sound, shared, hardened)")]
 pub struct NotATrustLevel(pub String);
 
 impl std::str::FromStr for Trust {
@@ -51,6 +64,7 @@ impl std::str::FromStr for Trust {
     fn from_str(s: &str) -> Result<Trust, NotATrustLevel> {
         match s {
             "sound" => Ok(Trust::Sound),
+            "shared" => Ok(Trust::Shared),
             "hardened" => Ok(Trust::Hardened),
             other => Err(NotATrustLevel(other.to_string())),
         }
@@ -103,6 +117,20 @@ impl TrustLevel {
         }
     }
 
+    /// A sound check in a scoring VM that had run other rollouts' checks before; a hardened
+    /// one stays hardened.
+    pub fn shared(inner: TrustLevel) -> TrustLevel {
+        match inner.level {
+            Trust::Sound | Trust::Shared => TrustLevel {
+                level: Trust::Shared,
+                reason: "farm's harness in a shared scoring VM: the agent's code ran in its own process in a private \
+                         view and only plain data crossed; other rollouts' checks ran in this VM before, each \
+                         removed with everything it left",
+            },
+            Trust::Hardened => inner,
+        }
+    }
+
     /// An external scorer decides on data the rollout and the tests produced: it is as
     /// trustworthy as that data.
     pub fn of_external(inner: TrustLevel) -> TrustLevel {
@@ -110,6 +138,10 @@ impl TrustLevel {
             Trust::Sound => TrustLevel {
                 level: Trust::Sound,
                 reason: "external scorer on the host, over data from a sound check",
+            },
+            Trust::Shared => TrustLevel {
+                level: Trust::Shared,
+                reason: "external scorer on the host, over data from a check in a shared scoring VM",
             },
             Trust::Hardened => TrustLevel {
                 level: Trust::Hardened,
@@ -142,6 +174,13 @@ mod tests {
             metadata: serde_json::Value::Null,
             harbor: None,
         }
+    }
+
+    fn call_again() -> Option<Harness> {
+        Some(Harness::FunctionCall {
+            module: "solution".into(),
+            entry_point: "f".into(),
+        })
     }
 
     #[test]
@@ -188,6 +227,12 @@ mod tests {
         assert_eq!(TrustLevel::of_external(hardened).level, Trust::Hardened);
         assert_eq!(TrustLevel::of_external(TrustLevel::ANSWER).level, Trust::Sound);
         assert_eq!("hardened".parse::<Trust>().unwrap(), Trust::Hardened);
+        let shared = TrustLevel::shared(TrustLevel::of_tests(&task(call_again(), TestUser::Root), fresh));
+        assert_eq!((shared.level, shared.level.as_str()), (Trust::Shared, "shared"));
+        assert_eq!("shared".parse::<Trust>().unwrap(), Trust::Shared);
+        assert_eq!(TrustLevel::of_external(shared).level, Trust::Shared);
+        assert_eq!(TrustLevel::shared(hardened).level, Trust::Hardened, "a hardened check stays hardened");
+        assert!(Trust::Sound < Trust::Shared && Trust::Shared < Trust::Hardened);
         assert!("maybe".parse::<Trust>().is_err());
     }
 }

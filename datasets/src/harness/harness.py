@@ -25,7 +25,8 @@ what keeps the candidate out of reach, in both:
 4. Only if the tests passed does this process write "1" to the reward file.
 
 Exit codes: 0 passed (reward written), 1 failed, 3 the task cannot be checked through the
-isolation boundary, 2 a malformed command line. Reports for farm are JSON lines on standard
+isolation boundary, 2 a malformed command line, 75 the scoring VM could not give a fresh
+candidate its private view (before any of the candidate's code ran). Reports for farm are JSON lines on standard
 output (see harness_boundary), which only this process holds: the candidate's standard
 output is this process's standard error, and so is everything the tests print.
 
@@ -35,9 +36,12 @@ before the snapshot, as a zygote (`--zygote SOCKET`, root, socket mode 0600), wh
 the candidate's process right away (dropped to the candidate user, idle, holding nothing):
 every fork of the snapshot inherits both. A check reaches the zygote through `farm-agent
 --check-with-zygote`, which hands over its standard input, output and error and gets the
-exit status back; the zygote runs the check itself, in either mode, as main() would, and
-exits (a scoring VM runs one check). Until then it holds nothing secret either: the reward
-path and the tests arrive only with the check.
+exit status back. In a scoring VM that runs one check, the zygote runs it itself, in either
+mode, as main() would, and exits. In a scoring VM that serves many checks one after another
+(`[scoring] isolation = "sandbox"`), the zygote stays pristine: for each check it forks a
+check process (a session of its own) that forks a fresh candidate process in a private view
+of the file system (harness_candidate.enter_private_view) and runs the check. Until a check
+arrives, nothing holds anything secret: the reward path and the tests come with the check.
 """
 
 import json
@@ -49,8 +53,8 @@ import sys
 # (/usr/local/lib/farm, or the tests folder's copy); `python3 -I` leaves it off the path.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness_boundary import report_failure, take_report_channel  # noqa: E402
-from harness_candidate import start_candidate  # noqa: E402
+from harness_boundary import report, report_failure, take_report_channel  # noqa: E402
+from harness_candidate import PrivateViewFailed, preload_private_view, start_candidate  # noqa: E402
 
 MODES = ("function-call", "unit-tests")
 
@@ -161,16 +165,19 @@ def run_check(options, candidate, candidate_stderr):
 def zygote(socket_path):
     """Started once by the template (root), before its snapshot. It forks the candidate's
     process at once (dropped to the candidate user, idle until a check names its modules),
-    then serves one check on a unix socket, in this very process: every fork of the
-    snapshot finds both processes started, so a check forks nothing and starts nothing.
-    Neither holds a secret until the check (the reward path and the tests arrive with it).
+    then serves checks on a unix socket. Neither holds a secret until a check (the reward
+    path and the tests arrive with it).
 
     The process started exits 0 once the socket listens (1 if the zygote failed): the
     zygote itself is its child, in a session of its own.
 
-    The request is the harness arguments as a JSON list, sent with three descriptors (the
-    check's standard input, output and error); the answer is the exit status (4 bytes, big
-    endian). A scoring VM runs one check, so the zygote then exits."""
+    A request is JSON sent with three descriptors (the check's standard input, output and
+    error): `{"args": [...], "fork": false}` (or the arguments alone, a list) runs the check
+    in this very process against the candidate forked before the snapshot, so a fresh
+    scoring VM forks nothing and starts nothing, and the zygote then exits; `"fork": true`
+    runs it in a forked check process with a fresh candidate, and the zygote waits for the
+    next. The process that runs the check answers with its pid (4 bytes, big endian: the
+    session farm kills and sweeps), then its exit status (4 bytes)."""
     ready_read, ready_write = os.pipe()
     if os.fork() != 0:
         os.close(ready_write)
@@ -197,8 +204,16 @@ def zygote(socket_path):
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    # The objects made so far live as long as the zygote and its children: the collector
+    # need not walk them in every check (a walk also writes to every page they sit on, which
+    # each fork of the snapshot would then copy).
+    import gc
+
+    gc.freeze()
     candidate = start_candidate(stdio_to_stderr=False)
     preload_unit_tests()
+    preload_private_view()
+    gc.freeze()
     os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
     try:
         os.unlink(socket_path)
@@ -212,23 +227,77 @@ def zygote(socket_path):
     server.listen(1)
     os.write(ready_write, b"1")
     os.close(ready_write)
-    connection, _ = server.accept()
-    server.close()
+    while True:
+        connection, _ = server.accept()
+        try:
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+        except OSError:
+            connection.close()
+            continue
+        arguments, fork = check_request(message, fds)
+        if arguments is None:
+            for fd in fds:
+                os.close(fd)
+            connection.close()
+            continue
+        if not fork:
+            server.close()
+            serve_check(connection, fds, arguments, candidate)
+        if candidate is not None:
+            # A VM that serves many checks gives each a fresh candidate in a view of its own;
+            # the one forked before the snapshot (which has neither) goes.
+            kill_quietly(candidate[0])
+            candidate[1].close()
+            candidate = None
+        pid = os.fork()
+        if pid == 0:
+            server.close()
+            os.setsid()
+            serve_check(connection, fds, arguments, None)
+        for fd in fds:
+            os.close(fd)
+        connection.close()
+        reap_children()
+
+
+def check_request(message, fds):
+    """The arguments and whether to fork, from a check request; (None, False) when it is
+    not one."""
+    try:
+        request = json.loads(message)
+    except ValueError:
+        return None, False
+    if type(request) is list:
+        request = {"args": request, "fork": False}
+    if type(request) is not dict or len(fds) != 3:
+        return None, False
+    arguments, fork = request.get("args"), request.get("fork", False)
+    if type(arguments) is not list or any(type(a) is not str for a in arguments) or type(fork) is not bool:
+        return None, False
+    return arguments, fork
+
+
+def serve_check(connection, fds, arguments, candidate):
+    """Runs one check in this process and exits with its code: against `candidate` (the one
+    forked before the snapshot), or (None) against a fresh one in a private view."""
     code = 70
     try:
-        message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
-        if len(fds) != 3:
-            os._exit(2)
+        connection.sendall(struct.pack(">i", os.getpid()))
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
-        arguments = json.loads(message)
-        if type(arguments) is not list or any(type(a) is not str for a in arguments):
-            os._exit(2)
-        code = run_check(parse(arguments), candidate, candidate_stderr=2)
+        options = parse(arguments)
+        if candidate is None:
+            candidate = start_candidate(stdio_to_stderr=False, private_view=options.workspace)
+        code = run_check(options, candidate, candidate_stderr=2)
+    except PrivateViewFailed as error:
+        # Nothing of the candidate's ran: farm's failure, said as such.
+        take_report_channel()
+        report("environment", str(error))
+        code = 75
     except BaseException as error:
         report_failure(error)
     finally:
@@ -237,6 +306,25 @@ def zygote(socket_path):
         except OSError:
             pass
         os._exit(code)
+
+
+def kill_quietly(pid):
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        pass
+
+
+def reap_children():
+    """Collects the check processes (and the candidate forked before the snapshot) that
+    ended."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def preload_unit_tests():

@@ -10,7 +10,7 @@ hooks; the core here refuses them.
 
 Reports. Each line farm reads is `farm-harness: ` and one JSON object:
 
-    {"kind": "isolation_limit" | "candidate_failure", "message": M, "candidate_text": T}
+    {"kind": "isolation_limit" | "candidate_failure" | "environment", "message": M, "candidate_text": T}
     {"kind": "summary", "tests": N, "failures": N, "errors": N, "skipped": N}   (unit tests)
 
 `message` is built only from this harness's own text and from what the checker knows (names

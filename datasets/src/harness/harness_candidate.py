@@ -71,10 +71,12 @@ def drop_to_candidate(keep, stdio_to_stderr):
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"})
 
 
-def start_candidate(stdio_to_stderr):
+def start_candidate(stdio_to_stderr, private_view=None):
     """Forks the candidate's process, which drops to the candidate user at once and waits
     for the check's request; returns its pid and the checker's end of their socket. It is
-    forked before this process holds anything secret."""
+    forked before this process holds anything secret. With `private_view` (the workspace),
+    it first enters a file system view of its own (enter_private_view): a scoring VM that
+    serves more checks keeps nothing of this one's."""
     import socket
 
     checker_end, candidate_end = socket.socketpair()
@@ -82,7 +84,9 @@ def start_candidate(stdio_to_stderr):
     if pid == 0:
         try:
             checker_end.close()
-            candidate_main(candidate_end, stdio_to_stderr)
+            if private_view is not None:
+                enter_private_view(private_view)
+            candidate_main(candidate_end, stdio_to_stderr, announce=private_view is not None)
         except EOFError:
             pass  # the checker is done with the candidate
         except BaseException as error:
@@ -90,7 +94,104 @@ def start_candidate(stdio_to_stderr):
         finally:
             os._exit(70)
     candidate_end.close()
+    if private_view is not None:
+        wait_for_private_view(checker_end, pid)
     return pid, checker_end
+
+
+# Mount flags and the clone flag of a mount namespace (<sys/mount.h>, <sched.h>).
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+# Left as they are: process and device views, whose contents no process can leave behind.
+SPECIAL_MOUNTS = ("/proc", "/sys", "/dev", "/dev/pts")
+# Fresh and private to the candidate: where an unprivileged process expects to write.
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def preload_private_view():
+    """ctypes, imported once in the zygote: each check's candidate enters its view with it."""
+    try:
+        import ctypes  # noqa: F401
+    except ImportError:
+        pass
+
+
+def enter_private_view(workspace):
+    """Makes this process (still root, about to become the candidate) see the file system
+    through a mount namespace of its own: every mount read-only but the workspace, and fresh
+    tmpfs at /tmp, /var/tmp and /dev/shm that die with the namespace. So nothing it writes
+    outlives it anywhere but in the workspace, which the guest agent removes after the
+    check. Raises OSError (the check then fails as the harness's, never silently unsandboxed)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+
+    def call(result, what):
+        if result != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, "the candidate's private view: %s: %s" % (what, os.strerror(error)))
+
+    def mount(source, target, fstype, flags, data=None):
+        encode = lambda text: None if text is None else text.encode()  # noqa: E731
+        call(libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data)), "mount %s" % target)
+
+    call(libc.unshare(CLONE_NEWNS), "unshare")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    workspace = os.path.realpath(workspace)
+    mount(workspace, workspace, None, MS_BIND)
+    for target in mount_points():
+        if target == workspace or target in SPECIAL_MOUNTS:
+            continue
+        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    for target in SCRATCH:
+        if os.path.isdir(target):
+            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+
+
+def mount_points():
+    """Every mount point this process sees, from /proc/self/mountinfo (octal escapes decoded)."""
+    points = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            field = line.split()[4]
+            points.append(re_unescape(field))
+    return points
+
+
+def re_unescape(field):
+    """Decodes mountinfo's octal escapes (\\040 for a space, and so on)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+class PrivateViewFailed(Exception):
+    """The candidate's process could not enter its private view (before any of the
+    candidate's code was loaded): the scoring VM's failure, not the candidate's."""
+
+
+def wait_for_private_view(checker_end, pid):
+    """Waits until the candidate's process says it entered its view and dropped to the
+    candidate user (one byte, b"V", before it loads anything of the candidate's)."""
+    checker_end.settimeout(60)
+    try:
+        ready = checker_end.recv(1) == b"V"
+    except OSError:
+        ready = False
+    checker_end.settimeout(None)
+    if not ready:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+        raise PrivateViewFailed("the candidate's process could not enter its private view of the file system")
 
 
 class ExactSource:
@@ -119,8 +220,10 @@ class ExactSource:
         exec(compile(source, path, "exec"), module.__dict__)
 
 
-def candidate_main(sock, stdio_to_stderr):
+def candidate_main(sock, stdio_to_stderr, announce=False):
     drop_to_candidate({sock.fileno()}, stdio_to_stderr)
+    if announce:
+        sock.sendall(b"V")
     import socket
 
     # Wait for the check: what to load, and (from a zygote) the standard error to use.

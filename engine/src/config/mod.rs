@@ -125,7 +125,7 @@ pub struct RolloutsSection {
     pub network: snapshotter::Network,
 }
 
-pub use scorers::ScoringMode;
+pub use scorers::{ScoringIsolation, ScoringMode};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -145,6 +145,16 @@ pub struct ScoringSection {
     /// past it fails the check.
     #[serde(default = "call_timeout")]
     pub call_timeout_secs: u64,
+    /// `"vm"` (the default): every rollout's check in a fresh fork of its own. `"sandbox"`:
+    /// checks through farm's harness (function-call and unit-test tasks without a snapshot
+    /// of their own) share scoring VMs, each check with a fresh candidate process in a
+    /// private view, the VM reset between checks; verdicts from a VM's second check on are
+    /// trusted as `shared`.
+    #[serde(default)]
+    pub isolation: ScoringIsolation,
+    /// Checks one scoring VM serves at most with `isolation = "sandbox"`.
+    #[serde(default = "checks_per_vm")]
+    pub checks_per_vm: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -187,6 +197,9 @@ fn score_timeout() -> u64 {
 }
 fn call_timeout() -> u64 {
     10
+}
+fn checks_per_vm() -> u32 {
+    100
 }
 /// Unset: the converted image's `User`, else root (see `Engine::start`).
 fn root_user() -> String {
@@ -301,6 +314,15 @@ impl Suite {
         }
         if c.rollouts.max_steps == 0 {
             return Err(invalid("rollouts.max_steps", "must be at least 1".into()));
+        }
+        if c.scoring.checks_per_vm == 0 {
+            return Err(invalid("scoring.checks_per_vm", "must be at least 1".into()));
+        }
+        if c.scoring.isolation == ScoringIsolation::Sandbox && c.scoring.mode != ScoringMode::FreshFork {
+            return Err(invalid(
+                "scoring.isolation",
+                "\"sandbox\" shares fresh scoring VMs; it needs scoring.mode = \"fresh_fork\"".into(),
+            ));
         }
         if c.scoring.call_timeout_secs == 0 {
             return Err(invalid("scoring.call_timeout_secs", "must be at least 1".into()));

@@ -145,7 +145,7 @@ fn counts(rs: &[&Outcome]) -> BTreeMap<String, usize> {
 
 /// How many verdicts of each trust level (rows without a verdict have none).
 fn trust(rs: &[&Outcome]) -> BTreeMap<String, usize> {
-    let mut c: BTreeMap<String, usize> = [scorers::Trust::Sound, scorers::Trust::Hardened]
+    let mut c: BTreeMap<String, usize> = scorers::Trust::ALL
         .iter()
         .map(|t| (t.to_string(), 0))
         .collect();

@@ -56,6 +56,7 @@ fn leaderboard(runs: &[RunStats]) -> Markup {
         }
         p {
             "trust: " span.badge.sound { "sound" } " verdicts rest on checks the agent's code could not reach (the function-call harness, unit tests through the boundary, a checker using farm-sandbox, an answer compared on the host); "
+            span.badge.shared { "shared" } " ones are sound checks in scoring VMs that had run other rollouts' checks before ([scoring] isolation = \"sandbox\"); "
             span.badge.hardened { "hardened" } " ones ran the agent's code where the verdict is made (test_user = candidate, final-state scoring), so a capable agent may have forged them. See docs/security.md."
         }
         p { "pass@k is the unbiased estimator over each task's scored rollouts (env_error left out), averaged over tasks with at least k; pass^k: all k pass. The interval resamples tasks (2,000 bootstrap resamples)." }
@@ -103,14 +104,22 @@ fn leaderboard_row(run: &RunStats, k: u32, first: &BTreeSet<&String>) -> Markup 
 /// The leaderboard's trust cell: how many verdicts of each level. The counts are those of
 /// summary.json's `trust`.
 fn trust_badge(run: &RunStats) -> Markup {
-    let sound = run.trust.get(&scorers::Trust::Sound).copied().unwrap_or(0);
-    let hardened = run.trust.get(&scorers::Trust::Hardened).copied().unwrap_or(0);
+    let count = |level| run.trust.get(&level).copied().unwrap_or(0);
+    let (sound, shared, hardened) = (
+        count(scorers::Trust::Sound),
+        count(scorers::Trust::Shared),
+        count(scorers::Trust::Hardened),
+    );
+    let total = sound + shared + hardened;
     html! {
-        @match (sound, hardened) {
-            (0, 0) => "–",
-            (_, 0) => span.badge.sound data-sound=(sound) data-hardened="0" { "sound" },
-            (s, h) => span.badge.hardened data-sound=(s) data-hardened=(h) title={ (h) " of " (s + h) " verdicts ran the agent's code where the verdict is made" } {
-                "hardened: " (h) " of " (s + h)
+        @match (total, shared, hardened) {
+            (0, _, _) => "–",
+            (_, 0, 0) => span.badge.sound data-sound=(sound) data-shared="0" data-hardened="0" { "sound" },
+            (t, sh, 0) => span.badge.shared data-sound=(sound) data-shared=(sh) data-hardened="0" title={ (sh) " of " (t) " verdicts came from scoring VMs that had run other rollouts' checks" } {
+                "shared: " (sh) " of " (t)
+            },
+            (t, sh, h) => span.badge.hardened data-sound=(sound) data-shared=(sh) data-hardened=(h) title={ (h) " of " (t) " verdicts ran the agent's code where the verdict is made" } {
+                "hardened: " (h) " of " (t)
             },
         }
     }

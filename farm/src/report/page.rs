@@ -21,7 +21,7 @@ tr.flipped td{background:#fff3cd}.pass{color:#1d7a3a}.fail{color:#b8423a}.mixed{
 .legend span{display:inline-block;margin-right:14px}.swatch{display:inline-block;width:10px;height:10px;margin-right:4px}
 section.rollout{border:1px solid #ccc;padding:8px 12px;margin:12px 0}.step{border-left:3px solid #ccc;padding-left:8px;margin:8px 0}
 code{background:#f1f1f1;padding:0 3px}
-.badge,.mark{display:inline-block;border-radius:3px;padding:0 5px;font-size:12px}.badge.sound{background:#d9f2df;color:#1d7a3a}.badge.hardened,.mark.hardened{background:#fde2c8;color:#8a4b00}
+.badge,.mark{display:inline-block;border-radius:3px;padding:0 5px;font-size:12px}.badge.sound{background:#d9f2df;color:#1d7a3a}.badge.shared{background:#e3ecfa;color:#2a4f8a}.badge.hardened,.mark.hardened{background:#fde2c8;color:#8a4b00}
 "#;
 
 const SCRIPT: &str = r#"

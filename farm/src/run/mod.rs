@@ -38,6 +38,11 @@ pub struct RunArgs {
     /// Rollouts at once (overrides `rollouts.concurrency`).
     #[arg(long)]
     pub concurrency: Option<usize>,
+    /// How far apart checks are kept (overrides `scoring.isolation`): vm (each rollout's
+    /// check in a fresh fork) or sandbox (harness checks share scoring VMs, each in a fresh
+    /// sandbox; trust `shared`).
+    #[arg(long, value_name = "vm|sandbox")]
+    pub isolation: Option<scorers::ScoringIsolation>,
     /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     pub accel: vmm::AccelSetting,
@@ -62,6 +67,12 @@ impl RunArgs {
         let mut suite = Suite::load(&self.suite)?;
         if let Some(c) = self.concurrency {
             suite.config.rollouts.concurrency = Count::Fixed(c.max(1));
+        }
+        if let Some(isolation) = self.isolation {
+            if isolation == scorers::ScoringIsolation::Sandbox && suite.config.scoring.mode != scorers::ScoringMode::FreshFork {
+                anyhow::bail!("--isolation sandbox shares fresh scoring VMs; the suite's scoring.mode is not \"fresh_fork\"");
+            }
+            suite.config.scoring.isolation = isolation;
         }
         let out = self
             .out
