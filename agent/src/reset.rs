@@ -64,7 +64,10 @@ fn describe(e: &AgentError) -> String {
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|stat| stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_owned)))
+        .and_then(|stat| {
+            stat.rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_owned))
+        })
         .is_some_and(|state| state != "Z" && state != "X")
 }
 

@@ -95,26 +95,7 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         stderr_cap: req.stderr_cap,
         checker_view: req.checker_view,
     };
-    // A function-call check goes straight to the harness zygote when one answers (as root,
-    // which the zygote's socket requires); anything else starts as a command. A shared check
-    // (a VM that serves more) runs only there: only the zygote gives each candidate a view
-    // of its own.
-    let zygote = zygote::parse(&req.program)
-        .filter(|_| user.is_root())
-        .and_then(|check| zygote::connect(check.socket).map(|c| (check, c)));
-    if req.shared.is_some() && zygote.is_none() {
-        return Err(AgentError {
-            kind: ErrorKind::Spawn,
-            message: "a check in a shared scoring VM needs the harness zygote, and none answered".into(),
-        });
-    }
-    let zygote_pid = zygote.as_ref().map(|(_, (_, pid))| *pid);
-    let (output, pid) = match zygote {
-        Some((check, (stream, zygote_pid))) => {
-            zygote::run(stream, zygote_pid, &check, &launch, stdin, req.shared.is_some())?
-        }
-        None => exec::run_launch(&launch, stdin)?,
-    };
+    let (output, pid, zygote_pid) = run_command(req, &launch, &user, stdin)?;
 
     // Nothing the tests started may outlive them: their session or group, and every process
     // of the sweep users wherever it went.
@@ -149,6 +130,38 @@ pub fn run_tests(req: &RunTestsRequest, base_env: &[(String, String)], stdin: &[
         output,
         junit: junit.unwrap_or_default(),
     })
+}
+
+/// Runs the test command: a function-call check goes straight to the harness zygote when
+/// one answers (as root, which the zygote's socket requires); anything else starts as a
+/// command. A shared check (a VM that serves more) runs only there: only the zygote gives
+/// each candidate a view of its own. Returns the output, the process whose session the sweep
+/// takes, and the zygote's pid (None without one).
+fn run_command(
+    req: &RunTestsRequest,
+    launch: &Launch,
+    user: &User,
+    stdin: &[u8],
+) -> Result<(Output, u32, Option<i32>), AgentError> {
+    let zygote = zygote::parse(&req.program)
+        .filter(|_| user.is_root())
+        .and_then(|check| zygote::connect(check.socket).map(|c| (check, c)));
+    if req.shared.is_some() && zygote.is_none() {
+        return Err(AgentError {
+            kind: ErrorKind::Spawn,
+            message: "a check in a shared scoring VM needs the harness zygote, and none answered".into(),
+        });
+    }
+    match zygote {
+        Some((check, (stream, zygote_pid))) => {
+            let (output, pid) = zygote::run(stream, zygote_pid, &check, launch, stdin, req.shared.is_some())?;
+            Ok((output, pid, Some(zygote_pid)))
+        }
+        None => {
+            let (output, pid) = exec::run_launch(launch, stdin)?;
+            Ok((output, pid, None))
+        }
+    }
 }
 
 /// Locks the tests folder and creates the verdict files and a private temporary folder

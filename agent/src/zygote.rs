@@ -157,7 +157,8 @@ pub fn run(
     let (stdin_read, stdin_write) = pipe()?;
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
-    let request = serde_json::to_vec(&serde_json::json!({ "args": check.args, "fork": fork })).expect("strings serialize");
+    let request =
+        serde_json::to_vec(&serde_json::json!({ "args": check.args, "fork": fork })).expect("strings serialize");
     let fds = [
         stdin_read.as_raw_fd(),
         stdout_write.as_raw_fd(),

@@ -147,7 +147,13 @@ impl Engine {
 
     /// A fresh fork of the task's pristine state for its tests (`with_files`: the task's
     /// files written, as a fork of the template needs).
-    async fn fresh_scoring_vm(&self, snapshot: &Snapshot, task: &Task, seed: u64, with_files: bool) -> Result<Fork, String> {
+    async fn fresh_scoring_vm(
+        &self,
+        snapshot: &Snapshot,
+        task: &Task,
+        seed: u64,
+        with_files: bool,
+    ) -> Result<Fork, String> {
         let identity = ForkIdentity::new(seed);
         tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
         let forked = if with_files {
@@ -195,7 +201,10 @@ impl Engine {
         let shared = if workspace.is_empty() {
             Some(0)
         } else {
-            tracing::info!(snapshot = snapshot.id(), "the snapshot's workspace is not empty: its checks keep fresh forks");
+            tracing::info!(
+                snapshot = snapshot.id(),
+                "the snapshot's workspace is not empty: its checks keep fresh forks"
+            );
             self.scoring_vms.mark_unshareable(snapshot.id());
             None
         };

@@ -66,7 +66,9 @@ impl ScoringVms {
             drop(fork);
             return;
         }
-        idle.entry(snapshot.to_string()).or_default().push(IdleVm { fork, checks });
+        idle.entry(snapshot.to_string())
+            .or_default()
+            .push(IdleVm { fork, checks });
     }
 
     pub fn is_unshareable(&self, snapshot: &str) -> bool {

@@ -427,12 +427,17 @@ fn shared_scoring_vms_give_the_reference_verdicts_and_say_they_were_shared() {
     let rows = journal_rows(out.path());
     let mut later_checks = 0;
     for (key, row) in &rows {
-        let check = details_of(row)["scoring_vm_check"].as_u64().expect("a shared scoring VM's check");
+        let check = details_of(row)["scoring_vm_check"]
+            .as_u64()
+            .expect("a shared scoring VM's check");
         let trust = if check == 1 { "sound" } else { "shared" };
         assert_eq!(row["trust"], trust, "{key:?}: {row}");
         later_checks += u64::from(check > 1);
     }
-    assert!(later_checks >= 60, "scoring VMs were hardly reused: {later_checks} of 72");
+    assert!(
+        later_checks >= 60,
+        "scoring VMs were hardly reused: {later_checks} of 72"
+    );
     let as_sound: std::collections::BTreeMap<_, _> = rows
         .into_iter()
         .map(|(key, mut row)| {
@@ -461,19 +466,38 @@ fn nothing_crosses_between_checks_in_a_shared_scoring_vm() {
     for planter in [0, 3] {
         let said = stderr(planter);
         for channel in [
-            "/tmp/farm-leak", "/var/tmp/farm-leak", "/dev/shm/farm-leak", "/workspace/farm-leak",
-            "sysv-shm", "sysv-msg", "sysv-sem", "posix-mq", "abstract-socket", "tcp-port",
+            "/tmp/farm-leak",
+            "/var/tmp/farm-leak",
+            "/dev/shm/farm-leak",
+            "/workspace/farm-leak",
+            "sysv-shm",
+            "sysv-msg",
+            "sysv-sem",
+            "posix-mq",
+            "abstract-socket",
+            "tcp-port",
         ] {
-            assert!(said.contains(&format!("\"{channel}\"")), "planter {planter} could not leave {channel}: {said}");
+            assert!(
+                said.contains(&format!("\"{channel}\"")),
+                "planter {planter} could not leave {channel}: {said}"
+            );
         }
     }
     // ...the seekers, checked later in the same VM, found none of it.
     let checks: Vec<u64> = (0..6)
-        .map(|s| details_of(&rows[&("farm/leak".to_string(), s)])["scoring_vm_check"].as_u64().unwrap())
+        .map(|s| {
+            details_of(&rows[&("farm/leak".to_string(), s)])["scoring_vm_check"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(checks, [1, 2, 3, 4, 5, 6], "one scoring VM served every check in turn");
     for seeker in [1, 2, 4, 5] {
-        assert!(stderr(seeker).contains("found: []"), "seeker {seeker}: {}", stderr(seeker));
+        assert!(
+            stderr(seeker).contains("found: []"),
+            "seeker {seeker}: {}",
+            stderr(seeker)
+        );
     }
     // The harness's own attacks, in shared VMs.
     let out = tempfile::tempdir().unwrap();

@@ -76,6 +76,10 @@ fn every_response_round_trips() {
             junit_file_bytes: 3,
             swept: 2,
             sweep_complete: true,
+            reset: Some(ResetResult {
+                ready: false,
+                problem: Some("the harness zygote is gone".into()),
+            }),
         }),
         Response::Error(AgentError {
             kind: ErrorKind::Spawn,
@@ -140,6 +144,25 @@ fn every_request_round_trips() {
             junit_file: "/opt/farm-tests/junit.xml".into(),
             sweep_uids: vec![999, 1000],
             checker_view: true,
+            shared: None,
+        }),
+        Request::RunTests(RunTestsRequest {
+            program: Program::Argv(vec!["python3".into()]),
+            cwd: "/opt/farm-tests".into(),
+            env: BTreeMap::new(),
+            user: "root".into(),
+            timeout_ms: 1000,
+            stdout_cap: 10,
+            stderr_cap: 10,
+            tests_dir: "/opt/farm-tests".into(),
+            private_tests: true,
+            reward_file: "/opt/farm-tests/.reward-y".into(),
+            junit_file: "/opt/farm-tests/junit.xml".into(),
+            sweep_uids: vec![999, 1000],
+            checker_view: false,
+            shared: Some(SharedCheck {
+                workspace: "/workspace".into(),
+            }),
         }),
     ];
     for msg in requests {

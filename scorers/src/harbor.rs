@@ -149,6 +149,7 @@ async fn verify_with(
         junit_unread: None,
         stdout_tail: tail(&out.stdout),
         stderr_tail: tail(&out.stderr),
+        reset: None,
     };
     let zero = |outcome: TestOutcome, basis: String, timed_out: bool| Verdict {
         reward: 0.0,

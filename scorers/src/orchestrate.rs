@@ -156,7 +156,12 @@ where
             }
             ScoringMode::FinalState => match clear_for_tests(plan, task, rollout_fork).await? {
                 Ok(fork) => ScoringVm { fork, shared: None },
-                Err(failed) => return Ok(Scored { verdict: failed, vm: None }),
+                Err(failed) => {
+                    return Ok(Scored {
+                        verdict: failed,
+                        vm: None,
+                    })
+                }
             },
         };
         let (verdict, ready) = tests_verdict(plan, task, &vm, artifacts, seed).await?;

@@ -231,7 +231,11 @@ mod tests {
         assert_eq!((shared.level, shared.level.as_str()), (Trust::Shared, "shared"));
         assert_eq!("shared".parse::<Trust>().unwrap(), Trust::Shared);
         assert_eq!(TrustLevel::of_external(shared).level, Trust::Shared);
-        assert_eq!(TrustLevel::shared(hardened).level, Trust::Hardened, "a hardened check stays hardened");
+        assert_eq!(
+            TrustLevel::shared(hardened).level,
+            Trust::Hardened,
+            "a hardened check stays hardened"
+        );
         assert!(Trust::Sound < Trust::Shared && Trust::Shared < Trust::Hardened);
         assert!("maybe".parse::<Trust>().is_err());
     }

@@ -423,6 +423,7 @@ print(json.dumps({
             junit_file: "/opt/farm-tests/junit.xml".into(),
             sweep_uids: vec![farm_protocol::CANDIDATE_UID, farm_protocol::CHECKER_UID],
             checker_view: true,
+            shared: None,
         };
         let out = agent.run_tests(request, Vec::new()).await.unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);

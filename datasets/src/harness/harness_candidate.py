@@ -145,7 +145,9 @@ def enter_private_view(workspace):
             continue
         mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
     for target in SCRATCH:
-        if os.path.isdir(target):
+        # A scratch folder that holds the workspace stays read-only instead: a fresh tmpfs
+        # there would hide the workspace.
+        if os.path.isdir(target) and not workspace.startswith(target.rstrip("/") + "/"):
             mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
 
 

@@ -16,6 +16,9 @@ the check's three standard descriptors sent with SCM_RIGHTS). It checks
   candidate crosses as RuntimeError, and the protocol's end of an iteration is refused
   anywhere but in answer to next();
 - a star import gives the tests the candidate's own functions and classes only;
+- one zygote serving many checks (forked check processes, fresh candidates in private views,
+  as a scoring VM with `isolation = "sandbox"` runs them) gives the same verdicts, and a
+  candidate's scratch file does not reach the next check or the host;
 
 then prints the mean wall time of one check through the zygote in each mode. Exit status 0
 when everything agrees, 1 otherwise. Uses /usr/bin/python3 (the guest's interpreter, with
@@ -129,9 +132,11 @@ def start_zygote(folder):
     return path
 
 
-def run_zygote(socket_path, arguments, reward):
-    """One check through a zygote, as farm-agent --check-with-zygote hands it over: the
-    argument list as JSON with the check's standard input, output and error."""
+def run_zygote(socket_path, arguments, reward, fork=False):
+    """One check through a zygote, as the guest agent hands it over: the arguments (and, with
+    `fork`, a request for a forked check process and a fresh candidate in a private view, as
+    in a scoring VM that serves many checks) as JSON with the check's standard input, output
+    and error; the answer is the pid of the process that ran it, then its status."""
     stdin_read, stdin_write = os.pipe()
     os.write(stdin_write, (reward + "\n").encode())
     os.close(stdin_write)
@@ -140,16 +145,17 @@ def run_zygote(socket_path, arguments, reward):
     start = time.monotonic()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.connect(socket_path)
-        socket.send_fds(client, [json.dumps(arguments).encode()], [stdin_read, out.fileno(), err.fileno()])
+        request = {"args": arguments, "fork": True} if fork else arguments
+        socket.send_fds(client, [json.dumps(request).encode()], [stdin_read, out.fileno(), err.fileno()])
         os.close(stdin_read)
-        status = b""
-        while len(status) < 4:
-            chunk = client.recv(4 - len(status))
+        answer = b""
+        while len(answer) < 8:
+            chunk = client.recv(8 - len(answer))
             if not chunk:
                 break
-            status += chunk
+            answer += chunk
     seconds = time.monotonic() - start
-    code = struct.unpack(">i", status)[0] if len(status) == 4 else -1
+    code = struct.unpack(">i", answer[4:])[0] if len(answer) == 8 else -1
     out.seek(0)
     err.seek(0)
     return Outcome(code, out.read().decode(), err.read().decode(errors="replace"), reward, seconds)
@@ -457,6 +463,50 @@ def zygote_timings(layout, problems, rounds=6):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def shared_zygote_checks(layout, problems):
+    """One zygote serving many checks, each in a forked check process with a fresh candidate
+    in a private view (a scoring VM with `isolation = "sandbox"`): the verdicts of the
+    humaneval-proxy samples and of the unit-test solutions, and nothing a candidate writes
+    outside the workspace reaches the next one. Returns the mean wall time of a check."""
+    folder = tempfile.mkdtemp(prefix="farm-zygotes-")
+    seconds = []
+    try:
+        zygote = start_zygote(folder)
+        tasks = {t["task_id"]: t for t in read_jsonl(os.path.join(DATA, "humaneval-proxy.jsonl"))}
+        expected = read_jsonl(os.path.join(DATA, "humaneval-proxy-expected.jsonl"))
+        samples = read_jsonl(os.path.join(DATA, "humaneval-proxy-samples.jsonl"))
+        for sample, want in list(zip(samples, expected))[:24]:
+            task = tasks[sample["task_id"]]
+            problem = {"prompt": task["prompt"], "test": task["test"], "entry_point": task["entry_point"]}
+            tests_dir, workspace, reward = layout.check({"problem.json": json.dumps(problem)},
+                                                        {"solution.py": task["prompt"] + sample["completion"]})
+            outcome = run_zygote(zygote, function_call_arguments(tests_dir, workspace, task["entry_point"]), reward, fork=True)
+            seconds.append(outcome.seconds)
+            if outcome.passed != want["passed"]:
+                problems.append("shared zygote, %s: expected passed=%s, got %s" % (task["task_id"], want["passed"], outcome.describe()))
+        for task in read_jsonl(os.path.join(UNIT, "tasks.jsonl"))[:4]:
+            tests_dir, workspace, reward = layout.check(task["tests"], task["solution"]["files"])
+            arguments = unit_arguments(tests_dir, workspace, task["unit_tests"]["modules"])
+            outcome = run_zygote(zygote, arguments, reward, fork=True)
+            if not outcome.passed:
+                problems.append("shared zygote, unit-test mode %s: %s" % (task["id"], outcome.describe()))
+        # A candidate's scratch files end with its check.
+        leak = {"prompt": "def leak():\n", "test": "def check(candidate):\n    assert candidate() is True\n",
+                "entry_point": "leak"}
+        plant = "    open('/var/tmp/farm-selftest-leak', 'w').write('x')\n    return False\n"
+        seek = "    import os\n    return os.path.exists('/var/tmp/farm-selftest-leak')\n"
+        for body, name in ((plant, "planter"), (seek, "seeker")):
+            tests_dir, workspace, reward = layout.check({"problem.json": json.dumps(leak)}, {"solution.py": leak["prompt"] + body})
+            outcome = run_zygote(zygote, function_call_arguments(tests_dir, workspace, "leak"), reward, fork=True)
+            if outcome.passed or outcome.code != 1:
+                problems.append("shared zygote, the %s: %s" % (name, outcome.describe()))
+        if os.path.exists("/var/tmp/farm-selftest-leak"):
+            problems.append("shared zygote: a candidate's /var/tmp file reached the host's /var/tmp")
+        return sum(seconds) / len(seconds)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main():
     if os.geteuid() != 0:
         print("selftest: run as root (the harness drops the candidate to uid %d)" % CANDIDATE_UID, file=sys.stderr)
@@ -473,6 +523,7 @@ def main():
         limit_checks(layout, problems)
         star_import_checks(layout, problems)
         function_call_seconds, unit_seconds = zygote_timings(layout, problems)
+        shared_seconds = shared_zygote_checks(layout, problems)
     finally:
         layout.remove()
     for problem in problems:
@@ -482,6 +533,7 @@ def main():
              time.monotonic() - started))
     print("mean wall time of one check through the zygote: function-call %.3f s, unit-test %.3f s (ratio %.2f)"
           % (function_call_seconds, unit_seconds, unit_seconds / function_call_seconds))
+    print("mean wall time of one function-call check in a zygote that serves many: %.3f s" % shared_seconds)
     return 1 if problems else 0
 
 

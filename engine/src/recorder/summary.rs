@@ -145,10 +145,7 @@ fn counts(rs: &[&Outcome]) -> BTreeMap<String, usize> {
 
 /// How many verdicts of each trust level (rows without a verdict have none).
 fn trust(rs: &[&Outcome]) -> BTreeMap<String, usize> {
-    let mut c: BTreeMap<String, usize> = scorers::Trust::ALL
-        .iter()
-        .map(|t| (t.to_string(), 0))
-        .collect();
+    let mut c: BTreeMap<String, usize> = scorers::Trust::ALL.iter().map(|t| (t.to_string(), 0)).collect();
     for t in rs.iter().filter_map(|r| r.trust) {
         *c.entry(t.to_string()).or_default() += 1;
     }

@@ -69,8 +69,12 @@ impl RunArgs {
             suite.config.rollouts.concurrency = Count::Fixed(c.max(1));
         }
         if let Some(isolation) = self.isolation {
-            if isolation == scorers::ScoringIsolation::Sandbox && suite.config.scoring.mode != scorers::ScoringMode::FreshFork {
-                anyhow::bail!("--isolation sandbox shares fresh scoring VMs; the suite's scoring.mode is not \"fresh_fork\"");
+            if isolation == scorers::ScoringIsolation::Sandbox
+                && suite.config.scoring.mode != scorers::ScoringMode::FreshFork
+            {
+                anyhow::bail!(
+                    "--isolation sandbox shares fresh scoring VMs; the suite's scoring.mode is not \"fresh_fork\""
+                );
             }
             suite.config.scoring.isolation = isolation;
         }
