@@ -413,7 +413,10 @@ impl AgentClient {
                 )),
             }
         };
-        let (response, body) = match tokio::time::timeout(timeout, exchange).await {
+        let started = std::time::Instant::now();
+        let answered = tokio::time::timeout(timeout, exchange).await;
+        tracing::debug!(op, id, ms = started.elapsed().as_secs_f64() * 1e3, "agent call");
+        let (response, body) = match answered {
             Ok(reply) => reply?,
             Err(_) => return Err(AgentError::Timeout { op, waited: timeout }),
         };
