@@ -29,16 +29,16 @@ const MQUEUE_DIR: &str = "/run/farm-reset/mqueue";
 /// Resets the VM after a check whose sweep was `sweep_complete`; `zygote` is the zygote's
 /// pid (None: no zygote served the check).
 pub fn after_check(sweep_complete: bool, tests_dir: &str, workspace: &str, zygote: Option<i32>) -> ResetResult {
-    let steps = || -> Result<(), String> {
+    let steps = || -> Result<(), ResetProblem> {
         if !sweep_complete {
-            return Err("processes of the check survived the sweep".into());
+            return Err(ResetProblem::Survivors);
         }
         match zygote {
             Some(pid) if alive(pid) => {}
-            Some(_) => return Err("the harness zygote is gone".into()),
-            None => return Err("no harness zygote served the check".into()),
+            Some(_) => return Err(ResetProblem::ZygoteGone),
+            None => return Err(ResetProblem::NoZygote),
         }
-        files::remove_tree(tests_dir).map_err(|e| describe(&e))?;
+        files::remove_tree(tests_dir).map_err(ResetProblem::Remove)?;
         empty_workspace(workspace)?;
         remove_sysv_ipc()?;
         remove_message_queues()?;
@@ -51,13 +51,41 @@ pub fn after_check(sweep_complete: bool, tests_dir: &str, workspace: &str, zygot
         },
         Err(problem) => ResetResult {
             ready: false,
-            problem: Some(problem),
+            problem: Some(problem.to_string()),
         },
     }
 }
 
-fn describe(e: &AgentError) -> String {
-    e.message.clone()
+/// Why a scoring VM is not ready for another check (the host retires it, saying this).
+#[derive(Debug, thiserror::Error)]
+enum ResetProblem {
+    #[error("processes of the check survived the sweep")]
+    Survivors,
+    #[error("the harness zygote is gone")]
+    ZygoteGone,
+    #[error("no harness zygote served the check")]
+    NoZygote,
+    #[error("{}", .0.message)]
+    Remove(AgentError),
+    #[error("{what} {path}: {error}")]
+    Io {
+        what: &'static str,
+        path: String,
+        error: std::io::Error,
+    },
+    #[error("removing the System V IPC object {id} of {table}: {error}")]
+    Ipc {
+        id: i32,
+        table: &'static str,
+        error: std::io::Error,
+    },
+}
+
+impl ResetProblem {
+    fn io(what: &'static str, path: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> ResetProblem {
+        let path = path.to_string();
+        move |error| ResetProblem::Io { what, path, error }
+    }
 }
 
 /// Whether a process runs (not a zombie).
@@ -73,16 +101,16 @@ fn alive(pid: i32) -> bool {
 
 /// The workspace removed (without following anything planted in it) and made again, empty,
 /// root's, mode 0755.
-fn empty_workspace(workspace: &str) -> Result<(), String> {
-    files::remove_tree(workspace).map_err(|e| describe(&e))?;
-    std::fs::create_dir(workspace).map_err(|e| format!("making {workspace} again: {e}"))?;
+fn empty_workspace(workspace: &str) -> Result<(), ResetProblem> {
+    files::remove_tree(workspace).map_err(ResetProblem::Remove)?;
+    std::fs::create_dir(workspace).map_err(ResetProblem::io("making again", workspace))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(workspace, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("setting the mode of {workspace}: {e}"))
+        .map_err(ResetProblem::io("setting the mode of", workspace))
 }
 
 /// Removes every System V IPC object, whoever made it.
-fn remove_sysv_ipc() -> Result<(), String> {
+fn remove_sysv_ipc() -> Result<(), ResetProblem> {
     for (kind, table) in [
         (SysvIpc::SharedMemory, "/proc/sysvipc/shm"),
         (SysvIpc::MessageQueue, "/proc/sysvipc/msg"),
@@ -96,7 +124,7 @@ fn remove_sysv_ipc() -> Result<(), String> {
                 Ok(()) => {}
                 // Removed meanwhile (a segment whose last user detached).
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIDRM)) => {}
-                Err(e) => return Err(format!("removing the System V IPC object {id} of {table}: {e}")),
+                Err(error) => return Err(ResetProblem::Ipc { id, table, error }),
             }
         }
     }
@@ -114,23 +142,24 @@ pub fn ipc_ids(table: &str) -> Vec<i32> {
 
 /// Removes every POSIX message queue, through the mqueue file system mounted where only
 /// root looks.
-fn remove_message_queues() -> Result<(), String> {
+fn remove_message_queues() -> Result<(), ResetProblem> {
     if !Path::new("/proc/filesystems").exists()
         || !std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("mqueue"))
     {
         return Ok(()); // a kernel without POSIX message queues
     }
     if !is_mount_point(MQUEUE_DIR) {
-        std::fs::create_dir_all(MQUEUE_DIR).map_err(|e| format!("making {MQUEUE_DIR}: {e}"))?;
+        std::fs::create_dir_all(MQUEUE_DIR).map_err(ResetProblem::io("making", MQUEUE_DIR))?;
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions("/run/farm-reset", std::fs::Permissions::from_mode(0o700));
         let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
-        sys::mount("mqueue", MQUEUE_DIR, "mqueue", flags, "").map_err(|e| format!("mounting mqueue: {e}"))?;
+        sys::mount("mqueue", MQUEUE_DIR, "mqueue", flags, "")
+            .map_err(ResetProblem::io("mounting mqueue on", MQUEUE_DIR))?;
     }
-    let entries = std::fs::read_dir(MQUEUE_DIR).map_err(|e| format!("reading {MQUEUE_DIR}: {e}"))?;
+    let entries = std::fs::read_dir(MQUEUE_DIR).map_err(ResetProblem::io("reading", MQUEUE_DIR))?;
     for entry in entries.flatten() {
         std::fs::remove_file(entry.path())
-            .map_err(|e| format!("removing the message queue {:?}: {e}", entry.file_name()))?;
+            .map_err(ResetProblem::io("removing the message queue", entry.path().display()))?;
     }
     Ok(())
 }

@@ -294,12 +294,13 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
     let text = std::fs::read_to_string(dir.join("task.toml"))
         .map_err(|e| invalid(format!("task.toml: {e} (every Harbor task needs one)")))?;
     let config: TaskToml = toml::from_str(&text).map_err(|e| invalid(format!("task.toml: {e}")))?;
-    refuse_unsupported(&config).map_err(invalid)?;
+    let refused = |e: TaskTomlError| invalid(e.to_string());
+    refuse_unsupported(&config).map_err(refused)?;
     let env_cfg = &config.environment;
-    let memory_mib = memory_mib(env_cfg).map_err(invalid)?;
-    let storage_mib = storage_mib(env_cfg).map_err(invalid)?;
-    let allow_internet = allow_internet(env_cfg).map_err(invalid)?;
-    let environment = environment_of(dir, env_cfg).map_err(invalid)?;
+    let memory_mib = memory_mib(env_cfg).map_err(refused)?;
+    let storage_mib = storage_mib(env_cfg).map_err(refused)?;
+    let allow_internet = allow_internet(env_cfg).map_err(refused)?;
+    let environment = environment_of(dir, env_cfg).map_err(refused)?;
     let mut budget = MAX_TASK_BYTES;
     let tests =
         crate::folder::read_tree(&dir.join("tests"), &mut budget).map_err(|e| invalid(format!("tests/: {e}")))?;
@@ -355,91 +356,107 @@ fn load_harbor_dir(dir: &Path) -> Result<Task, DatasetError> {
     })
 }
 
+/// What in a task's `task.toml` (or its `environment/`) farm cannot take, said as the task
+/// folder's error.
+#[derive(Debug, thiserror::Error)]
+enum TaskTomlError {
+    #[error("task.toml: [environment] gpus = {0}: farm's microVMs have no GPUs; this task cannot run here")]
+    Gpus(u32),
+    #[error("task.toml: [environment] os = {0:?}: farm runs Linux guests only")]
+    Os(String),
+    #[error("task.toml: [[steps]] (multi-step tasks) are not supported")]
+    Steps,
+    #[error(
+        "task.toml: a separate verifier environment is not supported (farm verifies in the task's own environment)"
+    )]
+    SeparateVerifier,
+    #[error("task.toml: [environment] {0}: {1}")]
+    Size(&'static str, NotASize),
+    #[error("task.toml: [environment] network_mode = {0:?}: expected no-network, public or allowlist")]
+    NetworkMode(String),
+    #[error("environment/: {0}")]
+    EnvironmentFolder(std::io::Error),
+    #[error(
+        "environment/docker-compose.yaml without a Dockerfile or docker_image: compose environments are not supported"
+    )]
+    ComposeOnly,
+    #[error("environment/Dockerfile is missing and task.toml sets no [environment] docker_image")]
+    NoEnvironment,
+}
+
 /// Refuses, with the reason, what a task asks of its environment that farm cannot honour:
 /// GPUs, an OS other than Linux, several steps, a verifier environment of its own.
-fn refuse_unsupported(config: &TaskToml) -> Result<(), String> {
+fn refuse_unsupported(config: &TaskToml) -> Result<(), TaskTomlError> {
     let env_cfg = &config.environment;
-    if env_cfg.gpus.is_some_and(|g| g > 0) {
-        return Err(format!(
-            "task.toml: [environment] gpus = {}: farm's microVMs have no GPUs; this task cannot run here",
-            env_cfg.gpus.unwrap_or(0)
-        ));
+    if let Some(gpus) = env_cfg.gpus.filter(|g| *g > 0) {
+        return Err(TaskTomlError::Gpus(gpus));
     }
-    if env_cfg
-        .os
-        .as_deref()
-        .is_some_and(|os| !os.eq_ignore_ascii_case("linux"))
-    {
-        return Err(format!(
-            "task.toml: [environment] os = {:?}: farm runs Linux guests only",
-            env_cfg.os.as_deref().unwrap_or_default()
-        ));
+    if let Some(os) = env_cfg.os.as_deref().filter(|os| !os.eq_ignore_ascii_case("linux")) {
+        return Err(TaskTomlError::Os(os.to_string()));
     }
     if config.steps.is_some() {
-        return Err("task.toml: [[steps]] (multi-step tasks) are not supported".into());
+        return Err(TaskTomlError::Steps);
     }
     if config.verifier.environment.is_some() || config.verifier.environment_mode.as_deref() == Some("separate") {
-        return Err(
-            "task.toml: a separate verifier environment is not supported (farm verifies in the task's own environment)"
-                .into(),
-        );
+        return Err(TaskTomlError::SeparateVerifier);
     }
     Ok(())
 }
 
 /// `[environment] memory_mb`, else `memory` as a size.
-fn memory_mib(env_cfg: &EnvironmentToml) -> Result<Option<u32>, String> {
+fn memory_mib(env_cfg: &EnvironmentToml) -> Result<Option<u32>, TaskTomlError> {
     Ok(match (env_cfg.memory_mb, &env_cfg.memory) {
         (Some(mb), _) => Some(mb),
-        (None, Some(text)) => {
-            Some(size_to_mib(text).map_err(|e| format!("task.toml: [environment] memory: {e}"))? as u32)
-        }
+        (None, Some(text)) => Some(size_to_mib(text).map_err(|e| TaskTomlError::Size("memory", e))? as u32),
         (None, None) => None,
     })
 }
 
 /// `[environment] storage_mb`, else `storage` as a size.
-fn storage_mib(env_cfg: &EnvironmentToml) -> Result<Option<u64>, String> {
+fn storage_mib(env_cfg: &EnvironmentToml) -> Result<Option<u64>, TaskTomlError> {
     Ok(match (env_cfg.storage_mb, &env_cfg.storage) {
         (Some(mb), _) => Some(mb),
-        (None, Some(text)) => Some(size_to_mib(text).map_err(|e| format!("task.toml: [environment] storage: {e}"))?),
+        (None, Some(text)) => Some(size_to_mib(text).map_err(|e| TaskTomlError::Size("storage", e))?),
         (None, None) => None,
     })
 }
 
 /// Whether the task may reach the network: `network_mode` when it is set, else
 /// `allow_internet` (true by default).
-fn allow_internet(env_cfg: &EnvironmentToml) -> Result<bool, String> {
+fn allow_internet(env_cfg: &EnvironmentToml) -> Result<bool, TaskTomlError> {
     match (env_cfg.network_mode.as_deref(), env_cfg.allow_internet) {
         (Some("no-network"), _) => Ok(false),
         (Some("public" | "allowlist"), _) => Ok(true),
-        (Some(other), _) => Err(format!(
-            "task.toml: [environment] network_mode = {other:?}: expected no-network, public or allowlist"
-        )),
+        (Some(other), _) => Err(TaskTomlError::NetworkMode(other.to_string())),
         (None, allow) => Ok(allow.unwrap_or(true)),
     }
 }
 
 /// Where the task's environment comes from: `docker_image` (with the Dockerfile, if any, to
 /// fall back on), else `environment/Dockerfile`; a compose file alone is refused.
-fn environment_of(dir: &Path, env_cfg: &EnvironmentToml) -> Result<Environment, String> {
+fn environment_of(dir: &Path, env_cfg: &EnvironmentToml) -> Result<Environment, TaskTomlError> {
     let env_dir = dir.join("environment");
     let dockerfile = if env_dir.join("Dockerfile").is_file() {
-        let dir = std::fs::canonicalize(&env_dir).map_err(|e| format!("environment/: {e}"))?;
+        let dir = std::fs::canonicalize(&env_dir).map_err(TaskTomlError::EnvironmentFolder)?;
         Some(Environment::Dockerfile {
-            digest: tree_digest(&dir).map_err(|e| format!("environment/: {e}"))?,
+            digest: tree_digest(&dir).map_err(TaskTomlError::EnvironmentFolder)?,
             dir,
         })
     } else {
         None
     };
     match (&env_cfg.docker_image, dockerfile) {
-        (Some(reference), dockerfile) => Ok(Environment::Image { reference: reference.clone(), dockerfile: dockerfile.map(Box::new) }),
+        (Some(reference), dockerfile) => Ok(Environment::Image {
+            reference: reference.clone(),
+            dockerfile: dockerfile.map(Box::new),
+        }),
         (None, Some(dockerfile)) => Ok(dockerfile),
-        (None, None) if env_dir.join("docker-compose.yaml").is_file() || env_dir.join("docker-compose.yml").is_file() => {
-            Err("environment/docker-compose.yaml without a Dockerfile or docker_image: compose environments are not supported".into())
+        (None, None)
+            if env_dir.join("docker-compose.yaml").is_file() || env_dir.join("docker-compose.yml").is_file() =>
+        {
+            Err(TaskTomlError::ComposeOnly)
         }
-        (None, None) => Err("environment/Dockerfile is missing and task.toml sets no [environment] docker_image".into()),
+        (None, None) => Err(TaskTomlError::NoEnvironment),
     }
 }
 
@@ -648,6 +665,10 @@ mod tests {
             ("[environment]\nos = \"windows\"\n", "Linux guests only"),
             ("[[steps]]\nname = \"one\"\n", "multi-step"),
             (
+                "[environment]\nnetwork_mode = \"bridge\"\n",
+                "network_mode = \"bridge\": expected no-network, public or allowlist",
+            ),
+            (
                 "[verifier]\nenvironment_mode = \"separate\"\n",
                 "separate verifier environment",
             ),
@@ -662,6 +683,16 @@ mod tests {
             assert!(err.contains(expected) && err.contains("/t"), "{toml}: {err}");
             std::fs::remove_dir_all(dir).unwrap();
         }
+        // An environment folder with a compose file and no Dockerfile, then with neither.
+        let dir = task_folder(root.path(), "t", "");
+        std::fs::remove_file(dir.join("environment/Dockerfile")).unwrap();
+        std::fs::write(dir.join("environment/docker-compose.yaml"), "services: {}\n").unwrap();
+        let err = load(root.path(), Format::Harbor).unwrap_err().to_string();
+        assert!(err.contains("compose environments are not supported"), "{err}");
+        std::fs::remove_file(dir.join("environment/docker-compose.yaml")).unwrap();
+        let err = load(root.path(), Format::Harbor).unwrap_err().to_string();
+        assert!(err.contains("environment/Dockerfile is missing"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
         let dir = task_folder(root.path(), "t", "");
         std::fs::remove_file(dir.join("tests/test.sh")).unwrap();
         assert!(load(root.path(), Format::Harbor)

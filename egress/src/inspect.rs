@@ -251,8 +251,8 @@ async fn handle(request: Request<Incoming>, policy: &Policy, tunnel: Option<&(St
             Err(response) => return response,
         },
     };
-    if let Err(reason) = head_for_upstream(&mut parts, &target, &host, port, tunnel.is_some()) {
-        return answers.refuse(reason);
+    if let Err(bad) = head_for_upstream(&mut parts, &target, &host, port, tunnel.is_some()) {
+        return answers.refuse(bad.to_string());
     }
     if let Some((name, value)) = &credential {
         let Some((name, value)) = credential_header(name, value) else {
@@ -356,7 +356,12 @@ async fn checked_push_body(
     Ok(BodyExt::boxed(StreamBody::new(first.chain(rest))))
 }
 
-/// Makes a checked request's head the one that goes upstream; Err: why a host cannot be a
+/// A host that cannot be sent as a `Host` header.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is not a host name")]
+struct NotAHostName(String);
+
+/// Makes a checked request's head the one that goes upstream; Err: the host cannot be a
 /// `Host` header.
 fn head_for_upstream(
     parts: &mut hyper::http::request::Parts,
@@ -364,7 +369,7 @@ fn head_for_upstream(
     host: &str,
     port: u16,
     tls: bool,
-) -> Result<(), String> {
+) -> Result<(), NotAHostName> {
     // Origin form upstream; the framing and the connection are the proxy's own (hyper frames
     // the body again: by the checked Content-Length, else in chunks); one request only.
     parts.uri = target.parse().unwrap_or_else(|_| hyper::Uri::from_static("/"));
@@ -383,7 +388,7 @@ fn head_for_upstream(
             parts.headers.insert(header::HOST, value);
             Ok(())
         }
-        Err(_) => Err(format!("{host} is not a host name")),
+        Err(_) => Err(NotAHostName(host.to_string())),
     }
 }
 

@@ -127,7 +127,7 @@ impl Engine {
                 }
             };
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
-            Ok::<_, String>(vm)
+            Ok::<_, ScoringVmError>(vm)
         };
         let (fork, mut gauge) = rollout_fork.unzip();
         if self.scoring.mode == ScoringMode::FreshFork {
@@ -153,7 +153,7 @@ impl Engine {
         task: &Task,
         seed: u64,
         with_files: bool,
-    ) -> Result<Fork, String> {
+    ) -> Result<Fork, ScoringVmError> {
         let identity = ForkIdentity::new(seed);
         tracing::debug!(scoring_fork_id = %identity.fork_id, "forking the scoring VM");
         let forked = if with_files {
@@ -161,7 +161,7 @@ impl Engine {
         } else {
             self.fork(snapshot, identity).await.map_err(Into::into)
         };
-        let mut fork = forked.map_err(|e| crate::engine::describe(&e))?;
+        let mut fork = forked.map_err(ScoringVmError::Fork)?;
         // Room for the whole artifact budget on top of the task's own limit: placing an
         // agent's files (which may have lived in a tmpfs of its rollout) never kills the
         // scoring VM.
@@ -181,7 +181,7 @@ impl Engine {
         snapshot: &Snapshot,
         task: &Task,
         seed: u64,
-    ) -> Result<scorers::orchestrate::ScoringVm, String> {
+    ) -> Result<scorers::orchestrate::ScoringVm, ScoringVmError> {
         while let Some((fork, checks)) = self.scoring_vms.take(snapshot.id()) {
             match crate::engine::write_task_files(&fork, task).await {
                 Ok(()) => {
@@ -197,7 +197,7 @@ impl Engine {
         let fork = self.fresh_scoring_vm(snapshot, task, seed, false).await?;
         let workspace = scorers::artifacts::list_workspace(fork.agent())
             .await
-            .map_err(|e| format!("listing the scoring VM's workspace: {}", crate::engine::describe(&e)))?;
+            .map_err(ScoringVmError::Listing)?;
         let shared = if workspace.is_empty() {
             Some(0)
         } else {
@@ -210,9 +210,18 @@ impl Engine {
         };
         crate::engine::write_task_files(&fork, task)
             .await
-            .map_err(|e| crate::engine::describe(&e))?;
+            .map_err(ScoringVmError::Fork)?;
         Ok(scorers::orchestrate::ScoringVm { fork, shared })
     }
+}
+
+/// Why a rollout got no scoring VM (an environment error; its text carries every cause).
+#[derive(Debug, thiserror::Error)]
+enum ScoringVmError {
+    #[error("{}", crate::engine::describe(.0))]
+    Fork(crate::engine::ForkTaskError),
+    #[error("listing the scoring VM's workspace: {}", crate::engine::describe(.0))]
+    Listing(scorers::artifacts::ListingError),
 }
 
 /// A running fork a rollout or a session acts in.

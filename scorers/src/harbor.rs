@@ -119,12 +119,12 @@ async fn verify_with(
 ) -> Verdict {
     let trust = run.mode.trust();
     let failed = |reason: String| crate::orchestrate::agent_failure(reason, trust);
-    if let Err(reason) = place_verifier_tests(machine, task).await {
-        return failed(reason);
+    if let Err(broke) = place_verifier_tests(machine, task).await {
+        return failed(broke.to_string());
     }
     let out = match run_test_sh(machine, harbor, run, attempts).await {
         Ok(out) => out,
-        Err(reason) => return failed(reason),
+        Err(broke) => return failed(broke.to_string()),
     };
     // Everything test.sh started, and every process the agent left, is gone before the
     // reward is read: nothing rewrites it between the reading and the verdict.
@@ -187,13 +187,13 @@ async fn verify_with(
 
 /// The tests go in only now; whatever the agent left at /tests or in /logs/verifier goes.
 /// An error is the agent's failure (it had the VM).
-async fn place_verifier_tests(machine: &Machine, task: &Task) -> Result<(), String> {
+async fn place_verifier_tests(machine: &Machine, task: &Task) -> Result<(), VerifierBroke> {
     let agent = machine.agent();
     for path in [TESTS, VERIFIER_LOGS] {
         agent
             .remove_tree(path)
             .await
-            .map_err(|e| format!("clearing {path} before the verifier: {e}"))?;
+            .map_err(|error| VerifierBroke::Clearing { path, error })?;
     }
     for test in &task.tests {
         agent
@@ -203,7 +203,7 @@ async fn place_verifier_tests(machine: &Machine, task: &Task) -> Result<(), Stri
                 test.mode | 0o400,
             )
             .await
-            .map_err(|e| format!("placing the tests: {e}"))?;
+            .map_err(VerifierBroke::PlacingTests)?;
     }
     let prepare = ExecOptions::argv(&[
         "sh",
@@ -212,12 +212,25 @@ async fn place_verifier_tests(machine: &Machine, task: &Task) -> Result<(), Stri
     ]);
     match agent.exec(prepare).await {
         Ok(out) if out.result.exit_code == Some(0) => Ok(()),
-        Ok(out) => Err(format!(
-            "making {VERIFIER_LOGS}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+        Ok(out) => Err(VerifierBroke::MakingLogs(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
         )),
-        Err(e) => Err(format!("making {VERIFIER_LOGS}: {e}")),
+        Err(e) => Err(VerifierBroke::MakingLogs(e.to_string())),
     }
+}
+
+/// How a rollout's VM failed the verifier before test.sh gave an answer: the agent's
+/// failure (it had the VM).
+#[derive(Debug, thiserror::Error)]
+enum VerifierBroke {
+    #[error("clearing {path} before the verifier: {error}")]
+    Clearing { path: &'static str, error: vmm::AgentError },
+    #[error("placing the tests: {0}")]
+    PlacingTests(vmm::AgentError),
+    #[error("making {VERIFIER_LOGS}: {0}")]
+    MakingLogs(String),
+    #[error("the VM broke while test.sh ran: {0}")]
+    TestSh(String),
 }
 
 /// Runs test.sh with the verifier's environment and network; an error (the VM broke under
@@ -227,7 +240,7 @@ async fn run_test_sh(
     harbor: &HarborTask,
     run: &VerifyRun<'_>,
     attempts: &std::sync::Arc<std::sync::Mutex<Vec<egress::Attempt>>>,
-) -> Result<ExecOutput, String> {
+) -> Result<ExecOutput, VerifierBroke> {
     let mut env: Vec<(String, String)> = run.env.to_vec();
     env.extend(harbor.verifier_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     // The verifier's network is exactly its own: none when `[harbor.verifier_network]` is
@@ -256,12 +269,7 @@ async fn run_test_sh(
     };
     let out = machine.agent().exec(options).await;
     machine.set_network(egress::Policy::default());
-    out.map_err(|e| {
-        format!(
-            "the VM broke while test.sh ran: {}",
-            machine.limit_violation().unwrap_or_else(|| e.to_string())
-        )
-    })
+    out.map_err(|e| VerifierBroke::TestSh(machine.limit_violation().unwrap_or_else(|| e.to_string())))
 }
 
 /// Harbor's logs and artifacts of a rollout, as collected from its VM after verification:

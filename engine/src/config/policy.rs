@@ -216,12 +216,7 @@ impl PolicyConfig {
                 }
             }
             (PolicyKind::Nop, _) => {
-                for (key, set) in [
-                    ("source", self.source.is_some()),
-                    ("samples_file", self.samples_file.is_some()),
-                    ("trajectories_file", self.trajectories_file.is_some()),
-                    ("actions", self.actions.is_some()),
-                ] {
+                for (key, set) in self.replay_keys() {
                     given(key, set)?;
                 }
                 for (key, set) in openai_keys {
@@ -240,12 +235,7 @@ impl PolicyConfig {
         origin: PolicyOrigin,
         given: &dyn Fn(&'static str, bool) -> Result<(), PolicyError>,
     ) -> Result<(), PolicyError> {
-        for (key, set) in [
-            ("source", self.source.is_some()),
-            ("samples_file", self.samples_file.is_some()),
-            ("trajectories_file", self.trajectories_file.is_some()),
-            ("actions", self.actions.is_some()),
-        ] {
+        for (key, set) in self.replay_keys() {
             given(key, set)?;
         }
         if origin == PolicyOrigin::Suite {
@@ -279,6 +269,16 @@ impl PolicyConfig {
     }
 
     /// Each key only the `openai` kind takes, and whether it is set.
+    /// The replay kind's keys, and whether each is set.
+    fn replay_keys(&self) -> [(&'static str, bool); 4] {
+        [
+            ("source", self.source.is_some()),
+            ("samples_file", self.samples_file.is_some()),
+            ("trajectories_file", self.trajectories_file.is_some()),
+            ("actions", self.actions.is_some()),
+        ]
+    }
+
     fn openai_keys(&self) -> [(&'static str, bool); 12] {
         [
             ("base_url", self.base_url.is_some()),
