@@ -46,7 +46,7 @@ pub use staging::AddFarmError;
 pub use unpack::{PlaceError, UnpackError};
 
 /// Bump when the conversion changes what it writes.
-const RECIPE: &str = "conv-recipe-1";
+const RECIPE: &str = "conv-recipe-2";
 
 /// Where an image comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -183,6 +183,8 @@ fn unpack(tar: impl Read, root: &Path, rules: Rules) -> Result<(), UnpackError> 
     let mut archive = tar::Archive::new(tar);
     // An archive's links, made once every file they may point at is there.
     let mut links = Vec::new();
+    // A layer's folders' times, set once nothing more is written into them.
+    let mut folder_times = Vec::new();
     for_each_entry(&mut archive, |entry, path| {
         if rules == Rules::Layer && apply_whiteout(root, path)? {
             return Ok(());
@@ -190,13 +192,48 @@ fn unpack(tar: impl Read, root: &Path, rules: Rules) -> Result<(), UnpackError> 
         let at = resolve(root, path)?;
         if let Some(target) = unpack_entry(entry, path, &at, root, rules)? {
             links.push((path.raw.clone(), at, target));
+        } else if rules == Rules::Layer && entry.header().entry_type() == tar::EntryType::Directory {
+            folder_times.push((at, entry.header().mtime().unwrap_or(0)));
         }
         Ok(())
     })?;
     for (link, at, target) in links {
         link_archive_file(root, &link, &at, &target)?;
     }
+    for (at, mtime) in folder_times.iter().rev() {
+        // Only a folder still reached through folders alone: a later entry may have put a
+        // link where one of them was, and a link is never followed out of the root.
+        if only_folders_between(root, at) {
+            set_mtime(at, *mtime).map_err(|source| UnpackError::Write {
+                entry: at.strip_prefix(root).unwrap_or(at).to_path_buf(),
+                source,
+            })?;
+        }
+    }
     Ok(())
+}
+
+/// Sets what `at` says its modification time is (the access time too), without following a
+/// link. Programs compare them: Python uses a `.pyc` only if the source's time is the one
+/// it was compiled from, so an image whose times were lost recompiles every module it
+/// imports, in every fork.
+fn set_mtime(at: &Path, mtime: u64) -> io::Result<()> {
+    use nix::sys::stat::{utimensat, UtimensatFlags};
+    use nix::sys::time::TimeSpec;
+    let time = TimeSpec::new(i64::try_from(mtime).unwrap_or(i64::MAX), 0);
+    utimensat(None, at, &time, &time, UtimensatFlags::NoFollowSymlink).map_err(io::Error::from)
+}
+
+/// Whether every component from `root` down to `at` (itself included) is a real folder.
+fn only_folders_between(root: &Path, at: &Path) -> bool {
+    let Ok(inside) = at.strip_prefix(root) else {
+        return false;
+    };
+    let mut here = root.to_path_buf();
+    inside.components().all(|c| {
+        here.push(c);
+        std::fs::symlink_metadata(&here).is_ok_and(|m| m.is_dir())
+    })
 }
 
 /// Writes one entry at `at`; an archive's symbolic link is returned (its target) to be made
@@ -273,6 +310,9 @@ fn unpack_entry<R: Read>(
     }
     if rules == Rules::Layer {
         set_owner_and_mode(entry.header(), kind, at).map_err(failed)?;
+        if matches!(kind, Kind::Regular | Kind::Continuous | Kind::Symlink) {
+            set_mtime(at, entry.header().mtime().unwrap_or(0)).map_err(failed)?;
+        }
         set_xattrs(at, kind, xattrs).map_err(|(name, source)| UnpackError::Xattr {
             entry: path.raw.clone(),
             name,
@@ -563,5 +603,78 @@ mod tests {
         let device = tar_of(&[("opt/sda", Kind::Block, "")]);
         let err = unpack(&device[..], root, Rules::Layer).unwrap_err().to_string();
         assert!(err.contains("device nodes are refused"), "{err}");
+    }
+
+    #[test]
+    fn layers_keep_their_times_and_a_folder_time_never_follows_a_link_out() {
+        use std::os::unix::fs::MetadataExt;
+        use tar::EntryType as Kind;
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, kind: Kind, mtime: u64, data: &str| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(0o755);
+            header.set_mtime(mtime);
+            let body: &[u8] = if kind.is_file() { data.as_bytes() } else { &[] };
+            header.set_size(body.len() as u64);
+            if kind.is_symlink() {
+                header.set_link_name(data).unwrap();
+            }
+            builder.append_data(&mut header, path, body).unwrap();
+        };
+        add("lib", Kind::Directory, 1_000_000, "");
+        add("lib/mod.py", Kind::Regular, 1_500_000_000, "x = 1\n");
+        add("lib/link", Kind::Symlink, 1_200_000, "mod.py");
+        // A folder named, then replaced by a link to a folder outside the root.
+        add("esc", Kind::Directory, 42, "");
+        add("esc/inner", Kind::Directory, 43, "");
+        let layer = builder.into_inner().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
+        std::fs::create_dir_all(outside.join("inner")).unwrap();
+        std::fs::create_dir(&root).unwrap();
+        unpack(&layer[..], &root, Rules::Layer).unwrap();
+        let mtime = |p: &Path| std::fs::symlink_metadata(p).unwrap().mtime();
+        assert_eq!(mtime(&root.join("lib/mod.py")), 1_500_000_000);
+        assert_eq!(mtime(&root.join("lib/link")), 1_200_000);
+        assert_eq!(
+            mtime(&root.join("lib")),
+            1_000_000,
+            "set after the files written into it"
+        );
+        assert_eq!(mtime(&root.join("esc/inner")), 43);
+
+        // The next layer puts a link where `esc` was: the earlier folder's times are not
+        // set through it, and the folder outside keeps its own.
+        std::fs::remove_dir_all(root.join("esc")).unwrap();
+        let before = mtime(&outside.join("inner"));
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(Kind::Directory);
+        header.set_mode(0o755);
+        header.set_mtime(7);
+        header.set_size(0);
+        builder.append_data(&mut header, "esc/inner", &[][..]).unwrap();
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(Kind::Regular);
+        header.set_mode(0o644);
+        header.set_mtime(8);
+        header.set_size(0);
+        builder.append_data(&mut header, "esc/.wh.inner", &[][..]).unwrap();
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(Kind::Symlink);
+        header.set_mode(0o777);
+        header.set_mtime(9);
+        header.set_size(0);
+        header.set_link_name(&outside).unwrap();
+        builder.append_data(&mut header, "esc", &[][..]).unwrap();
+        let layer = builder.into_inner().unwrap();
+        unpack(&layer[..], &root, Rules::Layer).unwrap();
+        assert!(std::fs::symlink_metadata(root.join("esc"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(mtime(&outside.join("inner")), before, "no time set outside the root");
+        assert_eq!(mtime(&root.join("esc")), 9, "the link's own time");
     }
 }
