@@ -150,6 +150,7 @@ fn outcomes(rows: &BTreeMap<String, serde_json::Value>) -> Outcomes {
 
 /// Runs a suite as [`run`] does; returns each task's row.
 fn run_rows(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, serde_json::Value> {
+    let started = std::time::Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_farm"))
         .arg("run")
         .arg(suite)
@@ -161,6 +162,10 @@ fn run_rows(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, serde_
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let name = suite.file_stem().unwrap().to_string_lossy();
+    eprintln!(
+        "[harbor test] farm run {name}: {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     let journal = std::fs::read_to_string(suite.parent().unwrap().join(format!("out-{name}/journal.jsonl"))).unwrap();
     journal
         .lines()
@@ -568,7 +573,12 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
         for (k, v) in env {
             c.env(k, v);
         }
+        let started = std::time::Instant::now();
         let o = c.output().unwrap();
+        eprintln!(
+            "[harbor test] harbor run {name}: {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
         let said = text(&o);
         let mut trials = BTreeMap::new();
         for entry in std::fs::read_dir(jobs.join(name)).unwrap_or_else(|e| panic!("job {name}: {e}\n{said}")) {

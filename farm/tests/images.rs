@@ -44,8 +44,8 @@ fn vm_run_with(image: &str, flags: &[&str], command: &str) -> Output {
 
 /// An OCI layout `L:t` of two layers made by umoci: busybox and some files, then a second
 /// layer that deletes a file (a whiteout), replaces a folder (an opaque folder), adds a
-/// symbolic and a hard link and a user; its config sets User, WorkingDir and Env. Copied by
-/// skopeo into an OCI archive and a Docker archive.
+/// symbolic and a hard link and a user; its config sets User, WorkingDir and Env. A file has
+/// a time of its own (2017). Copied by skopeo into an OCI archive and a Docker archive.
 fn build_images(dir: &Path) {
     sh(
         dir,
@@ -58,6 +58,7 @@ mkdir -p $R/bin $R/etc $R/data/opq
 cp /bin/busybox $R/bin/busybox
 for applet in $($R/bin/busybox --list-full); do mkdir -p "$R/$(dirname "$applet")"; [ -e "$R/$applet" ] || ln -s /bin/busybox "$R/$applet"; done
 echo gone > $R/data/removed; echo keep > $R/data/kept; echo old > $R/data/opq/old
+touch -d @1500000000 $R/data/kept
 umoci repack --image L:t B >/dev/null
 rm -rf B
 umoci unpack --image L:t B >/dev/null
@@ -77,7 +78,7 @@ skopeo copy -q oci:L:t docker-archive:docker.tar:farm/t:1
 fn oci_and_docker_archives_layouts_and_folders_become_images() {
     let dir = tempfile::tempdir().unwrap();
     build_images(dir.path());
-    let check = "ls /data; ls /data/opq; cat /data/link /data/hard; stat -c '%h links' /data/kept; grep -c '^farm:' /etc/passwd; grep '^app:' /etc/passwd; stat -c '%a %U' /usr/local/bin/farm-sandbox; echo \"config: $FOO $(id -u) $(pwd)\"";
+    let check = "ls /data; ls /data/opq; cat /data/link /data/hard; stat -c '%h links' /data/kept; grep -c '^farm:' /etc/passwd; grep '^app:' /etc/passwd; stat -c '%a %U' /usr/local/bin/farm-sandbox; echo \"config: $FOO $(id -u) $(pwd)\"; stat -c 'mtime %Y' /data/kept";
     for image in [
         format!("oci-archive:{}", dir.path().join("img.tar").display()),
         format!("docker-archive:{}", dir.path().join("docker.tar").display()),
@@ -106,6 +107,9 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
             "config: bar 1234 /data"
         };
         assert!(out.contains(expected), "{image}: {out}");
+        // Files keep their times (Python trusts a .pyc only while its source's time is the
+        // one it was compiled from).
+        assert!(out.contains("mtime 1500000000"), "{image}: the file's time: {out}");
     }
     // The flags win over the image's config.
     let image = format!("oci-archive:{}", dir.path().join("img.tar").display());
