@@ -30,7 +30,7 @@ done
 case "$source" in samples|reference) ;; *) echo "side-by-side.sh: --source is samples or reference, not $source" >&2; exit 2 ;; esac
 case "$isolation" in vm|sandbox) ;; *) echo "side-by-side.sh: --isolation is vm or sandbox, not $isolation" >&2; exit 2 ;; esac
 work=$(mktemp -d -t farm-side-by-side-XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 python3 bench/humaneval_gen.py "$work/data" 2>/dev/null
 
 names=() bins=() caches=()
