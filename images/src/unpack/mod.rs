@@ -309,10 +309,7 @@ fn unpack_entry<R: Read>(
         }
     }
     if rules == Rules::Layer {
-        set_owner_and_mode(entry.header(), kind, at).map_err(failed)?;
-        if matches!(kind, Kind::Regular | Kind::Continuous | Kind::Symlink) {
-            set_mtime(at, entry.header().mtime().unwrap_or(0)).map_err(failed)?;
-        }
+        set_owner_mode_and_time(entry.header(), kind, at).map_err(failed)?;
         set_xattrs(at, kind, xattrs).map_err(|(name, source)| UnpackError::Xattr {
             entry: path.raw.clone(),
             name,
@@ -343,17 +340,27 @@ fn link_target<R: Read>(entry: &tar::Entry<'_, R>, path: &EntryPath) -> Result<P
         .into_owned())
 }
 
-/// The header's owner and mode on what was just made (a symbolic link keeps its mode; a hard
-/// link shares its target's).
-fn set_owner_and_mode(header: &tar::Header, kind: tar::EntryType, at: &Path) -> io::Result<()> {
+/// The header's owner, mode and modification time on what was just made (a symbolic link
+/// keeps its mode; a hard link shares its target's all; a folder's time is set later, see
+/// [`unpack`]).
+fn set_owner_mode_and_time(header: &tar::Header, kind: tar::EntryType, at: &Path) -> io::Result<()> {
     let (uid, gid) = (header.uid().unwrap_or(0) as u32, header.gid().unwrap_or(0) as u32);
     let mode = header.mode().unwrap_or(0o644) & 0o7777;
+    let mtime = header.mtime().unwrap_or(0);
     match kind {
         tar::EntryType::Link => Ok(()),
-        tar::EntryType::Symlink => std::os::unix::fs::lchown(at, Some(uid), Some(gid)),
-        _ => {
+        tar::EntryType::Symlink => {
+            std::os::unix::fs::lchown(at, Some(uid), Some(gid))?;
+            set_mtime(at, mtime)
+        }
+        tar::EntryType::Directory => {
             std::os::unix::fs::lchown(at, Some(uid), Some(gid))?;
             std::fs::set_permissions(at, std::fs::Permissions::from_mode(mode))
+        }
+        _ => {
+            std::os::unix::fs::lchown(at, Some(uid), Some(gid))?;
+            std::fs::set_permissions(at, std::fs::Permissions::from_mode(mode))?;
+            set_mtime(at, mtime)
         }
     }
 }
