@@ -129,11 +129,13 @@ impl From<AccelSetting> for HostChoices {
 }
 
 impl Engine {
-    /// Prepares the suite's template snapshot (built, or reused from the store).
+    /// Prepares the suite's template snapshot (built, or reused from the store), its
+    /// harness zygote importing what `preload` says.
     pub async fn start(
         suite: &Suite,
         host: impl Into<HostChoices>,
         run_id: &str,
+        preload: scorers::zygote::Preload,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Engine, EngineError> {
         let host = host.into();
@@ -156,7 +158,7 @@ impl Engine {
             &config.template,
             &suite.dir,
             &config.suite.name,
-            &scorers::zygote::template_extras(),
+            &scorers::zygote::template_extras(preload),
             progress,
         )
         .await

@@ -51,3 +51,5 @@ pub use engine::{
 };
 pub use live::{Branch, BranchError, LiveFork};
 pub use policy::Policy;
+/// What a suite's harness zygote imports before the template's snapshot ([`Engine::start`]).
+pub use scorers::zygote::Preload;

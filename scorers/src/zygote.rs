@@ -20,13 +20,43 @@ pub const HARNESS_PATH: &str = "/usr/local/lib/farm/harness.py";
 /// The zygote's socket.
 pub const SOCKET: &str = "/run/farm/zygote.sock";
 
+/// What the zygote imports before the template's snapshot, besides Python's start and the
+/// function-call checker. Part of the template (and so of its snapshot's id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preload {
+    /// pytest and the unit-test harness too, so that a unit-test check finds them loaded.
+    UnitTests,
+    /// Nothing for unit tests: importing pytest is seconds of a template's start under TCG,
+    /// spent for nothing when no task has unit tests. A unit-test check that comes anyway
+    /// (a request's inline task in `farm serve`) imports what it needs in its own fork.
+    FunctionCallOnly,
+}
+
+impl Preload {
+    /// [`Preload::UnitTests`] when any of `tasks` runs unit tests through the harness.
+    pub fn for_tasks<'a>(tasks: impl IntoIterator<Item = &'a datasets::Task>) -> Preload {
+        let unit_tests = tasks
+            .into_iter()
+            .any(|t| matches!(t.harness, Some(datasets::Harness::UnitTests { .. })));
+        if unit_tests {
+            Preload::UnitTests
+        } else {
+            Preload::FunctionCallOnly
+        }
+    }
+}
+
 /// What `farm run` adds to its templates: the harness and, where the image has Python, the
 /// zygote started and answering. The zygote tells it is ready by exiting its first process
 /// (no polling loop competing with Python's start-up for the template's one vCPU).
-pub fn template_extras() -> TemplateExtras {
+pub fn template_extras(preload: Preload) -> TemplateExtras {
+    let lean = match preload {
+        Preload::UnitTests => "",
+        Preload::FunctionCallOnly => " --function-call-only",
+    };
     let start = format!(
         "command -v python3 >/dev/null || exit 0; \
-         python3 -I {HARNESS_PATH} --zygote {SOCKET} </dev/null >/dev/null 2>&1 && [ -S {SOCKET} ] && exit 0; \
+         python3 -I {HARNESS_PATH} --zygote {SOCKET}{lean} </dev/null >/dev/null 2>&1 && [ -S {SOCKET} ] && exit 0; \
          echo 'the harness zygote did not start' >&2; exit 1"
     );
     let files = HARNESS_SOURCES
@@ -93,7 +123,10 @@ mod tests {
         assert_eq!(zygote[6], HARNESS_PATH, "the fallback uses the template's harness");
         assert_eq!(&zygote[4..6], &direct[..2]);
         assert_eq!(&zygote[7..], &direct[3..]);
-        let extras = template_extras();
+        let extras = template_extras(Preload::UnitTests);
         assert!(extras.commands[0].contains(SOCKET) && extras.files.iter().any(|f| f.0 == HARNESS_PATH));
+        assert!(!extras.commands[0].contains("--function-call-only"));
+        let lean = template_extras(Preload::FunctionCallOnly);
+        assert!(lean.commands[0].contains(&format!("--zygote {SOCKET} --function-call-only")));
     }
 }

@@ -32,7 +32,8 @@ output is this process's standard error, and so is everything the tests print.
 
 Zygote. Starting Python, and forking it, is most of a check's cost in a fresh VM (under
 TCG each new VM translates those paths anew). So farm's templates start this file once,
-before the snapshot, as a zygote (`--zygote SOCKET`, root, socket mode 0600), which forks
+before the snapshot, as a zygote (`--zygote SOCKET [--function-call-only]`, root, socket
+mode 0600), which forks
 the candidate's process right away (dropped to the candidate user, idle, holding nothing):
 every fork of the snapshot inherits both. A check reaches the zygote through `farm-agent
 --check-with-zygote`, which hands over its standard input, output and error and gets the
@@ -162,11 +163,15 @@ def run_check(options, candidate, candidate_stderr):
     return code
 
 
-def zygote(socket_path):
+def zygote(socket_path, unit_tests=True):
     """Started once by the template (root), before its snapshot. It forks the candidate's
     process at once (dropped to the candidate user, idle until a check names its modules),
     then serves checks on a unix socket. Neither holds a secret until a check (the reward
     path and the tests arrive with it).
+
+    `unit_tests` False (`--function-call-only`, for a suite with no unit-test task) leaves
+    pytest out of the preload: the template starts seconds sooner under TCG, and a unit-test
+    check that comes anyway imports what it needs itself.
 
     The process started exits 0 once the socket listens (1 if the zygote failed): the
     zygote itself is its child, in a session of its own.
@@ -212,7 +217,8 @@ def zygote(socket_path):
     gc.freeze()
     candidate = start_candidate(stdio_to_stderr=False)
     preload_checker()
-    preload_unit_tests()
+    if unit_tests:
+        preload_unit_tests()
     preload_private_view()
     gc.freeze()
     os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
@@ -351,5 +357,7 @@ def preload_unit_tests():
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--zygote":
         zygote(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--zygote" and sys.argv[3] == "--function-call-only":
+        zygote(sys.argv[2], unit_tests=False)
     else:
         main()

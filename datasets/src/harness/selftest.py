@@ -18,7 +18,8 @@ the check's three standard descriptors sent with SCM_RIGHTS). It checks
 - a star import gives the tests the candidate's own functions and classes only;
 - one zygote serving many checks (forked check processes, fresh candidates in private views,
   as a scoring VM with `isolation = "sandbox"` runs them) gives the same verdicts, and a
-  candidate's scratch file does not reach the next check or the host;
+  candidate's scratch file does not reach the next check or the host, and a zygote started
+  without pytest (`--function-call-only`) still checks both modes;
 
 then prints the mean wall time of one check through the zygote in each mode. Exit status 0
 when everything agrees, 1 otherwise. Uses /usr/bin/python3 (the guest's interpreter, with
@@ -122,10 +123,11 @@ def run_direct(arguments, reward, timeout=600):
         return Outcome(process.returncode, out.read().decode(), err.read().decode(errors="replace"), reward, seconds)
 
 
-def start_zygote(folder):
-    """A zygote as a template starts it; returns its socket's path once it listens."""
+def start_zygote(folder, lean=False):
+    """A zygote as a template starts it (`lean`: as a suite with no unit-test task starts
+    it); returns its socket's path once it listens."""
     path = os.path.join(folder, "zygote-%s" % os.urandom(4).hex(), "zygote.sock")
-    status = subprocess.run([PYTHON, "-I", os.path.join(HERE, "harness.py"), "--zygote", path],
+    status = subprocess.run([PYTHON, "-I", os.path.join(HERE, "harness.py"), "--zygote", path] + (["--function-call-only"] if lean else []),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     if status.returncode != 0:
         raise RuntimeError("the zygote did not start")
@@ -502,6 +504,21 @@ def shared_zygote_checks(layout, problems):
                 problems.append("shared zygote, the %s: %s" % (name, outcome.describe()))
         if os.path.exists("/var/tmp/farm-selftest-leak"):
             problems.append("shared zygote: a candidate's /var/tmp file reached the host's /var/tmp")
+        # A zygote without pytest preloaded still gives both modes their verdicts.
+        lean = start_zygote(folder, lean=True)
+        sample, want = samples[0], expected[0]
+        task = tasks[sample["task_id"]]
+        problem = {"prompt": task["prompt"], "test": task["test"], "entry_point": task["entry_point"]}
+        tests_dir, workspace, reward = layout.check({"problem.json": json.dumps(problem)},
+                                                    {"solution.py": task["prompt"] + sample["completion"]})
+        outcome = run_zygote(lean, function_call_arguments(tests_dir, workspace, task["entry_point"]), reward, fork=True)
+        if outcome.passed != want["passed"]:
+            problems.append("lean zygote, %s: expected passed=%s, got %s" % (task["task_id"], want["passed"], outcome.describe()))
+        task = read_jsonl(os.path.join(UNIT, "tasks.jsonl"))[0]
+        tests_dir, workspace, reward = layout.check(task["tests"], task["solution"]["files"])
+        outcome = run_zygote(lean, unit_arguments(tests_dir, workspace, task["unit_tests"]["modules"]), reward, fork=True)
+        if not outcome.passed:
+            problems.append("lean zygote, unit-test mode %s: %s" % (task["id"], outcome.describe()))
         return sum(seconds) / len(seconds)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -16,7 +16,7 @@ use engine::recorder::{Opened, Recorder, RecorderOptions, RunIdentity, SummaryIn
 use engine::row::{plan_key, Row, Status};
 use engine::shard::Shard;
 use engine::sizing::{self, Counts};
-use engine::{Engine, Planned, Policy};
+use engine::{Engine, Planned, Policy, Preload};
 use sha2::{Digest, Sha256};
 
 use crate::signals::Signals;
@@ -204,7 +204,14 @@ async fn prepare(
     counts: &Counts,
 ) -> Result<(Arc<Engine>, Vec<Planned>, engine::recorder::Plan)> {
     let progress = |line: &str| tracing::info!("template: {line}");
-    let mut engine = Engine::start(suite, args.accel, run_id, &progress).await?;
+    let mut engine = Engine::start(
+        suite,
+        args.accel,
+        run_id,
+        Preload::for_tasks(tasks.iter().map(|t| &**t)),
+        &progress,
+    )
+    .await?;
     let mut plan = engine.plan(tasks, policy, suite.config.rollouts.samples);
     if let Some(shard) = shard {
         let mut per_task = BTreeMap::new();

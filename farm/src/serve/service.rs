@@ -498,7 +498,7 @@ async fn start_suites(
         let tasks = suite.tasks(None)?;
         let name = suite.config.suite.name.clone();
         let progress = |line: &str| tracing::info!("{name}: template: {line}");
-        let mut engine = Engine::start(&suite, host, run_id, &progress).await?;
+        let mut engine = Engine::start(&suite, host, run_id, engine::Preload::UnitTests, &progress).await?;
         let snapshots = engine
             .prepare_and_pool(&tasks, counts.concurrency, counts.warm_pool, &|line: &str| {
                 tracing::info!("{name}: {line}")

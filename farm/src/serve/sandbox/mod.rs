@@ -160,7 +160,7 @@ impl LazyEngine {
                     digest: "sandboxes".into(),
                 };
                 let progress = |line: &str| tracing::info!("sandboxes: {line}");
-                Engine::start(&suite, self.host, &self.run_id, &progress)
+                Engine::start(&suite, self.host, &self.run_id, engine::Preload::UnitTests, &progress)
                     .await
                     .map(Arc::new)
                     .map_err(|e| ApiError::new(500, format!("starting the sandbox engine: {}", engine::describe(&e))))
