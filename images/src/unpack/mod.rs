@@ -612,34 +612,39 @@ mod tests {
         assert!(err.contains("device nodes are refused"), "{err}");
     }
 
-    #[test]
-    fn layers_keep_their_times_and_a_folder_time_never_follows_a_link_out() {
-        use std::os::unix::fs::MetadataExt;
-        use tar::EntryType as Kind;
+    /// A tar of `(path, kind, modification time, data or link target)` members.
+    fn timed_tar(members: &[(&str, tar::EntryType, u64, &str)]) -> Vec<u8> {
         let mut builder = tar::Builder::new(Vec::new());
-        let mut add = |path: &str, kind: Kind, mtime: u64, data: &str| {
+        for (path, kind, mtime, data) in members {
             let mut header = tar::Header::new_gnu();
-            header.set_entry_type(kind);
+            header.set_entry_type(*kind);
             header.set_mode(0o755);
-            header.set_mtime(mtime);
+            header.set_mtime(*mtime);
             let body: &[u8] = if kind.is_file() { data.as_bytes() } else { &[] };
             header.set_size(body.len() as u64);
             if kind.is_symlink() {
                 header.set_link_name(data).unwrap();
             }
             builder.append_data(&mut header, path, body).unwrap();
-        };
-        add("lib", Kind::Directory, 1_000_000, "");
-        add("lib/mod.py", Kind::Regular, 1_500_000_000, "x = 1\n");
-        add("lib/link", Kind::Symlink, 1_200_000, "mod.py");
-        // A folder named, then replaced by a link to a folder outside the root.
-        add("esc", Kind::Directory, 42, "");
-        add("esc/inner", Kind::Directory, 43, "");
-        let layer = builder.into_inner().unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn layers_keep_their_times_and_a_folder_time_never_follows_a_link_out() {
+        use std::os::unix::fs::MetadataExt;
+        use tar::EntryType as Kind;
         let dir = tempfile::tempdir().unwrap();
         let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
         std::fs::create_dir_all(outside.join("inner")).unwrap();
         std::fs::create_dir(&root).unwrap();
+        let layer = timed_tar(&[
+            ("lib", Kind::Directory, 1_000_000, ""),
+            ("lib/mod.py", Kind::Regular, 1_500_000_000, "x = 1\n"),
+            ("lib/link", Kind::Symlink, 1_200_000, "mod.py"),
+            ("esc", Kind::Directory, 42, ""),
+            ("esc/inner", Kind::Directory, 43, ""),
+        ]);
         unpack(&layer[..], &root, Rules::Layer).unwrap();
         let mtime = |p: &Path| std::fs::symlink_metadata(p).unwrap().mtime();
         assert_eq!(mtime(&root.join("lib/mod.py")), 1_500_000_000);
@@ -651,31 +656,17 @@ mod tests {
         );
         assert_eq!(mtime(&root.join("esc/inner")), 43);
 
-        // The next layer puts a link where `esc` was: the earlier folder's times are not
-        // set through it, and the folder outside keeps its own.
+        // The next layer names a folder, then puts a link to a folder outside the root where
+        // its parent was: the folder's time is not set through the link, and the folder
+        // outside keeps its own.
         std::fs::remove_dir_all(root.join("esc")).unwrap();
         let before = mtime(&outside.join("inner"));
-        let mut builder = tar::Builder::new(Vec::new());
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(Kind::Directory);
-        header.set_mode(0o755);
-        header.set_mtime(7);
-        header.set_size(0);
-        builder.append_data(&mut header, "esc/inner", &[][..]).unwrap();
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(Kind::Regular);
-        header.set_mode(0o644);
-        header.set_mtime(8);
-        header.set_size(0);
-        builder.append_data(&mut header, "esc/.wh.inner", &[][..]).unwrap();
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(Kind::Symlink);
-        header.set_mode(0o777);
-        header.set_mtime(9);
-        header.set_size(0);
-        header.set_link_name(&outside).unwrap();
-        builder.append_data(&mut header, "esc", &[][..]).unwrap();
-        let layer = builder.into_inner().unwrap();
+        let outside_text = outside.to_str().unwrap();
+        let layer = timed_tar(&[
+            ("esc/inner", Kind::Directory, 7, ""),
+            ("esc/.wh.inner", Kind::Regular, 8, ""),
+            ("esc", Kind::Symlink, 9, outside_text),
+        ]);
         unpack(&layer[..], &root, Rules::Layer).unwrap();
         assert!(std::fs::symlink_metadata(root.join("esc"))
             .unwrap()
