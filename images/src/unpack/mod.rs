@@ -511,19 +511,11 @@ mod tests {
 
     /// A tar of `(path, kind, data or link target)` members.
     fn tar_of(members: &[(&str, tar::EntryType, &str)]) -> Vec<u8> {
-        let mut builder = tar::Builder::new(Vec::new());
-        for (path, kind, data) in members {
-            let mut header = tar::Header::new_gnu();
-            header.set_entry_type(*kind);
-            header.set_mode(0o644);
-            let body: &[u8] = if kind.is_file() { data.as_bytes() } else { &[] };
-            header.set_size(body.len() as u64);
-            if kind.is_symlink() || kind.is_hard_link() {
-                header.set_link_name(data).unwrap();
-            }
-            builder.append_data(&mut header, path, body).unwrap();
-        }
-        builder.into_inner().unwrap()
+        let timed: Vec<_> = members
+            .iter()
+            .map(|&(path, kind, data)| (path, kind, 0, data))
+            .collect();
+        timed_tar(&timed)
     }
 
     #[test]
@@ -618,11 +610,11 @@ mod tests {
         for (path, kind, mtime, data) in members {
             let mut header = tar::Header::new_gnu();
             header.set_entry_type(*kind);
-            header.set_mode(0o755);
+            header.set_mode(0o644);
             header.set_mtime(*mtime);
             let body: &[u8] = if kind.is_file() { data.as_bytes() } else { &[] };
             header.set_size(body.len() as u64);
-            if kind.is_symlink() {
+            if kind.is_symlink() || kind.is_hard_link() {
                 header.set_link_name(data).unwrap();
             }
             builder.append_data(&mut header, path, body).unwrap();
