@@ -6,8 +6,9 @@
 //! says for each verification mode. Harbor's own CLI runs the same tasks on farm's Harbor
 //! backend (clients/python) and gives the same verdicts.
 //!
-//! The three tests run side by side, each with its own services, sharing one snapshot store
-//! (see [`store`]): an environment one of them builds, the others reuse.
+//! The three tests run side by side and share one set of services (see [`services`]) and one
+//! snapshot store (see [`store`]): the same services give the same build arguments, so an
+//! environment one of them builds, the others reuse.
 
 mod common;
 
@@ -32,7 +33,7 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// The local services (scripts/harbor-services.sh), stopped when dropped, and the registry
+/// The local services (scripts/harbor-services.sh), stopped by [`Services::stop`], and the registry
 /// settings that send `registry.farm.test` to their registry.
 struct Services {
     dir: tempfile::TempDir,
@@ -66,8 +67,33 @@ impl Services {
     }
 }
 
-/// How many tests of this binary use [`store`].
-const STORE_USERS: usize = 3;
+/// How many tests of this binary use [`services`] and [`store`].
+const USERS: usize = 3;
+
+/// The services, shared by the tests of this binary and stopped when the last of them is
+/// done (a cut-short run leaves them to `scripts/harbor-services.sh stop`, as before).
+struct SharedServices(&'static Services);
+
+fn services() -> SharedServices {
+    static SERVICES: OnceLock<Services> = OnceLock::new();
+    SharedServices(SERVICES.get_or_init(Services::start))
+}
+
+impl std::ops::Deref for SharedServices {
+    type Target = Services;
+    fn deref(&self) -> &Services {
+        self.0
+    }
+}
+
+impl Drop for SharedServices {
+    fn drop(&mut self) {
+        static DONE: AtomicUsize = AtomicUsize::new(0);
+        if DONE.fetch_add(1, Ordering::SeqCst) + 1 == USERS {
+            self.0.stop();
+        }
+    }
+}
 
 /// One snapshot store for the tests of this binary, removed when the last of them is done
 /// (one a cut-short run left behind goes at the next run). The store's per-snapshot lock
@@ -96,19 +122,20 @@ fn store() -> Store {
 impl Drop for Store {
     fn drop(&mut self) {
         static DONE: AtomicUsize = AtomicUsize::new(0);
-        if DONE.fetch_add(1, Ordering::SeqCst) + 1 == STORE_USERS {
+        if DONE.fetch_add(1, Ordering::SeqCst) + 1 == USERS {
             let _ = std::fs::remove_dir_all(self.0);
         }
     }
 }
 
-impl Drop for Services {
-    fn drop(&mut self) {
+impl Services {
+    fn stop(&self) {
         let _ = Command::new("bash")
             .arg(repo().join("scripts/harbor-services.sh"))
             .arg("stop")
             .arg(self.dir.path())
             .output();
+        let _ = std::fs::remove_dir_all(self.dir.path());
     }
 }
 
@@ -191,7 +218,7 @@ fn sample_tasks() -> Vec<String> {
 
 #[test]
 fn oracle_passes_every_harbor_task_and_an_agent_that_does_nothing_fails_every_one() {
-    let services = Services::start();
+    let services = services();
     let dir = tempfile::tempdir().unwrap();
     let store = store();
     let samples = repo().join("configs/data/harbor");
@@ -343,7 +370,7 @@ fn oracle_passes_every_harbor_task_and_an_agent_that_does_nothing_fails_every_on
 /// Then the verifier's network.
 #[test]
 fn the_hostile_harbor_tasks_end_as_documented_and_the_verifier_has_a_network_of_its_own() {
-    let services = Services::start();
+    let services = services();
     let dir = tempfile::tempdir().unwrap();
     let store = store();
     let samples = repo().join("configs/data/harbor");
@@ -496,7 +523,7 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
 /// exception with farm's message, never as a reward.
 #[test]
 fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
-    let services = Services::start();
+    let services = services();
     let dir = tempfile::tempdir().unwrap();
     let store = store();
     let (dir, s, store) = (dir.path(), &services, store.0);
