@@ -174,7 +174,11 @@ def run(options, start_candidate_check):
         guard_inspection(remote.is_proxy, lambda name, arg: remote.limit_or_failure(
             remote.is_export(arg), "the tests call inspect.%s on the candidate's code, which lives in another process" % name))
         os.chdir(options.tests_dir)
-        counts = run_pytest(options.tests_dir, files) if pytest_available() else run_unittest(options.tests_dir, files)
+        decided = lambda: connection.failure is not None  # noqa: E731
+        if pytest_available():
+            counts = run_pytest(options.tests_dir, files, decided)
+        else:
+            counts = run_unittest(options.tests_dir, files, decided)
         if counts["tests"] > counts["skipped"] and counts["failures"] == 0 and counts["errors"] == 0:
             code = 0
     except (IsolationLimit, CandidateFailure):
@@ -197,12 +201,25 @@ def pytest_available():
     return True
 
 
+DECIDED = "the check's outcome is decided: a candidate failure stuck"
+
+
 class Counter:
     """A pytest plugin that counts outcomes per test: an error in setup or teardown is an
-    error, a failure of the test itself a failure, a skip (or an expected failure) a skip."""
+    error, a failure of the test itself a failure, a skip (or an expected failure) a skip.
+    Once `decided()` (a candidate failure stuck to the connection: it outranks everything a
+    later test could find, see finish) it stops the session after the current test: every
+    later test would only fail again on the sticky failure, each with a long traceback to
+    format, which under TCG took up to 4 s a test. A limit of the boundary does not stop the
+    session: a later candidate failure would outrank it."""
 
-    def __init__(self):
+    def __init__(self, decided):
         self.counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        self.decided = decided
+        self.session = None
+
+    def pytest_sessionstart(self, session):
+        self.session = session
 
     def pytest_runtest_logreport(self, report):
         if report.when == "setup":
@@ -211,34 +228,43 @@ class Counter:
             self.counts["failures" if report.when == "call" else "errors"] += 1
         elif report.skipped and report.when in ("setup", "call"):
             self.counts["skipped"] += 1
+        if self.session is not None and self.decided():
+            self.session.shouldstop = DECIDED
 
     def pytest_collectreport(self, report):
         if report.failed:
             self.counts["errors"] += 1
 
 
-def run_pytest(tests_dir, files):
+def run_pytest(tests_dir, files, decided):
     import pytest
 
     ini = os.path.join(tests_dir, "pytest.ini")
     arguments = ["-p", "no:cacheprovider", "-p", "no:stepwise", "--rootdir", tests_dir, "--confcutdir", tests_dir,
                  "-c", ini if os.path.isfile(ini) else os.devnull, "-q", "-rfEs"] + files
-    counter = Counter()
+    counter = Counter(decided)
     status = pytest.main(arguments, plugins=[counter])
     if int(status) != 0 and counter.counts["failures"] == 0 and counter.counts["errors"] == 0:
         counter.counts["errors"] += 1  # interrupted, no tests, usage error: not a pass
     return counter.counts
 
 
-def run_unittest(tests_dir, files):
+def run_unittest(tests_dir, files, decided):
     """Without pytest: unittest's TestCases, and module-level test_* functions as plain
-    function tests (without fixtures)."""
+    function tests (without fixtures). Stops once `decided()`, as run_pytest does."""
     import importlib.util
     import unittest
 
     sys.path.insert(0, tests_dir)
     suite = unittest.TestSuite()
-    result = unittest.TestResult()
+
+    class Result(unittest.TestResult):
+        def stopTest(self, test):
+            super().stopTest(test)
+            if decided():
+                self.stop()
+
+    result = Result()
     for path in files:
         name = os.path.basename(path)[:-3]
         try:

@@ -15,6 +15,8 @@ the check's three standard descriptors sent with SCM_RIGHTS). It checks
 - a report's message never holds text the candidate forged, StopIteration raised by the
   candidate crosses as RuntimeError, and the protocol's end of an iteration is refused
   anywhere but in answer to next();
+- once a candidate failure sticks, no further test runs (a limit of the boundary does not
+  stop the tests: a later candidate failure outranks it);
 - a star import gives the tests the candidate's own functions and classes only;
 - one zygote serving many checks (forked check processes, fresh candidates in private views,
   as a scoring VM with `isolation = "sandbox"` runs them) gives the same verdicts, and a
@@ -287,6 +289,31 @@ def stop_iteration_checks(layout, problems):
         problems.append("a forged stop in unit-test mode: %s" % outcome.describe())
 
 
+DECIDED_UNIT = {"test_decided.py": "import threading\nimport solution\n\n\n"
+                                   "def test_a():\n    assert solution.box() == 1\n\n\n"
+                                   "def test_b():\n    assert solution.box() == 2\n\n\n"
+                                   "def test_c():\n    assert solution.box() == 3\n"}
+LIMIT_FIRST_UNIT = {"test_limit.py": "import threading\nimport solution\n\n\n"
+                                     "def test_a():\n    out = []\n    thread = threading.Thread(target=lambda: out.append(solution.box()))\n"
+                                     "    thread.start()\n    thread.join()\n\n\n"
+                                     "def test_b():\n    assert solution.box() == 2\n"}
+ANYTHING = "class _Anything:\n    def __eq__(self, other):\n        return True\n\n\ndef box():\n    return _Anything()\n"
+
+
+def decided_checks(layout, problems):
+    """Once a candidate failure sticks, the session stops after that test (nothing later can
+    change the outcome); a limit of the boundary does not stop it, since a later candidate
+    failure outranks the limit."""
+    tests_dir, workspace, reward = layout.check(DECIDED_UNIT, {"solution.py": ANYTHING})
+    outcome = run_direct(unit_arguments(tests_dir, workspace, ["solution"]), reward)
+    if outcome.passed or outcome.kinds() != ["candidate_failure", "summary"] or outcome.reports[-1]["tests"] != 1:
+        problems.append("a sticky candidate failure did not stop the session: %s" % outcome.describe())
+    tests_dir, workspace, reward = layout.check(LIMIT_FIRST_UNIT, {"solution.py": ANYTHING})
+    outcome = run_direct(unit_arguments(tests_dir, workspace, ["solution"]), reward)
+    if outcome.passed or outcome.kinds() != ["candidate_failure", "summary"] or outcome.reports[-1]["tests"] != 2:
+        problems.append("a limit stopped the session before a later candidate failure: %s" % outcome.describe())
+
+
 # The candidate's process answers every call with the protocol's end of an iteration.
 FORGED_STOP = """
 import sys
@@ -536,7 +563,7 @@ def main():
     # The groups are independent (each check has its own folders, and every check is a
     # process of its own), so two run at a time: the self-test is in the developer's fast tier.
     groups = [humaneval_checks, unit_test_checks, hostile_checks, stop_iteration_checks, forged_label_checks,
-              limit_checks, star_import_checks, zygote_timings, shared_zygote_checks]
+              limit_checks, star_import_checks, zygote_timings, shared_zygote_checks, decided_checks]
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             results = [future.result() for future in [pool.submit(group, layout, problems) for group in groups]]
