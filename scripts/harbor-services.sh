@@ -14,6 +14,9 @@
 # from it; HARBOR_PYPI and HARBOR_APT as guests reach them, host.farm.internal:PORT), and
 # prints them. Ports default to 15000, 15001 and 15002; 0
 # picks free ones. The base image is built once per set-up and cached in the artifact cache.
+# With HARBOR_SERVICES_OWNER=PID, the servers die with that process (a watcher stops them
+# and removes DIR once PID is gone), however it ends: a test binary that runs only some of
+# its tests, or is killed, leaves nothing behind.
 # Needs scripts/setup.sh (umoci, skopeo, docker-registry, dpkg-dev, the packages).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -117,6 +120,13 @@ nohup python3 -m http.server "$PYPI_PORT" --bind 127.0.0.1 --directory "$DIR/pyp
 echo $! >> "$DIR/pids"
 nohup python3 -m http.server "$APT_PORT" --bind 127.0.0.1 --directory "$DIR/apt" >"$DIR/apt.log" 2>&1 &
 echo $! >> "$DIR/pids"
+if [ -n "${HARBOR_SERVICES_OWNER:-}" ]; then
+  owner="$HARBOR_SERVICES_OWNER"
+  # shellcheck disable=SC2016
+  nohup bash -c 'while kill -0 "$1" 2>/dev/null && [ -f "$2/pids" ]; do sleep 1; done
+    if [ -f "$2/pids" ]; then xargs -r kill < "$2/pids" 2>/dev/null; rm -rf "$2"; fi' \
+    harbor-services-watcher "$owner" "$DIR" >/dev/null 2>&1 < /dev/null &
+fi
 for p in "$REG_PORT" "$PYPI_PORT" "$APT_PORT"; do
   up=
   for _ in $(seq 600); do

@@ -6,7 +6,7 @@
 //! says for each verification mode. Harbor's own CLI runs the same tasks on farm's Harbor
 //! backend (clients/python) and gives the same verdicts.
 //!
-//! The three tests run side by side and share one set of services (see [`services`]) and one
+//! The four tests run two at a time and share one set of services (see [`services`]) and one
 //! snapshot store (see [`store`]): the same services give the same build arguments, so an
 //! environment one of them builds, the others reuse.
 
@@ -49,6 +49,8 @@ impl Services {
             .arg("start")
             .arg(dir.path())
             .args(["0", "0", "0"])
+            // The servers die with this process, whichever of its tests run.
+            .env("HARBOR_SERVICES_OWNER", std::process::id().to_string())
             .output()
             .unwrap();
         assert!(o.status.success(), "scripts/harbor-services.sh: {}", text(&o));
@@ -68,10 +70,10 @@ impl Services {
 }
 
 /// How many tests of this binary use [`services`] and [`store`].
-const USERS: usize = 3;
+const USERS: usize = 4;
 
 /// The services, shared by the tests of this binary and stopped when the last of them is
-/// done (a cut-short run leaves them to `scripts/harbor-services.sh stop`, as before).
+/// done, or with this process when not all of them run (HARBOR_SERVICES_OWNER).
 struct SharedServices(&'static Services);
 
 fn services() -> SharedServices {
@@ -439,6 +441,16 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
             .unwrap()
             .replace("farm/pytest-verifier", &format!("farm/{name}"));
         std::fs::write(&toml, text).unwrap();
+        // The copies' pip gives up at the first refused connection instead of retrying
+        // with back-off: what is checked is whose failure it is, not pip's patience.
+        let test_sh = tasks.join(name).join("tests/test.sh");
+        let script = std::fs::read_to_string(&test_sh).unwrap();
+        assert!(script.contains("pip install --quiet"), "{script}");
+        std::fs::write(
+            &test_sh,
+            script.replace("pip install --quiet", "pip install --retries 0 --quiet"),
+        )
+        .unwrap();
         tasks.join(name)
     };
     // The verifier's index, on a port the verifier's network names, where nothing listens.
@@ -517,84 +529,88 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
 
 /// Harbor's own CLI (PyPI `harbor`, in the set-up's venv) on farm's environment backend
 /// (`farm_sdk.harbor:FarmEnvironment`, clients/python), against a `farm serve` with the
-/// sandbox API: the oracle and the nop agent give the verdicts farm's own run of the same
-/// tasks gave, Harbor's terminus-2 agent solves a task through a scripted model on loopback,
-/// and a failure on farm's side (a build that fails, a VM that dies) reaches Harbor as an
-/// exception with farm's message, never as a reward.
-#[test]
-fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
-    let services = services();
-    let dir = tempfile::tempdir().unwrap();
-    let store = store();
-    let (dir, s, store) = (dir.path(), &services, store.0);
-    let cache = std::env::var_os("FARM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
-    let harbor = cache.join("harbor-venv/bin/harbor");
-    assert!(
-        harbor.exists(),
-        "no Harbor at {}: run scripts/setup.sh",
-        harbor.display()
-    );
-    // The SDK's own tests on Harbor's Python too (the live ones run in tests/sandboxes.rs).
-    let pytest = Command::new(harbor.with_file_name("python"))
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "clients/python/tests"])
-        .current_dir(repo())
-        .env_remove("FARM_TEST_URL")
-        .output()
-        .unwrap();
-    assert!(
-        pytest.status.success(),
-        "the SDK's tests on Harbor's Python: {}",
-        text(&pytest)
-    );
+/// sandbox API of its own.
+struct HarborCli {
+    harbor: PathBuf,
+    service: common::serve::Proc,
+    url: String,
+    build_args: String,
+    pypi: String,
+    jobs: PathBuf,
+    run_dir: PathBuf,
+}
 
-    let (apt, pypi) = (&s.env["HARBOR_APT"], &s.env["HARBOR_PYPI"]);
-    let config = dir.join("serve-sandboxes.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[serve]\nsuites = []\n[serve.sandboxes]\n[serve.sandboxes.build_network]\nallow = [\"{apt}\", \"{pypi}\"]\n\
-             [serve.sandboxes.networks.harbor]\nallow = [\"{pypi}\"]\n"
-        ),
-    )
-    .unwrap();
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_farm"));
-    serve
-        .arg("serve")
-        .arg(&config)
-        .arg("--out")
-        .arg(dir.join("serve-out"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("FARM_RUN_DIR", dir.join("serve-run"))
-        .env("FARM_REGISTRIES", &s.registries)
-        .env("FARM_SNAPSHOT_DIR", store)
-        .env_remove("FARM_SERVE_TOKEN");
-    let (mut service, url) = common::serve::start(serve, "listening on ", false);
-    let url = url.replace("0.0.0.0", "127.0.0.1");
-    let build_args = format!("build_args={{\"APT_REPO\": \"http://{apt}\", \"PIP_INDEX\": \"http://{pypi}/simple\"}}");
-    let jobs = dir.join("harbor-jobs");
-    // One Harbor job; each trial's result.json by task name, and what Harbor printed.
-    let job = |name: &str, tasks: &Path, agent: &[&str], env: &[(&str, &str)]| {
-        let mut c = Command::new(&harbor);
+/// Trials of one Harbor job, by task name: each one's result.json and folder.
+type Trials = BTreeMap<String, (serde_json::Value, PathBuf)>;
+
+impl HarborCli {
+    fn start(dir: &Path, s: &Services, store: &Path) -> HarborCli {
+        let cache = std::env::var_os("FARM_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+        let harbor = cache.join("harbor-venv/bin/harbor");
+        assert!(
+            harbor.exists(),
+            "no Harbor at {}: run scripts/setup.sh",
+            harbor.display()
+        );
+        let (apt, pypi) = (&s.env["HARBOR_APT"], &s.env["HARBOR_PYPI"]);
+        let config = dir.join("serve-sandboxes.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[serve]\nsuites = []\n[serve.sandboxes]\n[serve.sandboxes.build_network]\nallow = [\"{apt}\", \"{pypi}\"]\n\
+                 [serve.sandboxes.networks.harbor]\nallow = [\"{pypi}\"]\n"
+            ),
+        )
+        .unwrap();
+        let run_dir = dir.join("serve-run");
+        let mut serve = Command::new(env!("CARGO_BIN_EXE_farm"));
+        serve
+            .arg("serve")
+            .arg(&config)
+            .arg("--out")
+            .arg(dir.join("serve-out"))
+            .args(["--listen", "127.0.0.1:0"])
+            .env("FARM_RUN_DIR", &run_dir)
+            .env("FARM_REGISTRIES", &s.registries)
+            .env("FARM_SNAPSHOT_DIR", store)
+            .env_remove("FARM_SERVE_TOKEN");
+        let (service, url) = common::serve::start(serve, "listening on ", false);
+        HarborCli {
+            harbor,
+            service,
+            url: url.replace("0.0.0.0", "127.0.0.1"),
+            build_args: format!(
+                "build_args={{\"APT_REPO\": \"http://{apt}\", \"PIP_INDEX\": \"http://{pypi}/simple\"}}"
+            ),
+            pypi: pypi.clone(),
+            jobs: dir.join("harbor-jobs"),
+            run_dir,
+        }
+    }
+
+    /// One Harbor job; each trial's result.json by task name, and what Harbor printed.
+    fn job(&self, name: &str, tasks: &Path, agent: &[&str], env: &[(&str, &str)]) -> (Trials, String) {
+        let mut c = Command::new(&self.harbor);
         c.arg("run")
             .args(["--env", "farm_sdk.harbor:FarmEnvironment", "--path"])
             .arg(tasks)
             .args(agent)
             .args(["--n-concurrent", "2", "--yes", "--quiet", "--jobs-dir"])
-            .arg(&jobs)
+            .arg(&self.jobs)
             .args(["--job-name", name])
             .args([
                 "--ek",
-                &format!("url={url}"),
+                &format!("url={}", self.url),
                 "--ek",
                 "network=harbor",
                 "--ek",
-                &build_args,
+                &self.build_args,
             ])
             .env("PYTHONPATH", repo().join("clients/python"))
             // What the tasks' ${HARBOR_PIP_INDEX:-...} read (Harbor resolves it, as farm does).
-            .env("HARBOR_PIP_INDEX", format!("http://{pypi}/simple"))
+            .env("HARBOR_PIP_INDEX", format!("http://{}/simple", self.pypi))
             .env_remove("FARM_SERVE_TOKEN")
             .stdin(Stdio::null());
         for (k, v) in env {
@@ -608,7 +624,7 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
         );
         let said = text(&o);
         let mut trials = BTreeMap::new();
-        for entry in std::fs::read_dir(jobs.join(name)).unwrap_or_else(|e| panic!("job {name}: {e}\n{said}")) {
+        for entry in std::fs::read_dir(self.jobs.join(name)).unwrap_or_else(|e| panic!("job {name}: {e}\n{said}")) {
             let path = entry.unwrap().path().join("result.json");
             if let Ok(raw) = std::fs::read_to_string(&path) {
                 let result: serde_json::Value = serde_json::from_str(&raw).unwrap();
@@ -623,15 +639,47 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
             }
         }
         (trials, said)
-    };
-    let reward = |result: &serde_json::Value| result["verifier_result"]["rewards"]["reward"].as_f64();
-    let samples = repo().join("configs/data/harbor");
+    }
+}
 
-    // The oracle and the nop agent: farm's verdicts (the test above), task by task: 1 for
-    // the oracle on every task, 0 for the nop agent, and no exception.
+impl HarborCli {
+    /// Stops the service (SIGTERM) and checks that no QEMU of it is left. (A test that fails
+    /// before this kills the service when `service` is dropped.)
+    fn stop(mut self) {
+        common::serve::stop(&mut self.service);
+        common::assert_no_qemu_of(&self.run_dir);
+    }
+}
+
+fn reward(result: &serde_json::Value) -> Option<f64> {
+    result["verifier_result"]["rewards"]["reward"].as_f64()
+}
+
+/// Harbor's own CLI on farm's backend: the oracle and the nop agent give the verdicts farm's
+/// own run of the same tasks gave (the test above).
+#[test]
+fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
+    let services = services();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store();
+    let cli = HarborCli::start(dir.path(), &services, store.0);
+    // The SDK's own tests on Harbor's Python too (the live ones run in tests/sandboxes.rs).
+    let pytest = Command::new(cli.harbor.with_file_name("python"))
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "clients/python/tests"])
+        .current_dir(repo())
+        .env_remove("FARM_TEST_URL")
+        .output()
+        .unwrap();
+    assert!(
+        pytest.status.success(),
+        "the SDK's tests on Harbor's Python: {}",
+        text(&pytest)
+    );
+    // Task by task: 1 for the oracle on every task, 0 for the nop agent, and no exception.
+    let samples = repo().join("configs/data/harbor");
     let tasks = sample_tasks();
     for (name, agent, farm_reward) in [("oracle", "oracle", 1.0), ("nop", "nop", 0.0)] {
-        let (trials, said) = job(name, &samples, &["--agent", agent], &[]);
+        let (trials, said) = cli.job(name, &samples, &["--agent", agent], &[]);
         assert_eq!(trials.len(), tasks.len(), "{name}: {said}");
         for task in &tasks {
             let (result, _) = trials.get(task).unwrap_or_else(|| panic!("{name} {task}: {said}"));
@@ -639,6 +687,19 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
             assert_eq!(reward(result), Some(farm_reward), "{name} {task}: {result}");
         }
     }
+    cli.stop();
+}
+
+/// Harbor's terminus-2 agent solves a task through a scripted model on loopback, and a
+/// failure on farm's side (a build that fails, a VM that dies) reaches Harbor as an exception
+/// with farm's message, never as a reward. (A test of its own, named to start with the one
+/// above: the tests of this binary pack better onto two threads.)
+#[test]
+fn backend_harbors_terminus_agent_solves_and_farms_failures_are_harbors_exceptions() {
+    let services = services();
+    let dir = tempfile::tempdir().unwrap();
+    let store = store();
+    let (dir, cli) = (dir.path(), HarborCli::start(dir.path(), &services, store.0));
 
     // terminus-2, driving tmux in the sandbox, with a scripted model.
     let mut model = Command::new("python3");
@@ -647,7 +708,7 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
     model.env("SCRIPTED_LLM_LOG", &requests);
     let (model, port) = common::serve::start(model, "listening on ", true);
     let api_base = format!("api_base=http://127.0.0.1:{port}/v1");
-    let (trials, said) = job(
+    let (trials, said) = cli.job(
         "terminus",
         &repo().join("configs/data/harbor-agents"),
         &[
@@ -671,7 +732,7 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
 
     // farm's failures are Harbor's exceptions, with farm's message, and no reward; what
     // farm cannot honour (a GPU) is refused with the reason, never run differently.
-    let (trials, said) = job(
+    let (trials, said) = cli.job(
         "failures",
         &repo().join("configs/data/harbor-failures"),
         &["--agent", "oracle"],
@@ -688,6 +749,5 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
         );
         assert_eq!(reward(result), None, "{task}: {result}");
     }
-    common::serve::stop(&mut service);
-    common::assert_no_qemu_of(&dir.join("serve-run"));
+    cli.stop();
 }

@@ -592,7 +592,7 @@ async fn token_backpressure_and_cancel_by_policy_version() {
     std::fs::write(
         &config,
         format!(
-            "[serve]\nsuites = [\"{}\"]\nqueue_limit = 2\nconcurrency = 1\nmax_sessions = 1\nsession_lease_secs = 30\n",
+            "[serve]\nsuites = [\"{}\"]\nqueue_limit = 2\nconcurrency = 1\nmax_sessions = 1\nsession_lease_secs = 10\n",
             repo().join("configs/serve.toml").display()
         ),
     )
@@ -701,8 +701,8 @@ async fn token_backpressure_and_cancel_by_policy_version() {
         "a finished rollout stays finished"
     );
 
-    // The idle session expires after its lease (30 s here: long enough that the checks
-    // above never race it on a loaded machine) and frees its slot. (Watched through
+    // The idle session expires after its lease (10 s here: the only check that needs it
+    // alive, the refused second session, comes right after it opened) and frees its slot. (Watched through
     // /v1/capacity: a call on the session would keep it alive.)
     let started = Instant::now();
     while api.ok("GET", "/v1/capacity", None, 200).await["sessions"] != 0 {
