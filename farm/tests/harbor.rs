@@ -692,10 +692,10 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
 
 /// Harbor's terminus-2 agent solves a task through a scripted model on loopback, and a
 /// failure on farm's side (a build that fails, a VM that dies) reaches Harbor as an exception
-/// with farm's message, never as a reward. (A test of its own, named to start with the one
-/// above: the tests of this binary pack better onto two threads.)
+/// with farm's message, never as a reward. (A test of its own, named to sort last: the two
+/// longest tests of this binary start first, and the shorter ones fill in after them.)
 #[test]
-fn backend_harbors_terminus_agent_solves_and_farms_failures_are_harbors_exceptions() {
+fn the_terminus_2_agent_through_harbors_cli_solves_a_task_and_farms_failures_are_harbors_exceptions() {
     let services = services();
     let dir = tempfile::tempdir().unwrap();
     let store = store();
