@@ -1,17 +1,15 @@
 #!/usr/bin/env python3
-"""Runs the test binaries `cargo test --no-run --message-format=json` built, in three lanes at
+"""Runs the test binaries `cargo test --no-run --message-format=json` built, in two lanes at
 once (scripts/test.sh's full tier; the fast tier and a plain `cargo test` run them one after
 the other, as cargo does).
 
     cargo test --workspace --no-run --message-format=json [CARGO ARGS] \
         | python3 scripts/run-tests.py [CARGO ARGS] [-- TEST ARGS...]
 
-Why lanes: on a 2-core machine the three heaviest binaries (the Harbor tests, the suites,
-farm serve) keep both cores busy most of the time, while most of the others spend half their
-time waiting on a guest's boot, a Slurm job or a lease. The Harbor tests run in one lane, the
-suites then farm serve in a second, and the rest, then the doc tests, in a third: measured
-on this machine (fresh clone, caches in place), cargo's one binary at a time took 16 min for
-the tests, two lanes 14.8. Each binary runs as cargo runs it (in its
+Why two lanes: on a 2-core machine the three heaviest binaries (the Harbor tests, the suites,
+farm serve) keep both cores busy, while most of the others spend half their time waiting on a
+guest's boot, a Slurm job or a lease. The heavy ones run one after the other in the first
+lane; the rest, then the doc tests, in the second. Each binary runs as cargo runs it (in its
 package's folder, TEST ARGS after it, e.g. a filter or `--nocapture`); its output is printed
 in one block when it ends, under cargo's `Running` line, so a failure reads as in cargo's
 own output. The doc tests (`cargo test --doc`) run only when no CARGO ARGS were given (those
@@ -26,9 +24,8 @@ import sys
 import threading
 import time
 
-# The lanes of the heaviest binaries, each run in this order (farm's integration tests, by
-# file name); every other binary runs in one more lane, then the doc tests.
-HEAVY = [["harbor"], ["suites", "serve"]]
+# The binaries of the first lane, in this order (farm's integration tests, by file name).
+HEAVY = ["harbor", "suites", "serve"]
 
 
 def binaries(lines):
@@ -83,14 +80,14 @@ def main():
     if not found:
         print("run-tests: no test executables in cargo's output (was it --message-format=json?)", file=sys.stderr)
         return 1
-    lanes_of = [[b for name in names for b in found if b[4] == "test" and b[3] == name] for names in HEAVY]
-    rest = [b for b in found if not any(b in lane for lane in lanes_of)]
+    heavy = sorted((b for b in found if b[4] == "test" and b[3] in HEAVY), key=lambda b: HEAVY.index(b[3]))
+    rest = [b for b in found if b not in heavy]
     arguments = sys.argv[1:]
     cargo_args, test_args = (arguments[:arguments.index("--")], arguments[arguments.index("--") + 1:]) \
         if "--" in arguments else (arguments, [])
     lanes = Lanes(test_args)
-    threads = [threading.Thread(target=lanes.lane, args=(lane, False)) for lane in lanes_of]
-    threads.append(threading.Thread(target=lanes.lane, args=(rest, not cargo_args)))
+    threads = [threading.Thread(target=lanes.lane, args=(heavy, False)),
+               threading.Thread(target=lanes.lane, args=(rest, not cargo_args))]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -4,11 +4,8 @@
 #   scripts/test.sh [CARGO TEST ARGS...]          the full tier (on Debian 12, as root): the set-up
 #                                                 (scripts/setup.sh; seconds when everything is in
 #                                                 place), the formatter, the size limits and
-#                                                 clippy, then the tests of
-#                                                 `cargo test --workspace`, which boot real guests:
-#                                                 built with --no-run, then run in three lanes
-#                                                 (scripts/run-tests.py). Arguments before `--`
-#                                                 go to cargo, after it to each test binary.
+#                                                 clippy, then
+#                                                 `cargo test --workspace`, which boots real guests.
 #                                                 CI runs exactly this (.ci/run).
 #   scripts/test.sh --fast [CARGO TEST ARGS...]   the developer's loop: the formatter, the size
 #                                                 limits (scripts/check-sizes.py), clippy and
@@ -54,8 +51,8 @@ if [ -n "$fast" ]; then
   cargo test --workspace --lib --bins --no-fail-fast "$@" 2>&1 | tee "$log"
   status=${PIPESTATUS[0]}
 else
-  # Built first, then the test binaries run in lanes at once (scripts/run-tests.py: the
-  # three heaviest in two lanes, the rest in a third), as cargo would run them.
+  # Built first, then the test binaries run in two lanes at once (scripts/run-tests.py: the
+  # three heaviest one after the other, the rest beside them), as cargo would run them.
   step "cargo test --workspace --no-run (the test build)"
   cargo_args=()
   for a in "$@"; do
@@ -65,7 +62,7 @@ else
   built=$(mktemp -t farm-test-build.XXXXXX.json)
   trap 'rm -f "$log" "$built"' EXIT
   if cargo test --workspace --no-run --message-format=json-render-diagnostics "${cargo_args[@]}" >"$built"; then
-    step "the test binaries (real guests), in lanes (scripts/run-tests.py)"
+    step "the test binaries (real guests), in two lanes (scripts/run-tests.py)"
     python3 scripts/run-tests.py "$@" <"$built" 2>&1 | tee "$log"
     status=${PIPESTATUS[0]}
   else
