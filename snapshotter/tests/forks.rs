@@ -25,18 +25,25 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// The tests' snapshot store. A static is never dropped, so a TempDir here was never removed
+/// (191 MB in /tmp after every run): the store is named for this process under cargo's
+/// tmp folder, and one a finished run left behind goes at the next run.
 fn store() -> &'static SnapshotStore {
-    static STORE: OnceLock<(tempfile::TempDir, SnapshotStore)> = OnceLock::new();
-    &STORE
-        .get_or_init(|| {
-            let dir = tempfile::Builder::new()
-                .prefix("farm-test-snapshots-")
-                .tempdir()
-                .unwrap();
-            let store = SnapshotStore::new(dir.path().to_path_buf());
-            (dir, store)
-        })
-        .1
+    static STORE: OnceLock<SnapshotStore> = OnceLock::new();
+    STORE.get_or_init(|| {
+        let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("fork-test-snapshots-") {
+                if !std::path::Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = base.join(format!("fork-test-snapshots-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        SnapshotStore::new(dir)
+    })
 }
 
 fn forker() -> Forker {
