@@ -196,14 +196,35 @@ fn run_rows(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, serde_
         started.elapsed().as_secs_f64()
     );
     let journal = std::fs::read_to_string(suite.parent().unwrap().join(format!("out-{name}/journal.jsonl"))).unwrap();
-    journal
+    let rows: BTreeMap<String, serde_json::Value> = journal
         .lines()
         .map(|l| {
             let row: serde_json::Value = serde_json::from_str(l).unwrap();
             let id = row["task_id"].as_str().unwrap().rsplit('/').next().unwrap().to_string();
             (id, row)
         })
-        .collect()
+        .collect();
+    // Each row's verdict and its basis, printed only when a test fails: the reason a verdict
+    // differs from the expected one is then in the failure's output.
+    for (id, row) in &rows {
+        let details: serde_json::Value = row["score_details"]
+            .as_str()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or_default();
+        let tests = &details["tests"];
+        eprintln!(
+            "[harbor test]   {id}: {} {} {} | {} | {} | {} | stdout {:?} | stderr {:?}",
+            row["status"],
+            row["reward"],
+            row["trust"],
+            row["error"].as_str().unwrap_or(""),
+            details["basis"].as_str().unwrap_or(""),
+            details["agent_failure"].as_str().unwrap_or(""),
+            tests["stdout_tail"].as_str().unwrap_or(""),
+            tests["stderr_tail"].as_str().unwrap_or(""),
+        );
+    }
+    rows
 }
 
 const ORACLE: &str = "[policy]\nkind = \"replay\"\nsource = \"reference\"";

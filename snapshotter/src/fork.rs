@@ -433,7 +433,13 @@ pub async fn boot_from_disk(
     snapshot: &crate::store::Snapshot,
     mut fork: Fork,
 ) -> Result<Machine, BootFromDiskError> {
-    let _ = fork.agent().quiesce().await;
+    let started = std::time::Instant::now();
+    if let Err(e) = fork.agent().quiesce().await {
+        // The agent's processes may have killed the guest agent; its writes then go as the
+        // guest left them (whatever its page cache held is not on the disk).
+        tracing::warn!("the rollout's guest did not sync its disk before it was taken: {e}");
+    }
+    tracing::debug!(secs = started.elapsed().as_secs_f64(), "boot from disk: quiesced");
     if let Err(e) = fork.machine.qmp("stop", None).await {
         // The monitor goes first when the guest ends QEMU: give the process a moment.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -473,6 +479,7 @@ pub async fn boot_from_disk(
         incoming: false,
         max_disk_bytes: forker.max_disk_bytes,
     };
+    tracing::debug!(secs = started.elapsed().as_secs_f64(), "boot from disk: disk copied");
     let machine = Machine::launch(&settings, plan, run_dir)
         .await
         .map_err(BootFromDiskError::Launch)?;
@@ -480,6 +487,7 @@ pub async fn boot_from_disk(
         .wait_for_agent(settings.boot_timeout)
         .await
         .map_err(BootFromDiskError::NoAgent)?;
+    tracing::debug!(secs = started.elapsed().as_secs_f64(), "boot from disk: booted");
     // A booted guest starts with the clock at 1970 and the kernel's own entropy: it takes the
     // rollout's identity (with the host's time and fresh entropy) as a fork does.
     let booted = apply_identity(machine, snapshot, identity)
