@@ -366,8 +366,10 @@ impl Sandboxes {
                 Ok(end) => end,
                 Err(e) => StreamEvent::Error(e.message),
             };
-            let _ = tx.send(event).await;
+            // The folder goes before the last event: a client that runs its next command on
+            // the end event finds the guest as the command left it, without farm's files.
             let _ = agent.remove_tree(&dir).await;
+            let _ = tx.send(event).await;
         });
         Ok(rx)
     }
