@@ -7,14 +7,18 @@ the other, as cargo does).
         | python3 scripts/run-tests.py [CARGO ARGS] [-- TEST ARGS...]
 
 Why two lanes: on a 2-core machine the three heaviest binaries (the Harbor tests, the suites,
-farm serve) keep both cores busy, while most of the others spend half their time waiting on a
-guest's boot, a Slurm job or a lease. The heavy ones run one after the other in the first
-lane; the rest, then the doc tests, in the second. Each binary runs as cargo runs it (in its
-package's folder, TEST ARGS after it, e.g. a filter or `--nocapture`); its output is printed
-in one block when it ends, under cargo's `Running` line, so a failure reads as in cargo's
-own output. The doc tests (`cargo test --doc`) run only when no CARGO ARGS were given (those
-may name targets that are not doc tests, e.g. `--test harbor`). The run ends with cargo's summary of the binaries that failed, and exits 1 if any
-did (every binary runs even when one fails, as with --no-fail-fast).
+farm serve) keep both cores busy, while most of the others spend part of their time waiting
+on a guest's boot, a Slurm job or a lease. The Harbor tests start the first lane and the rest
+(then the doc tests) the second; the suites and farm serve go to whichever lane is free first,
+so neither lane idles while the other still has a heavy binary to run. Each binary runs as
+cargo runs it (in its package's folder, TEST ARGS after it, e.g. a filter or `--nocapture`);
+its output is printed in one block when it ends, under cargo's `Running` line, then a
+`[run-tests]` line with its wall time and the CPU time it and its children (the guests'
+QEMU) used, so the heavy binaries can be told by what they cost. The doc tests
+(`cargo test --doc`) run only when no CARGO ARGS were given (those may name targets that are
+not doc tests, e.g. `--test harbor`). The run ends with cargo's summary of the binaries that
+failed, and exits 1 if any did (every binary runs even when one fails, as with
+--no-fail-fast).
 """
 
 import json
@@ -24,7 +28,8 @@ import sys
 import threading
 import time
 
-# The binaries of the first lane, in this order (farm's integration tests, by file name).
+# The heavy binaries (farm's integration tests, by file name): the first starts the first
+# lane; the others go, in this order, to whichever lane is free first.
 HEAVY = ["harbor", "suites", "serve"]
 
 
@@ -57,22 +62,40 @@ class Lanes:
 
     def run(self, label, command, folder, description):
         started = time.monotonic()
-        result = subprocess.run(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        child = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+        output = child.stdout.read()
+        child.stdout.close()
+        # wait4 gives the CPU time of the binary and of every child it waited for (QEMU).
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        cpu = usage.ru_utime + usage.ru_stime
         with self.lock:
             sys.stdout.write("     Running %s (%s)\n" % (label, description))
-            sys.stdout.write(result.stdout.decode("utf-8", "replace"))
-            sys.stdout.write("[run-tests] %s: %.0f s, exit %d\n" % (label, time.monotonic() - started, result.returncode))
+            sys.stdout.write(output.decode("utf-8", "replace"))
+            sys.stdout.write("[run-tests] %s: %.0f s, cpu %.0f s, exit %d\n"
+                             % (label, time.monotonic() - started, cpu, child.returncode))
             sys.stdout.flush()
-            if result.returncode != 0:
+            if child.returncode != 0:
                 self.failed.append("%s (%s)" % (label, description))
 
-    def lane(self, items, doc_tests):
+    def take(self, queue):
+        with self.lock:
+            return queue.pop(0) if queue else None
+
+    def lane(self, items, doc_tests, shared):
+        """Runs `items`, then the doc tests if asked, then what is left in `shared`."""
         for label, executable, folder, _, _ in items:
             self.run(label, [executable] + self.test_args, folder, executable)
         if doc_tests:
             command = ["cargo", "test", "--workspace", "--doc", "--no-fail-fast", "--"] + self.test_args
             self.run("doc tests", command, os.getcwd(), "cargo test --workspace --doc")
+        while True:
+            item = self.take(shared)
+            if item is None:
+                return
+            label, executable, folder, _, _ = item
+            self.run(label, [executable] + self.test_args, folder, executable)
 
 
 def main():
@@ -86,8 +109,9 @@ def main():
     cargo_args, test_args = (arguments[:arguments.index("--")], arguments[arguments.index("--") + 1:]) \
         if "--" in arguments else (arguments, [])
     lanes = Lanes(test_args)
-    threads = [threading.Thread(target=lanes.lane, args=(heavy, False)),
-               threading.Thread(target=lanes.lane, args=(rest, not cargo_args))]
+    shared = heavy[1:]
+    threads = [threading.Thread(target=lanes.lane, args=(heavy[:1], False, shared)),
+               threading.Thread(target=lanes.lane, args=(rest, not cargo_args, shared))]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -52,7 +52,8 @@ if [ -n "$fast" ]; then
   status=${PIPESTATUS[0]}
 else
   # Built first, then the test binaries run in two lanes at once (scripts/run-tests.py: the
-  # three heaviest one after the other, the rest beside them), as cargo would run them.
+  # Harbor tests beside the rest; the suites and farm serve in whichever lane is free first),
+  # as cargo would run them.
   step "cargo test --workspace --no-run (the test build)"
   cargo_args=()
   for a in "$@"; do
