@@ -22,6 +22,9 @@
 //! [`sessions::SessionBook`] keeps a service's sessions (slots, leases, who is submitting).
 #![forbid(unsafe_code)]
 
+// The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
+const _: Option<&str> = option_env!("FARM_CHECKOUT");
+
 pub mod action;
 pub mod config;
 pub mod end;

@@ -4,6 +4,9 @@
 //! signal handling here only make teardown orderly (run folders removed, exit codes right).
 #![forbid(unsafe_code)]
 
+// The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
+const _: Option<&str> = option_env!("FARM_CHECKOUT");
+
 /// `println!` that ends the process quietly when stdout is a closed pipe (`farm ... | head`)
 /// instead of panicking.
 #[macro_export]

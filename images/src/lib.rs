@@ -25,6 +25,9 @@
 //! the root (an absolute link target means the image's root, never the host's); device
 //! nodes are refused. Nothing is written outside the cache.
 
+// The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
+const _: Option<&str> = option_env!("FARM_CHECKOUT");
+
 pub mod cache;
 mod docker;
 mod oci;

@@ -10,6 +10,9 @@
 //! is in [`statefile`].
 #![forbid(unsafe_code)]
 
+// The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
+const _: Option<&str> = option_env!("FARM_CHECKOUT");
+
 pub mod build;
 pub mod child;
 pub mod dockerfile;

@@ -13,6 +13,9 @@
 //! `unsafe` is confined to [`process`] (fork-time set-up of QEMU children).
 #![deny(unsafe_code)]
 
+// The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
+const _: Option<&str> = option_env!("FARM_CHECKOUT");
+
 pub mod accel;
 pub mod agent;
 pub mod artifacts;
