@@ -159,6 +159,16 @@ async fn load_and_resume(machine: &Machine, snapshot: &Snapshot) -> Result<(), F
         })
 }
 
+/// A round trip of the identity request longer than this sets the guest's clock again.
+const CLOCK_ROUND_TRIP: Duration = Duration::from_millis(500);
+
+fn host_time_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
 /// Gives a resumed machine its own entropy, clock, hostname and seed.
 async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
     let machine_err = |source| ForkError::Machine {
@@ -174,27 +184,41 @@ async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIde
                 source: e,
             })
         })?;
-    let unix_time_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
     let mut env: std::collections::BTreeMap<String, String> = identity.env.iter().cloned().collect();
     env.insert("FARM_SEED".into(), identity.seed.to_string());
     env.insert("FARM_FORK_ID".into(), identity.fork_id.clone());
     env.insert("FARM_SNAPSHOT_ID".into(), snapshot.id().to_string());
-    let request = IdentityRequest {
-        unix_time_ns,
+    let mut request = IdentityRequest {
+        unix_time_ns: host_time_ns(),
         hostname: format!("fork-{}", identity.fork_id),
         env,
     };
+    let identity_err = |source| ForkError::Identity {
+        snapshot: snapshot.id().to_string(),
+        source,
+    };
+    let mut sent = std::time::Instant::now();
     machine
         .agent()
-        .set_identity(request, entropy)
+        .set_identity(request.clone(), entropy)
         .await
-        .map_err(|source| ForkError::Identity {
-            snapshot: snapshot.id().to_string(),
-            source,
-        })?;
+        .map_err(identity_err)?;
+    // The guest set the time the host read before sending. A guest slow to take its first
+    // request (code not yet translated, on a loaded host) set a time already seconds old: it
+    // is set again, now that the path is warm, until a round trip is short (the identity is
+    // the same; no entropy the second time).
+    for _ in 0..3 {
+        if sent.elapsed() <= CLOCK_ROUND_TRIP {
+            break;
+        }
+        request.unix_time_ns = host_time_ns();
+        sent = std::time::Instant::now();
+        machine
+            .agent()
+            .set_identity(request.clone(), Vec::new())
+            .await
+            .map_err(identity_err)?;
+    }
     Ok(Fork {
         machine,
         snapshot_id: snapshot.id().to_string(),
