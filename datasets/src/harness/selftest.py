@@ -138,6 +138,25 @@ def start_zygote(folder, lean=False):
     return path
 
 
+def stop_zygotes(folder):
+    """Kills every process of the zygotes started under `folder`: a zygote leaves its starter
+    and lives on (in a guest, until the VM goes), and its idle candidates share its command
+    line. Without this each self-test left them running on the host."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--zygote" in words and any(w.startswith(folder.encode() + b"/") for w in words):
+            try:
+                os.kill(int(pid), 9)
+            except OSError:
+                pass
+
+
 def run_zygote(socket_path, arguments, reward, fork=False):
     """One check through a zygote, as the guest agent hands it over: the arguments (and, with
     `fork`, a request for a forked check process and a fresh candidate in a private view, as
@@ -491,6 +510,7 @@ def zygote_timings(layout, problems, rounds=6):
             unit.append(outcome.seconds)
         return sum(function_call) / len(function_call), sum(unit) / len(unit)
     finally:
+        stop_zygotes(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -550,6 +570,7 @@ def shared_zygote_checks(layout, problems):
             problems.append("lean zygote, unit-test mode %s: %s" % (task["id"], outcome.describe()))
         return sum(seconds) / len(seconds)
     finally:
+        stop_zygotes(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 
