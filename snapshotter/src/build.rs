@@ -574,6 +574,20 @@ async fn snapshot_fork_into(
     let raw = staging.join("state.raw");
     helper.save_state(&raw).await?;
     helper.shutdown().await;
+    let _ = std::fs::copy(fork.machine.run_dir().join("console.log"), staging.join("console.log"));
+    finish_child(staging, &raw, store, id, label, parent, forker).await
+}
+
+/// [`finish`] for a child of `parent`: the state saved at `raw_state`, the rest in `staging`.
+pub(crate) async fn finish_child(
+    staging: &Path,
+    raw_state: &Path,
+    store: &SnapshotStore,
+    id: &str,
+    label: &str,
+    parent: &Snapshot,
+    forker: &Forker,
+) -> Result<Snapshot, BuildError> {
     let artifacts = GuestArtifacts {
         image_name: parent.manifest.template.image.clone(),
         kernel: parent.manifest.kernel.clone(),
@@ -584,10 +598,9 @@ async fn snapshot_fork_into(
         },
         pulled: None,
     };
-    let _ = std::fs::copy(fork.machine.run_dir().join("console.log"), staging.join("console.log"));
     finish(
         staging,
-        &raw,
+        raw_state,
         store,
         id,
         label,

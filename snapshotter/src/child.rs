@@ -7,8 +7,8 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use vmm::ExecOptions;
 
-use crate::build::{snapshot_fork, BuildError};
-use crate::fork::{ForkError, ForkIdentity, Forker};
+use crate::build::BuildError;
+use crate::fork::{ForkError, Forker};
 use crate::store::{Snapshot, SnapshotStore};
 
 /// What goes into a child snapshot.
@@ -78,11 +78,7 @@ pub async fn child_snapshot(
         }
     }
     // Setup may install a lot: the rollouts' disk limit does not apply to it.
-    let forker = Forker {
-        max_disk_bytes: None,
-        ..forker.clone()
-    };
-    let fork = forker.fork(template, ForkIdentity::new(0)).await?;
+    let fork = forker.build_fork(store, template, spec.label).await?;
     let workdir = spec.workdir.trim_end_matches('/');
     for (path, contents, mode) in spec.files {
         fork.agent()
@@ -104,7 +100,7 @@ pub async fn child_snapshot(
             });
         }
     }
-    Ok(snapshot_fork(store, &forker, template, &fork, spec.label, Some(id), false).await?)
+    Ok(fork.commit(store, forker, template, spec.label, &id).await?)
 }
 
 #[cfg(test)]

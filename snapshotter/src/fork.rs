@@ -38,6 +38,8 @@ pub enum ForkError {
     },
     #[error("copying the disk overlay for a fork failed")]
     Overlay(#[source] std::io::Error),
+    #[error("copying the snapshot's memory for a build step's fork failed")]
+    Memory(#[source] std::io::Error),
 }
 
 /// Who a fork is: set in the guest before any user command runs.
@@ -98,6 +100,17 @@ impl Forker {
     /// Starts a QEMU that waits for the snapshot's state: the expensive part of a fork that
     /// can happen ahead of time.
     pub async fn prepare(&self, snapshot: &Snapshot) -> Result<Machine, ForkError> {
+        let ram = RamBacking {
+            path: snapshot.memory_path(),
+            shared: false,
+        };
+        self.prepare_on(snapshot, ram).await
+    }
+
+    /// [`Forker::prepare`] with the guest's RAM in `ram`: the snapshot's memory file, private
+    /// (a fork), or a writable copy of it, shared (a build step's fork; see
+    /// [`crate::build_fork`]).
+    pub(crate) async fn prepare_on(&self, snapshot: &Snapshot, ram: RamBacking) -> Result<Machine, ForkError> {
         let machine_err = |source| ForkError::Machine {
             snapshot: snapshot.id().to_string(),
             source,
@@ -112,10 +125,7 @@ impl Forker {
         let plan = LaunchPlan {
             kernel: None,
             disk,
-            ram: RamBacking {
-                path: snapshot.memory_path(),
-                shared: false,
-            },
+            ram,
             incoming: true,
             max_disk_bytes: self.max_disk_bytes,
         };

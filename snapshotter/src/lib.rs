@@ -14,6 +14,7 @@
 const _: Option<&str> = option_env!("FARM_CHECKOUT");
 
 pub mod build;
+pub mod build_fork;
 pub mod child;
 pub mod dockerfile;
 pub mod fork;
@@ -24,6 +25,7 @@ pub mod template;
 pub mod templates;
 
 pub use build::{snapshot_fork, BuildError, Built, TemplateExtras};
+pub use build_fork::BuildFork;
 pub use child::{child_snapshot, ChildError, ChildSpec};
 pub use fork::{boot_from_disk, BootFromDiskError, Fork, ForkError, ForkIdentity, Forker, PoolMode, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::build::{build_image_template, provision, snapshot_fork, BuildError, Built, TemplateExtras};
+use crate::build::{build_image_template, provision, BuildError, Built, TemplateExtras};
 use crate::dockerfile::DockerfileError;
 use crate::fork::Forker;
 use crate::store::SnapshotStore;
@@ -129,14 +129,10 @@ async fn from_dockerfile(
             });
         }
     }
-    let forker = Forker {
-        max_disk_bytes: None,
-        ..forker.clone()
-    };
-    let fork = forker.fork(&image.snapshot, crate::fork::ForkIdentity::new(0)).await?;
+    let fork = forker.build_fork(store, &image.snapshot, label).await?;
     provision(&fork.machine, template, base_dir, &image.config, extras, progress).await?;
     progress("quiescing and snapshotting");
-    let snapshot = snapshot_fork(store, &forker, &image.snapshot, &fork, label, Some(id), false).await?;
+    let snapshot = fork.commit(store, forker, &image.snapshot, label, &id).await?;
     Ok(Built {
         snapshot,
         reused: false,

@@ -13,9 +13,10 @@ use vmm::ExecOptions;
 use super::context::Context;
 use super::parse::{Args, Raw};
 use super::{arg_decls, words, DockerfileBuild, Stage, State, StepError};
-use crate::build::{build_image_template, snapshot_fork, TemplateExtras};
+use crate::build::{build_image_template, TemplateExtras};
+use crate::build_fork::BuildFork;
 use crate::child::child_id;
-use crate::fork::{Fork, ForkIdentity, Forker};
+use crate::fork::{Fork, Forker};
 use crate::store::SnapshotStore;
 use crate::template::TemplateConfig;
 
@@ -269,7 +270,7 @@ impl Builder<'_> {
         &self,
         state: &mut State,
         key: &serde_json::Value,
-    ) -> Result<Option<(String, Fork, Instant)>, StepError> {
+    ) -> Result<Option<(String, BuildFork, Instant)>, StepError> {
         let id = child_id(&state.snapshot, &serde_json::to_vec(key).expect("keys serialize"));
         if let Ok(existing) = self.store.get(&id) {
             if existing.check_files().is_ok() {
@@ -278,12 +279,11 @@ impl Builder<'_> {
                 return Ok(None);
             }
         }
-        let forker = Forker {
-            max_disk_bytes: None,
-            ..self.forker.clone()
-        };
         let started = Instant::now();
-        let fork = forker.fork(&state.snapshot, ForkIdentity::new(0)).await?;
+        let fork = self
+            .forker
+            .build_fork(self.store, &state.snapshot, &self.build_label())
+            .await?;
         self.sh(
             &fork,
             format!("mkdir -p {}", quote(&state.workdir)),
@@ -294,25 +294,22 @@ impl Builder<'_> {
     }
 
     /// Snapshots the step's fork as the stage's new state.
-    async fn commit(&self, state: &mut State, (id, fork, started): (String, Fork, Instant)) -> Result<(), StepError> {
-        let forker = Forker {
-            max_disk_bytes: None,
-            ..self.forker.clone()
-        };
-        let label = format!("{}-build", self.spec.label);
-        state.snapshot = snapshot_fork(
-            self.store,
-            &forker,
-            &state.snapshot,
-            &fork,
-            &label,
-            Some(id.clone()),
-            false,
-        )
-        .await
-        .map_err(|e| StepError::Snapshot(Box::new(e)))?;
+    async fn commit(
+        &self,
+        state: &mut State,
+        (id, fork, started): (String, BuildFork, Instant),
+    ) -> Result<(), StepError> {
+        state.snapshot = fork
+            .commit(self.store, self.forker, &state.snapshot, &self.build_label(), &id)
+            .await
+            .map_err(|e| StepError::Snapshot(Box::new(e)))?;
         (self.progress)(&format!("  done in {:.1} s ({id})", started.elapsed().as_secs_f64()));
         Ok(())
+    }
+
+    /// The label of the steps' snapshots.
+    fn build_label(&self) -> String {
+        format!("{}-build", self.spec.label)
     }
 
     async fn sh(&self, fork: &Fork, script: String, what: &str) -> Result<vmm::ExecOutput, StepError> {
