@@ -447,9 +447,11 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
         listener.local_addr().unwrap().port()
     };
     let (down, unlisted) = (closed(), closed());
-    let tasks = dir.join("verifier-networks");
-    std::fs::create_dir_all(&tasks).unwrap();
-    let copy = |name: &str| {
+    // Two folders of copies of pytest-verifier, one per suite below, so that each suite runs
+    // only the tasks it asserts on.
+    let (agents, verifiers) = (dir.join("agents-network"), dir.join("verifier-network"));
+    let copy = |tasks: &Path, name: &str| {
+        std::fs::create_dir_all(tasks).unwrap();
         assert!(Command::new("cp")
             .arg("-r")
             .arg(samples.join("pytest-verifier"))
@@ -475,7 +477,7 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
         tasks.join(name)
     };
     // The verifier's index, on a port the verifier's network names, where nothing listens.
-    let dependency_down = copy("dependency-down");
+    let dependency_down = copy(&verifiers, "dependency-down");
     let toml = dependency_down.join("task.toml");
     let text = std::fs::read_to_string(&toml).unwrap().replace(
         "${HARBOR_PIP_INDEX:-http://host.farm.internal:15001/simple}",
@@ -484,7 +486,7 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
     std::fs::write(&toml, text).unwrap();
     // The agent (root) redirects the verifier's pip to an index that does not answer, so
     // that its wrong answer reads as a dependency that was down.
-    let blame = copy("blame-the-network");
+    let blame = copy(&verifiers, "blame-the-network");
     let solve = [
         "#!/bin/bash".to_string(),
         "printf 'def mean(values):\\n    return 0\\n' > /app/calc.py".into(),
@@ -496,8 +498,8 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
         "printf '[global]\\nindex-url = http://no-such-host.invalid/simple\\n' > /etc/pip.conf".into(),
     ];
     std::fs::write(blame.join("solution/solve.sh"), solve.join("\n") + "\n").unwrap();
-    copy("index-up");
-    let suite = |name: &str, sections: &str| -> PathBuf {
+    copy(&agents, "index-up");
+    let suite = |name: &str, tasks: &Path, sections: &str| -> PathBuf {
         let text = format!(
             "[suite]\nname = \"{name}\"\n[template]\nimage = \"minimal\"\n[dataset]\npath = \"{}\"\nformat = \"harbor\"\n{oracle}\n\
              [harbor]\nverify = \"live\"\n[harbor.build_network]\nallow = [\"{pypi}\"]\n{sections}[output]\ndir = \"out-{name}\"\n",
@@ -511,6 +513,7 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
     let rows = run_rows(
         &suite(
             "agents-network-only",
+            &agents,
             &format!("[rollouts.network]\nallow = [\"{pypi}\"]\n"),
         ),
         s,
@@ -522,16 +525,30 @@ fn verifier_networks(dir: &Path, samples: &Path, oracle: &str, s: &Services, sto
         (Some("failed"), Some(0.0)),
         "the verifier installed pytest through the agent's network: {row}"
     );
-    // The verifier may reach the index and the port that is down.
+    // It failed for want of a network: pip could not reach the index (its log is one of the
+    // verifier's Harbor logs).
+    let details: serde_json::Value = serde_json::from_str(row["score_details"].as_str().unwrap()).unwrap();
+    let pip_log = dir
+        .join("out-agents-network-only")
+        .join(details["harbor_logs"]["folder"].as_str().unwrap())
+        .join("verifier/pip.log");
+    let pip_log = std::fs::read_to_string(&pip_log).unwrap_or_else(|e| panic!("{}: {e}", pip_log.display()));
+    assert!(
+        !pip_log.contains("Successfully installed") && pip_log.contains("Could not find a version"),
+        "{pip_log}"
+    );
+    // The verifier may reach the index and the port that is down. (That the same task passes
+    // when the verifier's network has the index is the pytest-verifier row of oracle-live, in the
+    // test above.)
     let rows = run_rows(
         &suite(
             "verifier-network",
+            &verifiers,
             &format!("[harbor.verifier_network]\nallow = [\"{pypi}\", \"host.farm.internal:{down}\"]\n"),
         ),
         s,
         store,
     );
-    assert_eq!(rows["index-up"]["status"], "passed", "{}", rows["index-up"]);
     let row = &rows["dependency-down"];
     assert_eq!(row["status"], "env_error", "{row}");
     assert!(row["reward"].is_null(), "{row}");
