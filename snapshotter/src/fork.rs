@@ -108,8 +108,7 @@ impl Forker {
     }
 
     /// [`Forker::prepare`] with the guest's RAM in `ram`: the snapshot's memory file, private
-    /// (a fork), or a writable copy of it, shared (a build step's fork; see
-    /// [`crate::build_fork`]).
+    /// (a fork), or a writable copy of it, shared (a build step's fork, in `build_fork.rs`).
     pub(crate) async fn prepare_on(&self, snapshot: &Snapshot, ram: RamBacking) -> Result<Machine, ForkError> {
         let machine_err = |source| ForkError::Machine {
             snapshot: snapshot.id().to_string(),
