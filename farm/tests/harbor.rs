@@ -180,15 +180,13 @@ fn outcomes(rows: &BTreeMap<String, serde_json::Value>) -> Outcomes {
 /// Runs a suite as [`run`] does; returns each task's row.
 fn run_rows(suite: &Path, s: &Services, store: &Path) -> BTreeMap<String, serde_json::Value> {
     let started = std::time::Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .arg("run")
+    let mut farm = Command::new(env!("CARGO_BIN_EXE_farm"));
+    farm.arg("run")
         .arg(suite)
         .env("FARM_REGISTRIES", &s.registries)
         .env("FARM_SNAPSHOT_DIR", store)
-        .env("HARBOR_PIP_INDEX", format!("http://{}/simple", s.env["HARBOR_PYPI"]))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        .env("HARBOR_PIP_INDEX", format!("http://{}/simple", s.env["HARBOR_PYPI"]));
+    let o = common::dies_with_test(farm).stdin(Stdio::null()).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let name = suite.file_stem().unwrap().to_string_lossy();
     eprintln!(
@@ -649,11 +647,12 @@ impl HarborCli {
             .env("PYTHONPATH", repo().join("clients/python"))
             // What the tasks' ${HARBOR_PIP_INDEX:-...} read (Harbor resolves it, as farm does).
             .env("HARBOR_PIP_INDEX", format!("http://{}/simple", self.pypi))
-            .env_remove("FARM_SERVE_TOKEN")
-            .stdin(Stdio::null());
+            .env_remove("FARM_SERVE_TOKEN");
         for (k, v) in env {
             c.env(k, v);
         }
+        let mut c = common::dies_with_test(c);
+        c.stdin(Stdio::null());
         let started = std::time::Instant::now();
         let o = c.output().unwrap();
         eprintln!(

@@ -445,6 +445,8 @@ impl Slurm {
             .arg(repo().join("scripts/slurm/local-cluster.sh"))
             .arg("start")
             .arg(dir.path())
+            // The daemons and their jobs die with this process, however it ends.
+            .env("SLURM_CLUSTER_OWNER", std::process::id().to_string())
             .output()
             .unwrap();
         let slurm = Slurm { dir };

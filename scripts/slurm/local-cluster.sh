@@ -6,6 +6,10 @@
 #   scripts/slurm/local-cluster.sh start DIR    prints `export SLURM_CONF=DIR/slurm.conf`
 #   scripts/slurm/local-cluster.sh stop DIR
 #
+# With SLURM_CLUSTER_OWNER=PID, the cluster (and every job it runs) is stopped when that
+# process ends, however it ends: a watcher checks once a second (farm's tests set it, so a
+# test binary killed by a signal leaves no daemon or job behind).
+#
 # Needs Debian's slurm-wlm and munge (scripts/setup.sh installs them). The settings suit a host
 # whose cgroup controllers are v1 and that has no systemd: processes tracked by the Linux
 # process tree (proctrack/linuxproc), no task plugin, cgroup/v1 with IgnoreSystemd.
@@ -25,8 +29,17 @@ stop() {
       rm -f "$dir/$name.pid"
     fi
   done
-  # Jobs' processes left by slurmd (proctrack/linuxproc tracks them by the process tree).
-  pkill -9 -f "slurmstepd: \[.*\]" 2>/dev/null || true
+  # Jobs' processes left by slurmd (proctrack/linuxproc tracks them by the process tree):
+  # each step daemon with everything under it, the job's own commands included.
+  for pid in $(pgrep -f "slurmstepd: \[.*\]" || true); do kill_tree "$pid"; done
+  rm -f "$dir/running"
+}
+
+kill_tree() {
+  local child
+  kill -STOP "$1" 2>/dev/null || true
+  for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
+  kill -9 "$1" 2>/dev/null || true
 }
 
 case "$action" in
@@ -90,8 +103,17 @@ CgroupPlugin=cgroup/v1
 IgnoreSystemd=yes
 CONF
 export SLURM_CONF=$dir/slurm.conf
+touch "$dir/running"
 slurmctld -f "$SLURM_CONF"
 slurmd -f "$SLURM_CONF" -N "$host"
+
+if [ -n "${SLURM_CLUSTER_OWNER:-}" ]; then
+  # shellcheck disable=SC2016
+  nohup bash -c 'while kill -0 "$1" 2>/dev/null && [ -f "$2/running" ]; do sleep 1; done
+    if [ -f "$2/running" ]; then bash "$3" stop "$2"; fi' \
+    slurm-cluster-watcher "$SLURM_CLUSTER_OWNER" "$dir" "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" \
+    >/dev/null 2>&1 < /dev/null &
+fi
 
 # Up when the node is idle.
 for _ in $(seq 300); do

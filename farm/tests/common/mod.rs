@@ -4,6 +4,29 @@
 pub mod serve;
 
 use std::path::Path;
+use std::process::Command;
+
+/// `command`, started through util-linux's `setpriv --pdeathsig TERM`: the child gets SIGTERM
+/// when the thread that starts it ends, and so when the test binary is killed by a signal,
+/// which runs no destructor. Build it, and spawn it, on the test's own thread. Its standard
+/// streams are set afterwards (they are not carried over).
+pub fn dies_with_test(command: Command) -> Command {
+    let mut wrapped = Command::new("setpriv");
+    wrapped
+        .args(["--pdeathsig", "TERM", "--"])
+        .arg(command.get_program())
+        .args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    if let Some(dir) = command.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
 
 /// No live QEMU process uses `run_dir` (zombies waiting for a lazy reaper are dead already).
 pub fn assert_no_qemu_of(run_dir: &Path) {

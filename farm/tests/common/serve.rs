@@ -33,7 +33,8 @@ impl Proc {
 
 /// Starts `command` and waits for a line of its output starting with `marker`; returns the
 /// rest of that line.
-pub fn start(mut command: Command, marker: &str, from_stdout: bool) -> (Proc, String) {
+pub fn start(command: Command, marker: &str, from_stdout: bool) -> (Proc, String) {
+    let mut command = super::dies_with_test(command);
     command.stdin(Stdio::null());
     if from_stdout {
         command.stdout(Stdio::piped()).stderr(Stdio::inherit());
