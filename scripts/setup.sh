@@ -51,6 +51,7 @@ PACKAGES=(
   slurm-wlm munge   # the scale-out test starts a single-node Slurm (scripts/slurm/local-cluster.sh)
   python3-yaml   # the scale-out test reads the Kubernetes manifests (deploy/k8s)
   git openssl   # the egress tests run git http-backend and make a private CA for an HTTPS server
+  lld   # farm's own builds link with it (.cargo/config.toml): the test build links ~30 binaries
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
