@@ -13,7 +13,7 @@ use vmm::{ExecOptions, GuestArtifacts, Machine, MachineError};
 
 use crate::fork::{Fork, Forker};
 use crate::statefile;
-use crate::store::{io_err, Snapshot, SnapshotError, SnapshotManifest, SnapshotStore, SNAPSHOT_FORMAT_VERSION};
+use crate::store::{io_err, Claim, Snapshot, SnapshotError, SnapshotManifest, SnapshotStore, SNAPSHOT_FORMAT_VERSION};
 use crate::template::{hex, TemplateConfig, TemplateConfigError};
 
 #[derive(Debug, thiserror::Error)]
@@ -203,29 +203,18 @@ pub async fn build_image_template(
         digest = hex(&h.finalize());
     }
     let id = template_snapshot_id(&digest, &artifacts, forker);
-    let reuse = |store: &SnapshotStore| match store.get(&id) {
-        Ok(existing) if existing.check_files().is_ok() => Some(existing),
-        _ => None,
+    let _lock = match store.existing_or_lock(&id, progress).await? {
+        Claim::Existing(existing) => {
+            return Ok(Built {
+                snapshot: *existing,
+                reused: true,
+                images: artifacts.pulled.iter().cloned().collect(),
+                pulled: artifacts.pulled,
+                image_config: None,
+            })
+        }
+        Claim::Build(lock) => lock,
     };
-    if let Some(existing) = reuse(store) {
-        return Ok(Built {
-            snapshot: existing,
-            reused: true,
-            images: artifacts.pulled.iter().cloned().collect(),
-            pulled: artifacts.pulled,
-            image_config: None,
-        });
-    }
-    let _lock = store.lock_build(&id, progress).await?;
-    if let Some(existing) = reuse(store) {
-        return Ok(Built {
-            snapshot: existing,
-            reused: true,
-            images: artifacts.pulled.iter().cloned().collect(),
-            pulled: artifacts.pulled,
-            image_config: None,
-        });
-    }
     if store.path_of(&id).exists() {
         progress(&format!("snapshot {id} is damaged or incomplete; rebuilding it"));
     }
@@ -505,14 +494,10 @@ pub async fn snapshot_fork(
         );
         format!("c-{}", &hex(&h.finalize())[..20])
     });
-    let reuse = || store.get(&id).ok().filter(|existing| existing.check_files().is_ok());
-    if let Some(existing) = reuse() {
-        return Ok(existing);
-    }
-    let _lock = store.lock_build(&id, &|line| tracing::info!("{line}")).await?;
-    if let Some(existing) = reuse() {
-        return Ok(existing);
-    }
+    let _lock = match store.existing_or_lock(&id, &|line| tracing::info!("{line}")).await? {
+        Claim::Existing(existing) => return Ok(*existing),
+        Claim::Build(lock) => lock,
+    };
     let staging = store.staging_dir(label)?;
     let result = snapshot_fork_into(&staging, store, forker, parent, fork, label, &id).await;
     if result.is_err() {

@@ -18,7 +18,7 @@ use vmm::qemu::RamBacking;
 
 use crate::build::{finish_child, BuildError};
 use crate::fork::{Fork, ForkError, ForkIdentity, Forker};
-use crate::store::{io_err, remove_tree, Snapshot, SnapshotStore};
+use crate::store::{io_err, remove_tree, Claim, Snapshot, SnapshotStore};
 
 /// A fork for one build step; [`BuildFork::commit`] makes it a child snapshot. Dropped
 /// without a commit, its QEMU is stopped and its staging folder removed.
@@ -91,14 +91,10 @@ impl BuildFork {
         label: &str,
         id: &str,
     ) -> Result<Snapshot, BuildError> {
-        let reuse = || store.get(id).ok().filter(|existing| existing.check_files().is_ok());
-        if let Some(existing) = reuse() {
-            return Ok(existing);
-        }
-        let _lock = store.lock_build(id, &|line| tracing::info!("{line}")).await?;
-        if let Some(existing) = reuse() {
-            return Ok(existing);
-        }
+        let _lock = match store.existing_or_lock(id, &|line| tracing::info!("{line}")).await? {
+            Claim::Existing(existing) => return Ok(*existing),
+            Claim::Build(lock) => lock,
+        };
         let staging = std::mem::take(&mut self.staging);
         let result = self.save(&staging, store, forker, parent, label, id).await;
         if result.is_err() {

@@ -3,7 +3,13 @@
 
 use std::path::PathBuf;
 
-use super::{io_err, SnapshotError, SnapshotStore};
+use super::{io_err, Snapshot, SnapshotError, SnapshotStore};
+
+/// What [`SnapshotStore::existing_or_lock`] found: the snapshot, whole, or the right to build it.
+pub enum Claim {
+    Existing(Box<Snapshot>),
+    Build(BuildLock),
+}
 
 /// The right to build one snapshot id in a store; see [`SnapshotStore::lock_build`].
 pub struct BuildLock {
@@ -21,6 +27,21 @@ impl Drop for BuildLock {
 }
 
 impl SnapshotStore {
+    /// The snapshot `id` when the store holds it whole; otherwise waits for the build lock
+    /// and looks again (another process may have finished it meanwhile). A damaged or
+    /// incomplete copy counts as absent: the holder of the lock rebuilds it.
+    pub async fn existing_or_lock(&self, id: &str, waiting: &(dyn Fn(&str) + Sync)) -> Result<Claim, SnapshotError> {
+        let whole = || self.get(id).ok().filter(|existing| existing.check_files().is_ok());
+        if let Some(existing) = whole() {
+            return Ok(Claim::Existing(Box::new(existing)));
+        }
+        let lock = self.lock_build(id, waiting).await?;
+        Ok(match whole() {
+            Some(existing) => Claim::Existing(Box::new(existing)),
+            None => Claim::Build(lock),
+        })
+    }
+
     /// Waits until this process alone may build `id` in the store (an exclusive `flock` on
     /// `.lock-<id>`, which works across machines where the shared file system supports
     /// it: NFS v4, Lustre mounted with `flock`). `waiting` is told once if another process

@@ -42,7 +42,7 @@ use vmm::Accel;
 use crate::statefile;
 use crate::template::{hex, TemplateConfig};
 
-pub use lock::BuildLock;
+pub use lock::{BuildLock, Claim};
 
 /// Version of the snapshot directory layout and manifest.
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
