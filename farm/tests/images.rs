@@ -28,12 +28,55 @@ fn sh(dir: &Path, script: &str) {
     assert!(o.status.success(), "{script}\n{}", text(&o));
 }
 
-fn vm_run(image: &str, command: &str) -> Output {
-    vm_run_with(image, &[], command)
+/// A cache folder of the test's own, for what it converts, pulls and snapshots: the test's
+/// images are made afresh each run, so none of it would be reused, and the user's cache
+/// (`~/.cache/farm`) would grow by a dozen images and templates a run. The guest kernel,
+/// the agent and the base images come from the shared cache through its `current/` links.
+/// Removed when the test ends, passed or not.
+struct TestCache(tempfile::TempDir);
+
+impl TestCache {
+    fn new() -> TestCache {
+        let shared = std::env::var_os("FARM_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
+        assert!(
+            shared.join("current").is_dir(),
+            "no {}: run scripts/setup.sh first",
+            shared.join("current").display()
+        );
+        // On the shared cache's file system, as the conversions would have been.
+        std::fs::create_dir_all(shared.join("tmp")).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("images-test-")
+            .tempdir_in(shared.join("tmp"))
+            .unwrap();
+        std::os::unix::fs::symlink(shared.join("current"), dir.path().join("current")).unwrap();
+        TestCache(dir)
+    }
+
+    /// `farm` with this cache.
+    fn farm(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_farm"));
+        command.env("FARM_CACHE_DIR", self.0.path());
+        command
+    }
 }
 
-fn vm_run_with(image: &str, flags: &[&str], command: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farm"))
+impl std::ops::Deref for TestCache {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn vm_run(cache: &TestCache, image: &str, command: &str) -> Output {
+    vm_run_with(cache, image, &[], command)
+}
+
+fn vm_run_with(cache: &TestCache, image: &str, flags: &[&str], command: &str) -> Output {
+    cache
+        .farm()
         .args(["vm", "run", "--image", image])
         .args(flags)
         .args(["--", "sh", "-c", command])
@@ -77,6 +120,7 @@ skopeo copy -q oci:L:t docker-archive:docker.tar:farm/t:1
 #[test]
 fn oci_and_docker_archives_layouts_and_folders_become_images() {
     let dir = tempfile::tempdir().unwrap();
+    let cache = TestCache::new();
     build_images(dir.path());
     let check = "ls /data; ls /data/opq; cat /data/link /data/hard; stat -c '%h links' /data/kept; grep -c '^farm:' /etc/passwd; grep '^app:' /etc/passwd; stat -c '%a %U' /usr/local/bin/farm-sandbox; echo \"config: $FOO $(id -u) $(pwd)\"; stat -c 'mtime %Y' /data/kept";
     for image in [
@@ -85,7 +129,7 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         format!("oci:{}", dir.path().join("L").display()),
         format!("rootfs:{}", dir.path().join("B/rootfs").display()),
     ] {
-        let o = vm_run(&image, check);
+        let o = vm_run(&cache, &image, check);
         let out = text(&o);
         assert!(o.status.success(), "{image}: {out}");
         let listing: Vec<&str> = out.lines().take(5).collect();
@@ -114,6 +158,7 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
     // The flags win over the image's config.
     let image = format!("oci-archive:{}", dir.path().join("img.tar").display());
     let o = vm_run_with(
+        &cache,
         &image,
         &["--user", "root", "--workdir", "/", "--env", "FOO=baz"],
         "echo \"config: $FOO $(id -u) $(pwd)\"",
@@ -121,9 +166,6 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
     assert_eq!(text(&o).trim(), "config: baz 0 /", "{}", text(&o));
     // Converted once: the OCI layout and the OCI archive are the same image (same manifest
     // digest), so one conversion serves both.
-    let cache = std::env::var_os("FARM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
     let conversions = |digest: &str| {
         std::fs::read_dir(cache.join("images"))
             .unwrap()
@@ -165,7 +207,8 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         ),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+    let o = cache
+        .farm()
         .arg("run")
         .arg(&suite)
         .stdin(Stdio::null())
@@ -227,6 +270,7 @@ open(out + "/oci-layout", "w").write('{{"imageLayoutVersion": "1.0.0"}}')
 #[test]
 fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     let dir = tempfile::tempdir().unwrap();
+    let cache = TestCache::new();
     // A host folder outside /tmp (the guest mounts a fresh /tmp over the image's, which
     // would hide where the files land).
     std::fs::create_dir_all("/opt").unwrap();
@@ -249,7 +293,7 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     ];
     for (layer, corrupt, reason) in refused {
         let layout = hostile_layout(dir.path(), layer, corrupt);
-        let o = vm_run(&format!("oci:{}", layout.display()), "true");
+        let o = vm_run(&cache, &format!("oci:{}", layout.display()), "true");
         assert!(!o.status.success(), "{layer} was accepted");
         assert!(text(&o).contains(reason), "{layer}: {}", text(&o));
     }
@@ -264,6 +308,7 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     );
     let layout = hostile_layout(dir.path(), &layer, false);
     let o = vm_run(
+        &cache,
         &format!("oci:{}", layout.display()),
         &format!("cat {0}/pwned {0}/pwned2", outside.display()),
     );
@@ -279,9 +324,6 @@ fn hostile_archives_are_refused_and_write_nothing_outside_the_image() {
     let index: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(layout.join("index.json")).unwrap()).unwrap();
     let digest = index["manifests"][0]["digest"].as_str().unwrap().to_string();
-    let cache = std::env::var_os("FARM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
     let image = std::fs::read_dir(cache.join("images"))
         .unwrap()
         .flatten()
@@ -453,6 +495,7 @@ const SHOW: &str = "echo \"$(cat /etc/nonce) $GREETING $(pwd)\"";
 #[test]
 fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_overrides() {
     let dir = tempfile::tempdir().unwrap();
+    let cache = TestCache::new();
     let open = Registry::start(None);
     let locked = Registry::start(Some(("amy", "s3cret")));
     let mirror = Registry::start(None);
@@ -461,16 +504,16 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     let first = nonce("first");
     open.push(&busybox_layout(dir.path(), "a", &first), "base:1", None);
     let pinned = format!("registry:{}/base@{}", open.addr, open.digest("base:1", None));
-    let o = vm_run(&format!("registry:{}/base:1", open.addr), SHOW);
+    let o = vm_run(&cache, &format!("registry:{}/base:1", open.addr), SHOW);
     assert_eq!(text(&o).trim(), format!("{first} yes /etc"), "by tag");
     let second = nonce("second");
     open.push(&busybox_layout(dir.path(), "b", &second), "base:1", None);
-    let o = vm_run(&format!("registry:{}/base:1", open.addr), SHOW);
+    let o = vm_run(&cache, &format!("registry:{}/base:1", open.addr), SHOW);
     assert_eq!(text(&o).trim(), format!("{second} yes /etc"), "the moved tag");
-    let o = vm_run(&pinned, SHOW);
+    let o = vm_run(&cache, &pinned, SHOW);
     assert_eq!(text(&o).trim(), format!("{first} yes /etc"), "by digest");
     let absent = format!("registry:{}/base@sha256:{}", open.addr, "0".repeat(64));
-    let o = vm_run(&absent, SHOW);
+    let o = vm_run(&cache, &absent, SHOW);
     assert!(
         !o.status.success() && text(&o).contains("pulling the image failed"),
         "{}",
@@ -485,13 +528,14 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
         Some("amy:s3cret"),
     );
     let image = format!("registry:{}/private:1", locked.addr);
-    let o = vm_run(&image, SHOW);
+    let o = vm_run(&cache, &image, SHOW);
     assert!(
         !o.status.success() && text(&o).contains("without valid credentials: set FARM_REGISTRY_USERNAME"),
         "{}",
         text(&o)
     );
-    let with_env = Command::new(env!("CARGO_BIN_EXE_farm"))
+    let with_env = cache
+        .farm()
         .args(["vm", "run", "--image", &image, "--", "sh", "-c", SHOW])
         .env("FARM_REGISTRY_USERNAME", "amy")
         .env("FARM_REGISTRY_PASSWORD", "s3cret")
@@ -521,7 +565,8 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
         format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, locked.addr, auth.trim()),
     )
     .unwrap();
-    let with_config = Command::new(env!("CARGO_BIN_EXE_farm"))
+    let with_config = cache
+        .farm()
         .args([
             "vm",
             "run",
@@ -567,11 +612,8 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&data, bytes).unwrap();
-    let o = vm_run(&format!("registry:{}/tampered:1", open.addr), SHOW);
+    let o = vm_run(&cache, &format!("registry:{}/tampered:1", open.addr), SHOW);
     assert!(!o.status.success() && text(&o).contains(&layer), "{}", text(&o));
-    let cache = std::env::var_os("FARM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
     assert!(
         !cache.join("oci/blobs/sha256").join(&layer).exists(),
         "a tampered blob was stored"
@@ -613,13 +655,13 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     };
     put_index("both", vec![entry("arm", "arm64"), entry("amd", "amd64")]);
     put_index("armonly", vec![entry("arm", "arm64")]);
-    let o = vm_run(&format!("registry:{}/multi:both", open.addr), SHOW);
+    let o = vm_run(&cache, &format!("registry:{}/multi:both", open.addr), SHOW);
     assert_eq!(
         text(&o).trim(),
         format!("{amd} yes /etc"),
         "the index's linux/amd64 image"
     );
-    let o = vm_run(&format!("registry:{}/multi:armonly", open.addr), SHOW);
+    let o = vm_run(&cache, &format!("registry:{}/multi:armonly", open.addr), SHOW);
     assert!(
         !o.status.success() && text(&o).contains("has no linux/amd64 image (it has linux/arm64)"),
         "{}",
@@ -632,7 +674,8 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
     mirror.push(&busybox_layout(dir.path(), "h", &mirrored), "team/tool:3", None);
     let settings = dir.path().join("registries.toml");
     std::fs::write(&settings, format!("[mirrors]\n\"unreachable.invalid:5000\" = [\"{}\"]\n[overrides]\n\"example.invalid/app:7\" = \"{}/base:1\"\n", mirror.addr, open.addr)).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+    let o = cache
+        .farm()
         .args([
             "vm",
             "run",
@@ -662,7 +705,8 @@ fn images_are_pulled_from_registries_by_tag_and_digest_with_auth_mirrors_and_ove
         ),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
+    let o = cache
+        .farm()
         .arg("run")
         .arg(dir.path().join("suite.toml"))
         .env("FARM_REGISTRIES", &settings)
