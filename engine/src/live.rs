@@ -326,7 +326,7 @@ impl LiveFork {
     }
 
     /// The snapshot this fork came from, when it is not the task's (a branch, a paused state).
-    pub(crate) fn origin(&self) -> Option<&Arc<Branch>> {
+    pub fn origin(&self) -> Option<&Arc<Branch>> {
         self.origin.as_ref()
     }
 

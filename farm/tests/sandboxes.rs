@@ -99,6 +99,28 @@ fn events(body: &str) -> Vec<(String, Value)> {
     out
 }
 
+/// The snapshot store `farm serve` uses here (its default).
+fn store_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("FARM_SNAPSHOT_DIR") {
+        return dir.into();
+    }
+    std::env::var_os("FARM_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"))
+        .join("snapshots")
+}
+
+/// Waits for `path` to be removed (the service removes a snapshot once its last holder is done).
+async fn gone_soon(path: &std::path::Path) {
+    for _ in 0..600 {
+        if !path.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{} is still there", path.display());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn environments_sandboxes_and_every_verb() {
     let dir = tempfile::tempdir().unwrap();
@@ -410,12 +432,22 @@ async fn environments_sandboxes_and_every_verb() {
     for sb in &group {
         api.ok("DELETE", &format!("/v1/sandboxes/{sb}"), None, 200).await;
     }
+    // The sandbox's state is the environment's own: deleting the environment removes it
+    // from the store; the branch it was taken from goes once its sandbox ends.
+    let own = store_dir().join(snap["snapshot"].as_str().unwrap());
+    let manifest: Value = serde_json::from_slice(&std::fs::read(own.join("manifest.json")).unwrap()).unwrap();
+    let branch = store_dir().join(manifest["parent"].as_str().unwrap());
+    assert_eq!(manifest["label"], "sandbox", "{manifest}");
     api.ok("DELETE", &format!("/v1/environments/{snap_id}"), None, 200)
         .await;
     assert_eq!(
         api.call("GET", &format!("/v1/environments/{snap_id}"), None).await.0,
         404
     );
+    gone_soon(&own).await;
+    assert!(branch.is_dir(), "the branch went while its sandbox {child} lives");
+    api.ok("DELETE", &format!("/v1/sandboxes/{child}"), None, 200).await;
+    gone_soon(&branch).await;
     assert_eq!(
         api.call("GET", &format!("/v1/sandboxes/{}", group[0]), None).await.0,
         404

@@ -83,6 +83,36 @@ pub struct Environment {
     pool: tokio::sync::OnceCell<Option<snapshotter::WarmPool>>,
     /// Live sandboxes made from it.
     pub(super) sandboxes: std::sync::atomic::AtomicUsize,
+    /// Set for an environment made by snapshotting a sandbox, whose snapshot is its own.
+    owned: Option<Owned>,
+}
+
+/// What an environment made from a sandbox's state owns: its snapshot, removed from the
+/// store once the environment is deleted and the last sandbox or request holding it is done
+/// (when the environment drops, so no fork in flight loses its files; its warm pool, an
+/// earlier field, is gone by then), and the branch that snapshot descends from, held until
+/// then (a child's disk is backed by its parent's).
+struct Owned {
+    store: snapshotter::SnapshotStore,
+    snapshot: String,
+    deleted: std::sync::atomic::AtomicBool,
+    _origin: Option<Arc<engine::Branch>>,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if !self.deleted.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        // Left for `farm snapshot gc` while anything else needs it: a pin (another holder),
+        // or children (a paused sandbox's state), which `remove` refuses.
+        let id = &self.snapshot;
+        if !self.store.pinned(true).contains(id) {
+            if let Err(e) = self.store.remove(id) {
+                tracing::info!("the snapshot {id} of a deleted environment stays: {e}");
+            }
+        }
+    }
 }
 
 impl Environment {
@@ -96,6 +126,7 @@ impl Environment {
             changed: watch::channel(0).0,
             pool: tokio::sync::OnceCell::new(),
             sandboxes: Default::default(),
+            owned: None,
         }
     }
 
@@ -242,16 +273,27 @@ impl Environments {
             };
             match store.get(&record.snapshot) {
                 Ok(snapshot) => {
+                    // A sandbox's state is the environment's own, as when it was made; the
+                    // branch it came from is a previous process's, left to `farm snapshot gc`.
+                    let owned = matches!(record.spec.source, Source::Sandbox { .. }).then(|| Owned {
+                        store: store.clone(),
+                        snapshot: snapshot.id().to_string(),
+                        deleted: Default::default(),
+                        _origin: None,
+                    });
                     let ready = Ready {
                         snapshot: Arc::new(snapshot),
                         image: record.image,
                     };
-                    let env = Environment::new(
-                        record.id.clone(),
-                        record.spec,
-                        record.created_at_ms,
-                        State::Ready(ready),
-                    );
+                    let env = Environment {
+                        owned,
+                        ..Environment::new(
+                            record.id.clone(),
+                            record.spec,
+                            record.created_at_ms,
+                            State::Ready(ready),
+                        )
+                    };
                     all.insert(record.id, Arc::new(env));
                 }
                 Err(e) => {
@@ -439,6 +481,7 @@ impl Environments {
         sandbox: &str,
         from: &Environment,
         snapshot: Snapshot,
+        origin: Option<Arc<engine::Branch>>,
         image: ImageConfig,
     ) -> ApiResult<Arc<Environment>> {
         let spec = Spec {
@@ -450,12 +493,15 @@ impl Environments {
             setup: vec![snapshot.id().to_string()],
             ..from.spec.clone()
         };
-        let env = Arc::new(Environment::new(
-            spec.id(),
-            spec,
-            engine::row::now_ms() as u64,
-            State::Building,
-        ));
+        let env = Arc::new(Environment {
+            owned: Some(Owned {
+                store: self.store.clone(),
+                snapshot: snapshot.id().to_string(),
+                deleted: Default::default(),
+                _origin: origin,
+            }),
+            ..Environment::new(spec.id(), spec, engine::row::now_ms() as u64, State::Building)
+        });
         let ready = Ready {
             snapshot: Arc::new(snapshot),
             image,
@@ -469,7 +515,8 @@ impl Environments {
         Ok(env)
     }
 
-    /// `DELETE /v1/environments/{id}`: forgets it and unpins its snapshot.
+    /// `DELETE /v1/environments/{id}`: forgets it and unpins its snapshot. A snapshot made
+    /// from a sandbox is removed from the store once nothing holds the environment.
     pub fn delete(&self, id: &str) -> ApiResult<()> {
         let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
         let env = all
@@ -484,6 +531,9 @@ impl Environments {
                 409,
                 format!("environment {id} has {live} live sandboxes: delete them first"),
             ));
+        }
+        if let Some(owned) = &env.owned {
+            owned.deleted.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         let path = self.record_path(id);
         self.store.unpin(&path);

@@ -453,6 +453,7 @@ impl Sandboxes {
             id,
             &sandbox.settings.environment,
             snapshot,
+            live.origin().cloned(),
             sandbox.settings.ready.image.clone(),
         )?;
         Ok(env.view())
