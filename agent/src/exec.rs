@@ -294,6 +294,14 @@ fn pump(
         }
         if let Some(at) = exited_at {
             if now >= at + GRACE_AFTER_EXIT {
+                // What the command wrote before it exited may have arrived after the last
+                // poll (the vCPU can be preempted for longer than the grace right here).
+                // A descendant may still hold the pipes open, so no waiting for their end.
+                for (pipe, into) in [(&mut child_stdout, &mut out), (&mut child_stderr, &mut err)] {
+                    if into.open {
+                        drain(pipe, into, &mut buf)?;
+                    }
+                }
                 return Ok((out, err, false));
             }
         }
