@@ -123,13 +123,13 @@ async fn openenv_and_mcp_clients_drive_sessions() {
         .await;
     let hung = opened["session_id"].as_str().unwrap().to_string();
     let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(3))
         .build()
         .unwrap();
     let gave_up = impatient
         .post(format!("{url}/v1/sessions/{hung}/exec"))
         .bearer_auth(TOKEN)
-        .json(&json!({ "command": "sleep 2; echo done > hung.txt" }))
+        .json(&json!({ "command": "sleep 8; echo done > hung.txt" }))
         .send()
         .await;
     assert!(gave_up.is_err(), "the client was meant to give up first");

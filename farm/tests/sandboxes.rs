@@ -289,7 +289,7 @@ async fn environments_sandboxes_and_every_verb() {
         .send(
             "POST",
             &format!("/v1/sandboxes/{id}/exec/stream"),
-            Some(json!({ "command": "for i in 1 2 3; do echo line$i; sleep 0.5; done; echo oops >&2; exit 4" })),
+            Some(json!({ "command": "for i in 1 2 3; do echo line$i; sleep 1.5; done; echo oops >&2; exit 4" })),
             &[],
         )
         .await;
@@ -660,12 +660,20 @@ async fn environments_sandboxes_and_every_verb() {
                 .call(
                     "POST",
                     &format!("/v1/sandboxes/{doomed}/exec"),
-                    Some(json!({ "command": "sleep 600" })),
+                    Some(json!({ "command": "touch /tmp/started; sleep 600" })),
                 )
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Deleted only once the command runs (a request that arrives after the delete is a 404).
+    let started = Instant::now();
+    while api.stdout(&doomed, "test -e /tmp/started && echo yes || true").await != "yes\n" {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     api.ok("DELETE", &format!("/v1/sandboxes/{doomed}"), None, 200).await;
     let (status, v) = tokio::time::timeout(Duration::from_secs(60), running)
         .await

@@ -7,7 +7,7 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{fake_model, farm_serve, repo, start, stop, Api, Proc};
+use common::serve::{fake_model, farm_serve, farm_serve_with, repo, start, stop, Api, Proc};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -1145,9 +1145,8 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
         },
         &token,
     );
-    std::env::set_var("FARM_TEST_GIT_TOKEN", &token);
     // The proxy checks the HTTPS server against the host's trust store and this private CA.
-    std::env::set_var("FARM_EGRESS_EXTRA_CA", tls_root.path().join("ca.pem"));
+    let extra_ca = tls_root.path().join("ca.pem");
     let suite = out.path().join("egress.toml");
     let credential = "credential = { header = \"Authorization\", prefix = \"Bearer \", env = \"FARM_TEST_GIT_TOKEN\" }";
     std::fs::write(
@@ -1162,7 +1161,17 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
         ),
     )
     .unwrap();
-    let (mut serve, url) = farm_serve(&suite, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
+    let (mut serve, url) = farm_serve_with(
+        &suite,
+        &out.path().join("serve"),
+        run_dir.path(),
+        "127.0.0.1:0",
+        None,
+        &[
+            ("FARM_TEST_GIT_TOKEN", std::ffi::OsStr::new(&token)),
+            ("FARM_EGRESS_EXTRA_CA", extra_ca.as_os_str()),
+        ],
+    );
     let api = Api::new(&url, None);
     let s = api
         .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
@@ -1382,8 +1391,8 @@ async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_
     );
     package_index(git.path());
     let (_git, port) = git_server(git.path(), &token);
-    std::env::set_var("FARM_TEST_E2E_TOKEN", &token);
     let suite = out.path().join("e2e.toml");
+    let e2e_vars = [("FARM_TEST_E2E_TOKEN", std::ffi::OsStr::new(&token))];
     let credential = "credential = { header = \"Authorization\", prefix = \"Bearer \", env = \"FARM_TEST_E2E_TOKEN\" }";
     std::fs::write(
         &suite,
@@ -1407,7 +1416,14 @@ async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_
         "test_user": "root",
         "require_reward_file": false
     });
-    let (serve, url) = farm_serve(&suite, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
+    let (serve, url) = farm_serve_with(
+        &suite,
+        &out.path().join("serve"),
+        run_dir.path(),
+        "127.0.0.1:0",
+        None,
+        &e2e_vars,
+    );
     let api = Api::new(&url, None);
     let s = api.ok("POST", "/v1/sessions", Some(json!({ "task": task })), 201).await["session_id"]
         .as_str()
@@ -1431,7 +1447,14 @@ async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_
     let mut serve = serve;
     serve.child.kill().unwrap();
     serve.child.wait().unwrap();
-    let (mut serve, url) = farm_serve(&suite, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
+    let (mut serve, url) = farm_serve_with(
+        &suite,
+        &out.path().join("serve"),
+        run_dir.path(),
+        "127.0.0.1:0",
+        None,
+        &e2e_vars,
+    );
     let api = Api::new(&url, None);
     // 5. The morning: resumed where it was; the tests pass; the branch is pushed.
     assert_eq!(

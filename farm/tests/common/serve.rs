@@ -78,7 +78,21 @@ pub fn fake_model() -> (Proc, String) {
 }
 
 pub fn farm_serve(config: &Path, out: &Path, run_dir: &Path, listen: &str, token: Option<&str>) -> (Proc, String) {
+    farm_serve_with(config, out, run_dir, listen, token, &[])
+}
+
+/// `farm serve` with variables of its own (set on it alone: the test binary's environment
+/// is shared by the tests running beside it).
+pub fn farm_serve_with(
+    config: &Path,
+    out: &Path,
+    run_dir: &Path,
+    listen: &str,
+    token: Option<&str>,
+    vars: &[(&str, &std::ffi::OsStr)],
+) -> (Proc, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_farm"));
+    c.envs(vars.iter().copied());
     c.arg("serve")
         .arg(config)
         .arg("--out")
