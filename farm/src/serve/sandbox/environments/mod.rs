@@ -19,6 +19,7 @@ use snapshotter::template::{Network, TemplateConfig};
 use snapshotter::Snapshot;
 use tokio::sync::watch;
 
+mod owned;
 mod spec;
 
 pub use spec::{EnvironmentRequest, Source, Spec};
@@ -26,6 +27,7 @@ pub use spec::{EnvironmentRequest, Source, Spec};
 use super::contexts::Contexts;
 use super::LazyEngine;
 use crate::serve::error::{ApiError, ApiResult};
+use owned::Owned;
 
 /// Lines of build progress kept per environment (the first and the last ones).
 const MAX_LOG_LINES: usize = 5000;
@@ -85,34 +87,6 @@ pub struct Environment {
     pub(super) sandboxes: std::sync::atomic::AtomicUsize,
     /// Set for an environment made by snapshotting a sandbox, whose snapshot is its own.
     owned: Option<Owned>,
-}
-
-/// What an environment made from a sandbox's state owns: its snapshot, removed from the
-/// store once the environment is deleted and the last sandbox or request holding it is done
-/// (when the environment drops, so no fork in flight loses its files; its warm pool, an
-/// earlier field, is gone by then), and the branch that snapshot descends from, held until
-/// then (a child's disk is backed by its parent's).
-struct Owned {
-    store: snapshotter::SnapshotStore,
-    snapshot: String,
-    deleted: std::sync::atomic::AtomicBool,
-    _origin: Option<Arc<engine::Branch>>,
-}
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        if !self.deleted.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        // Left for `farm snapshot gc` while anything else needs it: a pin (another holder),
-        // or children (a paused sandbox's state), which `remove` refuses.
-        let id = &self.snapshot;
-        if !self.store.pinned(true).contains(id) {
-            if let Err(e) = self.store.remove(id) {
-                tracing::info!("the snapshot {id} of a deleted environment stays: {e}");
-            }
-        }
-    }
 }
 
 impl Environment {
