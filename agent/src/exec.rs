@@ -16,6 +16,9 @@ use crate::users::{self, User};
 /// How long output is still collected after the command exited, when a background process
 /// it started keeps the pipes open.
 const GRACE_AFTER_EXIT: Duration = Duration::from_millis(100);
+/// Reads of a pipe per [`drain`] call: 1 MiB with the 64 KiB buffer, more than a pipe holds
+/// by default.
+const DRAIN_READS: usize = 16;
 
 pub struct Output {
     pub result: ExecResult,
@@ -367,7 +370,9 @@ fn feed_stdin(pipe: &mut impl Write, stdin: &[u8], written: &mut usize) -> bool 
 }
 
 fn drain(pipe: &mut impl Read, into: &mut Capped, buf: &mut [u8]) -> io::Result<()> {
-    loop {
+    // Bounded: a descendant writing without pause on another vCPU would otherwise keep this
+    // loop reading forever, past the command's deadline (checked between calls).
+    for _ in 0..DRAIN_READS {
         match pipe.read(buf) {
             Ok(0) => {
                 into.open = false;
@@ -379,6 +384,7 @@ fn drain(pipe: &mut impl Read, into: &mut Capped, buf: &mut [u8]) -> io::Result<
             Err(e) => return Err(e),
         }
     }
+    Ok(())
 }
 
 /// Waits for the command to exit, until `deadline` if one is given.
@@ -395,5 +401,29 @@ fn wait(child: &mut dyn Running, deadline: Option<Instant>) -> Option<ExitStatus
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe a writer never lets run dry.
+    struct Endless(usize);
+
+    impl Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.0 += 1;
+            buf.fill(b'y');
+            Ok(buf.len())
+        }
+    }
+
+    #[test]
+    fn draining_a_pipe_that_never_runs_dry_returns() {
+        let (mut pipe, mut into, mut buf) = (Endless(0), Capped::new(100), vec![0u8; 64 * 1024]);
+        drain(&mut pipe, &mut into, &mut buf).unwrap();
+        assert_eq!(pipe.0, DRAIN_READS);
+        assert!(into.open && into.truncated && into.data.len() == 100);
     }
 }
