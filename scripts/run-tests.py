@@ -62,8 +62,10 @@ class Lanes:
 
     def run(self, label, command, folder, description):
         started = time.monotonic()
-        child = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
+        # The binary dies with this script (which dies with a signal's default action), and
+        # its own children with it (tests start theirs the same way): nothing is left.
+        child = subprocess.Popen(["setpriv", "--pdeathsig", "TERM", "--"] + command, cwd=folder,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         output = child.stdout.read()
         child.stdout.close()
         # wait4 gives the CPU time of the binary and of every child it waited for (QEMU).
