@@ -300,9 +300,10 @@ fn pump(
                 // What the command wrote before it exited may have arrived after the last
                 // poll (the vCPU can be preempted for longer than the grace right here).
                 // A descendant may still hold the pipes open, so no waiting for their end.
+                // A read error now only loses that tail: the command's exit still counts.
                 for (pipe, into) in [(&mut child_stdout, &mut out), (&mut child_stderr, &mut err)] {
                     if into.open {
-                        drain(pipe, into, &mut buf)?;
+                        let _ = drain(pipe, into, &mut buf);
                     }
                 }
                 return Ok((out, err, false));
