@@ -509,10 +509,15 @@ impl Environments {
         if let Some(owned) = &env.owned {
             owned.deleted.store(true, std::sync::atomic::Ordering::SeqCst);
         }
+        // The record before the pin: a crash in between must not leave a record whose
+        // snapshot `farm snapshot gc` may remove.
         let path = self.record_path(id);
-        self.store.unpin(&path);
         let _ = std::fs::remove_file(&path);
-        all.remove(id);
+        self.store.unpin(&path);
+        let env = all.remove(id);
+        // Dropped (its pool stopped, an owned snapshot removed) without holding the registry.
+        drop(all);
+        drop(env);
         Ok(())
     }
 
