@@ -23,6 +23,7 @@ failed, and exits 1 if any did (every binary runs even when one fails, as with
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -61,6 +62,15 @@ class Lanes:
         self.failed = []
 
     def run(self, label, command, folder, description):
+        try:
+            self.run_one(label, command, folder, description)
+        except Exception as error:  # a binary that could not run is a failure, never a skip
+            with self.lock:
+                sys.stdout.write("[run-tests] %s: could not run: %s\n" % (label, error))
+                sys.stdout.flush()
+                self.failed.append("%s (%s)" % (label, description))
+
+    def run_one(self, label, command, folder, description):
         started = time.monotonic()
         # The binary dies with this script (which dies with a signal's default action), and
         # its own children with it (tests start theirs the same way): nothing is left.
@@ -101,6 +111,9 @@ class Lanes:
 
 
 def main():
+    if shutil.which("setpriv") is None:
+        print("run-tests: setpriv is missing (Debian package util-linux)", file=sys.stderr)
+        return 1
     found = binaries(sys.stdin)
     if not found:
         print("run-tests: no test executables in cargo's output (was it --message-format=json?)", file=sys.stderr)

@@ -782,18 +782,7 @@ async fn a_restart_after_sigkill_loses_no_row_and_reports_lost_work() {
     // SIGKILL: no orderly stop. No QEMU survives it.
     serve.child.kill().unwrap();
     serve.child.wait().unwrap();
-    let started = Instant::now();
-    loop {
-        let alive = std::panic::catch_unwind(|| assert_no_qemu_of(run_dir.path()));
-        if alive.is_ok() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "QEMU outlived a killed farm serve"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert_no_qemu_of(run_dir.path());
 
     let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
     assert!(serve.log().contains("lost in its restart"), "{}", serve.log());
