@@ -80,6 +80,7 @@ fn template_key(template_digest: &str, artifact_keys: [&str; 3], host: &crate::H
     let mut h = Sha256::new();
     let accel = host.accel.to_string();
     let format = SNAPSHOT_FORMAT_VERSION.to_string();
+    let cmdline = vmm::qemu::kernel_cmdline_key(host.accel);
     let parts = [
         template_digest,
         artifact_keys[0],
@@ -89,7 +90,7 @@ fn template_key(template_digest: &str, artifact_keys: [&str; 3], host: &crate::H
         &accel,
         &host.cpu_model,
         &format,
-        vmm::qemu::KERNEL_CMDLINE,
+        &cmdline,
     ];
     for part in parts {
         h.update(part.as_bytes());

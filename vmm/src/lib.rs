@@ -10,7 +10,8 @@
 //! inherited environment or descriptors, files passed as descriptors (the disk chain found by
 //! [`qcow2`]), the console read into a bounded log ([`console`]).
 //!
-//! `unsafe` is confined to [`process`] (fork-time set-up of QEMU children).
+//! `unsafe` is confined to [`process`] (fork-time set-up of QEMU children) and one read of
+//! the TSC in [`tsc`].
 #![deny(unsafe_code)]
 
 // The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
@@ -29,6 +30,7 @@ pub mod process;
 pub mod qcow2;
 pub mod qemu;
 pub mod qmp;
+pub mod tsc;
 
 pub use accel::{Accel, AccelSetting};
 pub use agent::{AgentClient, AgentError, ExecOptions, ExecOutput, FilePlacement, TestsOutput};

@@ -43,9 +43,41 @@ pub const FIRST_FILE_FD: i32 = 7;
 /// under 24 busy loops: without the option 8 of 18 panicked, with it none of 18. QEMU's
 /// timer works; only the check is skipped.
 ///
-/// Part of every template snapshot's id.
+/// Part of every template snapshot's id, as [`kernel_cmdline`] adds to it.
 pub const KERNEL_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1 root=/dev/vda rw rootfstype=ext4 \
 init=/sbin/farm-agent quiet 8250.nr_uarts=1 tsc=reliable no_timer_check";
+
+/// What a booting VM's `-append` gets: [`KERNEL_CMDLINE`] and, under TCG, the host's TSC
+/// frequency as `tsc_early_khz=` (see [`crate::tsc`]: a TCG guest's own measurement fails
+/// now and then, and it then runs on jiffies). Under KVM the guest learns the frequency from
+/// kvmclock.
+pub fn kernel_cmdline(accel: Accel, tsc_khz: Option<u32>) -> String {
+    match (accel, tsc_khz) {
+        (Accel::Tcg, Some(khz)) => format!("{KERNEL_CMDLINE} tsc_early_khz={khz}"),
+        _ => KERNEL_CMDLINE.to_string(),
+    }
+}
+
+/// [`kernel_cmdline`] on this host.
+pub fn host_kernel_cmdline(accel: Accel) -> String {
+    let khz = match accel {
+        Accel::Tcg => crate::tsc::host_tsc_khz(),
+        Accel::Kvm => None,
+    };
+    kernel_cmdline(accel, khz)
+}
+
+/// The kernel command line's part of a template snapshot's id: [`host_kernel_cmdline`] with
+/// the measured frequency left out (two measurements differ by a few kHz, and a snapshot's
+/// guest, already calibrated, runs the same on this host either way); whether it is given
+/// stays in.
+pub fn kernel_cmdline_key(accel: Accel) -> String {
+    let khz = match accel {
+        Accel::Tcg => crate::tsc::host_tsc_khz().map(|_| 0),
+        Accel::Kvm => None,
+    };
+    kernel_cmdline(accel, khz)
+}
 
 /// How guest RAM is backed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +102,8 @@ pub struct MachineSpec {
     /// The kernel to boot. None for a machine that only ever receives migration state: the
     /// kernel image would otherwise sit in QEMU's memory (fw_cfg) of every fork for nothing.
     pub kernel: Option<PathBuf>,
+    /// Its command line ([`kernel_cmdline`]), used when `kernel` is given.
+    pub kernel_cmdline: String,
     /// The root disk: a qcow2 overlay the VM may write.
     pub disk: PathBuf,
     /// The layers under the overlay, nearest first (from the qcow2 headers).
@@ -179,7 +213,7 @@ impl MachineSpec {
             "chardev:console",
         ]);
         if let Some(kernel) = &self.kernel {
-            push(&["-kernel", &self.fd_of(kernel), "-append", KERNEL_CMDLINE]);
+            push(&["-kernel", &self.fd_of(kernel), "-append", &self.kernel_cmdline]);
         }
         let mut drive = format!(
             "id=root,file={},format=qcow2,if=none,cache=unsafe",
@@ -231,6 +265,7 @@ mod tests {
             cpus: 2,
             memory_mib: 256,
             kernel: Some("/k/vmlinux".into()),
+            kernel_cmdline: kernel_cmdline(Accel::Tcg, Some(2_600_000)),
             disk: "/run/a,b/overlay.qcow2".into(),
             disk_backing: vec![
                 Layer {
@@ -370,6 +405,21 @@ mod tests {
         );
         // A loaded host must not make the guest's early timer check panic the boot.
         assert!(append.split(' ').any(|word| word == "no_timer_check"), "{append}");
+        // A TCG guest is told the host's TSC frequency rather than measuring it.
+        assert!(
+            append.split(' ').any(|word| word == "tsc_early_khz=2600000"),
+            "{append}"
+        );
+    }
+
+    #[test]
+    fn only_tcg_guests_are_told_the_tsc_frequency_and_template_ids_leave_out_its_value() {
+        assert_eq!(kernel_cmdline(Accel::Kvm, Some(2_600_000)), KERNEL_CMDLINE);
+        assert_eq!(kernel_cmdline(Accel::Tcg, None), KERNEL_CMDLINE);
+        assert!(kernel_cmdline(Accel::Tcg, Some(1)).ends_with(" tsc_early_khz=1"));
+        assert_eq!(kernel_cmdline_key(Accel::Kvm), KERNEL_CMDLINE);
+        let key = kernel_cmdline_key(Accel::Tcg);
+        assert!(key == KERNEL_CMDLINE || key.ends_with(" tsc_early_khz=0"), "{key}");
     }
 
     #[test]

@@ -327,6 +327,34 @@ fn a_guest_that_dies_while_booting_is_reported_not_waited_for() {
     });
 }
 
+/// Guests booting side by side keep the TSC as their clock: under TCG their own measurement
+/// of its frequency against the emulated PIT failed when several booted at once (16 of 16
+/// boots, four at a time, `bench/boot-clock.sh`), and each then ran on jiffies, ticking 250
+/// times a second in every fork of its snapshot. farm tells them the host's frequency.
+#[test]
+fn guests_booting_side_by_side_keep_the_tsc_as_their_clock() {
+    runtime().block_on(async {
+        let boot = || common::boot("minimal");
+        let (a, b, c, d) = tokio::join!(boot(), boot(), boot(), boot());
+        for machine in [&a, &b, &c, &d] {
+            let out = machine
+                .agent()
+                .exec(sh(
+                    "cat /sys/devices/system/clocksource/clocksource0/current_clocksource; dmesg | grep -i 'tsc'",
+                ))
+                .await
+                .unwrap();
+            let text = out.stdout_text();
+            let clock = text.lines().next().unwrap_or_default().trim().to_string();
+            assert!(
+                clock == "tsc" || clock == "tsc-early",
+                "the guest's clock is {clock:?}:\n{text}"
+            );
+            assert!(!text.contains("Marking TSC unstable"), "{text}");
+        }
+    });
+}
+
 /// The guest's users: the candidate (farm, uid 1000) sees only its own processes, cannot
 /// signal or read PID 1, and cannot use farm-sandbox; the checker (uid 999) runs commands as
 /// the candidate through it, without its verdict variables.

@@ -313,6 +313,7 @@ impl Machine {
             cpu_model: settings.cpu_model.clone(),
             cpus: settings.cpus,
             memory_mib: settings.memory_mib,
+            kernel_cmdline: crate::qemu::host_kernel_cmdline(settings.accel),
             kernel: plan.kernel,
             disk: plan.disk,
             disk_backing,
