@@ -3,7 +3,8 @@
 //! Data flows through it like this: [`artifacts`] finds the guest kernel and image built by
 //! `scripts/setup.sh` (an image that is not built in is converted by the `images` crate, which
 //! owns root images; the guest's network proxy is the `egress` crate's); [`accel`] picks KVM or TCG for this host; [`qemu`] turns a
-//! [`qemu::MachineSpec`] into QEMU's command line; [`process`] starts QEMU so that it dies
+//! [`qemu::MachineSpec`] into QEMU's command line (a TCG guest is told the host's TSC
+//! frequency, measured by [`tsc`]); [`process`] starts QEMU so that it dies
 //! with its owner; [`machine::Machine`] ties the process to its QMP connection ([`qmp`]) and
 //! its guest agent channel ([`agent`]), and boots, snapshots (state-only migration) and
 //! resumes guests. Every QEMU runs jailed ([`jail`]): its own uid, seccomp, rlimits, no
