@@ -24,7 +24,7 @@ pub struct VmSettings {
     pub boot_timeout: Duration,
     /// Where per-VM run folders are created.
     pub run_root: PathBuf,
-    /// The library a fork's QEMU preloads to map its read-only RAM file (see [`jail`]).
+    /// The library a fork's QEMU preloads to map its read-only RAM file (see [`crate::jail`]).
     pub ram_shim: PathBuf,
     /// RLIMIT_FSIZE of a QEMU whose disk has no limit of its own (templates, task set-up).
     pub max_file_bytes: u64,

@@ -363,7 +363,7 @@ impl Machine {
         self.network.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// What the guest may reach from now on (see [`crate::net`]); `Policy::default()`
+    /// What the guest may reach from now on (see the `egress` crate); `Policy::default()`
     /// refuses everything.
     pub fn set_network(&self, policy: egress::Policy) {
         *self.network.lock().unwrap_or_else(|e| e.into_inner()) = policy;
