@@ -13,30 +13,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-4}" GUESTS="${2:-4}" LOAD="${3:-0}"
-CACHE="${FARM_CACHE_DIR:-$HOME/.cache/farm}"
-KERNEL="$CACHE/current/kernel/vmlinux"
-[ -f "$KERNEL" ] || { echo "no guest kernel at $KERNEL: run scripts/setup.sh first" >&2; exit 1; }
 KHZ=$(target/release/farm vm run --image minimal -- cat /proc/cmdline | grep -o 'tsc_early_khz=[0-9]*' || true)
 [ -n "$KHZ" ] || { echo "farm gave its guest no tsc_early_khz= (not TCG, or the host's TSC is not invariant)" >&2; exit 1; }
 echo "farm's guests get $KHZ"
 BASE="console=ttyS0 reboot=t panic=-1 root=/dev/vda rw 8250.nr_uarts=1 tsc=reliable no_timer_check"
-work=$(mktemp -d)
-loops=()
-cleanup() { kill "${loops[@]}" 2>/dev/null || true; pkill -P $$ qemu-system 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+source bench/diskless-boots.sh "$LOAD"
 
 boots() { # boots NAME ROUND CMDLINE -> prints "uncalibrated booted"
-  local dir="$work/$1.$2"; mkdir -p "$dir"
-  for i in $(seq 1 "$GUESTS"); do
-    timeout 120 qemu-system-x86_64 -M microvm,x-option-roms=off,rtc=off,isa-serial=on,acpi=off \
-      -accel tcg -cpu max -m 512 -nodefaults -no-user-config -display none -no-reboot \
-      -serial "file:$dir/$i.log" -kernel "$KERNEL" -append "$3" &
-  done
-  wait
+  local dir="$work/$1.$2"
+  boot_at_once "$dir" "$GUESTS" "$3" >/dev/null
   echo "$(grep -l 'Unable to calibrate' "$dir"/*.log | wc -l) $(grep -l 'VFS' "$dir"/*.log | wc -l)"
 }
-
-for _ in $(seq 1 "$LOAD"); do yes >/dev/null & loops+=($!); done
 without_u=0 with_u=0 without_ok=0 with_ok=0
 for r in $(seq 1 "$ROUNDS"); do
   read -r u ok < <(boots without "$r" "$BASE"); without_u=$((without_u + u)) without_ok=$((without_ok + ok))

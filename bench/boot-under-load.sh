@@ -13,27 +13,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-3}" GUESTS="${2:-6}" LOAD="${3:-24}"
-CACHE="${FARM_CACHE_DIR:-$HOME/.cache/farm}"
-KERNEL="$CACHE/current/kernel/vmlinux"
-[ -f "$KERNEL" ] || { echo "no guest kernel at $KERNEL: run scripts/setup.sh first" >&2; exit 1; }
 BASE="console=ttyS0 reboot=t panic=-1 root=/dev/vda rw 8250.nr_uarts=1 tsc=reliable"
-work=$(mktemp -d)
-loops=()
-cleanup() { kill "${loops[@]}" 2>/dev/null || true; pkill -P $$ qemu-system 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+source bench/diskless-boots.sh "$LOAD"
 
-boots() { # boots NAME CMDLINE -> prints "panicked booted"
-  local dir="$work/$1.$2"; mkdir -p "$dir"
-  for i in $(seq 1 "$GUESTS"); do
-    timeout 120 qemu-system-x86_64 -M microvm,x-option-roms=off,rtc=off,isa-serial=on,acpi=off \
-      -accel tcg -cpu max -m 512 -nodefaults -no-user-config -display none -no-reboot \
-      -serial "file:$dir/$i.log" -kernel "$KERNEL" -append "$3" &
-  done
-  wait
+boots() { # boots NAME ROUND CMDLINE -> prints "panicked booted"
+  local dir="$work/$1.$2"
+  boot_at_once "$dir" "$GUESTS" "$3" >/dev/null
   echo "$(grep -l 'IO-APIC + timer' "$dir"/*.log | wc -l) $(grep -l 'VFS' "$dir"/*.log | wc -l)"
 }
-
-for _ in $(seq 1 "$LOAD"); do yes >/dev/null & loops+=($!); done
 without_p=0 with_p=0 without_ok=0 with_ok=0
 for r in $(seq 1 "$ROUNDS"); do
   read -r p ok < <(boots without "$r" "$BASE"); without_p=$((without_p + p)) without_ok=$((without_ok + ok))
