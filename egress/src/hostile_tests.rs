@@ -13,6 +13,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::policy::{Attempt, Policy, SharedPolicy, UpstreamFailure, Verdict};
 use crate::rules::{Rule, RuleSet};
 
+mod destinations;
+
 /// Request lines a naive upstream executed.
 type Executed = Arc<Mutex<Vec<String>>>;
 
@@ -373,7 +375,9 @@ async fn an_allowed_host_that_fails_on_the_hosts_side_answers_502_not_403() {
     rules.push(rule(&format!(
         "host = \"host.farm.internal\"\nport = {inspected_closed}\nmethods = [\"GET\"]"
     )));
-    let (policy, log) = policy(&rules, &["*"]);
+    // Loopback is reached only where the policy names the address and port (never by "*").
+    let named = [format!("127.0.0.2:{closed}"), format!("host.farm.internal:{closed}")];
+    let (policy, log) = policy(&rules, &["*", &named[0], &named[1]]);
     let guest = Guest::start(policy);
     let cases = [
         (

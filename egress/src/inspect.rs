@@ -414,14 +414,15 @@ async fn forward(
     detail: String,
     answers: &Answers<'_>,
 ) -> Response<Body> {
-    match exchange(request, host, port, tls).await {
+    match exchange(request, host, port, tls, answers.policy).await {
         Ok(mut response) => {
             let verdict = Verdict::Allowed { detail: Some(detail) };
             answers.policy.report(Attempt::new(&answers.shown, verdict));
             strip_hop_by_hop(response.headers_mut());
             response.map(|b| b.boxed())
         }
-        Err((failure, detail)) => {
+        Err(Failed::Refused(reason)) => answers.deny(reason),
+        Err(Failed::Upstream(failure, detail)) => {
             let status = StatusCode::from_u16(failure.status()).unwrap_or(StatusCode::BAD_GATEWAY);
             let response = plain(status, &format!("{host}:{port}: {detail}"));
             let verdict = Verdict::UpstreamFailed { failure, detail };
@@ -431,14 +432,31 @@ async fn forward(
     }
 }
 
+/// Why an allowed request got no answer from its upstream.
+enum Failed {
+    /// Its host resolved where the policy does not reach (403).
+    Refused(String),
+    /// The upstream failed (502, 504).
+    Upstream(UpstreamFailure, String),
+}
+
+impl From<(UpstreamFailure, String)> for Failed {
+    fn from((failure, detail): (UpstreamFailure, String)) -> Failed {
+        Failed::Upstream(failure, detail)
+    }
+}
+
 /// Sends one checked request to `host:port` on a connection of its own (over TLS verified
-/// for `host` when `tls`), and returns the answer or where it failed.
+/// for `host` when `tls`), and returns the answer or where it failed. The addresses `host`
+/// resolves to are checked against `policy` ([`Policy::refuses_destination`]) and are the
+/// ones connected to.
 async fn exchange(
     request: Request<Body>,
     host: &str,
     port: u16,
     tls: bool,
-) -> Result<Response<Incoming>, (UpstreamFailure, String)> {
+    policy: &Policy,
+) -> Result<Response<Incoming>, Failed> {
     let timed_out = |what: &str| {
         (
             UpstreamFailure::Timeout,
@@ -447,10 +465,29 @@ async fn exchange(
     };
     let addresses = match tokio::time::timeout(UPSTREAM_TIMEOUT, resolve(host, port)).await {
         Ok(Ok(a)) => a,
-        Ok(Err(e)) => return Err((UpstreamFailure::Dns, format!("resolving {host} failed: {e}"))),
-        Err(_) => return Err(timed_out("resolving")),
+        Ok(Err(e)) => return Err((UpstreamFailure::Dns, format!("resolving {host} failed: {e}")).into()),
+        Err(_) => return Err(timed_out("resolving").into()),
     };
-    let stream = match tokio::time::timeout(UPSTREAM_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..])).await {
+    if let Some(reason) = policy.refuses_destination(&addresses) {
+        return Err(Failed::Refused(reason));
+    }
+    send_to(request, host, &addresses, tls).await.map_err(Failed::from)
+}
+
+/// Sends `request` to `addresses` (`host`'s), over TLS verified for `host` when `tls`.
+async fn send_to(
+    request: Request<Body>,
+    host: &str,
+    addresses: &[std::net::SocketAddr],
+    tls: bool,
+) -> Result<Response<Incoming>, (UpstreamFailure, String)> {
+    let timed_out = |what: &str| {
+        (
+            UpstreamFailure::Timeout,
+            format!("{what} took over {} s", UPSTREAM_TIMEOUT.as_secs()),
+        )
+    };
+    let stream = match tokio::time::timeout(UPSTREAM_TIMEOUT, tokio::net::TcpStream::connect(addresses)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err((UpstreamFailure::Connect, format!("connecting failed: {e}"))),
         Err(_) => return Err(timed_out("connecting")),

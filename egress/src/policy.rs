@@ -1,7 +1,9 @@
 //! What a VM may reach ([`Policy`]), and what became of each attempt ([`Attempt`]).
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
+use crate::destination::{canonical, not_internet, LocalAddresses};
 use crate::rules::RuleSet;
 
 pub use crate::destination::HOST_ALIAS;
@@ -29,12 +31,74 @@ impl Policy {
         self.allow.iter().any(|a| a == "*" || a.to_ascii_lowercase() == wanted)
     }
 
+    /// Whether the proxy may connect to `addresses` (what a name resolved to, or an IP
+    /// literal): the reason it may not, when one of them is the service that runs the VM
+    /// ([`crate::destination::protect`]: never, whatever the policy names), or is not the
+    /// internet's ([`crate::NotInternet`]) and the policy does not name that address and port
+    /// explicitly, by address (or as [`HOST_ALIAS`] or `localhost` for the host's loopback) in
+    /// `allow` or in a rule with a port. `"*"` and host names never count as naming an address.
+    pub(crate) fn refuses_destination(&self, addresses: &[SocketAddr]) -> Option<String> {
+        let local = LocalAddresses::probe();
+        for &address in addresses {
+            if crate::destination::is_protected(address, &local) {
+                return Some(format!(
+                    "{address} is the service that runs this VM: no guest reaches it, whatever the policy says"
+                ));
+            }
+            let Some(why) = not_internet(address.ip(), &local) else {
+                continue;
+            };
+            if !self.names_explicitly(address) {
+                return Some(format!(
+                    "{address} is not the internet ({why}): a policy reaches it only by naming \
+                     {address} explicitly (\"*\" and host names never do)"
+                ));
+            }
+        }
+        None
+    }
+
+    /// Whether `allow`, or a rule with a port, names `address` by address and port.
+    fn names_explicitly(&self, address: SocketAddr) -> bool {
+        let named = |host: &str, port: u16| {
+            port == address.port() && literal_addresses(host).contains(&canonical(address.ip()))
+        };
+        self.allow.iter().any(|entry| {
+            entry
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+                .is_some_and(|(host, port)| named(host, port))
+        }) || self
+            .rules
+            .rules()
+            .iter()
+            .any(|rule| rule.port.is_some_and(|port| named(&rule.host, port)))
+    }
+
     pub(crate) fn report(&self, attempt: Attempt) {
         tracing::info!(target: "farm::net", "{attempt}");
         if let Some(log) = &self.log {
             log(&attempt);
         }
     }
+}
+
+/// The addresses a policy entry's host names literally: an IP address (IPv6 in brackets or
+/// not) in its standard form, [`HOST_ALIAS`] (the host's 127.0.0.1) or `localhost` (the
+/// host's 127.0.0.1 and ::1, which that name always means). Other names and spellings
+/// (`127.1`, `0x7f000001`, `db.internal`) name no address.
+fn literal_addresses(host: &str) -> Vec<IpAddr> {
+    if host.eq_ignore_ascii_case(HOST_ALIAS) {
+        return vec![IpAddr::from([127, 0, 0, 1])];
+    }
+    if host.eq_ignore_ascii_case("localhost") {
+        return vec![
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ];
+    }
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    bare.parse::<IpAddr>().ok().map(canonical).into_iter().collect()
 }
 
 /// A VM's current policy (changed between template setup and snapshot, or per fork).

@@ -324,6 +324,10 @@ async fn connect_checked(host: &str, port: u16, reply: &Reply<'_>) -> Option<tok
             .await;
         return None;
     }
+    if let Some(reason) = reply.policy.refuses_destination(&addresses) {
+        reply.deny(reason).await;
+        return None;
+    }
     match tokio::time::timeout(UPSTREAM_TIMEOUT, tokio::net::TcpStream::connect(&addresses[..])).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
