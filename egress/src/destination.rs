@@ -215,7 +215,10 @@ pub(crate) mod test_names {
     use std::net::{IpAddr, SocketAddr};
     use std::sync::Mutex;
 
-    static ANSWERS: Mutex<Option<HashMap<String, (Vec<Vec<IpAddr>>, usize)>>> = Mutex::new(None);
+    /// Each name's answers, and how many times it was looked up.
+    type Scripted = HashMap<String, (Vec<Vec<IpAddr>>, usize)>;
+
+    static ANSWERS: Mutex<Option<Scripted>> = Mutex::new(None);
 
     /// Scripts `name`'s answers (names are per test: tests run at once).
     pub(crate) fn script(name: &str, answers: Vec<Vec<IpAddr>>) {

@@ -9,6 +9,8 @@ pub async fn serve(addr: std::net::SocketAddr) -> anyhow::Result<std::net::Socke
         .await
         .with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
     let bound = listener.local_addr()?;
+    // The run's own endpoint: no guest's egress reaches it.
+    egress::protect(bound);
     let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { metrics_response() }));
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

@@ -121,18 +121,122 @@ async fn gone_soon(path: &std::path::Path) {
     panic!("{} is still there", path.display());
 }
 
+/// An HTTP server on the host's loopback: `/hello` answers, anything else redirects to the
+/// address set in the returned cell. Its port, and the cell.
+fn upstream_with_redirect() -> (u16, std::sync::Arc<std::sync::Mutex<String>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let location = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let to = location.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let answer = if line.contains(" /hello ") {
+                "HTTP/1.1 200 OK\r\nContent-Length: 20\r\nConnection: close\r\n\r\nhello from upstream\n".to_string()
+            } else {
+                let location = to.lock().unwrap().clone();
+                format!("HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            };
+            let _ = (&stream).write_all(answer.as_bytes());
+        }
+    });
+    (port, location)
+}
+
+/// A sandbox whose policy allows `"*"` (and names one upstream by address and port) tries
+/// every way to the host: every spelling of loopback, the host's other addresses, a name that
+/// resolves to loopback, the cloud metadata address, a redirect from the allowed upstream to
+/// the service, CONNECT to a private address. Each gets the proxy's 403 (the service here has
+/// no token: reaching it would answer 200 with its sandboxes); the named upstream still works.
+async fn a_star_policy_never_reaches_the_host(api: &Api, env_id: &str, service_port: &str, upstream: u16) {
+    let star = api
+        .ok(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({ "environment": env_id, "network": "star" })),
+            201,
+        )
+        .await;
+    let star = star["id"].as_str().unwrap().to_string();
+    let allowed = api
+        .stdout(&star, &format!("wget -q -O- http://127.0.0.1:{upstream}/hello"))
+        .await;
+    assert_eq!(allowed, "hello from upstream\n");
+    let host_addresses = std::process::Command::new("hostname").arg("-I").output().unwrap();
+    let mut hosts: Vec<String> = [
+        "127.0.0.1",
+        "localhost",
+        "127.1",
+        "2130706433",
+        "0x7f000001",
+        "[::1]",
+        "[::ffff:127.0.0.1]",
+        "0.0.0.0",
+        "host.farm.internal",
+    ]
+    .map(String::from)
+    .to_vec();
+    for address in String::from_utf8_lossy(&host_addresses.stdout).split_whitespace() {
+        hosts.push(if address.contains(':') {
+            format!("[{address}]")
+        } else {
+            address.to_string()
+        });
+    }
+    let mut targets: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("http://{h}:{service_port}/v1/sandboxes"))
+        .collect();
+    targets.push("http://169.254.169.254/latest/meta-data/".into());
+    // Allowed, then redirected to the service: the guest's next hop is refused.
+    targets.push(format!("http://127.0.0.1:{upstream}/redirect"));
+    let mut script = String::new();
+    for t in &targets {
+        script.push_str(&format!("echo '== {t}'; wget -q -O- '{t}' 2>&1; echo rc=$?\n"));
+    }
+    for t in ["10.0.0.1:443", &format!("127.0.0.1:{service_port}")] {
+        script.push_str(&format!(
+            "echo '== CONNECT {t}'; (printf 'CONNECT {t} HTTP/1.1\\r\\n\\r\\n'; sleep 5) | timeout 20 nc 127.0.0.1 3128 2>&1; echo rc=$?\n"
+        ));
+    }
+    let out = api.stdout(&star, &script).await;
+    let blocks: Vec<&str> = out.split("== ").skip(1).collect();
+    assert_eq!(blocks.len(), targets.len() + 2, "{out}");
+    for block in blocks {
+        assert!(
+            block.contains("403") && !block.contains("\"sandboxes\"") && !block.contains("200 Connection established"),
+            "not refused by the proxy: {block}"
+        );
+    }
+    api.ok("DELETE", &format!("/v1/sandboxes/{star}"), None, 200).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn environments_sandboxes_and_every_verb() {
     let dir = tempfile::tempdir().unwrap();
     let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
     let config = dir.path().join("sandboxes.toml");
+    // An upstream the "star" policy names explicitly (as a test stands in for the internet),
+    // which also redirects to the service's own API.
+    let (upstream, redirect_to) = upstream_with_redirect();
     std::fs::write(
         &config,
-        "[serve]\nsuites = []\n[serve.sandboxes]\nwarm_pool = 1\n\
-         [serve.sandboxes.networks.loopback]\nallow = [\"127.0.0.1:9\"]\n",
+        format!(
+            "[serve]\nsuites = []\n[serve.sandboxes]\nwarm_pool = 1\n\
+             [serve.sandboxes.networks.loopback]\nallow = [\"127.0.0.1:9\"]\n\
+             [serve.sandboxes.networks.star]\nallow = [\"*\", \"127.0.0.1:{upstream}\"]\n"
+        ),
     )
     .unwrap();
     let (mut service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", None);
+    *redirect_to.lock().unwrap() = format!("{url}/v1/sandboxes");
     let api = Api::new(&url, None);
 
     // The OpenAPI document names the routes.
@@ -166,7 +270,68 @@ async fn environments_sandboxes_and_every_verb() {
         );
     }
 
-    // Bad sandbox requests name their field; nothing is made.
+    // Bad sandbox requests name their field; nothing is made. Every field has a bound, and
+    // the answer names the field, the bound and the value.
+    let wide_metadata = json!({ "notes": "x".repeat(200_000) });
+    let many_keys: serde_json::Map<String, Value> = (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
+    for (body, field, bound) in [
+        (
+            json!({ "environment": env_id, "disk_mib": 1_000_000_000_000u64 }),
+            "disk_mib",
+            "1 to 1048576 MiB",
+        ),
+        (
+            json!({ "environment": env_id, "metadata": wide_metadata }),
+            "metadata",
+            "65536 bytes",
+        ),
+        (
+            json!({ "environment": env_id, "metadata": many_keys }),
+            "metadata",
+            "at most 64 keys",
+        ),
+        (
+            json!({ "environment": env_id, "lifetime_secs": 1_000_000_000u64 }),
+            "lifetime_secs",
+            "1 to 86400",
+        ),
+        (
+            json!({ "environment": env_id, "idle_timeout_secs": 100_000 }),
+            "idle_timeout_secs",
+            "1 to 600",
+        ),
+        (
+            json!({ "environment": env_id, "workdir": format!("/{}", "d".repeat(5000)) }),
+            "workdir",
+            "at most 4095 bytes",
+        ),
+        (
+            json!({ "environment": env_id, "env": { "BIG": "v".repeat(20_000) } }),
+            "env",
+            "16384 bytes",
+        ),
+        (
+            json!({ "environment": env_id, "memory_mib": 1u64 << 40 }),
+            "memory_mib",
+            "128 to 262144",
+        ),
+    ] {
+        let (status, v) = api.call("POST", "/v1/sandboxes", Some(body.clone())).await;
+        assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{v}");
+        assert!(v["error"].as_str().unwrap().contains(bound), "{field}: {v}");
+    }
+    let (status, v) = api
+        .call(
+            "POST",
+            "/v1/environments",
+            Some(json!({ "image": "minimal", "disk_mib": 1u64 << 50 })),
+        )
+        .await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("disk_mib")), "{v}");
+    let (status, v) = api
+        .call("GET", &format!("/v1/sandboxes/{}", "x".repeat(300)), None)
+        .await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("id")), "{v}");
     for (body, field) in [
         (json!({ "environment": "env-nope" }), "environment"),
         (json!({ "environment": env_id, "cpus": 4 }), "cpus"),
@@ -283,6 +448,15 @@ async fn environments_sandboxes_and_every_verb() {
         "{direct}"
     );
     api.ok("DELETE", &format!("/v1/sandboxes/{offline}"), None, 200).await;
+    a_star_policy_never_reaches_the_host(&api, &env_id, port, upstream).await;
+    let (status, v) = api
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({ "command": "x".repeat(200_000) })),
+        )
+        .await;
+    assert_eq!((status, v["field"].as_str()), (400, Some("command")), "{v}");
 
     // A streamed command: output as it comes, then its end.
     let (status, headers, body) = api

@@ -27,7 +27,7 @@ Options (`--ek key=value`), all optional:
     setup                    ["cmd", ...]: run once in each environment before its snapshot
     delete_environments      with Harbor's --delete: forget the farm environments this process
                              built fresh, when no sandbox uses them (default false: keep them)
-    idle_timeout_secs, lifetime_secs   the sandboxes' (capped by the service's)
+    idle_timeout_secs, lifetime_secs   the sandboxes' (at most the service's: more is refused)
     exec_timeout_secs        a command's limit when Harbor gives none (default 86400, farm's most)
     max_output_bytes         cap of each command's stdout and stderr (default 16 MiB, farm's most)
     shell                    "auto" (bash when the image has it, else sh), "bash" or "sh"

@@ -60,6 +60,23 @@ pub(super) async fn auth(State(app): State<App>, request: Request, next: Next) -
             return response;
         }
     }
+    if let Some(segment) = request
+        .uri()
+        .path()
+        .split('/')
+        .find(|s| s.len() > super::bounds::ID_BYTES)
+    {
+        return ApiError::field(
+            400,
+            "id",
+            format!(
+                "a path's id must be at most {} bytes; got {} bytes",
+                super::bounds::ID_BYTES,
+                segment.len()
+            ),
+        )
+        .into_response();
+    }
     next.run(request).await
 }
 

@@ -16,6 +16,7 @@
 
 mod admission;
 mod api;
+mod bounds;
 mod entries;
 mod error;
 mod http;
@@ -242,6 +243,8 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    // No guest's egress reaches the service's own API, whatever its policy names.
+    egress::protect(listener.local_addr()?);
     let mut signals = Signals::new()?;
     let service = tokio::select! {
         service = Service::start(&settings, suites, &out, args.accel) => service?,
@@ -252,15 +255,20 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     };
     let service = Arc::new(service);
     let addr = listener.local_addr()?;
-    tracing::info!(
-        "listening on http://{addr} ({}); output in {}",
-        if token.is_some() {
-            "bearer token required"
-        } else {
-            "no token"
-        },
-        out.display()
-    );
+    if token.is_some() {
+        tracing::info!(
+            "listening on http://{addr} (bearer token required); output in {}",
+            out.display()
+        );
+    } else {
+        tracing::warn!(
+            "listening on http://{addr} with no token ({} is unset): for loopback alone, and every user and \
+             process of this host can call it (guests cannot: their egress never reaches the service); \
+             output in {}",
+            settings.token_env,
+            out.display()
+        );
+    }
     let background = service.clone().spawn_background();
     let app = api::router(service.clone(), token);
     let stop = Arc::new(tokio::sync::Notify::new());

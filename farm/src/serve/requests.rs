@@ -4,6 +4,7 @@
 use engine::config::{Action, PolicyConfig, RolloutsSection};
 use serde::{Deserialize, Serialize};
 
+use super::bounds;
 use super::error::{ApiError, ApiResult};
 
 /// `POST /v1/rollouts` body.
@@ -44,6 +45,31 @@ pub struct ItemRequest {
 }
 
 impl ItemRequest {
+    /// Each field within its bound ([`bounds`]); `at` names a field.
+    pub fn check_bounds(&self, at: &dyn Fn(&str) -> String) -> ApiResult<()> {
+        if let Some(suite) = &self.suite {
+            bounds::text(at("suite"), suite, bounds::ID_BYTES)?;
+        }
+        if let Some(task_id) = &self.task_id {
+            bounds::text(at("task_id"), task_id, bounds::ID_BYTES)?;
+        }
+        if let Some(task) = &self.task {
+            let bytes = task.to_string().len();
+            if bytes > bounds::TASK_BYTES {
+                return Err(ApiError::field(
+                    400,
+                    at("task"),
+                    format!(
+                        "{} must be at most {} bytes of JSON; got {bytes} bytes",
+                        at("task"),
+                        bounds::TASK_BYTES
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A session's request: it takes no policy and no `n`.
     pub fn check_session(&self) -> Result<(), ApiError> {
         if self.policy.is_some() {
@@ -113,6 +139,23 @@ pub struct ExecRequest {
     /// At most the session's step timeout.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+}
+
+/// A session's action within its bounds ([`bounds`]), checked where every front-end's step
+/// is taken (`Service::act`, `Service::submit_session`).
+pub fn check_action(action: &Action) -> ApiResult<()> {
+    match action {
+        Action::Exec { command } => bounds::text("command", command, bounds::COMMAND_BYTES),
+        Action::WriteFile { path, content, mode } => {
+            bounds::text("path", path, bounds::PATH_BYTES)?;
+            bounds::text("content", content, bounds::CONTENT_BYTES)?;
+            bounds::range("mode", (*mode).into(), (0, 0o7777), "(a file mode, 0o7777 at most)")
+        }
+        Action::Submit { answer } => match answer {
+            Some(answer) => bounds::text("answer", answer, bounds::ANSWER_BYTES),
+            None => Ok(()),
+        },
+    }
 }
 
 impl ExecRequest {
@@ -210,20 +253,12 @@ pub fn read_records(path: &std::path::Path) -> Result<(Vec<Record>, u64), engine
     Ok((records, extent.good_len))
 }
 
-/// A request's `metadata`, as JSON text, at most.
-const METADATA_MAX_BYTES: usize = 64 << 10;
-
-/// A request's metadata as JSON text, within its size limit.
+/// A request's metadata as JSON text, within its bounds ([`bounds::metadata`]).
 pub(super) fn metadata_text(metadata: Option<&serde_json::Value>, field: &str) -> ApiResult<Option<String>> {
     let Some(m) = metadata else { return Ok(None) };
     let text = m.to_string();
-    if text.len() > METADATA_MAX_BYTES {
-        return Err(ApiError::field(
-            413,
-            field,
-            format!("{} bytes of JSON; at most {METADATA_MAX_BYTES}", text.len()),
-        ));
-    }
+    let keys = m.as_object().map_or(0, |o| o.len());
+    bounds::metadata(field, keys, text.len())?;
     Ok(Some(text))
 }
 

@@ -31,6 +31,7 @@ impl Service {
         if request.items.is_empty() {
             return Err(ApiError::field(400, "items", "must hold at least one item"));
         }
+        super::bounds::count("items", request.items.len(), super::bounds::SUBMIT_ITEMS, "items")?;
         let (planned, admitted, response) = self.plan_items(&request).await?;
         // Admission: room in the queue and the key, taken under the lock; the journal line is
         // written without it; then the rollouts are queued.
@@ -181,6 +182,7 @@ impl Service {
         let (mut planned, mut admitted, mut groups) = (Vec::new(), Vec::new(), Vec::new());
         for (i, item) in request.items.iter().enumerate() {
             let at = |f: &str| format!("items[{i}].{f}");
+            item.check_bounds(&at)?;
             let (suite_name, state) = self.suite(item.suite.as_deref(), &at("suite"))?;
             let n = item.n.unwrap_or(1);
             if n == 0 || n > self.settings.max_samples_per_item {

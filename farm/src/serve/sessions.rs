@@ -100,6 +100,7 @@ impl Service {
     /// `POST /v1/sessions`.
     pub async fn open_session(&self, request: ItemRequest) -> ApiResult<serde_json::Value> {
         request.check_session()?;
+        request.check_bounds(&|f: &str| f.to_string())?;
         let slot = self.take_session_slot()?;
         let metadata = metadata_text(request.metadata.as_ref(), "metadata")?;
         let (suite_name, state) = self.suite(request.suite.as_deref(), "suite")?;
@@ -173,11 +174,7 @@ impl Service {
                 ..ApiError::new(503, why.to_string())
             })?;
         }
-        if let Action::WriteFile { mode, .. } = &action {
-            if *mode > 0o7777 {
-                return Err(ApiError::field(400, "mode", "must be a file mode (0 to 0o7777, 4095)"));
-            }
-        }
+        super::requests::check_action(&action)?;
         if timeout_secs == Some(0) {
             return Err(ApiError::field(400, "timeout_secs", "must be at least 1"));
         }
@@ -244,6 +241,9 @@ impl Service {
     /// the suite's scoring mode: by default in a fresh fork, where the session cannot reach)
     /// and records the row.
     pub async fn submit_session(&self, id: &str, answer: Option<String>) -> ApiResult<serde_json::Value> {
+        if let Some(answer) = &answer {
+            super::bounds::text("answer", answer, super::bounds::ANSWER_BYTES)?;
+        }
         let session = self.session(id)?;
         // From here on, expiry, DELETE and shutdown leave this session to finish.
         if !self.lock().sessions.begin_submit(id) {

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::Environments;
+use crate::serve::bounds;
 use crate::serve::error::{ApiError, ApiResult};
 
 /// `POST /v1/environments`.
@@ -18,9 +19,9 @@ pub struct EnvironmentRequest {
     #[serde(default)]
     pub dockerfile: Option<DockerfileRequest>,
     #[serde(default)]
-    pub cpus: Option<u32>,
+    pub cpus: Option<u64>,
     #[serde(default)]
-    pub memory_mib: Option<u32>,
+    pub memory_mib: Option<u64>,
     #[serde(default)]
     pub disk_mib: Option<u64>,
     #[serde(default)]
@@ -83,6 +84,7 @@ impl Spec {
 impl Environments {
     /// The spec a request asks for, or a 400 naming the field.
     pub(super) fn spec_of(&self, request: &EnvironmentRequest) -> ApiResult<Spec> {
+        request.check_bounds()?;
         let source = match (&request.image, &request.dockerfile) {
             (Some(image), None) => Source::Image {
                 image: image_reference(image)?,
@@ -122,17 +124,13 @@ impl Environments {
             }
         };
         let cpus = request.cpus.unwrap_or(1);
-        if !(1..=64).contains(&cpus) {
-            return Err(ApiError::field(400, "cpus", "must be 1 to 64"));
-        }
+        bounds::range("cpus", cpus, bounds::CPUS, "vCPUs")?;
         let memory_mib = request.memory_mib.unwrap_or(512);
-        if !(128..=262_144).contains(&memory_mib) {
-            return Err(ApiError::field(400, "memory_mib", "must be 128 to 262144"));
-        }
+        bounds::range("memory_mib", memory_mib, bounds::MEMORY_MIB, "MiB")?;
+        // Within their bounds, both fit.
+        let (cpus, memory_mib) = (cpus as u32, memory_mib as u32);
         if let Some(disk) = request.disk_mib {
-            if !(64..=1 << 20).contains(&disk) {
-                return Err(ApiError::field(400, "disk_mib", "must be 64 to 1048576"));
-            }
+            bounds::range("disk_mib", disk, bounds::DISK_MIB, "MiB")?;
         }
         if let Some(i) = request.setup.iter().position(|c| c.trim().is_empty()) {
             return Err(ApiError::field(400, format!("setup[{i}]"), "must be a command"));
@@ -144,6 +142,28 @@ impl Environments {
             disk_mib: request.disk_mib,
             setup: request.setup.clone(),
         })
+    }
+}
+
+impl EnvironmentRequest {
+    /// The strings and lists within their bounds ([`bounds`]).
+    fn check_bounds(&self) -> ApiResult<()> {
+        if let Some(image) = &self.image {
+            bounds::text("image", image, bounds::NAME_BYTES)?;
+        }
+        bounds::count("setup", self.setup.len(), bounds::SETUP_STEPS, "steps")?;
+        for (i, step) in self.setup.iter().enumerate() {
+            bounds::text(format!("setup[{i}]"), step, bounds::COMMAND_BYTES)?;
+        }
+        if let Some(d) = &self.dockerfile {
+            bounds::text("dockerfile.context", &d.context, bounds::ID_BYTES)?;
+            bounds::text("dockerfile.path", &d.path, bounds::PATH_BYTES)?;
+            bounds::variables("dockerfile.build_args", &d.build_args)?;
+            if let Some(target) = &d.target {
+                bounds::text("dockerfile.target", target, bounds::NAME_BYTES)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Sandboxes, MAX_REMEMBERED_DEATHS};
+use crate::serve::bounds;
 use crate::serve::error::{ApiError, ApiResult};
 
 /// Default and largest output cap of a command.
@@ -55,6 +56,29 @@ pub struct ExecRequest {
     pub stdin: Option<String>,
     #[serde(default)]
     pub max_output_bytes: Option<u64>,
+}
+
+impl ExecRequest {
+    /// Each field within its bound ([`bounds`]).
+    fn check_bounds(&self) -> ApiResult<()> {
+        if let Some(command) = &self.command {
+            bounds::text("command", command, bounds::COMMAND_BYTES)?;
+        }
+        if let Some(argv) = &self.argv {
+            bounds::argv("argv", argv)?;
+        }
+        if let Some(cwd) = &self.cwd {
+            bounds::text("cwd", cwd, bounds::PATH_BYTES)?;
+        }
+        bounds::variables("env", &self.env)?;
+        if let Some(user) = &self.user {
+            bounds::text("user", user, bounds::USER_BYTES)?;
+        }
+        if let Some(stdin) = &self.stdin {
+            bounds::text("stdin", stdin, bounds::STDIN_BYTES)?;
+        }
+        Ok(())
+    }
 }
 
 /// What a streamed command sends.
@@ -185,6 +209,7 @@ fn utf8_prefix(bytes: &[u8], more: bool) -> usize {
 impl Sandboxes {
     /// What a command's request asks, checked: the program and its settings.
     pub(super) fn command_of(request: ExecRequest, stream: bool) -> ApiResult<(Program, Command)> {
+        request.check_bounds()?;
         let program = match (request.command, request.argv) {
             (Some(c), None) if !c.is_empty() => Program::Shell(c),
             (None, Some(argv)) if !argv.is_empty() && !argv[0].is_empty() => Program::Argv(argv),

@@ -17,7 +17,8 @@ pub const MAX_FOLDER_BYTES: u64 = 256 << 20;
 
 /// A guest path a client names: absolute, without NUL.
 fn check_path(path: &str) -> ApiResult<()> {
-    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+    crate::serve::bounds::text("path", path, crate::serve::bounds::PATH_BYTES)?;
+    if !path.starts_with('/') || path.contains('\0') {
         return Err(ApiError::field(400, "path", "must be an absolute guest path"));
     }
     Ok(())

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::super::environments::{Environment, Environments, Ready};
 use super::Sandboxes;
+use crate::serve::bounds;
 use crate::serve::error::{ApiError, ApiResult};
 
 /// `POST /v1/sandboxes`.
@@ -32,35 +33,50 @@ pub struct SandboxRequest {
     #[serde(default)]
     pub lifetime_secs: Option<u64>,
     #[serde(default)]
-    pub cpus: Option<u32>,
+    pub cpus: Option<u64>,
     #[serde(default)]
-    pub memory_mib: Option<u32>,
+    pub memory_mib: Option<u64>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
 }
 
 impl SandboxRequest {
-    /// The fields that need nothing of the service: variable names, paths, the user, sizes.
+    /// The fields that need nothing of the service: their bounds, variable names, paths,
+    /// the user, sizes.
     fn check(&self) -> ApiResult<()> {
         let request = self;
+        bounds::text("environment", &request.environment, bounds::ID_BYTES)?;
+        bounds::variables("env", &request.env)?;
         for k in request.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(ApiError::field(400, format!("env.{k}"), "not a variable name"));
             }
         }
         if let Some(dir) = &request.workdir {
+            bounds::text("workdir", dir, bounds::PATH_BYTES)?;
             if !dir.starts_with('/') {
                 return Err(ApiError::field(400, "workdir", "must be an absolute guest path"));
             }
         }
         if let Some(user) = &request.user {
+            bounds::text("user", user, bounds::USER_BYTES)?;
             if user.is_empty() || user.contains(|c: char| c.is_whitespace() || c == '\0') {
                 return Err(ApiError::field(400, "user", "must be a user name, UID or UID:GID"));
             }
         }
-        if request.disk_mib == Some(0) {
-            return Err(ApiError::field(400, "disk_mib", "must be at least 1"));
+        if let Some(network) = &request.network {
+            bounds::text("network", network, bounds::ID_BYTES)?;
         }
+        if let Some(disk) = request.disk_mib {
+            bounds::range("disk_mib", disk, bounds::SANDBOX_DISK_MIB, "MiB")?;
+        }
+        if let Some(cpus) = request.cpus {
+            bounds::range("cpus", cpus, bounds::CPUS, "vCPUs")?;
+        }
+        if let Some(memory) = request.memory_mib {
+            bounds::range("memory_mib", memory, bounds::MEMORY_MIB, "MiB")?;
+        }
+        bounds::string_metadata("metadata", &request.metadata)?;
         Ok(())
     }
 }
@@ -80,10 +96,11 @@ pub(super) struct Settings {
 impl Sandboxes {
     /// The settings a request asks for, or a 400 naming the field.
     pub(super) fn settings_of(&self, environments: &Environments, request: &SandboxRequest) -> ApiResult<Settings> {
+        request.check()?;
         let environment = environments.get(&request.environment, "environment")?;
         let ready = environment.ready("environment")?;
         let spec = &environment.spec;
-        if request.cpus.is_some_and(|c| c != spec.cpus) {
+        if request.cpus.is_some_and(|c| c != u64::from(spec.cpus)) {
             return Err(ApiError::field(
                 400,
                 "cpus",
@@ -95,7 +112,7 @@ impl Sandboxes {
                 ),
             ));
         }
-        if request.memory_mib.is_some_and(|m| m != spec.memory_mib) {
+        if request.memory_mib.is_some_and(|m| m != u64::from(spec.memory_mib)) {
             return Err(ApiError::field(400, "memory_mib", format!(
                 "environment {} has {} MiB of memory, fixed in its snapshot: create an environment with memory_mib {} for this",
                 environment.id, spec.memory_mib, request.memory_mib.unwrap_or_default()
@@ -119,11 +136,12 @@ impl Sandboxes {
                 )
             })?),
         };
-        request.check()?;
         let timer = |name: &str, asked: Option<u64>, max: Duration| -> ApiResult<Duration> {
             match asked {
-                Some(0) => Err(ApiError::field(400, name, "must be at least 1")),
-                Some(s) => Ok(Duration::from_secs(s).min(max)),
+                Some(s) => {
+                    bounds::range(name, s, (1, max.as_secs()), "seconds (the service's limit)")?;
+                    Ok(Duration::from_secs(s))
+                }
                 None => Ok(max),
             }
         };
