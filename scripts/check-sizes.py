@@ -3,7 +3,8 @@
 
     python3 scripts/check-sizes.py [ROOT]
 
-Fails when a source file has more than 600 lines before its `#[cfg(test)]` part, or when a
+Fails when a source file has more than 600 lines outside its `#[cfg(test)]` items (test
+modules, test-only functions and imports, wherever they are in the file), or when a
 function outside test code has more than 80 lines, unless a comment says why:
 - a function: a `// Long: <why>` line among the comments and attributes right above it;
 - a file: a `//! Long: <why>` line in its module documentation.
@@ -30,11 +31,35 @@ def rust_files(root):
 
 
 def code_lines(lines):
-    """The lines before the file's test module."""
-    for i, line in enumerate(lines):
-        if line.startswith("#[cfg(test)]"):
-            return lines[:i]
-    return lines
+    """The file without its `#[cfg(test)]` items (a test module, a test-only function or
+    import): each is the attribute, any attributes after it, and the item up to its `;` or
+    the `}` that closes it at its own indentation. Lines stay in place (as blanks), so the
+    line numbers reported are the file's; only the count of code lines leaves them out."""
+    out = list(lines)
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != "#[cfg(test)]":
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < len(lines) and lines[i].strip().startswith("#["):
+            i += 1
+        if i < len(lines):
+            item = lines[i]
+            indent = item[: len(item) - len(item.lstrip())]
+            if not item.rstrip().endswith(";"):
+                closing = indent + "}"
+                while i < len(lines) and not (lines[i].rstrip() in (closing, closing + ";") and i > start):
+                    i += 1
+        for k in range(start, min(i + 1, len(lines))):
+            out[k] = None
+        i += 1
+    return out
+
+
+def count_code(code):
+    return sum(1 for line in code if line is not None)
 
 
 def function_end(lines, start, indent):
@@ -42,7 +67,7 @@ def function_end(lines, start, indent):
     signature's indentation)."""
     closing = indent + "}"
     for j in range(start, len(lines)):
-        if lines[j].rstrip() == closing:
+        if lines[j] is not None and lines[j].rstrip() == closing:
             return j
     return len(lines) - 1
 
@@ -50,7 +75,7 @@ def function_end(lines, start, indent):
 def explained(lines, start):
     """Whether the comments and attributes right above line `start` say why it is long."""
     k = start - 1
-    while k >= 0 and lines[k].strip().startswith(("//", "#[")):
+    while k >= 0 and lines[k] is not None and lines[k].strip().startswith(("//", "#[")):
         if lines[k].strip().startswith("// Long:"):
             return True
         k -= 1
@@ -61,9 +86,12 @@ def check(path):
     lines = open(path, encoding="utf-8").read().split("\n")
     code = code_lines(lines)
     problems = []
-    if len(code) > FILE_LIMIT and not any(l.startswith("//! Long:") for l in code):
-        problems.append(f"{path}: {len(code)} lines of code (at most {FILE_LIMIT}, or a `//! Long:` line saying why)")
+    length = count_code(code)
+    if length > FILE_LIMIT and not any(l is not None and l.startswith("//! Long:") for l in code):
+        problems.append(f"{path}: {length} lines of code (at most {FILE_LIMIT}, or a `//! Long:` line saying why)")
     for i, line in enumerate(code):
+        if line is None:
+            continue
         m = FUNCTION.match(line)
         if not m or line.rstrip().endswith(";"):
             continue

@@ -7,20 +7,6 @@
 // The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
 const _: Option<&str> = option_env!("FARM_CHECKOUT");
 
-/// `println!` that ends the process quietly when stdout is a closed pipe (`farm ... | head`)
-/// instead of panicking.
-#[macro_export]
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                std::process::exit(0);
-            }
-        }
-    }};
-}
-
 mod cmd;
 mod metrics_http;
 mod report;

@@ -13,6 +13,20 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tracing_subscriber::fmt::{format, FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
+/// `println!` that ends the process quietly when stdout is a closed pipe (`farm ... | head`)
+/// instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+pub(crate) use outln;
+
 /// The progress bar being drawn, if any: log lines are printed above it.
 fn active_bar() -> &'static Mutex<Option<ProgressBar>> {
     static BAR: OnceLock<Mutex<Option<ProgressBar>>> = OnceLock::new();

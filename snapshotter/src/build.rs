@@ -256,7 +256,7 @@ async fn build_into(
         ..forker.vm.clone()
     };
     let disk = staging.join("disk.qcow2");
-    create_overlay(&artifacts.image.path, "raw", &disk)?;
+    create_overlay(&artifacts.image.path, "raw", &disk).await?;
     let run_dir = RunDir::create(&settings.run_root)?;
     let plan = LaunchPlan {
         kernel: Some(artifacts.kernel.path.clone()),
@@ -307,25 +307,15 @@ pub(crate) async fn provision(
     }
     for file in &template.files {
         let src = base_dir.join(&file.src);
-        let contents = std::fs::read(&src).map_err(|source| BuildError::File {
+        let read = tokio::fs::read(&src).await;
+        let contents = read.map_err(|source| BuildError::File {
             src: src.display().to_string(),
             source,
         })?;
         progress(&format!("copying {} -> {}", file.src.display(), file.dest));
         agent.write_file(&file.dest, contents, file.mode).await?;
     }
-    // Egress for the setup commands only, through farm's proxy; each attempt is reported.
-    let attempts: Arc<Mutex<Vec<String>>> = Default::default();
-    if !template.network.is_empty() {
-        let sink = attempts.clone();
-        machine.set_network(egress::Policy {
-            allow: template.network.allow.clone(),
-            log: Some(Arc::new(move |attempt: &egress::Attempt| {
-                sink.lock().unwrap_or_else(|e| e.into_inner()).push(attempt.to_string())
-            })),
-            rules: Default::default(),
-        });
-    }
+    let attempts = open_setup_network(machine, template);
     let report_attempts = || {
         for line in attempts.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             progress(&line);
@@ -333,22 +323,7 @@ pub(crate) async fn provision(
     };
     for (index, command) in template.setup.iter().enumerate() {
         progress(&format!("setup [{}/{}] {command}", index + 1, template.setup.len()));
-        // The image's Env and WorkingDir, under the template's own env.
-        let mut env: BTreeMap<String, String> = image_config
-            .env
-            .iter()
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        env.extend(template.network.proxy_env());
-        env.extend(template.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let options = ExecOptions {
-            env: env.into_iter().collect(),
-            cwd: (!image_config.working_dir.is_empty()).then(|| image_config.working_dir.clone()),
-            timeout: Some(Duration::from_secs(template.setup_timeout_secs)),
-            ..ExecOptions::shell(command.clone())
-        };
-        let out = agent.exec(options).await;
+        let out = agent.exec(setup_options(template, image_config, command)).await;
         report_attempts();
         let out = out?;
         if out.result.exit_code != Some(0) {
@@ -357,13 +332,7 @@ pub(crate) async fn provision(
             } else {
                 format!("exit code {}", out.shell_exit_code())
             };
-            return Err(BuildError::SetupFailed {
-                index: index + 1,
-                command: command.clone(),
-                status,
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            });
+            return Err(setup_failed(index + 1, command, status, &out));
         }
     }
     // Setup is over: the snapshot, and every fork of it, starts with no network.
@@ -380,19 +349,61 @@ pub(crate) async fn provision(
         report_attempts();
         let out = out?;
         if out.result.exit_code != Some(0) {
-            return Err(BuildError::SetupFailed {
-                index: template.setup.len() + index + 1,
-                command: command.clone(),
-                status: format!("exit code {}", out.shell_exit_code()),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            });
+            let status = format!("exit code {}", out.shell_exit_code());
+            return Err(setup_failed(template.setup.len() + index + 1, command, status, &out));
         }
     }
     Ok(())
 }
 
-/// Wraps the state, makes the empty fork overlay, writes the manifest and commits.
+/// Egress for the setup commands only, through farm's proxy: each attempt is kept in the
+/// returned list, to be reported.
+fn open_setup_network(machine: &Machine, template: &TemplateConfig) -> Arc<Mutex<Vec<String>>> {
+    let attempts: Arc<Mutex<Vec<String>>> = Default::default();
+    if !template.network.is_empty() {
+        let sink = attempts.clone();
+        machine.set_network(egress::Policy {
+            allow: template.network.allow.clone(),
+            log: Some(Arc::new(move |attempt: &egress::Attempt| {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(attempt.to_string())
+            })),
+            rules: Default::default(),
+        });
+    }
+    attempts
+}
+
+/// A setup command as it runs: the image's Env and WorkingDir, the proxy's variables when
+/// the template has egress, and the template's own env over them.
+fn setup_options(template: &TemplateConfig, image_config: &images::ImageConfig, command: &str) -> ExecOptions {
+    let mut env: BTreeMap<String, String> = image_config
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.extend(template.network.proxy_env());
+    env.extend(template.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    ExecOptions {
+        env: env.into_iter().collect(),
+        cwd: (!image_config.working_dir.is_empty()).then(|| image_config.working_dir.clone()),
+        timeout: Some(Duration::from_secs(template.setup_timeout_secs)),
+        ..ExecOptions::shell(command.to_string())
+    }
+}
+
+fn setup_failed(index: usize, command: &str, status: String, out: &vmm::ExecOutput) -> BuildError {
+    BuildError::SetupFailed {
+        index,
+        command: command.to_string(),
+        status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Wraps the state, makes the empty fork overlay, writes the manifest and commits, on a
+/// blocking thread (`qemu-img`, fsync), off the async runtime's workers.
 #[allow(clippy::too_many_arguments)]
 async fn finish(
     staging: &Path,
@@ -406,11 +417,6 @@ async fn finish(
     artifacts: &GuestArtifacts,
     forker: &Forker,
 ) -> Result<Snapshot, BuildError> {
-    statefile::write(raw_state, &staging.join("state.bin"))?;
-    std::fs::remove_file(raw_state).map_err(io_err("removing the raw state"))?;
-    // Forks' overlays point at the snapshot's final location.
-    let final_disk: PathBuf = store.path_of(id).join("disk.qcow2");
-    create_overlay_unchecked(&final_disk, &staging.join("disk.qcow2"), &staging.join("overlay.qcow2"))?;
     let manifest = SnapshotManifest {
         format_version: SNAPSHOT_FORMAT_VERSION,
         id: id.to_string(),
@@ -429,7 +435,18 @@ async fn finish(
         cpus: template.cpus,
         files: Default::default(),
     };
-    Ok(store.commit(staging, manifest)?)
+    let (staging, raw_state, store) = (staging.to_path_buf(), raw_state.to_path_buf(), store.clone());
+    let commit = move || -> Result<Snapshot, BuildError> {
+        statefile::write(&raw_state, &staging.join("state.bin"))?;
+        std::fs::remove_file(&raw_state).map_err(io_err("removing the raw state"))?;
+        // Forks' overlays point at the snapshot's final location.
+        let final_disk: PathBuf = store.path_of(&manifest.id).join("disk.qcow2");
+        create_overlay_unchecked(&final_disk, &staging.join("disk.qcow2"), &staging.join("overlay.qcow2"))?;
+        Ok(store.commit(&staging, manifest)?)
+    };
+    tokio::task::spawn_blocking(commit)
+        .await
+        .map_err(|e| BuildError::Machine(MachineError::Overlay(format!("the snapshot's commit task failed: {e}"))))?
 }
 
 /// Creates an overlay whose backing path (`backing_final`) does not exist yet; the size is
@@ -530,7 +547,7 @@ async fn snapshot_fork_into(
     // same size; the fork's own overlay belongs to the fork's QEMU user alone).
     let helper_dir = RunDir::create(&settings.run_root)?;
     let helper_disk = helper_dir.path().join("disk.qcow2");
-    create_overlay(&parent.disk_path(), "qcow2", &helper_disk)?;
+    create_overlay(&parent.disk_path(), "qcow2", &helper_disk).await?;
     let plan = LaunchPlan {
         kernel: None,
         disk: helper_disk,
@@ -556,12 +573,22 @@ async fn snapshot_fork_into(
     wait_incoming_done(&helper).await?;
     // The fork's disk at this moment becomes the child's disk (its backing is the parent's).
     let disk = staging.join("disk.qcow2");
-    std::fs::copy(&fork.machine.spec().disk, &disk).map_err(io_err("copying the fork's disk overlay"))?;
+    copy_off_runtime(&fork.machine.spec().disk, &disk).await?;
     let raw = staging.join("state.raw");
     helper.save_state(&raw).await?;
     helper.shutdown().await;
     let _ = std::fs::copy(fork.machine.run_dir().join("console.log"), staging.join("console.log"));
     finish_child(staging, &raw, store, id, label, parent, forker).await
+}
+
+/// Copies a fork's disk overlay (it may be large) on a blocking thread.
+pub(crate) async fn copy_off_runtime(from: &Path, to: &Path) -> Result<(), BuildError> {
+    let (from, to) = (from.to_path_buf(), to.to_path_buf());
+    tokio::task::spawn_blocking(move || std::fs::copy(&from, &to))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(io_err("copying the fork's disk overlay"))?;
+    Ok(())
 }
 
 /// [`finish`] for a child of `parent`: the state saved at `raw_state`, the rest in `staging`.

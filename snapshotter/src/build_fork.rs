@@ -18,7 +18,7 @@ use vmm::qemu::RamBacking;
 
 use crate::build::{finish_child, BuildError};
 use crate::fork::{Fork, ForkError, ForkIdentity, Forker};
-use crate::store::{io_err, remove_tree, Claim, Snapshot, SnapshotStore};
+use crate::store::{remove_tree, Claim, Snapshot, SnapshotStore};
 
 /// A fork for one build step; [`BuildFork::commit`] makes it a child snapshot. Dropped
 /// without a commit, its QEMU is stopped and its staging folder removed.
@@ -115,8 +115,7 @@ impl BuildFork {
         let machine = &mut self.fork.machine;
         machine.agent().quiesce().await?;
         // The fork's disk at this moment becomes the child's disk (its backing is the parent's).
-        std::fs::copy(&machine.spec().disk, staging.join("disk.qcow2"))
-            .map_err(io_err("copying the fork's disk overlay"))?;
+        crate::build::copy_off_runtime(&machine.spec().disk, &staging.join("disk.qcow2")).await?;
         let raw = staging.join("state.raw");
         machine.save_state(&raw).await?;
         let _ = std::fs::copy(machine.run_dir().join("console.log"), staging.join("console.log"));

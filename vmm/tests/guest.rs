@@ -303,7 +303,7 @@ fn a_guest_that_dies_while_booting_is_reported_not_waited_for() {
         let a = common::artifacts("minimal");
         let run_dir = vmm::machine::RunDir::create(&settings.run_root).unwrap();
         let disk = run_dir.path().join("disk.qcow2");
-        vmm::machine::create_overlay(&a.image.path, "raw", &disk).unwrap();
+        vmm::machine::create_overlay(&a.image.path, "raw", &disk).await.unwrap();
         let plan = vmm::machine::LaunchPlan {
             kernel: Some(a.kernel.path.clone()),
             disk,

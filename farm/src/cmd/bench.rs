@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::measure::{check_host_limits, percentiles, print_report, round};
-use snapshotter::{build_template, ForkIdentity, Forker, PoolMode, SnapshotStore, TemplateConfig, WarmPool};
+use super::measure::{bench_template, check_host_limits, percentiles, print_report, round};
+use snapshotter::{ForkIdentity, Forker, PoolMode, WarmPool};
 use vmm::{AccelSetting, ExecOptions, GuestArtifacts, Machine, VmSettings};
 
 #[derive(Subcommand)]
@@ -242,25 +242,6 @@ async fn fork(args: ForkArgs) -> Result<i32> {
     });
     print_report(&report, args.json);
     Ok(0)
-}
-
-/// The template snapshot of `image` the benchmarks fork from (built once, then cached).
-pub(super) async fn bench_template(forker: &Forker, image: &str) -> Result<snapshotter::Snapshot> {
-    let store = SnapshotStore::default_location();
-    let template = TemplateConfig::of_image(image);
-    let quiet = |_: &str| {};
-    let snapshot = build_template(
-        &store,
-        forker,
-        &template,
-        std::path::Path::new("."),
-        &format!("bench-{image}"),
-        &quiet,
-    )
-    .await
-    .context("building the benchmark template")?
-    .snapshot;
-    Ok(snapshot)
 }
 
 /// Fork without the pool: spawn QEMU, load state, identity, first exec; `n` forks,

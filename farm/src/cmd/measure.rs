@@ -1,8 +1,27 @@
-//! What the benchmarks share: percentiles, rounding, the report's printing, and the check of
-//! the host's limits before VMs are held alive.
+//! What the benchmarks share: their template, percentiles, rounding, the report's printing,
+//! and the check of the host's limits before VMs are held alive.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
+
+/// The template snapshot of `image` the benchmarks fork from (built once, then cached).
+pub(crate) async fn bench_template(forker: &snapshotter::Forker, image: &str) -> Result<snapshotter::Snapshot> {
+    let store = snapshotter::SnapshotStore::default_location();
+    let template = snapshotter::TemplateConfig::of_image(image);
+    let quiet = |_: &str| {};
+    let snapshot = snapshotter::build_template(
+        &store,
+        forker,
+        &template,
+        std::path::Path::new("."),
+        &format!("bench-{image}"),
+        &quiet,
+    )
+    .await
+    .context("building the benchmark template")?
+    .snapshot;
+    Ok(snapshot)
+}
 
 /// p50 and p99 of milliseconds (nearest rank).
 pub(crate) fn percentiles(samples: &[f64]) -> serde_json::Value {
@@ -21,12 +40,12 @@ pub(crate) fn round(x: f64) -> f64 {
 
 pub(crate) fn print_report(report: &serde_json::Value, as_json: bool) {
     if as_json {
-        crate::outln!("{report}");
+        crate::ui::outln!("{report}");
         return;
     }
     if let Some(map) = report.as_object() {
         for (k, v) in map {
-            crate::outln!("{k:<40} {v}");
+            crate::ui::outln!("{k:<40} {v}");
         }
     }
 }

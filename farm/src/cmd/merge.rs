@@ -129,7 +129,7 @@ pub async fn run(args: MergeArgs) -> Result<i32> {
         .with_context(|| format!("moving the merged run into {}", args.out.display()))?;
     std::mem::forget(staging); // renamed: nothing left to remove
     let by_status: BTreeMap<&String, &usize> = summary.totals.counts.iter().collect();
-    crate::outln!(
+    crate::ui::outln!(
         "merged {} shard(s) of {count} into {}: {} rows ({})",
         shards.len(),
         args.out.display(),

@@ -21,10 +21,10 @@ pub async fn run(args: RepairArgs) -> Result<i32> {
     for file in &repaired {
         let name = file.file.display();
         match (&file.quarantine, file.bad_lines.as_slice(), file.torn_bytes) {
-            (None, [], 0) => crate::outln!("{name}: sound, left as it is"),
+            (None, [], 0) => crate::ui::outln!("{name}: sound, left as it is"),
             (quarantine, lines, torn) => {
                 if let Some(q) = quarantine {
-                    crate::outln!(
+                    crate::ui::outln!(
                         "{name}: moved {} line(s) ({}) to {}",
                         lines.len(),
                         lines.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", "),
@@ -32,7 +32,7 @@ pub async fn run(args: RepairArgs) -> Result<i32> {
                     );
                 }
                 if torn > 0 {
-                    crate::outln!("{name}: cut a torn last line of {torn} bytes (an append that never finished)");
+                    crate::ui::outln!("{name}: cut a torn last line of {torn} bytes (an append that never finished)");
                 }
             }
         }

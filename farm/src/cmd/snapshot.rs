@@ -49,7 +49,7 @@ pub async fn run(command: SnapshotCommand) -> Result<i32> {
             let mut code = 0;
             for id in ids {
                 match store.remove(&id) {
-                    Ok(()) => crate::outln!("removed {id}"),
+                    Ok(()) => crate::ui::outln!("removed {id}"),
                     Err(e) => {
                         eprintln!("farm: {e}");
                         code = 1;
@@ -66,7 +66,7 @@ pub async fn run(command: SnapshotCommand) -> Result<i32> {
                     .get(&id)
                     .and_then(|s| s.check_files().and_then(|()| s.verify_checksums()))
                 {
-                    Ok(()) => crate::outln!("{id}: ok"),
+                    Ok(()) => crate::ui::outln!("{id}: ok"),
                     Err(e) => {
                         eprintln!("farm: {e}");
                         code = 1;
@@ -82,7 +82,7 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
     let (snapshots, damaged) = store.list();
     if args.json {
         let manifests: Vec<_> = snapshots.iter().map(|s| &s.manifest).collect();
-        crate::outln!("{}", serde_json::to_string_pretty(&manifests)?);
+        crate::ui::outln!("{}", serde_json::to_string_pretty(&manifests)?);
         return Ok(0);
     }
     let host = VmSettings::detect(AccelSetting::Auto)
@@ -93,7 +93,7 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    crate::outln!(
+    crate::ui::outln!(
         "{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  STATUS",
         "ID",
         "PARENT",
@@ -116,7 +116,7 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
             },
             None => "?".to_string(),
         };
-        crate::outln!(
+        crate::ui::outln!(
             "{:<24} {:<24} {:<16} {:>8} {:>9} {:>9}  {}",
             m.id,
             m.parent.as_deref().unwrap_or("-"),
@@ -128,7 +128,7 @@ fn ls(store: &SnapshotStore, args: LsArgs) -> Result<i32> {
         );
     }
     for (id, e) in damaged {
-        crate::outln!("{id:<24} damaged: {e}");
+        crate::ui::outln!("{id:<24} damaged: {e}");
     }
     Ok(0)
 }
@@ -173,9 +173,9 @@ fn gc(store: &SnapshotStore, dry_run: bool) -> Result<i32> {
     let removed = store.gc(&keep, dry_run)?;
     let verb = if dry_run { "would remove" } else { "removed" };
     for id in &removed {
-        crate::outln!("{verb} {id}");
+        crate::ui::outln!("{verb} {id}");
     }
-    crate::outln!("{} snapshot folders {verb}", removed.len());
+    crate::ui::outln!("{} snapshot folders {verb}", removed.len());
     Ok(0)
 }
 

@@ -66,14 +66,14 @@ async fn build(args: BuildArgs) -> Result<i32> {
         .await
         .with_context(|| format!("building template {}", args.config.display()))?;
     if quiet {
-        crate::outln!("{}", built.snapshot.id());
+        crate::ui::outln!("{}", built.snapshot.id());
     } else {
         let verb = if built.reused {
             "reused existing snapshot"
         } else {
             "built snapshot"
         };
-        crate::outln!(
+        crate::ui::outln!(
             "{verb} {} in {:.1} s ({})",
             built.snapshot.id(),
             started.elapsed().as_secs_f64(),

@@ -385,7 +385,7 @@ pub async fn run(args: ReportArgs) -> Result<i32> {
         index.display(),
         started.elapsed().as_secs_f64()
     );
-    crate::outln!("{}", index.display());
+    crate::ui::outln!("{}", index.display());
     if args.open {
         if let Err(e) = std::process::Command::new("xdg-open").arg(&index).spawn() {
             eprintln!(

@@ -188,7 +188,10 @@ impl Service {
             e => ApiError::new(503, format!("pausing session {id:?} failed: {}", engine::describe(&e))),
         })?;
         // The folder is complete before the journal says so; the VM stops only after that.
-        let written = write_json(&dir.join("session.json"), &file);
+        let path = dir.join("session.json");
+        let written = tokio::task::spawn_blocking(move || write_json(&path, &file))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         let journaled = match written {
             Ok(()) => self
                 .recorder

@@ -149,8 +149,16 @@ fn sweep_stale_run_dirs(root: &Path) {
     }
 }
 
-/// Creates a qcow2 overlay at `overlay` over `backing` (format `backing_format`).
-pub fn create_overlay(backing: &Path, backing_format: &str, overlay: &Path) -> Result<(), MachineError> {
+/// Creates a qcow2 overlay at `overlay` over `backing` (format `backing_format`), running
+/// `qemu-img` on a blocking thread, off the async runtime's workers.
+pub async fn create_overlay(backing: &Path, backing_format: &str, overlay: &Path) -> Result<(), MachineError> {
+    let (backing, format, overlay) = (backing.to_path_buf(), backing_format.to_string(), overlay.to_path_buf());
+    tokio::task::spawn_blocking(move || create_overlay_blocking(&backing, &format, &overlay))
+        .await
+        .map_err(|e| MachineError::Overlay(format!("the qemu-img task failed: {e}")))?
+}
+
+fn create_overlay_blocking(backing: &Path, backing_format: &str, overlay: &Path) -> Result<(), MachineError> {
     let qemu_img = find_program("qemu-img").ok_or(MachineError::QemuImgNotFound)?;
     let out = Command::new(qemu_img)
         .args(["create", "-q", "-f", "qcow2", "-F", backing_format, "-b"])

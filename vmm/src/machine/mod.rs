@@ -273,7 +273,7 @@ impl Machine {
     pub async fn boot(settings: &VmSettings, kernel: &Path, image: &Path) -> Result<Machine, MachineError> {
         let run_dir = RunDir::create(&settings.run_root)?;
         let disk = run_dir.path().join("disk.qcow2");
-        create_overlay(image, "raw", &disk)?;
+        create_overlay(image, "raw", &disk).await?;
         let ram = RamBacking {
             path: run_dir.path().join("memory"),
             shared: false,

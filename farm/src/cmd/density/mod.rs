@@ -246,7 +246,7 @@ pub async fn density(args: DensityArgs) -> Result<i32> {
         settings.tcg_tb_size_mib = (mib > 0).then_some(mib);
     }
     let forker = Forker::new(settings.clone())?;
-    let snapshot = super::bench::bench_template(&forker, &args.image).await?;
+    let snapshot = super::measure::bench_template(&forker, &args.image).await?;
     say(&format!("template snapshot {}", snapshot.id()));
     let (run, forks) = measure(&args, &forker, &snapshot, &say).await?;
     let report = run.report(&args, &settings, &snapshot);
