@@ -53,26 +53,21 @@ def create_context(archive: bytes) -> Call:
     return Call("POST", "/v1/contexts", content=archive, content_type=TAR, idempotency_key=new_key())
 
 
-def create_environment(
-    *,
-    image: Optional[str] = None,
-    dockerfile: Optional[Dict[str, Any]] = None,
-    cpus: Optional[int],
-    memory_mib: Optional[int],
-    disk_mib: Optional[int],
-    setup: Optional[Sequence[str]],
-    force: bool,
-) -> Call:
-    body = _given(
-        image=image,
-        dockerfile=dockerfile,
+def environment_options(
+    cpus: Optional[int], memory_mib: Optional[int], disk_mib: Optional[int], setup: Optional[Sequence[str]], force: bool
+) -> Dict[str, Any]:
+    return _given(
         cpus=cpus,
         memory_mib=memory_mib,
         disk_mib=disk_mib,
         setup=list(setup) if setup is not None else None,
         force=True if force else None,
     )
-    return Call("POST", "/v1/environments", json=body, idempotency_key=new_key())
+
+
+def create_environment(source: Mapping[str, Any], options: Mapping[str, Any]) -> Call:
+    """`source` is `{"image": ...}` or `{"dockerfile": ...}`; `options` as `environment_options`."""
+    return Call("POST", "/v1/environments", json=dict(source, **options), idempotency_key=new_key())
 
 
 def dockerfile_path(context_dir: str, dockerfile: str) -> str:
@@ -219,13 +214,13 @@ def sandbox_action(sandbox_id: str, action: str) -> Call:
 def exec_call(
     sandbox_id: str,
     command: Command,
-    *,
     cwd: Optional[str],
     env: Optional[Mapping[str, str]],
     user: Optional[str],
     timeout: Optional[float],
     stdin: Union[str, bytes, None],
     max_output_bytes: Optional[int],
+    *,
     stream: bool,
 ) -> Call:
     """An exec, whole or streamed. Never sent again once it may have reached the service (the

@@ -15,50 +15,70 @@ plain functions or coroutine functions.
 from __future__ import annotations
 
 import inspect
-import logging
-import os
-import tempfile
+from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import (
-    Any,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Generator,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Tuple,
-    Type,
-    Union,
-)
+from typing import Any, AsyncIterator, Awaitable, Generator, List, Mapping, Optional, Sequence, Type, TypeVar, Union
 
 import httpx
 
 from . import _calls as calls
+from . import _core as core
 from ._calls import Command, EnvironmentRef
+from ._core import Callback, ExecItem
 from ._http import AsyncHTTP, Call
-from ._sse import ExecStream
-from ._tar import extract_tar, pack_dir
-from .errors import BuildError, FarmError, NotFound
 from .models import AsyncEnvironment, Context, ExecResult, LogPage, SandboxInfo
 
 __all__ = ["AsyncFarm", "AsyncEnvironments", "AsyncSandboxes", "AsyncSandbox", "AsyncFiles"]
 
-log = logging.getLogger("farm_sdk")
-
-#: A callback: a function, or a coroutine function.
-Callback = Callable[[str], Any]
-#: What `iter_exec` yields: output chunks, then the result.
-ExecItem = Union[Tuple[str, str], ExecResult]
+T = TypeVar("T")
 
 
-async def _call_back(callback: Optional[Callback], text: str) -> None:
-    if callback is not None:
-        result = callback(text)
-        if inspect.isawaitable(result):
-            await result
+async def _iterate(http: AsyncHTTP, operation: core.Operation[Any]) -> AsyncIterator[Any]:
+    """Performs `operation`'s effects (see `_core`) with `http`, awaiting what a callback
+    returns when it is awaitable: yields what it emits, then what it returns."""
+    with core.Progress(operation) as progress:
+        async with AsyncExitStack() as streams:
+            pieces: Any = None
+
+            async def perform(effect: Any) -> Any:
+                nonlocal pieces
+                if isinstance(effect, Call):
+                    return await http.send(effect)
+                if isinstance(effect, core.Open):
+                    response = await streams.enter_async_context(http.stream(effect.call))
+                    pieces = response.aiter_text() if effect.text else response.aiter_bytes()
+                elif effect is core.READ:
+                    return await _next(pieces)
+                elif isinstance(effect, core.Notify) and effect.callback is not None:
+                    called = effect.callback(effect.text)
+                    if inspect.isawaitable(called):
+                        await called
+                return None
+
+            while not progress.done:
+                effect = progress.effect
+                if isinstance(effect, core.Emit):
+                    yield effect.item
+                try:
+                    outcome = await perform(effect)
+                except BaseException as error:
+                    progress.fail(error)
+                else:
+                    progress.answer(outcome)
+    yield progress.value
+
+
+async def _next(pieces: AsyncIterator[Any]) -> Any:
+    try:
+        return await pieces.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _run(http: AsyncHTTP, operation: core.Operation[T]) -> T:
+    async for result in _iterate(http, operation):
+        pass
+    return result
 
 
 class AsyncFarm:
@@ -105,15 +125,6 @@ class AsyncEnvironments:
     def _environment(self, answer: object) -> AsyncEnvironment:
         return AsyncEnvironment.from_json(answer, self)
 
-    async def _settle(
-        self, env: AsyncEnvironment, wait: bool, on_log: Optional[Callback], timeout: Optional[float]
-    ) -> AsyncEnvironment:
-        if wait and env.building:
-            return await env.wait(on_log=on_log, timeout=timeout)
-        if wait and env.failed:
-            raise BuildError.of(env)
-        return env
-
     async def create(
         self,
         image: str,
@@ -127,15 +138,12 @@ class AsyncEnvironments:
         timeout: Optional[float] = None,
     ) -> AsyncEnvironment:
         """See `Environments.create`."""
-        call = calls.create_environment(
-            image=image, cpus=cpus, memory_mib=memory_mib, disk_mib=disk_mib, setup=setup, force=force
-        )
-        return await self._settle(self._environment(await self._http.json(call)), wait, on_log, timeout)
+        options = calls.environment_options(cpus, memory_mib, disk_mib, setup, force)
+        return await _run(self._http, core.create_environment(self._environment, image, options, wait, on_log, timeout))
 
     async def upload_context(self, context_dir: str) -> Context:
         """See `Environments.upload_context`."""
-        archive = pack_dir(context_dir, for_context=True)
-        return Context.from_json(await self._http.json(calls.create_context(archive)))
+        return await _run(self._http, core.upload_context(context_dir))
 
     async def from_dockerfile(
         self,
@@ -153,42 +161,28 @@ class AsyncEnvironments:
         timeout: Optional[float] = None,
     ) -> AsyncEnvironment:
         """See `Environments.from_dockerfile`."""
-        path = calls.dockerfile_path(context_dir, dockerfile)
-        context = await self.upload_context(context_dir)
-        spec = calls.dockerfile_spec(context.id, path, build_args, target)
-        call = calls.create_environment(
-            dockerfile=spec, cpus=cpus, memory_mib=memory_mib, disk_mib=disk_mib, setup=setup, force=force
-        )
-        return await self._settle(self._environment(await self._http.json(call)), wait, on_log, timeout)
+        options = calls.environment_options(cpus, memory_mib, disk_mib, setup, force)
+        return await _run(self._http, core.environment_from_dockerfile(
+            self._environment, context_dir, dockerfile, build_args, target, options, wait, on_log, timeout
+        ))
 
     async def get(self, environment_id: str) -> AsyncEnvironment:
-        return self._environment(await self._http.json(calls.get_environment(environment_id)))
+        return await _run(self._http, core.get_environment(self._environment, environment_id))
 
     async def list(self) -> List[AsyncEnvironment]:
-        answer = await self._http.json(calls.list_environments())
-        return [self._environment(e) for e in calls.listed(answer, "environments")]
+        return await _run(self._http, core.list_environments(self._environment))
 
     async def delete(self, environment_id: str) -> None:
-        await self._http.send(calls.delete_environment(environment_id))
+        await _run(self._http, core.delete_environment(environment_id))
 
     async def logs(self, environment_id: str, offset: int = 0, wait: float = 0) -> LogPage:
-        return calls.log_page(await self._http.json(calls.environment_logs(environment_id, offset, wait)))
+        return await _run(self._http, core.environment_logs(environment_id, offset, wait))
 
     async def wait(
         self, environment_id: str, on_log: Optional[Callback] = None, timeout: Optional[float] = None
     ) -> AsyncEnvironment:
         """See `Environments.wait`."""
-        waiting = calls.BuildWait(environment_id, timeout)
-        while True:
-            lines, offset, state = await self.logs(environment_id, waiting.offset, waiting.poll_secs())
-            for line in lines:
-                await _call_back(on_log, line)
-            if waiting.done(lines, offset, state):
-                break
-        env = await self.get(environment_id)
-        if env.failed:
-            raise BuildError.of(env)
-        return env
+        return await _run(self._http, core.wait_for_build(self._environment, environment_id, on_log, timeout))
 
 
 class AsyncSandboxes:
@@ -216,19 +210,16 @@ class AsyncSandboxes:
         options = calls.sandbox_options(
             env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata
         )
-        return SandboxCreation(self._create(calls.create_sandbox(environment, options)))
+        return SandboxCreation(self._sandbox(core.create_sandbox(environment, options)))
 
-    async def _create(self, call: Call) -> "AsyncSandbox":
-        answer = await self._farm._http.json(call)
-        return AsyncSandbox(self._farm, SandboxInfo.from_json(answer).id)
+    async def _sandbox(self, finding: core.Operation[str]) -> "AsyncSandbox":
+        return AsyncSandbox(self._farm, await _run(self._farm._http, finding))
 
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
-        answer = await self._farm._http.json(calls.get_sandbox(sandbox_id))
-        return AsyncSandbox(self._farm, SandboxInfo.from_json(answer).id)
+        return await self._sandbox(core.get_sandbox(sandbox_id))
 
     async def list(self) -> List[SandboxInfo]:
-        answer = await self._farm._http.json(calls.list_sandboxes())
-        return [SandboxInfo.from_json(s) for s in calls.listed(answer, "sandboxes")]
+        return await _run(self._farm._http, core.list_sandboxes())
 
 
 class SandboxCreation:
@@ -281,17 +272,8 @@ class AsyncSandbox:
         owner = farm or AsyncFarm()
         try:
             return await owner.sandboxes.create(
-                environment,
-                env=env,
-                workdir=workdir,
-                user=user,
-                network=network,
-                disk_mib=disk_mib,
-                idle_timeout_secs=idle_timeout_secs,
-                lifetime_secs=lifetime_secs,
-                cpus=cpus,
-                memory_mib=memory_mib,
-                metadata=metadata,
+                environment, env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus,
+                memory_mib, metadata,
             )
         except BaseException:
             if farm is None:
@@ -303,7 +285,7 @@ class AsyncSandbox:
         return self.farm._http
 
     async def info(self) -> SandboxInfo:
-        return SandboxInfo.from_json(await self._http.json(calls.get_sandbox(self.id)))
+        return await _run(self._http, core.sandbox_info(self.id))
 
     async def exec(
         self,
@@ -316,18 +298,8 @@ class AsyncSandbox:
         max_output_bytes: Optional[int] = None,
     ) -> ExecResult:
         """See `Sandbox.exec`."""
-        call = calls.exec_call(
-            self.id,
-            command,
-            cwd=cwd,
-            env=env,
-            user=user,
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            stream=False,
-        )
-        return ExecResult.from_json(await self._http.json(call))
+        call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=False)
+        return await _run(self._http, core.exec_result(call))
 
     async def iter_exec(
         self,
@@ -340,29 +312,9 @@ class AsyncSandbox:
         max_output_bytes: Optional[int] = None,
     ) -> AsyncIterator[ExecItem]:
         """See `Sandbox.iter_exec`: `async for item in sb.iter_exec(...)`."""
-        call = calls.exec_call(
-            self.id,
-            command,
-            cwd=cwd,
-            env=env,
-            user=user,
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            stream=True,
-        )
-        events = ExecStream(call.method, call.path)
-        async for chunk in self._chunks(call, events):
-            yield chunk
-        yield events.finish()
-
-    async def _chunks(self, call: Call, events: ExecStream) -> AsyncIterator[Tuple[str, str]]:
-        async with self._http.stream(call) as response:
-            async for text in response.aiter_text():
-                for chunk in events.feed(text):
-                    yield chunk
-                if events.ended:
-                    return
+        call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=True)
+        async for item in _iterate(self._http, core.exec_streamed(call, core.Emit)):
+            yield item
 
     async def exec_stream(
         self,
@@ -377,42 +329,24 @@ class AsyncSandbox:
         on_stderr: Optional[Callback] = None,
     ) -> ExecResult:
         """See `Sandbox.exec_stream`."""
-        call = calls.exec_call(
-            self.id,
-            command,
-            cwd=cwd,
-            env=env,
-            user=user,
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            stream=True,
-        )
-        events = ExecStream(call.method, call.path)
-        async for stream, text in self._chunks(call, events):
-            await _call_back(on_stdout if stream == "stdout" else on_stderr, text)
-        return events.finish()
+        call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=True)
+        return await _run(self._http, core.exec_streamed(call, core.to_callbacks(on_stdout, on_stderr)))
 
     async def branch(self) -> "AsyncSandbox":
-        answer = await self._http.json(calls.sandbox_action(self.id, "branch"))
-        return AsyncSandbox(self.farm, SandboxInfo.from_json(answer).id)
+        return AsyncSandbox(self.farm, await _run(self._http, core.branch(self.id)))
 
     async def pause(self) -> SandboxInfo:
-        return SandboxInfo.from_json(await self._http.json(calls.sandbox_action(self.id, "pause")))
+        return await _run(self._http, core.pause_or_resume(self.id, "pause"))
 
     async def resume(self) -> SandboxInfo:
-        return SandboxInfo.from_json(await self._http.json(calls.sandbox_action(self.id, "resume")))
+        return await _run(self._http, core.pause_or_resume(self.id, "resume"))
 
     async def snapshot(self) -> AsyncEnvironment:
-        answer = await self._http.json(calls.sandbox_action(self.id, "snapshot"))
-        return self.farm.environments._environment(answer)
+        return await _run(self._http, core.snapshot(self.farm.environments._environment, self.id))
 
     async def kill(self) -> None:
         """See `Sandbox.kill`: a sandbox that is gone is no error."""
-        try:
-            await self._http.send(calls.delete_sandbox(self.id))
-        except NotFound:
-            pass
+        await _run(self._http, core.kill(self.id))
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -420,12 +354,7 @@ class AsyncSandbox:
     async def __aexit__(
         self, kind: Optional[Type[BaseException]], error: Optional[BaseException], tb: Optional[TracebackType]
     ) -> None:
-        try:
-            await self.kill()
-        except FarmError as e:
-            if error is None:
-                raise
-            log.warning("killing sandbox %s after %r failed: %s", self.id, error, e)
+        await _run(self._http, core.leave(self.id, error))
 
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.id!r})"
@@ -443,40 +372,19 @@ class AsyncFiles:
         return self._sandbox.farm._http
 
     async def write(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> None:
-        content = data.encode("utf-8") if isinstance(data, str) else data
-        await self._http.send(calls.write_file(self._sandbox.id, path, content, mode))
+        await _run(self._http, core.write_file(self._sandbox.id, path, data, mode))
 
     async def read(self, path: str) -> bytes:
-        return (await self._http.send(calls.read_file(self._sandbox.id, path))).content
+        return await _run(self._http, core.read_file(self._sandbox.id, path))
 
     async def upload_file(self, local_path: str, remote_path: str, mode: Optional[int] = None) -> None:
-        with open(local_path, "rb") as f:
-            content = f.read()
-        call = calls.write_file(self._sandbox.id, remote_path, content, calls.local_mode(local_path, mode))
-        await self._http.send(call)
+        await _run(self._http, core.upload_file(self._sandbox.id, local_path, remote_path, mode))
 
     async def download_file(self, remote_path: str, local_path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
-        part = f"{local_path}.part"
-        try:
-            with open(part, "wb") as f:
-                async with self._http.stream(calls.read_file(self._sandbox.id, remote_path)) as response:
-                    async for chunk in response.aiter_bytes():
-                        f.write(chunk)
-            os.replace(part, local_path)
-        except BaseException:
-            if os.path.exists(part):
-                os.unlink(part)
-            raise
+        await _run(self._http, core.download_file(self._sandbox.id, remote_path, local_path))
 
     async def upload_dir(self, local_dir: str, remote_dir: str) -> None:
-        archive = pack_dir(local_dir, for_context=False)
-        await self._http.send(calls.put_folder(self._sandbox.id, remote_dir, archive))
+        await _run(self._http, core.upload_dir(self._sandbox.id, local_dir, remote_dir))
 
     async def download_dir(self, remote_dir: str, local_dir: str) -> None:
-        with tempfile.TemporaryFile() as archive:
-            async with self._http.stream(calls.get_folder(self._sandbox.id, remote_dir)) as response:
-                async for chunk in response.aiter_bytes():
-                    archive.write(chunk)
-            archive.seek(0)
-            extract_tar(archive, local_dir)
+        await _run(self._http, core.download_dir(self._sandbox.id, remote_dir, local_dir))

@@ -9,28 +9,59 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import tempfile
+from contextlib import ExitStack
 from types import TracebackType
-from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Type, TypeVar, Union
 
 import httpx
 
 from . import _calls as calls
+from . import _core as core
 from ._calls import Command, EnvironmentRef
+from ._core import ExecItem
 from ._http import Call, SyncHTTP
-from ._sse import ExecStream
-from ._tar import extract_tar, pack_dir
-from .errors import BuildError, FarmError, NotFound
 from .models import Context, Environment, ExecResult, LogPage, SandboxInfo
 
 __all__ = ["Farm", "Environments", "Sandboxes", "Sandbox", "Files"]
 
-log = logging.getLogger("farm_sdk")
+T = TypeVar("T")
 
-#: What `iter_exec` yields: output chunks, then the result.
-ExecItem = Union[Tuple[str, str], ExecResult]
+
+def _iterate(http: SyncHTTP, operation: core.Operation[Any]) -> Iterator[Any]:
+    """Performs `operation`'s effects (see `_core`) with `http`: yields what it emits, then
+    what it returns."""
+    with core.Progress(operation) as progress, ExitStack() as streams:
+        pieces: Iterator[Any] = iter(())
+
+        def perform(effect: Any) -> Any:
+            nonlocal pieces
+            if isinstance(effect, Call):
+                return http.send(effect)
+            if isinstance(effect, core.Open):
+                response = streams.enter_context(http.stream(effect.call))
+                pieces = response.iter_text() if effect.text else response.iter_bytes()
+            elif effect is core.READ:
+                return next(pieces, None)
+            elif isinstance(effect, core.Notify) and effect.callback is not None:
+                effect.callback(effect.text)
+            return None
+
+        while not progress.done:
+            effect = progress.effect
+            if isinstance(effect, core.Emit):
+                yield effect.item
+            try:
+                outcome = perform(effect)
+            except BaseException as error:
+                progress.fail(error)
+            else:
+                progress.answer(outcome)
+    yield progress.value
+
+
+def _run(http: SyncHTTP, operation: core.Operation[T]) -> T:
+    *_, result = _iterate(http, operation)
+    return result
 
 
 class Farm:
@@ -83,15 +114,6 @@ class Environments:
     def _environment(self, answer: object) -> Environment:
         return Environment.from_json(answer, self)
 
-    def _settle(
-        self, env: Environment, wait: bool, on_log: Optional[Callable[[str], None]], timeout: Optional[float]
-    ) -> Environment:
-        if wait and env.building:
-            return env.wait(on_log=on_log, timeout=timeout)
-        if wait and env.failed:
-            raise BuildError.of(env)
-        return env
-
     def create(
         self,
         image: str,
@@ -107,15 +129,13 @@ class Environments:
         """The environment of `image` (`minimal`, `python` or a registry reference), built
         unless it exists. With `wait`, returns once it is ready (each build log line goes to
         `on_log`), raising `BuildError` when it failed and `WaitTimeout` past `timeout`."""
-        call = calls.create_environment(
-            image=image, cpus=cpus, memory_mib=memory_mib, disk_mib=disk_mib, setup=setup, force=force
-        )
-        return self._settle(self._environment(self._http.json(call)), wait, on_log, timeout)
+        options = calls.environment_options(cpus, memory_mib, disk_mib, setup, force)
+        return _run(self._http, core.create_environment(self._environment, image, options, wait, on_log, timeout))
 
     def upload_context(self, context_dir: str) -> Context:
         """Uploads the folder `context_dir` as a Dockerfile build context (regular files and
         folders only; the whole folder, with no `.dockerignore` applied)."""
-        return Context.from_json(self._http.json(calls.create_context(pack_dir(context_dir, for_context=True))))
+        return _run(self._http, core.upload_context(context_dir))
 
     def from_dockerfile(
         self,
@@ -134,46 +154,31 @@ class Environments:
     ) -> Environment:
         """The environment a Dockerfile builds: `context_dir` is uploaded as its build
         context and `dockerfile` is its path there. Otherwise as `create`."""
-        path = calls.dockerfile_path(context_dir, dockerfile)
-        context = self.upload_context(context_dir)
-        spec = calls.dockerfile_spec(context.id, path, build_args, target)
-        call = calls.create_environment(
-            dockerfile=spec, cpus=cpus, memory_mib=memory_mib, disk_mib=disk_mib, setup=setup, force=force
-        )
-        return self._settle(self._environment(self._http.json(call)), wait, on_log, timeout)
+        options = calls.environment_options(cpus, memory_mib, disk_mib, setup, force)
+        return _run(self._http, core.environment_from_dockerfile(
+            self._environment, context_dir, dockerfile, build_args, target, options, wait, on_log, timeout
+        ))
 
     def get(self, environment_id: str) -> Environment:
-        return self._environment(self._http.json(calls.get_environment(environment_id)))
+        return _run(self._http, core.get_environment(self._environment, environment_id))
 
     def list(self) -> List[Environment]:
-        answer = self._http.json(calls.list_environments())
-        return [self._environment(e) for e in calls.listed(answer, "environments")]
+        return _run(self._http, core.list_environments(self._environment))
 
     def delete(self, environment_id: str) -> None:
         """Forgets an environment (409 while it builds or a sandbox made from it lives)."""
-        self._http.send(calls.delete_environment(environment_id))
+        _run(self._http, core.delete_environment(environment_id))
 
     def logs(self, environment_id: str, offset: int = 0, wait: float = 0) -> LogPage:
         """Build log lines from `offset` on, held up to `wait` seconds for a new one:
         `(lines, next_offset, state)`."""
-        return calls.log_page(self._http.json(calls.environment_logs(environment_id, offset, wait)))
+        return _run(self._http, core.environment_logs(environment_id, offset, wait))
 
     def wait(
         self, environment_id: str, on_log: Optional[Callable[[str], None]] = None, timeout: Optional[float] = None
     ) -> Environment:
         """The environment once its build ended, ready; see `create`."""
-        waiting = calls.BuildWait(environment_id, timeout)
-        while True:
-            lines, offset, state = self.logs(environment_id, waiting.offset, waiting.poll_secs())
-            if on_log is not None:
-                for line in lines:
-                    on_log(line)
-            if waiting.done(lines, offset, state):
-                break
-        env = self.get(environment_id)
-        if env.failed:
-            raise BuildError.of(env)
-        return env
+        return _run(self._http, core.wait_for_build(self._environment, environment_id, on_log, timeout))
 
 
 class Sandboxes:
@@ -201,16 +206,14 @@ class Sandboxes:
         options = calls.sandbox_options(
             env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata
         )
-        answer = self._farm._http.json(calls.create_sandbox(environment, options))
-        return Sandbox(self._farm, SandboxInfo.from_json(answer).id)
+        return Sandbox(self._farm, _run(self._farm._http, core.create_sandbox(environment, options)))
 
     def get(self, sandbox_id: str) -> "Sandbox":
         """The sandbox `sandbox_id` (`NotFound` when there is none)."""
-        return Sandbox(self._farm, SandboxInfo.from_json(self._farm._http.json(calls.get_sandbox(sandbox_id))).id)
+        return Sandbox(self._farm, _run(self._farm._http, core.get_sandbox(sandbox_id)))
 
     def list(self) -> List[SandboxInfo]:
-        answer = self._farm._http.json(calls.list_sandboxes())
-        return [SandboxInfo.from_json(s) for s in calls.listed(answer, "sandboxes")]
+        return _run(self._farm._http, core.list_sandboxes())
 
 
 class Sandbox:
@@ -242,17 +245,8 @@ class Sandbox:
         owner = farm or Farm()
         try:
             return owner.sandboxes.create(
-                environment,
-                env=env,
-                workdir=workdir,
-                user=user,
-                network=network,
-                disk_mib=disk_mib,
-                idle_timeout_secs=idle_timeout_secs,
-                lifetime_secs=lifetime_secs,
-                cpus=cpus,
-                memory_mib=memory_mib,
-                metadata=metadata,
+                environment, env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus,
+                memory_mib, metadata,
             )
         except BaseException:
             if farm is None:
@@ -264,7 +258,7 @@ class Sandbox:
         return self.farm._http
 
     def info(self) -> SandboxInfo:
-        return SandboxInfo.from_json(self._http.json(calls.get_sandbox(self.id)))
+        return _run(self._http, core.sandbox_info(self.id))
 
     def exec(
         self,
@@ -278,18 +272,8 @@ class Sandbox:
     ) -> ExecResult:
         """Runs `command` (a shell string, or an argv list) and returns how it ended. A
         command past `timeout` seconds (default 600) is killed: `timed_out` is true."""
-        call = calls.exec_call(
-            self.id,
-            command,
-            cwd=cwd,
-            env=env,
-            user=user,
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            stream=False,
-        )
-        return ExecResult.from_json(self._http.json(call))
+        call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=False)
+        return _run(self._http, core.exec_result(call))
 
     def iter_exec(
         self,
@@ -304,27 +288,8 @@ class Sandbox:
         """Runs `command` with its output streamed: yields `("stdout" | "stderr", text)` as it
         comes, then the `ExecResult` (holding all the output). Leaving the loop early closes
         the stream."""
-        call = calls.exec_call(
-            self.id,
-            command,
-            cwd=cwd,
-            env=env,
-            user=user,
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            stream=True,
-        )
-        events = ExecStream(call.method, call.path)
-        yield from self._chunks(call, events)
-        yield events.finish()
-
-    def _chunks(self, call: Call, events: ExecStream) -> Iterator[Tuple[str, str]]:
-        with self._http.stream(call) as response:
-            for text in response.iter_text():
-                yield from events.feed(text)
-                if events.ended:
-                    return
+        call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=True)
+        yield from _iterate(self._http, core.exec_streamed(call, core.Emit))
 
     def exec_stream(
         self,
@@ -340,48 +305,28 @@ class Sandbox:
     ) -> ExecResult:
         """Runs `command` with its output streamed to `on_stdout` and `on_stderr` (text
         chunks as they come); returns the `ExecResult`."""
-        call = calls.exec_call(
-            self.id,
-            command,
-            cwd=cwd,
-            env=env,
-            user=user,
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            stream=True,
-        )
-        events = ExecStream(call.method, call.path)
-        for stream, text in self._chunks(call, events):
-            callback = on_stdout if stream == "stdout" else on_stderr
-            if callback is not None:
-                callback(text)
-        return events.finish()
+        call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=True)
+        return _run(self._http, core.exec_streamed(call, core.to_callbacks(on_stdout, on_stderr)))
 
     def branch(self) -> "Sandbox":
         """A new sandbox continuing from this one's exact state; the two go on apart."""
-        answer = self._http.json(calls.sandbox_action(self.id, "branch"))
-        return Sandbox(self.farm, SandboxInfo.from_json(answer).id)
+        return Sandbox(self.farm, _run(self._http, core.branch(self.id)))
 
     def pause(self) -> SandboxInfo:
         """Saves it to disk and stops its VM (no slot, no idle timer)."""
-        return SandboxInfo.from_json(self._http.json(calls.sandbox_action(self.id, "pause")))
+        return _run(self._http, core.pause_or_resume(self.id, "pause"))
 
     def resume(self) -> SandboxInfo:
         """Runs a paused sandbox again from its saved state, processes and all."""
-        return SandboxInfo.from_json(self._http.json(calls.sandbox_action(self.id, "resume")))
+        return _run(self._http, core.pause_or_resume(self.id, "resume"))
 
     def snapshot(self) -> Environment:
         """A new ready environment of this sandbox's state, to fork many from."""
-        answer = self._http.json(calls.sandbox_action(self.id, "snapshot"))
-        return Environment.from_json(answer, self.farm.environments)
+        return _run(self._http, core.snapshot(self.farm.environments._environment, self.id))
 
     def kill(self) -> None:
         """Removes it (its VM stops at once). Killing a sandbox that is gone is no error."""
-        try:
-            self._http.send(calls.delete_sandbox(self.id))
-        except NotFound:
-            pass
+        _run(self._http, core.kill(self.id))
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -389,12 +334,7 @@ class Sandbox:
     def __exit__(
         self, kind: Optional[Type[BaseException]], error: Optional[BaseException], tb: Optional[TracebackType]
     ) -> None:
-        try:
-            self.kill()
-        except FarmError as e:
-            if error is None:
-                raise
-            log.warning("killing sandbox %s after %r failed: %s", self.id, error, e)
+        _run(self._http, core.leave(self.id, error))
 
     def __repr__(self) -> str:
         return f"Sandbox({self.id!r})"
@@ -412,44 +352,26 @@ class Files:
 
     def write(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> None:
         """Writes a file (at most 64 MiB; `str` as UTF-8), making its parent folders."""
-        content = data.encode("utf-8") if isinstance(data, str) else data
-        self._http.send(calls.write_file(self._sandbox.id, path, content, mode))
+        _run(self._http, core.write_file(self._sandbox.id, path, data, mode))
 
     def read(self, path: str) -> bytes:
         """A file's bytes (`NotFound` when absent, `PayloadTooLarge` past 64 MiB)."""
-        return self._http.send(calls.read_file(self._sandbox.id, path)).content
+        return _run(self._http, core.read_file(self._sandbox.id, path))
 
     def upload_file(self, local_path: str, remote_path: str, mode: Optional[int] = None) -> None:
         """Copies a local file in; `mode` defaults to the local file's permissions."""
-        with open(local_path, "rb") as f:
-            content = f.read()
-        self._http.send(calls.write_file(self._sandbox.id, remote_path, content, calls.local_mode(local_path, mode)))
+        _run(self._http, core.upload_file(self._sandbox.id, local_path, remote_path, mode))
 
     def download_file(self, remote_path: str, local_path: str) -> None:
         """Copies a file out to `local_path` (written whole or not at all)."""
-        os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
-        part = f"{local_path}.part"
-        try:
-            with open(part, "wb") as f, self._http.stream(calls.read_file(self._sandbox.id, remote_path)) as response:
-                for chunk in response.iter_bytes():
-                    f.write(chunk)
-            os.replace(part, local_path)
-        except BaseException:
-            if os.path.exists(part):
-                os.unlink(part)
-            raise
+        _run(self._http, core.download_file(self._sandbox.id, remote_path, local_path))
 
     def upload_dir(self, local_dir: str, remote_dir: str) -> None:
         """Copies the local folder's content into `remote_dir` (made if needed), links as
         links."""
-        self._http.send(calls.put_folder(self._sandbox.id, remote_dir, pack_dir(local_dir, for_context=False)))
+        _run(self._http, core.upload_dir(self._sandbox.id, local_dir, remote_dir))
 
     def download_dir(self, remote_dir: str, local_dir: str) -> None:
         """Copies the folder's content into `local_dir` (made if needed), refusing any entry
         that would land outside it (`UnsafeArchive`)."""
-        with tempfile.TemporaryFile() as archive:
-            with self._http.stream(calls.get_folder(self._sandbox.id, remote_dir)) as response:
-                for chunk in response.iter_bytes():
-                    archive.write(chunk)
-            archive.seek(0)
-            extract_tar(archive, local_dir)
+        _run(self._http, core.download_dir(self._sandbox.id, remote_dir, local_dir))

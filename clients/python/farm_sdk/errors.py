@@ -11,10 +11,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional, Type
-
-if TYPE_CHECKING:
-    from .models import Environment
+from typing import Any, Dict, Optional, Type
 
 __all__ = [
     "FarmError",
@@ -119,10 +116,11 @@ class BuildError(FarmError):
     """An environment failed to build: where (`dockerfile_line`, `instruction`) and the end of
     the failing step's output (`output_tail`). `environment` is the failed environment."""
 
+    # `environment` is a `models.Environment`, not named here: the models import the errors.
     def __init__(
         self,
         message: str,
-        environment: Optional["Environment"] = None,
+        environment: Optional[Any] = None,
         dockerfile_line: Optional[int] = None,
         instruction: Optional[str] = None,
         output_tail: Optional[str] = None,
@@ -134,7 +132,7 @@ class BuildError(FarmError):
         self.output_tail = output_tail
 
     @classmethod
-    def of(cls, environment: "Environment") -> "BuildError":
+    def of(cls, environment: Any) -> "BuildError":
         """The error of a failed environment, from its `error` object."""
         error = environment.error or {}
         line = error.get("dockerfile_line")

@@ -9,13 +9,9 @@ are awaited.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, Type, TypeVar
 
 from .errors import FarmError
-
-if TYPE_CHECKING:
-    from .aio import AsyncEnvironments
-    from .client import Environments
 
 __all__ = ["Environment", "AsyncEnvironment", "SandboxInfo", "ExecResult", "Context", "LogPage"]
 
@@ -43,6 +39,26 @@ def _strings(value: Any) -> Dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
+# What an environment asks of the `farm.environments` that returned it. The clients import
+# the models, so the models name them by what they ask, not by their classes.
+
+
+class _Environments(Protocol):
+    def logs(self, environment_id: str, offset: int = ..., wait: float = ...) -> LogPage: ...
+
+    def wait(
+        self, environment_id: str, on_log: Optional[Callable[[str], None]] = ..., timeout: Optional[float] = ...
+    ) -> Environment: ...
+
+
+class _AsyncEnvironments(Protocol):
+    async def logs(self, environment_id: str, offset: int = ..., wait: float = ...) -> LogPage: ...
+
+    async def wait(
+        self, environment_id: str, on_log: Optional[Callable[[str], Any]] = ..., timeout: Optional[float] = ...
+    ) -> AsyncEnvironment: ...
+
+
 @dataclass
 class Environment:
     """A template snapshot sandboxes are forked from, made from an image or a Dockerfile.
@@ -60,7 +76,7 @@ class Environment:
     error: Optional[Dict[str, Any]] = None
     sandboxes: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
-    _api: Optional["Environments"] = field(default=None, repr=False, compare=False)
+    _api: Optional[_Environments] = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_json(cls: Type[_Env], data: Any, api: Any = None) -> _Env:
@@ -97,7 +113,7 @@ class Environment:
             if f.name != "_api":
                 setattr(self, f.name, getattr(other, f.name))
 
-    def _bound(self) -> "Environments":
+    def _bound(self) -> _Environments:
         if self._api is None:
             raise FarmError(None, f"environment {self.id} is not bound to a Farm: use farm.environments.get(id)")
         return self._api
@@ -119,9 +135,9 @@ class Environment:
 class AsyncEnvironment(Environment):
     """An `Environment` from an `AsyncFarm`: `await env.wait()`, `await env.logs()`."""
 
-    _api: Optional["AsyncEnvironments"] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    _api: Optional[_AsyncEnvironments] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
-    def _bound(self) -> "AsyncEnvironments":  # type: ignore[override]
+    def _bound(self) -> _AsyncEnvironments:  # type: ignore[override]
         if self._api is None:
             raise FarmError(None, f"environment {self.id} is not bound to an AsyncFarm: use farm.environments.get(id)")
         return self._api
