@@ -2,14 +2,14 @@
 
 An operation is a generator: it yields each thing it needs done (an effect) and is sent back
 the outcome, or has the error thrown in at the `yield`; what it returns is its result. The
-effects are:
+effects, and their outcomes:
 
 - a `Call`: the answer (2xx) read whole, an `httpx.Response`, after the retries of `_http`;
-- `Open(call, text)`: the answer's body opened as a stream; then each `READ` is its next
-  piece (`str` when `text`, else `bytes`), None past its end. The stream is closed when the
-  operation ends, however it ends;
-- `Notify(callback, text)`: the caller's callback called with `text` (none when None);
-- `Emit(item)`: `item` handed to the caller of a face that iterates (`iter_exec`).
+- `Open(call, text)`: the answer's body opened as a stream (None). Each `READ` then gives
+  its next piece (`str` when `text`, else `bytes`), None past its end. The stream is closed
+  when the operation ends, however it ends;
+- `Notify(callback, text)`: `callback(text)`, when the caller gave a callback (None);
+- `Emit(item)`: `item` handed to the caller of a face that iterates, `iter_exec` (None).
 
 `client.py` performs them with `SyncHTTP`, `aio.py` with `AsyncHTTP` (awaiting a callback
 that is a coroutine function), each through a `Progress`.
@@ -110,7 +110,12 @@ def upload_context(context_dir: str) -> Operation[Context]:
 
 
 def create_environment(
-    bind: Bind[E], image: str, options: Mapping[str, Any], wait: bool, on_log: Optional[Callback], timeout: Optional[float]
+    bind: Bind[E],
+    image: str,
+    options: Mapping[str, Any],
+    wait: bool,
+    on_log: Optional[Callback],
+    timeout: Optional[float],
 ) -> Operation[E]:
     """`options` as `_calls.environment_options`."""
     return (yield from _created(bind, calls.create_environment({"image": image}, options), wait, on_log, timeout))

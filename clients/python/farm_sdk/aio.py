@@ -212,8 +212,9 @@ class AsyncSandboxes:
         )
         return SandboxCreation(self._sandbox(core.create_sandbox(environment, options)))
 
-    async def _sandbox(self, finding: core.Operation[str]) -> "AsyncSandbox":
-        return AsyncSandbox(self._farm, await _run(self._farm._http, finding))
+    async def _sandbox(self, operation: core.Operation[str]) -> "AsyncSandbox":
+        """The sandbox whose id `operation` gives."""
+        return AsyncSandbox(self._farm, await _run(self._farm._http, operation))
 
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
         return await self._sandbox(core.get_sandbox(sandbox_id))
