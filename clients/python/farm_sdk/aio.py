@@ -33,34 +33,43 @@ __all__ = ["AsyncFarm", "AsyncEnvironments", "AsyncSandboxes", "AsyncSandbox", "
 T = TypeVar("T")
 
 
-async def _iterate(http: AsyncHTTP, operation: core.Operation[Any]) -> AsyncIterator[Any]:
-    """Performs `operation`'s effects (see `_core`) with `http`, awaiting what a callback
-    returns when it is awaitable: yields what it emits, then what it returns."""
-    with core.Progress(operation) as progress:
-        async with AsyncExitStack() as streams:
-            pieces: Any = None
+class _Effects(AsyncExitStack):
+    """Performs a core operation's effects (see `_core`) with an `AsyncHTTP`, awaiting what a
+    callback returns when it is awaitable; the streams it opens are closed with it."""
 
-            async def perform(effect: Any) -> Any:
-                nonlocal pieces
-                if isinstance(effect, Call):
-                    return await http.send(effect)
-                if isinstance(effect, core.Open):
-                    response = await streams.enter_async_context(http.stream(effect.call))
-                    pieces = response.aiter_text() if effect.text else response.aiter_bytes()
-                elif effect is core.READ:
-                    return await _next(pieces)
-                elif isinstance(effect, core.Notify) and effect.callback is not None:
-                    called = effect.callback(effect.text)
-                    if inspect.isawaitable(called):
-                        await called
+    def __init__(self, http: AsyncHTTP) -> None:
+        super().__init__()
+        self._http = http
+        self._pieces: Optional[AsyncIterator[Any]] = None
+
+    async def perform(self, effect: Any) -> Any:
+        if isinstance(effect, Call):
+            return await self._http.send(effect)
+        if isinstance(effect, core.Open):
+            response = await self.enter_async_context(self._http.stream(effect.call))
+            self._pieces = response.aiter_text() if effect.text else response.aiter_bytes()
+        elif effect is core.READ and self._pieces is not None:
+            try:
+                return await self._pieces.__anext__()
+            except StopAsyncIteration:
                 return None
+        elif isinstance(effect, core.Notify) and effect.callback is not None:
+            called = effect.callback(effect.text)
+            if inspect.isawaitable(called):
+                await called
+        return None
 
+
+async def _iterate(http: AsyncHTTP, operation: core.Operation[Any]) -> AsyncIterator[Any]:
+    """Runs `operation`: yields what it emits, then what it returns."""
+    with core.Progress(operation) as progress:
+        async with _Effects(http) as effects:
             while not progress.done:
                 effect = progress.effect
                 if isinstance(effect, core.Emit):
                     yield effect.item
                 try:
-                    outcome = await perform(effect)
+                    outcome = await effects.perform(effect)
                 except BaseException as error:
                     progress.fail(error)
                 else:
@@ -68,14 +77,8 @@ async def _iterate(http: AsyncHTTP, operation: core.Operation[Any]) -> AsyncIter
     yield progress.value
 
 
-async def _next(pieces: AsyncIterator[Any]) -> Any:
-    try:
-        return await pieces.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
 async def _run(http: AsyncHTTP, operation: core.Operation[T]) -> T:
+    """Runs `operation` to its end: what it returns."""
     async for result in _iterate(http, operation):
         pass
     return result

@@ -27,31 +27,37 @@ __all__ = ["Farm", "Environments", "Sandboxes", "Sandbox", "Files"]
 T = TypeVar("T")
 
 
+class _Effects(ExitStack):
+    """Performs a core operation's effects (see `_core`) with a `SyncHTTP`; the streams it
+    opens are closed with it."""
+
+    def __init__(self, http: SyncHTTP) -> None:
+        super().__init__()
+        self._http = http
+        self._pieces: Iterator[Any] = iter(())
+
+    def perform(self, effect: Any) -> Any:
+        if isinstance(effect, Call):
+            return self._http.send(effect)
+        if isinstance(effect, core.Open):
+            response = self.enter_context(self._http.stream(effect.call))
+            self._pieces = response.iter_text() if effect.text else response.iter_bytes()
+        elif effect is core.READ:
+            return next(self._pieces, None)
+        elif isinstance(effect, core.Notify) and effect.callback is not None:
+            effect.callback(effect.text)
+        return None
+
+
 def _iterate(http: SyncHTTP, operation: core.Operation[Any]) -> Iterator[Any]:
-    """Performs `operation`'s effects (see `_core`) with `http`: yields what it emits, then
-    what it returns."""
-    with core.Progress(operation) as progress, ExitStack() as streams:
-        pieces: Iterator[Any] = iter(())
-
-        def perform(effect: Any) -> Any:
-            nonlocal pieces
-            if isinstance(effect, Call):
-                return http.send(effect)
-            if isinstance(effect, core.Open):
-                response = streams.enter_context(http.stream(effect.call))
-                pieces = response.iter_text() if effect.text else response.iter_bytes()
-            elif effect is core.READ:
-                return next(pieces, None)
-            elif isinstance(effect, core.Notify) and effect.callback is not None:
-                effect.callback(effect.text)
-            return None
-
+    """Runs `operation`: yields what it emits, then what it returns."""
+    with core.Progress(operation) as progress, _Effects(http) as effects:
         while not progress.done:
             effect = progress.effect
             if isinstance(effect, core.Emit):
                 yield effect.item
             try:
-                outcome = perform(effect)
+                outcome = effects.perform(effect)
             except BaseException as error:
                 progress.fail(error)
             else:
@@ -60,6 +66,7 @@ def _iterate(http: SyncHTTP, operation: core.Operation[Any]) -> Iterator[Any]:
 
 
 def _run(http: SyncHTTP, operation: core.Operation[T]) -> T:
+    """Runs `operation` to its end: what it returns."""
     *_, result = _iterate(http, operation)
     return result
 

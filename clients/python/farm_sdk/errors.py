@@ -120,7 +120,7 @@ class BuildError(FarmError):
     def __init__(
         self,
         message: str,
-        environment: Optional[Any] = None,
+        environment: Any = None,
         dockerfile_line: Optional[int] = None,
         instruction: Optional[str] = None,
         output_tail: Optional[str] = None,
