@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use datasets::{Task, WORKSPACE};
 use sha2::{Digest, Sha256};
-use snapshotter::{build_template_with, Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
-use vmm::{AccelSetting, VmSettings};
+use snapshotter::{Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
+use vmm::AccelSetting;
 
 use crate::config::{RolloutsSection, Suite, SuiteConfig};
+use crate::host::Host;
 use crate::policy::Policy;
 
 /// Why the engine could not start or prepare.
@@ -52,6 +53,9 @@ pub struct Engine {
     pub suite_seed: u64,
     pub run_id: String,
     pub config: SuiteConfig,
+    /// The host core it is built on.
+    pub host: Arc<Host>,
+    /// The host's forker, with the suite's disk limit (`rollouts.max_disk_mib`).
     pub forker: Forker,
     pub store: SnapshotStore,
     pub template: Arc<Snapshot>,
@@ -129,18 +133,15 @@ impl From<AccelSetting> for HostChoices {
 }
 
 impl Engine {
-    /// Prepares the suite's template snapshot (built, or reused from the store), its
-    /// harness zygote importing what `preload` says.
+    /// Prepares the suite's template snapshot on `host` (built, or reused from its store),
+    /// its harness zygote importing what `preload` says.
     pub async fn start(
         suite: &Suite,
-        host: impl Into<HostChoices>,
+        host: &Arc<Host>,
         run_id: &str,
         preload: scorers::zygote::Preload,
         progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Engine, EngineError> {
-        let host = host.into();
-        let mut vm = VmSettings::detect(host.accel)?;
-        vm.ksm = host.ksm;
         let mut config = suite.config.clone();
         // The rollouts' egress, with the rules' credentials read now: a missing one stops
         // the start, naming it.
@@ -149,20 +150,18 @@ impl Engine {
             .network
             .policy(&format!("suite {} [rollouts.network]", config.suite.name))
             .map_err(EngineError::Egress)?;
-        let mut forker = Forker::new(vm)?;
-        forker.max_disk_bytes = Some(config.rollouts.max_disk_mib << 20);
-        let store = SnapshotStore::default_location();
-        let template = build_template_with(
-            &store,
-            &forker,
-            &config.template,
-            &suite.dir,
-            &config.suite.name,
-            &scorers::zygote::template_extras(preload),
-            progress,
-        )
-        .await
-        .map_err(EngineError::Template)?;
+        let forker = host.forker_limited(Some(config.rollouts.max_disk_mib << 20));
+        let store = host.store.clone();
+        let template = host
+            .build_template(
+                &config.template,
+                &suite.dir,
+                &config.suite.name,
+                &scorers::zygote::template_extras(preload),
+                progress,
+            )
+            .await
+            .map_err(EngineError::Template)?;
         progress(&format!(
             "snapshot {}{}",
             template.snapshot.id(),
@@ -198,6 +197,7 @@ impl Engine {
             suite_seed: config.suite.seed,
             run_id: run_id.to_string(),
             config,
+            host: host.clone(),
             forker,
             store,
             template: Arc::new(template.snapshot),
@@ -216,14 +216,10 @@ impl Engine {
         if size == 0 {
             return Ok(());
         }
-        let pool = snapshotter::WarmPool::start_with_warm_up(
-            self.forker.clone(),
-            (*self.template).clone(),
-            size,
-            snapshotter::PoolMode::Resumed,
-            &self.config.rollouts.warm_up,
-        )
-        .map_err(EngineError::Pool)?;
+        let pool = self
+            .host
+            .start_pool(self.forker.clone(), &self.template, size, &self.config.rollouts.warm_up)
+            .map_err(EngineError::Pool)?;
         self.pool = Some((self.template.id().to_string(), pool));
         Ok(())
     }

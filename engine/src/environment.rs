@@ -41,14 +41,12 @@ pub enum Environment<'a> {
 /// How one task's snapshot is made (owned: it is built on a task of its own).
 enum Job {
     Suite {
-        store: SnapshotStore,
-        forker: Forker,
+        host: Arc<crate::host::Host>,
         template: Arc<Snapshot>,
         task: Arc<Task>,
     },
     Harbor {
-        store: SnapshotStore,
-        forker: Forker,
+        host: Arc<crate::host::Host>,
         config: Box<SuiteConfig>,
         task: Arc<Task>,
         harbor: Box<HarborTask>,
@@ -62,25 +60,21 @@ type Extras = Option<(String, images::ImageConfig, EnvironmentRecord)>;
 impl Job {
     async fn run(self) -> (TaskSnapshot, Extras) {
         match self {
-            Job::Suite {
-                store,
-                forker,
-                template,
-                task,
-            } => match task_snapshot(&store, &forker, &template, &task).await {
-                Ok(s) => (TaskSnapshot::Ready(Arc::new(s)), None),
-                Err(e) => (
-                    TaskSnapshot::Failed(format!("preparing the task snapshot failed: {}", describe(&e))),
-                    None,
-                ),
-            },
+            Job::Suite { host, template, task } => {
+                match task_snapshot(&host.store, &host.forker, &template, &task).await {
+                    Ok(s) => (TaskSnapshot::Ready(Arc::new(s)), None),
+                    Err(e) => (
+                        TaskSnapshot::Failed(format!("preparing the task snapshot failed: {}", describe(&e))),
+                        None,
+                    ),
+                }
+            }
             Job::Harbor {
-                store,
-                forker,
+                host,
                 config,
                 task,
                 harbor,
-            } => match crate::harbor::environment(&store, &forker, &config, &task, &harbor).await {
+            } => match crate::harbor::environment(&host, &config, &task, &harbor).await {
                 Ok((s, image, record)) => (TaskSnapshot::Ready(Arc::new(s)), Some((task.id.clone(), image, record))),
                 Err(e) => (
                     TaskSnapshot::Failed(format!("building the task's environment failed: {}", describe(&e))),
@@ -133,8 +127,7 @@ impl<'a> Environment<'a> {
             Environment::Suite(t) => Some((
                 task_snapshot_id(&engine.template, t),
                 Job::Suite {
-                    store: engine.store.clone(),
-                    forker: engine.forker.clone(),
+                    host: engine.host.clone(),
                     template: engine.template.clone(),
                     task: task.clone(),
                 },
@@ -143,8 +136,7 @@ impl<'a> Environment<'a> {
             Environment::Harbor(t, harbor) => Some((
                 format!("harbor:{}", t.id),
                 Job::Harbor {
-                    store: engine.store.clone(),
-                    forker: engine.forker.clone(),
+                    host: engine.host.clone(),
                     config: Box::new(engine.config.clone()),
                     task: task.clone(),
                     harbor: Box::new((*harbor).clone()),

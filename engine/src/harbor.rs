@@ -5,11 +5,10 @@
 use datasets::harbor::{Environment, AGENT_LOGS, VERIFIER_LOGS};
 use datasets::{HarborTask, Task};
 use images::ImageConfig;
-use snapshotter::{
-    build_template_with, BuildError, Forker, Snapshot, SnapshotStore, TemplateConfig, TemplateError, TemplateExtras,
-};
+use snapshotter::{BuildError, Snapshot, TemplateConfig, TemplateError, TemplateExtras};
 
 use crate::config::SuiteConfig;
+use crate::host::Host;
 
 /// The disk a task's environment gets when its task.toml gives no `storage` (the image
 /// file is sparse).
@@ -49,8 +48,7 @@ pub struct Fallback {
 /// Builds (or finds) the template snapshot of a Harbor task's environment; returns it, the
 /// config its commands run with, and what it was built from.
 pub(crate) async fn environment(
-    store: &SnapshotStore,
-    forker: &Forker,
+    host: &Host,
     config: &SuiteConfig,
     task: &Task,
     harbor: &HarborTask,
@@ -69,7 +67,7 @@ pub(crate) async fn environment(
     };
     match (
         &harbor.environment,
-        build(store, forker, config, task, harbor, &harbor.environment).await,
+        build(host, config, task, harbor, &harbor.environment).await,
     ) {
         // As Harbor: a prebuilt image that cannot be had gives way to the task's Dockerfile.
         (
@@ -81,7 +79,7 @@ pub(crate) async fn environment(
         ) => {
             let reason = crate::errors::describe(&e);
             tracing::warn!(target: "farm::harbor", task = %task.id, "docker_image {reference} could not be pulled ({reason}); building environment/Dockerfile instead");
-            let built = build(store, forker, config, task, harbor, dockerfile).await?;
+            let built = build(host, config, task, harbor, dockerfile).await?;
             let fallback = Fallback {
                 image: reference.clone(),
                 reason,
@@ -106,8 +104,7 @@ fn image_config(built: &snapshotter::Built) -> ImageConfig {
 }
 
 async fn build(
-    store: &SnapshotStore,
-    forker: &Forker,
+    host: &Host,
     config: &SuiteConfig,
     task: &Task,
     harbor: &HarborTask,
@@ -136,16 +133,8 @@ async fn build(
     // Harbor's log folders, writable by whoever the agent and the verifier run as.
     template.setup = vec![format!("mkdir -p {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts && chmod 777 {AGENT_LOGS} {VERIFIER_LOGS} /logs/artifacts")];
     let progress = |line: &str| tracing::info!(target: "farm::harbor", task = %task.id, "{line}");
-    build_template_with(
-        store,
-        forker,
-        &template,
-        &base_dir,
-        &task.id,
-        &TemplateExtras::default(),
-        &progress,
-    )
-    .await
+    host.build_template(&template, &base_dir, &task.id, &TemplateExtras::default(), &progress)
+        .await
 }
 
 /// Where and as whom a live fork's actions run, with what environment.

@@ -26,12 +26,16 @@
 const _: Option<&str> = option_env!("FARM_CHECKOUT");
 
 pub mod action;
+pub mod book;
 pub mod config;
 pub mod end;
 mod engine;
 pub mod environment;
 pub mod errors;
+pub mod guest;
 pub mod harbor;
+pub mod host;
+pub mod idempotency;
 pub mod live;
 pub mod metrics;
 pub mod pause;
@@ -42,7 +46,7 @@ pub mod row;
 pub mod sandbox;
 pub mod scoring_vms;
 pub mod session;
-pub mod sessions;
+
 pub mod shard;
 pub mod sizing;
 
@@ -52,6 +56,7 @@ pub use engine::{
     describe, rollout_seed, Engine, EngineError, ForkTaskError, HostChoices, Planned, Served, TaskSnapshot,
     TaskSnapshots,
 };
+pub use host::Host;
 pub use live::{Branch, BranchError, LiveFork};
 pub use policy::Policy;
 /// What a suite's harness zygote imports before the template's snapshot ([`Engine::start`]).

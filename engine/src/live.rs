@@ -1,6 +1,7 @@
-//! Live forks: a rollout's or a session's VM, opened on the task's pristine state
-//! ([`Engine::open`]), stepped ([`Engine::act`]), branched ([`Engine::branch`]) and finished
-//! ([`Engine::finish`]: artifacts out as untrusted data, then [`Engine::score`]).
+//! Live forks: a rollout's, a session's or a sandbox's VM, opened on the task's pristine
+//! state ([`Engine::open`]) or an environment's, stepped ([`Engine::act`]), branched
+//! (`branch`) and finished ([`Engine::finish`]: artifacts out as untrusted data, then
+//! [`Engine::score`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,58 +51,6 @@ impl Engine {
         limits: &RolloutsSection,
     ) -> Result<(Step, Submitted), (Step, String)> {
         run_action(&live.fork, action, index, limits, &live.place).await
-    }
-
-    /// A new session that continues from `live`'s state exactly: `live` is snapshotted (a
-    /// child of the snapshot it came from, kept in `store`) and the child forked. `live`
-    /// goes on afterwards.
-    pub async fn branch(
-        &self,
-        live: &LiveFork,
-        from: &Arc<Snapshot>,
-        store: &SnapshotStore,
-        seed: u64,
-        role: Role,
-    ) -> Result<(LiveFork, Arc<Branch>), BranchError> {
-        let parent: Arc<Snapshot> = match &live.origin {
-            Some(b) => Arc::new(b.snapshot.clone()),
-            None => from.clone(),
-        };
-        let child = snapshotter::snapshot_fork(store, &self.forker, &parent, &live.fork, "branch", None, true)
-            .await
-            .map_err(BranchError::Snapshot)?;
-        let branch = Arc::new(Branch {
-            snapshot: child,
-            store: store.clone(),
-            parent: live.origin.clone(),
-            folder: None,
-            pin: None,
-            keep: Default::default(),
-        });
-        let forker = Forker {
-            max_disk_bytes: self.forker.max_disk_bytes,
-            ..self.forker.clone()
-        };
-        let identity = ForkIdentity {
-            env: live.fork.identity.env.clone(),
-            ..ForkIdentity::new(seed)
-        };
-        let fork = forker
-            .fork(&branch.snapshot, identity)
-            .await
-            .map_err(BranchError::Fork)?;
-        // The branch may reach what its parent may (a session's `rollouts.network`).
-        fork.machine.set_network(live.fork.machine.network());
-        Ok((
-            LiveFork {
-                fork,
-                baseline: live.baseline.clone(),
-                origin: Some(branch.clone()),
-                place: live.place.clone(),
-                _gauge: VmGauge::new(role),
-            },
-            branch,
-        ))
     }
 
     /// Scores a rollout where the agent cannot reach (`scorers::orchestrate`). Errors are
@@ -222,6 +171,53 @@ enum ScoringVmError {
     Fork(crate::engine::ForkTaskError),
     #[error("listing the scoring VM's workspace: {}", crate::engine::describe(.0))]
     Listing(scorers::artifacts::ListingError),
+}
+
+/// A new live fork that continues from `live`'s state exactly: `live` is snapshotted (a
+/// child of the snapshot it came from, `from` unless it is a branch itself, kept in `store`)
+/// and the child forked by `forker`, reaching what `live` reaches. `live` goes on afterwards.
+pub(crate) async fn branch(
+    forker: &Forker,
+    live: &LiveFork,
+    from: &Arc<Snapshot>,
+    store: &SnapshotStore,
+    seed: u64,
+    role: Role,
+) -> Result<(LiveFork, Arc<Branch>), BranchError> {
+    let parent: Arc<Snapshot> = match &live.origin {
+        Some(b) => Arc::new(b.snapshot.clone()),
+        None => from.clone(),
+    };
+    let child = snapshotter::snapshot_fork(store, forker, &parent, &live.fork, "branch", None, true)
+        .await
+        .map_err(BranchError::Snapshot)?;
+    let branch = Arc::new(Branch {
+        snapshot: child,
+        store: store.clone(),
+        parent: live.origin.clone(),
+        folder: None,
+        pin: None,
+        keep: Default::default(),
+    });
+    let identity = ForkIdentity {
+        env: live.fork.identity.env.clone(),
+        ..ForkIdentity::new(seed)
+    };
+    let fork = forker
+        .fork(&branch.snapshot, identity)
+        .await
+        .map_err(BranchError::Fork)?;
+    fork.machine.set_network(live.fork.machine.network());
+    Ok((
+        LiveFork {
+            fork,
+            baseline: live.baseline.clone(),
+            origin: Some(branch.clone()),
+            place: live.place.clone(),
+            _gauge: VmGauge::new(role),
+        },
+        branch,
+    ))
 }
 
 /// A running fork a rollout or a session acts in.

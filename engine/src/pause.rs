@@ -1,5 +1,6 @@
-//! Pausing a live fork to disk, and forking it again later ([`Engine::pause`],
-//! [`Engine::unpause`]): its memory, processes, open files and disk as they were.
+//! Pausing a live fork to disk, and forking it again later (`pause`, `unpause`, which
+//! [`crate::session::Session`] drives): its memory, processes, open files and disk as they
+//! were.
 //!
 //! ```text
 //! DIR/                 a paused fork's folder (farm serve: out/paused/<session id>/)
@@ -22,7 +23,6 @@ use serde::{Deserialize, Serialize};
 use snapshotter::paused::Packed;
 use snapshotter::{ForkIdentity, Forker, Snapshot, SnapshotStore};
 
-use crate::engine::Engine;
 use crate::harbor::Place;
 use crate::live::{Branch, LiveFork};
 use crate::metrics::{Role, VmGauge};
@@ -117,138 +117,132 @@ impl PausedFork {
     }
 }
 
-impl Engine {
-    /// Saves `live` into `dir` (which must not exist) and returns it paused. The VM is left
-    /// stopped; the caller drops it to free its memory, or resumes it if it keeps it. `base`
-    /// is the snapshot the session was opened from.
-    pub async fn pause(&self, live: &LiveFork, base: &Arc<Snapshot>, dir: &Path) -> Result<PausedFork, PauseError> {
-        let folder = |what: String| PauseError::Folder {
-            dir: dir.to_path_buf(),
-            what,
-        };
-        std::fs::create_dir_all(dir).map_err(|e| folder(format!("creating it: {e}")))?;
-        let store = SnapshotStore::new(dir.to_path_buf());
-        let parent: Snapshot = match live.origin() {
-            Some(b) => b.snapshot.clone(),
-            None => (**base).clone(),
-        };
-        let mut snapshot = snapshotter::snapshot_fork(
-            &store,
-            &self.forker,
-            &parent,
-            &live.fork,
-            "paused",
-            Some(STATE.into()),
-            false,
-        )
-        .await
-        .map_err(PauseError::Snapshot)?;
-        let packed = {
-            let base = (**base).clone();
-            tokio::task::spawn_blocking(move || snapshotter::paused::pack(&mut snapshot, &base).map(|p| (p, snapshot)))
-                .await
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
-                .map_err(PauseError::Store)?
-        };
-        let (packed, snapshot) = packed;
-        let identity = &live.fork.identity;
-        let place = live.place.clone();
-        let record = PausedRecord {
-            format_version: PAUSED_FORMAT_VERSION,
-            base: base.id().to_string(),
-            fork_id: identity.fork_id.clone(),
-            seed: identity.seed,
-            env: identity.env.clone(),
-            baseline: live.baseline().to_vec(),
-            workdir: place.workdir,
-            user: place.user,
-            place_env: place.env,
-            network: live.fork.machine.network().allow,
-            packed,
-            paused_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        };
-        let tmp = dir.join("fork.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&record).expect("records serialize"))
-            .map_err(|e| folder(format!("writing fork.json: {e}")))?;
-        std::fs::rename(&tmp, dir.join("fork.json")).map_err(|e| folder(format!("writing fork.json: {e}")))?;
-        self.store.pin(base.id(), dir).map_err(PauseError::Store)?;
-        let state = Arc::new(Branch::holding(
-            snapshot,
-            store,
-            Some(dir.to_path_buf()),
-            Some((self.store.clone(), dir.to_path_buf())),
-        ));
-        Ok(PausedFork {
-            dir: dir.to_path_buf(),
-            record,
-            state,
-        })
-    }
+/// Saves `live` into `dir` (which must not exist) and returns it paused, its base pinned in
+/// `store`. The VM is left stopped; the caller drops it to free its memory, or resumes it if
+/// it keeps it. `base` is the snapshot the fork was opened from.
+pub(crate) async fn pause(
+    forker: &Forker,
+    store: &SnapshotStore,
+    live: &LiveFork,
+    base: &Arc<Snapshot>,
+    dir: &Path,
+) -> Result<PausedFork, PauseError> {
+    let folder = |what: String| PauseError::Folder {
+        dir: dir.to_path_buf(),
+        what,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| folder(format!("creating it: {e}")))?;
+    let state_store = SnapshotStore::new(dir.to_path_buf());
+    let parent: Snapshot = match live.origin() {
+        Some(b) => b.snapshot.clone(),
+        None => (**base).clone(),
+    };
+    let mut snapshot = snapshotter::snapshot_fork(
+        &state_store,
+        forker,
+        &parent,
+        &live.fork,
+        "paused",
+        Some(STATE.into()),
+        false,
+    )
+    .await
+    .map_err(PauseError::Snapshot)?;
+    let packed = {
+        let base = (**base).clone();
+        tokio::task::spawn_blocking(move || snapshotter::paused::pack(&mut snapshot, &base).map(|p| (p, snapshot)))
+            .await
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
+            .map_err(PauseError::Store)?
+    };
+    let (packed, snapshot) = packed;
+    let identity = &live.fork.identity;
+    let place = live.place.clone();
+    let record = PausedRecord {
+        format_version: PAUSED_FORMAT_VERSION,
+        base: base.id().to_string(),
+        fork_id: identity.fork_id.clone(),
+        seed: identity.seed,
+        env: identity.env.clone(),
+        baseline: live.baseline().to_vec(),
+        workdir: place.workdir,
+        user: place.user,
+        place_env: place.env,
+        network: live.fork.machine.network().allow,
+        packed,
+        paused_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    };
+    let tmp = dir.join("fork.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&record).expect("records serialize"))
+        .map_err(|e| folder(format!("writing fork.json: {e}")))?;
+    std::fs::rename(&tmp, dir.join("fork.json")).map_err(|e| folder(format!("writing fork.json: {e}")))?;
+    store.pin(base.id(), dir).map_err(PauseError::Store)?;
+    let state = Arc::new(Branch::holding(
+        snapshot,
+        state_store,
+        Some(dir.to_path_buf()),
+        Some((store.clone(), dir.to_path_buf())),
+    ));
+    Ok(PausedFork {
+        dir: dir.to_path_buf(),
+        record,
+        state,
+    })
+}
 
-    /// A running fork of a paused one: with its own identity again (`identity` None: the
-    /// same session resumes) or a new one (a branch). The paused folder stays while the fork
-    /// (or anything branched from it) lives.
-    pub async fn unpause(
-        &self,
-        paused: &Arc<PausedFork>,
-        identity: Option<ForkIdentity>,
-        role: Role,
-    ) -> Result<LiveFork, PauseError> {
-        let record = &paused.record;
-        let base = self.store.get(&record.base).map_err(PauseError::Store)?;
-        let snapshot = paused.state.snapshot.clone();
-        {
-            let (snapshot, base) = (snapshot.clone(), base.clone());
-            tokio::task::spawn_blocking(move || snapshotter::paused::rebuild_memory(&snapshot, &base))
-                .await
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
-                .map_err(PauseError::Store)?;
-        }
-        let identity = identity.unwrap_or(ForkIdentity {
-            fork_id: record.fork_id.clone(),
-            seed: record.seed,
-            env: record.env.clone(),
-        });
-        let forker = Forker {
-            max_disk_bytes: self.forker.max_disk_bytes,
-            ..self.forker.clone()
-        };
-        let fork = forker.fork(&snapshot, identity).await;
-        // The fork maps the RAM file: the rebuilt copy is not needed on disk any more.
-        let _ = std::fs::remove_file(snapshot.memory_path());
-        let fork = fork.map_err(PauseError::Fork)?;
-        // The suite's egress (rules and their credentials come from the suite, not the folder;
-        // after a restart its CA is new, so it is installed again).
-        if record.network == self.egress.allow || !self.egress.rules.is_empty() {
-            crate::live::install_ca(&fork, &self.egress)
-                .await
-                .map_err(|what| PauseError::Folder {
-                    dir: paused.dir.clone(),
-                    what: crate::engine::describe(&what),
-                })?;
-            fork.machine.set_network(self.egress.clone());
-        } else {
-            fork.machine.set_network(egress::Policy {
-                allow: record.network.clone(),
-                ..Default::default()
-            });
-        }
-        let place = Place {
-            workdir: record.workdir.clone(),
-            user: record.user.clone(),
-            env: record.place_env.clone(),
-        };
-        Ok(LiveFork::from_parts(
-            fork,
-            Arc::new(record.baseline.clone()),
-            Some(paused.state.clone()),
-            place,
-            VmGauge::new(role),
-        ))
+/// A running fork of a paused one, made by `forker` (its base in `store`): with its own
+/// identity again (`identity` None: the same session resumes) or a new one (a branch),
+/// reaching what `network` allows (its CA installed again: after a restart it is new). The
+/// paused folder stays while the fork (or anything branched from it) lives.
+pub(crate) async fn unpause(
+    forker: &Forker,
+    store: &SnapshotStore,
+    paused: &Arc<PausedFork>,
+    identity: Option<ForkIdentity>,
+    role: Role,
+    network: &egress::Policy,
+) -> Result<LiveFork, PauseError> {
+    let record = &paused.record;
+    let base = store.get(&record.base).map_err(PauseError::Store)?;
+    let snapshot = paused.state.snapshot.clone();
+    {
+        let (snapshot, base) = (snapshot.clone(), base.clone());
+        tokio::task::spawn_blocking(move || snapshotter::paused::rebuild_memory(&snapshot, &base))
+            .await
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
+            .map_err(PauseError::Store)?;
     }
+    let identity = identity.unwrap_or(ForkIdentity {
+        fork_id: record.fork_id.clone(),
+        seed: record.seed,
+        env: record.env.clone(),
+    });
+    let fork = forker.fork(&snapshot, identity).await;
+    // The fork maps the RAM file: the rebuilt copy is not needed on disk any more.
+    let _ = std::fs::remove_file(snapshot.memory_path());
+    let fork = fork.map_err(PauseError::Fork)?;
+    crate::live::install_ca(&fork, network)
+        .await
+        .map_err(|what| PauseError::Folder {
+            dir: paused.dir.clone(),
+            what: crate::engine::describe(&what),
+        })?;
+    fork.machine.set_network(network.clone());
+    let place = Place {
+        workdir: record.workdir.clone(),
+        user: record.user.clone(),
+        env: record.place_env.clone(),
+    };
+    Ok(LiveFork::from_parts(
+        fork,
+        Arc::new(record.baseline.clone()),
+        Some(paused.state.clone()),
+        place,
+        VmGauge::new(role),
+    ))
 }
 
 /// Allocated bytes of the files under `dir`.

@@ -2,18 +2,19 @@
 //! sandbox API of `farm serve`): no task, no verdict. An environment is any template
 //! snapshot (an image, or a Dockerfile's build, or a sandbox snapshotted again); its image
 //! config gives the working folder, user and variables, and the client's settings come on
-//! top. Branches, pauses and resumes are the engine's own ([`Engine::branch`],
-//! [`Engine::pause`], [`Engine::unpause`]).
+//! top. A sandbox is a [`Session`] without a task ([`Host::open_sandbox`]): its branches,
+//! pauses and resumes are a session's.
 
 use std::sync::Arc;
 
 use snapshotter::{ForkIdentity, Snapshot};
 
-use crate::engine::Engine;
 use crate::errors::describe;
 use crate::harbor::Place;
+use crate::host::Host;
 use crate::live::{ca_env, install_ca, LiveFork};
 use crate::metrics::{Role, VmGauge};
+use crate::session::Session;
 
 /// What a client asks of a sandbox's fork.
 #[derive(Clone, Default)]
@@ -39,17 +40,18 @@ pub enum SandboxError {
     Ca(#[from] crate::live::CaInstallError),
 }
 
-impl Engine {
-    /// A live fork of `snapshot` (an environment) as `spec` says, with `image`'s config under
-    /// it. `pool`: a warm pool of that snapshot to take the fork from, when there is one.
+impl Host {
+    /// A sandbox: a live fork of `snapshot` (an environment) as `spec` says, with `image`'s
+    /// config under it. `pool`: a warm pool of that snapshot to take the fork from, when
+    /// there is one.
     pub async fn open_sandbox(
-        &self,
-        snapshot: &Snapshot,
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
         image: &images::ImageConfig,
         spec: &SandboxSpec,
         seed: u64,
         pool: Option<&snapshotter::WarmPool>,
-    ) -> Result<LiveFork, SandboxError> {
+    ) -> Result<Session, SandboxError> {
         let mut env: Vec<(String, String)> = image
             .env
             .iter()
@@ -82,23 +84,19 @@ impl Engine {
             env: identity_env,
             ..ForkIdentity::new(seed)
         };
+        let forker = self.forker_limited(spec.max_disk_bytes);
         let mut fork = match pool {
             Some(pool) => pool.fork(identity).await?,
-            None => self.forker.fork(snapshot, identity).await?,
+            None => forker.fork(snapshot, identity).await?,
         };
         if let Some(limit) = spec.max_disk_bytes {
             fork.machine.limit_disk_growth(limit);
         }
-        if let Some(network) = &spec.network {
-            install_ca(&fork, network).await?;
-            fork.machine.set_network(network.clone());
-        }
-        Ok(LiveFork::new(
-            fork,
-            Arc::new(Vec::new()),
-            place,
-            VmGauge::new(Role::Sandbox),
-        ))
+        let network = spec.network.clone().unwrap_or_default();
+        install_ca(&fork, &network).await?;
+        fork.machine.set_network(network.clone());
+        let live = LiveFork::new(fork, Arc::new(Vec::new()), place, VmGauge::new(Role::Sandbox));
+        Ok(Session::sandbox(self.clone(), forker, network, snapshot.clone(), live))
     }
 }
 
@@ -128,44 +126,22 @@ pub enum SnapshotSandboxError {
     Resumed,
     #[error("snapshotting the sandbox")]
     Snapshot(#[from] snapshotter::BuildError),
+    #[error(transparent)]
+    NotLive(#[from] crate::session::SessionCallError),
 }
 
-impl LiveFork {
-    /// The agent's options for `program` run as `command` asks, in this fork's place (its
-    /// folder, user and variables, the command's over them).
-    pub fn exec_options(&self, program: farm_protocol::Program, command: Command) -> vmm::ExecOptions {
-        let mut env = self.place.env.clone();
-        for (k, v) in command.env {
-            env.retain(|(key, _)| *key != k);
-            env.push((k, v));
-        }
-        vmm::ExecOptions {
-            program,
-            cwd: Some(command.cwd.unwrap_or_else(|| self.place.workdir.clone())),
-            env,
-            stdin: command.stdin,
-            timeout: command.timeout,
-            stdout_cap: command.output_cap,
-            stderr_cap: command.output_cap,
-            user: match command.user {
-                Some(u) if u.is_empty() || u == "root" || u == "0" => None,
-                Some(u) => Some(u),
-                None => self.place.user.clone(),
-            },
-        }
-    }
-}
-
-impl Engine {
-    /// A new template snapshot of `live` (a sandbox of the environment `base`) in the
-    /// engine's store: a child of the snapshot the fork came from. The sandbox goes on.
-    pub async fn snapshot_sandbox(&self, live: &LiveFork, base: &Snapshot) -> Result<Snapshot, SnapshotSandboxError> {
+impl Session {
+    /// A new template snapshot of this sandbox in the host's store: a child of the snapshot
+    /// its fork came from. The sandbox goes on.
+    pub async fn snapshot_into_environment(&self) -> Result<Snapshot, SnapshotSandboxError> {
+        let live = self.live()?;
         let parent = match live.origin() {
             Some(branch) if branch.is_paused_state() => return Err(SnapshotSandboxError::Resumed),
             Some(branch) => branch.snapshot.clone(),
-            None => base.clone(),
+            None => (**self.snapshot()).clone(),
         };
-        Ok(snapshotter::snapshot_fork(&self.store, &self.forker, &parent, &live.fork, "sandbox", None, true).await?)
+        let host = self.host();
+        Ok(snapshotter::snapshot_fork(&host.store, &host.forker, &parent, &live.fork, "sandbox", None, true).await?)
     }
 }
 

@@ -1,28 +1,33 @@
-//! A session's lifecycle: an environment a caller steps itself, one action at a time, then
-//! submits to be scored like any rollout. Every front-end that offers sessions (`farm
-//! serve`'s session API, OpenEnv, MCP) drives this one type; they keep only ids, their
-//! requests journal, admission and their wire format. [`crate::sessions::SessionBook`] keeps
-//! the sessions of a service (slots, leases, who is being submitted).
+//! Live forks a caller holds open, the one lifecycle every front-end shares: a **session**
+//! (a task's environment the caller steps itself, one action at a time, then submits to be
+//! scored like any rollout: `farm serve`'s session API, OpenEnv, MCP) and a **sandbox** (an
+//! environment's fork a client drives freely, with no task and no verdict: the sandbox API)
+//! are one type, [`Session`], with an optional task. Front-ends keep only ids, their
+//! journals, admission and their wire format; [`crate::book::Book`] keeps a service's open
+//! forks (slots, timers, who is being submitted).
 //!
 //! ```text
-//! Engine::open_session ──> live ──act──> live ... ──submit──> ended (a scored row)
-//!                           │  └─branch──> a second live session, from this state
-//!                           └─pause──> paused (no VM) ──resume──> live
+//! Engine::open_session / Host::open_sandbox ──> live ──act / exec──> live ... ──submit──> ended
+//!                                                │  ├─branch──> a second live fork, from this state
+//!                                                │  └─snapshot──> a new environment (sandboxes)
+//!                                                └─pause──> paused (no VM) ──resume──> live
 //! ```
 //! A session ends without a score when an action takes its VM down, when its actions
-//! together pass `rollouts.timeout_secs`, or when its front-end ends it ([`Session::end`]).
+//! together pass `rollouts.timeout_secs`, or when its front-end ends it ([`Session::end`]);
+//! a sandbox ends when its front-end ends it ([`Session::close`]).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datasets::Task;
-use snapshotter::{ForkIdentity, Snapshot, SnapshotStore};
+use snapshotter::{ForkIdentity, Forker, Snapshot, SnapshotStore};
 
 use crate::action::observation;
 use crate::config::{Action, RolloutsSection};
 use crate::end::End;
 use crate::engine::{Engine, Planned, Served, TaskSnapshot};
+use crate::host::Host;
 use crate::live::{Branch, BranchError, LiveFork};
 use crate::metrics::Role;
 use crate::pause::{PauseError, PausedFork};
@@ -47,17 +52,68 @@ enum Vm {
     Ended,
 }
 
-/// A live environment a caller steps.
+/// A live fork a caller holds open: a session (with a task) or a sandbox (without).
 pub struct Session {
-    /// Its task, seed, limits and `farm serve` ids (`policy` is unused: the caller acts).
-    planned: Planned,
+    host: Arc<Host>,
+    /// Makes its forks (a branch, a resume): with its disk limit.
+    forker: Forker,
+    /// What it may reach, given again to every VM it gets.
+    network: egress::Policy,
+    /// The snapshot it was opened from.
     snapshot: Arc<Snapshot>,
     vm: Vm,
+    /// Its task and progress (None: a sandbox).
+    task: Option<TaskRun>,
+    /// The branch snapshot its fork depends on.
+    _branch: Option<Arc<Branch>>,
+}
+
+/// A session's task and its progress.
+#[derive(Clone)]
+pub struct TaskRun {
+    /// Its task, seed, limits and `farm serve` ids (`policy` is unused: the caller acts).
+    planned: Planned,
     steps: Vec<Step>,
     /// Time its actions took so far (against `limits.timeout_secs`).
     spent: Duration,
-    /// The branch snapshot its fork depends on.
-    _branch: Option<Arc<Branch>>,
+}
+
+impl TaskRun {
+    pub fn task(&self) -> &Arc<Task> {
+        &self.planned.task
+    }
+
+    /// Its `farm serve` ids.
+    pub fn served(&self) -> &Served {
+        self.planned.served.as_ref().expect("sessions are served")
+    }
+
+    pub fn limits(&self) -> &RolloutsSection {
+        &self.planned.limits
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.planned.seed
+    }
+
+    /// Time its actions took so far.
+    pub fn spent(&self) -> Duration {
+        self.spent
+    }
+
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// What a restart needs to take it up again (with its task and ids).
+    pub fn progress(&self) -> SessionProgress {
+        SessionProgress {
+            seed: self.planned.seed,
+            limits: self.planned.limits.clone(),
+            steps: self.steps.clone(),
+            spent: self.spent,
+        }
+    }
 }
 
 /// Why a session refused a call (the front-end tells its caller; HTTP: 404 or 409).
@@ -69,6 +125,8 @@ pub enum SessionCallError {
     Paused,
     #[error("the session took its {0} steps (rollouts.max_steps): submit it")]
     StepsTaken(usize),
+    #[error("a sandbox has no task: it takes no actions and is never submitted")]
+    NoTask,
 }
 
 /// What one action did.
@@ -142,14 +200,45 @@ impl Engine {
         served: Served,
     ) -> Result<Session, End> {
         let live = self.open(&task, &snapshot, seed, &limits, Role::Session).await?;
+        let network = self.egress_of(&limits);
         Ok(Session {
-            planned: session_plan(task, &snapshot, seed, limits, served),
-            snapshot,
+            host: self.host.clone(),
+            forker: self.forker.clone(),
+            network,
+            snapshot: snapshot.clone(),
             vm: Vm::Live(Box::new(live)),
-            steps: Vec::new(),
-            spent: Duration::ZERO,
+            task: Some(TaskRun {
+                planned: session_plan(task, &snapshot, seed, limits, served),
+                steps: Vec::new(),
+                spent: Duration::ZERO,
+            }),
             _branch: None,
         })
+    }
+
+    /// A session of an earlier process, paused, from its saved state.
+    pub fn paused_session(
+        &self,
+        task: Arc<Task>,
+        snapshot: Arc<Snapshot>,
+        paused: PausedFork,
+        progress: SessionProgress,
+        served: Served,
+    ) -> Session {
+        let network = self.egress_of(&progress.limits);
+        Session {
+            host: self.host.clone(),
+            forker: self.forker.clone(),
+            network,
+            snapshot: snapshot.clone(),
+            vm: Vm::Paused(Arc::new(paused)),
+            task: Some(TaskRun {
+                planned: session_plan(task, &snapshot, progress.seed, progress.limits, served),
+                steps: progress.steps,
+                spent: progress.spent,
+            }),
+            _branch: None,
+        }
     }
 }
 
@@ -172,20 +261,22 @@ fn session_plan(
 }
 
 impl Session {
-    /// A paused session of an earlier process, from its saved state.
-    pub fn paused_from(
-        task: Arc<Task>,
+    /// A sandbox: `live`, a fork of the environment `snapshot` made on `host` by `forker`,
+    /// reaching what `network` allows.
+    pub(crate) fn sandbox(
+        host: Arc<Host>,
+        forker: Forker,
+        network: egress::Policy,
         snapshot: Arc<Snapshot>,
-        paused: PausedFork,
-        progress: SessionProgress,
-        served: Served,
+        live: LiveFork,
     ) -> Session {
         Session {
-            planned: session_plan(task, &snapshot, progress.seed, progress.limits, served),
+            host,
+            forker,
+            network,
             snapshot,
-            vm: Vm::Paused(Arc::new(paused)),
-            steps: progress.steps,
-            spent: progress.spent,
+            vm: Vm::Live(Box::new(live)),
+            task: None,
             _branch: None,
         }
     }
@@ -198,8 +289,9 @@ impl Session {
         }
     }
 
-    pub fn task(&self) -> &Arc<Task> {
-        &self.planned.task
+    /// Its task and progress (None: a sandbox).
+    pub fn task_run(&self) -> Option<&TaskRun> {
+        self.task.as_ref()
     }
 
     /// The snapshot it was opened from.
@@ -207,26 +299,9 @@ impl Session {
         &self.snapshot
     }
 
-    /// Its `farm serve` ids.
-    pub fn served(&self) -> &Served {
-        self.planned.served.as_ref().expect("sessions are served")
-    }
-
-    pub fn limits(&self) -> &RolloutsSection {
-        &self.planned.limits
-    }
-
-    pub fn seed(&self) -> u64 {
-        self.planned.seed
-    }
-
-    /// Time its actions took so far.
-    pub fn spent(&self) -> Duration {
-        self.spent
-    }
-
-    pub fn steps(&self) -> &[Step] {
-        &self.steps
+    /// The host it runs on.
+    pub(crate) fn host(&self) -> &Arc<Host> {
+        &self.host
     }
 
     /// Its saved state, while paused.
@@ -237,22 +312,24 @@ impl Session {
         }
     }
 
-    /// What a restart needs to take it up again (with its task and ids).
-    pub fn progress(&self) -> SessionProgress {
-        SessionProgress {
-            seed: self.planned.seed,
-            limits: self.planned.limits.clone(),
-            steps: self.steps.clone(),
-            spent: self.spent,
-        }
-    }
-
-    fn live(&self) -> Result<&LiveFork, SessionCallError> {
+    /// Its running VM: Err while paused or once ended.
+    pub fn live(&self) -> Result<&LiveFork, SessionCallError> {
         match &self.vm {
             Vm::Live(live) => Ok(live),
             Vm::Paused(_) => Err(SessionCallError::Paused),
             Vm::Ended => Err(SessionCallError::Ended),
         }
+    }
+
+    fn role(&self) -> Role {
+        match self.task {
+            Some(_) => Role::Session,
+            None => Role::Sandbox,
+        }
+    }
+
+    fn task_mut(&mut self) -> Result<&mut TaskRun, SessionCallError> {
+        self.task.as_mut().ok_or(SessionCallError::NoTask)
     }
 
     /// Runs one action, with at most `timeout_secs` for it (never more than
@@ -264,78 +341,89 @@ impl Session {
         action: &Action,
         timeout_secs: Option<u64>,
     ) -> Result<Acted, SessionCallError> {
-        let live = self.live()?;
-        let max_steps = self.planned.limits.max_steps;
-        if self.steps.len() >= max_steps {
+        self.live()?;
+        let run = self.task.as_ref().ok_or(SessionCallError::NoTask)?;
+        let max_steps = run.planned.limits.max_steps;
+        if run.steps.len() >= max_steps {
             return Err(SessionCallError::StepsTaken(max_steps));
         }
-        let mut limits = self.planned.limits.clone();
+        let mut limits = run.planned.limits.clone();
         if let Some(t) = timeout_secs {
             limits.step_timeout_secs = t.min(limits.step_timeout_secs);
         }
-        let index = self.steps.len() as u32;
-        let budget = Duration::from_secs(limits.timeout_secs).saturating_sub(self.spent);
+        let index = run.steps.len() as u32;
+        let budget = Duration::from_secs(limits.timeout_secs).saturating_sub(run.spent);
         let started = Instant::now();
+        let live = self.live()?;
         let result = tokio::time::timeout(budget, engine.act(live, action, index, &limits)).await;
-        self.spent += started.elapsed();
+        let run = self.task_mut()?;
+        run.spent += started.elapsed();
         let (step, end) = match result {
             Ok(Ok((step, _))) => {
-                self.steps.push(step.clone());
+                run.steps.push(step.clone());
                 return Ok(Acted::Stepped(step));
             }
             // The action took the VM down: the session ends as the agent's failure.
             Ok(Err((step, reason))) => (Some(step), End::AgentBrokeVm(reason)),
             Err(_) => (None, End::Timeout(limits.timeout_secs)),
         };
-        self.steps.extend(step.clone());
-        let row = Box::new(self.end(engine, end));
+        run.steps.extend(step.clone());
+        let row = Box::new(self.end(engine, end)?);
         Ok(Acted::Ended { step, row })
     }
 
     /// Ends the session without a score (its VM goes): the row of how it ended, with its steps
     /// so far.
-    pub fn end(&mut self, engine: &Engine, end: End) -> Row {
-        self.vm = Vm::Ended;
-        let mut row = engine.ended(&self.planned, end);
+    pub fn end(&mut self, engine: &Engine, end: End) -> Result<Row, SessionCallError> {
+        let run = self.task.as_ref().ok_or(SessionCallError::NoTask)?;
+        let mut row = engine.ended(&run.planned, end);
         row.policy_name = "session".into();
-        row.steps = self.steps.clone();
-        row
+        row.steps = run.steps.clone();
+        self.vm = Vm::Ended;
+        Ok(row)
+    }
+
+    /// Ends a sandbox (or a session its front-end gives up without a row): its VM goes now.
+    pub fn close(&mut self) {
+        self.vm = Vm::Ended;
     }
 
     /// Ends the session and scores it like any rollout (with the suite's scoring mode: by
     /// default in a fresh fork, where the session cannot reach): the row.
     pub async fn submit(&mut self, engine: &Engine, answer: Option<String>) -> Result<Row, SessionCallError> {
         self.live()?;
+        let run = self.task.as_ref().ok_or(SessionCallError::NoTask)?.clone();
         let Vm::Live(live) = std::mem::replace(&mut self.vm, Vm::Ended) else {
             unreachable!("checked above")
         };
         let started = Instant::now();
-        let mut row = engine.ended(&self.planned, End::Scored);
+        let mut row = engine.ended(&run.planned, End::Scored);
         row.policy_name = "session".into();
         row.status = Status::EnvError;
-        row.steps = self.steps.clone();
-        row.timings.rollout_ms = self.spent.as_secs_f64() * 1e3;
+        row.steps = run.steps.clone();
+        row.timings.rollout_ms = run.spent.as_secs_f64() * 1e3;
         let end = engine
-            .finish(*live, &self.planned.task, &self.snapshot, answer, &mut row)
+            .finish(*live, &run.planned.task, &self.snapshot, answer, &mut row)
             .await;
         end.settle(&mut row);
         row.timings.total_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(row)
     }
 
-    /// A new session that continues from this one's state exactly, with its own ids and seed
-    /// (`served`, `seed`). A live session is snapshotted into `store` and goes on; a paused
-    /// one is forked from its saved state and stays paused.
+    /// A new live fork that continues from this one's state exactly, with its own seed (and,
+    /// for a session, its own ids, `served`). A live one is snapshotted into `store` and goes
+    /// on; a paused one is forked from its saved state and stays paused.
     pub async fn branch(
         &self,
-        engine: &Engine,
         store: &SnapshotStore,
         seed: u64,
-        served: Served,
+        served: Option<Served>,
     ) -> Result<Session, SessionBranchError> {
+        let role = self.role();
         let (child, branch) = match &self.vm {
             Vm::Live(live) => {
-                let (child, branch) = engine.branch(live, &self.snapshot, store, seed, Role::Session).await?;
+                let (child, branch) =
+                    crate::live::branch(&self.forker, live, &self.snapshot, store, seed, role).await?;
                 (child, Some(branch))
             }
             Vm::Paused(paused) => {
@@ -343,33 +431,41 @@ impl Session {
                     env: paused.record.env.clone(),
                     ..ForkIdentity::new(seed)
                 };
-                let child = engine
-                    .unpause(paused, Some(identity), Role::Session)
+                let child = self
+                    .unpause(paused, Some(identity))
                     .await
                     .map_err(SessionBranchError::Paused)?;
                 (child, None)
             }
             Vm::Ended => return Err(SessionCallError::Ended.into()),
         };
-        let mut planned = self.planned.clone();
-        planned.seed = seed;
-        planned.served = Some(served);
+        let task = self.task.clone().map(|mut run| {
+            run.planned.seed = seed;
+            run.planned.served = served;
+            run
+        });
         Ok(Session {
-            planned,
+            host: self.host.clone(),
+            forker: self.forker.clone(),
+            network: self.network.clone(),
             snapshot: self.snapshot.clone(),
             vm: Vm::Live(Box::new(child)),
-            steps: self.steps.clone(),
-            spent: self.spent,
+            task,
             _branch: branch,
         })
     }
 
-    /// Saves the live session into `dir` (which must not exist) and stops its VM; the caller
+    async fn unpause(&self, paused: &Arc<PausedFork>, identity: Option<ForkIdentity>) -> Result<LiveFork, PauseError> {
+        let role = self.role();
+        crate::pause::unpause(&self.forker, &self.host.store, paused, identity, role, &self.network).await
+    }
+
+    /// Saves the live fork into `dir` (which must not exist) and stops its VM; the caller
     /// records the pause and then commits or cancels it. On an error the VM runs on and the
     /// folder is gone.
-    pub async fn pause(&mut self, engine: &Engine, dir: &Path) -> Result<PendingPause<'_>, SessionPauseError> {
+    pub async fn pause(&mut self, dir: &Path) -> Result<PendingPause<'_>, SessionPauseError> {
         let live = self.live()?;
-        let paused = match engine.pause(live, &self.snapshot, dir).await {
+        let paused = match crate::pause::pause(&self.forker, &self.host.store, live, &self.snapshot, dir).await {
             Ok(p) => p,
             Err(e) => {
                 let _ = live.fork.machine.resume().await;
@@ -383,14 +479,14 @@ impl Session {
         })
     }
 
-    /// Forks a paused session again, as it was; the caller records the resume and then
-    /// commits it (dropped uncommitted, the new VM goes and the session stays paused). None:
-    /// it was not paused (nothing done).
-    pub async fn resume(&mut self, engine: &Engine) -> Result<Option<PendingResume<'_>>, PauseError> {
+    /// Forks a paused fork again, as it was; the caller records the resume and then
+    /// commits it (dropped uncommitted, the new VM goes and it stays paused). None: it was
+    /// not paused (nothing done).
+    pub async fn resume(&mut self) -> Result<Option<PendingResume<'_>>, PauseError> {
         let Vm::Paused(paused) = &self.vm else {
             return Ok(None);
         };
-        let live = engine.unpause(paused, None, Role::Session).await?;
+        let live = self.unpause(paused, None).await?;
         Ok(Some(PendingResume { session: self, live }))
     }
 }

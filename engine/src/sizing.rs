@@ -14,6 +14,14 @@
 
 use crate::config::Count;
 
+/// The host's memory, processes and settings as the machine layer measures them, for the
+/// front-ends' admission and capacity figures (they reach the host through the engine, not
+/// the machine layer).
+pub use vmm::ksm::{Ksm, KsmHost};
+pub use vmm::memory::{HostMemory, ProcessMemory};
+pub use vmm::process::{live_pids, HostLimits};
+pub use vmm::AccelSetting;
+
 /// What a fork costs besides its guest memory: QEMU itself and its translation buffer.
 pub const QEMU_OVERHEAD_MIB: u64 = 64;
 

@@ -702,7 +702,15 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
     let cli = HarborCli::start(dir.path(), &services, store.0);
     // The SDK's own tests on Harbor's Python too (the live ones run in tests/sandboxes.rs).
     let pytest = Command::new(cli.harbor.with_file_name("python"))
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "clients/python/tests"])
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "clients/python/tests",
+        ])
         .current_dir(repo())
         .env_remove("FARM_TEST_URL")
         .output()
@@ -710,6 +718,12 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
     assert!(
         pytest.status.success(),
         "the SDK's tests on Harbor's Python: {}",
+        text(&pytest)
+    );
+    // Harbor is there: its backend's tests ran (only the live ones, without a service, skip).
+    assert!(
+        !text(&pytest).contains("test_harbor.py"),
+        "the SDK's Harbor tests did not run: {}",
         text(&pytest)
     );
     // Task by task: 1 for the oracle on every task, 0 for the nop agent, and no exception.

@@ -204,9 +204,10 @@ async fn prepare(
     counts: &Counts,
 ) -> Result<(Arc<Engine>, Vec<Planned>, engine::recorder::Plan)> {
     let progress = |line: &str| tracing::info!("template: {line}");
+    let host = engine::Host::start(args.accel)?;
     let mut engine = Engine::start(
         suite,
-        args.accel,
+        &host,
         run_id,
         Preload::for_tasks(tasks.iter().map(|t| &**t)),
         &progress,

@@ -1,8 +1,10 @@
 //! What the service keeps of each rollout it admitted ([`Entry`], in its [`Phase`]) and of
-//! each live session ([`Session`]); the service's state holds them, the request handlers
-//! change them.
+//! each live fork, session or sandbox ([`Open`]); the service's state holds them, the
+//! request handlers change them.
 
 use serde::Serialize;
+
+use engine::session::TaskRun;
 
 use super::requests::Admitted;
 
@@ -43,27 +45,62 @@ impl Entry {
     }
 }
 
-/// A session as the service holds it: the engine's [`engine::session::Session`] and what
-/// only the service knows of it (its id, its suite, the inline task it was opened with).
-pub struct Session {
+/// A live fork as the service holds it in its one book (`Service::forks`): the engine's
+/// [`engine::session::Session`] and what only the service knows of it, by front-end.
+pub struct Open {
     pub(super) id: String,
-    pub(super) suite: String,
-    /// The inline task it was opened with (to take it up again after a restart).
-    pub(super) task_row: Option<serde_json::Value>,
     pub(super) run: engine::session::Session,
+    pub(super) facts: Facts,
 }
 
-impl Session {
-    /// What a restart needs to know of it.
+/// What a front-end keeps of its forks.
+pub enum Facts {
+    /// A session: its suite, and the inline task it was opened with (to take it up again
+    /// after a restart).
+    Session {
+        suite: String,
+        task_row: Option<serde_json::Value>,
+    },
+    /// A sandbox: its settings and lineage.
+    Sandbox(Box<super::sandbox::sandboxes::SandboxFacts>),
+}
+
+impl Open {
+    /// A session's suite. The book keeps kinds apart: a session's handlers only ever hold
+    /// sessions.
+    pub(super) fn suite(&self) -> &str {
+        match &self.facts {
+            Facts::Session { suite, .. } => suite,
+            Facts::Sandbox(_) => unreachable!("the book keeps sandboxes from the session handlers"),
+        }
+    }
+
+    /// A session's task and progress (see [`Open::suite`]).
+    pub(super) fn task(&self) -> &TaskRun {
+        self.run
+            .task_run()
+            .expect("the book keeps sandboxes from the session handlers")
+    }
+
+    /// A sandbox's facts (the book keeps sessions from the sandbox handlers).
+    pub(super) fn sandbox(&self) -> &super::sandbox::sandboxes::SandboxFacts {
+        match &self.facts {
+            Facts::Sandbox(facts) => facts,
+            Facts::Session { .. } => unreachable!("the book keeps sessions from the sandbox handlers"),
+        }
+    }
+
+    /// What a restart needs to know of a session.
     pub(super) fn admitted(&self) -> Admitted {
-        let served = self.run.served();
+        let run = self.task();
+        let served = run.served();
         Admitted {
             rollout_id: served.rollout_id.clone(),
             group_id: served.group_id.clone(),
-            suite: self.suite.clone(),
-            task_id: self.run.task().id.clone(),
+            suite: self.suite().to_string(),
+            task_id: run.task().id.clone(),
             sample: 0,
-            seed: self.run.seed(),
+            seed: run.seed(),
             policy_version: served.policy_version,
             policy_name: "session".into(),
             metadata: served.metadata.clone(),

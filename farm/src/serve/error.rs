@@ -3,8 +3,8 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use engine::book::Refusal;
 use engine::session::SessionCallError;
-use engine::sessions::SessionRefusal;
 
 /// A failure a request can be told about: an HTTP status and a message (and the request
 /// field it concerns).
@@ -38,12 +38,12 @@ impl ApiError {
 
 /// The session book's refusals: 429 (with a retry hint) when every slot is taken, 404 when
 /// there is no such session, 409 when it is busy being scored or is paused.
-impl From<SessionRefusal> for ApiError {
-    fn from(refusal: SessionRefusal) -> ApiError {
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> ApiError {
         let status = match refusal {
-            SessionRefusal::Full { .. } => 429,
-            SessionRefusal::NoLive(_) | SessionRefusal::NoneLiveOrPaused(_) => 404,
-            SessionRefusal::BeingSubmitted(_) | SessionRefusal::BeingScored(_) | SessionRefusal::Paused(_) => 409,
+            Refusal::Full { .. } => 429,
+            Refusal::NoLive(_) | Refusal::NoneLiveOrPaused(_) => 404,
+            Refusal::BeingSubmitted(_) | Refusal::BeingScored(_) | Refusal::Paused(_) => 409,
         };
         ApiError {
             retry_after: refusal.retryable().then_some(5),
@@ -57,7 +57,7 @@ impl ApiError {
     /// it is paused or when it took its steps.
     pub fn session(id: &str, refusal: SessionCallError) -> ApiError {
         let status = match refusal {
-            SessionCallError::Ended => 404,
+            SessionCallError::Ended | SessionCallError::NoTask => 404,
             SessionCallError::Paused | SessionCallError::StepsTaken(_) => 409,
         };
         let what = refusal.to_string();

@@ -17,16 +17,16 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use engine::book::{Kind, Refusal};
 use engine::config::RolloutsSection;
 use engine::pause::PausedFork;
 use engine::row::Step;
 use engine::session::{SessionPauseError, SessionProgress, SessionState};
-use engine::sessions::SessionRefusal;
 use engine::Served;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::entries::Session;
+use super::entries::{Facts, Open};
 use super::requests::Record;
 use super::service::{ApiError, ApiResult, Service};
 
@@ -51,15 +51,18 @@ pub(super) struct SessionFile {
 
 impl SessionFile {
     /// The record of a session about to be paused.
-    fn of(session: &Session) -> SessionFile {
-        let run = &session.run;
+    fn of(session: &Open) -> SessionFile {
+        let run = session.task();
         let served = run.served();
         let progress = run.progress();
         SessionFile {
             session_id: session.id.clone(),
-            suite: session.suite.clone(),
+            suite: session.suite().to_string(),
             task_id: run.task().id.clone(),
-            task_row: session.task_row.clone(),
+            task_row: match &session.facts {
+                Facts::Session { task_row, .. } => task_row.clone(),
+                Facts::Sandbox(_) => None,
+            },
             seed: progress.seed,
             rollout_id: served.rollout_id.clone(),
             group_id: served.group_id.clone(),
@@ -86,20 +89,20 @@ impl Service {
     }
 
     /// What GET says of a session.
-    pub(super) fn describe(&self, id: &str, session: &Session) -> serde_json::Value {
-        let run = &session.run;
+    pub(super) fn describe(&self, id: &str, session: &Open) -> serde_json::Value {
+        let run = session.task();
         let served = run.served();
         let mut out = json!({
             "session_id": id,
             "rollout_id": served.rollout_id,
             "group_id": served.group_id,
-            "suite": session.suite,
+            "suite": session.suite(),
             "task_id": run.task().id,
             "steps": run.steps().len(),
             "spent_secs": run.spent().as_secs_f64(),
-            "state": run.state(),
+            "state": session.run.state(),
         });
-        if let Some(p) = run.paused() {
+        if let Some(p) = session.run.paused() {
             let expires = p.record.paused_unix + self.settings.paused_retention_secs;
             out["paused"] = json!({
                 "since_unix": p.record.paused_unix,
@@ -114,41 +117,41 @@ impl Service {
 
     /// `GET /v1/sessions/{id}`.
     pub async fn get_session(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let session = self.lock().sessions.any(id);
+        let session = self.forks().any(id, Kind::Session);
         match session {
             Ok(s) => {
                 let s = s.lock().await;
                 Ok(self.describe(id, &s))
             }
             // Being scored: say so without waiting for it.
-            Err(SessionRefusal::BeingScored(_)) => Ok(json!({ "session_id": id, "state": "submitting" })),
+            Err(Refusal::BeingScored(_)) => Ok(json!({ "session_id": id, "state": "submitting" })),
             Err(e) => Err(e.into()),
         }
     }
 
     /// Whether a session is there (live or paused), without waiting for a call running in it.
     pub fn session_known(&self, id: &str) -> ApiResult<()> {
-        self.lock().sessions.any(id)?;
+        self.forks().any(id, Kind::Session)?;
         Ok(())
     }
 
     /// The cap on a step's output in a session (`rollouts.output_cap_bytes`).
     pub async fn session_output_cap(&self, id: &str) -> ApiResult<u64> {
-        let session = self.lock().sessions.any(id)?;
+        let session = self.forks().any(id, Kind::Session)?;
         let s = session.lock().await;
-        Ok(s.run.limits().output_cap_bytes)
+        Ok(s.task().limits().output_cap_bytes)
     }
 
     /// A session's task: its id and instruction.
     pub async fn session_task(&self, id: &str) -> ApiResult<(String, String)> {
-        let session = self.lock().sessions.any(id)?;
+        let session = self.forks().any(id, Kind::Session)?;
         let s = session.lock().await;
-        Ok((s.run.task().id.clone(), s.run.task().instruction.clone()))
+        Ok((s.task().task().id.clone(), s.task().task().instruction.clone()))
     }
 
     /// `GET /v1/sessions`: every live and paused session.
     pub async fn list_sessions(&self) -> ApiResult<serde_json::Value> {
-        let all = self.lock().sessions.all();
+        let all = self.forks().all(Kind::Session);
         let mut out = Vec::new();
         for (id, session) in all {
             match session.try_lock() {
@@ -162,18 +165,17 @@ impl Service {
 
     /// `POST /v1/sessions/{id}/pause`. Pausing a paused session answers the same again.
     pub async fn pause_session(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let handle = self.lock().sessions.any(id)?;
+        let handle = self.forks().any(id, Kind::Session)?;
         let mut session = handle.lock().await;
         if session.run.state() == SessionState::Paused {
             return Ok(self.describe(id, &session));
         }
-        if self.lock().sessions.any(id).is_err() {
+        if self.forks().any(id, Kind::Session).is_err() {
             return Err(ApiError::new(
                 409,
                 format!("session {id:?} is being submitted and scored: it cannot be paused"),
             ));
         }
-        let engine = self.engine_of(&session);
         let started = Instant::now();
         let dir = self.paused_root().join(format!(
             "{id}.{}",
@@ -183,7 +185,7 @@ impl Service {
                 .unwrap_or(0)
         ));
         let file = SessionFile::of(&session);
-        let pending = session.run.pause(&engine, &dir).await.map_err(|e| match e {
+        let pending = session.run.pause(&dir).await.map_err(|e| match e {
             SessionPauseError::Refused(e) => ApiError::session(id, e),
             e => ApiError::new(503, format!("pausing session {id:?} failed: {}", engine::describe(&e))),
         })?;
@@ -211,7 +213,7 @@ impl Service {
             ));
         }
         pending.commit();
-        self.lock().sessions.pause(id);
+        self.forks().pause(id);
         tracing::info!(session_id = %id, "session paused in {:.1} s", started.elapsed().as_secs_f64());
         let answer = self.describe(id, &session);
         drop(session);
@@ -221,17 +223,16 @@ impl Service {
 
     /// `POST /v1/sessions/{id}/resume`. Resuming a live session answers the same again.
     pub async fn resume_session(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let handle = self.lock().sessions.any(id)?;
-        if !self.lock().sessions.is_paused(id) {
+        let handle = self.forks().any(id, Kind::Session)?;
+        if !self.forks().is_paused(id) {
             let session = handle.lock().await;
             return Ok(self.describe(id, &session));
         }
-        let slot = self.take_session_slot()?;
+        let slot = self.vm_slot()?;
         let mut session = handle.lock().await;
-        let engine = self.engine_of(&session);
         let pending = session
             .run
-            .resume(&engine)
+            .resume()
             .await
             .map_err(|e| ApiError::new(503, format!("resuming session {id:?} failed: {}", engine::describe(&e))))?;
         let Some(pending) = pending else {
@@ -244,8 +245,8 @@ impl Service {
             .await
             .map_err(|e| ApiError::new(500, format!("recording the resume of session {id:?}: {e}")))?;
         pending.commit();
-        std::mem::forget(slot); // the session's now (`resume` takes the reservation)
-        self.lock().sessions.resume(id, Instant::now());
+        slot.taken(); // the session's now (`resume` takes the reservation)
+        self.forks().resume(id, Instant::now());
         let answer = self.describe(id, &session);
         drop(session);
         self.update_session_gauges();
@@ -253,13 +254,9 @@ impl Service {
     }
 
     pub(super) fn update_session_gauges(&self) {
-        let (all, live, paused) = {
-            let inner = self.lock();
-            (
-                inner.sessions.all(),
-                inner.sessions.live_len(),
-                inner.sessions.paused_len(),
-            )
+        let (all, (live, paused)) = {
+            let forks = self.forks();
+            (forks.all(Kind::Session), forks.count(Kind::Session))
         };
         // Bytes of the sessions not busy right now (a busy one is counted next time).
         let bytes: u64 = all
@@ -274,10 +271,10 @@ impl Service {
 
     /// Paused sessions older than `serve.paused_retention_secs` are removed.
     pub(super) async fn expire_paused(&self) {
-        let ids = self.lock().sessions.paused_ids();
+        let ids = self.forks().paused_ids(Kind::Session);
         let now = now_unix();
         for id in ids {
-            let handle = match self.lock().sessions.any(&id) {
+            let handle = match self.forks().any(&id, Kind::Session) {
                 Ok(h) => h,
                 Err(_) => continue,
             };
@@ -296,7 +293,7 @@ impl Service {
     }
 
     /// A paused session of an earlier process, from its folder.
-    pub(super) async fn take_up_paused(&self, dir: &Path) -> Result<(String, Session), TakeUpError> {
+    pub(super) async fn take_up_paused(&self, dir: &Path) -> Result<(String, Open), TakeUpError> {
         let path = dir.join("session.json");
         let text = std::fs::read_to_string(&path).map_err(|source| TakeUpError::Read {
             path: path.clone(),
@@ -331,11 +328,14 @@ impl Service {
             steps: file.steps,
             spent: Duration::from_millis(file.spent_ms),
         };
-        let session = Session {
+        let run = state.engine.paused_session(task, snapshot, paused, progress, served);
+        let session = Open {
             id: file.session_id.clone(),
-            suite: file.suite,
-            task_row: file.task_row,
-            run: engine::session::Session::paused_from(task, snapshot, paused, progress, served),
+            run,
+            facts: Facts::Session {
+                suite: file.suite,
+                task_row: file.task_row,
+            },
         };
         Ok((file.session_id, session))
     }

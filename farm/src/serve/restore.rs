@@ -38,7 +38,7 @@ impl Service {
                     rollouts,
                 } => {
                     if let Some(key) = idempotency_key {
-                        self.lock().idempotency.insert(key, (body_digest, response));
+                        self.lock().idempotency.restore(key, body_digest, response);
                     }
                     (rollouts, false, None)
                 }
@@ -108,7 +108,9 @@ impl Service {
         if let Some(dir) = paused_dir {
             match self.take_up_paused(&self.paused_root().join(dir)).await {
                 Ok((id, s)) => {
-                    self.lock().sessions.add_paused(&id, s);
+                    let timers = self.session_timers();
+                    self.forks()
+                        .add_paused(&id, engine::book::Kind::Session, s, timers, std::time::Instant::now());
                     return Ok(TakenUp::Session);
                 }
                 Err(e) => reason = Some(engine::describe(&e)),

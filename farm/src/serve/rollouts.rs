@@ -12,6 +12,7 @@ use serde_json::json;
 use super::entries::{Entry, Phase};
 use super::requests::{metadata_text, Admitted, Record, SubmitRequest};
 use super::service::{suite_of, ApiError, ApiResult, Service};
+use engine::idempotency::{Claim, KeyRefusal};
 
 /// Bytes of rows one `/v1/results` answer carries at most (at least one row).
 const RESULTS_MAX_BYTES: u64 = 64 << 20;
@@ -73,33 +74,16 @@ impl Service {
         }
         if let Some(key) = idempotency_key {
             // A retry with the same key may have been admitted while this one prepared.
-            if let Some((digest, answer)) = inner.idempotency.get(key) {
-                return if *digest == body_digest {
-                    Ok(Some(answer.clone()))
-                } else {
-                    Err(ApiError::field(
-                        422,
-                        "Idempotency-Key",
-                        "this key was used with a different request body",
-                    ))
-                };
-            }
-            if !inner.admitting_keys.insert(key.to_string()) {
-                return Err(ApiError {
-                    retry_after: Some(1),
-                    ..ApiError::field(
-                        409,
-                        "Idempotency-Key",
-                        "a request with this key is being admitted: retry",
-                    )
-                });
+            match inner.idempotency.claim(key, body_digest).map_err(key_refusal)? {
+                Claim::Answered(answer) => return Ok(Some(answer)),
+                Claim::Claimed => {}
             }
         }
         let waiting = inner.queue.len() + inner.admitting;
         let room = self.settings.queue_limit.saturating_sub(waiting);
         if count > room {
             if let Some(key) = idempotency_key {
-                inner.admitting_keys.remove(key);
+                inner.idempotency.settle(key, body_digest, None);
             }
             let per_slot = waiting / self.slots.max(1);
             return Err(ApiError {
@@ -130,13 +114,11 @@ impl Service {
     ) -> ApiResult<Vec<Planned>> {
         let mut inner = self.lock();
         inner.admitting -= planned.len();
+        let answer = journaled.is_ok().then(|| response.clone());
         if let Some(key) = &idempotency_key {
-            inner.admitting_keys.remove(key);
+            inner.idempotency.settle(key, &body_digest, answer);
         }
         journaled.map_err(|e| ApiError::new(500, format!("journaling the request: {e}")))?;
-        if let Some(key) = idempotency_key {
-            inner.idempotency.insert(key, (body_digest, response.clone()));
-        }
         let stopping = self.stopping.load(Ordering::SeqCst);
         let mut cancelled = Vec::new();
         for p in planned {
@@ -165,15 +147,7 @@ impl Service {
     /// The answer a request with this key already got, if any.
     fn answered_before(&self, key: Option<&str>, body_digest: &str) -> ApiResult<Option<serde_json::Value>> {
         let Some(key) = key else { return Ok(None) };
-        match self.lock().idempotency.get(key) {
-            Some((digest, _)) if digest != body_digest => Err(ApiError::field(
-                422,
-                "Idempotency-Key",
-                "this key was used with a different request body",
-            )),
-            Some((_, answer)) => Ok(Some(answer.clone())),
-            None => Ok(None),
-        }
+        self.lock().idempotency.answered(key, body_digest).map_err(key_refusal)
     }
 
     /// Each item's rollouts: the task (an inline one gets its snapshot), the policy over the
@@ -372,5 +346,21 @@ impl Service {
             .collect();
         let n = self.cancel_ids(&ids, &format!("policy_version below {version}")).await;
         json!({ "cancelled": n })
+    }
+}
+
+/// A refused idempotency key, as the caller is told: 409 (retry) while a request with it is
+/// admitted, 422 when it came with another body.
+pub(super) fn key_refusal(refusal: KeyRefusal) -> ApiError {
+    match refusal {
+        KeyRefusal::InProgress => ApiError {
+            retry_after: Some(1),
+            ..ApiError::field(
+                409,
+                "Idempotency-Key",
+                "a request with this key is being admitted: retry",
+            )
+        },
+        KeyRefusal::OtherBody => ApiError::field(422, "Idempotency-Key", refusal.to_string()),
     }
 }

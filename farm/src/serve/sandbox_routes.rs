@@ -163,7 +163,8 @@ async fn delete_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply
 
 async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
     let request: ExecRequest = parse(&body)?;
-    ok(api(&app)?.sandboxes.exec(&id, request).await?)
+    let out = api(&app)?.sandboxes.exec(&id, request).await?;
+    Ok(axum::Json(out).into_response())
 }
 
 async fn exec_stream(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
@@ -174,7 +175,7 @@ async fn exec_stream(State(app): State<App>, Path(id): Path<String>, body: Bytes
             let (name, data) = match event {
                 StreamEvent::Stdout(text) => ("stdout", serde_json::json!({ "data": text })),
                 StreamEvent::Stderr(text) => ("stderr", serde_json::json!({ "data": text })),
-                StreamEvent::Exit(end) => ("exit", end),
+                StreamEvent::Exit(end) => ("exit", serde_json::to_value(end).expect("ends serialize")),
                 StreamEvent::Error(error) => ("error", serde_json::json!({ "error": error })),
             };
             let last = name == "exit" || name == "error";

@@ -8,7 +8,7 @@
 //! anything admitted that has no row gets an `env_error` row "lost in restart". No lock is
 //! held across a write or a read of the folder.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,15 +16,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use datasets::Task;
+use engine::book::{Book, Kind};
 use engine::config::Suite;
 use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
 use engine::row::{Row, Status};
-use engine::sessions::SessionBook;
+use engine::sizing;
 use engine::{Engine, Planned, TaskSnapshot, TaskSnapshots};
 use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
 
-use super::entries::{Entry, Phase, Session};
+use super::entries::{Entry, Open, Phase};
 pub use super::error::{ApiError, ApiResult};
 use super::requests::{read_records, Record};
 use super::ServeSection;
@@ -42,16 +43,16 @@ pub(super) struct Inner {
     pub rollouts: HashMap<String, Entry>,
     pub queue: VecDeque<Planned>,
     pub running: HashMap<String, (tokio::task::AbortHandle, Planned)>,
-    /// Idempotency key -> (body digest, response).
-    pub idempotency: HashMap<String, (String, serde_json::Value)>,
-    /// Idempotency keys of submits being journaled right now.
-    pub admitting_keys: HashSet<String>,
+    /// Idempotency keys of submits: their answers, and those being journaled right now.
+    pub idempotency: engine::idempotency::Keys<serde_json::Value>,
     /// Queue room taken by submits being journaled right now.
     pub admitting: usize,
-    /// Live sessions, slots of sessions opening, sessions being submitted (a process killed
-    /// while one is submitted reports it lost on restart, as no end was recorded).
-    pub sessions: SessionBook<Session>,
 }
+
+/// Every open fork of the service, sessions and sandboxes, in one book: slots of forks
+/// opening, who is being submitted (a process killed while a session is submitted reports it
+/// lost on restart, as no end was recorded), timers.
+pub(super) type Forks = Arc<Mutex<Book<Open>>>;
 
 pub struct Service {
     pub(super) suites: HashMap<String, SuiteState>,
@@ -60,6 +61,8 @@ pub struct Service {
     pub(super) settings: ServeSection,
     pub(super) slots: usize,
     inner: Mutex<Inner>,
+    /// Every open session and sandbox.
+    pub(super) forks: Forks,
     pub(super) recorder: Recorder,
     pub(super) wake: Notify,
     pub(super) stopping: AtomicBool,
@@ -85,15 +88,15 @@ impl Service {
         settings: &ServeSection,
         suites: Vec<Suite>,
         out: &Path,
-        accel: vmm::AccelSetting,
+        accel: sizing::AccelSetting,
     ) -> Result<Service> {
-        if let Some(note) = vmm::ksm::KsmHost::probe()
+        if let Some(note) = sizing::KsmHost::probe()
             .check(settings.ksm)
             .map_err(|e| anyhow::anyhow!("serve.ksm: {e}"))?
         {
             tracing::warn!("{note}");
         }
-        let host_memory = vmm::memory::HostMemory::probe().unwrap_or_default();
+        let host_memory = sizing::HostMemory::probe().unwrap_or_default();
         let max_sessions = match settings.max_sessions {
             engine::config::Count::Fixed(n) => n,
             engine::config::Count::Auto => {
@@ -106,19 +109,20 @@ impl Service {
         let run_id = opened.run_id.clone();
         let guest_mib = suites.iter().map(|s| s.config.template.memory_mib).max().unwrap_or(512);
         let counts = super::resolve_counts(settings, guest_mib);
-        let host = engine::HostChoices {
+        let host = engine::Host::start(engine::HostChoices {
             accel,
             ksm: settings.ksm,
-        };
-        let states = start_suites(suites, host, &run_id, &counts).await?;
+        })?;
+        let states = start_suites(suites, &host, &run_id, &counts).await?;
         log_capacity(settings, max_sessions, &counts, states.len());
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
+        let forks: Forks = Default::default();
         let sandbox = if settings.sandboxes.enabled {
             Some(super::sandbox::SandboxApi::start(
                 &settings.sandboxes,
                 out,
                 host,
-                &run_id,
+                forks.clone(),
             )?)
         } else {
             None
@@ -132,6 +136,7 @@ impl Service {
             settings: settings.clone(),
             slots: counts.concurrency,
             inner: Mutex::new(Inner::default()),
+            forks,
             recorder,
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
@@ -306,18 +311,19 @@ impl Service {
         }
     }
 
-    /// A VM slot for a sandbox, counted with sessions against `serve.max_sessions` and
-    /// admitted by the same memory check; given back when the slot drops.
-    pub(super) fn vm_slot(self: &Arc<Self>) -> ApiResult<super::sandbox::sandboxes::VmSlot> {
+    /// The book of open forks.
+    pub(super) fn forks(&self) -> std::sync::MutexGuard<'_, Book<Open>> {
+        self.forks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A VM slot for a session or sandbox about to open, branch or resume, counted against
+    /// `serve.max_sessions` and admitted by the memory check; given back when dropped unless
+    /// the fork took it.
+    pub(super) fn vm_slot(&self) -> ApiResult<VmSlot> {
         self.check_admitting()?;
         self.check_memory()?;
-        self.lock().sessions.reserve(self.max_sessions)?;
-        let service = Arc::downgrade(self);
-        Ok(super::sandbox::sandboxes::VmSlot::new(move || {
-            if let Some(service) = service.upgrade() {
-                service.lock().sessions.release();
-            }
-        }))
+        self.forks().reserve(self.max_sessions)?;
+        Ok(VmSlot(Some(self.forks.clone())))
     }
 
     pub(super) fn check_admitting(&self) -> ApiResult<()> {
@@ -384,7 +390,7 @@ impl Service {
             shown.join(", "),
             inner.running.len(),
             inner.queue.len(),
-            inner.sessions.live_len()
+            self.forks().count(Kind::Session).0
         )
     }
 
@@ -398,8 +404,8 @@ impl Service {
             "queued": inner.queue.len(),
             "warm": warm,
             "queue_limit": self.settings.queue_limit,
-            "sessions": inner.sessions.live_len(),
-            "sandboxes": self.sandbox.as_ref().map(|api| api.sandboxes.counts().0).unwrap_or(0),
+            "sessions": self.forks().count(Kind::Session).0,
+            "sandboxes": self.forks().count(Kind::Sandbox).0,
             "max_sessions": self.max_sessions,
             "memory": self.memory_capacity(),
         })
@@ -421,7 +427,7 @@ impl Service {
             .map(|(id, _)| id.clone())
             .collect();
         self.cancel_ids(&ids, "the service shut down").await;
-        let sessions = self.lock().sessions.endable_ids();
+        let sessions = self.forks().endable_ids(Kind::Session);
         for id in sessions {
             let _ = self.end_session(&id, "the service shut down").await;
         }
@@ -429,7 +435,7 @@ impl Service {
             api.sandboxes.shut_down().await;
         }
         // Paused sessions stay on disk for the next start.
-        let all = self.lock().sessions.all();
+        let all = self.forks().all(Kind::Session);
         for (_, session) in all {
             if let Some(paused) = session.lock().await.run.paused() {
                 paused.keep_on_disk();
@@ -489,7 +495,7 @@ fn lock_out_folder(out: &Path) -> Result<std::fs::File> {
 /// pool.
 async fn start_suites(
     suites: Vec<Suite>,
-    host: engine::HostChoices,
+    host: &Arc<engine::Host>,
     run_id: &str,
     counts: &engine::sizing::Counts,
 ) -> Result<HashMap<String, SuiteState>> {
@@ -533,7 +539,7 @@ fn log_capacity(settings: &ServeSection, max_sessions: usize, counts: &engine::s
         }
     );
     let vms = (max_sessions + counts.concurrency * 2 + counts.warm_pool * suites.max(1)) as u64;
-    for problem in vmm::process::HostLimits::probe().problems(vms) {
+    for problem in sizing::HostLimits::probe().problems(vms) {
         tracing::warn!(
             "{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)",
             counts.concurrency
@@ -544,4 +550,51 @@ fn log_capacity(settings: &ServeSection, max_sessions: usize, counts: &engine::s
 /// The suite a served rollout belongs to.
 pub(super) fn suite_of(item: &Planned) -> &str {
     item.served.as_ref().map(|s| s.suite.as_str()).unwrap_or_default()
+}
+
+/// A VM slot taken by [`Service::vm_slot`]: given back when dropped, unless the fork it was
+/// for opened (or resumed) and took it ([`VmSlot::taken`]).
+pub(super) struct VmSlot(Option<Forks>);
+
+impl VmSlot {
+    /// The fork opened or resumed in this slot: the book counts it now.
+    pub(super) fn taken(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for VmSlot {
+    fn drop(&mut self) {
+        if let Some(forks) = self.0.take() {
+            forks.lock().unwrap_or_else(|p| p.into_inner()).release();
+        }
+    }
+}
+
+/// A request using an open fork: it is not idle until this drops (then it was used last).
+pub(super) struct InUse {
+    forks: Forks,
+    id: String,
+}
+
+impl InUse {
+    pub(super) fn begin(forks: &Forks, id: &str) -> InUse {
+        forks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .begin(id, Instant::now());
+        InUse {
+            forks: forks.clone(),
+            id: id.to_string(),
+        }
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.forks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .finish(&self.id, Instant::now());
+    }
 }

@@ -9,31 +9,22 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use engine::book::{Kind, Timers};
 use engine::config::Action;
 use engine::row::Row;
 use engine::session::{Acted, SessionBranchError};
 use engine::{rollout_seed, Served};
 use serde_json::json;
 
-use super::entries::{Entry, Phase, Session};
+use super::entries::{Entry, Facts, Open, Phase};
 use super::requests::metadata_text;
 use super::requests::{ItemRequest, Record};
-use super::service::{ApiError, ApiResult, Service};
-
-/// A session slot taken by [`Service::take_session_slot`]; given back when dropped unless
-/// the session was added.
-pub(super) struct SessionSlot<'a>(&'a Service);
-
-impl Drop for SessionSlot<'_> {
-    fn drop(&mut self) {
-        self.0.lock().sessions.release();
-    }
-}
+use super::service::{ApiError, ApiResult, InUse, Service, VmSlot};
 
 impl Service {
     /// Memory for one more VM at the measured cost, past the reserve; or 503 with the figures.
     pub(super) fn check_memory(&self) -> ApiResult<()> {
-        let Some(host) = vmm::memory::HostMemory::probe() else {
+        let Some(host) = engine::sizing::HostMemory::probe() else {
             return Ok(());
         };
         super::admission::check(&host, self.settings.memory_reserve_percent, self.vm_cost.current()).map_err(|why| {
@@ -46,7 +37,7 @@ impl Service {
 
     /// The memory part of `GET /v1/capacity`.
     pub(super) fn memory_capacity(&self) -> serde_json::Value {
-        let host = vmm::memory::HostMemory::probe().unwrap_or_default();
+        let host = engine::sizing::HostMemory::probe().unwrap_or_default();
         let cost = self.vm_cost.current();
         let reserve = super::admission::reserve_bytes(&host, self.settings.memory_reserve_percent);
         json!({
@@ -58,16 +49,16 @@ impl Service {
         })
     }
 
-    /// Reserves a session slot until the session is added (or the reservation dropped).
-    pub(super) fn take_session_slot(&self) -> ApiResult<SessionSlot<'_>> {
-        self.check_admitting()?;
-        self.check_memory()?;
-        self.lock().sessions.reserve(self.max_sessions)?;
-        Ok(SessionSlot(self))
+    /// A session's timers: its lease, and no lifetime of its own.
+    pub(super) fn session_timers(&self) -> Timers {
+        Timers {
+            idle: Duration::from_secs(self.settings.session_lease_secs),
+            lifetime: None,
+        }
     }
 
     /// Journals a session, then makes it live (or ends it, when a shutdown began meanwhile).
-    async fn add_session(&self, slot: SessionSlot<'_>, session: Session) -> ApiResult<()> {
+    async fn add_session(&self, slot: VmSlot, session: Open) -> ApiResult<()> {
         let admitted = session.admitted();
         let id = session.id.clone();
         self.recorder
@@ -79,16 +70,17 @@ impl Service {
             .map_err(|e| ApiError::new(500, format!("journaling the session: {e}")))?;
         {
             let mut inner = self.lock();
-            // The slot becomes the session's (`open` gives the reservation back).
-            std::mem::forget(slot);
             inner.rollouts.insert(
                 admitted.rollout_id.clone(),
                 Entry::new(&admitted, Some(id.clone()), Phase::Session),
             );
-            inner.sessions.open(&id, session, Instant::now());
+            // The slot becomes the session's.
+            slot.taken();
+            let mut forks = self.forks();
+            forks.open(&id, Kind::Session, session, self.session_timers(), Instant::now());
             engine::metrics::get()
                 .sessions_live
-                .set(inner.sessions.live_len() as i64);
+                .set(forks.count(Kind::Session).0 as i64);
         }
         if self.stopping.load(Ordering::SeqCst) {
             let _ = self.end_session(&id, "the service shut down").await;
@@ -101,7 +93,7 @@ impl Service {
     pub async fn open_session(&self, request: ItemRequest) -> ApiResult<serde_json::Value> {
         request.check_session()?;
         request.check_bounds(&|f: &str| f.to_string())?;
-        let slot = self.take_session_slot()?;
+        let slot = self.vm_slot()?;
         let metadata = metadata_text(request.metadata.as_ref(), "metadata")?;
         let (suite_name, state) = self.suite(request.suite.as_deref(), "suite")?;
         let (task, snapshot) = self
@@ -131,11 +123,13 @@ impl Service {
                     format!("opening the session failed: {}", end.error().unwrap_or_default()),
                 )
             })?;
-        let session = Session {
+        let session = Open {
             id: session_id.clone(),
-            suite: suite_name.to_string(),
-            task_row: request.task.clone(),
             run,
+            facts: Facts::Session {
+                suite: suite_name.to_string(),
+                task_row: request.task.clone(),
+            },
         };
         self.add_session(slot, session).await?;
         Ok(
@@ -143,18 +137,18 @@ impl Service {
         )
     }
 
-    fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Session>>> {
-        Ok(self.lock().sessions.usable(id, Instant::now())?)
+    fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Open>>> {
+        Ok(self.forks().usable(id, Kind::Session, Instant::now())?)
     }
 
     /// Marks a session used now, if it is still live.
     pub(super) fn touch(&self, id: &str) {
-        self.lock().sessions.touch(id, Instant::now());
+        self.forks().touch(id, Instant::now());
     }
 
     /// The engine of a session's suite.
-    pub(super) fn engine_of(&self, session: &Session) -> Arc<engine::Engine> {
-        self.suites[&session.suite].engine.clone()
+    pub(super) fn engine_of(&self, session: &Open) -> Arc<engine::Engine> {
+        self.suites[session.suite()].engine.clone()
     }
 
     /// Records the row of a session that ended without a score: what the caller is told.
@@ -168,7 +162,7 @@ impl Service {
     /// session's actions share its `timeout_secs` budget, as a rollout's do; past it the
     /// session ends as a `timeout`.
     pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<serde_json::Value> {
-        if let Some(host) = vmm::memory::HostMemory::probe() {
+        if let Some(host) = engine::sizing::HostMemory::probe() {
             super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError {
                 retry_after: Some(5),
                 ..ApiError::new(503, why.to_string())
@@ -179,6 +173,8 @@ impl Service {
             return Err(ApiError::field(400, "timeout_secs", "must be at least 1"));
         }
         let session = self.session(id)?;
+        // Not idle while the step runs, however long it takes.
+        let _in_use = InUse::begin(&self.forks, id);
         let mut session = session.lock().await;
         let engine = self.engine_of(&session);
         let acted = session
@@ -186,8 +182,7 @@ impl Service {
             .act(&engine, &action, timeout_secs)
             .await
             .map_err(|e| ApiError::session(id, e))?;
-        self.touch(id);
-        let observation = acted.observation(session.run.limits());
+        let observation = acted.observation(session.task().limits());
         match acted {
             Acted::Stepped(step) => Ok(json!({ "step": step, "observation": observation, "ended": false })),
             Acted::Ended { step, row } => {
@@ -204,20 +199,19 @@ impl Service {
     /// `POST /v1/sessions/{id}/branch`: of a live session, or of a paused one (which stays
     /// paused).
     pub async fn branch(&self, id: &str) -> ApiResult<serde_json::Value> {
-        let slot = self.take_session_slot()?;
-        let session = self.lock().sessions.any(id)?;
+        let slot = self.vm_slot()?;
+        let session = self.forks().any(id, Kind::Session)?;
         let session = session.lock().await;
-        let engine = self.engine_of(&session);
-        let parent = session.run.served().clone();
+        let parent = session.task().served().clone();
         let (rollout_id, session_id) = (self.new_id("r"), self.new_id("s"));
-        let seed = rollout_seed(session.run.seed(), &rollout_id, 0);
+        let seed = rollout_seed(session.task().seed(), &rollout_id, 0);
         let served = Served {
             rollout_id: rollout_id.clone(),
             ..parent.clone()
         };
         let run = session
             .run
-            .branch(&engine, &self.branches, seed, served)
+            .branch(&self.branches, seed, Some(served))
             .await
             .map_err(|e| match e {
                 SessionBranchError::Refused(e) => ApiError::session(id, e),
@@ -226,11 +220,16 @@ impl Service {
                     format!("branching session {id:?} failed: {}", engine::describe(&e)),
                 ),
             })?;
-        let new = Session {
+        let new = Open {
             id: session_id.clone(),
-            suite: session.suite.clone(),
-            task_row: session.task_row.clone(),
             run,
+            facts: Facts::Session {
+                suite: session.suite().to_string(),
+                task_row: match &session.facts {
+                    Facts::Session { task_row, .. } => task_row.clone(),
+                    Facts::Sandbox(_) => None,
+                },
+            },
         };
         drop(session);
         self.add_session(slot, new).await?;
@@ -246,7 +245,7 @@ impl Service {
         }
         let session = self.session(id)?;
         // From here on, expiry, DELETE and shutdown leave this session to finish.
-        if !self.lock().sessions.begin_submit(id) {
+        if !self.forks().begin_submit(id) {
             return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
         }
         let mut session = session.lock().await;
@@ -254,7 +253,7 @@ impl Service {
         let row = match session.run.submit(&engine, answer).await {
             Ok(row) => row,
             Err(e) => {
-                self.lock().sessions.abandon_submit(id);
+                self.forks().abandon_submit(id);
                 return Err(ApiError::session(id, e));
             }
         };
@@ -269,7 +268,7 @@ impl Service {
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.
     pub async fn end_session(&self, id: &str, reason: &str) -> ApiResult<serde_json::Value> {
-        self.lock().sessions.endable(id)?;
+        self.forks().endable(id, Kind::Session)?;
         self.recorder
             .journal_request(&Record::SessionEnd {
                 session_id: id.to_string(),
@@ -283,7 +282,6 @@ impl Service {
 
     fn drop_session(&self, id: &str, phase: Phase) {
         let mut inner = self.lock();
-        inner.sessions.remove(id);
         let rollout = inner
             .rollouts
             .iter()
@@ -294,20 +292,18 @@ impl Service {
                 entry.phase = phase;
             }
         }
-        engine::metrics::get()
-            .sessions_live
-            .set(inner.sessions.live_len() as i64);
-        engine::metrics::get()
-            .sessions_paused
-            .set(inner.sessions.paused_len() as i64);
+        let mut forks = self.forks();
+        forks.remove(id, engine::book::Ending::Ended("ended".into()));
+        let (live, paused) = forks.count(Kind::Session);
+        engine::metrics::get().sessions_live.set(live as i64);
+        engine::metrics::get().sessions_paused.set(paused as i64);
     }
 
     pub(super) async fn expire_sessions(&self) {
         self.expire_paused().await;
         self.update_session_gauges();
-        let lease = Duration::from_secs(self.settings.session_lease_secs);
-        let idle = self.lock().sessions.idle(lease, Instant::now());
-        for id in idle {
+        let expired = self.forks().expired(Kind::Session, Instant::now());
+        for (id, _) in expired {
             tracing::info!(session_id = %id, "session expired");
             let _ = self.end_session(&id, "expired").await;
         }

@@ -10,8 +10,9 @@
 //! - [`sandboxes`]: each sandbox's life, its limits and timers;
 //! - [`openapi`]: the OpenAPI document the service serves.
 //!
-//! The HTTP routes are `serve::sandbox_routes`. Sandboxes come from one engine of their own
-//! (the forker, the snapshot store, branches, pauses), with the service's admission (its
+//! The HTTP routes are `serve::sandbox_routes`. Sandboxes are forks of the host core
+//! ([`engine::Host`]: its forker, snapshot store, template builds and pools), held in the
+//! service's one book of open forks beside the sessions, with the service's admission (its
 //! memory reserve, `serve.max_sessions` shared with sessions) and auth.
 
 pub mod contexts;
@@ -25,10 +26,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
-
-use engine::Engine;
-
-use crate::serve::error::ApiError;
 
 pub use environments::Environments;
 pub use sandboxes::Sandboxes;
@@ -134,54 +131,18 @@ pub struct SandboxApi {
     pub sandboxes: Arc<Sandboxes>,
 }
 
-/// The engine sandboxes are forked by, started on first use (a service that never serves a
-/// sandbox never builds its template): an engine over the small built-in image, for the
-/// forker, the snapshot store, branches and pauses. Its template is never forked; each
-/// environment brings its own snapshot.
-pub struct LazyEngine {
-    cell: tokio::sync::OnceCell<Arc<Engine>>,
-    dir: PathBuf,
-    host: engine::HostChoices,
-    run_id: String,
-}
-
-impl LazyEngine {
-    pub async fn get(&self) -> Result<&Arc<Engine>, ApiError> {
-        self.cell
-            .get_or_try_init(|| async {
-                let text = "[suite]\nname = \"sandboxes\"\n[template]\nimage = \"minimal\"\n\
-                            [dataset]\npath = \"none.jsonl\"\nformat = \"jsonl\"\n[policy]\nkind = \"nop\"\n";
-                let config: engine::config::SuiteConfig =
-                    toml::from_str(text).expect("the sandbox engine's suite parses");
-                let suite = engine::config::Suite {
-                    config,
-                    path: self.dir.join("sandboxes.toml"),
-                    dir: self.dir.clone(),
-                    digest: "sandboxes".into(),
-                };
-                let progress = |line: &str| tracing::info!("sandboxes: {line}");
-                Engine::start(&suite, self.host, &self.run_id, engine::Preload::UnitTests, &progress)
-                    .await
-                    .map(Arc::new)
-                    .map_err(|e| ApiError::new(500, format!("starting the sandbox engine: {}", engine::describe(&e))))
-            })
-            .await
-    }
-}
-
 impl SandboxApi {
     /// Starts the sandbox API with its state under `out/sandboxes` (`environments/`: the
     /// registry of environments, which pins their snapshots; `contexts/`: uploaded build
     /// contexts; `paused/`: paused sandboxes).
-    pub fn start(settings: &SandboxSection, out: &Path, host: engine::HostChoices, run_id: &str) -> Result<SandboxApi> {
+    pub fn start(
+        settings: &SandboxSection,
+        out: &Path,
+        host: Arc<engine::Host>,
+        forks: crate::serve::service::Forks,
+    ) -> Result<SandboxApi> {
         let dir: PathBuf = out.join("sandboxes");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let engine = Arc::new(LazyEngine {
-            cell: tokio::sync::OnceCell::new(),
-            dir: dir.clone(),
-            host,
-            run_id: run_id.to_string(),
-        });
         let mut networks = BTreeMap::new();
         for (name, network) in &settings.networks {
             let policy = network
@@ -189,9 +150,8 @@ impl SandboxApi {
                 .with_context(|| format!("serve.sandboxes.networks.{name}"))?;
             networks.insert(name.clone(), policy);
         }
-        let store = snapshotter::SnapshotStore::default_location();
-        let environments = Arc::new(Environments::open(engine.clone(), store, settings, &dir)?);
-        let sandboxes = Arc::new(Sandboxes::new(engine, settings, networks, &dir)?);
+        let environments = Arc::new(Environments::open(host.clone(), settings, &dir)?);
+        let sandboxes = Arc::new(Sandboxes::new(host, forks, settings, networks, &dir)?);
         Ok(SandboxApi {
             environments,
             sandboxes,

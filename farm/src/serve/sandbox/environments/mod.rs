@@ -25,7 +25,6 @@ mod spec;
 pub use spec::{EnvironmentRequest, Source, Spec};
 
 use super::contexts::Contexts;
-use super::LazyEngine;
 use crate::serve::error::{ApiError, ApiResult};
 use owned::Owned;
 
@@ -151,18 +150,13 @@ impl Environment {
     }
 
     /// Its warm pool, started on first use when `size` > 0.
-    pub async fn pool(&self, engine: &engine::Engine, ready: &Ready, size: usize) -> Option<&snapshotter::WarmPool> {
+    pub async fn pool(&self, host: &engine::Host, ready: &Ready, size: usize) -> Option<&snapshotter::WarmPool> {
         self.pool
             .get_or_init(|| async {
                 if size == 0 {
                     return None;
                 }
-                match snapshotter::WarmPool::start_with_mode(
-                    engine.forker.clone(),
-                    (*ready.snapshot).clone(),
-                    size,
-                    snapshotter::PoolMode::Resumed,
-                ) {
+                match host.start_pool(host.forker.clone(), &ready.snapshot, size, "true") {
                     Ok(pool) => Some(pool),
                     Err(e) => {
                         tracing::warn!("environment {}: no warm pool: {e}", self.id);
@@ -199,8 +193,8 @@ impl Environment {
 
 /// The registry of environments.
 pub struct Environments {
-    engine: Arc<LazyEngine>,
-    /// The snapshot store (the engine's).
+    host: Arc<engine::Host>,
+    /// The snapshot store (the host's).
     store: snapshotter::SnapshotStore,
     /// `OUT/sandboxes/environments`: one record per ready environment (each pins its snapshot).
     dir: PathBuf,
@@ -213,14 +207,14 @@ impl Environments {
     /// The registry in `root` (`root/environments`, `root/contexts`), with the environments
     /// a previous process recorded whose snapshots are still in the store.
     pub fn open(
-        engine: Arc<LazyEngine>,
-        store: snapshotter::SnapshotStore,
+        host: Arc<engine::Host>,
         settings: &super::SandboxSection,
         root: &Path,
     ) -> anyhow::Result<Environments> {
         use anyhow::Context as _;
         let dir = root.join("environments");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let store = host.store.clone();
         let mut all = HashMap::new();
         for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
             let path = entry?.path();
@@ -281,8 +275,8 @@ impl Environments {
         }
         Ok(Environments {
             contexts: Contexts::open(root, settings.max_context_mib << 20)?,
-            engine,
             store,
+            host,
             dir,
             build_network: settings.build_network.clone(),
             all: Mutex::new(all),
@@ -407,18 +401,17 @@ impl Environments {
         template.setup = spec.setup.clone();
         template.setup_timeout_secs = 3600;
         template.network = self.build_network.clone();
-        let engine = self.engine.get().await.map_err(|e| plain(e.message))?;
-        let built = snapshotter::build_template_with(
-            &engine.store,
-            &engine.forker,
-            &template,
-            &base_dir,
-            &env.id,
-            &snapshotter::TemplateExtras::default(),
-            progress,
-        )
-        .await
-        .map_err(failure)?;
+        let built = self
+            .host
+            .build_template(
+                &template,
+                &base_dir,
+                &env.id,
+                &snapshotter::TemplateExtras::default(),
+                progress,
+            )
+            .await
+            .map_err(failure)?;
         let image = built
             .image_config
             .clone()
