@@ -19,6 +19,7 @@ mod api;
 mod bounds;
 mod entries;
 mod error;
+mod forks;
 mod http;
 mod mcp;
 mod openenv;

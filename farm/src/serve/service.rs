@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 
 use super::entries::{Entry, Open, Phase};
 pub use super::error::{ApiError, ApiResult};
+pub(super) use super::forks::{Forks, InUse, VmSlot};
 use super::requests::{read_records, Record};
 use super::ServeSection;
 
@@ -48,11 +49,6 @@ pub(super) struct Inner {
     /// Queue room taken by submits being journaled right now.
     pub admitting: usize,
 }
-
-/// Every open fork of the service, sessions and sandboxes, in one book: slots of forks
-/// opening, who is being submitted (a process killed while a session is submitted reports it
-/// lost on restart, as no end was recorded), timers.
-pub(super) type Forks = Arc<Mutex<Book<Open>>>;
 
 pub struct Service {
     pub(super) suites: HashMap<String, SuiteState>,
@@ -550,51 +546,4 @@ fn log_capacity(settings: &ServeSection, max_sessions: usize, counts: &engine::s
 /// The suite a served rollout belongs to.
 pub(super) fn suite_of(item: &Planned) -> &str {
     item.served.as_ref().map(|s| s.suite.as_str()).unwrap_or_default()
-}
-
-/// A VM slot taken by [`Service::vm_slot`]: given back when dropped, unless the fork it was
-/// for opened (or resumed) and took it ([`VmSlot::taken`]).
-pub(super) struct VmSlot(Option<Forks>);
-
-impl VmSlot {
-    /// The fork opened or resumed in this slot: the book counts it now.
-    pub(super) fn taken(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for VmSlot {
-    fn drop(&mut self) {
-        if let Some(forks) = self.0.take() {
-            forks.lock().unwrap_or_else(|p| p.into_inner()).release();
-        }
-    }
-}
-
-/// A request using an open fork: it is not idle until this drops (then it was used last).
-pub(super) struct InUse {
-    forks: Forks,
-    id: String,
-}
-
-impl InUse {
-    pub(super) fn begin(forks: &Forks, id: &str) -> InUse {
-        forks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .begin(id, Instant::now());
-        InUse {
-            forks: forks.clone(),
-            id: id.to_string(),
-        }
-    }
-}
-
-impl Drop for InUse {
-    fn drop(&mut self) {
-        self.forks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .finish(&self.id, Instant::now());
-    }
 }
