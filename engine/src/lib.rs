@@ -59,5 +59,13 @@ pub use engine::{
 pub use host::Host;
 pub use live::{Branch, BranchError, LiveFork};
 pub use policy::Policy;
+
+/// The snapshot layer's types a front-end holds (a snapshot, the store it lives in, a warm
+/// pool, a template's network): front-ends drive them through the engine, never the machine
+/// or snapshot layers themselves.
+pub mod snapshots {
+    pub use snapshotter::template::{hex, BadAllowEntry};
+    pub use snapshotter::{Network, Snapshot, SnapshotStore, WarmPool};
+}
 /// What a suite's harness zygote imports before the template's snapshot ([`Engine::start`]).
 pub use scorers::zygote::Preload;

@@ -151,3 +151,146 @@ impl SnapshotSandboxError {
         describe(self)
     }
 }
+
+/// What a sandbox environment is built from: the third kind of environment, beside a suite's
+/// template and a Harbor task's, made on demand by the sandbox API.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvironmentSource {
+    /// A built-in image (`minimal`, `python`) or a registry reference (`registry:REF`).
+    Image(String),
+    /// A Dockerfile at `path` in the build context `context` (a folder on the host, the
+    /// client's upload unpacked as data), built step by step and confined to its context
+    /// (no host paths in `FROM` or `COPY --from`).
+    Dockerfile {
+        context: std::path::PathBuf,
+        path: String,
+        build_args: std::collections::BTreeMap<String, String>,
+        target: Option<String>,
+    },
+}
+
+/// A sandbox environment's recipe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvironmentRecipe {
+    pub source: EnvironmentSource,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub disk_mib: Option<u64>,
+    /// Shell commands run once, before the snapshot.
+    pub setup: Vec<String>,
+    /// Egress of the build's commands (a Dockerfile's `RUN`s, `setup`).
+    pub network: snapshotter::Network,
+}
+
+/// A ready environment: its snapshot, and what its commands run with.
+#[derive(Clone)]
+pub struct Ready {
+    pub snapshot: Arc<Snapshot>,
+    pub image: images::ImageConfig,
+}
+
+/// Where a build failed, for the client: the message, and for a Dockerfile its line,
+/// instruction and the end of the step's output.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BuildFailure {
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dockerfile_line: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instruction: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<String>,
+}
+
+impl BuildFailure {
+    /// A failure that is only a message.
+    pub fn plain(message: String) -> BuildFailure {
+        BuildFailure {
+            message,
+            dockerfile_line: None,
+            instruction: None,
+            output_tail: None,
+        }
+    }
+
+    fn of(e: snapshotter::TemplateError) -> BuildFailure {
+        let message = describe(&e);
+        match &e {
+            snapshotter::TemplateError::Dockerfile(d) => BuildFailure {
+                message,
+                dockerfile_line: Some(d.line),
+                instruction: Some(d.instruction.clone()),
+                output_tail: match d.kind.as_ref() {
+                    snapshotter::dockerfile::StepError::Failed { stderr, .. } if !stderr.is_empty() => {
+                        Some(stderr.clone())
+                    }
+                    _ => None,
+                },
+            },
+            _ => BuildFailure::plain(message),
+        }
+    }
+}
+
+impl Host {
+    /// Builds a sandbox environment's template (or finds the one with the same content),
+    /// labelled `label` in the store; `scratch` is a folder to build an image's template in.
+    pub async fn build_environment(
+        &self,
+        recipe: &EnvironmentRecipe,
+        label: &str,
+        scratch: &std::path::Path,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<Ready, BuildFailure> {
+        let mut template = snapshotter::TemplateConfig::of_image("");
+        let base_dir = match &recipe.source {
+            EnvironmentSource::Image(image) => {
+                template.image = image.clone();
+                scratch.to_path_buf()
+            }
+            EnvironmentSource::Dockerfile {
+                context,
+                path,
+                build_args,
+                target,
+            } => {
+                template.dockerfile = Some(path.into());
+                template.context = Some(".".into());
+                template.build_args = build_args.clone();
+                template.target = target.clone();
+                template.confined = true;
+                context.clone()
+            }
+        };
+        template.cpus = recipe.cpus;
+        template.memory_mib = recipe.memory_mib;
+        template.image_size_mib = recipe.disk_mib;
+        template.setup = recipe.setup.clone();
+        template.setup_timeout_secs = 3600;
+        template.network = recipe.network.clone();
+        let built = self
+            .build_template(&template, &base_dir, label, &Default::default(), progress)
+            .await
+            .map_err(BuildFailure::of)?;
+        let image = built
+            .image_config
+            .clone()
+            .unwrap_or_else(|| images::config_of(&built.snapshot.manifest.image).unwrap_or_default());
+        Ok(Ready {
+            snapshot: Arc::new(built.snapshot),
+            image,
+        })
+    }
+
+    /// `size` warm forks of a ready environment (None when the pool could not start: said
+    /// in the log, and sandboxes fork without it).
+    pub fn environment_pool(&self, id: &str, ready: &Ready, size: usize) -> Option<snapshotter::WarmPool> {
+        match self.start_pool(self.forker.clone(), &ready.snapshot, size, "true") {
+            Ok(pool) => Some(pool),
+            Err(e) => {
+                tracing::warn!("environment {id}: no warm pool: {e}");
+                None
+            }
+        }
+    }
+}

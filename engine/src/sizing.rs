@@ -17,6 +17,7 @@ use crate::config::Count;
 /// The host's memory, processes and settings as the machine layer measures them, for the
 /// front-ends' admission and capacity figures (they reach the host through the engine, not
 /// the machine layer).
+pub use vmm::jail::missing_cgroups_note;
 pub use vmm::ksm::{Ksm, KsmHost};
 pub use vmm::memory::{HostMemory, ProcessMemory};
 pub use vmm::process::{live_pids, HostLimits};

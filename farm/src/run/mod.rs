@@ -45,7 +45,7 @@ pub struct RunArgs {
     pub isolation: Option<scorers::ScoringIsolation>,
     /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
-    pub accel: vmm::AccelSetting,
+    pub accel: engine::sizing::AccelSetting,
     /// Serve Prometheus metrics at http://ADDR/metrics while the run lasts (e.g.
     /// 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
@@ -251,7 +251,7 @@ async fn prepare(
     );
     let mut needed: Vec<Arc<Task>> = plan.iter().map(|p| p.task.clone()).collect();
     needed.dedup_by(|a, b| a.id == b.id);
-    if let Some(note) = vmm::jail::missing_cgroups_note() {
+    if let Some(note) = engine::sizing::missing_cgroups_note() {
         tracing::info!("{note}");
     }
     if !counts.explanation.is_empty() {
@@ -437,7 +437,7 @@ mod tests {
             (suite.config.rollouts.concurrency, out),
             (Count::Fixed(3), PathBuf::from("elsewhere"))
         );
-        assert!(cli.run.resume && cli.run.limit == Some(1) && cli.run.accel == vmm::AccelSetting::Tcg);
+        assert!(cli.run.resume && cli.run.limit == Some(1) && cli.run.accel == engine::sizing::AccelSetting::Tcg);
         // Without flags: the suite's own settings; output.dir relative to the suite file.
         let cli = Cli::try_parse_from(["farm", file.to_str().unwrap()]).unwrap();
         let (suite, out) = cli.run.suite().unwrap();
@@ -445,7 +445,10 @@ mod tests {
             (suite.config.rollouts.concurrency, out),
             (Count::Fixed(2), dir.path().join("results"))
         );
-        assert_eq!((cli.run.accel, cli.run.resume), (vmm::AccelSetting::Auto, false));
+        assert_eq!(
+            (cli.run.accel, cli.run.resume),
+            (engine::sizing::AccelSetting::Auto, false)
+        );
         // --concurrency 0 means one at a time, never none.
         let cli = Cli::try_parse_from(["farm", file.to_str().unwrap(), "--concurrency", "0"]).unwrap();
         assert_eq!(cli.run.suite().unwrap().0.config.rollouts.concurrency, Count::Fixed(1));

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use vmm::memory::{HostMemory, ProcessMemory};
+use engine::sizing::{HostMemory, ProcessMemory};
 
 /// How often the VMs' memory is measured again.
 const REMEASURE: Duration = Duration::from_secs(5);
@@ -56,7 +56,7 @@ impl VmCost {
                 return cost;
             }
         }
-        let pids = vmm::process::live_pids();
+        let pids = engine::sizing::live_pids();
         let step = (pids.len() / SAMPLE).max(1);
         let measured: Vec<u64> = pids
             .iter()

@@ -65,7 +65,7 @@ pub struct ServeArgs {
     concurrency: Option<usize>,
     /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
-    accel: vmm::AccelSetting,
+    accel: engine::sizing::AccelSetting,
 }
 
 /// The `[serve]` table.
@@ -96,7 +96,7 @@ pub struct ServeSection {
     pub memory_reserve_percent: u64,
     /// Same-page merging of the VMs' memory: "off", "on" or "on-no-aslr" (README, Density).
     #[serde(default)]
-    pub ksm: vmm::Ksm,
+    pub ksm: engine::sizing::Ksm,
     /// A session idle this long is ended.
     #[serde(default = "lease")]
     pub session_lease_secs: u64,

@@ -21,8 +21,8 @@ use engine::config::Suite;
 use engine::recorder::{Recorder, RecorderOptions, RunIdentity};
 use engine::row::{Row, Status};
 use engine::sizing;
+use engine::snapshots::{Snapshot, SnapshotStore};
 use engine::{Engine, Planned, TaskSnapshot, TaskSnapshots};
-use snapshotter::{Snapshot, SnapshotStore};
 use tokio::sync::Notify;
 
 use super::entries::{Entry, Open, Phase};

@@ -71,7 +71,7 @@ impl Contexts {
         if archive.len() as u64 > self.max_bytes {
             return Err(too_large(self.max_bytes));
         }
-        let id = format!("ctx-{}", snapshotter::template::hex(&Sha256::digest(&archive)[..16]));
+        let id = format!("ctx-{}", engine::snapshots::hex(&Sha256::digest(&archive)[..16]));
         let (root, max_bytes, name) = (self.root.clone(), self.max_bytes, id.clone());
         tokio::task::spawn_blocking(move || unpack(&root, &name, &archive, max_bytes))
             .await

@@ -51,11 +51,11 @@ pub struct SandboxSection {
     pub max_context_mib: u64,
     /// Egress of the Dockerfile steps of environments built on demand.
     #[serde(default)]
-    pub build_network: snapshotter::template::Network,
+    pub build_network: engine::snapshots::Network,
     /// Named egress policies a sandbox may ask for (`"network": "NAME"`): an allowlist and
     /// request rules each, as `[rollouts.network]` has. A client never supplies rules.
     #[serde(default)]
-    pub networks: BTreeMap<String, snapshotter::template::Network>,
+    pub networks: BTreeMap<String, engine::snapshots::Network>,
 }
 
 /// The most any build context may be (`max_context_mib` is at most this).
@@ -88,10 +88,10 @@ pub enum SandboxConfigError {
     #[error("serve.sandboxes.networks.{name}: {error}")]
     Network {
         name: String,
-        error: snapshotter::template::BadAllowEntry,
+        error: engine::snapshots::BadAllowEntry,
     },
     #[error("serve.sandboxes.build_network: {0}")]
-    BuildNetwork(snapshotter::template::BadAllowEntry),
+    BuildNetwork(engine::snapshots::BadAllowEntry),
     #[error("serve.sandboxes.networks: {0:?} is not a network name (letters, digits, - and _)")]
     Name(String),
     #[error("serve.sandboxes.max_context_mib must be 1 to 1024")]

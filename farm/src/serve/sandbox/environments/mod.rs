@@ -13,10 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use engine::snapshots::{Network, Snapshot};
 use images::ImageConfig;
 use serde::{Deserialize, Serialize};
-use snapshotter::template::{Network, TemplateConfig};
-use snapshotter::Snapshot;
 use tokio::sync::watch;
 
 mod owned;
@@ -33,24 +32,7 @@ const MAX_LOG_LINES: usize = 5000;
 /// Version of `environments/<id>.json`.
 const RECORD_VERSION: u32 = 1;
 
-/// Where a build failed, for the client.
-#[derive(Debug, Clone, Serialize)]
-pub struct BuildFailure {
-    pub message: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dockerfile_line: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub instruction: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output_tail: Option<String>,
-}
-
-/// A ready environment's snapshot, and what its commands run with.
-#[derive(Clone)]
-pub struct Ready {
-    pub snapshot: Arc<Snapshot>,
-    pub image: ImageConfig,
-}
+pub use engine::sandbox::{BuildFailure, Ready};
 
 #[derive(Clone)]
 enum State {
@@ -81,7 +63,7 @@ pub struct Environment {
     /// Bumped on every log line and state change (readers wait on it).
     changed: watch::Sender<u64>,
     /// Warm forks of its snapshot (made when the first sandbox is).
-    pool: tokio::sync::OnceCell<Option<snapshotter::WarmPool>>,
+    pool: tokio::sync::OnceCell<Option<engine::snapshots::WarmPool>>,
     /// Live sandboxes made from it.
     pub(super) sandboxes: std::sync::atomic::AtomicUsize,
     /// Set for an environment made by snapshotting a sandbox, whose snapshot is its own.
@@ -150,19 +132,12 @@ impl Environment {
     }
 
     /// Its warm pool, started on first use when `size` > 0.
-    pub async fn pool(&self, host: &engine::Host, ready: &Ready, size: usize) -> Option<&snapshotter::WarmPool> {
+    pub async fn pool(&self, host: &engine::Host, ready: &Ready, size: usize) -> Option<&engine::snapshots::WarmPool> {
         self.pool
             .get_or_init(|| async {
-                if size == 0 {
-                    return None;
-                }
-                match host.start_pool(host.forker.clone(), &ready.snapshot, size, "true") {
-                    Ok(pool) => Some(pool),
-                    Err(e) => {
-                        tracing::warn!("environment {}: no warm pool: {e}", self.id);
-                        None
-                    }
-                }
+                (size > 0)
+                    .then(|| host.environment_pool(&self.id, ready, size))
+                    .flatten()
             })
             .await
             .as_ref()
@@ -195,7 +170,7 @@ impl Environment {
 pub struct Environments {
     host: Arc<engine::Host>,
     /// The snapshot store (the host's).
-    store: snapshotter::SnapshotStore,
+    store: engine::snapshots::SnapshotStore,
     /// `OUT/sandboxes/environments`: one record per ready environment (each pins its snapshot).
     dir: PathBuf,
     pub contexts: Contexts,
@@ -372,54 +347,33 @@ impl Environments {
 
     async fn build_snapshot(&self, env: &Environment, progress: &(dyn Fn(&str) + Sync)) -> Result<Ready, BuildFailure> {
         let spec = &env.spec;
-        let mut template = TemplateConfig::of_image("");
-        let base_dir = match &spec.source {
-            Source::Image { image } => {
-                template.image = image.clone();
-                self.dir.clone()
-            }
+        let source = match &spec.source {
+            Source::Image { image } => engine::sandbox::EnvironmentSource::Image(image.clone()),
             Source::Dockerfile {
                 context,
                 path,
                 build_args,
                 target,
-            } => {
-                template.dockerfile = Some(path.into());
-                template.context = Some(".".into());
-                template.build_args = build_args.clone();
-                template.target = target.clone();
-                template.confined = true;
-                self.contexts
+            } => engine::sandbox::EnvironmentSource::Dockerfile {
+                context: self
+                    .contexts
                     .folder(context, "dockerfile.context")
-                    .map_err(|e| plain(e.message))?
-            }
+                    .map_err(|e| BuildFailure::plain(e.message))?,
+                path: path.clone(),
+                build_args: build_args.clone(),
+                target: target.clone(),
+            },
             Source::Sandbox { .. } => unreachable!("sandbox environments are not built"),
         };
-        template.cpus = spec.cpus;
-        template.memory_mib = spec.memory_mib;
-        template.image_size_mib = spec.disk_mib;
-        template.setup = spec.setup.clone();
-        template.setup_timeout_secs = 3600;
-        template.network = self.build_network.clone();
-        let built = self
-            .host
-            .build_template(
-                &template,
-                &base_dir,
-                &env.id,
-                &snapshotter::TemplateExtras::default(),
-                progress,
-            )
-            .await
-            .map_err(failure)?;
-        let image = built
-            .image_config
-            .clone()
-            .unwrap_or_else(|| images::config_of(&built.snapshot.manifest.image).unwrap_or_default());
-        Ok(Ready {
-            snapshot: Arc::new(built.snapshot),
-            image,
-        })
+        let recipe = engine::sandbox::EnvironmentRecipe {
+            source,
+            cpus: spec.cpus,
+            memory_mib: spec.memory_mib,
+            disk_mib: spec.disk_mib,
+            setup: spec.setup.clone(),
+            network: self.build_network.clone(),
+        };
+        self.host.build_environment(&recipe, &env.id, &self.dir, progress).await
     }
 
     /// Writes `env`'s record (atomically) and pins its snapshot.
@@ -436,10 +390,10 @@ impl Environments {
         let tmp = path.with_extension("json.tmp");
         let written = std::fs::write(&tmp, serde_json::to_vec_pretty(&record).expect("records serialize"))
             .and_then(|()| std::fs::rename(&tmp, &path));
-        written.map_err(|e| plain(format!("recording the environment in {}: {e}", path.display())))?;
+        written.map_err(|e| BuildFailure::plain(format!("recording the environment in {}: {e}", path.display())))?;
         self.store
             .pin(ready.snapshot.id(), &path)
-            .map_err(|e| plain(format!("pinning its snapshot: {e}")))
+            .map_err(|e| BuildFailure::plain(format!("pinning its snapshot: {e}")))
     }
 
     /// A new ready environment of a sandbox's state (`POST /v1/sandboxes/{id}/snapshot`).
@@ -537,37 +491,5 @@ impl Environments {
             }
             let _ = tokio::time::timeout_at(deadline, changed.changed()).await;
         }
-    }
-}
-
-fn plain(message: String) -> BuildFailure {
-    BuildFailure {
-        message,
-        dockerfile_line: None,
-        instruction: None,
-        output_tail: None,
-    }
-}
-
-/// A build error as the client sees it: the message, and for a Dockerfile its line,
-/// instruction and the end of the step's output.
-fn failure(e: snapshotter::TemplateError) -> BuildFailure {
-    if let snapshotter::TemplateError::Dockerfile(d) = &e {
-        let output_tail = match d.kind.as_ref() {
-            snapshotter::dockerfile::StepError::Failed { stderr, .. } if !stderr.is_empty() => Some(stderr.clone()),
-            _ => None,
-        };
-        return BuildFailure {
-            message: engine::describe(&e),
-            dockerfile_line: Some(d.line),
-            instruction: Some(d.instruction.clone()),
-            output_tail,
-        };
-    }
-    BuildFailure {
-        message: engine::describe(&e),
-        dockerfile_line: None,
-        instruction: None,
-        output_tail: None,
     }
 }

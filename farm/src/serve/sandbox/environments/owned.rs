@@ -8,7 +8,7 @@ use std::sync::Arc;
 /// earlier field, is gone by then), and the branch that snapshot descends from, held until
 /// then (a child's disk is backed by its parent's).
 pub(super) struct Owned {
-    pub(super) store: snapshotter::SnapshotStore,
+    pub(super) store: engine::snapshots::SnapshotStore,
     pub(super) snapshot: String,
     pub(super) deleted: std::sync::atomic::AtomicBool,
     pub(super) _origin: Option<Arc<engine::Branch>>,

@@ -77,7 +77,7 @@ pub struct Spec {
 impl Spec {
     pub(super) fn id(&self) -> String {
         let digest = Sha256::digest(serde_json::to_vec(self).expect("specs serialize"));
-        format!("env-{}", snapshotter::template::hex(&digest[..12]))
+        format!("env-{}", engine::snapshots::hex(&digest[..12]))
     }
 }
 
