@@ -58,7 +58,7 @@ pub enum GuestError {
 }
 
 /// How a command ended, with its output.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct CommandOutput {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -72,7 +72,7 @@ pub struct CommandOutput {
 }
 
 /// How a streamed command ended (its output went out as it came).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct CommandEnd {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,

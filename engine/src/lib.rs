@@ -1,12 +1,18 @@
 //! The rollout engine, as a library: what `farm run` (a suite, start to end) and `farm serve`
-//! (rollouts and live sessions on request) are front-ends of. It knows nothing of either.
+//! (rollouts, live sessions and sandboxes on request) are front-ends of. It knows nothing of
+//! either.
+//!
+//! Two layers: the host core ([`Host`]: the forker, the snapshot store, template builds and
+//! warm pools), which starts without any suite and is all the sandbox API needs; and the
+//! suite engine on top of it ([`Engine`]: one suite's template, task snapshots, policy,
+//! scoring and rows).
 //!
 //! The life of a suite, stage by stage, each in the crate that owns it:
 //! 1. load: [`config::Suite::load`] (the suite model) and [`config::Suite::tasks`]
 //!    (`datasets`);
 //! 2. plan: [`Engine::plan`] (which task, which sample, which seed), for a [`policy::Policy`];
-//! 3. prepare: [`Engine::start`] builds or reuses the template snapshot, [`Engine::prepare`]
-//!    the per-task snapshots (`snapshotter`);
+//! 3. prepare: [`Engine::start`] builds or reuses the template snapshot on the host,
+//!    [`Engine::prepare`] the per-task snapshots (`snapshotter`);
 //! 4. run: [`Engine::run_one`] for each planned rollout (see below);
 //! 5. record: the [`recorder::Recorder`] owns every write (journal, Parquet parts, manifest,
 //!    summary, metrics) on a thread of its own.
@@ -16,10 +22,13 @@
 //! pristine snapshot, where the agent cannot reach (`scorers`) → settle: how it ended
 //! ([`end::End`]) becomes the row's status, reward and error in one place.
 //!
-//! Sessions (`farm serve`'s session API, OpenEnv, MCP) are the same pieces stepped by a
-//! caller: [`session::Session`] (opened by [`Engine::open_session`]; act, branch, pause,
-//! resume, submit, end, each with a typed outcome) is their lifecycle, and
-//! [`sessions::SessionBook`] keeps a service's sessions (slots, leases, who is submitting).
+//! Live forks a caller holds open have one lifecycle, whatever the front-end: a session
+//! (`farm serve`'s session API, OpenEnv, MCP: the same pieces as a rollout, stepped by a
+//! caller) and a sandbox (the sandbox API: no task, no verdict) are one
+//! [`session::Session`] with an optional task (open, act, branch, pause, resume, snapshot,
+//! submit, end, each with a typed outcome); [`book::Book`] keeps a service's open forks
+//! (slots, timers, who is submitting, how each ended), [`idempotency::Keys`] its idempotency
+//! keys, and [`guest::Guest`] drives a sandbox's guest.
 #![forbid(unsafe_code)]
 
 // The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.

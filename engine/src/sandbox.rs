@@ -191,7 +191,7 @@ pub struct Ready {
 
 /// Where a build failed, for the client: the message, and for a Dockerfile its line,
 /// instruction and the end of the step's output.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct BuildFailure {
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -52,6 +52,8 @@ enum Command {
     Repair(cmd::repair::RepairArgs),
     /// Combine the run folders of a suite's shards (`farm run --shard I/N`) into one run.
     Merge(cmd::merge::MergeArgs),
+    /// Print the OpenAPI document of `farm serve`'s HTTP API (as `GET /v1/openapi.json`).
+    Openapi,
 }
 
 fn main() {
@@ -106,6 +108,10 @@ fn main() {
                 Command::Report(args) => report::run(args).await,
                 Command::Repair(args) => cmd::repair::run(args).await,
                 Command::Merge(args) => cmd::merge::run(args).await,
+                Command::Openapi => {
+                    crate::ui::outln!("{}", serve::wire::openapi::json());
+                    Ok(0)
+                }
             }
         };
         tokio::select! {

@@ -75,6 +75,9 @@ class Environment:
     snapshot: Optional[str] = None
     error: Optional[Dict[str, Any]] = None
     sandboxes: int = 0
+    cpus: Optional[int] = None
+    memory_mib: Optional[int] = None
+    warm: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
     _api: Optional[_Environments] = field(default=None, repr=False, compare=False)
 
@@ -92,6 +95,9 @@ class Environment:
             snapshot=_str(d.get("snapshot")),
             error=dict(error) if isinstance(error, dict) else ({"message": error} if isinstance(error, str) else None),
             sandboxes=_int(d.get("sandboxes")) or 0,
+            cpus=_int(d.get("cpus")),
+            memory_mib=_int(d.get("memory_mib")),
+            warm=_int(d.get("warm")) or 0,
             raw=dict(d),
             _api=api,
         )
@@ -171,6 +177,8 @@ class SandboxInfo:
     expires_at_ms: Optional[int] = None
     idle_timeout_secs: Optional[int] = None
     metadata: Dict[str, str] = field(default_factory=dict)
+    #: The sandbox it was branched from.
+    parent: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -190,6 +198,7 @@ class SandboxInfo:
             expires_at_ms=_int(d.get("expires_at_ms")),
             idle_timeout_secs=_int(d.get("idle_timeout_secs")),
             metadata=_strings(d.get("metadata")),
+            parent=_str(d.get("parent")),
             raw=dict(d),
         )
 

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::http::{auth, body_digest, finish, idempotency_key, ok, parse, App, Reply};
-use super::requests::{ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
+use super::requests::{CancelBelow, ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
 use super::service::Service;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
@@ -145,12 +145,6 @@ async fn cancel(State(app): State<App>, Path(id): Path<String>) -> Reply {
     ok(app.service.cancel(&id).await?)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CancelBelow {
-    policy_version_below: u64,
-}
-
 async fn cancel_below(State(app): State<App>, body: Bytes) -> Reply {
     let request: CancelBelow = parse(&body)?;
     ok(app.service.cancel_below(request.policy_version_below).await)
@@ -164,19 +158,16 @@ async fn open_session(State(app): State<App>, body: Bytes) -> Reply {
     let request: ItemRequest = parse(&body)?;
     let service = app.service.clone();
     let mut response = finish(async move { service.open_session(request).await }).await?;
-    with_mcp(&app, &mut response);
+    response.mcp = Some(mcp_access(&app, &response.session_id));
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
 
 /// Where the agent in a session reaches it over MCP, and the token that opens only that.
-fn with_mcp(app: &App, response: &mut serde_json::Value) {
-    let Some(id) = response["session_id"].as_str().map(String::from) else {
-        return;
-    };
-    response["mcp"] = serde_json::json!({
-        "path": format!("/v1/sessions/{id}/mcp"),
-        "token": super::http::mcp_token(app.token.as_ref(), &id),
-    });
+fn mcp_access(app: &App, id: &str) -> super::wire::McpAccess {
+    super::wire::McpAccess {
+        path: format!("/v1/sessions/{id}/mcp"),
+        token: super::http::mcp_token(app.token.as_ref(), id),
+    }
 }
 
 async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
@@ -194,7 +185,7 @@ async fn write_file(State(app): State<App>, Path(id): Path<String>, body: Bytes)
 async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
     let service = app.service.clone();
     let mut response = finish(async move { service.branch(&id).await }).await?;
-    with_mcp(&app, &mut response);
+    response.mcp = Some(mcp_access(&app, &response.session_id));
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
 
@@ -220,7 +211,7 @@ async fn resume_session(State(app): State<App>, Path(id): Path<String>) -> Reply
 
 async fn get_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
     let mut response = app.service.get_session(&id).await?;
-    with_mcp(&app, &mut response);
+    response.mcp = Some(mcp_access(&app, &response.session_id));
     ok(response)
 }
 

@@ -9,7 +9,7 @@ use engine::session::TaskRun;
 use super::requests::Admitted;
 
 /// Where a rollout is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Queued,

@@ -71,10 +71,10 @@ pub type ApiResult<T> = std::result::Result<T, ApiError>;
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut body = serde_json::json!({ "error": self.message });
-        if let Some(field) = self.field {
-            body["field"] = field.into();
-        }
+        let body = super::wire::ErrorBody {
+            error: self.message,
+            field: self.field,
+        };
         let mut response = (status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             response

@@ -23,7 +23,7 @@ pub(super) struct App {
 
 pub(super) type Reply = Result<Response, ApiError>;
 
-pub(super) fn ok(value: serde_json::Value) -> Reply {
+pub(super) fn ok(value: impl serde::Serialize) -> Reply {
     Ok(axum::Json(value).into_response())
 }
 

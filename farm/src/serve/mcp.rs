@@ -270,7 +270,7 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, BadCall> {
         "exec" => {
             let (action, timeout) = args::<ExecRequest>("exec", call.arguments)?.into_action();
             match service.act(id, action, timeout).await {
-                Ok(out) => stepped(out),
+                Ok(out) => stepped(serde_json::to_value(out).expect("answers serialize")),
                 Err(e) => failed(&tool, e)?,
             }
         }
@@ -278,7 +278,7 @@ async fn call(app: &App, id: &str, params: &Value) -> Result<Value, BadCall> {
         "write_file" => {
             let action = args::<WriteFileRequest>("write_file", call.arguments)?.into_action();
             match service.act(id, action, None).await {
-                Ok(out) => stepped(out),
+                Ok(out) => stepped(serde_json::to_value(out).expect("answers serialize")),
                 Err(e) => failed(&tool, e)?,
             }
         }
@@ -341,7 +341,11 @@ async fn read_file(app: &App, id: &str, a: ReadArgs) -> Result<Value, BadCall> {
     // One byte past the limit tells a longer file from one of exactly the limit.
     let limit = READ_LIMIT.min(cap.saturating_sub(1)).max(1);
     let command = format!("head -c {} -- {}", limit + 1, quoted(&a.path));
-    Ok(match service.act(id, Action::Exec { command }, None).await {
+    let acted = service
+        .act(id, Action::Exec { command }, None)
+        .await
+        .map(|out| serde_json::to_value(out).expect("answers serialize"));
+    Ok(match acted {
         Ok(out) if out["step"]["exit_code"] == 0 && !out["ended"].as_bool().unwrap_or(false) => {
             let stdout = out["step"]["stdout"].as_str().unwrap_or_default();
             let cut = stdout.len() as u64 > limit;

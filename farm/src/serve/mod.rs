@@ -31,6 +31,7 @@ mod sandbox;
 mod sandbox_routes;
 mod service;
 mod sessions;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

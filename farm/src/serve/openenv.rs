@@ -369,7 +369,7 @@ async fn reset(
         episode_id: Some(episode_id.unwrap_or_else(|| id.clone())),
         ..Conn::default()
     };
-    let described = service.get_session(&id).await?;
+    let described = to_value(service.get_session(&id).await?);
     let (task_id, instruction) = service.session_task(&id).await?;
     conn.task_id = Some(task_id.clone());
     conn.steps = described["steps"].as_u64().unwrap_or(0) as usize;
@@ -399,7 +399,7 @@ async fn open_branch(app: &App, parent: &str, reset: &Reset) -> Result<Value, Fa
             ),
         ));
     }
-    Ok(app.service.branch(parent).await?)
+    Ok(to_value(app.service.branch(parent).await?))
 }
 
 /// A new session of the reset's task, or else of the suite's tasks in turn; the episode id,
@@ -439,7 +439,7 @@ async fn open_session(app: &App, next_task: &AtomicUsize, reset: Reset) -> Resul
         limits: reset.limits,
         metadata,
     };
-    Ok(service.open_session(request).await?)
+    Ok(to_value(service.open_session(request).await?))
 }
 
 async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Result<Value, Failure> {
@@ -453,10 +453,12 @@ async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Res
     let service = &app.service;
     let (action, timeout) = match action {
         StepAction::Submit(SubmitSessionRequest { answer }) => {
-            let out = service
-                .submit_session(&id, answer)
-                .await
-                .map_err(|e| gone(holding, conn, e))?;
+            let out = to_value(
+                service
+                    .submit_session(&id, answer)
+                    .await
+                    .map_err(|e| gone(holding, conn, e))?,
+            );
             conn.done = true;
             holding.lock().unwrap().take();
             conn.steps += 1;
@@ -474,10 +476,12 @@ async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Res
         StepAction::Exec(exec) => exec.into_action(),
         StepAction::WriteFile(write) => (write.into_action(), None),
     };
-    let out = service
-        .act(&id, action, timeout)
-        .await
-        .map_err(|e| gone(holding, conn, e))?;
+    let out = to_value(
+        service
+            .act(&id, action, timeout)
+            .await
+            .map_err(|e| gone(holding, conn, e))?,
+    );
     conn.steps += 1;
     let step = &out["step"];
     let mut obs = json!({
@@ -501,6 +505,11 @@ fn gone(holding: &Holding, conn: &mut Conn, e: ApiError) -> Failure {
         holding.lock().unwrap().take();
     }
     e.into()
+}
+
+/// An answer of the service's, as the OpenEnv messages carry it.
+fn to_value(answer: impl serde::Serialize) -> Value {
+    serde_json::to_value(answer).expect("answers serialize")
 }
 
 #[cfg(test)]

@@ -24,11 +24,11 @@ use engine::row::Step;
 use engine::session::{SessionPauseError, SessionProgress, SessionState};
 use engine::Served;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use super::entries::{Facts, Open};
 use super::requests::Record;
 use super::service::{ApiError, ApiResult, Service};
+use super::wire::{PausedView, SessionList, SessionView};
 
 /// `session.json`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -75,6 +75,15 @@ impl SessionFile {
     }
 }
 
+/// A session's state as its view names it.
+fn state_name(state: SessionState) -> &'static str {
+    match state {
+        SessionState::Live => "live",
+        SessionState::Paused => "paused",
+        SessionState::Ended => "ended",
+    }
+}
+
 fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -89,34 +98,32 @@ impl Service {
     }
 
     /// What GET says of a session.
-    pub(super) fn describe(&self, id: &str, session: &Open) -> serde_json::Value {
+    pub(super) fn describe(&self, id: &str, session: &Open) -> SessionView {
         let run = session.task();
         let served = run.served();
-        let mut out = json!({
-            "session_id": id,
-            "rollout_id": served.rollout_id,
-            "group_id": served.group_id,
-            "suite": session.suite(),
-            "task_id": run.task().id,
-            "steps": run.steps().len(),
-            "spent_secs": run.spent().as_secs_f64(),
-            "state": session.run.state(),
+        let paused = session.run.paused().map(|p| PausedView {
+            since_unix: p.record.paused_unix,
+            expires_unix: p.record.paused_unix + self.settings.paused_retention_secs,
+            disk_bytes: p.disk_bytes(),
+            memory_pages_changed: p.record.packed.pages,
+            memory_bytes: p.record.packed.memory_bytes,
         });
-        if let Some(p) = session.run.paused() {
-            let expires = p.record.paused_unix + self.settings.paused_retention_secs;
-            out["paused"] = json!({
-                "since_unix": p.record.paused_unix,
-                "expires_unix": expires,
-                "disk_bytes": p.disk_bytes(),
-                "memory_pages_changed": p.record.packed.pages,
-                "memory_bytes": p.record.packed.memory_bytes,
-            });
+        SessionView {
+            session_id: id.to_string(),
+            state: state_name(session.run.state()).into(),
+            rollout_id: Some(served.rollout_id.clone()),
+            group_id: Some(served.group_id.clone()),
+            suite: Some(session.suite().to_string()),
+            task_id: Some(run.task().id.clone()),
+            steps: Some(run.steps().len()),
+            spent_secs: Some(run.spent().as_secs_f64()),
+            paused,
+            mcp: None,
         }
-        out
     }
 
     /// `GET /v1/sessions/{id}`.
-    pub async fn get_session(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn get_session(&self, id: &str) -> ApiResult<SessionView> {
         let session = self.forks().any(id, Kind::Session);
         match session {
             Ok(s) => {
@@ -124,7 +131,7 @@ impl Service {
                 Ok(self.describe(id, &s))
             }
             // Being scored: say so without waiting for it.
-            Err(Refusal::BeingScored(_)) => Ok(json!({ "session_id": id, "state": "submitting" })),
+            Err(Refusal::BeingScored(_)) => Ok(SessionView::bare(id, "submitting")),
             Err(e) => Err(e.into()),
         }
     }
@@ -150,21 +157,21 @@ impl Service {
     }
 
     /// `GET /v1/sessions`: every live and paused session.
-    pub async fn list_sessions(&self) -> ApiResult<serde_json::Value> {
+    pub async fn list_sessions(&self) -> ApiResult<SessionList> {
         let all = self.forks().all(Kind::Session);
         let mut out = Vec::new();
         for (id, session) in all {
             match session.try_lock() {
                 Ok(s) => out.push(self.describe(&id, &s)),
-                Err(_) => out.push(json!({ "session_id": id, "state": "busy" })),
+                Err(_) => out.push(SessionView::bare(&id, "busy")),
             }
         }
-        out.sort_by(|a, b| a["session_id"].as_str().cmp(&b["session_id"].as_str()));
-        Ok(json!({ "sessions": out }))
+        out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        Ok(SessionList { sessions: out })
     }
 
     /// `POST /v1/sessions/{id}/pause`. Pausing a paused session answers the same again.
-    pub async fn pause_session(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn pause_session(&self, id: &str) -> ApiResult<SessionView> {
         let handle = self.forks().any(id, Kind::Session)?;
         let mut session = handle.lock().await;
         if session.run.state() == SessionState::Paused {
@@ -222,7 +229,7 @@ impl Service {
     }
 
     /// `POST /v1/sessions/{id}/resume`. Resuming a live session answers the same again.
-    pub async fn resume_session(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn resume_session(&self, id: &str) -> ApiResult<SessionView> {
         let handle = self.forks().any(id, Kind::Session)?;
         if !self.forks().is_paused(id) {
             let session = handle.lock().await;

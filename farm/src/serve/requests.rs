@@ -8,7 +8,7 @@ use super::bounds;
 use super::error::{ApiError, ApiResult};
 
 /// `POST /v1/rollouts` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     pub items: Vec<ItemRequest>,
@@ -16,7 +16,7 @@ pub struct SubmitRequest {
 
 /// One item of `POST /v1/rollouts` (`n` samples of a task, one group), or the body of
 /// `POST /v1/sessions` (one live environment, no policy: the caller acts).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ItemRequest {
     /// Which served suite (optional when one is served).
@@ -27,6 +27,7 @@ pub struct ItemRequest {
     pub task_id: Option<String>,
     /// An inline task, as a row of a JSONL task table.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub task: Option<serde_json::Value>,
     /// Samples: one group (rollouts only; default 1).
     #[serde(default)]
@@ -35,12 +36,14 @@ pub struct ItemRequest {
     pub seed: u64,
     /// Keys over the suite's `[policy]` (rollouts only).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub policy: Option<PolicyConfig>,
     #[serde(default)]
     pub policy_version: Option<u64>,
     #[serde(default)]
     pub limits: LimitsRequest,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<serde_json::Value>,
 }
 
@@ -91,7 +94,7 @@ impl ItemRequest {
 }
 
 /// Limits a request may lower (never raise) below the suite's `[rollouts]`.
-#[derive(Debug, Default, PartialEq, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     #[serde(default)]
@@ -132,8 +135,9 @@ impl LimitsRequest {
 /// One step a caller takes in a session, in the shapes every front-end shares: the bodies of
 /// `POST /v1/sessions/{id}/exec`, `/write_file` and `/submit`, OpenEnv's `step` actions and
 /// MCP's tools. Values are checked once, where the step is taken (`Service::act`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = SessionExecRequest)]
 pub struct ExecRequest {
     pub command: String,
     /// At most the session's step timeout.
@@ -166,7 +170,7 @@ impl ExecRequest {
 }
 
 /// See [`ExecRequest`].
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteFileRequest {
     pub path: String,
@@ -189,8 +193,15 @@ impl WriteFileRequest {
     }
 }
 
+/// `POST /v1/cancel`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBelow {
+    pub policy_version_below: u64,
+}
+
 /// See [`ExecRequest`]; an empty body is no answer.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitSessionRequest {
     #[serde(default)]

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use engine::config::PolicyOrigin;
 use engine::{rollout_seed, End, Planned, Policy, Served, TaskSnapshot};
-use serde_json::json;
 
 use super::entries::{Entry, Phase};
 use super::requests::{metadata_text, Admitted, Record, SubmitRequest};
 use super::service::{suite_of, ApiError, ApiResult, Service};
+use super::wire::{Cancelled, CancelledCount, Group, RolloutView, Submitted};
 use engine::idempotency::{Claim, KeyRefusal};
 
 /// Bytes of rows one `/v1/results` answer carries at most (at least one row).
@@ -173,23 +173,7 @@ impl Service {
             let (task, snapshot) = self
                 .resolve_task(state, item.task_id.as_deref(), item.task.as_ref(), &at)
                 .await?;
-            let asked = item.policy.as_ref().ok_or_else(|| {
-                ApiError::field(
-                    400,
-                    at("policy"),
-                    "missing: the policy that acts (its keys override the suite's [policy])",
-                )
-            })?;
-            let config = state
-                .suite
-                .config
-                .policy
-                .for_request(asked)
-                .map_err(|e| ApiError::field(400, at(&format!("policy.{}", e.key)), e.message))?;
-            let policy = Arc::new(
-                Policy::build(&state.suite, &config, PolicyOrigin::Request)
-                    .map_err(|e| ApiError::field(400, at("policy"), e.to_string()))?,
-            );
+            let policy = item_policy(state, item, &at)?;
             let limits = item.limits.apply(&state.engine.config.rollouts, &at)?;
             let group_id = self.new_id("g");
             let mut ids = Vec::new();
@@ -226,9 +210,15 @@ impl Service {
                 });
                 ids.push(rollout_id);
             }
-            groups.push(json!({ "group_id": group_id, "task_id": task.id, "suite": suite_name, "rollout_ids": ids }));
+            groups.push(Group {
+                group_id,
+                task_id: task.id.clone(),
+                suite: suite_name.to_string(),
+                rollout_ids: ids,
+            });
         }
-        Ok((planned, admitted, json!({ "groups": groups })))
+        let submitted = serde_json::to_value(Submitted { groups }).expect("answers serialize");
+        Ok((planned, admitted, submitted))
     }
 
     /// `GET /v1/results`: rows from `cursor`, waiting up to `wait` for the first.
@@ -250,14 +240,21 @@ impl Service {
     }
 
     /// `GET /v1/rollouts/{id}`.
-    pub async fn rollout(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn rollout(&self, id: &str) -> ApiResult<RolloutView> {
         let entry = self
             .lock()
             .rollouts
             .get(id)
             .cloned()
             .ok_or_else(|| ApiError::new(404, format!("no rollout {id:?}")))?;
-        let mut out = json!({ "rollout_id": id, "group_id": entry.group_id, "policy_version": entry.policy_version, "state": entry.phase, "cursor": entry.cursor });
+        let mut out = RolloutView {
+            rollout_id: id.to_string(),
+            group_id: entry.group_id.clone(),
+            policy_version: entry.policy_version,
+            state: entry.phase,
+            cursor: entry.cursor,
+            row: None,
+        };
         if let Some(cursor) = entry.cursor {
             let line = self
                 .recorder
@@ -265,7 +262,7 @@ impl Service {
                 .await
                 .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
             if let Some(line) = line.first() {
-                out["row"] = serde_json::from_slice(line).unwrap_or_default();
+                out.row = serde_json::from_slice(line).ok();
             }
         }
         Ok(out)
@@ -316,7 +313,7 @@ impl Service {
     }
 
     /// `POST /v1/rollouts/{id}/cancel`.
-    pub async fn cancel(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn cancel(&self, id: &str) -> ApiResult<Cancelled> {
         let phase = self
             .lock()
             .rollouts
@@ -330,11 +327,15 @@ impl Service {
             ));
         }
         let n = self.cancel_ids(&[id.to_string()], "by request").await;
-        Ok(json!({ "rollout_id": id, "cancelled": n == 1, "state": if n == 1 { Phase::Done } else { phase } }))
+        Ok(Cancelled {
+            rollout_id: id.to_string(),
+            cancelled: n == 1,
+            state: if n == 1 { Phase::Done } else { phase },
+        })
     }
 
     /// `POST /v1/cancel {"policy_version_below": V}`.
-    pub async fn cancel_below(&self, version: u64) -> serde_json::Value {
+    pub async fn cancel_below(&self, version: u64) -> CancelledCount {
         let ids: Vec<String> = self
             .lock()
             .rollouts
@@ -345,8 +346,32 @@ impl Service {
             .map(|(id, _)| id.clone())
             .collect();
         let n = self.cancel_ids(&ids, &format!("policy_version below {version}")).await;
-        json!({ "cancelled": n })
+        CancelledCount { cancelled: n }
     }
+}
+
+/// An item's policy: its keys over its suite's `[policy]`.
+fn item_policy(
+    state: &super::service::SuiteState,
+    item: &super::requests::ItemRequest,
+    at: &dyn Fn(&str) -> String,
+) -> ApiResult<Arc<Policy>> {
+    let asked = item.policy.as_ref().ok_or_else(|| {
+        ApiError::field(
+            400,
+            at("policy"),
+            "missing: the policy that acts (its keys override the suite's [policy])",
+        )
+    })?;
+    let config = state
+        .suite
+        .config
+        .policy
+        .for_request(asked)
+        .map_err(|e| ApiError::field(400, at(&format!("policy.{}", e.key)), e.message))?;
+    let policy = Policy::build(&state.suite, &config, PolicyOrigin::Request)
+        .map_err(|e| ApiError::field(400, at("policy"), e.to_string()))?;
+    Ok(Arc::new(policy))
 }
 
 /// A refused idempotency key, as the caller is told: 409 (retry) while a request with it is

@@ -18,6 +18,12 @@ use super::http::{body_digest, idempotency_key, ok, parse, App, Reply};
 use super::sandbox::environments::EnvironmentRequest;
 use super::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use super::sandbox::SandboxApi;
+use super::wire::{Deleted, EnvironmentList, SandboxList, StreamData, StreamError};
+
+/// An event's data, as JSON text.
+fn encode(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("events serialize")
+}
 
 /// Largest body of a folder upload (it travels to the guest in one agent request).
 const MAX_FOLDER_UPLOAD: usize = 64 << 20;
@@ -49,7 +55,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
         .route(
             "/v1/openapi.json",
-            get(|| async { axum::Json(super::sandbox::openapi::document()) }),
+            get(|| async { axum::Json(super::wire::openapi::document()) }),
         )
         .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
         .merge(files)
@@ -63,7 +69,7 @@ fn api(app: &App) -> Result<&SandboxApi, ApiError> {
         .ok_or_else(|| ApiError::new(404, "the sandbox API is off here (serve.sandboxes.enabled = false)"))
 }
 
-fn created(value: serde_json::Value) -> Reply {
+fn created(value: impl serde::Serialize) -> Reply {
     Ok((StatusCode::CREATED, axum::Json(value)).into_response())
 }
 
@@ -79,7 +85,7 @@ async fn upload_context(State(app): State<App>, body: Bytes) -> Reply {
         ));
     }
     let uploaded = api.environments.contexts.upload(body).await?;
-    created(serde_json::to_value(uploaded).expect("uploads serialize"))
+    created(uploaded)
 }
 
 async fn create_environment(State(app): State<App>, body: Bytes) -> Reply {
@@ -87,7 +93,7 @@ async fn create_environment(State(app): State<App>, body: Bytes) -> Reply {
     let api = api(&app)?;
     app.service.check_admitting()?;
     let (env, started) = api.environments.create(request)?;
-    let status = if started || env.view()["state"] == "building" {
+    let status = if started || env.view().state == "building" {
         StatusCode::ACCEPTED
     } else {
         StatusCode::OK
@@ -96,7 +102,9 @@ async fn create_environment(State(app): State<App>, body: Bytes) -> Reply {
 }
 
 async fn list_environments(State(app): State<App>) -> Reply {
-    ok(serde_json::json!({ "environments": api(&app)?.environments.list() }))
+    ok(EnvironmentList {
+        environments: api(&app)?.environments.list(),
+    })
 }
 
 async fn get_environment(State(app): State<App>, Path(id): Path<String>) -> Reply {
@@ -105,7 +113,7 @@ async fn get_environment(State(app): State<App>, Path(id): Path<String>) -> Repl
 
 async fn delete_environment(State(app): State<App>, Path(id): Path<String>) -> Reply {
     api(&app)?.environments.delete(&id)?;
-    ok(serde_json::json!({ "id": id, "deleted": true }))
+    ok(Deleted { id, deleted: true })
 }
 
 #[derive(Deserialize)]
@@ -149,7 +157,9 @@ async fn create_sandbox(State(app): State<App>, headers: HeaderMap, body: Bytes)
 }
 
 async fn list_sandboxes(State(app): State<App>) -> Reply {
-    ok(serde_json::json!({ "sandboxes": api(&app)?.sandboxes.list().await }))
+    ok(SandboxList {
+        sandboxes: api(&app)?.sandboxes.list().await,
+    })
 }
 
 async fn get_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
@@ -158,7 +168,7 @@ async fn get_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
 
 async fn delete_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
     api(&app)?.sandboxes.delete(&id, "deleted").await?;
-    ok(serde_json::json!({ "id": id, "deleted": true }))
+    ok(Deleted { id, deleted: true })
 }
 
 async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
@@ -173,18 +183,13 @@ async fn exec_stream(State(app): State<App>, Path(id): Path<String>, body: Bytes
     let events = async_stream(move |tx| async move {
         while let Some(event) = rx.recv().await {
             let (name, data) = match event {
-                StreamEvent::Stdout(text) => ("stdout", serde_json::json!({ "data": text })),
-                StreamEvent::Stderr(text) => ("stderr", serde_json::json!({ "data": text })),
-                StreamEvent::Exit(end) => ("exit", serde_json::to_value(end).expect("ends serialize")),
-                StreamEvent::Error(error) => ("error", serde_json::json!({ "error": error })),
+                StreamEvent::Stdout(data) => ("stdout", encode(&StreamData { data })),
+                StreamEvent::Stderr(data) => ("stderr", encode(&StreamData { data })),
+                StreamEvent::Exit(end) => ("exit", encode(&end)),
+                StreamEvent::Error(error) => ("error", encode(&StreamError { error })),
             };
             let last = name == "exit" || name == "error";
-            if tx
-                .send(Event::default().event(name).data(data.to_string()))
-                .await
-                .is_err()
-                || last
-            {
+            if tx.send(Event::default().event(name).data(&data)).await.is_err() || last {
                 break;
             }
         }

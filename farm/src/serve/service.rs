@@ -391,20 +391,27 @@ impl Service {
     }
 
     /// `GET /v1/capacity`.
-    pub fn capacity(&self) -> serde_json::Value {
-        let inner = self.lock();
+    pub fn capacity(&self) -> super::wire::Capacity {
+        let (slots_in_flight, queued) = {
+            let inner = self.lock();
+            (inner.running.len(), inner.queue.len())
+        };
         let warm: usize = self.suites.values().map(|s| s.engine.warm()).sum();
-        serde_json::json!({
-            "slots": self.slots,
-            "in_flight": inner.running.len(),
-            "queued": inner.queue.len(),
-            "warm": warm,
-            "queue_limit": self.settings.queue_limit,
-            "sessions": self.forks().count(Kind::Session).0,
-            "sandboxes": self.forks().count(Kind::Sandbox).0,
-            "max_sessions": self.max_sessions,
-            "memory": self.memory_capacity(),
-        })
+        let (sessions, sandboxes) = {
+            let forks = self.forks();
+            (forks.count(Kind::Session).0, forks.count(Kind::Sandbox).0)
+        };
+        super::wire::Capacity {
+            slots: self.slots,
+            in_flight: slots_in_flight,
+            queued,
+            warm,
+            queue_limit: self.settings.queue_limit,
+            sessions,
+            sandboxes,
+            max_sessions: self.max_sessions,
+            memory: self.memory_capacity(),
+        }
     }
 
     /// Stops admitting, cancels queued and running rollouts (each recorded as cancelled),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use engine::book::{Kind, Timers};
 use engine::config::Action;
-use engine::row::Row;
+use engine::row::{Row, Step};
 use engine::session::{Acted, SessionBranchError};
 use engine::{rollout_seed, Served};
 use serde_json::json;
@@ -20,6 +20,7 @@ use super::entries::{Entry, Facts, Open, Phase};
 use super::requests::metadata_text;
 use super::requests::{ItemRequest, Record};
 use super::service::{ApiError, ApiResult, InUse, Service, VmSlot};
+use super::wire::{Branched, MemoryCapacity, SessionEnded, SessionOpened, SessionScored, Stepped};
 
 impl Service {
     /// Memory for one more VM at the measured cost, past the reserve; or 503 with the figures.
@@ -36,17 +37,17 @@ impl Service {
     }
 
     /// The memory part of `GET /v1/capacity`.
-    pub(super) fn memory_capacity(&self) -> serde_json::Value {
+    pub(super) fn memory_capacity(&self) -> MemoryCapacity {
         let host = engine::sizing::HostMemory::probe().unwrap_or_default();
         let cost = self.vm_cost.current();
         let reserve = super::admission::reserve_bytes(&host, self.settings.memory_reserve_percent);
-        json!({
-            "available_mib": host.available >> 20,
-            "reserve_mib": reserve >> 20,
-            "vm_cost_mib": cost.bytes >> 20,
-            "vm_cost_sampled": cost.sampled,
-            "more_vms": host.available.saturating_sub(reserve) / cost.bytes.max(1),
-        })
+        MemoryCapacity {
+            available_mib: host.available >> 20,
+            reserve_mib: reserve >> 20,
+            vm_cost_mib: cost.bytes >> 20,
+            vm_cost_sampled: cost.sampled,
+            more_vms: host.available.saturating_sub(reserve) / cost.bytes.max(1),
+        }
     }
 
     /// A session's timers: its lease, and no lifetime of its own.
@@ -90,7 +91,7 @@ impl Service {
     }
 
     /// `POST /v1/sessions`.
-    pub async fn open_session(&self, request: ItemRequest) -> ApiResult<serde_json::Value> {
+    pub async fn open_session(&self, request: ItemRequest) -> ApiResult<SessionOpened> {
         request.check_session()?;
         request.check_bounds(&|f: &str| f.to_string())?;
         let slot = self.vm_slot()?;
@@ -132,9 +133,15 @@ impl Service {
             },
         };
         self.add_session(slot, session).await?;
-        Ok(
-            json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": group_id, "task_id": task.id, "suite": suite_name, "instruction": task.instruction }),
-        )
+        Ok(SessionOpened {
+            session_id,
+            rollout_id,
+            group_id,
+            task_id: task.id.clone(),
+            suite: suite_name.to_string(),
+            instruction: task.instruction.clone(),
+            mcp: None,
+        })
     }
 
     fn session(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Open>>> {
@@ -152,16 +159,23 @@ impl Service {
     }
 
     /// Records the row of a session that ended without a score: what the caller is told.
-    async fn ended_row(&self, row: Row) -> serde_json::Value {
+    async fn ended_row(&self, row: Row, step: Option<Step>, observation: String) -> Stepped {
         let (status, error) = (row.status, row.error.clone());
         let cursor = self.emit(row).await;
-        json!({ "ended": true, "status": status, "error": error, "cursor": cursor })
+        Stepped {
+            step: step.map(|s| json!(s)),
+            observation,
+            ended: true,
+            status: Some(status),
+            error,
+            cursor,
+        }
     }
 
     /// `POST /v1/sessions/{id}/exec` and `/write_file`: one action, its observation. The
     /// session's actions share its `timeout_secs` budget, as a rollout's do; past it the
     /// session ends as a `timeout`.
-    pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<serde_json::Value> {
+    pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<Stepped> {
         if let Some(host) = engine::sizing::HostMemory::probe() {
             super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError {
                 retry_after: Some(5),
@@ -184,13 +198,18 @@ impl Service {
             .map_err(|e| ApiError::session(id, e))?;
         let observation = acted.observation(session.task().limits());
         match acted {
-            Acted::Stepped(step) => Ok(json!({ "step": step, "observation": observation, "ended": false })),
+            Acted::Stepped(step) => Ok(Stepped {
+                step: Some(json!(step)),
+                observation,
+                ended: false,
+                status: None,
+                error: None,
+                cursor: None,
+            }),
             Acted::Ended { step, row } => {
-                let mut out = self.ended_row(*row).await;
+                let out = self.ended_row(*row, step, observation).await;
                 drop(session);
                 self.drop_session(id, Phase::Done);
-                out["step"] = json!(step);
-                out["observation"] = json!(observation);
                 Ok(out)
             }
         }
@@ -198,7 +217,7 @@ impl Service {
 
     /// `POST /v1/sessions/{id}/branch`: of a live session, or of a paused one (which stays
     /// paused).
-    pub async fn branch(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn branch(&self, id: &str) -> ApiResult<Branched> {
         let slot = self.vm_slot()?;
         let session = self.forks().any(id, Kind::Session)?;
         let session = session.lock().await;
@@ -233,13 +252,19 @@ impl Service {
         };
         drop(session);
         self.add_session(slot, new).await?;
-        Ok(json!({ "session_id": session_id, "rollout_id": rollout_id, "group_id": parent.group_id, "parent": id }))
+        Ok(Branched {
+            session_id,
+            rollout_id,
+            group_id: parent.group_id,
+            parent: id.to_string(),
+            mcp: None,
+        })
     }
 
     /// `POST /v1/sessions/{id}/submit`: ends the session, scores it like any rollout (with
     /// the suite's scoring mode: by default in a fresh fork, where the session cannot reach)
     /// and records the row.
-    pub async fn submit_session(&self, id: &str, answer: Option<String>) -> ApiResult<serde_json::Value> {
+    pub async fn submit_session(&self, id: &str, answer: Option<String>) -> ApiResult<SessionScored> {
         if let Some(answer) = &answer {
             super::bounds::text("answer", answer, super::bounds::ANSWER_BYTES)?;
         }
@@ -261,13 +286,20 @@ impl Service {
         drop(session);
         self.drop_session(id, Phase::Done);
         let details = serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default();
-        Ok(
-            json!({ "rollout_id": row.rollout_id, "status": row.status, "reward": row.reward, "error": row.error, "trust": row.trust, "trust_reason": row.trust_reason, "cursor": cursor, "score_details": details }),
-        )
+        Ok(SessionScored {
+            rollout_id: row.rollout_id,
+            status: row.status,
+            reward: row.reward,
+            error: row.error,
+            trust: row.trust,
+            trust_reason: row.trust_reason,
+            cursor,
+            score_details: details,
+        })
     }
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.
-    pub async fn end_session(&self, id: &str, reason: &str) -> ApiResult<serde_json::Value> {
+    pub async fn end_session(&self, id: &str, reason: &str) -> ApiResult<SessionEnded> {
         self.forks().endable(id, Kind::Session)?;
         self.recorder
             .journal_request(&Record::SessionEnd {
@@ -277,7 +309,10 @@ impl Service {
             .await
             .map_err(|e| ApiError::new(500, format!("journaling the session's end: {e}")))?;
         self.drop_session(id, Phase::Done);
-        Ok(json!({ "session_id": id, "ended": true }))
+        Ok(SessionEnded {
+            session_id: id.to_string(),
+            ended: true,
+        })
     }
 
     fn drop_session(&self, id: &str, phase: Phase) {

@@ -23,7 +23,7 @@ pub struct Contexts {
 }
 
 /// What an upload made.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct Uploaded {
     pub context: String,
     pub files: usize,

@@ -8,7 +8,6 @@
 //! - [`environments`]: the registry, builds (their progress and logs), what keeps an
 //!   environment's snapshot through `farm snapshot gc`;
 //! - [`sandboxes`]: each sandbox's life, its limits and timers;
-//! - [`openapi`]: the OpenAPI document the service serves.
 //!
 //! The HTTP routes are `serve::sandbox_routes`. Sandboxes are forks of the host core
 //! ([`engine::Host`]: its forker, snapshot store, template builds and pools), held in the
@@ -17,7 +16,6 @@
 
 pub mod contexts;
 pub mod environments;
-pub mod openapi;
 pub mod sandboxes;
 
 use std::collections::BTreeMap;

@@ -25,6 +25,7 @@ pub use spec::{EnvironmentRequest, Source, Spec};
 
 use super::contexts::Contexts;
 use crate::serve::error::{ApiError, ApiResult};
+use crate::serve::wire::{EnvironmentView, LogPage};
 use owned::Owned;
 
 /// Lines of build progress kept per environment (the first and the last ones).
@@ -143,26 +144,26 @@ impl Environment {
             .as_ref()
     }
 
-    /// The JSON a client sees.
-    pub fn view(&self) -> serde_json::Value {
+    /// What a client sees.
+    pub fn view(&self) -> EnvironmentView {
         let (state, snapshot, error) = match self.state() {
             State::Building => ("building", None, None),
             State::Ready(r) => ("ready", Some(r.snapshot.id().to_string()), None),
             State::Failed(f) => ("failed", None, Some(f)),
         };
-        serde_json::json!({
-            "id": self.id,
-            "state": state,
-            "spec": self.spec,
-            "cpus": self.spec.cpus,
-            "memory_mib": self.spec.memory_mib,
-            "created_at_ms": self.created_at_ms,
-            "log_lines": self.log.lock().unwrap_or_else(|p| p.into_inner()).len(),
-            "snapshot": snapshot,
-            "error": error,
-            "sandboxes": self.sandboxes.load(std::sync::atomic::Ordering::SeqCst),
-            "warm": self.pool.get().and_then(Option::as_ref).map(|p| p.ready()).unwrap_or(0),
-        })
+        EnvironmentView {
+            id: self.id.clone(),
+            state: state.to_string(),
+            spec: serde_json::to_value(&self.spec).expect("specs serialize"),
+            cpus: self.spec.cpus,
+            memory_mib: self.spec.memory_mib,
+            created_at_ms: self.created_at_ms,
+            log_lines: self.log.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            snapshot,
+            error,
+            sandboxes: self.sandboxes.load(std::sync::atomic::Ordering::SeqCst),
+            warm: self.pool.get().and_then(Option::as_ref).map(|p| p.ready()).unwrap_or(0),
+        }
     }
 }
 
@@ -272,7 +273,7 @@ impl Environments {
             .ok_or_else(|| ApiError::field(404, field, format!("no environment {id:?}")))
     }
 
-    pub fn list(&self) -> Vec<serde_json::Value> {
+    pub fn list(&self) -> Vec<EnvironmentView> {
         let mut all: Vec<Arc<Environment>> = self
             .all
             .lock()
@@ -470,7 +471,7 @@ impl Environments {
 
     /// `GET /v1/environments/{id}/logs`: lines from `offset`, waiting up to `wait` for one
     /// (or for the build to end).
-    pub async fn logs(&self, id: &str, offset: usize, wait: Duration) -> ApiResult<serde_json::Value> {
+    pub async fn logs(&self, id: &str, offset: usize, wait: Duration) -> ApiResult<LogPage> {
         let env = self.get(id, "id")?;
         let mut changed = env.changed.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
@@ -482,12 +483,12 @@ impl Environments {
             let building = matches!(env.state(), State::Building);
             if !lines.is_empty() || !building || tokio::time::Instant::now() >= deadline {
                 let view = env.view();
-                return Ok(serde_json::json!({
-                    "lines": lines,
-                    "next": total.max(offset),
-                    "state": view["state"],
-                    "error": view["error"],
-                }));
+                return Ok(LogPage {
+                    lines,
+                    next: total.max(offset),
+                    state: view.state,
+                    error: view.error,
+                });
             }
             let _ = tokio::time::timeout_at(deadline, changed.changed()).await;
         }

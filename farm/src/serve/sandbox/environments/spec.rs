@@ -11,7 +11,7 @@ use crate::serve::bounds;
 use crate::serve::error::{ApiError, ApiResult};
 
 /// `POST /v1/environments`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvironmentRequest {
     #[serde(default)]
@@ -31,7 +31,7 @@ pub struct EnvironmentRequest {
     pub force: bool,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DockerfileRequest {
     pub context: String,

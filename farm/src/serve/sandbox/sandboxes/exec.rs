@@ -26,8 +26,9 @@ const DEFAULT_TIMEOUT_SECS: u64 = 600;
 const MAX_TIMEOUT_SECS: u64 = 86_400;
 
 /// `POST /v1/sandboxes/{id}/exec` (and `/exec/stream`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = SandboxExecRequest)]
 pub struct ExecRequest {
     #[serde(default)]
     pub command: Option<String>,

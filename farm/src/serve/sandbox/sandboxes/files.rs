@@ -1,10 +1,9 @@
 //! Files and folders in a sandbox: uploads and downloads of one file, and of a folder as a
 //! tar archive, each within its size limit (the guest's: [`engine::guest`]).
 
-use serde_json::json;
-
 use super::Sandboxes;
 use crate::serve::error::{ApiError, ApiResult};
+use crate::serve::wire::FileWritten;
 
 /// A guest path a client names: absolute, without NUL.
 fn check_path(path: &str) -> ApiResult<()> {
@@ -17,7 +16,7 @@ fn check_path(path: &str) -> ApiResult<()> {
 
 impl Sandboxes {
     /// `PUT /v1/sandboxes/{id}/files`.
-    pub async fn write_file(&self, id: &str, path: &str, mode: u32, bytes: Vec<u8>) -> ApiResult<serde_json::Value> {
+    pub async fn write_file(&self, id: &str, path: &str, mode: u32, bytes: Vec<u8>) -> ApiResult<FileWritten> {
         check_path(path)?;
         let _in_use = self.begin(id);
         let len = bytes.len();
@@ -25,7 +24,10 @@ impl Sandboxes {
         if let Err(e) = guest.write_file(path, mode, bytes).await {
             return Err(self.guest_error(id, e, Some(path)).await);
         }
-        Ok(json!({ "path": path, "bytes": len }))
+        Ok(FileWritten {
+            path: path.to_string(),
+            bytes: len,
+        })
     }
 
     /// `GET /v1/sandboxes/{id}/files`.
@@ -40,13 +42,16 @@ impl Sandboxes {
     }
 
     /// `PUT /v1/sandboxes/{id}/folders`: a tar archive unpacked in the guest under `path`.
-    pub async fn write_folder(&self, id: &str, path: &str, archive: Vec<u8>) -> ApiResult<serde_json::Value> {
+    pub async fn write_folder(&self, id: &str, path: &str, archive: Vec<u8>) -> ApiResult<FileWritten> {
         check_path(path)?;
         let _in_use = self.begin(id);
         let len = archive.len();
         let guest = self.guest(id).await?;
         match guest.write_folder(path, archive).await {
-            Ok(()) => Ok(json!({ "path": path, "bytes": len })),
+            Ok(()) => Ok(FileWritten {
+                path: path.to_string(),
+                bytes: len,
+            }),
             Err(engine::guest::GuestError::Failed(m)) => Err(ApiError::field(400, "body", m)),
             Err(e) => Err(self.guest_error(id, e, Some(path)).await),
         }

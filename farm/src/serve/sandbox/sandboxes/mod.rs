@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use engine::book::{Ending, Expiry, Kind, Timers};
 use engine::guest::{Guest, GuestError};
 use engine::idempotency::{Claim, Keys};
-use serde_json::json;
 
 mod exec;
 mod files;
@@ -33,6 +32,7 @@ use super::environments::Environments;
 use crate::serve::entries::{Facts, Open};
 use crate::serve::error::{ApiError, ApiResult};
 use crate::serve::service::{Forks, InUse, VmSlot};
+use crate::serve::wire::{EnvironmentView, SandboxView};
 
 /// What the sandbox API keeps of a sandbox, beside its fork.
 pub struct SandboxFacts {
@@ -60,25 +60,27 @@ impl Drop for SandboxFacts {
 }
 
 /// What `GET /v1/sandboxes/{id}` says of a sandbox.
-fn view(open: &Open) -> serde_json::Value {
+fn view(open: &Open) -> SandboxView {
     let facts = open.sandbox();
     let s = &facts.settings;
     let live = open.run.live().ok();
-    json!({
-        "id": open.id,
-        "environment": s.environment.id,
-        "state": if live.is_some() { "running" } else { "paused" },
-        "cpus": s.environment.spec.cpus,
-        "memory_mib": s.environment.spec.memory_mib,
-        "network": s.network_name,
-        "workdir": live.map(|l| l.place.workdir.clone()).or_else(|| s.spec.workdir.clone()),
-        "user": live.map(|l| l.place.user.clone()).unwrap_or_else(|| s.spec.user.clone()),
-        "created_at_ms": facts.created_ms,
-        "expires_at_ms": facts.created_ms + s.lifetime.as_millis() as u64,
-        "idle_timeout_secs": s.idle.as_secs(),
-        "parent": facts.parent,
-        "metadata": s.metadata,
-    })
+    SandboxView {
+        id: open.id.clone(),
+        environment: s.environment.id.clone(),
+        state: if live.is_some() { "running" } else { "paused" }.into(),
+        cpus: s.environment.spec.cpus,
+        memory_mib: s.environment.spec.memory_mib,
+        network: s.network_name.clone(),
+        workdir: live.map(|l| l.place.workdir.clone()).or_else(|| s.spec.workdir.clone()),
+        user: live
+            .map(|l| l.place.user.clone())
+            .unwrap_or_else(|| s.spec.user.clone()),
+        created_at_ms: facts.created_ms,
+        expires_at_ms: facts.created_ms + s.lifetime.as_millis() as u64,
+        idle_timeout_secs: s.idle.as_secs(),
+        parent: facts.parent.clone(),
+        metadata: s.metadata.clone(),
+    }
 }
 
 /// The sandbox API's sandboxes, with the service's limits for them.
@@ -152,7 +154,7 @@ impl Sandboxes {
         })
     }
 
-    fn add(&self, open: Open, slot: VmSlot) -> serde_json::Value {
+    fn add(&self, open: Open, slot: VmSlot) -> SandboxView {
         let answer = view(&open);
         let facts = open.sandbox();
         let timers = Timers {
@@ -177,7 +179,7 @@ impl Sandboxes {
         request: SandboxRequest,
         key: Option<(String, String)>,
         slot: impl FnOnce() -> ApiResult<VmSlot>,
-    ) -> ApiResult<(serde_json::Value, bool)> {
+    ) -> ApiResult<(SandboxView, bool)> {
         if let Some((key, digest)) = &key {
             let claim = self.keys.lock().unwrap_or_else(|p| p.into_inner()).claim(key, digest);
             match claim.map_err(crate::serve::rollouts::key_refusal)? {
@@ -187,7 +189,7 @@ impl Sandboxes {
         }
         let made = self.make(environments, &request, slot).await;
         if let Some((key, digest)) = key {
-            let id = made.as_ref().ok().and_then(|v| v["id"].as_str().map(str::to_string));
+            let id = made.as_ref().ok().map(|v| v.id.clone());
             self.keys
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -201,7 +203,7 @@ impl Sandboxes {
         environments: &Environments,
         request: &SandboxRequest,
         slot: impl FnOnce() -> ApiResult<VmSlot>,
-    ) -> ApiResult<serde_json::Value> {
+    ) -> ApiResult<SandboxView> {
         let settings = self.settings_of(environments, request)?;
         let slot = slot()?;
         let pool = settings
@@ -230,17 +232,17 @@ impl Sandboxes {
         Ok(self.add(open, slot))
     }
 
-    pub async fn view(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn view(&self, id: &str) -> ApiResult<SandboxView> {
         Ok(view(&*self.get(id)?.lock().await))
     }
 
-    pub async fn list(&self) -> Vec<serde_json::Value> {
+    pub async fn list(&self) -> Vec<SandboxView> {
         let all = self.forks().all(Kind::Sandbox);
         let mut views = Vec::new();
         for (_, sandbox) in all {
             views.push(view(&*sandbox.lock().await));
         }
-        views.sort_by_key(|v| (v["created_at_ms"].as_u64(), v["id"].as_str().map(str::to_string)));
+        views.sort_by_key(|v| (v.created_at_ms, v.id.clone()));
         views
     }
 
@@ -300,7 +302,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/branch`: a new sandbox that continues from this one's state.
-    pub async fn branch(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<serde_json::Value> {
+    pub async fn branch(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let sandbox = sandbox.lock().await;
         sandbox
@@ -326,7 +328,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/pause`: saved to disk, its VM stopped, its slot given back.
-    pub async fn pause(&self, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn pause(&self, id: &str) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         let dir = self.paused_dir.join(&sandbox.id);
@@ -342,7 +344,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state.
-    pub async fn resume(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<serde_json::Value> {
+    pub async fn resume(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         if sandbox.run.paused().is_none() {
@@ -363,7 +365,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/snapshot`: a new environment of this sandbox's state.
-    pub async fn snapshot(&self, environments: &Environments, id: &str) -> ApiResult<serde_json::Value> {
+    pub async fn snapshot(&self, environments: &Environments, id: &str) -> ApiResult<EnvironmentView> {
         let sandbox = self.get(id)?;
         let sandbox = sandbox.lock().await;
         let live = sandbox

@@ -14,7 +14,7 @@ use crate::serve::bounds;
 use crate::serve::error::{ApiError, ApiResult};
 
 /// `POST /v1/sandboxes`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxRequest {
     pub environment: String,

@@ -1,0 +1,99 @@
+"""The SDK's models against the service's wire contract: `docs/openapi.json`, the OpenAPI
+document generated from `farm serve`'s own types (a Rust test keeps the file equal to them).
+
+Each model accounts for every property of its answer's schema (a field it reads, or one it
+leaves in `raw` on purpose), reads nothing the schema lacks, and reads each with a type the
+schema allows. A field added to, renamed in or dropped from a server type fails here until
+the model follows.
+"""
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+
+import pytest
+
+from farm_sdk import _calls
+from farm_sdk.models import Context, Environment, ExecResult, SandboxInfo
+
+DOCUMENT = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
+
+#: model -> (its schema, {model field: the property it reads}, properties left in `raw`).
+MODELS = {
+    Environment: ("EnvironmentView", {}, {"spec"}),
+    SandboxInfo: ("SandboxView", {}, set()),
+    ExecResult: ("CommandOutput", {}, set()),
+    Context: ("Uploaded", {"id": "context"}, set()),
+}
+
+#: JSON Schema types a Python annotation may read.
+PYTHON_TYPES = {str: {"string"}, int: {"integer"}, bool: {"boolean"}, float: {"number", "integer"}, dict: {"object"}}
+
+
+@pytest.fixture(scope="module")
+def schemas():
+    return json.loads(DOCUMENT.read_text())["components"]["schemas"]
+
+
+def schema_types(prop):
+    """The JSON types a property may hold (`null` for an optional one)."""
+    if "$ref" in prop:
+        return {"object"}
+    kinds = prop.get("type", [])
+    kinds = set([kinds] if isinstance(kinds, str) else kinds)
+    for alternative in prop.get("oneOf", []) + prop.get("anyOf", []):
+        kinds |= schema_types(alternative)
+    return kinds or {"object", "string", "integer", "number", "boolean", "array", "null"}
+
+
+def python_types(annotation):
+    """The JSON types a model field's annotation accepts."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        return set().union(*(python_types(a) for a in typing.get_args(annotation)))
+    if annotation is type(None):
+        return {"null"}
+    if annotation is typing.Any:
+        return {"object", "string", "integer", "number", "boolean", "array", "null"}
+    base = origin or annotation
+    return PYTHON_TYPES.get(base, {"object"})
+
+
+@pytest.mark.parametrize("model", list(MODELS), ids=lambda m: m.__name__)
+def test_a_model_reads_what_its_answer_holds(model, schemas):
+    name, renamed, left_in_raw = MODELS[model]
+    schema = schemas[name]
+    props = schema["properties"]
+    hints = typing.get_type_hints(model)
+    read = set()
+    for f in dataclasses.fields(model):
+        if f.name in ("raw", "_api"):
+            continue
+        prop = renamed.get(f.name, f.name)
+        assert prop in props, f"{model.__name__}.{f.name} reads {prop!r}, which {name} does not have"
+        allowed = python_types(hints[f.name])
+        served = schema_types(props[prop]) - {"null"}
+        assert served & allowed, f"{model.__name__}.{f.name} reads {prop!r} as {allowed}; the service sends {served}"
+        read.add(prop)
+    unaccounted = set(props) - read - left_in_raw
+    assert not unaccounted, f"{name} has {sorted(unaccounted)}, which {model.__name__} neither reads nor leaves in raw"
+
+
+def test_a_log_page_and_requests_name_what_the_service_takes(schemas):
+    page = schemas["LogPage"]["properties"]
+    assert {"lines", "next", "state"} <= set(page), page
+    # The bodies the SDK builds, with every option given, name only fields the service's
+    # request types have.
+    environment = _calls.create_environment(
+        {"image": "python"}, _calls.environment_options(2, 1024, 2048, ["true"], True)
+    )
+    assert set(environment.json) <= set(schemas["EnvironmentRequest"]["properties"]), environment.json
+    dockerfile = _calls.dockerfile_spec("ctx-1", "Dockerfile", {"A": "b"}, "final")
+    assert set(dockerfile) <= set(schemas["DockerfileRequest"]["properties"]), dockerfile
+    options = _calls.sandbox_options({"A": "b"}, "/w", "u", "net", 64, 60, 600, 1, 512, {"k": "v"})
+    sandbox = _calls.create_sandbox("env-1", options)
+    assert set(sandbox.json) <= set(schemas["SandboxRequest"]["properties"]), sandbox.json
+    for command in ("echo hi", ["echo", "hi"]):
+        call = _calls.exec_call("sb-1", command, "/", {"A": "b"}, "u", 5, "in", 1024, stream=False)
+        assert set(call.json) <= set(schemas["SandboxExecRequest"]["properties"]), call.json
