@@ -17,7 +17,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -62,13 +62,78 @@ struct Message {
     params: Option<Value>,
 }
 
-fn reply(id: Value, result: Value) -> Response {
-    axum::Json(json!({ "jsonrpc": "2.0", "id": id, "result": result })).into_response()
+/// A JSON-RPC 2.0 answer: its result, or its error.
+#[derive(Serialize)]
+struct RpcAnswer<T> {
+    jsonrpc: &'static str,
+    id: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<T>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<RpcError>,
+}
+
+#[derive(Serialize)]
+struct RpcError {
+    code: i64,
+    message: String,
+}
+
+/// A tool's result (MCP `CallToolResult`): text for the model, the step as structured
+/// content, and whether the tool failed.
+#[derive(Serialize)]
+struct ToolResult {
+    content: Vec<TextContent>,
+    #[serde(rename = "structuredContent")]
+    structured_content: Value,
+    #[serde(rename = "isError")]
+    is_error: bool,
+}
+
+#[derive(Serialize)]
+struct TextContent {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+}
+
+/// `initialize`'s result.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Initialized {
+    protocol_version: &'static str,
+    capabilities: Value,
+    server_info: ServerInfo,
+    instructions: String,
+}
+
+#[derive(Serialize)]
+struct ServerInfo {
+    name: &'static str,
+    version: &'static str,
+}
+
+fn reply(id: Value, result: impl Serialize) -> Response {
+    let answer = RpcAnswer {
+        jsonrpc: "2.0",
+        id,
+        result: Some(result),
+        error: None,
+    };
+    axum::Json(answer).into_response()
 }
 
 fn rpc_error(status: StatusCode, id: Value, code: i64, message: impl Into<String>) -> Response {
-    let body = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message.into() } });
-    (status, axum::Json(body)).into_response()
+    let answer: RpcAnswer<()> = RpcAnswer {
+        jsonrpc: "2.0",
+        id,
+        result: None,
+        error: Some(RpcError {
+            code,
+            message: message.into(),
+        }),
+    };
+    (status, axum::Json(answer)).into_response()
 }
 
 async fn message(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Response {
@@ -148,19 +213,22 @@ async fn message(State(app): State<App>, Path(id): Path<String>, body: Bytes) ->
     }
 }
 
-fn initialize(id: &str, params: &Value) -> Value {
+fn initialize(id: &str, params: &Value) -> Initialized {
     let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or("");
-    let version = if VERSIONS.contains(&asked) {
-        asked
-    } else {
-        VERSIONS[VERSIONS.len() - 1]
-    };
-    json!({
-        "protocolVersion": version,
-        "capabilities": { "tools": { "listChanged": false } },
-        "serverInfo": { "name": "farm", "version": env!("CARGO_PKG_VERSION") },
-        "instructions": format!("Tools act inside farm session {id}, an isolated Linux microVM. Commands run in the task's working folder. Call submit when the task is done: the session ends and is scored where you cannot reach."),
-    })
+    let version = VERSIONS
+        .iter()
+        .find(|v| **v == asked)
+        .copied()
+        .unwrap_or(VERSIONS[VERSIONS.len() - 1]);
+    Initialized {
+        protocol_version: version,
+        capabilities: json!({ "tools": { "listChanged": false } }),
+        server_info: ServerInfo {
+            name: "farm",
+            version: env!("CARGO_PKG_VERSION"),
+        },
+        instructions: format!("Tools act inside farm session {id}, an isolated Linux microVM. Commands run in the task's working folder. Call submit when the task is done: the session ends and is scored where you cannot reach."),
+    }
 }
 
 fn tools() -> Value {
@@ -243,7 +311,12 @@ fn args<T: serde::de::DeserializeOwned>(tool: &str, arguments: Option<Value>) ->
 
 /// A tool's result: text for the model, and the step as structured content.
 fn result(text: String, structured: Value, is_error: bool) -> Value {
-    json!({ "content": [{ "type": "text", "text": text }], "structuredContent": structured, "isError": is_error })
+    let result = ToolResult {
+        content: vec![TextContent { kind: "text", text }],
+        structured_content: structured,
+        is_error,
+    };
+    serde_json::to_value(result).expect("results serialize")
 }
 
 /// A tool that ran but failed (a session that ended, its step limit): told to the model as

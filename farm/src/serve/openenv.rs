@@ -25,7 +25,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use futures::{SinkExt, StreamExt};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -295,6 +295,68 @@ async fn connection(socket: WebSocket, app: App, next_task: Arc<AtomicUsize>) {
     let _ = sender.close().await;
 }
 
+/// A message the service sends on the socket: `{"type": ..., "data": ...}`.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", content = "data", rename_all = "snake_case")]
+enum Outgoing {
+    Observation(Box<Observed>),
+    State(EpisodeState),
+    Error(ErrorData),
+}
+
+/// An observation with its reward, and whether the episode is done.
+#[derive(Debug, Serialize)]
+struct Observed {
+    observation: FarmObservation,
+    reward: Option<f64>,
+    done: bool,
+}
+
+/// What a model sees: the instruction after a reset, a step's output after a step, the
+/// verdict at the end (fields that do not apply are left out).
+#[derive(Debug, Default, Serialize)]
+struct FarmObservation {
+    text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instruction: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<String>,
+    /// Null after a reset without one (absent after a step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rollout_id: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_code: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stdout: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stderr: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trust: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<Value>,
+}
+
+/// `state`: where the connection's episode is.
+#[derive(Debug, Serialize)]
+struct EpisodeState {
+    episode_id: Option<String>,
+    session_id: Option<String>,
+    rollout_id: Option<String>,
+    task_id: Option<String>,
+    step_count: usize,
+    done: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct ErrorData {
+    message: String,
+    code: &'static str,
+}
+
 /// Renews the lease of the connection's session.
 fn touch(app: &App, holding: &Holding) {
     if let Some(id) = holding.lock().unwrap().as_deref() {
@@ -303,7 +365,10 @@ fn touch(app: &App, holding: &Holding) {
 }
 
 fn error_reply(f: &Failure) -> Value {
-    json!({ "type": "error", "data": { "message": f.message, "code": f.code } })
+    to_value(Outgoing::Error(ErrorData {
+        message: f.message.clone(),
+        code: f.code,
+    }))
 }
 
 async fn handle(
@@ -319,7 +384,7 @@ async fn handle(
             Some(data) => step(app, holding, &mut conn, data).await,
             None => Err(Failure::new("VALIDATION_ERROR", "step needs data: the action")),
         },
-        "state" => Ok(json!({ "type": "state", "data": state(&conn) })),
+        "state" => Ok(to_value(Outgoing::State(state(&conn)))),
         other => Err(Failure::new(
             "UNKNOWN_TYPE",
             format!("Unknown message type: {other} (reset, step, state, close)"),
@@ -328,15 +393,23 @@ async fn handle(
     (conn, reply.unwrap_or_else(|f| error_reply(&f)))
 }
 
-fn state(conn: &Conn) -> Value {
-    json!({
-        "episode_id": conn.episode_id, "session_id": conn.session, "rollout_id": conn.rollout,
-        "task_id": conn.task_id, "step_count": conn.steps, "done": conn.done,
-    })
+fn state(conn: &Conn) -> EpisodeState {
+    EpisodeState {
+        episode_id: conn.episode_id.clone(),
+        session_id: conn.session.clone(),
+        rollout_id: conn.rollout.clone(),
+        task_id: conn.task_id.clone(),
+        step_count: conn.steps,
+        done: conn.done,
+    }
 }
 
-fn observation(observation: Value, reward: Option<f64>, done: bool) -> Value {
-    json!({ "type": "observation", "data": { "observation": observation, "reward": reward, "done": done } })
+fn observation(observation: FarmObservation, reward: Option<f64>, done: bool) -> Value {
+    to_value(Outgoing::Observation(Box::new(Observed {
+        observation,
+        reward,
+        done,
+    })))
 }
 
 async fn reset(
@@ -373,11 +446,15 @@ async fn reset(
     let (task_id, instruction) = service.session_task(&id).await?;
     conn.task_id = Some(task_id.clone());
     conn.steps = described["steps"].as_u64().unwrap_or(0) as usize;
-    Ok(observation(
-        json!({ "text": instruction, "instruction": instruction, "task_id": task_id, "session_id": id, "rollout_id": conn.rollout }),
-        None,
-        false,
-    ))
+    let seen = FarmObservation {
+        text: instruction.clone(),
+        instruction: Some(instruction),
+        task_id: Some(task_id),
+        session_id: Some(id),
+        rollout_id: Some(json!(conn.rollout)),
+        ..FarmObservation::default()
+    };
+    Ok(observation(seen, None, false))
 }
 
 /// A branch of `parent`, which continues as it is: a reset that also names a task, a seed,
@@ -467,11 +544,15 @@ async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Res
                 Some(e) if !e.is_empty() => format!("{status}: {e}"),
                 _ => status.clone(),
             };
-            return Ok(observation(
-                json!({ "text": text, "status": status, "trust": out["trust"], "error": out["error"], "rollout_id": out["rollout_id"] }),
-                out["reward"].as_f64(),
-                true,
-            ));
+            let verdict = FarmObservation {
+                text,
+                status: Some(json!(status)),
+                trust: Some(out["trust"].clone()),
+                error: Some(out["error"].clone()),
+                rollout_id: Some(out["rollout_id"].clone()),
+                ..FarmObservation::default()
+            };
+            return Ok(observation(verdict, out["reward"].as_f64(), true));
         }
         StepAction::Exec(exec) => exec.into_action(),
         StepAction::WriteFile(write) => (write.into_action(), None),
@@ -484,18 +565,22 @@ async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Res
     );
     conn.steps += 1;
     let step = &out["step"];
-    let mut obs = json!({
-        "text": out["observation"], "exit_code": step["exit_code"], "stdout": step["stdout"], "stderr": step["stderr"],
-    });
+    let mut seen = FarmObservation {
+        text: out["observation"].as_str().unwrap_or_default().to_string(),
+        exit_code: Some(step["exit_code"].clone()),
+        stdout: Some(step["stdout"].clone()),
+        stderr: Some(step["stderr"].clone()),
+        ..FarmObservation::default()
+    };
     if out["ended"].as_bool().unwrap_or(false) {
         // Over its time budget, or the action took the VM down: the episode ends unscored.
         conn.done = true;
         holding.lock().unwrap().take();
-        obs["status"] = out["status"].clone();
-        obs["error"] = out["error"].clone();
-        return Ok(observation(obs, Some(0.0), true));
+        seen.status = Some(out["status"].clone());
+        seen.error = Some(out["error"].clone());
+        return Ok(observation(seen, Some(0.0), true));
     }
-    Ok(observation(obs, None, false))
+    Ok(observation(seen, None, false))
 }
 
 /// A failed step; when the session is gone (expired, deleted), the episode is done.
