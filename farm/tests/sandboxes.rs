@@ -376,6 +376,20 @@ async fn environments_sandboxes_and_every_verb() {
     assert_eq!(serde_json::from_slice::<Value>(&retried).unwrap()["id"], id.as_str());
     assert_eq!(sb["metadata"]["trial"], "7");
     assert_eq!(sb["network"], "loopback");
+    // Sessions and sandboxes share one book of forks, but a sandbox's id is no session's.
+    for (method, path, body) in [
+        ("GET", format!("/v1/sessions/{id}"), None),
+        (
+            "POST",
+            format!("/v1/sessions/{id}/exec"),
+            Some(json!({ "command": "true" })),
+        ),
+        ("POST", format!("/v1/sessions/{id}/pause"), None),
+        ("DELETE", format!("/v1/sessions/{id}"), None),
+    ] {
+        let (status, v) = api.call(method, &path, body).await;
+        assert_eq!(status, 404, "{method} {path}: {v}");
+    }
 
     // exec: shell and argv, env, cwd, stdin, timeouts, caps.
     assert_eq!(api.stdout(&id, "echo $GREETING; pwd").await, "hi\n/tmp\n");
