@@ -16,6 +16,7 @@
 pub mod exec;
 pub mod files;
 pub mod net;
+pub mod process;
 pub mod reset;
 pub mod sweep;
 #[allow(unsafe_code)]

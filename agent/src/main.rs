@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use farm_agent::{exec, files, net, sweep, sys, testrun, users};
+use farm_agent::{exec, files, net, process, sweep, sys, testrun, users};
 use farm_protocol::{
     AgentError, Envelope, ErrorKind, FrameError, Pong, Request, Response, DEFAULT_MAX_FRAME_BYTES, PORT_NAME,
     PROTOCOL_VERSION,
@@ -190,6 +190,11 @@ fn serve_guest_port() -> ! {
         std::thread::sleep(Duration::from_millis(100));
     };
     log(&format!("ready on {}", port.display()));
+    // Background processes hold three descriptors each, and the proxy two per connection:
+    // room for the most of both the agent keeps.
+    if let Err(e) = sys::raise_open_files(16 << 10) {
+        log(&format!("raising the open-file limit failed: {e}"));
+    }
     net::spawn(log);
     serve(&port)
 }
@@ -199,6 +204,8 @@ struct State {
     /// Environment every command starts from; the identity request extends it.
     base_env: Mutex<BTreeMap<String, String>>,
     writer: Mutex<File>,
+    /// Background processes: kept in this process's memory, so a snapshot carries them.
+    processes: process::Table,
 }
 
 fn serve(path: &Path) -> ! {
@@ -225,6 +232,7 @@ fn serve(path: &Path) -> ! {
             ("TERM".to_string(), "dumb".to_string()),
         ])),
         writer: Mutex::new(writer),
+        processes: process::Table::default(),
     });
     // Announce readiness: a host that is already connected learns at once that the agent
     // serves (one that connects later pings).
@@ -411,6 +419,10 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             Ok((Response::Quiesce, Vec::new()))
         }
         Request::Identity(req) => take_identity(state, req, &body),
+        Request::Process(req) => state
+            .processes
+            .handle(req, &base_env(state), &body)
+            .map(|(response, body)| (Response::Process(response), body)),
     }
 }
 

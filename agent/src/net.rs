@@ -47,14 +47,15 @@ pub fn spawn(log: fn(&str)) {
     let conns: Conns = Arc::default();
     let writer = Arc::new(Mutex::new(writer));
     {
-        let conns = conns.clone();
-        std::thread::spawn(move || read_port(reader, conns));
+        let (conns, writer) = (conns.clone(), writer.clone());
+        std::thread::spawn(move || read_port(reader, conns, writer));
     }
     std::thread::spawn(move || {
         let mut next: u32 = 0;
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
-            next = next.wrapping_add(1);
+            // The guest's own connections are numbered below the host's.
+            next = next.wrapping_add(1) % net::HOST_CONN;
             let id = next;
             let Ok(reading) = stream.try_clone() else { continue };
             conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, stream);
@@ -118,7 +119,7 @@ fn pump(id: u32, mut stream: TcpStream, writer: Arc<Mutex<File>>, conns: Conns) 
 }
 
 /// The host's frames, to their clients.
-fn read_port(mut port: File, conns: Conns) {
+fn read_port(mut port: File, conns: Conns, writer: Arc<Mutex<File>>) {
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
     loop {
@@ -135,21 +136,25 @@ fn read_port(mut port: File, conns: Conns) {
             match Frame::decode(&pending) {
                 Ok(Some((frame, used))) => {
                     pending.drain(..used);
-                    let mut conns = conns.lock().unwrap_or_else(|e| e.into_inner());
+                    if frame.kind == Kind::Connect {
+                        connect(frame.conn, &frame.payload, &writer, &conns);
+                        continue;
+                    }
+                    let mut open = conns.lock().unwrap_or_else(|e| e.into_inner());
                     match frame.kind {
                         Kind::Data => {
-                            if let Some(stream) = conns.get_mut(&frame.conn) {
+                            if let Some(stream) = open.get_mut(&frame.conn) {
                                 if stream.write_all(&frame.payload).is_err() {
-                                    conns.remove(&frame.conn);
+                                    open.remove(&frame.conn);
                                 }
                             }
                         }
                         Kind::Close => {
-                            if let Some(stream) = conns.remove(&frame.conn) {
+                            if let Some(stream) = open.remove(&frame.conn) {
                                 let _ = stream.shutdown(Shutdown::Both);
                             }
                         }
-                        Kind::Open => {}
+                        Kind::Open | Kind::Connect => {}
                     }
                 }
                 Ok(None) => break,
@@ -161,4 +166,33 @@ fn read_port(mut port: File, conns: Conns) {
             }
         }
     }
+}
+
+/// A connection the host opens to one of the guest's own services (`farm serve`'s port
+/// proxy): to `127.0.0.1:PORT` only, for a host connection id; relayed like the guest's own,
+/// or closed at once when nothing listens there.
+fn connect(id: u32, payload: &[u8], writer: &Arc<Mutex<File>>, conns: &Conns) {
+    let port = match payload {
+        [high, low] if id & net::HOST_CONN != 0 => u16::from_be_bytes([*high, *low]),
+        _ => 0,
+    };
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // Loopback answers at once; a listener whose backlog is full is given a moment.
+    let stream = (port != 0)
+        .then(|| TcpStream::connect_timeout(&address, std::time::Duration::from_secs(2)).ok())
+        .flatten();
+    let Some((stream, reading)) = stream.and_then(|s| s.try_clone().ok().map(|r| (s, r))) else {
+        let _ = send(
+            writer,
+            Frame {
+                conn: id,
+                kind: Kind::Close,
+                payload: Vec::new(),
+            },
+        );
+        return;
+    };
+    conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, stream);
+    let (writer, conns) = (writer.clone(), conns.clone());
+    std::thread::spawn(move || pump(id, reading, writer, conns));
 }

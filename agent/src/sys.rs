@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -386,6 +386,123 @@ pub fn send_with_fds(
     if sent < bytes.len() {
         use std::io::Write;
         (&*stream).write_all(&bytes[sent..])?;
+    }
+    Ok(())
+}
+
+/// Sends `signal` to a whole process group.
+pub fn signal_group(pgid: u32, signal: i32) -> io::Result<()> {
+    let signal = Signal::try_from(signal).map_err(|_| io::Error::other(format!("{signal} is not a signal")))?;
+    nix::sys::signal::killpg(Pid::from_raw(pgid as libc::pid_t), signal)?;
+    Ok(())
+}
+
+/// A new terminal of `rows` x `cols`: its master and its other end, both close-on-exec.
+pub fn open_terminal(rows: u16, cols: u16) -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    let size = nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let ends = nix::pty::openpty(Some(&size), None)?;
+    for fd in [&ends.master, &ends.slave] {
+        nix::fcntl::fcntl(
+            fd.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
+    Ok((ends.master, ends.slave))
+}
+
+/// Gives a terminal's other end to a user (mode 0620), so programs that open it by name can.
+pub fn give_terminal(slave: &std::os::fd::OwnedFd, uid: u32, gid: u32) -> io::Result<()> {
+    nix::unistd::fchown(slave.as_raw_fd(), Some(uid.into()), Some(gid.into()))?;
+    Ok(())
+}
+
+/// Resizes a terminal (through its master).
+pub fn set_window_size(master: std::os::fd::RawFd, rows: u16, cols: u16) -> io::Result<()> {
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which points at a live one.
+    check(unsafe { libc::ioctl(master, libc::TIOCSWINSZ, &size) })?;
+    Ok(())
+}
+
+/// Makes a command start a session whose controlling terminal is its standard input (a
+/// terminal's other end), with core dumps off, between fork and exec.
+pub fn terminal_session_on_exec(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs between fork and exec and only makes the async-signal-safe system
+    // calls setsid, ioctl(TIOCSCTTY) and setrlimit, with integer arguments; it allocates
+    // nothing.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid()?;
+            if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+            Ok(())
+        });
+    }
+}
+
+/// Raises this process's open-file limit, soft and hard, to at least `count` (as root).
+pub fn raise_open_files(count: u64) -> io::Result<()> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    setrlimit(Resource::RLIMIT_NOFILE, soft.max(count), hard.max(count))?;
+    Ok(())
+}
+
+/// A descriptor that becomes readable when process `pid` (a child of this one) ends.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor (close-on-exec) or
+    // -1; a non-negative result is owned by nobody else.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A pipe whose ends are both non-blocking and close-on-exec: (read end, write end).
+pub fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(
+        nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK,
+    )?)
+}
+
+/// Waits until one of `fds` is ready to read (or hung up): each entry's second half says
+/// whether it is. An interrupted wait returns with none ready.
+pub fn wait_readable(fds: &mut [(RawFd, bool)]) -> io::Result<()> {
+    let mut polled: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, _)| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `polled` is a live array of `polled.len()` pollfd entries for the call.
+    let n = unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as libc::nfds_t, -1) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(())
+        } else {
+            Err(e)
+        };
+    }
+    for (entry, p) in fds.iter_mut().zip(&polled) {
+        entry.1 = p.revents != 0;
     }
     Ok(())
 }

@@ -31,5 +31,5 @@ pub mod rules;
 
 pub use destination::{protect, NotInternet};
 pub use policy::{Attempt, AttemptLog, Policy, SharedPolicy, UpstreamFailure, Verdict, HOST_ALIAS};
-pub use port::spawn;
+pub use port::{spawn, GuestConnector, NetPort};
 pub use rules::{check_rule, Credential, Decision, GitPush, RefUpdate, Rule, RuleSet};

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use farm_protocol::net::{Frame, Kind};
+use farm_protocol::net::{Frame, Kind, HOST_CONN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -22,31 +22,102 @@ use crate::relay::{answer, relay};
 /// Bytes of a request head the proxy reads at most before it must see the end of it.
 const MAX_HEAD: usize = 16 << 10;
 
-/// Serves the port until the VM goes.
-pub fn spawn(
-    stream: std::os::unix::net::UnixStream,
-    policy: SharedPolicy,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    stream.set_nonblocking(true)?;
-    let stream = tokio::net::UnixStream::from_std(stream)?;
-    Ok(tokio::spawn(serve(stream, policy)))
+/// A request of the host's for a connection to one of the guest's own services.
+pub(crate) struct GuestConnect {
+    port: u16,
+    reply: tokio::sync::oneshot::Sender<std::io::Result<tokio::io::DuplexStream>>,
 }
 
-pub(crate) async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) {
+/// The host's side of a VM's network port: the task serving it (stopped when this drops),
+/// and the way to open connections to the guest's own services (`farm serve`'s port proxy).
+pub struct NetPort {
+    task: tokio::task::JoinHandle<()>,
+    connects: mpsc::Sender<GuestConnect>,
+}
+
+impl NetPort {
+    /// What opens connections to the guest's own services, usable apart from this port.
+    pub fn connector(&self) -> GuestConnector {
+        GuestConnector(self.connects.clone())
+    }
+}
+
+/// Opens connections to a guest's own services over its network port; fails once the VM is
+/// gone.
+#[derive(Clone)]
+pub struct GuestConnector(mpsc::Sender<GuestConnect>);
+
+impl GuestConnector {
+    /// A connection to the guest's `127.0.0.1:port`, as a byte stream: it ends when the
+    /// guest's side closes, and nothing listening there closes it at once.
+    pub async fn connect(&self, port: u16) -> std::io::Result<tokio::io::DuplexStream> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let gone = || std::io::Error::new(std::io::ErrorKind::NotConnected, "the VM's network port is gone");
+        self.0.send(GuestConnect { port, reply }).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+impl Drop for NetPort {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves the port until the VM goes.
+pub fn spawn(stream: std::os::unix::net::UnixStream, policy: SharedPolicy) -> std::io::Result<NetPort> {
+    stream.set_nonblocking(true)?;
+    let stream = tokio::net::UnixStream::from_std(stream)?;
+    let (connects, requests) = mpsc::channel(16);
+    Ok(NetPort {
+        task: tokio::spawn(serve(stream, policy, requests)),
+        connects,
+    })
+}
+
+/// Connections the guest may have open at once through its port, and the host as many more.
+const MAX_CONNS: usize = 256;
+
+/// Per connection: the request head still being read, or the channel to its other end.
+enum Conn {
+    Head(Vec<u8>),
+    Relay(mpsc::Sender<Vec<u8>>),
+}
+
+pub(crate) async fn serve(
+    stream: tokio::net::UnixStream,
+    policy: SharedPolicy,
+    mut connects: mpsc::Receiver<GuestConnect>,
+) {
     let (mut read, write) = stream.into_split();
     let to_guest = spawn_writer(write);
-    // Per connection: the request head still being read, or the channel to its upstream.
-    enum Conn {
-        Head(Vec<u8>),
-        Relay(mpsc::Sender<Vec<u8>>),
-    }
     let mut conns: HashMap<u32, Conn> = HashMap::new();
     let mut pending = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
+    let mut host_conns: u32 = 0;
     loop {
-        let n = match read.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let n = tokio::select! {
+            n = read.read(&mut buf) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            Some(GuestConnect { port, reply }) = connects.recv() => {
+                let host_count = conns.keys().filter(|id| **id & HOST_CONN != 0).count();
+                if host_count >= MAX_CONNS {
+                    let _ = reply.send(Err(std::io::Error::other(format!("{MAX_CONNS} connections to the guest are open"))));
+                    continue;
+                }
+                host_conns = host_conns.wrapping_add(1) % HOST_CONN;
+                let id = HOST_CONN | host_conns;
+                let (ours, theirs) = tokio::io::duplex(256 << 10);
+                conns.insert(id, Conn::Relay(relay(id, Vec::new(), ours, to_guest.clone())));
+                let connect = Frame { conn: id, kind: Kind::Connect, payload: port.to_be_bytes().to_vec() };
+                if to_guest.send(connect).await.is_err() {
+                    return;
+                }
+                let _ = reply.send(Ok(theirs));
+                continue;
+            }
         };
         pending.extend_from_slice(&buf[..n]);
         loop {
@@ -56,56 +127,74 @@ pub(crate) async fn serve(stream: tokio::net::UnixStream, policy: SharedPolicy) 
                 Err(_) => return, // a guest that speaks nonsense loses its network
             };
             pending.drain(..used);
-            match frame.kind {
-                Kind::Open => {
-                    if conns.len() >= 256 {
-                        let _ = to_guest
-                            .send(Frame {
-                                conn: frame.conn,
-                                kind: Kind::Close,
-                                payload: Vec::new(),
-                            })
-                            .await;
-                    } else {
-                        conns.insert(frame.conn, Conn::Head(Vec::new()));
-                    }
-                }
-                Kind::Close => {
-                    conns.remove(&frame.conn);
-                }
-                Kind::Data => match conns.get_mut(&frame.conn) {
-                    Some(Conn::Relay(up)) => {
-                        let gone = up.send(frame.payload).await.is_err();
-                        if gone {
-                            conns.remove(&frame.conn);
-                        }
-                    }
-                    Some(Conn::Head(head)) => {
-                        head.extend_from_slice(&frame.payload);
-                        let current = || policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                        let opened = match parse_head(head) {
-                            Head::Partial => continue,
-                            Head::Refused { line, reason } => {
-                                answer(&to_guest, frame.conn, 400, &reason).await;
-                                current().report(Attempt::new(format!("{line:?}"), Verdict::Refused { reason }));
-                                None
-                            }
-                            Head::Proxy(request) => open(frame.conn, request, head, &current(), to_guest.clone()).await,
-                        };
-                        match opened {
-                            Some(up) => {
-                                conns.insert(frame.conn, Conn::Relay(up));
-                            }
-                            None => {
-                                conns.remove(&frame.conn);
-                            }
-                        }
-                    }
-                    None => {}
-                },
+            if !on_frame(frame, &mut conns, &policy, &to_guest).await {
+                return;
             }
         }
     }
+}
+
+/// One frame from the guest; false when the guest broke the protocol.
+async fn on_frame(
+    frame: Frame,
+    conns: &mut HashMap<u32, Conn>,
+    policy: &SharedPolicy,
+    to_guest: &mpsc::Sender<Frame>,
+) -> bool {
+    match frame.kind {
+        // Only the host asks for connections into the guest.
+        Kind::Connect => return false,
+        // The guest's own connections are numbered below the host's.
+        Kind::Open if frame.conn & HOST_CONN != 0 => return false,
+        Kind::Open => {
+            let guest_count = conns.keys().filter(|id| **id & HOST_CONN == 0).count();
+            if guest_count >= MAX_CONNS {
+                let _ = to_guest
+                    .send(Frame {
+                        conn: frame.conn,
+                        kind: Kind::Close,
+                        payload: Vec::new(),
+                    })
+                    .await;
+            } else {
+                conns.insert(frame.conn, Conn::Head(Vec::new()));
+            }
+        }
+        Kind::Close => {
+            conns.remove(&frame.conn);
+        }
+        Kind::Data => match conns.get_mut(&frame.conn) {
+            Some(Conn::Relay(up)) => {
+                let gone = up.send(frame.payload).await.is_err();
+                if gone {
+                    conns.remove(&frame.conn);
+                }
+            }
+            Some(Conn::Head(head)) => {
+                head.extend_from_slice(&frame.payload);
+                let current = || policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let opened = match parse_head(head) {
+                    Head::Partial => return true,
+                    Head::Refused { line, reason } => {
+                        answer(to_guest, frame.conn, 400, &reason).await;
+                        current().report(Attempt::new(format!("{line:?}"), Verdict::Refused { reason }));
+                        None
+                    }
+                    Head::Proxy(request) => open(frame.conn, request, head, &current(), to_guest.clone()).await,
+                };
+                match opened {
+                    Some(up) => {
+                        conns.insert(frame.conn, Conn::Relay(up));
+                    }
+                    None => {
+                        conns.remove(&frame.conn);
+                    }
+                }
+            }
+            None => {}
+        },
+    }
+    true
 }
 
 /// The task that writes every frame for the guest, in the order sent on the channel it returns.
@@ -487,7 +576,7 @@ mod tests {
             ..Default::default()
         }));
         let (guest, host) = tokio::net::UnixStream::pair().unwrap();
-        tokio::spawn(serve(host, policy));
+        tokio::spawn(serve(host, policy, mpsc::channel(1).1));
         let (mut from_host, mut to_host) = guest.into_split();
         let send = |conn: u32, kind: Kind, payload: &[u8]| {
             Frame {

@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use farm_protocol::process::{OutputRead, ProcessInfo, ReadOutputRequest, SpawnRequest, Stream, TermSize};
 use farm_protocol::Program;
 use serde::Serialize;
 
@@ -90,10 +91,12 @@ pub enum Output {
     Stderr(String),
 }
 
-/// A fork's guest, usable without the fork's lock: its agent and the fork's place.
+/// A fork's guest, usable without the fork's lock: its agent, the way to its own services,
+/// and the fork's place.
 #[derive(Clone)]
 pub struct Guest {
     agent: vmm::AgentClient,
+    connector: egress::GuestConnector,
     /// Who files are written as (the fork's user; None: root).
     user: Option<String>,
     /// Commands' options, from the fork's place.
@@ -105,6 +108,7 @@ impl LiveFork {
     pub fn guest(&self) -> Guest {
         Guest {
             agent: self.fork.agent().clone(),
+            connector: self.fork.machine.guest_connector(),
             user: self.place.user.clone(),
             place: self.place.clone(),
         }
@@ -138,6 +142,11 @@ fn exec_options(place: &crate::harbor::Place, program: Program, command: Command
 /// [`Died`]: GuestError::Died
 fn classify(e: vmm::AgentError) -> GuestError {
     match e {
+        vmm::AgentError::Refused {
+            kind: farm_protocol::ErrorKind::NotFound,
+            message,
+            ..
+        } => GuestError::Missing(message),
         e @ (vmm::AgentError::ChannelClosed(_) | vmm::AgentError::Timeout { .. }) => GuestError::Died(e.to_string()),
         vmm::AgentError::Refused { message, .. }
             if message.contains("No such file") || message.contains("os error 2") =>
@@ -308,6 +317,92 @@ impl Guest {
             ..vmm::ExecOptions::argv(&["/bin/sh", "-c", script])
         };
         self.watched(self.agent.exec(options)).await
+    }
+}
+
+/// What a background process is started with, beside its program.
+#[derive(Debug, Clone, Default)]
+pub struct Background {
+    /// Its folder, variables and user (each None: the fork's).
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub user: Option<String>,
+    /// Bytes kept of each output stream.
+    pub ring_bytes: u64,
+    /// Run on a terminal of this size.
+    pub pty: Option<TermSize>,
+}
+
+impl Guest {
+    /// Starts a background process in the fork's place (its folder, user and variables,
+    /// the process's over them).
+    pub async fn spawn(&self, program: Program, background: Background) -> Result<ProcessInfo, GuestError> {
+        let command = Command {
+            cwd: background.cwd,
+            env: background.env,
+            user: background.user,
+            ..Command::default()
+        };
+        let options = exec_options(&self.place, program, command);
+        let request = SpawnRequest {
+            program: options.program,
+            cwd: options.cwd,
+            env: options.env.into_iter().collect(),
+            user: options.user,
+            ring_bytes: background.ring_bytes,
+            pty: background.pty,
+        };
+        self.watched(self.agent.spawn(request)).await
+    }
+
+    pub async fn processes(&self) -> Result<Vec<ProcessInfo>, GuestError> {
+        self.watched(self.agent.processes()).await
+    }
+
+    pub async fn process(&self, pid: u32) -> Result<ProcessInfo, GuestError> {
+        self.watched(self.agent.process_info(pid)).await
+    }
+
+    /// A process's output from `offset`, waiting up to `wait` for a byte past it.
+    pub async fn read_output(
+        &self,
+        pid: u32,
+        stream: Stream,
+        offset: u64,
+        max_bytes: u64,
+        wait: Duration,
+    ) -> Result<(OutputRead, Vec<u8>), GuestError> {
+        let request = ReadOutputRequest {
+            pid,
+            stream,
+            offset,
+            max_bytes,
+            wait_ms: wait.as_millis() as u64,
+        };
+        self.watched(self.agent.read_output(request)).await
+    }
+
+    pub async fn write_stdin(&self, pid: u32, bytes: Vec<u8>, close: bool) -> Result<u64, GuestError> {
+        self.watched(self.agent.write_stdin(pid, bytes, close)).await
+    }
+
+    pub async fn signal(&self, pid: u32, signal: i32) -> Result<(), GuestError> {
+        self.watched(self.agent.signal(pid, signal)).await
+    }
+
+    /// Waits up to `timeout` for a process to end; its handle either way.
+    pub async fn wait_process(&self, pid: u32, timeout: Duration) -> Result<ProcessInfo, GuestError> {
+        self.watched(self.agent.wait_process(pid, timeout)).await
+    }
+
+    pub async fn resize(&self, pid: u32, size: TermSize) -> Result<(), GuestError> {
+        self.watched(self.agent.resize(pid, size)).await
+    }
+
+    /// A connection to the guest's own `127.0.0.1:port` (nothing listening closes it at
+    /// once).
+    pub async fn connect(&self, port: u16) -> std::io::Result<tokio::io::DuplexStream> {
+        self.connector.connect(port).await
     }
 }
 

@@ -30,7 +30,7 @@ use std::io::{self, Read};
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol. The agent answers requests of another version with an error.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The unprivileged guest user that runs everything derived from an agent in a scoring VM
 /// (its files, the code the tests import, the commands they run): `farm`, uid and gid 1000.
@@ -105,6 +105,9 @@ pub enum Request {
     /// command as the given user, kill every process of the sweep users once it ends, and
     /// only then read the verdict files. Body: bytes for the command's standard input.
     RunTests(RunTestsRequest),
+    /// Start, read, feed, signal or wait for a background process ([`process`]). Body: the
+    /// bytes of a `Write`.
+    Process(ProcessRequest),
 }
 
 /// The program to run: an argument vector, or a string for `/bin/sh -c`.
@@ -352,6 +355,8 @@ pub enum Response {
     },
     /// Body: the command's output, as for `Exec`.
     RunTests(TestsResult),
+    /// Body: the bytes of an `Output`.
+    Process(ProcessResponse),
     Error(AgentError),
 }
 
@@ -400,6 +405,8 @@ pub enum ErrorKind {
     Io,
     /// Anything else inside the agent.
     Internal,
+    /// What the request names is not there (a background process).
+    NotFound,
 }
 
 /// Why a frame could not be read or written.
@@ -536,6 +543,8 @@ fn read_exact_or_closed(reader: &mut impl Read, buf: &mut [u8], at_start: bool) 
 }
 
 pub mod net;
+pub mod process;
+pub use process::{ProcessRequest, ProcessResponse};
 
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,16 @@ pub enum Kind {
     Data = 2,
     /// That side closed the connection.
     Close = 3,
+    /// The host asks the guest to connect to its own `127.0.0.1:PORT` (the payload: the port,
+    /// two bytes big-endian) for a connection of the host's (its id has [`HOST_CONN`] set): a
+    /// guest service reached through `farm serve`'s port proxy. The guest answers with Data
+    /// frames, or Close when nothing listens.
+    Connect = 4,
 }
+
+/// Set in the ids of connections the host opens ([`Kind::Connect`]); the guest numbers its
+/// own below it.
+pub const HOST_CONN: u32 = 1 << 31;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
@@ -52,6 +61,7 @@ impl Frame {
             1 => Kind::Open,
             2 => Kind::Data,
             3 => Kind::Close,
+            4 => Kind::Connect,
             other => return Err(BadFrame::Kind(other)),
         };
         let len = u32::from_be_bytes(buf[5..9].try_into().expect("4 bytes")) as usize;

@@ -46,6 +46,7 @@ pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
         .route("/metrics", get(|| async { crate::metrics_http::metrics_response() }))
         .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
         .merge(super::sandbox_routes::routes())
+        .merge(super::hosting_routes::routes())
         .merge(super::mcp::routes())
         .merge(super::openenv::routes())
         .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })

@@ -20,6 +20,7 @@ mod bounds;
 mod entries;
 mod error;
 mod forks;
+pub(crate) mod hosting_routes;
 mod http;
 mod mcp;
 mod openenv;

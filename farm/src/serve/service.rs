@@ -119,6 +119,7 @@ impl Service {
                 out,
                 host,
                 forks.clone(),
+                settings.listen,
             )?)
         } else {
             None

@@ -10,6 +10,7 @@
 //! File and folder requests are in `files.rs`; reading frames from the guest in `reader.rs`.
 
 mod files;
+mod process;
 mod reader;
 
 use std::collections::HashMap;

@@ -81,18 +81,11 @@ pub struct Machine {
     limit_violation: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     watchdog: Option<tokio::task::JoinHandle<()>>,
     network: egress::SharedPolicy,
-    _net_task: AbortOnDrop,
+    /// The network port's server (stopped with the machine), and the way to the guest's own
+    /// services.
+    net_port: egress::NetPort,
     spec: MachineSpec,
     run_dir: RunDir,
-}
-
-/// Aborts the network port's server with its machine.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Where a machine's disk and RAM come from.
@@ -338,7 +331,7 @@ impl Machine {
         let qmp_stream = to_tokio(host_ends.qmp, "QMP")?;
         // The network port: everything refused until a policy says otherwise.
         let network: egress::SharedPolicy = Default::default();
-        let net_task =
+        let net_port =
             egress::spawn(host_ends.net, network.clone()).map_err(io_err("starting the network port's server"))?;
         let (agent_read, agent_write) = to_tokio(host_ends.agent, "agent")?.into_split();
         let agent = AgentClient::new(agent_read, agent_write, DEFAULT_MAX_RESPONSE_BYTES);
@@ -352,7 +345,7 @@ impl Machine {
             limit_violation: Default::default(),
             watchdog: None,
             network,
-            _net_task: AbortOnDrop(net_task),
+            net_port,
             spec,
             run_dir,
         })
@@ -361,6 +354,12 @@ impl Machine {
     /// What the guest may reach now.
     pub fn network(&self) -> egress::Policy {
         self.network.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// What opens connections to services of the guest's own, on its `127.0.0.1:PORT`,
+    /// carried over the network port (the guest has no network device).
+    pub fn guest_connector(&self) -> egress::GuestConnector {
+        self.net_port.connector()
     }
 
     /// What the guest may reach from now on (see the `egress` crate); `Policy::default()`

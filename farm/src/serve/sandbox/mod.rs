@@ -16,6 +16,7 @@
 
 pub mod contexts;
 pub mod environments;
+pub mod ports;
 pub mod sandboxes;
 
 use std::collections::BTreeMap;
@@ -54,6 +55,18 @@ pub struct SandboxSection {
     /// request rules each, as `[rollouts.network]` has. A client never supplies rules.
     #[serde(default)]
     pub networks: BTreeMap<String, engine::snapshots::Network>,
+    /// Where the listener of sandboxes' open ports listens (default: the service's address,
+    /// on a port of the system's choosing).
+    #[serde(default)]
+    pub ports_listen: Option<std::net::SocketAddr>,
+    /// The domain of open ports' URLs (`http://TOKEN.DOMAIN:PORT/`): `localhost` (browsers
+    /// resolve `*.localhost` to loopback), or a wildcard DNS name pointing at this host.
+    #[serde(default = "localhost")]
+    pub ports_domain: String,
+}
+
+fn localhost() -> String {
+    "localhost".into()
 }
 
 /// The most any build context may be (`max_context_mib` is at most this).
@@ -138,6 +151,7 @@ impl SandboxApi {
         out: &Path,
         host: Arc<engine::Host>,
         forks: crate::serve::service::Forks,
+        service_listen: std::net::SocketAddr,
     ) -> Result<SandboxApi> {
         let dir: PathBuf = out.join("sandboxes");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -148,8 +162,28 @@ impl SandboxApi {
                 .with_context(|| format!("serve.sandboxes.networks.{name}"))?;
             networks.insert(name.clone(), policy);
         }
+        let listen = settings
+            .ports_listen
+            .unwrap_or_else(|| std::net::SocketAddr::new(service_listen.ip(), 0));
+        let listener = std::net::TcpListener::bind(listen)
+            .with_context(|| format!("serve.sandboxes.ports_listen: cannot listen on {listen}"))?;
+        listener.set_nonblocking(true)?;
+        let address = listener.local_addr()?;
+        // No guest's egress reaches the port listener either.
+        egress::protect(address);
+        let ports = Arc::new(ports::Ports::new(address, settings.ports_domain.clone()));
         let environments = Arc::new(Environments::open(host.clone(), settings, &dir)?);
-        let sandboxes = Arc::new(Sandboxes::new(host, forks, settings, networks, &dir)?);
+        let sandboxes = Arc::new(Sandboxes::new(host, forks, ports.clone(), settings, networks, &dir)?);
+        tokio::spawn(ports::serve(
+            tokio::net::TcpListener::from_std(listener)?,
+            ports.clone(),
+            sandboxes.clone(),
+        ));
+        tracing::info!(
+            "sandboxes' open ports on http://{address} (http://TOKEN.{}:{}/)",
+            settings.ports_domain,
+            address.port()
+        );
         Ok(SandboxApi {
             environments,
             sandboxes,

@@ -14,11 +14,15 @@ use utoipa::ToSchema;
 
 pub mod openapi;
 mod rollouts;
+mod routes;
 mod sandboxes;
 mod sessions;
 
 pub use rollouts::{Cancelled, CancelledCount, Capacity, Group, MemoryCapacity, RolloutView, Submitted};
-pub use sandboxes::{Deleted, EnvironmentList, EnvironmentView, FileWritten, LogPage, SandboxList, SandboxView};
+pub use sandboxes::{
+    Deleted, EnvironmentList, EnvironmentView, FileWritten, LogPage, OutputChunk, PortList, PortView, ProcessList,
+    ProcessView, SandboxList, SandboxView,
+};
 pub use sessions::{
     Branched, McpAccess, PausedView, SessionEnded, SessionList, SessionOpened, SessionScored, SessionView, Stepped,
 };

@@ -84,3 +84,69 @@ pub struct FileWritten {
     pub path: String,
     pub bytes: usize,
 }
+
+/// A background process of a sandbox: `POST /v1/sandboxes/{id}/processes` (201), `GET`,
+/// `stdin`, `signal`, `wait`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ProcessView {
+    /// Its handle: the guest's pid (also after a branch, a pause and a resume).
+    pub pid: u32,
+    pub command: String,
+    pub started_at_ms: u64,
+    /// `running` or `exited`.
+    pub state: String,
+    /// Once exited: its code, or the signal that ended it.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Whether it runs on a terminal (its output is one stream, `stdout`).
+    pub pty: bool,
+    /// Bytes it wrote so far to each stream (the offset of the next byte).
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdin_open: bool,
+}
+
+/// `GET /v1/sandboxes/{id}/processes`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<ProcessView>,
+}
+
+/// `GET /v1/sandboxes/{id}/processes/{pid}/output`: text from `offset` (whole characters:
+/// one cut at the end waits for the next read), and where to read next. `dropped` bytes
+/// between the offset asked and `offset` fell out of the process's ring before they were
+/// read.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct OutputChunk {
+    pub data: String,
+    pub offset: u64,
+    pub next: u64,
+    pub dropped: u64,
+    /// The stream ended and all of it was read.
+    pub eof: bool,
+    pub state: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// An open port of a sandbox: `POST /v1/sandboxes/{id}/ports` (201), `GET`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct PortView {
+    /// The guest's port (its service listens on the guest's `127.0.0.1:PORT`).
+    pub port: u16,
+    /// Where a browser or any HTTP client reaches it: the token is the host name's first
+    /// label.
+    pub url: String,
+    /// The token for this sandbox and port alone.
+    pub token: String,
+    /// The port listener's address, for clients that send the token in a header instead.
+    pub address: String,
+    /// The header that carries the token.
+    pub header: String,
+}
+
+/// `GET /v1/sandboxes/{id}/ports`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct PortList {
+    pub ports: Vec<PortView>,
+}

@@ -21,6 +21,7 @@ use engine::idempotency::{Claim, Keys};
 
 mod exec;
 mod files;
+pub mod processes;
 mod settings;
 
 pub use engine::guest::MAX_FILE_BYTES;
@@ -87,6 +88,8 @@ fn view(open: &Open) -> SandboxView {
 pub struct Sandboxes {
     host: Arc<engine::Host>,
     forks: Forks,
+    /// Their open ports, closed when they go.
+    ports: Arc<super::ports::Ports>,
     networks: BTreeMap<String, egress::Policy>,
     idle: Duration,
     lifetime: Duration,
@@ -102,6 +105,7 @@ impl Sandboxes {
     pub fn new(
         host: Arc<engine::Host>,
         forks: Forks,
+        ports: Arc<super::ports::Ports>,
         settings: &super::SandboxSection,
         networks: BTreeMap<String, egress::Policy>,
         root: &std::path::Path,
@@ -112,6 +116,7 @@ impl Sandboxes {
         Ok(Sandboxes {
             host,
             forks,
+            ports,
             networks,
             idle: Duration::from_secs(settings.idle_timeout_secs),
             lifetime: Duration::from_secs(settings.max_lifetime_secs),
@@ -262,12 +267,42 @@ impl Sandboxes {
             Ending::Ended(why) | Ending::Died(why) => why.clone(),
         };
         let removed = self.forks().remove(id, ending)?;
+        self.ports.close_all(id);
         removed.lock().await.run.close();
         tracing::info!(sandbox = %id, "sandbox removed: {why}");
         engine::metrics::get()
             .sandboxes
             .set(self.forks().all(Kind::Sandbox).len() as i64);
         Some(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/ports`: opens a guest port to clients.
+    pub async fn open_port(&self, id: &str, port: u64) -> ApiResult<crate::serve::wire::PortView> {
+        self.get(id)?;
+        self.ports.open(id, port)
+    }
+
+    pub async fn ports(&self, id: &str) -> ApiResult<crate::serve::wire::PortList> {
+        self.get(id)?;
+        Ok(self.ports.list(id))
+    }
+
+    /// `DELETE /v1/sandboxes/{id}/ports/{port}`.
+    pub async fn close_port(&self, id: &str, port: u16) -> ApiResult<crate::serve::wire::PortList> {
+        self.get(id)?;
+        if !self.ports.close(id, port) {
+            return Err(ApiError::field(
+                404,
+                "port",
+                format!("port {port} of sandbox {id} is not open"),
+            ));
+        }
+        Ok(self.ports.list(id))
+    }
+
+    /// The guest behind an open port (409 while its sandbox is paused).
+    pub async fn port_guest(&self, id: &str) -> ApiResult<Guest> {
+        self.guest(id).await
     }
 
     /// The guest of a running sandbox, used without holding its lock.

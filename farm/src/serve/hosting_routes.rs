@@ -1,0 +1,203 @@
+//! The HTTP routes of what a sandbox hosts: its background processes
+//! (`/v1/sandboxes/{id}/processes`) and its open ports (`/v1/sandboxes/{id}/ports`); the
+//! reference is `docs/sandbox-api.md`.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post};
+use axum::Router;
+use farm_protocol::process::Stream;
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::http::{ok, parse, App, Reply};
+use super::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, SignalSend, StdinWrite};
+use super::sandbox::SandboxApi;
+use super::wire::StreamError;
+
+pub(super) fn routes() -> Router<App> {
+    Router::new()
+        .route("/v1/sandboxes/{id}/processes", post(start).get(list))
+        .route("/v1/sandboxes/{id}/processes/{pid}", get(one))
+        .route("/v1/sandboxes/{id}/processes/{pid}/output", get(output))
+        .route("/v1/sandboxes/{id}/processes/{pid}/output/stream", get(follow))
+        .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(stdin))
+        .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(signal))
+        .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(wait))
+        .route("/v1/sandboxes/{id}/ports", post(open_port).get(ports))
+        .route("/v1/sandboxes/{id}/ports/{port}", delete(close_port))
+        .layer(axum::extract::DefaultBodyLimit::max(4 << 20))
+}
+
+fn api(app: &App) -> Result<&SandboxApi, ApiError> {
+    app.service
+        .sandbox
+        .as_ref()
+        .ok_or_else(|| ApiError::new(404, "the sandbox API is off here (serve.sandboxes.enabled = false)"))
+}
+
+/// A query, or a 400 saying what is wrong with it.
+fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -> Result<T, ApiError> {
+    query
+        .map(|Query(q)| q)
+        .map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))
+}
+
+async fn start(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: ProcessStart = parse(&body)?;
+    let started = api(&app)?.sandboxes.start_process(&id, request).await?;
+    Ok((StatusCode::CREATED, axum::Json(started)).into_response())
+}
+
+async fn list(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(api(&app)?.sandboxes.processes(&id).await?)
+}
+
+async fn one(State(app): State<App>, Path((id, pid)): Path<(String, String)>) -> Reply {
+    let pid = pid_of(&pid)?;
+    ok(api(&app)?.sandboxes.process(&id, pid).await?)
+}
+
+/// `?stream=stdout|stderr&offset=N&max=BYTES&wait=SECS`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutputQuery {
+    #[serde(default = "stdout")]
+    stream: Stream,
+    #[serde(default)]
+    offset: u64,
+    #[serde(default)]
+    max: Option<u64>,
+    #[serde(default)]
+    wait: f64,
+}
+
+fn stdout() -> Stream {
+    Stream::Stdout
+}
+
+async fn output(
+    State(app): State<App>,
+    Path((id, pid)): Path<(String, String)>,
+    q: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let pid = pid_of(&pid)?;
+    let q = query(q)?;
+    ok(api(&app)?
+        .sandboxes
+        .process_output(&id, pid, q.stream, q.offset, q.max, q.wait)
+        .await?)
+}
+
+/// `?stdout=N&stderr=N`: the offsets to follow from.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FollowQuery {
+    #[serde(default)]
+    stdout: u64,
+    #[serde(default)]
+    stderr: u64,
+}
+
+async fn follow(
+    State(app): State<App>,
+    Path((id, pid)): Path<(String, String)>,
+    q: Result<Query<FollowQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let pid = pid_of(&pid)?;
+    let q = query(q)?;
+    let sandboxes = api(&app)?.sandboxes.clone();
+    let mut rx = sandboxes.follow_output(&id, pid, [q.stdout, q.stderr]).await?;
+    let (tx, events) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
+    tokio::spawn(async move {
+        while let Some(event) = rx.recv().await {
+            let (name, data, last) = match event {
+                FollowEvent::Output(Stream::Stdout, chunk) => ("stdout", encode(&chunk), false),
+                FollowEvent::Output(Stream::Stderr, chunk) => ("stderr", encode(&chunk), false),
+                FollowEvent::Exit(view) => ("exit", encode(&view), true),
+                FollowEvent::Error(error) => ("error", encode(&StreamError { error }), true),
+            };
+            if tx.send(Ok(Event::default().event(name).data(&data))).await.is_err() || last {
+                break;
+            }
+        }
+    });
+    let events = futures::stream::unfold(events, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// A path's pid, or a 400 naming it.
+fn pid_of(text: &str) -> Result<u32, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::field(400, "pid", format!("{text:?} is not a process id (a number)")))
+}
+
+fn encode(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("events serialize")
+}
+
+async fn stdin(State(app): State<App>, Path((id, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+    let pid = pid_of(&pid)?;
+    let request: StdinWrite = parse(&body)?;
+    ok(api(&app)?.sandboxes.write_stdin(&id, pid, request).await?)
+}
+
+async fn signal(State(app): State<App>, Path((id, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+    let pid = pid_of(&pid)?;
+    let request: SignalSend = parse(&body)?;
+    ok(api(&app)?.sandboxes.signal_process(&id, pid, request).await?)
+}
+
+/// `?timeout=SECS` (default 60).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitQuery {
+    #[serde(default = "sixty")]
+    timeout: f64,
+}
+
+fn sixty() -> f64 {
+    60.0
+}
+
+async fn wait(
+    State(app): State<App>,
+    Path((id, pid)): Path<(String, String)>,
+    q: Result<Query<WaitQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let pid = pid_of(&pid)?;
+    let q = query(q)?;
+    ok(api(&app)?.sandboxes.wait_process(&id, pid, q.timeout).await?)
+}
+
+/// `POST /v1/sandboxes/{id}/ports`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortOpen {
+    /// The guest's TCP port (1-65535): its service listens on the guest's `127.0.0.1:PORT`.
+    pub port: u64,
+}
+
+async fn open_port(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: PortOpen = parse(&body)?;
+    let opened = api(&app)?.sandboxes.open_port(&id, request.port).await?;
+    Ok((StatusCode::CREATED, axum::Json(opened)).into_response())
+}
+
+async fn ports(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(api(&app)?.sandboxes.ports(&id).await?)
+}
+
+async fn close_port(State(app): State<App>, Path((id, port)): Path<(String, String)>) -> Reply {
+    let port: u16 = port
+        .parse()
+        .map_err(|_| ApiError::field(400, "port", format!("{port:?} is not a port (1-65535)")))?;
+    ok(api(&app)?.sandboxes.close_port(&id, port).await?)
+}
