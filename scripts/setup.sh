@@ -249,9 +249,9 @@ publish minimal "images/minimal-$MINIMAL_KEY"
 log "image minimal ready"
 
 # python: Debian bookworm minbase + python3 + git + pytest (unit tests through farm's boundary
-# run in the checker with it). The debootstrap tree is cached on its own (keyed without the
-# agent) so a new agent only repacks the image.
-PYTHON_PACKAGES="python3,python3-pytest,git,ca-certificates,procps"
+# run in the checker with it), with tmux and vim for a sandbox's terminal. The debootstrap
+# tree is cached on its own (keyed without the agent) so a new agent only repacks the image.
+PYTHON_PACKAGES="python3,python3-pytest,git,ca-certificates,procps,tmux,vim-tiny"
 ROOTFS_KEY="$( { echo bookworm minbase "$PYTHON_PACKAGES" "$(pkg_version debootstrap)" rootfs-recipe-1; } | sha)"
 ROOTFS_DIR="$CACHE/rootfs/python-$ROOTFS_KEY"
 if [ ! -f "$ROOTFS_DIR.done" ]; then

@@ -15,6 +15,7 @@
 
 pub mod exec;
 pub mod files;
+pub mod folders;
 pub mod net;
 pub mod process;
 pub mod reset;

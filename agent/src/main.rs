@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use farm_agent::{exec, files, net, process, sweep, sys, testrun, users};
+use farm_agent::{exec, files, folders, net, process, sweep, sys, testrun, users};
 use farm_protocol::{
     AgentError, Envelope, ErrorKind, FrameError, Pong, Request, Response, DEFAULT_MAX_FRAME_BYTES, PORT_NAME,
     PROTOCOL_VERSION,
@@ -382,6 +382,7 @@ fn handle(state: &State, request: Request, body: Vec<u8>) -> Result<(Response, V
             (Response::ReadFile { size, truncated }, data)
         }),
         Request::ListFiles(req) => list_files(&req),
+        Request::Folder(req) => folders::handle(&req).map(|(answer, body)| (Response::Folder(answer), body)),
         Request::RemoveFile { path, beneath } => {
             files::remove_file(&path, beneath.as_deref()).map(|()| (Response::RemoveFile, Vec::new()))
         }

@@ -208,6 +208,18 @@ impl<S> Book<S> {
     }
 
     /// Whether a fork is paused.
+    /// New timers for an open fork (its lifetime still counts from its opening); false when
+    /// it is not open.
+    pub fn set_timers(&mut self, id: &str, timers: Timers) -> bool {
+        match self.open.get_mut(id) {
+            Some(held) => {
+                held.timers = timers;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn is_paused(&self, id: &str) -> bool {
         self.paused.contains(id)
     }

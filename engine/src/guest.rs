@@ -149,7 +149,7 @@ fn classify(e: vmm::AgentError) -> GuestError {
         } => GuestError::Missing(message),
         e @ (vmm::AgentError::ChannelClosed(_) | vmm::AgentError::Timeout { .. }) => GuestError::Died(e.to_string()),
         vmm::AgentError::Refused { message, .. }
-            if message.contains("No such file") || message.contains("os error 2") =>
+            if message.contains("No such file") || message.contains("(os error 2)") =>
         {
             GuestError::Missing(message)
         }
@@ -248,6 +248,20 @@ impl Guest {
             )));
         }
         Ok(bytes)
+    }
+
+    /// A path's facts, without following a link.
+    pub async fn stat(&self, path: &str) -> Result<farm_protocol::folder::Entry, GuestError> {
+        self.watched(self.agent.stat(path)).await
+    }
+
+    /// A folder's entries, sorted by name (at most `max`), and whether there were more.
+    pub async fn list_folder(
+        &self,
+        path: &str,
+        max: u32,
+    ) -> Result<(Vec<farm_protocol::folder::Entry>, bool), GuestError> {
+        self.watched(self.agent.list_folder(path, max)).await
     }
 
     /// Unpacks a tar archive under `path` (made if missing), with the guest's own `tar`.
@@ -549,6 +563,20 @@ mod tests {
         assert_eq!(utf8_prefix(&text[..2], true), 1, "é is split: wait for it");
         assert_eq!(utf8_prefix(&text[..2], false), 2, "nothing more comes: send it");
         assert_eq!(utf8_prefix(text, true), text.len());
+    }
+
+    #[test]
+    fn only_a_missing_file_is_missing() {
+        let refused = |message: &str| vmm::AgentError::Refused {
+            op: "stat",
+            kind: farm_protocol::ErrorKind::Io,
+            message: message.into(),
+        };
+        let missing = refused("/a: No such file or directory (os error 2)");
+        assert!(matches!(classify(missing), GuestError::Missing(_)));
+        for other in ["Not a directory (os error 20)", "Is a directory (os error 21)"] {
+            assert!(matches!(classify(refused(other)), GuestError::Refused(_)), "{other}");
+        }
     }
 
     #[test]

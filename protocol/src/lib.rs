@@ -108,6 +108,8 @@ pub enum Request {
     /// Start, read, feed, signal or wait for a background process ([`process`]). Body: the
     /// bytes of a `Write`.
     Process(ProcessRequest),
+    /// A path's facts or a folder's entries ([`folder`]), without running a command.
+    Folder(folder::FolderRequest),
 }
 
 /// The program to run: an argument vector, or a string for `/bin/sh -c`.
@@ -357,6 +359,8 @@ pub enum Response {
     RunTests(TestsResult),
     /// Body: the bytes of an `Output`.
     Process(ProcessResponse),
+    /// Body: a listing's entries, as JSON.
+    Folder(folder::FolderResponse),
     Error(AgentError),
 }
 
@@ -542,6 +546,7 @@ fn read_exact_or_closed(reader: &mut impl Read, buf: &mut [u8], at_start: bool) 
     Ok(())
 }
 
+pub mod folder;
 pub mod net;
 pub mod process;
 pub use process::{ProcessRequest, ProcessResponse};

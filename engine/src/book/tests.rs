@@ -191,3 +191,29 @@ fn each_front_end_sees_only_its_own_kind_while_slots_are_shared() {
         [("s-1".to_string(), Expiry::Idle)]
     );
 }
+
+#[test]
+fn new_timers_move_both_deadlines_and_the_lifetime_still_counts_from_the_opening() {
+    let mut book: Book<()> = Book::default();
+    let start = Instant::now();
+    let short = Timers {
+        idle: Duration::from_secs(10),
+        lifetime: Some(Duration::from_secs(60)),
+    };
+    opened(&mut book, "sb-1", short, start);
+    assert_eq!(
+        book.expired(Kind::Session, start + Duration::from_secs(11)),
+        [("sb-1".to_string(), Expiry::Idle)]
+    );
+    let longer = Timers {
+        idle: Duration::from_secs(100),
+        lifetime: Some(Duration::from_secs(120)),
+    };
+    assert!(book.set_timers("sb-1", longer));
+    assert!(book.expired(Kind::Session, start + Duration::from_secs(99)).is_empty());
+    assert_eq!(
+        book.expired(Kind::Session, start + Duration::from_secs(121)),
+        [("sb-1".to_string(), Expiry::Lifetime)]
+    );
+    assert!(!book.set_timers("sb-2", longer), "not open");
+}

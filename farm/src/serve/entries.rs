@@ -90,6 +90,13 @@ impl Open {
         }
     }
 
+    pub(super) fn sandbox_mut(&mut self) -> &mut super::sandbox::sandboxes::SandboxFacts {
+        match &mut self.facts {
+            Facts::Sandbox(facts) => facts,
+            Facts::Session { .. } => unreachable!("the book keeps sessions from the sandbox handlers"),
+        }
+    }
+
     /// What a restart needs to know of a session.
     pub(super) fn admitted(&self) -> Admitted {
         let run = self.task();

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::http::{ok, parse, App, Reply};
-use super::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, SignalSend, StdinWrite};
+use super::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, SignalSend, StdinWrite};
 use super::sandbox::SandboxApi;
 use super::wire::StreamError;
 
@@ -29,6 +29,8 @@ pub(super) fn routes() -> Router<App> {
         .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(stdin))
         .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(signal))
         .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(wait))
+        .route("/v1/sandboxes/{id}/processes/{pid}/resize", post(resize))
+        .route("/v1/sandboxes/{id}/pty", get(super::pty::open))
         .route("/v1/sandboxes/{id}/ports", post(open_port).get(ports))
         .route("/v1/sandboxes/{id}/ports/{port}", delete(close_port))
         .layer(axum::extract::DefaultBodyLimit::max(4 << 20))
@@ -175,6 +177,12 @@ async fn wait(
     let pid = pid_of(&pid)?;
     let q = query(q)?;
     ok(api(&app)?.sandboxes.wait_process(&id, pid, q.timeout).await?)
+}
+
+async fn resize(State(app): State<App>, Path((id, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+    let pid = pid_of(&pid)?;
+    let size: PtySize = parse(&body)?;
+    ok(api(&app)?.sandboxes.resize(&id, pid, size).await?)
 }
 
 /// `POST /v1/sandboxes/{id}/ports`.

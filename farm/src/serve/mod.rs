@@ -25,6 +25,7 @@ mod http;
 mod mcp;
 mod openenv;
 mod paused;
+mod pty;
 mod requests;
 mod restore;
 mod rollouts;

@@ -1,6 +1,7 @@
 //! The HTTP routes of the sandbox API (`/v1/contexts`, `/v1/environments`,
 //! `/v1/sandboxes`, `/v1/openapi.json`); the reference is `docs/sandbox-api.md`.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -16,9 +17,10 @@ use serde::Deserialize;
 use super::error::ApiError;
 use super::http::{body_digest, idempotency_key, ok, parse, App, Reply};
 use super::sandbox::environments::EnvironmentRequest;
+use super::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use super::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use super::sandbox::SandboxApi;
-use super::wire::{Deleted, EnvironmentList, SandboxList, StreamData, StreamError};
+use super::wire::{Deleted, EnvironmentList, SandboxBranched, SandboxList, StreamData, StreamError};
 
 /// An event's data, as JSON text.
 fn encode(value: &impl serde::Serialize) -> String {
@@ -50,6 +52,9 @@ pub(super) fn routes() -> Router<App> {
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/exec/stream", post(exec_stream))
         .route("/v1/sandboxes/{id}/branch", post(branch))
+        .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/v1/sandboxes/{id}/stat", get(stat))
+        .route("/v1/sandboxes/{id}/entries", get(entries))
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
@@ -156,10 +161,20 @@ async fn create_sandbox(State(app): State<App>, headers: HeaderMap, body: Bytes)
     }
 }
 
-async fn list_sandboxes(State(app): State<App>) -> Reply {
+async fn list_sandboxes(
+    State(app): State<App>,
+    q: Result<Query<BTreeMap<String, String>>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let Query(q) = q.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
+    let filter = ListFilter::parse(q)?;
     ok(SandboxList {
-        sandboxes: api(&app)?.sandboxes.list().await,
+        sandboxes: api(&app)?.sandboxes.list(&filter).await,
     })
+}
+
+async fn set_timeout(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: TimeoutRequest = parse(&body)?;
+    ok(api(&app)?.sandboxes.set_timeout(&id, request).await?)
 }
 
 async fn get_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
@@ -303,9 +318,48 @@ async fn read_folder(
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], bytes).into_response())
 }
 
-async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
+/// `?path=&max=` of a listing.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    path: String,
+    #[serde(default)]
+    max: Option<u64>,
+}
+
+async fn stat(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let q = path_query(query)?;
+    ok(api(&app)?.sandboxes.stat(&id, &q.path).await?)
+}
+
+async fn entries(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let Query(q) =
+        query.map_err(|e| ApiError::new(400, format!("bad query: {} (path=/a/folder&max=N)", e.body_text())))?;
+    ok(api(&app)?.sandboxes.list_folder(&id, &q.path, q.max).await?)
+}
+
+async fn branch(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let request: BranchRequest = if body.is_empty() {
+        BranchRequest::default()
+    } else {
+        parse(&body)?
+    };
     let service = app.service.clone();
-    created(api(&app)?.sandboxes.branch(&id, || service.vm_slot()).await?)
+    let sandboxes = &api(&app)?.sandboxes;
+    match request.count {
+        None => created(SandboxBranched::One(sandboxes.branch(&id, || service.vm_slot()).await?)),
+        Some(count) => created(SandboxBranched::Many(
+            sandboxes.branch_many(&id, count, || service.vm_slot()).await?,
+        )),
+    }
 }
 
 async fn pause(State(app): State<App>, Path(id): Path<String>) -> Reply {

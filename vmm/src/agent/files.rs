@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use farm_protocol::folder::{Entry, FolderRequest, FolderResponse};
 use farm_protocol::{HandoverRequest, ReadFileRequest, Request, Response, WriteFileRequest};
 
 use super::{unexpected, AgentClient, AgentError, SHORT_REQUEST};
@@ -163,6 +164,45 @@ impl AgentClient {
                 Ok((entries, truncated))
             }
             (other, _) => Err(unexpected("list_files", other)),
+        }
+    }
+
+    /// A path's facts, as `lstat` gives them.
+    pub async fn stat(&self, path: &str) -> Result<Entry, AgentError> {
+        let request = Request::Folder(FolderRequest::Stat { path: path.to_string() });
+        match self.request("stat", request, Vec::new(), SHORT_REQUEST).await? {
+            (Response::Folder(FolderResponse::Stat(entry)), _) => Ok(entry),
+            (other, _) => Err(unexpected("stat", other)),
+        }
+    }
+
+    /// A folder's entries, sorted by name, and whether there were more than `max_entries`.
+    pub async fn list_folder(&self, path: &str, max_entries: u32) -> Result<(Vec<Entry>, bool), AgentError> {
+        let request = Request::Folder(FolderRequest::List {
+            path: path.to_string(),
+            max_entries,
+        });
+        match self
+            .request("list_folder", request, Vec::new(), LISTING_REQUEST)
+            .await?
+        {
+            (Response::Folder(FolderResponse::List { count, truncated }), body) => {
+                let entries: Vec<Entry> = serde_json::from_slice(&body).map_err(|e| AgentError::BadResponse {
+                    op: "list_folder",
+                    detail: format!("the listing is not a JSON array of entries: {e}"),
+                })?;
+                if entries.len() > max_entries as usize || entries.len() != count as usize {
+                    return Err(AgentError::BadResponse {
+                        op: "list_folder",
+                        detail: format!(
+                            "{} entries (announced {count}), at most {max_entries} asked for",
+                            entries.len()
+                        ),
+                    });
+                }
+                Ok((entries, truncated))
+            }
+            (other, _) => Err(unexpected("list_folder", other)),
         }
     }
 

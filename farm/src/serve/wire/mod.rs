@@ -15,13 +15,14 @@ use utoipa::ToSchema;
 pub mod openapi;
 mod rollouts;
 mod routes;
+mod routes_hosting;
 mod sandboxes;
 mod sessions;
 
 pub use rollouts::{Cancelled, CancelledCount, Capacity, Group, MemoryCapacity, RolloutView, Submitted};
 pub use sandboxes::{
-    Deleted, EnvironmentList, EnvironmentView, FileWritten, LogPage, OutputChunk, PortList, PortView, ProcessList,
-    ProcessView, SandboxList, SandboxView,
+    Deleted, EntryView, EnvironmentList, EnvironmentView, FileWritten, FolderListing, LogPage, OutputChunk, PortList,
+    PortView, ProcessList, ProcessView, SandboxBranched, SandboxList, SandboxView,
 };
 pub use sessions::{
     Branched, McpAccess, PausedView, SessionEnded, SessionList, SessionOpened, SessionScored, SessionView, Stepped,

@@ -141,6 +141,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     };
     doc.json::<ErrorBody>();
     use super::routes::*;
+    use super::routes_hosting::*;
     rollout_routes(&mut doc);
     session_routes(&mut doc);
     session_state_routes(&mut doc);
@@ -150,6 +151,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     file_routes(&mut doc);
     process_routes(&mut doc);
     process_output_routes(&mut doc);
+    terminal_routes(&mut doc);
     port_routes(&mut doc);
     protocol_routes(&mut doc);
     let info = InfoBuilder::new()

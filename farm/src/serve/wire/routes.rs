@@ -245,11 +245,18 @@ pub(super) fn sandbox_routes(doc: &mut Doc) {
         vec![("201", "made", made), ("200", "a retried create", retried)],
     );
     let answer = doc.json::<SandboxList>();
+    let query = [
+        ("state", "running or paused"),
+        (
+            "metadata.KEY",
+            "only sandboxes whose metadata has KEY with this value (any number of them)",
+        ),
+    ];
     doc.route(
         Get,
         "/v1/sandboxes",
-        "every sandbox",
-        &[],
+        "the sandboxes, oldest first, filtered by state and metadata",
+        &query,
         None,
         vec![("200", "the sandboxes", answer)],
     );
@@ -289,12 +296,49 @@ pub(super) fn sandbox_state_routes(doc: &mut Doc) {
     doc.json::<StreamError>();
     doc.json::<engine::guest::CommandEnd>();
     doc.route(Post, "/v1/sandboxes/{id}/exec/stream", "run a command, its output as server-sent events (stdout, stderr: StreamData; exit: CommandEnd; error: StreamError)", &[], Some(body), vec![("200", "events", Body::Raw("text/event-stream"))]);
+    use crate::serve::sandbox::sandboxes::lifetimes::{BranchRequest, TimeoutRequest};
+    let (body, answer) = (doc.json::<BranchRequest>(), doc.json::<SandboxBranched>());
+    doc.route(
+        Post,
+        "/v1/sandboxes/{id}/branch",
+        "new sandboxes from this one's state: one (no body), or count of them, all or none",
+        &[],
+        Some(body),
+        vec![("201", "the branch, or the list of them", answer)],
+    );
+    let answer = doc.json::<EntryView>();
+    let query = [("path", "an absolute guest path")];
+    doc.route(
+        HttpMethod::Get,
+        "/v1/sandboxes/{id}/stat",
+        "a path's facts, without running a command (links are not followed)",
+        &query,
+        None,
+        vec![("200", "the path", answer)],
+    );
+    let answer = doc.json::<FolderListing>();
+    let query = [
+        ("path", "an absolute guest folder"),
+        ("max", "entries at most (default 1000, 1-10000)"),
+    ];
+    doc.route(
+        HttpMethod::Get,
+        "/v1/sandboxes/{id}/entries",
+        "a folder's entries by name, without running a command",
+        &query,
+        None,
+        vec![("200", "the listing", answer)],
+    );
+    let (body, answer) = (doc.json::<TimeoutRequest>(), doc.json::<SandboxView>());
+    doc.route(
+        Post,
+        "/v1/sandboxes/{id}/timeout",
+        "new idle timeout and lifetime, within the service's caps",
+        &[],
+        Some(body),
+        vec![("200", "the sandbox", answer)],
+    );
     for (path, summary, status) in [
-        (
-            "/v1/sandboxes/{id}/branch",
-            "a new sandbox from this one's state",
-            "201",
-        ),
         ("/v1/sandboxes/{id}/pause", "save it to disk and stop its VM", "200"),
         ("/v1/sandboxes/{id}/resume", "fork it again from its saved state", "200"),
     ] {
@@ -350,101 +394,6 @@ pub(super) fn file_routes(doc: &mut Doc) {
     );
 }
 
-pub(super) fn process_routes(doc: &mut Doc) {
-    use crate::serve::sandbox::sandboxes::processes::ProcessStart;
-    use HttpMethod::{Get, Post};
-    let (body, answer) = (doc.json::<ProcessStart>(), doc.json::<ProcessView>());
-    let summary = "start a background process (it outlives the request, and dies with the sandbox)";
-    doc.route(
-        Post,
-        "/v1/sandboxes/{id}/processes",
-        summary,
-        &[],
-        Some(body),
-        vec![("201", "its handle", answer)],
-    );
-    let answer = doc.json::<ProcessList>();
-    doc.route(
-        Get,
-        "/v1/sandboxes/{id}/processes",
-        "every background process",
-        &[],
-        None,
-        vec![("200", "the processes", answer)],
-    );
-    let answer = doc.json::<ProcessView>();
-    doc.route(
-        Get,
-        "/v1/sandboxes/{id}/processes/{pid}",
-        "one process",
-        &[],
-        None,
-        vec![("200", "its handle", answer)],
-    );
-}
-
-pub(super) fn process_output_routes(doc: &mut Doc) {
-    use crate::serve::sandbox::sandboxes::processes::{SignalSend, StdinWrite};
-    use HttpMethod::{Get, Post};
-    let query = [
-        ("stream", "stdout (default) or stderr"),
-        ("offset", "the first byte (default 0)"),
-        ("max", "bytes at most (default 1 MiB, at most 4 MiB)"),
-        ("wait", "seconds to wait for a byte past the offset (0-300)"),
-    ];
-    let answer = doc.json::<OutputChunk>();
-    doc.route(
-        Get,
-        "/v1/sandboxes/{id}/processes/{pid}/output",
-        "its output from an offset",
-        &query,
-        None,
-        vec![("200", "a chunk", answer)],
-    );
-    let query = [
-        ("stdout", "the offset to follow stdout from"),
-        ("stderr", "the offset to follow stderr from"),
-    ];
-    let summary =
-        "follow its output as server-sent events (stdout, stderr: OutputChunk; exit: ProcessView; error: StreamError)";
-    doc.route(
-        Get,
-        "/v1/sandboxes/{id}/processes/{pid}/output/stream",
-        summary,
-        &query,
-        None,
-        vec![("200", "events", Body::Raw("text/event-stream"))],
-    );
-    let (body, answer) = (doc.json::<StdinWrite>(), doc.json::<ProcessView>());
-    doc.route(
-        Post,
-        "/v1/sandboxes/{id}/processes/{pid}/stdin",
-        "write to its standard input, and close it",
-        &[],
-        Some(body),
-        vec![("200", "its handle", answer)],
-    );
-    let (body, answer) = (doc.json::<SignalSend>(), doc.json::<ProcessView>());
-    doc.route(
-        Post,
-        "/v1/sandboxes/{id}/processes/{pid}/signal",
-        "send its process group a signal",
-        &[],
-        Some(body),
-        vec![("200", "its handle", answer)],
-    );
-    let answer = doc.json::<ProcessView>();
-    let query = [("timeout", "seconds to wait for its end (default 60, at most 300)")];
-    doc.route(
-        Post,
-        "/v1/sandboxes/{id}/processes/{pid}/wait",
-        "wait for its end",
-        &query,
-        None,
-        vec![("200", "its handle (exited, or running past the timeout)", answer)],
-    );
-}
-
 /// Routes whose messages other clients define: OpenEnv's and MCP's.
 pub(super) fn protocol_routes(doc: &mut Doc) {
     use HttpMethod::{Get, Post};
@@ -488,38 +437,5 @@ pub(super) fn protocol_routes(doc: &mut Doc) {
         &[],
         None,
         vec![("101", "switching to the WebSocket", message())],
-    );
-}
-
-pub(super) fn port_routes(doc: &mut Doc) {
-    use crate::serve::hosting_routes::PortOpen;
-    use HttpMethod::{Delete, Get, Post};
-    let (body, answer) = (doc.json::<PortOpen>(), doc.json::<PortView>());
-    let summary = "open a guest port to clients: its URL and token (the port listener proxies HTTP and WebSockets to the guest's 127.0.0.1:PORT)";
-    doc.route(
-        Post,
-        "/v1/sandboxes/{id}/ports",
-        summary,
-        &[],
-        Some(body),
-        vec![("201", "the open port", answer)],
-    );
-    let answer = doc.json::<PortList>();
-    doc.route(
-        Get,
-        "/v1/sandboxes/{id}/ports",
-        "its open ports",
-        &[],
-        None,
-        vec![("200", "the ports", answer)],
-    );
-    let answer = doc.json::<PortList>();
-    doc.route(
-        Delete,
-        "/v1/sandboxes/{id}/ports/{port}",
-        "close a port (its token stops working)",
-        &[],
-        None,
-        vec![("200", "the ports left open", answer)],
     );
 }

@@ -78,6 +78,42 @@ pub struct SandboxList {
     pub sandboxes: Vec<SandboxView>,
 }
 
+/// A path in a sandbox: `GET /v1/sandboxes/{id}/stat`, and each entry of a listing.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct EntryView {
+    /// Its name in its folder (for `stat`: the path asked for).
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits, as a number (`0o644` is 420).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub modified_at_ms: i64,
+    /// A symbolic link's target (links are never followed).
+    pub target: Option<String>,
+}
+
+/// `GET /v1/sandboxes/{id}/entries`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct FolderListing {
+    pub path: String,
+    /// Sorted by name.
+    pub entries: Vec<EntryView>,
+    /// More entries than `max` were there.
+    pub truncated: bool,
+}
+
+/// `POST /v1/sandboxes/{id}/branch`: the branch, or with a `count` the list of them.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum SandboxBranched {
+    One(SandboxView),
+    Many(SandboxList),
+}
+
 /// `PUT /v1/sandboxes/{id}/files`, `/folders`.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct FileWritten {

@@ -1,9 +1,34 @@
 //! Files and folders in a sandbox: uploads and downloads of one file, and of a folder as a
 //! tar archive, each within its size limit (the guest's: [`engine::guest`]).
 
+use farm_protocol::folder::{Entry, EntryKind};
+
 use super::Sandboxes;
 use crate::serve::error::{ApiError, ApiResult};
-use crate::serve::wire::FileWritten;
+use crate::serve::wire::{EntryView, FileWritten, FolderListing};
+
+/// Entries one listing returns when the client does not say, and at most.
+const DEFAULT_ENTRIES: u64 = 1000;
+const MAX_ENTRIES: u64 = farm_protocol::folder::MAX_FOLDER_ENTRIES as u64;
+
+fn entry_view(entry: Entry) -> EntryView {
+    EntryView {
+        name: entry.name,
+        kind: match entry.kind {
+            EntryKind::File => "file",
+            EntryKind::Dir => "dir",
+            EntryKind::Symlink => "symlink",
+            EntryKind::Other => "other",
+        }
+        .into(),
+        size: entry.size,
+        mode: entry.mode,
+        uid: entry.uid,
+        gid: entry.gid,
+        modified_at_ms: entry.modified_unix_ms,
+        target: entry.target,
+    }
+}
 
 /// A guest path a client names: absolute, without NUL.
 fn check_path(path: &str) -> ApiResult<()> {
@@ -37,6 +62,36 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.read_file(path).await {
             Ok(bytes) => Ok(bytes),
+            Err(e) => Err(self.guest_error(id, e, Some(path)).await),
+        }
+    }
+
+    /// `GET /v1/sandboxes/{id}/stat`: a path's facts, without running a command (a link is
+    /// reported as one).
+    pub async fn stat(&self, id: &str, path: &str) -> ApiResult<EntryView> {
+        check_path(path)?;
+        let _in_use = self.begin(id);
+        let guest = self.guest(id).await?;
+        match guest.stat(path).await {
+            Ok(entry) => Ok(entry_view(entry)),
+            Err(e) => Err(self.guest_error(id, e, Some(path)).await),
+        }
+    }
+
+    /// `GET /v1/sandboxes/{id}/entries`: a folder's entries by name, without running a
+    /// command.
+    pub async fn list_folder(&self, id: &str, path: &str, max: Option<u64>) -> ApiResult<FolderListing> {
+        check_path(path)?;
+        let max = max.unwrap_or(DEFAULT_ENTRIES);
+        crate::serve::bounds::range("max", max, (1, MAX_ENTRIES), "entries")?;
+        let _in_use = self.begin(id);
+        let guest = self.guest(id).await?;
+        match guest.list_folder(path, max as u32).await {
+            Ok((entries, truncated)) => Ok(FolderListing {
+                path: path.to_string(),
+                entries: entries.into_iter().map(entry_view).collect(),
+                truncated,
+            }),
             Err(e) => Err(self.guest_error(id, e, Some(path)).await),
         }
     }

@@ -21,6 +21,7 @@ use engine::idempotency::{Claim, Keys};
 
 mod exec;
 mod files;
+pub mod lifetimes;
 pub mod processes;
 mod settings;
 
@@ -239,16 +240,6 @@ impl Sandboxes {
 
     pub async fn view(&self, id: &str) -> ApiResult<SandboxView> {
         Ok(view(&*self.get(id)?.lock().await))
-    }
-
-    pub async fn list(&self) -> Vec<SandboxView> {
-        let all = self.forks().all(Kind::Sandbox);
-        let mut views = Vec::new();
-        for (_, sandbox) in all {
-            views.push(view(&*sandbox.lock().await));
-        }
-        views.sort_by_key(|v| (v.created_at_ms, v.id.clone()));
-        views
     }
 
     /// `DELETE /v1/sandboxes/{id}`: its VM stops now (a command running in it ends with an

@@ -102,6 +102,16 @@ pub fn view(info: &ProcessInfo) -> ProcessView {
     }
 }
 
+/// A terminal's size, within 1-1000 rows and columns.
+pub fn term_size(size: PtySize) -> ApiResult<TermSize> {
+    bounds::range("pty.rows", size.rows.into(), (1, 1000), "rows")?;
+    bounds::range("pty.cols", size.cols.into(), (1, 1000), "columns")?;
+    Ok(TermSize {
+        rows: size.rows,
+        cols: size.cols,
+    })
+}
+
 /// A signal by name or number.
 fn signal_number(signal: &str) -> ApiResult<i32> {
     let name = signal.trim().to_ascii_uppercase();
@@ -197,17 +207,7 @@ impl Sandboxes {
         }
         let ring_bytes = start.ring_bytes.unwrap_or(DEFAULT_RING);
         bounds::range("ring_bytes", ring_bytes, (1, MAX_RING), "bytes")?;
-        let pty = match start.pty {
-            Some(size) => {
-                bounds::range("pty.rows", size.rows.into(), (1, 1000), "rows")?;
-                bounds::range("pty.cols", size.cols.into(), (1, 1000), "columns")?;
-                Some(TermSize {
-                    rows: size.rows,
-                    cols: size.cols,
-                })
-            }
-            None => None,
-        };
+        let pty = start.pty.map(term_size).transpose()?;
         let background = Background {
             cwd: start.cwd,
             env: start.env.into_iter().collect(),
@@ -261,16 +261,54 @@ impl Sandboxes {
                 format!("wait must be 0 to {MAX_WAIT_SECS} seconds; got {wait}"),
             ));
         }
+        match self.read_raw(id, pid, stream, offset, max, wait).await {
+            Ok((read, bytes)) => {
+                let status = read.status;
+                Ok(chunk(read, bytes, status))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Output as the guest keeps it, bytes and all (a terminal's, for its socket).
+    pub async fn read_raw(
+        &self,
+        id: &str,
+        pid: u32,
+        stream: Stream,
+        offset: u64,
+        max: u64,
+        wait: f64,
+    ) -> ApiResult<(OutputRead, Vec<u8>)> {
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
         match guest
             .read_output(pid, stream, offset, max, Duration::from_secs_f64(wait))
             .await
         {
-            Ok((read, bytes)) => {
-                let status = read.status;
-                Ok(chunk(read, bytes, status))
-            }
+            Ok(read) => Ok(read),
+            Err(e) => Err(self.process_error(id, e).await),
+        }
+    }
+
+    /// Bytes to a process's standard input (a terminal's keys, for its socket).
+    pub async fn write_raw(&self, id: &str, pid: u32, bytes: Vec<u8>, close: bool) -> ApiResult<()> {
+        let _in_use = self.begin(id);
+        let guest = self.guest(id).await?;
+        match guest.write_stdin(pid, bytes, close).await {
+            Ok(_) => Ok(()),
+            Err(GuestError::Refused(m)) => Err(ApiError::field(409, "data", m)),
+            Err(e) => Err(self.process_error(id, e).await),
+        }
+    }
+
+    /// `POST .../processes/{pid}/resize`: a terminal's new size.
+    pub async fn resize(&self, id: &str, pid: u32, size: PtySize) -> ApiResult<ProcessView> {
+        let size = term_size(size)?;
+        let guest = self.guest(id).await?;
+        match guest.resize(pid, size).await {
+            Ok(()) => self.process(id, pid).await,
+            Err(GuestError::Refused(m)) => Err(ApiError::field(409, "pid", m)),
             Err(e) => Err(self.process_error(id, e).await),
         }
     }
@@ -286,14 +324,7 @@ impl Sandboxes {
                 ),
             ));
         }
-        let _in_use = self.begin(id);
-        let guest = self.guest(id).await?;
-        if let Err(e) = guest.write_stdin(pid, write.data.into_bytes(), write.close).await {
-            return Err(match e {
-                GuestError::Refused(m) => ApiError::field(409, "data", m),
-                e => self.process_error(id, e).await,
-            });
-        }
+        self.write_raw(id, pid, write.data.into_bytes(), write.close).await?;
         self.process(id, pid).await
     }
 
