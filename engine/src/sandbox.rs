@@ -100,6 +100,21 @@ impl Host {
     }
 }
 
+impl Host {
+    /// A sandbox of an earlier process, paused, from its saved state (a fork of the
+    /// environment `snapshot` that `spec` described).
+    pub fn paused_sandbox(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        spec: &SandboxSpec,
+        paused: crate::pause::PausedFork,
+    ) -> Session {
+        let forker = self.forker_limited(spec.max_disk_bytes);
+        let network = spec.network.clone().unwrap_or_default();
+        Session::paused_sandbox(self.clone(), forker, network, snapshot.clone(), paused)
+    }
+}
+
 impl SandboxError {
     /// The error and its causes, on one line.
     pub fn describe(&self) -> String {

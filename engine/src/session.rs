@@ -281,6 +281,25 @@ impl Session {
         }
     }
 
+    /// A sandbox paused by an earlier process.
+    pub(crate) fn paused_sandbox(
+        host: Arc<Host>,
+        forker: Forker,
+        network: egress::Policy,
+        snapshot: Arc<Snapshot>,
+        paused: PausedFork,
+    ) -> Session {
+        Session {
+            host,
+            forker,
+            network,
+            snapshot,
+            vm: Vm::Paused(Arc::new(paused)),
+            task: None,
+            _branch: None,
+        }
+    }
+
     pub fn state(&self) -> SessionState {
         match self.vm {
             Vm::Live(_) => SessionState::Live,
@@ -477,6 +496,31 @@ impl Session {
             session: self,
             paused: Arc::new(paused),
         })
+    }
+
+    /// Saves the live fork into `dir` (which must not exist) and lets its VM run on: a
+    /// checkpoint to fork again from later (after a restart of the service). The folder goes
+    /// when the last holder of the answer drops it, unless it is kept on disk.
+    pub async fn checkpoint(&self, dir: &Path) -> Result<Arc<PausedFork>, SessionPauseError> {
+        let live = self.live()?;
+        let saved = crate::pause::pause(&self.forker, &self.host.store, live, &self.snapshot, dir).await;
+        let resumed = live.fork.machine.resume().await;
+        match saved {
+            Ok(paused) => {
+                let paused = Arc::new(paused);
+                resumed.map_err(|e| {
+                    SessionPauseError::Pause(PauseError::Folder {
+                        dir: dir.to_path_buf(),
+                        what: format!("the VM did not run on after its checkpoint: {e}"),
+                    })
+                })?;
+                Ok(paused)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(dir);
+                Err(e.into())
+            }
+        }
     }
 
     /// Forks a paused fork again, as it was; the caller records the resume and then

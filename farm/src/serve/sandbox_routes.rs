@@ -53,6 +53,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/v1/sandboxes/{id}/exec/stream", post(exec_stream))
         .route("/v1/sandboxes/{id}/branch", post(branch))
         .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/v1/sandboxes/{id}/checkpoint", post(checkpoint))
         .route("/v1/sandboxes/{id}/stat", get(stat))
         .route("/v1/sandboxes/{id}/entries", get(entries))
         .route("/v1/sandboxes/{id}/pause", post(pause))
@@ -170,6 +171,10 @@ async fn list_sandboxes(
     ok(SandboxList {
         sandboxes: api(&app)?.sandboxes.list(&filter).await,
     })
+}
+
+async fn checkpoint(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(api(&app)?.sandboxes.checkpoint(&id).await?)
 }
 
 async fn set_timeout(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
@@ -355,7 +360,9 @@ async fn branch(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> 
     let service = app.service.clone();
     let sandboxes = &api(&app)?.sandboxes;
     match request.count {
-        None => created(SandboxBranched::One(sandboxes.branch(&id, || service.vm_slot()).await?)),
+        None => created(SandboxBranched::One(Box::new(
+            sandboxes.branch(&id, || service.vm_slot()).await?,
+        ))),
         Some(count) => created(SandboxBranched::Many(
             sandboxes.branch_many(&id, count, || service.vm_slot()).await?,
         )),

@@ -153,12 +153,27 @@ impl Service {
             .map(|(cursor, o)| (o.key.clone(), cursor))
             .collect();
         service.restore(records, &done).await?;
+        if let Some(api) = &service.sandbox {
+            api.restore().await;
+        }
         Ok(service)
     }
 
     /// The dispatcher (starts queued rollouts as slots free up), session expiry and
     /// periodic Parquet parts.
     pub fn spawn_background(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let every = self.settings.sandboxes.checkpoint_secs;
+        if let (Some(api), true) = (&self.sandbox, every > 0) {
+            let sandboxes = api.sandboxes.clone();
+            let every = Duration::from_secs(every);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every.min(Duration::from_secs(60)));
+                loop {
+                    tick.tick().await;
+                    sandboxes.checkpoint_due(every).await;
+                }
+            });
+        }
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
             let mut last_flush = Instant::now();

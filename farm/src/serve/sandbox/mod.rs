@@ -63,6 +63,10 @@ pub struct SandboxSection {
     /// resolve `*.localhost` to loopback), or a wildcard DNS name pointing at this host.
     #[serde(default = "localhost")]
     pub ports_domain: String,
+    /// Checkpoint every live sandbox this often, for a restart after a crash (0: never; a
+    /// pause, `POST .../checkpoint` and a graceful stop still do).
+    #[serde(default)]
+    pub checkpoint_secs: u64,
 }
 
 fn localhost() -> String {
@@ -145,7 +149,8 @@ pub struct SandboxApi {
 impl SandboxApi {
     /// Starts the sandbox API with its state under `out/sandboxes` (`environments/`: the
     /// registry of environments, which pins their snapshots; `contexts/`: uploaded build
-    /// contexts; `paused/`: paused sandboxes).
+    /// contexts; `saved/`: every sandbox's record and checkpoints, taken up again by
+    /// [`SandboxApi::restore`]).
     pub fn start(
         settings: &SandboxSection,
         out: &Path,
@@ -188,5 +193,10 @@ impl SandboxApi {
             environments,
             sandboxes,
         })
+    }
+
+    /// Takes up the sandboxes an earlier process left, each paused.
+    pub async fn restore(&self) {
+        self.sandboxes.restore(&self.environments).await;
     }
 }

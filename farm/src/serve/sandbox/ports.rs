@@ -105,6 +105,15 @@ impl Ports {
         Ok(view)
     }
 
+    /// Opens `port` of `sandbox` again with the token it had (a restart taking it up).
+    pub fn reopen(&self, sandbox: &str, port: u16, token: &str) {
+        let opened = Opened {
+            sandbox: sandbox.to_string(),
+            port,
+        };
+        self.lock().insert(token.to_string(), opened);
+    }
+
     /// The open ports of `sandbox`.
     pub fn list(&self, sandbox: &str) -> PortList {
         let all = self.lock();

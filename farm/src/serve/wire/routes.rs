@@ -340,6 +340,11 @@ pub(super) fn sandbox_state_routes(doc: &mut Doc) {
     );
     for (path, summary, status) in [
         ("/v1/sandboxes/{id}/pause", "save it to disk and stop its VM", "200"),
+        (
+            "/v1/sandboxes/{id}/checkpoint",
+            "save its state for a restart of the service; it runs on",
+            "200",
+        ),
         ("/v1/sandboxes/{id}/resume", "fork it again from its saved state", "200"),
     ] {
         let answer = doc.json::<SandboxView>();

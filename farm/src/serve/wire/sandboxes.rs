@@ -70,6 +70,10 @@ pub struct SandboxView {
     /// The sandbox it was branched from.
     pub parent: Option<String>,
     pub metadata: BTreeMap<String, String>,
+    /// When its last checkpoint (a pause, a checkpoint, a graceful stop) was made: what a
+    /// restart of the service after a crash brings back. None: a restart forks its
+    /// environment again.
+    pub checkpoint_at_ms: Option<u64>,
 }
 
 /// `GET /v1/sandboxes`.
@@ -110,7 +114,7 @@ pub struct FolderListing {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum SandboxBranched {
-    One(SandboxView),
+    One(Box<SandboxView>),
     Many(SandboxList),
 }
 

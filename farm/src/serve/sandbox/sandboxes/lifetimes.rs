@@ -130,6 +130,7 @@ impl Sandboxes {
                 format!("sandbox {id} was removed while the request ran"),
             ));
         }
+        self.save_record(&sandbox);
         tracing::info!(sandbox = %id, idle_secs = idle.as_secs(), lifetime_secs = lifetime.as_secs(), "sandbox timers set");
         Ok(view(&sandbox))
     }
@@ -286,6 +287,7 @@ mod tests {
             idle_timeout_secs: 0,
             parent: None,
             metadata: [("owner".to_string(), "ann".to_string())].into(),
+            checkpoint_at_ms: None,
         };
         assert!(filter.keeps(&sandbox));
         sandbox.metadata.insert("owner".into(), "bob".into());

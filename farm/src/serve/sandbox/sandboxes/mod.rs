@@ -23,6 +23,7 @@ mod exec;
 mod files;
 pub mod lifetimes;
 pub mod processes;
+pub mod saved;
 mod settings;
 
 pub use engine::guest::MAX_FILE_BYTES;
@@ -42,6 +43,8 @@ pub struct SandboxFacts {
     created_ms: u64,
     /// The sandbox it was branched from.
     parent: Option<String>,
+    /// Its last checkpoint (a pause is one), for a restart of the service.
+    checkpoint: Option<saved::Checkpoint>,
 }
 
 impl SandboxFacts {
@@ -51,6 +54,7 @@ impl SandboxFacts {
             settings,
             created_ms: engine::row::now_ms() as u64,
             parent,
+            checkpoint: None,
         }
     }
 }
@@ -82,6 +86,7 @@ fn view(open: &Open) -> SandboxView {
         idle_timeout_secs: s.idle.as_secs(),
         parent: facts.parent.clone(),
         metadata: s.metadata.clone(),
+        checkpoint_at_ms: facts.checkpoint.as_ref().map(|c| c.at_ms),
     }
 }
 
@@ -95,8 +100,8 @@ pub struct Sandboxes {
     idle: Duration,
     lifetime: Duration,
     warm_pool: usize,
-    /// `OUT/sandboxes/paused`.
-    paused_dir: PathBuf,
+    /// `OUT/sandboxes/saved`: records and checkpoints ([`saved`]).
+    saved_dir: PathBuf,
     /// Idempotency keys of creates, and the sandbox each made.
     keys: Mutex<Keys<String>>,
     counter: AtomicU64,
@@ -111,9 +116,10 @@ impl Sandboxes {
         networks: BTreeMap<String, egress::Policy>,
         root: &std::path::Path,
     ) -> anyhow::Result<Sandboxes> {
-        let paused_dir = root.join("paused");
-        // Sandboxes do not outlive the process that made them.
-        let _ = std::fs::remove_dir_all(&paused_dir);
+        let saved_dir = root.join("saved");
+        std::fs::create_dir_all(&saved_dir)?;
+        // Paused sandboxes of a farm before records (they did not outlive their process).
+        let _ = std::fs::remove_dir_all(root.join("paused"));
         Ok(Sandboxes {
             host,
             forks,
@@ -122,7 +128,7 @@ impl Sandboxes {
             idle: Duration::from_secs(settings.idle_timeout_secs),
             lifetime: Duration::from_secs(settings.max_lifetime_secs),
             warm_pool: settings.warm_pool,
-            paused_dir,
+            saved_dir,
             keys: Mutex::new(Keys::default()),
             counter: AtomicU64::new(0),
         })
@@ -168,6 +174,7 @@ impl Sandboxes {
             lifetime: Some(facts.settings.lifetime),
         };
         let id = open.id.clone();
+        self.save_record(&open);
         slot.taken();
         let mut forks = self.forks();
         forks.open(&id, Kind::Sandbox, open, timers, Instant::now());
@@ -258,6 +265,7 @@ impl Sandboxes {
             Ending::Ended(why) | Ending::Died(why) => why.clone(),
         };
         let removed = self.forks().remove(id, ending)?;
+        self.forget_record(id);
         self.ports.close_all(id);
         removed.lock().await.run.close();
         tracing::info!(sandbox = %id, "sandbox removed: {why}");
@@ -269,8 +277,10 @@ impl Sandboxes {
 
     /// `POST /v1/sandboxes/{id}/ports`: opens a guest port to clients.
     pub async fn open_port(&self, id: &str, port: u64) -> ApiResult<crate::serve::wire::PortView> {
-        self.get(id)?;
-        self.ports.open(id, port)
+        let sandbox = self.get(id)?;
+        let opened = self.ports.open(id, port)?;
+        self.save_record(&*sandbox.lock().await);
+        Ok(opened)
     }
 
     pub async fn ports(&self, id: &str) -> ApiResult<crate::serve::wire::PortList> {
@@ -280,8 +290,10 @@ impl Sandboxes {
 
     /// `DELETE /v1/sandboxes/{id}/ports/{port}`.
     pub async fn close_port(&self, id: &str, port: u16) -> ApiResult<crate::serve::wire::PortList> {
-        self.get(id)?;
-        if !self.ports.close(id, port) {
+        let sandbox = self.get(id)?;
+        let closed = self.ports.close(id, port);
+        self.save_record(&*sandbox.lock().await);
+        if !closed {
             return Err(ApiError::field(
                 404,
                 "port",
@@ -357,7 +369,7 @@ impl Sandboxes {
     pub async fn pause(&self, id: &str) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
-        let dir = self.paused_dir.join(&sandbox.id);
+        let dir = self.checkpoint_dir(&sandbox.id);
         let pending = sandbox.run.pause(&dir).await.map_err(|e| match e {
             engine::session::SessionPauseError::Refused(_) => {
                 ApiError::new(409, format!("sandbox {id} is paused already"))
@@ -366,6 +378,12 @@ impl Sandboxes {
         })?;
         pending.commit();
         self.forks().pause(id);
+        let fork = sandbox.run.paused().expect("just paused").clone();
+        sandbox.sandbox_mut().checkpoint = Some(saved::Checkpoint {
+            fork,
+            at_ms: engine::row::now_ms() as u64,
+        });
+        self.save_record(&sandbox);
         Ok(view(&sandbox))
     }
 
@@ -423,15 +441,6 @@ impl Sandboxes {
             };
             self.end(&id, Ending::Ended(why.into())).await;
         }
-    }
-
-    /// Removes every sandbox (the service is stopping).
-    pub async fn shut_down(&self) {
-        let ids: Vec<String> = self.forks().all(Kind::Sandbox).into_iter().map(|(id, _)| id).collect();
-        for id in ids {
-            self.end(&id, Ending::Ended("the service shut down".into())).await;
-        }
-        let _ = std::fs::remove_dir_all(&self.paused_dir);
     }
 
     /// Marks a sandbox in use until the guard drops (then used last at that moment).

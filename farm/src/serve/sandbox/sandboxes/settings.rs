@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::sandbox::SandboxSpec;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::super::environments::{Environment, Environments, Ready};
 use super::Sandboxes;
@@ -14,7 +14,7 @@ use crate::serve::bounds;
 use crate::serve::error::{ApiError, ApiResult};
 
 /// `POST /v1/sandboxes`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxRequest {
     pub environment: String,
@@ -91,6 +91,8 @@ pub(super) struct Settings {
     pub(super) idle: Duration,
     pub(super) lifetime: Duration,
     pub(super) metadata: BTreeMap<String, String>,
+    /// The request it was made with (a restart makes the settings again from it).
+    pub(super) request: SandboxRequest,
 }
 
 impl Sandboxes {
@@ -159,6 +161,7 @@ impl Sandboxes {
             idle: timer("idle_timeout_secs", request.idle_timeout_secs, self.idle)?,
             lifetime: timer("lifetime_secs", request.lifetime_secs, self.lifetime)?,
             metadata: request.metadata.clone(),
+            request: request.clone(),
         })
     }
 }
