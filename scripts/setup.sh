@@ -420,6 +420,31 @@ protocol_venv "$CACHE/openenv-venv" "openenv==0.10.0" "from openenv.core import 
 protocol_venv "$CACHE/mcp-venv" "mcp==2.3.0" "from mcp.client.streamable_http import streamable_http_client; import httpx2"
 
 # ---------------------------------------------------------------------------------------------
+# 7c. The agent frameworks the SDK's backends are tested with (farm/tests/frameworks.rs),
+# unmodified from PyPI: SWE-ReX (its deployment, farm_sdk.swerex) and mini-swe-agent (its
+# environment, farm_sdk.minisweagent), with websockets (the SDK's terminal, farm-sdk[pty]) and
+# httpx, in $CACHE/agents-venv; same Python as Harbor. And SWE-ReX's server for the guest:
+# wheels for the python image's interpreter (Debian bookworm's CPython 3.11, x86_64, no pip),
+# pip's own wheel among them, in $CACHE/swerex-wheels, so a Dockerfile installs it with no
+# network (`python3 pip-*.whl/pip install --no-index --find-links ...`).
+SWEREX_VERSION="1.4.0"
+protocol_venv "$CACHE/agents-venv" \
+  "swe-rex==$SWEREX_VERSION mini-swe-agent==2.4.6 websockets==15.0.1 httpx==0.28.1" \
+  "import os; os.environ['MSWEA_SILENT_STARTUP'] = '1'; import swerex.runtime.remote, minisweagent.environments, websockets.sync.client, httpx"
+SWEREX_WHEELS="$CACHE/swerex-wheels"
+SWEREX_GUEST="swe-rex==$SWEREX_VERSION pip==24.3.1"
+wheels_key=$(printf '%s\n%s\n' "$SWEREX_GUEST" "cp311 manylinux2014_x86_64 manylinux_2_28_x86_64" | sha)
+if [ ! -f "$SWEREX_WHEELS/$wheels_key.done" ]; then
+  log "downloading the guest's wheels of $SWEREX_GUEST (CPython 3.11, x86_64) into $SWEREX_WHEELS"
+  rm -rf "$SWEREX_WHEELS" && mkdir -p "$SWEREX_WHEELS"
+  # shellcheck disable=SC2086
+  python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --python-version 3.11 \
+    --implementation cp --abi cp311 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+    --dest "$SWEREX_WHEELS" $SWEREX_GUEST || die "pip download of the guest's $SWEREX_GUEST failed"
+  touch "$SWEREX_WHEELS/$wheels_key.done"
+fi
+
+# ---------------------------------------------------------------------------------------------
 # 8. farm itself.
 if [ -z "$RELEASE" ]; then
   log "done (farm itself not built: --no-release; artifacts in $CACHE)"

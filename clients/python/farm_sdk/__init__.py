@@ -1,5 +1,8 @@
 """The Python SDK of farm's `farm serve`: sandboxes (`Farm`, `Sandbox`, and their asyncio
-twins `AsyncFarm`, `AsyncSandbox`) and the rollouts API with its fleet (`farm_sdk.fleet`).
+twins `AsyncFarm`, `AsyncSandbox`) with what they host (background processes, open ports, a
+terminal), the rollouts API with its fleet (`farm_sdk.fleet`), and backends for agent
+frameworks (`farm_sdk.harbor`, `farm_sdk.swerex`, `farm_sdk.minisweagent`: imported on
+their own).
 
     from farm_sdk import Farm
 
@@ -12,6 +15,8 @@ twins `AsyncFarm`, `AsyncSandbox`) and the rollouts API with its fleet (`farm_sd
 
 from ._version import __version__
 from .aio import AsyncFarm, AsyncFiles, AsyncSandbox, SandboxCreation
+from .aio_hosting import AsyncPorts, AsyncProcess, AsyncProcesses
+from .aio_terminal import AsyncTerminal
 from .client import Farm, Files, Sandbox
 from .errors import (
     BadRequest,
@@ -27,7 +32,10 @@ from .errors import (
     UnsafeArchive,
     WaitTimeout,
 )
-from .models import AsyncEnvironment, Context, Environment, ExecResult, SandboxInfo
+from .hosting import Ports, Process, Processes
+from .hosting_models import OutputChunk, Port, ProcessInfo
+from .models import AsyncEnvironment, Context, EntryInfo, Environment, ExecResult, FolderListing, SandboxInfo
+from .terminal import Terminal
 
 __all__ = [
     "__version__",
@@ -38,11 +46,24 @@ __all__ = [
     "SandboxCreation",
     "Files",
     "AsyncFiles",
+    "Processes",
+    "AsyncProcesses",
+    "Process",
+    "AsyncProcess",
+    "Ports",
+    "AsyncPorts",
+    "Terminal",
+    "AsyncTerminal",
     "Environment",
     "AsyncEnvironment",
     "SandboxInfo",
     "ExecResult",
     "Context",
+    "ProcessInfo",
+    "OutputChunk",
+    "Port",
+    "EntryInfo",
+    "FolderListing",
     "FarmError",
     "BadRequest",
     "Unauthorized",

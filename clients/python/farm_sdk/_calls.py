@@ -196,10 +196,6 @@ def get_sandbox(sandbox_id: str) -> Call:
     return Call("GET", f"/v1/sandboxes/{_id(sandbox_id)}")
 
 
-def list_sandboxes() -> Call:
-    return Call("GET", "/v1/sandboxes")
-
-
 def delete_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", f"/v1/sandboxes/{_id(sandbox_id)}")
 

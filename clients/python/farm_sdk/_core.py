@@ -198,11 +198,6 @@ def get_sandbox(sandbox_id: str) -> Operation[str]:
     return (yield from sandbox_info(sandbox_id)).id
 
 
-def list_sandboxes() -> Operation[List[SandboxInfo]]:
-    answer = yield from _json(calls.list_sandboxes())
-    return [SandboxInfo.from_json(s) for s in calls.listed(answer, "sandboxes")]
-
-
 def sandbox_info(sandbox_id: str) -> Operation[SandboxInfo]:
     return SandboxInfo.from_json((yield from _json(calls.get_sandbox(sandbox_id))))
 

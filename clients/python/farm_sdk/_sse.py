@@ -2,7 +2,9 @@
 
 `SSEParser` takes the text as it arrives (events split across chunks anywhere, `\\n`,
 `\\r\\n` or `\\r` line ends, multi-line `data`, comments) and gives whole events.
-`ExecStream` turns the events of one exec into output chunks and its `ExecResult`.
+`ExecStream` turns the events of one exec into output chunks and its `ExecResult`;
+`OutputFollow` those of a followed background process (`/processes/{pid}/output/stream`)
+into `OutputChunk`s and how the process ended.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 from .errors import ConnectionFailed, FarmError
+from .hosting_models import OutputChunk, ProcessInfo
 from .models import ExecResult
 
-__all__ = ["Event", "SSEParser", "ExecStream"]
+__all__ = ["Event", "SSEParser", "ExecStream", "OutputFollow"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,60 @@ class ExecStream:
                 "the stream ended before the command's exit (it may still be running)", self._method, self._path
             )
         return self._result
+
+
+class OutputFollow:
+    """The events of a followed background process: its output chunks as they come (each
+    stream's offset kept, to follow again from there), then how it ended."""
+
+    def __init__(self, method: str, path: str, stdout: int = 0, stderr: int = 0) -> None:
+        self._parser = SSEParser()
+        self._method, self._path = method, path
+        #: The offset of the next byte of each stream not yet seen.
+        self.offsets = {"stdout": stdout, "stderr": stderr}
+        self._end: Optional[ProcessInfo] = None
+        self._error: Optional[FarmError] = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the stream said how it ends (an `exit` or an `error` event)."""
+        return self._end is not None or self._error is not None
+
+    def feed(self, text: str) -> List[OutputChunk]:
+        """The chunks that `text` completes (none past the end)."""
+        chunks: List[OutputChunk] = []
+        for event in self._parser.feed(text):
+            if self.ended:
+                break
+            if event.event in ("stdout", "stderr"):
+                data = _json(event.data)
+                if not isinstance(data, dict):
+                    data = {"data": event.data}
+                chunk = OutputChunk.from_json(data, event.event)
+                self.offsets[event.event] = max(self.offsets[event.event], chunk.next)
+                chunks.append(chunk)
+            elif event.event == "exit":
+                answer = _json(event.data)
+                self._end = ProcessInfo.from_json(answer if isinstance(answer, dict) else {})
+            elif event.event == "error":
+                message = f"following the output ended: {_error(event.data)}"
+                self._error = FarmError(None, message, method=self._method, path=self._path)
+        return chunks
+
+    def finish(self) -> ProcessInfo:
+        """How the process ended. Raises `FarmError` after an `error` event (the sandbox went,
+        the pid is unknown), and `ConnectionFailed` when the stream ended before the process
+        did (follow again from `offsets`)."""
+        if self._error is not None:
+            raise self._error
+        if self._end is None:
+            raise ConnectionFailed(
+                "the stream ended before the process did (it may still be running; follow again from "
+                f"stdout={self.offsets['stdout']}, stderr={self.offsets['stderr']})",
+                self._method,
+                self._path,
+            )
+        return self._end
 
 
 def _json(data: str) -> Any:

@@ -14,74 +14,24 @@ plain functions or coroutine functions.
 
 from __future__ import annotations
 
-import inspect
-from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, AsyncIterator, Awaitable, Generator, List, Mapping, Optional, Sequence, Type, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Generator, List, Mapping, Optional, Sequence, Type, Union, overload
 
 import httpx
 
 from . import _calls as calls
 from . import _core as core
+from . import _hosting as hosting
 from ._calls import Command, EnvironmentRef
 from ._core import Callback, ExecItem
-from ._http import AsyncHTTP, Call
-from .models import AsyncEnvironment, Context, ExecResult, LogPage, SandboxInfo
+from ._effects import aiterate as _iterate
+from ._effects import arun as _run
+from ._http import AsyncHTTP
+from .aio_hosting import AsyncPorts, AsyncProcesses
+from .aio_terminal import AsyncTerminal
+from .models import AsyncEnvironment, Context, EntryInfo, ExecResult, FolderListing, LogPage, SandboxInfo
 
 __all__ = ["AsyncFarm", "AsyncEnvironments", "AsyncSandboxes", "AsyncSandbox", "AsyncFiles"]
-
-T = TypeVar("T")
-
-
-class _Effects(AsyncExitStack):
-    """Performs a core operation's effects (see `_core`) with an `AsyncHTTP`, awaiting what a
-    callback returns when it is awaitable; the streams it opens are closed with it."""
-
-    def __init__(self, http: AsyncHTTP) -> None:
-        super().__init__()
-        self._http = http
-        self._pieces: Optional[AsyncIterator[Any]] = None
-
-    async def perform(self, effect: Any) -> Any:
-        if isinstance(effect, Call):
-            return await self._http.send(effect)
-        if isinstance(effect, core.Open):
-            response = await self.enter_async_context(self._http.stream(effect.call))
-            self._pieces = response.aiter_text() if effect.text else response.aiter_bytes()
-        elif effect is core.READ and self._pieces is not None:
-            try:
-                return await self._pieces.__anext__()
-            except StopAsyncIteration:
-                return None
-        elif isinstance(effect, core.Notify) and effect.callback is not None:
-            called = effect.callback(effect.text)
-            if inspect.isawaitable(called):
-                await called
-        return None
-
-
-async def _iterate(http: AsyncHTTP, operation: core.Operation[Any]) -> AsyncIterator[Any]:
-    """Runs `operation`: yields what it emits, then what it returns."""
-    with core.Progress(operation) as progress:
-        async with _Effects(http) as effects:
-            while not progress.done:
-                effect = progress.effect
-                if isinstance(effect, core.Emit):
-                    yield effect.item
-                try:
-                    outcome = await effects.perform(effect)
-                except BaseException as error:
-                    progress.fail(error)
-                else:
-                    progress.answer(outcome)
-    yield progress.value
-
-
-async def _run(http: AsyncHTTP, operation: core.Operation[T]) -> T:
-    """Runs `operation` to its end: what it returns."""
-    async for result in _iterate(http, operation):
-        pass
-    return result
 
 
 class AsyncFarm:
@@ -222,8 +172,11 @@ class AsyncSandboxes:
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
         return await self._sandbox(core.get_sandbox(sandbox_id))
 
-    async def list(self) -> List[SandboxInfo]:
-        return await _run(self._farm._http, core.list_sandboxes())
+    async def list(
+        self, state: Optional[str] = None, metadata: Optional[Mapping[str, str]] = None
+    ) -> List[SandboxInfo]:
+        """See `Sandboxes.list`."""
+        return await _run(self._farm._http, hosting.list_sandboxes(state, metadata))
 
 
 class SandboxCreation:
@@ -255,6 +208,8 @@ class AsyncSandbox:
         self.farm = farm
         self.id = sandbox_id
         self.files = AsyncFiles(self)
+        self.processes = AsyncProcesses(farm._http, sandbox_id)
+        self.ports = AsyncPorts(farm._http, sandbox_id)
 
     @classmethod
     async def create(
@@ -336,8 +291,37 @@ class AsyncSandbox:
         call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=True)
         return await _run(self._http, core.exec_streamed(call, core.to_callbacks(on_stdout, on_stderr)))
 
-    async def branch(self) -> "AsyncSandbox":
-        return AsyncSandbox(self.farm, await _run(self._http, core.branch(self.id)))
+    @overload
+    async def branch(self, count: None = None) -> "AsyncSandbox": ...
+
+    @overload
+    async def branch(self, count: int) -> List["AsyncSandbox"]: ...
+
+    async def branch(self, count: Optional[int] = None) -> Union["AsyncSandbox", List["AsyncSandbox"]]:
+        """See `Sandbox.branch`."""
+        if count is None:
+            return AsyncSandbox(self.farm, await _run(self._http, core.branch(self.id)))
+        return [AsyncSandbox(self.farm, i) for i in await _run(self._http, hosting.branch_many(self.id, count))]
+
+    async def set_timeout(
+        self, seconds: Optional[float] = None, *, idle: Optional[float] = None, lifetime: Optional[float] = None
+    ) -> SandboxInfo:
+        """See `Sandbox.set_timeout`."""
+        return await _run(self._http, hosting.set_timeout(self.id, seconds, idle, lifetime))
+
+    async def pty(
+        self,
+        rows: int = 24,
+        cols: int = 80,
+        command: Optional[str] = None,
+        pid: Optional[int] = None,
+        keep: bool = False,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        offset: Optional[int] = None,
+    ) -> AsyncTerminal:
+        """See `Sandbox.pty`: `async with await sb.pty() as t`."""
+        return await AsyncTerminal.open(self._http, self.id, rows, cols, command, cwd, user, pid, offset, keep)
 
     async def pause(self) -> SandboxInfo:
         return await _run(self._http, core.pause_or_resume(self.id, "pause"))
@@ -392,3 +376,12 @@ class AsyncFiles:
 
     async def download_dir(self, remote_dir: str, local_dir: str) -> None:
         await _run(self._http, core.download_dir(self._sandbox.id, remote_dir, local_dir))
+
+    async def list(self, path: str, max_entries: Optional[int] = None) -> FolderListing:
+        return await _run(self._http, hosting.list_folder(self._sandbox.id, path, max_entries))
+
+    async def stat(self, path: str) -> EntryInfo:
+        return await _run(self._http, hosting.stat(self._sandbox.id, path))
+
+    async def exists(self, path: str) -> bool:
+        return await _run(self._http, hosting.exists(self._sandbox.id, path))

@@ -1,5 +1,5 @@
 """The synchronous client of the sandbox API: `Farm`, its `environments` and `sandboxes`, and
-`Sandbox`.
+`Sandbox` (with its `files`, `processes`, `ports` and terminal, `pty()`).
 
     with Farm() as farm:
         env = farm.environments.create(image="python:3.12-slim")
@@ -9,66 +9,24 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from types import TracebackType
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Type, TypeVar, Union
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Type, Union, overload
 
 import httpx
 
 from . import _calls as calls
 from . import _core as core
+from . import _hosting as hosting
 from ._calls import Command, EnvironmentRef
 from ._core import ExecItem
-from ._http import Call, SyncHTTP
-from .models import Context, Environment, ExecResult, LogPage, SandboxInfo
+from ._effects import iterate as _iterate
+from ._effects import run as _run
+from ._http import SyncHTTP
+from .hosting import Ports, Processes
+from .models import Context, EntryInfo, Environment, ExecResult, FolderListing, LogPage, SandboxInfo
+from .terminal import Terminal
 
 __all__ = ["Farm", "Environments", "Sandboxes", "Sandbox", "Files"]
-
-T = TypeVar("T")
-
-
-class _Effects(ExitStack):
-    """Performs a core operation's effects (see `_core`) with a `SyncHTTP`; the streams it
-    opens are closed with it."""
-
-    def __init__(self, http: SyncHTTP) -> None:
-        super().__init__()
-        self._http = http
-        self._pieces: Iterator[Any] = iter(())
-
-    def perform(self, effect: Any) -> Any:
-        if isinstance(effect, Call):
-            return self._http.send(effect)
-        if isinstance(effect, core.Open):
-            response = self.enter_context(self._http.stream(effect.call))
-            self._pieces = response.iter_text() if effect.text else response.iter_bytes()
-        elif effect is core.READ:
-            return next(self._pieces, None)
-        elif isinstance(effect, core.Notify) and effect.callback is not None:
-            effect.callback(effect.text)
-        return None
-
-
-def _iterate(http: SyncHTTP, operation: core.Operation[Any]) -> Iterator[Any]:
-    """Runs `operation`: yields what it emits, then what it returns."""
-    with core.Progress(operation) as progress, _Effects(http) as effects:
-        while not progress.done:
-            effect = progress.effect
-            if isinstance(effect, core.Emit):
-                yield effect.item
-            try:
-                outcome = effects.perform(effect)
-            except BaseException as error:
-                progress.fail(error)
-            else:
-                progress.answer(outcome)
-    yield progress.value
-
-
-def _run(http: SyncHTTP, operation: core.Operation[T]) -> T:
-    """Runs `operation` to its end: what it returns."""
-    *_, result = _iterate(http, operation)
-    return result
 
 
 class Farm:
@@ -219,8 +177,10 @@ class Sandboxes:
         """The sandbox `sandbox_id` (`NotFound` when there is none)."""
         return Sandbox(self._farm, _run(self._farm._http, core.get_sandbox(sandbox_id)))
 
-    def list(self) -> List[SandboxInfo]:
-        return _run(self._farm._http, core.list_sandboxes())
+    def list(self, state: Optional[str] = None, metadata: Optional[Mapping[str, str]] = None) -> List[SandboxInfo]:
+        """The sandboxes, oldest first; only those in `state` (`running` or `paused`) and
+        whose metadata has every key of `metadata` with its value, when given."""
+        return _run(self._farm._http, hosting.list_sandboxes(state, metadata))
 
 
 class Sandbox:
@@ -230,6 +190,8 @@ class Sandbox:
         self.farm = farm
         self.id = sandbox_id
         self.files = Files(self)
+        self.processes = Processes(farm._http, sandbox_id)
+        self.ports = Ports(farm._http, sandbox_id)
 
     @classmethod
     def create(
@@ -315,9 +277,42 @@ class Sandbox:
         call = calls.exec_call(self.id, command, cwd, env, user, timeout, stdin, max_output_bytes, stream=True)
         return _run(self._http, core.exec_streamed(call, core.to_callbacks(on_stdout, on_stderr)))
 
-    def branch(self) -> "Sandbox":
-        """A new sandbox continuing from this one's exact state; the two go on apart."""
-        return Sandbox(self.farm, _run(self._http, core.branch(self.id)))
+    @overload
+    def branch(self, count: None = None) -> "Sandbox": ...
+
+    @overload
+    def branch(self, count: int) -> List["Sandbox"]: ...
+
+    def branch(self, count: Optional[int] = None) -> Union["Sandbox", List["Sandbox"]]:
+        """A new sandbox continuing from this one's exact state; the two go on apart. With a
+        `count` (1-32), that many made at once (all or none), as a list."""
+        if count is None:
+            return Sandbox(self.farm, _run(self._http, core.branch(self.id)))
+        return [Sandbox(self.farm, i) for i in _run(self._http, hosting.branch_many(self.id, count))]
+
+    def set_timeout(
+        self, seconds: Optional[float] = None, *, idle: Optional[float] = None, lifetime: Optional[float] = None
+    ) -> SandboxInfo:
+        """Moves its timers, within the service's caps: it ends `seconds` from now, or
+        `lifetime` seconds after it was made; `idle` is its idle timeout from now on."""
+        return _run(self._http, hosting.set_timeout(self.id, seconds, idle, lifetime))
+
+    def pty(
+        self,
+        rows: int = 24,
+        cols: int = 80,
+        command: Optional[str] = None,
+        pid: Optional[int] = None,
+        keep: bool = False,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        offset: Optional[int] = None,
+    ) -> Terminal:
+        """A terminal over a WebSocket (needs `farm-sdk[pty]`): a login shell, or `command`,
+        on a `rows` x `cols` terminal, hung up on when it is closed unless `keep`; or, with
+        `pid`, the terminal of a background process started with `pty`, its output replayed
+        from `offset` (default 0). Use it as a context manager."""
+        return Terminal.open(self._http, self.id, rows, cols, command, cwd, user, pid, offset, keep)
 
     def pause(self) -> SandboxInfo:
         """Saves it to disk and stops its VM (no slot, no idle timer)."""
@@ -382,3 +377,16 @@ class Files:
         """Copies the folder's content into `local_dir` (made if needed), refusing any entry
         that would land outside it (`UnsafeArchive`)."""
         _run(self._http, core.download_dir(self._sandbox.id, remote_dir, local_dir))
+
+    def list(self, path: str, max_entries: Optional[int] = None) -> FolderListing:
+        """A folder's entries, sorted by name (at most `max_entries`; `truncated` when there
+        were more), without running a command. A path that is no folder is a `BadRequest`."""
+        return _run(self._http, hosting.list_folder(self._sandbox.id, path, max_entries))
+
+    def stat(self, path: str) -> EntryInfo:
+        """What is at `path` (a link as a link), without running a command; `NotFound` when
+        nothing is."""
+        return _run(self._http, hosting.stat(self._sandbox.id, path))
+
+    def exists(self, path: str) -> bool:
+        return _run(self._http, hosting.exists(self._sandbox.id, path))

@@ -9,11 +9,11 @@ are awaited.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Tuple, Type, TypeVar
 
 from .errors import FarmError
 
-__all__ = ["Environment", "AsyncEnvironment", "SandboxInfo", "ExecResult", "Context", "LogPage"]
+__all__ = ["Environment", "AsyncEnvironment", "SandboxInfo", "ExecResult", "Context", "LogPage", "EntryInfo", "FolderListing"]
 
 #: A page of build log: its lines, the offset to ask for next, and the build's state.
 LogPage = Tuple[List[str], int, str]
@@ -179,6 +179,8 @@ class SandboxInfo:
     metadata: Dict[str, str] = field(default_factory=dict)
     #: The sandbox it was branched from.
     parent: Optional[str] = None
+    #: When its last checkpoint was made (what a restart after a crash brings back).
+    checkpoint_at_ms: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -199,6 +201,7 @@ class SandboxInfo:
             idle_timeout_secs=_int(d.get("idle_timeout_secs")),
             metadata=_strings(d.get("metadata")),
             parent=_str(d.get("parent")),
+            checkpoint_at_ms=_int(d.get("checkpoint_at_ms")),
             raw=dict(d),
         )
 
@@ -261,5 +264,77 @@ class Context:
             id=str(d.get("context", "")),
             files=_int(d.get("files")) or 0,
             bytes=_int(d.get("bytes")) or 0,
+            raw=dict(d),
+        )
+
+
+@dataclass
+class EntryInfo:
+    """A path in a sandbox, as `lstat` sees it (links are never followed): `type` is `file`,
+    `dir`, `symlink` or `other`; `mode` the permission bits (`0o644`); `target` a link's
+    target. `name` is its name in its folder (for `files.stat`, the path asked for)."""
+
+    name: str
+    type: str = ""
+    size: int = 0
+    mode: int = 0
+    uid: int = 0
+    gid: int = 0
+    modified_at_ms: Optional[int] = None
+    target: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @classmethod
+    def from_json(cls, data: Any) -> "EntryInfo":
+        d = _object(data, "a folder entry")
+        return cls(
+            name=str(d.get("name") or ""),
+            type=str(d.get("type") or ""),
+            size=_int(d.get("size")) or 0,
+            mode=_int(d.get("mode")) or 0,
+            uid=_int(d.get("uid")) or 0,
+            gid=_int(d.get("gid")) or 0,
+            modified_at_ms=_int(d.get("modified_at_ms")),
+            target=_str(d.get("target")),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class FolderListing:
+    """A folder's entries, sorted by name; `truncated` when it held more than were asked for.
+    Iterating it gives the entries."""
+
+    path: str
+    entries: List[EntryInfo] = field(default_factory=list)
+    truncated: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __iter__(self) -> Iterator[EntryInfo]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def names(self) -> List[str]:
+        return [entry.name for entry in self.entries]
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FolderListing":
+        d = _object(data, "a folder listing")
+        entries = d.get("entries")
+        return cls(
+            path=str(d.get("path") or ""),
+            entries=[EntryInfo.from_json(e) for e in entries] if isinstance(entries, list) else [],
+            truncated=bool(d.get("truncated")),
             raw=dict(d),
         )

@@ -12,12 +12,20 @@ from farm_sdk import (
     AsyncEnvironment,
     AsyncFarm,
     AsyncFiles,
+    AsyncPorts,
+    AsyncProcess,
+    AsyncProcesses,
     AsyncSandbox,
+    AsyncTerminal,
     ConnectionFailed,
     Environment,
     Farm,
     Files,
+    Ports,
+    Process,
+    Processes,
     Sandbox,
+    Terminal,
 )
 from farm_sdk.aio import AsyncEnvironments, AsyncSandboxes
 from farm_sdk.client import Environments, Sandboxes
@@ -30,6 +38,10 @@ FACES = [
     (Sandbox, AsyncSandbox),
     (Files, AsyncFiles),
     (Environment, AsyncEnvironment),
+    (Processes, AsyncProcesses),
+    (Process, AsyncProcess),
+    (Ports, AsyncPorts),
+    (Terminal, AsyncTerminal),
 ]
 # The one async call that is not a coroutine function: it returns a `SandboxCreation`, to
 # await or to use with `async with`.
@@ -63,6 +75,9 @@ def test_the_async_face_awaits_what_the_sync_face_returns(sync, asynchronous):
         else:
             assert inspect.iscoroutinefunction(function), name
     assert hasattr(sync, "__enter__") == hasattr(asynchronous, "__aenter__")
+    sync_properties = {n for n in dir(sync) if isinstance(inspect.getattr_static(sync, n), property)}
+    async_properties = {n for n in dir(asynchronous) if isinstance(inspect.getattr_static(asynchronous, n), property)}
+    assert sync_properties == async_properties
 
 
 class Body(httpx.SyncByteStream, httpx.AsyncByteStream):

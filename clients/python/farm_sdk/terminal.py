@@ -1,0 +1,151 @@
+"""A sandbox's terminal over a WebSocket, for the sync client: `sb.pty()` gives a `Terminal`.
+
+    with sb.pty(rows=24, cols=80) as t:          # a login shell (bash when the image has it)
+        t.send("python3 -q\\n")
+        t.expect(">>> ")
+        t.send("print(6 * 7)\\n")
+        t.expect("42")
+
+Needs the `websockets` package (`pip install 'farm-sdk[pty]'`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from . import _pty
+from ._http import SyncHTTP
+from ._pty import Expected, TerminalState
+from .errors import WaitTimeout
+
+__all__ = ["Terminal"]
+
+#: Seconds to open the socket (the service starts the program first) and get its pid.
+OPEN_TIMEOUT = 120.0
+
+
+class Terminal:
+    """A program on a terminal in a sandbox, through one WebSocket: `send` keys, `recv` or
+    `expect` its output, `resize`, `close` (the program is hung up on unless it was started
+    with `keep=True`). `pid` is its background process: `sb.processes.get(pid)`, or attach
+    again with `sb.pty(pid=...)`."""
+
+    def __init__(self, connection: Any, state: TerminalState) -> None:
+        self._connection = connection
+        self._state = state
+
+    @classmethod
+    def open(
+        cls,
+        http: SyncHTTP,
+        sandbox_id: str,
+        rows: int = 24,
+        cols: int = 80,
+        command: Optional[str] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        pid: Optional[int] = None,
+        offset: Optional[int] = None,
+        keep: bool = False,
+    ) -> "Terminal":
+        """Opens the socket and reads the pid of the program it started or attached to
+        (`sb.pty(...)` is this with the sandbox's client)."""
+        url, path, headers = _pty.address(
+            http.url, http.client.headers, sandbox_id, rows, cols, command, cwd, user, pid, offset, keep
+        )
+        connect = _pty.sync_connector()
+        state = TerminalState(path)
+        try:
+            connection = connect(url, additional_headers=headers, open_timeout=OPEN_TIMEOUT)
+        except Exception as e:
+            raise _pty.refused(e, path) from e
+        try:
+            state.started(connection.recv(timeout=OPEN_TIMEOUT))
+        except BaseException:
+            connection.close()
+            raise
+        return cls(connection, state)
+
+    @property
+    def pid(self) -> int:
+        return self._state.pid or 0
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The program's exit code once it ended (None while it runs, or when a signal ended it)."""
+        return self._state.exit_code
+
+    @property
+    def signal(self) -> Optional[int]:
+        return self._state.signal
+
+    @property
+    def ended(self) -> bool:
+        """Whether the program ended or the socket closed."""
+        return self._state.ended
+
+    @property
+    def dropped(self) -> int:
+        """Bytes of output that overflowed the program's ring before they were sent."""
+        return self._state.dropped
+
+    def send(self, data: Union[str, bytes]) -> None:
+        """Keys to the program (text as UTF-8; `"\\x03"` is Ctrl-C)."""
+        self._connection.send(_pty.keys(data))
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._connection.send(_pty.resize_message(rows, cols))
+
+    def recv(self, timeout: Optional[float] = None) -> bytes:
+        """The next output, as it comes; b"" once the program ended or the socket closed
+        (`exit_code` is then set). `WaitTimeout` when nothing came within `timeout` seconds."""
+        while not self._state.ended:
+            try:
+                message = self._connection.recv(timeout=timeout)
+            except TimeoutError as e:
+                raise WaitTimeout(f"no output from the terminal (pid {self.pid}) within {timeout} s") from e
+            except _pty.closed_errors():
+                self._state.closed()
+                break
+            output = self._state.receive(message)
+            if output:
+                return output
+        return b""
+
+    def expect(self, expected: Expected, timeout: Optional[float] = 60.0) -> str:
+        """Reads until the output shows `expected` (text, or a compiled regular expression):
+        the output up to and including it, taken (the next `expect` looks past it).
+        `WaitTimeout` past `timeout` seconds, `EOFError` when the program ends first; both
+        say what was seen."""
+        _pty.compile_expected(expected)
+        deadline = _pty.Deadline(timeout)
+        while True:
+            taken = self._state.take(expected)
+            if taken is not None:
+                return taken
+            if self._state.ended:
+                raise EOFError(_pty.unseen(self._state, expected, "the terminal ended before it showed"))
+            try:
+                self.recv(timeout=deadline.left())
+            except WaitTimeout:
+                raise WaitTimeout(_pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")) from None
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Reads (and drops) the output until the program ends: its exit code."""
+        deadline = _pty.Deadline(timeout)
+        while not self._state.ended:
+            self.recv(timeout=deadline.left())
+        return self._state.exit_code
+
+    def close(self) -> None:
+        """Closes the socket: the program is hung up on unless it was started with `keep`."""
+        self._connection.close()
+
+    def __enter__(self) -> "Terminal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Terminal(pid={self.pid})"
