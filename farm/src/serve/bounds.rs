@@ -134,6 +134,76 @@ fn past(field: impl Into<String>, bound: String, value: String) -> ApiError {
 /// The bounds as `docs/sandbox-api.md` lists them: (where, field, bound).
 #[cfg(test)]
 pub fn table() -> Vec<(&'static str, &'static str, String)> {
+    [request_rows(), hosting_rows()].concat()
+}
+
+/// The bounds of what a sandbox hosts: processes, terminals, ports, and the calls beside them.
+#[cfg(test)]
+fn hosting_rows() -> Vec<(&'static str, &'static str, String)> {
+    use crate::serve::sandbox::sandboxes::processes::{MAX_STDIN_BYTES, MAX_WAIT_SECS};
+    use farm_protocol::process::{MAX_ENDED, MAX_PROCESSES, MAX_READ_BYTES, MAX_RING_BYTES};
+    vec![
+        (
+            "processes",
+            "`command`, `argv`, `cwd`, `env`, `user`",
+            "as exec's".into(),
+        ),
+        (
+            "processes",
+            "`ring_bytes`",
+            format!("1 to {MAX_RING_BYTES} (default 1048576)"),
+        ),
+        (
+            "processes",
+            "`pty.rows`, `pty.cols`, a terminal's `rows`, `cols`",
+            "1 to 1000".into(),
+        ),
+        (
+            "processes",
+            "`data` (stdin)",
+            format!("at most {MAX_STDIN_BYTES} bytes"),
+        ),
+        ("processes", "`max` (output)", format!("1 to {MAX_READ_BYTES} bytes")),
+        (
+            "processes",
+            "`wait`, `timeout`",
+            format!("0 to {MAX_WAIT_SECS} seconds"),
+        ),
+        ("processes", "`signal`", "a name (TERM, KILL, ...) or 1 to 64".into()),
+        (
+            "processes",
+            "processes a sandbox keeps",
+            format!("at most {MAX_PROCESSES} running (400 past it); the oldest of {MAX_ENDED} ended ones forgotten"),
+        ),
+        (
+            "ports",
+            "`port`",
+            format!(
+                "1 to 65535; at most {} open a sandbox",
+                crate::serve::sandbox::ports::MAX_PORTS
+            ),
+        ),
+        (
+            "sandboxes",
+            "`count` (branch)",
+            format!("1 to {}", crate::serve::sandbox::sandboxes::lifetimes::MAX_BRANCHES),
+        ),
+        (
+            "sandboxes",
+            "`expires_in_secs` (timeout)",
+            "1 to what `serve.sandboxes.max_lifetime_secs` leaves it".into(),
+        ),
+        (
+            "files",
+            "`max` (entries)",
+            format!("1 to {}", farm_protocol::folder::MAX_FOLDER_ENTRIES),
+        ),
+    ]
+}
+
+/// The bounds of requests in general, sandboxes', sessions' and rollouts'.
+#[cfg(test)]
+fn request_rows() -> Vec<(&'static str, &'static str, String)> {
     let bytes = |n: usize| format!("at most {n} bytes");
     let between = |(min, max): (u64, u64), unit: &str| format!("{min} to {max} {unit}");
     let vars = format!("at most {ENV_VARS} variables, {ENV_BYTES} bytes of names and values");

@@ -216,8 +216,9 @@ async fn connection(mut stream: tokio::net::TcpStream, ports: &Ports, sandboxes:
     let Some(opened) = ports.lookup(&token) else {
         return refuse(&mut stream, 404, "no open port has that token").await;
     };
-    let guest = match sandboxes.port_guest(&opened.sandbox).await {
-        Ok(guest) => guest,
+    // In use while the connection lasts: a page open in a browser keeps its sandbox.
+    let (guest, _in_use) = match sandboxes.port_guest(&opened.sandbox).await {
+        Ok(found) => found,
         Err(e) => return refuse(&mut stream, e.status, &e.message).await,
     };
     let Ok(upstream) = guest.connect(opened.port).await else {

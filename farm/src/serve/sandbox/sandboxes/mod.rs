@@ -303,9 +303,11 @@ impl Sandboxes {
         Ok(self.ports.list(id))
     }
 
-    /// The guest behind an open port (409 while its sandbox is paused).
-    pub async fn port_guest(&self, id: &str) -> ApiResult<Guest> {
-        self.guest(id).await
+    /// The guest behind an open port (409 while its sandbox is paused), and a guard that
+    /// keeps the sandbox from idling while the connection lasts.
+    pub async fn port_guest(&self, id: &str) -> ApiResult<(Guest, impl Drop + Send + 'static)> {
+        let in_use = self.begin(id);
+        Ok((self.guest(id).await?, in_use))
     }
 
     /// The guest of a running sandbox, used without holding its lock.
