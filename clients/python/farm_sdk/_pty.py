@@ -109,7 +109,8 @@ def keys(data: Union[str, bytes]) -> bytes:
 
 class TerminalState:
     """What the service said on one socket: the pid, output dropped, notes, how it ended; and
-    the output read but not yet taken by an `expect` (decoded as UTF-8 as it comes)."""
+    the output read but not yet taken by a `recv` or an `expect` (decoded as UTF-8 as it
+    comes, a character split across messages joined)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -131,13 +132,14 @@ class TerminalState:
         if event.get("type") == "started" and isinstance(event.get("pid"), int):
             self.pid = event["pid"]
             return self.pid
-        raise FarmError(None, f"the terminal did not start: {event.get('error') or message!r}", method="GET", path=self.path)
+        why = event.get("error") or repr(message)
+        raise FarmError(None, f"the terminal did not start: {why}", method="GET", path=self.path)
 
-    def receive(self, message: Union[str, bytes]) -> bytes:
-        """Takes a message: the terminal's bytes it carries (b"" for a note)."""
+    def receive(self, message: Union[str, bytes]) -> None:
+        """Takes a message: output joins what is not yet taken; a note is noted."""
         if isinstance(message, bytes):
             self._pending += self._decoder.decode(message)
-            return message
+            return
         event = _event(message)
         kind = event.get("type")
         if kind == "dropped":
@@ -146,7 +148,6 @@ class TerminalState:
             self.exit_code, self.signal, self.ended = event.get("exit_code"), event.get("signal"), True
         elif kind == "error":
             self.errors.append(str(event.get("error")))
-        return b""
 
     def closed(self) -> None:
         """The socket closed: raises `FarmError` when it closed on an error, before any exit."""
@@ -166,6 +167,11 @@ class TerminalState:
         if end < 0:
             return None
         taken, self._pending = self._pending[:end], self._pending[end:]
+        return taken
+
+    def take_all(self) -> str:
+        """All the output not yet taken, taken."""
+        taken, self._pending = self._pending, ""
         return taken
 
     def seen(self) -> str:

@@ -88,20 +88,26 @@ class AsyncTerminal:
     async def resize(self, rows: int, cols: int) -> None:
         await self._connection.send(_pty.resize_message(rows, cols))
 
+    async def _pull(self, timeout: Optional[float]) -> None:
+        try:
+            message = await asyncio.wait_for(self._connection.recv(), timeout)
+        except asyncio.TimeoutError as e:
+            raise WaitTimeout(f"no output from the terminal (pid {self.pid}) within {timeout} s") from e
+        except _pty.closed_errors():
+            self._state.closed()
+            return
+        self._state.receive(message)
+
     async def recv(self, timeout: Optional[float] = None) -> bytes:
         """See `Terminal.recv`."""
-        while not self._state.ended:
-            try:
-                message = await asyncio.wait_for(self._connection.recv(), timeout)
-            except asyncio.TimeoutError as e:
-                raise WaitTimeout(f"no output from the terminal (pid {self.pid}) within {timeout} s") from e
-            except _pty.closed_errors():
-                self._state.closed()
-                break
-            output = self._state.receive(message)
-            if output:
-                return output
-        return b""
+        deadline = _pty.Deadline(timeout)
+        while True:
+            text = self._state.take_all()
+            if text:
+                return text.encode("utf-8")
+            if self._state.ended:
+                return b""
+            await self._pull(deadline.left())
 
     async def expect(self, expected: Expected, timeout: Optional[float] = 60.0) -> str:
         """See `Terminal.expect`."""
@@ -114,7 +120,7 @@ class AsyncTerminal:
             if self._state.ended:
                 raise EOFError(_pty.unseen(self._state, expected, "the terminal ended before it showed"))
             try:
-                await self.recv(timeout=deadline.left())
+                await self._pull(deadline.left())
             except WaitTimeout:
                 raise WaitTimeout(_pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")) from None
 
@@ -122,7 +128,8 @@ class AsyncTerminal:
         """See `Terminal.wait`."""
         deadline = _pty.Deadline(timeout)
         while not self._state.ended:
-            await self.recv(timeout=deadline.left())
+            await self._pull(deadline.left())
+            self._state.take_all()
         return self._state.exit_code
 
     async def close(self) -> None:

@@ -96,27 +96,34 @@ class Terminal:
     def resize(self, rows: int, cols: int) -> None:
         self._connection.send(_pty.resize_message(rows, cols))
 
+    def _pull(self, timeout: Optional[float]) -> None:
+        """Reads one message into the state; `WaitTimeout` when none came in `timeout` s."""
+        try:
+            message = self._connection.recv(timeout=timeout)
+        except TimeoutError as e:
+            raise WaitTimeout(f"no output from the terminal (pid {self.pid}) within {timeout} s") from e
+        except _pty.closed_errors():
+            self._state.closed()
+            return
+        self._state.receive(message)
+
     def recv(self, timeout: Optional[float] = None) -> bytes:
-        """The next output, as it comes; b"" once the program ended or the socket closed
-        (`exit_code` is then set). `WaitTimeout` when nothing came within `timeout` seconds."""
-        while not self._state.ended:
-            try:
-                message = self._connection.recv(timeout=timeout)
-            except TimeoutError as e:
-                raise WaitTimeout(f"no output from the terminal (pid {self.pid}) within {timeout} s") from e
-            except _pty.closed_errors():
-                self._state.closed()
-                break
-            output = self._state.receive(message)
-            if output:
-                return output
-        return b""
+        """The output not yet taken (by `recv` or `expect`), as soon as there is some; b""
+        once the program ended or the socket closed (`exit_code` is then set). `WaitTimeout`
+        when nothing came within `timeout` seconds."""
+        deadline = _pty.Deadline(timeout)
+        while True:
+            text = self._state.take_all()
+            if text:
+                return text.encode("utf-8")
+            if self._state.ended:
+                return b""
+            self._pull(deadline.left())
 
     def expect(self, expected: Expected, timeout: Optional[float] = 60.0) -> str:
-        """Reads until the output shows `expected` (text, or a compiled regular expression):
-        the output up to and including it, taken (the next `expect` looks past it).
-        `WaitTimeout` past `timeout` seconds, `EOFError` when the program ends first; both
-        say what was seen."""
+        """Reads until the output not yet taken shows `expected` (text, or a compiled regular
+        expression): that output up to and including it, taken. `WaitTimeout` past `timeout`
+        seconds, `EOFError` when the program ends first; both say what was seen."""
         _pty.compile_expected(expected)
         deadline = _pty.Deadline(timeout)
         while True:
@@ -126,15 +133,16 @@ class Terminal:
             if self._state.ended:
                 raise EOFError(_pty.unseen(self._state, expected, "the terminal ended before it showed"))
             try:
-                self.recv(timeout=deadline.left())
+                self._pull(deadline.left())
             except WaitTimeout:
                 raise WaitTimeout(_pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")) from None
 
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        """Reads (and drops) the output until the program ends: its exit code."""
+        """Reads the output (and drops it) until the program ends: its exit code."""
         deadline = _pty.Deadline(timeout)
         while not self._state.ended:
-            self.recv(timeout=deadline.left())
+            self._pull(deadline.left())
+            self._state.take_all()
         return self._state.exit_code
 
     def close(self) -> None:

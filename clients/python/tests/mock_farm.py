@@ -3,6 +3,7 @@ list (the last answer repeats), and every request is kept for the test to check.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import tarfile
@@ -124,3 +125,80 @@ ENV = {"id": "env-1", "state": "ready", "spec": {"image": "python:3.12-slim"}, "
 SANDBOX = {"id": "sb-1", "environment": "env-1", "state": "running", "cpus": 1, "memory_mib": 512, "network": None,
            "workdir": "/", "user": "root", "created_at_ms": 1, "expires_at_ms": 2, "idle_timeout_secs": 600,
            "metadata": {}}
+PROCESS = {"pid": 42, "command": "python3 -m http.server", "started_at_ms": 1, "state": "running", "exit_code": None,
+           "signal": None, "pty": False, "stdout_bytes": 0, "stderr_bytes": 0, "stdin_open": True}
+PORT = {"port": 8000, "url": "http://0123abcd.localhost:9000/", "token": "0123abcd", "address": "127.0.0.1:9000",
+        "header": "Farm-Port-Token"}
+ENTRY = {"name": "index.html", "type": "file", "size": 5, "mode": 0o644, "uid": 0, "gid": 0, "modified_at_ms": 1,
+         "target": None}
+
+
+def process(**changes: Any) -> Dict[str, Any]:
+    """A process as the service describes it, with `changes`."""
+    return dict(PROCESS, **changes)
+
+
+def chunk(data: str, offset: int = 0, **changes: Any) -> Dict[str, Any]:
+    """A chunk of output as the service answers it."""
+    size = len(data.encode())
+    return dict({"data": data, "offset": offset, "next": offset + size, "dropped": 0, "eof": False,
+                 "state": "running", "exit_code": None, "signal": None}, **changes)
+
+
+class FakeSocket:
+    """A terminal's WebSocket for the tests: what the service says, in order (`EOFError` past
+    the end, as a closed connection); what the client sent, kept. It answers the sync and the
+    async client (`recv` and `send` awaited when `asynchronous`)."""
+
+    def __init__(self, messages: Iterable[Union[str, bytes]], asynchronous: bool = False) -> None:
+        self.messages = list(messages)
+        self.sent: List[Union[str, bytes]] = []
+        self.closed = False
+        self.asynchronous = asynchronous
+        self.url: Optional[str] = None
+        self.headers: Dict[str, str] = {}
+
+    def connect(self, url: str, additional_headers: Dict[str, str], open_timeout: float) -> Any:
+        self.url, self.headers = url, dict(additional_headers)
+        if not self.asynchronous:
+            return self
+
+        async def opened() -> "FakeSocket":
+            return self
+
+        return opened()
+
+    def _next(self) -> Union[str, bytes]:
+        if not self.messages:
+            raise EOFError("closed")
+        message = self.messages.pop(0)
+        if isinstance(message, Exception):
+            raise message
+        return message
+
+    def recv(self, timeout: Optional[float] = None) -> Any:
+        if not self.asynchronous:
+            return self._next()
+
+        async def received() -> Union[str, bytes]:
+            if self.messages and self.messages[0] is HANG:
+                await asyncio.sleep(3600)
+            return self._next()
+
+        return received()
+
+    def send(self, message: Union[str, bytes]) -> Any:
+        self.sent.append(message)
+        return _done() if self.asynchronous else None
+
+    def close(self) -> Any:
+        self.closed = True
+        return _done() if self.asynchronous else None
+
+
+#: Put in a `FakeSocket`'s messages: the async client waits there for ever.
+HANG = TimeoutError("nothing comes")
+
+
+async def _done() -> None:
+    return None

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from farm_sdk import _calls
-from farm_sdk.models import Context, Environment, ExecResult, SandboxInfo
+from farm_sdk import _calls, _hosting, _pty
+from farm_sdk.hosting_models import OutputChunk, Port, ProcessInfo
+from farm_sdk.models import Context, EntryInfo, Environment, ExecResult, FolderListing, SandboxInfo
 
 DOCUMENT = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
 
@@ -25,10 +26,24 @@ MODELS = {
     SandboxInfo: ("SandboxView", {}, set()),
     ExecResult: ("CommandOutput", {}, set()),
     Context: ("Uploaded", {"id": "context"}, set()),
+    ProcessInfo: ("ProcessView", {}, set()),
+    OutputChunk: ("OutputChunk", {}, set()),
+    Port: ("PortView", {}, set()),
+    EntryInfo: ("EntryView", {}, set()),
+    FolderListing: ("FolderListing", {}, set()),
 }
+#: Fields a model has of its own, not read from the answer (said in its docstring).
+CLIENT_FIELDS = {OutputChunk: {"stream"}}
 
 #: JSON Schema types a Python annotation may read.
-PYTHON_TYPES = {str: {"string"}, int: {"integer"}, bool: {"boolean"}, float: {"number", "integer"}, dict: {"object"}}
+PYTHON_TYPES = {
+    str: {"string"},
+    int: {"integer"},
+    bool: {"boolean"},
+    float: {"number", "integer"},
+    dict: {"object"},
+    list: {"array"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +83,7 @@ def test_a_model_reads_what_its_answer_holds(model, schemas):
     hints = typing.get_type_hints(model)
     read = set()
     for f in dataclasses.fields(model):
-        if f.name in ("raw", "_api"):
+        if f.name in ("raw", "_api") or f.name in CLIENT_FIELDS.get(model, ()):
             continue
         prop = renamed.get(f.name, f.name)
         assert prop in props, f"{model.__name__}.{f.name} reads {prop!r}, which {name} does not have"
@@ -97,3 +112,42 @@ def test_a_log_page_and_requests_name_what_the_service_takes(schemas):
     for command in ("echo hi", ["echo", "hi"]):
         call = _calls.exec_call("sb-1", command, "/", {"A": "b"}, "u", 5, "in", 1024, stream=False)
         assert set(call.json) <= set(schemas["SandboxExecRequest"]["properties"]), call.json
+
+
+def test_the_hosting_requests_name_what_the_service_takes(schemas):
+    """The bodies of processes, ports, timers and branches, with every option given."""
+    start = _hosting.start_call("sb-1", "top", "/", {"A": "b"}, "u", 4096, (24, 80))
+    assert set(start.json) <= set(schemas["ProcessStart"]["properties"]), start.json
+    assert set(start.json["pty"]) == set(schemas["PtySize"]["required"])
+    argv = _hosting.start_call("sb-1", ["ls", "-l"], None, None, None, None, None)
+    assert set(argv.json) <= set(schemas["ProcessStart"]["properties"]), argv.json
+    stdin = _hosting.stdin_call("sb-1", 1, "x", True)
+    assert set(stdin.json) <= set(schemas["StdinWrite"]["properties"]), stdin.json
+    signal = _hosting.signal_call("sb-1", 1, 9)
+    assert set(signal.json) == set(schemas["SignalSend"]["required"]) and schemas["SignalSend"]["properties"]["signal"]["type"] == "string"
+    assert set(_hosting.timeout_body(1, 2, 3)) <= set(schemas["TimeoutRequest"]["properties"])
+    assert {"port"} == set(schemas["PortOpen"]["properties"])
+    assert {"count"} == set(schemas["BranchRequest"]["properties"])
+    resize = json.loads(_pty.resize_message(1, 2))
+    resize_schema = next(s for s in schemas["PtyControl"]["oneOf"] if s["properties"]["type"].get("enum") == ["resize"])
+    assert set(resize) == set(resize_schema["required"])
+
+
+def _query(document, path, method="get"):
+    return {p["name"] for p in document["paths"][path][method].get("parameters", []) if p["in"] == "query"}
+
+
+def test_the_queries_the_sdk_sends_are_the_services():
+    document = json.loads(DOCUMENT.read_text())
+    processes = "/v1/sandboxes/{id}/processes/{pid}"
+    output = _hosting.output_call("sb-1", 1, "stdout", 0, 10, 5)
+    assert set(output.params) <= _query(document, processes + "/output")
+    follow = _hosting.follow_call("sb-1", 1, 0, 0)
+    assert set(follow.params) <= _query(document, processes + "/output/stream")
+    assert set(_hosting.wait_call("sb-1", 1, 5).params) <= _query(document, processes + "/wait", "post")
+    listed = _hosting.list_sandboxes_call("running", {"k": "v"})
+    assert {"metadata.KEY" if k.startswith("metadata.") else k for k in listed.params} <= _query(document, "/v1/sandboxes")
+    url, _, _ = _pty.address("http://h", {}, "sb-1", 24, 80, "sh", "/", "u", None, None, True)
+    attach, _, _ = _pty.address("http://h", {}, "sb-1", 24, 80, None, None, None, 7, 0, False)
+    names = {part.split("=")[0] for u in (url, attach) for part in u.split("?")[1].split("&")}
+    assert names <= _query(document, "/v1/sandboxes/{id}/pty")

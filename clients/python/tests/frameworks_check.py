@@ -1,0 +1,235 @@
+"""farm_sdk's framework backends and its hosting faces against a real `farm serve`:
+`farm/tests/frameworks.rs` runs each part in the agents venv of `scripts/setup.sh` (SWE-ReX,
+mini-swe-agent and websockets from PyPI), with this checkout's SDK on PYTHONPATH.
+
+    python frameworks_check.py swerex|minisweagent|sdk URL ENVIRONMENT
+
+ENVIRONMENT is a ready environment whose image has SWE-ReX installed and Python 3. Each part
+removes every sandbox it makes, and prints `PART: ok` last.
+"""
+
+import asyncio
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from farm_sdk import AsyncFarm, Farm, NotFound, WaitTimeout
+
+
+def swerex(url, env):
+    from farm_sdk.swerex import FarmDeployment
+    from swerex.exceptions import DeploymentNotStartedError
+    from swerex.runtime.abstract import (
+        BashAction,
+        CloseBashSessionRequest,
+        Command,
+        CreateBashSessionRequest,
+        ReadFileRequest,
+        UploadRequest,
+        WriteFileRequest,
+    )
+
+    async def main():
+        deployment = FarmDeployment(environment=env, url=url, sandbox_options={"metadata": {"check": "swerex"}})
+        await deployment.start()
+        try:
+            assert (await deployment.is_alive()).is_alive
+            runtime, sandbox = deployment.runtime, deployment.sandbox
+            await runtime.create_session(CreateBashSessionRequest(startup_timeout=120))
+            # A session is one shell: a variable and a folder carry from command to command.
+            for command in ("export GREETING=hello-rex", "mkdir -p /tmp/rex && cd /tmp/rex"):
+                observed = await runtime.run_in_session(BashAction(command=command, timeout=120))
+                assert observed.exit_code == 0, observed
+            observed = await runtime.run_in_session(BashAction(command='echo "$GREETING in $(pwd)"', timeout=120))
+            assert observed.output.strip() == "hello-rex in /tmp/rex", observed
+            failed = await runtime.run_in_session(BashAction(command="ls /nowhere", check="silent", timeout=120))
+            assert failed.exit_code == 2 and "No such file" in failed.output, failed
+            # A one-off command runs apart from the session.
+            alone = await runtime.execute(Command(command="echo ${GREETING:-unset} $(pwd)", shell=True, cwd="/"))
+            assert alone.stdout.strip() == "unset /", alone
+            argv = await runtime.execute(Command(command=["python3", "-c", "import sys; print(sys.version_info[:2]); sys.exit(3)"]))
+            assert argv.exit_code == 3 and argv.stdout.strip() == "(3, 11)", argv
+            # Files, written and read by the runtime; the sandbox sees them.
+            await runtime.write_file(WriteFileRequest(path="/tmp/rex/note.txt", content="written by swe-rex\n"))
+            assert (await runtime.read_file(ReadFileRequest(path="/tmp/rex/note.txt"))).content == "written by swe-rex\n"
+            assert await sandbox.files.read("/tmp/rex/note.txt") == b"written by swe-rex\n"
+            with tempfile.TemporaryDirectory() as local:
+                (Path(local) / "pkg").mkdir()
+                (Path(local) / "pkg" / "mod.py").write_text("VALUE = 42\n")
+                await runtime.upload(UploadRequest(source_path=local, target_path="/tmp/rex/up"))
+            observed = await runtime.run_in_session(
+                BashAction(command="python3 -c 'import sys; sys.path.insert(0, \"up\"); from pkg.mod import VALUE; print(VALUE)'", timeout=120)
+            )
+            assert observed.output.strip() == "42", observed
+            await runtime.close_session(CloseBashSessionRequest())
+            log = await deployment.server.output("stderr")
+            assert "POST /run_in_session" in log.data or "Uvicorn running" in log.data, log.data[-2000:]
+            made = sandbox.id
+        finally:
+            await deployment.stop()
+        try:
+            deployment.runtime
+        except DeploymentNotStartedError:
+            pass
+        else:
+            raise AssertionError("a stopped deployment still has a runtime")
+        async with AsyncFarm(url) as farm:
+            try:
+                await farm.sandboxes.get(made)
+            except NotFound:
+                return made
+            raise AssertionError(f"sandbox {made} outlived the deployment's stop")
+
+    made = asyncio.run(main())
+    print(f"swe-rex ran in sandbox {made}, removed at stop")
+
+
+def minisweagent(url, env):
+    import yaml
+    from farm_sdk.minisweagent import FarmEnvironment
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.config import get_config_path
+    from minisweagent.models.test_models import DeterministicModel, make_output
+
+    def step(thought, command):
+        return make_output(f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```", [{"command": command}])
+
+    model = DeterministicModel(
+        outputs=[
+            step("Write the answer.", "mkdir -p answer && printf 'the answer is %s\\n' $((6 * 7)) > answer/out.txt && cat answer/out.txt"),
+            step("Check it, and where I am.", 'test "$(cat answer/out.txt)" = "the answer is 42" && echo verified in $(pwd) as $FARM_CHECK; echo to-stderr >&2'),
+            step("Submit.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer/out.txt"),
+        ]
+    )
+    agent_config = yaml.safe_load(get_config_path("default").read_text())["agent"]
+    with FarmEnvironment(environment=env, url=url, cwd="/work", env={"FARM_CHECK": "farm"}, timeout=120,
+                         sandbox_options={"metadata": {"check": "minisweagent"}}) as environment:
+        sandbox = environment.sandbox
+        sandbox.exec(["mkdir", "-p", "/work"])
+        agent = DefaultAgent(model, environment, **dict(agent_config, step_limit=10, cost_limit=0))
+        result = agent.run("Write the answer to /work/answer/out.txt, then submit it.")
+        assert result["exit_status"] == "Submitted", result
+        assert result["submission"] == "the answer is 42\n", result
+        assert sandbox.files.read("/work/answer/out.txt") == b"the answer is 42\n"
+        observations = [m["content"] for m in agent.messages if m.get("role") == "user"][1:]
+        assert "<returncode>0</returncode>" in observations[1], observations
+        assert "verified in /work as farm\nto-stderr\n" in observations[1], observations
+        # The task's prompt names the sandbox's kernel, not the host's.
+        release = sandbox.exec(["uname", "-r"]).stdout.strip()
+        assert release in agent.messages[1]["content"], agent.messages[1]["content"][-800:]
+        # An action past its time is killed and says so; a failing one gives its code.
+        late = environment.execute({"command": "sleep 600"}, timeout=3)
+        assert late["returncode"] == -1 and "timed out after 3 seconds" in late["exception_info"], late
+        failing = environment.execute({"command": "exit 5"})
+        assert failing["returncode"] == 5 and failing["exception_info"] == "", failing
+        assert environment.serialize()["info"]["farm"]["sandbox"] == sandbox.id
+        made = sandbox.id
+    with Farm(url) as farm:
+        try:
+            farm.sandboxes.get(made)
+        except NotFound:
+            print(f"mini-swe-agent submitted in sandbox {made}, removed at cleanup")
+            return
+    raise AssertionError(f"sandbox {made} outlived cleanup()")
+
+
+def _until_served(port, deadline_secs=180):
+    """The first 200 of the port's service (it may still be starting: 502 until it listens)."""
+    deadline = time.monotonic() + deadline_secs
+    while True:
+        answer = port.request("GET", "/")
+        if answer.status_code == 200 or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.5)
+
+
+def sdk(url, env):
+    with Farm(url) as farm, farm.sandboxes.create(env, metadata={"check": "sdk"}) as sb:
+        # Files and folders without exec.
+        sb.files.write("/srv/www/index.html", "<h1>hello from farm</h1>\n")
+        listing = sb.files.list("/srv/www")
+        assert listing.names == ["index.html"] and listing.entries[0].is_file and not listing.truncated, listing
+        assert sb.files.stat("/srv/www").is_dir and not sb.files.exists("/srv/none")
+        # A web server in the background, reached through its open port.
+        server = sb.processes.start(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"], cwd="/srv/www")
+        port = sb.ports.open(8000)
+        answer = _until_served(port)
+        assert answer.status_code == 200 and answer.text == "<h1>hello from farm</h1>\n", (answer, answer.text)
+        assert [p.port for p in sb.ports.list()] == [8000]
+        with port.client() as client:
+            assert client.get("/missing").status_code == 404
+        log = server.output("stderr", wait=30)
+        assert '"GET / HTTP/1.1" 200' in log.data, log
+        again = sb.processes.get(server.pid)
+        assert again.running and again.info.command.startswith("python3"), again
+        assert server.pid in [p.pid for p in sb.processes.list()]
+        server.signal("TERM")
+        ended = server.wait(timeout=120)
+        assert ended.exited and ended.signal == 15, ended
+        sb.ports.close(8000)
+        assert port.request("GET", "/").status_code == 404
+        # A process fed on stdin, followed to its end.
+        echo = sb.processes.start("while read l; do echo got:$l; echo err:$l >&2; done; echo bye; exit 3")
+        echo.send_stdin("a\nb\n", close=True)
+        chunks = list(echo.follow())
+        out = "".join(c.data for c in chunks if c.stream == "stdout")
+        err = "".join(c.data for c in chunks if c.stream == "stderr")
+        assert (out, err, echo.exit_code) == ("got:a\ngot:b\nbye\n", "err:a\nerr:b\n", 3), (out, err, echo.info)
+        # Python's REPL on a terminal.
+        with sb.pty(rows=30, cols=100, command="python3 -q") as terminal:
+            terminal.expect(">>> ")
+            terminal.send("print(sum(i * i for i in range(5)))\n")
+            terminal.expect(re.compile(r"^30\r?$", re.M))
+            terminal.resize(40, 120)
+            terminal.send("import os; print(os.get_terminal_size())\n")
+            terminal.expect("columns=120, lines=40")
+            terminal.send("exit()\n")
+            assert terminal.wait(timeout=120) == 0
+        # Timers, the list filtered, many branches in one call.
+        info = sb.set_timeout(1800, idle=300)
+        assert info.idle_timeout_secs == 300 and info.expires_at_ms, info
+        assert [s.id for s in farm.sandboxes.list(metadata={"check": "sdk"})] == [sb.id]
+        assert farm.sandboxes.list(state="paused") == []
+        branches = sb.branch(count=2)
+        try:
+            for branch in branches:
+                assert branch.files.read("/srv/www/index.html") == b"<h1>hello from farm</h1>\n"
+                assert branch.info().parent == sb.id
+        finally:
+            for branch in branches:
+                branch.kill()
+    asyncio.run(_sdk_async(url, env))
+    print("the SDK's processes, ports and terminals work, sync and async")
+
+
+async def _sdk_async(url, env):
+    async with AsyncFarm(url) as farm, farm.sandboxes.create(env) as sb:
+        counter = await sb.processes.start("for i in 1 2 3; do echo n$i; done; exit 4")
+        lines = [chunk.data async for chunk in counter.follow()]
+        assert "".join(lines) == "n1\nn2\nn3\n" and counter.exit_code == 4, (lines, counter.info)
+        # A kept terminal outlives its socket; attaching again replays what it printed.
+        async with await sb.pty(command="bash", keep=True) as terminal:
+            await terminal.send("echo kept-$((40 + 2))\n")
+            await terminal.expect("kept-42")
+            pid = terminal.pid
+        async with await sb.pty(pid=pid, rows=50, cols=90) as again:
+            await again.expect("kept-42")
+            await again.send("stty size; exit 7\n")
+            await again.expect("50 90")
+            assert await again.wait(timeout=120) == 7
+        shell = await sb.processes.get(pid)
+        assert shell.info.pty and shell.exit_code == 7, shell.info
+        try:
+            await shell.wait(timeout=0)
+        except WaitTimeout:
+            raise AssertionError("an ended process is not waited for")
+
+
+PARTS = {"swerex": swerex, "minisweagent": minisweagent, "sdk": sdk}
+
+if __name__ == "__main__":
+    part, url, env = sys.argv[1:4]
+    PARTS[part](url, env)
+    print(f"{part}: ok")
