@@ -201,8 +201,8 @@ def delete_sandbox(sandbox_id: str) -> Call:
 
 
 def sandbox_action(sandbox_id: str, action: str) -> Call:
-    """`branch` and `snapshot` make something (so they carry a key); `pause` and `resume`
-    answer the same when repeated."""
+    """`branch` and `snapshot` make something (so they carry a key); `pause`, `resume` and
+    `checkpoint` answer the same when repeated."""
     key = new_key() if action in ("branch", "snapshot") else None
     return Call("POST", f"/v1/sandboxes/{_id(sandbox_id)}/{action}", json={}, idempotency_key=key)
 

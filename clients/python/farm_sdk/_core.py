@@ -206,7 +206,8 @@ def branch(sandbox_id: str) -> Operation[str]:
     return SandboxInfo.from_json((yield from _json(calls.sandbox_action(sandbox_id, "branch")))).id
 
 
-def pause_or_resume(sandbox_id: str, action: str) -> Operation[SandboxInfo]:
+def sandbox_action(sandbox_id: str, action: str) -> Operation[SandboxInfo]:
+    """`pause`, `resume` or `checkpoint`: the sandbox after it."""
     return SandboxInfo.from_json((yield from _json(calls.sandbox_action(sandbox_id, action))))
 
 

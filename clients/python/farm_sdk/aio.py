@@ -324,10 +324,14 @@ class AsyncSandbox:
         return await AsyncTerminal.open(self._http, self.id, rows, cols, command, cwd, user, pid, offset, keep)
 
     async def pause(self) -> SandboxInfo:
-        return await _run(self._http, core.pause_or_resume(self.id, "pause"))
+        return await _run(self._http, core.sandbox_action(self.id, "pause"))
 
     async def resume(self) -> SandboxInfo:
-        return await _run(self._http, core.pause_or_resume(self.id, "resume"))
+        return await _run(self._http, core.sandbox_action(self.id, "resume"))
+
+    async def checkpoint(self) -> SandboxInfo:
+        """See `Sandbox.checkpoint`."""
+        return await _run(self._http, core.sandbox_action(self.id, "checkpoint"))
 
     async def snapshot(self) -> AsyncEnvironment:
         return await _run(self._http, core.snapshot(self.farm.environments._environment, self.id))

@@ -316,11 +316,16 @@ class Sandbox:
 
     def pause(self) -> SandboxInfo:
         """Saves it to disk and stops its VM (no slot, no idle timer)."""
-        return _run(self._http, core.pause_or_resume(self.id, "pause"))
+        return _run(self._http, core.sandbox_action(self.id, "pause"))
 
     def resume(self) -> SandboxInfo:
         """Runs a paused sandbox again from its saved state, processes and all."""
-        return _run(self._http, core.pause_or_resume(self.id, "resume"))
+        return _run(self._http, core.sandbox_action(self.id, "resume"))
+
+    def checkpoint(self) -> SandboxInfo:
+        """Saves its state (memory, processes, disk) for a restart of the service to bring
+        back; it runs on. `checkpoint_at_ms` says when."""
+        return _run(self._http, core.sandbox_action(self.id, "checkpoint"))
 
     def snapshot(self) -> Environment:
         """A new ready environment of this sandbox's state, to fork many from."""

@@ -314,6 +314,19 @@ def test_set_timeout_sends_what_was_given(face):
 
 
 @pytest.mark.parametrize("face", FACES)
+def test_a_checkpoint_is_taken_and_the_sandbox_runs_on(face):
+    saved = dict(SANDBOX, checkpoint_at_ms=1764990000000)
+    server = MockFarm().on("POST", f"{SB}/checkpoint", httpx.Response(200, json=saved))
+
+    async def run(sb):
+        info = await step(sb.checkpoint())
+        assert info.state == "running" and info.checkpoint_at_ms == 1764990000000
+
+    scenario(face, server, run)
+    assert server.paths() == [f"POST {SB}/checkpoint"]
+
+
+@pytest.mark.parametrize("face", FACES)
 def test_the_sandbox_list_is_filtered_by_state_and_metadata(face):
     server = MockFarm().on("GET", "/v1/sandboxes", httpx.Response(200, json={"sandboxes": [SANDBOX]}))
 
