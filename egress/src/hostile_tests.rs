@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::policy::{Attempt, Policy, SharedPolicy, UpstreamFailure, Verdict};
 use crate::rules::{Rule, RuleSet};
 
+mod connections;
 mod destinations;
 
 /// Request lines a naive upstream executed.

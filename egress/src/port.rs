@@ -48,6 +48,11 @@ impl NetPort {
 pub struct GuestConnector(mpsc::Sender<GuestConnect>);
 
 impl GuestConnector {
+    #[cfg(test)]
+    pub(crate) fn from_sender(connects: mpsc::Sender<GuestConnect>) -> GuestConnector {
+        GuestConnector(connects)
+    }
+
     /// A connection to the guest's `127.0.0.1:port`, as a byte stream: it ends when the
     /// guest's side closes, and nothing listening there closes it at once.
     pub async fn connect(&self, port: u16) -> std::io::Result<tokio::io::DuplexStream> {
@@ -90,7 +95,8 @@ pub(crate) async fn serve(
     mut connects: mpsc::Receiver<GuestConnect>,
 ) {
     let (mut read, write) = stream.into_split();
-    let to_guest = spawn_writer(write);
+    let (closed_tx, mut closed) = mpsc::unbounded_channel();
+    let to_guest = spawn_writer(write, closed_tx);
     let mut conns: HashMap<u32, Conn> = HashMap::new();
     let mut pending = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
@@ -98,9 +104,14 @@ pub(crate) async fn serve(
     loop {
         let n = tokio::select! {
             n = read.read(&mut buf) => match n {
-                Ok(0) | Err(_) => return,
+                Ok(0) => return tracing::debug!("the guest's network port closed"),
+                Err(e) => return tracing::debug!("the guest's network port failed: {e}"),
                 Ok(n) => n,
             },
+            Some(conn) = closed.recv() => {
+                conns.remove(&conn);
+                continue;
+            }
             Some(GuestConnect { port, reply }) = connects.recv() => {
                 let host_count = conns.keys().filter(|id| **id & HOST_CONN != 0).count();
                 if host_count >= MAX_CONNS {
@@ -113,7 +124,7 @@ pub(crate) async fn serve(
                 conns.insert(id, Conn::Relay(relay(id, Vec::new(), ours, to_guest.clone())));
                 let connect = Frame { conn: id, kind: Kind::Connect, payload: port.to_be_bytes().to_vec() };
                 if to_guest.send(connect).await.is_err() {
-                    return;
+                    return tracing::debug!("the guest's network port stopped taking frames");
                 }
                 let _ = reply.send(Ok(theirs));
                 continue;
@@ -124,11 +135,15 @@ pub(crate) async fn serve(
             let (frame, used) = match Frame::decode(&pending) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
-                Err(_) => return, // a guest that speaks nonsense loses its network
+                Err(e) => {
+                    return tracing::warn!(
+                        "the guest sent a bad frame on its network port ({e:?}): it loses its network"
+                    )
+                }
             };
             pending.drain(..used);
             if !on_frame(frame, &mut conns, &policy, &to_guest).await {
-                return;
+                return tracing::warn!("the guest broke the network port's protocol: it loses its network");
             }
         }
     }
@@ -198,12 +213,20 @@ async fn on_frame(
 }
 
 /// The task that writes every frame for the guest, in the order sent on the channel it returns.
-fn spawn_writer(mut write: tokio::net::unix::OwnedWriteHalf) -> mpsc::Sender<Frame> {
+/// Each connection it closes is told on `closed`: the guest answers a close of the host's
+/// with nothing, so the port forgets the connection then (or its count would only grow).
+fn spawn_writer(
+    mut write: tokio::net::unix::OwnedWriteHalf,
+    closed: mpsc::UnboundedSender<u32>,
+) -> mpsc::Sender<Frame> {
     let (to_guest, mut outgoing) = mpsc::channel::<Frame>(256);
     tokio::spawn(async move {
         while let Some(frame) = outgoing.recv().await {
             if write.write_all(&frame.encode()).await.is_err() {
                 return;
+            }
+            if frame.kind == Kind::Close {
+                let _ = closed.send(frame.conn);
             }
         }
     });

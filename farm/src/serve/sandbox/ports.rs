@@ -221,8 +221,12 @@ async fn connection(mut stream: tokio::net::TcpStream, ports: &Ports, sandboxes:
         Ok(found) => found,
         Err(e) => return refuse(&mut stream, e.status, &e.message).await,
     };
-    let Ok(upstream) = guest.connect(opened.port).await else {
-        return refuse(&mut stream, 502, "the sandbox's VM is gone").await;
+    let upstream = match guest.connect(opened.port).await {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            tracing::warn!(sandbox = %opened.sandbox, port = opened.port, "a port connection failed: {e}");
+            return refuse(&mut stream, 502, &format!("cannot reach the sandbox's port: {e}")).await;
+        }
     };
     join(stream, upstream, head, opened.port).await;
 }
