@@ -422,14 +422,15 @@ protocol_venv "$CACHE/mcp-venv" "mcp==2.3.0" "from mcp.client.streamable_http im
 # ---------------------------------------------------------------------------------------------
 # 7c. The agent frameworks the SDK's backends are tested with (farm/tests/frameworks.rs),
 # unmodified from PyPI: SWE-ReX (its deployment, farm_sdk.swerex) and mini-swe-agent (its
-# environment, farm_sdk.minisweagent), with websockets (the SDK's terminal, farm-sdk[pty]) and
-# httpx, in $CACHE/agents-venv; same Python as Harbor. And SWE-ReX's server for the guest:
-# wheels for the python image's interpreter (Debian bookworm's CPython 3.11, x86_64, no pip),
-# pip's own wheel among them, in $CACHE/swerex-wheels, so a Dockerfile installs it with no
-# network (`python3 pip-*.whl/pip install --no-index --find-links ...`).
+# environment, farm_sdk.minisweagent), with websockets (the SDK's terminal, farm-sdk[pty]),
+# httpx and pytest (the backends' scripted tests run there too), in $CACHE/agents-venv; same
+# Python as Harbor. And SWE-ReX's server for the guest: wheels for the python image's
+# interpreter (Debian bookworm's CPython 3.11, x86_64, no pip), pip's own wheel among them, in
+# $CACHE/swerex-wheels, so a Dockerfile installs it with no network (pip run from its wheel,
+# `--no-index --find-links`).
 SWEREX_VERSION="1.4.0"
 protocol_venv "$CACHE/agents-venv" \
-  "swe-rex==$SWEREX_VERSION mini-swe-agent==2.4.6 websockets==15.0.1 httpx==0.28.1" \
+  "swe-rex==$SWEREX_VERSION mini-swe-agent==2.4.6 websockets==15.0.1 httpx==0.28.1 pytest==8.3.4" \
   "import os; os.environ['MSWEA_SILENT_STARTUP'] = '1'; import swerex.runtime.remote, minisweagent.environments, websockets.sync.client, httpx"
 SWEREX_WHEELS="$CACHE/swerex-wheels"
 SWEREX_GUEST="swe-rex==$SWEREX_VERSION pip==24.3.1"

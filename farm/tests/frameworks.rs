@@ -5,7 +5,8 @@
 //! (`farm_sdk.minisweagent`) running a task end to end with the package's own deterministic
 //! model; and the SDK's processes, ports and terminal, sync and async, against real guests.
 //! The checks are `clients/python/tests/frameworks_check.py`, run in the venv with this
-//! checkout's SDK on `PYTHONPATH`.
+//! checkout's SDK on `PYTHONPATH`, after the backends' scripted tests
+//! (`clients/python/tests/test_frameworks.py`), which must not be skipped there.
 
 mod common;
 use common::serve::{farm_serve, repo, stop, Api};
@@ -113,13 +114,12 @@ async fn environment(api: &Api, wheels: &Path) -> String {
     id
 }
 
-/// Runs one part of frameworks_check.py in the agents venv; its stdout, after checking it
-/// ended well and said so.
-async fn check(python: &Path, part: &str, url: &str, env: &str, home: &Path) -> String {
+/// `args` run by the agents venv's Python from the checkout, with its SDK on `PYTHONPATH`:
+/// (succeeded, stdout, stderr), its output shown.
+async fn venv_python(python: &Path, args: &[&str], home: &Path) -> (bool, String, String) {
     let mut command = std::process::Command::new(python);
     command
-        .arg("clients/python/tests/frameworks_check.py")
-        .args([part, url, env])
+        .args(args)
         .current_dir(repo())
         .env("PYTHONPATH", repo().join("clients/python"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -136,18 +136,40 @@ async fn check(python: &Path, part: &str, url: &str, env: &str, home: &Path) -> 
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     );
-    eprintln!("--- {part}: {:.0?} ---\n{stdout}", started.elapsed());
+    eprintln!("--- {}: {:.0?} ---\n{stdout}", args.join(" "), started.elapsed());
+    (out.status.success(), stdout, stderr)
+}
+
+/// Runs one part of frameworks_check.py; it must end well and say so.
+async fn check(python: &Path, part: &str, url: &str, env: &str, home: &Path) {
+    let script = "clients/python/tests/frameworks_check.py";
+    let (ok, stdout, stderr) = venv_python(python, &[script, part, url, env], home).await;
     assert!(
-        out.status.success() && stdout.contains(&format!("{part}: ok")),
-        "{part} failed: exit {:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
-        out.status.code()
+        ok && stdout.contains(&format!("{part}: ok")),
+        "{part} failed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
     );
-    stdout
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_frameworks_run_in_sandboxes() {
     let (python, wheels) = prerequisites();
+    // The backends against the scripted service first, in the venv that has the frameworks:
+    // none of these tests may be skipped here.
+    let home = tempfile::tempdir().unwrap();
+    let args = [
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        "clients/python/tests/test_frameworks.py",
+    ];
+    let (ok, stdout, stderr) = venv_python(&python, &args, home.path()).await;
+    assert!(
+        ok && stdout.contains(" passed") && !stdout.contains("skipped"),
+        "the backends' scripted tests\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
     let config = dir.path().join("frameworks.toml");

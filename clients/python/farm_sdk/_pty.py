@@ -68,7 +68,9 @@ def address(
     the client's `headers`, when it has one). Attaching (`pid`) takes the size and `offset`
     only; starting takes the rest."""
     if pid is not None and (command is not None or cwd is not None or user is not None or keep):
-        raise ValueError("attaching to a process (pid=) takes rows, cols and offset only, not command, cwd, user or keep")
+        raise ValueError(
+            "attaching to a process (pid=) takes rows, cols and offset only, not command, cwd, user or keep"
+        )
     if pid is None and offset is not None:
         raise ValueError("offset is for attaching to a process (pid=)")
     query: Dict[str, Any] = {"rows": int(rows), "cols": int(cols)}

@@ -55,7 +55,8 @@ class AsyncProcesses:
 
     async def get(self, pid: int) -> "AsyncProcess":
         """The handle of process `pid`, started by anyone (`NotFound` when there is none)."""
-        return AsyncProcess(self._http, self._sandbox_id, await arun(self._http, hosting.get_process(self._sandbox_id, pid)))
+        info = await arun(self._http, hosting.get_process(self._sandbox_id, pid))
+        return AsyncProcess(self._http, self._sandbox_id, info)
 
 
 class AsyncProcess:

@@ -122,7 +122,8 @@ class AsyncTerminal:
             try:
                 await self._pull(deadline.left())
             except WaitTimeout:
-                raise WaitTimeout(_pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")) from None
+                shown = _pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")
+                raise WaitTimeout(shown) from None
 
     async def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """See `Terminal.wait`."""

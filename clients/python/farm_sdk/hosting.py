@@ -54,7 +54,8 @@ class Processes:
 
     def get(self, pid: int) -> "Process":
         """The handle of process `pid`, started by anyone (`NotFound` when there is none)."""
-        return Process(self._http, self._sandbox_id, run(self._http, hosting.get_process(self._sandbox_id, pid)))
+        info = run(self._http, hosting.get_process(self._sandbox_id, pid))
+        return Process(self._http, self._sandbox_id, info)
 
 
 class Process:

@@ -51,8 +51,9 @@ _MERGED = ["/bin/sh", "-c", 'exec "$@" 2>&1', "sh"]
 class FarmEnvironmentConfig(BaseModel):
     """The options of `FarmEnvironment`."""
 
-    environment: str
-    """The farm environment (its id) the sandbox is made from: a ready one."""
+    environment: Optional[str] = None
+    """The farm environment (its id) the sandbox is made from: a ready one (unless a
+    `sandbox` is given)."""
     url: Optional[str] = None
     """farm serve's URL (default $FARM_URL, else http://127.0.0.1:8765)."""
     token: Optional[str] = Field(default=None, exclude=True)
@@ -93,6 +94,8 @@ class FarmEnvironment:
         self._uname: Optional[Dict[str, str]] = None
         self._owned = sandbox is None
         if sandbox is None:
+            if not self.config.environment:
+                raise ValueError("FarmEnvironment needs environment= (a farm environment's id) or sandbox=")
             farm = Farm(url=self.config.url, token=self.config.token)
             try:
                 options = dict(self.config.sandbox_options, network=self.config.network)
@@ -118,8 +121,9 @@ class FarmEnvironment:
         action submits."""
         command = action.get("command", "")
         limit = timeout or self.config.timeout
+        sandbox = self._live()  # a removed sandbox is the caller's error, not the action's
         try:
-            result = self._live().exec(
+            result = sandbox.exec(
                 [*_MERGED, *self.config.interpreter, command],
                 cwd=cwd or self.config.cwd,
                 env=self._variables() or None,
@@ -154,15 +158,12 @@ class FarmEnvironment:
     def uname(self) -> Dict[str, str]:
         """The sandbox's `system`, `node`, `release`, `version` and `machine` (asked once)."""
         if self._uname is None:
-            result = self._live().exec(["uname", "-s", "-n", "-r", "-m"], timeout=60)
-            version = self._live().exec(["uname", "-v"], timeout=60)
-            if not (result.ok and version.ok):
-                raise FarmError(None, f"uname failed in sandbox {self._live().id}: {result.stderr or version.stderr}")
-            system, node, release, machine = result.stdout.split()
-            self._uname = {
-                "system": system, "node": node, "release": release, "version": version.stdout.strip(),
-                "machine": machine,
-            }
+            names = ("system", "node", "release", "version", "machine")
+            result = self._live().exec(["/bin/sh", "-c", "uname -s; uname -n; uname -r; uname -v; uname -m"], timeout=60)
+            lines = result.stdout.splitlines()
+            if not result.ok or len(lines) != len(names):
+                raise FarmError(None, f"uname failed in sandbox {self._live().id}: {result.stderr or result.stdout}")
+            self._uname = dict(zip(names, lines))
         return self._uname
 
     def get_template_vars(self, **kwargs: Any) -> Dict[str, Any]:

@@ -13,7 +13,16 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Proto
 
 from .errors import FarmError
 
-__all__ = ["Environment", "AsyncEnvironment", "SandboxInfo", "ExecResult", "Context", "LogPage", "EntryInfo", "FolderListing"]
+__all__ = [
+    "Environment",
+    "AsyncEnvironment",
+    "SandboxInfo",
+    "ExecResult",
+    "Context",
+    "LogPage",
+    "EntryInfo",
+    "FolderListing",
+]
 
 #: A page of build log: its lines, the offset to ask for next, and the build's state.
 LogPage = Tuple[List[str], int, str]

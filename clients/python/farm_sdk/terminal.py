@@ -135,7 +135,8 @@ class Terminal:
             try:
                 self._pull(deadline.left())
             except WaitTimeout:
-                raise WaitTimeout(_pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")) from None
+                shown = _pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")
+                raise WaitTimeout(shown) from None
 
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """Reads the output (and drops it) until the program ends: its exit code."""

@@ -49,19 +49,20 @@ def swerex(url, env):
             # A one-off command runs apart from the session.
             alone = await runtime.execute(Command(command="echo ${GREETING:-unset} $(pwd)", shell=True, cwd="/"))
             assert alone.stdout.strip() == "unset /", alone
-            argv = await runtime.execute(Command(command=["python3", "-c", "import sys; print(sys.version_info[:2]); sys.exit(3)"]))
+            version = "import sys; print(sys.version_info[:2]); sys.exit(3)"
+            argv = await runtime.execute(Command(command=["python3", "-c", version]))
             assert argv.exit_code == 3 and argv.stdout.strip() == "(3, 11)", argv
             # Files, written and read by the runtime; the sandbox sees them.
             await runtime.write_file(WriteFileRequest(path="/tmp/rex/note.txt", content="written by swe-rex\n"))
-            assert (await runtime.read_file(ReadFileRequest(path="/tmp/rex/note.txt"))).content == "written by swe-rex\n"
+            read = await runtime.read_file(ReadFileRequest(path="/tmp/rex/note.txt"))
+            assert read.content == "written by swe-rex\n", read
             assert await sandbox.files.read("/tmp/rex/note.txt") == b"written by swe-rex\n"
             with tempfile.TemporaryDirectory() as local:
                 (Path(local) / "pkg").mkdir()
                 (Path(local) / "pkg" / "mod.py").write_text("VALUE = 42\n")
                 await runtime.upload(UploadRequest(source_path=local, target_path="/tmp/rex/up"))
-            observed = await runtime.run_in_session(
-                BashAction(command="python3 -c 'import sys; sys.path.insert(0, \"up\"); from pkg.mod import VALUE; print(VALUE)'", timeout=120)
-            )
+            uploaded = "python3 -c 'import sys; sys.path.insert(0, \"up\"); from pkg.mod import VALUE; print(VALUE)'"
+            observed = await runtime.run_in_session(BashAction(command=uploaded, timeout=120))
             assert observed.output.strip() == "42", observed
             await runtime.close_session(CloseBashSessionRequest())
             log = await deployment.server.output("stderr")
@@ -98,8 +99,11 @@ def minisweagent(url, env):
 
     model = DeterministicModel(
         outputs=[
-            step("Write the answer.", "mkdir -p answer && printf 'the answer is %s\\n' $((6 * 7)) > answer/out.txt && cat answer/out.txt"),
-            step("Check it, and where I am.", 'test "$(cat answer/out.txt)" = "the answer is 42" && echo verified in $(pwd) as $FARM_CHECK; echo to-stderr >&2'),
+            step("Write the answer.",
+                 "mkdir -p answer && printf 'the answer is %s\\n' $((6 * 7)) > answer/out.txt && cat answer/out.txt"),
+            step("Check it, and where I am.",
+                 'test "$(cat answer/out.txt)" = "the answer is 42" && echo verified in $(pwd) as $FARM_CHECK; '
+                 "echo to-stderr >&2"),
             step("Submit.", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer/out.txt"),
         ]
     )

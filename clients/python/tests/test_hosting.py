@@ -82,7 +82,8 @@ def test_a_process_starts_with_only_what_was_given_and_is_never_sent_twice(face)
 def test_processes_are_listed_and_found_again_by_pid(face):
     server = (
         MockFarm()
-        .on("GET", f"{SB}/processes", httpx.Response(200, json={"processes": [process(), process(pid=7, state="exited", exit_code=0)]}))
+        .on("GET", f"{SB}/processes",
+            httpx.Response(200, json={"processes": [process(), process(pid=7, state="exited", exit_code=0)]}))
         .on("GET", f"{SB}/processes/7", httpx.Response(200, json=process(pid=7, state="exited", exit_code=0)))
         .on("GET", f"{SB}/processes/8", error(404, "no process 8", field="pid"))
     )
@@ -370,7 +371,8 @@ def test_folders_are_listed_and_paths_stated_without_exec(face):
 @pytest.mark.parametrize("face", FACES)
 def test_many_branches_in_one_call(face):
     many = {"sandboxes": [dict(SANDBOX, id="sb-2", parent="sb-1"), dict(SANDBOX, id="sb-3", parent="sb-1")]}
-    server = MockFarm().on("POST", f"{SB}/branch", httpx.Response(201, json=many), error(400, "count must be 1 to 32", field="count"))
+    refused = error(400, "count must be 1 to 32", field="count")
+    server = MockFarm().on("POST", f"{SB}/branch", httpx.Response(201, json=many), refused)
 
     async def run(sb):
         branches = await step(sb.branch(count=2))

@@ -129,7 +129,8 @@ def test_a_refusal_before_the_upgrade_is_the_services_error(face, monkeypatch):
     async def run():
         with pytest.raises(Conflict) as caught:
             await step(sandbox.pty(pid=7))
-        assert caught.value.field == "pid" and "GET /v1/sandboxes/sb-1/pty: 409 process 7 has no terminal" in str(caught.value)
+        assert caught.value.field == "pid"
+        assert "GET /v1/sandboxes/sb-1/pty: 409 process 7 has no terminal" in str(caught.value)
 
     asyncio.run(run())
 

@@ -124,7 +124,8 @@ def test_the_hosting_requests_name_what_the_service_takes(schemas):
     stdin = _hosting.stdin_call("sb-1", 1, "x", True)
     assert set(stdin.json) <= set(schemas["StdinWrite"]["properties"]), stdin.json
     signal = _hosting.signal_call("sb-1", 1, 9)
-    assert set(signal.json) == set(schemas["SignalSend"]["required"]) and schemas["SignalSend"]["properties"]["signal"]["type"] == "string"
+    assert set(signal.json) == set(schemas["SignalSend"]["required"])
+    assert schemas["SignalSend"]["properties"]["signal"]["type"] == "string" and signal.json["signal"] == "9"
     assert set(_hosting.timeout_body(1, 2, 3)) <= set(schemas["TimeoutRequest"]["properties"])
     assert {"port"} == set(schemas["PortOpen"]["properties"])
     assert {"count"} == set(schemas["BranchRequest"]["properties"])
@@ -146,7 +147,8 @@ def test_the_queries_the_sdk_sends_are_the_services():
     assert set(follow.params) <= _query(document, processes + "/output/stream")
     assert set(_hosting.wait_call("sb-1", 1, 5).params) <= _query(document, processes + "/wait", "post")
     listed = _hosting.list_sandboxes_call("running", {"k": "v"})
-    assert {"metadata.KEY" if k.startswith("metadata.") else k for k in listed.params} <= _query(document, "/v1/sandboxes")
+    names = {"metadata.KEY" if k.startswith("metadata.") else k for k in listed.params}
+    assert names <= _query(document, "/v1/sandboxes")
     url, _, _ = _pty.address("http://h", {}, "sb-1", 24, 80, "sh", "/", "u", None, None, True)
     attach, _, _ = _pty.address("http://h", {}, "sb-1", 24, 80, None, None, None, 7, 0, False)
     names = {part.split("=")[0] for u in (url, attach) for part in u.split("?")[1].split("&")}
