@@ -6,7 +6,7 @@
 //! model; and the SDK's processes, ports and terminal, sync and async, against real guests.
 //! The checks are `clients/python/tests/frameworks_check.py`, run in the venv with this
 //! checkout's SDK on `PYTHONPATH`, after the backends' scripted tests
-//! (`clients/python/tests/test_frameworks.py`), which must not be skipped there.
+//! (`clients/python/tests/frameworks_scripted.py`), which must not be skipped there.
 
 mod common;
 use common::serve::{farm_serve, repo, stop, Api};
@@ -163,7 +163,7 @@ async fn agent_frameworks_run_in_sandboxes() {
         "-rs",
         "-p",
         "no:cacheprovider",
-        "clients/python/tests/test_frameworks.py",
+        "clients/python/tests/frameworks_scripted.py",
     ];
     let (ok, stdout, stderr) = venv_python(&python, &args, home.path()).await;
     assert!(

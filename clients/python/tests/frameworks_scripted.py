@@ -1,6 +1,10 @@
 """The framework backends against the scripted service, where SWE-ReX and mini-swe-agent are
-installed (the agents venv of scripts/setup.sh: farm/tests/frameworks.rs runs this file
-there, none skipped, before the same backends meet real guests); skipped elsewhere.
+installed: the agents venv of scripts/setup.sh, where farm/tests/frameworks.rs runs this file
+(none skipped) before the same backends meet real guests. Its name keeps it out of a plain
+`pytest clients/python/tests` (the interpreter that runs the rest has neither framework);
+name it to run it:
+
+    $FARM_CACHE_DIR/agents-venv/bin/python -m pytest clients/python/tests/frameworks_scripted.py
 
 mini-swe-agent's environment: what each action sends and how its result reads, submission,
 timeouts, signals, failures, the sandbox's uname, cleanup. SWE-ReX's deployment: the server's
