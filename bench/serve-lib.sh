@@ -10,6 +10,6 @@ start_serve() {
     kill -0 "$serve_pid" 2>/dev/null || break
     sleep 0.5
   done
-  url=$(grep -o 'http://[0-9.:]*' "$3" | head -1 || true)
+  url=$(grep 'listening on' "$3" | grep -o 'http://[0-9.:]*' | head -1 || true)
   [ -n "$url" ] || { cat "$3" >&2; exit 1; }
 }
