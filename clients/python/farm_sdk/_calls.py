@@ -207,6 +207,17 @@ def sandbox_action(sandbox_id: str, action: str) -> Call:
     return Call("POST", f"/v1/sandboxes/{_id(sandbox_id)}/{action}", json={}, idempotency_key=key)
 
 
+def program(command: Command) -> Dict[str, Any]:
+    """What runs, as exec and a background process take it: `{"command"}` for a shell
+    string, `{"argv"}` for a program and its arguments."""
+    if isinstance(command, str):
+        return {"command": command}
+    argv = list(command)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError("an argv command must be a non-empty list of strings")
+    return {"argv": argv}
+
+
 def exec_call(
     sandbox_id: str,
     command: Command,
@@ -226,14 +237,7 @@ def exec_call(
             stdin = stdin.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError("stdin must be UTF-8 text: the exec API carries it as a JSON string") from e
-    body: Dict[str, Any]
-    if isinstance(command, str):
-        body = {"command": command}
-    else:
-        argv = list(command)
-        if not argv or not all(isinstance(a, str) for a in argv):
-            raise ValueError("an argv command must be a non-empty list of strings")
-        body = {"argv": argv}
+    body = program(command)
     timeout_secs = _secs(timeout)
     body.update(
         _given(

@@ -14,7 +14,7 @@ import signal as signals
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ._calls import Command, _given, _id
+from ._calls import Command, _given, _id, program
 from ._core import READ, Emit, Open, Operation, _json
 from ._http import Call, new_key
 from ._sse import OutputFollow
@@ -39,15 +39,6 @@ def _process(sandbox_id: str, pid: int) -> str:
     return f"{_sandbox(sandbox_id)}/processes/{int(pid)}"
 
 
-def _program(command: Command) -> Dict[str, Any]:
-    if isinstance(command, str):
-        return {"command": command}
-    argv = list(command)
-    if not argv or not all(isinstance(a, str) for a in argv):
-        raise ValueError("an argv command must be a non-empty list of strings")
-    return {"argv": argv}
-
-
 def _text(data: Union[str, bytes], what: str) -> str:
     if isinstance(data, str):
         return data
@@ -59,7 +50,7 @@ def _text(data: Union[str, bytes], what: str) -> str:
 
 def signal_name(signal: Signal) -> str:
     """What the service takes for a signal: a name or a number, as text."""
-    if isinstance(signal, bool):
+    if isinstance(signal, bool) or not isinstance(signal, (str, int)):
         raise TypeError(f"a signal is a name or a number, not {signal!r}")
     if isinstance(signal, int):  # a number, or a signal.Signals
         return str(int(signal))
@@ -85,7 +76,7 @@ def start_call(
 ) -> Call:
     """A start is never sent again once it may have reached the service (the process may be
     running); a 429 or 503 is retried."""
-    body = dict(_program(command))
+    body = program(command)
     body.update(
         _given(
             cwd=cwd,
