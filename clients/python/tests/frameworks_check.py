@@ -17,6 +17,10 @@ from pathlib import Path
 
 from farm_sdk import AsyncFarm, Farm, NotFound, WaitTimeout
 
+#: Seconds a guest under TCG, beside other tests' guests, may take to show what is expected:
+#: a deadline, not a timing claim.
+PATIENCE = 300
+
 
 def swerex(url, env):
     from farm_sdk.swerex import FarmDeployment
@@ -37,14 +41,16 @@ def swerex(url, env):
         try:
             assert (await deployment.is_alive()).is_alive
             runtime, sandbox = deployment.runtime, deployment.sandbox
-            await runtime.create_session(CreateBashSessionRequest(startup_timeout=120))
+            await runtime.create_session(CreateBashSessionRequest(startup_timeout=PATIENCE))
             # A session is one shell: a variable and a folder carry from command to command.
             for command in ("export GREETING=hello-rex", "mkdir -p /tmp/rex && cd /tmp/rex"):
-                observed = await runtime.run_in_session(BashAction(command=command, timeout=120))
+                observed = await runtime.run_in_session(BashAction(command=command, timeout=PATIENCE))
                 assert observed.exit_code == 0, observed
-            observed = await runtime.run_in_session(BashAction(command='echo "$GREETING in $(pwd)"', timeout=120))
+            read_back = BashAction(command='echo "$GREETING in $(pwd)"', timeout=PATIENCE)
+            observed = await runtime.run_in_session(read_back)
             assert observed.output.strip() == "hello-rex in /tmp/rex", observed
-            failed = await runtime.run_in_session(BashAction(command="ls /nowhere", check="silent", timeout=120))
+            missing = BashAction(command="ls /nowhere", check="silent", timeout=PATIENCE)
+            failed = await runtime.run_in_session(missing)
             assert failed.exit_code == 2 and "No such file" in failed.output, failed
             # A one-off command runs apart from the session.
             alone = await runtime.execute(Command(command="echo ${GREETING:-unset} $(pwd)", shell=True, cwd="/"))
@@ -62,7 +68,7 @@ def swerex(url, env):
                 (Path(local) / "pkg" / "mod.py").write_text("VALUE = 42\n")
                 await runtime.upload(UploadRequest(source_path=local, target_path="/tmp/rex/up"))
             uploaded = "python3 -c 'import sys; sys.path.insert(0, \"up\"); from pkg.mod import VALUE; print(VALUE)'"
-            observed = await runtime.run_in_session(BashAction(command=uploaded, timeout=120))
+            observed = await runtime.run_in_session(BashAction(command=uploaded, timeout=PATIENCE))
             assert observed.output.strip() == "42", observed
             await runtime.close_session(CloseBashSessionRequest())
             log = await deployment.server.output("stderr")
@@ -108,7 +114,7 @@ def minisweagent(url, env):
         ]
     )
     agent_config = yaml.safe_load(get_config_path("default").read_text())["agent"]
-    with FarmEnvironment(environment=env, url=url, cwd="/work", env={"FARM_CHECK": "farm"}, timeout=120,
+    with FarmEnvironment(environment=env, url=url, cwd="/work", env={"FARM_CHECK": "farm"}, timeout=PATIENCE,
                          sandbox_options={"metadata": {"check": "minisweagent"}}) as environment:
         sandbox = environment.sandbox
         sandbox.exec(["mkdir", "-p", "/work"])
@@ -139,7 +145,7 @@ def minisweagent(url, env):
     raise AssertionError(f"sandbox {made} outlived cleanup()")
 
 
-def _until_served(port, deadline_secs=180):
+def _until_served(port, deadline_secs=PATIENCE):
     """The first 200 of the port's service (it may still be starting: 502 until it listens)."""
     deadline = time.monotonic() + deadline_secs
     while True:
@@ -170,7 +176,7 @@ def sdk(url, env):
         assert again.running and again.info.command.startswith("python3"), again
         assert server.pid in [p.pid for p in sb.processes.list()]
         server.signal("TERM")
-        ended = server.wait(timeout=120)
+        ended = server.wait(timeout=PATIENCE)
         assert ended.exited and ended.signal == 15, ended
         sb.ports.close(8000)
         assert port.request("GET", "/").status_code == 404
@@ -183,14 +189,14 @@ def sdk(url, env):
         assert (out, err, echo.exit_code) == ("got:a\ngot:b\nbye\n", "err:a\nerr:b\n", 3), (out, err, echo.info)
         # Python's REPL on a terminal.
         with sb.pty(rows=30, cols=100, command="python3 -q") as terminal:
-            terminal.expect(">>> ")
+            terminal.expect(">>> ", timeout=PATIENCE)
             terminal.send("print(sum(i * i for i in range(5)))\n")
-            terminal.expect(re.compile(r"^30\r?$", re.M))
+            terminal.expect(re.compile(r"^30\r?$", re.M), timeout=PATIENCE)
             terminal.resize(40, 120)
             terminal.send("import os; print(os.get_terminal_size())\n")
-            terminal.expect("columns=120, lines=40")
+            terminal.expect("columns=120, lines=40", timeout=PATIENCE)
             terminal.send("exit()\n")
-            assert terminal.wait(timeout=120) == 0
+            assert terminal.wait(timeout=PATIENCE) == 0
         # Timers, the list filtered, many branches in one call.
         info = sb.set_timeout(1800, idle=300)
         assert info.idle_timeout_secs == 300 and info.expires_at_ms, info
@@ -216,13 +222,13 @@ async def _sdk_async(url, env):
         # A kept terminal outlives its socket; attaching again replays what it printed.
         async with await sb.pty(command="bash", keep=True) as terminal:
             await terminal.send("echo kept-$((40 + 2))\n")
-            await terminal.expect("kept-42")
+            await terminal.expect("kept-42", timeout=PATIENCE)
             pid = terminal.pid
         async with await sb.pty(pid=pid, rows=50, cols=90) as again:
-            await again.expect("kept-42")
+            await again.expect("kept-42", timeout=PATIENCE)
             await again.send("stty size; exit 7\n")
-            await again.expect("50 90")
-            assert await again.wait(timeout=120) == 7
+            await again.expect("50 90", timeout=PATIENCE)
+            assert await again.wait(timeout=PATIENCE) == 7
         shell = await sb.processes.get(pid)
         assert shell.info.pty and shell.exit_code == 7, shell.info
         try:
