@@ -25,55 +25,17 @@ PATIENCE = 300
 def swerex(url, env):
     from farm_sdk.swerex import FarmDeployment
     from swerex.exceptions import DeploymentNotStartedError
-    from swerex.runtime.abstract import (
-        BashAction,
-        CloseBashSessionRequest,
-        Command,
-        CreateBashSessionRequest,
-        ReadFileRequest,
-        UploadRequest,
-        WriteFileRequest,
-    )
 
     async def main():
         deployment = FarmDeployment(environment=env, url=url, sandbox_options={"metadata": {"check": "swerex"}})
         await deployment.start()
         try:
             assert (await deployment.is_alive()).is_alive
-            runtime, sandbox = deployment.runtime, deployment.sandbox
-            await runtime.create_session(CreateBashSessionRequest(startup_timeout=PATIENCE))
-            # A session is one shell: a variable and a folder carry from command to command.
-            for command in ("export GREETING=hello-rex", "mkdir -p /tmp/rex && cd /tmp/rex"):
-                observed = await runtime.run_in_session(BashAction(command=command, timeout=PATIENCE))
-                assert observed.exit_code == 0, observed
-            read_back = BashAction(command='echo "$GREETING in $(pwd)"', timeout=PATIENCE)
-            observed = await runtime.run_in_session(read_back)
-            assert observed.output.strip() == "hello-rex in /tmp/rex", observed
-            missing = BashAction(command="ls /nowhere", check="silent", timeout=PATIENCE)
-            failed = await runtime.run_in_session(missing)
-            assert failed.exit_code == 2 and "No such file" in failed.output, failed
-            # A one-off command runs apart from the session.
-            alone = await runtime.execute(Command(command="echo ${GREETING:-unset} $(pwd)", shell=True, cwd="/"))
-            assert alone.stdout.strip() == "unset /", alone
-            version = "import sys; print(sys.version_info[:2]); sys.exit(3)"
-            argv = await runtime.execute(Command(command=["python3", "-c", version]))
-            assert argv.exit_code == 3 and argv.stdout.strip() == "(3, 11)", argv
-            # Files, written and read by the runtime; the sandbox sees them.
-            await runtime.write_file(WriteFileRequest(path="/tmp/rex/note.txt", content="written by swe-rex\n"))
-            read = await runtime.read_file(ReadFileRequest(path="/tmp/rex/note.txt"))
-            assert read.content == "written by swe-rex\n", read
-            assert await sandbox.files.read("/tmp/rex/note.txt") == b"written by swe-rex\n"
-            with tempfile.TemporaryDirectory() as local:
-                (Path(local) / "pkg").mkdir()
-                (Path(local) / "pkg" / "mod.py").write_text("VALUE = 42\n")
-                await runtime.upload(UploadRequest(source_path=local, target_path="/tmp/rex/up"))
-            uploaded = "python3 -c 'import sys; sys.path.insert(0, \"up\"); from pkg.mod import VALUE; print(VALUE)'"
-            observed = await runtime.run_in_session(BashAction(command=uploaded, timeout=PATIENCE))
-            assert observed.output.strip() == "42", observed
-            await runtime.close_session(CloseBashSessionRequest())
+            await _rex_session_and_commands(deployment.runtime)
+            await _rex_files(deployment.runtime, deployment.sandbox)
             log = await deployment.server.output("stderr")
             assert "POST /run_in_session" in log.data or "Uvicorn running" in log.data, log.data[-2000:]
-            made = sandbox.id
+            made = deployment.sandbox.id
         finally:
             await deployment.stop()
         try:
@@ -91,6 +53,48 @@ def swerex(url, env):
 
     made = asyncio.run(main())
     print(f"swe-rex ran in sandbox {made}, removed at stop")
+
+
+async def _rex_session_and_commands(runtime):
+    from swerex.runtime.abstract import BashAction, CloseBashSessionRequest, Command, CreateBashSessionRequest
+
+    await runtime.create_session(CreateBashSessionRequest(startup_timeout=PATIENCE))
+    # A session is one shell: a variable and a folder carry from command to command.
+    for command in ("export GREETING=hello-rex", "mkdir -p /tmp/rex && cd /tmp/rex"):
+        observed = await runtime.run_in_session(BashAction(command=command, timeout=PATIENCE))
+        assert observed.exit_code == 0, observed
+    read_back = BashAction(command='echo "$GREETING in $(pwd)"', timeout=PATIENCE)
+    observed = await runtime.run_in_session(read_back)
+    assert observed.output.strip() == "hello-rex in /tmp/rex", observed
+    missing = BashAction(command="ls /nowhere", check="silent", timeout=PATIENCE)
+    failed = await runtime.run_in_session(missing)
+    assert failed.exit_code == 2 and "No such file" in failed.output, failed
+    # A one-off command runs apart from the session.
+    alone = await runtime.execute(Command(command="echo ${GREETING:-unset} $(pwd)", shell=True, cwd="/"))
+    assert alone.stdout.strip() == "unset /", alone
+    version = "import sys; print(sys.version_info[:2]); sys.exit(3)"
+    argv = await runtime.execute(Command(command=["python3", "-c", version]))
+    assert argv.exit_code == 3 and argv.stdout.strip() == "(3, 11)", argv
+    await runtime.close_session(CloseBashSessionRequest())
+
+
+async def _rex_files(runtime, sandbox):
+    """Files written, read and uploaded by the runtime; the sandbox sees them."""
+    from swerex.runtime.abstract import BashAction, CreateBashSessionRequest, ReadFileRequest, UploadRequest
+    from swerex.runtime.abstract import WriteFileRequest
+
+    await runtime.write_file(WriteFileRequest(path="/tmp/rex/note.txt", content="written by swe-rex\n"))
+    read = await runtime.read_file(ReadFileRequest(path="/tmp/rex/note.txt"))
+    assert read.content == "written by swe-rex\n", read
+    assert await sandbox.files.read("/tmp/rex/note.txt") == b"written by swe-rex\n"
+    with tempfile.TemporaryDirectory() as local:
+        (Path(local) / "pkg").mkdir()
+        (Path(local) / "pkg" / "mod.py").write_text("VALUE = 42\n")
+        await runtime.upload(UploadRequest(source_path=local, target_path="/tmp/rex/up"))
+    await runtime.create_session(CreateBashSessionRequest(session="files", startup_timeout=PATIENCE))
+    uploaded = "cd /tmp/rex/up && python3 -c 'from pkg.mod import VALUE; print(VALUE)'"
+    observed = await runtime.run_in_session(BashAction(command=uploaded, session="files", timeout=PATIENCE))
+    assert observed.output.strip() == "42", observed
 
 
 def minisweagent(url, env):
