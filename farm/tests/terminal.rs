@@ -152,6 +152,7 @@ async fn a_terminal_and_the_conveniences_beside_it() {
     let sb = sandbox(&api, &env, json!({ "owner": "ann" })).await;
     shell_python_tmux_and_vim(&url, &api, &sb).await;
     a_client_that_never_reads(&url, &api, &sb).await;
+    a_websocket_through_a_port(&api, &sb).await;
     folders_without_exec(&api, &sb).await;
     timers_filters_and_branches(&api, &env, &sb).await;
     stop(&mut service);
@@ -281,6 +282,114 @@ async fn a_client_that_never_reads(url: &str, api: &Api, sb: &str) {
     drop(t);
     let ended = api.ok("POST", &format!("{path}/wait?timeout=60"), None, 200).await;
     assert_eq!(ended["state"], "exited", "{ended}");
+}
+
+/// A WebSocket echo server of the standard library alone (the python image has no packages).
+const ECHO_SERVER: &str = r#"
+import base64, hashlib, socket, struct, threading
+def exact(c, n):
+    b = b""
+    while len(b) < n:
+        part = c.recv(n - len(b))
+        if not part:
+            raise EOFError
+        b += part
+    return b
+def frame(opcode, payload):
+    n = len(payload)
+    size = bytes([n]) if n < 126 else (bytes([126]) + struct.pack(">H", n) if n < 65536 else bytes([127]) + struct.pack(">Q", n))
+    return bytes([0x80 | opcode]) + size + payload
+def serve(c):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += c.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    try:
+        while True:
+            b0, b1 = exact(c, 2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", exact(c, 2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", exact(c, 8))[0]
+            mask = exact(c, 4) if b1 & 0x80 else b"\0\0\0\0"
+            data = bytes(x ^ mask[i % 4] for i, x in enumerate(exact(c, n)))
+            if b0 & 0x0F == 8:
+                c.sendall(frame(8, b""))
+                return
+            c.sendall(frame(b0 & 0x0F, (b"echo: " if b0 & 0x0F == 1 else b"") + data))
+    except EOFError:
+        pass
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8765))
+s.listen()
+while True:
+    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
+"#;
+
+/// A WebSocket through an open port: the upgrade, then messages both ways, as they are.
+async fn a_websocket_through_a_port(api: &Api, sb: &str) {
+    let written = api
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{sb}/exec"),
+            Some(json!({ "command": "cat > /tmp/ws.py", "stdin": ECHO_SERVER })),
+            200,
+        )
+        .await;
+    assert_eq!(written["exit_code"], 0, "{written}");
+    let server = api
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{sb}/processes"),
+            Some(json!({ "argv": ["python3", "/tmp/ws.py"] })),
+            201,
+        )
+        .await["pid"]
+        .clone();
+    let port = api
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{sb}/ports"),
+            Some(json!({ "port": 8765 })),
+            201,
+        )
+        .await;
+    let ws = format!(
+        "ws://{}/chat?farm_token={}",
+        port["address"].as_str().unwrap(),
+        port["token"].as_str().unwrap()
+    );
+    let started = Instant::now();
+    let mut socket = loop {
+        match tokio_tungstenite::connect_async(ws.as_str()).await {
+            Ok((socket, response)) => {
+                assert_eq!(response.status().as_u16(), 101);
+                break socket;
+            }
+            Err(e) => {
+                if started.elapsed() > Duration::from_secs(120) {
+                    let path = format!("/v1/sandboxes/{sb}/processes/{server}/output?stream=stderr");
+                    panic!(
+                        "never upgraded: {e}; the server: {}",
+                        api.ok("GET", &path, None, 200).await
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    socket.send(Message::Text("hi".into())).await.unwrap();
+    let echo = socket.next().await.unwrap().unwrap();
+    assert_eq!(echo.to_text().unwrap(), "echo: hi");
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    socket.send(Message::Binary(big.clone().into())).await.unwrap();
+    let echo = socket.next().await.unwrap().unwrap();
+    assert_eq!(echo.into_data().to_vec(), big, "200 KB each way, byte for byte");
+    socket.close(None).await.unwrap();
 }
 
 async fn folders_without_exec(api: &Api, sb: &str) {
