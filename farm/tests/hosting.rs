@@ -215,7 +215,7 @@ async fn processes_through_branch_pause_and_resume(h: &Hosting) {
     );
     // Killed on the branch, it runs on in the parent.
     let signal = h.process(&branch, pid, "/signal").await;
-    h.api.ok("POST", &signal, Some(json!({ "signal": "KILL" })), 200).await;
+    h.api.ok("POST", &signal, Some(json!({ "signal": 9 })), 200).await;
     let gone = h
         .api
         .ok("POST", &h.process(&branch, pid, "/wait?timeout=30").await, None, 200)
@@ -272,15 +272,17 @@ async fn hostile_processes(h: &Hosting) {
             .await;
         assert_eq!((status, v["field"].as_str()), (400, Some(field)), "{body}: {v}");
     }
-    let (status, v) = h
-        .api
-        .call(
-            "POST",
-            &h.process(&sb, 1, "/signal").await,
-            Some(json!({ "signal": "NOPE" })),
-        )
-        .await;
-    assert_eq!((status, v["field"].as_str()), (400, Some("signal")), "{v}");
+    for bad in [json!("NOPE"), json!(0), json!(65), json!(-9)] {
+        let (status, v) = h
+            .api
+            .call(
+                "POST",
+                &h.process(&sb, 1, "/signal").await,
+                Some(json!({ "signal": bad })),
+            )
+            .await;
+        assert_eq!((status, v["field"].as_str()), (400, Some("signal")), "{bad}: {v}");
+    }
     // A flood: the ring keeps the newest 4 KiB and says how much fell out.
     let flood = h
         .start(

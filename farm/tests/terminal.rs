@@ -532,6 +532,29 @@ async fn timers_filters_and_branches(api: &Api, env: &str, sb: &str) {
     assert_eq!(one["parent"], sb, "no body: one branch, as before");
     let one = one["id"].as_str().unwrap();
     api.ok("DELETE", &format!("/v1/sandboxes/{one}"), None, 200).await;
+    // A retried branch with its Idempotency-Key makes nothing new; another body is a 422.
+    let path = format!("/v1/sandboxes/{sb}/branch");
+    let key = [("Idempotency-Key", "branch-twice")];
+    let body = json!({ "count": 2 });
+    let (first, _, made) = api.send("POST", &path, Some(body.clone()), &key).await;
+    let (again, _, retried) = api.send("POST", &path, Some(body), &key).await;
+    assert_eq!((first, again), (201, 200));
+    let ids = |bytes: &[u8]| -> Vec<String> {
+        let v: Value = serde_json::from_slice(bytes).unwrap();
+        v["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&made), ids(&retried));
+    assert_eq!(ids(&made).len(), 2);
+    let (other, _, _) = api.send("POST", &path, Some(json!({ "count": 3 })), &key).await;
+    assert_eq!(other, 422);
+    for id in ids(&made) {
+        api.ok("DELETE", &format!("/v1/sandboxes/{id}"), None, 200).await;
+    }
     api.ok("DELETE", &format!("/v1/sandboxes/{sb}"), None, 200).await;
 }
 

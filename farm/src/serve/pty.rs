@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::http::App;
-use super::sandbox::sandboxes::processes::{ProcessStart, PtySize, SignalSend};
+use super::sandbox::sandboxes::processes::{ProcessStart, PtySize, Signal, SignalSend};
 use super::sandbox::sandboxes::Sandboxes;
 
 /// A client that reads nothing for this long is disconnected (its program runs on).
@@ -233,7 +233,9 @@ impl Terminal {
         drop(tx);
         let _ = writer.await;
         if self.hang_up {
-            let hup = SignalSend { signal: "HUP".into() };
+            let hup = SignalSend {
+                signal: Signal::Name("HUP".into()),
+            };
             let _ = self.sandboxes.signal_process(&self.id, self.pid, hup).await;
         }
     }

@@ -351,22 +351,40 @@ async fn entries(
     ok(api(&app)?.sandboxes.list_folder(&id, &q.path, q.max).await?)
 }
 
-async fn branch(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn branch(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
     let request: BranchRequest = if body.is_empty() {
         BranchRequest::default()
     } else {
         parse(&body)?
     };
+    let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
     let service = app.service.clone();
     let sandboxes = &api(&app)?.sandboxes;
-    match request.count {
-        None => created(SandboxBranched::One(Box::new(
-            sandboxes.branch(&id, || service.vm_slot()).await?,
-        ))),
-        Some(count) => created(SandboxBranched::Many(
-            sandboxes.branch_many(&id, count, || service.vm_slot()).await?,
-        )),
+    let make = async {
+        match request.count {
+            None => Ok(vec![sandboxes.branch(&id, || service.vm_slot()).await?.id]),
+            Some(count) => Ok(sandboxes
+                .branch_many(&id, count, || service.vm_slot())
+                .await?
+                .sandboxes
+                .into_iter()
+                .map(|s| s.id)
+                .collect()),
+        }
+    };
+    let (ids, made) = sandboxes.once(&format!("branch {id}"), key, make).await?;
+    let mut views = Vec::new();
+    for child in &ids {
+        views.push(sandboxes.view(child).await?);
     }
+    let answer = match (request.count, views.pop()) {
+        (None, Some(view)) if views.is_empty() => SandboxBranched::One(Box::new(view)),
+        (_, last) => SandboxBranched::Many(SandboxList {
+            sandboxes: views.into_iter().chain(last).collect(),
+        }),
+    };
+    let status = if made { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, axum::Json(answer)).into_response())
 }
 
 async fn pause(State(app): State<App>, Path(id): Path<String>) -> Reply {
@@ -378,9 +396,14 @@ async fn resume(State(app): State<App>, Path(id): Path<String>) -> Reply {
     ok(api(&app)?.sandboxes.resume(&id, || service.vm_slot()).await?)
 }
 
-async fn snapshot(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn snapshot(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
     let api = api(&app)?;
-    created(api.sandboxes.snapshot(&api.environments, &id).await?)
+    let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
+    let make = async { Ok(vec![api.sandboxes.snapshot(&api.environments, &id).await?.id]) };
+    let (ids, made) = api.sandboxes.once(&format!("snapshot {id}"), key, make).await?;
+    let env = api.environments.get(&ids[0], "environment")?.view();
+    let status = if made { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, axum::Json(env)).into_response())
 }
 
 #[cfg(test)]

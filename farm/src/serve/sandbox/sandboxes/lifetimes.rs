@@ -87,6 +87,33 @@ impl ListFilter {
 }
 
 impl Sandboxes {
+    /// Runs `make` once per idempotency key (`key`: the key and the body's digest) within
+    /// `scope` (a route and its sandbox): a retry with the same key and body gets the ids the
+    /// first request made, and `false`; a different body is a 422, one still running a 409.
+    pub async fn once(
+        &self,
+        scope: &str,
+        key: Option<(String, String)>,
+        make: impl std::future::Future<Output = ApiResult<Vec<String>>>,
+    ) -> ApiResult<(Vec<String>, bool)> {
+        let Some((key, digest)) = key else {
+            return make.await.map(|ids| (ids, true));
+        };
+        let key = format!("{scope} {key}");
+        let claim = self.made_keys().claim(&key, &digest);
+        match claim.map_err(crate::serve::rollouts::key_refusal)? {
+            engine::idempotency::Claim::Answered(ids) => return Ok((ids, false)),
+            engine::idempotency::Claim::Claimed => {}
+        }
+        let made = make.await;
+        self.made_keys().settle(&key, &digest, made.as_ref().ok().cloned());
+        made.map(|ids| (ids, true))
+    }
+
+    fn made_keys(&self) -> std::sync::MutexGuard<'_, engine::idempotency::Keys<Vec<String>>> {
+        self.made_keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// `GET /v1/sandboxes`: those the filter keeps, oldest first.
     pub async fn list(&self, filter: &ListFilter) -> Vec<SandboxView> {
         let all = self.forks().all(Kind::Sandbox);

@@ -104,6 +104,8 @@ pub struct Sandboxes {
     saved_dir: PathBuf,
     /// Idempotency keys of creates, and the sandbox each made.
     keys: Mutex<Keys<String>>,
+    /// Idempotency keys of branches and snapshots, and the ids each made.
+    made_keys: Mutex<Keys<Vec<String>>>,
     counter: AtomicU64,
 }
 
@@ -130,6 +132,7 @@ impl Sandboxes {
             warm_pool: settings.warm_pool,
             saved_dir,
             keys: Mutex::new(Keys::default()),
+            made_keys: Mutex::new(Keys::default()),
             counter: AtomicU64::new(0),
         })
     }

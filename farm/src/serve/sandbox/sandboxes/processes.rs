@@ -78,8 +78,16 @@ pub struct StdinWrite {
 #[serde(deny_unknown_fields)]
 pub struct SignalSend {
     /// `TERM`, `KILL`, `INT`, `HUP`, `QUIT`, `USR1`, `USR2`, `STOP`, `CONT` (with or without
-    /// `SIG`), or a number from 1 to 64.
-    pub signal: String,
+    /// `SIG`), or a number from 1 to 64 (as a number or as text).
+    pub signal: Signal,
+}
+
+/// A signal by name or number.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Signal {
+    Number(i64),
+    Name(String),
 }
 
 /// The handle a client sees.
@@ -329,7 +337,10 @@ impl Sandboxes {
     }
 
     pub async fn signal_process(&self, id: &str, pid: u32, signal: SignalSend) -> ApiResult<ProcessView> {
-        let number = signal_number(&signal.signal)?;
+        let number = match signal.signal {
+            Signal::Name(name) => signal_number(&name)?,
+            Signal::Number(n) => signal_number(&n.to_string())?,
+        };
         let guest = self.guest(id).await?;
         if let Err(e) = guest.signal(pid, number).await {
             return Err(self.process_error(id, e).await);
