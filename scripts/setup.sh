@@ -5,10 +5,12 @@
 # (FARM_CACHE_DIR, default ~/.cache/farm) under a key that hashes its inputs:
 #   kernel/<key>/vmlinux         guest kernel from Debian's linux-source-6.1 + scripts/kernel/farm-guest.config
 #   agent/<key>/farm-agent       the guest agent, statically linked
-#   rootfs/python-<key>/         Debian bookworm minbase + python3 + git (debootstrap), no agent
+#   rootfs/python-<key>/         Debian bookworm minbase + python3 + git + tmux + vim (debootstrap), no agent
 #   images/<name>-<key>.ext4     the root images `minimal` and `python`, agent included
 #   harbor-venv/                 a Python >= 3.12 venv with Harbor (PyPI), for its backend's tests
 #   openenv-venv/, mcp-venv/     the OpenEnv and MCP clients (PyPI), for the protocol tests
+#   agents-venv/, swerex-wheels/ SWE-ReX and mini-swe-agent (PyPI) for the SDK's backends' tests,
+#                                and SWE-ReX's wheels for the guest (installed there offline)
 # and finally `farm` in release mode (target/release/farm), unless `--no-release` (the test
 # tier's set-up: the tests run the dev-profile binary cargo builds for them).
 #
