@@ -170,30 +170,37 @@ async fn shell_python_tmux_and_vim(url: &str, api: &Api, sb: &str) {
     // Keys as text work too; a bad control message is answered, and the terminal goes on.
     t.control(json!({ "type": "input", "data": "echo text-$X\n" })).await;
     t.until("text-42").await;
-    // Python's REPL.
-    t.run("python3 -q", ">>> ").await;
+    // Python's REPL. (Each program's line ends with a marker the shell prints once it has
+    // exited, so no keys are typed while one program hands the terminal to the next.)
+    t.run("python3 -q; echo py-$((2+2))-out", ">>> ").await;
     t.keys("y = [i * i for i in range(5)]\n").await;
     t.keys("print('sum', sum(y))\n").await;
     t.until("sum 30").await;
     t.keys("exit()\n").await;
+    t.until("py-4-out").await;
     // tmux: a session inside the terminal, detached, still listed, and its state kept.
-    t.run("tmux new-session -s work", "[work]").await;
+    t.run("tmux new-session -s work; echo tmux-$((3+3))-back", "[work]")
+        .await;
     t.keys("Z=tmux-kept; echo inside-$((2+3))\n").await;
     t.until("inside-5").await;
     t.keys("\x02d").await; // C-b d
-    t.until("[detached").await;
+    t.until("tmux-6-back").await;
     t.run(
         "tmux ls; tmux send-keys -t work 'echo $Z > /tmp/z' Enter",
         "work: 1 windows",
     )
     .await;
-    // vim (vi from vim-tiny): a file written by keys alone.
-    t.keys("vi -u NONE /tmp/note.txt\n").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // vim (vi from vim-tiny): a file written by keys alone, once its screen is up.
+    t.run("vi -u NONE /tmp/note.txt; echo vi-$((1+1))-done", "[New").await;
     t.keys("ihello from vi\x1b:wq\r").await;
-    t.run("cat /tmp/note.txt; echo vi-$((1+1))-done", "vi-2-done").await;
+    t.until("vi-2-done").await;
     assert_eq!(sh(api, sb, "cat /tmp/note.txt").await, "hello from vi\n");
-    assert_eq!(sh(api, sb, "sleep 1; cat /tmp/z").await, "tmux-kept\n");
+    let z = "for i in $(seq 1200); do test -s /tmp/z && break; sleep 0.1; done; cat /tmp/z";
+    assert_eq!(
+        sh(api, sb, z).await,
+        "tmux-kept\n",
+        "the detached session ran the keys sent to it"
+    );
     // The shell is a background process with a terminal; closing the socket hangs up on it.
     let pid = t.pid;
     let view = api
