@@ -85,19 +85,6 @@ async fn get(address: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Strin
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
-async fn built(api: &Api, id: &str) {
-    let started = Instant::now();
-    loop {
-        let env = api.ok("GET", &format!("/v1/environments/{id}"), None, 200).await;
-        if env["state"] == "ready" {
-            return;
-        }
-        assert_eq!(env["state"], "building", "{env}");
-        assert!(started.elapsed() < Duration::from_secs(900), "the build never ended");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_and_ports_of_running_sandboxes() {
     let dir = tempfile::tempdir().unwrap();
@@ -113,7 +100,7 @@ async fn processes_and_ports_of_running_sandboxes() {
         .as_str()
         .unwrap()
         .to_string();
-    built(&api, &env).await;
+    api.wait_built(&env).await;
     let h = Hosting { api, env };
     background_processes(&h).await;
     processes_through_branch_pause_and_resume(&h).await;

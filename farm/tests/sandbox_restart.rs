@@ -7,37 +7,9 @@ mod common;
 use common::assert_no_qemu_of;
 use common::serve::{farm_serve, stop, Api, Proc};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-
-async fn sh(api: &Api, sandbox: &str, command: &str) -> (i64, String) {
-    let out = api
-        .ok(
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/exec"),
-            Some(json!({ "command": command })),
-            200,
-        )
-        .await;
-    (
-        out["exit_code"].as_i64().unwrap(),
-        out["stdout"].as_str().unwrap().to_string(),
-    )
-}
-
-async fn built(api: &Api, id: &str) {
-    let started = Instant::now();
-    loop {
-        let env = api.ok("GET", &format!("/v1/environments/{id}"), None, 200).await;
-        if env["state"] == "ready" {
-            return;
-        }
-        assert_eq!(env["state"], "building", "{env}");
-        assert!(started.elapsed() < Duration::from_secs(900), "the build never ended");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 /// A GET through the port listener with a port token: (status, body).
 async fn through_port(port: &Value, token: &str) -> (u16, String) {
@@ -96,7 +68,7 @@ async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
         .as_str()
         .unwrap()
         .to_string();
-    built(&s.api, &env).await;
+    s.api.wait_built(&env).await;
     let make = |metadata: Value| json!({ "environment": env, "metadata": metadata, "idle_timeout_secs": 600 });
     let a = s
         .api
@@ -110,12 +82,9 @@ async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
     let b = b["id"].as_str().unwrap().to_string();
     // A: a file, a counter running in the background, a web server behind an open port, then
     // a checkpoint; then a file the checkpoint does not have.
-    sh(
-        &s.api,
-        &a,
-        "echo one > /tmp/f1; mkdir -p /www; echo served > /www/index.html",
-    )
-    .await;
+    s.api
+        .run_sh(&a, "echo one > /tmp/f1; mkdir -p /www; echo served > /www/index.html")
+        .await;
     let counter = s
         .api
         .ok(
@@ -150,10 +119,10 @@ async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
         .ok("POST", &format!("/v1/sandboxes/{a}/checkpoint"), None, 200)
         .await;
     assert!(checkpointed["checkpoint_at_ms"].as_u64().is_some(), "{checkpointed}");
-    assert_eq!(sh(&s.api, &a, "cat /tmp/f1").await.1, "one\n", "it runs on");
-    sh(&s.api, &a, "echo two > /tmp/f2").await;
+    assert_eq!(s.api.run_sh(&a, "cat /tmp/f1").await.1, "one\n", "it runs on");
+    s.api.run_sh(&a, "echo two > /tmp/f2").await;
     // B: never checkpointed.
-    sh(&s.api, &b, "echo lost > /tmp/b").await;
+    s.api.run_sh(&b, "echo lost > /tmp/b").await;
 
     kill_9(&mut s.proc);
     assert_no_qemu_of(&run_dir);
@@ -169,9 +138,9 @@ async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
     states.sort();
     assert_eq!(states, [("a", "paused"), ("b", "paused")], "{list}");
     s.api.ok("POST", &format!("/v1/sandboxes/{a}/resume"), None, 200).await;
-    assert_eq!(sh(&s.api, &a, "cat /tmp/f1").await.1, "one\n");
+    assert_eq!(s.api.run_sh(&a, "cat /tmp/f1").await.1, "one\n");
     assert_eq!(
-        sh(&s.api, &a, "cat /tmp/f2").await.0,
+        s.api.run_sh(&a, "cat /tmp/f2").await.0,
         1,
         "written after the checkpoint: gone"
     );
@@ -180,28 +149,28 @@ async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
         .ok("GET", &format!("/v1/sandboxes/{a}/processes/{counter}"), None, 200)
         .await;
     assert_eq!(process["state"], "running", "the counter runs on: {process}");
-    let before: u64 = sh(&s.api, &a, "cat /tmp/count").await.1.trim().parse().unwrap();
+    let before: u64 = s.api.run_sh(&a, "cat /tmp/count").await.1.trim().parse().unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after: u64 = sh(&s.api, &a, "cat /tmp/count").await.1.trim().parse().unwrap();
+    let after: u64 = s.api.run_sh(&a, "cat /tmp/count").await.1.trim().parse().unwrap();
     assert!(after > before, "the counter counts: {before} then {after}");
     let ports = s.api.ok("GET", &format!("/v1/sandboxes/{a}/ports"), None, 200).await;
     assert_eq!(ports["ports"][0]["token"], token.as_str(), "the same token: {ports}");
     assert_eq!(through_port(&ports["ports"][0], &token).await, (200, "served\n".into()));
     s.api.ok("POST", &format!("/v1/sandboxes/{b}/resume"), None, 200).await;
     assert_eq!(
-        sh(&s.api, &b, "cat /tmp/b").await.0,
+        s.api.run_sh(&b, "cat /tmp/b").await.0,
         1,
         "never checkpointed: its environment again"
     );
-    assert_eq!(sh(&s.api, &b, "echo alive").await.1, "alive\n");
+    assert_eq!(s.api.run_sh(&b, "echo alive").await.1, "alive\n");
 
     // A graceful stop keeps everything as of the stop.
-    sh(&s.api, &a, "echo three > /tmp/f3").await;
+    s.api.run_sh(&a, "echo three > /tmp/f3").await;
     stop(&mut s.proc);
     assert_no_qemu_of(&run_dir);
     let mut s = start(&config, &out, &run_dir);
     s.api.ok("POST", &format!("/v1/sandboxes/{a}/resume"), None, 200).await;
-    assert_eq!(sh(&s.api, &a, "cat /tmp/f3").await.1, "three\n");
+    assert_eq!(s.api.run_sh(&a, "cat /tmp/f3").await.1, "three\n");
     let process = s
         .api
         .ok("GET", &format!("/v1/sandboxes/{a}/processes/{counter}"), None, 200)

@@ -91,19 +91,6 @@ impl Terminal {
     }
 }
 
-async fn built(api: &Api, id: &str) {
-    let started = Instant::now();
-    loop {
-        let env = api.ok("GET", &format!("/v1/environments/{id}"), None, 200).await;
-        if env["state"] == "ready" {
-            return;
-        }
-        assert_eq!(env["state"], "building", "{env}");
-        assert!(started.elapsed() < Duration::from_secs(900), "the build never ended");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 async fn sandbox(api: &Api, env: &str, metadata: Value) -> String {
     let sb = api
         .ok(
@@ -117,16 +104,9 @@ async fn sandbox(api: &Api, env: &str, metadata: Value) -> String {
 }
 
 async fn sh(api: &Api, sandbox: &str, command: &str) -> String {
-    let out = api
-        .ok(
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/exec"),
-            Some(json!({ "command": command })),
-            200,
-        )
-        .await;
-    assert_eq!(out["exit_code"], 0, "{command}: {out}");
-    out["stdout"].as_str().unwrap().to_string()
+    let (code, out) = api.run_sh(sandbox, command).await;
+    assert_eq!(code, 0, "{command}: {out}");
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +128,7 @@ async fn a_terminal_and_the_conveniences_beside_it() {
         .as_str()
         .unwrap()
         .to_string();
-    built(&api, &env).await;
+    api.wait_built(&env).await;
     let sb = sandbox(&api, &env, json!({ "owner": "ann" })).await;
     shell_python_tmux_and_vim(&url, &api, &sb).await;
     a_client_that_never_reads(&url, &api, &sb).await;

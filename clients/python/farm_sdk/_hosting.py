@@ -284,3 +284,30 @@ def branch_many(sandbox_id: str, count: int) -> Operation[List[str]]:
     answer = yield from _json(call)
     listed = answer.get("sandboxes") if isinstance(answer, dict) else None
     return [SandboxInfo.from_json(s).id for s in listed or []]
+
+
+class ProcessHandle:
+    """What the sync and async handles of a background process share: the service's last
+    answer about it (`info`, updated by each call) and what it says. `pid` stays the
+    process's handle after a branch, a pause and a resume."""
+
+    def __init__(self, http: Any, sandbox_id: str, info: ProcessInfo) -> None:
+        self._http = http
+        self.sandbox_id = sandbox_id
+        self.info = info
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+    @property
+    def running(self) -> bool:
+        return self.info.running
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return self.info.exit_code
+
+    def _update(self, info: ProcessInfo) -> ProcessInfo:
+        self.info = info
+        return info

@@ -221,3 +221,35 @@ def _event(message: Union[str, bytes]) -> Dict[str, Any]:
     except ValueError:
         return {"type": "error", "error": f"not JSON: {message!r}"}
     return event if isinstance(event, dict) else {"type": "error", "error": f"not an event: {message!r}"}
+
+
+class TerminalHandle:
+    """What the sync and async terminals share: the socket, and what its messages said so
+    far (`TerminalState`)."""
+
+    def __init__(self, connection: Any, state: TerminalState) -> None:
+        self._connection = connection
+        self._state = state
+
+    @property
+    def pid(self) -> int:
+        return self._state.pid or 0
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The program's exit code once it ended (None while it runs, or when a signal ended it)."""
+        return self._state.exit_code
+
+    @property
+    def signal(self) -> Optional[int]:
+        return self._state.signal
+
+    @property
+    def ended(self) -> bool:
+        """Whether the program ended or the socket closed."""
+        return self._state.ended
+
+    @property
+    def dropped(self) -> int:
+        """Bytes of output that overflowed the program's ring before they were sent."""
+        return self._state.dropped

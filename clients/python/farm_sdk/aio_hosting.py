@@ -59,30 +59,11 @@ class AsyncProcesses:
         return AsyncProcess(self._http, self._sandbox_id, info)
 
 
-class AsyncProcess:
+class AsyncProcess(hosting.ProcessHandle):
     """A background process of a sandbox. `info` is what the service said last (each call
     updates it); `pid` stays its handle after a branch, a pause and a resume."""
 
-    def __init__(self, http: AsyncHTTP, sandbox_id: str, info: ProcessInfo) -> None:
-        self._http = http
-        self.sandbox_id = sandbox_id
-        self.info = info
-
-    @property
-    def pid(self) -> int:
-        return self.info.pid
-
-    @property
-    def running(self) -> bool:
-        return self.info.running
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        return self.info.exit_code
-
-    def _update(self, info: ProcessInfo) -> ProcessInfo:
-        self.info = info
-        return info
+    _http: AsyncHTTP
 
     async def refresh(self) -> ProcessInfo:
         """Asks the service how the process is now."""

@@ -24,12 +24,8 @@ __all__ = ["AsyncTerminal"]
 OPEN_TIMEOUT = 120.0
 
 
-class AsyncTerminal:
+class AsyncTerminal(_pty.TerminalHandle):
     """A program on a terminal in a sandbox, for asyncio (see `terminal.Terminal`)."""
-
-    def __init__(self, connection: Any, state: TerminalState) -> None:
-        self._connection = connection
-        self._state = state
 
     @classmethod
     async def open(
@@ -61,26 +57,6 @@ class AsyncTerminal:
             await connection.close()
             raise
         return cls(connection, state)
-
-    @property
-    def pid(self) -> int:
-        return self._state.pid or 0
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        return self._state.exit_code
-
-    @property
-    def signal(self) -> Optional[int]:
-        return self._state.signal
-
-    @property
-    def ended(self) -> bool:
-        return self._state.ended
-
-    @property
-    def dropped(self) -> int:
-        return self._state.dropped
 
     async def send(self, data: Union[str, bytes]) -> None:
         await self._connection.send(_pty.keys(data))

@@ -24,15 +24,11 @@ __all__ = ["Terminal"]
 OPEN_TIMEOUT = 120.0
 
 
-class Terminal:
+class Terminal(_pty.TerminalHandle):
     """A program on a terminal in a sandbox, through one WebSocket: `send` keys, `recv` or
     `expect` its output, `resize`, `close` (the program is hung up on unless it was started
     with `keep=True`). `pid` is its background process: `sb.processes.get(pid)`, or attach
     again with `sb.pty(pid=...)`."""
-
-    def __init__(self, connection: Any, state: TerminalState) -> None:
-        self._connection = connection
-        self._state = state
 
     @classmethod
     def open(
@@ -65,29 +61,6 @@ class Terminal:
             connection.close()
             raise
         return cls(connection, state)
-
-    @property
-    def pid(self) -> int:
-        return self._state.pid or 0
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        """The program's exit code once it ended (None while it runs, or when a signal ended it)."""
-        return self._state.exit_code
-
-    @property
-    def signal(self) -> Optional[int]:
-        return self._state.signal
-
-    @property
-    def ended(self) -> bool:
-        """Whether the program ended or the socket closed."""
-        return self._state.ended
-
-    @property
-    def dropped(self) -> int:
-        """Bytes of output that overflowed the program's ring before they were sent."""
-        return self._state.dropped
 
     def send(self, data: Union[str, bytes]) -> None:
         """Keys to the program (text as UTF-8; `"\\x03"` is Ctrl-C)."""

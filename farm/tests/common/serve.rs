@@ -116,6 +116,49 @@ pub struct Api {
 }
 
 impl Api {
+    /// An environment of a built-in image (`minimal`, `python`), once its build is done.
+    #[allow(dead_code)] // not every test binary makes environments
+    pub async fn environment(&self, image: &str) -> String {
+        let (_, env) = self
+            .call("POST", "/v1/environments", Some(json!({ "image": image })))
+            .await;
+        let id = env["id"].as_str().unwrap_or_else(|| panic!("{env}")).to_string();
+        self.wait_built(&id).await;
+        id
+    }
+
+    /// Waits until environment `id` is ready (fails the test when its build fails).
+    #[allow(dead_code)]
+    pub async fn wait_built(&self, id: &str) {
+        let started = Instant::now();
+        loop {
+            let env = self.ok("GET", &format!("/v1/environments/{id}"), None, 200).await;
+            if env["state"] == "ready" {
+                return;
+            }
+            assert_eq!(env["state"], "building", "{env}");
+            assert!(started.elapsed() < Duration::from_secs(900), "the build never ended");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A shell command in a sandbox: (its exit code, its stdout).
+    #[allow(dead_code)]
+    pub async fn run_sh(&self, sandbox: &str, command: &str) -> (i64, String) {
+        let out = self
+            .ok(
+                "POST",
+                &format!("/v1/sandboxes/{sandbox}/exec"),
+                Some(json!({ "command": command })),
+                200,
+            )
+            .await;
+        (
+            out["exit_code"].as_i64().unwrap_or(-1),
+            out["stdout"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+
     pub fn new(url: &str, token: Option<&str>) -> Api {
         Api {
             url: url.to_string(),
