@@ -19,4 +19,9 @@ if [ ! -x "$OLD_TREE/target/release/farm" ]; then
   echo "building $REV in $OLD_TREE (cache $OLD_CACHE)" >&2
   (cd "$OLD_TREE" && FARM_CACHE_DIR="$OLD_CACHE" CARGO_TARGET_DIR="$OLD_TREE/target" bash scripts/setup.sh >"$OLD_TREE/setup.log" 2>&1) \
     || { tail -20 "$OLD_TREE/setup.log" >&2; exit 1; }
+  # farm-protocol and farm-agent are fingerprinted without their checkout's path (see
+  # .cargo/config.toml): the old revision's build of them is newer than this checkout's
+  # sources, so this checkout's next build would link the old ones. Newer sources here
+  # make cargo build them again.
+  find protocol agent -name '*.rs' -exec touch {} +
 fi
