@@ -261,10 +261,7 @@ async fn build_into(
     let plan = LaunchPlan {
         kernel: Some(artifacts.kernel.path.clone()),
         disk: disk.clone(),
-        ram: RamBacking {
-            path: staging.join("memory"),
-            shared: true,
-        },
+        ram: RamBacking::shared(staging.join("memory")),
         incoming: false,
         max_disk_bytes: None,
     };
@@ -551,10 +548,7 @@ async fn snapshot_fork_into(
     let plan = LaunchPlan {
         kernel: None,
         disk: helper_disk,
-        ram: RamBacking {
-            path: staging.join("memory"),
-            shared: true,
-        },
+        ram: RamBacking::shared(staging.join("memory")),
         incoming: true,
         max_disk_bytes: None,
     };

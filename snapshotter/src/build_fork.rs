@@ -63,10 +63,7 @@ impl Forker {
         let memory = staging.join("memory");
         let forked = async {
             copy_sparse(&parent.memory_path(), &memory).map_err(ForkError::Memory)?;
-            let ram = RamBacking {
-                path: memory.clone(),
-                shared: true,
-            };
+            let ram = RamBacking::shared(memory.clone());
             let machine = forker.prepare_on(parent, ram).await?;
             forker.resume(machine, parent, ForkIdentity::new(0)).await
         };

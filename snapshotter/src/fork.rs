@@ -100,10 +100,7 @@ impl Forker {
     /// Starts a QEMU that waits for the snapshot's state: the expensive part of a fork that
     /// can happen ahead of time.
     pub async fn prepare(&self, snapshot: &Snapshot) -> Result<Machine, ForkError> {
-        let ram = RamBacking {
-            path: snapshot.memory_path(),
-            shared: false,
-        };
+        let ram = RamBacking::private(snapshot.memory_path(), false);
         self.prepare_on(snapshot, ram).await
     }
 
@@ -135,6 +132,37 @@ impl Forker {
             machine.limit_disk_growth(max);
         }
         Ok(machine)
+    }
+
+    /// Forks `snapshot` so that it can be reset in place ([`Fork::reset`]): guest RAM mapped
+    /// privately behind QEMU's back (the RAM shim), and the reset point taken in the fork's
+    /// overlay before the guest runs.
+    pub async fn fork_resettable(&self, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
+        snapshot.check_host(&self.host)?;
+        snapshot.check_files()?;
+        let machine = self
+            .prepare_on(snapshot, RamBacking::private(snapshot.memory_path(), true))
+            .await?;
+        let machine_err = |source| ForkError::Machine {
+            snapshot: snapshot.id().to_string(),
+            source,
+        };
+        let state = std::fs::File::open(snapshot.state_path())
+            .and_then(|mut f| {
+                use std::io::Seek;
+                f.seek(std::io::SeekFrom::Start(statefile::HEADER_BYTES))?;
+                Ok(f)
+            })
+            .map_err(|e| {
+                machine_err(MachineError::Io {
+                    what: format!("opening {}", snapshot.state_path().display()),
+                    source: e,
+                })
+            })?;
+        machine.migrate_in(state.into(), true).await.map_err(machine_err)?;
+        machine.mark_reset_point().await.map_err(machine_err)?;
+        machine.resume().await.map_err(machine_err)?;
+        apply_identity(machine, snapshot, identity).await
     }
 
     /// Forks `snapshot`: prepare, then resume.
@@ -180,8 +208,18 @@ fn host_time_ns() -> u64 {
 
 /// Gives a resumed machine its own entropy, clock, hostname and seed.
 async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
+    identify(&machine, snapshot.id(), &identity).await?;
+    Ok(Fork {
+        machine,
+        snapshot_id: snapshot.id().to_string(),
+        identity,
+    })
+}
+
+/// [`apply_identity`] on a machine that stays where it is.
+async fn identify(machine: &Machine, snapshot_id: &str, identity: &ForkIdentity) -> Result<(), ForkError> {
     let machine_err = |source| ForkError::Machine {
-        snapshot: snapshot.id().to_string(),
+        snapshot: snapshot_id.to_string(),
         source,
     };
     let mut entropy = vec![0u8; 64];
@@ -196,14 +234,14 @@ async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIde
     let mut env: std::collections::BTreeMap<String, String> = identity.env.iter().cloned().collect();
     env.insert("FARM_SEED".into(), identity.seed.to_string());
     env.insert("FARM_FORK_ID".into(), identity.fork_id.clone());
-    env.insert("FARM_SNAPSHOT_ID".into(), snapshot.id().to_string());
+    env.insert("FARM_SNAPSHOT_ID".into(), snapshot_id.to_string());
     let mut request = IdentityRequest {
         unix_time_ns: host_time_ns(),
         hostname: format!("fork-{}", identity.fork_id),
         env,
     };
     let identity_err = |source| ForkError::Identity {
-        snapshot: snapshot.id().to_string(),
+        snapshot: snapshot_id.to_string(),
         source,
     };
     let mut sent = std::time::Instant::now();
@@ -228,11 +266,7 @@ async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIde
             .await
             .map_err(identity_err)?;
     }
-    Ok(Fork {
-        machine,
-        snapshot_id: snapshot.id().to_string(),
-        identity,
-    })
+    Ok(())
 }
 
 /// A running fork.
@@ -245,6 +279,34 @@ pub struct Fork {
 impl Fork {
     pub fn agent(&self) -> &vmm::AgentClient {
         self.machine.agent()
+    }
+
+    /// Puts a fork made by [`Forker::fork_resettable`] back to its snapshot, in the same QEMU
+    /// process, then gives it `identity` as a new fork gets one. The fork is paused in
+    /// between; `check` runs there (a test hashes guest RAM at that point).
+    pub async fn reset_with<F, Fut>(&mut self, identity: ForkIdentity, check: F) -> Result<vmm::ResetTimings, ForkError>
+    where
+        F: FnOnce(u32) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let machine_err = |source| ForkError::Machine {
+            snapshot: self.snapshot_id.clone(),
+            source,
+        };
+        let timings = self.machine.reset_paused().await.map_err(machine_err)?;
+        check(self.machine.pid()).await;
+        self.machine.resume().await.map_err(|source| ForkError::Machine {
+            snapshot: self.snapshot_id.clone(),
+            source,
+        })?;
+        identify(&self.machine, &self.snapshot_id, &identity).await?;
+        self.identity = identity;
+        Ok(timings)
+    }
+
+    /// [`Fork::reset_with`] with nothing to check.
+    pub async fn reset(&mut self, identity: ForkIdentity) -> Result<vmm::ResetTimings, ForkError> {
+        self.reset_with(identity, |_| async {}).await
     }
 
     /// Turns an agent error into the most telling explanation: a resource limit that
@@ -504,10 +566,7 @@ pub async fn boot_from_disk(
     drop(fork);
     let plan = LaunchPlan {
         kernel: Some(snapshot.manifest.kernel.path.clone()),
-        ram: RamBacking {
-            path: run_dir.path().join("memory"),
-            shared: true,
-        },
+        ram: RamBacking::shared(run_dir.path().join("memory")),
         disk,
         incoming: false,
         max_disk_bytes: forker.max_disk_bytes,

@@ -470,3 +470,100 @@ fn a_forks_disk_boots_afresh_even_after_its_guest_reset_itself() {
         assert_eq!(out.stdout_text(), "before-reset\n");
     });
 }
+
+/// SHA-256 of the guest RAM a QEMU maps from `memory` (read through `/proc/PID/mem`, so it is
+/// what the guest sees), or None when it maps no such file.
+fn guest_ram_sha256(pid: u32, memory: &std::path::Path) -> Option<String> {
+    use sha2::Digest;
+    use std::io::{Read, Seek};
+    let memory = memory.canonicalize().unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let (start, end) = maps.lines().find_map(|line| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let path = words.get(5..)?.join(" ");
+        if std::path::Path::new(&path) != memory || !words[1].starts_with("rw") {
+            return None;
+        }
+        let (start, end) = words[0].split_once('-')?;
+        Some((u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?))
+    })?;
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.seek(std::io::SeekFrom::Start(start)).unwrap();
+    let mut hasher = sha2::Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut left = end - start;
+    while left > 0 {
+        let n = left.min(buffer.len() as u64) as usize;
+        mem.read_exact(&mut buffer[..n]).unwrap();
+        hasher.update(&buffer[..n]);
+        left -= n as u64;
+    }
+    Some(format!("{:x}", hasher.finalize()))
+}
+
+/// Everything a rollout can leave in a guest, planted, and what each shows when it is there.
+const PLANT: &str = "echo planted > /workspace/planted; \
+    setsid sleep 1000 > /dev/null 2>&1 < /dev/null & \
+    echo 4321 > /proc/sys/kernel/msgmax; \
+    mkdir -p /mnt/planted && mount -t tmpfs planted /mnt/planted && echo x > /mnt/planted/f; \
+    if [ \"$(cat /sys/module/printk/parameters/time)\" = Y ]; then echo N; else echo Y; fi > /sys/module/printk/parameters/time; \
+    dd if=/dev/urandom of=/dev/vda bs=512 seek=$(( $(cat /sys/block/vda/size) - 8 )) count=1 conv=notrunc 2>/dev/null; \
+    sync";
+const LOOK: &str = "test -e /workspace/planted && echo file; \
+    for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -q '^sleep 1000' && echo process; \
+    cat /proc/sys/kernel/msgmax; \
+    grep -q ' /mnt/planted ' /proc/mounts && echo mount; \
+    cat /sys/module/printk/parameters/time; \
+    dd if=/dev/vda bs=512 skip=$(( $(cat /sys/block/vda/size) - 8 )) count=1 2>/dev/null | md5sum; \
+    true";
+
+/// A reset puts a fork back to its snapshot in the same QEMU: guest RAM hashes as the
+/// snapshot's file, and nothing planted survives (file, process, sysctl, mount, module
+/// parameter, raw block write); the guest then takes a new identity (hostname, entropy,
+/// clock), as a new fork does.
+#[test]
+fn a_reset_fork_is_its_snapshot_again_with_a_new_identity() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let forker = forker();
+        let mut fork = forker.fork_resettable(snapshot, ForkIdentity::new(11)).await.unwrap();
+        let pid = fork.machine.pid();
+        let clean = run(&fork, LOOK).await;
+        assert!(!clean.contains("file") && !clean.contains("process"), "{clean}");
+        run(&fork, PLANT).await;
+        let planted = run(&fork, LOOK).await;
+        assert_ne!(planted, clean, "planting changed nothing to look at");
+        let memory = snapshot.memory_path();
+        let mut urandom = BTreeSet::new();
+        for round in 0..3u64 {
+            let written = vmm::memory::Breakdown::of(pid, &memory.canonicalize().unwrap()).unwrap().guest_ram;
+            assert!(written > 0, "the fork wrote no guest RAM before reset {round}");
+            let expected = snapshotter::store::sha256_file(&memory).unwrap();
+            // The check tells them apart: the running fork's RAM is not the file's.
+            assert_ne!(guest_ram_sha256(pid, &memory).unwrap(), expected);
+            let identity = ForkIdentity::new(100 + round);
+            let fork_id = identity.fork_id.clone();
+            let memory_at_reset = memory.clone();
+            fork.reset_with(identity, |pid| async move {
+                let seen = guest_ram_sha256(pid, &memory_at_reset).expect("QEMU maps the snapshot's RAM file");
+                assert_eq!(seen, expected, "guest RAM after reset {round} is not the snapshot's");
+            })
+            .await
+            .unwrap();
+            assert_eq!(fork.machine.pid(), pid, "a reset started another QEMU");
+            assert_eq!(run(&fork, LOOK).await, clean, "something planted outlived reset {round}");
+            assert_eq!(run(&fork, "hostname").await.trim(), format!("fork-{fork_id}"));
+            urandom.insert(run(&fork, "head -c 16 /dev/urandom | od -An -tx1").await);
+            let host_now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64();
+            let guest: f64 = run(&fork, "date +%s").await.trim().parse().unwrap();
+            assert!((guest - host_now).abs() < 5.0, "guest clock {guest}, host {host_now}");
+            run(&fork, PLANT).await;
+        }
+        assert_eq!(urandom.len(), 3, "resets drew the same randomness");
+        drop(fork);
+        snapshot.verify_checksums().unwrap();
+    });
+}

@@ -37,4 +37,4 @@ pub use accel::{Accel, AccelSetting};
 pub use agent::{AgentClient, AgentError, ExecOptions, ExecOutput, FilePlacement, TestsOutput};
 pub use artifacts::GuestArtifacts;
 pub use ksm::Ksm;
-pub use machine::{Machine, MachineError, VmSettings};
+pub use machine::{Machine, MachineError, ResetTimings, VmSettings};

@@ -27,6 +27,9 @@ pub const CONSOLE_FD: i32 = 5;
 pub const NET_FD: i32 = 6;
 pub const FIRST_FILE_FD: i32 = 7;
 
+/// The block node name of the root disk's overlay (QMP: internal snapshots for reset).
+pub const DISK_NODE: &str = "disk0";
+
 /// Kernel command line shared by every VM. `acpi=off` is on the QEMU side (machine option);
 /// QEMU then appends the `virtio_mmio.device=` entries the kernel needs to find the devices.
 ///
@@ -87,6 +90,31 @@ pub struct RamBacking {
     /// `share=on` (MAP_SHARED: the guest writes into the file, as a template must) or
     /// `share=off` (MAP_PRIVATE: copy-on-write over the file, as a fork does).
     pub shared: bool,
+    /// A private mapping that can be reset in place (forks only, `shared` false): QEMU is
+    /// told `share=on`, so its state streams leave RAM out, while the RAM shim maps the file
+    /// privately and drops the private pages on request (see `scripts/qemu-ram-shim.c` and
+    /// `machine/reset.rs`).
+    pub resettable: bool,
+}
+
+impl RamBacking {
+    /// The guest writes into the file (a template, a build step).
+    pub fn shared(path: PathBuf) -> RamBacking {
+        RamBacking {
+            path,
+            shared: true,
+            resettable: false,
+        }
+    }
+
+    /// Copy-on-write over the file (a fork); `resettable` as the field says.
+    pub fn private(path: PathBuf, resettable: bool) -> RamBacking {
+        RamBacking {
+            path,
+            shared: false,
+            resettable,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,6 +184,12 @@ impl MachineSpec {
         self.ram_shim.as_ref().filter(|_| !self.ram.shared)
     }
 
+    /// The descriptor number of the reset channel the RAM shim serves (resettable RAM only):
+    /// the one after the files.
+    pub fn reset_fd(&self) -> Option<i32> {
+        (self.ram.resettable && self.shim().is_some()).then(|| FIRST_FILE_FD + self.files().len() as i32)
+    }
+
     fn fd_of(&self, path: &PathBuf) -> String {
         let fd = self
             .files()
@@ -169,10 +203,17 @@ impl MachineSpec {
     /// The environment QEMU gets: nothing but what the RAM shim needs.
     pub fn env(&self) -> Vec<(String, String)> {
         match self.shim() {
-            Some(shim) => vec![
-                ("LD_PRELOAD".into(), self.fd_of(shim)),
-                ("FARM_RO_PATH".into(), self.fd_of(&self.ram.path)),
-            ],
+            Some(shim) => {
+                let mut env = vec![
+                    ("LD_PRELOAD".into(), self.fd_of(shim)),
+                    ("FARM_RO_PATH".into(), self.fd_of(&self.ram.path)),
+                ];
+                if let Some(fd) = self.reset_fd() {
+                    env.push(("FARM_RAM_PRIVATE".into(), "1".into()));
+                    env.push(("FARM_RESET_FD".into(), fd.to_string()));
+                }
+                env
+            }
             None => Vec::new(),
         }
     }
@@ -202,7 +243,7 @@ impl MachineSpec {
                 "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
                 self.memory_mib,
                 self.fd_of(&self.ram.path),
-                if self.ram.shared { "on" } else { "off" }
+                if self.ram.shared || self.reset_fd().is_some() { "on" } else { "off" }
             ),
         ]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
@@ -216,7 +257,7 @@ impl MachineSpec {
             push(&["-kernel", &self.fd_of(kernel), "-append", &self.kernel_cmdline]);
         }
         let mut drive = format!(
-            "id=root,file={},format=qcow2,if=none,cache=unsafe",
+            "id=root,node-name={DISK_NODE},file={},format=qcow2,if=none,cache=unsafe",
             self.fd_of(&self.disk)
         );
         for (depth, layer) in self.disk_backing.iter().enumerate() {
@@ -277,10 +318,7 @@ mod tests {
                     format: "raw".into(),
                 },
             ],
-            ram: RamBacking {
-                path: "/snap/memory".into(),
-                shared: false,
-            },
+            ram: RamBacking::private("/snap/memory".into(), false),
             ram_shim: Some("/cache/shim.so".into()),
             console_log: "/run/console.log".into(),
             tcg_tb_size_mib: Some(32),

@@ -307,10 +307,7 @@ fn a_guest_that_dies_while_booting_is_reported_not_waited_for() {
         let plan = vmm::machine::LaunchPlan {
             kernel: Some(a.kernel.path.clone()),
             disk,
-            ram: vmm::qemu::RamBacking {
-                path: run_dir.path().join("memory"),
-                shared: false,
-            },
+            ram: vmm::qemu::RamBacking::private(run_dir.path().join("memory"), false),
             incoming: false,
             max_disk_bytes: None,
         };

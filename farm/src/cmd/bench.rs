@@ -78,6 +78,9 @@ pub struct ForkArgs {
     /// Forks to hold alive at once for the memory measurement.
     #[arg(long, default_value_t = 50)]
     alive: usize,
+    /// Resets in place of one fork (0: skip).
+    #[arg(long, default_value_t = 30)]
+    resets: usize,
     /// Memory budget for the forks-alive figure, in MiB (default: 90% of MemTotal).
     #[arg(long)]
     memory_budget_mib: Option<u64>,
@@ -215,6 +218,9 @@ async fn fork(args: ForkArgs) -> Result<i32> {
     let resumed = measure_pool(&forker, &snapshot, PoolMode::Resumed, pool_size, args.n, concurrency).await?;
     let (warm, second_exec, dirty) = (incoming.first_exec, incoming.second_exec, incoming.private_dirty_mib);
 
+    say(&format!("{} resets in place of one fork", args.resets));
+    let resets = measure_resets(&forker, &snapshot, args.resets).await?;
+
     say(&format!("holding {} forks alive", args.alive));
     let alive = hold_forks_alive(&forker, &snapshot, args.alive, progress).await?;
 
@@ -238,6 +244,15 @@ async fn fork(args: ForkArgs) -> Result<i32> {
         "ratio_cold_boot_over_warm_fork_p50": round(p50(&cold_p) / p50(&warm_p)),
         "ratio_cold_boot_over_no_pool_fork_p50": round(p50(&cold_p) / p50(&percentiles(&no_pool))),
         "private_dirty_per_idle_fork_mib": percentiles(&dirty),
+        "reset_ms": percentiles(&resets.reset),
+        "reset_parts_ms": {
+            "stop_and_channels": percentiles(&resets.stop_and_channels),
+            "ram": percentiles(&resets.ram),
+            "devices": percentiles(&resets.devices),
+        },
+        "reset_to_first_exec_ms": percentiles(&resets.to_first_exec),
+        "ratio_resumed_pool_fork_over_reset_to_first_exec_p50":
+            round(p50(&percentiles(&resumed.first_exec)) / p50(&percentiles(&resets.to_first_exec))),
         "forks_alive": alive.summary(args.memory_budget_mib, &dirty),
     });
     print_report(&report, args.json);
@@ -272,6 +287,45 @@ async fn forks_without_pool(
         }
     }
     Ok(no_pool)
+}
+
+#[derive(Default)]
+struct ResetSamples {
+    /// The reset itself: stop, new channels, RAM, device state (the guest left paused).
+    reset: Vec<f64>,
+    stop_and_channels: Vec<f64>,
+    ram: Vec<f64>,
+    devices: Vec<f64>,
+    /// Reset, resume, identity and the first exec answered: what a fork is compared with.
+    to_first_exec: Vec<f64>,
+}
+
+/// Resets one fork `n` times; before each, the fork runs a command that writes a little
+/// (a rollout's trace), so every reset has pages to drop and a disk to revert.
+async fn measure_resets(forker: &Forker, snapshot: &snapshotter::Snapshot, n: usize) -> Result<ResetSamples> {
+    let mut samples = ResetSamples::default();
+    if n == 0 {
+        return Ok(samples);
+    }
+    let mut fork = forker.fork_resettable(snapshot, ForkIdentity::new(0)).await?;
+    for i in 0..n {
+        let out = fork
+            .agent()
+            .exec(ExecOptions::shell("echo rollout > /dev/shm/trace; echo rollout > /tmp/trace; sync"))
+            .await?;
+        if out.result.exit_code != Some(0) {
+            bail!("the rollout's command failed in the guest: {:?}", out.result);
+        }
+        let t = Instant::now();
+        let parts = fork.reset(ForkIdentity::new(i as u64 + 1)).await?;
+        exec_true(fork.agent()).await?;
+        samples.to_first_exec.push(ms(t.elapsed()));
+        samples.reset.push(ms(parts.stop_and_channels + parts.ram + parts.devices));
+        samples.stop_and_channels.push(ms(parts.stop_and_channels));
+        samples.ram.push(ms(parts.ram));
+        samples.devices.push(ms(parts.devices));
+    }
+    Ok(samples)
 }
 
 /// What forks held alive at once showed after a short idle.

@@ -57,7 +57,7 @@ impl Machine {
     }
 
     /// Hands QEMU a descriptor under a name (QMP `getfd`).
-    async fn pass_fd(&self, name: &str, fd: OwnedFd) -> Result<(), MachineError> {
+    pub(super) async fn pass_fd(&self, name: &str, fd: OwnedFd) -> Result<(), MachineError> {
         let mut qmp = self.qmp.lock().await;
         qmp.pass_fd(name, fd).await.map_err(|source| MachineError::Qmp {
             what: "getfd".into(),
@@ -121,7 +121,7 @@ impl Machine {
         self.qmp("cont", None).await.map(|_| ())
     }
 
-    async fn set_ignore_shared(&self, on: bool) -> Result<(), MachineError> {
+    pub(super) async fn set_ignore_shared(&self, on: bool) -> Result<(), MachineError> {
         self.qmp(
             "migrate-set-capabilities",
             Some(json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": on } ] })),

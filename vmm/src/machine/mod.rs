@@ -84,6 +84,10 @@ pub struct Machine {
     /// The network port's server (stopped with the machine), and the way to the guest's own
     /// services.
     net_port: egress::NetPort,
+    /// The RAM shim's reset channel (resettable machines only).
+    reset: Option<reset::ResetChannel>,
+    /// Numbers QMP jobs.
+    next_job: AtomicU64,
     spec: MachineSpec,
     run_dir: RunDir,
 }
@@ -174,6 +178,8 @@ struct HostEnds {
     qmp: UnixStream,
     agent: UnixStream,
     net: UnixStream,
+    /// The RAM shim's reset channel (resettable machines only).
+    reset: Option<UnixStream>,
 }
 
 /// Starts QEMU for `spec` in its jail, its messages going to `qemu_log`: every channel and
@@ -212,6 +218,14 @@ fn spawn_qemu(
             .map_err(io_err(format!("opening {}", path.display())))?;
         fds.push((file.into(), number));
     }
+    let reset = match spec.reset_fd() {
+        Some(number) => {
+            let (host, child) = UnixStream::pair().map_err(io_err("creating the reset socket pair"))?;
+            fds.push((child.into(), number));
+            Some(host)
+        }
+        None => None,
+    };
     crate::console::capture(console_host, spec.console_log.clone()).map_err(io_err("starting the console reader"))?;
     let process = QemuProcess::spawn(command, fds, confinement)
         .map_err(io_err(format!("starting {}", spec.qemu_binary.display())))?;
@@ -219,6 +233,7 @@ fn spawn_qemu(
         qmp: qmp_host,
         agent: agent_host,
         net: net_host,
+        reset,
     };
     Ok((process, host_ends))
 }
@@ -267,10 +282,7 @@ impl Machine {
         let run_dir = RunDir::create(&settings.run_root)?;
         let disk = run_dir.path().join("disk.qcow2");
         create_overlay(image, "raw", &disk).await?;
-        let ram = RamBacking {
-            path: run_dir.path().join("memory"),
-            shared: false,
-        };
+        let ram = RamBacking::private(run_dir.path().join("memory"), false);
         let plan = LaunchPlan {
             kernel: Some(kernel.to_path_buf()),
             disk,
@@ -335,6 +347,7 @@ impl Machine {
             egress::spawn(host_ends.net, network.clone()).map_err(io_err("starting the network port's server"))?;
         let (agent_read, agent_write) = to_tokio(host_ends.agent, "agent")?.into_split();
         let agent = AgentClient::new(agent_read, agent_write, DEFAULT_MAX_RESPONSE_BYTES);
+        let reset = host_ends.reset.map(reset::ResetChannel::new).transpose()?;
         let qmp = qmp_handshake(qmp_stream, &mut process, &qemu_log).await?;
         Ok(Machine {
             agent,
@@ -346,6 +359,8 @@ impl Machine {
             watchdog: None,
             network,
             net_port,
+            reset,
+            next_job: AtomicU64::new(0),
             spec,
             run_dir,
         })
@@ -495,5 +510,7 @@ impl Drop for Machine {
 
 mod host;
 mod migration;
+mod reset;
 
+pub use reset::ResetTimings;
 pub use host::{create_overlay, default_run_root, find_qemu, qemu_version, tail, RunDir, VmSettings};

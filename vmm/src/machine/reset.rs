@@ -1,0 +1,230 @@
+//! Reset in place: a running fork put back exactly where it started, in the same QEMU
+//! process, instead of a new process per fork.
+//!
+//! A resettable machine ([`RamBacking::resettable`](crate::qemu::RamBacking)) has three
+//! parts to put back, and each goes back by its own mechanism:
+//! - **guest RAM**: the snapshot's file is mapped privately, so everything the guest wrote
+//!   is a private page of QEMU's. The RAM shim drops them all (`MADV_DONTNEED`) when asked on
+//!   the reset channel; the mapping then reads the file again, byte for byte;
+//! - **CPU and device state, and the disk**: an internal snapshot in the fork's own qcow2
+//!   overlay, taken once right after the snapshot's state was loaded (before the guest ran),
+//!   holds the device state (RAM stays out: QEMU takes the RAM for shared, and
+//!   `x-ignore-shared` is on) and the overlay's clusters at that moment. QMP
+//!   `snapshot-load` resets every device, reverts the overlay and loads the state. Loading
+//!   the CPU state makes QEMU throw away all translated code (`cpu_common_post_load`), so
+//!   no code translated from a page the reset changed can run;
+//! - **the host's channels**: the agent's and the network port's sockets are replaced by
+//!   new ones (QMP `chardev-change`), so no byte the guest wrote before the reset can reach
+//!   the host after it, and every connection the guest had through its network port is gone.
+//!
+//! The order matters: new channels (QEMU swaps them only while the guest runs), stop, RAM,
+//! the device state, then the new channels drained of what the guest wrote in between.
+
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{io_err, to_tokio, Machine, MachineError};
+use crate::agent::{AgentClient, DEFAULT_MAX_RESPONSE_BYTES};
+use crate::qemu::DISK_NODE;
+
+/// The internal snapshot a reset returns to, in the fork's own overlay.
+const RESET_TAG: &str = "farm-reset";
+
+/// Where the time of one reset went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ResetTimings {
+    /// QMP `stop` and the two new channels.
+    pub stop_and_channels: Duration,
+    /// Dropping the private RAM pages (in the RAM shim).
+    pub ram: Duration,
+    /// QMP `snapshot-load`: device reset, disk revert, device state.
+    pub devices: Duration,
+}
+
+impl Machine {
+    /// Whether this machine can be reset in place.
+    pub fn resettable(&self) -> bool {
+        self.reset.is_some()
+    }
+
+    /// Takes the point [`Machine::reset_paused`] returns to. Call it on a machine that has
+    /// just loaded its snapshot's state and has not run yet.
+    pub async fn mark_reset_point(&self) -> Result<(), MachineError> {
+        if self.reset.is_none() {
+            return Err(not_resettable());
+        }
+        self.run_snapshot_job("snapshot-save").await
+    }
+
+    /// Puts the guest back to its reset point and leaves it paused; [`Machine::resume`]
+    /// continues it. The agent client and the guest connector are new afterwards: clones of
+    /// the old ones fail (the channel closed).
+    pub async fn reset_paused(&mut self) -> Result<ResetTimings, MachineError> {
+        let Some(channel) = self.reset.as_ref() else {
+            return Err(not_resettable());
+        };
+        let channel = channel.clone();
+        let started = Instant::now();
+        // QEMU swaps a virtio-serial port's backend only while the guest runs (a stopped
+        // VM's ports have no handlers), so the new sockets go in first, and whatever the
+        // guest writes to them before it stops is drained after the load.
+        let status = self.qmp("query-status", None).await?;
+        if status.get("running").and_then(|r| r.as_bool()) != Some(true) {
+            self.resume().await?;
+        }
+        let (agent_host, agent_child) = UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
+        let (net_host, net_child) = UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
+        self.change_chardev("agent", agent_child).await?;
+        self.change_chardev("net", net_child).await?;
+        self.qmp("stop", None).await?;
+        let stop_and_channels = started.elapsed();
+        let ram_started = Instant::now();
+        drop_private_pages(&channel).await?;
+        let ram = ram_started.elapsed();
+        let devices_started = Instant::now();
+        self.run_snapshot_job("snapshot-load").await?;
+        let devices = devices_started.elapsed();
+        // Nothing more can come from the guest: it is stopped, and the load reset every
+        // device (data QEMU held for the sockets went with it).
+        drain(&agent_host)?;
+        drain(&net_host)?;
+        let (read, write) = to_tokio(agent_host, "agent")?.into_split();
+        self.agent = AgentClient::new(read, write, DEFAULT_MAX_RESPONSE_BYTES);
+        self.net_port =
+            egress::spawn(net_host, self.network.clone()).map_err(io_err("starting the network port's server"))?;
+        Ok(ResetTimings {
+            stop_and_channels,
+            ram,
+            devices,
+        })
+    }
+
+    async fn change_chardev(&self, id: &str, socket: UnixStream) -> Result<(), MachineError> {
+        let name = format!("farm-{id}");
+        self.pass_fd(&name, socket.into()).await?;
+        self.qmp(
+            "chardev-change",
+            Some(json!({
+                "id": id,
+                "backend": { "type": "socket", "data": {
+                    "addr": { "type": "fd", "data": { "str": name } },
+                    "server": false,
+                } },
+            })),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Runs `snapshot-save` or `snapshot-load` of the reset point as a QMP job and waits for
+    /// it, then dismisses it.
+    async fn run_snapshot_job(&self, command: &str) -> Result<(), MachineError> {
+        let job = format!("{command}-{}", self.next_job.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let arguments = json!({
+            "job-id": job,
+            "tag": RESET_TAG,
+            "vmstate": DISK_NODE,
+            "devices": [DISK_NODE],
+        });
+        if command == "snapshot-save" {
+            // The state stream leaves the RAM out (QEMU takes it for shared).
+            self.set_ignore_shared(true).await?;
+        }
+        self.qmp(command, Some(arguments)).await?;
+        let started = Instant::now();
+        let outcome = loop {
+            let jobs = self.qmp("query-jobs", None).await?;
+            let ours = jobs
+                .as_array()
+                .and_then(|all| all.iter().find(|j| j.get("id").and_then(|v| v.as_str()) == Some(job.as_str())))
+                .cloned();
+            let Some(ours) = ours else {
+                break Err(format!("QEMU has no job {job}"));
+            };
+            if ours.get("status").and_then(|s| s.as_str()) == Some("concluded") {
+                break match ours.get("error").and_then(|e| e.as_str()) {
+                    Some(error) => Err(error.to_string()),
+                    None => Ok(()),
+                };
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                break Err("did not finish within 120 s".into());
+            }
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        };
+        let _ = self.qmp("job-dismiss", Some(json!({ "id": job }))).await;
+        outcome.map_err(|detail| MachineError::Migration {
+            what: command.to_string(),
+            detail,
+        })
+    }
+}
+
+/// Reads and discards whatever is waiting on `socket`.
+fn drain(socket: &UnixStream) -> Result<(), MachineError> {
+    use std::io::Read;
+    socket
+        .set_nonblocking(true)
+        .map_err(io_err("configuring a new channel socket"))?;
+    let mut buffer = [0u8; 64 << 10];
+    loop {
+        match (&*socket).read(&mut buffer) {
+            Ok(0) => return Ok(()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_err("draining a new channel socket")(e)),
+        }
+    }
+}
+
+fn not_resettable() -> MachineError {
+    MachineError::Migration {
+        what: "reset".into(),
+        detail: "this machine was not started resettable".into(),
+    }
+}
+
+/// Asks the RAM shim to drop every private page of guest RAM, and waits for its answer.
+async fn drop_private_pages(channel: &ResetChannel) -> Result<(), MachineError> {
+    let mut stream = channel.0.lock().await;
+    let failed = |detail: String| MachineError::Migration {
+        what: "reset of guest RAM".into(),
+        detail,
+    };
+    let exchange = async {
+        stream.write_all(b"R").await?;
+        let mut answer = [0u8; 1];
+        stream.read_exact(&mut answer).await?;
+        if answer[0] == b'K' {
+            return Ok(None);
+        }
+        let mut errno = [0u8; 4];
+        stream.read_exact(&mut errno).await?;
+        Ok::<_, std::io::Error>(Some(i32::from_be_bytes(errno)))
+    };
+    match tokio::time::timeout(Duration::from_secs(30), exchange).await {
+        Ok(Ok(None)) => Ok(()),
+        Ok(Ok(Some(errno))) => Err(failed(format!(
+            "the RAM shim could not drop the pages: {}",
+            std::io::Error::from_raw_os_error(errno)
+        ))),
+        Ok(Err(e)) => Err(failed(format!("the RAM shim's channel failed: {e}"))),
+        Err(_) => Err(failed("the RAM shim did not answer within 30 s".into())),
+    }
+}
+
+/// The host's end of the RAM shim's reset channel.
+#[derive(Clone)]
+pub(super) struct ResetChannel(std::sync::Arc<tokio::sync::Mutex<tokio::net::UnixStream>>);
+
+impl ResetChannel {
+    pub(super) fn new(stream: UnixStream) -> Result<ResetChannel, MachineError> {
+        Ok(ResetChannel(std::sync::Arc::new(tokio::sync::Mutex::new(to_tokio(
+            stream, "reset",
+        )?))))
+    }
+}
