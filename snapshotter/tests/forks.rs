@@ -520,50 +520,119 @@ const LOOK: &str = "test -e /workspace/planted && echo file; \
 /// A reset puts a fork back to its snapshot in the same QEMU: guest RAM hashes as the
 /// snapshot's file, and nothing planted survives (file, process, sysctl, mount, module
 /// parameter, raw block write); the guest then takes a new identity (hostname, entropy,
-/// clock), as a new fork does.
+/// clock), as a new fork does. With Debian's QEMU the translated code all goes at each reset.
 #[test]
 fn a_reset_fork_is_its_snapshot_again_with_a_new_identity() {
     runtime().block_on(async {
         let snapshot = shared_template("minimal").await;
-        let forker = forker();
-        let mut fork = forker.fork_resettable(snapshot, ForkIdentity::new(11)).await.unwrap();
-        let pid = fork.machine.pid();
-        let clean = run(&fork, LOOK).await;
-        assert!(!clean.contains("file") && !clean.contains("process"), "{clean}");
-        run(&fork, PLANT).await;
-        let planted = run(&fork, LOOK).await;
-        assert_ne!(planted, clean, "planting changed nothing to look at");
-        let memory = snapshot.memory_path();
-        let mut urandom = BTreeSet::new();
-        for round in 0..3u64 {
-            let written = vmm::memory::Breakdown::of(pid, &memory.canonicalize().unwrap()).unwrap().guest_ram;
-            assert!(written > 0, "the fork wrote no guest RAM before reset {round}");
-            let expected = snapshotter::store::sha256_file(&memory).unwrap();
-            // The check tells them apart: the running fork's RAM is not the file's.
-            assert_ne!(guest_ram_sha256(pid, &memory).unwrap(), expected);
-            let identity = ForkIdentity::new(100 + round);
-            let fork_id = identity.fork_id.clone();
-            let memory_at_reset = memory.clone();
-            fork.reset_with(identity, |pid| async move {
-                let seen = guest_ram_sha256(pid, &memory_at_reset).expect("QEMU maps the snapshot's RAM file");
-                assert_eq!(seen, expected, "guest RAM after reset {round} is not the snapshot's");
-            })
-            .await
-            .unwrap();
-            assert_eq!(fork.machine.pid(), pid, "a reset started another QEMU");
-            assert_eq!(run(&fork, LOOK).await, clean, "something planted outlived reset {round}");
-            assert_eq!(run(&fork, "hostname").await.trim(), format!("fork-{fork_id}"));
-            urandom.insert(run(&fork, "head -c 16 /dev/urandom | od -An -tx1").await);
-            let host_now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs_f64();
-            let guest: f64 = run(&fork, "date +%s").await.trim().parse().unwrap();
-            assert!((guest - host_now).abs() < 5.0, "guest clock {guest}, host {host_now}");
-            run(&fork, PLANT).await;
-        }
-        assert_eq!(urandom.len(), 3, "resets drew the same randomness");
-        drop(fork);
+        let kept = reset_is_exact(&forker(), snapshot).await;
+        assert!(
+            kept < 0.5,
+            "Debian's QEMU kept {kept:.2} of the translated code over a reset"
+        );
         snapshot.verify_checksums().unwrap();
     });
+}
+
+/// The same with QEMU built with farm's reset patch (`scripts/build-qemu.sh`): as exact, and
+/// the translated code of the pages the reset did not change stays.
+#[test]
+fn a_reset_with_the_patched_qemu_is_as_exact_and_keeps_the_translated_code() {
+    runtime().block_on(async {
+        let binary = vmm::artifacts::reset_qemu(&vmm::artifacts::cache_dir())
+            .expect("QEMU with farm's reset patch is built by scripts/setup.sh");
+        let mut vm = VmSettings::detect(AccelSetting::Auto).unwrap();
+        vm.qemu_binary = binary;
+        vm.selective_reset = true;
+        let forker = Forker::new(vm).unwrap();
+        assert!(
+            forker.host.qemu_version.contains("farm-reset"),
+            "{}",
+            forker.host.qemu_version
+        );
+        let built = build_template(
+            store(),
+            &forker,
+            &template("minimal"),
+            &PathBuf::from("."),
+            "minimal",
+            &quiet,
+        )
+        .await
+        .unwrap();
+        let kept = reset_is_exact(&forker, &built.snapshot).await;
+        assert!(
+            kept > 0.5,
+            "the patched QEMU kept only {kept:.2} of the translated code over a reset"
+        );
+        built.snapshot.verify_checksums().unwrap();
+    });
+}
+
+/// The translation blocks QEMU holds (HMP `info jit`).
+async fn translated_blocks(fork: &snapshotter::Fork) -> u64 {
+    let info = fork
+        .machine
+        .qmp(
+            "human-monitor-command",
+            Some(serde_json::json!({ "command-line": "info jit" })),
+        )
+        .await
+        .unwrap();
+    let text = info.as_str().unwrap_or_default().to_string();
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("TB count")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no TB count in {text}"))
+}
+
+/// Plants, resets three times and checks each reset; returns the share of translation blocks
+/// the last reset kept (blocks after it, before the guest ran anything new, over before it).
+async fn reset_is_exact(forker: &Forker, snapshot: &Snapshot) -> f64 {
+    let mut fork = forker.fork_resettable(snapshot, ForkIdentity::new(11)).await.unwrap();
+    let pid = fork.machine.pid();
+    let clean = run(&fork, LOOK).await;
+    assert!(!clean.contains("file") && !clean.contains("process"), "{clean}");
+    run(&fork, PLANT).await;
+    let planted = run(&fork, LOOK).await;
+    assert_ne!(planted, clean, "planting changed nothing to look at");
+    let memory = snapshot.memory_path();
+    let mut urandom = BTreeSet::new();
+    let mut kept = 0.0;
+    for round in 0..3u64 {
+        let written = vmm::memory::Breakdown::of(pid, &memory.canonicalize().unwrap())
+            .unwrap()
+            .guest_ram;
+        assert!(written > 0, "the fork wrote no guest RAM before reset {round}");
+        let expected = snapshotter::store::sha256_file(&memory).unwrap();
+        // The check tells them apart: the running fork's RAM is not the file's.
+        assert_ne!(guest_ram_sha256(pid, &memory).unwrap(), expected);
+        let before = translated_blocks(&fork).await;
+        let identity = ForkIdentity::new(100 + round);
+        let fork_id = identity.fork_id.clone();
+        let memory_at_reset = memory.clone();
+        fork.reset_with(identity, |pid| async move {
+            let seen = guest_ram_sha256(pid, &memory_at_reset).expect("QEMU maps the snapshot's RAM file");
+            assert_eq!(seen, expected, "guest RAM after reset {round} is not the snapshot's");
+        })
+        .await
+        .unwrap();
+        kept = translated_blocks(&fork).await as f64 / before as f64;
+        assert_eq!(fork.machine.pid(), pid, "a reset started another QEMU");
+        assert_eq!(
+            run(&fork, LOOK).await,
+            clean,
+            "something planted outlived reset {round}"
+        );
+        assert_eq!(run(&fork, "hostname").await.trim(), format!("fork-{fork_id}"));
+        urandom.insert(run(&fork, "head -c 16 /dev/urandom | od -An -tx1").await);
+        let host_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let guest: f64 = run(&fork, "date +%s").await.trim().parse().unwrap();
+        assert!((guest - host_now).abs() < 5.0, "guest clock {guest}, host {host_now}");
+        run(&fork, PLANT).await;
+    }
+    assert_eq!(urandom.len(), 3, "resets drew the same randomness");
+    kept
 }

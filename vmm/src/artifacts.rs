@@ -92,6 +92,18 @@ pub fn ram_shim(cache: &Path) -> Result<Artifact, ArtifactError> {
     )
 }
 
+/// QEMU built with farm's reset patch by the set-up script (`scripts/build-qemu.sh`), or
+/// None when it has not been built here.
+pub fn reset_qemu(cache: &Path) -> Option<PathBuf> {
+    let path = cache
+        .join("current")
+        .join("qemu-farm-reset")
+        .join("bin")
+        .join("qemu-system-x86_64");
+    // The real path: the QEMU uid cannot pass through the cache in root's home.
+    path.canonicalize().ok().filter(|p| p.is_file())
+}
+
 fn artifact(dir: &Path, file: &str, what: &str) -> Result<Artifact, ArtifactError> {
     let path = dir.join(file);
     if !path.is_file() {

@@ -27,6 +27,10 @@ pub const CONSOLE_FD: i32 = 5;
 pub const NET_FD: i32 = 6;
 pub const FIRST_FILE_FD: i32 = 7;
 
+/// What the version line of a QEMU built with farm's reset patch carries
+/// (`scripts/build-qemu.sh` configures it as the package version).
+pub const RESET_PATCH_MARK: &str = "farm-reset";
+
 /// The block node name of the root disk's overlay (QMP: internal snapshots for reset).
 pub const DISK_NODE: &str = "disk0";
 
@@ -148,6 +152,9 @@ pub struct MachineSpec {
     pub ksm: crate::Ksm,
     /// Start paused, waiting for migration state (`-incoming defer`).
     pub incoming: bool,
+    /// QEMU has farm's reset patch: with resettable RAM, `snapshot-load` puts guest RAM back
+    /// itself and keeps the translated code of unchanged pages (`FARM_SELECTIVE_RESET`).
+    pub selective_reset: bool,
 }
 
 impl MachineSpec {
@@ -211,6 +218,9 @@ impl MachineSpec {
                 if let Some(fd) = self.reset_fd() {
                     env.push(("FARM_RAM_PRIVATE".into(), "1".into()));
                     env.push(("FARM_RESET_FD".into(), fd.to_string()));
+                    if self.selective_reset {
+                        env.push(("FARM_SELECTIVE_RESET".into(), "1".into()));
+                    }
                 }
                 env
             }
@@ -243,7 +253,11 @@ impl MachineSpec {
                 "memory-backend-file,id=mem,size={}M,mem-path={},share={}",
                 self.memory_mib,
                 self.fd_of(&self.ram.path),
-                if self.ram.shared || self.reset_fd().is_some() { "on" } else { "off" }
+                if self.ram.shared || self.reset_fd().is_some() {
+                    "on"
+                } else {
+                    "off"
+                }
             ),
         ]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
@@ -324,6 +338,7 @@ mod tests {
             tcg_tb_size_mib: Some(32),
             ksm: crate::Ksm::Off,
             incoming: true,
+            selective_reset: false,
         }
     }
 

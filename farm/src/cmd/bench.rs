@@ -311,7 +311,9 @@ async fn measure_resets(forker: &Forker, snapshot: &snapshotter::Snapshot, n: us
     for i in 0..n {
         let out = fork
             .agent()
-            .exec(ExecOptions::shell("echo rollout > /dev/shm/trace; echo rollout > /tmp/trace; sync"))
+            .exec(ExecOptions::shell(
+                "echo rollout > /dev/shm/trace; echo rollout > /tmp/trace; sync",
+            ))
             .await?;
         if out.result.exit_code != Some(0) {
             bail!("the rollout's command failed in the guest: {:?}", out.result);
@@ -320,7 +322,9 @@ async fn measure_resets(forker: &Forker, snapshot: &snapshotter::Snapshot, n: us
         let parts = fork.reset(ForkIdentity::new(i as u64 + 1)).await?;
         exec_true(fork.agent()).await?;
         samples.to_first_exec.push(ms(t.elapsed()));
-        samples.reset.push(ms(parts.stop_and_channels + parts.ram + parts.devices));
+        samples
+            .reset
+            .push(ms(parts.stop_and_channels + parts.ram + parts.devices));
         samples.stop_and_channels.push(ms(parts.stop_and_channels));
         samples.ram.push(ms(parts.ram));
         samples.devices.push(ms(parts.devices));

@@ -28,6 +28,9 @@ pub struct VmSettings {
     pub ram_shim: PathBuf,
     /// RLIMIT_FSIZE of a QEMU whose disk has no limit of its own (templates, task set-up).
     pub max_file_bytes: u64,
+    /// This QEMU carries farm's reset patch (`scripts/build-qemu.sh`): a reset keeps the
+    /// translated code of the pages it did not change (see `machine/reset.rs`).
+    pub selective_reset: bool,
 }
 
 impl VmSettings {
@@ -36,8 +39,10 @@ impl VmSettings {
         let qemu_binary = find_qemu()?;
         let accel = accel::resolve(accel, &HostFacts::probe())?;
         let ram_shim = crate::artifacts::ram_shim(&crate::artifacts::cache_dir())?.path;
+        let selective_reset = qemu_version(&qemu_binary)?.contains(crate::qemu::RESET_PATCH_MARK);
         Ok(VmSettings {
             ram_shim,
+            selective_reset,
             max_file_bytes: 64 << 30,
             qemu_binary,
             accel,

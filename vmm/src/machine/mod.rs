@@ -328,6 +328,7 @@ impl Machine {
             tcg_tb_size_mib: settings.tcg_tb_size_mib,
             ksm: settings.ksm,
             incoming: plan.incoming,
+            selective_reset: settings.selective_reset,
         };
         let ram_bytes = u64::from(spec.memory_mib) << 20;
         // The largest file QEMU writes: a template's RAM file, or the disk overlay.
@@ -512,5 +513,5 @@ mod host;
 mod migration;
 mod reset;
 
-pub use reset::ResetTimings;
 pub use host::{create_overlay, default_run_root, find_qemu, qemu_version, tail, RunDir, VmSettings};
+pub use reset::ResetTimings;

@@ -82,7 +82,11 @@ impl Machine {
         self.qmp("stop", None).await?;
         let stop_and_channels = started.elapsed();
         let ram_started = Instant::now();
-        drop_private_pages(&channel).await?;
+        if !self.spec.selective_reset {
+            // A patched QEMU does this itself in `snapshot-load`, after it has read which
+            // pages are private.
+            drop_private_pages(&channel).await?;
+        }
         let ram = ram_started.elapsed();
         let devices_started = Instant::now();
         self.run_snapshot_job("snapshot-load").await?;
@@ -122,7 +126,10 @@ impl Machine {
     /// Runs `snapshot-save` or `snapshot-load` of the reset point as a QMP job and waits for
     /// it, then dismisses it.
     async fn run_snapshot_job(&self, command: &str) -> Result<(), MachineError> {
-        let job = format!("{command}-{}", self.next_job.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let job = format!(
+            "{command}-{}",
+            self.next_job.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let arguments = json!({
             "job-id": job,
             "tag": RESET_TAG,
@@ -139,7 +146,10 @@ impl Machine {
             let jobs = self.qmp("query-jobs", None).await?;
             let ours = jobs
                 .as_array()
-                .and_then(|all| all.iter().find(|j| j.get("id").and_then(|v| v.as_str()) == Some(job.as_str())))
+                .and_then(|all| {
+                    all.iter()
+                        .find(|j| j.get("id").and_then(|v| v.as_str()) == Some(job.as_str()))
+                })
                 .cloned();
             let Some(ours) = ours else {
                 break Err(format!("QEMU has no job {job}"));
