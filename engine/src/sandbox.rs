@@ -84,7 +84,7 @@ impl Host {
             env: identity_env,
             ..ForkIdentity::new(seed)
         };
-        let forker = self.forker_limited(spec.max_disk_bytes);
+        let forker = self.sandbox_forker(spec.max_disk_bytes);
         let mut fork = match pool {
             Some(pool) => pool.fork(identity).await?,
             None => forker.fork(snapshot, identity).await?,
@@ -101,6 +101,14 @@ impl Host {
 }
 
 impl Host {
+    /// The forker of sandboxes: resettable forks ([`Session::reset`]), with their disk limit.
+    pub fn sandbox_forker(&self, max_disk_bytes: Option<u64>) -> snapshotter::Forker {
+        snapshotter::Forker {
+            resettable: true,
+            ..self.forker_limited(max_disk_bytes)
+        }
+    }
+
     /// A sandbox of an earlier process, paused, from its saved state (a fork of the
     /// environment `snapshot` that `spec` described).
     pub fn paused_sandbox(
@@ -109,7 +117,7 @@ impl Host {
         spec: &SandboxSpec,
         paused: crate::pause::PausedFork,
     ) -> Session {
-        let forker = self.forker_limited(spec.max_disk_bytes);
+        let forker = self.sandbox_forker(spec.max_disk_bytes);
         let network = spec.network.clone().unwrap_or_default();
         Session::paused_sandbox(self.clone(), forker, network, snapshot.clone(), paused)
     }
@@ -300,7 +308,7 @@ impl Host {
     /// `size` warm forks of a ready environment (None when the pool could not start: said
     /// in the log, and sandboxes fork without it).
     pub fn environment_pool(&self, id: &str, ready: &Ready, size: usize) -> Option<snapshotter::WarmPool> {
-        match self.start_pool(self.forker.clone(), &ready.snapshot, size, "true") {
+        match self.start_pool(self.sandbox_forker(None), &ready.snapshot, size, "true") {
             Ok(pool) => Some(pool),
             Err(e) => {
                 tracing::warn!("environment {id}: no warm pool: {e}");

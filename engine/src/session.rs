@@ -34,6 +34,9 @@ use crate::pause::{PauseError, PausedFork};
 use crate::policy::Policy;
 use crate::row::{Row, Status, Step};
 
+mod reset;
+pub use reset::{ResetWay, SessionResetError};
+
 /// Where a session is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

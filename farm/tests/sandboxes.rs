@@ -564,7 +564,7 @@ async fn environments_sandboxes_and_every_verb() {
     assert_eq!(status, 404);
 
     // Branch: the child continues from the parent's state; the two go on apart.
-    api.stdout(&id, "echo before > /srv/state").await;
+    api.stdout(&id, "mkdir -p /srv && echo before > /srv/state").await;
     let child = api.ok("POST", &format!("/v1/sandboxes/{id}/branch"), None, 201).await;
     let child = child["id"].as_str().unwrap().to_string();
     assert_eq!(
@@ -573,6 +573,29 @@ async fn environments_sandboxes_and_every_verb() {
     );
     api.stdout(&child, "echo child > /srv/state").await;
     assert_eq!(api.stdout(&id, "cat /srv/state").await, "before\n");
+
+    // Reset: back to the environment's snapshot, same id. The sandbox forked from the
+    // environment is put back in place (the same VM); the branch gets a new fork, and says why.
+    api.stdout(&id, "echo planted > /srv/planted; sleep 1000 >/dev/null 2>&1 &")
+        .await;
+    let reset = api.ok("POST", &format!("/v1/sandboxes/{id}/reset"), None, 200).await;
+    assert_eq!(reset["in_place"], true, "{reset}");
+    assert_eq!(reset["sandbox"]["id"], id.as_str());
+    let look = "cat /srv/planted /srv/state 2>/dev/null; pgrep -x sleep || echo no-sleep; echo $GREETING";
+    assert_eq!(api.stdout(&id, look).await, "no-sleep\nhi\n");
+    let twig = api.ok("POST", &format!("/v1/sandboxes/{id}/branch"), None, 201).await;
+    let twig = twig["id"].as_str().unwrap().to_string();
+    api.stdout(
+        &twig,
+        "mkdir -p /srv; echo planted > /srv/planted; sleep 1000 >/dev/null 2>&1 &",
+    )
+    .await;
+    let reset = api.ok("POST", &format!("/v1/sandboxes/{twig}/reset"), None, 200).await;
+    assert_eq!(reset["in_place"], false, "{reset}");
+    assert!(reset["why"].as_str().unwrap().contains("branch"), "{reset}");
+    assert_eq!(api.stdout(&twig, look).await, "no-sleep\nhi\n");
+    api.ok("DELETE", &format!("/v1/sandboxes/{twig}"), None, 200).await;
+    api.stdout(&id, "mkdir -p /srv && echo before > /srv/state").await;
 
     // Pause and resume: processes and files as they were.
     api.stdout(&id, "sleep 1000 >/dev/null 2>&1 & echo $! > /srv/pid").await;
@@ -586,6 +609,8 @@ async fn environments_sandboxes_and_every_verb() {
         )
         .await;
     assert_eq!(status, 409);
+    let (status, v) = api.call("POST", &format!("/v1/sandboxes/{id}/reset"), None).await;
+    assert_eq!(status, 409, "a paused sandbox was reset: {v}");
     let resumed = api.ok("POST", &format!("/v1/sandboxes/{id}/resume"), None, 200).await;
     assert_eq!(resumed["state"], "running");
     assert_eq!(

@@ -72,6 +72,10 @@ pub struct Forker {
     pub host: HostProfile,
     /// Kill a fork whose disk overlay grows past this many bytes.
     pub max_disk_bytes: Option<u64>,
+    /// Make forks that can be reset in place ([`Fork::reset`]; `vmm/src/machine/reset.rs`):
+    /// guest RAM mapped privately behind QEMU's back by the RAM shim, and the reset point
+    /// taken in the fork's overlay before the guest runs (a few ms more per fork).
+    pub resettable: bool,
 }
 
 impl Forker {
@@ -85,6 +89,7 @@ impl Forker {
             vm,
             host,
             max_disk_bytes: None,
+            resettable: false,
         })
     }
 
@@ -100,7 +105,7 @@ impl Forker {
     /// Starts a QEMU that waits for the snapshot's state: the expensive part of a fork that
     /// can happen ahead of time.
     pub async fn prepare(&self, snapshot: &Snapshot) -> Result<Machine, ForkError> {
-        let ram = RamBacking::private(snapshot.memory_path(), false);
+        let ram = RamBacking::private(snapshot.memory_path(), self.resettable);
         self.prepare_on(snapshot, ram).await
     }
 
@@ -134,35 +139,15 @@ impl Forker {
         Ok(machine)
     }
 
-    /// Forks `snapshot` so that it can be reset in place ([`Fork::reset`]): guest RAM mapped
-    /// privately behind QEMU's back (the RAM shim), and the reset point taken in the fork's
-    /// overlay before the guest runs.
+    /// Forks `snapshot` so that it can be reset in place ([`Fork::reset`]), whatever
+    /// [`Forker::resettable`] says.
     pub async fn fork_resettable(&self, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
-        snapshot.check_host(&self.host)?;
-        snapshot.check_files()?;
-        let machine = self
-            .prepare_on(snapshot, RamBacking::private(snapshot.memory_path(), true))
-            .await?;
-        let machine_err = |source| ForkError::Machine {
-            snapshot: snapshot.id().to_string(),
-            source,
-        };
-        let state = std::fs::File::open(snapshot.state_path())
-            .and_then(|mut f| {
-                use std::io::Seek;
-                f.seek(std::io::SeekFrom::Start(statefile::HEADER_BYTES))?;
-                Ok(f)
-            })
-            .map_err(|e| {
-                machine_err(MachineError::Io {
-                    what: format!("opening {}", snapshot.state_path().display()),
-                    source: e,
-                })
-            })?;
-        machine.migrate_in(state.into(), true).await.map_err(machine_err)?;
-        machine.mark_reset_point().await.map_err(machine_err)?;
-        machine.resume().await.map_err(machine_err)?;
-        apply_identity(machine, snapshot, identity).await
+        Forker {
+            resettable: true,
+            ..self.clone()
+        }
+        .fork(snapshot, identity)
+        .await
     }
 
     /// Forks `snapshot`: prepare, then resume.
@@ -186,14 +171,34 @@ impl Forker {
     }
 }
 
+/// Loads the snapshot's state and resumes; a resettable machine takes its reset point in
+/// between, before the guest runs.
 async fn load_and_resume(machine: &Machine, snapshot: &Snapshot) -> Result<(), ForkError> {
-    machine
-        .load_state(&snapshot.state_path(), statefile::HEADER_BYTES)
-        .await
-        .map_err(|source| ForkError::Machine {
-            snapshot: snapshot.id().to_string(),
-            source,
+    let machine_err = |source| ForkError::Machine {
+        snapshot: snapshot.id().to_string(),
+        source,
+    };
+    if !machine.resettable() {
+        return machine
+            .load_state(&snapshot.state_path(), statefile::HEADER_BYTES)
+            .await
+            .map_err(machine_err);
+    }
+    let state = std::fs::File::open(snapshot.state_path())
+        .and_then(|mut f| {
+            use std::io::Seek;
+            f.seek(std::io::SeekFrom::Start(statefile::HEADER_BYTES))?;
+            Ok(f)
         })
+        .map_err(|e| {
+            machine_err(MachineError::Io {
+                what: format!("opening {}", snapshot.state_path().display()),
+                source: e,
+            })
+        })?;
+    machine.migrate_in(state.into(), true).await.map_err(machine_err)?;
+    machine.mark_reset_point().await.map_err(machine_err)?;
+    machine.resume().await.map_err(machine_err)
 }
 
 /// A round trip of the identity request longer than this sets the guest's clock again.

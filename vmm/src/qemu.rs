@@ -389,6 +389,27 @@ mod tests {
     }
 
     #[test]
+    fn resettable_ram_is_shared_to_qemu_mapped_privately_by_the_shim_with_a_reset_channel() {
+        let mut s = spec();
+        assert_eq!(s.reset_fd(), None);
+        assert!(value_after(&s.args(), "-object")[0].ends_with("share=off"));
+        s.ram.resettable = true;
+        // After the six files (7-12).
+        assert_eq!(s.reset_fd(), Some(13));
+        assert!(value_after(&s.args(), "-object")[0].ends_with("share=on"));
+        let env = s.env();
+        assert!(env.contains(&("FARM_RAM_PRIVATE".into(), "1".into())), "{env:?}");
+        assert!(env.contains(&("FARM_RESET_FD".into(), "13".into())), "{env:?}");
+        assert!(!env.iter().any(|(k, _)| k == "FARM_SELECTIVE_RESET"), "{env:?}");
+        s.selective_reset = true;
+        assert!(s.env().contains(&("FARM_SELECTIVE_RESET".into(), "1".into())));
+        // Without the shim nothing maps the file privately: no reset, and QEMU maps it private.
+        s.ram_shim = None;
+        assert_eq!(s.reset_fd(), None);
+        assert!(value_after(&s.args(), "-object")[0].ends_with("share=off"));
+    }
+
+    #[test]
     fn every_file_is_passed_by_descriptor_and_every_disk_layer_named() {
         let s = spec();
         let numbers: Vec<i32> = s.files().iter().map(|(_, fd)| *fd).collect();
@@ -397,7 +418,7 @@ mod tests {
         let drive = value_after(&args, "-drive")[0];
         assert_eq!(
             drive,
-            "id=root,file=/proc/self/fd/8,format=qcow2,if=none,cache=unsafe,backing.file.filename=/proc/self/fd/9,backing.backing.file.filename=/proc/self/fd/10"
+            "id=root,node-name=disk0,file=/proc/self/fd/8,format=qcow2,if=none,cache=unsafe,backing.file.filename=/proc/self/fd/9,backing.backing.file.filename=/proc/self/fd/10"
         );
         assert_eq!(value_after(&args, "-kernel"), ["/proc/self/fd/7"]);
         assert!(value_after(&args, "-device").contains(&"virtio-blk-device,drive=root"));

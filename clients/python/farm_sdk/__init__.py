@@ -34,7 +34,7 @@ from .errors import (
 )
 from .hosting import Ports, Process, Processes
 from .hosting_models import OutputChunk, Port, ProcessInfo
-from .models import AsyncEnvironment, Context, EntryInfo, Environment, ExecResult, FolderListing, SandboxInfo
+from .models import AsyncEnvironment, Context, EntryInfo, Environment, ExecResult, FolderListing, ResetInfo, SandboxInfo
 from .terminal import Terminal
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "Environment",
     "AsyncEnvironment",
     "SandboxInfo",
+    "ResetInfo",
     "ExecResult",
     "Context",
     "ProcessInfo",

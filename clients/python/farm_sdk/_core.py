@@ -29,7 +29,7 @@ from ._http import Call
 from ._sse import ExecStream
 from ._tar import extract_tar, pack_dir
 from .errors import BuildError, FarmError, NotFound
-from .models import Context, Environment, ExecResult, LogPage, SandboxInfo
+from .models import Context, Environment, ExecResult, LogPage, ResetInfo, SandboxInfo
 
 log = logging.getLogger("farm_sdk")
 
@@ -209,6 +209,10 @@ def branch(sandbox_id: str) -> Operation[str]:
 def sandbox_action(sandbox_id: str, action: str) -> Operation[SandboxInfo]:
     """`pause`, `resume` or `checkpoint`: the sandbox after it."""
     return SandboxInfo.from_json((yield from _json(calls.sandbox_action(sandbox_id, action))))
+
+
+def reset(sandbox_id: str) -> Operation[ResetInfo]:
+    return ResetInfo.from_json((yield from _json(calls.sandbox_action(sandbox_id, "reset"))))
 
 
 def snapshot(bind: Bind[E], sandbox_id: str) -> Operation[E]:

@@ -29,7 +29,7 @@ from ._effects import arun as _run
 from ._http import AsyncHTTP
 from .aio_hosting import AsyncPorts, AsyncProcesses
 from .aio_terminal import AsyncTerminal
-from .models import AsyncEnvironment, Context, EntryInfo, ExecResult, FolderListing, LogPage, SandboxInfo
+from .models import AsyncEnvironment, Context, EntryInfo, ExecResult, FolderListing, LogPage, ResetInfo, SandboxInfo
 
 __all__ = ["AsyncFarm", "AsyncEnvironments", "AsyncSandboxes", "AsyncSandbox", "AsyncFiles"]
 
@@ -332,6 +332,10 @@ class AsyncSandbox:
     async def checkpoint(self) -> SandboxInfo:
         """See `Sandbox.checkpoint`."""
         return await _run(self._http, core.sandbox_action(self.id, "checkpoint"))
+
+    async def reset(self) -> ResetInfo:
+        """See `Sandbox.reset`."""
+        return await _run(self._http, core.reset(self.id))
 
     async def snapshot(self) -> AsyncEnvironment:
         return await _run(self._http, core.snapshot(self.farm.environments._environment, self.id))

@@ -23,7 +23,7 @@ from ._effects import iterate as _iterate
 from ._effects import run as _run
 from ._http import SyncHTTP
 from .hosting import Ports, Processes
-from .models import Context, EntryInfo, Environment, ExecResult, FolderListing, LogPage, SandboxInfo
+from .models import Context, EntryInfo, Environment, ExecResult, FolderListing, LogPage, ResetInfo, SandboxInfo
 from .terminal import Terminal
 
 __all__ = ["Farm", "Environments", "Sandboxes", "Sandbox", "Files"]
@@ -326,6 +326,13 @@ class Sandbox:
         """Saves its state (memory, processes, disk) for a restart of the service to bring
         back; it runs on. `checkpoint_at_ms` says when."""
         return _run(self._http, core.sandbox_action(self.id, "checkpoint"))
+
+    def reset(self) -> ResetInfo:
+        """Back to its environment's snapshot, same id: files, processes, memory and disk as
+        the environment made them, with a new identity. In place (the same VM, put back
+        exactly) where it can be; a branch or a resumed sandbox gets a new fork of its
+        environment instead, and `why` says so."""
+        return _run(self._http, core.reset(self.id))
 
     def snapshot(self) -> Environment:
         """A new ready environment of this sandbox's state, to fork many from."""

@@ -17,6 +17,7 @@ __all__ = [
     "Environment",
     "AsyncEnvironment",
     "SandboxInfo",
+    "ResetInfo",
     "ExecResult",
     "Context",
     "LogPage",
@@ -211,6 +212,30 @@ class SandboxInfo:
             metadata=_strings(d.get("metadata")),
             parent=_str(d.get("parent")),
             checkpoint_at_ms=_int(d.get("checkpoint_at_ms")),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class ResetInfo:
+    """What `Sandbox.reset` did: the sandbox afterwards, and whether its VM was put back in
+    place (the same VM, exactly as its environment's snapshot) or replaced by a new fork of
+    its environment (then `why` says why)."""
+
+    sandbox: SandboxInfo
+    in_place: bool
+    why: Optional[str] = None
+    took_ms: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ResetInfo":
+        d = _object(data, "a reset")
+        return cls(
+            sandbox=SandboxInfo.from_json(d.get("sandbox")),
+            in_place=d.get("in_place") is True,
+            why=_str(d.get("why")),
+            took_ms=_int(d.get("took_ms")),
             raw=dict(d),
         )
 

@@ -16,7 +16,7 @@ import pytest
 
 from farm_sdk import _calls, _hosting, _pty
 from farm_sdk.hosting_models import OutputChunk, Port, ProcessInfo
-from farm_sdk.models import Context, EntryInfo, Environment, ExecResult, FolderListing, SandboxInfo
+from farm_sdk.models import Context, EntryInfo, Environment, ExecResult, FolderListing, ResetInfo, SandboxInfo
 
 DOCUMENT = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
 
@@ -24,6 +24,7 @@ DOCUMENT = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
 MODELS = {
     Environment: ("EnvironmentView", {}, {"spec"}),
     SandboxInfo: ("SandboxView", {}, set()),
+    ResetInfo: ("SandboxReset", {}, set()),
     ExecResult: ("CommandOutput", {}, set()),
     Context: ("Uploaded", {"id": "context"}, set()),
     ProcessInfo: ("ProcessView", {}, set()),

@@ -54,6 +54,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/v1/sandboxes/{id}/branch", post(branch))
         .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
         .route("/v1/sandboxes/{id}/checkpoint", post(checkpoint))
+        .route("/v1/sandboxes/{id}/reset", post(reset))
         .route("/v1/sandboxes/{id}/stat", get(stat))
         .route("/v1/sandboxes/{id}/entries", get(entries))
         .route("/v1/sandboxes/{id}/pause", post(pause))
@@ -175,6 +176,10 @@ async fn list_sandboxes(
 
 async fn checkpoint(State(app): State<App>, Path(id): Path<String>) -> Reply {
     ok(api(&app)?.sandboxes.checkpoint(&id).await?)
+}
+
+async fn reset(State(app): State<App>, Path(id): Path<String>) -> Reply {
+    ok(api(&app)?.sandboxes.reset(&id).await?)
 }
 
 async fn set_timeout(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {

@@ -136,10 +136,10 @@ impl Machine {
             "vmstate": DISK_NODE,
             "devices": [DISK_NODE],
         });
-        if command == "snapshot-save" {
-            // The state stream leaves the RAM out (QEMU takes it for shared).
-            self.set_ignore_shared(true).await?;
-        }
+        // The state leaves the RAM out (QEMU takes it for shared), on the way in as on the way
+        // out: a branch's migration turns the capability off in between, and a load without
+        // it refuses the stream.
+        self.set_ignore_shared(true).await?;
         self.qmp(command, Some(arguments)).await?;
         let started = Instant::now();
         let outcome = loop {

@@ -22,7 +22,7 @@ mod sessions;
 pub use rollouts::{Cancelled, CancelledCount, Capacity, Group, MemoryCapacity, RolloutView, Submitted};
 pub use sandboxes::{
     Deleted, EntryView, EnvironmentList, EnvironmentView, FileWritten, FolderListing, LogPage, OutputChunk, PortList,
-    PortView, ProcessList, ProcessView, SandboxBranched, SandboxList, SandboxView,
+    PortView, ProcessList, ProcessView, SandboxBranched, SandboxList, SandboxReset, SandboxView,
 };
 pub use sessions::{
     Branched, McpAccess, PausedView, SessionEnded, SessionList, SessionOpened, SessionScored, SessionView, Stepped,

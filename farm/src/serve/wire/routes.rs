@@ -350,6 +350,15 @@ pub(super) fn sandbox_state_routes(doc: &mut Doc) {
         let answer = doc.json::<SandboxView>();
         doc.route(Post, path, summary, &[], None, vec![(status, "the sandbox", answer)]);
     }
+    let answer = doc.json::<crate::serve::wire::SandboxReset>();
+    doc.route(
+        Post,
+        "/v1/sandboxes/{id}/reset",
+        "back to its environment's snapshot, same id: files, processes, memory and disk as the environment made them, a new identity; in place (the same VM, exactly) where it can be",
+        &[],
+        None,
+        vec![("200", "the sandbox and how it was reset", answer)],
+    );
     let answer = doc.json::<EnvironmentView>();
     doc.route(
         Post,

@@ -118,6 +118,18 @@ pub enum SandboxBranched {
     Many(SandboxList),
 }
 
+/// `POST /v1/sandboxes/{id}/reset`: the sandbox, back at its environment's snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct SandboxReset {
+    pub sandbox: SandboxView,
+    /// True: the same VM put back exactly (same QEMU process). False: a new fork of the
+    /// environment took its place, and `why` says why.
+    pub in_place: bool,
+    pub why: Option<String>,
+    /// How long the reset took, identity included.
+    pub took_ms: u64,
+}
+
 /// `PUT /v1/sandboxes/{id}/files`, `/folders`.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct FileWritten {

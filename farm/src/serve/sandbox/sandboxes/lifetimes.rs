@@ -13,7 +13,7 @@ use super::{view, Sandboxes};
 use crate::serve::bounds;
 use crate::serve::error::{ApiError, ApiResult};
 use crate::serve::service::VmSlot;
-use crate::serve::wire::{SandboxList, SandboxView};
+use crate::serve::wire::{SandboxList, SandboxReset, SandboxView};
 
 /// The most branches one call makes.
 pub const MAX_BRANCHES: u64 = 32;
@@ -160,6 +160,36 @@ impl Sandboxes {
         self.save_record(&sandbox);
         tracing::info!(sandbox = %id, idle_secs = idle.as_secs(), lifetime_secs = lifetime.as_secs(), "sandbox timers set");
         Ok(view(&sandbox))
+    }
+
+    /// `POST /v1/sandboxes/{id}/reset`: back to its environment's snapshot, same id. Its
+    /// processes are gone (they lived in the guest); its open ports stay open; its last
+    /// checkpoint is forgotten (a restart brings it back as a fresh fork of its environment,
+    /// which is what it now is).
+    pub async fn reset(&self, id: &str) -> ApiResult<SandboxReset> {
+        let sandbox = self.get(id)?;
+        let mut sandbox = sandbox.lock().await;
+        let _in_use = self.begin(id);
+        let seed = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let way = sandbox.run.reset(seed).await.map_err(|e| match e {
+            engine::session::SessionResetError::Call(engine::session::SessionCallError::Paused) => {
+                ApiError::new(409, format!("sandbox {id} is paused: resume it first"))
+            }
+            e => ApiError::new(500, format!("resetting sandbox {id}: {}", engine::describe(&e))),
+        })?;
+        sandbox.sandbox_mut().checkpoint = None;
+        self.save_record(&sandbox);
+        let (in_place, why, took) = match way {
+            engine::session::ResetWay::InPlace { took } => (true, None, took),
+            engine::session::ResetWay::FreshFork { why, took } => (false, Some(why), took),
+        };
+        tracing::info!(sandbox = %id, in_place, took_ms = took.as_millis() as u64, "sandbox reset");
+        Ok(SandboxReset {
+            sandbox: view(&sandbox),
+            in_place,
+            why,
+            took_ms: took.as_millis() as u64,
+        })
     }
 
     /// `POST /v1/sandboxes/{id}/branch` with a count: all of them, or none (those made are
