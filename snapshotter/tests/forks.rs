@@ -372,31 +372,7 @@ fn a_forks_qemu_holds_the_snapshot_ram_read_only_and_cannot_open_it_for_writing(
             "dd if=/dev/urandom of=/dev/shm/fill bs=1M count=8 2>/dev/null; sync",
         )
         .await;
-        let pid = fork.machine.pid();
-        // Every descriptor QEMU holds on the snapshot's RAM file is read-only (the fork's
-        // writes go to private copies of the pages).
-        let mut seen = 0;
-        for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
-            let Ok(meta) = std::fs::metadata(entry.path()) else {
-                continue;
-            };
-            if meta.ino() == std::fs::metadata(&memory).unwrap().ino()
-                && meta.dev() == std::fs::metadata(&memory).unwrap().dev()
-            {
-                let info =
-                    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", entry.file_name().to_string_lossy()))
-                        .unwrap();
-                let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
-                let flags = u32::from_str_radix(flags, 8).unwrap();
-                assert_eq!(
-                    flags & libc::O_ACCMODE as u32,
-                    libc::O_RDONLY as u32,
-                    "QEMU holds the RAM file writable: {info}"
-                );
-                seen += 1;
-            }
-        }
-        assert!(seen > 0, "QEMU maps the snapshot's RAM file");
+        assert_ram_file_read_only(fork.machine.pid(), &memory);
         if let Some(uid) = fork.machine.uid() {
             // As QEMU's user, the file cannot be opened for writing at all.
             let out = std::process::Command::new("sh")
@@ -469,6 +445,33 @@ fn a_forks_disk_boots_afresh_even_after_its_guest_reset_itself() {
             .unwrap();
         assert_eq!(out.stdout_text(), "before-reset\n");
     });
+}
+
+/// Every descriptor QEMU `pid` holds on the snapshot's RAM file `memory` is read-only (the
+/// fork's writes go to private copies of the pages), and it holds one.
+fn assert_ram_file_read_only(pid: u32, memory: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let Ok(meta) = std::fs::metadata(entry.path()) else {
+            continue;
+        };
+        if meta.ino() == std::fs::metadata(memory).unwrap().ino()
+            && meta.dev() == std::fs::metadata(memory).unwrap().dev()
+        {
+            let info =
+                std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", entry.file_name().to_string_lossy())).unwrap();
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
+            let flags = u32::from_str_radix(flags, 8).unwrap();
+            assert_eq!(
+                flags & libc::O_ACCMODE as u32,
+                libc::O_RDONLY as u32,
+                "QEMU holds the RAM file writable: {info}"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen > 0, "QEMU maps the snapshot's RAM file");
 }
 
 /// SHA-256 of the guest RAM a QEMU maps from `memory` (read through `/proc/PID/mem`, so it is
@@ -590,6 +593,8 @@ async fn translated_blocks(fork: &snapshotter::Fork) -> u64 {
 async fn reset_is_exact(forker: &Forker, snapshot: &Snapshot) -> f64 {
     let mut fork = forker.fork_resettable(snapshot, ForkIdentity::new(11)).await.unwrap();
     let pid = fork.machine.pid();
+    // QEMU takes the RAM for shared here, and still holds the file read-only.
+    assert_ram_file_read_only(pid, &snapshot.memory_path());
     let clean = run(&fork, LOOK).await;
     assert!(!clean.contains("file") && !clean.contains("process"), "{clean}");
     run(&fork, PLANT).await;
