@@ -7,6 +7,9 @@
 //!
 //! [`Machine::save_state`] writes a state-only migration stream (guest RAM stays in the
 //! shared memory file thanks to `x-ignore-shared`).
+//!
+//! A machine launched with resettable RAM takes a reset point ([`Machine::mark_reset_point`])
+//! and goes back to it in the same process ([`Machine::reset_paused`], `reset.rs`).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
