@@ -171,34 +171,16 @@ impl Forker {
     }
 }
 
-/// Loads the snapshot's state and resumes; a resettable machine takes its reset point in
-/// between, before the guest runs.
+/// Loads the snapshot's state and resumes (a resettable machine takes its reset point in
+/// between).
 async fn load_and_resume(machine: &Machine, snapshot: &Snapshot) -> Result<(), ForkError> {
-    let machine_err = |source| ForkError::Machine {
-        snapshot: snapshot.id().to_string(),
-        source,
-    };
-    if !machine.resettable() {
-        return machine
-            .load_state(&snapshot.state_path(), statefile::HEADER_BYTES)
-            .await
-            .map_err(machine_err);
-    }
-    let state = std::fs::File::open(snapshot.state_path())
-        .and_then(|mut f| {
-            use std::io::Seek;
-            f.seek(std::io::SeekFrom::Start(statefile::HEADER_BYTES))?;
-            Ok(f)
+    machine
+        .load_state(&snapshot.state_path(), statefile::HEADER_BYTES)
+        .await
+        .map_err(|source| ForkError::Machine {
+            snapshot: snapshot.id().to_string(),
+            source,
         })
-        .map_err(|e| {
-            machine_err(MachineError::Io {
-                what: format!("opening {}", snapshot.state_path().display()),
-                source: e,
-            })
-        })?;
-    machine.migrate_in(state.into(), true).await.map_err(machine_err)?;
-    machine.mark_reset_point().await.map_err(machine_err)?;
-    machine.resume().await.map_err(machine_err)
 }
 
 /// A round trip of the identity request longer than this sets the guest's clock again.

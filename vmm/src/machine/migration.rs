@@ -66,13 +66,17 @@ impl Machine {
     }
 
     /// Loads state written by [`Machine::save_state`] into a machine launched with
-    /// `incoming = true`, skipping `offset` header bytes, and resumes the guest.
+    /// `incoming = true`, skipping `offset` header bytes, and resumes the guest. A
+    /// resettable machine takes its reset point in between, before the guest runs.
     pub async fn load_state(&self, state_path: &Path, offset: u64) -> Result<(), MachineError> {
         use std::io::Seek;
         let mut file = std::fs::File::open(state_path).map_err(io_err(format!("opening {}", state_path.display())))?;
         file.seek(std::io::SeekFrom::Start(offset))
             .map_err(io_err(format!("reading {}", state_path.display())))?;
         self.migrate_in(file.into(), true).await?;
+        if self.resettable() {
+            self.mark_reset_point().await?;
+        }
         self.resume().await
     }
 
