@@ -63,7 +63,11 @@ pub struct Engine {
     pub image_pulled: Option<images::registry::Pulled>,
     pub(crate) scoring: scorers::orchestrate::Plan,
     /// Scoring VMs that serve more checks (`[scoring] isolation = "sandbox"`), idle.
-    pub(crate) scoring_vms: crate::scoring_vms::ScoringVms,
+    pub(crate) scoring_vms: crate::idle_vms::IdleVms,
+    /// Whether VMs are reused by a reset in place (`[rollouts] reuse`, resolved on this host).
+    pub(crate) reuse: bool,
+    /// Finished rollout and scoring VMs, reset in place when taken (`reuse`).
+    pub(crate) reset_vms: crate::idle_vms::IdleVms,
     /// Warm forks of the template snapshot (rollout and scoring VMs of tasks that use it).
     pool: Option<(String, snapshotter::WarmPool)>,
     /// A converted image's `Env`, for every command of the rollouts' forks.
@@ -150,7 +154,10 @@ impl Engine {
             .network
             .policy(&format!("suite {} [rollouts.network]", config.suite.name))
             .map_err(EngineError::Egress)?;
-        let forker = host.forker_limited(Some(config.rollouts.max_disk_mib << 20));
+        let mut forker = host.forker_limited(Some(config.rollouts.max_disk_mib << 20));
+        let reuse = config.rollouts.reuse.resets(forker.vm.selective_reset);
+        // A VM reused by a reset must have been forked resettable (its pool's too).
+        forker.resettable |= reuse;
         let store = host.store.clone();
         let template = host
             .build_template(
@@ -206,6 +213,8 @@ impl Engine {
             environments: Default::default(),
             scoring,
             scoring_vms: Default::default(),
+            reuse,
+            reset_vms: Default::default(),
             pool: None,
             egress,
         })
@@ -249,19 +258,58 @@ impl Engine {
         planned
     }
 
-    /// A fork of `snapshot`: from the warm pool when it holds that snapshot.
+    /// A VM in `snapshot`'s state with `identity`: an idle one of that snapshot reset in
+    /// place (`[rollouts] reuse`), else a fork, from the warm pool when it holds that
+    /// snapshot. A reset that fails gives a fork that says so ([`snapshotter::Start`]).
     pub(crate) async fn fork(
         &self,
         snapshot: &Snapshot,
         identity: ForkIdentity,
     ) -> Result<Fork, snapshotter::ForkError> {
-        match &self.pool {
+        let mut reset_error = None;
+        if let Some((mut idle, _)) = self.reuse.then(|| self.reset_vms.take(snapshot.id())).flatten() {
+            match idle.reset(identity.clone()).await {
+                Ok(_) => {
+                    crate::metrics::get().vm_resets.with_label_values(&["reset"]).inc();
+                    if let Some(max) = self.forker.max_disk_bytes {
+                        idle.machine.limit_disk_growth(max);
+                    }
+                    return Ok(idle);
+                }
+                Err(e) => {
+                    let why = crate::engine::describe(&e);
+                    tracing::warn!(
+                        snapshot = snapshot.id(),
+                        "a reset in place failed, forking instead: {why}"
+                    );
+                    crate::metrics::get().vm_resets.with_label_values(&["failed"]).inc();
+                    reset_error = Some(why);
+                }
+            }
+        }
+        let mut fork = match &self.pool {
             Some((id, pool)) if id == snapshot.id() => {
                 let fork = pool.fork(identity).await?;
                 crate::metrics::get().warm_pool_hits.inc();
-                Ok(fork)
+                fork
             }
-            _ => self.forker.fork(snapshot, identity).await,
+            _ => self.forker.fork(snapshot, identity).await?,
+        };
+        if reset_error.is_some() {
+            fork.start = snapshotter::Start::ResetFailed;
+            fork.reset_error = reset_error;
+        }
+        Ok(fork)
+    }
+
+    /// Gives back a VM that is done (a rollout's, a scoring VM after its check), to be reset
+    /// in place by the next [`Engine::fork`] of its snapshot; dropped (its QEMU killed) when
+    /// VMs are not reused or it cannot be reset.
+    pub(crate) fn recycle(&self, fork: Fork) {
+        if self.reuse && fork.machine.resettable() {
+            // Whatever it was allowed, an idle VM reaches nothing; the next user sets its own.
+            fork.machine.set_network(egress::Policy::default());
+            self.reset_vms.put(fork);
         }
     }
 

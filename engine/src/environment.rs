@@ -159,6 +159,7 @@ impl Engine {
     ) -> Result<TaskSnapshots, EngineError> {
         let snapshots = self.prepare(tasks, concurrency, log).await?;
         self.scoring_vms.set_max_idle(concurrency);
+        self.reset_vms.set_max_idle(concurrency);
         let template = self.template.id();
         if snapshots
             .values()
@@ -391,7 +392,11 @@ impl Engine {
         };
         artifacts.answer = answer;
         let (fork, gauge) = live.into_parts();
-        let verdict = self.score(task, snapshot, Some((fork, gauge)), &artifacts).await;
+        row.note_vm(&fork, false);
+        let (verdict, scoring_vm) = self.score(task, snapshot, Some((fork, gauge)), &artifacts).await;
+        if let Some((start, reset_error)) = scoring_vm {
+            row.note_start(start, reset_error, true);
+        }
         record_verdict(row, verdict, &artifacts)
     }
 

@@ -45,6 +45,7 @@ pub mod guest;
 pub mod harbor;
 pub mod host;
 pub mod idempotency;
+pub mod idle_vms;
 pub mod live;
 pub mod metrics;
 pub mod pause;
@@ -53,7 +54,6 @@ pub mod recorder;
 mod rollout;
 pub mod row;
 pub mod sandbox;
-pub mod scoring_vms;
 pub mod session;
 
 pub mod shard;

@@ -54,44 +54,66 @@ impl Engine {
     }
 
     /// Scores a rollout where the agent cannot reach (`scorers::orchestrate`). Errors are
-    /// environment errors.
+    /// environment errors. With it, how the scoring VM started, when a VM of its own was
+    /// started for it (not a shared scoring VM).
+    ///
+    /// With `[rollouts] reuse` on, the rollout's VM is given back before its tests need a
+    /// VM, and the scoring VM is that VM reset in place: exactly the task's snapshot again.
     pub(crate) async fn score(
         &self,
         task: &Task,
         snapshot: &Snapshot,
         rollout_fork: Option<(Fork, VmGauge)>,
         artifacts: &scorers::Artifacts,
-    ) -> Result<scorers::Verdict, scorers::orchestrate::ScoreError> {
+    ) -> (
+        Result<scorers::Verdict, scorers::orchestrate::ScoreError>,
+        Option<(snapshotter::Start, Option<String>)>,
+    ) {
         let scoring_vm_gauge = std::sync::Mutex::new(None);
         let scoring_vm = &scoring_vm_gauge;
+        let started = std::sync::Mutex::new(None);
+        let started_ref = &started;
         let shares = self.scoring.shares_vms(task) && !self.scoring_vms.is_unshareable(snapshot.id());
         // The scoring VM's own seed: the checkers' `FARM_SEED`, which the rollout never saw.
         let vm = |seed: u64| async move {
             let vm = if shares {
                 self.shared_scoring_vm(snapshot, task, seed).await?
             } else {
-                scorers::orchestrate::ScoringVm {
-                    fork: self.fresh_scoring_vm(snapshot, task, seed, true).await?,
-                    shared: None,
-                }
+                let fork = self.fresh_scoring_vm(snapshot, task, seed, true).await?;
+                *started_ref.lock().expect("not poisoned") = Some((fork.start, fork.reset_error.clone()));
+                scorers::orchestrate::ScoringVm { fork, shared: None }
             };
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
             Ok::<_, ScoringVmError>(vm)
         };
-        let (fork, mut gauge) = rollout_fork.unzip();
+        let (mut fork, mut gauge) = rollout_fork.unzip();
         if self.scoring.mode == ScoringMode::FreshFork {
-            // The rollout's VM goes before the scoring fork starts (orchestrate drops it).
+            // The rollout's VM goes before the scoring fork starts: given back to be reset
+            // (it may be the scoring VM), or dropped (QEMU killed).
             gauge = None;
+            if let Some(fork) = fork.take() {
+                self.recycle(fork);
+            }
         }
         let scored = scorers::orchestrate::score(&self.scoring, task, fork, artifacts, vm).await;
         drop(gauge);
         drop(scoring_vm_gauge);
-        let scored = scored?;
-        if let Some(used) = scored.vm.filter(|used| used.ready) {
-            self.scoring_vms
-                .give_back(snapshot.id(), used.fork, used.checks, self.scoring.checks_per_vm);
+        let started = started.into_inner().expect("not poisoned");
+        let scored = match scored {
+            Ok(scored) => scored,
+            Err(e) => return (Err(e), started),
+        };
+        if let Some(used) = scored.vm {
+            if used.shared {
+                if used.ready {
+                    self.scoring_vms
+                        .give_back(snapshot.id(), used.fork, used.checks, self.scoring.checks_per_vm);
+                }
+            } else {
+                self.recycle(used.fork);
+            }
         }
-        Ok(scored.verdict)
+        (Ok(scored.verdict), started)
     }
 
     /// A fresh fork of the task's pristine state for its tests (`with_files`: the task's

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub warm_pool_hits: IntCounter,
     /// Warm forks ready now.
     pub warm_ready: IntGauge,
+    /// Idle VMs taken again by a reset in place (`[rollouts] reuse`), by outcome: `reset`,
+    /// or `failed` (a new fork instead).
+    pub vm_resets: IntCounterVec,
     /// Policy endpoint requests, by HTTP status code (or `error` when none came back).
     pub policy_requests: IntCounterVec,
     /// Live sessions of `farm serve`.
@@ -78,6 +81,13 @@ impl Metrics {
             vms: IntGaugeVec::new(Opts::new("vms", "VMs running now, by role."), &["role"])?,
             warm_pool_hits: IntCounter::new("warm_pool_hits_total", "Forks served from the warm pool.")?,
             warm_ready: IntGauge::new("warm_pool_ready", "Warm forks ready now.")?,
+            vm_resets: IntCounterVec::new(
+                Opts::new(
+                    "vm_resets_total",
+                    "Idle VMs reset in place for another use, by outcome.",
+                ),
+                &["outcome"],
+            )?,
             policy_requests: IntCounterVec::new(
                 Opts::new(
                     "policy_requests_total",
@@ -106,25 +116,34 @@ impl Metrics {
         registry.register(Box::new(m.vms.clone()))?;
         registry.register(Box::new(m.warm_pool_hits.clone()))?;
         registry.register(Box::new(m.warm_ready.clone()))?;
+        registry.register(Box::new(m.vm_resets.clone()))?;
         registry.register(Box::new(m.policy_requests.clone()))?;
         registry.register(Box::new(m.sessions_live.clone()))?;
         registry.register(Box::new(m.sessions_paused.clone()))?;
         registry.register(Box::new(m.paused_bytes.clone()))?;
         registry.register(Box::new(m.sandboxes.clone()))?;
-        // Every status and role shows from the start (0), so dashboards need no special case.
+        m.show_every_series();
+        Ok(m)
+    }
+
+    /// Every status, trust level, role, outcome and phase shows from the start (0), so
+    /// dashboards need no special case.
+    fn show_every_series(&self) {
         for status in crate::row::Status::ALL {
-            m.rollouts.with_label_values(&[status.as_str()]);
+            self.rollouts.with_label_values(&[status.as_str()]);
         }
         for trust in scorers::Trust::ALL {
-            m.verdicts.with_label_values(&[trust.as_str()]);
+            self.verdicts.with_label_values(&[trust.as_str()]);
         }
         for role in Role::ALL {
-            m.vms.with_label_values(&[role.as_str()]);
+            self.vms.with_label_values(&[role.as_str()]);
+        }
+        for outcome in ["reset", "failed"] {
+            self.vm_resets.with_label_values(&[outcome]);
         }
         for phase in ["fork", "agent", "score"] {
-            m.phase_seconds.with_label_values(&[phase]);
+            self.phase_seconds.with_label_values(&[phase]);
         }
-        Ok(m)
     }
 
     /// The Prometheus text exposition of every metric.
@@ -138,7 +157,7 @@ impl Metrics {
     /// and `_count` suffixes).
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 14] = [
+        let collectors: [&dyn Collector; 15] = [
             &self.rollouts,
             &self.verdicts,
             &self.reward,
@@ -148,6 +167,7 @@ impl Metrics {
             &self.vms,
             &self.warm_pool_hits,
             &self.warm_ready,
+            &self.vm_resets,
             &self.policy_requests,
             &self.sessions_live,
             &self.sessions_paused,

@@ -128,6 +128,7 @@ impl Engine {
             Err(end) => return end,
         };
         row.timings.fork_ms = started.elapsed().as_secs_f64() * 1e3;
+        row.note_vm(&live.fork, false);
         let acting = Instant::now();
         let (ending, answer) = self.drive(&live, &mut driver, limits, &mut row.steps).await;
         (row.messages, row.usage) = (driver.messages_json(), driver.usage());
@@ -164,7 +165,10 @@ impl Engine {
         )?;
         row.steps = steps;
         let scoring = Instant::now();
-        let verdict = self.score(&item.task, snapshot, None, &artifacts).await;
+        let (verdict, scoring_vm) = self.score(&item.task, snapshot, None, &artifacts).await;
+        if let Some((start, reset_error)) = scoring_vm {
+            row.note_start(start, reset_error, true);
+        }
         row.timings.score_ms = scoring.elapsed().as_secs_f64() * 1e3;
         Some(record_verdict(row, verdict, &artifacts))
     }

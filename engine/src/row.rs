@@ -48,6 +48,19 @@ pub struct Row {
     pub policy_version: Option<u64>,
     #[serde(default)]
     pub metadata: Option<String>,
+    /// How the rollout's VM came to be in its snapshot's state: `fork` (a new QEMU process),
+    /// `reset` (a VM of the same snapshot that had run before, reset in place:
+    /// `[rollouts] reuse`) or `reset_failed` (its reset failed: a new fork instead, why in
+    /// `reset_error`). Null when the rollout had no VM.
+    #[serde(default)]
+    pub rollout_vm: Option<snapshotter::Start>,
+    /// The same for the VM its tests ran in (null when they ran in the rollout's VM, or in a
+    /// shared scoring VM, or there were none).
+    #[serde(default)]
+    pub scoring_vm: Option<snapshotter::Start>,
+    /// Why a reset in place failed (`reset_failed` above).
+    #[serde(default)]
+    pub reset_error: Option<String>,
     /// The journal's hash chain at this row (see [`crate::recorder::chain`]): set by the
     /// recorder when the row is recorded, whatever the row held before. Always the last field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,8 +222,27 @@ impl Row {
             group_id: None,
             policy_version: None,
             metadata: None,
+            rollout_vm: None,
+            scoring_vm: None,
+            reset_error: None,
             chain: None,
             attachments: Vec::new(),
+        }
+    }
+
+    /// Notes how the rollout's VM (`scoring`: its scoring VM) started.
+    pub(crate) fn note_vm(&mut self, fork: &snapshotter::Fork, scoring: bool) {
+        self.note_start(fork.start, fork.reset_error.clone(), scoring);
+    }
+
+    pub(crate) fn note_start(&mut self, start: snapshotter::Start, reset_error: Option<String>, scoring: bool) {
+        if scoring {
+            self.scoring_vm = Some(start);
+        } else {
+            self.rollout_vm = Some(start);
+        }
+        if reset_error.is_some() {
+            self.reset_error = reset_error;
         }
     }
 

@@ -87,16 +87,19 @@ pub struct ScoringVm {
     pub shared: Option<u32>,
 }
 
-/// A scoring VM after a shared check.
+/// A scoring VM after its check (a fresh-fork check's, or the rollout's own VM after a
+/// final-state check), for the caller to keep, reset or drop.
 pub struct UsedVm {
     pub fork: Fork,
+    /// It serves more checks (sandbox isolation): [`ScoringVm::shared`] was set.
+    pub shared: bool,
     /// Checks it has run, this one included.
     pub checks: u32,
-    /// It is ready for another (the guest agent reset it).
+    /// A shared VM is ready for another check (the guest agent reset it).
     pub ready: bool,
 }
 
-/// A verdict, and the shared scoring VM it came from (for the caller to keep or drop).
+/// A verdict, and the scoring VM it came from (for the caller to keep, reset or drop).
 pub struct Scored {
     pub verdict: Verdict,
     pub vm: Option<UsedVm>,
@@ -165,13 +168,12 @@ where
             },
         };
         let (verdict, ready) = tests_verdict(plan, task, &vm, artifacts, seed).await?;
-        if let Some(before) = vm.shared {
-            used = Some(UsedVm {
-                fork: vm.fork,
-                checks: before + 1,
-                ready,
-            });
-        }
+        used = Some(UsedVm {
+            fork: vm.fork,
+            shared: vm.shared.is_some(),
+            checks: vm.shared.map_or(1, |before| before + 1),
+            ready,
+        });
         verdict
     } else if let Some(expected) = &task.expected_answer {
         drop(rollout_fork);
@@ -187,7 +189,7 @@ where
         }
     };
     verdict.details.scoring_seed = Some(seed);
-    verdict.details.scoring_vm_check = used.as_ref().map(|u| u.checks);
+    verdict.details.scoring_vm_check = used.as_ref().filter(|u| u.shared).map(|u| u.checks);
     // A rollout whose work broke scoring has its verdict (reward 0); there is nothing for an
     // external scorer to grade, and its failing on the missing outcome must not turn the
     // agent's doing into an environment error.

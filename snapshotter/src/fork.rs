@@ -6,6 +6,7 @@
 //! before anything else runs. A [`WarmPool`] keeps QEMU processes started and waiting for
 //! state, so a fork does not pay process start-up.
 
+pub use crate::start::Start;
 use std::collections::VecDeque;
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -200,6 +201,8 @@ async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIde
         machine,
         snapshot_id: snapshot.id().to_string(),
         identity,
+        start: Start::Fork,
+        reset_error: None,
     })
 }
 
@@ -261,6 +264,10 @@ pub struct Fork {
     pub machine: Machine,
     pub snapshot_id: String,
     pub identity: ForkIdentity,
+    /// How it came to be in its snapshot's state.
+    pub start: Start,
+    /// With [`Start::ResetFailed`]: why the reset it replaces failed.
+    pub reset_error: Option<String>,
 }
 
 impl Fork {
@@ -288,6 +295,8 @@ impl Fork {
         })?;
         identify(&self.machine, &self.snapshot_id, &identity).await?;
         self.identity = identity;
+        self.start = Start::Reset;
+        self.reset_error = None;
         Ok(timings)
     }
 

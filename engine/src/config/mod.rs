@@ -75,6 +75,32 @@ pub struct DatasetSection {
     pub tasks: Vec<String>,
 }
 
+/// `[rollouts] reuse`: how VMs are started when one of the same snapshot is idle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reuse {
+    /// Reset in place where that is cheaper than a fork (a QEMU that keeps its translated
+    /// code across a reset), else fork.
+    #[default]
+    Auto,
+    /// Always reset an idle VM in place.
+    Reset,
+    /// Always fork a new QEMU process.
+    Fork,
+}
+
+impl Reuse {
+    /// Whether VMs are reset in place on a host whose QEMU does (`selective_reset`) or does
+    /// not keep its translated code across a reset.
+    pub fn resets(self, selective_reset: bool) -> bool {
+        match self {
+            Reuse::Auto => selective_reset,
+            Reuse::Reset => true,
+            Reuse::Fork => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutsSection {
@@ -119,6 +145,14 @@ pub struct RolloutsSection {
     /// the rollout starts and the files the policy writes belong to it.
     #[serde(default = "root_user")]
     pub user: String,
+    /// How a rollout's VM or a scoring VM starts when a VM of the same snapshot is idle
+    /// (a finished rollout's, or a scoring VM after its check): `"reset"` it in place to the
+    /// snapshot (exact: memory, vCPU and devices, disk; a new identity), or `"fork"` a new
+    /// QEMU process. `"auto"` (the default) resets where that is cheaper than a fork: with
+    /// a QEMU that keeps its translated code across a reset (the one the set-up builds);
+    /// forks otherwise. A reset that fails gives a new fork, and the row says so.
+    #[serde(default)]
+    pub reuse: Reuse,
     /// Egress for the agent's actions (`[rollouts.network] allow = ["host:port"]`), through
     /// farm's proxy. None by default; scoring VMs never have any.
     #[serde(default)]

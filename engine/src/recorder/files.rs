@@ -278,6 +278,8 @@ pub fn schema() -> Arc<arrow_schema::Schema> {
         .sequence_as_large_list(false)
         .overwrite("status", utf8("status", false))
         .and_then(|o| o.overwrite("trust", utf8("trust", true)))
+        .and_then(|o| o.overwrite("rollout_vm", utf8("rollout_vm", true)))
+        .and_then(|o| o.overwrite("scoring_vm", utf8("scoring_vm", true)))
         .and_then(|o| o.overwrite("steps.element.kind", utf8("kind", false)))
         .expect("the overwritten columns exist");
     let fields = Vec::<arrow_schema::FieldRef>::from_type::<Row>(options).expect("rows have an Arrow schema");

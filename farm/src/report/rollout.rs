@@ -49,6 +49,16 @@ fn facts(row: &Row) -> Vec<(&'static str, String)> {
             format!("{trust}: {}", row.trust_reason.as_deref().unwrap_or("")),
         ));
     }
+    if row.rollout_vm.is_some() || row.scoring_vm.is_some() {
+        let start = |s: Option<snapshotter::Start>| s.map_or("none", |s| s.as_str());
+        facts.push((
+            "VMs",
+            format!("rollout: {}, scoring: {}", start(row.rollout_vm), start(row.scoring_vm)),
+        ));
+    }
+    if let Some(error) = &row.reset_error {
+        facts.push(("reset error", error.clone()));
+    }
     let t = &row.timings;
     facts.push((
         "timings",

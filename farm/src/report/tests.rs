@@ -247,6 +247,9 @@ fn hostile_row(json: bool) -> Row {
         group_id: Some(field("group_id")),
         policy_version: Some(3),
         metadata: Some(as_json("metadata", |m| serde_json::json!({ "item": m }))),
+        rollout_vm: Some(snapshotter::Start::Reset),
+        scoring_vm: Some(snapshotter::Start::ResetFailed),
+        reset_error: Some(field("reset_error")),
         chain: None,
         attachments: Vec::new(),
     }
@@ -393,6 +396,7 @@ fn hostile_text_in_any_field_of_a_row_stays_text() {
         "rollout_id",
         "group_id",
         "metadata",
+        "reset_error",
     ];
     for field in fields {
         for tag in ["json", "raw"] {

@@ -1,12 +1,17 @@
-//! Scoring VMs that serve many checks (`[scoring] isolation = "sandbox"`).
+//! Idle VMs kept for another use, by snapshot. Two kinds, in two stores of the engine:
 //!
-//! Under TCG most of a check's cost is a fresh QEMU process translating every guest code
-//! path it runs (the agent's request handling, the kernel's, Python's). A scoring VM that
-//! serves check after check translates them once. The guest side keeps the checks apart
-//! (a fresh candidate process in a private view for each, and a reset after each: see the
-//! agent's `reset` module); this side only keeps the idle VMs, by snapshot, and retires a
-//! VM that was not reset, that served `checks_per_vm` checks, or that finds no room among
-//! the idle ones (at most one a rollout slot).
+//! - **Shared scoring VMs** (`[scoring] isolation = "sandbox"`). Under TCG most of a check's
+//!   cost is a fresh QEMU process translating every guest code path it runs; a scoring VM
+//!   that serves check after check translates them once. The guest side keeps the checks
+//!   apart (a fresh candidate process in a private view for each, and a reset after each: see
+//!   the agent's `reset` module); this side retires a VM that was not reset, that served
+//!   `checks_per_vm` checks, or that finds no room among the idle ones.
+//! - **VMs reset in place** (`[rollouts] reuse`): a rollout's or a scoring VM, given back when
+//!   it is done and reset exactly to its snapshot when it is taken again
+//!   ([`snapshotter::Fork::reset`]): memory, devices and disk are the snapshot's again, so
+//!   what runs next is as sound as in a new fork.
+//!
+//! At most one idle VM a rollout slot (a slot holds one VM at a time).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,19 +25,19 @@ struct IdleVm {
     checks: u32,
 }
 
-/// The idle shared scoring VMs of one engine.
-pub struct ScoringVms {
+/// Idle VMs of one engine, by snapshot.
+pub struct IdleVms {
     idle: Mutex<HashMap<String, Vec<IdleVm>>>,
     max_idle: AtomicUsize,
-    /// Snapshots whose workspace is not empty in a fresh fork: a reset (which empties it)
-    /// would not give the next check the task's pristine state, so their checks keep fresh
-    /// forks.
+    /// Shared scoring VMs: snapshots whose workspace is not empty in a fresh fork: the
+    /// guest's reset (which empties it) would not give the next check the task's pristine
+    /// state, so their checks keep fresh forks.
     unshareable: Mutex<HashSet<String>>,
 }
 
-impl Default for ScoringVms {
-    fn default() -> ScoringVms {
-        ScoringVms {
+impl Default for IdleVms {
+    fn default() -> IdleVms {
+        IdleVms {
             idle: Mutex::default(),
             max_idle: AtomicUsize::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
             unshareable: Mutex::default(),
@@ -40,7 +45,7 @@ impl Default for ScoringVms {
     }
 }
 
-impl ScoringVms {
+impl IdleVms {
     /// Idle VMs kept at most (one a rollout slot: a slot scores one rollout at a time).
     pub fn set_max_idle(&self, max: usize) {
         self.max_idle.store(max.max(1), Ordering::Relaxed);
@@ -83,6 +88,13 @@ impl ScoringVms {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(snapshot.to_string());
+    }
+
+    /// Keeps a VM to be reset in place when it is taken again, unless the idle ones are
+    /// enough (it is dropped, its QEMU killed).
+    pub fn put(&self, fork: Fork) {
+        let snapshot = fork.snapshot_id.clone();
+        self.give_back(&snapshot, fork, 0, u32::MAX);
     }
 
     /// Drops every idle VM (their QEMU processes are killed).
