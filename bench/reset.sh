@@ -33,7 +33,7 @@ PY
 OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 for qemu in debian patched; do
-  if [ "$qemu" = debian ]; then unset FARM_QEMU; else export FARM_QEMU="$PATCHED"; fi
+  if [ "$qemu" = debian ]; then export FARM_QEMU=qemu-system-x86_64; else export FARM_QEMU="$PATCHED"; fi
   echo "=== $qemu QEMU: $("${FARM_QEMU:-qemu-system-x86_64}" --version | head -1)"
   "$FARM" bench fork -n 20 --cold 1 --alive 2 --resets "$RESETS" --json 2>/dev/null >"$OUT"
   summary "$OUT"

@@ -66,9 +66,23 @@ pub fn default_run_root() -> PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("farm-run"))
 }
 
-/// Finds `qemu-system-x86_64` (or `FARM_QEMU`).
+/// The QEMU farm runs: `FARM_QEMU` when set (a path, or a name on `PATH`:
+/// `FARM_QEMU=qemu-system-x86_64` picks Debian's); else the QEMU with farm's reset patch when
+/// the set-up built it (`scripts/build-qemu.sh`: a reset in place keeps the translated code
+/// of the pages it did not change); else `qemu-system-x86_64` on `PATH`.
 pub fn find_qemu() -> Result<PathBuf, MachineError> {
-    qemu_named(&std::env::var("FARM_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".to_string()))
+    if let Ok(name) = std::env::var("FARM_QEMU") {
+        return qemu_named(&name);
+    }
+    if let Some(patched) = crate::artifacts::reset_qemu(&crate::artifacts::cache_dir()) {
+        return Ok(patched);
+    }
+    system_qemu()
+}
+
+/// `qemu-system-x86_64` on `PATH` (Debian's), whatever else is built.
+pub fn system_qemu() -> Result<PathBuf, MachineError> {
+    qemu_named("qemu-system-x86_64")
 }
 
 fn qemu_named(name: &str) -> Result<PathBuf, MachineError> {

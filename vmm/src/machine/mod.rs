@@ -516,5 +516,5 @@ mod host;
 mod migration;
 mod reset;
 
-pub use host::{create_overlay, default_run_root, find_qemu, qemu_version, tail, RunDir, VmSettings};
+pub use host::{create_overlay, default_run_root, find_qemu, qemu_version, system_qemu, tail, RunDir, VmSettings};
 pub use reset::ResetTimings;
