@@ -299,6 +299,17 @@ fn hostile_agents_cannot_raise_their_reward_and_the_host_stays_clean() {
             .contains("LICENSE was deleted"),
         "{hidden}"
     );
+    // The attacks' VMs were reset in place into their scoring VMs (the set-up's patched QEMU
+    // is the default, and `[rollouts] reuse = "auto"` resets on it): what they planted (a
+    // python3 replaced, a sitecustomize, a daemon, a full disk...) did not survive a reset.
+    let reset = rows.values().filter(|r| r["scoring_vm"] == "reset").count();
+    assert!(reset >= 12, "only {reset} of 23 scoring VMs were reset rollout VMs");
+    for row in rows.values() {
+        assert_eq!(row["trust"], "sound", "{row}");
+        if row["scoring_vm"] == "reset_failed" {
+            assert!(row["reset_error"].as_str().is_some(), "{row}");
+        }
+    }
     // The checker's seed is not the rollout's.
     let seeded = details("predict-seed");
     assert_ne!(
