@@ -8,8 +8,9 @@
 #
 # The patch (scripts/qemu/farm-selective-reset.patch) lets a reset in place keep the
 # translated code of every page the reset did not change; stock QEMU throws all of it away
-# on every state load (docs/snapshots.md, "Reset in place"). farm uses this binary only when
-# told to (FARM_QEMU=<path>); its version line says "farm-reset", which is how farm knows.
+# on every state load (docs/snapshots.md, "Reset in place"). farm runs this binary by default
+# (the set-up links it as current/qemu-farm-reset; FARM_QEMU=qemu-system-x86_64 picks
+# Debian's); its version line says "farm-reset", which is how farm knows.
 #
 # Layout: /usr/local/lib/farm/qemu/<key>/bin/qemu-system-x86_64 (or under $FARM_QEMU_DIR),
 # and share/qemu -> /usr/share/qemu (the firmware of Debian's qemu-system-data: a

@@ -191,8 +191,9 @@ log "QEMU RAM shim ready: $SHIM_DIR/libfarm-ramshim.so"
 
 # 3c. QEMU with farm's reset patch, from Debian's source of the installed version (see the
 # comment in scripts/build-qemu.sh): a reset in place then keeps the translated code of
-# the pages it did not change. farm runs it only when FARM_QEMU names it; the reset tests
-# run it beside Debian's. About 3-5 minutes the first time, then found in place.
+# the pages it did not change. farm runs it by default (FARM_QEMU=qemu-system-x86_64 picks
+# Debian's, which the reset tests also run). About 3-5 minutes the first time, then found in
+# place.
 QEMU_RESET_BIN="$(bash "$REPO/scripts/build-qemu.sh")"
 ln -sfn "$(dirname "$(dirname "$QEMU_RESET_BIN")")" "$CACHE/current/.qemu-farm-reset.tmp"
 mv -Tf "$CACHE/current/.qemu-farm-reset.tmp" "$CACHE/current/qemu-farm-reset"

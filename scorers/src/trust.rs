@@ -4,7 +4,9 @@
 //! processes of its own behind a boundary that passes only data, and the checker decided:
 //! the function-call harness, unit tests through the boundary, a checker that runs the
 //! agent's code only through `farm-sandbox` (`test_user = "checker"` or `"root"`), an answer
-//! compared on the host.
+//! compared on the host. A scoring VM reset in place to the task's snapshot (`[rollouts]
+//! reuse`: the rollout's own VM or an earlier check's, put back exactly from outside the
+//! guest) is the snapshot again, as a new fork is: its checks stay `sound`.
 //!
 //! `shared`: as `sound`, in a scoring VM that had served other rollouts' checks before
 //! (`[scoring] isolation = "sandbox"`): each check had a fresh candidate process in a private
