@@ -305,7 +305,7 @@ impl Engine {
     /// Gives back a VM that is done (a rollout's, a scoring VM after its check), to be reset
     /// in place by the next [`Engine::fork`] of its snapshot; dropped (its QEMU killed) when
     /// VMs are not reused or it cannot be reset.
-    pub(crate) fn recycle(&self, mut fork: Fork) {
+    pub fn recycle(&self, mut fork: Fork) {
         // A VM stopped for a limit, or whose QEMU is gone, is not worth a reset that fails.
         let alive = fork.machine.limit_violation().is_none() && fork.machine.exited().is_none();
         if self.reuse && alive && fork.machine.resettable() {

@@ -405,6 +405,20 @@ impl Session {
         Ok(row)
     }
 
+    /// Ends the session, giving its VM to `engine` to be reset in place for the next session
+    /// or rollout of the same snapshot (`[rollouts] reuse`) when it is a live fork of the
+    /// task's snapshot (not of a branch or a pause); otherwise the VM goes.
+    pub fn end_reusing(mut self, engine: &Engine) {
+        let vm = std::mem::replace(&mut self.vm, Vm::Ended);
+        if let Vm::Live(live) = vm {
+            let of_its_snapshot = live.origin().is_none() && self._branch.is_none();
+            let (fork, _gauge) = live.into_parts();
+            if self.task.is_some() && of_its_snapshot && fork.snapshot_id == self.snapshot.id() {
+                engine.recycle(fork);
+            }
+        }
+    }
+
     /// Ends a sandbox (or a session its front-end gives up without a row): its VM goes now.
     pub fn close(&mut self) {
         self.vm = Vm::Ended;

@@ -120,6 +120,32 @@ with client() as env:
     assert "task" in msg, msg
 print("ok: reset, exec, write_file, submit scored (1.0, then 0.0 on a fresh fork), bad actions named")
 
+# A reset without a submit, on the same connection: the first episode's session ends and its
+# VM is reset in place for the next one (same task snapshot; farm_vm_resets_total counts it),
+# and nothing the first episode left is there: not its file, not its detached process.
+def resets():
+    request = urllib.request.Request(URL + "/metrics", headers=AUTH)
+    with urllib.request.urlopen(request, timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('farm_vm_resets_total{outcome="reset"}'):
+                return float(line.split()[-1])
+    raise AssertionError("/metrics has no farm_vm_resets_total")
+
+
+LOOK = "test -e planted.txt; echo $?; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000'"
+with client() as env:
+    env.reset(task_id="double")
+    env.step({"kind": "exec", "command": "echo planted > planted.txt; setsid sleep 1000 > /dev/null 2>&1 < /dev/null &"})
+    r = env.step({"kind": "exec", "command": LOOK})
+    assert r.observation["stdout"].split() == ["0", "1"], r.observation
+    before = resets()
+    r = env.reset(task_id="double")
+    assert "n.txt" in r.observation["text"], r.observation
+    assert resets() == before + 1, (before, resets())
+    r = env.step({"kind": "exec", "command": LOOK})
+    assert r.observation["stdout"].split() == ["1", "0"], r.observation
+print("ok: a reset on the same connection resets the episode's VM in place, nothing of it left")
+
 # A branch: a prepared state, continued exactly by another connection.
 with client() as a, client() as b:
     a.reset(task_id="double")

@@ -3,8 +3,9 @@
 //! session, plus `/v1/openenv/health`, `/schema` and `/metadata`.
 //!
 //! Messages, one reply each: `{"type": "reset", "data": {...}}` ends the connection's
-//! session, if any, and opens a fresh fork (or a branch of a live session, `branch_of`); the
-//! first observation carries the instruction. `{"type": "step", "data": <action>}` runs an
+//! session, if any, and opens a new one in the task's pristine state: its VM reset in place
+//! when it was of the same snapshot (`[rollouts] reuse`), else a fresh fork; or a branch of a
+//! live session (`branch_of`). The first observation carries the instruction. `{"type": "step", "data": <action>}` runs an
 //! `exec`, a `write_file` or a `submit` (the reward: farm's protected scoring, at submit
 //! only). `{"type": "state"}` tells the session and its step count; `{"type": "close"}` and
 //! a disconnect end the session (no row, as a DELETE). Failures answer `{"type": "error",
@@ -425,11 +426,21 @@ async fn reset(
     };
     let service = &app.service;
     let episode_id = reset.episode_id.clone();
-    // Everything is checked, and the new session opened, before the old one ends: a branch
-    // of the connection's own session continues from it.
+    // A branch is opened before the old session ends (it may continue the connection's own
+    // session). A new episode ends the old session first: its VM is then reset in place
+    // for the new one when both are of the same snapshot (`[rollouts] reuse`), instead of a
+    // new QEMU process; a reset whose session cannot be opened leaves the connection with
+    // none (its error says why; the next reset opens one).
     let opened = match &reset.branch_of {
         Some(parent) => open_branch(app, parent, &reset).await?,
-        None => open_session(app, next_task, reset).await?,
+        None => {
+            let old = holding.lock().unwrap().take();
+            if let Some(old) = old.filter(|_| !conn.done) {
+                let _ = service.end_session(&old, "reset by the OpenEnv client").await;
+            }
+            *conn = Conn::default();
+            open_session(app, next_task, reset).await?
+        }
     };
     let id = opened["session_id"].as_str().unwrap_or_default().to_string();
     let old = holding.lock().unwrap().replace(id.clone());

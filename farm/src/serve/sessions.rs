@@ -328,10 +328,20 @@ impl Service {
             }
         }
         let mut forks = self.forks();
-        forks.remove(id, engine::book::Ending::Ended("ended".into()));
+        let removed = forks.remove(id, engine::book::Ending::Ended("ended".into()));
         let (live, paused) = forks.count(Kind::Session);
         engine::metrics::get().sessions_live.set(live as i64);
         engine::metrics::get().sessions_paused.set(paused as i64);
+        drop(forks);
+        drop(inner);
+        // Nobody else holds it (no call in flight): its VM may serve the next session of its
+        // snapshot after a reset in place (an OpenEnv reset on the same connection).
+        if let Some(open) = removed.and_then(|o| Arc::try_unwrap(o).ok()).map(|o| o.into_inner()) {
+            if matches!(open.facts, Facts::Session { .. }) {
+                let engine = self.engine_of(&open);
+                open.run.end_reusing(&engine);
+            }
+        }
     }
 
     pub(super) async fn expire_sessions(&self) {
