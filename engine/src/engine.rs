@@ -268,6 +268,10 @@ impl Engine {
     ) -> Result<Fork, snapshotter::ForkError> {
         let mut reset_error = None;
         if let Some((mut idle, _)) = self.reuse.then(|| self.reset_vms.take(snapshot.id())).flatten() {
+            if std::env::var_os("FARM_TEST_LOSE_RESET_POINT").is_some() {
+                // Tests of the fallback: the reset below then fails as a real one would.
+                let _ = idle.machine.forget_reset_point().await;
+            }
             match idle.reset(identity.clone()).await {
                 Ok(_) => {
                     crate::metrics::get().vm_resets.with_label_values(&["reset"]).inc();

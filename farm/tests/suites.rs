@@ -953,3 +953,44 @@ fn ctrl_c_stops_records_and_resume_finishes() {
     assert_eq!(read_with_pyarrow(out.path()).len() as u64, finished);
     resume_and_check_each_rollout_once(out.path());
 }
+
+/// On the set-up's QEMU a rollout's VM is reset in place into its scoring VM by default; a
+/// reset that fails (here its reset point is deleted first, `FARM_TEST_LOSE_RESET_POINT`)
+/// gives a new fork, and the row says so with the error; `--reuse fork` forks every VM. The
+/// verdict is the same every way.
+#[test]
+fn rows_say_how_their_vms_started_and_a_failed_reset_falls_back_to_a_fork() {
+    for (way, lose) in [("auto", false), ("auto", true), ("fork", false)] {
+        let out = tempfile::tempdir().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_farm"));
+        command
+            .arg("run")
+            .arg(repo().join("configs/serve.toml"))
+            .args(["--concurrency", "1", "--reuse", way, "--out"])
+            .arg(out.path())
+            .stdin(Stdio::null());
+        if lose {
+            command.env("FARM_TEST_LOSE_RESET_POINT", "1");
+        }
+        let o = command.output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let rows = journal_rows(out.path());
+        let double = &rows[&("double".to_string(), 0)];
+        assert_eq!(double["status"], "passed", "{way} {lose}: {double}");
+        match (way, lose) {
+            ("fork", _) => {
+                assert_eq!(double["rollout_vm"], "fork", "{double}");
+                assert_eq!(double["scoring_vm"], "fork", "{double}");
+            }
+            (_, false) => {
+                assert_eq!(double["scoring_vm"], "reset", "{double}");
+                assert!(double["reset_error"].is_null(), "{double}");
+            }
+            (_, true) => {
+                assert_eq!(double["scoring_vm"], "reset_failed", "{double}");
+                let error = double["reset_error"].as_str().unwrap_or_default();
+                assert!(error.contains("farm-reset"), "the failed load is named: {double}");
+            }
+        }
+    }
+}

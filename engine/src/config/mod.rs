@@ -89,6 +89,18 @@ pub enum Reuse {
     Fork,
 }
 
+impl std::str::FromStr for Reuse {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Reuse, String> {
+        match s {
+            "auto" => Ok(Reuse::Auto),
+            "reset" => Ok(Reuse::Reset),
+            "fork" => Ok(Reuse::Fork),
+            other => Err(format!("{other:?} is not a way to reuse VMs (auto, reset, fork)")),
+        }
+    }
+}
+
 impl Reuse {
     /// Whether VMs are reset in place on a host whose QEMU does (`selective_reset`) or does
     /// not keep its translated code across a reset.

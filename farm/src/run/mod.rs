@@ -39,10 +39,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// How far apart checks are kept (overrides `scoring.isolation`): vm (each rollout's
-    /// check in a fresh fork) or sandbox (harness checks share scoring VMs, each in a fresh
-    /// sandbox; trust `shared`).
+    /// check in a VM that is the task's snapshot: a fresh fork, or one reset in place) or
+    /// sandbox (harness checks share scoring VMs, each in a fresh sandbox; trust `shared`).
     #[arg(long, value_name = "vm|sandbox")]
     pub isolation: Option<scorers::ScoringIsolation>,
+    /// How VMs start when one of the same snapshot is idle (overrides `rollouts.reuse`):
+    /// reset (in place, exactly to the snapshot), fork (a new QEMU process) or auto (reset on
+    /// a QEMU that keeps its translated code across a reset: the one the set-up builds).
+    #[arg(long, value_name = "auto|reset|fork")]
+    pub reuse: Option<engine::config::Reuse>,
     /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     pub accel: engine::sizing::AccelSetting,
@@ -77,6 +82,9 @@ impl RunArgs {
                 );
             }
             suite.config.scoring.isolation = isolation;
+        }
+        if let Some(reuse) = self.reuse {
+            suite.config.rollouts.reuse = reuse;
         }
         let out = self
             .out

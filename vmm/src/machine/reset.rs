@@ -59,6 +59,15 @@ impl Machine {
         self.run_snapshot_job("snapshot-save").await
     }
 
+    /// Deletes the reset point, so that the next reset fails (for tests of what a failed
+    /// reset leads to: `FARM_TEST_LOSE_RESET_POINT` in the engine).
+    pub async fn forget_reset_point(&self) -> Result<(), MachineError> {
+        if self.reset.is_none() {
+            return Err(not_resettable());
+        }
+        self.run_snapshot_job("snapshot-delete").await
+    }
+
     /// Puts the guest back to its reset point and leaves it paused; [`Machine::resume`]
     /// continues it. The agent client and the guest connector are new afterwards: clones of
     /// the old ones fail (the channel closed).
@@ -130,12 +139,14 @@ impl Machine {
             "{command}-{}",
             self.next_job.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
-        let arguments = json!({
+        let mut arguments = json!({
             "job-id": job,
             "tag": RESET_TAG,
-            "vmstate": DISK_NODE,
             "devices": [DISK_NODE],
         });
+        if command != "snapshot-delete" {
+            arguments["vmstate"] = json!(DISK_NODE);
+        }
         // The state leaves the RAM out (QEMU takes it for shared), on the way in as on the way
         // out: a branch's migration turns the capability off in between, and a load without
         // it refuses the stream.
