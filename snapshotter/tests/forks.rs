@@ -578,6 +578,62 @@ fn a_reset_with_the_patched_qemu_is_as_exact_and_keeps_the_translated_code() {
     });
 }
 
+/// A reset while the agent's channel is busy: replies in flight (an 8 MiB output on its way,
+/// and small requests beside it) fail with the old channel and none of their bytes reaches
+/// the host afterwards: each request after the reset gets its own answer, however the new
+/// channel numbers its requests.
+#[test]
+fn a_reset_during_a_flood_of_the_agent_channel_leaves_no_stale_reply() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let mut fork = forker().fork_resettable(snapshot, ForkIdentity::new(21)).await.unwrap();
+        let mut in_flight = Vec::new();
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        for i in 0..6 {
+            let agent = fork.agent().clone();
+            let answered = answered.clone();
+            in_flight.push(tokio::spawn(async move {
+                // Request after request until the channel is gone: one never ends (its
+                // reply, 8 MiB, would come only then), the others answer at once, so replies
+                // are on their way when the reset comes.
+                let script = if i == 0 {
+                    "while :; do head -c 8388608 /dev/zero | tr '\\0' s; done".to_string()
+                } else {
+                    format!("echo stale-{i}; head -c 262144 /dev/zero")
+                };
+                loop {
+                    let mut options = ExecOptions::shell(script.clone());
+                    options.stdout_cap = 16 << 20;
+                    if agent.exec(options).await.is_err() {
+                        return;
+                    }
+                    answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }));
+        }
+        // Until the flood runs at full tilt (a deadline, not a timing).
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while answered.load(std::sync::atomic::Ordering::SeqCst) < 20 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        fork.reset(ForkIdentity::new(22)).await.unwrap();
+        for flood in in_flight {
+            flood.await.unwrap();
+        }
+        assert!(
+            answered.load(std::sync::atomic::Ordering::SeqCst) >= 20,
+            "the flood never got going"
+        );
+        for i in 0..30 {
+            let out = run(&fork, &format!("echo answer-{i}")).await;
+            assert_eq!(out, format!("answer-{i}\n"));
+        }
+        // And the floods themselves are gone with the rest of the rollout's state.
+        let look = run(&fork, "ps 2>/dev/null | grep -c '[s]tale-' || true").await;
+        assert_eq!(look.trim(), "0", "{look}");
+    });
+}
+
 /// The translation blocks QEMU holds (HMP `info jit`).
 async fn translated_blocks(fork: &snapshotter::Fork) -> u64 {
     let info = fork
