@@ -306,6 +306,13 @@ impl Engine {
         Ok(fork)
     }
 
+    /// Drops the VMs kept for a reset (and the shared scoring VMs) idle for longer than
+    /// `max`: `farm serve` calls it from its housekeeping.
+    pub fn prune_idle(&self, max: Duration) {
+        self.reset_vms.prune(max);
+        self.scoring_vms.prune(max);
+    }
+
     /// Gives back a VM that is done (a rollout's, a scoring VM after its check), to be reset
     /// in place by the next [`Engine::fork`] of its snapshot; dropped (its QEMU killed) when
     /// VMs are not reused or it cannot be reset.

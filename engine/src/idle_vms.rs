@@ -23,6 +23,7 @@ use snapshotter::Fork;
 struct IdleVm {
     fork: Fork,
     checks: u32,
+    since: std::time::Instant,
 }
 
 /// Idle VMs of one engine, by snapshot.
@@ -71,9 +72,11 @@ impl IdleVms {
             drop(fork);
             return;
         }
-        idle.entry(snapshot.to_string())
-            .or_default()
-            .push(IdleVm { fork, checks });
+        idle.entry(snapshot.to_string()).or_default().push(IdleVm {
+            fork,
+            checks,
+            since: std::time::Instant::now(),
+        });
     }
 
     pub fn is_unshareable(&self, snapshot: &str) -> bool {
@@ -95,6 +98,21 @@ impl IdleVms {
     pub fn put(&self, fork: Fork) {
         let snapshot = fork.snapshot_id.clone();
         self.give_back(&snapshot, fork, 0, u32::MAX);
+    }
+
+    /// Drops the VMs idle for longer than `max` (their QEMU processes are killed): a service
+    /// whose traffic moved to other snapshots does not keep their memory.
+    pub fn prune(&self, max: std::time::Duration) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gone = Vec::new();
+        for vms in idle.values_mut() {
+            let (old, young): (Vec<IdleVm>, Vec<IdleVm>) = vms.drain(..).partition(|vm| vm.since.elapsed() > max);
+            *vms = young;
+            gone.extend(old);
+        }
+        idle.retain(|_, vms| !vms.is_empty());
+        drop(idle);
+        drop(gone);
     }
 
     /// Drops every idle VM (their QEMU processes are killed).

@@ -183,6 +183,10 @@ impl Service {
                     _ = self.wake.notified() => {}
                     _ = tick.tick() => {
                         self.expire_sessions().await;
+                        // VMs kept for a reset in place go after a minute unused.
+                        for state in self.suites.values() {
+                            state.engine.prune_idle(Duration::from_secs(60));
+                        }
                         if let Some(api) = &self.sandbox {
                             api.sandboxes.expire().await;
                         }
