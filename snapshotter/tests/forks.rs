@@ -703,3 +703,27 @@ async fn reset_is_exact(forker: &Forker, snapshot: &Snapshot) -> f64 {
     assert_eq!(urandom.len(), 3, "resets drew the same randomness");
     kept
 }
+
+/// A reset gives the disk budget back: the overlay's allocated bytes (what the disk limit
+/// measures) are those of a new fork again, so a rollout on a reset VM is not held to what
+/// the VM's last user wrote (nor killed for it).
+#[test]
+fn a_reset_gives_back_the_disk_an_earlier_user_filled() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let mut fork = forker().fork_resettable(snapshot, ForkIdentity::new(31)).await.unwrap();
+        let disk = fork.machine.spec().disk.clone();
+        let used_mib = || {
+            use std::os::unix::fs::MetadataExt;
+            (std::fs::metadata(&disk).unwrap().blocks() * 512) >> 20
+        };
+        let fresh = used_mib();
+        run(&fork, "dd if=/dev/urandom of=/workspace/big bs=1M count=40 2>/dev/null; sync").await;
+        assert!(used_mib() >= fresh + 40, "the write reached the overlay: {} MiB", used_mib());
+        fork.reset(ForkIdentity::new(32)).await.unwrap();
+        assert!(used_mib() <= fresh + 1, "{} MiB left after the reset", used_mib());
+        run(&fork, "dd if=/dev/urandom of=/workspace/big2 bs=1M count=20 2>/dev/null; sync").await;
+        fork.reset(ForkIdentity::new(33)).await.unwrap();
+        assert!(used_mib() <= fresh + 1, "{} MiB left after the second reset", used_mib());
+    });
+}
