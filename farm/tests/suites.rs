@@ -53,6 +53,7 @@ expect = {
     "policy_params": pa.string(), "messages": pa.string(), "reward": pa.float64(),
     "status": pa.string(), "error": pa.string(), "score_details": pa.string(),
     "attempts": pa.uint32(), "started_at_ms": pa.int64(), "farm_version": pa.string(),
+    "rollout_vm": pa.string(), "scoring_vm": pa.string(), "reset_error": pa.string(),
 }
 for name, typ in expect.items():
     assert schema.field(name).type == typ, (name, schema.field(name).type)
@@ -64,6 +65,8 @@ assert {f.name for f in schema.field("timings").type} == {"fork_ms", "rollout_ms
 assert {f.name for f in schema.field("usage").type} == {"prompt_tokens", "completion_tokens", "total_tokens"}
 codec = pq.ParquetFile(parts[0]).metadata.row_group(0).column(0).compression
 assert codec == "ZSTD", codec
+starts = set(table.column("scoring_vm").to_pylist()) | set(table.column("rollout_vm").to_pylist())
+assert starts <= {None, "fork", "reset", "reset_failed"}, starts
 rows = table.select(["task_id", "sample_index", "status"]).to_pylist()
 print(json.dumps([[r["task_id"], r["sample_index"], r["status"]] for r in rows]))
 "#;

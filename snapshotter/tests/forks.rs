@@ -718,12 +718,28 @@ fn a_reset_gives_back_the_disk_an_earlier_user_filled() {
             (std::fs::metadata(&disk).unwrap().blocks() * 512) >> 20
         };
         let fresh = used_mib();
-        run(&fork, "dd if=/dev/urandom of=/workspace/big bs=1M count=40 2>/dev/null; sync").await;
-        assert!(used_mib() >= fresh + 40, "the write reached the overlay: {} MiB", used_mib());
+        run(
+            &fork,
+            "dd if=/dev/urandom of=/workspace/big bs=1M count=40 2>/dev/null; sync",
+        )
+        .await;
+        assert!(
+            used_mib() >= fresh + 40,
+            "the write reached the overlay: {} MiB",
+            used_mib()
+        );
         fork.reset(ForkIdentity::new(32)).await.unwrap();
         assert!(used_mib() <= fresh + 1, "{} MiB left after the reset", used_mib());
-        run(&fork, "dd if=/dev/urandom of=/workspace/big2 bs=1M count=20 2>/dev/null; sync").await;
+        run(
+            &fork,
+            "dd if=/dev/urandom of=/workspace/big2 bs=1M count=20 2>/dev/null; sync",
+        )
+        .await;
         fork.reset(ForkIdentity::new(33)).await.unwrap();
-        assert!(used_mib() <= fresh + 1, "{} MiB left after the second reset", used_mib());
+        assert!(
+            used_mib() <= fresh + 1,
+            "{} MiB left after the second reset",
+            used_mib()
+        );
     });
 }

@@ -508,6 +508,30 @@ dir = "out"
     }
 
     #[test]
+    fn vms_are_reset_in_place_by_default_only_where_that_is_cheaper_than_a_fork() {
+        let dir = tempfile::tempdir().unwrap();
+        let suite = Suite::load(&write(dir.path(), MINIMAL)).unwrap();
+        assert_eq!(suite.config.rollouts.reuse, Reuse::Auto);
+        assert!(Reuse::Auto.resets(true) && !Reuse::Auto.resets(false));
+        assert!(Reuse::Reset.resets(false) && !Reuse::Fork.resets(true));
+        let suite = Suite::load(&write(
+            dir.path(),
+            &MINIMAL.replace("concurrency = 2", "concurrency = 2\nreuse = \"fork\""),
+        ))
+        .unwrap();
+        assert_eq!(suite.config.rollouts.reuse, Reuse::Fork);
+        let err = Suite::load(&write(
+            dir.path(),
+            &MINIMAL.replace("concurrency = 2", "concurrency = 2\nreuse = \"always\""),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("reuse") && err.contains("always"), "{err}");
+        assert_eq!("reset".parse::<Reuse>(), Ok(Reuse::Reset));
+        assert!("sometimes".parse::<Reuse>().unwrap_err().contains("auto, reset, fork"));
+    }
+
+    #[test]
     fn unknown_keys_name_the_file_line_and_key() {
         let dir = tempfile::tempdir().unwrap();
         let text = MINIMAL.replace("concurrency = 2", "concurency = 2");

@@ -362,6 +362,27 @@ mod tests {
     use super::*;
     use crate::recorder::summary::tests::row;
 
+    /// A part written by a farm before the VM columns (`rollout_vm`, `scoring_vm`,
+    /// `reset_error`) still reads, those fields null: `--resume` and `farm merge` of older
+    /// runs keep working.
+    #[test]
+    fn parts_without_the_vm_columns_still_read() {
+        let schema = files::schema();
+        let rows = vec![row("t", 0, "passed")];
+        let batch = serde_arrow::to_record_batch(schema.fields(), &rows).unwrap();
+        let kept: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| !["rollout_vm", "scoring_vm", "reset_error"].contains(&schema.field(i).name().as_str()))
+            .collect();
+        let older = batch.project(&kept).unwrap();
+        assert_eq!(older.num_columns() + 3, batch.num_columns());
+        let read: Vec<Row> = serde_arrow::from_record_batch(&older).unwrap();
+        assert_eq!(read.len(), 1);
+        assert_eq!(
+            (read[0].rollout_vm, read[0].scoring_vm, read[0].reset_error.clone()),
+            (None, None, None)
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rows_are_recorded_in_order_and_read_back_off_the_runtime() {
         let dir = tempfile::tempdir().unwrap();

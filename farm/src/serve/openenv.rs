@@ -16,7 +16,7 @@
 //! lease is closed. The auth middleware's bearer token and `Origin` rule apply to the
 //! upgrade.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -31,7 +31,10 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::http::{ok, App, Reply};
-use super::requests::{ExecRequest, ItemRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
+use super::requests::{ExecRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
+
+mod open;
+use open::{open_branch, open_session};
 
 /// Largest message a client may send (a `write_file` carries the file).
 const MAX_MESSAGE: usize = 16 << 20;
@@ -466,68 +469,6 @@ async fn reset(
         ..FarmObservation::default()
     };
     Ok(observation(seen, None, false))
-}
-
-/// A branch of `parent`, which continues as it is: a reset that also names a task, a seed,
-/// limits, a policy version or metadata is refused.
-async fn open_branch(app: &App, parent: &str, reset: &Reset) -> Result<Value, Failure> {
-    let given = [
-        ("suite", reset.suite.is_some()),
-        ("task_id", reset.task_id.is_some()),
-        ("seed", reset.seed.is_some()),
-        ("limits", reset.limits != LimitsRequest::default()),
-        ("policy_version", reset.policy_version.is_some()),
-        ("metadata", reset.metadata.is_some()),
-    ];
-    if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
-        return Err(Failure::new(
-            "VALIDATION_ERROR",
-            format!(
-                "{name}: branch_of continues a session as it is (its task, seed, limits, policy_version and metadata)"
-            ),
-        ));
-    }
-    Ok(to_value(app.service.branch(parent).await?))
-}
-
-/// A new session of the reset's task, or else of the suite's tasks in turn; the episode id,
-/// if given, goes in its metadata.
-async fn open_session(app: &App, next_task: &AtomicUsize, reset: Reset) -> Result<Value, Failure> {
-    let service = &app.service;
-    let (_, suite) = service.suite(reset.suite.as_deref(), "suite")?;
-    let task_id = match reset.task_id {
-        Some(t) => t,
-        None => {
-            let mut ids: Vec<&String> = suite.tasks.keys().collect();
-            ids.sort();
-            if ids.is_empty() {
-                return Err(Failure::new(
-                    "VALIDATION_ERROR",
-                    "the suite serves no task: give task_id",
-                ));
-            }
-            ids[next_task.fetch_add(1, Ordering::Relaxed) % ids.len()].clone()
-        }
-    };
-    let mut metadata = reset.metadata;
-    if let Some(e) = &reset.episode_id {
-        let m = metadata.get_or_insert_with(|| json!({}));
-        if let Some(m) = m.as_object_mut() {
-            m.insert("episode_id".into(), json!(e));
-        }
-    }
-    let request = ItemRequest {
-        suite: reset.suite,
-        task_id: Some(task_id),
-        task: None,
-        n: None,
-        seed: reset.seed.unwrap_or(0),
-        policy: None,
-        policy_version: reset.policy_version,
-        limits: reset.limits,
-        metadata,
-    };
-    Ok(to_value(service.open_session(request).await?))
 }
 
 async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Result<Value, Failure> {

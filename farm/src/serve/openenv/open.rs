@@ -1,0 +1,71 @@
+//! The sessions an OpenEnv reset opens: a new one of a task, or a branch of a live one.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{json, Value};
+
+use super::{to_value, Failure, Reset};
+use crate::serve::http::App;
+use crate::serve::requests::{ItemRequest, LimitsRequest};
+
+/// A branch of `parent`, which continues as it is: a reset that also names a task, a seed,
+/// limits, a policy version or metadata is refused.
+pub(super) async fn open_branch(app: &App, parent: &str, reset: &Reset) -> Result<Value, Failure> {
+    let given = [
+        ("suite", reset.suite.is_some()),
+        ("task_id", reset.task_id.is_some()),
+        ("seed", reset.seed.is_some()),
+        ("limits", reset.limits != LimitsRequest::default()),
+        ("policy_version", reset.policy_version.is_some()),
+        ("metadata", reset.metadata.is_some()),
+    ];
+    if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
+        return Err(Failure::new(
+            "VALIDATION_ERROR",
+            format!(
+                "{name}: branch_of continues a session as it is (its task, seed, limits, policy_version and metadata)"
+            ),
+        ));
+    }
+    Ok(to_value(app.service.branch(parent).await?))
+}
+
+/// A new session of the reset's task, or else of the suite's tasks in turn; the episode id,
+/// if given, goes in its metadata.
+pub(super) async fn open_session(app: &App, next_task: &AtomicUsize, reset: Reset) -> Result<Value, Failure> {
+    let service = &app.service;
+    let (_, suite) = service.suite(reset.suite.as_deref(), "suite")?;
+    let task_id = match reset.task_id {
+        Some(t) => t,
+        None => {
+            let mut ids: Vec<&String> = suite.tasks.keys().collect();
+            ids.sort();
+            if ids.is_empty() {
+                return Err(Failure::new(
+                    "VALIDATION_ERROR",
+                    "the suite serves no task: give task_id",
+                ));
+            }
+            ids[next_task.fetch_add(1, Ordering::Relaxed) % ids.len()].clone()
+        }
+    };
+    let mut metadata = reset.metadata;
+    if let Some(e) = &reset.episode_id {
+        let m = metadata.get_or_insert_with(|| json!({}));
+        if let Some(m) = m.as_object_mut() {
+            m.insert("episode_id".into(), json!(e));
+        }
+    }
+    let request = ItemRequest {
+        suite: reset.suite,
+        task_id: Some(task_id),
+        task: None,
+        n: None,
+        seed: reset.seed.unwrap_or(0),
+        policy: None,
+        policy_version: reset.policy_version,
+        limits: reset.limits,
+        metadata,
+    };
+    Ok(to_value(service.open_session(request).await?))
+}
