@@ -268,6 +268,8 @@ impl Engine {
     ) -> Result<Fork, snapshotter::ForkError> {
         let mut reset_error = None;
         if let Some((mut idle, _)) = self.reuse.then(|| self.reset_vms.take(snapshot.id())).flatten() {
+            // It was stopped while idle (`recycle`).
+            idle.machine.thaw();
             if std::env::var_os("FARM_TEST_LOSE_RESET_POINT").is_some() {
                 // Tests of the fallback: the reset below then fails as a real one would.
                 let _ = idle.machine.forget_reset_point().await;
@@ -316,12 +318,17 @@ impl Engine {
     /// Gives back a VM that is done (a rollout's, a scoring VM after its check), to be reset
     /// in place by the next [`Engine::fork`] of its snapshot; dropped (its QEMU killed) when
     /// VMs are not reused or it cannot be reset.
-    pub fn recycle(&self, mut fork: Fork) {
+    ///
+    /// `of` is the snapshot the VM's user opened it on: a VM that is not a fork of it (a
+    /// branch, a resumed pause) is dropped, as nothing would ever take it.
+    pub fn recycle(&self, mut fork: Fork, of: &Snapshot) {
         // A VM stopped for a limit, or whose QEMU is gone, is not worth a reset that fails.
         let alive = fork.machine.limit_violation().is_none() && fork.machine.exited().is_none();
-        if self.reuse && alive && fork.machine.resettable() {
-            // Whatever it was allowed, an idle VM reaches nothing; the next user sets its own.
+        if self.reuse && alive && fork.machine.resettable() && fork.snapshot_id == of.id() {
+            // Whatever it was allowed, an idle VM reaches nothing and runs nothing (its
+            // QEMU process is stopped) until it is taken and reset.
             fork.machine.set_network(egress::Policy::default());
+            fork.machine.freeze();
             self.reset_vms.put(fork);
         }
     }

@@ -59,24 +59,39 @@ impl IdleVms {
         Some((vm.fork, vm.checks))
     }
 
-    /// Keeps a VM after a check it was reset from, unless it served its last check or the
-    /// idle ones are enough; a VM not kept is dropped (its QEMU killed) outside the lock.
+    /// Keeps a VM after a check it was reset from, unless it served its last check; when the
+    /// idle ones are as many as allowed, the one idle longest goes to make room (a VM of a
+    /// snapshot nobody asks for any more must not keep out the ones in use). A VM dropped
+    /// is dropped (its QEMU killed) outside the lock.
     pub fn give_back(&self, snapshot: &str, fork: Fork, checks: u32, checks_per_vm: u32) {
         if checks >= checks_per_vm {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let count: usize = idle.values().map(Vec::len).sum();
-        if count >= self.max_idle.load(Ordering::Relaxed) {
-            drop(idle);
-            drop(fork);
-            return;
-        }
+        let evicted = if count >= self.max_idle.load(Ordering::Relaxed) {
+            let oldest = idle
+                .iter()
+                .flat_map(|(key, vms)| vms.iter().enumerate().map(move |(i, vm)| (vm.since, key.clone(), i)))
+                .min();
+            oldest.map(|(_, key, i)| {
+                let vms = idle.get_mut(&key).expect("listed above");
+                let vm = vms.remove(i);
+                if vms.is_empty() {
+                    idle.remove(&key);
+                }
+                vm
+            })
+        } else {
+            None
+        };
         idle.entry(snapshot.to_string()).or_default().push(IdleVm {
             fork,
             checks,
             since: std::time::Instant::now(),
         });
+        drop(idle);
+        drop(evicted);
     }
 
     pub fn is_unshareable(&self, snapshot: &str) -> bool {

@@ -77,7 +77,12 @@ impl Engine {
         // The scoring VM's own seed: the checkers' `FARM_SEED`, which the rollout never saw.
         let vm = |seed: u64| async move {
             let vm = if shares {
-                self.shared_scoring_vm(snapshot, task, seed).await?
+                let vm = self.shared_scoring_vm(snapshot, task, seed).await?;
+                if vm.shared.is_none() {
+                    // A snapshot whose checks keep VMs of their own.
+                    *started_ref.lock().expect("not poisoned") = Some((vm.fork.start, vm.fork.reset_error.clone()));
+                }
+                vm
             } else {
                 let fork = self.fresh_scoring_vm(snapshot, task, seed, true).await?;
                 *started_ref.lock().expect("not poisoned") = Some((fork.start, fork.reset_error.clone()));
@@ -91,8 +96,11 @@ impl Engine {
             // The rollout's VM goes before the scoring fork starts: given back to be reset
             // (it may be the scoring VM), or dropped (QEMU killed).
             gauge = None;
-            if let Some(fork) = fork.take() {
-                self.recycle(fork);
+            if let Some(rollout_vm) = fork.take() {
+                // Only when a VM is about to be needed (the tests'); else it goes now.
+                if task.has_tests() {
+                    self.recycle(rollout_vm, snapshot);
+                }
             }
         }
         let scored = scorers::orchestrate::score(&self.scoring, task, fork, artifacts, vm).await;
@@ -110,7 +118,7 @@ impl Engine {
                         .give_back(snapshot.id(), used.fork, used.checks, self.scoring.checks_per_vm);
                 }
             } else {
-                self.recycle(used.fork);
+                self.recycle(used.fork, snapshot);
             }
         }
         (Ok(scored.verdict), started)

@@ -241,8 +241,13 @@ impl Row {
         } else {
             self.rollout_vm = Some(start);
         }
-        if reset_error.is_some() {
-            self.reset_error = reset_error;
+        if let Some(error) = reset_error {
+            let which = if scoring { "scoring VM" } else { "rollout VM" };
+            let line = format!("{which}: {error}");
+            self.reset_error = Some(match self.reset_error.take() {
+                Some(earlier) => format!("{earlier}; {line}"),
+                None => line,
+            });
         }
     }
 

@@ -413,8 +413,8 @@ impl Session {
         if let Vm::Live(live) = vm {
             let of_its_snapshot = live.origin().is_none() && self._branch.is_none();
             let (fork, _gauge) = live.into_parts();
-            if self.task.is_some() && of_its_snapshot && fork.snapshot_id == self.snapshot.id() {
-                engine.recycle(fork);
+            if self.task.is_some() && of_its_snapshot {
+                engine.recycle(fork, &self.snapshot);
             }
         }
     }

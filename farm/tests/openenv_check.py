@@ -144,7 +144,12 @@ with client() as env:
     assert resets() == before + 1, (before, resets())
     r = env.step({"kind": "exec", "command": LOOK})
     assert r.observation["stdout"].split() == ["1", "0"], r.observation
-print("ok: a reset on the same connection resets the episode's VM in place, nothing of it left")
+    # A reset that names no task of the suite is refused before the episode ends.
+    msg = expect_error("VALIDATION_ERROR", env.reset, task_id="no-such-task")
+    assert "task_id" in msg, msg
+    r = env.step({"kind": "exec", "command": "cat n.txt"})
+    assert r.observation["stdout"].strip() == "21", r.observation
+print("ok: a reset on the same connection resets the episode's VM in place, nothing of it left; a bad one keeps the episode")
 
 # A branch: a prepared state, continued exactly by another connection.
 with client() as a, client() as b:

@@ -706,9 +706,10 @@ async fn reset_is_exact(forker: &Forker, snapshot: &Snapshot) -> f64 {
 
 /// A reset gives the disk budget back: the overlay's allocated bytes (what the disk limit
 /// measures) are those of a new fork again, so a rollout on a reset VM is not held to what
-/// the VM's last user wrote (nor killed for it).
+/// the VM's last user wrote (nor killed for it). And the console log (which error messages
+/// quote, and branches copy) starts again: it holds nothing of the last user's.
 #[test]
-fn a_reset_gives_back_the_disk_an_earlier_user_filled() {
+fn a_reset_gives_back_the_disk_an_earlier_user_filled_and_a_new_console_log() {
     runtime().block_on(async {
         let snapshot = shared_template("minimal").await;
         let mut fork = forker().fork_resettable(snapshot, ForkIdentity::new(31)).await.unwrap();
@@ -728,8 +729,30 @@ fn a_reset_gives_back_the_disk_an_earlier_user_filled() {
             "the write reached the overlay: {} MiB",
             used_mib()
         );
+        run(&fork, "echo last-user-console-marker > /dev/console").await;
+        wait_for_console(&fork, "last-user-console-marker").await;
+        // Kept idle, its QEMU runs nothing (what the engine does to VMs it keeps for a reset).
+        fork.machine.freeze();
+        let state = || {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", fork.machine.pid())).unwrap();
+            stat.rsplit(") ").next().unwrap().chars().next().unwrap()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while state() != 'T' {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a frozen QEMU is stopped: {}",
+                state()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        fork.machine.thaw();
         fork.reset(ForkIdentity::new(32)).await.unwrap();
         assert!(used_mib() <= fresh + 1, "{} MiB left after the reset", used_mib());
+        run(&fork, "echo next-user-console-marker > /dev/console").await;
+        wait_for_console(&fork, "next-user-console-marker").await;
+        let console = fork.machine.console_tail(1000);
+        assert!(!console.contains("last-user-console-marker"), "{console}");
         run(
             &fork,
             "dd if=/dev/urandom of=/workspace/big2 bs=1M count=20 2>/dev/null; sync",
@@ -742,4 +765,16 @@ fn a_reset_gives_back_the_disk_an_earlier_user_filled() {
             used_mib()
         );
     });
+}
+
+/// Waits (a deadline, not a timing) until the fork's console log shows `marker`.
+async fn wait_for_console(fork: &snapshotter::Fork, marker: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !fork.machine.console_tail(50).contains(marker) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{marker} never reached the console log"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

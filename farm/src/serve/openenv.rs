@@ -34,7 +34,7 @@ use super::http::{ok, App, Reply};
 use super::requests::{ExecRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
 
 mod open;
-use open::{open_branch, open_session};
+use open::{open_branch, open_session, session_request};
 
 /// Largest message a client may send (a `write_file` carries the file).
 const MAX_MESSAGE: usize = 16 << 20;
@@ -430,19 +430,21 @@ async fn reset(
     let service = &app.service;
     let episode_id = reset.episode_id.clone();
     // A branch is opened before the old session ends (it may continue the connection's own
-    // session). A new episode ends the old session first: its VM is then reset in place
-    // for the new one when both are of the same snapshot (`[rollouts] reuse`), instead of a
-    // new QEMU process; a reset whose session cannot be opened leaves the connection with
-    // none (its error says why; the next reset opens one).
+    // session). A new episode is checked (suite, task, limits), then the old session ends,
+    // so that its VM is reset in place for the new one when both are of the same snapshot
+    // (`[rollouts] reuse`) instead of a new QEMU process; a session that still cannot be
+    // opened (the service is full) leaves the connection with none: its error says why,
+    // and the next reset opens one.
     let opened = match &reset.branch_of {
         Some(parent) => open_branch(app, parent, &reset).await?,
         None => {
+            let request = session_request(app, next_task, reset)?;
             let old = holding.lock().unwrap().take();
             if let Some(old) = old.filter(|_| !conn.done) {
                 let _ = service.end_session(&old, "reset by the OpenEnv client").await;
             }
             *conn = Conn::default();
-            open_session(app, next_task, reset).await?
+            open_session(app, request).await?
         }
     };
     let id = opened["session_id"].as_str().unwrap_or_default().to_string();

@@ -59,6 +59,23 @@ impl Machine {
         self.run_snapshot_job("snapshot-save").await
     }
 
+    /// Stops the whole QEMU process (`SIGSTOP`): an idle VM kept for a reset runs nothing,
+    /// neither the guest nor anything its last user left in it, until [`Machine::thaw`].
+    pub fn freeze(&self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid() as i32),
+            nix::sys::signal::Signal::SIGSTOP,
+        );
+    }
+
+    /// Lets a frozen QEMU process go on (`SIGCONT`).
+    pub fn thaw(&self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid() as i32),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
+
     /// Deletes the reset point, so that the next reset fails (for tests of what a failed
     /// reset leads to: `FARM_TEST_LOSE_RESET_POINT` in the engine).
     pub async fn forget_reset_point(&self) -> Result<(), MachineError> {
@@ -86,8 +103,11 @@ impl Machine {
         }
         let (agent_host, agent_child) = UnixStream::pair().map_err(io_err("creating the agent socket pair"))?;
         let (net_host, net_child) = UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
+        // The console too: its log is the next user's, not a record of the last one's.
+        let (console_host, console_child) = UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
         self.change_chardev("agent", agent_child).await?;
         self.change_chardev("net", net_child).await?;
+        self.change_chardev("console", console_child).await?;
         self.qmp("stop", None).await?;
         let stop_and_channels = started.elapsed();
         let ram_started = Instant::now();
@@ -104,6 +124,16 @@ impl Machine {
         // device (data QEMU held for the sockets went with it).
         drain(&agent_host)?;
         drain(&net_host)?;
+        drain(&console_host)?;
+        // Its reader blocks on the socket (the drain left it non-blocking).
+        console_host
+            .set_nonblocking(false)
+            .map_err(io_err("configuring the console socket"))?;
+        // A new log file (the old reader writes to the old one, unlinked, until its socket
+        // closes).
+        let _ = std::fs::remove_file(&self.spec.console_log);
+        crate::console::capture(console_host, self.spec.console_log.clone())
+            .map_err(io_err("starting the console reader"))?;
         let (read, write) = to_tokio(agent_host, "agent")?.into_split();
         self.agent = AgentClient::new(read, write, DEFAULT_MAX_RESPONSE_BYTES);
         self.net_port =

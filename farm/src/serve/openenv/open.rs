@@ -30,13 +30,20 @@ pub(super) async fn open_branch(app: &App, parent: &str, reset: &Reset) -> Resul
     Ok(to_value(app.service.branch(parent).await?))
 }
 
-/// A new session of the reset's task, or else of the suite's tasks in turn; the episode id,
-/// if given, goes in its metadata.
-pub(super) async fn open_session(app: &App, next_task: &AtomicUsize, reset: Reset) -> Result<Value, Failure> {
+/// The request for a new session of the reset's task, or else of the suite's tasks in
+/// turn, checked as far as it can be before the connection's session ends (suite, task,
+/// request bounds); the episode id, if given, goes in its metadata.
+pub(super) fn session_request(app: &App, next_task: &AtomicUsize, reset: Reset) -> Result<ItemRequest, Failure> {
     let service = &app.service;
     let (_, suite) = service.suite(reset.suite.as_deref(), "suite")?;
     let task_id = match reset.task_id {
-        Some(t) => t,
+        Some(t) if suite.tasks.contains_key(&t) => t,
+        Some(t) => {
+            return Err(Failure::new(
+                "VALIDATION_ERROR",
+                format!("task_id: the suite serves no task {t:?}"),
+            ))
+        }
         None => {
             let mut ids: Vec<&String> = suite.tasks.keys().collect();
             ids.sort();
@@ -67,5 +74,12 @@ pub(super) async fn open_session(app: &App, next_task: &AtomicUsize, reset: Rese
         limits: reset.limits,
         metadata,
     };
-    Ok(to_value(service.open_session(request).await?))
+    request.check_session()?;
+    request.check_bounds(&|f: &str| f.to_string())?;
+    Ok(request)
+}
+
+/// Opens the session `session_request` checked.
+pub(super) async fn open_session(app: &App, request: ItemRequest) -> Result<Value, Failure> {
+    Ok(to_value(app.service.open_session(request).await?))
 }
