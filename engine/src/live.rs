@@ -77,17 +77,17 @@ impl Engine {
         // The scoring VM's own seed: the checkers' `FARM_SEED`, which the rollout never saw.
         let vm = |seed: u64| async move {
             let vm = if shares {
-                let vm = self.shared_scoring_vm(snapshot, task, seed).await?;
-                if vm.shared.is_none() {
-                    // A snapshot whose checks keep VMs of their own.
-                    *started_ref.lock().expect("not poisoned") = Some((vm.fork.start, vm.fork.reset_error.clone()));
-                }
-                vm
+                self.shared_scoring_vm(snapshot, task, seed).await?
             } else {
-                let fork = self.fresh_scoring_vm(snapshot, task, seed, true).await?;
-                *started_ref.lock().expect("not poisoned") = Some((fork.start, fork.reset_error.clone()));
-                scorers::orchestrate::ScoringVm { fork, shared: None }
+                scorers::orchestrate::ScoringVm {
+                    fork: self.fresh_scoring_vm(snapshot, task, seed, true).await?,
+                    shared: None,
+                }
             };
+            if vm.shared.is_none() {
+                // A VM of this check's own (not a shared one): how it started goes in the row.
+                *started_ref.lock().expect("not poisoned") = Some((vm.fork.start, vm.fork.reset_error.clone()));
+            }
             *scoring_vm.lock().expect("not poisoned") = Some(VmGauge::new(Role::Scoring));
             Ok::<_, ScoringVmError>(vm)
         };
