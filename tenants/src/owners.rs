@@ -1,0 +1,202 @@
+//! Which tenant owns each id: written to the database as an id is made, and held in memory
+//! for the check every request makes. An id nobody owns answers as one that does not exist.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::RwLock;
+
+use rusqlite::params;
+
+use crate::{Db, Error, TenantId};
+
+/// What an id names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Rollout,
+    Session,
+    Sandbox,
+    Environment,
+    Context,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Rollout,
+        Kind::Session,
+        Kind::Sandbox,
+        Kind::Environment,
+        Kind::Context,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Rollout => "rollout",
+            Kind::Session => "session",
+            Kind::Sandbox => "sandbox",
+            Kind::Environment => "environment",
+            Kind::Context => "context",
+        }
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Kind, String> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("no kind of id {s:?}"))
+    }
+}
+
+/// One owner of an id: a tenant, and from when it may see the id as what it is (later than
+/// now for content another tenant had built: it looks built when a build of its own would
+/// have been).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub tenant: TenantId,
+    pub visible_ms: u64,
+}
+
+type Map = HashMap<(Kind, String), Vec<Owner>>;
+
+/// The owners of every id, in memory, written through to the database.
+pub struct Owners {
+    map: RwLock<Map>,
+}
+
+impl Owners {
+    /// Every owner the database holds.
+    pub fn load(db: &Db) -> Result<Owners, Error> {
+        let mut map: Map = HashMap::new();
+        {
+            let conn = db.conn();
+            let mut stmt = conn
+                .prepare("SELECT kind, id, tenant, visible_ms FROM owners")
+                .map_err(|e| db.err(e))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, i64>(3)?,
+                    ))
+                })
+                .map_err(|e| db.err(e))?;
+            for row in rows {
+                let (kind, id, tenant, visible) = row.map_err(|e| db.err(e))?;
+                let Ok(kind) = kind.parse::<Kind>() else { continue };
+                map.entry((kind, id)).or_default().push(Owner {
+                    tenant: TenantId(tenant),
+                    visible_ms: visible.max(0) as u64,
+                });
+            }
+        }
+        Ok(Owners { map: RwLock::new(map) })
+    }
+
+    /// The owners of an id (none: nobody's, or no such id).
+    pub fn of(&self, kind: Kind, id: &str) -> Vec<Owner> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(kind, id.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The tenant's ownership of an id, if it has it.
+    pub fn owner(&self, kind: Kind, id: &str, tenant: TenantId) -> Option<Owner> {
+        self.of(kind, id).into_iter().find(|o| o.tenant == tenant)
+    }
+
+    /// Records that `tenant` owns these ids (one transaction; owning twice changes nothing).
+    pub fn own(&self, db: &Db, kind: Kind, ids: &[String], tenant: TenantId, visible_ms: u64) -> Result<(), Error> {
+        {
+            let mut conn = db.conn();
+            let tx = conn.transaction().map_err(|e| db.err(e))?;
+            for id in ids {
+                tx.execute(
+                    "INSERT OR IGNORE INTO owners (kind, id, tenant, visible_ms) VALUES (?1, ?2, ?3, ?4)",
+                    params![kind.as_str(), id, tenant.0, visible_ms as i64],
+                )
+                .map_err(|e| db.err(e))?;
+            }
+            tx.commit().map_err(|e| db.err(e))?;
+        }
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            let owners = map.entry((kind, id.clone())).or_default();
+            if !owners.iter().any(|o| o.tenant == tenant) {
+                owners.push(Owner { tenant, visible_ms });
+            }
+        }
+        Ok(())
+    }
+
+    /// `tenant` no longer owns the id; true when nobody owns it now.
+    pub fn disown(&self, db: &Db, kind: Kind, id: &str, tenant: TenantId) -> Result<bool, Error> {
+        db.conn()
+            .execute(
+                "DELETE FROM owners WHERE kind = ?1 AND id = ?2 AND tenant = ?3",
+                params![kind.as_str(), id, tenant.0],
+            )
+            .map_err(|e| db.err(e))?;
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let key = (kind, id.to_string());
+        let empty = match map.get_mut(&key) {
+            Some(owners) => {
+                owners.retain(|o| o.tenant != tenant);
+                owners.is_empty()
+            }
+            None => true,
+        };
+        if empty {
+            map.remove(&key);
+        }
+        Ok(empty)
+    }
+
+    /// The ids of a kind a tenant owns.
+    pub fn owned(&self, kind: Kind, tenant: TenantId) -> Vec<String> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|((k, _), owners)| *k == kind && owners.iter().any(|o| o.tenant == tenant))
+            .map(|((_, id), _)| id.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_written_through_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let db = Db::open(&path).unwrap();
+        let a = db.add_tenant("a", 1).unwrap().id;
+        let b = db.add_tenant("b", 1).unwrap().id;
+        let owners = Owners::load(&db).unwrap();
+        owners
+            .own(&db, Kind::Sandbox, &["sb-1".into(), "sb-2".into()], a, 0)
+            .unwrap();
+        owners.own(&db, Kind::Environment, &["env-x".into()], a, 0).unwrap();
+        owners.own(&db, Kind::Environment, &["env-x".into()], b, 99).unwrap();
+        assert!(owners.owner(Kind::Sandbox, "sb-1", a).is_some());
+        assert!(owners.owner(Kind::Sandbox, "sb-1", b).is_none());
+        assert!(owners.owner(Kind::Session, "sb-1", a).is_none(), "kinds apart");
+        let again = Owners::load(&db).unwrap();
+        assert_eq!(again.owner(Kind::Environment, "env-x", b).unwrap().visible_ms, 99);
+        let mut mine = again.owned(Kind::Sandbox, a);
+        mine.sort();
+        assert_eq!(mine, ["sb-1", "sb-2"]);
+        assert!(!again.disown(&db, Kind::Environment, "env-x", a).unwrap());
+        assert!(again.disown(&db, Kind::Environment, "env-x", b).unwrap());
+        assert!(Owners::load(&db).unwrap().of(Kind::Environment, "env-x").is_empty());
+    }
+}
