@@ -52,6 +52,8 @@ enum Command {
     Repair(cmd::repair::RepairArgs),
     /// Combine the run folders of a suite's shards (`farm run --shard I/N`) into one run.
     Merge(cmd::merge::MergeArgs),
+    /// Tenants of `farm serve`: keys, quotas, network grants, and the audit of their calls.
+    Tenant(cmd::tenant::TenantArgs),
     /// Print the OpenAPI document of `farm serve`'s HTTP API (as `GET /v1/openapi.json`).
     Openapi,
 }
@@ -108,6 +110,7 @@ fn main() {
                 Command::Report(args) => report::run(args).await,
                 Command::Repair(args) => cmd::repair::run(args).await,
                 Command::Merge(args) => cmd::merge::run(args).await,
+                Command::Tenant(args) => cmd::tenant::run(args),
                 Command::Openapi => {
                     crate::ui::outln!("{}", serve::wire::openapi::json());
                     Ok(0)

@@ -7,6 +7,7 @@ pub mod merge;
 pub mod repair;
 pub mod snapshot;
 pub mod template;
+pub mod tenant;
 pub mod vm;
 
 /// Resolves when SIGINT or SIGTERM arrives, with the conventional exit code (128 + signal).
