@@ -42,6 +42,12 @@ pub struct Metrics {
     pub paused_bytes: IntGauge,
     /// Sandboxes of `farm serve`'s sandbox API (paused ones included).
     pub sandboxes: IntGauge,
+    /// Requests to `farm serve`, by tenant and class of answer (`2xx`, `4xx`, `5xx`).
+    pub tenant_requests: IntCounterVec,
+    /// Requests refused over a quota, by tenant and quota.
+    pub tenant_refusals: IntCounterVec,
+    /// Seconds a tenant's rollouts waited in the queue for a slot.
+    pub tenant_admission_wait: HistogramVec,
 }
 
 /// Every metric's name starts with `farm_`.
@@ -105,6 +111,28 @@ impl Metrics {
                 "Paused sessions of farm serve (saved to disk, no VM).",
             )?,
             paused_bytes: IntGauge::new("paused_bytes", "Disk bytes the paused sessions take.")?,
+            tenant_requests: IntCounterVec::new(
+                Opts::new(
+                    "tenant_requests_total",
+                    "Requests to farm serve, by tenant and class of answer.",
+                ),
+                &["tenant", "class"],
+            )?,
+            tenant_refusals: IntCounterVec::new(
+                Opts::new(
+                    "tenant_quota_refusals_total",
+                    "Requests refused over a quota, by tenant and quota.",
+                ),
+                &["tenant", "quota"],
+            )?,
+            tenant_admission_wait: HistogramVec::new(
+                HistogramOpts::new(
+                    "tenant_admission_wait_seconds",
+                    "Seconds a tenant's rollouts waited in the queue for a slot.",
+                )
+                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+                &["tenant"],
+            )?,
         };
         let registry = &m.registry;
         registry.register(Box::new(m.rollouts.clone()))?;
@@ -122,6 +150,9 @@ impl Metrics {
         registry.register(Box::new(m.sessions_paused.clone()))?;
         registry.register(Box::new(m.paused_bytes.clone()))?;
         registry.register(Box::new(m.sandboxes.clone()))?;
+        registry.register(Box::new(m.tenant_requests.clone()))?;
+        registry.register(Box::new(m.tenant_refusals.clone()))?;
+        registry.register(Box::new(m.tenant_admission_wait.clone()))?;
         m.show_every_series();
         Ok(m)
     }
@@ -157,7 +188,7 @@ impl Metrics {
     /// and `_count` suffixes).
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 15] = [
+        let collectors: [&dyn Collector; 18] = [
             &self.rollouts,
             &self.verdicts,
             &self.reward,
@@ -173,6 +204,9 @@ impl Metrics {
             &self.sessions_paused,
             &self.paused_bytes,
             &self.sandboxes,
+            &self.tenant_requests,
+            &self.tenant_refusals,
+            &self.tenant_admission_wait,
         ];
         collectors
             .iter()

@@ -31,15 +31,20 @@ CREATE TABLE grants (
     PRIMARY KEY (tenant, policy)
 );
 
--- kind: rollout, session, sandbox, environment, context. visible_ms: when a tenant that asked
--- for content another had built may see it as built (a fresh build's time).
+-- kind: rollout, session, sandbox, environment, context. since_ms: when the tenant asked for it.
+-- visible_ms: when a tenant that asked for content another had built may see it as built (a
+-- fresh build's time later).
 CREATE TABLE owners (
     kind TEXT NOT NULL,
     id TEXT NOT NULL,
     tenant INTEGER NOT NULL REFERENCES tenants(id),
-    visible_ms INTEGER NOT NULL DEFAULT 0,
+    since_ms INTEGER NOT NULL,
+    visible_ms INTEGER NOT NULL,
     PRIMARY KEY (kind, id, tenant)
 );
+
+-- How long each environment's build took (what a tenant asking for the same content waits).
+CREATE TABLE builds (env TEXT PRIMARY KEY, ms INTEGER NOT NULL);
 
 CREATE TABLE build_time (
     tenant INTEGER NOT NULL REFERENCES tenants(id),

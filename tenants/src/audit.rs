@@ -111,7 +111,10 @@ mod tests {
         let conn = db.conn();
         let err = conn.execute("DELETE FROM audit", []).unwrap_err().to_string();
         assert!(err.contains("append-only"), "{err}");
-        let err = conn.execute("UPDATE audit SET status = 200", []).unwrap_err().to_string();
+        let err = conn
+            .execute("UPDATE audit SET status = 200", [])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("append-only"), "{err}");
     }
 }

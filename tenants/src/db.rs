@@ -22,7 +22,9 @@ pub enum Error {
     TenantExists(String),
     #[error("no key {0:?} (farm tenant key list)")]
     NoKey(String),
-    #[error("{path}: the tenants database is at version {found}; this farm knows versions up to {known}: use a newer farm")]
+    #[error(
+        "{path}: the tenants database is at version {found}; this farm knows versions up to {known}: use a newer farm"
+    )]
     TooNew { path: PathBuf, found: u32, known: u32 },
     #[error("{path}: {source}")]
     Sqlite {
@@ -362,10 +364,7 @@ mod tests {
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].tenant.name, "default");
         assert_eq!(all[0].tenant.id, crate::DEFAULT);
-        let mode: String = db
-            .conn()
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .unwrap();
+        let mode: String = db.conn().query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
         drop(db);
         // Opening again runs no migration twice.

@@ -42,6 +42,18 @@ impl<T> FairQueue<T> {
         self.len == 0
     }
 
+    /// The weights of the tenants with work queued, and `tenant`'s (`weight`) if it has none.
+    pub fn active_weight(&self, tenant: TenantId, weight: u32) -> u64 {
+        let mut total: u64 = self
+            .lanes
+            .iter()
+            .filter(|(t, l)| !l.items.is_empty() && **t != tenant)
+            .map(|(_, l)| u64::from(l.weight))
+            .sum();
+        total += u64::from(weight.max(1));
+        total
+    }
+
     /// Queued items of one tenant.
     pub fn len_of(&self, tenant: TenantId) -> usize {
         self.lanes.get(&tenant).map_or(0, |l| l.items.len())

@@ -175,7 +175,10 @@ mod tests {
         let key = db.add_key("a", None).unwrap();
         assert!(key.secret.starts_with(KEY_PREFIX) && key.secret.len() == KEY_PREFIX.len() + 64);
         let caller = db.authenticate(&key.secret, now_ms()).unwrap().unwrap();
-        assert_eq!((caller.tenant.name.as_str(), caller.key_id.as_str()), ("a", key.id.as_str()));
+        assert_eq!(
+            (caller.tenant.name.as_str(), caller.key_id.as_str()),
+            ("a", key.id.as_str())
+        );
         // The secret is nowhere in the file.
         drop(db);
         let bytes = std::fs::read(&path).unwrap();

@@ -62,7 +62,9 @@ pub fn now_ms() -> u64 {
 pub fn check_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
         && name.as_bytes()[0].is_ascii_alphanumeric();
     if ok {
         Ok(())

@@ -55,6 +55,8 @@ impl FromStr for Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owner {
     pub tenant: TenantId,
+    /// When it asked for the id.
+    pub since_ms: u64,
     pub visible_ms: u64,
 }
 
@@ -65,6 +67,29 @@ pub struct Owners {
     map: RwLock<Map>,
 }
 
+impl Db {
+    /// Records how long an environment's build took.
+    pub fn set_build_ms(&self, env: &str, ms: u64) -> Result<(), Error> {
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO builds (env, ms) VALUES (?1, ?2)",
+                params![env, ms as i64],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// How long an environment's build took, if known.
+    pub fn build_ms(&self, env: &str) -> Result<Option<u64>, Error> {
+        use rusqlite::OptionalExtension;
+        self.conn()
+            .query_row("SELECT ms FROM builds WHERE env = ?1", [env], |r| r.get::<_, i64>(0))
+            .optional()
+            .map(|v| v.map(|ms| ms.max(0) as u64))
+            .map_err(|e| self.err(e))
+    }
+}
+
 impl Owners {
     /// Every owner the database holds.
     pub fn load(db: &Db) -> Result<Owners, Error> {
@@ -72,7 +97,7 @@ impl Owners {
         {
             let conn = db.conn();
             let mut stmt = conn
-                .prepare("SELECT kind, id, tenant, visible_ms FROM owners")
+                .prepare("SELECT kind, id, tenant, since_ms, visible_ms FROM owners")
                 .map_err(|e| db.err(e))?;
             let rows = stmt
                 .query_map([], |r| {
@@ -81,14 +106,16 @@ impl Owners {
                         r.get::<_, String>(1)?,
                         r.get::<_, i64>(2)?,
                         r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
                     ))
                 })
                 .map_err(|e| db.err(e))?;
             for row in rows {
-                let (kind, id, tenant, visible) = row.map_err(|e| db.err(e))?;
+                let (kind, id, tenant, since, visible) = row.map_err(|e| db.err(e))?;
                 let Ok(kind) = kind.parse::<Kind>() else { continue };
                 map.entry((kind, id)).or_default().push(Owner {
                     tenant: TenantId(tenant),
+                    since_ms: since.max(0) as u64,
                     visible_ms: visible.max(0) as u64,
                 });
             }
@@ -112,14 +139,22 @@ impl Owners {
     }
 
     /// Records that `tenant` owns these ids (one transaction; owning twice changes nothing).
-    pub fn own(&self, db: &Db, kind: Kind, ids: &[String], tenant: TenantId, visible_ms: u64) -> Result<(), Error> {
+    pub fn own(
+        &self,
+        db: &Db,
+        kind: Kind,
+        ids: &[String],
+        tenant: TenantId,
+        since_ms: u64,
+        visible_ms: u64,
+    ) -> Result<(), Error> {
         {
             let mut conn = db.conn();
             let tx = conn.transaction().map_err(|e| db.err(e))?;
             for id in ids {
                 tx.execute(
-                    "INSERT OR IGNORE INTO owners (kind, id, tenant, visible_ms) VALUES (?1, ?2, ?3, ?4)",
-                    params![kind.as_str(), id, tenant.0, visible_ms as i64],
+                    "INSERT OR IGNORE INTO owners (kind, id, tenant, since_ms, visible_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![kind.as_str(), id, tenant.0, since_ms as i64, visible_ms as i64],
                 )
                 .map_err(|e| db.err(e))?;
             }
@@ -129,7 +164,11 @@ impl Owners {
         for id in ids {
             let owners = map.entry((kind, id.clone())).or_default();
             if !owners.iter().any(|o| o.tenant == tenant) {
-                owners.push(Owner { tenant, visible_ms });
+                owners.push(Owner {
+                    tenant,
+                    since_ms,
+                    visible_ms,
+                });
             }
         }
         Ok(())
@@ -183,10 +222,12 @@ mod tests {
         let b = db.add_tenant("b", 1).unwrap().id;
         let owners = Owners::load(&db).unwrap();
         owners
-            .own(&db, Kind::Sandbox, &["sb-1".into(), "sb-2".into()], a, 0)
+            .own(&db, Kind::Sandbox, &["sb-1".into(), "sb-2".into()], a, 0, 0)
             .unwrap();
-        owners.own(&db, Kind::Environment, &["env-x".into()], a, 0).unwrap();
-        owners.own(&db, Kind::Environment, &["env-x".into()], b, 99).unwrap();
+        owners.own(&db, Kind::Environment, &["env-x".into()], a, 0, 0).unwrap();
+        owners
+            .own(&db, Kind::Environment, &["env-x".into()], b, 50, 99)
+            .unwrap();
         assert!(owners.owner(Kind::Sandbox, "sb-1", a).is_some());
         assert!(owners.owner(Kind::Sandbox, "sb-1", b).is_none());
         assert!(owners.owner(Kind::Session, "sb-1", a).is_none(), "kinds apart");

@@ -114,6 +114,9 @@ mod tests {
         assert!(quotas.check(Quota::Live, 1, 1).is_ok());
         let e = quotas.check(Quota::Live, 2, 1).unwrap_err();
         assert_eq!((e.limit, e.used), (2, 2));
-        assert!(e.to_string().contains("quota live: the limit is 2 and 2 is in use"), "{e}");
+        assert!(
+            e.to_string().contains("quota live: the limit is 2 and 2 is in use"),
+            "{e}"
+        );
     }
 }

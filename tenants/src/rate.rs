@@ -52,6 +52,9 @@ mod tests {
         limiter.take(b, 5, t0).expect("tenants have their own buckets");
         limiter.take(a, 5, t0 + Duration::from_millis(200)).unwrap();
         assert!(limiter.take(a, 5, t0 + Duration::from_millis(200)).is_err());
-        assert!(limiter.take(a, 0, t0 + Duration::from_secs(9)).is_err(), "0 refuses all");
+        assert!(
+            limiter.take(a, 0, t0 + Duration::from_secs(9)).is_err(),
+            "0 refuses all"
+        );
     }
 }

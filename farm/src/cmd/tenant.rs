@@ -131,7 +131,12 @@ pub fn run(args: TenantArgs) -> Result<i32> {
             if args.json {
                 json(&t)?;
             } else {
-                outln!("tenant {} added (weight {}); make it a key: farm tenant key add {}", t.name, t.weight, t.name);
+                outln!(
+                    "tenant {} added (weight {}); make it a key: farm tenant key add {}",
+                    t.name,
+                    t.weight,
+                    t.name
+                );
             }
         }
         TenantCommand::List => {
@@ -172,7 +177,9 @@ pub fn run(args: TenantArgs) -> Result<i32> {
                     "key {} of tenant {}{}: the line above is its secret, shown this once (use it as the bearer token)",
                     key.id,
                     key.tenant,
-                    key.expires_ms.map(|e| format!(", expires {}", time(e))).unwrap_or_default()
+                    key.expires_ms
+                        .map(|e| format!(", expires {}", time(e)))
+                        .unwrap_or_default()
                 );
             }
         }
@@ -200,9 +207,10 @@ pub fn run(args: TenantArgs) -> Result<i32> {
             let q: Quota = quota.parse().map_err(|e: String| anyhow::anyhow!("QUOTA: {e}"))?;
             let v = match value.as_str() {
                 "none" => None,
-                v => Some(v.parse::<u64>().with_context(|| {
-                    format!("VALUE: expected a whole number or `none`; got {v:?}")
-                })?),
+                v => Some(
+                    v.parse::<u64>()
+                        .with_context(|| format!("VALUE: expected a whole number or `none`; got {v:?}"))?,
+                ),
             };
             db.set_quota(&name, q, v)?;
             outln!(

@@ -14,20 +14,18 @@ use axum::response::IntoResponse;
 use axum::routing::{delete, get, post};
 use axum::Router;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::http::{auth, body_digest, finish, idempotency_key, ok, parse, App, Reply};
+use super::http::{body_digest, finish, idempotency_key, ok, parse, App, Reply};
 use super::requests::{CancelBelow, ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
 use super::service::Service;
+use super::tenancy::Who;
+use axum::Extension;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
-pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
-    let app = App {
-        service,
-        token: token.map(|t| Sha256::digest(t.as_bytes()).into()),
-    };
+pub fn router(service: Arc<Service>) -> Router {
+    let app = App { service };
     Router::new()
         .route("/v1/rollouts", post(submit))
         .route("/v1/results", get(results))
@@ -50,15 +48,15 @@ pub fn router(service: Arc<Service>, token: Option<String>) -> Router {
         .merge(super::mcp::routes())
         .merge(super::openenv::routes())
         .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })
-        .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(middleware::from_fn_with_state(app.clone(), super::tenancy::layer))
         .with_state(app)
 }
 
-async fn submit(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Reply {
+async fn submit(State(app): State<App>, Extension(who): Extension<Who>, headers: HeaderMap, body: Bytes) -> Reply {
     let request: SubmitRequest = parse(&body)?;
     let key = idempotency_key(&headers)?;
     let digest = body_digest(&body);
-    let response = app.service.submit(request, key, digest).await?;
+    let response = app.service.submit(request, key, digest, &who).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(response)).into_response())
 }
 
@@ -80,6 +78,7 @@ fn default_max() -> usize {
 
 async fn results(
     State(app): State<App>,
+    Extension(who): Extension<Who>,
     headers: HeaderMap,
     query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
@@ -92,7 +91,7 @@ async fn results(
     }
     let (lines, next) = app
         .service
-        .results(q.cursor, q.max, Duration::from_secs_f64(q.wait))
+        .results(q.cursor, q.max, Duration::from_secs_f64(q.wait), &who)
         .await?;
     let arrow = headers
         .get(header::ACCEPT)
@@ -103,9 +102,9 @@ async fn results(
         ([(header::CONTENT_TYPE, ARROW_STREAM)], bytes).into_response()
     } else {
         let mut body = Vec::new();
-        for (i, line) in lines.iter().enumerate() {
+        for (cursor, line) in &lines {
             // The row as journaled, with its cursor first.
-            body.extend_from_slice(format!("{{\"cursor\":{},", q.cursor + i).as_bytes());
+            body.extend_from_slice(format!("{{\"cursor\":{cursor},").as_bytes());
             body.extend_from_slice(&line[1..]);
             body.push(b'\n');
         }
@@ -118,11 +117,11 @@ async fn results(
 }
 
 /// Rows as one Arrow IPC stream with the Parquet schema.
-fn arrow_stream(service: &Service, lines: &[Vec<u8>]) -> Result<Vec<u8>, ApiError> {
+fn arrow_stream(service: &Service, lines: &[(usize, Vec<u8>)]) -> Result<Vec<u8>, ApiError> {
     let internal = |e: String| ApiError::new(500, e);
     let rows: Vec<engine::row::Row> = lines
         .iter()
-        .map(|l| serde_json::from_slice(l))
+        .map(|(_, l)| serde_json::from_slice(l))
         .collect::<Result<_, _>>()
         .map_err(|e| internal(format!("a journal row: {e}")))?;
     let schema = service.recorder.schema();
@@ -146,28 +145,28 @@ async fn cancel(State(app): State<App>, Path(id): Path<String>) -> Reply {
     ok(app.service.cancel(&id).await?)
 }
 
-async fn cancel_below(State(app): State<App>, body: Bytes) -> Reply {
+async fn cancel_below(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
     let request: CancelBelow = parse(&body)?;
-    ok(app.service.cancel_below(request.policy_version_below).await)
+    ok(app.service.cancel_below(request.policy_version_below, &who).await)
 }
 
 async fn capacity(State(app): State<App>) -> Reply {
     ok(app.service.capacity())
 }
 
-async fn open_session(State(app): State<App>, body: Bytes) -> Reply {
+async fn open_session(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
     let request: ItemRequest = parse(&body)?;
     let service = app.service.clone();
     let mut response = finish(async move { service.open_session(request).await }).await?;
-    response.mcp = Some(mcp_access(&app, &response.session_id));
+    response.mcp = Some(mcp_access(&app, &who, &response.session_id));
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
 
 /// Where the agent in a session reaches it over MCP, and the token that opens only that.
-fn mcp_access(app: &App, id: &str) -> super::wire::McpAccess {
+fn mcp_access(app: &App, who: &Who, id: &str) -> super::wire::McpAccess {
     super::wire::McpAccess {
         path: format!("/v1/sessions/{id}/mcp"),
-        token: super::http::mcp_token(app.token.as_ref(), id),
+        token: app.service.tenancy.mcp_token(who.tenant(), id),
     }
 }
 
@@ -183,10 +182,10 @@ async fn write_file(State(app): State<App>, Path(id): Path<String>, body: Bytes)
     ok(finish(async move { service.act(&id, action, None).await }).await?)
 }
 
-async fn branch(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn branch(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
     let service = app.service.clone();
     let mut response = finish(async move { service.branch(&id).await }).await?;
-    response.mcp = Some(mcp_access(&app, &response.session_id));
+    response.mcp = Some(mcp_access(&app, &who, &response.session_id));
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
 
@@ -210,9 +209,9 @@ async fn resume_session(State(app): State<App>, Path(id): Path<String>) -> Reply
     ok(finish(async move { service.resume_session(&id).await }).await?)
 }
 
-async fn get_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn get_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
     let mut response = app.service.get_session(&id).await?;
-    response.mcp = Some(mcp_access(&app, &response.session_id));
+    response.mcp = Some(mcp_access(&app, &who, &response.session_id));
     ok(response)
 }
 

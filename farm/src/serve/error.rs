@@ -15,6 +15,10 @@ pub struct ApiError {
     pub field: Option<String>,
     /// Seconds, for 429.
     pub retry_after: Option<u64>,
+    /// The tenant's quota it is over.
+    pub quota: Option<Box<super::wire::QuotaRefusal>>,
+    /// A 401 that asks for a bearer token (`WWW-Authenticate`).
+    pub challenge: bool,
 }
 
 impl ApiError {
@@ -24,14 +28,40 @@ impl ApiError {
             message: message.into(),
             field: None,
             retry_after: None,
+            quota: None,
+            challenge: false,
         }
     }
+
+    /// Over a tenant's quota: 429 naming it, its limit and its use.
+    pub fn quota(e: &tenants::Exceeded) -> ApiError {
+        ApiError {
+            retry_after: e.retry_after_secs,
+            quota: Some(Box::new(super::wire::QuotaRefusal {
+                name: e.quota.as_str().to_string(),
+                limit: e.limit,
+                used: e.used,
+            })),
+            ..ApiError::new(429, e.to_string())
+        }
+    }
+
+    /// This 401 asks for a bearer token.
+    pub fn challenge(self) -> ApiError {
+        ApiError {
+            challenge: true,
+            ..self
+        }
+    }
+
     pub fn field(status: u16, field: impl Into<String>, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
             field: Some(field.into()),
             retry_after: None,
+            quota: None,
+            challenge: false,
         }
     }
 }
@@ -74,12 +104,18 @@ impl IntoResponse for ApiError {
         let body = super::wire::ErrorBody {
             error: self.message,
             field: self.field,
+            quota: self.quota.map(|q| *q),
         };
         let mut response = (status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.challenge {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue};
-use axum::middleware::Next;
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
@@ -17,8 +15,6 @@ use super::service::Service;
 #[derive(Clone)]
 pub(super) struct App {
     pub service: Arc<Service>,
-    /// SHA-256 of the bearer token, when one is required.
-    pub token: Option<[u8; 32]>,
 }
 
 pub(super) type Reply = Result<Response, ApiError>;
@@ -27,57 +23,18 @@ pub(super) fn ok(value: impl serde::Serialize) -> Reply {
     Ok(axum::Json(value).into_response())
 }
 
-/// Every request needs the bearer token when one is set; compared in constant time (of
-/// digests, so the token's length does not show either).
-pub(super) async fn auth(State(app): State<App>, request: Request, next: Next) -> Response {
-    if !origin_allowed(request.headers()) {
-        return ApiError::new(
-            403,
-            "a browser page may reach this service only at its address, from a page it serves (Origin and Host differ, or Host is a DNS name)",
-        )
-        .into_response();
-    }
-    if let Some(expected) = &app.token {
-        use subtle::ConstantTimeEq;
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-        let service = bool::from(digest.ct_eq(expected));
-        let session = !service
-            && mcp_session(request.uri().path())
-                .and_then(|id| mcp_token(app.token.as_ref(), id))
-                .is_some_and(|t| bool::from(t.as_bytes().ct_eq(given.as_bytes())));
-        if !service && !session {
-            let mut response =
-                ApiError::new(401, "a bearer token is required (Authorization: Bearer ...)").into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
-        }
-    }
-    if let Some(segment) = request
-        .uri()
-        .path()
-        .split('/')
-        .find(|s| s.len() > super::bounds::ID_BYTES)
-    {
-        return ApiError::field(
-            400,
-            "id",
-            format!(
-                "a path's id must be at most {} bytes; got {} bytes",
-                super::bounds::ID_BYTES,
-                segment.len()
-            ),
-        )
-        .into_response();
-    }
-    next.run(request).await
+/// A 400 when a path segment is longer than an id may be.
+pub(super) fn id_bounds(path: &str) -> Option<ApiError> {
+    let segment = path.split('/').find(|s| s.len() > super::bounds::ID_BYTES)?;
+    Some(ApiError::field(
+        400,
+        "id",
+        format!(
+            "a path's id must be at most {} bytes; got {} bytes",
+            super::bounds::ID_BYTES,
+            segment.len()
+        ),
+    ))
 }
 
 /// A JSON body, or a 400 naming the field that is wrong.
@@ -161,12 +118,6 @@ pub(super) fn mcp_token(service_token: Option<&[u8; 32]>, session_id: &str) -> O
     Some(mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The session whose MCP endpoint `path` is, if it is one.
-fn mcp_session(path: &str) -> Option<&str> {
-    let id = path.strip_prefix("/v1/sessions/")?.strip_suffix("/mcp")?;
-    (!id.is_empty() && !id.contains('/')).then_some(id)
-}
-
 /// Runs a session call to its end even if the client hangs up meanwhile: a command the guest
 /// runs is then still a recorded step, and a submit still scores and writes its row.
 pub(super) async fn finish<T: Send + 'static>(
@@ -219,6 +170,7 @@ mod tests {
         assert_ne!(mcp_token(Some(&a), "s-2").unwrap(), t);
         assert_ne!(mcp_token(Some(&b), "s-1").unwrap(), t, "keyed by the service token");
         assert_eq!(mcp_token(None, "s-1"), None);
+        use crate::serve::tenancy::mcp_session;
         assert_eq!(mcp_session("/v1/sessions/s-1/mcp"), Some("s-1"));
         for path in [
             "/v1/sessions/s-1",

@@ -33,6 +33,7 @@ mod sandbox;
 mod sandbox_routes;
 mod service;
 mod sessions;
+mod tenancy;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -118,6 +119,10 @@ pub struct ServeSection {
     /// The sandbox API (`/v1/environments`, `/v1/sandboxes`).
     #[serde(default)]
     pub sandboxes: sandbox::SandboxSection,
+    /// The tenants database (`farm tenant --db`), relative to the service file; default
+    /// `tenants.db` in the output folder.
+    #[serde(default)]
+    pub tenants_db: Option<PathBuf>,
 }
 
 fn paused_retention() -> u64 {
@@ -223,6 +228,8 @@ fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
         suites.push(suite);
     }
     let out = dir.join(section.out.clone().unwrap_or_else(|| PathBuf::from("serve-out")));
+    let mut section = section;
+    section.tenants_db = section.tenants_db.map(|p| dir.join(p));
     Ok((section, suites, out))
 }
 
@@ -251,7 +258,7 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     egress::protect(listener.local_addr()?);
     let mut signals = Signals::new()?;
     let service = tokio::select! {
-        service = Service::start(&settings, suites, &out, args.accel) => service?,
+        service = Service::start(&settings, suites, &out, args.accel, token.as_deref()) => service?,
         code = signals.recv() => {
             tracing::info!("interrupted while preparing snapshots");
             return Ok(code);
@@ -274,7 +281,7 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
         );
     }
     let background = service.clone().spawn_background();
-    let app = api::router(service.clone(), token);
+    let app = api::router(service.clone());
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = stop.clone();
     let server = tokio::spawn(async move {

@@ -24,6 +24,7 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::http::{ok, App, Reply};
 use super::requests::{ExecRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
+use super::tenancy::Who;
 
 mod open;
 use open::{open_branch, open_session, session_request};
@@ -45,13 +47,13 @@ pub(super) fn routes() -> Router<App> {
     Router::new()
         .route(
             "/v1/openenv/ws",
-            get(move |ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, State(app): State<App>| {
+            get(move |ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, State(app): State<App>, Extension(who): Extension<Who>| {
                 let next_task = next_task.clone();
                 async move {
                     match ws {
                         Ok(ws) => ws
                             .max_message_size(MAX_MESSAGE)
-                            .on_upgrade(move |socket| connection(socket, app, next_task)),
+                            .on_upgrade(move |socket| connection(socket, app, who, next_task)),
                         Err(e) => ApiError::new(
                             e.status().as_u16(),
                             format!("{} (OpenEnv's socket: connect with a WebSocket client, e.g. openenv's GenericEnvClient)", e.body_text()),
@@ -232,7 +234,7 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T, 
 /// every way out, a panic included.
 type Holding = Arc<std::sync::Mutex<Option<String>>>;
 
-async fn connection(socket: WebSocket, app: App, next_task: Arc<AtomicUsize>) {
+async fn connection(socket: WebSocket, app: App, who: Who, next_task: Arc<AtomicUsize>) {
     let (mut sender, mut receiver) = socket.split();
     let holding: Holding = Default::default();
     let mut conn = Some(Conn::default());
@@ -270,8 +272,8 @@ async fn connection(socket: WebSocket, app: App, next_task: Arc<AtomicUsize>) {
                     if sender.send(Message::text(busy.to_string())).await.is_err() { break; }
                     continue;
                 };
-                let (app, next_task, holding) = (app.clone(), next_task.clone(), holding.clone());
-                work = Some(tokio::spawn(async move { handle(&app, &next_task, &holding, c, request).await }));
+                let (app, who, next_task, holding) = (app.clone(), who.clone(), next_task.clone(), holding.clone());
+                work = Some(tokio::spawn(async move { handle(&app, &who, &next_task, &holding, c, request).await }));
             }
             finished = async { work.as_mut().expect("guarded").await }, if work.is_some() => {
                 work = None;
@@ -377,13 +379,14 @@ fn error_reply(f: &Failure) -> Value {
 
 async fn handle(
     app: &App,
+    who: &Who,
     next_task: &AtomicUsize,
     holding: &Holding,
     mut conn: Conn,
     request: Request,
 ) -> (Conn, Value) {
     let reply = match request.kind.as_str() {
-        "reset" => reset(app, next_task, holding, &mut conn, request.data).await,
+        "reset" => reset(app, who, next_task, holding, &mut conn, request.data).await,
         "step" => match request.data {
             Some(data) => step(app, holding, &mut conn, data).await,
             None => Err(Failure::new("VALIDATION_ERROR", "step needs data: the action")),
@@ -418,6 +421,7 @@ fn observation(observation: FarmObservation, reward: Option<f64>, done: bool) ->
 
 async fn reset(
     app: &App,
+    who: &Who,
     next_task: &AtomicUsize,
     holding: &Holding,
     conn: &mut Conn,
@@ -436,7 +440,7 @@ async fn reset(
     // opened (the service is full) leaves the connection with none: its error says why,
     // and the next reset opens one.
     let opened = match &reset.branch_of {
-        Some(parent) => open_branch(app, parent, &reset).await?,
+        Some(parent) => open_branch(app, who, parent, &reset).await?,
         None => {
             let request = session_request(app, next_task, reset)?;
             let old = holding.lock().unwrap().take();
@@ -444,7 +448,7 @@ async fn reset(
                 let _ = service.end_session(&old, "reset by the OpenEnv client").await;
             }
             *conn = Conn::default();
-            open_session(app, request).await?
+            open_session(app, who, request).await?
         }
     };
     let id = opened["session_id"].as_str().unwrap_or_default().to_string();

@@ -10,7 +10,8 @@ use engine::{rollout_seed, End, Planned, Policy, Served, TaskSnapshot};
 
 use super::entries::{Entry, Phase};
 use super::requests::{metadata_text, Admitted, Record, SubmitRequest};
-use super::service::{suite_of, ApiError, ApiResult, Service};
+use super::service::{suite_of, ApiError, ApiResult, Queued, Service};
+use super::tenancy::Who;
 use super::wire::{Cancelled, CancelledCount, Group, RolloutView, Submitted};
 use engine::idempotency::{Claim, KeyRefusal};
 
@@ -24,6 +25,7 @@ impl Service {
         request: SubmitRequest,
         idempotency_key: Option<String>,
         body_digest: String,
+        who: &Who,
     ) -> ApiResult<serde_json::Value> {
         self.check_admitting()?;
         if let Some(answer) = self.answered_before(idempotency_key.as_deref(), &body_digest)? {
@@ -36,8 +38,20 @@ impl Service {
         let (planned, admitted, response) = self.plan_items(&request).await?;
         // Admission: room in the queue and the key, taken under the lock; the journal line is
         // written without it; then the rollouts are queued.
-        if let Some(answer) = self.reserve_admission(idempotency_key.as_deref(), &body_digest, planned.len())? {
+        if let Some(answer) = self.reserve_admission(idempotency_key.as_deref(), &body_digest, planned.len(), who)? {
             return Ok(answer);
+        }
+        // The caller's before any can finish: its rows are never skipped as another's.
+        let ids: Vec<String> = planned
+            .iter()
+            .filter_map(|p| p.served.as_ref().map(|s| s.rollout_id.clone()))
+            .collect();
+        if let Err(e) = self.tenancy.own(who.tenant(), tenants::Kind::Rollout, &ids) {
+            self.lock().admitting -= planned.len();
+            if let Some(key) = &idempotency_key {
+                self.lock().idempotency.settle(key, &body_digest, None);
+            }
+            return Err(e);
         }
         // Journaled before it is admitted or answered: a crash after this line reports these
         // rollouts as lost, never forgets them.
@@ -48,7 +62,7 @@ impl Service {
             rollouts: admitted,
         };
         let journaled = self.recorder.journal_request(&record).await;
-        let cancelled = self.admit(planned, idempotency_key, body_digest, &response, journaled)?;
+        let cancelled = self.admit(planned, (idempotency_key, body_digest), &response, journaled, who)?;
         // A shutdown that began while the line was written did not see these: they are
         // recorded as cancelled, as it would have.
         for item in cancelled {
@@ -67,6 +81,7 @@ impl Service {
         idempotency_key: Option<&str>,
         body_digest: &str,
         count: usize,
+        who: &Who,
     ) -> ApiResult<Option<serde_json::Value>> {
         let mut inner = self.lock();
         if self.stopping.load(Ordering::SeqCst) {
@@ -80,7 +95,18 @@ impl Service {
             }
         }
         let waiting = inner.queue.len() + inner.admitting;
-        let room = self.settings.queue_limit.saturating_sub(waiting);
+        // A full queue still takes a tenant's work up to its weighted share of the queue, so
+        // one tenant's flood cannot keep another's out.
+        let share = self.settings.queue_limit * who.profile.tenant.weight as usize
+            / inner
+                .queue
+                .active_weight(who.tenant(), who.profile.tenant.weight)
+                .max(1) as usize;
+        let room = self
+            .settings
+            .queue_limit
+            .saturating_sub(waiting)
+            .max(share.saturating_sub(inner.queue.len_of(who.tenant())));
         if count > room {
             if let Some(key) = idempotency_key {
                 inner.idempotency.settle(key, body_digest, None);
@@ -107,10 +133,10 @@ impl Service {
     fn admit(
         &self,
         planned: Vec<Planned>,
-        idempotency_key: Option<String>,
-        body_digest: String,
+        (idempotency_key, body_digest): (Option<String>, String),
         response: &serde_json::Value,
         journaled: Result<(), engine::recorder::OutputError>,
+        who: &Who,
     ) -> ApiResult<Vec<Planned>> {
         let mut inner = self.lock();
         inner.admitting -= planned.len();
@@ -137,7 +163,12 @@ impl Service {
             if stopping {
                 cancelled.push(p);
             } else {
-                inner.queue.push_back(p);
+                let queued = Queued {
+                    item: p,
+                    since: std::time::Instant::now(),
+                    tenant_name: who.profile.tenant.name.clone(),
+                };
+                inner.queue.push(who.tenant(), who.profile.tenant.weight, queued);
             }
         }
         engine::metrics::get().queue_depth.set(inner.queue.len() as i64);
@@ -222,7 +253,15 @@ impl Service {
     }
 
     /// `GET /v1/results`: rows from `cursor`, waiting up to `wait` for the first.
-    pub async fn results(&self, cursor: usize, max: usize, wait: Duration) -> ApiResult<(Vec<Vec<u8>>, usize)> {
+    /// `GET /v1/results`: the caller's rows from `cursor` on (each with its cursor), and the
+    /// cursor to ask from next (past rows of other tenants too).
+    pub async fn results(
+        &self,
+        cursor: usize,
+        max: usize,
+        wait: Duration,
+        who: &Who,
+    ) -> ApiResult<(Vec<(usize, Vec<u8>)>, usize)> {
         let mut rows = self.recorder.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         while *rows.borrow_and_update() <= cursor {
@@ -236,7 +275,21 @@ impl Service {
             .await
             .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
         let next = cursor + lines.len();
-        Ok((lines, next))
+        #[derive(serde::Deserialize)]
+        struct Id {
+            rollout_id: Option<String>,
+        }
+        let own = lines
+            .into_iter()
+            .enumerate()
+            .filter(|(_, line)| {
+                let id = serde_json::from_slice::<Id>(line).ok().and_then(|r| r.rollout_id);
+                self.tenancy
+                    .sees(who, tenants::Kind::Rollout, id.as_deref().unwrap_or(""))
+            })
+            .map(|(i, line)| (cursor + i, line))
+            .collect();
+        Ok((own, next))
     }
 
     /// `GET /v1/rollouts/{id}`.
@@ -273,18 +326,24 @@ impl Service {
         let mut cancelled = Vec::new();
         {
             let mut inner = self.lock();
+            let queued: std::collections::HashSet<&str> = ids
+                .iter()
+                .filter(|id| inner.rollouts.get(*id).is_some_and(|e| e.phase == Phase::Queued))
+                .map(String::as_str)
+                .collect();
+            if !queued.is_empty() {
+                let taken = inner.queue.extract(|q| {
+                    q.item
+                        .served
+                        .as_ref()
+                        .is_some_and(|s| queued.contains(s.rollout_id.as_str()))
+                });
+                cancelled.extend(taken.into_iter().map(|q| q.item));
+            }
             for id in ids {
                 let Some(entry) = inner.rollouts.get(id) else { continue };
                 match entry.phase {
-                    Phase::Queued => {
-                        if let Some(pos) = inner
-                            .queue
-                            .iter()
-                            .position(|p| p.served.as_ref().is_some_and(|s| s.rollout_id == *id))
-                        {
-                            cancelled.push(inner.queue.remove(pos).expect("position is in range"));
-                        }
-                    }
+                    Phase::Queued => {}
                     Phase::Running => {
                         if let Some((handle, item)) = inner.running.remove(id) {
                             // The rollout's VMs are killed as its task is dropped.
@@ -335,13 +394,15 @@ impl Service {
     }
 
     /// `POST /v1/cancel {"policy_version_below": V}`.
-    pub async fn cancel_below(&self, version: u64) -> CancelledCount {
+    pub async fn cancel_below(&self, version: u64, who: &Who) -> CancelledCount {
         let ids: Vec<String> = self
             .lock()
             .rollouts
             .iter()
-            .filter(|(_, e)| {
-                matches!(e.phase, Phase::Queued | Phase::Running) && e.policy_version.is_some_and(|v| v < version)
+            .filter(|(id, e)| {
+                matches!(e.phase, Phase::Queued | Phase::Running)
+                    && e.policy_version.is_some_and(|v| v < version)
+                    && self.tenancy.sees(who, tenants::Kind::Rollout, id)
             })
             .map(|(id, _)| id.clone())
             .collect();

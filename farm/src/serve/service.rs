@@ -8,7 +8,7 @@
 //! anything admitted that has no row gets an `env_error` row "lost in restart". No lock is
 //! held across a write or a read of the folder.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,10 +39,18 @@ pub(super) struct SuiteState {
     pub snapshots: TaskSnapshots,
 }
 
+/// A rollout in the queue: when it was admitted, and for whom.
+pub(super) struct Queued {
+    pub item: Planned,
+    pub since: Instant,
+    pub tenant_name: String,
+}
+
 #[derive(Default)]
 pub(super) struct Inner {
     pub rollouts: HashMap<String, Entry>,
-    pub queue: VecDeque<Planned>,
+    /// Admitted rollouts waiting for a slot, by tenant, served by weight.
+    pub queue: tenants::fair::FairQueue<Queued>,
     pub running: HashMap<String, (tokio::task::AbortHandle, Planned)>,
     /// Idempotency keys of submits: their answers, and those being journaled right now.
     pub idempotency: engine::idempotency::Keys<serde_json::Value>,
@@ -73,6 +81,8 @@ pub struct Service {
     pub(super) vm_cost: super::admission::VmCost,
     /// The sandbox API (None when `serve.sandboxes.enabled` is false).
     pub(super) sandbox: Option<super::sandbox::SandboxApi>,
+    /// Tenants: keys, quotas, who owns which id, the audit.
+    pub(super) tenancy: Arc<super::tenancy::Tenancy>,
     /// Held while the service runs (see `start`).
     _lock: std::fs::File,
 }
@@ -85,6 +95,7 @@ impl Service {
         suites: Vec<Suite>,
         out: &Path,
         accel: sizing::AccelSetting,
+        token: Option<&str>,
     ) -> Result<Service> {
         if let Some(note) = sizing::KsmHost::probe()
             .check(settings.ksm)
@@ -100,6 +111,8 @@ impl Service {
             }
         };
         let lock = lock_out_folder(out)?;
+        let tenants_db = settings.tenants_db.clone().unwrap_or_else(|| out.join("tenants.db"));
+        let tenancy = Arc::new(super::tenancy::Tenancy::open(&tenants_db, token)?);
         let rows_per_part = suites.first().map(|s| s.config.output.rows_per_part).unwrap_or(256);
         let (recorder, opened, records) = open_recorder(out, rows_per_part).await?;
         let run_id = opened.run_id.clone();
@@ -144,6 +157,7 @@ impl Service {
             max_sessions,
             vm_cost: super::admission::VmCost::new((u64::from(guest_mib) + engine::sizing::QEMU_OVERHEAD_MIB) << 20),
             sandbox,
+            tenancy,
             _lock: lock,
         };
         let done: HashMap<String, usize> = opened
@@ -217,7 +231,22 @@ impl Service {
     fn dispatch(self: &Arc<Self>) {
         let mut inner = self.lock();
         while inner.running.len() < self.slots && !self.stopping.load(Ordering::SeqCst) {
-            let Some(item) = inner.queue.pop_front() else { break };
+            let Some((
+                tenant,
+                Queued {
+                    item,
+                    since,
+                    tenant_name,
+                },
+            )) = inner.queue.pop()
+            else {
+                break;
+            };
+            let _ = tenant;
+            engine::metrics::get()
+                .tenant_admission_wait
+                .with_label_values(&[tenant_name.as_str()])
+                .observe(since.elapsed().as_secs_f64());
             let id = item
                 .served
                 .as_ref()

@@ -34,6 +34,18 @@ pub struct ErrorBody {
     pub error: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// Over a tenant's quota (429): which, its limit and its use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaRefusal>,
+}
+
+/// The quota a 429 is about.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QuotaRefusal {
+    /// `live`, `memory_mib`, `disk_mib`, `build_minutes_per_day` or `requests_per_second`.
+    pub name: String,
+    pub limit: u64,
+    pub used: u64,
 }
 
 /// A chunk of a streamed command's output (`stdout` and `stderr` events).

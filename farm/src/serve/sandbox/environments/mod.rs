@@ -108,6 +108,19 @@ impl Environment {
         self.bump();
     }
 
+    /// Still building (a tenant's view waits for this, and for its own visibility).
+    pub fn is_building(&self) -> bool {
+        matches!(self.state(), State::Building)
+    }
+
+    /// The folder of its snapshot, once ready (the disk a tenant's quota counts).
+    pub fn snapshot_dir(&self) -> Option<std::path::PathBuf> {
+        match self.state() {
+            State::Ready(r) => Some(r.snapshot.dir.clone()),
+            _ => None,
+        }
+    }
+
     fn state(&self) -> State {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

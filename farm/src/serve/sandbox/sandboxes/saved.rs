@@ -73,6 +73,11 @@ impl Sandboxes {
     }
 
     /// A new folder for a checkpoint of `id`.
+    /// Where checkpoints and pauses are saved (`ID.MS` folders).
+    pub fn saved_dir(&self) -> &std::path::Path {
+        &self.saved_dir
+    }
+
     pub(super) fn checkpoint_dir(&self, id: &str) -> PathBuf {
         self.saved_dir.join(format!("{id}.{}", engine::row::now_ms() as u64))
     }

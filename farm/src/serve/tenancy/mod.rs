@@ -1,0 +1,250 @@
+//! Tenants in `farm serve`: who calls ([`Who`], from the bearer token), what each tenant owns
+//! and may use, and the middleware that holds every route to it ([`scope`]).
+//!
+//! The database is the `tenants` crate's (`serve.tenants_db`, by default `tenants.db` in the
+//! output folder); `farm tenant` writes the same file, and a change counts at the next request.
+//! A tenant's quotas and grants are read again at most every [`PROFILE_TTL`].
+
+mod scope;
+mod usage;
+mod views;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::{header, HeaderMap};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+pub(super) use scope::layer;
+use tenants::{Caller, Db, Exceeded, Kind, Owners, Quotas, Tenant, TenantId, KEY_PREFIX};
+
+use super::error::ApiError;
+
+/// How long a tenant's quotas, grants and weight are cached.
+const PROFILE_TTL: Duration = Duration::from_secs(1);
+
+/// A tenant as a request sees it: its quotas and the network policies it may name.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub tenant: Tenant,
+    pub quotas: Quotas,
+    pub grants: BTreeSet<String>,
+}
+
+impl Profile {
+    pub fn id(&self) -> TenantId {
+        self.tenant.id
+    }
+
+    /// The tenant of the single-token set-up: every network policy is its to name.
+    pub fn is_default(&self) -> bool {
+        self.tenant.id == tenants::DEFAULT
+    }
+
+    pub fn may_use_network(&self, name: &str) -> bool {
+        self.is_default() || self.grants.contains(name)
+    }
+}
+
+/// Who made a request (in the request's extensions for the handlers).
+#[derive(Debug, Clone)]
+pub struct Who {
+    pub profile: Arc<Profile>,
+    /// The key's id (`k-...`), `service-token`, `no-token` or `mcp:SESSION`; never a secret.
+    pub key_id: String,
+}
+
+impl Who {
+    pub fn tenant(&self) -> TenantId {
+        self.profile.id()
+    }
+}
+
+/// The tenants of one service.
+pub struct Tenancy {
+    pub db: Db,
+    pub owners: Owners,
+    rate: tenants::rate::RateLimiter,
+    /// The database's secret: the key of non-default tenants' MCP session tokens when the
+    /// service has no token of its own.
+    secret: [u8; 32],
+    /// SHA-256 of the service token, when one is set.
+    service_token: Option<[u8; 32]>,
+    profiles: Mutex<HashMap<TenantId, (Instant, Arc<Profile>)>>,
+    /// Forks being made right now, by tenant: (count, MiB), so that requests racing each other
+    /// cannot pass a quota together.
+    pending: Mutex<HashMap<TenantId, (u64, u64)>>,
+    /// Each fork's guest memory (and a sandbox's environment).
+    pub memory: usage::ForkMemory,
+}
+
+impl Tenancy {
+    pub fn open(path: &Path, service_token: Option<&str>) -> anyhow::Result<Tenancy> {
+        let db = Db::open(path)?;
+        let owners = Owners::load(&db)?;
+        let secret = db.secret()?;
+        Ok(Tenancy {
+            db,
+            owners,
+            rate: Default::default(),
+            secret,
+            service_token: service_token.map(|t| Sha256::digest(t.as_bytes()).into()),
+            profiles: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            memory: Default::default(),
+        })
+    }
+
+    /// A tenant's profile, from the cache or the database.
+    pub fn profile(&self, tenant: &Tenant) -> Result<Arc<Profile>, ApiError> {
+        let mut cache = self.profiles.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, p)) = cache.get(&tenant.id) {
+            if at.elapsed() < PROFILE_TTL && p.tenant == *tenant {
+                return Ok(p.clone());
+            }
+        }
+        let internal = |e: tenants::Error| ApiError::new(500, format!("the tenants database: {e}"));
+        let profile = Arc::new(Profile {
+            tenant: tenant.clone(),
+            quotas: self.db.quotas(tenant.id).map_err(internal)?,
+            grants: self.db.grants(tenant.id).map_err(internal)?,
+        });
+        cache.insert(tenant.id, (Instant::now(), profile.clone()));
+        Ok(profile)
+    }
+
+    /// The profile of a tenant by id (for work the service does on a tenant's behalf).
+    pub fn profile_of(&self, id: TenantId) -> Result<Arc<Profile>, ApiError> {
+        let tenant = self
+            .db
+            .tenant_by_id(id)
+            .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?;
+        self.profile(&tenant)
+    }
+
+    /// Who sends these headers to `path`, or a 401.
+    ///
+    /// - A bearer token that starts with `farm_` is a tenant's key: it must be live.
+    /// - On a session's MCP route, that session's MCP token is its owner.
+    /// - Else the service token (when one is set) is the default tenant; with no service token
+    ///   every other request is the default tenant, as before tenants.
+    pub fn identify(&self, headers: &HeaderMap, path: &str) -> Result<Who, ApiError> {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        let internal = |e: tenants::Error| ApiError::new(500, format!("the tenants database: {e}"));
+        if given.starts_with(KEY_PREFIX) {
+            return match self.db.authenticate(given, tenants::now_ms()).map_err(internal)? {
+                Ok(Caller { tenant, key_id }) => Ok(Who {
+                    profile: self.profile(&tenant)?,
+                    key_id,
+                }),
+                Err(e) => Err(unauthorized(&e.to_string())),
+            };
+        }
+        if let Some(session) = mcp_session(path).filter(|_| !given.is_empty()) {
+            for owner in self.owners.of(Kind::Session, session) {
+                let token = self.mcp_token(owner.tenant, session);
+                if token.is_some_and(|t| bool::from(t.as_bytes().ct_eq(given.as_bytes()))) {
+                    return Ok(Who {
+                        profile: self.profile_of(owner.tenant)?,
+                        key_id: format!("mcp:{session}"),
+                    });
+                }
+            }
+        }
+        let default = || {
+            self.db
+                .tenant_by_id(tenants::DEFAULT)
+                .map_err(internal)
+                .and_then(|t| self.profile(&t))
+        };
+        match &self.service_token {
+            Some(expected) => {
+                let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+                if bool::from(digest.ct_eq(expected)) {
+                    Ok(Who {
+                        profile: default()?,
+                        key_id: "service-token".into(),
+                    })
+                } else {
+                    Err(unauthorized("a bearer token is required (Authorization: Bearer ...)"))
+                }
+            }
+            None => Ok(Who {
+                profile: default()?,
+                key_id: "no-token".into(),
+            }),
+        }
+    }
+
+    /// The bearer token a session's MCP route also takes, for the agent in it: for the default
+    /// tenant, as before tenants (none without a service token); for any other, keyed by the
+    /// service token or else by the database's secret, and by the tenant.
+    pub fn mcp_token(&self, tenant: TenantId, session: &str) -> Option<String> {
+        if tenant == tenants::DEFAULT {
+            return super::http::mcp_token(self.service_token.as_ref(), session);
+        }
+        let key = self.service_token.unwrap_or(self.secret);
+        super::http::mcp_token(Some(&key), &format!("tenant {} session {session}", tenant.0))
+    }
+
+    /// One request of the caller's allowance a second.
+    pub fn take_request(&self, who: &Who) -> Result<(), Exceeded> {
+        match who.profile.quotas.get(tenants::Quota::RequestsPerSecond) {
+            Some(rate) => self.rate.take(who.tenant(), rate, Instant::now()),
+            None => Ok(()),
+        }
+    }
+
+    /// Records that the caller owns these ids, visible now.
+    pub fn own(&self, tenant: TenantId, kind: Kind, ids: &[String]) -> Result<(), ApiError> {
+        let now = tenants::now_ms();
+        self.owners
+            .own(&self.db, kind, ids, tenant, now, now)
+            .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))
+    }
+
+    /// Whether the caller may see the id: its own, or, for the default tenant, an id nobody
+    /// owns (made before tenants).
+    pub fn sees(&self, who: &Who, kind: Kind, id: &str) -> bool {
+        let owners = self.owners.of(kind, id);
+        owners.iter().any(|o| o.tenant == who.tenant()) || (owners.is_empty() && who.profile.is_default())
+    }
+
+    /// Whether `tenant` owns the id.
+    pub fn owns(&self, tenant: TenantId, kind: Kind, id: &str) -> bool {
+        self.owners.owner(kind, id, tenant).is_some()
+    }
+}
+
+/// A 401 with the challenge header.
+pub(super) fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(401, message.to_string()).challenge()
+}
+
+/// The session whose MCP endpoint `path` is, if it is one.
+pub(super) fn mcp_session(path: &str) -> Option<&str> {
+    let id = path.strip_prefix("/v1/sessions/")?.strip_suffix("/mcp")?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
+}
+
+/// The answer for an id the caller does not own: the same whether it is another tenant's or
+/// never was.
+pub(super) fn not_found(kind: Kind, id: &str) -> ApiError {
+    ApiError::new(404, format!("no {} {id:?}", kind.as_str()))
+}
+
+/// A 429 naming the quota, its limit and its use (with `Retry-After` where waiting helps).
+pub(super) fn over_quota(who: &Who, e: Exceeded) -> ApiError {
+    engine::metrics::get()
+        .tenant_refusals
+        .with_label_values(&[who.profile.tenant.name.as_str(), e.quota.as_str()])
+        .inc();
+    ApiError::quota(&e)
+}

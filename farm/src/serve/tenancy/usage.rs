@@ -1,0 +1,204 @@
+//! What a tenant uses now, against its quotas: live forks and their memory, disk of its
+//! environments and saved forks, build minutes today.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use engine::book::Kind as BookKind;
+use tenants::{Exceeded, Kind, Quota, TenantId};
+
+use super::{over_quota, Tenancy, Who};
+use crate::serve::error::ApiError;
+use crate::serve::service::Service;
+
+/// Forks a request is about to make, held against the tenant's quotas until it answers.
+pub struct Pending<'a> {
+    tenancy: &'a Tenancy,
+    tenant: TenantId,
+    count: u64,
+    mib: u64,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.tenancy.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((n, m)) = pending.get_mut(&self.tenant) {
+            *n = n.saturating_sub(self.count);
+            *m = m.saturating_sub(self.mib);
+        }
+    }
+}
+
+/// Guest memory of each fork, by id, as it was made (sandboxes say theirs; a session has its
+/// suite's), and a sandbox's environment.
+#[derive(Default)]
+pub struct ForkMemory(Mutex<HashMap<String, (u64, Option<String>)>>);
+
+impl ForkMemory {
+    pub fn set(&self, id: &str, mib: u64, env: Option<&str>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), (mib, env.map(str::to_string)));
+    }
+    pub fn get(&self, id: &str) -> Option<u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(id).map(|v| v.0)
+    }
+    pub fn env_of(&self, id: &str) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .and_then(|v| v.1.clone())
+    }
+}
+
+/// Days since the epoch, UTC, and the seconds to the next one.
+pub fn today() -> (u64, u64) {
+    let secs = tenants::now_ms() / 1000;
+    (secs / 86_400, 86_400 - secs % 86_400)
+}
+
+impl Service {
+    /// The guest memory a session of the served suites takes (the largest template's).
+    pub(in crate::serve) fn session_mib(&self) -> u64 {
+        self.suites
+            .values()
+            .map(|s| u64::from(s.suite.config.template.memory_mib))
+            .max()
+            .unwrap_or(512)
+    }
+
+    /// The tenant's live forks (not paused) and their guest memory in MiB.
+    pub(in crate::serve) async fn live_usage(&self, tenant: TenantId) -> (u64, u64) {
+        let mut ids: Vec<(Kind, String)> = Vec::new();
+        {
+            let book = self.forks();
+            for (book_kind, kind) in [(BookKind::Session, Kind::Session), (BookKind::Sandbox, Kind::Sandbox)] {
+                for (id, _) in book.all(book_kind) {
+                    if !book.is_paused(&id) && self.tenancy.owns(tenant, kind, &id) {
+                        ids.push((kind, id));
+                    }
+                }
+            }
+        }
+        let mut mib = 0;
+        for (kind, id) in &ids {
+            mib += match (self.tenancy.memory.get(id), kind, &self.sandbox) {
+                (Some(m), _, _) => m,
+                (None, Kind::Sandbox, Some(api)) => match api.sandboxes.view(id).await {
+                    Ok(view) => {
+                        self.tenancy
+                            .memory
+                            .set(id, u64::from(view.memory_mib), Some(&view.environment));
+                        u64::from(view.memory_mib)
+                    }
+                    Err(_) => 0,
+                },
+                _ => self.session_mib(),
+            };
+        }
+        (ids.len() as u64, mib)
+    }
+
+    /// Holds `count` forks of `mib` MiB each against the caller's `live` and `memory_mib`
+    /// quotas until the returned guard drops, or says which quota they would pass.
+    pub(in crate::serve) async fn admit_forks<'a>(
+        &'a self,
+        who: &Who,
+        count: u64,
+        mib: u64,
+    ) -> Result<Pending<'a>, ApiError> {
+        let quotas = &who.profile.quotas;
+        let (live, memory) = if quotas.get(Quota::Live).is_some() || quotas.get(Quota::MemoryMib).is_some() {
+            self.live_usage(who.tenant()).await
+        } else {
+            (0, 0)
+        };
+        let mut pending = self.tenancy.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let (n, m) = pending.entry(who.tenant()).or_default();
+        let check = quotas
+            .check(Quota::Live, live + *n, count)
+            .and_then(|()| quotas.check(Quota::MemoryMib, memory + *m, count * mib));
+        if let Err(e) = check {
+            return Err(over_quota(who, e));
+        }
+        *n += count;
+        *m += count * mib;
+        Ok(Pending {
+            tenancy: &self.tenancy,
+            tenant: who.tenant(),
+            count,
+            mib: count * mib,
+        })
+    }
+
+    /// Disk the tenant's environments and saved forks (pauses, checkpoints) take, in bytes.
+    /// An environment several tenants asked for counts in full for each.
+    pub(in crate::serve) fn disk_usage(&self, tenant: TenantId) -> u64 {
+        let mut total = 0;
+        if let Some(api) = &self.sandbox {
+            for id in self.tenancy.owners.owned(Kind::Environment, tenant) {
+                if let Some(dir) = api.environments.get(&id, "id").ok().and_then(|e| e.snapshot_dir()) {
+                    total += engine::pause::disk_usage(&dir);
+                }
+            }
+        }
+        let mut roots = vec![self.paused_root()];
+        if let Some(api) = &self.sandbox {
+            roots.push(api.sandboxes.saved_dir().to_path_buf());
+        }
+        for root in roots {
+            let Ok(entries) = std::fs::read_dir(&root) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let id = name.rsplit_once('.').map_or(name.as_str(), |(id, _)| id);
+                if self.tenancy.owns(tenant, Kind::Sandbox, id) || self.tenancy.owns(tenant, Kind::Session, id) {
+                    total += engine::pause::disk_usage(&entry.path());
+                }
+            }
+        }
+        total
+    }
+
+    /// Ok while the caller's disk is under its `disk_mib` quota.
+    pub(in crate::serve) fn check_disk(&self, who: &Who) -> Result<(), ApiError> {
+        if who.profile.quotas.get(Quota::DiskMib).is_none() {
+            return Ok(());
+        }
+        let used = self.disk_usage(who.tenant()) >> 20;
+        who.profile
+            .quotas
+            .check(Quota::DiskMib, used, 1)
+            .map_err(|e| over_quota(who, e))
+    }
+
+    /// Ok while the caller has build minutes left today; past them, a 429 to retry at
+    /// midnight UTC.
+    pub(in crate::serve) fn check_build_minutes(&self, who: &Who) -> Result<(), ApiError> {
+        let Some(limit) = who.profile.quotas.get(Quota::BuildMinutesPerDay) else {
+            return Ok(());
+        };
+        let (day, to_midnight) = today();
+        let seconds = self
+            .tenancy
+            .db
+            .build_seconds(who.tenant(), day)
+            .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?;
+        let used = (seconds / 60.0).ceil() as u64;
+        if used >= limit {
+            return Err(over_quota(
+                who,
+                Exceeded {
+                    quota: Quota::BuildMinutesPerDay,
+                    limit,
+                    used,
+                    retry_after_secs: Some(to_midnight),
+                },
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,380 @@
+//! What a tenant is shown: the ids a call made become its own, lists hold only its own, and
+//! an environment it shares with another tenant looks to it as if it had built it alone (built
+//! after a build's time, with its own sandboxes counted, its own time of asking).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tenants::{Kind, Owner};
+
+use super::scope::read_answer;
+use super::{Tenancy, Who};
+use crate::serve::service::Service;
+
+/// What a build is taken to last when its time was not recorded (built before tenants).
+const UNKNOWN_BUILD_MS: u64 = 60_000;
+
+/// Whether the owner may see the environment as what it is now.
+pub(super) fn visible(service: &Service, env: &str, owner: &Owner) -> bool {
+    let now = tenants::now_ms();
+    if owner.visible_ms != 0 {
+        return now >= owner.visible_ms;
+    }
+    let building = service
+        .sandbox
+        .as_ref()
+        .and_then(|api| api.environments.get(env, "id").ok())
+        .is_none_or(|e| e.is_building());
+    match service.tenancy.db.build_ms(env).ok().flatten() {
+        Some(ms) => now >= owner.since_ms + ms,
+        None if !building => now >= owner.since_ms + UNKNOWN_BUILD_MS,
+        None => false,
+    }
+}
+
+/// The answer, after the handler: ids made are the caller's, lists are filtered, views of
+/// environments made the caller's own. Also the first id the call made (for the audit).
+pub(super) async fn after(
+    service: &Service,
+    who: &Who,
+    route: &str,
+    path: &str,
+    response: Response,
+) -> (Response, Option<String>) {
+    let status = response.status();
+    let interesting = match route {
+        "POST /v1/sessions"
+        | "POST /v1/sessions/{id}/branch"
+        | "POST /v1/sandboxes"
+        | "POST /v1/sandboxes/{id}/branch"
+        | "POST /v1/sandboxes/{id}/snapshot"
+        | "POST /v1/environments"
+        | "POST /v1/contexts"
+        | "POST /v1/rollouts"
+        | "DELETE /v1/environments/{id}" => status.is_success(),
+        "GET /v1/sessions" | "GET /v1/sandboxes" | "GET /v1/environments" | "GET /v1/environments/{id}" => {
+            status.is_success()
+        }
+        "GET /v1/capacity" | "GET /metrics" => status.is_success() && !who.profile.is_default(),
+        _ => false,
+    };
+    if !interesting {
+        return (response, None);
+    }
+    let (mut parts, bytes) = match read_answer(response).await {
+        Ok(v) => v,
+        Err(r) => return (r, None),
+    };
+    if route == "GET /metrics" {
+        let text = own_metrics(&String::from_utf8_lossy(&bytes), &who.profile.tenant.name);
+        return (Response::from_parts(parts, Body::from(text)), None);
+    }
+    let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
+        return (Response::from_parts(parts, Body::from(bytes)), None);
+    };
+    let (made, new_status) = match shape(service, who, route, path, &mut value).await {
+        Ok(v) => v,
+        Err(e) => return (e.into_response(), None),
+    };
+    if let Some(s) = new_status {
+        parts.status = s;
+    }
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let body = serde_json::to_vec(&value).expect("JSON serializes");
+    (Response::from_parts(parts, Body::from(body)), made)
+}
+
+/// Records and rewrites one answer's JSON.
+async fn shape(
+    service: &Service,
+    who: &Who,
+    route: &str,
+    path: &str,
+    value: &mut Value,
+) -> Result<(Option<String>, Option<axum::http::StatusCode>), crate::serve::error::ApiError> {
+    let tenancy = &service.tenancy;
+    let tenant = who.tenant();
+    let str_of = |v: &Value| v.as_str().map(str::to_string);
+    let made = match route {
+        "POST /v1/sessions" | "POST /v1/sessions/{id}/branch" => {
+            let session = str_of(&value["session_id"]).unwrap_or_default();
+            let parent = super::scope::path_target(path).map(|(_, id)| id.to_string());
+            let mib = parent
+                .and_then(|p| tenancy.memory.get(&p))
+                .unwrap_or_else(|| service.session_mib());
+            tenancy.memory.set(&session, mib, None);
+            tenancy.own(tenant, Kind::Session, std::slice::from_ref(&session))?;
+            if let Some(rollout) = str_of(&value["rollout_id"]) {
+                tenancy.own(tenant, Kind::Rollout, &[rollout])?;
+            }
+            value["mcp"]["token"] = json!(tenancy.mcp_token(tenant, &session));
+            Some(session)
+        }
+        "POST /v1/sandboxes" | "POST /v1/sandboxes/{id}/branch" => {
+            let views: Vec<Value> = match value["sandboxes"].as_array() {
+                Some(list) => list.clone(),
+                None => vec![value.clone()],
+            };
+            let mut ids = Vec::new();
+            for view in &views {
+                let id = str_of(&view["id"]).unwrap_or_default();
+                let mib = view["memory_mib"].as_u64().unwrap_or(0);
+                tenancy.memory.set(&id, mib, view["environment"].as_str());
+                ids.push(id);
+            }
+            tenancy.own(tenant, Kind::Sandbox, &ids)?;
+            ids.into_iter().next()
+        }
+        "POST /v1/sandboxes/{id}/snapshot" => {
+            let id = str_of(&value["id"]).unwrap_or_default();
+            tenancy.own(tenant, Kind::Environment, std::slice::from_ref(&id))?;
+            Some(id)
+        }
+        "POST /v1/contexts" => {
+            let id = str_of(&value["context"]).unwrap_or_default();
+            tenancy.own(tenant, Kind::Context, std::slice::from_ref(&id))?;
+            Some(id)
+        }
+        "POST /v1/rollouts" => value["groups"][0]["rollout_ids"][0].as_str().map(str::to_string),
+        "POST /v1/environments" => return asked_for_environment(service, who, value),
+        "DELETE /v1/environments/{id}" => {
+            if let Some(id) = str_of(&value["id"]) {
+                let _ = tenancy.owners.disown(&tenancy.db, Kind::Environment, &id, tenant);
+            }
+            None
+        }
+        "GET /v1/environments/{id}" => {
+            own_view(service, who, value);
+            None
+        }
+        "GET /v1/environments" => {
+            keep_own(tenancy, who, value, "environments", "id", Kind::Environment);
+            if let Some(list) = value["environments"].as_array_mut() {
+                list.iter_mut().for_each(|v| own_view(service, who, v));
+            }
+            None
+        }
+        "GET /v1/sessions" => {
+            keep_own(tenancy, who, value, "sessions", "session_id", Kind::Session);
+            None
+        }
+        "GET /v1/sandboxes" => {
+            keep_own(tenancy, who, value, "sandboxes", "id", Kind::Sandbox);
+            None
+        }
+        "GET /v1/capacity" => {
+            own_capacity(service, who, value).await;
+            None
+        }
+        _ => None,
+    };
+    Ok((made, None))
+}
+
+/// `POST /v1/environments`: the caller owns the environment now. Content it had not asked
+/// for before, that another tenant's request had built or is building, looks to it as a
+/// build of its own: 202, building, for a build's time from now.
+fn asked_for_environment(
+    service: &Service,
+    who: &Who,
+    value: &mut Value,
+) -> Result<(Option<String>, Option<axum::http::StatusCode>), crate::serve::error::ApiError> {
+    let tenancy = &service.tenancy;
+    let id = value["id"].as_str().unwrap_or_default().to_string();
+    let owners = tenancy.owners.of(Kind::Environment, &id);
+    let now = tenants::now_ms();
+    let internal = |e: tenants::Error| crate::serve::error::ApiError::new(500, format!("the tenants database: {e}"));
+    let mut status = None;
+    if super::scope::mine(&owners, who).is_none() {
+        let built_here = value["state"] == "building" && owners.is_empty();
+        let legacy = owners.is_empty() && who.profile.is_default();
+        let visible_ms = if built_here || legacy { now } else { 0 };
+        tenancy
+            .owners
+            .own(
+                &tenancy.db,
+                Kind::Environment,
+                std::slice::from_ref(&id),
+                who.tenant(),
+                now,
+                visible_ms,
+            )
+            .map_err(internal)?;
+        if visible_ms == 0 {
+            status = Some(axum::http::StatusCode::ACCEPTED);
+        }
+        charge_build(service, who, &id, built_here);
+    }
+    own_view(service, who, value);
+    Ok((Some(id), status))
+}
+
+/// Charges the caller's build minutes for an environment it asked for: the build's time once
+/// it ends (or the recorded time of the build another tenant ran).
+fn charge_build(service: &Service, who: &Who, id: &str, built_here: bool) {
+    let Some(api) = &service.sandbox else { return };
+    let environments = api.environments.clone();
+    let tenancy: std::sync::Arc<Tenancy> = service.tenancy.clone();
+    let (tenant, id) = (who.tenant(), id.to_string());
+    tokio::spawn(async move {
+        loop {
+            let Ok(env) = environments.get(&id, "id") else { return };
+            if !env.is_building() {
+                let took = tenants::now_ms().saturating_sub(env.created_at_ms);
+                let ms = match tenancy.db.build_ms(&id) {
+                    Ok(Some(ms)) if !built_here => ms,
+                    _ => {
+                        let _ = tenancy.db.set_build_ms(&id, took);
+                        took
+                    }
+                };
+                let _ = tenancy
+                    .db
+                    .add_build_seconds(tenant, super::usage::today().0, ms as f64 / 1000.0);
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}
+
+/// An environment's view as the caller sees it: its own time of asking, its own sandboxes,
+/// and, until a build of its own would have ended, building.
+pub(super) fn own_view(service: &Service, who: &Who, view: &mut Value) {
+    let id = view["id"].as_str().unwrap_or_default().to_string();
+    let Some(owner) = service.tenancy.owners.owner(Kind::Environment, &id, who.tenant()) else {
+        return;
+    };
+    let own_sandboxes = own_live_sandboxes_of(service, who, &id);
+    view["created_at_ms"] = json!(owner.since_ms);
+    view["sandboxes"] = json!(own_sandboxes);
+    if own_sandboxes == 0 {
+        view["warm"] = json!(0);
+    }
+    if !visible(service, &id, &owner) {
+        view["state"] = json!("building");
+        view["snapshot"] = Value::Null;
+        view["error"] = Value::Null;
+        view["log_lines"] = json!(0);
+    }
+}
+
+/// The caller's live sandboxes made from an environment.
+fn own_live_sandboxes_of(service: &Service, who: &Who, env: &str) -> usize {
+    let book = service.forks();
+    book.all(engine::book::Kind::Sandbox)
+        .iter()
+        .filter(|(id, _)| {
+            service.tenancy.owns(who.tenant(), Kind::Sandbox, id)
+                && service.tenancy.memory.env_of(id).as_deref() == Some(env)
+        })
+        .count()
+}
+
+/// Keeps, of the list at `key`, the items whose `id_key` the caller owns.
+fn keep_own(tenancy: &Tenancy, who: &Who, value: &mut Value, key: &str, id_key: &str, kind: Kind) {
+    if let Some(list) = value[key].as_array_mut() {
+        list.retain(|item| {
+            item[id_key].as_str().is_some_and(|id| {
+                tenancy.owns(who.tenant(), kind, id)
+                    || (who.profile.is_default() && tenancy.owners.of(kind, id).is_empty())
+            })
+        });
+    }
+}
+
+/// `GET /v1/capacity` for a tenant other than the default: its own rollouts, sessions and
+/// sandboxes in place of the node's.
+async fn own_capacity(service: &Service, who: &Who, value: &mut Value) {
+    let tenant = who.tenant();
+    let (queued, in_flight) = {
+        let inner = service.lock();
+        let running = inner
+            .running
+            .keys()
+            .filter(|id| service.tenancy.owns(tenant, Kind::Rollout, id))
+            .count();
+        (inner.queue.len_of(tenant), running)
+    };
+    let (mut sessions, mut sandboxes) = (0, 0);
+    {
+        let book = service.forks();
+        for (kind, n) in [
+            (engine::book::Kind::Session, &mut sessions),
+            (engine::book::Kind::Sandbox, &mut sandboxes),
+        ] {
+            let k = if kind == engine::book::Kind::Session {
+                Kind::Session
+            } else {
+                Kind::Sandbox
+            };
+            *n = book
+                .all(kind)
+                .iter()
+                .filter(|(id, _)| !book.is_paused(id) && service.tenancy.owns(tenant, k, id))
+                .count();
+        }
+    }
+    value["queued"] = json!(queued);
+    value["in_flight"] = json!(in_flight);
+    value["sessions"] = json!(sessions);
+    value["sandboxes"] = json!(sandboxes);
+    value["warm"] = json!(0);
+}
+
+/// The Prometheus text a tenant other than the default sees: its own `farm_tenant_*` series.
+fn own_metrics(text: &str, tenant: &str) -> String {
+    let label = format!("tenant=\"{tenant}\"");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("# HELP farm_tenant_")
+                || l.starts_with("# TYPE farm_tenant_")
+                || (l.starts_with("farm_tenant_") && l.contains(&label))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Before the handler, for a path on an environment: a DELETE by one of several owners only
+/// gives up its share; logs of one that does not look built yet show none.
+pub(super) async fn environment_before(
+    service: &Service,
+    who: &Who,
+    route: &str,
+    id: &str,
+    mine: Option<Owner>,
+    owners: &[Owner],
+) -> Option<Response> {
+    let mine = mine?;
+    match route {
+        "DELETE /v1/environments/{id}" if owners.len() > 1 => {
+            let tenancy = &service.tenancy;
+            if let Err(e) = tenancy.owners.disown(&tenancy.db, Kind::Environment, id, who.tenant()) {
+                return Some(
+                    crate::serve::error::ApiError::new(500, format!("the tenants database: {e}")).into_response(),
+                );
+            }
+            Some(axum::Json(json!({ "id": id, "deleted": true })).into_response())
+        }
+        "GET /v1/environments/{id}/logs" if !visible(service, id, &mine) => {
+            Some(axum::Json(json!({ "lines": [], "next": 0, "state": "building", "error": null })).into_response())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_sees_only_its_own_metric_series() {
+        let text = "# HELP farm_rollouts_total x\nfarm_rollouts_total{status=\"ok\"} 3\n# HELP farm_tenant_requests_total y\n# TYPE farm_tenant_requests_total counter\nfarm_tenant_requests_total{class=\"2xx\",tenant=\"a\"} 2\nfarm_tenant_requests_total{class=\"2xx\",tenant=\"ab\"} 9\n";
+        let own = own_metrics(text, "a");
+        assert!(own.contains("tenant=\"a\"} 2"), "{own}");
+        assert!(!own.contains("ab"), "{own}");
+        assert!(!own.contains("farm_rollouts_total"), "{own}");
+    }
+}
