@@ -55,12 +55,18 @@ const PREFIX: &str = "farm";
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics::new().expect("metric definitions are valid"));
 
+/// A counter by tenant and one more label.
+fn tenant_metric(name: &str, help: &str, label: &str) -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), &["tenant", label])
+}
+
 /// The process's metrics.
 pub fn get() -> &'static Metrics {
     &METRICS
 }
 
 impl Metrics {
+    // Long: every metric's definition and registration, side by side in one place.
     fn new() -> prometheus::Result<Metrics> {
         let registry = Registry::new_custom(Some(PREFIX.into()), None)?;
         let m = Metrics {
@@ -111,19 +117,15 @@ impl Metrics {
                 "Paused sessions of farm serve (saved to disk, no VM).",
             )?,
             paused_bytes: IntGauge::new("paused_bytes", "Disk bytes the paused sessions take.")?,
-            tenant_requests: IntCounterVec::new(
-                Opts::new(
-                    "tenant_requests_total",
-                    "Requests to farm serve, by tenant and class of answer.",
-                ),
-                &["tenant", "class"],
+            tenant_requests: tenant_metric(
+                "tenant_requests_total",
+                "Requests to farm serve, by tenant and class of answer.",
+                "class",
             )?,
-            tenant_refusals: IntCounterVec::new(
-                Opts::new(
-                    "tenant_quota_refusals_total",
-                    "Requests refused over a quota, by tenant and quota.",
-                ),
-                &["tenant", "quota"],
+            tenant_refusals: tenant_metric(
+                "tenant_quota_refusals_total",
+                "Requests refused over a quota, by tenant and quota.",
+                "quota",
             )?,
             tenant_admission_wait: HistogramVec::new(
                 HistogramOpts::new(
@@ -150,8 +152,9 @@ impl Metrics {
         registry.register(Box::new(m.sessions_paused.clone()))?;
         registry.register(Box::new(m.paused_bytes.clone()))?;
         registry.register(Box::new(m.sandboxes.clone()))?;
-        registry.register(Box::new(m.tenant_requests.clone()))?;
-        registry.register(Box::new(m.tenant_refusals.clone()))?;
+        for tenant in [&m.tenant_requests, &m.tenant_refusals] {
+            registry.register(Box::new(tenant.clone()))?;
+        }
         registry.register(Box::new(m.tenant_admission_wait.clone()))?;
         m.show_every_series();
         Ok(m)

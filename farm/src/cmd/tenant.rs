@@ -121,15 +121,12 @@ fn time(ms: u64) -> String {
 
 pub fn run(args: TenantArgs) -> Result<i32> {
     let db = Db::open(&args.db)?;
-    let json = |v: &dyn erased::Json| -> Result<()> {
-        outln!("{}", v.json()?);
-        Ok(())
-    };
+    let json = args.json;
     match args.command {
         TenantCommand::Add { name, weight } => {
             let t = db.add_tenant(&name, weight)?;
-            if args.json {
-                json(&t)?;
+            if json {
+                print_json(&t)?;
             } else {
                 outln!(
                     "tenant {} added (weight {}); make it a key: farm tenant key add {}",
@@ -139,70 +136,12 @@ pub fn run(args: TenantArgs) -> Result<i32> {
                 );
             }
         }
-        TenantCommand::List => {
-            let all = db.tenants()?;
-            if args.json {
-                json(&all)?;
-            } else {
-                for s in all {
-                    let quotas: Vec<String> = s.quotas.iter().map(|(q, v)| format!("{q}={v}")).collect();
-                    let grants: Vec<&str> = s.grants.iter().map(String::as_str).collect();
-                    outln!(
-                        "{:<20} weight {:<4} keys {:<3} quotas [{}] networks [{}]",
-                        s.tenant.name,
-                        s.tenant.weight,
-                        s.live_keys,
-                        quotas.join(" "),
-                        grants.join(" ")
-                    );
-                }
-            }
-        }
+        TenantCommand::List => list(&db, json)?,
         TenantCommand::Weight { name, weight } => {
             db.set_weight(&name, weight)?;
             outln!("tenant {name}: weight {weight}");
         }
-        TenantCommand::Key(KeyCommand::Add { name, expires_in }) => {
-            let expires = expires_in
-                .as_deref()
-                .map(duration_ms)
-                .transpose()?
-                .map(|d| tenants::now_ms() + d);
-            let key = db.add_key(&name, expires)?;
-            if args.json {
-                json(&key)?;
-            } else {
-                outln!("{}", key.secret);
-                eprintln!(
-                    "key {} of tenant {}{}: the line above is its secret, shown this once (use it as the bearer token)",
-                    key.id,
-                    key.tenant,
-                    key.expires_ms
-                        .map(|e| format!(", expires {}", time(e)))
-                        .unwrap_or_default()
-                );
-            }
-        }
-        TenantCommand::Key(KeyCommand::List { name }) => {
-            let keys = db.keys(name.as_deref())?;
-            if args.json {
-                json(&keys)?;
-            } else {
-                for k in keys {
-                    let state = match (k.revoked_ms, k.expires_ms) {
-                        (Some(r), _) => format!("revoked {}", time(r)),
-                        (None, Some(e)) if e <= tenants::now_ms() => format!("expired {}", time(e)),
-                        (None, Some(e)) => format!("expires {}", time(e)),
-                        (None, None) => "live".to_string(),
-                    };
-                    outln!("{:<16} {:<20} made {} {state}", k.id, k.tenant, time(k.created_ms));
-                }
-            }
-        }
-        TenantCommand::Key(KeyCommand::Revoke { id }) => {
-            db.revoke_key(&id)?;
-            outln!("key {id} revoked");
-        }
+        TenantCommand::Key(command) => key(&db, command, json)?,
         TenantCommand::Quota(QuotaCommand::Set { name, quota, value }) => {
             let q: Quota = quota.parse().map_err(|e: String| anyhow::anyhow!("QUOTA: {e}"))?;
             let v = match value.as_str() {
@@ -226,47 +165,107 @@ pub fn run(args: TenantArgs) -> Result<i32> {
             db.grant(&name, &policy, false)?;
             outln!("tenant {name} may no longer name the network policy {policy:?}");
         }
-        TenantCommand::Audit { tenant, since, limit } => {
-            let since_ms = since
-                .as_deref()
-                .map(duration_ms)
-                .transpose()?
-                .map(|d| tenants::now_ms().saturating_sub(d));
-            let records = db.audit(&AuditFilter {
-                tenant,
-                since_ms,
-                limit,
-            })?;
-            if args.json {
-                json(&records)?;
-            } else {
-                for r in records {
-                    outln!(
-                        "{} {:<16} {:<14} {:<44} {:<24} {}",
-                        time(r.at_ms),
-                        r.tenant,
-                        r.key_id,
-                        r.route,
-                        r.target.as_deref().unwrap_or("-"),
-                        r.status
-                    );
-                }
-            }
-        }
+        TenantCommand::Audit { tenant, since, limit } => audit(&db, tenant, since, limit, json)?,
     }
     Ok(0)
 }
 
-mod erased {
-    /// Anything printable as JSON.
-    pub trait Json {
-        fn json(&self) -> anyhow::Result<String>;
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    outln!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn list(db: &Db, json: bool) -> Result<()> {
+    let all = db.tenants()?;
+    if json {
+        return print_json(&all);
     }
-    impl<T: serde::Serialize> Json for T {
-        fn json(&self) -> anyhow::Result<String> {
-            Ok(serde_json::to_string_pretty(self)?)
+    for s in all {
+        let quotas: Vec<String> = s.quotas.iter().map(|(q, v)| format!("{q}={v}")).collect();
+        let grants: Vec<&str> = s.grants.iter().map(String::as_str).collect();
+        outln!(
+            "{:<20} weight {:<4} keys {:<3} quotas [{}] networks [{}]",
+            s.tenant.name,
+            s.tenant.weight,
+            s.live_keys,
+            quotas.join(" "),
+            grants.join(" ")
+        );
+    }
+    Ok(())
+}
+
+fn key(db: &Db, command: KeyCommand, json: bool) -> Result<()> {
+    match command {
+        KeyCommand::Add { name, expires_in } => {
+            let expires = expires_in
+                .as_deref()
+                .map(duration_ms)
+                .transpose()?
+                .map(|d| tenants::now_ms() + d);
+            let key = db.add_key(&name, expires)?;
+            if json {
+                return print_json(&key);
+            }
+            outln!("{}", key.secret);
+            eprintln!(
+                "key {} of tenant {}{}: the line above is its secret, shown this once (use it as the bearer token)",
+                key.id,
+                key.tenant,
+                key.expires_ms
+                    .map(|e| format!(", expires {}", time(e)))
+                    .unwrap_or_default()
+            );
+        }
+        KeyCommand::List { name } => {
+            let keys = db.keys(name.as_deref())?;
+            if json {
+                return print_json(&keys);
+            }
+            for k in keys {
+                let state = match (k.revoked_ms, k.expires_ms) {
+                    (Some(r), _) => format!("revoked {}", time(r)),
+                    (None, Some(e)) if e <= tenants::now_ms() => format!("expired {}", time(e)),
+                    (None, Some(e)) => format!("expires {}", time(e)),
+                    (None, None) => "live".to_string(),
+                };
+                outln!("{:<16} {:<20} made {} {state}", k.id, k.tenant, time(k.created_ms));
+            }
+        }
+        KeyCommand::Revoke { id } => {
+            db.revoke_key(&id)?;
+            outln!("key {id} revoked");
         }
     }
+    Ok(())
+}
+
+fn audit(db: &Db, tenant: Option<String>, since: Option<String>, limit: usize, json: bool) -> Result<()> {
+    let since_ms = since
+        .as_deref()
+        .map(duration_ms)
+        .transpose()?
+        .map(|d| tenants::now_ms().saturating_sub(d));
+    let records = db.audit(&AuditFilter {
+        tenant,
+        since_ms,
+        limit,
+    })?;
+    if json {
+        return print_json(&records);
+    }
+    for r in records {
+        outln!(
+            "{} {:<16} {:<14} {:<44} {:<24} {}",
+            time(r.at_ms),
+            r.tenant,
+            r.key_id,
+            r.route,
+            r.target.as_deref().unwrap_or("-"),
+            r.status
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -143,6 +143,33 @@ pub fn check_step(host: &HostMemory, reserve_percent: u64) -> Result<(), Pressur
     })
 }
 
+/// Says how many sessions and VMs the service may hold, and names a host limit that would
+/// stop it short.
+pub(super) fn log_capacity(
+    settings: &super::ServeSection,
+    max_sessions: usize,
+    counts: &engine::sizing::Counts,
+    suites: usize,
+) {
+    tracing::info!("{}", counts.explanation);
+    // VMs the service may hold at once: a host limit that would stop it short is named.
+    tracing::info!(
+        "max_sessions {max_sessions}{}",
+        if settings.max_sessions == engine::config::Count::Auto {
+            " (auto: memory, past the reserve, at an idle session's floor; each is admitted at the measured cost)"
+        } else {
+            ""
+        }
+    );
+    let vms = (max_sessions + counts.concurrency * 2 + counts.warm_pool * suites.max(1)) as u64;
+    for problem in engine::sizing::HostLimits::probe().problems(vms) {
+        tracing::warn!(
+            "{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)",
+            counts.concurrency
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

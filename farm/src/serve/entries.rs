@@ -8,6 +8,13 @@ use engine::session::TaskRun;
 
 use super::requests::Admitted;
 
+/// A rollout in the queue: when it was admitted, and for which tenant.
+pub(super) struct Queued {
+    pub item: engine::Planned,
+    pub since: std::time::Instant,
+    pub tenant_name: String,
+}
+
 /// Where a rollout is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]

@@ -25,6 +25,7 @@ use engine::snapshots::{Snapshot, SnapshotStore};
 use engine::{Engine, Planned, TaskSnapshot, TaskSnapshots};
 use tokio::sync::Notify;
 
+pub(super) use super::entries::Queued;
 use super::entries::{Entry, Open, Phase};
 pub use super::error::{ApiError, ApiResult};
 pub(super) use super::forks::{Forks, InUse, VmSlot};
@@ -37,13 +38,6 @@ pub(super) struct SuiteState {
     pub engine: Arc<Engine>,
     pub tasks: HashMap<String, Arc<Task>>,
     pub snapshots: TaskSnapshots,
-}
-
-/// A rollout in the queue: when it was admitted, and for whom.
-pub(super) struct Queued {
-    pub item: Planned,
-    pub since: Instant,
-    pub tenant_name: String,
 }
 
 #[derive(Default)]
@@ -97,12 +91,7 @@ impl Service {
         accel: sizing::AccelSetting,
         token: Option<&str>,
     ) -> Result<Service> {
-        if let Some(note) = sizing::KsmHost::probe()
-            .check(settings.ksm)
-            .map_err(|e| anyhow::anyhow!("serve.ksm: {e}"))?
-        {
-            tracing::warn!("{note}");
-        }
+        warn_of_ksm(settings)?;
         let host_memory = sizing::HostMemory::probe().unwrap_or_default();
         let max_sessions = match settings.max_sessions {
             engine::config::Count::Fixed(n) => n,
@@ -111,8 +100,7 @@ impl Service {
             }
         };
         let lock = lock_out_folder(out)?;
-        let tenants_db = settings.tenants_db.clone().unwrap_or_else(|| out.join("tenants.db"));
-        let tenancy = Arc::new(super::tenancy::Tenancy::open(&tenants_db, token)?);
+        let tenancy = super::tenancy::Tenancy::open_for(settings, out, token)?;
         let rows_per_part = suites.first().map(|s| s.config.output.rows_per_part).unwrap_or(256);
         let (recorder, opened, records) = open_recorder(out, rows_per_part).await?;
         let run_id = opened.run_id.clone();
@@ -123,7 +111,7 @@ impl Service {
             ksm: settings.ksm,
         })?;
         let states = start_suites(suites, &host, &run_id, &counts).await?;
-        log_capacity(settings, max_sessions, &counts, states.len());
+        super::admission::log_capacity(settings, max_sessions, &counts, states.len());
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         let forks: Forks = Default::default();
         let sandbox = if settings.sandboxes.enabled {
@@ -501,6 +489,17 @@ impl Service {
     }
 }
 
+/// Says what `serve.ksm` cannot do on this host (an error when it cannot be had at all).
+fn warn_of_ksm(settings: &ServeSection) -> Result<()> {
+    if let Some(note) = sizing::KsmHost::probe()
+        .check(settings.ksm)
+        .map_err(|e| anyhow::anyhow!("serve.ksm: {e}"))?
+    {
+        tracing::warn!("{note}");
+    }
+    Ok(())
+}
+
 /// The recorder of the output folder, continuing what a previous process wrote, and what it
 /// admitted (a bad line of `requests.jsonl` stops the start, naming it).
 async fn open_recorder(out: &Path, rows_per_part: usize) -> Result<(Recorder, engine::recorder::Opened, Vec<Record>)> {
@@ -575,28 +574,6 @@ async fn start_suites(
         );
     }
     Ok(states)
-}
-
-/// Says how many sessions and VMs the service may hold, and names a host limit that would
-/// stop it short.
-fn log_capacity(settings: &ServeSection, max_sessions: usize, counts: &engine::sizing::Counts, suites: usize) {
-    tracing::info!("{}", counts.explanation);
-    // VMs the service may hold at once: a host limit that would stop it short is named.
-    tracing::info!(
-        "max_sessions {max_sessions}{}",
-        if settings.max_sessions == engine::config::Count::Auto {
-            " (auto: memory, past the reserve, at an idle session's floor; each is admitted at the measured cost)"
-        } else {
-            ""
-        }
-    );
-    let vms = (max_sessions + counts.concurrency * 2 + counts.warm_pool * suites.max(1)) as u64;
-    for problem in sizing::HostLimits::probe().problems(vms) {
-        tracing::warn!(
-            "{problem} (serve.max_sessions {max_sessions} and concurrency {} allow up to {vms} VMs)",
-            counts.concurrency
-        );
-    }
 }
 
 /// The suite a served rollout belongs to.

@@ -98,6 +98,16 @@ impl Tenancy {
         })
     }
 
+    /// The tenants of a service: `serve.tenants_db`, else `tenants.db` in its output folder.
+    pub fn open_for(
+        settings: &super::ServeSection,
+        out: &Path,
+        service_token: Option<&str>,
+    ) -> anyhow::Result<Arc<Tenancy>> {
+        let path = settings.tenants_db.clone().unwrap_or_else(|| out.join("tenants.db"));
+        Ok(Arc::new(Tenancy::open(&path, service_token)?))
+    }
+
     /// A tenant's profile, from the cache or the database.
     pub fn profile(&self, tenant: &Tenant) -> Result<Arc<Profile>, ApiError> {
         let mut cache = self.profiles.lock().unwrap_or_else(|p| p.into_inner());

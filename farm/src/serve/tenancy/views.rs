@@ -145,32 +145,30 @@ async fn shape(
             }
             None
         }
-        "GET /v1/environments/{id}" => {
-            own_view(service, who, value);
+        _ => {
+            shape_reads(service, who, route, value).await;
             None
         }
+    };
+    Ok((made, None))
+}
+
+/// A list or a view as the caller may see it.
+async fn shape_reads(service: &Service, who: &Who, route: &str, value: &mut Value) {
+    let tenancy = &service.tenancy;
+    match route {
+        "GET /v1/environments/{id}" => own_view(service, who, value),
         "GET /v1/environments" => {
             keep_own(tenancy, who, value, "environments", "id", Kind::Environment);
             if let Some(list) = value["environments"].as_array_mut() {
                 list.iter_mut().for_each(|v| own_view(service, who, v));
             }
-            None
         }
-        "GET /v1/sessions" => {
-            keep_own(tenancy, who, value, "sessions", "session_id", Kind::Session);
-            None
-        }
-        "GET /v1/sandboxes" => {
-            keep_own(tenancy, who, value, "sandboxes", "id", Kind::Sandbox);
-            None
-        }
-        "GET /v1/capacity" => {
-            own_capacity(service, who, value).await;
-            None
-        }
-        _ => None,
-    };
-    Ok((made, None))
+        "GET /v1/sessions" => keep_own(tenancy, who, value, "sessions", "session_id", Kind::Session),
+        "GET /v1/sandboxes" => keep_own(tenancy, who, value, "sandboxes", "id", Kind::Sandbox),
+        "GET /v1/capacity" => own_capacity(service, who, value).await,
+        _ => {}
+    }
 }
 
 /// `POST /v1/environments`: the caller owns the environment now. Content it had not asked
