@@ -544,6 +544,7 @@ async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) 
         "requests_per_second"
     );
     tenant_cli(db, &["quota", "set", "b", "requests_per_second", "none"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
 
     // A key revoked while the service runs, and one that expired.
     let (spare, spare_id) = new_key(db, "b", &[]);
