@@ -21,7 +21,7 @@ pub mod rate;
 pub use audit::{AuditFilter, AuditRecord};
 pub use db::{Db, Error, TenantSummary};
 pub use keys::{AuthError, KeyInfo, NewKey, KEY_PREFIX};
-pub use owners::{Kind, Owner, Owners};
+pub use owners::{Kind, Owner, Owners, UNKNOWN_BUILD_MS};
 pub use quota::{Exceeded, Quota, Quotas};
 
 /// A tenant's id in the database.

@@ -60,6 +60,27 @@ pub struct Owner {
     pub visible_ms: u64,
 }
 
+/// What a build is taken to last when its time was not recorded.
+pub const UNKNOWN_BUILD_MS: u64 = 60_000;
+
+impl Owner {
+    /// Whether this owner may see an environment as what it is at `now_ms`: at once when its
+    /// own request built it (`visible_ms` set), else once the build's time (`build_ms`, when
+    /// known) has passed since it asked, strictly, so that the answer to its own request
+    /// always reads `building`. A build still running with no recorded time: not yet; one
+    /// that ended with none recorded counts [`UNKNOWN_BUILD_MS`].
+    pub fn sees_built(&self, now_ms: u64, build_ms: Option<u64>, building: bool) -> bool {
+        if self.visible_ms != 0 {
+            return now_ms >= self.visible_ms;
+        }
+        match (build_ms, building) {
+            (Some(ms), _) => now_ms > self.since_ms + ms,
+            (None, false) => now_ms > self.since_ms + UNKNOWN_BUILD_MS,
+            (None, true) => false,
+        }
+    }
+}
+
 type Map = HashMap<(Kind, String), Vec<Owner>>;
 
 /// The owners of every id, in memory, written through to the database.
@@ -212,6 +233,36 @@ impl Owners {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_tenants_build_looks_like_ones_own() {
+        let builder = Owner {
+            tenant: TenantId(2),
+            since_ms: 1000,
+            visible_ms: 1000,
+        };
+        assert!(
+            builder.sees_built(1000, None, true),
+            "the builder sees its own build at once"
+        );
+        let later = Owner {
+            tenant: TenantId(3),
+            since_ms: 5000,
+            visible_ms: 0,
+        };
+        assert!(
+            !later.sees_built(5000, Some(0), false),
+            "its own request's answer reads building"
+        );
+        assert!(!later.sees_built(5000 + 30_000, Some(30_000), false));
+        assert!(later.sees_built(5000 + 30_001, Some(30_000), false));
+        assert!(
+            !later.sees_built(10_000_000, None, true),
+            "still building, no time known"
+        );
+        assert!(!later.sees_built(5000 + UNKNOWN_BUILD_MS, None, false));
+        assert!(later.sees_built(5001 + UNKNOWN_BUILD_MS, None, false));
+    }
 
     #[test]
     fn owners_are_written_through_and_read_back() {

@@ -23,6 +23,8 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::http::{finish, App};
 use super::requests::{ExecRequest, SubmitSessionRequest, WriteFileRequest};
+use super::tenancy::{not_found, Hidden};
+use axum::Extension;
 use engine::config::Action;
 
 /// Protocol revisions this server speaks; a client asking for another gets the newest.
@@ -136,7 +138,12 @@ fn rpc_error(status: StatusCode, id: Value, code: i64, message: impl Into<String
     (status, axum::Json(answer)).into_response()
 }
 
-async fn message(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn message(
+    State(app): State<App>,
+    hidden: Option<Extension<Hidden>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
     let value: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -185,7 +192,18 @@ async fn message(State(app): State<App>, Path(id): Path<String>, body: Bytes) ->
     };
     // The session must exist for every method, so that a wrong URL fails at `initialize`;
     // checked without waiting for a command running in it.
-    if let Err(e) = app.service.session_known(&id) {
+    let known = match hidden {
+        Some(_) => Err(not_found(tenants::Kind::Session, &id)),
+        None => app.service.session_known(&id),
+    };
+    // Not found reads the same for a session of another tenant and one that never was.
+    if let Err(e) = known.map_err(|e| {
+        if e.status == 404 {
+            not_found(tenants::Kind::Session, &id)
+        } else {
+            e
+        }
+    }) {
         return rpc_error(
             StatusCode::from_u16(e.status).unwrap_or(StatusCode::NOT_FOUND),
             request_id,

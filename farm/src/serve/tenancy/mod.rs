@@ -18,7 +18,7 @@ use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-pub(super) use scope::layer;
+pub(super) use scope::{layer, Hidden};
 use tenants::{Caller, Db, Exceeded, Kind, Owners, Quotas, Tenant, TenantId, KEY_PREFIX};
 
 use super::error::ApiError;

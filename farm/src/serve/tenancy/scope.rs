@@ -27,6 +27,14 @@ const MAX_CHECKED_BODY: usize = 16 << 20;
 /// Largest answer the middleware reads to record or filter ids.
 const MAX_READ_ANSWER: usize = 64 << 20;
 
+/// A session's MCP route (its not-found answers are JSON-RPC: see [`Hidden`]).
+const MCP_ROUTE: &str = "POST /v1/sessions/{id}/mcp";
+
+/// In a request's extensions: the path's id is not the caller's, and the handler must answer
+/// as for one that does not exist.
+#[derive(Debug, Clone, Copy)]
+pub struct Hidden;
+
 /// What the checks before the handler leave for after it.
 #[derive(Default)]
 pub(super) struct Checked<'a> {
@@ -134,16 +142,22 @@ async fn check<'a>(
     service: &'a Service,
     who: &Who,
     route: &str,
-    request: Request,
+    mut request: Request,
 ) -> Result<(Checked<'a>, Request), ApiError> {
     let mut checked = Checked::default();
-    if let Some((kind, id)) = path_target(request.uri().path()) {
+    let path = request.uri().path().to_string();
+    if let Some((kind, id)) = path_target(&path) {
         let owners = service.tenancy.owners.of(kind, id);
         let mine = owners.iter().find(|o| o.tenant == who.tenant()).copied();
         if mine.is_none() && (!owners.is_empty() || !who.profile.is_default()) {
-            return Err(not_found(kind, id));
+            if route != MCP_ROUTE {
+                return Err(not_found(kind, id));
+            }
+            // MCP answers in JSON-RPC, with the request's id: its handler says "no such
+            // session" itself, alike for this id and one that never was.
+            request.extensions_mut().insert(Hidden);
         }
-        checked.target = Some((kind, id.to_string(), owners.is_empty()));
+        checked.target = Some((kind, id.to_string(), owners.is_empty() && route != MCP_ROUTE));
         if kind == Kind::Environment {
             checked.answer = super::views::environment_before(service, who, route, id, mine, &owners).await;
         }

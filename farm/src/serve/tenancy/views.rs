@@ -13,25 +13,19 @@ use super::scope::read_answer;
 use super::{Tenancy, Who};
 use crate::serve::service::Service;
 
-/// What a build is taken to last when its time was not recorded (built before tenants).
-const UNKNOWN_BUILD_MS: u64 = 60_000;
+use tenants::UNKNOWN_BUILD_MS;
 
-/// Whether the owner may see the environment as what it is now.
+/// Whether the owner may see the environment as what it is now ([`Owner::sees_built`]).
 pub(super) fn visible(service: &Service, env: &str, owner: &Owner) -> bool {
-    let now = tenants::now_ms();
-    if owner.visible_ms != 0 {
-        return now >= owner.visible_ms;
-    }
-    let building = service
+    let found = service
         .sandbox
         .as_ref()
-        .and_then(|api| api.environments.get(env, "id").ok())
-        .is_none_or(|e| e.is_building());
-    match service.tenancy.db.build_ms(env).ok().flatten() {
-        Some(ms) => now >= owner.since_ms + ms,
-        None if !building => now >= owner.since_ms + UNKNOWN_BUILD_MS,
-        None => false,
-    }
+        .and_then(|api| api.environments.get(env, "id").ok());
+    let building = found.as_ref().is_none_or(|e| e.is_building());
+    let took = found
+        .and_then(|e| e.built_in_ms())
+        .or_else(|| service.tenancy.db.build_ms(env).ok().flatten());
+    owner.sees_built(tenants::now_ms(), took, building)
 }
 
 /// The answer, after the handler: ids made are the caller's, lists are filtered, views of
@@ -203,15 +197,19 @@ fn asked_for_environment(
         if visible_ms == 0 {
             status = Some(axum::http::StatusCode::ACCEPTED);
         }
-        charge_build(service, who, &id, built_here);
+        charge_build(service, who, &id);
     }
     own_view(service, who, value);
+    if status.is_some() {
+        // A build of its own would not have ended by the time it is answered.
+        hide_build(value);
+    }
     Ok((Some(id), status))
 }
 
 /// Charges the caller's build minutes for an environment it asked for: the build's time once
 /// it ends (or the recorded time of the build another tenant ran).
-fn charge_build(service: &Service, who: &Who, id: &str, built_here: bool) {
+fn charge_build(service: &Service, who: &Who, id: &str) {
     let Some(api) = &service.sandbox else { return };
     let environments = api.environments.clone();
     let tenancy: std::sync::Arc<Tenancy> = service.tenancy.clone();
@@ -220,20 +218,20 @@ fn charge_build(service: &Service, who: &Who, id: &str, built_here: bool) {
         loop {
             let Ok(env) = environments.get(&id, "id") else { return };
             if !env.is_building() {
-                let took = tenants::now_ms().saturating_sub(env.created_at_ms);
-                let ms = match tenancy.db.build_ms(&id) {
-                    Ok(Some(ms)) if !built_here => ms,
-                    _ => {
-                        let _ = tenancy.db.set_build_ms(&id, took);
-                        took
+                // This process's build time when it built it, else the one recorded before.
+                let ms = match env.built_in_ms() {
+                    Some(ms) => {
+                        let _ = tenancy.db.set_build_ms(&id, ms);
+                        ms
                     }
+                    None => tenancy.db.build_ms(&id).ok().flatten().unwrap_or(UNKNOWN_BUILD_MS),
                 };
                 let _ = tenancy
                     .db
                     .add_build_seconds(tenant, super::usage::today().0, ms as f64 / 1000.0);
                 return;
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     });
 }
@@ -252,11 +250,16 @@ pub(super) fn own_view(service: &Service, who: &Who, view: &mut Value) {
         view["warm"] = json!(0);
     }
     if !visible(service, &id, &owner) {
-        view["state"] = json!("building");
-        view["snapshot"] = Value::Null;
-        view["error"] = Value::Null;
-        view["log_lines"] = json!(0);
+        hide_build(view);
     }
+}
+
+/// An environment's view as of a build still running.
+fn hide_build(view: &mut Value) {
+    view["state"] = json!("building");
+    view["snapshot"] = Value::Null;
+    view["error"] = Value::Null;
+    view["log_lines"] = json!(0);
 }
 
 /// The caller's live sandboxes made from an environment.

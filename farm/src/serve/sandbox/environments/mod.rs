@@ -69,6 +69,8 @@ pub struct Environment {
     pub(super) sandboxes: std::sync::atomic::AtomicUsize,
     /// Set for an environment made by snapshotting a sandbox, whose snapshot is its own.
     owned: Option<Owned>,
+    /// How long its build took, once a build of this process ended.
+    built_in_ms: std::sync::OnceLock<u64>,
 }
 
 impl Environment {
@@ -83,7 +85,14 @@ impl Environment {
             pool: tokio::sync::OnceCell::new(),
             sandboxes: Default::default(),
             owned: None,
+            built_in_ms: std::sync::OnceLock::new(),
         }
+    }
+
+    /// How long its build took, if this process built it and the build ended (a tenant that
+    /// asks for the same content waits as long).
+    pub fn built_in_ms(&self) -> Option<u64> {
+        self.built_in_ms.get().copied()
     }
 
     fn bump(&self) {
@@ -341,7 +350,9 @@ impl Environments {
         let started = std::time::Instant::now();
         let progress = |line: &str| env.push_log(line);
         let outcome = self.build_snapshot(&env, &progress).await;
-        match outcome.and_then(|ready| self.record(&env, &ready).map(|()| ready)) {
+        let outcome = outcome.and_then(|ready| self.record(&env, &ready).map(|()| ready));
+        let _ = env.built_in_ms.set(started.elapsed().as_millis() as u64);
+        match outcome {
             Ok(ready) => {
                 progress(&format!(
                     "ready in {:.1} s: snapshot {}",
