@@ -138,53 +138,65 @@ fn rpc_error(status: StatusCode, id: Value, code: i64, message: impl Into<String
     (status, axum::Json(answer)).into_response()
 }
 
-async fn message(
-    State(app): State<App>,
-    hidden: Option<Extension<Hidden>>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Response {
-    let value: Value = match serde_json::from_slice(&body) {
+/// One JSON-RPC message: whether it has an id, the message, and the id to answer with; or
+/// the error answer for a body that is not one.
+// An error here is the request's answer, made once: boxing it would buy nothing.
+#[allow(clippy::result_large_err)]
+fn read_message(body: &[u8]) -> Result<(bool, Message, Value), Response> {
+    let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
-            return rpc_error(
+            return Err(rpc_error(
                 StatusCode::BAD_REQUEST,
                 Value::Null,
                 PARSE_ERROR,
                 format!("not JSON: {e}"),
-            )
+            ))
         }
     };
     if value.is_array() {
-        return rpc_error(
+        return Err(rpc_error(
             StatusCode::BAD_REQUEST,
             Value::Null,
             INVALID_REQUEST,
             "batches are not accepted: send one JSON-RPC message per POST",
-        );
+        ));
     }
     // A request has an id (even a null one); a notification or a response has none.
     let has_id = value.get("id").is_some();
     let message: Message = match serde_json::from_value(value) {
         Ok(m) => m,
         Err(e) => {
-            return rpc_error(
+            return Err(rpc_error(
                 StatusCode::BAD_REQUEST,
                 Value::Null,
                 INVALID_REQUEST,
                 format!("not a JSON-RPC message: {e}"),
-            )
+            ))
         }
     };
-    let request_id = message.id.unwrap_or(Value::Null);
+    let request_id = message.id.clone().unwrap_or(Value::Null);
     if message.jsonrpc != "2.0" {
-        return rpc_error(
+        return Err(rpc_error(
             StatusCode::BAD_REQUEST,
             request_id,
             INVALID_REQUEST,
             "jsonrpc must be \"2.0\"",
-        );
+        ));
     }
+    Ok((has_id, message, request_id))
+}
+
+async fn message(
+    State(app): State<App>,
+    hidden: Option<Extension<Hidden>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let (has_id, message, request_id) = match read_message(&body) {
+        Ok(v) => v,
+        Err(answer) => return answer,
+    };
     let (true, Some(method)) = (has_id, message.method) else {
         // A notification (`notifications/initialized`, `notifications/cancelled`) or a
         // response to a server request: nothing to answer.
