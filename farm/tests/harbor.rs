@@ -574,6 +574,8 @@ struct HarborCli {
     pypi: String,
     jobs: PathBuf,
     run_dir: PathBuf,
+    /// The key of the tenant the trials run as.
+    key: String,
 }
 
 /// Trials of one Harbor job, by task name: each one's result.json and folder.
@@ -601,6 +603,8 @@ impl HarborCli {
         )
         .unwrap();
         let run_dir = dir.join("serve-run");
+        // Harbor's trials run as a tenant (README, Tenants), granted the network they name.
+        let key = common::serve::tenant_key(&dir.join("serve-out/tenants.db"), "harbor", &["harbor"]);
         let mut serve = Command::new(env!("CARGO_BIN_EXE_farm"));
         serve
             .arg("serve")
@@ -623,6 +627,7 @@ impl HarborCli {
             pypi: pypi.clone(),
             jobs: dir.join("harbor-jobs"),
             run_dir,
+            key,
         }
     }
 
@@ -647,7 +652,7 @@ impl HarborCli {
             .env("PYTHONPATH", repo().join("clients/python"))
             // What the tasks' ${HARBOR_PIP_INDEX:-...} read (Harbor resolves it, as farm does).
             .env("HARBOR_PIP_INDEX", format!("http://{}/simple", self.pypi))
-            .env_remove("FARM_SERVE_TOKEN");
+            .env("FARM_SERVE_TOKEN", &self.key);
         for (k, v) in env {
             c.env(k, v);
         }

@@ -5,7 +5,7 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, repo, stop, Api};
+use common::serve::{farm_serve, repo, stop, tenant_key, Api};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -65,6 +65,7 @@ async fn openenv_and_mcp_clients_drive_sessions() {
         Some(TOKEN),
     );
     let api = Api::new(&url, Some(TOKEN));
+    let db = out.path().join("tenants.db");
 
     // OpenEnv: the generic client of `openenv` from PyPI.
     let check = python("openenv-venv", &["farm/tests/openenv_check.py", &url, TOKEN]);
@@ -226,7 +227,28 @@ async fn openenv_and_mcp_clients_drive_sessions() {
     let steps = row["row"]["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 8, "each tool call is a step of the session: {row}");
 
-    // The GRPO-style example: groups of sessions branched from one prepared state.
+    // The GRPO-style example: groups of sessions branched from one prepared state, and the
+    // MCP client again, as a tenant (README, Tenants): a tenant's key works where the token did.
+    let key = tenant_key(&db, "trainer", &[]);
+    let tenant = Api::new(&url, Some(&key));
+    let opened = tenant
+        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
+        .await;
+    let (session, token) = (
+        opened["session_id"].as_str().unwrap(),
+        opened["mcp"]["token"].as_str().unwrap(),
+    );
+    assert_eq!(
+        api.call("GET", &format!("/v1/sessions/{session}"), None).await.0,
+        404,
+        "not the operator's"
+    );
+    let check = python("mcp-venv", &["farm/tests/mcp_check.py", &url, token, session]);
+    assert!(
+        check.status.success(),
+        "MCP's client with a tenant's session token:\n{}",
+        said(&check)
+    );
     let mut example = Command::new(venv_python("openenv-venv"));
     example
         .args([
@@ -239,7 +261,7 @@ async fn openenv_and_mcp_clients_drive_sessions() {
             "4",
         ])
         .current_dir(repo())
-        .env("FARM_SERVE_TOKEN", TOKEN);
+        .env("FARM_SERVE_TOKEN", &key);
     let ran = example.output().unwrap();
     assert!(ran.status.success(), "examples/grpo_openenv.py:\n{}", said(&ran));
     eprintln!("{}", String::from_utf8_lossy(&ran.stderr));
@@ -256,6 +278,7 @@ async fn openenv_and_mcp_clients_drive_sessions() {
         assert!(advantages[0] > 0.9 && advantages[1] < -0.9, "{result}");
     }
     no_sessions_left(&api, Duration::from_secs(300)).await;
+    no_sessions_left(&tenant, Duration::from_secs(300)).await;
 
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
