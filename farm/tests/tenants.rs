@@ -438,6 +438,22 @@ async fn tenants_see_and_touch_only_their_own() {
     );
     assert_ne!(first["id"], second["id"]);
     let b_sandbox = second["id"].as_str().unwrap().to_string();
+    // A's `force` rebuild of content B uses too looks like a rebuild to A, and is none: B's
+    // sandbox of it goes on, and no 409 tells A of B's live sandbox.
+    let snapshot = a.ok("GET", &format!("/v1/environments/{env}"), None, 200).await["snapshot"].clone();
+    let forced = a
+        .ok(
+            "POST",
+            "/v1/environments",
+            Some(json!({ "image": "minimal", "force": true })),
+            202,
+        )
+        .await;
+    assert_eq!(forced["state"], "building", "{forced}");
+    assert_eq!(b.run_sh(&b_sandbox, "echo still").await.1.trim(), "still");
+    a.wait_built(&env).await;
+    let after = a.ok("GET", &format!("/v1/environments/{env}"), None, 200).await;
+    assert_eq!(after["snapshot"], snapshot, "not rebuilt: {after}");
     b.ok("DELETE", &format!("/v1/sandboxes/{b_sandbox}"), None, 200).await;
     // Then B deleting the environment it shares gives up its own share only.
     quotas_and_keys(&db, &url, &a, &b, &owned).await;

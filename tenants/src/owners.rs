@@ -195,6 +195,27 @@ impl Owners {
         Ok(())
     }
 
+    /// The tenant's ownership starts again at `since_ms`, as for content another built: what
+    /// it sees of the id is a build's time old again (a rebuild it asked for, which others'
+    /// use of the same content kept from happening).
+    pub fn renew(&self, db: &Db, kind: Kind, id: &str, tenant: TenantId, since_ms: u64) -> Result<(), Error> {
+        db.conn()
+            .execute(
+                "UPDATE owners SET since_ms = ?1, visible_ms = 0 WHERE kind = ?2 AND id = ?3 AND tenant = ?4",
+                params![since_ms as i64, kind.as_str(), id, tenant.0],
+            )
+            .map_err(|e| db.err(e))?;
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(owner) = map
+            .get_mut(&(kind, id.to_string()))
+            .and_then(|owners| owners.iter_mut().find(|o| o.tenant == tenant))
+        {
+            owner.since_ms = since_ms;
+            owner.visible_ms = 0;
+        }
+        Ok(())
+    }
+
     /// `tenant` no longer owns the id; true when nobody owns it now.
     pub fn disown(&self, db: &Db, kind: Kind, id: &str, tenant: TenantId) -> Result<bool, Error> {
         db.conn()
@@ -287,6 +308,9 @@ mod tests {
         let mut mine = again.owned(Kind::Sandbox, a);
         mine.sort();
         assert_eq!(mine, ["sb-1", "sb-2"]);
+        again.renew(&db, Kind::Environment, "env-x", a, 700).unwrap();
+        let renewed = Owners::load(&db).unwrap().owner(Kind::Environment, "env-x", a).unwrap();
+        assert_eq!((renewed.since_ms, renewed.visible_ms), (700, 0));
         assert!(!again.disown(&db, Kind::Environment, "env-x", a).unwrap());
         assert!(again.disown(&db, Kind::Environment, "env-x", b).unwrap());
         assert!(Owners::load(&db).unwrap().of(Kind::Environment, "env-x").is_empty());

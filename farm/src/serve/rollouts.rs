@@ -264,22 +264,36 @@ impl Service {
     ) -> ApiResult<(Vec<(usize, Vec<u8>)>, usize)> {
         let mut rows = self.recorder.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
-        while *rows.borrow_and_update() <= cursor {
-            if tokio::time::timeout_at(deadline, rows.changed()).await.is_err() {
-                break;
+        let mut cursor = cursor;
+        loop {
+            while *rows.borrow_and_update() <= cursor {
+                if tokio::time::timeout_at(deadline, rows.changed()).await.is_err() {
+                    break;
+                }
             }
+            let lines = self
+                .recorder
+                .read_lines(cursor, max, RESULTS_MAX_BYTES)
+                .await
+                .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
+            let next = cursor + lines.len();
+            let own = self.own_rows(who, cursor, lines);
+            // Only other tenants' rows came: wait on for the caller's own (when it asked to
+            // wait), so that when a wait ends says nothing of others' work.
+            if !own.is_empty() || next == cursor || tokio::time::Instant::now() >= deadline {
+                return Ok((own, next));
+            }
+            cursor = next;
         }
-        let lines = self
-            .recorder
-            .read_lines(cursor, max, RESULTS_MAX_BYTES)
-            .await
-            .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
-        let next = cursor + lines.len();
+    }
+
+    /// The rows of `lines` (from `cursor` on) the caller may see, each with its cursor.
+    fn own_rows(&self, who: &Who, cursor: usize, lines: Vec<Vec<u8>>) -> Vec<(usize, Vec<u8>)> {
         #[derive(serde::Deserialize)]
         struct Id {
             rollout_id: Option<String>,
         }
-        let own = lines
+        lines
             .into_iter()
             .enumerate()
             .filter(|(_, line)| {
@@ -288,8 +302,7 @@ impl Service {
                     .sees(who, tenants::Kind::Rollout, id.as_deref().unwrap_or(""))
             })
             .map(|(i, line)| (cursor + i, line))
-            .collect();
-        Ok((own, next))
+            .collect()
     }
 
     /// `GET /v1/rollouts/{id}`.

@@ -44,6 +44,8 @@ pub(super) struct Checked<'a> {
     target: Option<(Kind, String, bool)>,
     /// An answer made without the handler.
     answer: Option<Response>,
+    /// A `force` rebuild that was turned into the look of one (see [`unforce`]).
+    rebuilt: bool,
 }
 
 /// The path's id: `/v1/{rollouts,sessions,sandboxes,environments}/{id}...`.
@@ -134,7 +136,7 @@ async fn guarded(
             return (not_found(*kind, id).into_response(), None);
         }
     }
-    super::views::after(service, who, route, &path, response).await
+    super::views::after(service, who, (route, &path), response, checked.rebuilt).await
 }
 
 /// The checks before the handler: the path's id, ids and sizes named in the body, quotas.
@@ -162,7 +164,7 @@ async fn check<'a>(
             checked.answer = super::views::environment_before(service, who, route, id, mine, &owners).await;
         }
     }
-    let (request, body) = read_json(route, request).await?;
+    let (mut request, body) = read_json(route, request).await?;
     let id = checked.target.as_ref().map(|(_, id, _)| id.clone()).unwrap_or_default();
     checked.pending = match route {
         "POST /v1/sandboxes" => Some(check_new_sandbox(service, who, body.as_ref()).await?),
@@ -170,6 +172,11 @@ async fn check<'a>(
             check_context(service, who, body.as_ref())?;
             service.check_build_minutes(who)?;
             service.check_disk(who)?;
+            if let Some((unforced, renewed)) = unforce(service, who, body.as_ref()) {
+                let (parts, _) = request.into_parts();
+                request = Request::from_parts(parts, Body::from(unforced));
+                checked.rebuilt = renewed;
+            }
             None
         }
         "POST /v1/sessions" => Some(service.admit_forks(who, 1, service.session_mib()).await?),
@@ -263,6 +270,37 @@ async fn check_new_sandbox<'a>(service: &'a Service, who: &Who, body: Option<&Va
         }
     }
     service.admit_forks(who, 1, mib.unwrap_or(512)).await
+}
+
+/// `POST /v1/environments` with `force`: a rebuild happens only for content no other tenant
+/// asked for (it would change what they use). Otherwise the request goes on without `force`
+/// (its new body is returned), and a caller that owned the environment sees it built again
+/// after a build's time, as if the rebuild had happened: nothing shows that others share it.
+fn unforce(service: &Service, who: &Who, body: Option<&Value>) -> Option<(Bytes, bool)> {
+    let body = body.filter(|b| b["force"] == Value::Bool(true))?;
+    let api = service.sandbox.as_ref()?;
+    let request = serde_json::from_value(body.clone()).ok()?;
+    let id = api.environments.id_of(&request)?;
+    let tenancy = &service.tenancy;
+    let owners = tenancy.owners.of(Kind::Environment, &id);
+    if owners.iter().all(|o| o.tenant == who.tenant()) {
+        return None;
+    }
+    let renewed = mine(&owners, who).is_some();
+    if renewed {
+        if let Err(e) = tenancy
+            .owners
+            .renew(&tenancy.db, Kind::Environment, &id, who.tenant(), tenants::now_ms())
+        {
+            tracing::error!("renewing an environment's owner: {e}");
+        }
+    }
+    let mut body = body.clone();
+    body["force"] = Value::Bool(false);
+    Some((
+        Bytes::from(serde_json::to_vec(&body).expect("JSON serializes")),
+        renewed,
+    ))
 }
 
 /// `POST /v1/environments`: a Dockerfile's build context must be one the caller uploaded.

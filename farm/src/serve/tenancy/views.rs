@@ -33,9 +33,9 @@ pub(super) fn visible(service: &Service, env: &str, owner: &Owner) -> bool {
 pub(super) async fn after(
     service: &Service,
     who: &Who,
-    route: &str,
-    path: &str,
+    (route, path): (&str, &str),
     response: Response,
+    rebuilt: bool,
 ) -> (Response, Option<String>) {
     let status = response.status();
     let interesting = match route {
@@ -68,7 +68,7 @@ pub(super) async fn after(
     let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
         return (Response::from_parts(parts, Body::from(bytes)), None);
     };
-    let (made, new_status) = match shape(service, who, route, path, &mut value).await {
+    let (made, new_status) = match shape(service, who, (route, path), &mut value, rebuilt).await {
         Ok(v) => v,
         Err(e) => return (e.into_response(), None),
     };
@@ -84,9 +84,9 @@ pub(super) async fn after(
 async fn shape(
     service: &Service,
     who: &Who,
-    route: &str,
-    path: &str,
+    (route, path): (&str, &str),
     value: &mut Value,
+    rebuilt: bool,
 ) -> Result<(Option<String>, Option<axum::http::StatusCode>), crate::serve::error::ApiError> {
     let tenancy = &service.tenancy;
     let tenant = who.tenant();
@@ -132,7 +132,7 @@ async fn shape(
             Some(id)
         }
         "POST /v1/rollouts" => value["groups"][0]["rollout_ids"][0].as_str().map(str::to_string),
-        "POST /v1/environments" => return asked_for_environment(service, who, value),
+        "POST /v1/environments" => return asked_for_environment(service, who, value, rebuilt),
         "DELETE /v1/environments/{id}" => {
             if let Some(id) = str_of(&value["id"]) {
                 let _ = tenancy.owners.disown(&tenancy.db, Kind::Environment, &id, tenant);
@@ -172,6 +172,7 @@ fn asked_for_environment(
     service: &Service,
     who: &Who,
     value: &mut Value,
+    rebuilt: bool,
 ) -> Result<(Option<String>, Option<axum::http::StatusCode>), crate::serve::error::ApiError> {
     let tenancy = &service.tenancy;
     let id = value["id"].as_str().unwrap_or_default().to_string();
@@ -200,9 +201,10 @@ fn asked_for_environment(
         charge_build(service, who, &id);
     }
     own_view(service, who, value);
-    if status.is_some() {
-        // A build of its own would not have ended by the time it is answered.
+    if status.is_some() || rebuilt {
+        // Asked for (or rebuilt) just now: a build of its own would not have ended yet.
         hide_build(value);
+        status = Some(axum::http::StatusCode::ACCEPTED);
     }
     Ok((Some(id), status))
 }

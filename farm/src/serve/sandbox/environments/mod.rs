@@ -307,6 +307,12 @@ impl Environments {
         all.iter().map(|e| e.view()).collect()
     }
 
+    /// The id the environment `request` asks for would have (None: the request is bad; its
+    /// create says why).
+    pub fn id_of(&self, request: &EnvironmentRequest) -> Option<String> {
+        self.spec_of(request).ok().map(|spec| spec.id())
+    }
+
     /// `POST /v1/environments`: the environment (true when this request started its build).
     pub fn create(self: &Arc<Self>, request: EnvironmentRequest) -> ApiResult<(Arc<Environment>, bool)> {
         let spec = self.spec_of(&request)?;
