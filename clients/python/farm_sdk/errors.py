@@ -93,7 +93,14 @@ class PayloadTooLarge(FarmError):
 
 
 class Busy(FarmError):
-    """429 or 503: the service has no room now; `retry_after` is the seconds it asked for."""
+    """429 or 503: the service has no room now; `retry_after` is the seconds it asked for.
+
+    `quota` is set when the caller's tenant is over one of its quotas: `{"name", "limit",
+    "used"}` (`live`, `memory_mib`, `disk_mib`, `build_minutes_per_day`,
+    `requests_per_second`).
+    """
+
+    quota: Optional[Dict[str, Any]] = None
 
 
 class ServerError(FarmError):
@@ -219,4 +226,7 @@ def error_from_answer(
     kind = _BY_STATUS.get(status)
     if kind is None:
         kind = ServerError if status >= 500 else FarmError
-    return kind(status, message, field, method, path, retry_after=parse_retry_after(retry_after))
+    error = kind(status, message, field, method, path, retry_after=parse_retry_after(retry_after))
+    if isinstance(error, Busy) and isinstance(parsed, dict) and isinstance(parsed.get("quota"), dict):
+        error.quota = parsed["quota"]
+    return error

@@ -304,6 +304,19 @@ def test_errors_by_status_carry_the_servers_text():
         server.farm(retries=0).sandboxes.list()
 
 
+def test_a_quota_refusal_names_the_quota():
+    body = {"error": "over the tenant's quota live: the limit is 2 and 2 is in use",
+            "quota": {"name": "live", "limit": 2, "used": 2}}
+    server = MockFarm().on("POST", "/v1/sandboxes", httpx.Response(429, json=body))
+    with pytest.raises(Busy) as caught:
+        server.farm(retries=0).sandboxes.create("env-1")
+    assert caught.value.quota == {"name": "live", "limit": 2, "used": 2}
+    server = MockFarm().on("POST", "/v1/sandboxes", error(503, "memory"))
+    with pytest.raises(Busy) as caught:
+        server.farm(retries=0).sandboxes.create("env-1")
+    assert caught.value.quota is None
+
+
 def exec_answer(**fields):
     answer = {"exit_code": 0, "signal": None, "timed_out": False, "stdout": "1\n", "stderr": "",
               "stdout_truncated": False, "stderr_truncated": False, "output_cap_bytes": 1048576, "duration_ms": 412}

@@ -397,6 +397,12 @@ async fn handle(
             format!("Unknown message type: {other} (reset, step, state, close)"),
         )),
     };
+    if matches!(request.kind.as_str(), "reset" | "step") {
+        // Each reset and step changes state: the audit has it, as a REST call's.
+        let route = format!("WS /v1/openenv/ws {}", request.kind);
+        let status = if reply.is_ok() { 200 } else { 400 };
+        app.service.tenancy.audit(who, &route, conn.session.clone(), status);
+    }
     (conn, reply.unwrap_or_else(|f| error_reply(&f)))
 }
 

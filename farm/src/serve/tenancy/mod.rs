@@ -227,6 +227,22 @@ impl Tenancy {
         owners.iter().any(|o| o.tenant == who.tenant()) || (owners.is_empty() && who.profile.is_default())
     }
 
+    /// Appends a call that changed state to the audit (a failure to is logged: the call
+    /// stands).
+    pub fn audit(&self, who: &Who, route: &str, target: Option<String>, status: u16) {
+        let record = tenants::AuditRecord {
+            at_ms: tenants::now_ms(),
+            tenant: who.profile.tenant.name.clone(),
+            key_id: who.key_id.clone(),
+            route: route.to_string(),
+            target,
+            status,
+        };
+        if let Err(e) = self.db.audit_append(&record) {
+            tracing::error!("appending to the audit: {e}");
+        }
+    }
+
     /// Whether `tenant` owns the id.
     pub fn owns(&self, tenant: TenantId, kind: Kind, id: &str) -> bool {
         self.owners.owner(kind, id, tenant).is_some()

@@ -350,20 +350,10 @@ fn scope_idempotency_key(who: &Who, headers: &mut axum::http::HeaderMap) {
     );
 }
 
-/// Appends the call to the audit (a failure to is logged: the call itself stands).
+/// Appends the call to the audit: its path's id, else the first id it made.
 fn audit(service: &Service, who: &Who, route: &str, path: &str, made: Option<String>, status: u16) {
     let target = path_target(path).map(|(_, id)| id.to_string()).or(made);
-    let record = tenants::AuditRecord {
-        at_ms: tenants::now_ms(),
-        tenant: who.profile.tenant.name.clone(),
-        key_id: who.key_id.clone(),
-        route: route.to_string(),
-        target,
-        status,
-    };
-    if let Err(e) = service.tenancy.db.audit_append(&record) {
-        tracing::error!("appending to the audit: {e}");
-    }
+    service.tenancy.audit(who, route, target, status);
 }
 
 /// Reads an answer's body (to record or filter the ids in it), or gives it back as it was.
