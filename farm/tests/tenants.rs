@@ -273,24 +273,35 @@ async fn b_names_a_ids_in_bodies(b: &Api, owned: &Owned) {
     );
 }
 
-/// An OpenEnv reset as B that branches A's session fails as for a session that never was.
-async fn b_branches_a_over_openenv(url: &str, b_key: &str, a_session: &str) {
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// OpenEnv's socket, opened with `key`.
+async fn openenv_socket(url: &str, key: &str) -> Socket {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let mut request = format!("{}/v1/openenv/ws", url.replace("http://", "ws://"))
         .into_client_request()
         .unwrap();
     request
         .headers_mut()
-        .insert("authorization", format!("Bearer {b_key}").parse().unwrap());
-    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    tokio_tungstenite::connect_async(request).await.unwrap().0
+}
+
+/// One message on the socket, and its answer.
+async fn openenv_call(ws: &mut Socket, message: Value) -> Value {
+    ws.send(tokio_tungstenite::tungstenite::Message::text(message.to_string()))
+        .await
+        .unwrap();
+    let answer = ws.next().await.unwrap().unwrap().into_text().unwrap().to_string();
+    serde_json::from_str(&answer).unwrap()
+}
+
+/// An OpenEnv reset as B that branches A's session fails as for a session that never was.
+async fn b_branches_a_over_openenv(url: &str, b_key: &str, a_session: &str) {
+    let mut ws = openenv_socket(url, b_key).await;
     let mut answers = Vec::new();
     for branch in [a_session, "s-never"] {
-        let text = json!({ "type": "reset", "data": { "branch_of": branch } }).to_string();
-        ws.send(tokio_tungstenite::tungstenite::Message::text(text))
-            .await
-            .unwrap();
-        let answer = ws.next().await.unwrap().unwrap().into_text().unwrap().to_string();
-        answers.push(serde_json::from_str::<Value>(&answer).unwrap());
+        answers.push(openenv_call(&mut ws, json!({ "type": "reset", "data": { "branch_of": branch } })).await);
     }
     assert_eq!(answers[0]["type"], "error", "{}", answers[0]);
     assert_eq!(
@@ -391,7 +402,8 @@ async fn tenants_see_and_touch_only_their_own() {
     b_names_a_ids_in_bodies(&b, &owned).await;
     b_branches_a_over_openenv(&url, &b_key, &owned.session).await;
     mcp_tokens(&url, &b, &owned).await;
-    // The operator's token is the default tenant: A's things are not its either.
+    // The operator's token is the default tenant: A's things are not its either, however
+    // the id is spelled; and no HEAD gives the length of an answer B may not see.
     assert_eq!(
         operator
             .call("GET", &format!("/v1/sandboxes/{}", owned.sandbox), None)
@@ -399,6 +411,12 @@ async fn tenants_see_and_touch_only_their_own() {
             .0,
         404
     );
+    let encoded = format!("/v1/sandboxes/%73{}/exec", &owned.sandbox[1..]);
+    let (status, v) = operator
+        .call("POST", &encoded, Some(json!({ "command": "cat /tmp/mark" })))
+        .await;
+    assert_eq!(status, 404, "a percent-encoded id reached A's sandbox: {v}");
+    assert_eq!(b.send("HEAD", "/v1/environments", None, &[]).await.0, 405);
 
     // Network policies: B may name only its own.
     let env = same_content_looks_built_by_b(&b, &owned).await;
@@ -454,6 +472,9 @@ async fn tenants_see_and_touch_only_their_own() {
     a.wait_built(&env).await;
     let after = a.ok("GET", &format!("/v1/environments/{env}"), None, 200).await;
     assert_eq!(after["snapshot"], snapshot, "not rebuilt: {after}");
+    // B may not give up its share while it has a sandbox of it (as for its own environment).
+    let (status, kept) = b.call("DELETE", &format!("/v1/environments/{env}"), None).await;
+    assert_eq!(status, 409, "{kept}");
     b.ok("DELETE", &format!("/v1/sandboxes/{b_sandbox}"), None, 200).await;
     // Then B deleting the environment it shares gives up its own share only.
     quotas_and_keys(&db, &url, &a, &b, &owned).await;
@@ -570,6 +591,13 @@ async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) 
     tenant_cli(db, &["key", "revoke", &spare_id]);
     let (status, why) = spare.call("GET", "/v1/sandboxes", None).await;
     assert_eq!(status, 401, "{why}");
+    // A socket opened with a key that is then revoked takes no more messages.
+    let (socket_key, socket_id) = new_key(db, "b", &[]);
+    let mut ws = openenv_socket(url, &socket_key).await;
+    tenant_cli(db, &["key", "revoke", &socket_id]);
+    let reply = openenv_call(&mut ws, json!({ "type": "state" })).await;
+    assert_eq!(reply["type"], "error", "{reply}");
+    assert!(reply.to_string().contains("revoked"), "{reply}");
     let (brief, _) = new_key(db, "b", &["--expires-in", "1s"]);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(

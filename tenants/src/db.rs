@@ -216,6 +216,14 @@ impl Db {
             .collect()
     }
 
+    /// How many tenants there are (`default` included).
+    pub fn tenant_count(&self) -> Result<u64, Error> {
+        self.conn()
+            .query_row("SELECT COUNT(*) FROM tenants", [], |r| r.get::<_, i64>(0))
+            .map(|n| n.max(0) as u64)
+            .map_err(|e| self.err(e))
+    }
+
     /// `farm tenant quota set NAME QUOTA VALUE` (None: no limit).
     pub fn set_quota(&self, name: &str, quota: Quota, value: Option<u64>) -> Result<(), Error> {
         let tenant = self.tenant(name)?;

@@ -132,6 +132,18 @@ impl Db {
         Ok(out)
     }
 
+    /// Whether the key with this id is neither revoked nor expired at `now_ms`.
+    pub fn key_live(&self, id: &str, now_ms: u64) -> Result<bool, Error> {
+        self.conn()
+            .query_row(
+                "SELECT COUNT(*) FROM keys WHERE id = ?1 AND revoked_ms IS NULL AND (expires_ms IS NULL OR expires_ms > ?2)",
+                params![id, now_ms as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n > 0)
+            .map_err(|e| self.err(e))
+    }
+
     /// The tenant a key opens, if it is live at `now_ms`. The lookup is by the secret's
     /// digest (an index probe on 32 bytes of a hash: nothing of the secret's own bytes is
     /// compared, so its timing says nothing of them).
@@ -188,8 +200,10 @@ mod tests {
         }
         let db = Db::open(&path).unwrap();
         assert_eq!(db.authenticate("farm_nope", now_ms()).unwrap(), Err(AuthError::Unknown));
+        assert!(db.key_live(&key.id, now_ms()).unwrap());
         db.revoke_key(&key.id).unwrap();
         db.revoke_key(&key.id).unwrap();
+        assert!(!db.key_live(&key.id, now_ms()).unwrap());
         assert_eq!(
             db.authenticate(&key.secret, now_ms()).unwrap(),
             Err(AuthError::Revoked(key.id.clone()))

@@ -215,8 +215,10 @@ async fn get_session(State(app): State<App>, Extension(who): Extension<Who>, Pat
     ok(response)
 }
 
-async fn list_sessions(State(app): State<App>) -> Reply {
-    ok(app.service.list_sessions().await?)
+async fn list_sessions(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
+    let tenancy = app.service.tenancy.clone();
+    let mine = move |id: &str| tenancy.owns(who.tenant(), tenants::Kind::Session, id);
+    ok(app.service.list_sessions(&mine).await?)
 }
 
 async fn end_session(State(app): State<App>, Path(id): Path<String>) -> Reply {

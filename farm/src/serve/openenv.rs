@@ -254,6 +254,13 @@ async fn connection(socket: WebSocket, app: App, who: Who, next_task: Arc<Atomic
                     Ok(Some(Ok(Message::Close(_))) | Some(Err(_)) | None) | Err(_) => break,
                 };
                 touch(&app, &holding);
+                // Each message is a request of the connection's tenant: its key must still be
+                // live (a revoked one closes the socket), and it counts against its rate.
+                if let Err(e) = app.service.tenancy.admit_message(&who) {
+                    let reply = error_reply(&Failure::new("EXECUTION_ERROR", e.message.clone()));
+                    if sender.send(Message::text(reply.to_string())).await.is_err() || e.status == 401 { break; }
+                    continue;
+                }
                 let request = match serde_json::from_str::<Request>(&text) {
                     Ok(r) => r,
                     Err(e) => {

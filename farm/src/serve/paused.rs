@@ -157,10 +157,10 @@ impl Service {
     }
 
     /// `GET /v1/sessions`: every live and paused session.
-    pub async fn list_sessions(&self) -> ApiResult<SessionList> {
+    pub async fn list_sessions(&self, keep: &(dyn Fn(&str) -> bool + Sync)) -> ApiResult<SessionList> {
         let all = self.forks().all(Kind::Session);
         let mut out = Vec::new();
-        for (id, session) in all {
+        for (id, session) in all.into_iter().filter(|(id, _)| keep(id)) {
             match session.try_lock() {
                 Ok(s) => out.push(self.describe(&id, &s)),
                 Err(_) => out.push(SessionView::bare(&id, "busy")),

@@ -18,6 +18,9 @@ use engine::idempotency::{Claim, KeyRefusal};
 /// Bytes of rows one `/v1/results` answer carries at most (at least one row).
 const RESULTS_MAX_BYTES: u64 = 64 << 20;
 
+/// Rows of other tenants one `/v1/results` request reads, at most, looking for the caller's.
+const RESULTS_SCAN: usize = 20_000;
+
 impl Service {
     /// `POST /v1/rollouts`.
     pub async fn submit(
@@ -264,7 +267,7 @@ impl Service {
     ) -> ApiResult<(Vec<(usize, Vec<u8>)>, usize)> {
         let mut rows = self.recorder.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
-        let mut cursor = cursor;
+        let (mut cursor, mut scanned) = (cursor, 0);
         loop {
             while *rows.borrow_and_update() <= cursor {
                 if tokio::time::timeout_at(deadline, rows.changed()).await.is_err() {
@@ -277,10 +280,13 @@ impl Service {
                 .await
                 .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
             let next = cursor + lines.len();
+            scanned += lines.len();
             let own = self.own_rows(who, cursor, lines);
             // Only other tenants' rows came: wait on for the caller's own (when it asked to
-            // wait), so that when a wait ends says nothing of others' work.
-            if !own.is_empty() || next == cursor || tokio::time::Instant::now() >= deadline {
+            // wait), so that when a wait ends says nothing of others' work; a request reads
+            // at most RESULTS_SCAN rows of others', then answers with where to go on from.
+            let done = !own.is_empty() || next == cursor || scanned >= RESULTS_SCAN;
+            if done || tokio::time::Instant::now() >= deadline {
                 return Ok((own, next));
             }
             cursor = next;

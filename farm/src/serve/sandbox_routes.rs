@@ -20,7 +20,9 @@ use super::sandbox::environments::EnvironmentRequest;
 use super::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use super::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use super::sandbox::SandboxApi;
+use super::tenancy::Who;
 use super::wire::{Deleted, EnvironmentList, SandboxBranched, SandboxList, StreamData, StreamError};
+use axum::Extension;
 
 /// An event's data, as JSON text.
 fn encode(value: &impl serde::Serialize) -> String {
@@ -108,10 +110,11 @@ async fn create_environment(State(app): State<App>, body: Bytes) -> Reply {
     Ok((status, axum::Json(env.view())).into_response())
 }
 
-async fn list_environments(State(app): State<App>) -> Reply {
-    ok(EnvironmentList {
-        environments: api(&app)?.environments.list(),
-    })
+async fn list_environments(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
+    let tenancy = &app.service.tenancy;
+    let mut environments = api(&app)?.environments.list();
+    environments.retain(|e| tenancy.owns(who.tenant(), tenants::Kind::Environment, &e.id));
+    ok(EnvironmentList { environments })
 }
 
 async fn get_environment(State(app): State<App>, Path(id): Path<String>) -> Reply {
@@ -165,12 +168,15 @@ async fn create_sandbox(State(app): State<App>, headers: HeaderMap, body: Bytes)
 
 async fn list_sandboxes(
     State(app): State<App>,
+    Extension(who): Extension<Who>,
     q: Result<Query<BTreeMap<String, String>>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let Query(q) = q.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
     let filter = ListFilter::parse(q)?;
+    let tenancy = app.service.tenancy.clone();
+    let mine = move |id: &str| tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id);
     ok(SandboxList {
-        sandboxes: api(&app)?.sandboxes.list(&filter).await,
+        sandboxes: api(&app)?.sandboxes.list(&filter, &mine).await,
     })
 }
 

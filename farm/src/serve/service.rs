@@ -158,6 +158,7 @@ impl Service {
         if let Some(api) = &service.sandbox {
             api.restore().await;
         }
+        service.adopt_unowned()?;
         Ok(service)
     }
 

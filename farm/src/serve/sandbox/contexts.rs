@@ -49,6 +49,18 @@ impl Contexts {
         self.max_bytes
     }
 
+    /// The ids of every uploaded context.
+    pub fn ids(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("ctx-") && !n.contains('.'))
+            .collect()
+    }
+
     /// The folder of an uploaded context, or 404 naming `field`.
     pub fn folder(&self, id: &str, field: &str) -> ApiResult<PathBuf> {
         let well_formed = id

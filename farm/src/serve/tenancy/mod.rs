@@ -5,6 +5,7 @@
 //! output folder); `farm tenant` writes the same file, and a change counts at the next request.
 //! A tenant's quotas and grants are read again at most every [`PROFILE_TTL`].
 
+mod adopt;
 mod scope;
 mod usage;
 mod views;
@@ -79,6 +80,10 @@ pub struct Tenancy {
     pending: Mutex<HashMap<TenantId, (u64, u64)>>,
     /// Each fork's guest memory (and a sandbox's environment).
     pub memory: usage::ForkMemory,
+    /// Builds running, by tenant (see `Service::admit_build`).
+    builds: Mutex<HashMap<TenantId, u64>>,
+    /// Whether any tenant besides `default` exists, and when that was read.
+    others: Mutex<Option<(Instant, bool)>>,
 }
 
 impl Tenancy {
@@ -95,6 +100,8 @@ impl Tenancy {
             profiles: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             memory: Default::default(),
+            builds: Mutex::new(HashMap::new()),
+            others: Mutex::new(None),
         })
     }
 
@@ -145,7 +152,11 @@ impl Tenancy {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| {
+                v.get(..7)
+                    .filter(|s| s.eq_ignore_ascii_case("bearer "))
+                    .map(|_| &v[7..])
+            })
             .unwrap_or("");
         let internal = |e: tenants::Error| ApiError::new(500, format!("the tenants database: {e}"));
         if given.starts_with(KEY_PREFIX) {
@@ -186,6 +197,11 @@ impl Tenancy {
                     Err(unauthorized("a bearer token is required (Authorization: Bearer ...)"))
                 }
             }
+            // Without a service token, on loopback: anyone is `default`, until another tenant
+            // exists; then a key is needed (else anyone could drop theirs and be `default`).
+            None if self.has_other_tenants() => Err(unauthorized(
+                "this service has tenants: a tenant's key is required (Authorization: Bearer farm_...)",
+            )),
             None => Ok(Who {
                 profile: default()?,
                 key_id: "no-token".into(),
@@ -195,13 +211,42 @@ impl Tenancy {
 
     /// The bearer token a session's MCP route also takes, for the agent in it: for the default
     /// tenant, as before tenants (none without a service token); for any other, keyed by the
-    /// service token or else by the database's secret, and by the tenant.
+    /// database's secret, and by the tenant.
     pub fn mcp_token(&self, tenant: TenantId, session: &str) -> Option<String> {
         if tenant == tenants::DEFAULT {
             return super::http::mcp_token(self.service_token.as_ref(), session);
         }
-        let key = self.service_token.unwrap_or(self.secret);
-        super::http::mcp_token(Some(&key), &format!("tenant {} session {session}", tenant.0))
+        // The database's secret: the service token's holder cannot make a tenant's tokens.
+        super::http::mcp_token(Some(&self.secret), &format!("tenant {} session {session}", tenant.0))
+    }
+
+    /// Whether a tenant besides `default` exists (read again at most every second).
+    fn has_other_tenants(&self) -> bool {
+        let mut cached = self.others.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, yes)) = *cached {
+            if at.elapsed() < PROFILE_TTL {
+                return yes;
+            }
+        }
+        // A database that cannot be read is taken to have tenants: no one is let in as default.
+        let yes = self.db.tenant_count().map(|n| n > 1).unwrap_or(true);
+        *cached = Some((Instant::now(), yes));
+        yes
+    }
+
+    /// A message on a socket the caller opened (OpenEnv): its key must still be live (401
+    /// otherwise: the socket closes), and the message is a request against its rate (429).
+    pub fn admit_message(&self, who: &Who) -> Result<(), ApiError> {
+        if who.key_id.starts_with("k-") {
+            let live = self
+                .db
+                .key_live(&who.key_id, tenants::now_ms())
+                .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?;
+            if !live {
+                return Err(unauthorized(&format!("key {} was revoked or has expired", who.key_id)));
+            }
+        }
+        self.take_request(who).map_err(|e| over_quota(who, e))
     }
 
     /// One request of the caller's allowance a second.
@@ -220,11 +265,9 @@ impl Tenancy {
             .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))
     }
 
-    /// Whether the caller may see the id: its own, or, for the default tenant, an id nobody
-    /// owns (made before tenants).
+    /// Whether the caller may see the id: its own.
     pub fn sees(&self, who: &Who, kind: Kind, id: &str) -> bool {
-        let owners = self.owners.of(kind, id);
-        owners.iter().any(|o| o.tenant == who.tenant()) || (owners.is_empty() && who.profile.is_default())
+        self.owns(who.tenant(), kind, id)
     }
 
     /// Appends a call that changed state to the audit (a failure to is logged: the call
@@ -273,4 +316,76 @@ pub(super) fn over_quota(who: &Who, e: Exceeded) -> ApiError {
         .with_label_values(&[who.profile.tenant.name.as_str(), e.quota.as_str()])
         .inc();
     ApiError::quota(&e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(auth: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(a) = auth {
+            h.insert(header::AUTHORIZATION, a.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn who_calls_by_key_service_token_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.db");
+        // No tenant, no service token (loopback): anyone is `default`, as before tenants.
+        let t = Tenancy::open(&path, None).unwrap();
+        assert_eq!(t.identify(&headers(None), "/v1/sandboxes").unwrap().key_id, "no-token");
+        drop(t);
+        let db = Db::open(&path).unwrap();
+        let a = db.add_tenant("a", 1).unwrap();
+        let key = db.add_key("a", None).unwrap();
+        drop(db);
+        // Once a tenant exists, no key is no entry (else B could drop its key to be default).
+        let t = Tenancy::open(&path, None).unwrap();
+        assert_eq!(t.identify(&headers(None), "/v1/sandboxes").unwrap_err().status, 401);
+        let who = t
+            .identify(&headers(Some(&format!("bearer {}", key.secret))), "/v1/sandboxes")
+            .unwrap();
+        assert_eq!(
+            (who.profile.tenant.name.as_str(), who.key_id.as_str()),
+            ("a", key.id.as_str())
+        );
+        for bad in ["Bearer farm_0000", "Bearer farm_", "Bearer x"] {
+            assert_eq!(
+                t.identify(&headers(Some(bad)), "/v1/sandboxes").unwrap_err().status,
+                401,
+                "{bad}"
+            );
+        }
+        // With a service token: it is `default`; nothing else but keys opens.
+        let s = Tenancy::open(&path, Some("svc")).unwrap();
+        assert_eq!(
+            s.identify(&headers(Some("Bearer svc")), "/").unwrap().key_id,
+            "service-token"
+        );
+        assert_eq!(s.identify(&headers(None), "/").unwrap_err().status, 401);
+        // A tenant's MCP token is keyed by the database's secret, never by the service token,
+        // and opens its own session's MCP route only.
+        s.own(a.id, Kind::Session, &["s-1".to_string()]).unwrap();
+        let token = s.mcp_token(a.id, "s-1").unwrap();
+        assert_eq!(
+            t.mcp_token(a.id, "s-1").unwrap(),
+            token,
+            "the same whatever the service token"
+        );
+        let svc_digest: [u8; 32] = Sha256::digest(b"svc").into();
+        assert_ne!(super::super::http::mcp_token(Some(&svc_digest), "s-1").unwrap(), token);
+        let bearer = format!("Bearer {token}");
+        let who = s.identify(&headers(Some(&bearer)), "/v1/sessions/s-1/mcp").unwrap();
+        assert_eq!((who.tenant(), who.key_id.as_str()), (a.id, "mcp:s-1"));
+        for path in ["/v1/sessions/s-2/mcp", "/v1/sessions/s-1", "/v1/sandboxes"] {
+            assert_eq!(
+                s.identify(&headers(Some(&bearer)), path).unwrap_err().status,
+                401,
+                "{path}"
+            );
+        }
+    }
 }

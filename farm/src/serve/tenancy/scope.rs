@@ -18,6 +18,7 @@ use tenants::{Kind, Owner};
 
 use super::usage::Pending;
 use super::{not_found, over_quota, Who};
+use crate::serve::bounds::ID_BYTES;
 use crate::serve::error::ApiError;
 use crate::serve::http::App;
 use crate::serve::service::Service;
@@ -37,16 +38,30 @@ pub struct Hidden;
 
 /// What the checks before the handler leave for after it.
 #[derive(Default)]
-pub(super) struct Checked<'a> {
+pub(super) struct Checked {
     /// Forks this call may make, held against the quotas until it answers.
-    pending: Option<Pending<'a>>,
-    /// The path's id (its kind, and whether nobody owns it: then a 404 is made uniform).
-    target: Option<(Kind, String, bool)>,
+    pending: Option<Pending>,
+    /// A build this call may start, held against the build minutes until it ends.
+    pub(super) build: Option<super::usage::BuildSlot>,
     /// An answer made without the handler.
     answer: Option<Response>,
     /// A `force` rebuild that was turned into the look of one (see [`unforce`]).
-    rebuilt: bool,
+    pub(super) rebuilt: bool,
 }
+
+/// Routes that make something: they run to their end (and what they made is recorded as the
+/// caller's) even when the client hangs up.
+const MAKERS: &[&str] = &[
+    "POST /v1/sessions",
+    "POST /v1/sessions/{id}/branch",
+    "POST /v1/sessions/{id}/resume",
+    "POST /v1/sandboxes",
+    "POST /v1/sandboxes/{id}/branch",
+    "POST /v1/sandboxes/{id}/resume",
+    "POST /v1/sandboxes/{id}/snapshot",
+    "POST /v1/environments",
+    "POST /v1/contexts",
+];
 
 /// The path's id: `/v1/{rollouts,sessions,sandboxes,environments}/{id}...`.
 pub(super) fn path_target(path: &str) -> Option<(Kind, &str)> {
@@ -70,9 +85,16 @@ pub(in crate::serve) async fn layer(State(app): State<App>, mut request: Request
         )
         .into_response();
     }
+    if request.method() == Method::HEAD {
+        // A HEAD's length would be the unfiltered answer's.
+        return ApiError::new(405, "HEAD is not served: use GET").into_response();
+    }
     let service = app.service.clone();
     let tenancy = &service.tenancy;
     let path = request.uri().path().to_string();
+    if let Some(bounds) = crate::serve::http::id_bounds(&path) {
+        return bounds.into_response();
+    }
     let who = match tenancy.identify(request.headers(), &path) {
         Ok(who) => who,
         Err(e) => return e.into_response(),
@@ -119,58 +141,71 @@ async fn guarded(
     next: Next,
 ) -> (Response, Option<String>) {
     let path = request.uri().path().to_string();
-    let (checked, request) = match check(service, who, route, request).await {
+    let (mut checked, request) = match check(service, who, route, request).await {
         Ok(v) => v,
         Err(e) => return (e.into_response(), None),
     };
-    if let Some(answer) = checked.answer {
+    if let Some(answer) = checked.answer.take() {
         return (answer, None);
     }
-    if let Some(bounds) = crate::serve::http::id_bounds(&path) {
-        return (bounds.into_response(), None);
+    let maker = MAKERS.contains(&route);
+    let (service, who, route) = (service.clone(), who.clone(), route.to_string());
+    let call = async move {
+        let response = next.run(request).await;
+        let held = checked.pending.take();
+        let answer = super::views::after(&service, &who, (&route, &path), response, checked).await;
+        drop(held);
+        answer
+    };
+    if !maker {
+        return call.await;
     }
-    let response = next.run(request).await;
-    let _held = checked.pending;
-    if let Some((kind, id, nobodys)) = &checked.target {
-        if *nobodys && response.status() == 404 {
-            return (not_found(*kind, id).into_response(), None);
-        }
-    }
-    super::views::after(service, who, (route, &path), response, checked.rebuilt).await
+    // Run to the end in a task of its own: a client that hangs up does not leave a fork or
+    // an environment made and recorded as nobody's.
+    tokio::spawn(call).await.unwrap_or_else(|e| {
+        (
+            ApiError::new(500, format!("the request's task failed: {e}")).into_response(),
+            None,
+        )
+    })
 }
 
 /// The checks before the handler: the path's id, ids and sizes named in the body, quotas.
-async fn check<'a>(
-    service: &'a Service,
+async fn check(
+    service: &Service,
     who: &Who,
     route: &str,
     mut request: Request,
-) -> Result<(Checked<'a>, Request), ApiError> {
+) -> Result<(Checked, Request), ApiError> {
     let mut checked = Checked::default();
     let path = request.uri().path().to_string();
-    if let Some((kind, id)) = path_target(&path) {
-        let owners = service.tenancy.owners.of(kind, id);
+    let mut id = String::new();
+    if let Some((kind, raw)) = path_target(&path) {
+        // An id is never percent-encoded: the router would decode it after this check.
+        let owners = match raw.contains('%') {
+            true => Vec::new(),
+            false => service.tenancy.owners.of(kind, raw),
+        };
         let mine = owners.iter().find(|o| o.tenant == who.tenant()).copied();
-        if mine.is_none() && (!owners.is_empty() || !who.profile.is_default()) {
+        if mine.is_none() {
             if route != MCP_ROUTE {
-                return Err(not_found(kind, id));
+                return Err(not_found(kind, raw));
             }
             // MCP answers in JSON-RPC, with the request's id: its handler says "no such
             // session" itself, alike for this id and one that never was.
             request.extensions_mut().insert(Hidden);
         }
-        checked.target = Some((kind, id.to_string(), owners.is_empty() && route != MCP_ROUTE));
         if kind == Kind::Environment {
-            checked.answer = super::views::environment_before(service, who, route, id, mine, &owners).await;
+            checked.answer = super::views::environment_before(service, who, route, raw, mine, &owners).await;
         }
+        id = raw.to_string();
     }
     let (mut request, body) = read_json(route, request).await?;
-    let id = checked.target.as_ref().map(|(_, id, _)| id.clone()).unwrap_or_default();
     checked.pending = match route {
         "POST /v1/sandboxes" => Some(check_new_sandbox(service, who, body.as_ref()).await?),
         "POST /v1/environments" => {
             check_context(service, who, body.as_ref())?;
-            service.check_build_minutes(who)?;
+            checked.build = Some(service.admit_build(who)?);
             service.check_disk(who)?;
             if let Some((unforced, renewed)) = unforce(service, who, body.as_ref()) {
                 let (parts, _) = request.into_parts();
@@ -185,9 +220,10 @@ async fn check<'a>(
             Some(service.admit_forks(who, 1, mib).await?)
         }
         "POST /v1/sandboxes/{id}/branch" | "POST /v1/sandboxes/{id}/resume" => {
+            // Past its bound (the handler says which) a count is held as the bound.
             let count = body.as_ref().and_then(|b| b["count"].as_u64()).unwrap_or(1);
             let mib = sandbox_mib(service, &id).await;
-            Some(service.admit_forks(who, count.max(1), mib).await?)
+            Some(service.admit_forks(who, count.clamp(1, 64), mib).await?)
         }
         "POST /v1/sandboxes/{id}/pause"
         | "POST /v1/sandboxes/{id}/checkpoint"
@@ -219,7 +255,7 @@ async fn read_json(route: &str, request: Request) -> Result<(Request, Option<Val
 
 /// `POST /v1/sandboxes`: the environment must be the caller's (and look built to it), the
 /// network policy granted to it, and the new VM within its quotas.
-async fn check_new_sandbox<'a>(service: &'a Service, who: &Who, body: Option<&Value>) -> Result<Pending<'a>, ApiError> {
+async fn check_new_sandbox(service: &Service, who: &Who, body: Option<&Value>) -> Result<Pending, ApiError> {
     let Some(body) = body else {
         // Not JSON: the handler says what is wrong with it.
         return service.admit_forks(who, 0, 0).await;
@@ -229,7 +265,7 @@ async fn check_new_sandbox<'a>(service: &'a Service, who: &Who, body: Option<&Va
         let owners = service.tenancy.owners.of(Kind::Environment, env);
         let mine = owners.iter().find(|o| o.tenant == who.tenant()).copied();
         match mine {
-            None if !owners.is_empty() || !who.profile.is_default() => {
+            None => {
                 return Err(ApiError::field(404, "environment", format!("no environment {env:?}")));
             }
             Some(owner) if !super::views::visible(service, env, &owner) => {
@@ -283,7 +319,9 @@ fn unforce(service: &Service, who: &Who, body: Option<&Value>) -> Option<(Bytes,
     let id = api.environments.id_of(&request)?;
     let tenancy = &service.tenancy;
     let owners = tenancy.owners.of(Kind::Environment, &id);
-    if owners.iter().all(|o| o.tenant == who.tenant()) {
+    let exists = api.environments.get(&id, "id").is_ok();
+    let sole = owners.len() == 1 && owners[0].tenant == who.tenant();
+    if sole || (owners.is_empty() && !exists) {
         return None;
     }
     let renewed = mine(&owners, who).is_some();
@@ -308,9 +346,7 @@ fn check_context(service: &Service, who: &Who, body: Option<&Value>) -> Result<(
     let Some(context) = body.and_then(|b| b["dockerfile"]["context"].as_str()) else {
         return Ok(());
     };
-    let owners = service.tenancy.owners.of(Kind::Context, context);
-    let mine = owners.iter().any(|o| o.tenant == who.tenant());
-    if !mine && (!owners.is_empty() || !who.profile.is_default()) {
+    if !service.tenancy.owns(who.tenant(), Kind::Context, context) {
         return Err(ApiError::field(
             404,
             "dockerfile.context",
@@ -352,7 +388,10 @@ fn scope_idempotency_key(who: &Who, headers: &mut axum::http::HeaderMap) {
 
 /// Appends the call to the audit: its path's id, else the first id it made.
 fn audit(service: &Service, who: &Who, route: &str, path: &str, made: Option<String>, status: u16) {
-    let target = path_target(path).map(|(_, id)| id.to_string()).or(made);
+    let target = path_target(path)
+        .map(|(_, id)| id.to_string())
+        .or(made)
+        .filter(|t| t.len() <= ID_BYTES);
     service.tenancy.audit(who, route, target, status);
 }
 

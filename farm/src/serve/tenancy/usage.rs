@@ -2,7 +2,7 @@
 //! environments and saved forks, build minutes today.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use engine::book::Kind as BookKind;
 use tenants::{Exceeded, Kind, Quota, TenantId};
@@ -12,19 +12,35 @@ use crate::serve::error::ApiError;
 use crate::serve::service::Service;
 
 /// Forks a request is about to make, held against the tenant's quotas until it answers.
-pub struct Pending<'a> {
-    tenancy: &'a Tenancy,
+pub struct Pending {
+    tenancy: Arc<Tenancy>,
     tenant: TenantId,
     count: u64,
     mib: u64,
 }
 
-impl Drop for Pending<'_> {
+impl Drop for Pending {
     fn drop(&mut self) {
         let mut pending = self.tenancy.pending.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((n, m)) = pending.get_mut(&self.tenant) {
             *n = n.saturating_sub(self.count);
             *m = m.saturating_sub(self.mib);
+        }
+    }
+}
+
+/// A build a request may start, counted against the tenant's build minutes until it ends
+/// (or, when the request started none, until it answers).
+pub struct BuildSlot {
+    tenancy: Arc<Tenancy>,
+    tenant: TenantId,
+}
+
+impl Drop for BuildSlot {
+    fn drop(&mut self) {
+        let mut builds = self.tenancy.builds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = builds.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
         }
     }
 }
@@ -103,12 +119,7 @@ impl Service {
 
     /// Holds `count` forks of `mib` MiB each against the caller's `live` and `memory_mib`
     /// quotas until the returned guard drops, or says which quota they would pass.
-    pub(in crate::serve) async fn admit_forks<'a>(
-        &'a self,
-        who: &Who,
-        count: u64,
-        mib: u64,
-    ) -> Result<Pending<'a>, ApiError> {
+    pub(in crate::serve) async fn admit_forks(&self, who: &Who, count: u64, mib: u64) -> Result<Pending, ApiError> {
         let quotas = &who.profile.quotas;
         let (live, memory) = if quotas.get(Quota::Live).is_some() || quotas.get(Quota::MemoryMib).is_some() {
             self.live_usage(who.tenant()).await
@@ -117,29 +128,36 @@ impl Service {
         };
         let mut pending = self.tenancy.pending.lock().unwrap_or_else(|p| p.into_inner());
         let (n, m) = pending.entry(who.tenant()).or_default();
+        let adding = count.saturating_mul(mib);
         let check = quotas
             .check(Quota::Live, live + *n, count)
-            .and_then(|()| quotas.check(Quota::MemoryMib, memory + *m, count * mib));
+            .and_then(|()| quotas.check(Quota::MemoryMib, memory + *m, adding));
         if let Err(e) = check {
             return Err(over_quota(who, e));
         }
-        *n += count;
-        *m += count * mib;
+        *n = n.saturating_add(count);
+        *m = m.saturating_add(adding);
         Ok(Pending {
-            tenancy: &self.tenancy,
+            tenancy: self.tenancy.clone(),
             tenant: who.tenant(),
             count,
-            mib: count * mib,
+            mib: adding,
         })
     }
 
-    /// Disk the tenant's environments and saved forks (pauses, checkpoints) take, in bytes.
+    /// Disk the tenant's environments, build contexts and saved forks (pauses, checkpoints)
+    /// take, in bytes.
     /// An environment several tenants asked for counts in full for each.
     pub(in crate::serve) fn disk_usage(&self, tenant: TenantId) -> u64 {
         let mut total = 0;
         if let Some(api) = &self.sandbox {
             for id in self.tenancy.owners.owned(Kind::Environment, tenant) {
                 if let Some(dir) = api.environments.get(&id, "id").ok().and_then(|e| e.snapshot_dir()) {
+                    total += engine::pause::disk_usage(&dir);
+                }
+            }
+            for id in self.tenancy.owners.owned(Kind::Context, tenant) {
+                if let Ok(dir) = api.environments.contexts.folder(&id, "context") {
                     total += engine::pause::disk_usage(&dir);
                 }
             }
@@ -175,20 +193,23 @@ impl Service {
             .map_err(|e| over_quota(who, e))
     }
 
-    /// Ok while the caller has build minutes left today; past them, a 429 to retry at
-    /// midnight UTC.
-    pub(in crate::serve) fn check_build_minutes(&self, who: &Who) -> Result<(), ApiError> {
-        let Some(limit) = who.profile.quotas.get(Quota::BuildMinutesPerDay) else {
-            return Ok(());
-        };
+    /// A build the caller may start: while it has build minutes left today, counting each
+    /// build it has running as at least a minute; past them, a 429 to retry at midnight UTC.
+    pub(in crate::serve) fn admit_build(&self, who: &Who) -> Result<BuildSlot, ApiError> {
+        let limit = who.profile.quotas.get(Quota::BuildMinutesPerDay);
         let (day, to_midnight) = today();
-        let seconds = self
-            .tenancy
-            .db
-            .build_seconds(who.tenant(), day)
-            .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?;
-        let used = (seconds / 60.0).ceil() as u64;
-        if used >= limit {
+        let seconds = match limit {
+            Some(_) => self
+                .tenancy
+                .db
+                .build_seconds(who.tenant(), day)
+                .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?,
+            None => 0.0,
+        };
+        let mut builds = self.tenancy.builds.lock().unwrap_or_else(|p| p.into_inner());
+        let running = builds.entry(who.tenant()).or_default();
+        let used = (seconds / 60.0).ceil() as u64 + *running;
+        if let Some(limit) = limit.filter(|l| used >= *l) {
             return Err(over_quota(
                 who,
                 Exceeded {
@@ -199,6 +220,10 @@ impl Service {
                 },
             ));
         }
-        Ok(())
+        *running += 1;
+        Ok(BuildSlot {
+            tenancy: self.tenancy.clone(),
+            tenant: who.tenant(),
+        })
     }
 }

@@ -11,6 +11,7 @@ use tenants::{Kind, Owner};
 
 use super::scope::read_answer;
 use super::{Tenancy, Who};
+use crate::serve::error::ApiError;
 use crate::serve::service::Service;
 
 use tenants::UNKNOWN_BUILD_MS;
@@ -35,7 +36,7 @@ pub(super) async fn after(
     who: &Who,
     (route, path): (&str, &str),
     response: Response,
-    rebuilt: bool,
+    checked: super::scope::Checked,
 ) -> (Response, Option<String>) {
     let status = response.status();
     let interesting = match route {
@@ -48,9 +49,11 @@ pub(super) async fn after(
         | "POST /v1/contexts"
         | "POST /v1/rollouts"
         | "DELETE /v1/environments/{id}" => status.is_success(),
-        "GET /v1/sessions" | "GET /v1/sandboxes" | "GET /v1/environments" | "GET /v1/environments/{id}" => {
-            status.is_success()
-        }
+        "GET /v1/sessions"
+        | "GET /v1/sandboxes"
+        | "GET /v1/environments"
+        | "GET /v1/environments/{id}"
+        | "GET /v1/environments/{id}/logs" => status.is_success(),
         "GET /v1/capacity" | "GET /metrics" => status.is_success() && !who.profile.is_default(),
         _ => false,
     };
@@ -68,7 +71,8 @@ pub(super) async fn after(
     let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
         return (Response::from_parts(parts, Body::from(bytes)), None);
     };
-    let (made, new_status) = match shape(service, who, (route, path), &mut value, rebuilt).await {
+    let handler_made = status == axum::http::StatusCode::ACCEPTED;
+    let (made, new_status) = match shape(service, who, (route, path), &mut value, (checked, handler_made)).await {
         Ok(v) => v,
         Err(e) => return (e.into_response(), None),
     };
@@ -86,7 +90,7 @@ async fn shape(
     who: &Who,
     (route, path): (&str, &str),
     value: &mut Value,
-    rebuilt: bool,
+    (checked, handler_made): (super::scope::Checked, bool),
 ) -> Result<(Option<String>, Option<axum::http::StatusCode>), crate::serve::error::ApiError> {
     let tenancy = &service.tenancy;
     let tenant = who.tenant();
@@ -132,7 +136,7 @@ async fn shape(
             Some(id)
         }
         "POST /v1/rollouts" => value["groups"][0]["rollout_ids"][0].as_str().map(str::to_string),
-        "POST /v1/environments" => return asked_for_environment(service, who, value, rebuilt),
+        "POST /v1/environments" => return asked_for_environment(service, who, value, checked, handler_made),
         "DELETE /v1/environments/{id}" => {
             if let Some(id) = str_of(&value["id"]) {
                 let _ = tenancy.owners.disown(&tenancy.db, Kind::Environment, &id, tenant);
@@ -140,7 +144,7 @@ async fn shape(
             None
         }
         _ => {
-            shape_reads(service, who, route, value).await;
+            shape_reads(service, who, (route, path), value).await;
             None
         }
     };
@@ -148,10 +152,16 @@ async fn shape(
 }
 
 /// A list or a view as the caller may see it.
-async fn shape_reads(service: &Service, who: &Who, route: &str, value: &mut Value) {
+async fn shape_reads(service: &Service, who: &Who, (route, path): (&str, &str), value: &mut Value) {
     let tenancy = &service.tenancy;
     match route {
         "GET /v1/environments/{id}" => own_view(service, who, value),
+        "GET /v1/environments/{id}/logs" => {
+            let id = super::scope::path_target(path)
+                .map(|(_, id)| id.to_string())
+                .unwrap_or_default();
+            own_logs(service, who, &id, value);
+        }
         "GET /v1/environments" => {
             keep_own(tenancy, who, value, "environments", "id", Kind::Environment);
             if let Some(list) = value["environments"].as_array_mut() {
@@ -172,7 +182,8 @@ fn asked_for_environment(
     service: &Service,
     who: &Who,
     value: &mut Value,
-    rebuilt: bool,
+    checked: super::scope::Checked,
+    handler_made: bool,
 ) -> Result<(Option<String>, Option<axum::http::StatusCode>), crate::serve::error::ApiError> {
     let tenancy = &service.tenancy;
     let id = value["id"].as_str().unwrap_or_default().to_string();
@@ -180,10 +191,10 @@ fn asked_for_environment(
     let now = tenants::now_ms();
     let internal = |e: tenants::Error| crate::serve::error::ApiError::new(500, format!("the tenants database: {e}"));
     let mut status = None;
-    if super::scope::mine(&owners, who).is_none() {
-        let built_here = value["state"] == "building" && owners.is_empty();
-        let legacy = owners.is_empty() && who.profile.is_default();
-        let visible_ms = if built_here || legacy { now } else { 0 };
+    let new_here = super::scope::mine(&owners, who).is_none();
+    if new_here {
+        // The first to ask sees its own build as it goes; a later asker, as a build of its own.
+        let visible_ms = if owners.is_empty() { now } else { 0 };
         tenancy
             .owners
             .own(
@@ -198,10 +209,13 @@ fn asked_for_environment(
         if visible_ms == 0 {
             status = Some(axum::http::StatusCode::ACCEPTED);
         }
-        charge_build(service, who, &id);
+    }
+    if new_here || handler_made || checked.rebuilt {
+        // A build started, joined or shown: its minutes are the caller's.
+        charge_build(service, who, &id, checked.build);
     }
     own_view(service, who, value);
-    if status.is_some() || rebuilt {
+    if status.is_some() || checked.rebuilt {
         // Asked for (or rebuilt) just now: a build of its own would not have ended yet.
         hide_build(value);
         status = Some(axum::http::StatusCode::ACCEPTED);
@@ -211,12 +225,14 @@ fn asked_for_environment(
 
 /// Charges the caller's build minutes for an environment it asked for: the build's time once
 /// it ends (or the recorded time of the build another tenant ran).
-fn charge_build(service: &Service, who: &Who, id: &str) {
+fn charge_build(service: &Service, who: &Who, id: &str, slot: Option<super::usage::BuildSlot>) {
     let Some(api) = &service.sandbox else { return };
     let environments = api.environments.clone();
     let tenancy: std::sync::Arc<Tenancy> = service.tenancy.clone();
     let (tenant, id) = (who.tenant(), id.to_string());
     tokio::spawn(async move {
+        // Held (against the build minutes) until the build ends.
+        let _slot = slot;
         loop {
             let Ok(env) = environments.get(&id, "id") else { return };
             if !env.is_building() {
@@ -253,6 +269,7 @@ pub(super) fn own_view(service: &Service, who: &Who, view: &mut Value) {
     }
     if !visible(service, &id, &owner) {
         hide_build(view);
+        view["log_lines"] = json!(shown_lines(service, &id, &owner));
     }
 }
 
@@ -353,19 +370,70 @@ pub(super) async fn environment_before(
     let mine = mine?;
     match route {
         "DELETE /v1/environments/{id}" if owners.len() > 1 => {
+            // What the caller's own environment would answer: 409 while it looks to be
+            // building or while the caller has sandboxes of it; else only its share goes.
+            if !visible(service, id, &mine) {
+                let e = ApiError::new(409, format!("environment {id} is still building"));
+                return Some(e.into_response());
+            }
+            let live = own_live_sandboxes_of(service, who, id);
+            if live > 0 {
+                let e = ApiError::new(
+                    409,
+                    format!("environment {id} has {live} live sandboxes: delete them first"),
+                );
+                return Some(e.into_response());
+            }
             let tenancy = &service.tenancy;
             if let Err(e) = tenancy.owners.disown(&tenancy.db, Kind::Environment, id, who.tenant()) {
-                return Some(
-                    crate::serve::error::ApiError::new(500, format!("the tenants database: {e}")).into_response(),
-                );
+                return Some(ApiError::new(500, format!("the tenants database: {e}")).into_response());
             }
             Some(axum::Json(json!({ "id": id, "deleted": true })).into_response())
         }
-        "GET /v1/environments/{id}/logs" if !visible(service, id, &mine) => {
-            Some(axum::Json(json!({ "lines": [], "next": 0, "state": "building", "error": null })).into_response())
-        }
         _ => None,
     }
+}
+
+/// The build log as the caller sees it: while the environment does not look built to it, the
+/// recorded lines in proportion to the time since it asked, as a build of its own would show
+/// them (`next` counts what it has seen).
+fn own_logs(service: &Service, who: &Who, id: &str, page: &mut Value) {
+    let Some(owner) = service.tenancy.owners.owner(Kind::Environment, id, who.tenant()) else {
+        return;
+    };
+    if visible(service, id, &owner) {
+        return;
+    }
+    let shown = shown_lines(service, id, &owner);
+    let lines = page["lines"].as_array().cloned().unwrap_or_default();
+    let next = page["next"].as_u64().unwrap_or(0) as usize;
+    let from = next.saturating_sub(lines.len());
+    let keep = shown.saturating_sub(from).min(lines.len());
+    page["lines"] = json!(lines[..keep]);
+    page["next"] = json!(from + keep);
+    page["state"] = json!("building");
+    page["error"] = Value::Null;
+}
+
+/// How many of an environment's log lines a build of the caller's own would have printed by
+/// now.
+fn shown_lines(service: &Service, id: &str, owner: &Owner) -> usize {
+    let Some(env) = service
+        .sandbox
+        .as_ref()
+        .and_then(|api| api.environments.get(id, "id").ok())
+    else {
+        return 0;
+    };
+    let total = env.view().log_lines;
+    let took = env
+        .built_in_ms()
+        .or_else(|| service.tenancy.db.build_ms(id).ok().flatten())
+        .unwrap_or(UNKNOWN_BUILD_MS)
+        .max(1);
+    let elapsed = tenants::now_ms().saturating_sub(owner.since_ms);
+    // The last line (ready, or why it failed) only once it looks built.
+    ((total as u64 * elapsed / took) as usize).min(total.saturating_sub(1))
 }
 
 #[cfg(test)]

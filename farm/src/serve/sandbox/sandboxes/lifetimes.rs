@@ -114,11 +114,12 @@ impl Sandboxes {
         self.made_keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `GET /v1/sandboxes`: those the filter keeps, oldest first.
-    pub async fn list(&self, filter: &ListFilter) -> Vec<SandboxView> {
+    /// `GET /v1/sandboxes`: those of the caller (`keep`) the filter keeps, oldest first.
+    pub async fn list(&self, filter: &ListFilter, keep: &(dyn Fn(&str) -> bool + Sync)) -> Vec<SandboxView> {
         let all = self.forks().all(Kind::Sandbox);
         let mut views = Vec::new();
-        for (_, sandbox) in all {
+        // Others' sandboxes are not even locked: a list never waits on their commands.
+        for (_, sandbox) in all.into_iter().filter(|(id, _)| keep(id)) {
             let sandbox = view(&*sandbox.lock().await);
             if filter.keeps(&sandbox) {
                 views.push(sandbox);
