@@ -6,24 +6,11 @@
 //! and no QEMU left after the service stops.
 
 mod common;
-use common::assert_no_qemu_of;
 use common::serve::{farm_serve, stop, Api};
+use common::{assert_no_qemu_of, tar_of};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-
-/// A tar archive of `(path, contents)` files.
-fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (path, text) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(text.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        builder.append_data(&mut header, path, text.as_bytes()).unwrap();
-    }
-    builder.into_inner().unwrap()
-}
 
 impl Api {
     async fn raw(&self, method: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {

@@ -7,52 +7,23 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, repo, stop, Api};
+use common::serve::{farm_serve, farm_tenant, repo, stop, Api};
+use common::tar_of;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 
-/// `farm tenant --db DB ARGS...`: its standard output (the test fails if it does).
-fn tenant_cli(db: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .arg("tenant")
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "farm tenant {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// A new key of `tenant`: (secret, key id).
 fn new_key(db: &Path, tenant: &str, extra: &[&str]) -> (String, String) {
     let mut args = vec!["--json", "key", "add", tenant];
     args.extend_from_slice(extra);
-    let key: Value = serde_json::from_str(&tenant_cli(db, &args)).unwrap();
+    let key: Value = serde_json::from_str(&farm_tenant(db, &args)).unwrap();
     (
         key["secret"].as_str().unwrap().to_string(),
         key["id"].as_str().unwrap().to_string(),
     )
-}
-
-fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (name, text) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(text.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        builder.append_data(&mut header, name, text.as_bytes()).unwrap();
-    }
-    builder.into_inner().unwrap()
 }
 
 /// A's things, made as A.
@@ -379,10 +350,10 @@ async fn tenants_see_and_touch_only_their_own() {
     let dir = tempfile::tempdir().unwrap();
     let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
     let db = out.join("tenants.db");
-    tenant_cli(&db, &["add", "a"]);
-    tenant_cli(&db, &["add", "b"]);
-    tenant_cli(&db, &["grant", "a", "net-a"]);
-    tenant_cli(&db, &["grant", "b", "net-b"]);
+    farm_tenant(&db, &["add", "a"]);
+    farm_tenant(&db, &["add", "b"]);
+    farm_tenant(&db, &["grant", "a", "net-a"]);
+    farm_tenant(&db, &["grant", "b", "net-b"]);
     let (a_key, _) = new_key(&db, "a", &[]);
     let (mut service, url) = farm_serve(
         &service_file(dir.path()),
@@ -492,7 +463,7 @@ async fn tenants_see_and_touch_only_their_own() {
 
 /// Quotas (429 naming one), a flood by B while A works, and keys revoked or expired.
 async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) {
-    tenant_cli(db, &["quota", "set", "b", "live", "1"]);
+    farm_tenant(db, &["quota", "set", "b", "live", "1"]);
     tokio::time::sleep(Duration::from_millis(1200)).await; // the service reads quotas every second
     let env = &owned.env;
     let one = b
@@ -514,7 +485,7 @@ async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) 
         200,
     )
     .await;
-    tenant_cli(db, &["quota", "set", "b", "live", "none"]);
+    farm_tenant(db, &["quota", "set", "b", "live", "none"]);
 
     // A flood of B's rollouts, then A's: A's start while B's still wait in the queue.
     let sleeper = |n: u32| {
@@ -565,7 +536,7 @@ async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) 
         .await;
 
     // Requests a second.
-    tenant_cli(db, &["quota", "set", "b", "requests_per_second", "3"]);
+    farm_tenant(db, &["quota", "set", "b", "requests_per_second", "3"]);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let mut refused = None;
     for _ in 0..10 {
@@ -581,20 +552,20 @@ async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) 
         serde_json::from_slice::<Value>(&body).unwrap()["quota"]["name"],
         "requests_per_second"
     );
-    tenant_cli(db, &["quota", "set", "b", "requests_per_second", "none"]);
+    farm_tenant(db, &["quota", "set", "b", "requests_per_second", "none"]);
     tokio::time::sleep(Duration::from_millis(1200)).await;
 
     // A key revoked while the service runs, and one that expired.
     let (spare, spare_id) = new_key(db, "b", &[]);
     let spare = Api::new(url, Some(&spare));
     spare.ok("GET", "/v1/sandboxes", None, 200).await;
-    tenant_cli(db, &["key", "revoke", &spare_id]);
+    farm_tenant(db, &["key", "revoke", &spare_id]);
     let (status, why) = spare.call("GET", "/v1/sandboxes", None).await;
     assert_eq!(status, 401, "{why}");
     // A socket opened with a key that is then revoked takes no more messages.
     let (socket_key, socket_id) = new_key(db, "b", &[]);
     let mut ws = openenv_socket(url, &socket_key).await;
-    tenant_cli(db, &["key", "revoke", &socket_id]);
+    farm_tenant(db, &["key", "revoke", &socket_id]);
     let reply = openenv_call(&mut ws, json!({ "type": "state" })).await;
     assert_eq!(reply["type"], "error", "{reply}");
     assert!(reply.to_string().contains("revoked"), "{reply}");
@@ -635,7 +606,7 @@ async fn a_is_unharmed(a: &Api, owned: &Owned) {
 /// Every call that changed state is in the audit, with tenant, key, route and result; no
 /// secret is in it or anywhere in the database.
 fn audit_has_no_secret(db: &Path, out: &Path, secrets: &[&str]) {
-    let records: Value = serde_json::from_str(&tenant_cli(db, &["--json", "audit", "--limit", "100000"])).unwrap();
+    let records: Value = serde_json::from_str(&farm_tenant(db, &["--json", "audit", "--limit", "100000"])).unwrap();
     let records = records.as_array().unwrap();
     let by = |tenant: &str, route: &str, status: u64| {
         records

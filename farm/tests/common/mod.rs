@@ -68,3 +68,17 @@ fn qemu_of(run_dir: &Path) -> Option<String> {
     }
     None
 }
+
+/// A tar archive of `(path, contents)` files.
+#[allow(dead_code)] // not every test binary uploads archives
+pub fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, text) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(text.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, path, text.as_bytes()).unwrap();
+    }
+    builder.into_inner().unwrap()
+}

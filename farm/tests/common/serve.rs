@@ -264,28 +264,31 @@ pub fn stop(proc: &mut Proc) {
     }
 }
 
+/// `farm tenant --db DB ARGS...`: its standard output (the test fails if it does).
+#[allow(dead_code)] // not every test binary has tenants
+pub fn farm_tenant(db: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_farm"))
+        .arg("tenant")
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "farm tenant {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// A tenant made with `farm tenant` in database `db` (made if need be; the service's is
 /// `OUT/tenants.db`), granted these network policies, and a key of it: its secret.
 #[allow(dead_code)] // not every test binary has tenants
 pub fn tenant_key(db: &Path, tenant: &str, grants: &[&str]) -> String {
-    let farm = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_farm"))
-            .arg("tenant")
-            .arg("--db")
-            .arg(db)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "farm tenant {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
-    farm(&["add", tenant]);
+    farm_tenant(db, &["add", tenant]);
     for policy in grants {
-        farm(&["grant", tenant, policy]);
+        farm_tenant(db, &["grant", tenant, policy]);
     }
-    farm(&["key", "add", tenant]).trim().to_string()
+    farm_tenant(db, &["key", "add", tenant]).trim().to_string()
 }
