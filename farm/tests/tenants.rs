@@ -304,6 +304,51 @@ async fn mcp_tokens(url: &str, b: &Api, owned: &Owned) {
     }
 }
 
+/// Uploads a build context as the caller: its id.
+async fn upload(api: &Api, files: &[(&str, &str)]) -> String {
+    let uploaded = api
+        .http
+        .post(format!("{}/v1/contexts", api.url))
+        .bearer_auth(api.token.as_ref().unwrap())
+        .body(tar_of(files))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(uploaded.status().as_u16(), 201);
+    uploaded.json::<Value>().await.unwrap()["context"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A timing probe: A builds an environment that takes at least 4 s; B asks for the same
+/// content and sees a build of its own, still building 2 s later (the build it would have
+/// run could not be done), giving nothing away by DELETE either, then ready.
+async fn timing_probe(a: &Api, b: &Api) {
+    let files = [("Dockerfile", "FROM farm:minimal\nRUN sleep 4 && echo slow > /slow\n")];
+    let dockerfile = |context: &str| json!({ "dockerfile": { "context": context } });
+    let context = upload(a, &files).await;
+    let made = a.ok("POST", "/v1/environments", Some(dockerfile(&context)), 202).await;
+    let env = made["id"].as_str().unwrap().to_string();
+    a.wait_built(&env).await;
+    assert_eq!(upload(b, &files).await, context, "contexts are content-addressed too");
+    let asked = b.ok("POST", "/v1/environments", Some(dockerfile(&context)), 202).await;
+    assert_eq!(
+        (asked["id"].as_str(), asked["state"].as_str()),
+        (Some(env.as_str()), Some("building"))
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let view = b.ok("GET", &format!("/v1/environments/{env}"), None, 200).await;
+    assert_eq!(view["state"], "building", "a 4 s build cannot be done in 2 s: {view}");
+    let logs = b.ok("GET", &format!("/v1/environments/{env}/logs"), None, 200).await;
+    assert_eq!(logs["state"], "building", "{logs}");
+    let (status, refused) = b.call("DELETE", &format!("/v1/environments/{env}"), None).await;
+    assert_eq!(status, 409, "as a build of B's own still running: {refused}");
+    b.wait_built(&env).await;
+    let lines = b.ok("GET", &format!("/v1/environments/{env}/logs"), None, 200).await;
+    assert!(lines["lines"].as_array().is_some_and(|l| !l.is_empty()), "{lines}");
+}
+
 /// B's environment of the same content as A's looks to B like a build of its own.
 async fn same_content_looks_built_by_b(b: &Api, owned: &Owned) -> String {
     let asked = Instant::now();
@@ -448,6 +493,7 @@ async fn tenants_see_and_touch_only_their_own() {
     assert_eq!(status, 409, "{kept}");
     b.ok("DELETE", &format!("/v1/sandboxes/{b_sandbox}"), None, 200).await;
     // Then B deleting the environment it shares gives up its own share only.
+    timing_probe(&a, &b).await;
     quotas_and_keys(&db, &url, &a, &b, &owned).await;
     b.ok("DELETE", &format!("/v1/environments/{env}"), None, 200).await;
     assert_eq!(b.call("GET", &format!("/v1/environments/{env}"), None).await.0, 404);
