@@ -48,6 +48,8 @@ pub struct Metrics {
     pub tenant_refusals: IntCounterVec,
     /// Seconds a tenant's rollouts waited in the queue for a slot.
     pub tenant_admission_wait: HistogramVec,
+    /// A tenant's sessions and sandboxes, by state (`live`, `paused`), as of the last scrape.
+    pub tenant_forks: IntGaugeVec,
 }
 
 /// Every metric's name starts with `farm_`.
@@ -135,6 +137,10 @@ impl Metrics {
                 .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
                 &["tenant"],
             )?,
+            tenant_forks: IntGaugeVec::new(
+                Opts::new("tenant_forks", "A tenant's sessions and sandboxes, by state."),
+                &["tenant", "state"],
+            )?,
         };
         let registry = &m.registry;
         registry.register(Box::new(m.rollouts.clone()))?;
@@ -156,6 +162,7 @@ impl Metrics {
             registry.register(Box::new(tenant.clone()))?;
         }
         registry.register(Box::new(m.tenant_admission_wait.clone()))?;
+        registry.register(Box::new(m.tenant_forks.clone()))?;
         m.show_every_series();
         Ok(m)
     }
@@ -191,7 +198,7 @@ impl Metrics {
     /// and `_count` suffixes).
     pub fn names(&self) -> Vec<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 18] = [
+        let collectors: [&dyn Collector; 19] = [
             &self.rollouts,
             &self.verdicts,
             &self.reward,
@@ -210,6 +217,7 @@ impl Metrics {
             &self.tenant_requests,
             &self.tenant_refusals,
             &self.tenant_admission_wait,
+            &self.tenant_forks,
         ];
         collectors
             .iter()

@@ -325,7 +325,13 @@ async fn upload(api: &Api, files: &[(&str, &str)]) -> String {
 /// content and sees a build of its own, still building 2 s later (the build it would have
 /// run could not be done), giving nothing away by DELETE either, then ready.
 async fn timing_probe(a: &Api, b: &Api) {
-    let files = [("Dockerfile", "FROM farm:minimal\nRUN sleep 4 && echo slow > /slow\n")];
+    // A step no earlier run has cached (the build's step cache is the host's).
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dockerfile_text = format!("FROM farm:minimal\nRUN sleep 4 && echo {nonce} > /slow\n");
+    let files = [("Dockerfile", dockerfile_text.as_str())];
     let dockerfile = |context: &str| json!({ "dockerfile": { "context": context } });
     let context = upload(a, &files).await;
     let made = a.ok("POST", "/v1/environments", Some(dockerfile(&context)), 202).await;
@@ -380,7 +386,7 @@ fn service_file(dir: &Path) -> std::path::PathBuf {
     std::fs::write(
         &config,
         format!(
-            "[serve]\nsuites = [{:?}]\nconcurrency = 2\n[serve.sandboxes]\n\
+            "[serve]\nsuites = [{:?}]\nconcurrency = 2\nmax_sessions = 6\n[serve.sandboxes]\n\
              [serve.sandboxes.networks.net-a]\nallow = [\"127.0.0.1:9\"]\n\
              [serve.sandboxes.networks.net-b]\nallow = [\"127.0.0.1:9\"]\n",
             suite.display().to_string()
@@ -502,9 +508,34 @@ async fn tenants_see_and_touch_only_their_own() {
         "ready"
     );
     a_is_unharmed(&a, &owned).await;
+    a_full_node_says_nothing_of_others(&b).await;
     audit_has_no_secret(&db, &out, &[&a_key, &b_key]);
     stop(&mut service);
     assert_no_qemu_of(&run_dir);
+}
+
+/// B fills what is left of the node (`max_sessions = 6`, two of them A's): the refusal that is
+/// not about B's quota tells B nothing of the node's figures; B's metrics count its own.
+async fn a_full_node_says_nothing_of_others(b: &Api) {
+    let mut mine = Vec::new();
+    let refusal = loop {
+        let (status, v) = b.call("POST", "/v1/sessions", Some(json!({ "task_id": "answer" }))).await;
+        if status != 201 {
+            break (status, v);
+        }
+        mine.push(v["session_id"].as_str().unwrap().to_string());
+        assert!(mine.len() <= 6, "max_sessions = 6 never refused");
+    };
+    assert_eq!(refusal.0, 429, "{}", refusal.1);
+    let text = refusal.1["error"].as_str().unwrap();
+    assert!(text.contains("no room") && !text.chars().any(|c| c.is_ascii_digit()), "{text}");
+    let (_, _, metrics) = b.send("GET", "/metrics", None, &[]).await;
+    let metrics = String::from_utf8(metrics).unwrap();
+    let live = format!("farm_tenant_forks{{state=\"live\",tenant=\"b\"}} {}", mine.len());
+    assert!(metrics.contains(&live), "{live} in {metrics}");
+    for id in mine {
+        b.ok("DELETE", &format!("/v1/sessions/{id}"), None, 200).await;
+    }
 }
 
 /// Quotas (429 naming one), a flood by B while A works, and keys revoked or expired.

@@ -41,7 +41,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/sessions/{id}/pause", post(pause_session))
         .route("/v1/sessions/{id}/resume", post(resume_session))
         .route("/v1/sessions/{id}", delete(end_session).get(get_session))
-        .route("/metrics", get(|| async { crate::metrics_http::metrics_response() }))
+        .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
         .merge(super::sandbox_routes::routes())
         .merge(super::hosting_routes::routes())
@@ -50,6 +50,11 @@ pub fn router(service: Arc<Service>) -> Router {
         .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })
         .layer(middleware::from_fn_with_state(app.clone(), super::tenancy::layer))
         .with_state(app)
+}
+
+async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    app.service.count_tenant_forks();
+    crate::metrics_http::metrics_response()
 }
 
 async fn submit(State(app): State<App>, Extension(who): Extension<Who>, headers: HeaderMap, body: Bytes) -> Reply {

@@ -117,7 +117,7 @@ pub(in crate::serve) async fn layer(State(app): State<App>, mut request: Request
             if changes {
                 audit(&service, &who, &route, &path, made, response.status().as_u16());
             }
-            response
+            node_refusal(&who, response).await
         }
     };
     let class = match response.status().as_u16() {
@@ -130,6 +130,39 @@ pub(in crate::serve) async fn layer(State(app): State<App>, mut request: Request
         .with_label_values(&[who.profile.tenant.name.as_str(), class])
         .inc();
     response
+}
+
+/// A 429 or 503 that is not about the caller's own quota is about the node, and its figures
+/// (live forks, queue length, free memory) are every tenant's work: a tenant other than
+/// `default` is told that the node has no room, with the same `Retry-After`.
+async fn node_refusal(who: &Who, response: Response) -> Response {
+    let status = response.status().as_u16();
+    if who.profile.is_default() || !matches!(status, 429 | 503) {
+        return response;
+    }
+    let retry_after = response.headers().get(axum::http::header::RETRY_AFTER).cloned();
+    let Ok((_, bytes)) = read_answer(response).await else {
+        return ApiError::new(status, "this node has no room now: retry later").into_response();
+    };
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if body.get("quota").is_some_and(|q| !q.is_null()) {
+        let mut kept = (
+            axum::http::StatusCode::from_u16(status).expect("a status"),
+            axum::Json(body),
+        )
+            .into_response();
+        if let Some(r) = retry_after {
+            kept.headers_mut().insert(axum::http::header::RETRY_AFTER, r);
+        }
+        return kept;
+    }
+    let mut error = ApiError::new(
+        status,
+        "this node, shared by several tenants, has no room now: retry later",
+    );
+    error.field = body["field"].as_str().map(str::to_string);
+    error.retry_after = retry_after.and_then(|v| v.to_str().ok()?.parse().ok());
+    error.into_response()
 }
 
 /// The checks, the handler, and what follows it: the answer, and the first id it made.

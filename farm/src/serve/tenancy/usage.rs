@@ -117,6 +117,31 @@ impl Service {
         (ids.len() as u64, mib)
     }
 
+    /// Sets `farm_tenant_forks`: each tenant's live and paused sessions and sandboxes.
+    pub(in crate::serve) fn count_tenant_forks(&self) {
+        let mut counts: HashMap<(TenantId, &'static str), i64> = HashMap::new();
+        {
+            let book = self.forks();
+            for (book_kind, kind) in [(BookKind::Session, Kind::Session), (BookKind::Sandbox, Kind::Sandbox)] {
+                for (id, _) in book.all(book_kind) {
+                    let state = if book.is_paused(&id) { "paused" } else { "live" };
+                    for owner in self.tenancy.owners.of(kind, &id) {
+                        *counts.entry((owner.tenant, state)).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let gauge = &engine::metrics::get().tenant_forks;
+        gauge.reset();
+        let Ok(all) = self.tenancy.db.tenants() else { return };
+        for summary in all {
+            for state in ["live", "paused"] {
+                let n = counts.get(&(summary.tenant.id, state)).copied().unwrap_or(0);
+                gauge.with_label_values(&[summary.tenant.name.as_str(), state]).set(n);
+            }
+        }
+    }
+
     /// Holds `count` forks of `mib` MiB each against the caller's `live` and `memory_mib`
     /// quotas until the returned guard drops, or says which quota they would pass.
     pub(in crate::serve) async fn admit_forks(&self, who: &Who, count: u64, mib: u64) -> Result<Pending, ApiError> {
