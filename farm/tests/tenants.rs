@@ -519,7 +519,9 @@ async fn tenants_see_and_touch_only_their_own() {
 async fn a_full_node_says_nothing_of_others(b: &Api) {
     let mut mine = Vec::new();
     let refusal = loop {
-        let (status, v) = b.call("POST", "/v1/sessions", Some(json!({ "task_id": "answer" }))).await;
+        let (status, v) = b
+            .call("POST", "/v1/sessions", Some(json!({ "task_id": "answer" })))
+            .await;
         if status != 201 {
             break (status, v);
         }
@@ -528,7 +530,10 @@ async fn a_full_node_says_nothing_of_others(b: &Api) {
     };
     assert_eq!(refusal.0, 429, "{}", refusal.1);
     let text = refusal.1["error"].as_str().unwrap();
-    assert!(text.contains("no room") && !text.chars().any(|c| c.is_ascii_digit()), "{text}");
+    assert!(
+        text.contains("no room") && !text.chars().any(|c| c.is_ascii_digit()),
+        "{text}"
+    );
     let (_, _, metrics) = b.send("GET", "/metrics", None, &[]).await;
     let metrics = String::from_utf8(metrics).unwrap();
     let live = format!("farm_tenant_forks{{state=\"live\",tenant=\"b\"}} {}", mine.len());
