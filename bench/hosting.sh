@@ -11,11 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FARM="$PWD/target/release/farm"
 [ -x "$FARM" ] || { echo "build farm first: cargo build --release -p farm" >&2; exit 1; }
-work=$(mktemp -d -t farm-hosting-bench-XXXXXX)
-serve_pid=""
-cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
 source bench/serve-lib.sh
+serve_workdir hosting-bench
 cat >"$work/serve.toml" <<TOML
 [serve]
 suites = []

@@ -13,11 +13,8 @@ cd "$(dirname "$0")/.."
 FARM="$PWD/target/release/farm"
 N="${1:-50}"
 LEAK="${2:-100}"
-work=$(mktemp -d -t farm-sandboxes-bench-XXXXXX)
-serve_pid=""
-cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
 source bench/serve-lib.sh
+serve_workdir sandboxes-bench
 for pool in 0 2; do
   cat >"$work/serve-$pool.toml" <<TOML
 [serve]

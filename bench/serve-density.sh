@@ -13,10 +13,8 @@ cd "$(dirname "$0")/.."
 FARM="$PWD/target/release/farm"
 N="${1:-1000}"
 KSM="${2:-off}"
-work=$(mktemp -d -t farm-serve-density-XXXXXX)
-serve_pid=""
-cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+source bench/serve-lib.sh
+serve_workdir serve-density
 cat >"$work/serve.toml" <<TOML
 [serve]
 suites = ["$PWD/configs/serve.toml"]
@@ -27,6 +25,5 @@ max_sessions = "auto"
 session_lease_secs = 7200
 ksm = "$KSM"
 TOML
-source bench/serve-lib.sh
 start_serve "$FARM" "$work/serve.toml" "$work/serve.log"
 python3 bench/serve_density.py "$url" "$N" "$serve_pid" "$KSM"

@@ -1,7 +1,22 @@
-# Sourced by the serve benchmarks: starts `farm serve CONFIG` on a free loopback port with its
-# log in LOG, and sets serve_pid and url (exits, showing the log, if it does not come up).
+# Sourced by the serve benchmarks.
 #
+#   serve_workdir NAME        sets work to a fresh temporary directory and, on exit, stops the
+#                             service (if started) and removes the directory.
 #   start_serve FARM CONFIG LOG
+#                             starts `farm serve CONFIG` on a free loopback port with its log in
+#                             LOG, and sets serve_pid and url (exits, showing the log, if it does
+#                             not come up).
+serve_workdir() {
+  work=$(mktemp -d -t "farm-$1-XXXXXX")
+  serve_pid=""
+  trap 'serve_cleanup' EXIT
+}
+serve_cleanup() {
+  [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null
+  wait 2>/dev/null
+  rm -rf "$work"
+}
+
 start_serve() {
   "$1" serve "$2" --listen 127.0.0.1:0 2>"$3" &
   serve_pid=$!

@@ -15,10 +15,8 @@ cd "$(dirname "$0")/.."
 FARM="$PWD/target/release/farm"
 N="${1:-40}"
 OPS="${2:-10}"
-work=$(mktemp -d -t farm-serve-bench-XXXXXX)
-serve_pid=""
-cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+source bench/serve-lib.sh
+serve_workdir serve-bench
 
 ACTIONS='[{"kind": "exec", "command": "echo $(( $(cat n.txt) * 2 )) > out.txt"}]'
 python3 - "$work/trajectories.jsonl" "$N" "$ACTIONS" <<'PY'
@@ -67,7 +65,6 @@ run_rate=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["performa
 run_counts=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["counts"])' "$work/run-out/summary.json")
 
 echo "2. farm serve: $N rollouts, then $OPS sessions" >&2
-source bench/serve-lib.sh
 start_serve "$FARM" "$work/serve.toml" "$work/serve.log"
 result=$(python3 bench/serve_client.py "$url" "$N" "$OPS" "$ACTIONS")
 kill -TERM "$serve_pid"; wait "$serve_pid" 2>/dev/null || true; serve_pid=""

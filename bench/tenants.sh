@@ -16,10 +16,8 @@ cd "$(dirname "$0")/.."
 FARM="${FARM:-$PWD/target/release/farm}"
 FLOOD="${1:-200}"
 A_N="${2:-20}"
-work=$(mktemp -d -t farm-tenants-bench-XXXXXX)
-serve_pid=""
-cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+source bench/serve-lib.sh
+serve_workdir tenants-bench
 
 cat >"$work/serve.toml" <<TOML
 [serve]
@@ -35,7 +33,6 @@ db="$work/serve-out/tenants.db"
 key_a=$("$FARM" tenant --db "$db" key add a 2>/dev/null)
 key_b=$("$FARM" tenant --db "$db" key add b 2>/dev/null)
 
-source bench/serve-lib.sh
 start_serve "$FARM" "$work/serve.toml" "$work/serve.log"
 python3 bench/tenants.py "$url" "$key_a" "$key_b" "$FLOOD" "$A_N"
 kill -TERM "$serve_pid"; wait "$serve_pid" 2>/dev/null || true; serve_pid=""
