@@ -82,6 +82,13 @@ impl From<Refusal> for ApiError {
     }
 }
 
+/// The tenants database failed (not the caller's doing): 500.
+impl From<tenants::Error> for ApiError {
+    fn from(e: tenants::Error) -> ApiError {
+        ApiError::new(500, format!("the tenants database: {e}"))
+    }
+}
+
 impl ApiError {
     /// A session's refusal of a call, naming the session: 404 once it has ended, 409 while
     /// it is paused or when it took its steps.

@@ -123,11 +123,10 @@ impl Tenancy {
                 return Ok(p.clone());
             }
         }
-        let internal = |e: tenants::Error| ApiError::new(500, format!("the tenants database: {e}"));
         let profile = Arc::new(Profile {
             tenant: tenant.clone(),
-            quotas: self.db.quotas(tenant.id).map_err(internal)?,
-            grants: self.db.grants(tenant.id).map_err(internal)?,
+            quotas: self.db.quotas(tenant.id)?,
+            grants: self.db.grants(tenant.id)?,
         });
         cache.insert(tenant.id, (Instant::now(), profile.clone()));
         Ok(profile)
@@ -135,11 +134,7 @@ impl Tenancy {
 
     /// The profile of a tenant by id (for work the service does on a tenant's behalf).
     pub fn profile_of(&self, id: TenantId) -> Result<Arc<Profile>, ApiError> {
-        let tenant = self
-            .db
-            .tenant_by_id(id)
-            .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?;
-        self.profile(&tenant)
+        self.profile(&self.db.tenant_by_id(id)?)
     }
 
     /// Who sends these headers to `path`, or a 401.
@@ -158,9 +153,8 @@ impl Tenancy {
                     .map(|_| &v[7..])
             })
             .unwrap_or("");
-        let internal = |e: tenants::Error| ApiError::new(500, format!("the tenants database: {e}"));
         if given.starts_with(KEY_PREFIX) {
-            return match self.db.authenticate(given, tenants::now_ms()).map_err(internal)? {
+            return match self.db.authenticate(given, tenants::now_ms())? {
                 Ok(Caller { tenant, key_id }) => Ok(Who {
                     profile: self.profile(&tenant)?,
                     key_id,
@@ -179,12 +173,7 @@ impl Tenancy {
                 }
             }
         }
-        let default = || {
-            self.db
-                .tenant_by_id(tenants::DEFAULT)
-                .map_err(internal)
-                .and_then(|t| self.profile(&t))
-        };
+        let default = || self.profile_of(tenants::DEFAULT);
         match &self.service_token {
             Some(expected) => {
                 let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
@@ -237,14 +226,8 @@ impl Tenancy {
     /// A message on a socket the caller opened (OpenEnv): its key must still be live (401
     /// otherwise: the socket closes), and the message is a request against its rate (429).
     pub fn admit_message(&self, who: &Who) -> Result<(), ApiError> {
-        if who.key_id.starts_with("k-") {
-            let live = self
-                .db
-                .key_live(&who.key_id, tenants::now_ms())
-                .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?;
-            if !live {
-                return Err(unauthorized(&format!("key {} was revoked or has expired", who.key_id)));
-            }
+        if who.key_id.starts_with("k-") && !self.db.key_live(&who.key_id, tenants::now_ms())? {
+            return Err(unauthorized(&format!("key {} was revoked or has expired", who.key_id)));
         }
         self.take_request(who).map_err(|e| over_quota(who, e))
     }
@@ -260,9 +243,7 @@ impl Tenancy {
     /// Records that the caller owns these ids, visible now.
     pub fn own(&self, tenant: TenantId, kind: Kind, ids: &[String]) -> Result<(), ApiError> {
         let now = tenants::now_ms();
-        self.owners
-            .own(&self.db, kind, ids, tenant, now, now)
-            .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))
+        Ok(self.owners.own(&self.db, kind, ids, tenant, now, now)?)
     }
 
     /// Whether the caller may see the id: its own.

@@ -219,7 +219,7 @@ async fn check(
             true => Vec::new(),
             false => service.tenancy.owners.of(kind, raw),
         };
-        let mine = owners.iter().find(|o| o.tenant == who.tenant()).copied();
+        let mine = mine(&owners, who);
         if mine.is_none() {
             if route != MCP_ROUTE {
                 return Err(not_found(kind, raw));
@@ -295,9 +295,7 @@ async fn check_new_sandbox(service: &Service, who: &Who, body: Option<&Value>) -
     };
     let mut mib = body["memory_mib"].as_u64();
     if let Some(env) = body["environment"].as_str() {
-        let owners = service.tenancy.owners.of(Kind::Environment, env);
-        let mine = owners.iter().find(|o| o.tenant == who.tenant()).copied();
-        match mine {
+        match mine(&service.tenancy.owners.of(Kind::Environment, env), who) {
             None => {
                 return Err(ApiError::field(404, "environment", format!("no environment {env:?}")));
             }

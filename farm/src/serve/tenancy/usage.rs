@@ -69,6 +69,9 @@ impl ForkMemory {
     }
 }
 
+/// The fork book's kinds, each with the owner kind of its ids.
+const FORK_KINDS: [(BookKind, Kind); 2] = [(BookKind::Session, Kind::Session), (BookKind::Sandbox, Kind::Sandbox)];
+
 /// Days since the epoch, UTC, and the seconds to the next one.
 pub fn today() -> (u64, u64) {
     let secs = tenants::now_ms() / 1000;
@@ -85,19 +88,23 @@ impl Service {
             .unwrap_or(512)
     }
 
-    /// The tenant's live forks (not paused) and their guest memory in MiB.
-    pub(in crate::serve) async fn live_usage(&self, tenant: TenantId) -> (u64, u64) {
-        let mut ids: Vec<(Kind, String)> = Vec::new();
-        {
-            let book = self.forks();
-            for (book_kind, kind) in [(BookKind::Session, Kind::Session), (BookKind::Sandbox, Kind::Sandbox)] {
-                for (id, _) in book.all(book_kind) {
-                    if !book.is_paused(&id) && self.tenancy.owns(tenant, kind, &id) {
-                        ids.push((kind, id));
-                    }
+    /// The tenant's live (not paused) sessions and sandboxes.
+    pub(in crate::serve) fn live_forks(&self, tenant: TenantId) -> Vec<(Kind, String)> {
+        let book = self.forks();
+        let mut ids = Vec::new();
+        for (book_kind, kind) in FORK_KINDS {
+            for (id, _) in book.all(book_kind) {
+                if !book.is_paused(&id) && self.tenancy.owns(tenant, kind, &id) {
+                    ids.push((kind, id));
                 }
             }
         }
+        ids
+    }
+
+    /// The tenant's live forks (not paused) and their guest memory in MiB.
+    pub(in crate::serve) async fn live_usage(&self, tenant: TenantId) -> (u64, u64) {
+        let ids = self.live_forks(tenant);
         let mut mib = 0;
         for (kind, id) in &ids {
             mib += match (self.tenancy.memory.get(id), kind, &self.sandbox) {
@@ -122,7 +129,7 @@ impl Service {
         let mut counts: HashMap<(TenantId, &'static str), i64> = HashMap::new();
         {
             let book = self.forks();
-            for (book_kind, kind) in [(BookKind::Session, Kind::Session), (BookKind::Sandbox, Kind::Sandbox)] {
+            for (book_kind, kind) in FORK_KINDS {
                 for (id, _) in book.all(book_kind) {
                     let state = if book.is_paused(&id) { "paused" } else { "live" };
                     for owner in self.tenancy.owners.of(kind, &id) {
@@ -224,11 +231,7 @@ impl Service {
         let limit = who.profile.quotas.get(Quota::BuildMinutesPerDay);
         let (day, to_midnight) = today();
         let seconds = match limit {
-            Some(_) => self
-                .tenancy
-                .db
-                .build_seconds(who.tenant(), day)
-                .map_err(|e| ApiError::new(500, format!("the tenants database: {e}")))?,
+            Some(_) => self.tenancy.db.build_seconds(who.tenant(), day)?,
             None => 0.0,
         };
         let mut builds = self.tenancy.builds.lock().unwrap_or_else(|p| p.into_inner());

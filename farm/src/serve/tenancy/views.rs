@@ -189,23 +189,19 @@ fn asked_for_environment(
     let id = value["id"].as_str().unwrap_or_default().to_string();
     let owners = tenancy.owners.of(Kind::Environment, &id);
     let now = tenants::now_ms();
-    let internal = |e: tenants::Error| crate::serve::error::ApiError::new(500, format!("the tenants database: {e}"));
     let mut status = None;
     let new_here = super::scope::mine(&owners, who).is_none();
     if new_here {
         // The first to ask sees its own build as it goes; a later asker, as a build of its own.
         let visible_ms = if owners.is_empty() { now } else { 0 };
-        tenancy
-            .owners
-            .own(
-                &tenancy.db,
-                Kind::Environment,
-                std::slice::from_ref(&id),
-                who.tenant(),
-                now,
-                visible_ms,
-            )
-            .map_err(internal)?;
+        tenancy.owners.own(
+            &tenancy.db,
+            Kind::Environment,
+            std::slice::from_ref(&id),
+            who.tenant(),
+            now,
+            visible_ms,
+        )?;
         if visible_ms == 0 {
             status = Some(axum::http::StatusCode::ACCEPTED);
         }
@@ -318,25 +314,9 @@ async fn own_capacity(service: &Service, who: &Who, value: &mut Value) {
             .count();
         (inner.queue.len_of(tenant), running)
     };
-    let (mut sessions, mut sandboxes) = (0, 0);
-    {
-        let book = service.forks();
-        for (kind, n) in [
-            (engine::book::Kind::Session, &mut sessions),
-            (engine::book::Kind::Sandbox, &mut sandboxes),
-        ] {
-            let k = if kind == engine::book::Kind::Session {
-                Kind::Session
-            } else {
-                Kind::Sandbox
-            };
-            *n = book
-                .all(kind)
-                .iter()
-                .filter(|(id, _)| !book.is_paused(id) && service.tenancy.owns(tenant, k, id))
-                .count();
-        }
-    }
+    let live = service.live_forks(tenant);
+    let sessions = live.iter().filter(|(kind, _)| *kind == Kind::Session).count();
+    let sandboxes = live.len() - sessions;
     value["queued"] = json!(queued);
     value["in_flight"] = json!(in_flight);
     value["sessions"] = json!(sessions);
@@ -386,7 +366,7 @@ pub(super) async fn environment_before(
             }
             let tenancy = &service.tenancy;
             if let Err(e) = tenancy.owners.disown(&tenancy.db, Kind::Environment, id, who.tenant()) {
-                return Some(ApiError::new(500, format!("the tenants database: {e}")).into_response());
+                return Some(ApiError::from(e).into_response());
             }
             Some(axum::Json(json!({ "id": id, "deleted": true })).into_response())
         }
