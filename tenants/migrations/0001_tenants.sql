@@ -64,6 +64,9 @@ CREATE TABLE audit (
 );
 CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit BEGIN SELECT RAISE(ABORT, 'the audit is append-only'); END;
 CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit BEGIN SELECT RAISE(ABORT, 'the audit is append-only'); END;
+-- REPLACE deletes without firing delete triggers (recursive_triggers is off): refuse it too.
+CREATE TRIGGER audit_no_replace BEFORE INSERT ON audit WHEN EXISTS (SELECT 1 FROM audit WHERE seq = NEW.seq)
+BEGIN SELECT RAISE(ABORT, 'the audit is append-only'); END;
 
 -- A secret of this database: the key of the MCP session tokens of tenants' sessions.
 CREATE TABLE secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);

@@ -116,5 +116,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("append-only"), "{err}");
+        let err = conn
+            .execute(
+                "INSERT OR REPLACE INTO audit (seq, at_ms, tenant, key_id, route, status) \
+                 SELECT seq, at_ms, tenant, key_id, route, 200 FROM audit LIMIT 1",
+                [],
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("append-only"), "{err}");
     }
 }

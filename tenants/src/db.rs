@@ -62,9 +62,19 @@ impl Db {
         };
         let conn = Connection::open(path).map_err(wrap)?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(wrap)?;
+        // Switching a new file to WAL does not wait on the busy handler when another process
+        // opening it at the same moment holds its lock: try again for as long as it would.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mode: String = loop {
+            match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other.map_err(wrap)?,
+            }
+        };
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Invalid(format!(
                 "{}: the database could not be put in WAL mode (got {mode})",
@@ -96,28 +106,35 @@ impl Db {
         }
     }
 
-    /// Runs the migrations past the database's `user_version`, each in one transaction.
+    /// Runs the migrations past the database's `user_version`, each in one transaction that
+    /// holds the write lock from its start and reads the version under it: two processes
+    /// opening a new file at once (`farm serve` and `farm tenant`) apply each migration once.
     fn migrate(&self) -> Result<(), Error> {
         let mut conn = self.conn();
-        let version: u32 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| self.err(e))?;
         let known = MIGRATIONS.len() as u32;
-        if version > known {
-            return Err(Error::TooNew {
-                path: self.path.clone(),
-                found: version,
-                known,
-            });
-        }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            let tx = conn.transaction().map_err(|e| self.err(e))?;
-            tx.execute_batch(sql).map_err(|e| self.err(e))?;
-            tx.execute_batch(&format!("PRAGMA user_version = {}", i + 1))
+        loop {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(|e| self.err(e))?;
+            let version: u32 = tx
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .map_err(|e| self.err(e))?;
+            if version > known {
+                return Err(Error::TooNew {
+                    path: self.path.clone(),
+                    found: version,
+                    known,
+                });
+            }
+            if version == known {
+                return Ok(());
+            }
+            tx.execute_batch(MIGRATIONS[version as usize])
+                .map_err(|e| self.err(e))?;
+            tx.execute_batch(&format!("PRAGMA user_version = {}", version + 1))
                 .map_err(|e| self.err(e))?;
             tx.commit().map_err(|e| self.err(e))?;
         }
-        Ok(())
     }
 
     /// `farm tenant add NAME`.
@@ -382,6 +399,20 @@ mod tests {
         drop(db);
         let err = Db::open(&path).err().unwrap().to_string();
         assert!(err.contains("version 99"), "{err}");
+    }
+
+    #[test]
+    fn processes_opening_a_new_database_at_once_migrate_it_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.db");
+        let opened: Vec<Result<Db, Error>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6).map(|_| s.spawn(|| Db::open(&path))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for db in opened {
+            let db = db.unwrap();
+            assert_eq!(db.tenants().unwrap().len(), 1, "one default tenant");
+        }
     }
 
     #[test]

@@ -62,7 +62,13 @@ impl Db {
         self.conn()
             .execute(
                 "INSERT INTO keys (id, tenant, hash, created_ms, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![id, t.id.0, hash, now_ms() as i64, expires_ms.map(|e| e as i64)],
+                params![
+                    id,
+                    t.id.0,
+                    hash,
+                    now_ms() as i64,
+                    expires_ms.map(|e| e.min(i64::MAX as u64) as i64)
+                ],
             )
             .map_err(|e| self.err(e))?;
         Ok(NewKey {
@@ -215,9 +221,13 @@ mod tests {
             db.authenticate(&expiring.secret, now_ms() + 61_000).unwrap(),
             Err(AuthError::Expired(expiring.id.clone()))
         );
+        // An expiry past what SQLite holds is "never" for every check alike.
+        let far = db.add_key("a", Some(u64::MAX)).unwrap();
+        assert!(db.authenticate(&far.secret, now_ms()).unwrap().is_ok());
+        assert!(db.key_live(&far.id, now_ms()).unwrap());
         let keys = db.keys(Some("a")).unwrap();
-        assert_eq!(keys.len(), 2);
+        assert_eq!(keys.len(), 3);
         assert!(keys[0].revoked_ms.is_some());
-        assert_eq!(db.tenants().unwrap()[1].live_keys, 1);
+        assert_eq!(db.tenants().unwrap()[1].live_keys, 2);
     }
 }

@@ -169,6 +169,9 @@ impl Owners {
         since_ms: u64,
         visible_ms: u64,
     ) -> Result<(), Error> {
+        // The map's lock first, then the database's (the only order anywhere): a concurrent
+        // `disown` of the same id lands in both in the same order.
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         {
             let mut conn = db.conn();
             let tx = conn.transaction().map_err(|e| db.err(e))?;
@@ -181,7 +184,6 @@ impl Owners {
             }
             tx.commit().map_err(|e| db.err(e))?;
         }
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         for id in ids {
             let owners = map.entry((kind, id.clone())).or_default();
             if !owners.iter().any(|o| o.tenant == tenant) {
@@ -199,13 +201,13 @@ impl Owners {
     /// it sees of the id is a build's time old again (a rebuild it asked for, which others'
     /// use of the same content kept from happening).
     pub fn renew(&self, db: &Db, kind: Kind, id: &str, tenant: TenantId, since_ms: u64) -> Result<(), Error> {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         db.conn()
             .execute(
                 "UPDATE owners SET since_ms = ?1, visible_ms = 0 WHERE kind = ?2 AND id = ?3 AND tenant = ?4",
                 params![since_ms as i64, kind.as_str(), id, tenant.0],
             )
             .map_err(|e| db.err(e))?;
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         if let Some(owner) = map
             .get_mut(&(kind, id.to_string()))
             .and_then(|owners| owners.iter_mut().find(|o| o.tenant == tenant))
@@ -218,13 +220,13 @@ impl Owners {
 
     /// `tenant` no longer owns the id; true when nobody owns it now.
     pub fn disown(&self, db: &Db, kind: Kind, id: &str, tenant: TenantId) -> Result<bool, Error> {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         db.conn()
             .execute(
                 "DELETE FROM owners WHERE kind = ?1 AND id = ?2 AND tenant = ?3",
                 params![kind.as_str(), id, tenant.0],
             )
             .map_err(|e| db.err(e))?;
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         let key = (kind, id.to_string());
         let empty = match map.get_mut(&key) {
             Some(owners) => {

@@ -84,13 +84,12 @@ enum QuotaCommand {
 
 /// `30s`, `15m`, `12h`, `7d` in milliseconds.
 fn duration_ms(text: &str) -> Result<u64> {
-    let (number, unit) = text.split_at(text.len().saturating_sub(1));
-    let scale = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => bail!("{text:?}: expected a number and a unit, s, m, h or d (like 30d)"),
+    let units = [("s", 1_000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000u64)];
+    let Some((number, scale)) = units
+        .iter()
+        .find_map(|(unit, scale)| text.strip_suffix(unit).map(|n| (n, *scale)))
+    else {
+        bail!("{text:?}: expected a number and a unit, s, m, h or d (like 30d)")
     };
     let n: u64 = number
         .parse()
@@ -202,7 +201,7 @@ fn key(db: &Db, command: KeyCommand, json: bool) -> Result<()> {
                 .as_deref()
                 .map(duration_ms)
                 .transpose()?
-                .map(|d| tenants::now_ms() + d);
+                .map(|d| tenants::now_ms().saturating_add(d));
             let key = db.add_key(&name, expires)?;
             if json {
                 return print_json(&key);
@@ -279,6 +278,11 @@ mod tests {
         assert!(duration_ms("15").is_err());
         assert!(duration_ms("xh").is_err());
         assert!(duration_ms("").is_err());
+        assert!(
+            duration_ms("5é").is_err(),
+            "a unit that is not ASCII is an error, not a panic"
+        );
+        assert_eq!(duration_ms("99999999999999999d").unwrap(), u64::MAX);
         assert_eq!(time(0), "1970-01-01T00:00:00Z");
         assert_eq!(time(1_798_761_600_000), "2027-01-01T00:00:00Z");
     }
