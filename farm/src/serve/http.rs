@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -37,17 +36,11 @@ pub(super) fn id_bounds(path: &str) -> Option<ApiError> {
     ))
 }
 
-/// A JSON body, or a 400 naming the field that is wrong.
-pub(super) fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let field = if path == "." { None } else { Some(path) };
-        ApiError {
-            field,
-            ..ApiError::new(400, format!("bad request body: {inner}"))
-        }
+/// A JSON body, strictly ([`super::strict`]), or a 400 naming the field that is wrong.
+pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    super::strict::parse(body).map_err(|e| ApiError {
+        field: e.path,
+        ..ApiError::new(400, format!("bad request body: {}", e.message))
     })
 }
 

@@ -143,14 +143,14 @@ fn rpc_error(status: StatusCode, id: Value, code: i64, message: impl Into<String
 // An error here is the request's answer, made once: boxing it would buy nothing.
 #[allow(clippy::result_large_err)]
 fn read_message(body: &[u8]) -> Result<(bool, Message, Value), Response> {
-    let value: Value = match serde_json::from_slice(body) {
+    let value: Value = match super::strict::parse(body) {
         Ok(v) => v,
         Err(e) => {
             return Err(rpc_error(
                 StatusCode::BAD_REQUEST,
                 Value::Null,
                 PARSE_ERROR,
-                format!("not JSON: {e}"),
+                format!("not one JSON value with each key once: {e}"),
             ))
         }
     };

@@ -33,6 +33,7 @@ mod sandbox;
 mod sandbox_routes;
 mod service;
 mod sessions;
+mod strict;
 mod tenancy;
 pub mod wire;
 

@@ -261,10 +261,10 @@ async fn connection(socket: WebSocket, app: App, who: Who, next_task: Arc<Atomic
                     if sender.send(Message::text(reply.to_string())).await.is_err() || e.status == 401 { break; }
                     continue;
                 }
-                let request = match serde_json::from_str::<Request>(&text) {
+                let request = match super::strict::parse::<Request>(text.as_bytes()) {
                     Ok(r) => r,
                     Err(e) => {
-                        let code = if serde_json::from_str::<Value>(&text).is_ok() { "UNKNOWN_TYPE" } else { "INVALID_JSON" };
+                        let code = if super::strict::parse::<Value>(text.as_bytes()).is_ok() { "UNKNOWN_TYPE" } else { "INVALID_JSON" };
                         let reply = error_reply(&Failure::new(code, format!("not a request ({{\"type\": \"reset\"|\"step\"|\"state\"|\"close\", \"data\": ...}}): {e}")));
                         if sender.send(Message::text(reply.to_string())).await.is_err() { break; }
                         continue;

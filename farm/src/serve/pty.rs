@@ -282,7 +282,7 @@ impl Terminal {
         while let Some(Ok(message)) = incoming.next().await {
             let done = match message {
                 Message::Binary(keys) => self.sandboxes.write_raw(&self.id, self.pid, keys.to_vec(), false).await,
-                Message::Text(text) => match serde_json::from_str::<PtyControl>(text.as_str()) {
+                Message::Text(text) => match super::strict::parse::<PtyControl>(text.as_bytes()) {
                     Ok(PtyControl::Input { data }) => {
                         self.sandboxes
                             .write_raw(&self.id, self.pid, data.into_bytes(), false)

@@ -20,7 +20,7 @@ use super::sandbox::environments::EnvironmentRequest;
 use super::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use super::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use super::sandbox::SandboxApi;
-use super::tenancy::Who;
+use super::tenancy::{Parsed, Who};
 use super::wire::{Deleted, EnvironmentList, SandboxBranched, SandboxList, StreamData, StreamError};
 use axum::Extension;
 
@@ -97,8 +97,7 @@ async fn upload_context(State(app): State<App>, body: Bytes) -> Reply {
     created(uploaded)
 }
 
-async fn create_environment(State(app): State<App>, body: Bytes) -> Reply {
-    let request: EnvironmentRequest = parse(&body)?;
+async fn create_environment(State(app): State<App>, Extension(Parsed(request)): Extension<Parsed<EnvironmentRequest>>) -> Reply {
     let api = api(&app)?;
     app.service.check_admitting()?;
     let (env, started) = api.environments.create(request)?;
@@ -150,8 +149,12 @@ async fn environment_logs(
         .await?)
 }
 
-async fn create_sandbox(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Reply {
-    let request: SandboxRequest = parse(&body)?;
+async fn create_sandbox(
+    State(app): State<App>,
+    Extension(Parsed(request)): Extension<Parsed<SandboxRequest>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
     let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
     let api = api(&app)?;
     let service = app.service.clone();
@@ -362,12 +365,13 @@ async fn entries(
     ok(api(&app)?.sandboxes.list_folder(&id, &q.path, q.max).await?)
 }
 
-async fn branch(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
-    let request: BranchRequest = if body.is_empty() {
-        BranchRequest::default()
-    } else {
-        parse(&body)?
-    };
+async fn branch(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Extension(Parsed(request)): Extension<Parsed<BranchRequest>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
     let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
     let service = app.service.clone();
     let sandboxes = &api(&app)?.sandboxes;

@@ -19,7 +19,7 @@ use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-pub(super) use scope::{layer, Hidden};
+pub(super) use scope::{layer, Hidden, Parsed};
 use tenants::{Caller, Db, Exceeded, Kind, Owners, Quotas, Tenant, TenantId, KEY_PREFIX};
 
 use super::error::ApiError;

@@ -12,6 +12,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tenants::{Kind, Owner};
@@ -21,6 +22,9 @@ use super::{not_found, over_quota, Who};
 use crate::serve::bounds::ID_BYTES;
 use crate::serve::error::ApiError;
 use crate::serve::http::App;
+use crate::serve::sandbox::environments::EnvironmentRequest;
+use crate::serve::sandbox::sandboxes::lifetimes::BranchRequest;
+use crate::serve::sandbox::sandboxes::SandboxRequest;
 use crate::serve::service::Service;
 
 /// Largest JSON body the middleware reads to check the ids and sizes it names.
@@ -233,30 +237,36 @@ async fn check(
         }
         id = raw.to_string();
     }
-    let (mut request, body) = read_json(route, request).await?;
     checked.pending = match route {
-        "POST /v1/sandboxes" => Some(check_new_sandbox(service, who, body.as_ref()).await?),
+        "POST /v1/sandboxes" => {
+            let (request, body) = read_body::<SandboxRequest>(request, false).await?;
+            let pending = check_new_sandbox(service, who, &body).await?;
+            return Ok((Checked { pending: Some(pending), ..checked }, with(request, body)));
+        }
         "POST /v1/environments" => {
-            check_context(service, who, body.as_ref())?;
+            let (request, mut body) = read_body::<EnvironmentRequest>(request, false).await?;
+            check_context(service, who, &body)?;
             checked.build = Some(service.admit_build(who)?);
             service.check_disk(who)?;
-            if let Some((unforced, renewed)) = unforce(service, who, body.as_ref()) {
-                let (parts, _) = request.into_parts();
-                request = Request::from_parts(parts, Body::from(unforced));
-                checked.rebuilt = renewed;
-            }
-            None
+            checked.rebuilt = unforce(service, who, &mut body);
+            return Ok((checked, with(request, body)));
+        }
+        "POST /v1/sandboxes/{id}/branch" => {
+            let (request, body) = read_body::<BranchRequest>(request, true).await?;
+            // Past its bound (the handler says which) a count is held as the bound.
+            let count = body.count.unwrap_or(1);
+            let mib = sandbox_mib(service, &id).await;
+            checked.pending = Some(service.admit_forks(who, count.clamp(1, 64), mib).await?);
+            return Ok((checked, with(request, body)));
         }
         "POST /v1/sessions" => Some(service.admit_forks(who, 1, service.session_mib()).await?),
         "POST /v1/sessions/{id}/branch" | "POST /v1/sessions/{id}/resume" => {
             let mib = service.tenancy.memory.get(&id).unwrap_or_else(|| service.session_mib());
             Some(service.admit_forks(who, 1, mib).await?)
         }
-        "POST /v1/sandboxes/{id}/branch" | "POST /v1/sandboxes/{id}/resume" => {
-            // Past its bound (the handler says which) a count is held as the bound.
-            let count = body.as_ref().and_then(|b| b["count"].as_u64()).unwrap_or(1);
+        "POST /v1/sandboxes/{id}/resume" => {
             let mib = sandbox_mib(service, &id).await;
-            Some(service.admit_forks(who, count.clamp(1, 64), mib).await?)
+            Some(service.admit_forks(who, 1, mib).await?)
         }
         "POST /v1/sandboxes/{id}/pause"
         | "POST /v1/sandboxes/{id}/checkpoint"
@@ -270,55 +280,57 @@ async fn check(
     Ok((checked, request))
 }
 
-/// The body of a route whose JSON names ids or sizes, read (and put back) to check them.
-async fn read_json(route: &str, request: Request) -> Result<(Request, Option<Value>), ApiError> {
-    if !matches!(
-        route,
-        "POST /v1/sandboxes" | "POST /v1/environments" | "POST /v1/sandboxes/{id}/branch"
-    ) {
-        return Ok((request, None));
-    }
+/// In a request's extensions: its body as the middleware parsed it (once, strictly) and
+/// checked it. The handler takes this typed value and never reads the bytes again, so what
+/// was checked is what runs.
+#[derive(Debug, Clone)]
+pub struct Parsed<T>(pub T);
+
+/// The body of a route whose JSON names ids or sizes, parsed strictly into its typed
+/// request (a body that is not one is refused here: a check that cannot run lets nothing
+/// through). With `empty_is_object`, an empty body is `{}` (a branch's defaults).
+async fn read_body<T: DeserializeOwned>(request: Request, empty_is_object: bool) -> Result<(Request, T), ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, MAX_CHECKED_BODY)
         .await
         .map_err(|_| ApiError::new(413, format!("a request body is at most {} MiB", MAX_CHECKED_BODY >> 20)))?;
-    let value = serde_json::from_slice::<Value>(&bytes).ok();
-    Ok((Request::from_parts(parts, Body::from(bytes)), value))
+    let typed = match bytes.is_empty() && empty_is_object {
+        true => crate::serve::http::parse(b"{}")?,
+        false => crate::serve::http::parse(&bytes)?,
+    };
+    // The bytes stay for what digests them (an `Idempotency-Key` compares bodies).
+    Ok((Request::from_parts(parts, Body::from(bytes)), typed))
+}
+
+/// The request with its checked body for the handler.
+fn with<T: Clone + Send + Sync + 'static>(mut request: Request, body: T) -> Request {
+    request.extensions_mut().insert(Parsed(body));
+    request
 }
 
 /// `POST /v1/sandboxes`: the environment must be the caller's (and look built to it), the
 /// network policy granted to it, and the new VM within its quotas.
-async fn check_new_sandbox(service: &Service, who: &Who, body: Option<&Value>) -> Result<Pending, ApiError> {
-    let Some(body) = body else {
-        // Not JSON: the handler says what is wrong with it.
-        return service.admit_forks(who, 0, 0).await;
-    };
-    let mut mib = body["memory_mib"].as_u64();
-    if let Some(env) = body["environment"].as_str() {
-        match mine(&service.tenancy.owners.of(Kind::Environment, env), who) {
-            None => {
-                return Err(ApiError::field(404, "environment", format!("no environment {env:?}")));
-            }
-            Some(owner) if !super::views::visible(service, env, &owner) => {
-                return Err(ApiError::field(
-                    409,
-                    "environment",
-                    format!("environment {env} is still building (GET /v1/environments/{env}/logs)"),
-                ));
-            }
-            _ => {}
+async fn check_new_sandbox(service: &Service, who: &Who, body: &SandboxRequest) -> Result<Pending, ApiError> {
+    let env = body.environment.as_str();
+    match mine(&service.tenancy.owners.of(Kind::Environment, env), who) {
+        None => {
+            return Err(ApiError::field(404, "environment", format!("no environment {env:?}")));
         }
-        if mib.is_none() {
-            if let Some(api) = &service.sandbox {
-                mib = api
-                    .environments
-                    .get(env, "environment")
-                    .ok()
-                    .map(|e| u64::from(e.view().memory_mib));
-            }
+        Some(owner) if !super::views::visible(service, env, &owner) => {
+            return Err(ApiError::field(
+                409,
+                "environment",
+                format!("environment {env} is still building (GET /v1/environments/{env}/logs)"),
+            ));
         }
+        _ => {}
     }
-    if let Some(network) = body["network"].as_str() {
+    let mib = body.memory_mib.or_else(|| {
+        let api = service.sandbox.as_ref()?;
+        let found = api.environments.get(env, "environment").ok()?;
+        Some(u64::from(found.view().memory_mib))
+    });
+    if let Some(network) = &body.network {
         if !who.profile.may_use_network(network) {
             let granted: Vec<&str> = who.profile.grants.iter().map(String::as_str).collect();
             return Err(ApiError::field(
@@ -340,21 +352,28 @@ async fn check_new_sandbox(service: &Service, who: &Who, body: Option<&Value>) -
 }
 
 /// `POST /v1/environments` with `force`: a rebuild happens only for content no other tenant
-/// asked for (it would change what they use). Otherwise the request goes on without `force`
-/// (its new body is returned), and a caller that owned the environment sees it built again
-/// after a build's time, as if the rebuild had happened: nothing shows that others share it.
-fn unforce(service: &Service, who: &Who, body: Option<&Value>) -> Option<(Bytes, bool)> {
-    let body = body.filter(|b| b["force"] == Value::Bool(true))?;
-    let api = service.sandbox.as_ref()?;
-    let request = serde_json::from_value(body.clone()).ok()?;
-    let id = api.environments.id_of(&request)?;
+/// asked for (it would change what they use). Otherwise the request goes on without `force`,
+/// and a caller that owned the environment sees it built again after a build's time, as if
+/// the rebuild had happened (true: the caller's own share was renewed): nothing shows that
+/// others share it.
+fn unforce(service: &Service, who: &Who, body: &mut EnvironmentRequest) -> bool {
+    if !body.force {
+        return false;
+    }
+    let Some(api) = service.sandbox.as_ref() else {
+        return false;
+    };
+    let Some(id) = api.environments.id_of(body) else {
+        return false;
+    };
     let tenancy = &service.tenancy;
     let owners = tenancy.owners.of(Kind::Environment, &id);
     let exists = api.environments.get(&id, "id").is_ok();
     let sole = owners.len() == 1 && owners[0].tenant == who.tenant();
     if sole || (owners.is_empty() && !exists) {
-        return None;
+        return false;
     }
+    body.force = false;
     let renewed = mine(&owners, who).is_some();
     if renewed {
         if let Err(e) = tenancy
@@ -364,17 +383,12 @@ fn unforce(service: &Service, who: &Who, body: Option<&Value>) -> Option<(Bytes,
             tracing::error!("renewing an environment's owner: {e}");
         }
     }
-    let mut body = body.clone();
-    body["force"] = Value::Bool(false);
-    Some((
-        Bytes::from(serde_json::to_vec(&body).expect("JSON serializes")),
-        renewed,
-    ))
+    renewed
 }
 
 /// `POST /v1/environments`: a Dockerfile's build context must be one the caller uploaded.
-fn check_context(service: &Service, who: &Who, body: Option<&Value>) -> Result<(), ApiError> {
-    let Some(context) = body.and_then(|b| b["dockerfile"]["context"].as_str()) else {
+fn check_context(service: &Service, who: &Who, body: &EnvironmentRequest) -> Result<(), ApiError> {
+    let Some(context) = body.dockerfile.as_ref().map(|d| d.context.as_str()) else {
         return Ok(());
     };
     if !service.tenancy.owns(who.tenant(), Kind::Context, context) {
