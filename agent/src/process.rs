@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +24,7 @@ use farm_protocol::process::{
     TermSize, MAX_ENDED, MAX_PROCESSES, MAX_READ_BYTES, MAX_RING_BYTES,
 };
 use farm_protocol::{AgentError, ErrorKind, Program};
+use std::io::ErrorKind as IoKind;
 
 use crate::sys;
 use crate::users::{self, User};
@@ -92,6 +93,8 @@ struct Process {
     /// Gone from the table: the pump stops draining its streams (which a leftover child of
     /// it may hold open forever).
     forgotten: AtomicBool,
+    /// Held by a write to its standard input.
+    writing: Mutex<()>,
 }
 
 impl Process {
@@ -339,6 +342,7 @@ impl Table {
             }),
             changed: Condvar::new(),
             forgotten: AtomicBool::new(false),
+            writing: Mutex::new(()),
         });
         self.processes
             .lock()
@@ -390,7 +394,7 @@ type Ends = (Option<File>, Vec<(Stream, File)>, Option<File>, OwnedFd);
 
 fn watched(child: &mut Child, terminal: Option<File>) -> Result<Ends, AgentError> {
     let ended = sys::pidfd_open(child.id()).map_err(|e| refused(format!("watching process {}: {e}", child.id())))?;
-    Ok(match terminal {
+    let ends: Ends = match terminal {
         Some(master) => {
             let reader = master.try_clone().map_err(|e| refused(format!("the terminal: {e}")))?;
             let writer = master.try_clone().map_err(|e| refused(format!("the terminal: {e}")))?;
@@ -407,7 +411,12 @@ fn watched(child: &mut Child, terminal: Option<File>) -> Result<Ends, AgentError
                 ended,
             )
         }
-    })
+    };
+    // Writes to its input never block the agent ([`write_stdin`]).
+    if let Some(stdin) = &ends.0 {
+        sys::set_nonblocking(stdin.as_raw_fd(), true).map_err(|e| refused(format!("its standard input: {e}")))?;
+    }
+    Ok(ends)
 }
 
 /// A terminal for the command: its standard streams are the terminal's other end, and it
@@ -459,9 +468,14 @@ impl Watch {
     fn ready(&mut self, buf: &mut [u8]) -> bool {
         match self {
             Watch::Output { process, stream, file } => {
-                // Ready, so the read does not block. A terminal's master reads EIO once every
-                // process left it: its end.
-                let n = file.read(buf).unwrap_or(0);
+                // Ready, so the read does not block (the descriptor is non-blocking when it is
+                // a terminal's master, shared with its writer: a spurious wake-up reads
+                // nothing). A terminal's master reads EIO once every process left it: its end.
+                let n = match file.read(buf) {
+                    Ok(n) => n,
+                    Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::Interrupted) => return true,
+                    Err(_) => 0,
+                };
                 let mut live = process.lock();
                 let ring = Process::ring(&mut live, *stream);
                 if n == 0 {
@@ -561,23 +575,52 @@ fn run_pump(wake: OwnedFd) {
     }
 }
 
-/// Writes `bytes` to the process's standard input, then closes it when `close`.
+/// How long a write to a process's standard input waits for the program to read.
+const STDIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Writes `bytes` to the process's standard input, then closes it when `close` and all of
+/// them were taken. A program that does not read fills its pipe (or its terminal's buffer):
+/// the write takes what fits within [`STDIN_WAIT`] and answers how much that was, so the
+/// writer is told and the agent is never held (backpressure, not a stuck request).
 fn write_stdin(process: &Arc<Process>, bytes: &[u8], close: bool) -> Result<u64, AgentError> {
-    // Taken out while writing: a process that does not read blocks this request only.
-    let stdin = process.lock().stdin.take();
-    let Some(mut stdin) = stdin else {
-        return if bytes.is_empty() && close {
-            Ok(0)
-        } else {
-            Err(refused(format!("process {}'s standard input is closed", process.pid)))
-        };
+    // One write at a time, in the order they came.
+    let _writing = process.writing.lock().unwrap_or_else(|p| p.into_inner());
+    let stdin = match process.lock().stdin.as_ref() {
+        Some(stdin) => stdin
+            .try_clone()
+            .map_err(|e| refused(format!("writing to process {}: {e}", process.pid)))?,
+        None if bytes.is_empty() && close => return Ok(0),
+        None => return Err(refused(format!("process {}'s standard input is closed", process.pid))),
     };
-    let written = stdin.write_all(bytes).and_then(|()| stdin.flush());
-    if !close {
-        process.lock().stdin = Some(stdin);
+    let taken = write_within(&stdin, bytes, STDIN_WAIT)
+        .map_err(|e| refused(format!("writing to process {}: {e}", process.pid)))?;
+    if close && taken == bytes.len() {
+        process.lock().stdin = None;
     }
-    written.map_err(|e| refused(format!("writing to process {}: {e}", process.pid)))?;
-    Ok(bytes.len() as u64)
+    Ok(taken as u64)
+}
+
+/// Writes what a non-blocking `file` takes of `bytes` within `wait`: how many it took.
+fn write_within(mut file: &File, bytes: &[u8], wait: Duration) -> std::io::Result<usize> {
+    let deadline = Instant::now() + wait;
+    let mut taken = 0;
+    while taken < bytes.len() {
+        match file.write(&bytes[taken..]) {
+            Ok(n) => taken += n,
+            Err(e) if e.kind() == IoKind::Interrupted => {}
+            Err(e) if e.kind() == IoKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                sys::poll(&[(file.as_fd(), nix::poll::PollFlags::POLLOUT)], left)?;
+            }
+            // What was taken stands; the next write says what is wrong.
+            Err(_) if taken > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(taken)
 }
 
 /// The program as a line, for listings.
@@ -591,6 +634,29 @@ fn display(program: &Program) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_takes_what_a_program_reads_and_never_blocks() {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let (mut read, write) = (File::from(read), File::from(write));
+        sys::set_nonblocking(write.as_raw_fd(), true).unwrap();
+        let mega = vec![b'x'; 1 << 20];
+        // Nobody reads: the pipe's buffer is taken, the rest is not, and the write returns.
+        let taken = write_within(&write, &mega, Duration::from_millis(200)).unwrap();
+        assert!(taken > 0 && taken < mega.len(), "{taken}");
+        // A reader drains it: everything is taken.
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            read.read_to_end(&mut all).unwrap();
+            all.len()
+        });
+        assert_eq!(
+            write_within(&write, &mega, Duration::from_secs(30)).unwrap(),
+            mega.len()
+        );
+        drop(write);
+        assert_eq!(reader.join().unwrap(), taken + mega.len());
+    }
 
     #[test]
     fn a_ring_keeps_the_newest_bytes_and_says_where_they_start() {

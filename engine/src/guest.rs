@@ -2,7 +2,7 @@
 //! streamed as their output grows, and files and folders, each while the guest is checked to
 //! answer. A [`Guest`] is taken from a fork ([`LiveFork::guest`]) and used without holding
 //! the fork's lock, so a long command never blocks a file read, a second command or a delete
-//! (a delete stops the VM, and the command ends with [`GuestError::Died`]).
+//! (a delete stops the VM, and the command ends with [`GuestError::ChannelClosed`]).
 //!
 //! Streamed commands write their output to a folder of their own in the guest's `/tmp`,
 //! read from the host as it grows; folders travel as tar archives made and unpacked by the
@@ -38,12 +38,24 @@ fn temporary(what: &str) -> String {
     format!("/tmp/.farm-{what}-{}-{n}", std::process::id())
 }
 
-/// Why a request to a guest failed.
+/// Why a request to a guest failed. The first three say the guest did not answer, which is
+/// not yet a death: a reset or a pause swaps the VM under a request in flight, and its owner
+/// tells which it was ([`crate::session::Session::judge`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GuestError {
-    /// The guest stopped answering, or its VM is gone: the fork is dead.
-    #[error("its VM died: {0}")]
-    Died(String),
+    /// The channel to the guest closed: its VM ended, the guest broke the channel, or the
+    /// fork under the request changed.
+    #[error("the channel to its guest closed: {0}")]
+    ChannelClosed(String),
+    /// The guest missed [`MISSED_PINGS`] pings in a row while the request ran.
+    #[error("{0}")]
+    MissedPings(String),
+    /// This request went unanswered past its deadline, while the guest answered its pings.
+    #[error("{0}")]
+    Unanswered(String),
+    /// The guest's agent answered badly or restarted while the request ran.
+    #[error("{0}")]
+    Broken(String),
     /// The guest refused the request as asked (a bad path, a program it cannot start).
     #[error("the guest refused it: {0}")]
     Refused(String),
@@ -101,16 +113,20 @@ pub struct Guest {
     user: Option<String>,
     /// Commands' options, from the fork's place.
     place: crate::harbor::Place,
+    /// How many changes its session's VM had seen when it was taken (see
+    /// [`crate::session::Session::judge`]).
+    pub(crate) stamp: u64,
 }
 
 impl LiveFork {
     /// Its guest, to use after the fork's lock is given back.
-    pub fn guest(&self) -> Guest {
+    pub(crate) fn guest(&self) -> Guest {
         Guest {
             agent: self.fork.agent().clone(),
             connector: self.fork.machine.guest_connector(),
             user: self.place.user.clone(),
             place: self.place.clone(),
+            stamp: 0,
         }
     }
 }
@@ -137,9 +153,7 @@ fn exec_options(place: &crate::harbor::Place, program: Program, command: Command
     }
 }
 
-/// An agent's failure as a [`GuestError`]: one that means the VM is gone is [`Died`].
-///
-/// [`Died`]: GuestError::Died
+/// An agent's failure as a [`GuestError`].
 fn classify(e: vmm::AgentError) -> GuestError {
     match e {
         vmm::AgentError::Refused {
@@ -147,7 +161,8 @@ fn classify(e: vmm::AgentError) -> GuestError {
             message,
             ..
         } => GuestError::Missing(message),
-        e @ (vmm::AgentError::ChannelClosed(_) | vmm::AgentError::Timeout { .. }) => GuestError::Died(e.to_string()),
+        e @ vmm::AgentError::ChannelClosed(_) => GuestError::ChannelClosed(e.to_string()),
+        e @ vmm::AgentError::Timeout { .. } => GuestError::Unanswered(e.to_string()),
         vmm::AgentError::Refused { message, .. }
             if message.contains("No such file") || message.contains("(os error 2)") =>
         {
@@ -156,7 +171,9 @@ fn classify(e: vmm::AgentError) -> GuestError {
         e @ (vmm::AgentError::Refused { .. } | vmm::AgentError::InvalidRequest { .. }) => {
             GuestError::Refused(e.to_string())
         }
-        e => GuestError::Died(e.to_string()),
+        e @ (vmm::AgentError::BadResponse { .. } | vmm::AgentError::AgentRestarted { .. }) => {
+            GuestError::Broken(e.to_string())
+        }
     }
 }
 
@@ -176,13 +193,13 @@ impl Guest {
                     Err(vmm::AgentError::Timeout { .. }) => {
                         missed += 1;
                         if missed >= MISSED_PINGS {
-                            return Err(GuestError::Died(format!(
+                            return Err(GuestError::MissedPings(format!(
                                 "its guest stopped answering ({MISSED_PINGS} pings in a row unanswered within {} s): it halted, hung or is starved",
                                 PING_TIMEOUT.as_secs()
                             )));
                         }
                     }
-                    Err(e) => return Err(GuestError::Died(e.to_string())),
+                    Err(e) => return Err(classify(e)),
                 },
             }
         }
@@ -396,6 +413,8 @@ impl Guest {
         self.watched(self.agent.read_output(request)).await
     }
 
+    /// Bytes to a process's standard input: how many it took (fewer when it does not read
+    /// them; the rest was not written).
     pub async fn write_stdin(&self, pid: u32, bytes: Vec<u8>, close: bool) -> Result<u64, GuestError> {
         self.watched(self.agent.write_stdin(pid, bytes, close)).await
     }
@@ -488,7 +507,8 @@ async fn forward(
     cap: u64,
     tx: &tokio::sync::mpsc::Sender<Output>,
 ) -> bool {
-    const CHUNK: u64 = 256 << 10;
+    // A chunk waits for a client that does not read: small ones keep that cheap.
+    const CHUNK: u64 = 64 << 10;
     let mut any = false;
     for i in 0..2 {
         loop {

@@ -164,6 +164,7 @@ impl Session {
             None => (**self.snapshot()).clone(),
         };
         let host = self.host();
+        self.changes.note(crate::session::Change::Snapshot);
         Ok(snapshotter::snapshot_fork(&host.store, &host.forker, &parent, &live.fork, "sandbox", None, true).await?)
     }
 }

@@ -34,7 +34,9 @@ use crate::pause::{PauseError, PausedFork};
 use crate::policy::Policy;
 use crate::row::{Row, Status, Step};
 
+mod changes;
 mod reset;
+pub use changes::{Change, Judged};
 pub use reset::{ResetWay, SessionResetError};
 
 /// Where a session is in its life.
@@ -69,6 +71,8 @@ pub struct Session {
     task: Option<TaskRun>,
     /// The branch snapshot its fork depends on.
     _branch: Option<Arc<Branch>>,
+    /// Changes of its VM so far, for requests they cut ([`Session::judge`]).
+    pub(crate) changes: changes::Changes,
 }
 
 /// A session's task and its progress.
@@ -216,6 +220,7 @@ impl Engine {
                 spent: Duration::ZERO,
             }),
             _branch: None,
+            changes: Default::default(),
         })
     }
 
@@ -241,6 +246,7 @@ impl Engine {
                 spent: progress.spent,
             }),
             _branch: None,
+            changes: Default::default(),
         }
     }
 }
@@ -281,6 +287,7 @@ impl Session {
             vm: Vm::Live(Box::new(live)),
             task: None,
             _branch: None,
+            changes: Default::default(),
         }
     }
 
@@ -300,6 +307,7 @@ impl Session {
             vm: Vm::Paused(Arc::new(paused)),
             task: None,
             _branch: None,
+            changes: Default::default(),
         }
     }
 
@@ -458,6 +466,7 @@ impl Session {
         let role = self.role();
         let (child, branch) = match &self.vm {
             Vm::Live(live) => {
+                self.changes.note(Change::Branch);
                 let (child, branch) =
                     crate::live::branch(&self.forker, live, &self.snapshot, store, seed, role).await?;
                 (child, Some(branch))
@@ -488,6 +497,7 @@ impl Session {
             vm: Vm::Live(Box::new(child)),
             task,
             _branch: branch,
+            changes: Default::default(),
         })
     }
 
@@ -501,6 +511,7 @@ impl Session {
     /// folder is gone.
     pub async fn pause(&mut self, dir: &Path) -> Result<PendingPause<'_>, SessionPauseError> {
         let live = self.live()?;
+        self.changes.note(Change::Pause);
         let paused = match crate::pause::pause(&self.forker, &self.host.store, live, &self.snapshot, dir).await {
             Ok(p) => p,
             Err(e) => {
@@ -520,6 +531,7 @@ impl Session {
     /// when the last holder of the answer drops it, unless it is kept on disk.
     pub async fn checkpoint(&self, dir: &Path) -> Result<Arc<PausedFork>, SessionPauseError> {
         let live = self.live()?;
+        self.changes.note(Change::Checkpoint);
         let saved = crate::pause::pause(&self.forker, &self.host.store, live, &self.snapshot, dir).await;
         let resumed = live.fork.machine.resume().await;
         match saved {
@@ -562,6 +574,7 @@ impl PendingResume<'_> {
     /// The resume is recorded: the session is live (its paused state goes once no branch
     /// needs it).
     pub fn commit(self) {
+        self.session.changes.note(Change::Resume);
         self.session.vm = Vm::Live(Box::new(self.live));
     }
 }

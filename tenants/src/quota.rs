@@ -18,15 +18,19 @@ pub enum Quota {
     BuildMinutesPerDay,
     /// Requests a second (a burst of as many is allowed).
     RequestsPerSecond,
+    /// Connections open at once: output streams, terminals, port connections, sockets
+    /// (without a quota, the service's `serve.max_connections_per_tenant`).
+    Connections,
 }
 
 impl Quota {
-    pub const ALL: [Quota; 5] = [
+    pub const ALL: [Quota; 6] = [
         Quota::Live,
         Quota::MemoryMib,
         Quota::DiskMib,
         Quota::BuildMinutesPerDay,
         Quota::RequestsPerSecond,
+        Quota::Connections,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -36,6 +40,7 @@ impl Quota {
             Quota::DiskMib => "disk_mib",
             Quota::BuildMinutesPerDay => "build_minutes_per_day",
             Quota::RequestsPerSecond => "requests_per_second",
+            Quota::Connections => "connections",
         }
     }
 }

@@ -49,6 +49,7 @@ impl Session {
             Vm::Paused(_) => return Err(SessionCallError::Paused.into()),
             Vm::Ended => return Err(SessionCallError::Ended.into()),
         };
+        self.changes.note(super::Change::Reset);
         let identity = ForkIdentity {
             env: live.fork.identity.env.clone(),
             ..ForkIdentity::new(seed)

@@ -2,12 +2,10 @@
 //! (`/v1/sandboxes/{id}/processes`) and its open ports (`/v1/sandboxes/{id}/ports`); the
 //! reference is `docs/sandbox-api.md`.
 
-use std::time::Duration;
-
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::IntoResponse;
 use axum::routing::{delete, get, post};
 use axum::Router;
@@ -15,10 +13,12 @@ use farm_protocol::process::Stream;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::http::{ok, parse, App, Reply};
+use super::http::{ok, parse, sse, App, Reply};
 use super::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, SignalSend, StdinWrite};
 use super::sandbox::SandboxApi;
+use super::tenancy::Who;
 use super::wire::StreamError;
+use axum::Extension;
 
 pub(super) fn routes() -> Router<App> {
     Router::new()
@@ -108,31 +108,24 @@ struct FollowQuery {
 
 async fn follow(
     State(app): State<App>,
+    Extension(who): Extension<Who>,
     Path((id, pid)): Path<(String, String)>,
     q: Result<Query<FollowQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let pid = pid_of(&pid)?;
     let q = query(q)?;
+    let held = app.service.tenancy.hold(&who)?;
     let sandboxes = api(&app)?.sandboxes.clone();
-    let mut rx = sandboxes.follow_output(&id, pid, [q.stdout, q.stderr]).await?;
-    let (tx, events) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
-    tokio::spawn(async move {
-        while let Some(event) = rx.recv().await {
-            let (name, data, last) = match event {
-                FollowEvent::Output(Stream::Stdout, chunk) => ("stdout", encode(&chunk), false),
-                FollowEvent::Output(Stream::Stderr, chunk) => ("stderr", encode(&chunk), false),
-                FollowEvent::Exit(view) => ("exit", encode(&view), true),
-                FollowEvent::Error(error) => ("error", encode(&StreamError { error }), true),
-            };
-            if tx.send(Ok(Event::default().event(name).data(&data))).await.is_err() || last {
-                break;
-            }
-        }
-    });
-    let events = futures::stream::unfold(events, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
-    Ok(Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response())
+    let rx = sandboxes.follow_output(&id, pid, [q.stdout, q.stderr]).await?;
+    Ok(sse(rx, held, |event| {
+        let (name, data, last) = match event {
+            FollowEvent::Output(Stream::Stdout, chunk) => ("stdout", encode(&chunk), false),
+            FollowEvent::Output(Stream::Stderr, chunk) => ("stderr", encode(&chunk), false),
+            FollowEvent::Exit(view) => ("exit", encode(&view), true),
+            FollowEvent::Error(error) => ("error", encode(&StreamError { error }), true),
+        };
+        (Event::default().event(name).data(&data), last)
+    }))
 }
 
 /// A path's pid, or a 400 naming it.

@@ -22,6 +22,7 @@ mod error;
 mod forks;
 pub(crate) mod hosting_routes;
 mod http;
+mod ids;
 mod mcp;
 mod openenv;
 mod paused;
@@ -124,6 +125,14 @@ pub struct ServeSection {
     /// `tenants.db` in the output folder.
     #[serde(default)]
     pub tenants_db: Option<PathBuf>,
+    /// Connections a tenant holds open at once (output streams, terminals, port
+    /// connections, OpenEnv sockets) unless its `connections` quota says otherwise.
+    #[serde(default = "max_connections_per_tenant")]
+    pub max_connections_per_tenant: u64,
+}
+
+fn max_connections_per_tenant() -> u64 {
+    256
 }
 
 fn paused_retention() -> u64 {

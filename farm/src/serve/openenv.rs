@@ -50,10 +50,15 @@ pub(super) fn routes() -> Router<App> {
             get(move |ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, State(app): State<App>, Extension(who): Extension<Who>| {
                 let next_task = next_task.clone();
                 async move {
+                    // One of the tenant's connections while it is open.
+                    let held = match app.service.tenancy.hold(&who) {
+                        Ok(held) => held,
+                        Err(e) => return e.into_response(),
+                    };
                     match ws {
                         Ok(ws) => ws
                             .max_message_size(MAX_MESSAGE)
-                            .on_upgrade(move |socket| connection(socket, app, who, next_task)),
+                            .on_upgrade(move |socket| connection(socket, app, who, next_task, held)),
                         Err(e) => ApiError::new(
                             e.status().as_u16(),
                             format!("{} (OpenEnv's socket: connect with a WebSocket client, e.g. openenv's GenericEnvClient)", e.body_text()),
@@ -234,7 +239,13 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T, 
 /// every way out, a panic included.
 type Holding = Arc<std::sync::Mutex<Option<String>>>;
 
-async fn connection(socket: WebSocket, app: App, who: Who, next_task: Arc<AtomicUsize>) {
+async fn connection(
+    socket: WebSocket,
+    app: App,
+    who: Who,
+    next_task: Arc<AtomicUsize>,
+    mut held: super::tenancy::Held,
+) {
     let (mut sender, mut receiver) = socket.split();
     let holding: Holding = Default::default();
     let mut conn = Some(Conn::default());
@@ -242,6 +253,12 @@ async fn connection(socket: WebSocket, app: App, who: Who, next_task: Arc<Atomic
     let lease = std::time::Duration::from_secs(app.service.settings.session_lease_secs);
     loop {
         tokio::select! {
+            // A revoked key closes the socket even while no message comes.
+            _ = held.revoked() => {
+                let reply = error_reply(&Failure::new("EXECUTION_ERROR", "the key that opened this socket was revoked or has expired"));
+                let _ = sender.send(Message::text(reply.to_string())).await;
+                break;
+            }
             incoming = tokio::time::timeout(lease, receiver.next()) => {
                 let text = match incoming {
                     Ok(Some(Ok(Message::Text(t)))) => t.to_string(),

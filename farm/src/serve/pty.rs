@@ -25,6 +25,8 @@ use super::error::ApiError;
 use super::http::App;
 use super::sandbox::sandboxes::processes::{ProcessStart, PtySize, Signal, SignalSend};
 use super::sandbox::sandboxes::Sandboxes;
+use super::tenancy::{Held, Who};
+use axum::Extension;
 
 /// A client that reads nothing for this long is disconnected (its program runs on).
 pub const STALLED: Duration = Duration::from_secs(60);
@@ -96,11 +98,12 @@ pub enum PtyControl {
 
 pub(super) async fn open(
     State(app): State<App>,
+    Extension(who): Extension<Who>,
     Path(id): Path<String>,
     q: Result<Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    match start(app, id, q, ws).await {
+    match start(app, who, id, q, ws).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
@@ -108,6 +111,7 @@ pub(super) async fn open(
 
 async fn start(
     app: App,
+    who: Who,
     id: String,
     q: Result<Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -136,6 +140,7 @@ async fn start(
             cols: cols.unwrap_or(80),
         }),
     };
+    let held = app.service.tenancy.hold(&who)?;
     let (pid, offset, hang_up) = process_of(&sandboxes, &id, q, size).await?;
     let terminal = Terminal {
         sandboxes,
@@ -145,7 +150,7 @@ async fn start(
     };
     Ok(ws
         .max_message_size(MAX_MESSAGE)
-        .on_upgrade(move |socket| terminal.serve(socket, offset)))
+        .on_upgrade(move |socket| terminal.serve(socket, offset, held)))
 }
 
 /// The terminal's process: (its pid, the offset to replay from, whether to hang up on it at
@@ -210,7 +215,9 @@ struct Terminal {
 }
 
 impl Terminal {
-    async fn serve(self, socket: WebSocket, offset: u64) {
+    /// The socket, while `held` (one of its tenant's connections) lasts: it closes when the
+    /// key that opened it is revoked.
+    async fn serve(self, socket: WebSocket, offset: u64, mut held: Held) {
         let (mut sink, mut incoming) = socket.split();
         // One writer: output and notes queue here, so a client that never reads stalls only
         // this queue, and the output loop notices.
@@ -228,7 +235,12 @@ impl Terminal {
         tokio::select! {
             _ = self.output(offset, &tx) => {}
             _ = self.input(&mut incoming, &tx) => {}
+            _ = held.revoked() => {
+                let error = "the key that opened this terminal was revoked or has expired".to_string();
+                let _ = tx.try_send(event(&PtyEvent::Error { error }));
+            }
         }
+        drop(held);
         let _ = tx.try_send(Message::Close(None));
         drop(tx);
         let _ = writer.await;
@@ -281,13 +293,9 @@ impl Terminal {
     async fn input(&self, incoming: &mut futures::stream::SplitStream<WebSocket>, tx: &mpsc::Sender<Message>) {
         while let Some(Ok(message)) = incoming.next().await {
             let done = match message {
-                Message::Binary(keys) => self.sandboxes.write_raw(&self.id, self.pid, keys.to_vec(), false).await,
+                Message::Binary(keys) => self.keys(keys.to_vec()).await,
                 Message::Text(text) => match super::strict::parse::<PtyControl>(text.as_bytes()) {
-                    Ok(PtyControl::Input { data }) => {
-                        self.sandboxes
-                            .write_raw(&self.id, self.pid, data.into_bytes(), false)
-                            .await
-                    }
+                    Ok(PtyControl::Input { data }) => self.keys(data.into_bytes()).await,
                     Ok(PtyControl::Resize { rows, cols }) => self
                         .sandboxes
                         .resize(&self.id, self.pid, PtySize { rows, cols })
@@ -307,6 +315,42 @@ impl Terminal {
                 // Told, not fatal: the terminal goes on (a full queue drops the note).
                 let _ = tx.try_send(event(&PtyEvent::Error { error: e.message }));
             }
+        }
+    }
+}
+
+impl Terminal {
+    /// Keys to the terminal. A program that does not read its terminal takes what the
+    /// terminal's buffer holds and no more: the rest is offered again, and the socket is not
+    /// read meanwhile (backpressure to the client), until [`STALLED`] passes without a key
+    /// taken; then the client is told what was not delivered. The sandbox goes on.
+    async fn keys(&self, mut keys: Vec<u8>) -> Result<(), ApiError> {
+        let mut wait = Duration::from_millis(50);
+        let mut since = tokio::time::Instant::now();
+        loop {
+            let taken = self
+                .sandboxes
+                .write_raw(&self.id, self.pid, keys.clone(), false)
+                .await? as usize;
+            keys.drain(..taken.min(keys.len()));
+            if keys.is_empty() {
+                return Ok(());
+            }
+            if taken > 0 {
+                since = tokio::time::Instant::now();
+                wait = Duration::from_millis(50);
+            } else if since.elapsed() >= STALLED {
+                return Err(ApiError::new(
+                    409,
+                    format!(
+                        "the terminal's program read none of its input for {} s: {} bytes of keys were not delivered",
+                        STALLED.as_secs(),
+                        keys.len()
+                    ),
+                ));
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
         }
     }
 }

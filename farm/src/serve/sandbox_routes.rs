@@ -2,20 +2,19 @@
 //! `/v1/sandboxes`, `/v1/openapi.json`); the reference is `docs/sandbox-api.md`.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
 use axum::Router;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::http::{body_digest, idempotency_key, ok, parse, App, Reply};
+use super::http::{body_digest, idempotency_key, ok, parse, sse, App, Reply};
 use super::sandbox::environments::EnvironmentRequest;
 use super::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use super::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
@@ -97,7 +96,10 @@ async fn upload_context(State(app): State<App>, body: Bytes) -> Reply {
     created(uploaded)
 }
 
-async fn create_environment(State(app): State<App>, Extension(Parsed(request)): Extension<Parsed<EnvironmentRequest>>) -> Reply {
+async fn create_environment(
+    State(app): State<App>,
+    Extension(Parsed(request)): Extension<Parsed<EnvironmentRequest>>,
+) -> Reply {
     let api = api(&app)?;
     app.service.check_admitting()?;
     let (env, started) = api.environments.create(request)?;
@@ -211,37 +213,27 @@ async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Re
     Ok(axum::Json(out).into_response())
 }
 
-async fn exec_stream(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn exec_stream(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Reply {
     let request: ExecRequest = parse(&body)?;
-    let mut rx = api(&app)?.sandboxes.exec_stream(&id, request).await?;
-    let events = async_stream(move |tx| async move {
-        while let Some(event) = rx.recv().await {
-            let (name, data) = match event {
-                StreamEvent::Stdout(data) => ("stdout", encode(&StreamData { data })),
-                StreamEvent::Stderr(data) => ("stderr", encode(&StreamData { data })),
-                StreamEvent::Exit(end) => ("exit", encode(&end)),
-                StreamEvent::Error(error) => ("error", encode(&StreamError { error })),
-            };
-            let last = name == "exit" || name == "error";
-            if tx.send(Event::default().event(name).data(&data)).await.is_err() || last {
-                break;
-            }
-        }
-    });
-    Ok(Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response())
-}
-
-/// A stream of SSE events that `fill` sends.
-fn async_stream<F, Fut>(fill: F) -> impl futures::Stream<Item = Result<Event, Infallible>>
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Event>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(fill(tx));
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) })
+    let held = app.service.tenancy.hold(&who)?;
+    let rx = api(&app)?.sandboxes.exec_stream(&id, request).await?;
+    Ok(sse(rx, held, |event| {
+        let (name, data) = match event {
+            StreamEvent::Stdout(data) => ("stdout", encode(&StreamData { data })),
+            StreamEvent::Stderr(data) => ("stderr", encode(&StreamData { data })),
+            StreamEvent::Exit(end) => ("exit", encode(&end)),
+            StreamEvent::Error(error) => ("error", encode(&StreamError { error })),
+        };
+        (
+            Event::default().event(name).data(&data),
+            matches!(name, "exit" | "error"),
+        )
+    }))
 }
 
 #[derive(Deserialize)]

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,7 +68,6 @@ pub struct Service {
     /// The output folder.
     pub(super) out: std::path::PathBuf,
     pub(super) run_id: String,
-    counter: AtomicU64,
     /// `serve.max_sessions`, resolved.
     pub(super) max_sessions: usize,
     /// What one more VM costs, as measured on the running ones.
@@ -115,12 +114,16 @@ impl Service {
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         let forks: Forks = Default::default();
         let sandbox = if settings.sandboxes.enabled {
+            let owners = tenancy.clone();
+            let hold: super::sandbox::ports::Hold =
+                Arc::new(move |id: &str| owners.hold_for_sandbox(id).map(|held| Box::new(held) as Box<dyn Send>));
             Some(super::sandbox::SandboxApi::start(
                 &settings.sandboxes,
                 out,
                 host,
                 forks.clone(),
                 settings.listen,
+                hold,
             )?)
         } else {
             None
@@ -141,7 +144,6 @@ impl Service {
             branches,
             out: out.to_path_buf(),
             run_id,
-            counter: AtomicU64::new(0),
             max_sessions,
             vm_cost: super::admission::VmCost::new((u64::from(guest_mib) + engine::sizing::QEMU_OVERHEAD_MIB) << 20),
             sandbox,
@@ -165,6 +167,14 @@ impl Service {
     /// The dispatcher (starts queued rollouts as slots free up), session expiry and
     /// periodic Parquet parts.
     pub fn spawn_background(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let tenancy = self.tenancy.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                tenancy.end_revoked().await;
+            }
+        });
         let every = self.settings.sandboxes.checkpoint_secs;
         if let (Some(api), true) = (&self.sandbox, every > 0) {
             let sandboxes = api.sandboxes.clone();
@@ -294,18 +304,7 @@ impl Service {
     }
 
     pub(super) fn new_id(&self, prefix: &str) -> String {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(
-            format!("{}-{nanos}-{n}-{}", self.run_id, std::process::id()).as_bytes(),
-        );
-        format!(
-            "{prefix}-{}",
-            digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
-        )
+        super::ids::new_id(prefix)
     }
 
     pub(super) fn suite(&self, name: Option<&str>, field: &str) -> ApiResult<(&str, &SuiteState)> {

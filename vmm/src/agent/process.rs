@@ -82,7 +82,9 @@ impl AgentClient {
         }
     }
 
-    /// Writes `bytes` to a process's standard input, then closes it when `close`.
+    /// Writes `bytes` to a process's standard input, then closes it when `close` and all
+    /// were taken: how many the process took (fewer when it does not read; the rest was not
+    /// written).
     pub async fn write_stdin(&self, pid: u32, bytes: Vec<u8>, close: bool) -> Result<u64, AgentError> {
         let asked = bytes.len() as u64;
         match self
@@ -94,7 +96,7 @@ impl AgentClient {
             )
             .await?
         {
-            (ProcessResponse::Written { bytes }, _) if bytes == asked => Ok(bytes),
+            (ProcessResponse::Written { bytes }, _) if bytes <= asked => Ok(bytes),
             (other, _) => Err(bad("write stdin", format!("unexpected answer {other:?}"))),
         }
     }

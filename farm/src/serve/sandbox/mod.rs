@@ -157,6 +157,7 @@ impl SandboxApi {
         host: Arc<engine::Host>,
         forks: crate::serve::service::Forks,
         service_listen: std::net::SocketAddr,
+        hold: ports::Hold,
     ) -> Result<SandboxApi> {
         let dir: PathBuf = out.join("sandboxes");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -183,6 +184,7 @@ impl SandboxApi {
             tokio::net::TcpListener::from_std(listener)?,
             ports.clone(),
             sandboxes.clone(),
+            hold,
         ));
         tracing::info!(
             "sandboxes' open ports on http://{address} (http://TOKEN.{}:{}/)",

@@ -30,6 +30,10 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Open ports per sandbox, at most.
 pub const MAX_PORTS: usize = 64;
 
+/// Counts a connection through a port of the sandbox named against its owner's bound
+/// (`serve.max_connections_per_tenant`): a guard released when dropped, or why not.
+pub type Hold = Arc<dyn Fn(&str) -> ApiResult<Box<dyn Send>> + Send + Sync>;
+
 /// Where an open port leads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Opened {
@@ -49,12 +53,7 @@ pub struct Ports {
 
 /// A new token: 128 random bits, as 32 hex digits (a DNS label).
 fn new_token() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .expect("reading /dev/urandom");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::serve::ids::random_hex()
 }
 
 impl Ports {
@@ -186,15 +185,25 @@ async fn refuse(stream: &mut tokio::net::TcpStream, status: u16, reason: &str) {
 }
 
 /// Serves the port listener until the process ends: each connection in a task of its own.
-pub async fn serve(listener: tokio::net::TcpListener, ports: Arc<Ports>, sandboxes: Arc<super::sandboxes::Sandboxes>) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ports: Arc<Ports>,
+    sandboxes: Arc<super::sandboxes::Sandboxes>,
+    hold: Hold,
+) {
     while let Ok((stream, _)) = listener.accept().await {
-        let (ports, sandboxes) = (ports.clone(), sandboxes.clone());
-        tokio::spawn(async move { connection(stream, &ports, &sandboxes).await });
+        let (ports, sandboxes, hold) = (ports.clone(), sandboxes.clone(), hold.clone());
+        tokio::spawn(async move { connection(stream, &ports, &sandboxes, &hold).await });
     }
 }
 
 /// One client connection: its first head is checked, then it is joined to the guest.
-async fn connection(mut stream: tokio::net::TcpStream, ports: &Ports, sandboxes: &super::sandboxes::Sandboxes) {
+async fn connection(
+    mut stream: tokio::net::TcpStream,
+    ports: &Ports,
+    sandboxes: &super::sandboxes::Sandboxes,
+    hold: &Hold,
+) {
     let mut head = Vec::new();
     let read = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream, &mut head)).await;
     let Ok(Ok(())) = read else {
@@ -215,6 +224,11 @@ async fn connection(mut stream: tokio::net::TcpStream, ports: &Ports, sandboxes:
     };
     let Some(opened) = ports.lookup(&token) else {
         return refuse(&mut stream, 404, "no open port has that token").await;
+    };
+    // One of its owner's connections while it lasts.
+    let _held = match hold(&opened.sandbox) {
+        Ok(held) => held,
+        Err(e) => return refuse(&mut stream, e.status, &e.message).await,
     };
     // In use while the connection lasts: a page open in a browser keeps its sandbox.
     let (guest, _in_use) = match sandboxes.port_guest(&opened.sandbox).await {

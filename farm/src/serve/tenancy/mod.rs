@@ -6,6 +6,7 @@
 //! A tenant's quotas and grants are read again at most every [`PROFILE_TTL`].
 
 mod adopt;
+mod held;
 mod scope;
 mod usage;
 mod views;
@@ -19,6 +20,7 @@ use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+pub use held::{Connections, Held};
 pub(super) use scope::{layer, Hidden, Parsed};
 use tenants::{Caller, Db, Exceeded, Kind, Owners, Quotas, Tenant, TenantId, KEY_PREFIX};
 
@@ -84,10 +86,14 @@ pub struct Tenancy {
     builds: Mutex<HashMap<TenantId, u64>>,
     /// Whether any tenant besides `default` exists, and when that was read.
     others: Mutex<Option<(Instant, bool)>>,
+    /// Connections each tenant holds open.
+    pub connections: Arc<Connections>,
 }
 
 impl Tenancy {
-    pub fn open(path: &Path, service_token: Option<&str>) -> anyhow::Result<Tenancy> {
+    /// The tenants of `path`, each holding at most `connections` open connections unless its
+    /// quota says otherwise.
+    pub fn open(path: &Path, service_token: Option<&str>, connections: u64) -> anyhow::Result<Tenancy> {
         let db = Db::open(path)?;
         let owners = Owners::load(&db)?;
         let secret = db.secret()?;
@@ -102,6 +108,7 @@ impl Tenancy {
             memory: Default::default(),
             builds: Mutex::new(HashMap::new()),
             others: Mutex::new(None),
+            connections: Connections::new(connections),
         })
     }
 
@@ -112,7 +119,11 @@ impl Tenancy {
         service_token: Option<&str>,
     ) -> anyhow::Result<Arc<Tenancy>> {
         let path = settings.tenants_db.clone().unwrap_or_else(|| out.join("tenants.db"));
-        Ok(Arc::new(Tenancy::open(&path, service_token)?))
+        Ok(Arc::new(Tenancy::open(
+            &path,
+            service_token,
+            settings.max_connections_per_tenant,
+        )?))
     }
 
     /// A tenant's profile, from the cache or the database.
@@ -207,6 +218,37 @@ impl Tenancy {
         }
         // The database's secret: the service token's holder cannot make a tenant's tokens.
         super::http::mcp_token(Some(&self.secret), &format!("tenant {} session {session}", tenant.0))
+    }
+
+    /// One more connection the caller holds open (a stream, a terminal, a socket), or a 429.
+    pub fn hold(&self, who: &Who) -> Result<Held, ApiError> {
+        self.connections.hold(who).map_err(|e| over_quota(who, e))
+    }
+
+    /// One more connection through a port of sandbox `id`, held by its owner.
+    pub fn hold_for_sandbox(&self, id: &str) -> Result<Held, ApiError> {
+        let owner = self
+            .owners
+            .of(Kind::Sandbox, id)
+            .first()
+            .map(|o| o.tenant)
+            .ok_or_else(|| not_found(Kind::Sandbox, id))?;
+        let quota = self.profile_of(owner)?.quotas.get(tenants::Quota::Connections);
+        self.connections
+            .hold_for(owner, quota, None)
+            .map_err(|e| ApiError::quota(&e))
+    }
+
+    /// Ends the connections opened with keys revoked or expired since (every second).
+    pub async fn end_revoked(self: &Arc<Self>) {
+        let this = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let now = tenants::now_ms();
+            // A key the database cannot say is live is taken as not live.
+            this.connections
+                .end_revoked(|key| this.db.key_live(key, now).unwrap_or(false));
+        })
+        .await;
     }
 
     /// Whether a tenant besides `default` exists (read again at most every second).
@@ -316,7 +358,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tenants.db");
         // No tenant, no service token (loopback): anyone is `default`, as before tenants.
-        let t = Tenancy::open(&path, None).unwrap();
+        let t = Tenancy::open(&path, None, 8).unwrap();
         assert_eq!(t.identify(&headers(None), "/v1/sandboxes").unwrap().key_id, "no-token");
         drop(t);
         let db = Db::open(&path).unwrap();
@@ -324,7 +366,7 @@ mod tests {
         let key = db.add_key("a", None).unwrap();
         drop(db);
         // Once a tenant exists, no key is no entry (else B could drop its key to be default).
-        let t = Tenancy::open(&path, None).unwrap();
+        let t = Tenancy::open(&path, None, 8).unwrap();
         assert_eq!(t.identify(&headers(None), "/v1/sandboxes").unwrap_err().status, 401);
         let who = t
             .identify(&headers(Some(&format!("bearer {}", key.secret))), "/v1/sandboxes")
@@ -341,7 +383,7 @@ mod tests {
             );
         }
         // With a service token: it is `default`; nothing else but keys opens.
-        let s = Tenancy::open(&path, Some("svc")).unwrap();
+        let s = Tenancy::open(&path, Some("svc"), 8).unwrap();
         assert_eq!(
             s.identify(&headers(Some("Bearer svc")), "/").unwrap().key_id,
             "service-token"

@@ -241,7 +241,13 @@ async fn check(
         "POST /v1/sandboxes" => {
             let (request, body) = read_body::<SandboxRequest>(request, false).await?;
             let pending = check_new_sandbox(service, who, &body).await?;
-            return Ok((Checked { pending: Some(pending), ..checked }, with(request, body)));
+            return Ok((
+                Checked {
+                    pending: Some(pending),
+                    ..checked
+                },
+                with(request, body),
+            ));
         }
         "POST /v1/environments" => {
             let (request, mut body) = read_body::<EnvironmentRequest>(request, false).await?;

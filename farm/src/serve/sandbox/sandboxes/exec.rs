@@ -150,7 +150,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.exec(program, command).await {
             Ok(out) => Ok(out),
-            Err(e) => Err(self.guest_error(id, e, None).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, None).await),
         }
     }
 
@@ -164,12 +164,14 @@ impl Sandboxes {
         let (program, command) = Self::command_of(request, true)?;
         let in_use = self.begin(id);
         let guest = self.guest(id).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // One event waits at most in each queue: nothing is read from the guest ahead of the
+        // client.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
         let this = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
             let _in_use = in_use;
-            let (out_tx, mut out_rx) = tokio::sync::mpsc::channel(64);
+            let (out_tx, mut out_rx) = tokio::sync::mpsc::channel(1);
             let events = tx.clone();
             let forward = tokio::spawn(async move {
                 while let Some(output) = out_rx.recv().await {
@@ -187,7 +189,7 @@ impl Sandboxes {
             let _ = forward.await;
             let event = match end {
                 Ok(end) => StreamEvent::Exit(end),
-                Err(e) => StreamEvent::Error(this.guest_error(&id, e, None).await.message),
+                Err(e) => StreamEvent::Error(this.guest_error(&id, &guest, e, None).await.message),
             };
             let _ = tx.send(event).await;
         });

@@ -47,7 +47,7 @@ impl Sandboxes {
         let len = bytes.len();
         let guest = self.guest(id).await?;
         if let Err(e) = guest.write_file(path, mode, bytes).await {
-            return Err(self.guest_error(id, e, Some(path)).await);
+            return Err(self.guest_error(id, &guest, e, Some(path)).await);
         }
         Ok(FileWritten {
             path: path.to_string(),
@@ -62,7 +62,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.read_file(path).await {
             Ok(bytes) => Ok(bytes),
-            Err(e) => Err(self.guest_error(id, e, Some(path)).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, Some(path)).await),
         }
     }
 
@@ -74,7 +74,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.stat(path).await {
             Ok(entry) => Ok(entry_view(entry)),
-            Err(e) => Err(self.guest_error(id, e, Some(path)).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, Some(path)).await),
         }
     }
 
@@ -92,7 +92,7 @@ impl Sandboxes {
                 entries: entries.into_iter().map(entry_view).collect(),
                 truncated,
             }),
-            Err(e) => Err(self.guest_error(id, e, Some(path)).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, Some(path)).await),
         }
     }
 
@@ -108,7 +108,7 @@ impl Sandboxes {
                 bytes: len,
             }),
             Err(engine::guest::GuestError::Failed(m)) => Err(ApiError::field(400, "body", m)),
-            Err(e) => Err(self.guest_error(id, e, Some(path)).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, Some(path)).await),
         }
     }
 
@@ -119,7 +119,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.read_folder(path).await {
             Ok(bytes) => Ok(bytes),
-            Err(e) => Err(self.guest_error(id, e, Some(path)).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, Some(path)).await),
         }
     }
 }

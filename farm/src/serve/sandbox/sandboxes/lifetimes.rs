@@ -171,7 +171,7 @@ impl Sandboxes {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         let _in_use = self.begin(id);
-        let seed = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seed = self.seed();
         let way = sandbox.run.reset(seed).await.map_err(|e| match e {
             engine::session::SessionResetError::Call(engine::session::SessionCallError::Paused) => {
                 ApiError::new(409, format!("sandbox {id} is paused: resume it first"))

@@ -11,13 +11,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engine::book::{Ending, Expiry, Kind, Timers};
 use engine::guest::{Guest, GuestError};
 use engine::idempotency::{Claim, Keys};
+use engine::session::Judged;
 
 mod exec;
 mod files;
@@ -106,7 +107,6 @@ pub struct Sandboxes {
     keys: Mutex<Keys<String>>,
     /// Idempotency keys of branches and snapshots, and the ids each made.
     made_keys: Mutex<Keys<Vec<String>>>,
-    counter: AtomicU64,
 }
 
 impl Sandboxes {
@@ -133,27 +133,15 @@ impl Sandboxes {
             saved_dir,
             keys: Mutex::new(Keys::default()),
             made_keys: Mutex::new(Keys::default()),
-            counter: AtomicU64::new(0),
         })
     }
 
     fn new_id(&self) -> String {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let digest = <sha2::Sha256 as sha2::Digest>::digest(format!("{nanos}-{n}-{}", std::process::id()).as_bytes());
-        format!(
-            "sb-{}",
-            digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
-        )
+        crate::serve::ids::new_id("sb")
     }
 
     fn seed(&self) -> u64 {
-        let mut bytes = [0u8; 8];
-        let _ = getrandom(&mut bytes);
-        u64::from_le_bytes(bytes)
+        u64::from_le_bytes(crate::serve::ids::random())
     }
 
     fn forks(&self) -> std::sync::MutexGuard<'_, engine::book::Book<Open>> {
@@ -317,25 +305,56 @@ impl Sandboxes {
     async fn guest(&self, id: &str) -> ApiResult<Guest> {
         let sandbox = self.get(id)?;
         let sandbox = sandbox.lock().await;
-        let live = sandbox
+        sandbox
             .run
-            .live()
-            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))?;
-        Ok(live.guest())
+            .guest()
+            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))
     }
 
-    /// A guest's failure as the client sees it. A guest that died takes its sandbox with it
-    /// (502; later requests for it get 410 with why); one deleted while the request ran is
-    /// 410. `path`: the request names a guest path (a missing one is 404).
-    async fn guest_error(&self, id: &str, e: GuestError, path: Option<&str>) -> ApiError {
-        match (e, path) {
-            (GuestError::Died(why), _) => {
-                let why = format!("its VM died: {why}");
-                match self.end(id, Ending::Died(why.clone())).await {
-                    Some(()) => ApiError::new(502, format!("sandbox {id} {why}; it is removed")),
-                    None => ApiError::new(410, format!("sandbox {id} was removed while the request ran")),
-                }
+    /// A failure of `guest` (taken from sandbox `id`) as the client sees it. Only a VM that
+    /// went takes its sandbox with it (502; later requests for it get 410 with why): a
+    /// request cut by a reset, a pause, a branch or a snapshot is a 409 saying so, and one
+    /// the guest left unanswered a 504, and the sandbox lives. One deleted while the request
+    /// ran is 410. `path`: the request names a guest path (a missing one is 404).
+    async fn guest_error(&self, id: &str, guest: &Guest, e: GuestError, path: Option<&str>) -> ApiError {
+        let removed = || ApiError::new(410, format!("sandbox {id} was removed while the request ran"));
+        let judged = match self.get(id) {
+            Ok(sandbox) => sandbox.lock().await.run.judge(guest, e),
+            Err(_) => return removed(),
+        };
+        let e = match judged {
+            Judged::Changed(change, state) => {
+                let now = match state {
+                    engine::session::SessionState::Live => "running",
+                    engine::session::SessionState::Paused => "paused",
+                    engine::session::SessionState::Ended => "ended",
+                };
+                return ApiError::new(
+                    409,
+                    format!(
+                        "sandbox {id} was {} while the request ran, which cut it short; the sandbox is {now}",
+                        change.done()
+                    ),
+                );
             }
+            Judged::Died(why) => {
+                let why = format!("its VM died: {why}");
+                return match self.end(id, Ending::Died(why.clone())).await {
+                    Some(()) => ApiError::new(502, format!("sandbox {id} {why}; it is removed")),
+                    None => removed(),
+                };
+            }
+            Judged::Failed(e) => e,
+        };
+        match (e, path) {
+            (GuestError::Unanswered(why), _) => ApiError::new(
+                504,
+                format!("sandbox {id}'s guest did not answer in time: {why}; the sandbox goes on"),
+            ),
+            (GuestError::Broken(why), _) => ApiError::new(
+                502,
+                format!("sandbox {id}'s guest failed the request: {why}; the sandbox goes on"),
+            ),
             (GuestError::Missing(m), Some(path)) => ApiError::field(404, "path", format!("{path}: {m}")),
             (GuestError::TooLarge(m), _) => ApiError::field(413, "path", m),
             (GuestError::Failed(m), Some(_)) => ApiError::field(400, "path", m),
@@ -452,9 +471,4 @@ impl Sandboxes {
     fn begin(&self, id: &str) -> InUse {
         InUse::begin(&self.forks, id)
     }
-}
-
-fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }

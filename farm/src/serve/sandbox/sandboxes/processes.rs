@@ -179,10 +179,10 @@ fn chunk(read: OutputRead, bytes: Vec<u8>, info_status: ProcessStatus) -> Output
 
 impl Sandboxes {
     /// A guest's failure about a process: a pid that is not there is 404.
-    async fn process_error(&self, id: &str, e: GuestError) -> ApiError {
+    async fn process_error(&self, id: &str, guest: &engine::guest::Guest, e: GuestError) -> ApiError {
         match e {
             GuestError::Missing(m) => ApiError::field(404, "pid", m),
-            e => self.guest_error(id, e, None).await,
+            e => self.guest_error(id, guest, e, None).await,
         }
     }
 
@@ -227,7 +227,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.spawn(program, background).await {
             Ok(info) => Ok(view(&info)),
-            Err(e) => Err(self.guest_error(id, e, None).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, None).await),
         }
     }
 
@@ -237,7 +237,7 @@ impl Sandboxes {
             Ok(all) => Ok(ProcessList {
                 processes: all.iter().map(view).collect(),
             }),
-            Err(e) => Err(self.guest_error(id, e, None).await),
+            Err(e) => Err(self.guest_error(id, &guest, e, None).await),
         }
     }
 
@@ -245,7 +245,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.process(pid).await {
             Ok(info) => Ok(view(&info)),
-            Err(e) => Err(self.process_error(id, e).await),
+            Err(e) => Err(self.process_error(id, &guest, e).await),
         }
     }
 
@@ -295,18 +295,20 @@ impl Sandboxes {
             .await
         {
             Ok(read) => Ok(read),
-            Err(e) => Err(self.process_error(id, e).await),
+            Err(e) => Err(self.process_error(id, &guest, e).await),
         }
     }
 
-    /// Bytes to a process's standard input (a terminal's keys, for its socket).
-    pub async fn write_raw(&self, id: &str, pid: u32, bytes: Vec<u8>, close: bool) -> ApiResult<()> {
+    /// Bytes to a process's standard input (a terminal's keys, for its socket): how many it
+    /// took. A process that does not read takes what its pipe holds and no more, and the
+    /// rest is not written (the caller is told, and may write it again).
+    pub async fn write_raw(&self, id: &str, pid: u32, bytes: Vec<u8>, close: bool) -> ApiResult<u64> {
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
         match guest.write_stdin(pid, bytes, close).await {
-            Ok(_) => Ok(()),
+            Ok(taken) => Ok(taken),
             Err(GuestError::Refused(m)) => Err(ApiError::field(409, "data", m)),
-            Err(e) => Err(self.process_error(id, e).await),
+            Err(e) => Err(self.process_error(id, &guest, e).await),
         }
     }
 
@@ -317,7 +319,7 @@ impl Sandboxes {
         match guest.resize(pid, size).await {
             Ok(()) => self.process(id, pid).await,
             Err(GuestError::Refused(m)) => Err(ApiError::field(409, "pid", m)),
-            Err(e) => Err(self.process_error(id, e).await),
+            Err(e) => Err(self.process_error(id, &guest, e).await),
         }
     }
 
@@ -332,7 +334,18 @@ impl Sandboxes {
                 ),
             ));
         }
-        self.write_raw(id, pid, write.data.into_bytes(), write.close).await?;
+        let asked = write.data.len() as u64;
+        let taken = self.write_raw(id, pid, write.data.into_bytes(), write.close).await?;
+        if taken < asked {
+            return Err(ApiError::field(
+                409,
+                "data",
+                format!(
+                    "process {pid} is not reading its standard input: it took {taken} of the {asked} bytes (its pipe is full), and the rest was not written{}; write the rest once it reads",
+                    if write.close { ", nor was the input closed" } else { "" }
+                ),
+            ));
+        }
         self.process(id, pid).await
     }
 
@@ -343,7 +356,7 @@ impl Sandboxes {
         };
         let guest = self.guest(id).await?;
         if let Err(e) = guest.signal(pid, number).await {
-            return Err(self.process_error(id, e).await);
+            return Err(self.process_error(id, &guest, e).await);
         }
         self.process(id, pid).await
     }
@@ -361,7 +374,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.wait_process(pid, Duration::from_secs_f64(timeout)).await {
             Ok(info) => Ok(view(&info)),
-            Err(e) => Err(self.process_error(id, e).await),
+            Err(e) => Err(self.process_error(id, &guest, e).await),
         }
     }
 }
@@ -377,8 +390,9 @@ pub enum FollowEvent {
     Error(String),
 }
 
-/// How long one read of a followed stream waits for output.
+/// How long one read of a followed stream waits for output, and how much it takes.
 const FOLLOW_POLL: Duration = Duration::from_secs(20);
+const FOLLOW_READ: u64 = 64 << 10;
 
 impl Sandboxes {
     /// Follows a process's output from the offsets given (stdout, stderr): each stream's
@@ -390,7 +404,8 @@ impl Sandboxes {
         offsets: [u64; 2],
     ) -> ApiResult<tokio::sync::mpsc::Receiver<FollowEvent>> {
         self.process(id, pid).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // One event waits at most: nothing is read from the guest ahead of the client.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
         let mut readers = Vec::new();
         for (stream, offset) in [(Stream::Stdout, offsets[0]), (Stream::Stderr, offsets[1])] {
             let (this, tx, id) = (self.clone(), tx.clone(), id.to_string());
@@ -438,7 +453,7 @@ impl Sandboxes {
     ) -> bool {
         loop {
             let read = self
-                .process_output(id, pid, stream, offset, None, FOLLOW_POLL.as_secs_f64())
+                .process_output(id, pid, stream, offset, Some(FOLLOW_READ), FOLLOW_POLL.as_secs_f64())
                 .await;
             match read {
                 Ok(chunk) => {
