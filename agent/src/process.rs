@@ -11,12 +11,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use farm_protocol::process::{
@@ -24,10 +23,14 @@ use farm_protocol::process::{
     TermSize, MAX_ENDED, MAX_PROCESSES, MAX_READ_BYTES, MAX_RING_BYTES,
 };
 use farm_protocol::{AgentError, ErrorKind, Program};
-use std::io::ErrorKind as IoKind;
 
 use crate::sys;
 use crate::users::{self, User};
+
+mod pump;
+mod stdin;
+use pump::{pump, Watch};
+use stdin::write_stdin;
 
 /// The newest bytes of one output stream, addressed by their offset from its start.
 #[derive(Debug, Default)]
@@ -436,193 +439,6 @@ fn terminal_ends(command: &mut Command, size: TermSize, user: &User) -> Result<O
     Ok(Some(File::from(master)))
 }
 
-/// What the pump watches: an output stream, or a process's end.
-enum Watch {
-    Output {
-        process: Arc<Process>,
-        stream: Stream,
-        file: File,
-    },
-    End {
-        process: Arc<Process>,
-        child: Child,
-        ended: OwnedFd,
-    },
-}
-
-impl Watch {
-    fn process(&self) -> &Process {
-        match self {
-            Watch::Output { process, .. } | Watch::End { process, .. } => process,
-        }
-    }
-
-    fn fd(&self) -> RawFd {
-        match self {
-            Watch::Output { file, .. } => file.as_raw_fd(),
-            Watch::End { ended, .. } => ended.as_raw_fd(),
-        }
-    }
-
-    /// Acts on its descriptor being ready; returns whether it is still watched.
-    fn ready(&mut self, buf: &mut [u8]) -> bool {
-        match self {
-            Watch::Output { process, stream, file } => {
-                // Ready, so the read does not block (the descriptor is non-blocking when it is
-                // a terminal's master, shared with its writer: a spurious wake-up reads
-                // nothing). A terminal's master reads EIO once every process left it: its end.
-                let n = match file.read(buf) {
-                    Ok(n) => n,
-                    Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::Interrupted) => return true,
-                    Err(_) => 0,
-                };
-                let mut live = process.lock();
-                let ring = Process::ring(&mut live, *stream);
-                if n == 0 {
-                    ring.closed = true;
-                } else {
-                    ring.push(&buf[..n]);
-                }
-                process.changed.notify_all();
-                n != 0
-            }
-            Watch::End { process, child, .. } => {
-                let status = match child.try_wait() {
-                    Ok(None) => return true,
-                    Ok(Some(s)) => ProcessStatus::Exited {
-                        exit_code: s.code(),
-                        signal: s.signal(),
-                    },
-                    Err(_) => ProcessStatus::Exited {
-                        exit_code: None,
-                        signal: None,
-                    },
-                };
-                let mut live = process.lock();
-                live.status = status;
-                live.ended_at = Some(Instant::now());
-                process.changed.notify_all();
-                false
-            }
-        }
-    }
-}
-
-/// One thread for every background process: it waits on all their output streams and ends
-/// at once and moves what is ready, so a thousand processes cost the agent one thread, not
-/// three thousand (a small guest's thread limit is about two thousand).
-struct Pump {
-    added: Mutex<Vec<Watch>>,
-    /// Written to when `added` gains something; the pump's wait includes its read end.
-    wake: OwnedFd,
-}
-
-static PUMP: OnceLock<Result<Pump, String>> = OnceLock::new();
-
-fn pump() -> Result<&'static Pump, AgentError> {
-    let started = PUMP.get_or_init(|| {
-        let (wake_read, wake) = sys::wake_pipe().map_err(|e| format!("the pump's pipe: {e}"))?;
-        std::thread::Builder::new()
-            .name("process-pump".into())
-            .spawn(move || run_pump(wake_read))
-            .map_err(|e| format!("starting the process pump: {e}"))?;
-        Ok(Pump {
-            added: Mutex::new(Vec::new()),
-            wake,
-        })
-    });
-    started.as_ref().map_err(|e| AgentError {
-        kind: ErrorKind::Internal,
-        message: e.clone(),
-    })
-}
-
-impl Pump {
-    fn add(&self, watches: Vec<Watch>) {
-        self.added.lock().unwrap_or_else(|p| p.into_inner()).extend(watches);
-        // A full pipe already wakes the pump.
-        let _ = nix::unistd::write(&self.wake, &[1]);
-    }
-}
-
-fn run_pump(wake: OwnedFd) {
-    let mut watches: Vec<Watch> = Vec::new();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        if let Some(Ok(pump)) = PUMP.get() {
-            watches.append(&mut pump.added.lock().unwrap_or_else(|p| p.into_inner()));
-        }
-        // An ended process's leftover streams, once the table forgot it. (Its end was seen,
-        // so nothing else of it is watched.)
-        watches.retain(|watch| !watch.process().forgotten.load(Ordering::Relaxed));
-        let mut fds: Vec<(RawFd, bool)> = std::iter::once(wake.as_raw_fd())
-            .chain(watches.iter().map(Watch::fd))
-            .map(|fd| (fd, false))
-            .collect();
-        if sys::wait_readable(&mut fds).is_err() {
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        }
-        if fds[0].1 {
-            let mut drained = [0u8; 256];
-            while matches!(nix::unistd::read(wake.as_raw_fd(), &mut drained), Ok(n) if n > 0) {}
-        }
-        let mut index = 0;
-        watches.retain_mut(|watch| {
-            index += 1;
-            !fds[index].1 || watch.ready(&mut buf)
-        });
-    }
-}
-
-/// How long a write to a process's standard input waits for the program to read.
-const STDIN_WAIT: Duration = Duration::from_secs(2);
-
-/// Writes `bytes` to the process's standard input, then closes it when `close` and all of
-/// them were taken. A program that does not read fills its pipe (or its terminal's buffer):
-/// the write takes what fits within [`STDIN_WAIT`] and answers how much that was, so the
-/// writer is told and the agent is never held (backpressure, not a stuck request).
-fn write_stdin(process: &Arc<Process>, bytes: &[u8], close: bool) -> Result<u64, AgentError> {
-    // One write at a time, in the order they came.
-    let _writing = process.writing.lock().unwrap_or_else(|p| p.into_inner());
-    let stdin = match process.lock().stdin.as_ref() {
-        Some(stdin) => stdin
-            .try_clone()
-            .map_err(|e| refused(format!("writing to process {}: {e}", process.pid)))?,
-        None if bytes.is_empty() && close => return Ok(0),
-        None => return Err(refused(format!("process {}'s standard input is closed", process.pid))),
-    };
-    let taken = write_within(&stdin, bytes, STDIN_WAIT)
-        .map_err(|e| refused(format!("writing to process {}: {e}", process.pid)))?;
-    if close && taken == bytes.len() {
-        process.lock().stdin = None;
-    }
-    Ok(taken as u64)
-}
-
-/// Writes what a non-blocking `file` takes of `bytes` within `wait`: how many it took.
-fn write_within(mut file: &File, bytes: &[u8], wait: Duration) -> std::io::Result<usize> {
-    let deadline = Instant::now() + wait;
-    let mut taken = 0;
-    while taken < bytes.len() {
-        match file.write(&bytes[taken..]) {
-            Ok(n) => taken += n,
-            Err(e) if e.kind() == IoKind::Interrupted => {}
-            Err(e) if e.kind() == IoKind::WouldBlock => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                sys::poll(&[(file.as_fd(), nix::poll::PollFlags::POLLOUT)], left)?;
-            }
-            // What was taken stands; the next write says what is wrong.
-            Err(_) if taken > 0 => break,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(taken)
-}
-
 /// The program as a line, for listings.
 fn display(program: &Program) -> String {
     match program {
@@ -634,29 +450,6 @@ fn display(program: &Program) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_write_takes_what_a_program_reads_and_never_blocks() {
-        let (read, write) = nix::unistd::pipe().unwrap();
-        let (mut read, write) = (File::from(read), File::from(write));
-        sys::set_nonblocking(write.as_raw_fd(), true).unwrap();
-        let mega = vec![b'x'; 1 << 20];
-        // Nobody reads: the pipe's buffer is taken, the rest is not, and the write returns.
-        let taken = write_within(&write, &mega, Duration::from_millis(200)).unwrap();
-        assert!(taken > 0 && taken < mega.len(), "{taken}");
-        // A reader drains it: everything is taken.
-        let reader = std::thread::spawn(move || {
-            let mut all = Vec::new();
-            read.read_to_end(&mut all).unwrap();
-            all.len()
-        });
-        assert_eq!(
-            write_within(&write, &mega, Duration::from_secs(30)).unwrap(),
-            mega.len()
-        );
-        drop(write);
-        assert_eq!(reader.join().unwrap(), taken + mega.len());
-    }
 
     #[test]
     fn a_ring_keeps_the_newest_bytes_and_says_where_they_start() {

@@ -113,7 +113,8 @@ class ExecStream:
         return chunks
 
     def finish(self) -> ExecResult:
-        """The result. Raises `FarmError` after an `error` event (the sandbox died), and
+        """The result. Raises `FarmError` after an `error` event (the sandbox died, a reset or a
+        pause cut the command, or the key that opened the stream was revoked), and
         `ConnectionFailed` when the stream ended before the command's exit."""
         if self._error is not None:
             raise self._error

@@ -85,7 +85,8 @@ class NotFound(FarmError):
 
 
 class Conflict(FarmError):
-    """409: not now (an environment still building, a paused sandbox, a sandbox in use...)."""
+    """409: not now (an environment still building, a paused sandbox, a request cut by a reset
+    or a pause of its sandbox, input a process is not reading...)."""
 
 
 class PayloadTooLarge(FarmError):
@@ -97,7 +98,7 @@ class Busy(FarmError):
 
     `quota` is set when the caller's tenant is over one of its quotas: `{"name", "limit",
     "used"}` (`live`, `memory_mib`, `disk_mib`, `build_minutes_per_day`,
-    `requests_per_second`).
+    `requests_per_second`, `connections`).
     """
 
     quota: Optional[Dict[str, Any]] = None

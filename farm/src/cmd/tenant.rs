@@ -77,7 +77,7 @@ enum KeyCommand {
 
 #[derive(Subcommand)]
 enum QuotaCommand {
-    /// Set a quota: live, memory_mib, disk_mib, build_minutes_per_day, requests_per_second;
+    /// Set a quota: live, memory_mib, disk_mib, build_minutes_per_day, requests_per_second, connections;
     /// VALUE `none` removes it.
     Set { name: String, quota: String, value: String },
 }

@@ -121,6 +121,36 @@ pub(super) async fn finish<T: Send + 'static>(
         .unwrap_or_else(|e| Err(ApiError::new(500, format!("the request's task failed: {e}"))))
 }
 
+/// An answer of server-sent events: each of `rx`'s items as `event` makes it (with whether it
+/// is the last), for as long as `held` lasts. Nothing is read ahead of the client: the next
+/// item is taken when the last one was sent, so a client that does not read holds one event
+/// of the service's memory. A revoked key ends the stream with an `error` event.
+pub(super) fn sse<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+    held: super::tenancy::Held,
+    event: fn(T) -> (axum::response::sse::Event, bool),
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let events = futures::stream::unfold((rx, held, false), move |(mut rx, mut held, done)| async move {
+        if done {
+            return None;
+        }
+        let (next, last) = tokio::select! {
+            item = rx.recv() => event(item?),
+            _ = held.revoked() => {
+                let error = super::wire::StreamError {
+                    error: "the key that opened this stream was revoked or has expired".into(),
+                };
+                (Event::default().event("error").data(serde_json::to_string(&error).expect("events serialize")), true)
+            }
+        };
+        Some((Ok::<_, std::convert::Infallible>(next), (rx, held, last)))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,34 +204,4 @@ mod tests {
             assert_eq!(mcp_session(path), None, "{path}");
         }
     }
-}
-
-/// An answer of server-sent events: each of `rx`'s items as `event` makes it (with whether it
-/// is the last), for as long as `held` lasts. Nothing is read ahead of the client: the next
-/// item is taken when the last one was sent, so a client that does not read holds one event
-/// of the service's memory. A revoked key ends the stream with an `error` event.
-pub(super) fn sse<T: Send + 'static>(
-    rx: tokio::sync::mpsc::Receiver<T>,
-    held: super::tenancy::Held,
-    event: fn(T) -> (axum::response::sse::Event, bool),
-) -> Response {
-    use axum::response::sse::{Event, KeepAlive, Sse};
-    let events = futures::stream::unfold((rx, held, false), move |(mut rx, mut held, done)| async move {
-        if done {
-            return None;
-        }
-        let (next, last) = tokio::select! {
-            item = rx.recv() => event(item?),
-            _ = held.revoked() => {
-                let error = super::wire::StreamError {
-                    error: "the key that opened this stream was revoked or has expired".into(),
-                };
-                (Event::default().event("error").data(serde_json::to_string(&error).expect("events serialize")), true)
-            }
-        };
-        Some((Ok::<_, std::convert::Infallible>(next), (rx, held, last)))
-    });
-    Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
-        .into_response()
 }

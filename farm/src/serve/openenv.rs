@@ -271,19 +271,10 @@ async fn connection(
                     Ok(Some(Ok(Message::Close(_))) | Some(Err(_)) | None) | Err(_) => break,
                 };
                 touch(&app, &holding);
-                // Each message is a request of the connection's tenant: its key must still be
-                // live (a revoked one closes the socket), and it counts against its rate.
-                if let Err(e) = app.service.tenancy.admit_message(&who) {
-                    let reply = error_reply(&Failure::new("EXECUTION_ERROR", e.message.clone()));
-                    if sender.send(Message::text(reply.to_string())).await.is_err() || e.status == 401 { break; }
-                    continue;
-                }
-                let request = match super::strict::parse::<Request>(text.as_bytes()) {
+                let request = match read_request(&app, &who, &text) {
                     Ok(r) => r,
-                    Err(e) => {
-                        let code = if super::strict::parse::<Value>(text.as_bytes()).is_ok() { "UNKNOWN_TYPE" } else { "INVALID_JSON" };
-                        let reply = error_reply(&Failure::new(code, format!("not a request ({{\"type\": \"reset\"|\"step\"|\"state\"|\"close\", \"data\": ...}}): {e}")));
-                        if sender.send(Message::text(reply.to_string())).await.is_err() { break; }
+                    Err((reply, close)) => {
+                        if sender.send(Message::text(reply.to_string())).await.is_err() || close { break; }
                         continue;
                     }
                 };
@@ -323,6 +314,24 @@ async fn connection(
         let _ = app.service.end_session(&id, "the OpenEnv client disconnected").await;
     }
     let _ = sender.close().await;
+}
+
+/// A message as a request of the connection's tenant: its key must still be live (a revoked
+/// one closes the socket), it counts against its rate, and it is one strict JSON request.
+/// Err: the reply, and whether the socket closes after it.
+fn read_request(app: &App, who: &Who, text: &str) -> Result<Request, (Value, bool)> {
+    if let Err(e) = app.service.tenancy.admit_message(who) {
+        let reply = error_reply(&Failure::new("EXECUTION_ERROR", e.message.clone()));
+        return Err((reply, e.status == 401));
+    }
+    super::strict::parse::<Request>(text.as_bytes()).map_err(|e| {
+        let code = match super::strict::parse::<Value>(text.as_bytes()) {
+            Ok(_) => "UNKNOWN_TYPE",
+            Err(_) => "INVALID_JSON",
+        };
+        let what = "not a request ({\"type\": \"reset\"|\"step\"|\"state\"|\"close\", \"data\": ...})";
+        (error_reply(&Failure::new(code, format!("{what}: {e}"))), false)
+    })
 }
 
 /// A message the service sends on the socket: `{"type": ..., "data": ...}`.

@@ -42,7 +42,8 @@ pub struct ErrorBody {
 /// The quota a 429 is about.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct QuotaRefusal {
-    /// `live`, `memory_mib`, `disk_mib`, `build_minutes_per_day` or `requests_per_second`.
+    /// `live`, `memory_mib`, `disk_mib`, `build_minutes_per_day`, `requests_per_second` or
+    /// `connections`.
     pub name: String,
     pub limit: u64,
     pub used: u64,

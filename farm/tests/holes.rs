@@ -1,0 +1,570 @@
+//! Round five's holes, attacked against real guests (the minimal image), by another tenant
+//! and by a client of the same tenant:
+//! - a body with bytes after its JSON, or a key given twice, is refused on every front door
+//!   (it used to pass the tenancy checks unread and reach the handler: another tenant's
+//!   snapshot, network, build context, quotas and `force`);
+//! - a request cut by a reset or a pause ends with a 409 saying so, and the sandbox lives
+//!   (it used to be taken for a dead VM, and the sandbox removed);
+//! - input a program does not read is refused to its writer, and the sandbox lives;
+//! - streams, terminals and sockets count against the tenant's `connections`, and end when
+//!   their key is revoked; ids are 128 random bits.
+
+mod common;
+use common::assert_no_qemu_of;
+use common::serve::{farm_serve, farm_tenant, repo, stop, Api};
+use common::tar_of;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Bytes a careless or hostile client puts after its JSON.
+const TAILS: &[&str] = &[" x", "\n{}", " 1", "{\"environment\":\"e\"}"];
+
+fn service_file(dir: &Path) -> std::path::PathBuf {
+    let config = dir.join("holes.toml");
+    let suite = repo().join("configs/serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[serve]\nsuites = [{:?}]\nconcurrency = 1\nmax_sessions = 8\n[serve.sandboxes]\n\
+             [serve.sandboxes.networks.net-a]\nallow = [\"127.0.0.1:9\"]\n\
+             [serve.sandboxes.networks.net-b]\nallow = [\"127.0.0.1:9\"]\n",
+            suite.display().to_string()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// A new key of `tenant`: (secret, key id).
+fn new_key(db: &Path, tenant: &str) -> (String, String) {
+    let key: Value = serde_json::from_str(&farm_tenant(db, &["--json", "key", "add", tenant])).unwrap();
+    (
+        key["secret"].as_str().unwrap().to_string(),
+        key["id"].as_str().unwrap().to_string(),
+    )
+}
+
+/// A request whose body is `text` as it is: (status, answer).
+async fn raw(api: &Api, method: &str, path: &str, text: &str) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let response = api
+        .http
+        .request(method, format!("{}{path}", api.url))
+        .bearer_auth(api.token.as_ref().unwrap())
+        .header("content-type", "application/json")
+        .body(text.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({ "raw": String::from_utf8_lossy(&bytes) })),
+    )
+}
+
+/// An answer of server-sent events, read as they come.
+struct Events {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Events {
+    async fn open(api: &Api, method: &str, path: &str, body: Option<Value>) -> Result<Events, (u16, Value)> {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = api
+            .http
+            .request(method, format!("{}{path}", api.url))
+            .bearer_auth(api.token.as_ref().unwrap());
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err((status, response.json().await.unwrap_or(Value::Null)));
+        }
+        Ok(Events {
+            response,
+            buffer: String::new(),
+        })
+    }
+
+    /// The next event (name, data), or None when the stream ended.
+    async fn next(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut name = String::new();
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if name.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                return Some((name, serde_json::from_str(&data).unwrap_or(Value::String(data))));
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(120), self.response.chunk())
+                .await
+                .expect("the stream went quiet for two minutes")
+                .ok()??;
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Events until one named `name` (which it returns); fails the test if the stream ends.
+    async fn until(&mut self, name: &str) -> Value {
+        loop {
+            let (got, data) = self.next().await.unwrap_or_else(|| panic!("the stream ended before {name}"));
+            if got == name {
+                return data;
+            }
+        }
+    }
+}
+
+async fn socket(url: &str, path: &str, key: &str) -> Socket {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = format!("{}{path}", url.replacen("http", "ws", 1))
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    tokio_tungstenite::connect_async(request).await.unwrap().0
+}
+
+/// Text messages of a socket until one contains `text` (returned); fails if it closes first.
+async fn text_until(socket: &mut Socket, text: &str) -> String {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(240), socket.next())
+            .await
+            .unwrap_or_else(|_| panic!("no message with {text:?} in four minutes"))
+            .unwrap_or_else(|| panic!("the socket closed before {text:?}"))
+            .unwrap();
+        if let Message::Text(t) = message {
+            if t.contains(text) {
+                return t.to_string();
+            }
+        }
+    }
+}
+
+/// Whether a socket closes (or ends) within a minute.
+async fn closes(socket: &mut Socket) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let next = tokio::time::timeout(Duration::from_secs(5), socket.next()).await;
+        if let Ok(None | Some(Err(_)) | Some(Ok(Message::Close(_)))) = next {
+            return true;
+        }
+    }
+    false
+}
+
+/// A's things: an environment both tenants asked for, A's private snapshot of a sandbox
+/// holding a secret, A's sandbox, A's build context.
+struct Owned {
+    env: String,
+    private_env: String,
+    sandbox: String,
+    context: String,
+}
+
+async fn make_as_a(a: &Api, b: &Api) -> Owned {
+    let env = a.environment("minimal").await;
+    assert_eq!(b.environment("minimal").await, env, "content-addressed: B asked for it too");
+    let sandbox = a
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(a.run_sh(&sandbox, "echo a-secret > /root/secret; echo ok").await.1.trim(), "ok");
+    let private_env = a
+        .ok("POST", &format!("/v1/sandboxes/{sandbox}/snapshot"), None, 201)
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let uploaded = a
+        .http
+        .post(format!("{}/v1/contexts", a.url))
+        .bearer_auth(a.token.as_ref().unwrap())
+        .body(tar_of(&[("Dockerfile", "FROM farm:minimal\nRUN echo a > /a-context\n")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(uploaded.status().as_u16(), 201);
+    let context = uploaded.json::<Value>().await.unwrap()["context"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    Owned {
+        env,
+        private_env,
+        sandbox,
+        context,
+    }
+}
+
+fn refused_as_trailing(status: u16, answer: &Value, what: &str) {
+    assert_eq!(status, 400, "{what}: {answer}");
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(error.contains("after the JSON value"), "{what}: {answer}");
+}
+
+/// B sends A's ids, A's network and past its quotas with bytes after the JSON, or with a
+/// key twice: every one is a 400, and nothing was made.
+async fn bodies_are_read_once(db: &Path, a: &Api, b: &Api, owned: &Owned) {
+    let bodies = [
+        ("/v1/sandboxes", json!({ "environment": owned.private_env })),
+        ("/v1/sandboxes", json!({ "environment": owned.env, "network": "net-a" })),
+        ("/v1/environments", json!({ "dockerfile": { "context": owned.context } })),
+        ("/v1/environments", json!({ "image": "minimal", "force": true })),
+    ];
+    for (path, body) in &bodies {
+        for tail in TAILS {
+            let (status, answer) = raw(b, "POST", path, &format!("{body}{tail}")).await;
+            refused_as_trailing(status, &answer, &format!("B: {path} {body}{tail:?}"));
+        }
+    }
+    // A key twice: the checks and the handler could each take another.
+    let twice = format!(
+        "{{\"environment\": {:?}, \"environment\": {:?}}}",
+        owned.env, owned.private_env
+    );
+    let (status, answer) = raw(b, "POST", "/v1/sandboxes", &twice).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("given twice"), "{answer}");
+    let nested = format!(
+        "{{\"environment\": {:?}, \"env\": {{\"A\": \"1\", \"A\": \"2\"}}}}",
+        owned.env
+    );
+    let (status, answer) = raw(b, "POST", "/v1/sandboxes", &nested).await;
+    assert_eq!((status, answer["field"].as_str()), (400, Some("env")), "{answer}");
+    // Quotas: B's one live sandbox, then creates and branches past it.
+    farm_tenant(db, &["quota", "set", "b", "live", "1"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await; // quotas are read every second
+    let mine = b
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": owned.env })), 201)
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let body = json!({ "environment": owned.env });
+    for tail in TAILS {
+        let (status, answer) = raw(b, "POST", "/v1/sandboxes", &format!("{body}{tail}")).await;
+        refused_as_trailing(status, &answer, &format!("create past the quota{tail:?}"));
+        let branch = format!("/v1/sandboxes/{mine}/branch");
+        let (status, answer) = raw(b, "POST", &branch, &format!("{}{tail}", json!({ "count": 3 }))).await;
+        refused_as_trailing(status, &answer, &format!("branch past the quota{tail:?}"));
+    }
+    let (status, answer) = raw(b, "POST", &format!("/v1/sandboxes/{mine}/branch"), "{\"count\":1,\"count\":3}").await;
+    assert_eq!(status, 400, "{answer}");
+    let listed = b.ok("GET", "/v1/sandboxes", None, 200).await;
+    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 1, "nothing more was made: {listed}");
+    b.ok("DELETE", &format!("/v1/sandboxes/{mine}"), None, 200).await;
+    farm_tenant(db, &["quota", "set", "b", "live", "none"]);
+    // A client of A's own: any body, any route.
+    for (path, body) in [
+        ("/v1/sandboxes".to_string(), json!({ "environment": owned.env })),
+        (format!("/v1/sandboxes/{}/exec", owned.sandbox), json!({ "command": "true" })),
+        (format!("/v1/sandboxes/{}/timeout", owned.sandbox), json!({ "idle_timeout_secs": 60 })),
+        ("/v1/sessions".to_string(), json!({ "task_id": "answer" })),
+    ] {
+        let (status, answer) = raw(a, "POST", &path, &format!("{body} x")).await;
+        refused_as_trailing(status, &answer, &format!("A: {path}"));
+    }
+    // A's environment was not rebuilt, and its snapshot holds its secret alone.
+    let view = a.ok("GET", &format!("/v1/environments/{}", owned.env), None, 200).await;
+    assert_eq!(view["state"], "ready", "{view}");
+}
+
+/// MCP's and OpenEnv's messages are read as strictly.
+async fn protocols_read_once(url: &str, a: &Api, a_key: &str) {
+    let session = a
+        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "answer" })), 201)
+        .await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let list = json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/list" });
+    for text in [
+        format!("{list} x"),
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"method\":\"tools/call\"}".to_string(),
+    ] {
+        let (status, answer) = raw(a, "POST", &format!("/v1/sessions/{session}/mcp"), &text).await;
+        assert_eq!((status, answer["error"]["code"].as_i64()), (400, Some(-32700)), "{text}: {answer}");
+    }
+    let mut ws = socket(url, "/v1/openenv/ws", a_key).await;
+    for text in ["{\"type\":\"state\"} x", "{\"type\":\"state\",\"type\":\"close\"}"] {
+        ws.send(Message::text(text)).await.unwrap();
+        let reply = text_until(&mut ws, "\"type\"").await;
+        assert!(reply.contains("INVALID_JSON"), "{text}: {reply}");
+    }
+    a.ok("DELETE", &format!("/v1/sessions/{session}"), None, 200).await;
+}
+
+/// Runs `command` in the sandbox in a task of its own, and waits until it has started
+/// (it touches `/tmp/started`, removed first): its answer, when it comes.
+async fn in_flight(api: &Api, sandbox: &str, command: &str) -> tokio::task::JoinHandle<(u16, Value)> {
+    api.run_sh(sandbox, "rm -f /tmp/started").await;
+    let client = Api::new(&api.url, api.token.as_deref());
+    let (path, body) = (
+        format!("/v1/sandboxes/{sandbox}/exec"),
+        json!({ "command": format!("touch /tmp/started; {command}") }),
+    );
+    let task = tokio::spawn(async move { client.call("POST", &path, Some(body)).await });
+    let started = Instant::now();
+    let stat = format!("/v1/sandboxes/{sandbox}/stat?path=/tmp/started");
+    while api.call("GET", &stat, None).await.0 != 200 {
+        assert!(started.elapsed() < Duration::from_secs(120), "the command never started");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    task
+}
+
+/// A's requests in flight while A's other client resets or pauses the sandbox: each ends
+/// with a 409 naming what cut it, and the sandbox lives, in its new state.
+async fn a_change_is_not_a_death(url: &str, a: &Api, a_key: &str, env: &str) {
+    let sandbox = a
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // An exec, cut by a reset.
+    let exec = in_flight(a, &sandbox, "sleep 60").await;
+    let reset = a.ok("POST", &format!("/v1/sandboxes/{sandbox}/reset"), None, 200).await;
+    let (status, cut) = exec.await.unwrap();
+    assert_eq!(status, 409, "{cut}");
+    assert!(cut["error"].as_str().unwrap().contains("was reset"), "{cut}");
+    let view = a.ok("GET", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+    assert_eq!(view["state"], "running", "reset answered {reset}, then {view}");
+    assert_eq!(a.run_sh(&sandbox, "echo alive").await.1.trim(), "alive");
+    // An output stream and a terminal, cut by a reset.
+    let started = a
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{sandbox}/processes"),
+            Some(json!({ "command": "while true; do echo tick; sleep 1; done" })),
+            201,
+        )
+        .await;
+    let pid = started["pid"].as_u64().unwrap();
+    let mut stream = Events::open(
+        a,
+        "GET",
+        &format!("/v1/sandboxes/{sandbox}/processes/{pid}/output/stream"),
+        None,
+    )
+    .await
+    .unwrap();
+    stream.until("stdout").await;
+    let mut terminal = socket(url, &format!("/v1/sandboxes/{sandbox}/pty?command=sleep%20600"), a_key).await;
+    text_until(&mut terminal, "started").await;
+    a.ok("POST", &format!("/v1/sandboxes/{sandbox}/reset"), None, 200).await;
+    let error = stream.until("error").await;
+    assert!(error.to_string().contains("was reset"), "{error}");
+    let said = text_until(&mut terminal, "error").await;
+    assert!(said.contains("was reset"), "{said}");
+    let view = a.ok("GET", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+    assert_eq!(view["state"], "running", "{view}");
+    // An exec, cut by a pause: the sandbox is paused, with its state, and resumes.
+    a.run_sh(&sandbox, "echo kept > /root/state").await;
+    let exec = in_flight(a, &sandbox, "sleep 60").await;
+    a.ok("POST", &format!("/v1/sandboxes/{sandbox}/pause"), None, 200).await;
+    let (status, cut) = exec.await.unwrap();
+    assert_eq!(status, 409, "{cut}");
+    assert!(cut["error"].as_str().unwrap().contains("was paused"), "{cut}");
+    let view = a.ok("GET", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+    assert_eq!(view["state"], "paused", "{view}");
+    a.ok("POST", &format!("/v1/sandboxes/{sandbox}/resume"), None, 200).await;
+    assert_eq!(a.run_sh(&sandbox, "cat /root/state").await.1.trim(), "kept");
+    a.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+}
+
+/// Input a program does not read: a 1 MiB write to a process that never reads its stdin,
+/// and a flood of keys to a terminal whose program never reads. Each writer is told what was
+/// not taken; the sandbox answers on.
+async fn unread_input_is_refused_not_fatal(url: &str, a: &Api, a_key: &str, env: &str) {
+    let sandbox = a
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let started = a
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{sandbox}/processes"),
+            Some(json!({ "command": "sleep 600" })),
+            201,
+        )
+        .await;
+    let pid = started["pid"].as_u64().unwrap();
+    let mega = "x".repeat(1 << 20);
+    let (status, refused) = a
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{sandbox}/processes/{pid}/stdin"),
+            Some(json!({ "data": mega })),
+        )
+        .await;
+    assert_eq!((status, refused["field"].as_str()), (409, Some("data")), "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("not reading"), "{refused}");
+    assert_eq!(a.run_sh(&sandbox, "echo alive").await.1.trim(), "alive");
+    let process = a
+        .ok("GET", &format!("/v1/sandboxes/{sandbox}/processes/{pid}"), None, 200)
+        .await;
+    assert_eq!(process["state"], "running", "{process}");
+    // A terminal: whole lines of keys past what its buffers hold (a line discipline drops
+    // the rest of an unfinished line, but keeps whole ones for the reader), to a program that
+    // never reads them.
+    let mut terminal = socket(url, &format!("/v1/sandboxes/{sandbox}/pty?command=sleep%20600"), a_key).await;
+    text_until(&mut terminal, "started").await;
+    let lines = format!("{}\n", "k".repeat(63)).repeat(1024);
+    for _ in 0..4 {
+        terminal.send(Message::Binary(lines.clone().into_bytes().into())).await.unwrap();
+    }
+    let said = text_until(&mut terminal, "not delivered").await;
+    assert!(said.contains("\"error\""), "{said}");
+    assert_eq!(a.run_sh(&sandbox, "echo still").await.1.trim(), "still");
+    a.ok("GET", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+    a.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+}
+
+/// B's connections: at most its `connections` quota at once (a port's count too), and every
+/// one opened with a key ends when that key is revoked.
+async fn connections_are_bounded_and_revocable(db: &Path, url: &str, b: &Api, env: &str) {
+    let sandbox = b
+        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let id = sandbox.strip_prefix("sb-").unwrap();
+    assert!(
+        id.len() == 32 && id.bytes().all(|c| c.is_ascii_hexdigit()),
+        "128 random bits: {sandbox}"
+    );
+    let started = b
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{sandbox}/processes"),
+            Some(json!({ "command": "while true; do echo tick; sleep 1; done" })),
+            201,
+        )
+        .await;
+    let follow = format!(
+        "/v1/sandboxes/{sandbox}/processes/{}/output/stream",
+        started["pid"].as_u64().unwrap()
+    );
+    // The bound.
+    farm_tenant(db, &["quota", "set", "b", "connections", "2"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let first = Events::open(b, "GET", &follow, None).await.unwrap();
+    let _second = Events::open(b, "GET", &follow, None).await.unwrap();
+    let (status, over) = Events::open(b, "GET", &follow, None).await.err().unwrap();
+    assert_eq!(status, 429, "{over}");
+    assert_eq!(over["quota"]["name"], "connections", "{over}");
+    let (status, _) = b
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{sandbox}/exec/stream"),
+            Some(json!({ "command": "true" })),
+        )
+        .await;
+    assert_eq!(status, 429, "an exec's stream counts too");
+    drop(first);
+    // The service notices the dropped stream at its next write (output comes every second).
+    let started_at = Instant::now();
+    let third = loop {
+        match Events::open(b, "GET", &follow, None).await {
+            Ok(events) => break events,
+            Err((429, _)) if started_at.elapsed() < Duration::from_secs(60) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("a closed stream's place was never given back: {e:?}"),
+        }
+    };
+    drop((third, _second));
+    farm_tenant(db, &["quota", "set", "b", "connections", "none"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // A key revoked while its stream, its exec's stream, its terminal and its OpenEnv socket
+    // are open: each ends.
+    let (key, key_id) = new_key(db, "b");
+    let spare = Api::new(url, Some(&key));
+    let mut stream = Events::open(&spare, "GET", &follow, None).await.unwrap();
+    stream.until("stdout").await;
+    let mut exec = Events::open(
+        &spare,
+        "POST",
+        &format!("/v1/sandboxes/{sandbox}/exec/stream"),
+        Some(json!({ "command": "while true; do echo tock; sleep 1; done" })),
+    )
+    .await
+    .unwrap();
+    exec.until("stdout").await;
+    let mut terminal = socket(url, &format!("/v1/sandboxes/{sandbox}/pty?command=sleep%20600"), &key).await;
+    text_until(&mut terminal, "started").await;
+    let mut openenv = socket(url, "/v1/openenv/ws", &key).await;
+    farm_tenant(db, &["key", "revoke", &key_id]);
+    for events in [&mut stream, &mut exec] {
+        let error = events.until("error").await;
+        assert!(error.to_string().contains("revoked"), "{error}");
+        assert!(events.next().await.is_none(), "the stream ends");
+    }
+    let said = text_until(&mut terminal, "revoked").await;
+    assert!(said.contains("\"error\""), "{said}");
+    assert!(closes(&mut terminal).await, "the terminal's socket closes");
+    let said = text_until(&mut openenv, "revoked").await;
+    assert!(said.contains("error"), "{said}");
+    assert!(closes(&mut openenv).await, "the OpenEnv socket closes");
+    b.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_five_holes_stay_shut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
+    let db = out.join("tenants.db");
+    for (tenant, network) in [("a", "net-a"), ("b", "net-b")] {
+        farm_tenant(&db, &["add", tenant]);
+        farm_tenant(&db, &["grant", tenant, network]);
+    }
+    let (a_key, _) = new_key(&db, "a");
+    let (b_key, _) = new_key(&db, "b");
+    let (mut service, url) = farm_serve(
+        &service_file(dir.path()),
+        &out,
+        &run_dir,
+        "127.0.0.1:0",
+        Some("operator"),
+    );
+    let (a, b) = (Api::new(&url, Some(&a_key)), Api::new(&url, Some(&b_key)));
+    let owned = make_as_a(&a, &b).await;
+    bodies_are_read_once(&db, &a, &b, &owned).await;
+    protocols_read_once(&url, &a, &a_key).await;
+    a_change_is_not_a_death(&url, &a, &a_key, &owned.env).await;
+    unread_input_is_refused_not_fatal(&url, &a, &a_key, &owned.env).await;
+    connections_are_bounded_and_revocable(&db, &url, &b, &owned.env).await;
+    // B never reached A's secret, and A's sandbox is as A left it.
+    assert_eq!(a.run_sh(&owned.sandbox, "cat /root/secret").await.1.trim(), "a-secret");
+    stop(&mut service);
+    assert_no_qemu_of(&run_dir);
+}
