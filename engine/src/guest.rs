@@ -16,7 +16,6 @@ use farm_protocol::Program;
 use serde::Serialize;
 
 use crate::live::LiveFork;
-use crate::sandbox::Command;
 
 /// While a request runs, the guest is pinged this often; this many pings in a row unanswered
 /// within [`PING_TIMEOUT`] mean the guest is gone (halted, hung).
@@ -68,6 +67,18 @@ pub enum GuestError {
     /// The guest did it and it failed (a tar that would not unpack).
     #[error("{0}")]
     Failed(String),
+}
+
+/// What a sandbox's command asks beyond the program: each `None` takes the fork's place.
+#[derive(Debug, Clone, Default)]
+pub struct Command {
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub user: Option<String>,
+    pub stdin: Vec<u8>,
+    pub timeout: Option<std::time::Duration>,
+    /// Caps of stdout and stderr, each.
+    pub output_cap: u64,
 }
 
 /// How a command ended, with its output.

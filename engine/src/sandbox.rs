@@ -130,18 +130,6 @@ impl SandboxError {
     }
 }
 
-/// What a sandbox's command asks beyond the program: each `None` takes the fork's place.
-#[derive(Debug, Clone, Default)]
-pub struct Command {
-    pub cwd: Option<String>,
-    pub env: Vec<(String, String)>,
-    pub user: Option<String>,
-    pub stdin: Vec<u8>,
-    pub timeout: Option<std::time::Duration>,
-    /// Caps of stdout and stderr, each.
-    pub output_cap: u64,
-}
-
 /// Why a sandbox could not be snapshotted into an environment.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotSandboxError {

@@ -127,7 +127,10 @@ impl Events {
     /// Events until one named `name` (which it returns); fails the test if the stream ends.
     async fn until(&mut self, name: &str) -> Value {
         loop {
-            let (got, data) = self.next().await.unwrap_or_else(|| panic!("the stream ended before {name}"));
+            let (got, data) = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("the stream ended before {name}"));
             if got == name {
                 return data;
             }
@@ -185,14 +188,24 @@ struct Owned {
 
 async fn make_as_a(a: &Api, b: &Api) -> Owned {
     let env = a.environment("minimal").await;
-    assert_eq!(b.environment("minimal").await, env, "content-addressed: B asked for it too");
+    assert_eq!(
+        b.environment("minimal").await,
+        env,
+        "content-addressed: B asked for it too"
+    );
     let sandbox = a
         .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
         .await["id"]
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(a.run_sh(&sandbox, "echo a-secret > /root/secret; echo ok").await.1.trim(), "ok");
+    assert_eq!(
+        a.run_sh(&sandbox, "echo a-secret > /root/secret; echo ok")
+            .await
+            .1
+            .trim(),
+        "ok"
+    );
     let private_env = a
         .ok("POST", &format!("/v1/sandboxes/{sandbox}/snapshot"), None, 201)
         .await["id"]
@@ -203,7 +216,10 @@ async fn make_as_a(a: &Api, b: &Api) -> Owned {
         .http
         .post(format!("{}/v1/contexts", a.url))
         .bearer_auth(a.token.as_ref().unwrap())
-        .body(tar_of(&[("Dockerfile", "FROM farm:minimal\nRUN echo a > /a-context\n")]))
+        .body(tar_of(&[(
+            "Dockerfile",
+            "FROM farm:minimal\nRUN echo a > /a-context\n",
+        )]))
         .send()
         .await
         .unwrap();
@@ -232,7 +248,10 @@ async fn bodies_are_read_once(db: &Path, a: &Api, b: &Api, owned: &Owned) {
     let bodies = [
         ("/v1/sandboxes", json!({ "environment": owned.private_env })),
         ("/v1/sandboxes", json!({ "environment": owned.env, "network": "net-a" })),
-        ("/v1/environments", json!({ "dockerfile": { "context": owned.context } })),
+        (
+            "/v1/environments",
+            json!({ "dockerfile": { "context": owned.context } }),
+        ),
         ("/v1/environments", json!({ "image": "minimal", "force": true })),
     ];
     for (path, body) in &bodies {
@@ -272,17 +291,33 @@ async fn bodies_are_read_once(db: &Path, a: &Api, b: &Api, owned: &Owned) {
         let (status, answer) = raw(b, "POST", &branch, &format!("{}{tail}", json!({ "count": 3 }))).await;
         refused_as_trailing(status, &answer, &format!("branch past the quota{tail:?}"));
     }
-    let (status, answer) = raw(b, "POST", &format!("/v1/sandboxes/{mine}/branch"), "{\"count\":1,\"count\":3}").await;
+    let (status, answer) = raw(
+        b,
+        "POST",
+        &format!("/v1/sandboxes/{mine}/branch"),
+        "{\"count\":1,\"count\":3}",
+    )
+    .await;
     assert_eq!(status, 400, "{answer}");
     let listed = b.ok("GET", "/v1/sandboxes", None, 200).await;
-    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 1, "nothing more was made: {listed}");
+    assert_eq!(
+        listed["sandboxes"].as_array().unwrap().len(),
+        1,
+        "nothing more was made: {listed}"
+    );
     b.ok("DELETE", &format!("/v1/sandboxes/{mine}"), None, 200).await;
     farm_tenant(db, &["quota", "set", "b", "live", "none"]);
     // A client of A's own: any body, any route.
     for (path, body) in [
         ("/v1/sandboxes".to_string(), json!({ "environment": owned.env })),
-        (format!("/v1/sandboxes/{}/exec", owned.sandbox), json!({ "command": "true" })),
-        (format!("/v1/sandboxes/{}/timeout", owned.sandbox), json!({ "idle_timeout_secs": 60 })),
+        (
+            format!("/v1/sandboxes/{}/exec", owned.sandbox),
+            json!({ "command": "true" }),
+        ),
+        (
+            format!("/v1/sandboxes/{}/timeout", owned.sandbox),
+            json!({ "idle_timeout_secs": 60 }),
+        ),
         ("/v1/sessions".to_string(), json!({ "task_id": "answer" })),
     ] {
         let (status, answer) = raw(a, "POST", &path, &format!("{body} x")).await;
@@ -307,7 +342,11 @@ async fn protocols_read_once(url: &str, a: &Api, a_key: &str) {
         "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"method\":\"tools/call\"}".to_string(),
     ] {
         let (status, answer) = raw(a, "POST", &format!("/v1/sessions/{session}/mcp"), &text).await;
-        assert_eq!((status, answer["error"]["code"].as_i64()), (400, Some(-32700)), "{text}: {answer}");
+        assert_eq!(
+            (status, answer["error"]["code"].as_i64()),
+            (400, Some(-32700)),
+            "{text}: {answer}"
+        );
     }
     let mut ws = socket(url, "/v1/openenv/ws", a_key).await;
     for text in ["{\"type\":\"state\"} x", "{\"type\":\"state\",\"type\":\"close\"}"] {
@@ -331,7 +370,10 @@ async fn in_flight(api: &Api, sandbox: &str, command: &str) -> tokio::task::Join
     let started = Instant::now();
     let stat = format!("/v1/sandboxes/{sandbox}/stat?path=/tmp/started");
     while api.call("GET", &stat, None).await.0 != 200 {
-        assert!(started.elapsed() < Duration::from_secs(120), "the command never started");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the command never started"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     task
@@ -392,7 +434,8 @@ async fn a_change_is_not_a_death(url: &str, a: &Api, a_key: &str, env: &str) {
     assert!(cut["error"].as_str().unwrap().contains("was paused"), "{cut}");
     let view = a.ok("GET", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
     assert_eq!(view["state"], "paused", "{view}");
-    a.ok("POST", &format!("/v1/sandboxes/{sandbox}/resume"), None, 200).await;
+    a.ok("POST", &format!("/v1/sandboxes/{sandbox}/resume"), None, 200)
+        .await;
     assert_eq!(a.run_sh(&sandbox, "cat /root/state").await.1.trim(), "kept");
     a.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
 }
@@ -438,7 +481,10 @@ async fn unread_input_is_refused_not_fatal(url: &str, a: &Api, a_key: &str, env:
     text_until(&mut terminal, "started").await;
     let lines = format!("{}\n", "k".repeat(63)).repeat(1024);
     for _ in 0..4 {
-        terminal.send(Message::Binary(lines.clone().into_bytes().into())).await.unwrap();
+        terminal
+            .send(Message::Binary(lines.clone().into_bytes().into()))
+            .await
+            .unwrap();
     }
     let said = text_until(&mut terminal, "not delivered").await;
     assert!(said.contains("\"error\""), "{said}");

@@ -153,4 +153,3 @@ fn run_pump(wake: OwnedFd) {
         });
     }
 }
-

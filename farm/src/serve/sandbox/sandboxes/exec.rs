@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine::guest::Command;
 use engine::guest::{CommandEnd, CommandOutput, Output};
-use engine::sandbox::Command;
 use farm_protocol::Program;
 use serde::Deserialize;
 
