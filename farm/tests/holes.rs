@@ -493,9 +493,8 @@ async fn unread_input_is_refused_not_fatal(url: &str, a: &Api, a_key: &str, env:
     a.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
 }
 
-/// B's connections: at most its `connections` quota at once (a port's count too), and every
-/// one opened with a key ends when that key is revoked.
-async fn connections_are_bounded_and_revocable(db: &Path, url: &str, b: &Api, env: &str) {
+/// A sandbox of B's with a chatty background process: (its id, the process's output stream).
+async fn chatty(b: &Api, env: &str) -> (String, String) {
     let sandbox = b
         .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
         .await["id"]
@@ -519,7 +518,12 @@ async fn connections_are_bounded_and_revocable(db: &Path, url: &str, b: &Api, en
         "/v1/sandboxes/{sandbox}/processes/{}/output/stream",
         started["pid"].as_u64().unwrap()
     );
-    // The bound.
+    (sandbox, follow)
+}
+
+/// B's connections: at most its `connections` quota at once.
+async fn connections_are_bounded(db: &Path, b: &Api, env: &str) {
+    let (sandbox, follow) = chatty(b, env).await;
     farm_tenant(db, &["quota", "set", "b", "connections", "2"]);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let first = Events::open(b, "GET", &follow, None).await.unwrap();
@@ -535,6 +539,22 @@ async fn connections_are_bounded_and_revocable(db: &Path, url: &str, b: &Api, en
         )
         .await;
     assert_eq!(status, 429, "an exec's stream counts too");
+    // A connection through one of B's ports is B's too, whoever holds the port's token.
+    let port = b
+        .ok(
+            "POST",
+            &format!("/v1/sandboxes/{sandbox}/ports"),
+            Some(json!({ "port": 8000 })),
+            201,
+        )
+        .await;
+    let through = reqwest::Client::new()
+        .get(format!("http://{}/", port["address"].as_str().unwrap()))
+        .header("Farm-Port-Token", port["token"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(through.status().as_u16(), 429, "{:?}", through.text().await);
     drop(first);
     // The service notices the dropped stream at its next write (output comes every second).
     let started_at = Instant::now();
@@ -550,9 +570,13 @@ async fn connections_are_bounded_and_revocable(db: &Path, url: &str, b: &Api, en
     drop((third, _second));
     farm_tenant(db, &["quota", "set", "b", "connections", "none"]);
     tokio::time::sleep(Duration::from_millis(1200)).await;
+    b.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
+}
 
-    // A key revoked while its stream, its exec's stream, its terminal and its OpenEnv socket
-    // are open: each ends.
+/// A key revoked while its output stream, its exec's stream, its terminal and its OpenEnv
+/// socket are open: each ends, saying why.
+async fn connections_end_with_their_key(db: &Path, url: &str, b: &Api, env: &str) {
+    let (sandbox, follow) = chatty(b, env).await;
     let (key, key_id) = new_key(db, "b");
     let spare = Api::new(url, Some(&key));
     let mut stream = Events::open(&spare, "GET", &follow, None).await.unwrap();
@@ -608,7 +632,8 @@ async fn round_five_holes_stay_shut() {
     protocols_read_once(&url, &a, &a_key).await;
     a_change_is_not_a_death(&url, &a, &a_key, &owned.env).await;
     unread_input_is_refused_not_fatal(&url, &a, &a_key, &owned.env).await;
-    connections_are_bounded_and_revocable(&db, &url, &b, &owned.env).await;
+    connections_are_bounded(&db, &b, &owned.env).await;
+    connections_end_with_their_key(&db, &url, &b, &owned.env).await;
     // B never reached A's secret, and A's sandbox is as A left it.
     assert_eq!(a.run_sh(&owned.sandbox, "cat /root/secret").await.1.trim(), "a-secret");
     stop(&mut service);
