@@ -42,6 +42,8 @@ cargo fmt --all --check || failed+=("cargo fmt --all --check (run: cargo fmt --a
 
 step "python3 scripts/check-sizes.py (600 lines a file, 80 a function)"
 python3 scripts/check-sizes.py || failed+=("python3 scripts/check-sizes.py")
+step "python3 scripts/check-links.py (relative links in README.md, docs/ and the SDK's README)"
+python3 scripts/check-links.py || failed+=("python3 scripts/check-links.py")
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || failed+=("cargo clippy --workspace --all-targets -- -D warnings")
