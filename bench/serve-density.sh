@@ -6,7 +6,7 @@
 #   bench/serve-density.sh [N_SESSIONS] [KSM]     (defaults 1000 and off; after scripts/setup.sh)
 #
 # KSM is the service's `ksm` setting (off, on, on-no-aslr); with it on, start ksmd first
-# (README, "Density"). Prints one JSON object (bench/serve_density.py); the numbers go into
+# (docs/commands.md, "Density"). Prints one JSON object (bench/serve_density.py); the numbers go into
 # bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -112,7 +112,7 @@ fn main() {
                 Command::Merge(args) => cmd::merge::run(args).await,
                 Command::Tenant(args) => cmd::tenant::run(args),
                 Command::Openapi => {
-                    crate::ui::outln!("{}", serve::wire::openapi::json());
+                    crate::ui::outln!("{}", serve::openapi::json());
                     Ok(0)
                 }
             }

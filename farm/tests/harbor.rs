@@ -603,7 +603,7 @@ impl HarborCli {
         )
         .unwrap();
         let run_dir = dir.join("serve-run");
-        // Harbor's trials run as a tenant (README, Tenants), granted the network they name.
+        // Harbor's trials run as a tenant (docs/tenants.md), granted the network they name.
         let key = common::serve::tenant_key(&dir.join("serve-out/tenants.db"), "harbor", &["harbor"]);
         let mut serve = Command::new(env!("CARGO_BIN_EXE_farm"));
         serve

@@ -228,7 +228,7 @@ async fn openenv_and_mcp_clients_drive_sessions() {
     assert_eq!(steps.len(), 8, "each tool call is a step of the session: {row}");
 
     // The GRPO-style example: groups of sessions branched from one prepared state, and the
-    // MCP client again, as a tenant (README, Tenants): a tenant's key works where the token did.
+    // MCP client again, as a tenant (docs/tenants.md): a tenant's key works where the token did.
     let key = tenant_key(&db, "trainer", &[]);
     let tenant = Api::new(&url, Some(&key));
     let opened = tenant

@@ -10,6 +10,9 @@
 //! The single-token set-up is the tenant `default` (id 1, made by the first migration): the
 //! service token, or no token on loopback, is it.
 
+// The checkout this crate is built in (`.cargo/config.toml`): its build is never another clone's.
+const _: Option<&str> = option_env!("FARM_CHECKOUT");
+
 mod audit;
 mod db;
 pub mod fair;

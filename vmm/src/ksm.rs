@@ -104,7 +104,7 @@ impl KsmHost {
         }
         if !self.running {
             return Ok(Some(format!(
-                "KSM {mode}: ksmd is not running on this host, so nothing is merged yet; start it with `echo 1 > {SYSFS}/run` (and size {SYSFS}/pages_to_scan, see README)"
+                "KSM {mode}: ksmd is not running on this host, so nothing is merged yet; start it with `echo 1 > {SYSFS}/run` (and size {SYSFS}/pages_to_scan, see docs/commands.md, Density)"
             )));
         }
         Ok(None)

@@ -50,7 +50,7 @@ def lost_in_restart(row: Mapping[str, Any]) -> bool:
 
 
 class Service:
-    """One `farm serve` service's rollouts API (see the README's API section).
+    """One `farm serve` service's rollouts API (see docs/serve.md, API).
 
     `url` defaults to `$FARM_URL`, else `http://127.0.0.1:8765`; `token` to
     `$FARM_SERVE_TOKEN`. `timeout`, `retries` and `transport` are as `Farm`'s.

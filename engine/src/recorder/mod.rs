@@ -26,6 +26,20 @@ pub use files::{read_lines_at, read_rows, Manifest, OutputError, Plan};
 use writer::OutputWriter;
 pub use writer::RunIdentity;
 
+/// A new run's id: `run-` and 48 bits of a digest of the time and the process.
+pub fn new_run_id() -> String {
+    use sha2::{Digest, Sha256};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let digest = Sha256::digest(format!("{nanos}-{}", std::process::id()).as_bytes());
+    format!(
+        "run-{}",
+        digest.iter().take(6).map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
 /// How a recorder is opened.
 #[derive(Debug, Clone)]
 pub struct RecorderOptions {

@@ -17,7 +17,6 @@ use engine::row::{plan_key, Row, Status};
 use engine::shard::Shard;
 use engine::sizing::{self, Counts};
 use engine::{Engine, Planned, Policy, Preload};
-use sha2::{Digest, Sha256};
 
 use crate::signals::Signals;
 use crate::ui::Progress;
@@ -341,17 +340,7 @@ fn provenance(engine: &Engine) -> Provenance {
     }
 }
 
-pub fn new_run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let digest = Sha256::digest(format!("{nanos}-{}", std::process::id()).as_bytes());
-    format!(
-        "run-{}",
-        digest.iter().take(6).map(|b| format!("{b:02x}")).collect::<String>()
-    )
-}
+pub use engine::recorder::new_run_id;
 
 /// The run's progress: a bar on a terminal, a line per finished rollout elsewhere.
 struct Tally {

@@ -1,4 +1,4 @@
-//! The HTTP API of `farm serve` (JSON over HTTP/1.1; the reference is in the README).
+//! The HTTP API of `farm serve` (JSON over HTTP/1.1; the reference is docs/serve.md).
 //!
 //! Bodies are parsed strictly: unknown fields are refused, and a bad body gets a 400 whose
 //! JSON names the field (`{"error": ..., "field": "items[0].n"}`).
@@ -15,12 +15,12 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use serde::Deserialize;
 
-use super::error::ApiError;
+use super::error::{ApiError, HttpError};
 use super::http::{body_digest, finish, idempotency_key, ok, parse, App, Reply};
-use super::requests::{CancelBelow, ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
-use super::service::Service;
 use super::tenancy::Who;
 use axum::Extension;
+use service::requests::{CancelBelow, ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
+use service::state::Service;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
@@ -47,7 +47,12 @@ pub fn router(service: Arc<Service>) -> Router {
         .merge(super::hosting_routes::routes())
         .merge(super::mcp::routes())
         .merge(super::openenv::routes())
-        .fallback(|| async { ApiError::new(404, "no such endpoint (see the README's API reference)") })
+        .fallback(|| async {
+            HttpError::from(ApiError::new(
+                404,
+                "no such endpoint (see docs/serve.md and docs/sandbox-api.md)",
+            ))
+        })
         .layer(middleware::from_fn_with_state(app.clone(), super::tenancy::layer))
         .with_state(app)
 }
@@ -89,10 +94,14 @@ async fn results(
 ) -> Reply {
     let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
     if q.max == 0 || q.max > 10_000 {
-        return Err(ApiError::field(400, "max", "must be 1 to 10000"));
+        return Err(HttpError::from(ApiError::field(400, "max", "must be 1 to 10000")));
     }
     if !(0.0..=300.0).contains(&q.wait) {
-        return Err(ApiError::field(400, "wait", "must be 0 to 300 seconds"));
+        return Err(HttpError::from(ApiError::field(
+            400,
+            "wait",
+            "must be 0 to 300 seconds",
+        )));
     }
     let (lines, next) = app
         .service
@@ -168,8 +177,8 @@ async fn open_session(State(app): State<App>, Extension(who): Extension<Who>, bo
 }
 
 /// Where the agent in a session reaches it over MCP, and the token that opens only that.
-fn mcp_access(app: &App, who: &Who, id: &str) -> super::wire::McpAccess {
-    super::wire::McpAccess {
+fn mcp_access(app: &App, who: &Who, id: &str) -> service::wire::McpAccess {
+    service::wire::McpAccess {
         path: format!("/v1/sessions/{id}/mcp"),
         token: app.service.tenancy.mcp_token(who.tenant(), id),
     }

@@ -1,129 +1,51 @@
-//! The failure a request is told about: an HTTP status, a message and the field it concerns,
-//! answered as `{"error": ..., "field": ...}`.
+//! A service error as an HTTP answer: its status, `{"error": ..., "field": ..., "quota": ...}`,
+//! `Retry-After` and the bearer challenge. The one place a failure becomes a response.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use engine::book::Refusal;
-use engine::session::SessionCallError;
 
-/// A failure a request can be told about: an HTTP status and a message (and the request
-/// field it concerns).
+pub use service::ApiError;
+
+/// An [`ApiError`] as handlers return it (`?` converts).
 #[derive(Debug)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub field: Option<String>,
-    /// Seconds, for 429.
-    pub retry_after: Option<u64>,
-    /// The tenant's quota it is over.
-    pub quota: Option<Box<super::wire::QuotaRefusal>>,
-    /// A 401 that asks for a bearer token (`WWW-Authenticate`).
-    pub challenge: bool,
-}
+pub struct HttpError(pub ApiError);
 
-impl ApiError {
-    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            field: None,
-            retry_after: None,
-            quota: None,
-            challenge: false,
-        }
-    }
-
-    /// Over a tenant's quota: 429 naming it, its limit and its use.
-    pub fn quota(e: &tenants::Exceeded) -> ApiError {
-        ApiError {
-            retry_after: e.retry_after_secs,
-            quota: Some(Box::new(super::wire::QuotaRefusal {
-                name: e.quota.as_str().to_string(),
-                limit: e.limit,
-                used: e.used,
-            })),
-            ..ApiError::new(429, e.to_string())
-        }
-    }
-
-    /// This 401 asks for a bearer token.
-    pub fn challenge(self) -> ApiError {
-        ApiError {
-            challenge: true,
-            ..self
-        }
-    }
-
-    pub fn field(status: u16, field: impl Into<String>, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            field: Some(field.into()),
-            retry_after: None,
-            quota: None,
-            challenge: false,
-        }
+impl From<ApiError> for HttpError {
+    fn from(e: ApiError) -> HttpError {
+        HttpError(e)
     }
 }
 
-/// The session book's refusals: 429 (with a retry hint) when every slot is taken, 404 when
-/// there is no such session, 409 when it is busy being scored or is paused.
-impl From<Refusal> for ApiError {
-    fn from(refusal: Refusal) -> ApiError {
-        let status = match refusal {
-            Refusal::Full { .. } => 429,
-            Refusal::NoLive(_) | Refusal::NoneLiveOrPaused(_) => 404,
-            Refusal::BeingSubmitted(_) | Refusal::BeingScored(_) | Refusal::Paused(_) => 409,
-        };
-        ApiError {
-            retry_after: refusal.retryable().then_some(5),
-            ..ApiError::new(status, refusal.to_string())
-        }
-    }
-}
-
-/// The tenants database failed (not the caller's doing): 500.
-impl From<tenants::Error> for ApiError {
-    fn from(e: tenants::Error) -> ApiError {
-        ApiError::new(500, format!("the tenants database: {e}"))
-    }
-}
-
-impl ApiError {
-    /// A session's refusal of a call, naming the session: 404 once it has ended, 409 while
-    /// it is paused or when it took its steps.
-    pub fn session(id: &str, refusal: SessionCallError) -> ApiError {
-        let status = match refusal {
-            SessionCallError::Ended | SessionCallError::NoTask => 404,
-            SessionCallError::Paused | SessionCallError::StepsTaken(_) => 409,
-        };
-        let what = refusal.to_string();
-        let what = what.strip_prefix("the session ").unwrap_or(&what);
-        ApiError::new(status, format!("session {id:?} {what}"))
-    }
-}
-
-pub type ApiResult<T> = std::result::Result<T, ApiError>;
-
-impl IntoResponse for ApiError {
+impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = super::wire::ErrorBody {
-            error: self.message,
-            field: self.field,
-            quota: self.quota.map(|q| *q),
-        };
-        let mut response = (status, axum::Json(body)).into_response();
-        if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        if self.challenge {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
+        respond(self.0)
+    }
+}
+
+/// The answer of a failure.
+pub fn respond(e: ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, axum::Json(e.body())).into_response();
+    if let Some(secs) = e.retry_after {
         response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if e.challenge {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// A service error answered by the transport itself (a middleware, a socket's upgrade).
+pub trait Respond {
+    fn into_response(self) -> Response;
+}
+
+impl Respond for ApiError {
+    fn into_response(self) -> Response {
+        respond(self)
     }
 }

@@ -14,11 +14,11 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::http::{ok, parse, sse, App, Reply};
-use super::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, SignalSend, StdinWrite};
-use super::sandbox::SandboxApi;
 use super::tenancy::Who;
-use super::wire::StreamError;
 use axum::Extension;
+use service::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, SignalSend, StdinWrite};
+use service::sandbox::SandboxApi;
+use service::wire::StreamError;
 
 pub(super) fn routes() -> Router<App> {
     Router::new()

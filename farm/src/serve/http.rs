@@ -9,14 +9,14 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::service::Service;
+use service::state::Service;
 
 #[derive(Clone)]
 pub(super) struct App {
     pub service: Arc<Service>,
 }
 
-pub(super) type Reply = Result<Response, ApiError>;
+pub(super) type Reply = Result<Response, super::error::HttpError>;
 
 pub(super) fn ok(value: impl serde::Serialize) -> Reply {
     Ok(axum::Json(value).into_response())
@@ -24,13 +24,13 @@ pub(super) fn ok(value: impl serde::Serialize) -> Reply {
 
 /// A 400 when a path segment is longer than an id may be.
 pub(super) fn id_bounds(path: &str) -> Option<ApiError> {
-    let segment = path.split('/').find(|s| s.len() > super::bounds::ID_BYTES)?;
+    let segment = path.split('/').find(|s| s.len() > service::bounds::ID_BYTES)?;
     Some(ApiError::field(
         400,
         "id",
         format!(
             "a path's id must be at most {} bytes; got {} bytes",
-            super::bounds::ID_BYTES,
+            service::bounds::ID_BYTES,
             segment.len()
         ),
     ))
@@ -98,19 +98,6 @@ fn is_address(host: &str) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
 }
 
-/// The bearer token a session's MCP endpoint (`/v1/sessions/{id}/mcp`) also accepts, for the
-/// agent that acts in it: HMAC-SHA256 of the session's id under the service token's digest.
-/// It opens that one route of that one session, and from it neither the service token nor
-/// another session's token follows. None when the service has no token.
-pub(super) fn mcp_token(service_token: Option<&[u8; 32]>, session_id: &str) -> Option<String> {
-    use hmac::{Hmac, Mac};
-    let key = service_token?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(b"farm mcp session ");
-    mac.update(session_id.as_bytes());
-    Some(mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// Runs a session call to its end even if the client hangs up meanwhile: a command the guest
 /// runs is then still a recorded step, and a submit still scores and writes its row.
 pub(super) async fn finish<T: Send + 'static>(
@@ -138,7 +125,7 @@ pub(super) fn sse<T: Send + 'static>(
         let (next, last) = tokio::select! {
             item = rx.recv() => event(item?),
             _ = held.revoked() => {
-                let error = super::wire::StreamError {
+                let error = service::wire::StreamError {
                     error: "the key that opened this stream was revoked or has expired".into(),
                 };
                 (Event::default().event("error").data(serde_json::to_string(&error).expect("events serialize")), true)
@@ -176,32 +163,6 @@ mod tests {
             h.insert(header::HOST, host.parse().unwrap());
             h.insert(header::ORIGIN, format!("http://{host}").parse().unwrap());
             assert!(origin_allowed(&h), "{host}");
-        }
-    }
-
-    #[test]
-    fn an_mcp_token_opens_one_sessions_endpoint_only() {
-        let key = |t: &str| -> [u8; 32] { Sha256::digest(t.as_bytes()).into() };
-        let (a, b) = (key("secret"), key("other"));
-        let t = mcp_token(Some(&a), "s-1").unwrap();
-        assert_eq!(t.len(), 64);
-        assert_eq!(
-            mcp_token(Some(&a), "s-1"),
-            Some(t.clone()),
-            "stable across calls (and restarts)"
-        );
-        assert_ne!(mcp_token(Some(&a), "s-2").unwrap(), t);
-        assert_ne!(mcp_token(Some(&b), "s-1").unwrap(), t, "keyed by the service token");
-        assert_eq!(mcp_token(None, "s-1"), None);
-        use crate::serve::tenancy::mcp_session;
-        assert_eq!(mcp_session("/v1/sessions/s-1/mcp"), Some("s-1"));
-        for path in [
-            "/v1/sessions/s-1",
-            "/v1/sessions//mcp",
-            "/v1/sessions/s-1/x/mcp",
-            "/v1/sessions/s-1/mcp/",
-        ] {
-            assert_eq!(mcp_session(path), None, "{path}");
         }
     }
 }

@@ -22,10 +22,10 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::http::{finish, App};
-use super::requests::{ExecRequest, SubmitSessionRequest, WriteFileRequest};
 use super::tenancy::{not_found, Hidden};
 use axum::Extension;
 use engine::config::Action;
+use service::requests::{ExecRequest, SubmitSessionRequest, WriteFileRequest};
 
 /// Protocol revisions this server speaks; a client asking for another gets the newest.
 const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];

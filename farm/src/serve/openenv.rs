@@ -16,13 +16,13 @@
 //! lease is closed. The auth middleware's bearer token and `Origin` rule apply to the
 //! upgrade.
 
+use crate::serve::error::Respond;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Extension;
 use axum::Router;
@@ -32,8 +32,8 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::http::{ok, App, Reply};
-use super::requests::{ExecRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
 use super::tenancy::Who;
+use service::requests::{ExecRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
 
 mod open;
 use open::{open_branch, open_session, session_request};

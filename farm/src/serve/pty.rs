@@ -9,13 +9,14 @@
 //! progress, and the output that overflowed the ring is reported as dropped on the next
 //! attach.
 
+use crate::serve::error::Respond;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use farm_protocol::process::Stream;
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -23,10 +24,10 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::http::App;
-use super::sandbox::sandboxes::processes::{ProcessStart, PtySize, Signal, SignalSend};
-use super::sandbox::sandboxes::Sandboxes;
 use super::tenancy::{Held, Who};
 use axum::Extension;
+use service::sandbox::sandboxes::processes::{ProcessStart, PtySize, Signal, SignalSend};
+use service::sandbox::sandboxes::Sandboxes;
 
 /// A client that reads nothing for this long is disconnected (its program runs on).
 pub const STALLED: Duration = Duration::from_secs(60);

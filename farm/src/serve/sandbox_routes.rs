@@ -13,15 +13,15 @@ use axum::routing::{get, post, put};
 use axum::Router;
 use serde::Deserialize;
 
-use super::error::ApiError;
+use super::error::{ApiError, HttpError};
 use super::http::{body_digest, idempotency_key, ok, parse, sse, App, Reply};
-use super::sandbox::environments::EnvironmentRequest;
-use super::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
-use super::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
-use super::sandbox::SandboxApi;
 use super::tenancy::{Parsed, Who};
-use super::wire::{Deleted, EnvironmentList, SandboxBranched, SandboxList, StreamData, StreamError};
 use axum::Extension;
+use service::sandbox::environments::EnvironmentRequest;
+use service::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
+use service::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
+use service::sandbox::SandboxApi;
+use service::wire::{Deleted, EnvironmentList, SandboxBranched, SandboxList, StreamData, StreamError};
 
 /// An event's data, as JSON text.
 fn encode(value: &impl serde::Serialize) -> String {
@@ -42,7 +42,7 @@ pub(super) fn routes() -> Router<App> {
         Router::new()
             .route("/v1/contexts", post(upload_context))
             .layer(axum::extract::DefaultBodyLimit::max(
-                super::sandbox::MAX_CONTEXT_BYTES as usize,
+                service::sandbox::MAX_CONTEXT_BYTES as usize,
             ));
     Router::new()
         .route("/v1/environments", post(create_environment).get(list_environments))
@@ -63,7 +63,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
         .route(
             "/v1/openapi.json",
-            get(|| async { axum::Json(super::wire::openapi::document()) }),
+            get(|| async { axum::Json(super::openapi::document()) }),
         )
         .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
         .merge(files)
@@ -84,15 +84,15 @@ fn created(value: impl serde::Serialize) -> Reply {
 async fn upload_context(State(app): State<App>, body: Bytes) -> Reply {
     let api = api(&app)?;
     if body.len() as u64 > api.environments.contexts.max_bytes() {
-        return Err(ApiError::new(
+        return Err(HttpError::from(ApiError::new(
             413,
             format!(
                 "the context is larger than {} MiB (serve.sandboxes.max_context_mib)",
                 api.environments.contexts.max_bytes() >> 20
             ),
-        ));
+        )));
     }
-    let uploaded = api.environments.contexts.upload(body).await?;
+    let uploaded = api.environments.contexts.upload(body.to_vec()).await?;
     created(uploaded)
 }
 
@@ -143,7 +143,11 @@ async fn environment_logs(
 ) -> Reply {
     let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
     if !(0.0..=300.0).contains(&q.wait) {
-        return Err(ApiError::field(400, "wait", "must be 0 to 300 seconds"));
+        return Err(HttpError::from(ApiError::field(
+            400,
+            "wait",
+            "must be 0 to 300 seconds",
+        )));
     }
     ok(api(&app)?
         .environments
@@ -279,10 +283,10 @@ async fn write_file(
     let q = path_query(query)?;
     let mode = mode_of(q.mode.as_deref())?;
     if body.len() as u64 > MAX_FILE_BYTES {
-        return Err(ApiError::new(
+        return Err(HttpError::from(ApiError::new(
             413,
             format!("a file upload is at most {} MiB", MAX_FILE_BYTES >> 20),
-        ));
+        )));
     }
     ok(api(&app)?
         .sandboxes
@@ -308,13 +312,17 @@ async fn write_folder(
 ) -> Reply {
     let q = path_query(query)?;
     if q.mode.is_some() {
-        return Err(ApiError::field(400, "mode", "a folder's modes come from its archive"));
+        return Err(HttpError::from(ApiError::field(
+            400,
+            "mode",
+            "a folder's modes come from its archive",
+        )));
     }
     if body.len() > MAX_FOLDER_UPLOAD {
-        return Err(ApiError::new(
+        return Err(HttpError::from(ApiError::new(
             413,
             format!("a folder upload is at most {} MiB", MAX_FOLDER_UPLOAD >> 20),
-        ));
+        )));
     }
     ok(api(&app)?.sandboxes.write_folder(&id, &q.path, body.to_vec()).await?)
 }

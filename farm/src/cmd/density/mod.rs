@@ -55,7 +55,7 @@ pub struct DensityArgs {
     /// Accelerator: auto (KVM where it runs stock guests, else TCG), kvm or tcg.
     #[arg(long, default_value = "auto")]
     accel: AccelSetting,
-    /// Same-page merging of QEMU's memory: off, on, or on-no-aslr (see README, "Density").
+    /// Same-page merging of QEMU's memory: off, on, or on-no-aslr (see docs/commands.md, "Density").
     /// ksmd must be running.
     #[arg(long, default_value = "off")]
     ksm: vmm::Ksm,

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 use super::{to_value, Failure, Reset};
 use crate::serve::error::ApiError;
 use crate::serve::http::App;
-use crate::serve::requests::{ItemRequest, LimitsRequest};
 use crate::serve::tenancy::Who;
+use service::requests::{ItemRequest, LimitsRequest};
 use tenants::Kind;
 
 /// A branch of `parent`, which continues as it is: a reset that also names a task, a seed,

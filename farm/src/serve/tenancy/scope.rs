@@ -5,6 +5,7 @@
 //! An id in a path the caller does not own answers 404 with the same body whether another
 //! tenant owns it or it never existed ([`super::not_found`]).
 
+use crate::serve::error::Respond;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -19,13 +20,13 @@ use tenants::{Kind, Owner};
 
 use super::usage::Pending;
 use super::{not_found, over_quota, Who};
-use crate::serve::bounds::ID_BYTES;
 use crate::serve::error::ApiError;
 use crate::serve::http::App;
-use crate::serve::sandbox::environments::EnvironmentRequest;
-use crate::serve::sandbox::sandboxes::lifetimes::BranchRequest;
-use crate::serve::sandbox::sandboxes::SandboxRequest;
-use crate::serve::service::Service;
+use service::bounds::ID_BYTES;
+use service::sandbox::environments::EnvironmentRequest;
+use service::sandbox::sandboxes::lifetimes::BranchRequest;
+use service::sandbox::sandboxes::SandboxRequest;
+use service::state::Service;
 
 /// Largest JSON body the middleware reads to check the ids and sizes it names.
 const MAX_CHECKED_BODY: usize = 16 << 20;
@@ -99,7 +100,11 @@ pub(in crate::serve) async fn layer(State(app): State<App>, mut request: Request
     if let Some(bounds) = crate::serve::http::id_bounds(&path) {
         return bounds.into_response();
     }
-    let who = match tenancy.identify(request.headers(), &path) {
+    let authorization = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let who = match tenancy.identify(super::bearer(authorization), &path) {
         Ok(who) => who,
         Err(e) => return e.into_response(),
     };

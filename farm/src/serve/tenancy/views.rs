@@ -2,6 +2,7 @@
 //! an environment it shares with another tenant looks to it as if it had built it alone (built
 //! after a build's time, with its own sandboxes counted, its own time of asking).
 
+use crate::serve::error::Respond;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,7 +13,7 @@ use tenants::{Kind, Owner};
 use super::scope::read_answer;
 use super::{Tenancy, Who};
 use crate::serve::error::ApiError;
-use crate::serve::service::Service;
+use service::state::Service;
 
 use tenants::UNKNOWN_BUILD_MS;
 

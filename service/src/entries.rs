@@ -1,0 +1,123 @@
+//! What the service keeps of each rollout it admitted ([`Entry`], in its [`Phase`]) and of
+//! each live fork, session or sandbox ([`Open`]); the service's state holds them, the
+//! request handlers change them.
+
+use serde::Serialize;
+
+use engine::session::TaskRun;
+
+use super::requests::Admitted;
+
+/// A rollout in the queue: when it was admitted, and for which tenant.
+pub struct Queued {
+    pub item: engine::Planned,
+    pub since: std::time::Instant,
+    pub tenant_name: String,
+}
+
+/// Where a rollout is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Queued,
+    Running,
+    /// A live session (its row comes when it is submitted).
+    Session,
+    Done,
+}
+
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The session, for a session's rollout.
+    pub session: Option<String>,
+    pub group_id: String,
+    pub policy_version: Option<u64>,
+    pub phase: Phase,
+    /// The row's cursor once done.
+    pub cursor: Option<usize>,
+    /// Its row is being recorded: the first row wins (a cancelled rollout may finish).
+    pub recording: bool,
+}
+
+impl Entry {
+    pub fn new(admitted: &Admitted, session: Option<String>, phase: Phase) -> Entry {
+        Entry {
+            session,
+            group_id: admitted.group_id.clone(),
+            policy_version: admitted.policy_version,
+            phase,
+            cursor: None,
+            recording: false,
+        }
+    }
+}
+
+/// A live fork as the service holds it in its one book (`Service::forks`): the engine's
+/// [`engine::session::Session`] and what only the service knows of it, by front-end.
+pub struct Open {
+    pub id: String,
+    pub run: engine::session::Session,
+    pub facts: Facts,
+}
+
+/// What a front-end keeps of its forks.
+pub enum Facts {
+    /// A session: its suite, and the inline task it was opened with (to take it up again
+    /// after a restart).
+    Session {
+        suite: String,
+        task_row: Option<serde_json::Value>,
+    },
+    /// A sandbox: its settings and lineage.
+    Sandbox(Box<super::sandbox::sandboxes::SandboxFacts>),
+}
+
+impl Open {
+    /// A session's suite. The book keeps kinds apart: a session's handlers only ever hold
+    /// sessions.
+    pub fn suite(&self) -> &str {
+        match &self.facts {
+            Facts::Session { suite, .. } => suite,
+            Facts::Sandbox(_) => unreachable!("the book keeps sandboxes from the session handlers"),
+        }
+    }
+
+    /// A session's task and progress (see [`Open::suite`]).
+    pub fn task(&self) -> &TaskRun {
+        self.run
+            .task_run()
+            .expect("the book keeps sandboxes from the session handlers")
+    }
+
+    /// A sandbox's facts (the book keeps sessions from the sandbox handlers).
+    pub fn sandbox(&self) -> &super::sandbox::sandboxes::SandboxFacts {
+        match &self.facts {
+            Facts::Sandbox(facts) => facts,
+            Facts::Session { .. } => unreachable!("the book keeps sessions from the sandbox handlers"),
+        }
+    }
+
+    pub fn sandbox_mut(&mut self) -> &mut super::sandbox::sandboxes::SandboxFacts {
+        match &mut self.facts {
+            Facts::Sandbox(facts) => facts,
+            Facts::Session { .. } => unreachable!("the book keeps sessions from the sandbox handlers"),
+        }
+    }
+
+    /// What a restart needs to know of a session.
+    pub fn admitted(&self) -> Admitted {
+        let run = self.task();
+        let served = run.served();
+        Admitted {
+            rollout_id: served.rollout_id.clone(),
+            group_id: served.group_id.clone(),
+            suite: self.suite().to_string(),
+            task_id: run.task().id.clone(),
+            sample: 0,
+            seed: run.seed(),
+            policy_version: served.policy_version,
+            policy_name: "session".into(),
+            metadata: served.metadata.clone(),
+        }
+    }
+}

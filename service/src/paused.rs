@@ -1,0 +1,381 @@
+//! Paused sessions: `POST /v1/sessions/{id}/pause` saves a live session to the service's
+//! output folder and stops its VM; `/resume` forks it again, as it was. A paused session
+//! holds no VM and no session slot, has no lease, survives a restart of the service (even
+//! `kill -9`), and is removed after `serve.paused_retention_secs`.
+//!
+//! ```text
+//! out/paused/<session id>.<ms>/
+//!   session.json   the session: suite, task, limits, steps so far, seed, ids
+//!   fork.json      the fork (engine::pause): identity, workspace baseline, network
+//!   state/         its snapshot, stored against the task's (snapshotter::paused)
+//! ```
+//!
+//! Order of writes: the folder is complete before `requests.jsonl` records the pause, and
+//! the VM stops only after that. A resume records itself once the new VM runs. A restart
+//! takes up every session whose last record is a pause; any other folder is removed.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use engine::book::{Kind, Refusal};
+use engine::config::RolloutsSection;
+use engine::pause::PausedFork;
+use engine::row::Step;
+use engine::session::{SessionPauseError, SessionProgress, SessionState};
+use engine::Served;
+use serde::{Deserialize, Serialize};
+
+use super::entries::{Facts, Open};
+use super::requests::Record;
+use super::wire::{PausedView, SessionList, SessionView};
+use crate::state::{ApiError, ApiResult, Service};
+
+/// `session.json`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionFile {
+    pub session_id: String,
+    pub suite: String,
+    pub task_id: String,
+    /// The inline task it was opened with, if any.
+    pub task_row: Option<serde_json::Value>,
+    pub seed: u64,
+    pub rollout_id: String,
+    pub group_id: String,
+    pub policy_version: Option<u64>,
+    pub metadata: Option<String>,
+    pub limits: RolloutsSection,
+    pub steps: Vec<Step>,
+    pub spent_ms: u64,
+}
+
+impl SessionFile {
+    /// The record of a session about to be paused.
+    fn of(session: &Open) -> SessionFile {
+        let run = session.task();
+        let served = run.served();
+        let progress = run.progress();
+        SessionFile {
+            session_id: session.id.clone(),
+            suite: session.suite().to_string(),
+            task_id: run.task().id.clone(),
+            task_row: match &session.facts {
+                Facts::Session { task_row, .. } => task_row.clone(),
+                Facts::Sandbox(_) => None,
+            },
+            seed: progress.seed,
+            rollout_id: served.rollout_id.clone(),
+            group_id: served.group_id.clone(),
+            policy_version: served.policy_version,
+            metadata: served.metadata.clone(),
+            limits: progress.limits,
+            steps: progress.steps,
+            spent_ms: progress.spent.as_millis() as u64,
+        }
+    }
+}
+
+/// A session's state as its view names it.
+fn state_name(state: SessionState) -> &'static str {
+    match state {
+        SessionState::Live => "live",
+        SessionState::Paused => "paused",
+        SessionState::Ended => "ended",
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Service {
+    /// `out/paused`.
+    pub fn paused_root(&self) -> PathBuf {
+        self.out.join("paused")
+    }
+
+    /// What GET says of a session.
+    pub fn describe(&self, id: &str, session: &Open) -> SessionView {
+        let run = session.task();
+        let served = run.served();
+        let paused = session.run.paused().map(|p| PausedView {
+            since_unix: p.record.paused_unix,
+            expires_unix: p.record.paused_unix + self.settings.paused_retention_secs,
+            disk_bytes: p.disk_bytes(),
+            memory_pages_changed: p.record.packed.pages,
+            memory_bytes: p.record.packed.memory_bytes,
+        });
+        SessionView {
+            session_id: id.to_string(),
+            state: state_name(session.run.state()).into(),
+            rollout_id: Some(served.rollout_id.clone()),
+            group_id: Some(served.group_id.clone()),
+            suite: Some(session.suite().to_string()),
+            task_id: Some(run.task().id.clone()),
+            steps: Some(run.steps().len()),
+            spent_secs: Some(run.spent().as_secs_f64()),
+            paused,
+            mcp: None,
+        }
+    }
+
+    /// `GET /v1/sessions/{id}`.
+    pub async fn get_session(&self, id: &str) -> ApiResult<SessionView> {
+        let session = self.forks().any(id, Kind::Session);
+        match session {
+            Ok(s) => {
+                let s = s.lock().await;
+                Ok(self.describe(id, &s))
+            }
+            // Being scored: say so without waiting for it.
+            Err(Refusal::BeingScored(_)) => Ok(SessionView::bare(id, "submitting")),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether a session is there (live or paused), without waiting for a call running in it.
+    pub fn session_known(&self, id: &str) -> ApiResult<()> {
+        self.forks().any(id, Kind::Session)?;
+        Ok(())
+    }
+
+    /// The cap on a step's output in a session (`rollouts.output_cap_bytes`).
+    pub async fn session_output_cap(&self, id: &str) -> ApiResult<u64> {
+        let session = self.forks().any(id, Kind::Session)?;
+        let s = session.lock().await;
+        Ok(s.task().limits().output_cap_bytes)
+    }
+
+    /// A session's task: its id and instruction.
+    pub async fn session_task(&self, id: &str) -> ApiResult<(String, String)> {
+        let session = self.forks().any(id, Kind::Session)?;
+        let s = session.lock().await;
+        Ok((s.task().task().id.clone(), s.task().task().instruction.clone()))
+    }
+
+    /// `GET /v1/sessions`: every live and paused session.
+    pub async fn list_sessions(&self, keep: &(dyn Fn(&str) -> bool + Sync)) -> ApiResult<SessionList> {
+        let all = self.forks().all(Kind::Session);
+        let mut out = Vec::new();
+        for (id, session) in all.into_iter().filter(|(id, _)| keep(id)) {
+            match session.try_lock() {
+                Ok(s) => out.push(self.describe(&id, &s)),
+                Err(_) => out.push(SessionView::bare(&id, "busy")),
+            }
+        }
+        out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        Ok(SessionList { sessions: out })
+    }
+
+    /// `POST /v1/sessions/{id}/pause`. Pausing a paused session answers the same again.
+    pub async fn pause_session(&self, id: &str) -> ApiResult<SessionView> {
+        let handle = self.forks().any(id, Kind::Session)?;
+        let mut session = handle.lock().await;
+        if session.run.state() == SessionState::Paused {
+            return Ok(self.describe(id, &session));
+        }
+        if self.forks().any(id, Kind::Session).is_err() {
+            return Err(ApiError::new(
+                409,
+                format!("session {id:?} is being submitted and scored: it cannot be paused"),
+            ));
+        }
+        let started = Instant::now();
+        let dir = self.paused_root().join(format!(
+            "{id}.{}",
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0)
+        ));
+        let file = SessionFile::of(&session);
+        let pending = session.run.pause(&dir).await.map_err(|e| match e {
+            SessionPauseError::Refused(e) => ApiError::session(id, e),
+            e => ApiError::new(503, format!("pausing session {id:?} failed: {}", engine::describe(&e))),
+        })?;
+        // The folder is complete before the journal says so; the VM stops only after that.
+        let path = dir.join("session.json");
+        let written = tokio::task::spawn_blocking(move || write_json(&path, &file))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        let journaled = match written {
+            Ok(()) => self
+                .recorder
+                .journal_request(&Record::SessionPaused {
+                    session_id: id.to_string(),
+                    dir: dir.file_name().unwrap_or_default().to_string_lossy().to_string(),
+                })
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(format!("writing {}: {e}", dir.join("session.json").display())),
+        };
+        if let Err(e) = journaled {
+            pending.cancel().await;
+            return Err(ApiError::new(
+                500,
+                format!("recording the pause of session {id:?}: {e}"),
+            ));
+        }
+        pending.commit();
+        self.forks().pause(id);
+        tracing::info!(session_id = %id, "session paused in {:.1} s", started.elapsed().as_secs_f64());
+        let answer = self.describe(id, &session);
+        drop(session);
+        self.update_session_gauges();
+        Ok(answer)
+    }
+
+    /// `POST /v1/sessions/{id}/resume`. Resuming a live session answers the same again.
+    pub async fn resume_session(&self, id: &str) -> ApiResult<SessionView> {
+        let handle = self.forks().any(id, Kind::Session)?;
+        if !self.forks().is_paused(id) {
+            let session = handle.lock().await;
+            return Ok(self.describe(id, &session));
+        }
+        let slot = self.vm_slot()?;
+        let mut session = handle.lock().await;
+        let pending = session
+            .run
+            .resume()
+            .await
+            .map_err(|e| ApiError::new(503, format!("resuming session {id:?} failed: {}", engine::describe(&e))))?;
+        let Some(pending) = pending else {
+            return Ok(self.describe(id, &session));
+        };
+        self.recorder
+            .journal_request(&Record::SessionResumed {
+                session_id: id.to_string(),
+            })
+            .await
+            .map_err(|e| ApiError::new(500, format!("recording the resume of session {id:?}: {e}")))?;
+        pending.commit();
+        slot.taken(); // the session's now (`resume` takes the reservation)
+        self.forks().resume(id, Instant::now());
+        let answer = self.describe(id, &session);
+        drop(session);
+        self.update_session_gauges();
+        Ok(answer)
+    }
+
+    pub fn update_session_gauges(&self) {
+        let (all, (live, paused)) = {
+            let forks = self.forks();
+            (forks.all(Kind::Session), forks.count(Kind::Session))
+        };
+        // Bytes of the sessions not busy right now (a busy one is counted next time).
+        let bytes: u64 = all
+            .iter()
+            .filter_map(|(_, s)| s.try_lock().ok().and_then(|s| s.run.paused().map(|p| p.disk_bytes())))
+            .sum();
+        let m = engine::metrics::get();
+        m.sessions_live.set(live as i64);
+        m.sessions_paused.set(paused as i64);
+        m.paused_bytes.set(bytes as i64);
+    }
+
+    /// Paused sessions older than `serve.paused_retention_secs` are removed.
+    pub async fn expire_paused(&self) {
+        let ids = self.forks().paused_ids(Kind::Session);
+        let now = now_unix();
+        for id in ids {
+            let handle = match self.forks().any(&id, Kind::Session) {
+                Ok(h) => h,
+                Err(_) => continue,
+            };
+            let old = match handle.try_lock() {
+                Ok(s) => s
+                    .run
+                    .paused()
+                    .is_some_and(|p| now >= p.record.paused_unix + self.settings.paused_retention_secs),
+                Err(_) => false,
+            };
+            if old {
+                tracing::info!(session_id = %id, "paused session removed after serve.paused_retention_secs");
+                let _ = self.end_session(&id, "paused past serve.paused_retention_secs").await;
+            }
+        }
+    }
+
+    /// A paused session of an earlier process, from its folder.
+    pub async fn take_up_paused(&self, dir: &Path) -> Result<(String, Open), TakeUpError> {
+        let path = dir.join("session.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| TakeUpError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let file: SessionFile = serde_json::from_str(&text).map_err(|source| TakeUpError::Record { path, source })?;
+        let (_, state) = self
+            .suite(Some(&file.suite), "suite")
+            .map_err(|e| TakeUpError::NotServed(e.message))?;
+        let task_id = file.task_row.is_none().then_some(file.task_id.as_str());
+        let (task, snapshot) = self
+            .resolve_task(state, task_id, file.task_row.as_ref(), &|f: &str| f.to_string())
+            .await
+            .map_err(|e| TakeUpError::NotServed(e.message))?;
+        let paused = PausedFork::load(dir, &state.engine.store)?;
+        if paused.record.base != snapshot.id() {
+            return Err(TakeUpError::OtherSnapshot {
+                paused: paused.record.base.clone(),
+                now: snapshot.id().to_string(),
+            });
+        }
+        let served = Served {
+            suite: file.suite.clone(),
+            rollout_id: file.rollout_id,
+            group_id: file.group_id,
+            policy_version: file.policy_version,
+            metadata: file.metadata,
+        };
+        let progress = SessionProgress {
+            seed: file.seed,
+            limits: file.limits,
+            steps: file.steps,
+            spent: Duration::from_millis(file.spent_ms),
+        };
+        let run = state.engine.paused_session(task, snapshot, paused, progress, served);
+        let session = Open {
+            id: file.session_id.clone(),
+            run,
+            facts: Facts::Session {
+                suite: file.suite,
+                task_row: file.task_row,
+            },
+        };
+        Ok((file.session_id, session))
+    }
+}
+
+/// Why a paused session of an earlier process could not be taken up.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeUpError {
+    #[error("reading {}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a paused session's record", path.display())]
+    Record {
+        path: std::path::PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Its suite or task is not served any more (the service's own answer).
+    #[error("{0}")]
+    NotServed(String),
+    #[error(transparent)]
+    Load(#[from] engine::pause::PauseError),
+    #[error("it was paused from snapshot {paused} and its task now has {now}")]
+    OtherSnapshot { paused: String, now: String },
+}
+
+/// Writes `value` as JSON to `path` atomically (a temporary file, synced, renamed).
+fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("serializes"))?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,204 @@
+//! The sandbox API of `farm serve`: environments made on demand (an image, or a Dockerfile
+//! build context uploaded as a tar archive; content-addressed, so the same content gives the
+//! same environment), and sandboxes forked from them that a client drives itself, as E2B,
+//! Daytona and Modal users do: exec (whole, or streamed), files and folders, branch, pause,
+//! resume, snapshot into a new environment, delete. A sandbox has no task and no verdict.
+//!
+//! - [`contexts`]: uploaded Dockerfile build contexts, unpacked as data;
+//! - [`environments`]: the registry, builds (their progress and logs), what keeps an
+//!   environment's snapshot through `farm snapshot gc`;
+//! - [`sandboxes`]: each sandbox's life, its limits and timers;
+//!
+//! The HTTP routes are `serve::sandbox_routes`. Sandboxes are forks of the host core
+//! ([`engine::Host`]: its forker, snapshot store, template builds and pools), held in the
+//! service's one book of open forks beside the sessions, with the service's admission (its
+//! memory reserve, `serve.max_sessions` shared with sessions) and auth.
+
+pub mod contexts;
+pub mod environments;
+pub mod ports;
+pub mod sandboxes;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+pub use environments::Environments;
+pub use sandboxes::Sandboxes;
+
+/// `[serve.sandboxes]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSection {
+    /// Whether the sandbox API is served.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// A sandbox unused this long is removed, unless it asks for less.
+    #[serde(default = "idle")]
+    pub idle_timeout_secs: u64,
+    /// No sandbox lives longer than this (its own `lifetime_secs` may be shorter).
+    #[serde(default = "lifetime")]
+    pub max_lifetime_secs: u64,
+    /// Warm forks kept of each environment a sandbox was made from (0: none).
+    #[serde(default)]
+    pub warm_pool: usize,
+    /// Largest uploaded build context, in MiB (at most 1024).
+    #[serde(default = "context_mib")]
+    pub max_context_mib: u64,
+    /// Egress of the Dockerfile steps of environments built on demand.
+    #[serde(default)]
+    pub build_network: engine::snapshots::Network,
+    /// Named egress policies a sandbox may ask for (`"network": "NAME"`): an allowlist and
+    /// request rules each, as `[rollouts.network]` has. A client never supplies rules.
+    #[serde(default)]
+    pub networks: BTreeMap<String, engine::snapshots::Network>,
+    /// Where the listener of sandboxes' open ports listens (default: the service's address,
+    /// on a port of the system's choosing).
+    #[serde(default)]
+    pub ports_listen: Option<std::net::SocketAddr>,
+    /// The domain of open ports' URLs (`http://TOKEN.DOMAIN:PORT/`): `localhost` (browsers
+    /// resolve `*.localhost` to loopback), or a wildcard DNS name pointing at this host.
+    #[serde(default = "localhost")]
+    pub ports_domain: String,
+    /// Checkpoint every live sandbox this often, for a restart after a crash (0: never; a
+    /// pause, `POST .../checkpoint` and a graceful stop still do).
+    #[serde(default)]
+    pub checkpoint_secs: u64,
+}
+
+fn localhost() -> String {
+    "localhost".into()
+}
+
+/// The most any build context may be (`max_context_mib` is at most this).
+pub const MAX_CONTEXT_BYTES: u64 = 1 << 30;
+
+fn context_mib() -> u64 {
+    256
+}
+fn yes() -> bool {
+    true
+}
+fn idle() -> u64 {
+    600
+}
+fn lifetime() -> u64 {
+    24 * 3600
+}
+
+impl Default for SandboxSection {
+    fn default() -> SandboxSection {
+        toml::from_str("").expect("every key has a default")
+    }
+}
+
+/// What is wrong with `[serve.sandboxes]`.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxConfigError {
+    #[error("serve.sandboxes.idle_timeout_secs and max_lifetime_secs must be at least 1")]
+    Timers,
+    #[error("serve.sandboxes.networks.{name}: {error}")]
+    Network {
+        name: String,
+        error: engine::snapshots::BadAllowEntry,
+    },
+    #[error("serve.sandboxes.build_network: {0}")]
+    BuildNetwork(engine::snapshots::BadAllowEntry),
+    #[error("serve.sandboxes.networks: {0:?} is not a network name (letters, digits, - and _)")]
+    Name(String),
+    #[error("serve.sandboxes.max_context_mib must be 1 to 1024")]
+    ContextSize,
+    #[error("serve.sandboxes.warm_pool must be at most 64")]
+    WarmPool,
+}
+
+impl SandboxSection {
+    pub fn check(&self) -> Result<(), SandboxConfigError> {
+        if self.idle_timeout_secs == 0 || self.max_lifetime_secs == 0 {
+            return Err(SandboxConfigError::Timers);
+        }
+        if self.max_context_mib == 0 || self.max_context_mib << 20 > MAX_CONTEXT_BYTES {
+            return Err(SandboxConfigError::ContextSize);
+        }
+        if self.warm_pool > 64 {
+            return Err(SandboxConfigError::WarmPool);
+        }
+        self.build_network.check().map_err(SandboxConfigError::BuildNetwork)?;
+        for (name, network) in &self.networks {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                return Err(SandboxConfigError::Name(name.clone()));
+            }
+            network.check().map_err(|error| SandboxConfigError::Network {
+                name: name.clone(),
+                error,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The sandbox API's state: its engine, environments and sandboxes.
+pub struct SandboxApi {
+    pub environments: Arc<Environments>,
+    pub sandboxes: Arc<Sandboxes>,
+}
+
+impl SandboxApi {
+    /// Starts the sandbox API with its state under `out/sandboxes` (`environments/`: the
+    /// registry of environments, which pins their snapshots; `contexts/`: uploaded build
+    /// contexts; `saved/`: every sandbox's record and checkpoints, taken up again by
+    /// [`SandboxApi::restore`]).
+    pub fn start(
+        settings: &SandboxSection,
+        out: &Path,
+        host: Arc<engine::Host>,
+        forks: crate::state::Forks,
+        service_listen: std::net::SocketAddr,
+        hold: ports::Hold,
+    ) -> Result<SandboxApi> {
+        let dir: PathBuf = out.join("sandboxes");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut networks = BTreeMap::new();
+        for (name, network) in &settings.networks {
+            let policy = network
+                .policy(&format!("serve.sandboxes.networks.{name}"))
+                .with_context(|| format!("serve.sandboxes.networks.{name}"))?;
+            networks.insert(name.clone(), policy);
+        }
+        let listen = settings
+            .ports_listen
+            .unwrap_or_else(|| std::net::SocketAddr::new(service_listen.ip(), 0));
+        let listener = std::net::TcpListener::bind(listen)
+            .with_context(|| format!("serve.sandboxes.ports_listen: cannot listen on {listen}"))?;
+        listener.set_nonblocking(true)?;
+        let address = listener.local_addr()?;
+        // No guest's egress reaches the port listener either.
+        egress::protect(address);
+        let ports = Arc::new(ports::Ports::new(address, settings.ports_domain.clone()));
+        let environments = Arc::new(Environments::open(host.clone(), settings, &dir)?);
+        let sandboxes = Arc::new(Sandboxes::new(host, forks, ports.clone(), settings, networks, &dir)?);
+        tokio::spawn(ports::serve(
+            tokio::net::TcpListener::from_std(listener)?,
+            ports.clone(),
+            sandboxes.clone(),
+            hold,
+        ));
+        tracing::info!(
+            "sandboxes' open ports on http://{address} (http://TOKEN.{}:{}/)",
+            settings.ports_domain,
+            address.port()
+        );
+        Ok(SandboxApi {
+            environments,
+            sandboxes,
+        })
+    }
+
+    /// Takes up the sandboxes an earlier process left, each paused.
+    pub async fn restore(&self) {
+        self.sandboxes.restore(&self.environments).await;
+    }
+}

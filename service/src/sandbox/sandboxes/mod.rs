@@ -1,0 +1,474 @@
+//! Sandboxes: live forks of an environment a client drives itself. Each is an
+//! [`engine::session::Session`] without a task, held in the service's one book of open forks
+//! (`Service::forks`) beside the sessions: it takes a VM slot (counted with sessions against
+//! `serve.max_sessions`) while it has a VM, and goes when it is deleted, idle past its
+//! timeout, past its lifetime, when its VM dies, or when the service stops.
+//!
+//! A command runs without the fork's lock held ([`engine::guest::Guest`]), so a long command
+//! never blocks a file read, a second command or a delete (a delete stops the VM, and the
+//! command ends with an error); the book counts it as a use, so it never makes the sandbox
+//! idle.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use engine::book::{Ending, Expiry, Kind, Timers};
+use engine::guest::{Guest, GuestError};
+use engine::idempotency::{Claim, Keys};
+use engine::session::Judged;
+
+mod exec;
+mod files;
+pub mod lifetimes;
+pub mod processes;
+pub mod saved;
+mod settings;
+
+pub use engine::guest::MAX_FILE_BYTES;
+pub use exec::{ExecRequest, StreamEvent};
+pub use settings::SandboxRequest;
+use settings::Settings;
+
+use super::environments::Environments;
+use crate::entries::{Facts, Open};
+use crate::error::{ApiError, ApiResult};
+use crate::state::{Forks, InUse, VmSlot};
+use crate::wire::{EnvironmentView, SandboxView};
+
+/// What the sandbox API keeps of a sandbox, beside its fork.
+pub struct SandboxFacts {
+    settings: Settings,
+    created_ms: u64,
+    /// The sandbox it was branched from.
+    parent: Option<String>,
+    /// Its last checkpoint (a pause is one), for a restart of the service.
+    checkpoint: Option<saved::Checkpoint>,
+}
+
+impl SandboxFacts {
+    fn new(settings: Settings, parent: Option<String>) -> SandboxFacts {
+        settings.environment.sandboxes.fetch_add(1, Ordering::SeqCst);
+        SandboxFacts {
+            settings,
+            created_ms: engine::row::now_ms() as u64,
+            parent,
+            checkpoint: None,
+        }
+    }
+}
+
+impl Drop for SandboxFacts {
+    fn drop(&mut self) {
+        self.settings.environment.sandboxes.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What `GET /v1/sandboxes/{id}` says of a sandbox.
+fn view(open: &Open) -> SandboxView {
+    let facts = open.sandbox();
+    let s = &facts.settings;
+    let live = open.run.live().ok();
+    SandboxView {
+        id: open.id.clone(),
+        environment: s.environment.id.clone(),
+        state: if live.is_some() { "running" } else { "paused" }.into(),
+        cpus: s.environment.spec.cpus,
+        memory_mib: s.environment.spec.memory_mib,
+        network: s.network_name.clone(),
+        workdir: live.map(|l| l.place.workdir.clone()).or_else(|| s.spec.workdir.clone()),
+        user: live
+            .map(|l| l.place.user.clone())
+            .unwrap_or_else(|| s.spec.user.clone()),
+        created_at_ms: facts.created_ms,
+        expires_at_ms: facts.created_ms + s.lifetime.as_millis() as u64,
+        idle_timeout_secs: s.idle.as_secs(),
+        parent: facts.parent.clone(),
+        metadata: s.metadata.clone(),
+        checkpoint_at_ms: facts.checkpoint.as_ref().map(|c| c.at_ms),
+    }
+}
+
+/// The sandbox API's sandboxes, with the service's limits for them.
+pub struct Sandboxes {
+    host: Arc<engine::Host>,
+    forks: Forks,
+    /// Their open ports, closed when they go.
+    ports: Arc<super::ports::Ports>,
+    networks: BTreeMap<String, egress::Policy>,
+    idle: Duration,
+    lifetime: Duration,
+    warm_pool: usize,
+    /// `OUT/sandboxes/saved`: records and checkpoints ([`saved`]).
+    saved_dir: PathBuf,
+    /// Idempotency keys of creates, and the sandbox each made.
+    keys: Mutex<Keys<String>>,
+    /// Idempotency keys of branches and snapshots, and the ids each made.
+    made_keys: Mutex<Keys<Vec<String>>>,
+}
+
+impl Sandboxes {
+    pub fn new(
+        host: Arc<engine::Host>,
+        forks: Forks,
+        ports: Arc<super::ports::Ports>,
+        settings: &super::SandboxSection,
+        networks: BTreeMap<String, egress::Policy>,
+        root: &std::path::Path,
+    ) -> anyhow::Result<Sandboxes> {
+        let saved_dir = root.join("saved");
+        std::fs::create_dir_all(&saved_dir)?;
+        // Paused sandboxes of a farm before records (they did not outlive their process).
+        let _ = std::fs::remove_dir_all(root.join("paused"));
+        Ok(Sandboxes {
+            host,
+            forks,
+            ports,
+            networks,
+            idle: Duration::from_secs(settings.idle_timeout_secs),
+            lifetime: Duration::from_secs(settings.max_lifetime_secs),
+            warm_pool: settings.warm_pool,
+            saved_dir,
+            keys: Mutex::new(Keys::default()),
+            made_keys: Mutex::new(Keys::default()),
+        })
+    }
+
+    fn new_id(&self) -> String {
+        crate::ids::new_id("sb")
+    }
+
+    fn seed(&self) -> u64 {
+        u64::from_le_bytes(crate::ids::random())
+    }
+
+    fn forks(&self) -> std::sync::MutexGuard<'_, engine::book::Book<Open>> {
+        self.forks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A sandbox by id: 404 when there is none, 410 when its VM died.
+    fn get(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Open>>> {
+        let forks = self.forks();
+        forks.any(id, Kind::Sandbox).map_err(|_| match forks.ending(id) {
+            Some(Ending::Died(why)) => ApiError::new(410, format!("sandbox {id} is gone: {why}")),
+            _ => ApiError::new(404, format!("no sandbox {id:?} (it may have expired)")),
+        })
+    }
+
+    fn add(&self, open: Open, slot: VmSlot) -> SandboxView {
+        let answer = view(&open);
+        let facts = open.sandbox();
+        let timers = Timers {
+            idle: facts.settings.idle,
+            lifetime: Some(facts.settings.lifetime),
+        };
+        let id = open.id.clone();
+        self.save_record(&open);
+        slot.taken();
+        let mut forks = self.forks();
+        forks.open(&id, Kind::Sandbox, open, timers, Instant::now());
+        engine::metrics::get()
+            .sandboxes
+            .set(forks.all(Kind::Sandbox).len() as i64);
+        answer
+    }
+
+    /// `POST /v1/sandboxes`. With an idempotency key, a retry answers with the sandbox the
+    /// first request made.
+    pub async fn create(
+        &self,
+        environments: &Environments,
+        request: SandboxRequest,
+        key: Option<(String, String)>,
+        slot: impl FnOnce() -> ApiResult<VmSlot>,
+    ) -> ApiResult<(SandboxView, bool)> {
+        if let Some((key, digest)) = &key {
+            let claim = self.keys.lock().unwrap_or_else(|p| p.into_inner()).claim(key, digest);
+            match claim.map_err(crate::rollouts::key_refusal)? {
+                Claim::Answered(id) => return Ok((self.view(&id).await?, false)),
+                Claim::Claimed => {}
+            }
+        }
+        let made = self.make(environments, &request, slot).await;
+        if let Some((key, digest)) = key {
+            let id = made.as_ref().ok().map(|v| v.id.clone());
+            self.keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .settle(&key, &digest, id);
+        }
+        made.map(|view| (view, true))
+    }
+
+    async fn make(
+        &self,
+        environments: &Environments,
+        request: &SandboxRequest,
+        slot: impl FnOnce() -> ApiResult<VmSlot>,
+    ) -> ApiResult<SandboxView> {
+        let settings = self.settings_of(environments, request)?;
+        let slot = slot()?;
+        let pool = settings
+            .environment
+            .pool(&self.host, &settings.ready, self.warm_pool)
+            .await;
+        let run = self
+            .host
+            .open_sandbox(
+                &settings.ready.snapshot,
+                &settings.ready.image,
+                &settings.spec,
+                self.seed(),
+                pool,
+            )
+            .await
+            .map_err(|e| ApiError::new(500, format!("starting the sandbox: {}", e.describe())))?;
+        let id = self.new_id();
+        tracing::info!(sandbox = %id, environment = %settings.environment.id, "sandbox created");
+        let facts = SandboxFacts::new(settings, None);
+        let open = Open {
+            id,
+            run,
+            facts: Facts::Sandbox(Box::new(facts)),
+        };
+        Ok(self.add(open, slot))
+    }
+
+    pub async fn view(&self, id: &str) -> ApiResult<SandboxView> {
+        Ok(view(&*self.get(id)?.lock().await))
+    }
+
+    /// `DELETE /v1/sandboxes/{id}`: its VM stops now (a command running in it ends with an
+    /// error).
+    pub async fn delete(&self, id: &str, why: &str) -> ApiResult<()> {
+        self.end(id, Ending::Ended(why.to_string()))
+            .await
+            .ok_or_else(|| ApiError::new(404, format!("no sandbox {id:?}")))
+    }
+
+    /// Takes a sandbox out of the book, as `ending` says, and stops its VM; None when it was
+    /// not there.
+    async fn end(&self, id: &str, ending: Ending) -> Option<()> {
+        self.forks().endable(id, Kind::Sandbox).ok()?;
+        let why = match &ending {
+            Ending::Ended(why) | Ending::Died(why) => why.clone(),
+        };
+        let removed = self.forks().remove(id, ending)?;
+        self.forget_record(id);
+        self.ports.close_all(id);
+        removed.lock().await.run.close();
+        tracing::info!(sandbox = %id, "sandbox removed: {why}");
+        engine::metrics::get()
+            .sandboxes
+            .set(self.forks().all(Kind::Sandbox).len() as i64);
+        Some(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/ports`: opens a guest port to clients.
+    pub async fn open_port(&self, id: &str, port: u64) -> ApiResult<crate::wire::PortView> {
+        let sandbox = self.get(id)?;
+        let opened = self.ports.open(id, port)?;
+        self.save_record(&*sandbox.lock().await);
+        Ok(opened)
+    }
+
+    pub async fn ports(&self, id: &str) -> ApiResult<crate::wire::PortList> {
+        self.get(id)?;
+        Ok(self.ports.list(id))
+    }
+
+    /// `DELETE /v1/sandboxes/{id}/ports/{port}`.
+    pub async fn close_port(&self, id: &str, port: u16) -> ApiResult<crate::wire::PortList> {
+        let sandbox = self.get(id)?;
+        let closed = self.ports.close(id, port);
+        self.save_record(&*sandbox.lock().await);
+        if !closed {
+            return Err(ApiError::field(
+                404,
+                "port",
+                format!("port {port} of sandbox {id} is not open"),
+            ));
+        }
+        Ok(self.ports.list(id))
+    }
+
+    /// The guest behind an open port (409 while its sandbox is paused), and a guard that
+    /// keeps the sandbox from idling while the connection lasts.
+    pub async fn port_guest(&self, id: &str) -> ApiResult<(Guest, impl Drop + Send + 'static)> {
+        let in_use = self.begin(id);
+        Ok((self.guest(id).await?, in_use))
+    }
+
+    /// The guest of a running sandbox, used without holding its lock.
+    async fn guest(&self, id: &str) -> ApiResult<Guest> {
+        let sandbox = self.get(id)?;
+        let sandbox = sandbox.lock().await;
+        sandbox
+            .run
+            .guest()
+            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))
+    }
+
+    /// A failure of `guest` (taken from sandbox `id`) as the client sees it. Only a VM that
+    /// went takes its sandbox with it (502; later requests for it get 410 with why): a
+    /// request cut by a reset, a pause, a branch or a snapshot is a 409 saying so, and one
+    /// the guest left unanswered a 504, and the sandbox lives. One deleted while the request
+    /// ran is 410. `path`: the request names a guest path (a missing one is 404).
+    async fn guest_error(&self, id: &str, guest: &Guest, e: GuestError, path: Option<&str>) -> ApiError {
+        let removed = || ApiError::new(410, format!("sandbox {id} was removed while the request ran"));
+        let judged = match self.get(id) {
+            Ok(sandbox) => sandbox.lock().await.run.judge(guest, e),
+            Err(_) => return removed(),
+        };
+        let e = match judged {
+            Judged::Changed(change, state) => {
+                let now = match state {
+                    engine::session::SessionState::Live => "running",
+                    engine::session::SessionState::Paused => "paused",
+                    engine::session::SessionState::Ended => "ended",
+                };
+                return ApiError::new(
+                    409,
+                    format!(
+                        "sandbox {id} was {} while the request ran, which cut it short; the sandbox is {now}",
+                        change.done()
+                    ),
+                );
+            }
+            Judged::Died(why) => {
+                let why = format!("its VM died: {why}");
+                return match self.end(id, Ending::Died(why.clone())).await {
+                    Some(()) => ApiError::new(502, format!("sandbox {id} {why}; it is removed")),
+                    None => removed(),
+                };
+            }
+            Judged::Failed(e) => e,
+        };
+        match (e, path) {
+            (GuestError::Unanswered(why), _) => ApiError::new(
+                504,
+                format!("sandbox {id}'s guest did not answer in time: {why}; the sandbox goes on"),
+            ),
+            (GuestError::Broken(why), _) => ApiError::new(
+                502,
+                format!("sandbox {id}'s guest failed the request: {why}; the sandbox goes on"),
+            ),
+            (GuestError::Missing(m), Some(path)) => ApiError::field(404, "path", format!("{path}: {m}")),
+            (GuestError::TooLarge(m), _) => ApiError::field(413, "path", m),
+            (GuestError::Failed(m), Some(_)) => ApiError::field(400, "path", m),
+            (e, Some(path)) => ApiError::field(400, "path", format!("{path}: {e}")),
+            (e, None) => ApiError::new(400, e.to_string()),
+        }
+    }
+
+    /// `POST /v1/sandboxes/{id}/branch`: a new sandbox that continues from this one's state.
+    pub async fn branch(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
+        let sandbox = self.get(id)?;
+        let sandbox = sandbox.lock().await;
+        sandbox
+            .run
+            .live()
+            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))?;
+        let slot = slot()?;
+        let run = sandbox
+            .run
+            .branch(&self.host.store, self.seed(), None)
+            .await
+            .map_err(|e| ApiError::new(500, format!("branching sandbox {id}: {}", engine::describe(&e))))?;
+        let child_id = self.new_id();
+        tracing::info!(sandbox = %child_id, parent = %id, "sandbox branched");
+        let facts = SandboxFacts::new(sandbox.sandbox().settings.clone(), Some(id.to_string()));
+        drop(sandbox);
+        let open = Open {
+            id: child_id,
+            run,
+            facts: Facts::Sandbox(Box::new(facts)),
+        };
+        Ok(self.add(open, slot))
+    }
+
+    /// `POST /v1/sandboxes/{id}/pause`: saved to disk, its VM stopped, its slot given back.
+    pub async fn pause(&self, id: &str) -> ApiResult<SandboxView> {
+        let sandbox = self.get(id)?;
+        let mut sandbox = sandbox.lock().await;
+        let dir = self.checkpoint_dir(&sandbox.id);
+        let pending = sandbox.run.pause(&dir).await.map_err(|e| match e {
+            engine::session::SessionPauseError::Refused(_) => {
+                ApiError::new(409, format!("sandbox {id} is paused already"))
+            }
+            e => ApiError::new(500, format!("pausing sandbox {id}: {}", engine::describe(&e))),
+        })?;
+        pending.commit();
+        self.forks().pause(id);
+        let fork = sandbox.run.paused().expect("just paused").clone();
+        sandbox.sandbox_mut().checkpoint = Some(saved::Checkpoint {
+            fork,
+            at_ms: engine::row::now_ms() as u64,
+        });
+        self.save_record(&sandbox);
+        Ok(view(&sandbox))
+    }
+
+    /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state.
+    pub async fn resume(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
+        let sandbox = self.get(id)?;
+        let mut sandbox = sandbox.lock().await;
+        if sandbox.run.paused().is_none() {
+            return Err(ApiError::new(409, format!("sandbox {id} is not paused")));
+        }
+        let slot = slot()?;
+        let pending = sandbox
+            .run
+            .resume()
+            .await
+            .map_err(|e| ApiError::new(500, format!("resuming sandbox {id}: {}", engine::describe(&e))))?;
+        if let Some(pending) = pending {
+            pending.commit();
+            slot.taken();
+            self.forks().resume(id, Instant::now());
+        }
+        Ok(view(&sandbox))
+    }
+
+    /// `POST /v1/sandboxes/{id}/snapshot`: a new environment of this sandbox's state.
+    pub async fn snapshot(&self, environments: &Environments, id: &str) -> ApiResult<EnvironmentView> {
+        let sandbox = self.get(id)?;
+        let sandbox = sandbox.lock().await;
+        let live = sandbox
+            .run
+            .live()
+            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))?;
+        let snapshot = sandbox.run.snapshot_into_environment().await.map_err(|e| match e {
+            engine::sandbox::SnapshotSandboxError::Resumed => ApiError::new(409, e.to_string()),
+            other => ApiError::new(500, format!("snapshotting sandbox {id}: {}", other.describe())),
+        })?;
+        let settings = &sandbox.sandbox().settings;
+        let env = environments.add_snapshot(
+            id,
+            &settings.environment,
+            snapshot,
+            live.origin().cloned(),
+            settings.ready.image.clone(),
+        )?;
+        Ok(env.view())
+    }
+
+    /// Removes sandboxes idle past their timeout or past their lifetime.
+    pub async fn expire(&self) {
+        let expired = self.forks().expired(Kind::Sandbox, Instant::now());
+        for (id, expiry) in expired {
+            let why = match expiry {
+                Expiry::Idle => "idle past its timeout",
+                Expiry::Lifetime => "past its lifetime",
+            };
+            self.end(&id, Ending::Ended(why.into())).await;
+        }
+    }
+
+    /// Marks a sandbox in use until the guard drops (then used last at that moment).
+    fn begin(&self, id: &str) -> InUse {
+        InUse::begin(&self.forks, id)
+    }
+}

@@ -1,0 +1,327 @@
+//! Sandboxes that outlive the service's process. Each sandbox has a record on disk, and its
+//! checkpoints, under `OUT/sandboxes/saved/`:
+//!
+//! ```text
+//! saved/<id>.json      what it was made with (its create request), its timers, metadata,
+//!                      parent, open ports (and their tokens), and its last checkpoint
+//! saved/<id>.<ms>/     a checkpoint: the sandbox's memory, processes and disk at that
+//!                      moment (engine::pause's folder: fork.json, state/)
+//! ```
+//!
+//! A checkpoint is made by a pause, by `POST /v1/sandboxes/{id}/checkpoint`, every
+//! `serve.sandboxes.checkpoint_secs` when set, and for every live sandbox when the service
+//! stops gracefully (SIGTERM, Ctrl-C). A start takes every record up as a *paused* sandbox:
+//! resuming it forks its last checkpoint, or, when it never had one (a `kill -9` before its
+//! first), its environment again with its settings. A record is written (to a temporary name,
+//! then renamed) after the state it names is complete, so a crash at any point leaves the
+//! previous record and checkpoint in force. Folders no record names are removed at start.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::book::{Kind, Timers};
+use engine::pause::PausedFork;
+use serde::{Deserialize, Serialize};
+
+use super::{view, SandboxFacts, SandboxRequest, Sandboxes};
+use crate::entries::{Facts, Open};
+use crate::error::{ApiError, ApiResult};
+use crate::sandbox::environments::Environments;
+use crate::wire::SandboxView;
+
+/// Version of `<id>.json`.
+const RECORD_VERSION: u32 = 1;
+
+/// An open port as a record keeps it: a restart opens it again with the same token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedPort {
+    pub port: u16,
+    pub token: String,
+}
+
+/// `saved/<id>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxRecord {
+    pub format_version: u32,
+    pub id: String,
+    /// The request it (or the sandbox it was branched from) was created with.
+    pub request: SandboxRequest,
+    pub idle_secs: u64,
+    pub lifetime_secs: u64,
+    pub created_ms: u64,
+    pub parent: Option<String>,
+    pub ports: Vec<SavedPort>,
+    /// The folder of its last checkpoint (in `saved/`), and when it was made; None: it has
+    /// none, and a restart forks its environment again.
+    pub checkpoint: Option<String>,
+    pub checkpoint_ms: Option<u64>,
+}
+
+/// A sandbox's last checkpoint, held so its folder stays (it is removed when a newer one
+/// replaces it, or when the sandbox goes).
+pub struct Checkpoint {
+    pub fork: Arc<PausedFork>,
+    pub at_ms: u64,
+}
+
+impl Sandboxes {
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.saved_dir.join(format!("{id}.json"))
+    }
+
+    /// A new folder for a checkpoint of `id`.
+    /// Where checkpoints and pauses are saved (`ID.MS` folders).
+    pub fn saved_dir(&self) -> &std::path::Path {
+        &self.saved_dir
+    }
+
+    pub(super) fn checkpoint_dir(&self, id: &str) -> PathBuf {
+        self.saved_dir.join(format!("{id}.{}", engine::row::now_ms() as u64))
+    }
+
+    /// What the record of `open` says now.
+    fn record_of(&self, open: &Open) -> SandboxRecord {
+        let facts = open.sandbox();
+        let s = &facts.settings;
+        let (checkpoint, checkpoint_ms) = match (open.run.paused(), &facts.checkpoint) {
+            (Some(paused), _) => (Some(paused.dir.clone()), facts.checkpoint.as_ref().map(|c| c.at_ms)),
+            (None, Some(c)) => (Some(c.fork.dir.clone()), Some(c.at_ms)),
+            (None, None) => (None, None),
+        };
+        SandboxRecord {
+            format_version: RECORD_VERSION,
+            id: open.id.clone(),
+            request: s.request.clone(),
+            idle_secs: s.idle.as_secs(),
+            lifetime_secs: s.lifetime.as_secs(),
+            created_ms: facts.created_ms,
+            parent: facts.parent.clone(),
+            ports: self
+                .ports
+                .list(&open.id)
+                .ports
+                .into_iter()
+                .map(|p| SavedPort {
+                    port: p.port,
+                    token: p.token,
+                })
+                .collect(),
+            checkpoint: checkpoint.and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())),
+            checkpoint_ms,
+        }
+    }
+
+    /// Writes `open`'s record (a failure is logged: the previous record stays in force).
+    pub(super) fn save_record(&self, open: &Open) {
+        if let Err(e) = self.write_record(&self.record_of(open)) {
+            tracing::warn!(sandbox = %open.id, "cannot write its record: {e:#}");
+        }
+    }
+
+    fn write_record(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+        let path = self.record_path(&record.id);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(record)?)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    /// Forgets a sandbox that went (its checkpoints go with their last holder).
+    pub(super) fn forget_record(&self, id: &str) {
+        let _ = std::fs::remove_file(self.record_path(id));
+    }
+
+    /// `POST /v1/sandboxes/{id}/checkpoint`: its state now, kept for a restart; it runs on.
+    pub async fn checkpoint(&self, id: &str) -> ApiResult<SandboxView> {
+        let sandbox = self.get(id)?;
+        let mut sandbox = sandbox.lock().await;
+        if sandbox.run.paused().is_some() {
+            return Err(ApiError::new(
+                409,
+                format!("sandbox {id} is paused: its pause is its checkpoint"),
+            ));
+        }
+        let _in_use = self.begin(id);
+        let dir = self.checkpoint_dir(id);
+        let fork = sandbox
+            .run
+            .checkpoint(&dir)
+            .await
+            .map_err(|e| ApiError::new(500, format!("checkpointing sandbox {id}: {}", engine::describe(&e))))?;
+        sandbox.sandbox_mut().checkpoint = Some(Checkpoint {
+            fork,
+            at_ms: engine::row::now_ms() as u64,
+        });
+        self.save_record(&sandbox);
+        Ok(view(&sandbox))
+    }
+
+    /// Checkpoints every live sandbox whose last checkpoint is older than `every`.
+    pub async fn checkpoint_due(&self, every: Duration) {
+        let now = engine::row::now_ms() as u64;
+        let all = self.forks().all(Kind::Sandbox);
+        for (id, sandbox) in all {
+            let due = {
+                let open = sandbox.lock().await;
+                let last = open.sandbox().checkpoint.as_ref().map(|c| c.at_ms);
+                open.run.live().is_ok() && last.is_none_or(|at| now.saturating_sub(at) >= every.as_millis() as u64)
+            };
+            if due {
+                if let Err(e) = self.checkpoint(&id).await {
+                    tracing::warn!(sandbox = %id, "periodic checkpoint: {}", e.message);
+                }
+            }
+        }
+    }
+
+    /// A graceful stop: every live sandbox is paused (a checkpoint as of now) and every
+    /// checkpoint stays on disk for the next start. A sandbox whose pause fails keeps its
+    /// previous checkpoint.
+    pub async fn shut_down(&self) {
+        use futures::StreamExt;
+        let all = self.forks().all(Kind::Sandbox);
+        tracing::info!("saving {} sandboxes for the next start", all.len());
+        // Two at a time: each pause streams a guest's memory through a helper QEMU.
+        futures::stream::iter(all)
+            .for_each_concurrent(2, |(id, sandbox)| async move {
+                let mut open = sandbox.lock().await;
+                if open.run.live().is_ok() {
+                    let dir = self.checkpoint_dir(&id);
+                    match open.run.pause(&dir).await {
+                        Ok(pending) => {
+                            pending.commit();
+                            let fork = open.run.paused().expect("just paused").clone();
+                            let at_ms = engine::row::now_ms() as u64;
+                            open.sandbox_mut().checkpoint = Some(Checkpoint { fork, at_ms });
+                        }
+                        Err(e) => tracing::warn!(sandbox = %id, "not paused at the stop: {}", engine::describe(&e)),
+                    }
+                }
+                if let Some(paused) = open.run.paused() {
+                    paused.keep_on_disk();
+                }
+                if let Some(c) = &open.sandbox().checkpoint {
+                    c.fork.keep_on_disk();
+                }
+                self.save_record(&open);
+                // Its VM (if the pause failed) stops with the process.
+            })
+            .await;
+    }
+
+    /// Takes up the sandboxes an earlier process left (each paused), and removes folders no
+    /// record names. A record that cannot be taken up is reported and set aside as
+    /// `<id>.json.bad`, its folder kept.
+    pub async fn restore(&self, environments: &Environments) {
+        let mut named = std::collections::HashSet::new();
+        let Ok(entries) = std::fs::read_dir(&self.saved_dir) else {
+            return;
+        };
+        let mut records: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        records.sort();
+        for path in records {
+            match self.take_up(environments, &path).await {
+                Ok((id, checkpoint)) => {
+                    named.extend(checkpoint);
+                    tracing::info!(sandbox = %id, "sandbox taken up, paused");
+                }
+                Err(e) => {
+                    tracing::error!(
+                        "{}: cannot take this sandbox up: {e:#}; set aside as .bad",
+                        path.display()
+                    );
+                    let _ = std::fs::rename(&path, path.with_extension("json.bad"));
+                    if let Some(stem) = path.file_stem() {
+                        named.insert(stem.to_string_lossy().into_owned());
+                    }
+                }
+            }
+        }
+        for entry in std::fs::read_dir(&self.saved_dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let kept = named.iter().any(|n| name == *n || name.starts_with(&format!("{n}.")));
+            if entry.path().is_dir() && !kept {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
+    /// One record, taken up: (its id, its checkpoint folder's name).
+    async fn take_up(&self, environments: &Environments, path: &Path) -> anyhow::Result<(String, Option<String>)> {
+        let record: SandboxRecord = serde_json::from_slice(&std::fs::read(path)?)?;
+        anyhow::ensure!(
+            record.format_version == RECORD_VERSION,
+            "format version {} (this farm reads {RECORD_VERSION})",
+            record.format_version
+        );
+        let mut settings = self
+            .settings_of(environments, &record.request)
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        settings.idle = Duration::from_secs(record.idle_secs);
+        settings.lifetime = Duration::from_secs(record.lifetime_secs);
+        let paused = match &record.checkpoint {
+            Some(name) => PausedFork::load(&self.saved_dir.join(name), &self.host.store)?,
+            None => self.fresh_checkpoint(&record, &settings).await?,
+        };
+        let checkpoint = paused.dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        let run = self
+            .host
+            .paused_sandbox(&settings.ready.snapshot, &settings.spec, paused);
+        let mut facts = SandboxFacts::new(settings, record.parent.clone());
+        facts.created_ms = record.created_ms;
+        let open = Open {
+            id: record.id.clone(),
+            run,
+            facts: Facts::Sandbox(Box::new(facts)),
+        };
+        for port in &record.ports {
+            self.ports.reopen(&record.id, port.port, &port.token);
+        }
+        let timers = Timers {
+            idle: Duration::from_secs(record.idle_secs),
+            lifetime: Some(Duration::from_secs(record.lifetime_secs)),
+        };
+        let lived = Duration::from_millis((engine::row::now_ms() as u64).saturating_sub(record.created_ms));
+        let opened = Instant::now().checked_sub(lived).unwrap_or_else(Instant::now);
+        self.save_record(&open);
+        self.forks().add_paused(&record.id, Kind::Sandbox, open, timers, opened);
+        Ok((record.id, checkpoint))
+    }
+
+    /// A sandbox that never had a checkpoint: its environment forked again with its settings,
+    /// and paused at once.
+    async fn fresh_checkpoint(
+        &self,
+        record: &SandboxRecord,
+        settings: &super::settings::Settings,
+    ) -> anyhow::Result<PausedFork> {
+        let mut run = self
+            .host
+            .open_sandbox(
+                &settings.ready.snapshot,
+                &settings.ready.image,
+                &settings.spec,
+                self.seed(),
+                None,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("forking its environment again: {}", e.describe()))?;
+        let dir = self.checkpoint_dir(&record.id);
+        let pending = run
+            .pause(&dir)
+            .await
+            .map_err(|e| anyhow::anyhow!("pausing its new fork: {}", engine::describe(&e)))?;
+        pending.commit();
+        let paused = run.paused().expect("just paused").clone();
+        drop(run);
+        paused.keep_on_disk();
+        Ok(PausedFork::load(&dir, &self.host.store)?)
+    }
+}
