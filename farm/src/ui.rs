@@ -41,7 +41,7 @@ pub fn init() {
             eprintln!("farm: FARM_LOG={f:?} is not a log filter ({e}); expected e.g. \"info\" or \"engine=debug\"");
             std::process::exit(2);
         }),
-        None => tracing_subscriber::EnvFilter::new("farm=info"),
+        None => tracing_subscriber::EnvFilter::new("farm=info,service=info"),
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
