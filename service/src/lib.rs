@@ -15,6 +15,7 @@ const _: Option<&str> = option_env!("FARM_CHECKOUT");
 
 pub mod admission;
 pub mod bounds;
+pub mod capacity;
 pub mod config;
 pub mod entries;
 pub mod error;

@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 use super::entries::{Facts, Open};
 use super::requests::Record;
 use super::wire::{PausedView, SessionList, SessionView};
+use crate::sessions::SessionId;
 use crate::state::{ApiError, ApiResult, Service};
+use crate::tenancy::Who;
 
 /// `session.json`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -122,45 +124,48 @@ impl Service {
         }
     }
 
-    /// `GET /v1/sessions/{id}`.
-    pub async fn get_session(&self, id: &str) -> ApiResult<SessionView> {
+    /// `GET /v1/sessions/{id}`, with where its agent reaches it over MCP.
+    pub async fn get_session(&self, who: &Who, id: &SessionId) -> ApiResult<SessionView> {
         let session = self.forks().any(id, Kind::Session);
-        match session {
+        let mut view = match session {
             Ok(s) => {
                 let s = s.lock().await;
-                Ok(self.describe(id, &s))
+                self.describe(id, &s)
             }
             // Being scored: say so without waiting for it.
-            Err(Refusal::BeingScored(_)) => Ok(SessionView::bare(id, "submitting")),
-            Err(e) => Err(e.into()),
-        }
+            Err(Refusal::BeingScored(_)) => SessionView::bare(id, "submitting"),
+            Err(e) => return Err(e.into()),
+        };
+        view.mcp = Some(self.mcp_access(who, id));
+        Ok(view)
     }
 
     /// Whether a session is there (live or paused), without waiting for a call running in it.
-    pub fn session_known(&self, id: &str) -> ApiResult<()> {
+    pub fn session_known(&self, id: &SessionId) -> ApiResult<()> {
         self.forks().any(id, Kind::Session)?;
         Ok(())
     }
 
     /// The cap on a step's output in a session (`rollouts.output_cap_bytes`).
-    pub async fn session_output_cap(&self, id: &str) -> ApiResult<u64> {
+    pub async fn session_output_cap(&self, id: &SessionId) -> ApiResult<u64> {
         let session = self.forks().any(id, Kind::Session)?;
         let s = session.lock().await;
         Ok(s.task().limits().output_cap_bytes)
     }
 
     /// A session's task: its id and instruction.
-    pub async fn session_task(&self, id: &str) -> ApiResult<(String, String)> {
+    pub async fn session_task(&self, id: &SessionId) -> ApiResult<(String, String)> {
         let session = self.forks().any(id, Kind::Session)?;
         let s = session.lock().await;
         Ok((s.task().task().id.clone(), s.task().task().instruction.clone()))
     }
 
-    /// `GET /v1/sessions`: every live and paused session.
-    pub async fn list_sessions(&self, keep: &(dyn Fn(&str) -> bool + Sync)) -> ApiResult<SessionList> {
+    /// `GET /v1/sessions`: the caller's live and paused sessions.
+    pub async fn list_sessions(&self, who: &Who) -> ApiResult<SessionList> {
         let all = self.forks().all(Kind::Session);
         let mut out = Vec::new();
-        for (id, session) in all.into_iter().filter(|(id, _)| keep(id)) {
+        let mine = |id: &str| self.tenancy.owns(who.tenant(), tenants::Kind::Session, id);
+        for (id, session) in all.into_iter().filter(|(id, _)| mine(id)) {
             match session.try_lock() {
                 Ok(s) => out.push(self.describe(&id, &s)),
                 Err(_) => out.push(SessionView::bare(&id, "busy")),
@@ -170,8 +175,10 @@ impl Service {
         Ok(SessionList { sessions: out })
     }
 
-    /// `POST /v1/sessions/{id}/pause`. Pausing a paused session answers the same again.
-    pub async fn pause_session(&self, id: &str) -> ApiResult<SessionView> {
+    /// `POST /v1/sessions/{id}/pause`, within the caller's disk. Pausing a paused session
+    /// answers the same again.
+    pub async fn pause_session(&self, who: &Who, id: &SessionId) -> ApiResult<SessionView> {
+        self.check_disk(who)?;
         let handle = self.forks().any(id, Kind::Session)?;
         let mut session = handle.lock().await;
         if session.run.state() == SessionState::Paused {
@@ -228,8 +235,11 @@ impl Service {
         Ok(answer)
     }
 
-    /// `POST /v1/sessions/{id}/resume`. Resuming a live session answers the same again.
-    pub async fn resume_session(&self, id: &str) -> ApiResult<SessionView> {
+    /// `POST /v1/sessions/{id}/resume`, its VM within the caller's quotas. Resuming a live
+    /// session answers the same again.
+    pub async fn resume_session(&self, who: &Who, id: &SessionId) -> ApiResult<SessionView> {
+        let mib = self.tenancy.memory.get(id).unwrap_or_else(|| self.session_mib());
+        let _held = self.admit_forks(who, 1, mib).await?;
         let handle = self.forks().any(id, Kind::Session)?;
         if !self.forks().is_paused(id) {
             let session = handle.lock().await;
@@ -294,7 +304,12 @@ impl Service {
             };
             if old {
                 tracing::info!(session_id = %id, "paused session removed after serve.paused_retention_secs");
-                let _ = self.end_session(&id, "paused past serve.paused_retention_secs").await;
+                let _ = self
+                    .end_session(
+                        &super::sessions::SessionId::trusted(&id),
+                        "paused past serve.paused_retention_secs",
+                    )
+                    .await;
             }
         }
     }

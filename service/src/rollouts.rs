@@ -311,8 +311,10 @@ impl Service {
             .collect()
     }
 
-    /// `GET /v1/rollouts/{id}`.
-    pub async fn rollout(&self, id: &str) -> ApiResult<RolloutView> {
+    /// `GET /v1/rollouts/{id}`: one of the caller's; another's, or one that never was, is
+    /// the same 404.
+    pub async fn rollout(&self, who: &Who, id: &str) -> ApiResult<RolloutView> {
+        self.own_rollout(who, id)?;
         let entry = self
             .lock()
             .rollouts
@@ -390,8 +392,17 @@ impl Service {
         n
     }
 
-    /// `POST /v1/rollouts/{id}/cancel`.
-    pub async fn cancel(&self, id: &str) -> ApiResult<Cancelled> {
+    /// Ok when rollout `id` is the caller's.
+    fn own_rollout(&self, who: &Who, id: &str) -> ApiResult<()> {
+        match self.tenancy.owns(who.tenant(), tenants::Kind::Rollout, id) {
+            true => Ok(()),
+            false => Err(crate::tenancy::not_found(tenants::Kind::Rollout, id)),
+        }
+    }
+
+    /// `POST /v1/rollouts/{id}/cancel`: one of the caller's.
+    pub async fn cancel(&self, who: &Who, id: &str) -> ApiResult<Cancelled> {
+        self.own_rollout(who, id)?;
         let phase = self
             .lock()
             .rollouts

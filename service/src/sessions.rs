@@ -19,8 +19,34 @@ use serde_json::json;
 use super::entries::{Entry, Facts, Open, Phase};
 use super::requests::metadata_text;
 use super::requests::{ItemRequest, Record};
-use super::wire::{Branched, MemoryCapacity, SessionEnded, SessionOpened, SessionScored, Stepped};
+use super::wire::{Branched, McpAccess, SessionEnded, SessionOpened, SessionScored, Stepped};
 use crate::state::{ApiError, ApiResult, InUse, Service, VmSlot};
+use crate::tenancy::Who;
+
+/// A session id its caller owns: made only by [`Service::resolve_session`] and by the calls
+/// that open a session, so no call on a session can skip its owner check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionId(String);
+
+impl SessionId {
+    /// One the service made or found itself (never a caller's raw id).
+    pub(crate) fn trusted(id: &str) -> SessionId {
+        SessionId(id.to_string())
+    }
+}
+
+impl std::ops::Deref for SessionId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 impl Service {
     /// Memory for one more VM at the measured cost, past the reserve; or 503 with the figures.
@@ -34,20 +60,6 @@ impl Service {
                 ..ApiError::new(503, why.to_string())
             }
         })
-    }
-
-    /// The memory part of `GET /v1/capacity`.
-    pub fn memory_capacity(&self) -> MemoryCapacity {
-        let host = engine::sizing::HostMemory::probe().unwrap_or_default();
-        let cost = self.vm_cost.current();
-        let reserve = super::admission::reserve_bytes(&host, self.settings.memory_reserve_percent);
-        MemoryCapacity {
-            available_mib: host.available >> 20,
-            reserve_mib: reserve >> 20,
-            vm_cost_mib: cost.bytes >> 20,
-            vm_cost_sampled: cost.sampled,
-            more_vms: host.available.saturating_sub(reserve) / cost.bytes.max(1),
-        }
     }
 
     /// A session's timers: its lease, and no lifetime of its own.
@@ -84,14 +96,51 @@ impl Service {
                 .set(forks.count(Kind::Session).0 as i64);
         }
         if self.stopping.load(Ordering::SeqCst) {
-            let _ = self.end_session(&id, "the service shut down").await;
+            let _ = self
+                .end_session(&SessionId::trusted(&id), "the service shut down")
+                .await;
             return Err(ApiError::new(503, "the service is shutting down"));
         }
         Ok(())
     }
 
-    /// `POST /v1/sessions`.
-    pub async fn open_session(&self, request: ItemRequest) -> ApiResult<SessionOpened> {
+    /// The caller's session `id`; another's, or one that never was, is the same 404.
+    pub fn resolve_session(&self, who: &Who, id: &str) -> ApiResult<SessionId> {
+        match self.tenancy.owns(who.tenant(), tenants::Kind::Session, id) {
+            true => Ok(SessionId(id.to_string())),
+            false => Err(crate::tenancy::not_found(tenants::Kind::Session, id)),
+        }
+    }
+
+    /// Where the agent in a session reaches it over MCP, and the token that opens only that.
+    pub fn mcp_access(&self, who: &Who, id: &SessionId) -> McpAccess {
+        McpAccess {
+            path: format!("/v1/sessions/{id}/mcp"),
+            token: self.tenancy.mcp_token(who.tenant(), id),
+        }
+    }
+
+    /// Records a session just made (and its rollout) as the caller's, with its guest memory.
+    fn own_session(&self, who: &Who, session: &str, rollout: &str, mib: u64) -> ApiResult<SessionId> {
+        let tenancy = &self.tenancy;
+        tenancy.memory.set(session, mib, None);
+        tenancy.own(who.tenant(), tenants::Kind::Session, &[session.to_string()])?;
+        tenancy.own(who.tenant(), tenants::Kind::Rollout, &[rollout.to_string()])?;
+        Ok(SessionId(session.to_string()))
+    }
+
+    /// `POST /v1/sessions` (and OpenEnv's reset): a session of the caller's, within its
+    /// quotas.
+    pub async fn open_session(&self, who: &Who, request: ItemRequest) -> ApiResult<(SessionId, SessionOpened)> {
+        let mib = self.session_mib();
+        let _held = self.admit_forks(who, 1, mib).await?;
+        let mut opened = self.open_session_as_asked(request).await?;
+        let id = self.own_session(who, &opened.session_id, &opened.rollout_id, mib)?;
+        opened.mcp = Some(self.mcp_access(who, &id));
+        Ok((id, opened))
+    }
+
+    async fn open_session_as_asked(&self, request: ItemRequest) -> ApiResult<SessionOpened> {
         request.check_session()?;
         request.check_bounds(&|f: &str| f.to_string())?;
         let slot = self.vm_slot()?;
@@ -149,7 +198,7 @@ impl Service {
     }
 
     /// Marks a session used now, if it is still live.
-    pub fn touch(&self, id: &str) {
+    pub fn touch(&self, id: &SessionId) {
         self.forks().touch(id, Instant::now());
     }
 
@@ -175,7 +224,7 @@ impl Service {
     /// `POST /v1/sessions/{id}/exec` and `/write_file`: one action, its observation. The
     /// session's actions share its `timeout_secs` budget, as a rollout's do; past it the
     /// session ends as a `timeout`.
-    pub async fn act(&self, id: &str, action: Action, timeout_secs: Option<u64>) -> ApiResult<Stepped> {
+    pub async fn act(&self, id: &SessionId, action: Action, timeout_secs: Option<u64>) -> ApiResult<Stepped> {
         if let Some(host) = engine::sizing::HostMemory::probe() {
             super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError {
                 retry_after: Some(5),
@@ -215,9 +264,18 @@ impl Service {
         }
     }
 
-    /// `POST /v1/sessions/{id}/branch`: of a live session, or of a paused one (which stays
-    /// paused).
-    pub async fn branch(&self, id: &str) -> ApiResult<Branched> {
+    /// `POST /v1/sessions/{id}/branch` (and OpenEnv's `branch_of`): of a live session, or of
+    /// a paused one (which stays paused); the caller's, within its quotas.
+    pub async fn branch(&self, who: &Who, id: &SessionId) -> ApiResult<(SessionId, Branched)> {
+        let mib = self.tenancy.memory.get(id).unwrap_or_else(|| self.session_mib());
+        let _held = self.admit_forks(who, 1, mib).await?;
+        let mut branched = self.branch_as_asked(id).await?;
+        let child = self.own_session(who, &branched.session_id, &branched.rollout_id, mib)?;
+        branched.mcp = Some(self.mcp_access(who, &child));
+        Ok((child, branched))
+    }
+
+    async fn branch_as_asked(&self, id: &str) -> ApiResult<Branched> {
         let slot = self.vm_slot()?;
         let session = self.forks().any(id, Kind::Session)?;
         let session = session.lock().await;
@@ -264,7 +322,7 @@ impl Service {
     /// `POST /v1/sessions/{id}/submit`: ends the session, scores it like any rollout (with
     /// the suite's scoring mode: by default in a fresh fork, where the session cannot reach)
     /// and records the row.
-    pub async fn submit_session(&self, id: &str, answer: Option<String>) -> ApiResult<SessionScored> {
+    pub async fn submit_session(&self, id: &SessionId, answer: Option<String>) -> ApiResult<SessionScored> {
         if let Some(answer) = &answer {
             super::bounds::text("answer", answer, super::bounds::ANSWER_BYTES)?;
         }
@@ -299,7 +357,7 @@ impl Service {
     }
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.
-    pub async fn end_session(&self, id: &str, reason: &str) -> ApiResult<SessionEnded> {
+    pub async fn end_session(&self, id: &SessionId, reason: &str) -> ApiResult<SessionEnded> {
         self.forks().endable(id, Kind::Session)?;
         self.recorder
             .journal_request(&Record::SessionEnd {
@@ -350,7 +408,7 @@ impl Service {
         let expired = self.forks().expired(Kind::Session, Instant::now());
         for (id, _) in expired {
             tracing::info!(session_id = %id, "session expired");
-            let _ = self.end_session(&id, "expired").await;
+            let _ = self.end_session(&SessionId::trusted(&id), "expired").await;
         }
     }
 }

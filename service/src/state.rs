@@ -114,13 +114,12 @@ impl Service {
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         let forks: Forks = Default::default();
         let sandbox = if settings.sandboxes.enabled {
-            let owners = tenancy.clone();
-            let hold: super::sandbox::ports::Hold =
-                Arc::new(move |id: &str| owners.hold_for_sandbox(id).map(|held| Box::new(held) as Box<dyn Send>));
+            let hold = tenancy.port_hold();
             Some(super::sandbox::SandboxApi::start(
                 &settings.sandboxes,
                 out,
                 host,
+                tenancy.clone(),
                 forks.clone(),
                 settings.listen,
                 hold,
@@ -427,30 +426,6 @@ impl Service {
         )
     }
 
-    /// `GET /v1/capacity`.
-    pub fn capacity(&self) -> super::wire::Capacity {
-        let (slots_in_flight, queued) = {
-            let inner = self.lock();
-            (inner.running.len(), inner.queue.len())
-        };
-        let warm: usize = self.suites.values().map(|s| s.engine.warm()).sum();
-        let (sessions, sandboxes) = {
-            let forks = self.forks();
-            (forks.count(Kind::Session).0, forks.count(Kind::Sandbox).0)
-        };
-        super::wire::Capacity {
-            slots: self.slots,
-            in_flight: slots_in_flight,
-            queued,
-            warm,
-            queue_limit: self.settings.queue_limit,
-            sessions,
-            sandboxes,
-            max_sessions: self.max_sessions,
-            memory: self.memory_capacity(),
-        }
-    }
-
     /// Stops admitting, cancels queued and running rollouts (each recorded as cancelled),
     /// and ends every session.
     pub async fn shut_down(&self) {
@@ -469,7 +444,9 @@ impl Service {
         self.cancel_ids(&ids, "the service shut down").await;
         let sessions = self.forks().endable_ids(Kind::Session);
         for id in sessions {
-            let _ = self.end_session(&id, "the service shut down").await;
+            let _ = self
+                .end_session(&super::sessions::SessionId::trusted(&id), "the service shut down")
+                .await;
         }
         if let Some(api) = &self.sandbox {
             api.sandboxes.shut_down().await;

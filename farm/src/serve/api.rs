@@ -16,7 +16,7 @@ use axum::Router;
 use serde::Deserialize;
 
 use super::error::{ApiError, HttpError};
-use super::http::{body_digest, finish, idempotency_key, ok, parse, App, Reply};
+use super::http::{body_digest, finish, idempotency_key, made, ok, parse, App, Reply};
 use super::tenancy::Who;
 use axum::Extension;
 use service::requests::{CancelBelow, ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
@@ -57,9 +57,29 @@ pub fn router(service: Arc<Service>) -> Router {
         .with_state(app)
 }
 
-async fn metrics(State(app): State<App>) -> impl IntoResponse {
+/// The Prometheus text; a tenant other than `default` sees its own `farm_tenant_*` series
+/// only.
+async fn metrics(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
     app.service.count_tenant_forks();
-    crate::metrics_http::metrics_response()
+    let text = engine::metrics::get().render();
+    let text = match who.profile.is_default() {
+        true => text,
+        false => own_metrics(&text, &who.profile.tenant.name),
+    };
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// The lines of a tenant's own `farm_tenant_*` series.
+fn own_metrics(text: &str, tenant: &str) -> String {
+    let label = format!("tenant=\"{tenant}\"");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("# HELP farm_tenant_")
+                || l.starts_with("# TYPE farm_tenant_")
+                || (l.starts_with("farm_tenant_") && l.contains(&label))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 async fn submit(State(app): State<App>, Extension(who): Extension<Who>, headers: HeaderMap, body: Bytes) -> Reply {
@@ -67,7 +87,11 @@ async fn submit(State(app): State<App>, Extension(who): Extension<Who>, headers:
     let key = idempotency_key(&headers)?;
     let digest = body_digest(&body);
     let response = app.service.submit(request, key, digest, &who).await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(response)).into_response())
+    let first = response["groups"][0]["rollout_ids"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    made(StatusCode::ACCEPTED, &first, response)
 }
 
 #[derive(Deserialize)]
@@ -151,12 +175,12 @@ fn arrow_stream(service: &Service, lines: &[(usize, Vec<u8>)]) -> Result<Vec<u8>
     Ok(out)
 }
 
-async fn rollout(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.rollout(&id).await?)
+async fn rollout(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    ok(app.service.rollout(&who, &id).await?)
 }
 
-async fn cancel(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(app.service.cancel(&id).await?)
+async fn cancel(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    ok(app.service.cancel(&who, &id).await?)
 }
 
 async fn cancel_below(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
@@ -164,77 +188,77 @@ async fn cancel_below(State(app): State<App>, Extension(who): Extension<Who>, bo
     ok(app.service.cancel_below(request.policy_version_below, &who).await)
 }
 
-async fn capacity(State(app): State<App>) -> Reply {
-    ok(app.service.capacity())
+async fn capacity(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
+    ok(app.service.capacity(&who))
 }
 
 async fn open_session(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
     let request: ItemRequest = parse(&body)?;
     let service = app.service.clone();
-    let mut response = finish(async move { service.open_session(request).await }).await?;
-    response.mcp = Some(mcp_access(&app, &who, &response.session_id));
-    Ok((StatusCode::CREATED, axum::Json(response)).into_response())
+    let (id, opened) = finish(async move { service.open_session(&who, request).await }).await?;
+    made(StatusCode::CREATED, &id, opened)
 }
 
-/// Where the agent in a session reaches it over MCP, and the token that opens only that.
-fn mcp_access(app: &App, who: &Who, id: &str) -> service::wire::McpAccess {
-    service::wire::McpAccess {
-        path: format!("/v1/sessions/{id}/mcp"),
-        token: app.service.tenancy.mcp_token(who.tenant(), id),
-    }
-}
-
-async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn exec(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>, body: Bytes) -> Reply {
+    let id = app.service.resolve_session(&who, &id)?;
     let (action, timeout) = parse::<ExecRequest>(&body)?.into_action();
     let service = app.service.clone();
     ok(finish(async move { service.act(&id, action, timeout).await }).await?)
 }
 
-async fn write_file(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn write_file(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Reply {
+    let id = app.service.resolve_session(&who, &id)?;
     let action = parse::<WriteFileRequest>(&body)?.into_action();
     let service = app.service.clone();
     ok(finish(async move { service.act(&id, action, None).await }).await?)
 }
 
 async fn branch(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
-    let mut response = finish(async move { service.branch(&id).await }).await?;
-    response.mcp = Some(mcp_access(&app, &who, &response.session_id));
-    Ok((StatusCode::CREATED, axum::Json(response)).into_response())
+    let (child, branched) = finish(async move { service.branch(&who, &id).await }).await?;
+    made(StatusCode::CREATED, &child, branched)
 }
 
-async fn submit_session(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
-    let request: SubmitSessionRequest = if body.is_empty() {
-        SubmitSessionRequest::default()
-    } else {
-        parse(&body)?
-    };
+async fn submit_session(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Reply {
+    let id = app.service.resolve_session(&who, &id)?;
+    let request: SubmitSessionRequest = parse(if body.is_empty() { b"{}" } else { &body })?;
     let service = app.service.clone();
     ok(finish(async move { service.submit_session(&id, request.answer).await }).await?)
 }
 
-async fn pause_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn pause_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
-    ok(finish(async move { service.pause_session(&id).await }).await?)
+    ok(finish(async move { service.pause_session(&who, &id).await }).await?)
 }
 
-async fn resume_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn resume_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
-    ok(finish(async move { service.resume_session(&id).await }).await?)
+    ok(finish(async move { service.resume_session(&who, &id).await }).await?)
 }
 
 async fn get_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
-    let mut response = app.service.get_session(&id).await?;
-    response.mcp = Some(mcp_access(&app, &who, &response.session_id));
-    ok(response)
+    let id = app.service.resolve_session(&who, &id)?;
+    ok(app.service.get_session(&who, &id).await?)
 }
 
 async fn list_sessions(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
-    let tenancy = app.service.tenancy.clone();
-    let mine = move |id: &str| tenancy.owns(who.tenant(), tenants::Kind::Session, id);
-    ok(app.service.list_sessions(&mine).await?)
+    ok(app.service.list_sessions(&who).await?)
 }
 
-async fn end_session(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn end_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    let id = app.service.resolve_session(&who, &id)?;
     ok(app.service.end_session(&id, "deleted").await?)
 }

@@ -22,10 +22,24 @@ impl IntoResponse for HttpError {
     }
 }
 
+/// In a failure's answer: what the middleware may need of it (the tenancy layer tells a 429
+/// about the caller's own quota from one about the node).
+#[derive(Debug, Clone, Default)]
+pub struct Refused {
+    pub quota: bool,
+    pub field: Option<String>,
+    pub retry_after: Option<u64>,
+}
+
 /// The answer of a failure.
 pub fn respond(e: ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, axum::Json(e.body())).into_response();
+    response.extensions_mut().insert(Refused {
+        quota: e.quota.is_some(),
+        field: e.field.clone(),
+        retry_after: e.retry_after,
+    });
     if let Some(secs) = e.retry_after {
         response
             .headers_mut()

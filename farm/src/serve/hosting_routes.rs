@@ -13,7 +13,7 @@ use farm_protocol::process::Stream;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::http::{ok, parse, sse, App, Reply};
+use super::http::{ok, parse, sse, App, Mine, Reply};
 use super::tenancy::Who;
 use axum::Extension;
 use service::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, SignalSend, StdinWrite};
@@ -37,10 +37,7 @@ pub(super) fn routes() -> Router<App> {
 }
 
 fn api(app: &App) -> Result<&SandboxApi, ApiError> {
-    app.service
-        .sandbox
-        .as_ref()
-        .ok_or_else(|| ApiError::new(404, "the sandbox API is off here (serve.sandboxes.enabled = false)"))
+    app.service.sandbox_api()
 }
 
 /// A query, or a 400 saying what is wrong with it.
@@ -50,17 +47,17 @@ fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -
         .map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))
 }
 
-async fn start(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn start(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: ProcessStart = parse(&body)?;
     let started = api(&app)?.sandboxes.start_process(&id, request).await?;
     Ok((StatusCode::CREATED, axum::Json(started)).into_response())
 }
 
-async fn list(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn list(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.processes(&id).await?)
 }
 
-async fn one(State(app): State<App>, Path((id, pid)): Path<(String, String)>) -> Reply {
+async fn one(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>) -> Reply {
     let pid = pid_of(&pid)?;
     ok(api(&app)?.sandboxes.process(&id, pid).await?)
 }
@@ -85,7 +82,8 @@ fn stdout() -> Stream {
 
 async fn output(
     State(app): State<App>,
-    Path((id, pid)): Path<(String, String)>,
+    Mine(id): Mine,
+    Path((_, pid)): Path<(String, String)>,
     q: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let pid = pid_of(&pid)?;
@@ -109,7 +107,8 @@ struct FollowQuery {
 async fn follow(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Path((id, pid)): Path<(String, String)>,
+    Mine(id): Mine,
+    Path((_, pid)): Path<(String, String)>,
     q: Result<Query<FollowQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let pid = pid_of(&pid)?;
@@ -138,13 +137,13 @@ fn encode(value: &impl serde::Serialize) -> String {
     serde_json::to_string(value).expect("events serialize")
 }
 
-async fn stdin(State(app): State<App>, Path((id, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+async fn stdin(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>, body: Bytes) -> Reply {
     let pid = pid_of(&pid)?;
     let request: StdinWrite = parse(&body)?;
     ok(api(&app)?.sandboxes.write_stdin(&id, pid, request).await?)
 }
 
-async fn signal(State(app): State<App>, Path((id, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+async fn signal(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>, body: Bytes) -> Reply {
     let pid = pid_of(&pid)?;
     let request: SignalSend = parse(&body)?;
     ok(api(&app)?.sandboxes.signal_process(&id, pid, request).await?)
@@ -164,7 +163,8 @@ fn sixty() -> f64 {
 
 async fn wait(
     State(app): State<App>,
-    Path((id, pid)): Path<(String, String)>,
+    Mine(id): Mine,
+    Path((_, pid)): Path<(String, String)>,
     q: Result<Query<WaitQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let pid = pid_of(&pid)?;
@@ -172,7 +172,7 @@ async fn wait(
     ok(api(&app)?.sandboxes.wait_process(&id, pid, q.timeout).await?)
 }
 
-async fn resize(State(app): State<App>, Path((id, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+async fn resize(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>, body: Bytes) -> Reply {
     let pid = pid_of(&pid)?;
     let size: PtySize = parse(&body)?;
     ok(api(&app)?.sandboxes.resize(&id, pid, size).await?)
@@ -186,17 +186,17 @@ pub struct PortOpen {
     pub port: u64,
 }
 
-async fn open_port(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn open_port(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: PortOpen = parse(&body)?;
     let opened = api(&app)?.sandboxes.open_port(&id, request.port).await?;
     Ok((StatusCode::CREATED, axum::Json(opened)).into_response())
 }
 
-async fn ports(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn ports(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.ports(&id).await?)
 }
 
-async fn close_port(State(app): State<App>, Path((id, port)): Path<(String, String)>) -> Reply {
+async fn close_port(State(app): State<App>, Mine(id): Mine, Path((_, port)): Path<(String, String)>) -> Reply {
     let port: u16 = port
         .parse()
         .map_err(|_| ApiError::field(400, "port", format!("{port:?} is not a port (1-65535)")))?;

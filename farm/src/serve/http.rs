@@ -36,6 +36,41 @@ pub(super) fn id_bounds(path: &str) -> Option<ApiError> {
     ))
 }
 
+/// The path's sandbox (`{id}`), held to the caller: another tenant's and one that never was
+/// are the same 404. A handler gets a sandbox to act on only through this (or the calls that
+/// make one), so no route on a sandbox can skip its owner check.
+pub(super) struct Mine(pub service::sandbox::SandboxId);
+
+impl axum::extract::FromRequestParts<App> for Mine {
+    type Rejection = super::error::HttpError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Mine, Self::Rejection> {
+        use axum::extract::Path;
+        let Path(params) = Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, app)
+            .await
+            .map_err(|e| ApiError::new(400, e.body_text()))?;
+        let id = params
+            .get("id")
+            .ok_or_else(|| ApiError::new(500, "a sandbox route without {id}"))?;
+        let who = parts
+            .extensions
+            .get::<super::tenancy::Who>()
+            .ok_or_else(|| ApiError::new(500, "a route outside the tenancy layer"))?;
+        Ok(Mine(app.service.sandbox_api()?.sandboxes.resolve(who, id)?))
+    }
+}
+
+/// In an answer's extensions: the first id the call made (for the audit).
+#[derive(Debug, Clone)]
+pub(super) struct Made(pub String);
+
+/// An answer with a status, marked with the id it made.
+pub(super) fn made(status: axum::http::StatusCode, id: &str, value: impl serde::Serialize) -> Reply {
+    let mut response = (status, axum::Json(value)).into_response();
+    response.extensions_mut().insert(Made(id.to_string()));
+    Ok(response)
+}
+
 /// A JSON body, strictly ([`super::strict`]), or a 400 naming the field that is wrong.
 pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     super::strict::parse(body).map_err(|e| ApiError {

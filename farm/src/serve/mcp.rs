@@ -22,10 +22,11 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::http::{finish, App};
-use super::tenancy::{not_found, Hidden};
+use super::tenancy::{not_found, Who};
 use axum::Extension;
 use engine::config::Action;
 use service::requests::{ExecRequest, SubmitSessionRequest, WriteFileRequest};
+use service::sessions::SessionId;
 
 /// Protocol revisions this server speaks; a client asking for another gets the newest.
 const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -189,7 +190,7 @@ fn read_message(body: &[u8]) -> Result<(bool, Message, Value), Response> {
 
 async fn message(
     State(app): State<App>,
-    hidden: Option<Extension<Hidden>>,
+    Extension(who): Extension<Who>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
@@ -202,27 +203,30 @@ async fn message(
         // response to a server request: nothing to answer.
         return StatusCode::ACCEPTED.into_response();
     };
-    // The session must exist for every method, so that a wrong URL fails at `initialize`;
-    // checked without waiting for a command running in it.
-    let known = match hidden {
-        Some(_) => Err(not_found(tenants::Kind::Session, &id)),
-        None => app.service.session_known(&id),
-    };
-    // Not found reads the same for a session of another tenant and one that never was.
-    if let Err(e) = known.map_err(|e| {
+    // The session must be the caller's and exist for every method, so that a wrong URL fails
+    // at `initialize`; checked without waiting for a command running in it. Not found reads
+    // the same for a session of another tenant and one that never was.
+    let known = app.service.resolve_session(&who, &id).and_then(|id| {
+        app.service.session_known(&id)?;
+        Ok(id)
+    });
+    let id = match known.map_err(|e| {
         if e.status == 404 {
             not_found(tenants::Kind::Session, &id)
         } else {
             e
         }
     }) {
-        return rpc_error(
-            StatusCode::from_u16(e.status).unwrap_or(StatusCode::NOT_FOUND),
-            request_id,
-            INVALID_REQUEST,
-            e.message,
-        );
-    }
+        Ok(id) => id,
+        Err(e) => {
+            return rpc_error(
+                StatusCode::from_u16(e.status).unwrap_or(StatusCode::NOT_FOUND),
+                request_id,
+                INVALID_REQUEST,
+                e.message,
+            )
+        }
+    };
     app.service.touch(&id);
     let params = message.params.unwrap_or(Value::Null);
     match method.as_str() {
@@ -365,7 +369,7 @@ fn quoted(s: &str) -> String {
 }
 
 /// Runs one tool: Ok is the tool's result (also when the tool failed), Err a bad call.
-async fn call(app: &App, id: &str, params: &Value) -> Result<Value, BadCall> {
+async fn call(app: &App, id: &SessionId, params: &Value) -> Result<Value, BadCall> {
     let call: Call = serde_json::from_value(params.clone()).map_err(BadCall::Params)?;
     let tool = call.name.clone();
     let service = &app.service;
@@ -435,7 +439,7 @@ fn stepped(out: Value) -> Value {
 
 /// `read_file`: the file's text through `head`, cut at the limit (the session's output cap,
 /// at most [`READ_LIMIT`]) and saying so.
-async fn read_file(app: &App, id: &str, a: ReadArgs) -> Result<Value, BadCall> {
+async fn read_file(app: &App, id: &SessionId, a: ReadArgs) -> Result<Value, BadCall> {
     let service = &app.service;
     let cap = match service.session_output_cap(id).await {
         Ok(cap) => cap,

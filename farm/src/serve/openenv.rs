@@ -34,6 +34,7 @@ use super::error::ApiError;
 use super::http::{ok, App, Reply};
 use super::tenancy::Who;
 use service::requests::{ExecRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
+use service::sessions::SessionId;
 
 mod open;
 use open::{open_branch, open_session, session_request};
@@ -142,7 +143,7 @@ fn schema() -> Value {
 /// What one connection holds.
 #[derive(Default)]
 struct Conn {
-    session: Option<String>,
+    session: Option<SessionId>,
     rollout: Option<String>,
     task_id: Option<String>,
     episode_id: Option<String>,
@@ -237,7 +238,7 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T, 
 
 /// The session a connection holds, kept outside the request's task so that it is ended on
 /// every way out, a panic included.
-type Holding = Arc<std::sync::Mutex<Option<String>>>;
+type Holding = Arc<std::sync::Mutex<Option<SessionId>>>;
 
 async fn connection(
     socket: WebSocket,
@@ -398,7 +399,7 @@ struct ErrorData {
 
 /// Renews the lease of the connection's session.
 fn touch(app: &App, holding: &Holding) {
-    if let Some(id) = holding.lock().unwrap().as_deref() {
+    if let Some(id) = holding.lock().unwrap().as_ref() {
         app.service.touch(id);
     }
 }
@@ -434,7 +435,9 @@ async fn handle(
         // Each reset and step changes state: the audit has it, as a REST call's.
         let route = format!("WS /v1/openenv/ws {}", request.kind);
         let status = if reply.is_ok() { 200 } else { 400 };
-        app.service.tenancy.audit(who, &route, conn.session.clone(), status);
+        app.service
+            .tenancy
+            .audit(who, &route, conn.session.as_ref().map(|s| s.to_string()), status);
     }
     (conn, reply.unwrap_or_else(|f| error_reply(&f)))
 }
@@ -442,7 +445,7 @@ async fn handle(
 fn state(conn: &Conn) -> EpisodeState {
     EpisodeState {
         episode_id: conn.episode_id.clone(),
-        session_id: conn.session.clone(),
+        session_id: conn.session.as_ref().map(|s| s.to_string()),
         rollout_id: conn.rollout.clone(),
         task_id: conn.task_id.clone(),
         step_count: conn.steps,
@@ -490,7 +493,7 @@ async fn reset(
             open_session(app, who, request).await?
         }
     };
-    let id = opened["session_id"].as_str().unwrap_or_default().to_string();
+    let (id, opened) = opened;
     let old = holding.lock().unwrap().replace(id.clone());
     if let Some(old) = old.filter(|_| !conn.done) {
         let _ = service.end_session(&old, "reset by the OpenEnv client").await;
@@ -498,10 +501,10 @@ async fn reset(
     *conn = Conn {
         session: Some(id.clone()),
         rollout: opened["rollout_id"].as_str().map(String::from),
-        episode_id: Some(episode_id.unwrap_or_else(|| id.clone())),
+        episode_id: Some(episode_id.unwrap_or_else(|| id.to_string())),
         ..Conn::default()
     };
-    let described = to_value(service.get_session(&id).await?);
+    let described = to_value(service.get_session(who, &id).await?);
     let (task_id, instruction) = service.session_task(&id).await?;
     conn.task_id = Some(task_id.clone());
     conn.steps = described["steps"].as_u64().unwrap_or(0) as usize;
@@ -509,7 +512,7 @@ async fn reset(
         text: instruction.clone(),
         instruction: Some(instruction),
         task_id: Some(task_id),
-        session_id: Some(id),
+        session_id: Some(id.to_string()),
         rollout_id: Some(json!(conn.rollout)),
         ..FarmObservation::default()
     };

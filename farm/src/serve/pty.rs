@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::Response;
 use farm_protocol::process::Stream;
 use futures::{SinkExt, StreamExt};
@@ -23,11 +23,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
-use super::http::App;
+use super::http::{App, Mine};
 use super::tenancy::{Held, Who};
 use axum::Extension;
 use service::sandbox::sandboxes::processes::{ProcessStart, PtySize, Signal, SignalSend};
 use service::sandbox::sandboxes::Sandboxes;
+use service::sandbox::SandboxId;
 
 /// A client that reads nothing for this long is disconnected (its program runs on).
 pub const STALLED: Duration = Duration::from_secs(60);
@@ -100,7 +101,7 @@ pub enum PtyControl {
 pub(super) async fn open(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Path(id): Path<String>,
+    Mine(id): Mine,
     q: Result<Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
@@ -113,7 +114,7 @@ pub(super) async fn open(
 async fn start(
     app: App,
     who: Who,
-    id: String,
+    id: SandboxId,
     q: Result<Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
@@ -158,7 +159,7 @@ async fn start(
 /// the end): the one asked for with `pid`, or a new one.
 async fn process_of(
     sandboxes: &Sandboxes,
-    id: &str,
+    id: &SandboxId,
     q: PtyQuery,
     size: Option<PtySize>,
 ) -> Result<(u32, u64, bool), ApiError> {
@@ -209,7 +210,7 @@ async fn process_of(
 
 struct Terminal {
     sandboxes: Arc<Sandboxes>,
-    id: String,
+    id: SandboxId,
     pid: u32,
     /// Hang up on the process when the socket closes.
     hang_up: bool,

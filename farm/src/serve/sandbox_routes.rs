@@ -14,14 +14,14 @@ use axum::Router;
 use serde::Deserialize;
 
 use super::error::{ApiError, HttpError};
-use super::http::{body_digest, idempotency_key, ok, parse, sse, App, Reply};
-use super::tenancy::{Parsed, Who};
+use super::http::{body_digest, finish, idempotency_key, made, ok, parse, sse, App, Mine, Reply};
+use super::tenancy::Who;
 use axum::Extension;
 use service::sandbox::environments::EnvironmentRequest;
 use service::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use service::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use service::sandbox::SandboxApi;
-use service::wire::{Deleted, EnvironmentList, SandboxBranched, SandboxList, StreamData, StreamError};
+use service::wire::{Deleted, SandboxBranched, SandboxList, StreamData, StreamError};
 
 /// An event's data, as JSON text.
 fn encode(value: &impl serde::Serialize) -> String {
@@ -71,60 +71,45 @@ pub(super) fn routes() -> Router<App> {
 }
 
 fn api(app: &App) -> Result<&SandboxApi, ApiError> {
-    app.service
-        .sandbox
-        .as_ref()
-        .ok_or_else(|| ApiError::new(404, "the sandbox API is off here (serve.sandboxes.enabled = false)"))
+    app.service.sandbox_api()
 }
 
-fn created(value: impl serde::Serialize) -> Reply {
-    Ok((StatusCode::CREATED, axum::Json(value)).into_response())
-}
-
-async fn upload_context(State(app): State<App>, body: Bytes) -> Reply {
-    let api = api(&app)?;
-    if body.len() as u64 > api.environments.contexts.max_bytes() {
+async fn upload_context(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+    let max = api(&app)?.environments.contexts.max_bytes();
+    if body.len() as u64 > max {
         return Err(HttpError::from(ApiError::new(
             413,
             format!(
                 "the context is larger than {} MiB (serve.sandboxes.max_context_mib)",
-                api.environments.contexts.max_bytes() >> 20
+                max >> 20
             ),
         )));
     }
-    let uploaded = api.environments.contexts.upload(body.to_vec()).await?;
-    created(uploaded)
+    let service = app.service.clone();
+    let uploaded = finish(async move { service.upload_context(&who, body.to_vec()).await }).await?;
+    made(StatusCode::CREATED, &uploaded.context.clone(), uploaded)
 }
 
-async fn create_environment(
-    State(app): State<App>,
-    Extension(Parsed(request)): Extension<Parsed<EnvironmentRequest>>,
-) -> Reply {
-    let api = api(&app)?;
-    app.service.check_admitting()?;
-    let (env, started) = api.environments.create(request)?;
-    let status = if started || env.view().state == "building" {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, axum::Json(env.view())).into_response())
+async fn create_environment(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+    let request: EnvironmentRequest = parse(&body)?;
+    let service = app.service.clone();
+    let (view, accepted) = finish(async move { service.create_environment(&who, request) }).await?;
+    let status = if accepted { StatusCode::ACCEPTED } else { StatusCode::OK };
+    made(status, &view.id.clone(), view)
 }
 
 async fn list_environments(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
-    let tenancy = &app.service.tenancy;
-    let mut environments = api(&app)?.environments.list();
-    environments.retain(|e| tenancy.owns(who.tenant(), tenants::Kind::Environment, &e.id));
-    ok(EnvironmentList { environments })
+    ok(app.service.environments(&who)?)
 }
 
-async fn get_environment(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(api(&app)?.environments.get(&id, "id")?.view())
+async fn get_environment(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    let id = app.service.resolve_environment(&who, &id)?;
+    ok(app.service.environment_view(&who, &id)?)
 }
 
-async fn delete_environment(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    api(&app)?.environments.delete(&id)?;
-    ok(Deleted { id, deleted: true })
+async fn delete_environment(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+    let id = app.service.resolve_environment(&who, &id)?;
+    ok(app.service.delete_environment(&who, &id)?)
 }
 
 #[derive(Deserialize)]
@@ -138,9 +123,11 @@ struct LogsQuery {
 
 async fn environment_logs(
     State(app): State<App>,
+    Extension(who): Extension<Who>,
     Path(id): Path<String>,
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
+    let id = app.service.resolve_environment(&who, &id)?;
     let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
     if !(0.0..=300.0).contains(&q.wait) {
         return Err(HttpError::from(ApiError::field(
@@ -149,29 +136,25 @@ async fn environment_logs(
             "must be 0 to 300 seconds",
         )));
     }
-    ok(api(&app)?
-        .environments
-        .logs(&id, q.offset, Duration::from_secs_f64(q.wait))
+    ok(app
+        .service
+        .environment_logs(&id, q.offset, Duration::from_secs_f64(q.wait))
         .await?)
 }
 
 async fn create_sandbox(
     State(app): State<App>,
-    Extension(Parsed(request)): Extension<Parsed<SandboxRequest>>,
+    Extension(who): Extension<Who>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
+    let request: SandboxRequest = parse(&body)?;
     let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
-    let api = api(&app)?;
     let service = app.service.clone();
-    let (view, made) = api
-        .sandboxes
-        .create(&api.environments, request, key, || service.vm_slot())
-        .await?;
-    if made {
-        created(view)
-    } else {
-        ok(view)
+    let (view, made) = finish(async move { service.create_sandbox(&who, request, key).await }).await?;
+    match made {
+        true => self::made(StatusCode::CREATED, &view.id.clone(), view),
+        false => ok(view),
     }
 }
 
@@ -182,47 +165,43 @@ async fn list_sandboxes(
 ) -> Reply {
     let Query(q) = q.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
     let filter = ListFilter::parse(q)?;
-    let tenancy = app.service.tenancy.clone();
-    let mine = move |id: &str| tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id);
     ok(SandboxList {
-        sandboxes: api(&app)?.sandboxes.list(&filter, &mine).await,
+        sandboxes: api(&app)?.sandboxes.list(&who, &filter).await,
     })
 }
 
-async fn checkpoint(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(api(&app)?.sandboxes.checkpoint(&id).await?)
+async fn checkpoint(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+    ok(app.service.checkpoint_sandbox(&who, &id).await?)
 }
 
-async fn reset(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn reset(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.reset(&id).await?)
 }
 
-async fn set_timeout(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn set_timeout(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: TimeoutRequest = parse(&body)?;
     ok(api(&app)?.sandboxes.set_timeout(&id, request).await?)
 }
 
-async fn get_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn get_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.view(&id).await?)
 }
 
-async fn delete_sandbox(State(app): State<App>, Path(id): Path<String>) -> Reply {
+async fn delete_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {
     api(&app)?.sandboxes.delete(&id, "deleted").await?;
-    ok(Deleted { id, deleted: true })
+    ok(Deleted {
+        id: id.to_string(),
+        deleted: true,
+    })
 }
 
-async fn exec(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Reply {
+async fn exec(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: ExecRequest = parse(&body)?;
     let out = api(&app)?.sandboxes.exec(&id, request).await?;
     Ok(axum::Json(out).into_response())
 }
 
-async fn exec_stream(
-    State(app): State<App>,
-    Extension(who): Extension<Who>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Reply {
+async fn exec_stream(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: ExecRequest = parse(&body)?;
     let held = app.service.tenancy.hold(&who)?;
     let rx = api(&app)?.sandboxes.exec_stream(&id, request).await?;
@@ -276,7 +255,7 @@ fn mode_of(mode: Option<&str>) -> Result<u32, ApiError> {
 
 async fn write_file(
     State(app): State<App>,
-    Path(id): Path<String>,
+    Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
     body: Bytes,
 ) -> Reply {
@@ -296,7 +275,7 @@ async fn write_file(
 
 async fn read_file(
     State(app): State<App>,
-    Path(id): Path<String>,
+    Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let q = path_query(query)?;
@@ -306,7 +285,7 @@ async fn read_file(
 
 async fn write_folder(
     State(app): State<App>,
-    Path(id): Path<String>,
+    Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
     body: Bytes,
 ) -> Reply {
@@ -329,7 +308,7 @@ async fn write_folder(
 
 async fn read_folder(
     State(app): State<App>,
-    Path(id): Path<String>,
+    Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let q = path_query(query)?;
@@ -348,7 +327,7 @@ struct ListQuery {
 
 async fn stat(
     State(app): State<App>,
-    Path(id): Path<String>,
+    Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let q = path_query(query)?;
@@ -357,7 +336,7 @@ async fn stat(
 
 async fn entries(
     State(app): State<App>,
-    Path(id): Path<String>,
+    Mine(id): Mine,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let Query(q) =
@@ -367,58 +346,48 @@ async fn entries(
 
 async fn branch(
     State(app): State<App>,
-    Path(id): Path<String>,
-    Extension(Parsed(request)): Extension<Parsed<BranchRequest>>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
+    let request: BranchRequest = parse(if body.is_empty() { b"{}" } else { &body })?;
+    let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
+    let service = app.service.clone();
+    let (answer, made) = finish(async move { service.branch_sandbox(&who, &id, request, key).await }).await?;
+    let first = match &answer {
+        SandboxBranched::One(view) => view.id.clone(),
+        SandboxBranched::Many(list) => list.sandboxes.first().map(|v| v.id.clone()).unwrap_or_default(),
+    };
+    match made {
+        true => self::made(StatusCode::CREATED, &first, answer),
+        false => ok(answer),
+    }
+}
+
+async fn pause(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+    ok(app.service.pause_sandbox(&who, &id).await?)
+}
+
+async fn resume(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+    let service = app.service.clone();
+    ok(finish(async move { service.resume_sandbox(&who, &id).await }).await?)
+}
+
+async fn snapshot(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
     let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
     let service = app.service.clone();
-    let sandboxes = &api(&app)?.sandboxes;
-    let make = async {
-        match request.count {
-            None => Ok(vec![sandboxes.branch(&id, || service.vm_slot()).await?.id]),
-            Some(count) => Ok(sandboxes
-                .branch_many(&id, count, || service.vm_slot())
-                .await?
-                .sandboxes
-                .into_iter()
-                .map(|s| s.id)
-                .collect()),
-        }
-    };
-    let (ids, made) = sandboxes.once(&format!("branch {id}"), key, make).await?;
-    let mut views = Vec::new();
-    for child in &ids {
-        views.push(sandboxes.view(child).await?);
+    let (env, made) = finish(async move { service.snapshot_sandbox(&who, &id, key).await }).await?;
+    match made {
+        true => self::made(StatusCode::CREATED, &env.id.clone(), env),
+        false => ok(env),
     }
-    let answer = match (request.count, views.pop()) {
-        (None, Some(view)) if views.is_empty() => SandboxBranched::One(Box::new(view)),
-        (_, last) => SandboxBranched::Many(SandboxList {
-            sandboxes: views.into_iter().chain(last).collect(),
-        }),
-    };
-    let status = if made { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, axum::Json(answer)).into_response())
-}
-
-async fn pause(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    ok(api(&app)?.sandboxes.pause(&id).await?)
-}
-
-async fn resume(State(app): State<App>, Path(id): Path<String>) -> Reply {
-    let service = app.service.clone();
-    ok(api(&app)?.sandboxes.resume(&id, || service.vm_slot()).await?)
-}
-
-async fn snapshot(State(app): State<App>, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
-    let api = api(&app)?;
-    let key = idempotency_key(&headers)?.map(|k| (k, body_digest(&body)));
-    let make = async { Ok(vec![api.sandboxes.snapshot(&api.environments, &id).await?.id]) };
-    let (ids, made) = api.sandboxes.once(&format!("snapshot {id}"), key, make).await?;
-    let env = api.environments.get(&ids[0], "environment")?.view();
-    let status = if made { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, axum::Json(env)).into_response())
 }
 
 #[cfg(test)]

@@ -14,10 +14,14 @@
 //! service's one book of open forks beside the sessions, with the service's admission (its
 //! memory reserve, `serve.max_sessions` shared with sessions) and auth.
 
+mod calls;
 pub mod contexts;
 pub mod environments;
 pub mod ports;
 pub mod sandboxes;
+mod shown;
+
+pub use shown::EnvironmentId;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,7 +31,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 
 pub use environments::Environments;
-pub use sandboxes::Sandboxes;
+pub use sandboxes::{SandboxId, Sandboxes};
 
 /// `[serve.sandboxes]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -155,6 +159,7 @@ impl SandboxApi {
         settings: &SandboxSection,
         out: &Path,
         host: Arc<engine::Host>,
+        tenancy: Arc<crate::tenancy::Tenancy>,
         forks: crate::state::Forks,
         service_listen: std::net::SocketAddr,
         hold: ports::Hold,
@@ -179,7 +184,15 @@ impl SandboxApi {
         egress::protect(address);
         let ports = Arc::new(ports::Ports::new(address, settings.ports_domain.clone()));
         let environments = Arc::new(Environments::open(host.clone(), settings, &dir)?);
-        let sandboxes = Arc::new(Sandboxes::new(host, forks, ports.clone(), settings, networks, &dir)?);
+        let sandboxes = Arc::new(Sandboxes::new(
+            host,
+            tenancy,
+            forks,
+            ports.clone(),
+            settings,
+            networks,
+            &dir,
+        )?);
         tokio::spawn(ports::serve(
             tokio::net::TcpListener::from_std(listener)?,
             ports.clone(),

@@ -227,6 +227,12 @@ impl Tenancy {
             .map_err(|e| ApiError::quota(&e))
     }
 
+    /// What counts a connection through a sandbox's port against its owner's bound.
+    pub fn port_hold(self: &Arc<Self>) -> crate::sandbox::ports::Hold {
+        let owners = self.clone();
+        Arc::new(move |id: &str| owners.hold_for_sandbox(id).map(|held| Box::new(held) as Box<dyn Send>))
+    }
+
     /// Ends the connections opened with keys revoked or expired since (every second).
     pub async fn end_revoked(self: &Arc<Self>) {
         let this = self.clone();

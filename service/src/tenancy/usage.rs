@@ -109,15 +109,17 @@ impl Service {
         for (kind, id) in &ids {
             mib += match (self.tenancy.memory.get(id), kind, &self.sandbox) {
                 (Some(m), _, _) => m,
-                (None, Kind::Sandbox, Some(api)) => match api.sandboxes.view(id).await {
-                    Ok(view) => {
-                        self.tenancy
-                            .memory
-                            .set(id, u64::from(view.memory_mib), Some(&view.environment));
-                        u64::from(view.memory_mib)
+                (None, Kind::Sandbox, Some(api)) => {
+                    match api.sandboxes.view(&crate::sandbox::SandboxId::trusted(id)).await {
+                        Ok(view) => {
+                            self.tenancy
+                                .memory
+                                .set(id, u64::from(view.memory_mib), Some(&view.environment));
+                            u64::from(view.memory_mib)
+                        }
+                        Err(_) => 0,
                     }
-                    Err(_) => 0,
-                },
+                }
                 _ => self.session_mib(),
             };
         }

@@ -5,15 +5,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{json, Value};
 
 use super::{to_value, Failure, Reset};
-use crate::serve::error::ApiError;
 use crate::serve::http::App;
 use crate::serve::tenancy::Who;
 use service::requests::{ItemRequest, LimitsRequest};
-use tenants::Kind;
+use service::sessions::SessionId;
 
 /// A branch of `parent`, which continues as it is: a reset that also names a task, a seed,
 /// limits, a policy version or metadata is refused.
-pub(super) async fn open_branch(app: &App, who: &Who, parent: &str, reset: &Reset) -> Result<Value, Failure> {
+pub(super) async fn open_branch(
+    app: &App,
+    who: &Who,
+    parent: &str,
+    reset: &Reset,
+) -> Result<(SessionId, Value), Failure> {
     let given = [
         ("suite", reset.suite.is_some()),
         ("task_id", reset.task_id.is_some()),
@@ -31,28 +35,10 @@ pub(super) async fn open_branch(app: &App, who: &Who, parent: &str, reset: &Rese
         ));
     }
     let service = &app.service;
-    // Another tenant's session is one that does not exist.
-    if !service.tenancy.sees(who, Kind::Session, parent) {
-        return Err(ApiError::from(engine::book::Refusal::NoLive(parent.to_string())).into());
-    }
-    let mib = service
-        .tenancy
-        .memory
-        .get(parent)
-        .unwrap_or_else(|| service.session_mib());
-    let _held = service.admit_forks(who, 1, mib).await?;
-    let branched = service.branch(parent).await?;
-    own(app, who, &branched.session_id, &branched.rollout_id, mib)?;
-    Ok(to_value(branched))
-}
-
-/// The session (and its rollout) are the caller's.
-fn own(app: &App, who: &Who, session: &str, rollout: &str, mib: u64) -> Result<(), Failure> {
-    let tenancy = &app.service.tenancy;
-    tenancy.memory.set(session, mib, None);
-    tenancy.own(who.tenant(), Kind::Session, &[session.to_string()])?;
-    tenancy.own(who.tenant(), Kind::Rollout, &[rollout.to_string()])?;
-    Ok(())
+    // Another tenant's session is one that does not exist (the service's own check).
+    let parent = service.resolve_session(who, parent)?;
+    let (id, branched) = service.branch(who, &parent).await?;
+    Ok((id, to_value(branched)))
 }
 
 /// The request for a new session of the reset's task, or else of the suite's tasks in
@@ -105,11 +91,7 @@ pub(super) fn session_request(app: &App, next_task: &AtomicUsize, reset: Reset) 
 }
 
 /// Opens the session `session_request` checked.
-pub(super) async fn open_session(app: &App, who: &Who, request: ItemRequest) -> Result<Value, Failure> {
-    let service = &app.service;
-    let mib = service.session_mib();
-    let _held = service.admit_forks(who, 1, mib).await?;
-    let opened = service.open_session(request).await?;
-    own(app, who, &opened.session_id, &opened.rollout_id, mib)?;
-    Ok(to_value(opened))
+pub(super) async fn open_session(app: &App, who: &Who, request: ItemRequest) -> Result<(SessionId, Value), Failure> {
+    let (id, opened) = app.service.open_session(who, request).await?;
+    Ok((id, to_value(opened)))
 }

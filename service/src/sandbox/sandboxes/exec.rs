@@ -10,7 +10,7 @@ use engine::guest::{CommandEnd, CommandOutput, Output};
 use farm_protocol::Program;
 use serde::Deserialize;
 
-use super::Sandboxes;
+use super::{SandboxId, Sandboxes};
 use crate::bounds;
 use crate::error::{ApiError, ApiResult};
 
@@ -144,7 +144,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/exec`.
-    pub async fn exec(&self, id: &str, request: ExecRequest) -> ApiResult<CommandOutput> {
+    pub async fn exec(&self, id: &SandboxId, request: ExecRequest) -> ApiResult<CommandOutput> {
         let (program, command) = Self::command_of(request, false)?;
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
@@ -158,7 +158,7 @@ impl Sandboxes {
     /// end.
     pub async fn exec_stream(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         request: ExecRequest,
     ) -> ApiResult<tokio::sync::mpsc::Receiver<StreamEvent>> {
         let (program, command) = Self::command_of(request, true)?;

@@ -3,7 +3,7 @@
 
 use farm_protocol::folder::{Entry, EntryKind};
 
-use super::Sandboxes;
+use super::{SandboxId, Sandboxes};
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{EntryView, FileWritten, FolderListing};
 
@@ -41,7 +41,7 @@ fn check_path(path: &str) -> ApiResult<()> {
 
 impl Sandboxes {
     /// `PUT /v1/sandboxes/{id}/files`.
-    pub async fn write_file(&self, id: &str, path: &str, mode: u32, bytes: Vec<u8>) -> ApiResult<FileWritten> {
+    pub async fn write_file(&self, id: &SandboxId, path: &str, mode: u32, bytes: Vec<u8>) -> ApiResult<FileWritten> {
         check_path(path)?;
         let _in_use = self.begin(id);
         let len = bytes.len();
@@ -56,7 +56,7 @@ impl Sandboxes {
     }
 
     /// `GET /v1/sandboxes/{id}/files`.
-    pub async fn read_file(&self, id: &str, path: &str) -> ApiResult<Vec<u8>> {
+    pub async fn read_file(&self, id: &SandboxId, path: &str) -> ApiResult<Vec<u8>> {
         check_path(path)?;
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
@@ -68,7 +68,7 @@ impl Sandboxes {
 
     /// `GET /v1/sandboxes/{id}/stat`: a path's facts, without running a command (a link is
     /// reported as one).
-    pub async fn stat(&self, id: &str, path: &str) -> ApiResult<EntryView> {
+    pub async fn stat(&self, id: &SandboxId, path: &str) -> ApiResult<EntryView> {
         check_path(path)?;
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
@@ -80,7 +80,7 @@ impl Sandboxes {
 
     /// `GET /v1/sandboxes/{id}/entries`: a folder's entries by name, without running a
     /// command.
-    pub async fn list_folder(&self, id: &str, path: &str, max: Option<u64>) -> ApiResult<FolderListing> {
+    pub async fn list_folder(&self, id: &SandboxId, path: &str, max: Option<u64>) -> ApiResult<FolderListing> {
         check_path(path)?;
         let max = max.unwrap_or(DEFAULT_ENTRIES);
         crate::bounds::range("max", max, (1, MAX_ENTRIES), "entries")?;
@@ -97,7 +97,7 @@ impl Sandboxes {
     }
 
     /// `PUT /v1/sandboxes/{id}/folders`: a tar archive unpacked in the guest under `path`.
-    pub async fn write_folder(&self, id: &str, path: &str, archive: Vec<u8>) -> ApiResult<FileWritten> {
+    pub async fn write_folder(&self, id: &SandboxId, path: &str, archive: Vec<u8>) -> ApiResult<FileWritten> {
         check_path(path)?;
         let _in_use = self.begin(id);
         let len = archive.len();
@@ -113,7 +113,7 @@ impl Sandboxes {
     }
 
     /// `GET /v1/sandboxes/{id}/folders`: a tar archive of the folder, made in the guest.
-    pub async fn read_folder(&self, id: &str, path: &str) -> ApiResult<Vec<u8>> {
+    pub async fn read_folder(&self, id: &SandboxId, path: &str) -> ApiResult<Vec<u8>> {
         check_path(path)?;
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;

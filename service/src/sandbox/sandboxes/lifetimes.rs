@@ -9,7 +9,7 @@ use engine::book::{Kind, Timers};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use super::{view, Sandboxes};
+use super::{view, SandboxId, Sandboxes};
 use crate::bounds;
 use crate::error::{ApiError, ApiResult};
 use crate::state::VmSlot;
@@ -90,7 +90,7 @@ impl Sandboxes {
     /// Runs `make` once per idempotency key (`key`: the key and the body's digest) within
     /// `scope` (a route and its sandbox): a retry with the same key and body gets the ids the
     /// first request made, and `false`; a different body is a 422, one still running a 409.
-    pub async fn once(
+    pub(crate) async fn once(
         &self,
         scope: &str,
         key: Option<(String, String)>,
@@ -114,12 +114,13 @@ impl Sandboxes {
         self.made_keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `GET /v1/sandboxes`: those of the caller (`keep`) the filter keeps, oldest first.
-    pub async fn list(&self, filter: &ListFilter, keep: &(dyn Fn(&str) -> bool + Sync)) -> Vec<SandboxView> {
+    /// `GET /v1/sandboxes`: the caller's that the filter keeps, oldest first.
+    pub async fn list(&self, who: &crate::tenancy::Who, filter: &ListFilter) -> Vec<SandboxView> {
         let all = self.forks().all(Kind::Sandbox);
         let mut views = Vec::new();
         // Others' sandboxes are not even locked: a list never waits on their commands.
-        for (_, sandbox) in all.into_iter().filter(|(id, _)| keep(id)) {
+        let mine = |id: &str| self.tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id);
+        for (_, sandbox) in all.into_iter().filter(|(id, _)| mine(id)) {
             let sandbox = view(&*sandbox.lock().await);
             if filter.keeps(&sandbox) {
                 views.push(sandbox);
@@ -130,7 +131,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/timeout`.
-    pub async fn set_timeout(&self, id: &str, request: TimeoutRequest) -> ApiResult<SandboxView> {
+    pub async fn set_timeout(&self, id: &SandboxId, request: TimeoutRequest) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         let opened = self
@@ -167,7 +168,7 @@ impl Sandboxes {
     /// processes are gone (they lived in the guest); its open ports stay open; its last
     /// checkpoint is forgotten (a restart brings it back as a fresh fork of its environment,
     /// which is what it now is).
-    pub async fn reset(&self, id: &str) -> ApiResult<SandboxReset> {
+    pub async fn reset(&self, id: &SandboxId) -> ApiResult<SandboxReset> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         let _in_use = self.begin(id);
@@ -195,7 +196,7 @@ impl Sandboxes {
 
     /// `POST /v1/sandboxes/{id}/branch` with a count: all of them, or none (those made are
     /// deleted when one fails).
-    pub async fn branch_many(
+    pub(crate) async fn branch_many(
         &self,
         id: &str,
         count: u64,
@@ -208,7 +209,9 @@ impl Sandboxes {
                 Ok(child) => made.push(child),
                 Err(e) => {
                     for child in &made {
-                        let _ = self.delete(&child.id, "its branch call failed").await;
+                        let _ = self
+                            .delete(&SandboxId::trusted(&child.id), "its branch call failed")
+                            .await;
                     }
                     return Err(e);
                 }

@@ -91,9 +91,37 @@ fn view(open: &Open) -> SandboxView {
     }
 }
 
+/// A sandbox id its caller owns. The transports get one only from [`Sandboxes::resolve`],
+/// which holds the id to its caller, and every call on a sandbox takes one: a call that skips
+/// the owner check does not compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// One the service made or found for the caller itself (never a caller's raw id).
+    pub(crate) fn trusted(id: &str) -> SandboxId {
+        SandboxId(id.to_string())
+    }
+}
+
+impl std::ops::Deref for SandboxId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The sandbox API's sandboxes, with the service's limits for them.
 pub struct Sandboxes {
     host: Arc<engine::Host>,
+    /// Who owns each sandbox.
+    tenancy: Arc<crate::tenancy::Tenancy>,
     forks: Forks,
     /// Their open ports, closed when they go.
     ports: Arc<super::ports::Ports>,
@@ -112,6 +140,7 @@ pub struct Sandboxes {
 impl Sandboxes {
     pub fn new(
         host: Arc<engine::Host>,
+        tenancy: Arc<crate::tenancy::Tenancy>,
         forks: Forks,
         ports: Arc<super::ports::Ports>,
         settings: &super::SandboxSection,
@@ -124,6 +153,7 @@ impl Sandboxes {
         let _ = std::fs::remove_dir_all(root.join("paused"));
         Ok(Sandboxes {
             host,
+            tenancy,
             forks,
             ports,
             networks,
@@ -134,6 +164,14 @@ impl Sandboxes {
             keys: Mutex::new(Keys::default()),
             made_keys: Mutex::new(Keys::default()),
         })
+    }
+
+    /// The caller's sandbox `id`; another's, or one that never was, is the same 404.
+    pub fn resolve(&self, who: &crate::tenancy::Who, id: &str) -> ApiResult<SandboxId> {
+        match self.tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id) {
+            true => Ok(SandboxId(id.to_string())),
+            false => Err(crate::tenancy::not_found(tenants::Kind::Sandbox, id)),
+        }
     }
 
     fn new_id(&self) -> String {
@@ -177,7 +215,7 @@ impl Sandboxes {
 
     /// `POST /v1/sandboxes`. With an idempotency key, a retry answers with the sandbox the
     /// first request made.
-    pub async fn create(
+    pub(crate) async fn create(
         &self,
         environments: &Environments,
         request: SandboxRequest,
@@ -187,7 +225,7 @@ impl Sandboxes {
         if let Some((key, digest)) = &key {
             let claim = self.keys.lock().unwrap_or_else(|p| p.into_inner()).claim(key, digest);
             match claim.map_err(crate::rollouts::key_refusal)? {
-                Claim::Answered(id) => return Ok((self.view(&id).await?, false)),
+                Claim::Answered(id) => return Ok((self.view(&SandboxId::trusted(&id)).await?, false)),
                 Claim::Claimed => {}
             }
         }
@@ -236,13 +274,13 @@ impl Sandboxes {
         Ok(self.add(open, slot))
     }
 
-    pub async fn view(&self, id: &str) -> ApiResult<SandboxView> {
+    pub async fn view(&self, id: &SandboxId) -> ApiResult<SandboxView> {
         Ok(view(&*self.get(id)?.lock().await))
     }
 
     /// `DELETE /v1/sandboxes/{id}`: its VM stops now (a command running in it ends with an
     /// error).
-    pub async fn delete(&self, id: &str, why: &str) -> ApiResult<()> {
+    pub async fn delete(&self, id: &SandboxId, why: &str) -> ApiResult<()> {
         self.end(id, Ending::Ended(why.to_string()))
             .await
             .ok_or_else(|| ApiError::new(404, format!("no sandbox {id:?}")))
@@ -267,20 +305,20 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/ports`: opens a guest port to clients.
-    pub async fn open_port(&self, id: &str, port: u64) -> ApiResult<crate::wire::PortView> {
+    pub async fn open_port(&self, id: &SandboxId, port: u64) -> ApiResult<crate::wire::PortView> {
         let sandbox = self.get(id)?;
         let opened = self.ports.open(id, port)?;
         self.save_record(&*sandbox.lock().await);
         Ok(opened)
     }
 
-    pub async fn ports(&self, id: &str) -> ApiResult<crate::wire::PortList> {
+    pub async fn ports(&self, id: &SandboxId) -> ApiResult<crate::wire::PortList> {
         self.get(id)?;
         Ok(self.ports.list(id))
     }
 
     /// `DELETE /v1/sandboxes/{id}/ports/{port}`.
-    pub async fn close_port(&self, id: &str, port: u16) -> ApiResult<crate::wire::PortList> {
+    pub async fn close_port(&self, id: &SandboxId, port: u16) -> ApiResult<crate::wire::PortList> {
         let sandbox = self.get(id)?;
         let closed = self.ports.close(id, port);
         self.save_record(&*sandbox.lock().await);
@@ -296,7 +334,7 @@ impl Sandboxes {
 
     /// The guest behind an open port (409 while its sandbox is paused), and a guard that
     /// keeps the sandbox from idling while the connection lasts.
-    pub async fn port_guest(&self, id: &str) -> ApiResult<(Guest, impl Drop + Send + 'static)> {
+    pub(crate) async fn port_guest(&self, id: &str) -> ApiResult<(Guest, impl Drop + Send + 'static)> {
         let in_use = self.begin(id);
         Ok((self.guest(id).await?, in_use))
     }
@@ -364,7 +402,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/branch`: a new sandbox that continues from this one's state.
-    pub async fn branch(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
+    pub(crate) async fn branch(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let sandbox = sandbox.lock().await;
         sandbox
@@ -390,7 +428,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/pause`: saved to disk, its VM stopped, its slot given back.
-    pub async fn pause(&self, id: &str) -> ApiResult<SandboxView> {
+    pub(crate) async fn pause(&self, id: &str) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         let dir = self.checkpoint_dir(&sandbox.id);
@@ -412,7 +450,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state.
-    pub async fn resume(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
+    pub(crate) async fn resume(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         if sandbox.run.paused().is_none() {
@@ -433,7 +471,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/snapshot`: a new environment of this sandbox's state.
-    pub async fn snapshot(&self, environments: &Environments, id: &str) -> ApiResult<EnvironmentView> {
+    pub(crate) async fn snapshot(&self, environments: &Environments, id: &str) -> ApiResult<EnvironmentView> {
         let sandbox = self.get(id)?;
         let sandbox = sandbox.lock().await;
         let live = sandbox
@@ -456,7 +494,7 @@ impl Sandboxes {
     }
 
     /// Removes sandboxes idle past their timeout or past their lifetime.
-    pub async fn expire(&self) {
+    pub(crate) async fn expire(&self) {
         let expired = self.forks().expired(Kind::Sandbox, Instant::now());
         for (id, expiry) in expired {
             let why = match expiry {

@@ -12,7 +12,7 @@ use farm_protocol::Program;
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use super::Sandboxes;
+use super::{SandboxId, Sandboxes};
 use crate::bounds;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{OutputChunk, ProcessList, ProcessView};
@@ -187,7 +187,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/processes`.
-    pub async fn start_process(&self, id: &str, start: ProcessStart) -> ApiResult<ProcessView> {
+    pub async fn start_process(&self, id: &SandboxId, start: ProcessStart) -> ApiResult<ProcessView> {
         let program = match (start.command, start.argv) {
             (Some(c), None) if !c.is_empty() => {
                 bounds::text("command", &c, bounds::COMMAND_BYTES)?;
@@ -231,7 +231,7 @@ impl Sandboxes {
         }
     }
 
-    pub async fn processes(&self, id: &str) -> ApiResult<ProcessList> {
+    pub async fn processes(&self, id: &SandboxId) -> ApiResult<ProcessList> {
         let guest = self.guest(id).await?;
         match guest.processes().await {
             Ok(all) => Ok(ProcessList {
@@ -241,7 +241,7 @@ impl Sandboxes {
         }
     }
 
-    pub async fn process(&self, id: &str, pid: u32) -> ApiResult<ProcessView> {
+    pub async fn process(&self, id: &SandboxId, pid: u32) -> ApiResult<ProcessView> {
         let guest = self.guest(id).await?;
         match guest.process(pid).await {
             Ok(info) => Ok(view(&info)),
@@ -253,7 +253,7 @@ impl Sandboxes {
     /// past it.
     pub async fn process_output(
         &self,
-        id: &str,
+        id: &SandboxId,
         pid: u32,
         stream: Stream,
         offset: u64,
@@ -281,7 +281,7 @@ impl Sandboxes {
     /// Output as the guest keeps it, bytes and all (a terminal's, for its socket).
     pub async fn read_raw(
         &self,
-        id: &str,
+        id: &SandboxId,
         pid: u32,
         stream: Stream,
         offset: u64,
@@ -302,7 +302,7 @@ impl Sandboxes {
     /// Bytes to a process's standard input (a terminal's keys, for its socket): how many it
     /// took. A process that does not read takes what its pipe holds and no more, and the
     /// rest is not written (the caller is told, and may write it again).
-    pub async fn write_raw(&self, id: &str, pid: u32, bytes: Vec<u8>, close: bool) -> ApiResult<u64> {
+    pub async fn write_raw(&self, id: &SandboxId, pid: u32, bytes: Vec<u8>, close: bool) -> ApiResult<u64> {
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
         match guest.write_stdin(pid, bytes, close).await {
@@ -313,7 +313,7 @@ impl Sandboxes {
     }
 
     /// `POST .../processes/{pid}/resize`: a terminal's new size.
-    pub async fn resize(&self, id: &str, pid: u32, size: PtySize) -> ApiResult<ProcessView> {
+    pub async fn resize(&self, id: &SandboxId, pid: u32, size: PtySize) -> ApiResult<ProcessView> {
         let size = term_size(size)?;
         let guest = self.guest(id).await?;
         match guest.resize(pid, size).await {
@@ -323,7 +323,7 @@ impl Sandboxes {
         }
     }
 
-    pub async fn write_stdin(&self, id: &str, pid: u32, write: StdinWrite) -> ApiResult<ProcessView> {
+    pub async fn write_stdin(&self, id: &SandboxId, pid: u32, write: StdinWrite) -> ApiResult<ProcessView> {
         if write.data.len() > MAX_STDIN_BYTES {
             return Err(ApiError::field(
                 400,
@@ -349,7 +349,7 @@ impl Sandboxes {
         self.process(id, pid).await
     }
 
-    pub async fn signal_process(&self, id: &str, pid: u32, signal: SignalSend) -> ApiResult<ProcessView> {
+    pub async fn signal_process(&self, id: &SandboxId, pid: u32, signal: SignalSend) -> ApiResult<ProcessView> {
         let number = match signal.signal {
             Signal::Name(name) => signal_number(&name)?,
             Signal::Number(n) => signal_number(&n.to_string())?,
@@ -362,7 +362,7 @@ impl Sandboxes {
     }
 
     /// `POST .../processes/{pid}/wait`: its handle once it ended, or when `timeout` passed.
-    pub async fn wait_process(&self, id: &str, pid: u32, timeout: f64) -> ApiResult<ProcessView> {
+    pub async fn wait_process(&self, id: &SandboxId, pid: u32, timeout: f64) -> ApiResult<ProcessView> {
         if !(0.0..=MAX_WAIT_SECS).contains(&timeout) {
             return Err(ApiError::field(
                 400,
@@ -399,7 +399,7 @@ impl Sandboxes {
     /// chunks as they come, then the process's end. Ends early when the receiver goes.
     pub async fn follow_output(
         self: &std::sync::Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         pid: u32,
         offsets: [u64; 2],
     ) -> ApiResult<tokio::sync::mpsc::Receiver<FollowEvent>> {
@@ -408,12 +408,12 @@ impl Sandboxes {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let mut readers = Vec::new();
         for (stream, offset) in [(Stream::Stdout, offsets[0]), (Stream::Stderr, offsets[1])] {
-            let (this, tx, id) = (self.clone(), tx.clone(), id.to_string());
+            let (this, tx, id) = (self.clone(), tx.clone(), id.clone());
             readers.push(tokio::spawn(async move {
                 this.follow_stream(&id, pid, stream, offset, &tx).await
             }));
         }
-        let (this, id) = (self.clone(), id.to_string());
+        let (this, id) = (self.clone(), id.clone());
         tokio::spawn(async move {
             let mut complete = true;
             for reader in readers {
@@ -445,7 +445,7 @@ impl Sandboxes {
     /// listening).
     async fn follow_stream(
         &self,
-        id: &str,
+        id: &SandboxId,
         pid: u32,
         stream: Stream,
         mut offset: u64,

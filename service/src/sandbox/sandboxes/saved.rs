@@ -24,7 +24,7 @@ use engine::book::{Kind, Timers};
 use engine::pause::PausedFork;
 use serde::{Deserialize, Serialize};
 
-use super::{view, SandboxFacts, SandboxRequest, Sandboxes};
+use super::{view, SandboxFacts, SandboxId, SandboxRequest, Sandboxes};
 use crate::entries::{Facts, Open};
 use crate::error::{ApiError, ApiResult};
 use crate::sandbox::environments::Environments;
@@ -135,7 +135,7 @@ impl Sandboxes {
     }
 
     /// `POST /v1/sandboxes/{id}/checkpoint`: its state now, kept for a restart; it runs on.
-    pub async fn checkpoint(&self, id: &str) -> ApiResult<SandboxView> {
+    pub(crate) async fn checkpoint(&self, id: &SandboxId) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         if sandbox.run.paused().is_some() {
@@ -160,7 +160,7 @@ impl Sandboxes {
     }
 
     /// Checkpoints every live sandbox whose last checkpoint is older than `every`.
-    pub async fn checkpoint_due(&self, every: Duration) {
+    pub(crate) async fn checkpoint_due(&self, every: Duration) {
         let now = engine::row::now_ms() as u64;
         let all = self.forks().all(Kind::Sandbox);
         for (id, sandbox) in all {
@@ -170,7 +170,7 @@ impl Sandboxes {
                 open.run.live().is_ok() && last.is_none_or(|at| now.saturating_sub(at) >= every.as_millis() as u64)
             };
             if due {
-                if let Err(e) = self.checkpoint(&id).await {
+                if let Err(e) = self.checkpoint(&SandboxId::trusted(&id)).await {
                     tracing::warn!(sandbox = %id, "periodic checkpoint: {}", e.message);
                 }
             }
@@ -180,7 +180,7 @@ impl Sandboxes {
     /// A graceful stop: every live sandbox is paused (a checkpoint as of now) and every
     /// checkpoint stays on disk for the next start. A sandbox whose pause fails keeps its
     /// previous checkpoint.
-    pub async fn shut_down(&self) {
+    pub(crate) async fn shut_down(&self) {
         use futures::StreamExt;
         let all = self.forks().all(Kind::Sandbox);
         tracing::info!("saving {} sandboxes for the next start", all.len());
@@ -215,7 +215,7 @@ impl Sandboxes {
     /// Takes up the sandboxes an earlier process left (each paused), and removes folders no
     /// record names. A record that cannot be taken up is reported and set aside as
     /// `<id>.json.bad`, its folder kept.
-    pub async fn restore(&self, environments: &Environments) {
+    pub(crate) async fn restore(&self, environments: &Environments) {
         let mut named = std::collections::HashSet::new();
         let Ok(entries) = std::fs::read_dir(&self.saved_dir) else {
             return;
