@@ -10,26 +10,11 @@ use std::time::Duration;
 use datasets::{Task, WORKSPACE};
 use sha2::{Digest, Sha256};
 use snapshotter::{Fork, ForkIdentity, Forker, Snapshot, SnapshotStore};
-use vmm::AccelSetting;
 
 use crate::config::{RolloutsSection, Suite, SuiteConfig};
 use crate::host::Host;
+pub use crate::host::{EngineError, HostChoices};
 use crate::policy::Policy;
-
-/// Why the engine could not start or prepare.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("setting up QEMU")]
-    Machine(#[from] vmm::MachineError),
-    #[error("building the suite's template")]
-    Template(#[source] snapshotter::TemplateError),
-    #[error("starting the warm pool")]
-    Pool(#[source] snapshotter::ForkError),
-    #[error("a task snapshot build panicked")]
-    Panicked,
-    #[error(transparent)]
-    Egress(egress::rules::ResolveError),
-}
 
 /// Why a fork of a task's pristine state could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -117,23 +102,6 @@ pub struct Served {
     pub policy_version: Option<u64>,
     /// JSON text.
     pub metadata: Option<String>,
-}
-
-/// How this host runs VMs, as the operator chose.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HostChoices {
-    pub accel: AccelSetting,
-    /// Same-page merging of QEMU's memory (checked by the caller against the host).
-    pub ksm: vmm::Ksm,
-}
-
-impl From<AccelSetting> for HostChoices {
-    fn from(accel: AccelSetting) -> HostChoices {
-        HostChoices {
-            accel,
-            ksm: vmm::Ksm::Off,
-        }
-    }
 }
 
 impl Engine {

@@ -14,7 +14,39 @@ use std::sync::Arc;
 use snapshotter::{Built, Forker, Snapshot, SnapshotStore, TemplateConfig, TemplateError, TemplateExtras, WarmPool};
 use vmm::VmSettings;
 
-use crate::engine::{EngineError, HostChoices};
+use vmm::AccelSetting;
+
+/// Why the engine could not start or prepare.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("setting up QEMU")]
+    Machine(#[from] vmm::MachineError),
+    #[error("building the suite's template")]
+    Template(#[source] snapshotter::TemplateError),
+    #[error("starting the warm pool")]
+    Pool(#[source] snapshotter::ForkError),
+    #[error("a task snapshot build panicked")]
+    Panicked,
+    #[error(transparent)]
+    Egress(egress::rules::ResolveError),
+}
+
+/// How this host runs VMs, as the operator chose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostChoices {
+    pub accel: AccelSetting,
+    /// Same-page merging of QEMU's memory (checked by the caller against the host).
+    pub ksm: vmm::Ksm,
+}
+
+impl From<AccelSetting> for HostChoices {
+    fn from(accel: AccelSetting) -> HostChoices {
+        HostChoices {
+            accel,
+            ksm: vmm::Ksm::Off,
+        }
+    }
+}
 
 /// This host's forker and snapshot store.
 pub struct Host {

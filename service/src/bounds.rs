@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::error::{ApiError, ApiResult};
+use crate::error::ErrorKind;
 
 /// An id a request names (environment, context, sandbox, session, network policy, suite).
 pub const ID_BYTES: usize = 256;
@@ -128,7 +129,11 @@ pub fn argv(field: &str, argv: &[String]) -> ApiResult<()> {
 
 fn past(field: impl Into<String>, bound: String, value: String) -> ApiError {
     let field = field.into();
-    ApiError::field(400, field.clone(), format!("{field} must be {bound}; got {value}"))
+    ApiError::field(
+        ErrorKind::Invalid,
+        field.clone(),
+        format!("{field} must be {bound}; got {value}"),
+    )
 }
 
 /// The bounds as `docs/sandbox-api.md` lists them: (where, field, bound).
@@ -291,7 +296,7 @@ mod tests {
     #[test]
     fn a_value_past_its_bound_names_the_field_the_bound_and_the_value() {
         let e = range("disk_mib", 1_000_000_000_000, SANDBOX_DISK_MIB, "MiB").unwrap_err();
-        assert_eq!((e.status, e.field.as_deref()), (400, Some("disk_mib")));
+        assert_eq!((e.kind, e.field.as_deref()), (ErrorKind::Invalid, Some("disk_mib")));
         assert!(
             e.message.contains("1 to 1048576 MiB") && e.message.contains("1000000000000"),
             "{}",

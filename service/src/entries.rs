@@ -6,7 +6,15 @@ use serde::Serialize;
 
 use engine::session::TaskRun;
 
-use super::requests::Admitted;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::pause::PausedFork;
+use engine::sandbox::SandboxSpec;
+
+use super::requests::{Admitted, SandboxRequest};
+use super::sandbox::environments::{Environment, Ready};
 
 /// A rollout in the queue: when it was admitted, and for which tenant.
 pub struct Queued {
@@ -69,7 +77,7 @@ pub enum Facts {
         task_row: Option<serde_json::Value>,
     },
     /// A sandbox: its settings and lineage.
-    Sandbox(Box<super::sandbox::sandboxes::SandboxFacts>),
+    Sandbox(Box<SandboxFacts>),
 }
 
 impl Open {
@@ -90,14 +98,14 @@ impl Open {
     }
 
     /// A sandbox's facts (the book keeps sessions from the sandbox handlers).
-    pub fn sandbox(&self) -> &super::sandbox::sandboxes::SandboxFacts {
+    pub fn sandbox(&self) -> &SandboxFacts {
         match &self.facts {
             Facts::Sandbox(facts) => facts,
             Facts::Session { .. } => unreachable!("the book keeps sessions from the sandbox handlers"),
         }
     }
 
-    pub fn sandbox_mut(&mut self) -> &mut super::sandbox::sandboxes::SandboxFacts {
+    pub fn sandbox_mut(&mut self) -> &mut SandboxFacts {
         match &mut self.facts {
             Facts::Sandbox(facts) => facts,
             Facts::Session { .. } => unreachable!("the book keeps sessions from the sandbox handlers"),
@@ -120,4 +128,59 @@ impl Open {
             metadata: served.metadata.clone(),
         }
     }
+}
+
+/// What the sandbox API keeps of a sandbox, beside its fork.
+pub struct SandboxFacts {
+    pub settings: Settings,
+    pub created_ms: u64,
+    /// The sandbox it was branched from.
+    pub parent: Option<String>,
+    /// Its last checkpoint (a pause is one), for a restart of the service.
+    pub checkpoint: Option<Checkpoint>,
+}
+
+impl SandboxFacts {
+    pub fn new(settings: Settings, parent: Option<String>) -> SandboxFacts {
+        settings
+            .environment
+            .sandboxes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SandboxFacts {
+            settings,
+            created_ms: engine::row::now_ms() as u64,
+            parent,
+            checkpoint: None,
+        }
+    }
+}
+
+impl Drop for SandboxFacts {
+    fn drop(&mut self) {
+        self.settings
+            .environment
+            .sandboxes
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A sandbox's settings, which its branches share.
+#[derive(Clone)]
+pub struct Settings {
+    pub environment: Arc<Environment>,
+    pub ready: Ready,
+    pub spec: SandboxSpec,
+    pub network_name: Option<String>,
+    pub idle: Duration,
+    pub lifetime: Duration,
+    pub metadata: BTreeMap<String, String>,
+    /// The request it was made with (a restart makes the settings again from it).
+    pub request: SandboxRequest,
+}
+
+/// A sandbox's last checkpoint, held so its folder stays (it is removed when a newer one
+/// replaces it, or when the sandbox goes).
+pub struct Checkpoint {
+    pub fork: Arc<PausedFork>,
+    pub at_ms: u64,
 }

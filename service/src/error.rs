@@ -1,15 +1,72 @@
-//! The failure a call of the service is told about: a status (HTTP's numbers, which every
-//! transport maps), a message and the field it concerns; the HTTP transport answers it as
-//! `{"error": ..., "field": ...}`.
+//! The failure a call of the service is told about: its [`ErrorKind`] (which each transport
+//! maps to its own code, HTTP's in one place), a message and the field it concerns; the HTTP
+//! transport answers it as `{"error": ..., "field": ...}`.
 
 use engine::book::Refusal;
 use engine::session::SessionCallError;
 
-/// A failure a request can be told about: an HTTP status and a message (and the request
-/// field it concerns).
+/// What kind of failure a call met. The service names no transport's codes: the HTTP
+/// transport gives each kind its status (`farm/src/serve/error.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is wrong: a field, a body, a query.
+    Invalid,
+    /// No credentials, or ones that are not live.
+    Unauthenticated,
+    /// Refused whoever asks (a browser's cross-site call).
+    Forbidden,
+    /// No such thing, or one the caller may not see: alike.
+    NotFound,
+    /// A method this route does not serve.
+    MethodNotAllowed,
+    /// Not in its present state: paused, still building, being submitted, cut by a change.
+    Conflict,
+    /// It was there and is gone (its VM died).
+    Gone,
+    /// Past a size the service takes.
+    TooLarge,
+    /// An idempotency key again with another body.
+    Unprocessable,
+    /// Over one of the caller's quotas, or no room on the node now.
+    Busy,
+    /// The service itself failed.
+    Internal,
+    /// The guest failed the request: its VM died, or its agent answered badly.
+    GuestFailed,
+    /// Not now: the service is stopping, or short of memory.
+    Unavailable,
+    /// The guest did not answer the request in time (it goes on).
+    GuestTimeout,
+}
+
+impl ErrorKind {
+    /// Its HTTP status: the one place a kind becomes one (the REST transport's answers, the
+    /// port listener's refusals).
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::Invalid => 400,
+            ErrorKind::Unauthenticated => 401,
+            ErrorKind::Forbidden => 403,
+            ErrorKind::NotFound => 404,
+            ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::Conflict => 409,
+            ErrorKind::Gone => 410,
+            ErrorKind::TooLarge => 413,
+            ErrorKind::Unprocessable => 422,
+            ErrorKind::Busy => 429,
+            ErrorKind::Internal => 500,
+            ErrorKind::GuestFailed => 502,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::GuestTimeout => 504,
+        }
+    }
+}
+
+/// A failure a request can be told about: its kind and a message (and the request field it
+/// concerns).
 #[derive(Debug)]
 pub struct ApiError {
-    pub status: u16,
+    pub kind: ErrorKind,
     pub message: String,
     pub field: Option<String>,
     /// Seconds, for 429.
@@ -21,9 +78,9 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
         ApiError {
-            status,
+            kind,
             message: message.into(),
             field: None,
             retry_after: None,
@@ -41,7 +98,7 @@ impl ApiError {
                 limit: e.limit,
                 used: e.used,
             })),
-            ..ApiError::new(429, e.to_string())
+            ..ApiError::new(ErrorKind::Busy, e.to_string())
         }
     }
 
@@ -53,9 +110,9 @@ impl ApiError {
         }
     }
 
-    pub fn field(status: u16, field: impl Into<String>, message: impl Into<String>) -> ApiError {
+    pub fn field(kind: ErrorKind, field: impl Into<String>, message: impl Into<String>) -> ApiError {
         ApiError {
-            status,
+            kind,
             message: message.into(),
             field: Some(field.into()),
             retry_after: None,
@@ -70,9 +127,9 @@ impl ApiError {
 impl From<Refusal> for ApiError {
     fn from(refusal: Refusal) -> ApiError {
         let status = match refusal {
-            Refusal::Full { .. } => 429,
-            Refusal::NoLive(_) | Refusal::NoneLiveOrPaused(_) => 404,
-            Refusal::BeingSubmitted(_) | Refusal::BeingScored(_) | Refusal::Paused(_) => 409,
+            Refusal::Full { .. } => ErrorKind::Busy,
+            Refusal::NoLive(_) | Refusal::NoneLiveOrPaused(_) => ErrorKind::NotFound,
+            Refusal::BeingSubmitted(_) | Refusal::BeingScored(_) | Refusal::Paused(_) => ErrorKind::Conflict,
         };
         ApiError {
             retry_after: refusal.retryable().then_some(5),
@@ -84,7 +141,7 @@ impl From<Refusal> for ApiError {
 /// The tenants database failed (not the caller's doing): 500.
 impl From<tenants::Error> for ApiError {
     fn from(e: tenants::Error) -> ApiError {
-        ApiError::new(500, format!("the tenants database: {e}"))
+        ApiError::new(ErrorKind::Internal, format!("the tenants database: {e}"))
     }
 }
 
@@ -93,12 +150,31 @@ impl ApiError {
     /// it is paused or when it took its steps.
     pub fn session(id: &str, refusal: SessionCallError) -> ApiError {
         let status = match refusal {
-            SessionCallError::Ended | SessionCallError::NoTask => 404,
-            SessionCallError::Paused | SessionCallError::StepsTaken(_) => 409,
+            SessionCallError::Ended | SessionCallError::NoTask => ErrorKind::NotFound,
+            SessionCallError::Paused | SessionCallError::StepsTaken(_) => ErrorKind::Conflict,
         };
         let what = refusal.to_string();
         let what = what.strip_prefix("the session ").unwrap_or(&what);
         ApiError::new(status, format!("session {id:?} {what}"))
+    }
+}
+
+/// A refused idempotency key, as the caller is told: 409 (retry) while a request with it is
+/// admitted, 422 when it came with another body.
+impl From<engine::idempotency::KeyRefusal> for ApiError {
+    fn from(refusal: engine::idempotency::KeyRefusal) -> ApiError {
+        use engine::idempotency::KeyRefusal;
+        match refusal {
+            KeyRefusal::InProgress => ApiError {
+                retry_after: Some(1),
+                ..ApiError::field(
+                    ErrorKind::Conflict,
+                    "Idempotency-Key",
+                    "a request with this key is being admitted: retry",
+                )
+            },
+            KeyRefusal::OtherBody => ApiError::field(ErrorKind::Unprocessable, "Idempotency-Key", refusal.to_string()),
+        }
     }
 }
 

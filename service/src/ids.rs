@@ -21,6 +21,57 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{}", random_hex())
 }
 
+/// A sandbox id its caller owns. The transports get one only from `Sandboxes::resolve`,
+/// which holds the id to its caller, and every call on a sandbox takes one: a call that skips
+/// the owner check does not compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// One the service made or found for the caller itself (never a caller's raw id).
+    pub(crate) fn trusted(id: &str) -> SandboxId {
+        SandboxId(id.to_string())
+    }
+}
+
+impl std::ops::Deref for SandboxId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A session id its caller owns: made only by `Service::resolve_session` and by the calls
+/// that open a session, so no call on a session can skip its owner check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionId(String);
+
+impl SessionId {
+    /// One the service made or found itself (never a caller's raw id).
+    pub(crate) fn trusted(id: &str) -> SessionId {
+        SessionId(id.to_string())
+    }
+}
+
+impl std::ops::Deref for SessionId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

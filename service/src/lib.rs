@@ -22,6 +22,7 @@ pub mod error;
 pub mod forks;
 pub mod ids;
 pub mod paused;
+pub mod quotas;
 pub mod requests;
 pub mod restore;
 pub mod rollouts;
@@ -32,6 +33,6 @@ pub mod tenancy;
 pub mod wire;
 
 pub use config::{load_config, resolve_counts, ServeSection};
-pub use error::{ApiError, ApiResult};
+pub use error::{ApiError, ApiResult, ErrorKind};
 pub use requests::is_record as is_request_record;
 pub use state::Service;

@@ -28,8 +28,10 @@ use serde::{Deserialize, Serialize};
 use super::entries::{Facts, Open};
 use super::requests::Record;
 use super::wire::{PausedView, SessionList, SessionView};
-use crate::sessions::SessionId;
-use crate::state::{ApiError, ApiResult, Service};
+use crate::error::ErrorKind;
+use crate::error::{ApiError, ApiResult};
+use crate::ids::SessionId;
+use crate::state::Service;
 use crate::tenancy::Who;
 
 /// `session.json`.
@@ -186,7 +188,7 @@ impl Service {
         }
         if self.forks().any(id, Kind::Session).is_err() {
             return Err(ApiError::new(
-                409,
+                ErrorKind::Conflict,
                 format!("session {id:?} is being submitted and scored: it cannot be paused"),
             ));
         }
@@ -201,7 +203,10 @@ impl Service {
         let file = SessionFile::of(&session);
         let pending = session.run.pause(&dir).await.map_err(|e| match e {
             SessionPauseError::Refused(e) => ApiError::session(id, e),
-            e => ApiError::new(503, format!("pausing session {id:?} failed: {}", engine::describe(&e))),
+            e => ApiError::new(
+                ErrorKind::Unavailable,
+                format!("pausing session {id:?} failed: {}", engine::describe(&e)),
+            ),
         })?;
         // The folder is complete before the journal says so; the VM stops only after that.
         let path = dir.join("session.json");
@@ -222,7 +227,7 @@ impl Service {
         if let Err(e) = journaled {
             pending.cancel().await;
             return Err(ApiError::new(
-                500,
+                ErrorKind::Internal,
                 format!("recording the pause of session {id:?}: {e}"),
             ));
         }
@@ -247,11 +252,12 @@ impl Service {
         }
         let slot = self.vm_slot()?;
         let mut session = handle.lock().await;
-        let pending = session
-            .run
-            .resume()
-            .await
-            .map_err(|e| ApiError::new(503, format!("resuming session {id:?} failed: {}", engine::describe(&e))))?;
+        let pending = session.run.resume().await.map_err(|e| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!("resuming session {id:?} failed: {}", engine::describe(&e)),
+            )
+        })?;
         let Some(pending) = pending else {
             return Ok(self.describe(id, &session));
         };
@@ -260,7 +266,12 @@ impl Service {
                 session_id: id.to_string(),
             })
             .await
-            .map_err(|e| ApiError::new(500, format!("recording the resume of session {id:?}: {e}")))?;
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorKind::Internal,
+                    format!("recording the resume of session {id:?}: {e}"),
+                )
+            })?;
         pending.commit();
         slot.taken(); // the session's now (`resume` takes the reservation)
         self.forks().resume(id, Instant::now());
@@ -306,7 +317,7 @@ impl Service {
                 tracing::info!(session_id = %id, "paused session removed after serve.paused_retention_secs");
                 let _ = self
                     .end_session(
-                        &super::sessions::SessionId::trusted(&id),
+                        &super::ids::SessionId::trusted(&id),
                         "paused past serve.paused_retention_secs",
                     )
                     .await;

@@ -1,11 +1,14 @@
 //! What callers send `farm serve` (request bodies, parsed strictly) and what the service
 //! journals about them (`requests.jsonl`, read back on restart).
 
+use std::collections::BTreeMap;
+
 use engine::config::{Action, PolicyConfig, RolloutsSection};
 use serde::{Deserialize, Serialize};
 
 use super::bounds;
 use super::error::{ApiError, ApiResult};
+use crate::error::ErrorKind;
 
 /// `POST /v1/rollouts` body.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -60,7 +63,7 @@ impl ItemRequest {
             let bytes = task.to_string().len();
             if bytes > bounds::TASK_BYTES {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     at("task"),
                     format!(
                         "{} must be at most {} bytes of JSON; got {bytes} bytes",
@@ -77,14 +80,14 @@ impl ItemRequest {
     pub fn check_session(&self) -> Result<(), ApiError> {
         if self.policy.is_some() {
             return Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 "policy",
                 "a session takes no policy: the caller acts in it",
             ));
         }
         if self.n.is_some() {
             return Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 "n",
                 "a session is one environment (branch it for more)",
             ));
@@ -113,12 +116,12 @@ impl LimitsRequest {
             match asked {
                 None => Ok(max),
                 Some(0) => Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     at(&format!("limits.{name}")),
                     "must be at least 1",
                 )),
                 Some(v) if v > max => Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     at(&format!("limits.{name}")),
                     format!("{v} is above the suite's limit of {max}"),
                 )),
@@ -273,6 +276,86 @@ pub fn metadata_text(metadata: Option<&serde_json::Value>, field: &str) -> ApiRe
     Ok(Some(text))
 }
 
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxRequest {
+    pub environment: String,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub network: Option<String>,
+    #[serde(default)]
+    pub disk_mib: Option<u64>,
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub lifetime_secs: Option<u64>,
+    #[serde(default)]
+    pub cpus: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl SandboxRequest {
+    /// The fields that need nothing of the service: their bounds, variable names, paths,
+    /// the user, sizes.
+    pub fn check(&self) -> ApiResult<()> {
+        let request = self;
+        bounds::text("environment", &request.environment, bounds::ID_BYTES)?;
+        bounds::variables("env", &request.env)?;
+        for k in request.env.keys() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    format!("env.{k}"),
+                    "not a variable name",
+                ));
+            }
+        }
+        if let Some(dir) = &request.workdir {
+            bounds::text("workdir", dir, bounds::PATH_BYTES)?;
+            if !dir.starts_with('/') {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "workdir",
+                    "must be an absolute guest path",
+                ));
+            }
+        }
+        if let Some(user) = &request.user {
+            bounds::text("user", user, bounds::USER_BYTES)?;
+            if user.is_empty() || user.contains(|c: char| c.is_whitespace() || c == '\0') {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "user",
+                    "must be a user name, UID or UID:GID",
+                ));
+            }
+        }
+        if let Some(network) = &request.network {
+            bounds::text("network", network, bounds::ID_BYTES)?;
+        }
+        if let Some(disk) = request.disk_mib {
+            bounds::range("disk_mib", disk, bounds::SANDBOX_DISK_MIB, "MiB")?;
+        }
+        if let Some(cpus) = request.cpus {
+            bounds::range("cpus", cpus, bounds::CPUS, "vCPUs")?;
+        }
+        if let Some(memory) = request.memory_mib {
+            bounds::range("memory_mib", memory, bounds::MEMORY_MIB, "MiB")?;
+        }
+        bounds::string_metadata("metadata", &request.metadata)?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,8 +382,8 @@ mod tests {
         .apply(&suite, &at)
         .unwrap_err();
         assert_eq!(
-            (above.status, above.field.as_deref()),
-            (400, Some("items[0].limits.timeout_secs"))
+            (above.kind, above.field.as_deref()),
+            (ErrorKind::Invalid, Some("items[0].limits.timeout_secs"))
         );
         let zero = LimitsRequest {
             step_timeout_secs: Some(0),

@@ -12,8 +12,9 @@ use super::entries::{Entry, Phase};
 use super::requests::{metadata_text, Admitted, Record, SubmitRequest};
 use super::tenancy::Who;
 use super::wire::{Cancelled, CancelledCount, Group, RolloutView, Submitted};
+use crate::error::ErrorKind;
 use crate::state::{suite_of, ApiError, ApiResult, Queued, Service};
-use engine::idempotency::{Claim, KeyRefusal};
+use engine::idempotency::Claim;
 
 /// Bytes of rows one `/v1/results` answer carries at most (at least one row).
 const RESULTS_MAX_BYTES: u64 = 64 << 20;
@@ -35,7 +36,11 @@ impl Service {
             return Ok(answer);
         }
         if request.items.is_empty() {
-            return Err(ApiError::field(400, "items", "must hold at least one item"));
+            return Err(ApiError::field(
+                ErrorKind::Invalid,
+                "items",
+                "must hold at least one item",
+            ));
         }
         super::bounds::count("items", request.items.len(), super::bounds::SUBMIT_ITEMS, "items")?;
         let (planned, admitted, response) = self.plan_items(&request).await?;
@@ -88,11 +93,11 @@ impl Service {
     ) -> ApiResult<Option<serde_json::Value>> {
         let mut inner = self.lock();
         if self.stopping.load(Ordering::SeqCst) {
-            return Err(ApiError::new(503, "the service is shutting down"));
+            return Err(ApiError::new(ErrorKind::Unavailable, "the service is shutting down"));
         }
         if let Some(key) = idempotency_key {
             // A retry with the same key may have been admitted while this one prepared.
-            match inner.idempotency.claim(key, body_digest).map_err(key_refusal)? {
+            match inner.idempotency.claim(key, body_digest).map_err(ApiError::from)? {
                 Claim::Answered(answer) => return Ok(Some(answer)),
                 Claim::Claimed => {}
             }
@@ -118,7 +123,7 @@ impl Service {
             return Err(ApiError {
                 retry_after: Some((per_slot as u64).clamp(1, 60)),
                 ..ApiError::new(
-                    429,
+                    ErrorKind::Busy,
                     format!(
                         "the queue holds {waiting} rollouts (serve.queue_limit {}); {} more do not fit: retry later",
                         self.settings.queue_limit, count
@@ -147,7 +152,7 @@ impl Service {
         if let Some(key) = &idempotency_key {
             inner.idempotency.settle(key, &body_digest, answer);
         }
-        journaled.map_err(|e| ApiError::new(500, format!("journaling the request: {e}")))?;
+        journaled.map_err(|e| ApiError::new(ErrorKind::Internal, format!("journaling the request: {e}")))?;
         let stopping = self.stopping.load(Ordering::SeqCst);
         let mut cancelled = Vec::new();
         for p in planned {
@@ -181,7 +186,10 @@ impl Service {
     /// The answer a request with this key already got, if any.
     fn answered_before(&self, key: Option<&str>, body_digest: &str) -> ApiResult<Option<serde_json::Value>> {
         let Some(key) = key else { return Ok(None) };
-        self.lock().idempotency.answered(key, body_digest).map_err(key_refusal)
+        self.lock()
+            .idempotency
+            .answered(key, body_digest)
+            .map_err(ApiError::from)
     }
 
     /// Each item's rollouts: the task (an inline one gets its snapshot), the policy over the
@@ -195,7 +203,7 @@ impl Service {
             let n = item.n.unwrap_or(1);
             if n == 0 || n > self.settings.max_samples_per_item {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     at("n"),
                     format!(
                         "must be 1 to {} (serve.max_samples_per_item)",
@@ -278,7 +286,7 @@ impl Service {
                 .recorder
                 .read_lines(cursor, max, RESULTS_MAX_BYTES)
                 .await
-                .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
+                .map_err(|e| ApiError::new(ErrorKind::Internal, format!("reading the journal: {e}")))?;
             let next = cursor + lines.len();
             scanned += lines.len();
             let own = self.own_rows(who, cursor, lines);
@@ -320,7 +328,7 @@ impl Service {
             .rollouts
             .get(id)
             .cloned()
-            .ok_or_else(|| ApiError::new(404, format!("no rollout {id:?}")))?;
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no rollout {id:?}")))?;
         let mut out = RolloutView {
             rollout_id: id.to_string(),
             group_id: entry.group_id.clone(),
@@ -334,7 +342,7 @@ impl Service {
                 .recorder
                 .read_lines(cursor, 1, u64::MAX)
                 .await
-                .map_err(|e| ApiError::new(500, format!("reading the journal: {e}")))?;
+                .map_err(|e| ApiError::new(ErrorKind::Internal, format!("reading the journal: {e}")))?;
             if let Some(line) = line.first() {
                 out.row = serde_json::from_slice(line).ok();
             }
@@ -408,10 +416,10 @@ impl Service {
             .rollouts
             .get(id)
             .map(|e| e.phase)
-            .ok_or_else(|| ApiError::new(404, format!("no rollout {id:?}")))?;
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no rollout {id:?}")))?;
         if phase == Phase::Session {
             return Err(ApiError::new(
-                409,
+                ErrorKind::Conflict,
                 format!("rollout {id:?} is a live session: DELETE /v1/sessions/{{id}} ends it"),
             ));
         }
@@ -449,7 +457,7 @@ fn item_policy(
 ) -> ApiResult<Arc<Policy>> {
     let asked = item.policy.as_ref().ok_or_else(|| {
         ApiError::field(
-            400,
+            ErrorKind::Invalid,
             at("policy"),
             "missing: the policy that acts (its keys override the suite's [policy])",
         )
@@ -459,24 +467,8 @@ fn item_policy(
         .config
         .policy
         .for_request(asked)
-        .map_err(|e| ApiError::field(400, at(&format!("policy.{}", e.key)), e.message))?;
+        .map_err(|e| ApiError::field(ErrorKind::Invalid, at(&format!("policy.{}", e.key)), e.message))?;
     let policy = Policy::build(&state.suite, &config, PolicyOrigin::Request)
-        .map_err(|e| ApiError::field(400, at("policy"), e.to_string()))?;
+        .map_err(|e| ApiError::field(ErrorKind::Invalid, at("policy"), e.to_string()))?;
     Ok(Arc::new(policy))
-}
-
-/// A refused idempotency key, as the caller is told: 409 (retry) while a request with it is
-/// admitted, 422 when it came with another body.
-pub fn key_refusal(refusal: KeyRefusal) -> ApiError {
-    match refusal {
-        KeyRefusal::InProgress => ApiError {
-            retry_after: Some(1),
-            ..ApiError::field(
-                409,
-                "Idempotency-Key",
-                "a request with this key is being admitted: retry",
-            )
-        },
-        KeyRefusal::OtherBody => ApiError::field(422, "Idempotency-Key", refusal.to_string()),
-    }
 }

@@ -20,33 +20,13 @@ use super::entries::{Entry, Facts, Open, Phase};
 use super::requests::metadata_text;
 use super::requests::{ItemRequest, Record};
 use super::wire::{Branched, McpAccess, SessionEnded, SessionOpened, SessionScored, Stepped};
-use crate::state::{ApiError, ApiResult, InUse, Service, VmSlot};
+use crate::error::{ApiError, ApiResult};
+use crate::forks::{InUse, VmSlot};
+use crate::state::Service;
 use crate::tenancy::Who;
 
-/// A session id its caller owns: made only by [`Service::resolve_session`] and by the calls
-/// that open a session, so no call on a session can skip its owner check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionId(String);
-
-impl SessionId {
-    /// One the service made or found itself (never a caller's raw id).
-    pub(crate) fn trusted(id: &str) -> SessionId {
-        SessionId(id.to_string())
-    }
-}
-
-impl std::ops::Deref for SessionId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for SessionId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+use crate::error::ErrorKind;
+pub use crate::ids::SessionId;
 
 impl Service {
     /// Memory for one more VM at the measured cost, past the reserve; or 503 with the figures.
@@ -57,7 +37,7 @@ impl Service {
         super::admission::check(&host, self.settings.memory_reserve_percent, self.vm_cost.current()).map_err(|why| {
             ApiError {
                 retry_after: Some(5),
-                ..ApiError::new(503, why.to_string())
+                ..ApiError::new(ErrorKind::Unavailable, why.to_string())
             }
         })
     }
@@ -80,7 +60,7 @@ impl Service {
                 rollout: admitted.clone(),
             })
             .await
-            .map_err(|e| ApiError::new(500, format!("journaling the session: {e}")))?;
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("journaling the session: {e}")))?;
         {
             let mut inner = self.lock();
             inner.rollouts.insert(
@@ -99,7 +79,7 @@ impl Service {
             let _ = self
                 .end_session(&SessionId::trusted(&id), "the service shut down")
                 .await;
-            return Err(ApiError::new(503, "the service is shutting down"));
+            return Err(ApiError::new(ErrorKind::Unavailable, "the service is shutting down"));
         }
         Ok(())
     }
@@ -107,7 +87,7 @@ impl Service {
     /// The caller's session `id`; another's, or one that never was, is the same 404.
     pub fn resolve_session(&self, who: &Who, id: &str) -> ApiResult<SessionId> {
         match self.tenancy.owns(who.tenant(), tenants::Kind::Session, id) {
-            true => Ok(SessionId(id.to_string())),
+            true => Ok(SessionId::trusted(id)),
             false => Err(crate::tenancy::not_found(tenants::Kind::Session, id)),
         }
     }
@@ -126,7 +106,7 @@ impl Service {
         tenancy.memory.set(session, mib, None);
         tenancy.own(who.tenant(), tenants::Kind::Session, &[session.to_string()])?;
         tenancy.own(who.tenant(), tenants::Kind::Rollout, &[rollout.to_string()])?;
-        Ok(SessionId(session.to_string()))
+        Ok(SessionId::trusted(session))
     }
 
     /// `POST /v1/sessions` (and OpenEnv's reset): a session of the caller's, within its
@@ -169,7 +149,7 @@ impl Service {
             .await
             .map_err(|end| {
                 ApiError::new(
-                    503,
+                    ErrorKind::Unavailable,
                     format!("opening the session failed: {}", end.error().unwrap_or_default()),
                 )
             })?;
@@ -228,12 +208,16 @@ impl Service {
         if let Some(host) = engine::sizing::HostMemory::probe() {
             super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError {
                 retry_after: Some(5),
-                ..ApiError::new(503, why.to_string())
+                ..ApiError::new(ErrorKind::Unavailable, why.to_string())
             })?;
         }
         super::requests::check_action(&action)?;
         if timeout_secs == Some(0) {
-            return Err(ApiError::field(400, "timeout_secs", "must be at least 1"));
+            return Err(ApiError::field(
+                ErrorKind::Invalid,
+                "timeout_secs",
+                "must be at least 1",
+            ));
         }
         let session = self.session(id)?;
         // Not idle while the step runs, however long it takes.
@@ -293,7 +277,7 @@ impl Service {
             .map_err(|e| match e {
                 SessionBranchError::Refused(e) => ApiError::session(id, e),
                 e => ApiError::new(
-                    503,
+                    ErrorKind::Unavailable,
                     format!("branching session {id:?} failed: {}", engine::describe(&e)),
                 ),
             })?;
@@ -329,7 +313,10 @@ impl Service {
         let session = self.session(id)?;
         // From here on, expiry, DELETE and shutdown leave this session to finish.
         if !self.forks().begin_submit(id) {
-            return Err(ApiError::new(409, format!("session {id:?} is being submitted")));
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("session {id:?} is being submitted"),
+            ));
         }
         let mut session = session.lock().await;
         let engine = self.engine_of(&session);
@@ -365,7 +352,7 @@ impl Service {
                 reason: reason.to_string(),
             })
             .await
-            .map_err(|e| ApiError::new(500, format!("journaling the session's end: {e}")))?;
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("journaling the session's end: {e}")))?;
         self.drop_session(id, Phase::Done);
         Ok(SessionEnded {
             session_id: id.to_string(),

@@ -31,6 +31,7 @@ pub use super::error::{ApiError, ApiResult};
 pub use super::forks::{Forks, InUse, VmSlot};
 use super::requests::{read_records, Record};
 use super::ServeSection;
+use crate::error::ErrorKind;
 
 /// One suite the service serves.
 pub struct SuiteState {
@@ -114,7 +115,7 @@ impl Service {
         let default_suite = (states.len() == 1).then(|| states.keys().next().cloned()).flatten();
         let forks: Forks = Default::default();
         let sandbox = if settings.sandboxes.enabled {
-            let hold = tenancy.port_hold();
+            let hold = super::sandbox::held_by_owner(&tenancy);
             Some(super::sandbox::SandboxApi::start(
                 &settings.sandboxes,
                 out,
@@ -312,7 +313,7 @@ impl Service {
             None => {
                 let names: Vec<&str> = self.suites.keys().map(String::as_str).collect();
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     field,
                     format!("several suites are served ({}): name one", names.join(", ")),
                 ));
@@ -320,26 +321,34 @@ impl Service {
         };
         match self.suites.get_key_value(name) {
             Some((k, v)) => Ok((k.as_str(), v)),
-            None => Err(ApiError::field(404, field, format!("no suite {name:?} is served"))),
+            None => Err(ApiError::field(
+                ErrorKind::NotFound,
+                field,
+                format!("no suite {name:?} is served"),
+            )),
         }
     }
 
     fn task(&self, suite: &SuiteState, task_id: &str, field: &str) -> ApiResult<(Arc<Task>, Arc<Snapshot>)> {
         let task = suite.tasks.get(task_id).ok_or_else(|| {
             ApiError::field(
-                404,
+                ErrorKind::NotFound,
                 field,
                 format!("no task {task_id:?} in suite {:?}", suite.engine.suite_name),
             )
         })?;
         match suite.snapshots.get(task_id) {
             Some(TaskSnapshot::Ready(s)) => Ok((task.clone(), s.clone())),
-            Some(TaskSnapshot::Failed(e)) => {
-                Err(ApiError::field(409, field, format!("task {task_id:?} cannot run: {e}")))
-            }
-            Some(TaskSnapshot::Pending) | None => {
-                Err(ApiError::field(500, field, format!("task {task_id:?} has no snapshot")))
-            }
+            Some(TaskSnapshot::Failed(e)) => Err(ApiError::field(
+                ErrorKind::Conflict,
+                field,
+                format!("task {task_id:?} cannot run: {e}"),
+            )),
+            Some(TaskSnapshot::Pending) | None => Err(ApiError::field(
+                ErrorKind::Internal,
+                field,
+                format!("task {task_id:?} has no snapshot"),
+            )),
         }
     }
 
@@ -360,7 +369,7 @@ impl Service {
 
     pub fn check_admitting(&self) -> ApiResult<()> {
         if self.stopping.load(Ordering::SeqCst) {
-            return Err(ApiError::new(503, "the service is shutting down"));
+            return Err(ApiError::new(ErrorKind::Unavailable, "the service is shutting down"));
         }
         Ok(())
     }
@@ -378,25 +387,33 @@ impl Service {
             (Some(id), None) => self.task(suite, id, &at("task_id")),
             (None, Some(value)) => {
                 let task = datasets::task_from_json(value.clone())
-                    .map_err(|e| ApiError::field(400, at("task"), format!("not a task: {e}")))?;
+                    .map_err(|e| ApiError::field(ErrorKind::Invalid, at("task"), format!("not a task: {e}")))?;
                 if suite.engine.config.scoring.external.is_empty() && !task.is_scorable() {
-                    return Err(ApiError::field(400, at("task"), "the task has neither a test command nor an expected answer, and the suite sets no scoring.external"));
+                    return Err(ApiError::field(ErrorKind::Invalid, at("task"), "the task has neither a test command nor an expected answer, and the suite sets no scoring.external"));
                 }
                 let task = Arc::new(task);
                 let snapshots = suite
                     .engine
                     .prepare(std::slice::from_ref(&task), 1, &|_: &str| {})
                     .await
-                    .map_err(|e| ApiError::new(500, e.to_string()))?;
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
                 match snapshots.get(&task.id) {
                     Some(TaskSnapshot::Ready(s)) => Ok((task.clone(), s.clone())),
-                    Some(TaskSnapshot::Failed(e)) => Err(ApiError::field(422, at("task"), e.clone())),
-                    Some(TaskSnapshot::Pending) | None => Err(ApiError::field(500, at("task"), "no snapshot was made")),
+                    Some(TaskSnapshot::Failed(e)) => {
+                        Err(ApiError::field(ErrorKind::Unprocessable, at("task"), e.clone()))
+                    }
+                    Some(TaskSnapshot::Pending) | None => {
+                        Err(ApiError::field(ErrorKind::Internal, at("task"), "no snapshot was made"))
+                    }
                 }
             }
-            (Some(_), Some(_)) => Err(ApiError::field(400, at("task"), "give task_id or task, not both")),
+            (Some(_), Some(_)) => Err(ApiError::field(
+                ErrorKind::Invalid,
+                at("task"),
+                "give task_id or task, not both",
+            )),
             (None, None) => Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 at("task_id"),
                 "missing: give task_id (a served task) or task (an inline task)",
             )),
@@ -445,7 +462,7 @@ impl Service {
         let sessions = self.forks().endable_ids(Kind::Session);
         for id in sessions {
             let _ = self
-                .end_session(&super::sessions::SessionId::trusted(&id), "the service shut down")
+                .end_session(&super::ids::SessionId::trusted(&id), "the service shut down")
                 .await;
         }
         if let Some(api) = &self.sandbox {

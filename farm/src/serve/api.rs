@@ -21,6 +21,7 @@ use super::tenancy::Who;
 use axum::Extension;
 use service::requests::{CancelBelow, ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
 use service::state::Service;
+use service::ErrorKind;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
@@ -49,11 +50,14 @@ pub fn router(service: Arc<Service>) -> Router {
         .merge(super::openenv::routes())
         .fallback(|| async {
             HttpError::from(ApiError::new(
-                404,
+                ErrorKind::NotFound,
                 "no such endpoint (see docs/serve.md and docs/sandbox-api.md)",
             ))
         })
-        .layer(middleware::from_fn_with_state(app.clone(), super::tenancy::layer))
+        .layer(middleware::from_fn_with_state(
+            app.service.clone(),
+            super::tenancy::layer,
+        ))
         .with_state(app)
 }
 
@@ -116,13 +120,17 @@ async fn results(
     headers: HeaderMap,
     query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
-    let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
+    let Query(q) = query.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
     if q.max == 0 || q.max > 10_000 {
-        return Err(HttpError::from(ApiError::field(400, "max", "must be 1 to 10000")));
+        return Err(HttpError::from(ApiError::field(
+            ErrorKind::Invalid,
+            "max",
+            "must be 1 to 10000",
+        )));
     }
     if !(0.0..=300.0).contains(&q.wait) {
         return Err(HttpError::from(ApiError::field(
-            400,
+            ErrorKind::Invalid,
             "wait",
             "must be 0 to 300 seconds",
         )));
@@ -156,7 +164,7 @@ async fn results(
 
 /// Rows as one Arrow IPC stream with the Parquet schema.
 fn arrow_stream(service: &Service, lines: &[(usize, Vec<u8>)]) -> Result<Vec<u8>, ApiError> {
-    let internal = |e: String| ApiError::new(500, e);
+    let internal = |e: String| ApiError::new(ErrorKind::Internal, e);
     let rows: Vec<engine::row::Row> = lines
         .iter()
         .map(|(_, l)| serde_json::from_slice(l))

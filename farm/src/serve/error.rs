@@ -22,10 +22,22 @@ impl IntoResponse for HttpError {
     }
 }
 
+/// A refusal the transport makes by itself with a status of its own (a WebSocket upgrade's),
+/// answered as every failure is.
+pub fn refuse(status: StatusCode, message: String) -> Response {
+    let body = service::wire::ErrorBody {
+        error: message,
+        field: None,
+        quota: None,
+    };
+    (status, axum::Json(body)).into_response()
+}
+
 /// In a failure's answer: what the middleware may need of it (the tenancy layer tells a 429
 /// about the caller's own quota from one about the node).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Refused {
+    pub kind: service::ErrorKind,
     pub quota: bool,
     pub field: Option<String>,
     pub retry_after: Option<u64>,
@@ -33,9 +45,10 @@ pub struct Refused {
 
 /// The answer of a failure.
 pub fn respond(e: ApiError) -> Response {
-    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status = StatusCode::from_u16(e.kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, axum::Json(e.body())).into_response();
     response.extensions_mut().insert(Refused {
+        kind: e.kind,
         quota: e.quota.is_some(),
         field: e.field.clone(),
         retry_after: e.retry_after,

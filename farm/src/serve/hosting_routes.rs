@@ -19,6 +19,7 @@ use axum::Extension;
 use service::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, SignalSend, StdinWrite};
 use service::sandbox::SandboxApi;
 use service::wire::StreamError;
+use service::ErrorKind;
 
 pub(super) fn routes() -> Router<App> {
     Router::new()
@@ -44,7 +45,7 @@ fn api(app: &App) -> Result<&SandboxApi, ApiError> {
 fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -> Result<T, ApiError> {
     query
         .map(|Query(q)| q)
-        .map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))
+        .map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))
 }
 
 async fn start(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
@@ -129,8 +130,13 @@ async fn follow(
 
 /// A path's pid, or a 400 naming it.
 fn pid_of(text: &str) -> Result<u32, ApiError> {
-    text.parse()
-        .map_err(|_| ApiError::field(400, "pid", format!("{text:?} is not a process id (a number)")))
+    text.parse().map_err(|_| {
+        ApiError::field(
+            ErrorKind::Invalid,
+            "pid",
+            format!("{text:?} is not a process id (a number)"),
+        )
+    })
 }
 
 fn encode(value: &impl serde::Serialize) -> String {
@@ -199,6 +205,6 @@ async fn ports(State(app): State<App>, Mine(id): Mine) -> Reply {
 async fn close_port(State(app): State<App>, Mine(id): Mine, Path((_, port)): Path<(String, String)>) -> Reply {
     let port: u16 = port
         .parse()
-        .map_err(|_| ApiError::field(400, "port", format!("{port:?} is not a port (1-65535)")))?;
+        .map_err(|_| ApiError::field(ErrorKind::Invalid, "port", format!("{port:?} is not a port (1-65535)")))?;
     ok(api(&app)?.sandboxes.close_port(&id, port).await?)
 }

@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use service::state::Service;
+use service::ErrorKind;
 
 #[derive(Clone)]
 pub(super) struct App {
@@ -20,20 +21,6 @@ pub(super) type Reply = Result<Response, super::error::HttpError>;
 
 pub(super) fn ok(value: impl serde::Serialize) -> Reply {
     Ok(axum::Json(value).into_response())
-}
-
-/// A 400 when a path segment is longer than an id may be.
-pub(super) fn id_bounds(path: &str) -> Option<ApiError> {
-    let segment = path.split('/').find(|s| s.len() > service::bounds::ID_BYTES)?;
-    Some(ApiError::field(
-        400,
-        "id",
-        format!(
-            "a path's id must be at most {} bytes; got {} bytes",
-            service::bounds::ID_BYTES,
-            segment.len()
-        ),
-    ))
 }
 
 /// The path's sandbox (`{id}`), held to the caller: another tenant's and one that never was
@@ -48,26 +35,22 @@ impl axum::extract::FromRequestParts<App> for Mine {
         use axum::extract::Path;
         let Path(params) = Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, app)
             .await
-            .map_err(|e| ApiError::new(400, e.body_text()))?;
+            .map_err(|e| ApiError::new(ErrorKind::Invalid, e.body_text()))?;
         let id = params
             .get("id")
-            .ok_or_else(|| ApiError::new(500, "a sandbox route without {id}"))?;
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "a sandbox route without {id}"))?;
         let who = parts
             .extensions
             .get::<super::tenancy::Who>()
-            .ok_or_else(|| ApiError::new(500, "a route outside the tenancy layer"))?;
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "a route outside the tenancy layer"))?;
         Ok(Mine(app.service.sandbox_api()?.sandboxes.resolve(who, id)?))
     }
 }
 
-/// In an answer's extensions: the first id the call made (for the audit).
-#[derive(Debug, Clone)]
-pub(super) struct Made(pub String);
-
 /// An answer with a status, marked with the id it made.
 pub(super) fn made(status: axum::http::StatusCode, id: &str, value: impl serde::Serialize) -> Reply {
     let mut response = (status, axum::Json(value)).into_response();
-    response.extensions_mut().insert(Made(id.to_string()));
+    response.extensions_mut().insert(super::tenancy::Made(id.to_string()));
     Ok(response)
 }
 
@@ -75,7 +58,7 @@ pub(super) fn made(status: axum::http::StatusCode, id: &str, value: impl serde::
 pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     super::strict::parse(body).map_err(|e| ApiError {
         field: e.path,
-        ..ApiError::new(400, format!("bad request body: {}", e.message))
+        ..ApiError::new(ErrorKind::Invalid, format!("bad request body: {}", e.message))
     })
 }
 
@@ -86,7 +69,13 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
             v.to_str()
                 .ok()
                 .filter(|k| !k.is_empty() && k.len() <= 256)
-                .ok_or_else(|| ApiError::field(400, "Idempotency-Key", "must be 1 to 256 visible ASCII characters"))?
+                .ok_or_else(|| {
+                    ApiError::field(
+                        ErrorKind::Invalid,
+                        "Idempotency-Key",
+                        "must be 1 to 256 visible ASCII characters",
+                    )
+                })?
                 .to_string(),
         )),
         None => Ok(None),
@@ -98,49 +87,17 @@ pub(super) fn body_digest(body: &[u8]) -> String {
     Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Whether a request may act, by its `Origin`: absent (not a browser), or the very host the
-/// request was sent to when that host is an IP address or `localhost`. Browsers send
-/// `Origin` on every cross-site POST and WebSocket upgrade, which CORS does not stop (a form
-/// can POST JSON-looking text; WebSockets have no preflight), and a page that rebinds its
-/// own DNS name to the service's address sends that name as both `Origin` and `Host`: so a
-/// browser may reach the service by address only. Clients that are not browsers send no
-/// `Origin` and are not affected.
-pub(super) fn origin_allowed(headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return true;
-    };
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-    let origin = origin.to_str().unwrap_or("");
-    let origin_host = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))
-        .unwrap_or("");
-    !host.is_empty() && origin_host.eq_ignore_ascii_case(host) && is_address(host)
-}
-
-/// `host[:port]` names an IP address (`[v6]` too) or `localhost`, not a DNS name.
-fn is_address(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(h, port)| {
-            if port.bytes().all(|b| b.is_ascii_digit()) {
-                h
-            } else {
-                host
-            }
-        }),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
-}
-
 /// Runs a session call to its end even if the client hangs up meanwhile: a command the guest
 /// runs is then still a recorded step, and a submit still scores and writes its row.
 pub(super) async fn finish<T: Send + 'static>(
     call: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::spawn(call)
-        .await
-        .unwrap_or_else(|e| Err(ApiError::new(500, format!("the request's task failed: {e}"))))
+    tokio::spawn(call).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            ErrorKind::Internal,
+            format!("the request's task failed: {e}"),
+        ))
+    })
 }
 
 /// An answer of server-sent events: each of `rx`'s items as `event` makes it (with whether it
@@ -171,33 +128,4 @@ pub(super) fn sse<T: Send + 'static>(
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
         .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn origin_must_be_the_host_itself() {
-        let mut h = HeaderMap::new();
-        assert!(origin_allowed(&h), "no Origin: not a browser");
-        h.insert(header::HOST, "127.0.0.1:8080".parse().unwrap());
-        h.insert(header::ORIGIN, "http://127.0.0.1:8080".parse().unwrap());
-        assert!(origin_allowed(&h));
-        h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
-        assert!(!origin_allowed(&h));
-        h.insert(header::ORIGIN, "null".parse().unwrap());
-        assert!(!origin_allowed(&h));
-        h.insert(header::ORIGIN, "http://127.0.0.1:8080.evil.example".parse().unwrap());
-        assert!(!origin_allowed(&h));
-        // DNS rebinding: the attacker's name as both Origin and Host.
-        h.insert(header::HOST, "evil.example:8080".parse().unwrap());
-        h.insert(header::ORIGIN, "http://evil.example:8080".parse().unwrap());
-        assert!(!origin_allowed(&h));
-        for host in ["localhost:8765", "[::1]:8765", "10.1.2.3", "[fe80::1]"] {
-            h.insert(header::HOST, host.parse().unwrap());
-            h.insert(header::ORIGIN, format!("http://{host}").parse().unwrap());
-            assert!(origin_allowed(&h), "{host}");
-        }
-    }
 }

@@ -27,6 +27,7 @@ use axum::Extension;
 use engine::config::Action;
 use service::requests::{ExecRequest, SubmitSessionRequest, WriteFileRequest};
 use service::sessions::SessionId;
+use service::ErrorKind;
 
 /// Protocol revisions this server speaks; a client asking for another gets the newest.
 const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -211,7 +212,7 @@ async fn message(
         Ok(id)
     });
     let id = match known.map_err(|e| {
-        if e.status == 404 {
+        if e.kind == ErrorKind::NotFound {
             not_found(tenants::Kind::Session, &id)
         } else {
             e
@@ -220,7 +221,7 @@ async fn message(
         Ok(id) => id,
         Err(e) => {
             return rpc_error(
-                StatusCode::from_u16(e.status).unwrap_or(StatusCode::NOT_FOUND),
+                StatusCode::from_u16(e.kind.http_status()).unwrap_or(StatusCode::NOT_FOUND),
                 request_id,
                 INVALID_REQUEST,
                 e.message,
@@ -358,7 +359,7 @@ fn result(text: String, structured: Value, is_error: bool) -> Value {
 fn tool_failed(e: ApiError) -> Value {
     result(
         e.message.clone(),
-        json!({ "error": e.message, "status": e.status }),
+        json!({ "error": e.message, "status": e.kind.http_status() }),
         true,
     )
 }
@@ -410,7 +411,7 @@ async fn call(app: &App, id: &SessionId, params: &Value) -> Result<Value, BadCal
 /// bad argument; any other failure (an ended session, its step limit) is the tool's, told
 /// to the model.
 fn failed(tool: &str, e: ApiError) -> Result<Value, BadCall> {
-    if e.status == 400 && e.field.is_some() {
+    if e.kind == ErrorKind::Invalid && e.field.is_some() {
         Err(BadCall::Refused {
             tool: tool.to_string(),
             error: e,

@@ -38,6 +38,7 @@ use service::sessions::SessionId;
 
 mod open;
 use open::{open_branch, open_session, session_request};
+use service::ErrorKind;
 
 /// Largest message a client may send (a `write_file` carries the file).
 const MAX_MESSAGE: usize = 16 << 20;
@@ -60,11 +61,10 @@ pub(super) fn routes() -> Router<App> {
                         Ok(ws) => ws
                             .max_message_size(MAX_MESSAGE)
                             .on_upgrade(move |socket| connection(socket, app, who, next_task, held)),
-                        Err(e) => ApiError::new(
-                            e.status().as_u16(),
+                        Err(e) => crate::serve::error::refuse(
+                            e.status(),
                             format!("{} (OpenEnv's socket: connect with a WebSocket client, e.g. openenv's GenericEnvClient)", e.body_text()),
-                        )
-                        .into_response(),
+                        ),
                     }
                 }
             }),
@@ -168,13 +168,13 @@ impl Failure {
 
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Failure {
-        let code = match e.status {
+        let code = match e.kind {
             _ if e.field.is_some() => "VALIDATION_ERROR",
-            400 | 422 => "VALIDATION_ERROR",
+            ErrorKind::Invalid | ErrorKind::Unprocessable => "VALIDATION_ERROR",
             // Full (sessions, memory): worth a retry later.
-            429 => "CAPACITY_REACHED",
-            503 if e.retry_after.is_some() => "CAPACITY_REACHED",
-            404 | 409 | 410 => "SESSION_ERROR",
+            ErrorKind::Busy => "CAPACITY_REACHED",
+            ErrorKind::Unavailable if e.retry_after.is_some() => "CAPACITY_REACHED",
+            ErrorKind::NotFound | ErrorKind::Conflict | ErrorKind::Gone => "SESSION_ERROR",
             _ => "EXECUTION_ERROR",
         };
         let message = match e.field {
@@ -323,7 +323,7 @@ async fn connection(
 fn read_request(app: &App, who: &Who, text: &str) -> Result<Request, (Value, bool)> {
     if let Err(e) = app.service.tenancy.admit_message(who) {
         let reply = error_reply(&Failure::new("EXECUTION_ERROR", e.message.clone()));
-        return Err((reply, e.status == 401));
+        return Err((reply, e.kind == ErrorKind::Unauthenticated));
     }
     super::strict::parse::<Request>(text.as_bytes()).map_err(|e| {
         let code = match super::strict::parse::<Value>(text.as_bytes()) {
@@ -585,7 +585,7 @@ async fn step(app: &App, holding: &Holding, conn: &mut Conn, data: Value) -> Res
 
 /// A failed step; when the session is gone (expired, deleted), the episode is done.
 fn gone(holding: &Holding, conn: &mut Conn, e: ApiError) -> Failure {
-    if e.status == 404 {
+    if e.kind == ErrorKind::NotFound {
         conn.done = true;
         holding.lock().unwrap().take();
     }
@@ -620,26 +620,29 @@ mod tests {
 
     #[test]
     fn service_failures_map_to_openenv_codes() {
-        let f: Failure = ApiError::field(400, "task_id", "no task").into();
+        let f: Failure = ApiError::field(ErrorKind::Invalid, "task_id", "no task").into();
         assert_eq!((f.code, f.message.as_str()), ("VALIDATION_ERROR", "task_id: no task"));
         assert_eq!(
-            Failure::from(ApiError::new(429, "at serve.max_sessions")).code,
+            Failure::from(ApiError::new(ErrorKind::Busy, "at serve.max_sessions")).code,
             "CAPACITY_REACHED"
         );
         let low_memory = ApiError {
             retry_after: Some(5),
-            ..ApiError::new(503, "memory")
+            ..ApiError::new(ErrorKind::Unavailable, "memory")
         };
         assert_eq!(Failure::from(low_memory).code, "CAPACITY_REACHED");
         // A VM that did not boot is no reason to come back later.
         assert_eq!(
-            Failure::from(ApiError::new(503, "opening the session failed")).code,
+            Failure::from(ApiError::new(ErrorKind::Unavailable, "opening the session failed")).code,
             "EXECUTION_ERROR"
         );
         assert_eq!(
-            Failure::from(ApiError::field(404, "task_id", "no task")).code,
+            Failure::from(ApiError::field(ErrorKind::NotFound, "task_id", "no task")).code,
             "VALIDATION_ERROR"
         );
-        assert_eq!(Failure::from(ApiError::new(404, "gone")).code, "SESSION_ERROR");
+        assert_eq!(
+            Failure::from(ApiError::new(ErrorKind::NotFound, "gone")).code,
+            "SESSION_ERROR"
+        );
     }
 }

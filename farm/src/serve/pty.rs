@@ -29,6 +29,7 @@ use axum::Extension;
 use service::sandbox::sandboxes::processes::{ProcessStart, PtySize, Signal, SignalSend};
 use service::sandbox::sandboxes::Sandboxes;
 use service::sandbox::SandboxId;
+use service::ErrorKind;
 
 /// A client that reads nothing for this long is disconnected (its program runs on).
 pub const STALLED: Duration = Duration::from_secs(60);
@@ -118,21 +119,27 @@ async fn start(
     q: Result<Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
-    let ws = ws.map_err(|e| {
-        ApiError::new(
-            e.status().as_u16(),
-            format!(
+    let Query(q) = q.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => {
+            let why = format!(
                 "{} (a terminal is a WebSocket: connect with a WebSocket client)",
                 e.body_text()
-            ),
-        )
-    })?;
+            );
+            return Ok(crate::serve::error::refuse(e.status(), why));
+        }
+    };
     let sandboxes = app
         .service
         .sandbox
         .as_ref()
-        .ok_or_else(|| ApiError::new(404, "the sandbox API is off here (serve.sandboxes.enabled = false)"))?
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::NotFound,
+                "the sandbox API is off here (serve.sandboxes.enabled = false)",
+            )
+        })?
         .sandboxes
         .clone();
     let size = match (q.rows, q.cols) {
@@ -167,7 +174,7 @@ async fn process_of(
         Some(pid) => {
             if q.command.is_some() || q.cwd.is_some() || q.user.is_some() || q.keep {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "pid",
                     "attaching to a process takes rows, cols and offset only",
                 ));
@@ -175,7 +182,7 @@ async fn process_of(
             let process = sandboxes.process(id, pid).await?;
             if !process.pty {
                 return Err(ApiError::field(
-                    409,
+                    ErrorKind::Conflict,
                     "pid",
                     format!("process {pid} has no terminal: start it with pty, or read its output"),
                 ));
@@ -187,7 +194,11 @@ async fn process_of(
         }
         None => {
             if q.offset.is_some() {
-                return Err(ApiError::field(400, "offset", "offset is for attaching (with pid)"));
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "offset",
+                    "offset is for attaching (with pid)",
+                ));
             }
             let started = sandboxes
                 .start_process(
@@ -304,7 +315,7 @@ impl Terminal {
                         .await
                         .map(|_| ()),
                     Err(e) => Err(ApiError::new(
-                        400,
+                        ErrorKind::Invalid,
                         format!(
                             "a text message is JSON: {{\"type\":\"resize\",\"rows\":R,\"cols\":C}} or {{\"type\":\"input\",\"data\":\"...\"}}: {e}"
                         ),
@@ -343,7 +354,7 @@ impl Terminal {
                 wait = Duration::from_millis(50);
             } else if since.elapsed() >= STALLED {
                 return Err(ApiError::new(
-                    409,
+                    ErrorKind::Conflict,
                     format!(
                         "the terminal's program read none of its input for {} s: {} bytes of keys were not delivered",
                         STALLED.as_secs(),

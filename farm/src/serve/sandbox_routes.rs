@@ -22,6 +22,7 @@ use service::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutR
 use service::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use service::sandbox::SandboxApi;
 use service::wire::{Deleted, SandboxBranched, SandboxList, StreamData, StreamError};
+use service::ErrorKind;
 
 /// An event's data, as JSON text.
 fn encode(value: &impl serde::Serialize) -> String {
@@ -78,7 +79,7 @@ async fn upload_context(State(app): State<App>, Extension(who): Extension<Who>, 
     let max = api(&app)?.environments.contexts.max_bytes();
     if body.len() as u64 > max {
         return Err(HttpError::from(ApiError::new(
-            413,
+            ErrorKind::TooLarge,
             format!(
                 "the context is larger than {} MiB (serve.sandboxes.max_context_mib)",
                 max >> 20
@@ -128,10 +129,10 @@ async fn environment_logs(
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
     let id = app.service.resolve_environment(&who, &id)?;
-    let Query(q) = query.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
+    let Query(q) = query.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
     if !(0.0..=300.0).contains(&q.wait) {
         return Err(HttpError::from(ApiError::field(
-            400,
+            ErrorKind::Invalid,
             "wait",
             "must be 0 to 300 seconds",
         )));
@@ -163,7 +164,7 @@ async fn list_sandboxes(
     Extension(who): Extension<Who>,
     q: Result<Query<BTreeMap<String, String>>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
-    let Query(q) = q.map_err(|e| ApiError::new(400, format!("bad query: {}", e.body_text())))?;
+    let Query(q) = q.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
     let filter = ListFilter::parse(q)?;
     ok(SandboxList {
         sandboxes: api(&app)?.sandboxes.list(&who, &filter).await,
@@ -233,7 +234,7 @@ fn path_query(
 ) -> Result<PathQuery, ApiError> {
     query.map(|Query(q)| q).map_err(|e| {
         ApiError::field(
-            400,
+            ErrorKind::Invalid,
             "path",
             format!("bad query: {} (give ?path=/absolute/guest/path)", e.body_text()),
         )
@@ -246,7 +247,7 @@ fn mode_of(mode: Option<&str>) -> Result<u32, ApiError> {
     match u32::from_str_radix(digits, 8) {
         Ok(m) if m <= 0o7777 => Ok(m),
         _ => Err(ApiError::field(
-            400,
+            ErrorKind::Invalid,
             "mode",
             "must be an octal file mode (e.g. 644 or 0755)",
         )),
@@ -263,7 +264,7 @@ async fn write_file(
     let mode = mode_of(q.mode.as_deref())?;
     if body.len() as u64 > MAX_FILE_BYTES {
         return Err(HttpError::from(ApiError::new(
-            413,
+            ErrorKind::TooLarge,
             format!("a file upload is at most {} MiB", MAX_FILE_BYTES >> 20),
         )));
     }
@@ -292,14 +293,14 @@ async fn write_folder(
     let q = path_query(query)?;
     if q.mode.is_some() {
         return Err(HttpError::from(ApiError::field(
-            400,
+            ErrorKind::Invalid,
             "mode",
             "a folder's modes come from its archive",
         )));
     }
     if body.len() > MAX_FOLDER_UPLOAD {
         return Err(HttpError::from(ApiError::new(
-            413,
+            ErrorKind::TooLarge,
             format!("a folder upload is at most {} MiB", MAX_FOLDER_UPLOAD >> 20),
         )));
     }
@@ -339,8 +340,12 @@ async fn entries(
     Mine(id): Mine,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Reply {
-    let Query(q) =
-        query.map_err(|e| ApiError::new(400, format!("bad query: {} (path=/a/folder&max=N)", e.body_text())))?;
+    let Query(q) = query.map_err(|e| {
+        ApiError::new(
+            ErrorKind::Invalid,
+            format!("bad query: {} (path=/a/folder&max=N)", e.body_text()),
+        )
+    })?;
     ok(api(&app)?.sandboxes.list_folder(&id, &q.path, q.max).await?)
 }
 

@@ -9,7 +9,7 @@
 //! `service::sessions::SessionId`, `Service::resolve_environment`, ...).
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use sha2::{Digest, Sha256};
@@ -18,24 +18,27 @@ use service::bounds::ID_BYTES;
 pub use service::tenancy::*;
 
 use crate::serve::error::{ApiError, Refused, Respond};
-use crate::serve::http::{App, Made};
+use service::ErrorKind;
 
-pub(in crate::serve) async fn layer(State(app): State<App>, mut request: Request, next: Next) -> Response {
-    if !crate::serve::http::origin_allowed(request.headers()) {
+pub(in crate::serve) async fn layer(
+    State(service): State<std::sync::Arc<service::Service>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if !origin_allowed(request.headers()) {
         return ApiError::new(
-            403,
+            ErrorKind::Forbidden,
             "a browser page may reach this service only at its address, from a page it serves (Origin and Host differ, or Host is a DNS name)",
         )
         .into_response();
     }
     if request.method() == Method::HEAD {
         // A HEAD's length would be the unfiltered answer's.
-        return ApiError::new(405, "HEAD is not served: use GET").into_response();
+        return ApiError::new(ErrorKind::MethodNotAllowed, "HEAD is not served: use GET").into_response();
     }
-    let service = app.service.clone();
     let tenancy = &service.tenancy;
     let path = request.uri().path().to_string();
-    if let Some(bounds) = crate::serve::http::id_bounds(&path) {
+    if let Some(bounds) = id_bounds(&path) {
         return bounds.into_response();
     }
     let authorization = request
@@ -94,16 +97,17 @@ fn path_id(path: &str) -> Option<String> {
 /// (live forks, queue length, free memory) are every tenant's work: a tenant other than
 /// `default` is told that the node has no room, with the same `Retry-After`.
 fn node_refusal(who: &Who, response: Response) -> Response {
-    let status = response.status().as_u16();
-    if who.profile.is_default() || !matches!(status, 429 | 503) {
+    if who.profile.is_default() {
         return response;
     }
-    let refused = response.extensions().get::<Refused>().cloned().unwrap_or_default();
-    if refused.quota {
+    let Some(refused) = response.extensions().get::<Refused>().cloned() else {
+        return response;
+    };
+    if refused.quota || !matches!(refused.kind, ErrorKind::Busy | ErrorKind::Unavailable) {
         return response;
     }
     let mut error = ApiError::new(
-        status,
+        refused.kind,
         "this node, shared by several tenants, has no room now: retry later",
     );
     error.field = refused.field;
@@ -127,14 +131,93 @@ fn scope_idempotency_key(who: &Who, headers: &mut axum::http::HeaderMap) {
     );
 }
 
+/// In an answer's extensions: the first id the call made (for the audit).
+#[derive(Debug, Clone)]
+pub(in crate::serve) struct Made(pub String);
+
+/// A 400 when a path segment is longer than an id may be.
+fn id_bounds(path: &str) -> Option<ApiError> {
+    let segment = path.split('/').find(|s| s.len() > service::bounds::ID_BYTES)?;
+    Some(ApiError::field(
+        ErrorKind::Invalid,
+        "id",
+        format!(
+            "a path's id must be at most {} bytes; got {} bytes",
+            service::bounds::ID_BYTES,
+            segment.len()
+        ),
+    ))
+}
+
+/// Whether a request may act, by its `Origin`: absent (not a browser), or the very host the
+/// request was sent to when that host is an IP address or `localhost`. Browsers send
+/// `Origin` on every cross-site POST and WebSocket upgrade, which CORS does not stop (a form
+/// can POST JSON-looking text; WebSockets have no preflight), and a page that rebinds its
+/// own DNS name to the service's address sends that name as both `Origin` and `Host`: so a
+/// browser may reach the service by address only. Clients that are not browsers send no
+/// `Origin` and are not affected.
+fn origin_allowed(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let origin = origin.to_str().unwrap_or("");
+    let origin_host = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .unwrap_or("");
+    !host.is_empty() && origin_host.eq_ignore_ascii_case(host) && is_address(host)
+}
+
+/// `host[:port]` names an IP address (`[v6]` too) or `localhost`, not a DNS name.
+fn is_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn the_audit_names_the_paths_id() {
         assert_eq!(super::path_id("/v1/sandboxes/sb-1/exec").as_deref(), Some("sb-1"));
         assert_eq!(super::path_id("/v1/environments/env-2").as_deref(), Some("env-2"));
         for none in ["/v1/sandboxes", "/v1/capacity", "/metrics", "/v1/sandboxes/"] {
             assert_eq!(super::path_id(none), None, "{none}");
+        }
+    }
+
+    #[test]
+    fn origin_must_be_the_host_itself() {
+        let mut h = HeaderMap::new();
+        assert!(origin_allowed(&h), "no Origin: not a browser");
+        h.insert(header::HOST, "127.0.0.1:8080".parse().unwrap());
+        h.insert(header::ORIGIN, "http://127.0.0.1:8080".parse().unwrap());
+        assert!(origin_allowed(&h));
+        h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+        assert!(!origin_allowed(&h));
+        h.insert(header::ORIGIN, "null".parse().unwrap());
+        assert!(!origin_allowed(&h));
+        h.insert(header::ORIGIN, "http://127.0.0.1:8080.evil.example".parse().unwrap());
+        assert!(!origin_allowed(&h));
+        // DNS rebinding: the attacker's name as both Origin and Host.
+        h.insert(header::HOST, "evil.example:8080".parse().unwrap());
+        h.insert(header::ORIGIN, "http://evil.example:8080".parse().unwrap());
+        assert!(!origin_allowed(&h));
+        for host in ["localhost:8765", "[::1]:8765", "10.1.2.3", "[fe80::1]"] {
+            h.insert(header::HOST, host.parse().unwrap());
+            h.insert(header::ORIGIN, format!("http://{host}").parse().unwrap());
+            assert!(origin_allowed(&h), "{host}");
         }
     }
 }

@@ -10,6 +10,7 @@ use tenants::Kind;
 use super::sandboxes::lifetimes::BranchRequest;
 use super::sandboxes::{SandboxId, SandboxRequest};
 use super::SandboxApi;
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::state::Service;
 use crate::tenancy::usage::Pending;
@@ -23,9 +24,12 @@ const MAX_COUNTED_BRANCHES: u64 = 64;
 impl Service {
     /// The sandbox API, or a 404 when it is off.
     pub fn sandbox_api(&self) -> ApiResult<&SandboxApi> {
-        self.sandbox
-            .as_ref()
-            .ok_or_else(|| ApiError::new(404, "the sandbox API is off here (serve.sandboxes.enabled = false)"))
+        self.sandbox.as_ref().ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::NotFound,
+                "the sandbox API is off here (serve.sandboxes.enabled = false)",
+            )
+        })
     }
 
     /// `POST /v1/sandboxes`: its environment must be the caller's (and look built to it), its
@@ -137,11 +141,15 @@ impl Service {
         let owners = self.tenancy.owners.of(Kind::Environment, env);
         match owners.iter().find(|o| o.tenant == who.tenant()) {
             None => {
-                return Err(ApiError::field(404, "environment", format!("no environment {env:?}")));
+                return Err(ApiError::field(
+                    ErrorKind::NotFound,
+                    "environment",
+                    format!("no environment {env:?}"),
+                ));
             }
             Some(owner) if !self.looks_built(env, owner) => {
                 return Err(ApiError::field(
-                    409,
+                    ErrorKind::Conflict,
                     "environment",
                     format!("environment {env} is still building (GET /v1/environments/{env}/logs)"),
                 ));
@@ -152,7 +160,7 @@ impl Service {
             if !who.profile.may_use_network(network) {
                 let granted: Vec<&str> = who.profile.grants.iter().map(String::as_str).collect();
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "network",
                     format!(
                         "no network policy {network:?} is granted to tenant {} (granted: {}; farm tenant grant)",

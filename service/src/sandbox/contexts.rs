@@ -12,6 +12,7 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 
 /// Most entries one context may have.
@@ -71,7 +72,7 @@ impl Contexts {
             Ok(dir)
         } else {
             Err(ApiError::field(
-                404,
+                ErrorKind::NotFound,
                 field,
                 format!("no uploaded context {id:?} (POST the tar archive to /v1/contexts first)"),
             ))
@@ -87,7 +88,7 @@ impl Contexts {
         let (root, max_bytes, name) = (self.root.clone(), self.max_bytes, id.clone());
         tokio::task::spawn_blocking(move || unpack(&root, &name, &archive, max_bytes))
             .await
-            .map_err(|e| ApiError::new(500, format!("unpacking the context: {e}")))?
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("unpacking the context: {e}")))?
             .map(|(files, bytes)| Uploaded {
                 context: id,
                 files,
@@ -98,7 +99,7 @@ impl Contexts {
 
 fn too_large(max: u64) -> ApiError {
     ApiError::new(
-        413,
+        ErrorKind::TooLarge,
         format!(
             "the context is larger than {} MiB (serve.sandboxes.max_context_mib)",
             max >> 20
@@ -131,7 +132,7 @@ fn unpack(root: &Path, name: &str, archive: &[u8], max_bytes: u64) -> ApiResult<
         Ok(()) => Ok(counts),
         // Another upload of the same archive finished first.
         Err(_) if dest.is_dir() => Ok(counts),
-        Err(e) => Err(ApiError::new(500, format!("storing the context: {e}"))),
+        Err(e) => Err(ApiError::new(ErrorKind::Internal, format!("storing the context: {e}"))),
     });
     let _ = std::fs::remove_dir_all(&staging);
     renamed
@@ -139,8 +140,9 @@ fn unpack(root: &Path, name: &str, archive: &[u8], max_bytes: u64) -> ApiResult<
 
 fn unpack_into(staging: &Path, archive: &[u8], max_bytes: u64) -> ApiResult<(usize, u64)> {
     use std::os::unix::fs::PermissionsExt;
-    let bad = |what: String| ApiError::field(400, "body", format!("not a build context: {what}"));
-    std::fs::create_dir_all(staging).map_err(|e| ApiError::new(500, format!("creating the context: {e}")))?;
+    let bad = |what: String| ApiError::field(ErrorKind::Invalid, "body", format!("not a build context: {what}"));
+    std::fs::create_dir_all(staging)
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("creating the context: {e}")))?;
     let mut tar = tar::Archive::new(archive);
     let (mut files, mut bytes, mut entries) = (0usize, 0u64, 0usize);
     for entry in tar
@@ -218,7 +220,8 @@ fn count(dir: &Path) -> ApiResult<(usize, u64)> {
     let (mut files, mut bytes) = (0, 0);
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| ApiError::new(500, format!("reading the context: {e}")))?;
+        let entries = std::fs::read_dir(&d)
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("reading the context: {e}")))?;
         for entry in entries.flatten() {
             match entry.metadata() {
                 Ok(m) if m.is_dir() => stack.push(entry.path()),
@@ -287,7 +290,7 @@ mod tests {
             ("not a tar", b"hello".to_vec()),
         ] {
             let e = contexts.upload(bad).await.unwrap_err();
-            assert_eq!(e.status, 400, "{name}: {}", e.message);
+            assert_eq!(e.kind, ErrorKind::Invalid, "{name}: {}", e.message);
         }
         assert!(!dir.path().parent().unwrap().join("escape").exists());
         // Nothing half-made is left: one context folder, no staging.
@@ -297,7 +300,10 @@ mod tests {
             .collect();
         assert_eq!(left.len(), 1);
         let big = archive(&[("big", tar::EntryType::Regular, &vec![0u8; 2 << 20])]);
-        assert_eq!(contexts.upload(big).await.unwrap_err().status, 413);
-        assert_eq!(contexts.folder("ctx-../../etc", "c").unwrap_err().status, 404);
+        assert_eq!(contexts.upload(big).await.unwrap_err().kind, ErrorKind::TooLarge);
+        assert_eq!(
+            contexts.folder("ctx-../../etc", "c").unwrap_err().kind,
+            ErrorKind::NotFound
+        );
     }
 }

@@ -17,6 +17,7 @@
 mod calls;
 pub mod contexts;
 pub mod environments;
+mod listener;
 pub mod ports;
 pub mod sandboxes;
 mod shown;
@@ -31,6 +32,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 
 pub use environments::Environments;
+pub use listener::{held_by_owner, Hold};
 pub use sandboxes::{SandboxId, Sandboxes};
 
 /// `[serve.sandboxes]`.
@@ -160,9 +162,9 @@ impl SandboxApi {
         out: &Path,
         host: Arc<engine::Host>,
         tenancy: Arc<crate::tenancy::Tenancy>,
-        forks: crate::state::Forks,
+        forks: crate::forks::Forks,
         service_listen: std::net::SocketAddr,
-        hold: ports::Hold,
+        hold: listener::Hold,
     ) -> Result<SandboxApi> {
         let dir: PathBuf = out.join("sandboxes");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -193,7 +195,7 @@ impl SandboxApi {
             networks,
             &dir,
         )?);
-        tokio::spawn(ports::serve(
+        tokio::spawn(listener::serve(
             tokio::net::TcpListener::from_std(listener)?,
             ports.clone(),
             sandboxes.clone(),

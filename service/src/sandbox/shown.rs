@@ -14,6 +14,7 @@ use tenants::{Kind, Owner, UNKNOWN_BUILD_MS};
 
 use super::contexts::Uploaded;
 use super::environments::EnvironmentRequest;
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::state::Service;
 use crate::tenancy::usage::{today, BuildSlot};
@@ -95,12 +96,15 @@ impl Service {
         let tenancy = &self.tenancy;
         if tenancy.owners.of(Kind::Environment, id).len() > 1 {
             if !self.looks_built(id, &id.owner) {
-                return Err(ApiError::new(409, format!("environment {} is still building", &**id)));
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("environment {} is still building", &**id),
+                ));
             }
             let live = self.own_live_sandboxes_of(who, id);
             if live > 0 {
                 return Err(ApiError::new(
-                    409,
+                    ErrorKind::Conflict,
                     format!("environment {} has {live} live sandboxes: delete them first", &**id),
                 ));
             }
@@ -133,7 +137,7 @@ impl Service {
         if let Some(context) = request.dockerfile.as_ref().map(|d| d.context.as_str()) {
             if !self.tenancy.owns(who.tenant(), Kind::Context, context) {
                 return Err(ApiError::field(
-                    404,
+                    ErrorKind::NotFound,
                     "dockerfile.context",
                     format!("no uploaded context {context:?} (POST the tar archive to /v1/contexts first)"),
                 ));

@@ -22,6 +22,7 @@ pub use held::{Connections, Held};
 use tenants::{Caller, Db, Exceeded, Kind, Owners, Quotas, Tenant, TenantId, KEY_PREFIX};
 
 use super::error::ApiError;
+use crate::error::ErrorKind;
 
 /// How long a tenant's quotas, grants and weight are cached.
 const PROFILE_TTL: Duration = Duration::from_secs(1);
@@ -227,12 +228,6 @@ impl Tenancy {
             .map_err(|e| ApiError::quota(&e))
     }
 
-    /// What counts a connection through a sandbox's port against its owner's bound.
-    pub fn port_hold(self: &Arc<Self>) -> crate::sandbox::ports::Hold {
-        let owners = self.clone();
-        Arc::new(move |id: &str| owners.hold_for_sandbox(id).map(|held| Box::new(held) as Box<dyn Send>))
-    }
-
     /// Ends the connections opened with keys revoked or expired since (every second).
     pub async fn end_revoked(self: &Arc<Self>) {
         let this = self.clone();
@@ -335,7 +330,7 @@ pub fn bearer(authorization: Option<&str>) -> &str {
 
 /// A 401 with the challenge header.
 pub fn unauthorized(message: &str) -> ApiError {
-    ApiError::new(401, message.to_string()).challenge()
+    ApiError::new(ErrorKind::Unauthenticated, message.to_string()).challenge()
 }
 
 /// The session whose MCP endpoint `path` is, if it is one.
@@ -347,7 +342,7 @@ pub fn mcp_session(path: &str) -> Option<&str> {
 /// The answer for an id the caller does not own: the same whether it is another tenant's or
 /// never was.
 pub fn not_found(kind: Kind, id: &str) -> ApiError {
-    ApiError::new(404, format!("no {} {id:?}", kind.as_str()))
+    ApiError::new(ErrorKind::NotFound, format!("no {} {id:?}", kind.as_str()))
 }
 
 /// A 429 naming the quota, its limit and its use (with `Retry-After` where waiting helps).
@@ -381,7 +376,10 @@ mod tests {
         drop(db);
         // Once a tenant exists, no key is no entry (else B could drop its key to be default).
         let t = Tenancy::open(&path, None, 8).unwrap();
-        assert_eq!(t.identify(headers(None), "/v1/sandboxes").unwrap_err().status, 401);
+        assert_eq!(
+            t.identify(headers(None), "/v1/sandboxes").unwrap_err().kind,
+            ErrorKind::Unauthenticated
+        );
         let who = t
             .identify(headers(Some(&format!("bearer {}", key.secret))), "/v1/sandboxes")
             .unwrap();
@@ -391,8 +389,8 @@ mod tests {
         );
         for bad in ["Bearer farm_0000", "Bearer farm_", "Bearer x"] {
             assert_eq!(
-                t.identify(headers(Some(bad)), "/v1/sandboxes").unwrap_err().status,
-                401,
+                t.identify(headers(Some(bad)), "/v1/sandboxes").unwrap_err().kind,
+                ErrorKind::Unauthenticated,
                 "{bad}"
             );
         }
@@ -402,7 +400,10 @@ mod tests {
             s.identify(headers(Some("Bearer svc")), "/").unwrap().key_id,
             "service-token"
         );
-        assert_eq!(s.identify(headers(None), "/").unwrap_err().status, 401);
+        assert_eq!(
+            s.identify(headers(None), "/").unwrap_err().kind,
+            ErrorKind::Unauthenticated
+        );
         // A tenant's MCP token is keyed by the database's secret, never by the service token,
         // and opens its own session's MCP route only.
         s.own(a.id, Kind::Session, &["s-1".to_string()]).unwrap();
@@ -419,8 +420,8 @@ mod tests {
         assert_eq!((who.tenant(), who.key_id.as_str()), (a.id, "mcp:s-1"));
         for path in ["/v1/sessions/s-2/mcp", "/v1/sessions/s-1", "/v1/sandboxes"] {
             assert_eq!(
-                s.identify(headers(Some(&bearer)), path).unwrap_err().status,
-                401,
+                s.identify(headers(Some(&bearer)), path).unwrap_err().kind,
+                ErrorKind::Unauthenticated,
                 "{path}"
             );
         }

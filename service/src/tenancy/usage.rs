@@ -4,12 +4,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use engine::book::Kind as BookKind;
-use tenants::{Exceeded, Kind, Quota, TenantId};
+use tenants::{Exceeded, Quota, TenantId};
 
-use super::{over_quota, Tenancy, Who};
-use crate::error::ApiError;
-use crate::state::Service;
+use super::{Tenancy, Who};
 
 /// Forks a request is about to make, held against the tenant's quotas until it answers.
 pub struct Pending {
@@ -69,190 +66,64 @@ impl ForkMemory {
     }
 }
 
-/// The fork book's kinds, each with the owner kind of its ids.
-const FORK_KINDS: [(BookKind, Kind); 2] = [(BookKind::Session, Kind::Session), (BookKind::Sandbox, Kind::Sandbox)];
-
 /// Days since the epoch, UTC, and the seconds to the next one.
 pub fn today() -> (u64, u64) {
     let secs = tenants::now_ms() / 1000;
     (secs / 86_400, 86_400 - secs % 86_400)
 }
 
-impl Service {
-    /// The guest memory a session of the served suites takes (the largest template's).
-    pub fn session_mib(&self) -> u64 {
-        self.suites
-            .values()
-            .map(|s| u64::from(s.suite.config.template.memory_mib))
-            .max()
-            .unwrap_or(512)
-    }
-
-    /// The tenant's live (not paused) sessions and sandboxes.
-    pub fn live_forks(&self, tenant: TenantId) -> Vec<(Kind, String)> {
-        let book = self.forks();
-        let mut ids = Vec::new();
-        for (book_kind, kind) in FORK_KINDS {
-            for (id, _) in book.all(book_kind) {
-                if !book.is_paused(&id) && self.tenancy.owns(tenant, kind, &id) {
-                    ids.push((kind, id));
-                }
-            }
-        }
-        ids
-    }
-
-    /// The tenant's live forks (not paused) and their guest memory in MiB.
-    pub async fn live_usage(&self, tenant: TenantId) -> (u64, u64) {
-        let ids = self.live_forks(tenant);
-        let mut mib = 0;
-        for (kind, id) in &ids {
-            mib += match (self.tenancy.memory.get(id), kind, &self.sandbox) {
-                (Some(m), _, _) => m,
-                (None, Kind::Sandbox, Some(api)) => {
-                    match api.sandboxes.view(&crate::sandbox::SandboxId::trusted(id)).await {
-                        Ok(view) => {
-                            self.tenancy
-                                .memory
-                                .set(id, u64::from(view.memory_mib), Some(&view.environment));
-                            u64::from(view.memory_mib)
-                        }
-                        Err(_) => 0,
-                    }
-                }
-                _ => self.session_mib(),
-            };
-        }
-        (ids.len() as u64, mib)
-    }
-
-    /// Sets `farm_tenant_forks`: each tenant's live and paused sessions and sandboxes.
-    pub fn count_tenant_forks(&self) {
-        let mut counts: HashMap<(TenantId, &'static str), i64> = HashMap::new();
-        {
-            let book = self.forks();
-            for (book_kind, kind) in FORK_KINDS {
-                for (id, _) in book.all(book_kind) {
-                    let state = if book.is_paused(&id) { "paused" } else { "live" };
-                    for owner in self.tenancy.owners.of(kind, &id) {
-                        *counts.entry((owner.tenant, state)).or_default() += 1;
-                    }
-                }
-            }
-        }
-        let gauge = &engine::metrics::get().tenant_forks;
-        gauge.reset();
-        let Ok(all) = self.tenancy.db.tenants() else { return };
-        for summary in all {
-            for state in ["live", "paused"] {
-                let n = counts.get(&(summary.tenant.id, state)).copied().unwrap_or(0);
-                gauge.with_label_values(&[summary.tenant.name.as_str(), state]).set(n);
-            }
-        }
-    }
-
+impl Tenancy {
     /// Holds `count` forks of `mib` MiB each against the caller's `live` and `memory_mib`
-    /// quotas until the returned guard drops, or says which quota they would pass.
-    pub async fn admit_forks(&self, who: &Who, count: u64, mib: u64) -> Result<Pending, ApiError> {
+    /// quotas (it uses `used`: live forks and MiB now) beside the forks being made right now,
+    /// until the returned guard drops; or says which quota they would pass.
+    pub fn reserve_forks(
+        self: &Arc<Self>,
+        who: &Who,
+        used: (u64, u64),
+        count: u64,
+        mib: u64,
+    ) -> Result<Pending, Exceeded> {
         let quotas = &who.profile.quotas;
-        let (live, memory) = if quotas.get(Quota::Live).is_some() || quotas.get(Quota::MemoryMib).is_some() {
-            self.live_usage(who.tenant()).await
-        } else {
-            (0, 0)
-        };
-        let mut pending = self.tenancy.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let (n, m) = pending.entry(who.tenant()).or_default();
         let adding = count.saturating_mul(mib);
-        let check = quotas
-            .check(Quota::Live, live + *n, count)
-            .and_then(|()| quotas.check(Quota::MemoryMib, memory + *m, adding));
-        if let Err(e) = check {
-            return Err(over_quota(who, e));
-        }
+        quotas
+            .check(Quota::Live, used.0 + *n, count)
+            .and_then(|()| quotas.check(Quota::MemoryMib, used.1 + *m, adding))?;
         *n = n.saturating_add(count);
         *m = m.saturating_add(adding);
         Ok(Pending {
-            tenancy: self.tenancy.clone(),
+            tenancy: self.clone(),
             tenant: who.tenant(),
             count,
             mib: adding,
         })
     }
 
-    /// Disk the tenant's environments, build contexts and saved forks (pauses, checkpoints)
-    /// take, in bytes.
-    /// An environment several tenants asked for counts in full for each.
-    pub fn disk_usage(&self, tenant: TenantId) -> u64 {
-        let mut total = 0;
-        if let Some(api) = &self.sandbox {
-            for id in self.tenancy.owners.owned(Kind::Environment, tenant) {
-                if let Some(dir) = api.environments.get(&id, "id").ok().and_then(|e| e.snapshot_dir()) {
-                    total += engine::pause::disk_usage(&dir);
-                }
-            }
-            for id in self.tenancy.owners.owned(Kind::Context, tenant) {
-                if let Ok(dir) = api.environments.contexts.folder(&id, "context") {
-                    total += engine::pause::disk_usage(&dir);
-                }
-            }
-        }
-        let mut roots = vec![self.paused_root()];
-        if let Some(api) = &self.sandbox {
-            roots.push(api.sandboxes.saved_dir().to_path_buf());
-        }
-        for root in roots {
-            let Ok(entries) = std::fs::read_dir(&root) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let id = name.rsplit_once('.').map_or(name.as_str(), |(id, _)| id);
-                if self.tenancy.owns(tenant, Kind::Sandbox, id) || self.tenancy.owns(tenant, Kind::Session, id) {
-                    total += engine::pause::disk_usage(&entry.path());
-                }
-            }
-        }
-        total
-    }
-
-    /// Ok while the caller's disk is under its `disk_mib` quota.
-    pub fn check_disk(&self, who: &Who) -> Result<(), ApiError> {
-        if who.profile.quotas.get(Quota::DiskMib).is_none() {
-            return Ok(());
-        }
-        let used = self.disk_usage(who.tenant()) >> 20;
-        who.profile
-            .quotas
-            .check(Quota::DiskMib, used, 1)
-            .map_err(|e| over_quota(who, e))
-    }
-
-    /// A build the caller may start: while it has build minutes left today, counting each
-    /// build it has running as at least a minute; past them, a 429 to retry at midnight UTC.
-    pub fn admit_build(&self, who: &Who) -> Result<BuildSlot, ApiError> {
-        let limit = who.profile.quotas.get(Quota::BuildMinutesPerDay);
-        let (day, to_midnight) = today();
-        let seconds = match limit {
-            Some(_) => self.tenancy.db.build_seconds(who.tenant(), day)?,
-            None => 0.0,
-        };
-        let mut builds = self.tenancy.builds.lock().unwrap_or_else(|p| p.into_inner());
+    /// A build the caller may start against `limit` build minutes a day, `done_minutes` of
+    /// them used today, each build it has running counted as at least a minute; past them,
+    /// a refusal to retry in `to_midnight` seconds.
+    pub fn reserve_build(
+        self: &Arc<Self>,
+        who: &Who,
+        limit: Option<u64>,
+        done_minutes: u64,
+        to_midnight: u64,
+    ) -> Result<BuildSlot, Exceeded> {
+        let mut builds = self.builds.lock().unwrap_or_else(|p| p.into_inner());
         let running = builds.entry(who.tenant()).or_default();
-        let used = (seconds / 60.0).ceil() as u64 + *running;
+        let used = done_minutes + *running;
         if let Some(limit) = limit.filter(|l| used >= *l) {
-            return Err(over_quota(
-                who,
-                Exceeded {
-                    quota: Quota::BuildMinutesPerDay,
-                    limit,
-                    used,
-                    retry_after_secs: Some(to_midnight),
-                },
-            ));
+            return Err(Exceeded {
+                quota: Quota::BuildMinutesPerDay,
+                limit,
+                used,
+                retry_after_secs: Some(to_midnight),
+            });
         }
         *running += 1;
         Ok(BuildSlot {
-            tenancy: self.tenancy.clone(),
+            tenancy: self.clone(),
             tenant: who.tenant(),
         })
     }

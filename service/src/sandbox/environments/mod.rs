@@ -33,6 +33,7 @@ const MAX_LOG_LINES: usize = 5000;
 /// Version of `environments/<id>.json`.
 const RECORD_VERSION: u32 = 1;
 
+use crate::error::ErrorKind;
 pub use engine::sandbox::{BuildFailure, Ready};
 
 #[derive(Clone)]
@@ -66,7 +67,7 @@ pub struct Environment {
     /// Warm forks of its snapshot (made when the first sandbox is).
     pool: tokio::sync::OnceCell<Option<engine::snapshots::WarmPool>>,
     /// Live sandboxes made from it.
-    pub(super) sandboxes: std::sync::atomic::AtomicUsize,
+    pub(crate) sandboxes: std::sync::atomic::AtomicUsize,
     /// Set for an environment made by snapshotting a sandbox, whose snapshot is its own.
     owned: Option<Owned>,
     /// How long its build took, once a build of this process ended.
@@ -139,7 +140,7 @@ impl Environment {
         match self.state() {
             State::Ready(ready) => Ok(ready),
             State::Building => Err(ApiError::field(
-                409,
+                ErrorKind::Conflict,
                 field,
                 format!(
                     "environment {} is still building (GET /v1/environments/{}/logs)",
@@ -147,7 +148,7 @@ impl Environment {
                 ),
             )),
             State::Failed(f) => Err(ApiError::field(
-                409,
+                ErrorKind::Conflict,
                 field,
                 format!("environment {} failed to build: {}", self.id, f.message),
             )),
@@ -292,7 +293,7 @@ impl Environments {
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
             .cloned()
-            .ok_or_else(|| ApiError::field(404, field, format!("no environment {id:?}")))
+            .ok_or_else(|| ApiError::field(ErrorKind::NotFound, field, format!("no environment {id:?}")))
     }
 
     pub fn list(&self) -> Vec<EnvironmentView> {
@@ -330,7 +331,7 @@ impl Environments {
                 }
                 if existing.sandboxes.load(std::sync::atomic::Ordering::SeqCst) > 0 {
                     return Err(ApiError::field(
-                        409,
+                        ErrorKind::Conflict,
                         "force",
                         format!("environment {id} has live sandboxes: delete them before building it again"),
                     ));
@@ -458,7 +459,8 @@ impl Environments {
             snapshot: Arc::new(snapshot),
             image,
         };
-        self.record(&env, &ready).map_err(|f| ApiError::new(500, f.message))?;
+        self.record(&env, &ready)
+            .map_err(|f| ApiError::new(ErrorKind::Internal, f.message))?;
         env.set_state(State::Ready(ready));
         self.all
             .lock()
@@ -473,14 +475,17 @@ impl Environments {
         let mut all = self.all.lock().unwrap_or_else(|p| p.into_inner());
         let env = all
             .get(id)
-            .ok_or_else(|| ApiError::new(404, format!("no environment {id:?}")))?;
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no environment {id:?}")))?;
         if matches!(env.state(), State::Building) {
-            return Err(ApiError::new(409, format!("environment {id} is still building")));
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("environment {id} is still building"),
+            ));
         }
         let live = env.sandboxes.load(std::sync::atomic::Ordering::SeqCst);
         if live > 0 {
             return Err(ApiError::new(
-                409,
+                ErrorKind::Conflict,
                 format!("environment {id} has {live} live sandboxes: delete them first"),
             ));
         }

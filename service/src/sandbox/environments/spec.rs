@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 
 use super::Environments;
 use crate::bounds;
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 
 /// `POST /v1/environments`.
@@ -93,7 +94,7 @@ impl Environments {
                 self.contexts.folder(&d.context, "dockerfile.context")?;
                 if !super::super::contexts::plain_relative(&d.path) {
                     return Err(ApiError::field(
-                        400,
+                        ErrorKind::Invalid,
                         "dockerfile.path",
                         "must be a plain path inside the context (no leading /, no ..)",
                     ));
@@ -101,7 +102,7 @@ impl Environments {
                 for key in d.build_args.keys() {
                     if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                         return Err(ApiError::field(
-                            400,
+                            ErrorKind::Invalid,
                             format!("dockerfile.build_args.{key}"),
                             "a build argument's name is letters, digits and _",
                         ));
@@ -114,10 +115,16 @@ impl Environments {
                     target: d.target.clone().filter(|t| !t.is_empty()),
                 }
             }
-            (Some(_), Some(_)) => return Err(ApiError::field(400, "dockerfile", "give image or dockerfile, not both")),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "dockerfile",
+                    "give image or dockerfile, not both",
+                ))
+            }
             (None, None) => {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "image",
                     "missing: give image (a registry reference, minimal or python) or dockerfile",
                 ))
@@ -133,7 +140,11 @@ impl Environments {
             bounds::range("disk_mib", disk, bounds::DISK_MIB, "MiB")?;
         }
         if let Some(i) = request.setup.iter().position(|c| c.trim().is_empty()) {
-            return Err(ApiError::field(400, format!("setup[{i}]"), "must be a command"));
+            return Err(ApiError::field(
+                ErrorKind::Invalid,
+                format!("setup[{i}]"),
+                "must be a command",
+            ));
         }
         Ok(Spec {
             source,
@@ -170,7 +181,7 @@ impl EnvironmentRequest {
 /// The template image of a requested reference: the built-in images, or a registry
 /// reference (with or without `registry:`). Host paths and archives are refused.
 fn image_reference(image: &str) -> ApiResult<String> {
-    let bad = |why: &str| ApiError::field(400, "image", format!("{image:?}: {why}"));
+    let bad = |why: &str| ApiError::field(ErrorKind::Invalid, "image", format!("{image:?}: {why}"));
     let image = image.trim();
     if image == "minimal" || image == "python" {
         return Ok(image.to_string());
@@ -226,7 +237,11 @@ mod tests {
             "",
         ] {
             let e = image_reference(bad).unwrap_err();
-            assert_eq!((e.status, e.field.as_deref()), (400, Some("image")), "{bad}");
+            assert_eq!(
+                (e.kind, e.field.as_deref()),
+                (ErrorKind::Invalid, Some("image")),
+                "{bad}"
+            );
         }
     }
 

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use super::{SandboxId, Sandboxes};
 use crate::bounds;
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 
 /// Default and largest output cap of a command.
@@ -87,11 +88,17 @@ impl Sandboxes {
         let program = match (request.command, request.argv) {
             (Some(c), None) if !c.is_empty() => Program::Shell(c),
             (None, Some(argv)) if !argv.is_empty() && !argv[0].is_empty() => Program::Argv(argv),
-            (Some(_), Some(_)) => return Err(ApiError::field(400, "argv", "give command or argv, not both")),
-            (None, Some(_)) => return Err(ApiError::field(400, "argv", "must name a program")),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "argv",
+                    "give command or argv, not both",
+                ))
+            }
+            (None, Some(_)) => return Err(ApiError::field(ErrorKind::Invalid, "argv", "must name a program")),
             _ => {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "command",
                     "missing: give command (a shell string) or argv",
                 ))
@@ -102,7 +109,7 @@ impl Sandboxes {
             Some(t) if t > 0.0 && t <= MAX_TIMEOUT_SECS as f64 => t,
             Some(_) => {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "timeout_secs",
                     format!("must be more than 0 and at most {MAX_TIMEOUT_SECS}"),
                 ))
@@ -114,7 +121,7 @@ impl Sandboxes {
             Some(c) if (1..=MAX_OUTPUT).contains(&c) => c,
             Some(_) => {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "max_output_bytes",
                     format!("must be 1 to {MAX_OUTPUT}"),
                 ))
@@ -122,12 +129,20 @@ impl Sandboxes {
         };
         if let Some(cwd) = &request.cwd {
             if !cwd.starts_with('/') {
-                return Err(ApiError::field(400, "cwd", "must be an absolute guest path"));
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "cwd",
+                    "must be an absolute guest path",
+                ));
             }
         }
         for k in request.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
-                return Err(ApiError::field(400, format!("env.{k}"), "not a variable name"));
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    format!("env.{k}"),
+                    "not a variable name",
+                ));
             }
         }
         Ok((

@@ -4,6 +4,7 @@
 use farm_protocol::folder::{Entry, EntryKind};
 
 use super::{SandboxId, Sandboxes};
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{EntryView, FileWritten, FolderListing};
 
@@ -34,7 +35,11 @@ fn entry_view(entry: Entry) -> EntryView {
 fn check_path(path: &str) -> ApiResult<()> {
     crate::bounds::text("path", path, crate::bounds::PATH_BYTES)?;
     if !path.starts_with('/') || path.contains('\0') {
-        return Err(ApiError::field(400, "path", "must be an absolute guest path"));
+        return Err(ApiError::field(
+            ErrorKind::Invalid,
+            "path",
+            "must be an absolute guest path",
+        ));
     }
     Ok(())
 }
@@ -107,7 +112,7 @@ impl Sandboxes {
                 path: path.to_string(),
                 bytes: len,
             }),
-            Err(engine::guest::GuestError::Failed(m)) => Err(ApiError::field(400, "body", m)),
+            Err(engine::guest::GuestError::Failed(m)) => Err(ApiError::field(ErrorKind::Invalid, "body", m)),
             Err(e) => Err(self.guest_error(id, &guest, e, Some(path)).await),
         }
     }

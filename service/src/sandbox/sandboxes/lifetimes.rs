@@ -11,8 +11,9 @@ use utoipa::ToSchema;
 
 use super::{view, SandboxId, Sandboxes};
 use crate::bounds;
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
-use crate::state::VmSlot;
+use crate::forks::VmSlot;
 use crate::wire::{SandboxList, SandboxReset, SandboxView};
 
 /// The most branches one call makes.
@@ -60,7 +61,7 @@ impl ListFilter {
             if key == "state" {
                 if value != "running" && value != "paused" {
                     return Err(ApiError::field(
-                        400,
+                        ErrorKind::Invalid,
                         "state",
                         format!("{value:?} is not a state: running or paused"),
                     ));
@@ -71,7 +72,7 @@ impl ListFilter {
                 filter.metadata.insert(name.to_string(), value);
             } else {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     key.clone(),
                     "not a filter: the list takes state=running|paused and metadata.KEY=VALUE",
                 ));
@@ -101,7 +102,7 @@ impl Sandboxes {
         };
         let key = format!("{scope} {key}");
         let claim = self.made_keys().claim(&key, &digest);
-        match claim.map_err(crate::rollouts::key_refusal)? {
+        match claim.map_err(ApiError::from)? {
             engine::idempotency::Claim::Answered(ids) => return Ok((ids, false)),
             engine::idempotency::Claim::Claimed => {}
         }
@@ -134,10 +135,12 @@ impl Sandboxes {
     pub async fn set_timeout(&self, id: &SandboxId, request: TimeoutRequest) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
-        let opened = self
-            .forks()
-            .opened(id)
-            .ok_or_else(|| ApiError::new(410, format!("sandbox {id} was removed while the request ran")))?;
+        let opened = self.forks().opened(id).ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Gone,
+                format!("sandbox {id} was removed while the request ran"),
+            )
+        })?;
         let lived = Instant::now().duration_since(opened);
         let settings = &sandbox.sandbox().settings;
         let (idle, lifetime) = new_timers(
@@ -155,7 +158,7 @@ impl Sandboxes {
         };
         if !self.forks().set_timers(id, timers) {
             return Err(ApiError::new(
-                410,
+                ErrorKind::Gone,
                 format!("sandbox {id} was removed while the request ran"),
             ));
         }
@@ -175,9 +178,12 @@ impl Sandboxes {
         let seed = self.seed();
         let way = sandbox.run.reset(seed).await.map_err(|e| match e {
             engine::session::SessionResetError::Call(engine::session::SessionCallError::Paused) => {
-                ApiError::new(409, format!("sandbox {id} is paused: resume it first"))
+                ApiError::new(ErrorKind::Conflict, format!("sandbox {id} is paused: resume it first"))
             }
-            e => ApiError::new(500, format!("resetting sandbox {id}: {}", engine::describe(&e))),
+            e => ApiError::new(
+                ErrorKind::Internal,
+                format!("resetting sandbox {id}: {}", engine::describe(&e)),
+            ),
         })?;
         sandbox.sandbox_mut().checkpoint = None;
         self.save_record(&sandbox);
@@ -244,7 +250,7 @@ fn new_timers(
     let lifetime = match (request.lifetime_secs, request.expires_in_secs) {
         (Some(_), Some(_)) => {
             return Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 "expires_in_secs",
                 "give lifetime_secs or expires_in_secs, not both",
             ))
@@ -270,7 +276,7 @@ fn new_timers(
         }
         (None, None) if request.idle_timeout_secs.is_none() => {
             return Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 "idle_timeout_secs",
                 "missing: give idle_timeout_secs, lifetime_secs or expires_in_secs",
             ))
@@ -279,7 +285,7 @@ fn new_timers(
     };
     if lifetime <= lived {
         return Err(ApiError::field(
-            400,
+            ErrorKind::Invalid,
             "lifetime_secs",
             format!(
                 "it has lived {} s already: a lifetime of {} s would end it now (delete it instead)",
@@ -324,7 +330,12 @@ mod tests {
             (asked(None, None, None), "idle_timeout_secs"),
         ] {
             let e = set(request).unwrap_err();
-            assert_eq!((e.status, e.field.as_deref()), (400, Some(field)), "{}", e.message);
+            assert_eq!(
+                (e.kind, e.field.as_deref()),
+                (ErrorKind::Invalid, Some(field)),
+                "{}",
+                e.message
+            );
         }
     }
 

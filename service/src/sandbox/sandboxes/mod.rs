@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,44 +26,15 @@ pub mod processes;
 pub mod saved;
 mod settings;
 
+pub use crate::requests::SandboxRequest;
 pub use engine::guest::MAX_FILE_BYTES;
 pub use exec::{ExecRequest, StreamEvent};
-pub use settings::SandboxRequest;
-use settings::Settings;
 
 use super::environments::Environments;
-use crate::entries::{Facts, Open};
+use crate::entries::{Checkpoint, Facts, Open, SandboxFacts};
 use crate::error::{ApiError, ApiResult};
-use crate::state::{Forks, InUse, VmSlot};
+use crate::forks::{Forks, InUse, VmSlot};
 use crate::wire::{EnvironmentView, SandboxView};
-
-/// What the sandbox API keeps of a sandbox, beside its fork.
-pub struct SandboxFacts {
-    settings: Settings,
-    created_ms: u64,
-    /// The sandbox it was branched from.
-    parent: Option<String>,
-    /// Its last checkpoint (a pause is one), for a restart of the service.
-    checkpoint: Option<saved::Checkpoint>,
-}
-
-impl SandboxFacts {
-    fn new(settings: Settings, parent: Option<String>) -> SandboxFacts {
-        settings.environment.sandboxes.fetch_add(1, Ordering::SeqCst);
-        SandboxFacts {
-            settings,
-            created_ms: engine::row::now_ms() as u64,
-            parent,
-            checkpoint: None,
-        }
-    }
-}
-
-impl Drop for SandboxFacts {
-    fn drop(&mut self) {
-        self.settings.environment.sandboxes.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// What `GET /v1/sandboxes/{id}` says of a sandbox.
 fn view(open: &Open) -> SandboxView {
@@ -91,31 +61,8 @@ fn view(open: &Open) -> SandboxView {
     }
 }
 
-/// A sandbox id its caller owns. The transports get one only from [`Sandboxes::resolve`],
-/// which holds the id to its caller, and every call on a sandbox takes one: a call that skips
-/// the owner check does not compile.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SandboxId(String);
-
-impl SandboxId {
-    /// One the service made or found for the caller itself (never a caller's raw id).
-    pub(crate) fn trusted(id: &str) -> SandboxId {
-        SandboxId(id.to_string())
-    }
-}
-
-impl std::ops::Deref for SandboxId {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+use crate::error::ErrorKind;
+pub use crate::ids::SandboxId;
 
 /// The sandbox API's sandboxes, with the service's limits for them.
 pub struct Sandboxes {
@@ -169,7 +116,7 @@ impl Sandboxes {
     /// The caller's sandbox `id`; another's, or one that never was, is the same 404.
     pub fn resolve(&self, who: &crate::tenancy::Who, id: &str) -> ApiResult<SandboxId> {
         match self.tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id) {
-            true => Ok(SandboxId(id.to_string())),
+            true => Ok(SandboxId::trusted(id)),
             false => Err(crate::tenancy::not_found(tenants::Kind::Sandbox, id)),
         }
     }
@@ -190,8 +137,8 @@ impl Sandboxes {
     fn get(&self, id: &str) -> ApiResult<Arc<tokio::sync::Mutex<Open>>> {
         let forks = self.forks();
         forks.any(id, Kind::Sandbox).map_err(|_| match forks.ending(id) {
-            Some(Ending::Died(why)) => ApiError::new(410, format!("sandbox {id} is gone: {why}")),
-            _ => ApiError::new(404, format!("no sandbox {id:?} (it may have expired)")),
+            Some(Ending::Died(why)) => ApiError::new(ErrorKind::Gone, format!("sandbox {id} is gone: {why}")),
+            _ => ApiError::new(ErrorKind::NotFound, format!("no sandbox {id:?} (it may have expired)")),
         })
     }
 
@@ -224,7 +171,7 @@ impl Sandboxes {
     ) -> ApiResult<(SandboxView, bool)> {
         if let Some((key, digest)) = &key {
             let claim = self.keys.lock().unwrap_or_else(|p| p.into_inner()).claim(key, digest);
-            match claim.map_err(crate::rollouts::key_refusal)? {
+            match claim.map_err(ApiError::from)? {
                 Claim::Answered(id) => return Ok((self.view(&SandboxId::trusted(&id)).await?, false)),
                 Claim::Claimed => {}
             }
@@ -262,7 +209,7 @@ impl Sandboxes {
                 pool,
             )
             .await
-            .map_err(|e| ApiError::new(500, format!("starting the sandbox: {}", e.describe())))?;
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("starting the sandbox: {}", e.describe())))?;
         let id = self.new_id();
         tracing::info!(sandbox = %id, environment = %settings.environment.id, "sandbox created");
         let facts = SandboxFacts::new(settings, None);
@@ -283,7 +230,7 @@ impl Sandboxes {
     pub async fn delete(&self, id: &SandboxId, why: &str) -> ApiResult<()> {
         self.end(id, Ending::Ended(why.to_string()))
             .await
-            .ok_or_else(|| ApiError::new(404, format!("no sandbox {id:?}")))
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no sandbox {id:?}")))
     }
 
     /// Takes a sandbox out of the book, as `ending` says, and stops its VM; None when it was
@@ -324,7 +271,7 @@ impl Sandboxes {
         self.save_record(&*sandbox.lock().await);
         if !closed {
             return Err(ApiError::field(
-                404,
+                ErrorKind::NotFound,
                 "port",
                 format!("port {port} of sandbox {id} is not open"),
             ));
@@ -346,7 +293,7 @@ impl Sandboxes {
         sandbox
             .run
             .guest()
-            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))
+            .map_err(|_| ApiError::new(ErrorKind::Conflict, format!("sandbox {id} is paused: resume it first")))
     }
 
     /// A failure of `guest` (taken from sandbox `id`) as the client sees it. Only a VM that
@@ -355,7 +302,12 @@ impl Sandboxes {
     /// the guest left unanswered a 504, and the sandbox lives. One deleted while the request
     /// ran is 410. `path`: the request names a guest path (a missing one is 404).
     async fn guest_error(&self, id: &str, guest: &Guest, e: GuestError, path: Option<&str>) -> ApiError {
-        let removed = || ApiError::new(410, format!("sandbox {id} was removed while the request ran"));
+        let removed = || {
+            ApiError::new(
+                ErrorKind::Gone,
+                format!("sandbox {id} was removed while the request ran"),
+            )
+        };
         let judged = match self.get(id) {
             Ok(sandbox) => sandbox.lock().await.run.judge(guest, e),
             Err(_) => return removed(),
@@ -368,7 +320,7 @@ impl Sandboxes {
                     engine::session::SessionState::Ended => "ended",
                 };
                 return ApiError::new(
-                    409,
+                    ErrorKind::Conflict,
                     format!(
                         "sandbox {id} was {} while the request ran, which cut it short; the sandbox is {now}",
                         change.done()
@@ -378,7 +330,7 @@ impl Sandboxes {
             Judged::Died(why) => {
                 let why = format!("its VM died: {why}");
                 return match self.end(id, Ending::Died(why.clone())).await {
-                    Some(()) => ApiError::new(502, format!("sandbox {id} {why}; it is removed")),
+                    Some(()) => ApiError::new(ErrorKind::GuestFailed, format!("sandbox {id} {why}; it is removed")),
                     None => removed(),
                 };
             }
@@ -386,18 +338,20 @@ impl Sandboxes {
         };
         match (e, path) {
             (GuestError::Unanswered(why), _) => ApiError::new(
-                504,
+                ErrorKind::GuestTimeout,
                 format!("sandbox {id}'s guest did not answer in time: {why}; the sandbox goes on"),
             ),
             (GuestError::Broken(why), _) => ApiError::new(
-                502,
+                ErrorKind::GuestFailed,
                 format!("sandbox {id}'s guest failed the request: {why}; the sandbox goes on"),
             ),
-            (GuestError::Missing(m), Some(path)) => ApiError::field(404, "path", format!("{path}: {m}")),
-            (GuestError::TooLarge(m), _) => ApiError::field(413, "path", m),
-            (GuestError::Failed(m), Some(_)) => ApiError::field(400, "path", m),
-            (e, Some(path)) => ApiError::field(400, "path", format!("{path}: {e}")),
-            (e, None) => ApiError::new(400, e.to_string()),
+            (GuestError::Missing(m), Some(path)) => {
+                ApiError::field(ErrorKind::NotFound, "path", format!("{path}: {m}"))
+            }
+            (GuestError::TooLarge(m), _) => ApiError::field(ErrorKind::TooLarge, "path", m),
+            (GuestError::Failed(m), Some(_)) => ApiError::field(ErrorKind::Invalid, "path", m),
+            (e, Some(path)) => ApiError::field(ErrorKind::Invalid, "path", format!("{path}: {e}")),
+            (e, None) => ApiError::new(ErrorKind::Invalid, e.to_string()),
         }
     }
 
@@ -408,13 +362,18 @@ impl Sandboxes {
         sandbox
             .run
             .live()
-            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))?;
+            .map_err(|_| ApiError::new(ErrorKind::Conflict, format!("sandbox {id} is paused: resume it first")))?;
         let slot = slot()?;
         let run = sandbox
             .run
             .branch(&self.host.store, self.seed(), None)
             .await
-            .map_err(|e| ApiError::new(500, format!("branching sandbox {id}: {}", engine::describe(&e))))?;
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorKind::Internal,
+                    format!("branching sandbox {id}: {}", engine::describe(&e)),
+                )
+            })?;
         let child_id = self.new_id();
         tracing::info!(sandbox = %child_id, parent = %id, "sandbox branched");
         let facts = SandboxFacts::new(sandbox.sandbox().settings.clone(), Some(id.to_string()));
@@ -434,14 +393,17 @@ impl Sandboxes {
         let dir = self.checkpoint_dir(&sandbox.id);
         let pending = sandbox.run.pause(&dir).await.map_err(|e| match e {
             engine::session::SessionPauseError::Refused(_) => {
-                ApiError::new(409, format!("sandbox {id} is paused already"))
+                ApiError::new(ErrorKind::Conflict, format!("sandbox {id} is paused already"))
             }
-            e => ApiError::new(500, format!("pausing sandbox {id}: {}", engine::describe(&e))),
+            e => ApiError::new(
+                ErrorKind::Internal,
+                format!("pausing sandbox {id}: {}", engine::describe(&e)),
+            ),
         })?;
         pending.commit();
         self.forks().pause(id);
         let fork = sandbox.run.paused().expect("just paused").clone();
-        sandbox.sandbox_mut().checkpoint = Some(saved::Checkpoint {
+        sandbox.sandbox_mut().checkpoint = Some(Checkpoint {
             fork,
             at_ms: engine::row::now_ms() as u64,
         });
@@ -454,14 +416,18 @@ impl Sandboxes {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         if sandbox.run.paused().is_none() {
-            return Err(ApiError::new(409, format!("sandbox {id} is not paused")));
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("sandbox {id} is not paused"),
+            ));
         }
         let slot = slot()?;
-        let pending = sandbox
-            .run
-            .resume()
-            .await
-            .map_err(|e| ApiError::new(500, format!("resuming sandbox {id}: {}", engine::describe(&e))))?;
+        let pending = sandbox.run.resume().await.map_err(|e| {
+            ApiError::new(
+                ErrorKind::Internal,
+                format!("resuming sandbox {id}: {}", engine::describe(&e)),
+            )
+        })?;
         if let Some(pending) = pending {
             pending.commit();
             slot.taken();
@@ -477,10 +443,13 @@ impl Sandboxes {
         let live = sandbox
             .run
             .live()
-            .map_err(|_| ApiError::new(409, format!("sandbox {id} is paused: resume it first")))?;
+            .map_err(|_| ApiError::new(ErrorKind::Conflict, format!("sandbox {id} is paused: resume it first")))?;
         let snapshot = sandbox.run.snapshot_into_environment().await.map_err(|e| match e {
-            engine::sandbox::SnapshotSandboxError::Resumed => ApiError::new(409, e.to_string()),
-            other => ApiError::new(500, format!("snapshotting sandbox {id}: {}", other.describe())),
+            engine::sandbox::SnapshotSandboxError::Resumed => ApiError::new(ErrorKind::Conflict, e.to_string()),
+            other => ApiError::new(
+                ErrorKind::Internal,
+                format!("snapshotting sandbox {id}: {}", other.describe()),
+            ),
         })?;
         let settings = &sandbox.sandbox().settings;
         let env = environments.add_snapshot(

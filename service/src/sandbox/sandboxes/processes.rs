@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 
 use super::{SandboxId, Sandboxes};
 use crate::bounds;
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{OutputChunk, ProcessList, ProcessView};
 
@@ -140,7 +141,7 @@ fn signal_number(signal: &str) -> ApiResult<i32> {
             .filter(|n| (1..=64).contains(n))
             .ok_or_else(|| {
                 ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "signal",
                     format!("{signal:?} is not a signal: a name (TERM, KILL, INT, HUP, ...) or a number from 1 to 64"),
                 )
@@ -181,7 +182,7 @@ impl Sandboxes {
     /// A guest's failure about a process: a pid that is not there is 404.
     async fn process_error(&self, id: &str, guest: &engine::guest::Guest, e: GuestError) -> ApiError {
         match e {
-            GuestError::Missing(m) => ApiError::field(404, "pid", m),
+            GuestError::Missing(m) => ApiError::field(ErrorKind::NotFound, "pid", m),
             e => self.guest_error(id, guest, e, None).await,
         }
     }
@@ -197,10 +198,16 @@ impl Sandboxes {
                 bounds::argv("argv", &argv)?;
                 Program::Argv(argv)
             }
-            (Some(_), Some(_)) => return Err(ApiError::field(400, "argv", "give command or argv, not both")),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "argv",
+                    "give command or argv, not both",
+                ))
+            }
             _ => {
                 return Err(ApiError::field(
-                    400,
+                    ErrorKind::Invalid,
                     "command",
                     "missing: give command (a shell string) or argv",
                 ))
@@ -264,7 +271,7 @@ impl Sandboxes {
         bounds::range("max", max, (1, MAX_READ), "bytes")?;
         if !(0.0..=MAX_WAIT_SECS).contains(&wait) {
             return Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 "wait",
                 format!("wait must be 0 to {MAX_WAIT_SECS} seconds; got {wait}"),
             ));
@@ -307,7 +314,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.write_stdin(pid, bytes, close).await {
             Ok(taken) => Ok(taken),
-            Err(GuestError::Refused(m)) => Err(ApiError::field(409, "data", m)),
+            Err(GuestError::Refused(m)) => Err(ApiError::field(ErrorKind::Conflict, "data", m)),
             Err(e) => Err(self.process_error(id, &guest, e).await),
         }
     }
@@ -318,7 +325,7 @@ impl Sandboxes {
         let guest = self.guest(id).await?;
         match guest.resize(pid, size).await {
             Ok(()) => self.process(id, pid).await,
-            Err(GuestError::Refused(m)) => Err(ApiError::field(409, "pid", m)),
+            Err(GuestError::Refused(m)) => Err(ApiError::field(ErrorKind::Conflict, "pid", m)),
             Err(e) => Err(self.process_error(id, &guest, e).await),
         }
     }
@@ -326,7 +333,7 @@ impl Sandboxes {
     pub async fn write_stdin(&self, id: &SandboxId, pid: u32, write: StdinWrite) -> ApiResult<ProcessView> {
         if write.data.len() > MAX_STDIN_BYTES {
             return Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 "data",
                 format!(
                     "data must be at most {MAX_STDIN_BYTES} bytes; got {} bytes",
@@ -338,7 +345,7 @@ impl Sandboxes {
         let taken = self.write_raw(id, pid, write.data.into_bytes(), write.close).await?;
         if taken < asked {
             return Err(ApiError::field(
-                409,
+                ErrorKind::Conflict,
                 "data",
                 format!(
                     "process {pid} is not reading its standard input: it took {taken} of the {asked} bytes (its pipe is full), and the rest was not written{}; write the rest once it reads",
@@ -365,7 +372,7 @@ impl Sandboxes {
     pub async fn wait_process(&self, id: &SandboxId, pid: u32, timeout: f64) -> ApiResult<ProcessView> {
         if !(0.0..=MAX_WAIT_SECS).contains(&timeout) {
             return Err(ApiError::field(
-                400,
+                ErrorKind::Invalid,
                 "timeout",
                 format!("timeout must be 0 to {MAX_WAIT_SECS} seconds; got {timeout}"),
             ));

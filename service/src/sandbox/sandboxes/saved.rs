@@ -17,15 +17,16 @@
 //! previous record and checkpoint in force. Folders no record names are removed at start.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::book::{Kind, Timers};
 use engine::pause::PausedFork;
 use serde::{Deserialize, Serialize};
 
-use super::{view, SandboxFacts, SandboxId, SandboxRequest, Sandboxes};
+use super::{view, SandboxId, SandboxRequest, Sandboxes};
+use crate::entries::{Checkpoint, SandboxFacts};
 use crate::entries::{Facts, Open};
+use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::sandbox::environments::Environments;
 use crate::wire::SandboxView;
@@ -58,13 +59,6 @@ pub struct SandboxRecord {
     /// none, and a restart forks its environment again.
     pub checkpoint: Option<String>,
     pub checkpoint_ms: Option<u64>,
-}
-
-/// A sandbox's last checkpoint, held so its folder stays (it is removed when a newer one
-/// replaces it, or when the sandbox goes).
-pub struct Checkpoint {
-    pub fork: Arc<PausedFork>,
-    pub at_ms: u64,
 }
 
 impl Sandboxes {
@@ -140,17 +134,18 @@ impl Sandboxes {
         let mut sandbox = sandbox.lock().await;
         if sandbox.run.paused().is_some() {
             return Err(ApiError::new(
-                409,
+                ErrorKind::Conflict,
                 format!("sandbox {id} is paused: its pause is its checkpoint"),
             ));
         }
         let _in_use = self.begin(id);
         let dir = self.checkpoint_dir(id);
-        let fork = sandbox
-            .run
-            .checkpoint(&dir)
-            .await
-            .map_err(|e| ApiError::new(500, format!("checkpointing sandbox {id}: {}", engine::describe(&e))))?;
+        let fork = sandbox.run.checkpoint(&dir).await.map_err(|e| {
+            ApiError::new(
+                ErrorKind::Internal,
+                format!("checkpointing sandbox {id}: {}", engine::describe(&e)),
+            )
+        })?;
         sandbox.sandbox_mut().checkpoint = Some(Checkpoint {
             fork,
             at_ms: engine::row::now_ms() as u64,
@@ -300,7 +295,7 @@ impl Sandboxes {
     async fn fresh_checkpoint(
         &self,
         record: &SandboxRecord,
-        settings: &super::settings::Settings,
+        settings: &crate::entries::Settings,
     ) -> anyhow::Result<PausedFork> {
         let mut run = self
             .host
