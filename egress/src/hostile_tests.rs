@@ -86,7 +86,12 @@ impl Guest {
     fn start(policy: Policy) -> Guest {
         let shared: SharedPolicy = Arc::new(Mutex::new(policy));
         let (guest, host) = tokio::net::UnixStream::pair().unwrap();
-        tokio::spawn(crate::port::serve(host, shared, tokio::sync::mpsc::channel(1).1));
+        tokio::spawn(crate::port::serve(
+            host,
+            shared,
+            tokio::sync::mpsc::channel(1).1,
+            tokio::sync::watch::channel(0).1,
+        ));
         let (mut from_host, to_host) = guest.into_split();
         let readers: Readers = Default::default();
         let routes = readers.clone();

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use crate::destination::{resolve, UPSTREAM_TIMEOUT};
 use crate::framing::{FramingGuard, REFUSED_HEADER};
 use crate::policy::{Attempt, Policy, UpstreamFailure, Verdict};
-use crate::relay::pipe;
+use crate::relay::{pipe, Relayed};
 use crate::rules::{check_push, receive_pack_commands, Decision, GitPush};
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -55,14 +55,9 @@ const HOP_BY_HOP: [&str; 10] = [
 
 /// Serves one guest connection whose first bytes (`head`, a proxy request in absolute form)
 /// were read already; returns where the guest's further bytes go.
-pub(crate) fn inspect(
-    conn: u32,
-    head: Vec<u8>,
-    policy: Policy,
-    to_guest: mpsc::Sender<Frame>,
-) -> mpsc::Sender<Vec<u8>> {
-    let (to_up, proxy_side) = pipe(conn, head, to_guest);
-    tokio::spawn(async move {
+pub(crate) fn inspect(conn: u32, head: Vec<u8>, policy: Policy, to_guest: mpsc::Sender<Frame>) -> Relayed {
+    let (relayed, proxy_side) = pipe(conn, head, to_guest);
+    let served = tokio::spawn(async move {
         let service = hyper::service::service_fn(move |request| {
             let policy = policy.clone();
             async move { Ok::<_, Infallible>(handle(request, &policy, None).await) }
@@ -71,7 +66,7 @@ pub(crate) fn inspect(
             .serve_connection(TokioIo::new(FramingGuard::new(proxy_side)), service)
             .await;
     });
-    to_up
+    relayed.with(served.abort_handle())
 }
 
 /// Serves a guest's `CONNECT host:port` to an inspected host: answers it, then terminates the
@@ -84,7 +79,7 @@ pub(crate) fn inspect_tls(
     to_guest: mpsc::Sender<Frame>,
     host: String,
     port: u16,
-) -> Option<mpsc::Sender<Vec<u8>>> {
+) -> Option<Relayed> {
     let target = format!("CONNECT {host}:{port}");
     let config = match policy.rules.ca().map(|ca| ca.server_config(&host)) {
         Some(Ok(config)) => config,
@@ -94,8 +89,8 @@ pub(crate) fn inspect_tls(
         }
         None => return None,
     };
-    let (to_up, mut proxy_side) = pipe(conn, after_head, to_guest);
-    tokio::spawn(async move {
+    let (relayed, mut proxy_side) = pipe(conn, after_head, to_guest);
+    let served = tokio::spawn(async move {
         // The answer to CONNECT goes to the guest first (the pipe carries it).
         if proxy_side
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -121,7 +116,7 @@ pub(crate) fn inspect_tls(
             .serve_connection(TokioIo::new(FramingGuard::new(tls)), service)
             .await;
     });
-    Some(to_up)
+    Some(relayed.with(served.abort_handle()))
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Body> {

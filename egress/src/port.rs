@@ -10,6 +10,7 @@
 //! hangs waiting for a network it does not have.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use farm_protocol::net::{Frame, Kind, HOST_CONN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,7 +18,8 @@ use tokio::sync::mpsc;
 
 use crate::destination::{resolve, UPSTREAM_TIMEOUT};
 use crate::policy::{Attempt, Policy, SharedPolicy, UpstreamFailure, Verdict};
-use crate::relay::{answer, relay};
+use crate::relay::{answer, relay, Relayed};
+use crate::rules::RuleSet;
 
 /// Bytes of a request head the proxy reads at most before it must see the end of it.
 const MAX_HEAD: usize = 16 << 10;
@@ -33,12 +35,21 @@ pub(crate) struct GuestConnect {
 pub struct NetPort {
     task: tokio::task::JoinHandle<()>,
     connects: mpsc::Sender<GuestConnect>,
+    /// Told when the VM's policy changed: the guest's open connections are checked again.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl NetPort {
     /// What opens connections to the guest's own services, usable apart from this port.
     pub fn connector(&self) -> GuestConnector {
         GuestConnector(self.connects.clone())
+    }
+
+    /// The VM's policy changed: every open connection of the guest's that the new policy
+    /// would not open is cut now (a connection whose requests are inspected, whenever the
+    /// rules changed: its rules were the old policy's).
+    pub fn policy_changed(&self) {
+        self.changed.send_modify(|n| *n += 1);
     }
 }
 
@@ -74,25 +85,50 @@ pub fn spawn(stream: std::os::unix::net::UnixStream, policy: SharedPolicy) -> st
     stream.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(stream)?;
     let (connects, requests) = mpsc::channel(16);
+    let (changed, changes) = tokio::sync::watch::channel(0);
     Ok(NetPort {
-        task: tokio::spawn(serve(stream, policy, requests)),
+        task: tokio::spawn(serve(stream, policy, requests, changes)),
         connects,
+        changed,
     })
 }
 
 /// Connections the guest may have open at once through its port, and the host as many more.
 const MAX_CONNS: usize = 256;
 
-/// Per connection: the request head still being read, or the channel to its other end.
+/// Per connection: the request head still being read, or its relay and where it goes.
 enum Conn {
     Head(Vec<u8>),
-    Relay(mpsc::Sender<Vec<u8>>),
+    Relay(Relayed, Destination),
+}
+
+/// Where a relayed connection goes, as the policy that opened it judged it.
+#[derive(Clone)]
+pub(crate) enum Destination {
+    /// A host on the allowlist, passed through.
+    Passed { host: String, port: u16 },
+    /// A host whose requests are inspected under these rules.
+    Inspected(Arc<RuleSet>),
+    /// One the host opened to the guest's own service (never cut by the guest's policy).
+    Host,
+}
+
+impl Destination {
+    /// Whether `policy` would open this connection as it is.
+    fn allowed_by(&self, policy: &Policy) -> bool {
+        match self {
+            Destination::Passed { host, port } => policy.allows(host, *port) && !policy.rules.inspects(host, *port),
+            Destination::Inspected(rules) => Arc::ptr_eq(rules, &policy.rules),
+            Destination::Host => true,
+        }
+    }
 }
 
 pub(crate) async fn serve(
     stream: tokio::net::UnixStream,
     policy: SharedPolicy,
     mut connects: mpsc::Receiver<GuestConnect>,
+    mut changes: tokio::sync::watch::Receiver<u64>,
 ) {
     let (mut read, write) = stream.into_split();
     let (closed_tx, mut closed) = mpsc::unbounded_channel();
@@ -112,6 +148,11 @@ pub(crate) async fn serve(
                 conns.remove(&conn);
                 continue;
             }
+            Ok(()) = changes.changed() => {
+                let now = policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                cut_what_is_no_longer_allowed(&mut conns, &now, &to_guest).await;
+                continue;
+            }
             Some(GuestConnect { port, reply }) = connects.recv() => {
                 let host_count = conns.keys().filter(|id| **id & HOST_CONN != 0).count();
                 if host_count >= MAX_CONNS {
@@ -121,7 +162,7 @@ pub(crate) async fn serve(
                 host_conns = host_conns.wrapping_add(1) % HOST_CONN;
                 let id = HOST_CONN | host_conns;
                 let (ours, theirs) = tokio::io::duplex(256 << 10);
-                conns.insert(id, Conn::Relay(relay(id, Vec::new(), ours, to_guest.clone())));
+                conns.insert(id, Conn::Relay(relay(id, Vec::new(), ours, to_guest.clone()), Destination::Host));
                 let connect = Frame { conn: id, kind: Kind::Connect, payload: port.to_be_bytes().to_vec() };
                 if to_guest.send(connect).await.is_err() {
                     return tracing::debug!("the guest's network port stopped taking frames");
@@ -179,8 +220,8 @@ async fn on_frame(
             conns.remove(&frame.conn);
         }
         Kind::Data => match conns.get_mut(&frame.conn) {
-            Some(Conn::Relay(up)) => {
-                let gone = up.send(frame.payload).await.is_err();
+            Some(Conn::Relay(up, _)) => {
+                let gone = up.to_up.send(frame.payload).await.is_err();
                 if gone {
                     conns.remove(&frame.conn);
                 }
@@ -198,8 +239,8 @@ async fn on_frame(
                     Head::Proxy(request) => open(frame.conn, request, head, &current(), to_guest.clone()).await,
                 };
                 match opened {
-                    Some(up) => {
-                        conns.insert(frame.conn, Conn::Relay(up));
+                    Some((up, destination)) => {
+                        conns.insert(frame.conn, Conn::Relay(up, destination));
                     }
                     None => {
                         conns.remove(&frame.conn);
@@ -210,6 +251,37 @@ async fn on_frame(
         },
     }
     true
+}
+
+/// Cuts every relayed connection of the guest's that `policy` would not open (and tells the
+/// guest it is closed), after the VM's policy changed.
+async fn cut_what_is_no_longer_allowed(
+    conns: &mut HashMap<u32, Conn>,
+    policy: &Policy,
+    to_guest: &mpsc::Sender<Frame>,
+) {
+    let cut: Vec<u32> = conns
+        .iter()
+        .filter_map(|(id, conn)| match conn {
+            Conn::Relay(relayed, destination) if !destination.allowed_by(policy) => {
+                relayed.cut();
+                Some(*id)
+            }
+            _ => None,
+        })
+        .collect();
+    for id in cut {
+        conns.remove(&id);
+        let close = Frame {
+            conn: id,
+            kind: Kind::Close,
+            payload: Vec::new(),
+        };
+        if to_guest.send(close).await.is_err() {
+            return;
+        }
+        tracing::info!(target: "farm::net", "connection {id} cut: the VM's new policy does not allow it");
+    }
 }
 
 /// The task that writes every frame for the guest, in the order sent on the channel it returns.
@@ -358,7 +430,7 @@ async fn open(
     head: &[u8],
     policy: &Policy,
     to_guest: mpsc::Sender<Frame>,
-) -> Option<mpsc::Sender<Vec<u8>>> {
+) -> Option<(Relayed, Destination)> {
     let ProxyRequest {
         host,
         port,
@@ -367,6 +439,7 @@ async fn open(
     } = request;
     let target = format!("{host}:{port}");
     if policy.rules.inspects(&host, port) {
+        let inspected = Destination::Inspected(policy.rules.clone());
         if tunnel {
             let refused = to_guest.clone();
             let opened = crate::inspect::inspect_tls(conn, first, policy.clone(), to_guest, host.clone(), port);
@@ -374,9 +447,12 @@ async fn open(
                 let reason = format!("{target} could not be intercepted (see the log)");
                 answer(&refused, conn, 403, &reason).await;
             }
-            return opened;
+            return opened.map(|relayed| (relayed, inspected));
         }
-        return Some(crate::inspect::inspect(conn, head.to_vec(), policy.clone(), to_guest));
+        return Some((
+            crate::inspect::inspect(conn, head.to_vec(), policy.clone(), to_guest),
+            inspected,
+        ));
     }
     let reply = Reply {
         to_guest: &to_guest,
@@ -405,7 +481,10 @@ async fn open(
         };
         let _ = to_guest.send(established).await;
     }
-    Some(relay(conn, first, upstream, to_guest))
+    Some((
+        relay(conn, first, upstream, to_guest),
+        Destination::Passed { host, port },
+    ))
 }
 
 /// Resolves an allowed host and connects to it, refusing an address of an inspected host;
@@ -599,7 +678,12 @@ mod tests {
             ..Default::default()
         }));
         let (guest, host) = tokio::net::UnixStream::pair().unwrap();
-        tokio::spawn(serve(host, policy, mpsc::channel(1).1));
+        tokio::spawn(serve(
+            host,
+            policy,
+            mpsc::channel(1).1,
+            tokio::sync::watch::channel(0).1,
+        ));
         let (mut from_host, mut to_host) = guest.into_split();
         let send = |conn: u32, kind: Kind, payload: &[u8]| {
             Frame {
@@ -655,5 +739,78 @@ mod tests {
             "{}",
             replies[&3]
         );
+    }
+
+    /// A tunnel to an allowed upstream carries bytes; then the policy is tightened (the
+    /// upstream is no longer on the allowlist): the tunnel is cut at once, both ways, and the
+    /// guest is told its connection closed, while a connection the new policy still allows
+    /// goes on.
+    #[tokio::test]
+    async fn a_tighter_policy_cuts_the_connections_it_would_not_open() {
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let kept = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (port, kept_port) = (upstream.local_addr().unwrap().port(), kept.local_addr().unwrap().port());
+        let policy: SharedPolicy = Arc::new(Mutex::new(Policy {
+            allow: vec![format!("127.0.0.1:{port}"), format!("127.0.0.1:{kept_port}")],
+            ..Default::default()
+        }));
+        let (guest, host) = tokio::net::UnixStream::pair().unwrap();
+        let (changed, changes) = tokio::sync::watch::channel(0);
+        tokio::spawn(serve(host, policy.clone(), mpsc::channel(1).1, changes));
+        let (mut from_host, mut to_host) = guest.into_split();
+        let send = |conn: u32, kind: Kind, payload: &[u8]| {
+            Frame {
+                conn,
+                kind,
+                payload: payload.to_vec(),
+            }
+            .encode()
+        };
+        for (conn, port) in [(1, port), (2, kept_port)] {
+            let head = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+            to_host.write_all(&send(conn, Kind::Open, b"")).await.unwrap();
+            to_host
+                .write_all(&send(conn, Kind::Data, head.as_bytes()))
+                .await
+                .unwrap();
+        }
+        let (mut served, _) = upstream.accept().await.unwrap();
+        let (mut served_kept, _) = kept.accept().await.unwrap();
+        to_host.write_all(&send(1, Kind::Data, b"before")).await.unwrap();
+        let mut got = [0u8; 6];
+        served.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"before");
+
+        policy.lock().unwrap().allow = vec![format!("127.0.0.1:{kept_port}")];
+        changed.send_modify(|n| *n += 1);
+        // The guest hears that connection 1 closed (after its two tunnels' `200`s).
+        let mut pending = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        let closed = loop {
+            let read = tokio::time::timeout(std::time::Duration::from_secs(10), from_host.read(&mut buf)).await;
+            let n = read.expect("the guest was never told of a cut").unwrap();
+            assert!(n > 0, "the port closed early");
+            pending.extend_from_slice(&buf[..n]);
+            let mut closed = None;
+            while let Some((frame, used)) = Frame::decode(&pending).unwrap() {
+                pending.drain(..used);
+                if frame.kind == Kind::Close {
+                    closed = Some(frame.conn);
+                }
+            }
+            if let Some(conn) = closed {
+                break conn;
+            }
+        };
+        assert_eq!(closed, 1, "the connection the new policy does not allow");
+        // Nothing more of the guest's reaches the cut upstream; the kept one still carries.
+        to_host.write_all(&send(1, Kind::Data, b"after")).await.unwrap();
+        to_host.write_all(&send(2, Kind::Data, b"still")).await.unwrap();
+        let mut kept_got = [0u8; 5];
+        served_kept.read_exact(&mut kept_got).await.unwrap();
+        assert_eq!(&kept_got, b"still");
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), served.read_to_end(&mut rest)).await;
+        assert_eq!(read.expect("the cut upstream sees its end").unwrap(), 0, "{rest:?}");
     }
 }

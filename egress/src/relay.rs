@@ -6,16 +6,38 @@ use farm_protocol::net::{Frame, Kind, MAX_PAYLOAD};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+/// A relayed connection: where the guest's bytes go, and the tasks that move them (both
+/// ways), which [`Relayed::cut`] stops at once.
+pub(crate) struct Relayed {
+    pub(crate) to_up: mpsc::Sender<Vec<u8>>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Relayed {
+    /// A relay whose other end is served by `task` too (an inspection), stopped with it.
+    pub(crate) fn with(mut self, task: tokio::task::AbortHandle) -> Relayed {
+        self.tasks.push(task);
+        self
+    }
+
+    /// Stops the relay both ways now: nothing more goes up or comes down.
+    pub(crate) fn cut(&self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 /// Relays guest connection `conn` and `stream`: `first`, then every payload sent on the
 /// returned channel, is written to `stream` (which is shut down for writing when the channel
 /// closes); what `stream` yields goes to the guest, and its end closes the guest's connection.
-pub(crate) fn relay<S>(conn: u32, first: Vec<u8>, stream: S, to_guest: mpsc::Sender<Frame>) -> mpsc::Sender<Vec<u8>>
+pub(crate) fn relay<S>(conn: u32, first: Vec<u8>, stream: S, to_guest: mpsc::Sender<Frame>) -> Relayed
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (mut from_stream, mut to_stream) = tokio::io::split(stream);
     let (to_up, mut from_guest) = mpsc::channel::<Vec<u8>>(64);
-    tokio::spawn(async move {
+    let up = tokio::spawn(async move {
         if !first.is_empty() && to_stream.write_all(&first).await.is_err() {
             return;
         }
@@ -26,7 +48,7 @@ where
         }
         let _ = to_stream.shutdown().await;
     });
-    tokio::spawn(async move {
+    let down = tokio::spawn(async move {
         let mut buf = vec![0u8; MAX_PAYLOAD];
         loop {
             match from_stream.read(&mut buf).await {
@@ -50,16 +72,15 @@ where
         };
         let _ = to_guest.send(close).await;
     });
-    to_up
+    Relayed {
+        to_up,
+        tasks: vec![up.abort_handle(), down.abort_handle()],
+    }
 }
 
 /// Joins a guest connection to one end of an in-memory pipe: what the guest sends (after
 /// `first`) comes out of the returned end, and what is written there goes to the guest.
-pub(crate) fn pipe(
-    conn: u32,
-    first: Vec<u8>,
-    to_guest: mpsc::Sender<Frame>,
-) -> (mpsc::Sender<Vec<u8>>, tokio::io::DuplexStream) {
+pub(crate) fn pipe(conn: u32, first: Vec<u8>, to_guest: mpsc::Sender<Frame>) -> (Relayed, tokio::io::DuplexStream) {
     let (guest_side, proxy_side) = tokio::io::duplex(256 << 10);
     (relay(conn, first, guest_side, to_guest), proxy_side)
 }

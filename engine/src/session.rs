@@ -35,6 +35,7 @@ use crate::policy::Policy;
 use crate::row::{Row, Status, Step};
 
 mod changes;
+mod network;
 mod reset;
 pub use changes::{Change, Judged};
 pub use reset::{ResetWay, SessionResetError};

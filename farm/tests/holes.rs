@@ -25,7 +25,9 @@ type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStre
 /// Bytes a careless or hostile client puts after its JSON.
 const TAILS: &[&str] = &[" x", "\n{}", " 1", "{\"environment\":\"e\"}"];
 
-fn service_file(dir: &Path) -> std::path::PathBuf {
+/// The service: A's `net-a`, B's `net-b`, and A's `open-a` (reaching the test's upstream on
+/// `upstream`) that a live sandbox may be tightened to `shut-a` (reaching nothing of it).
+fn service_file(dir: &Path, upstream: u16) -> std::path::PathBuf {
     let config = dir.join("holes.toml");
     let suite = repo().join("configs/serve.toml");
     std::fs::write(
@@ -33,12 +35,45 @@ fn service_file(dir: &Path) -> std::path::PathBuf {
         format!(
             "[serve]\nsuites = [{:?}]\nconcurrency = 1\nmax_sessions = 8\n[serve.sandboxes]\n\
              [serve.sandboxes.networks.net-a]\nallow = [\"127.0.0.1:9\"]\n\
-             [serve.sandboxes.networks.net-b]\nallow = [\"127.0.0.1:9\"]\n",
+             [serve.sandboxes.networks.net-b]\nallow = [\"127.0.0.1:9\"]\n\
+             [serve.sandboxes.networks.open-a]\nallow = [\"127.0.0.1:{upstream}\"]\n\
+             [serve.sandboxes.networks.shut-a]\nallow = [\"127.0.0.1:9\"]\n\
+             [serve.sandboxes.tighten]\nopen-a = [\"shut-a\"]\n",
             suite.display().to_string()
         ),
     )
     .unwrap();
     config
+}
+
+/// A TCP server on the host's loopback that keeps every connection open until its client
+/// ends it: its port, and the news of each connection (`accepted`, then `ended`).
+fn upstream() -> (u16, std::sync::mpsc::Receiver<&'static str>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (news, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let news = news.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let _ = news.send("accepted");
+                let mut stream = stream;
+                let mut buf = [0u8; 4096];
+                while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+                let _ = news.send("ended");
+            });
+        }
+    });
+    (port, heard)
+}
+
+/// Waits up to a minute for `what` from the upstream.
+fn heard(news: &std::sync::mpsc::Receiver<&'static str>, what: &str) {
+    match news.recv_timeout(Duration::from_secs(60)) {
+        Ok(got) => assert_eq!(got, what),
+        Err(e) => panic!("the upstream never said {what}: {e}"),
+    }
 }
 
 /// A new key of `tenant`: (secret, key id).
@@ -608,19 +643,127 @@ async fn connections_end_with_their_key(db: &Path, url: &str, b: &Api, env: &str
     b.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
 }
 
+/// A live sandbox's egress only tightens: A's sandbox on `open-a` holds a tunnel to the
+/// upstream; moved to `shut-a`, the tunnel is cut at once and a new request is refused by the
+/// proxy; a branch of it has `shut-a` too. Back to `open-a`, from no network to any, or to a
+/// policy not listed after its own: refused. B cannot move A's sandbox (404 alike a sandbox
+/// that never was), nor its own onto a policy of A's. Every move is in the audit.
+async fn a_network_only_tightens(
+    db: &Path,
+    a: &Api,
+    b: &Api,
+    env: &str,
+    news: &std::sync::mpsc::Receiver<&'static str>,
+    upstream: u16,
+) {
+    let sandbox = a
+        .ok(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({ "environment": env, "network": "open-a" })),
+            201,
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let tunnel = format!("(printf 'CONNECT 127.0.0.1:{upstream} HTTP/1.1\\r\\n\\r\\n'; sleep 600) | nc 127.0.0.1 3128");
+    a.ok(
+        "POST",
+        &format!("/v1/sandboxes/{sandbox}/processes"),
+        Some(json!({ "command": tunnel })),
+        201,
+    )
+    .await;
+    heard(news, "accepted");
+    let network = format!("/v1/sandboxes/{sandbox}/network");
+    // B: A's sandbox is one that never was; its own may not take A's policies.
+    let (status, theirs) = b.call("POST", &network, Some(json!({ "network": null }))).await;
+    let (never_status, never) = b
+        .call(
+            "POST",
+            "/v1/sandboxes/sb-never/network",
+            Some(json!({ "network": null })),
+        )
+        .await;
+    assert_eq!((status, never_status), (404, 404), "{theirs} {never}");
+    assert_eq!(
+        theirs.to_string().replace(&sandbox, "X"),
+        never.to_string().replace("sb-never", "X")
+    );
+    let own = b
+        .ok(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({ "environment": env, "network": "net-b" })),
+            201,
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, refused) = b
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{own}/network"),
+            Some(json!({ "network": "open-a" })),
+        )
+        .await;
+    assert_eq!((status, refused["field"].as_str()), (400, Some("network")), "{refused}");
+    b.ok("DELETE", &format!("/v1/sandboxes/{own}"), None, 200).await;
+    // A: a body past the JSON, and a policy not listed after its own, are refused.
+    let (status, _) = raw(a, "POST", &network, "{\"network\":\"shut-a\"} x").await;
+    assert_eq!(status, 400);
+    let (status, refused) = a.call("POST", &network, Some(json!({ "network": "net-a" }))).await;
+    assert_eq!((status, refused["field"].as_str()), (409, Some("network")), "{refused}");
+    // Tightened: the tunnel is cut, a new request refused, a branch as strict.
+    let moved = a.ok("POST", &network, Some(json!({ "network": "shut-a" })), 200).await;
+    assert_eq!(moved["network"], "shut-a", "{moved}");
+    heard(news, "ended");
+    let probe = format!("wget -q -O- http://127.0.0.1:{upstream}/ 2>&1; echo rc=$?");
+    let (_, said) = a.run_sh(&sandbox, &probe).await;
+    assert!(said.contains("403") && !said.contains("rc=0"), "{said}");
+    let branch = a
+        .ok("POST", &format!("/v1/sandboxes/{sandbox}/branch"), None, 201)
+        .await;
+    assert_eq!(branch["network"], "shut-a", "{branch}");
+    let (_, said) = a.run_sh(branch["id"].as_str().unwrap(), &probe).await;
+    assert!(said.contains("403") && !said.contains("rc=0"), "{said}");
+    // Never looser: back to `open-a`, or from no network to anything.
+    let (status, refused) = a.call("POST", &network, Some(json!({ "network": "open-a" }))).await;
+    assert_eq!((status, refused["field"].as_str()), (409, Some("network")), "{refused}");
+    a.ok("POST", &network, Some(json!({ "network": null })), 200).await;
+    let (status, _) = a.call("POST", &network, Some(json!({ "network": "shut-a" }))).await;
+    assert_eq!(status, 409);
+    let records: Value = serde_json::from_str(&farm_tenant(db, &["--json", "audit", "--limit", "100000"])).unwrap();
+    let moves = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["route"] == "POST /v1/sandboxes/{id}/network" && r["tenant"] == "a" && r["status"] == 200)
+        .count();
+    assert_eq!(moves, 2, "both moves are in the audit");
+    for id in [sandbox.as_str(), branch["id"].as_str().unwrap()] {
+        a.ok("DELETE", &format!("/v1/sandboxes/{id}"), None, 200).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_five_holes_stay_shut() {
     let dir = tempfile::tempdir().unwrap();
     let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
     let db = out.join("tenants.db");
-    for (tenant, network) in [("a", "net-a"), ("b", "net-b")] {
-        farm_tenant(&db, &["add", tenant]);
+    for (tenant, network) in [("a", "net-a"), ("b", "net-b"), ("a", "open-a"), ("a", "shut-a")] {
+        if network.starts_with("net") {
+            farm_tenant(&db, &["add", tenant]);
+        }
         farm_tenant(&db, &["grant", tenant, network]);
     }
     let (a_key, _) = new_key(&db, "a");
     let (b_key, _) = new_key(&db, "b");
+    let (upstream_port, news) = upstream();
     let (mut service, url) = farm_serve(
-        &service_file(dir.path()),
+        &service_file(dir.path(), upstream_port),
         &out,
         &run_dir,
         "127.0.0.1:0",
@@ -634,6 +777,7 @@ async fn round_five_holes_stay_shut() {
     unread_input_is_refused_not_fatal(&url, &a, &a_key, &owned.env).await;
     connections_are_bounded(&db, &b, &owned.env).await;
     connections_end_with_their_key(&db, &url, &b, &owned.env).await;
+    a_network_only_tightens(&db, &a, &b, &owned.env, &news, upstream_port).await;
     // B never reached A's secret, and A's sandbox is as A left it.
     assert_eq!(a.run_sh(&owned.sandbox, "cat /root/secret").await.1.trim(), "a-secret");
     stop(&mut service);

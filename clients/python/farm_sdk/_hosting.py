@@ -243,6 +243,11 @@ def set_timeout(
     return SandboxInfo.from_json((yield from _json(call)))
 
 
+def set_network(sandbox_id: str, network: Optional[str]) -> Operation[SandboxInfo]:
+    call = Call("POST", f"{_sandbox(sandbox_id)}/network", json={"network": network})
+    return SandboxInfo.from_json((yield from _json(call)))
+
+
 def list_sandboxes(state: Optional[str], metadata: Optional[Mapping[str, str]]) -> Operation[List[SandboxInfo]]:
     answer = yield from _json(list_sandboxes_call(state, metadata))
     listed = answer.get("sandboxes") if isinstance(answer, dict) else None

@@ -303,6 +303,10 @@ class AsyncSandbox:
             return AsyncSandbox(self.farm, await _run(self._http, core.branch(self.id)))
         return [AsyncSandbox(self.farm, i) for i in await _run(self._http, hosting.branch_many(self.id, count))]
 
+    async def set_network(self, network: Optional[str]) -> SandboxInfo:
+        """See `Sandbox.set_network`."""
+        return await _run(self._http, hosting.set_network(self.id, network))
+
     async def set_timeout(
         self, seconds: Optional[float] = None, *, idle: Optional[float] = None, lifetime: Optional[float] = None
     ) -> SandboxInfo:

@@ -297,6 +297,12 @@ class Sandbox:
         `lifetime` seconds after it was made; `idle` is its idle timeout from now on."""
         return _run(self._http, hosting.set_timeout(self.id, seconds, idle, lifetime))
 
+    def set_network(self, network: Optional[str]) -> SandboxInfo:
+        """Moves it, live, to a stricter named policy of the service's (one
+        `serve.sandboxes.tighten` lists after its present one), or to no network (`None`):
+        its connections the new policy would not open are cut. Never looser (`Conflict`)."""
+        return _run(self._http, hosting.set_network(self.id, network))
+
     def pty(
         self,
         rows: int = 24,

@@ -315,6 +315,19 @@ def test_set_timeout_sends_what_was_given(face):
 
 
 @pytest.mark.parametrize("face", FACES)
+def test_set_network_names_a_policy_or_none(face):
+    server = MockFarm().on("POST", f"{SB}/network", httpx.Response(200, json=dict(SANDBOX, network="agent")))
+
+    async def run(sb):
+        info = await step(sb.set_network("agent"))
+        assert info.network == "agent"
+        await step(sb.set_network(None))
+
+    scenario(face, server, run)
+    assert [body(r) for r in server.sent("POST", f"{SB}/network")] == [{"network": "agent"}, {"network": None}]
+
+
+@pytest.mark.parametrize("face", FACES)
 def test_a_checkpoint_is_taken_and_the_sandbox_runs_on(face):
     saved = dict(SANDBOX, checkpoint_at_ms=1764990000000)
     server = MockFarm().on("POST", f"{SB}/checkpoint", httpx.Response(200, json=saved))

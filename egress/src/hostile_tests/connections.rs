@@ -29,7 +29,12 @@ async fn connections_the_host_opens_into_the_guest_and_closes_are_forgotten() {
     let (guest_end, host_end) = tokio::net::UnixStream::pair().unwrap();
     let (connects, requests) = tokio::sync::mpsc::channel(16);
     let shared: SharedPolicy = Arc::new(Mutex::new(Policy::default()));
-    tokio::spawn(crate::port::serve(host_end, shared, requests));
+    tokio::spawn(crate::port::serve(
+        host_end,
+        shared,
+        requests,
+        tokio::sync::watch::channel(0).1,
+    ));
     let connector = crate::port::GuestConnector::from_sender(connects);
     // The guest: each connection the host opens is answered with a greeting, and nothing else
     // (no close: the host's side ends it).

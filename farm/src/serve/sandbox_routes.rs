@@ -19,7 +19,7 @@ use super::tenancy::Who;
 use axum::Extension;
 use service::sandbox::environments::EnvironmentRequest;
 use service::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
-use service::sandbox::sandboxes::{ExecRequest, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
+use service::sandbox::sandboxes::{ExecRequest, NetworkChange, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use service::sandbox::SandboxApi;
 use service::wire::{Deleted, SandboxBranched, SandboxList, StreamData, StreamError};
 use service::ErrorKind;
@@ -55,6 +55,7 @@ pub(super) fn routes() -> Router<App> {
         .route("/v1/sandboxes/{id}/exec/stream", post(exec_stream))
         .route("/v1/sandboxes/{id}/branch", post(branch))
         .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/v1/sandboxes/{id}/network", post(set_network))
         .route("/v1/sandboxes/{id}/checkpoint", post(checkpoint))
         .route("/v1/sandboxes/{id}/reset", post(reset))
         .route("/v1/sandboxes/{id}/stat", get(stat))
@@ -182,6 +183,11 @@ async fn reset(State(app): State<App>, Mine(id): Mine) -> Reply {
 async fn set_timeout(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: TimeoutRequest = parse(&body)?;
     ok(api(&app)?.sandboxes.set_timeout(&id, request).await?)
+}
+
+async fn set_network(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine, body: Bytes) -> Reply {
+    let change: NetworkChange = parse(&body)?;
+    ok(api(&app)?.sandboxes.set_network(&who, &id, change).await?)
 }
 
 async fn get_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {

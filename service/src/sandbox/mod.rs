@@ -61,6 +61,11 @@ pub struct SandboxSection {
     /// request rules each, as `[rollouts.network]` has. A client never supplies rules.
     #[serde(default)]
     pub networks: BTreeMap<String, engine::snapshots::Network>,
+    /// Which of those policies a live sandbox may be moved to from which (`POST
+    /// /v1/sandboxes/{id}/network`): from a policy only to one listed for it here, or to no
+    /// network at all; never to a looser one.
+    #[serde(default)]
+    pub tighten: BTreeMap<String, Vec<String>>,
     /// Where the listener of sandboxes' open ports listens (default: the service's address,
     /// on a port of the system's choosing).
     #[serde(default)]
@@ -119,6 +124,8 @@ pub enum SandboxConfigError {
     ContextSize,
     #[error("serve.sandboxes.warm_pool must be at most 64")]
     WarmPool,
+    #[error("serve.sandboxes.tighten.{from}: {to:?} is not a policy of serve.sandboxes.networks")]
+    Tighten { from: String, to: String },
 }
 
 impl SandboxSection {
@@ -141,6 +148,16 @@ impl SandboxSection {
                 name: name.clone(),
                 error,
             })?;
+        }
+        for (from, to) in &self.tighten {
+            for name in std::iter::once(from).chain(to) {
+                if !self.networks.contains_key(name) || to.iter().any(|t| t == from) {
+                    return Err(SandboxConfigError::Tighten {
+                        from: from.clone(),
+                        to: name.clone(),
+                    });
+                }
+            }
         }
         Ok(())
     }

@@ -382,9 +382,11 @@ impl Machine {
     }
 
     /// What the guest may reach from now on (see the `egress` crate); `Policy::default()`
-    /// refuses everything.
+    /// refuses everything. Connections the guest has open that `policy` would not open are
+    /// cut.
     pub fn set_network(&self, policy: egress::Policy) {
         *self.network.lock().unwrap_or_else(|e| e.into_inner()) = policy;
+        self.net_port.policy_changed();
     }
 
     /// Waits until the guest agent answers, reporting the console if it never does.

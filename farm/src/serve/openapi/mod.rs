@@ -151,6 +151,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
     environment_routes(&mut doc);
     sandbox_routes(&mut doc);
     sandbox_state_routes(&mut doc);
+    sandbox_network_routes(&mut doc);
     file_routes(&mut doc);
     process_routes(&mut doc);
     process_output_routes(&mut doc);

@@ -453,3 +453,18 @@ pub(super) fn protocol_routes(doc: &mut Doc) {
         vec![("101", "switching to the WebSocket", message())],
     );
 }
+
+pub(super) fn sandbox_network_routes(doc: &mut Doc) {
+    let (body, answer) = (
+        doc.json::<service::sandbox::sandboxes::NetworkChange>(),
+        doc.json::<SandboxView>(),
+    );
+    doc.route(
+        HttpMethod::Post,
+        "/v1/sandboxes/{id}/network",
+        "move it, live, to a stricter named policy (one serve.sandboxes.tighten lists after its own) or to none (null): connections the new policy would not open are cut",
+        &[],
+        Some(body),
+        vec![("200", "the sandbox", answer)],
+    );
+}

@@ -22,6 +22,7 @@ use engine::session::Judged;
 mod exec;
 mod files;
 pub mod lifetimes;
+mod network;
 pub mod processes;
 pub mod saved;
 mod settings;
@@ -29,6 +30,7 @@ mod settings;
 pub use crate::requests::SandboxRequest;
 pub use engine::guest::MAX_FILE_BYTES;
 pub use exec::{ExecRequest, StreamEvent};
+pub use network::NetworkChange;
 
 use super::environments::Environments;
 use crate::entries::{Checkpoint, Facts, Open, SandboxFacts};
@@ -73,6 +75,8 @@ pub struct Sandboxes {
     /// Their open ports, closed when they go.
     ports: Arc<super::ports::Ports>,
     networks: BTreeMap<String, egress::Policy>,
+    /// Which policy a live sandbox may be moved to from which (`serve.sandboxes.tighten`).
+    tighten: BTreeMap<String, Vec<String>>,
     idle: Duration,
     lifetime: Duration,
     warm_pool: usize,
@@ -104,6 +108,7 @@ impl Sandboxes {
             forks,
             ports,
             networks,
+            tighten: settings.tighten.clone(),
             idle: Duration::from_secs(settings.idle_timeout_secs),
             lifetime: Duration::from_secs(settings.max_lifetime_secs),
             warm_pool: settings.warm_pool,
