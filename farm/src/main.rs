@@ -112,7 +112,7 @@ fn main() {
                 Command::Merge(args) => cmd::merge::run(args).await,
                 Command::Tenant(args) => cmd::tenant::run(args),
                 Command::Openapi => {
-                    crate::ui::outln!("{}", serve::openapi::json());
+                    crate::ui::outln!("{}", serve::routes::json());
                     Ok(0)
                 }
             }

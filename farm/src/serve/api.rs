@@ -11,7 +11,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, post};
 use axum::Router;
 use serde::Deserialize;
 
@@ -25,29 +24,10 @@ use service::ErrorKind;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
+/// Every route of `farm serve` (declared in `super::routes`), behind the tenancy layer.
 pub fn router(service: Arc<Service>) -> Router {
     let app = App { service };
-    Router::new()
-        .route("/v1/rollouts", post(submit))
-        .route("/v1/results", get(results))
-        .route("/v1/rollouts/{id}", get(rollout))
-        .route("/v1/rollouts/{id}/cancel", post(cancel))
-        .route("/v1/cancel", post(cancel_below))
-        .route("/v1/capacity", get(capacity))
-        .route("/v1/sessions", post(open_session).get(list_sessions))
-        .route("/v1/sessions/{id}/exec", post(exec))
-        .route("/v1/sessions/{id}/write_file", post(write_file))
-        .route("/v1/sessions/{id}/branch", post(branch))
-        .route("/v1/sessions/{id}/submit", post(submit_session))
-        .route("/v1/sessions/{id}/pause", post(pause_session))
-        .route("/v1/sessions/{id}/resume", post(resume_session))
-        .route("/v1/sessions/{id}", delete(end_session).get(get_session))
-        .route("/metrics", get(metrics))
-        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
-        .merge(super::sandbox_routes::routes())
-        .merge(super::hosting_routes::routes())
-        .merge(super::mcp::routes())
-        .merge(super::openenv::routes())
+    super::routes::router()
         .fallback(|| async {
             HttpError::from(ApiError::new(
                 ErrorKind::NotFound,
@@ -63,7 +43,7 @@ pub fn router(service: Arc<Service>) -> Router {
 
 /// The Prometheus text; a tenant other than `default` sees its own `farm_tenant_*` series
 /// only.
-async fn metrics(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
+pub(super) async fn metrics(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
     app.service.count_tenant_forks();
     let text = engine::metrics::get().render();
     let text = match who.profile.is_default() {
@@ -86,7 +66,12 @@ fn own_metrics(text: &str, tenant: &str) -> String {
         .collect()
 }
 
-async fn submit(State(app): State<App>, Extension(who): Extension<Who>, headers: HeaderMap, body: Bytes) -> Reply {
+pub(super) async fn submit(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
     let request: SubmitRequest = parse(&body)?;
     let key = idempotency_key(&headers)?;
     let digest = body_digest(&body);
@@ -100,7 +85,7 @@ async fn submit(State(app): State<App>, Extension(who): Extension<Who>, headers:
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ResultsQuery {
+pub(super) struct ResultsQuery {
     #[serde(default)]
     cursor: usize,
     #[serde(default = "default_max")]
@@ -114,7 +99,7 @@ fn default_max() -> usize {
     100
 }
 
-async fn results(
+pub(super) async fn results(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     headers: HeaderMap,
@@ -183,38 +168,43 @@ fn arrow_stream(service: &Service, lines: &[(usize, Vec<u8>)]) -> Result<Vec<u8>
     Ok(out)
 }
 
-async fn rollout(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn rollout(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
     ok(app.service.rollout(&who, &id).await?)
 }
 
-async fn cancel(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn cancel(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
     ok(app.service.cancel(&who, &id).await?)
 }
 
-async fn cancel_below(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+pub(super) async fn cancel_below(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
     let request: CancelBelow = parse(&body)?;
     ok(app.service.cancel_below(request.policy_version_below, &who).await)
 }
 
-async fn capacity(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
+pub(super) async fn capacity(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
     ok(app.service.capacity(&who))
 }
 
-async fn open_session(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+pub(super) async fn open_session(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
     let request: ItemRequest = parse(&body)?;
     let service = app.service.clone();
     let (id, opened) = finish(async move { service.open_session(&who, request).await }).await?;
     made(StatusCode::CREATED, &id, opened)
 }
 
-async fn exec(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>, body: Bytes) -> Reply {
+pub(super) async fn exec(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Reply {
     let id = app.service.resolve_session(&who, &id)?;
     let (action, timeout) = parse::<ExecRequest>(&body)?.into_action();
     let service = app.service.clone();
     ok(finish(async move { service.act(&id, action, timeout).await }).await?)
 }
 
-async fn write_file(
+pub(super) async fn write_file(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Path(id): Path<String>,
@@ -226,14 +216,14 @@ async fn write_file(
     ok(finish(async move { service.act(&id, action, None).await }).await?)
 }
 
-async fn branch(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn branch(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
     let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
     let (child, branched) = finish(async move { service.branch(&who, &id).await }).await?;
     made(StatusCode::CREATED, &child, branched)
 }
 
-async fn submit_session(
+pub(super) async fn submit_session(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Path(id): Path<String>,
@@ -245,28 +235,44 @@ async fn submit_session(
     ok(finish(async move { service.submit_session(&id, request.answer).await }).await?)
 }
 
-async fn pause_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn pause_session(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+) -> Reply {
     let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
     ok(finish(async move { service.pause_session(&who, &id).await }).await?)
 }
 
-async fn resume_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn resume_session(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+) -> Reply {
     let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
     ok(finish(async move { service.resume_session(&who, &id).await }).await?)
 }
 
-async fn get_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn get_session(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+) -> Reply {
     let id = app.service.resolve_session(&who, &id)?;
     ok(app.service.get_session(&who, &id).await?)
 }
 
-async fn list_sessions(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
+pub(super) async fn list_sessions(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
     ok(app.service.list_sessions(&who).await?)
 }
 
-async fn end_session(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn end_session(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+) -> Reply {
     let id = app.service.resolve_session(&who, &id)?;
     ok(app.service.end_session(&id, "deleted").await?)
 }

@@ -7,8 +7,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, post};
-use axum::Router;
 use farm_protocol::process::Stream;
 use serde::Deserialize;
 
@@ -21,22 +19,6 @@ use service::sandbox::SandboxApi;
 use service::wire::StreamError;
 use service::ErrorKind;
 
-pub(super) fn routes() -> Router<App> {
-    Router::new()
-        .route("/v1/sandboxes/{id}/processes", post(start).get(list))
-        .route("/v1/sandboxes/{id}/processes/{pid}", get(one))
-        .route("/v1/sandboxes/{id}/processes/{pid}/output", get(output))
-        .route("/v1/sandboxes/{id}/processes/{pid}/output/stream", get(follow))
-        .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(stdin))
-        .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(signal))
-        .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(wait))
-        .route("/v1/sandboxes/{id}/processes/{pid}/resize", post(resize))
-        .route("/v1/sandboxes/{id}/pty", get(super::pty::open))
-        .route("/v1/sandboxes/{id}/ports", post(open_port).get(ports))
-        .route("/v1/sandboxes/{id}/ports/{port}", delete(close_port))
-        .layer(axum::extract::DefaultBodyLimit::max(4 << 20))
-}
-
 fn api(app: &App) -> Result<&SandboxApi, ApiError> {
     app.service.sandbox_api()
 }
@@ -48,17 +30,17 @@ fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -
         .map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))
 }
 
-async fn start(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
+pub(super) async fn start(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: ProcessStart = parse(&body)?;
     let started = api(&app)?.sandboxes.start_process(&id, request).await?;
     Ok((StatusCode::CREATED, axum::Json(started)).into_response())
 }
 
-async fn list(State(app): State<App>, Mine(id): Mine) -> Reply {
+pub(super) async fn list(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.processes(&id).await?)
 }
 
-async fn one(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>) -> Reply {
+pub(super) async fn one(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>) -> Reply {
     let pid = pid_of(&pid)?;
     ok(api(&app)?.sandboxes.process(&id, pid).await?)
 }
@@ -66,7 +48,7 @@ async fn one(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(Strin
 /// `?stream=stdout|stderr&offset=N&max=BYTES&wait=SECS`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct OutputQuery {
+pub(super) struct OutputQuery {
     #[serde(default = "stdout")]
     stream: Stream,
     #[serde(default)]
@@ -81,7 +63,7 @@ fn stdout() -> Stream {
     Stream::Stdout
 }
 
-async fn output(
+pub(super) async fn output(
     State(app): State<App>,
     Mine(id): Mine,
     Path((_, pid)): Path<(String, String)>,
@@ -98,14 +80,14 @@ async fn output(
 /// `?stdout=N&stderr=N`: the offsets to follow from.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FollowQuery {
+pub(super) struct FollowQuery {
     #[serde(default)]
     stdout: u64,
     #[serde(default)]
     stderr: u64,
 }
 
-async fn follow(
+pub(super) async fn follow(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Mine(id): Mine,
@@ -143,13 +125,23 @@ fn encode(value: &impl serde::Serialize) -> String {
     serde_json::to_string(value).expect("events serialize")
 }
 
-async fn stdin(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+pub(super) async fn stdin(
+    State(app): State<App>,
+    Mine(id): Mine,
+    Path((_, pid)): Path<(String, String)>,
+    body: Bytes,
+) -> Reply {
     let pid = pid_of(&pid)?;
     let request: StdinWrite = parse(&body)?;
     ok(api(&app)?.sandboxes.write_stdin(&id, pid, request).await?)
 }
 
-async fn signal(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+pub(super) async fn signal(
+    State(app): State<App>,
+    Mine(id): Mine,
+    Path((_, pid)): Path<(String, String)>,
+    body: Bytes,
+) -> Reply {
     let pid = pid_of(&pid)?;
     let request: SignalSend = parse(&body)?;
     ok(api(&app)?.sandboxes.signal_process(&id, pid, request).await?)
@@ -158,7 +150,7 @@ async fn signal(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(St
 /// `?timeout=SECS` (default 60).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WaitQuery {
+pub(super) struct WaitQuery {
     #[serde(default = "sixty")]
     timeout: f64,
 }
@@ -167,7 +159,7 @@ fn sixty() -> f64 {
     60.0
 }
 
-async fn wait(
+pub(super) async fn wait(
     State(app): State<App>,
     Mine(id): Mine,
     Path((_, pid)): Path<(String, String)>,
@@ -178,7 +170,12 @@ async fn wait(
     ok(api(&app)?.sandboxes.wait_process(&id, pid, q.timeout).await?)
 }
 
-async fn resize(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>, body: Bytes) -> Reply {
+pub(super) async fn resize(
+    State(app): State<App>,
+    Mine(id): Mine,
+    Path((_, pid)): Path<(String, String)>,
+    body: Bytes,
+) -> Reply {
     let pid = pid_of(&pid)?;
     let size: PtySize = parse(&body)?;
     ok(api(&app)?.sandboxes.resize(&id, pid, size).await?)
@@ -192,17 +189,21 @@ pub struct PortOpen {
     pub port: u64,
 }
 
-async fn open_port(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
+pub(super) async fn open_port(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: PortOpen = parse(&body)?;
     let opened = api(&app)?.sandboxes.open_port(&id, request.port).await?;
     Ok((StatusCode::CREATED, axum::Json(opened)).into_response())
 }
 
-async fn ports(State(app): State<App>, Mine(id): Mine) -> Reply {
+pub(super) async fn ports(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.ports(&id).await?)
 }
 
-async fn close_port(State(app): State<App>, Mine(id): Mine, Path((_, port)): Path<(String, String)>) -> Reply {
+pub(super) async fn close_port(
+    State(app): State<App>,
+    Mine(id): Mine,
+    Path((_, port)): Path<(String, String)>,
+) -> Reply {
     let port: u16 = port
         .parse()
         .map_err(|_| ApiError::field(ErrorKind::Invalid, "port", format!("{port:?} is not a port (1-65535)")))?;

@@ -15,8 +15,6 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -36,11 +34,7 @@ const VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-
 /// files are cut, and the tool says so.
 const READ_LIMIT: u64 = 1 << 20;
 
-pub(super) fn routes() -> Router<App> {
-    Router::new().route("/v1/sessions/{id}/mcp", post(message).get(not_here).delete(not_here))
-}
-
-async fn not_here() -> Response {
+pub(super) async fn not_here() -> Response {
     (
         StatusCode::METHOD_NOT_ALLOWED,
         [(header::ALLOW, "POST")],
@@ -189,7 +183,7 @@ fn read_message(body: &[u8]) -> Result<(bool, Message, Value), Response> {
     Ok((has_id, message, request_id))
 }
 
-async fn message(
+pub(super) async fn message(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Path(id): Path<String>,

@@ -23,121 +23,52 @@ use std::sync::Arc;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-use axum::routing::get;
 use axum::Extension;
-use axum::Router;
 use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::http::{ok, App, Reply};
+use super::http::App;
 use super::tenancy::Who;
 use service::requests::{ExecRequest, LimitsRequest, SubmitSessionRequest, WriteFileRequest};
 use service::sessions::SessionId;
 
+mod describe;
 mod open;
+pub(super) use describe::{health, metadata, schema_route};
 use open::{open_branch, open_session, session_request};
 use service::ErrorKind;
 
 /// Largest message a client may send (a `write_file` carries the file).
 const MAX_MESSAGE: usize = 16 << 20;
 
-pub(super) fn routes() -> Router<App> {
-    // Tasks handed out in turn to resets that name none.
-    let next_task = Arc::new(AtomicUsize::new(0));
-    Router::new()
-        .route(
-            "/v1/openenv/ws",
-            get(move |ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, State(app): State<App>, Extension(who): Extension<Who>| {
-                let next_task = next_task.clone();
-                async move {
-                    // One of the tenant's connections while it is open.
-                    let held = match app.service.tenancy.hold(&who) {
-                        Ok(held) => held,
-                        Err(e) => return e.into_response(),
-                    };
-                    match ws {
-                        Ok(ws) => ws
-                            .max_message_size(MAX_MESSAGE)
-                            .on_upgrade(move |socket| connection(socket, app, who, next_task, held)),
-                        Err(e) => crate::serve::error::refuse(
-                            e.status(),
-                            format!("{} (OpenEnv's socket: connect with a WebSocket client, e.g. openenv's GenericEnvClient)", e.body_text()),
-                        ),
-                    }
-                }
-            }),
-        )
-        .route("/v1/openenv/health", get(|| async { ok(json!({ "status": "healthy" })) }))
-        .route("/v1/openenv/schema", get(|| async { ok(schema()) }))
-        .route("/v1/openenv/metadata", get(metadata))
-}
+/// Tasks handed out in turn to resets that name none.
+static NEXT_TASK: AtomicUsize = AtomicUsize::new(0);
 
-async fn metadata(State(app): State<App>) -> Reply {
-    let mut suites: Vec<Value> = app
-        .service
-        .suites
-        .iter()
-        .map(|(name, state)| {
-            let mut tasks: Vec<&String> = state.tasks.keys().collect();
-            tasks.sort();
-            json!({ "name": name, "tasks": tasks })
-        })
-        .collect();
-    suites.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    ok(json!({
-        "name": "farm",
-        "description": "Tasks served by farm: each connection is a fork of a task's snapshotted microVM; actions are shell commands, file writes and a submit scored where the agent cannot reach.",
-        "version": env!("CARGO_PKG_VERSION"),
-        "readme_content": null,
-        "author": null,
-        "documentation_url": null,
-        "suites": suites,
-    }))
-}
-
-/// JSON Schemas of the actions, observations, state and reset's arguments.
-fn schema() -> Value {
-    json!({
-        "action": {
-            "title": "FarmAction",
-            "oneOf": [
-                { "type": "object", "additionalProperties": false, "required": ["kind", "command"], "properties": {
-                    "kind": { "const": "exec" }, "command": { "type": "string" },
-                    "timeout_secs": { "type": "integer", "minimum": 1 } } },
-                { "type": "object", "additionalProperties": false, "required": ["kind", "path", "content"], "properties": {
-                    "kind": { "const": "write_file" }, "path": { "type": "string" }, "content": { "type": "string" },
-                    "mode": { "type": "integer", "minimum": 0, "maximum": 4095 } } },
-                { "type": "object", "additionalProperties": false, "required": ["kind"], "properties": {
-                    "kind": { "const": "submit" }, "answer": { "type": ["string", "null"] } } },
-            ],
-        },
-        "observation": {
-            "title": "FarmObservation", "type": "object", "properties": {
-                "text": { "type": "string", "description": "What a model reads: the instruction after reset, the step's output after a step." },
-                "instruction": { "type": "string" }, "task_id": { "type": "string" },
-                "exit_code": { "type": ["integer", "null"] }, "stdout": { "type": "string" }, "stderr": { "type": "string" },
-                "status": { "type": "string", "description": "At the end: passed, failed, timeout or env_error." },
-                "trust": { "type": "string" }, "error": { "type": ["string", "null"] },
-            },
-        },
-        "state": {
-            "title": "FarmState", "type": "object", "properties": {
-                "episode_id": { "type": ["string", "null"] }, "session_id": { "type": ["string", "null"] },
-                "rollout_id": { "type": ["string", "null"] }, "task_id": { "type": ["string", "null"] },
-                "step_count": { "type": "integer" }, "done": { "type": "boolean" },
-            },
-        },
-        "reset": {
-            "title": "FarmReset", "type": "object", "additionalProperties": false, "properties": {
-                "suite": { "type": "string" }, "task_id": { "type": "string", "description": "Default: the suite's tasks in turn." },
-                "seed": { "type": "integer", "minimum": 0 }, "episode_id": { "type": "string" },
-                "branch_of": { "type": "string", "description": "A live session's id: continue from its state exactly (a GRPO group from one prepared state)." },
-                "limits": { "type": "object" }, "policy_version": { "type": "integer" }, "metadata": { "type": "object" },
-            },
-        },
-    })
+/// `GET /v1/openenv/ws`: the upgrade to an episode's socket.
+pub(super) async fn socket(
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+) -> axum::response::Response {
+    // One of the tenant's connections while it is open.
+    let held = match app.service.tenancy.hold(&who) {
+        Ok(held) => held,
+        Err(e) => return e.into_response(),
+    };
+    match ws {
+        Ok(ws) => ws
+            .max_message_size(MAX_MESSAGE)
+            .on_upgrade(move |socket| connection(socket, app, who, &NEXT_TASK, held)),
+        Err(e) => crate::serve::error::refuse(
+            e.status(),
+            format!(
+                "{} (OpenEnv's socket: connect with a WebSocket client, e.g. openenv's GenericEnvClient)",
+                e.body_text()
+            ),
+        ),
+    }
 }
 
 /// What one connection holds.
@@ -244,7 +175,7 @@ async fn connection(
     socket: WebSocket,
     app: App,
     who: Who,
-    next_task: Arc<AtomicUsize>,
+    next_task: &'static AtomicUsize,
     mut held: super::tenancy::Held,
 ) {
     let (mut sender, mut receiver) = socket.split();
@@ -288,8 +219,8 @@ async fn connection(
                     if sender.send(Message::text(busy.to_string())).await.is_err() { break; }
                     continue;
                 };
-                let (app, who, next_task, holding) = (app.clone(), who.clone(), next_task.clone(), holding.clone());
-                work = Some(tokio::spawn(async move { handle(&app, &who, &next_task, &holding, c, request).await }));
+                let (app, who, holding) = (app.clone(), who.clone(), holding.clone());
+                work = Some(tokio::spawn(async move { handle(&app, &who, next_task, &holding, c, request).await }));
             }
             finished = async { work.as_mut().expect("guarded").await }, if work.is_some() => {
                 work = None;

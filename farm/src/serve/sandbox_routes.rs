@@ -1,5 +1,5 @@
 //! The HTTP routes of the sandbox API (`/v1/contexts`, `/v1/environments`,
-//! `/v1/sandboxes`, `/v1/openapi.json`); the reference is `docs/sandbox-api.md`.
+//! `/v1/sandboxes`); the reference is `docs/sandbox-api.md`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,8 +9,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::IntoResponse;
-use axum::routing::{get, post, put};
-use axum::Router;
 use serde::Deserialize;
 
 use super::error::{ApiError, HttpError};
@@ -30,53 +28,13 @@ fn encode(value: &impl serde::Serialize) -> String {
 }
 
 /// Largest body of a folder upload (it travels to the guest in one agent request).
-const MAX_FOLDER_UPLOAD: usize = 64 << 20;
-
-pub(super) fn routes() -> Router<App> {
-    let files = Router::new()
-        .route("/v1/sandboxes/{id}/files", put(write_file).get(read_file))
-        .route("/v1/sandboxes/{id}/folders", put(write_folder).get(read_folder))
-        .layer(axum::extract::DefaultBodyLimit::max(
-            MAX_FOLDER_UPLOAD.max(MAX_FILE_BYTES as usize),
-        ));
-    let contexts =
-        Router::new()
-            .route("/v1/contexts", post(upload_context))
-            .layer(axum::extract::DefaultBodyLimit::max(
-                service::sandbox::MAX_CONTEXT_BYTES as usize,
-            ));
-    Router::new()
-        .route("/v1/environments", post(create_environment).get(list_environments))
-        .route("/v1/environments/{id}", get(get_environment).delete(delete_environment))
-        .route("/v1/environments/{id}/logs", get(environment_logs))
-        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
-        .route("/v1/sandboxes/{id}", get(get_sandbox).delete(delete_sandbox))
-        .route("/v1/sandboxes/{id}/exec", post(exec))
-        .route("/v1/sandboxes/{id}/exec/stream", post(exec_stream))
-        .route("/v1/sandboxes/{id}/branch", post(branch))
-        .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/v1/sandboxes/{id}/network", post(set_network))
-        .route("/v1/sandboxes/{id}/checkpoint", post(checkpoint))
-        .route("/v1/sandboxes/{id}/reset", post(reset))
-        .route("/v1/sandboxes/{id}/stat", get(stat))
-        .route("/v1/sandboxes/{id}/entries", get(entries))
-        .route("/v1/sandboxes/{id}/pause", post(pause))
-        .route("/v1/sandboxes/{id}/resume", post(resume))
-        .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
-        .route(
-            "/v1/openapi.json",
-            get(|| async { axum::Json(super::openapi::document()) }),
-        )
-        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
-        .merge(files)
-        .merge(contexts)
-}
+pub(super) const MAX_FOLDER_UPLOAD: usize = 64 << 20;
 
 fn api(app: &App) -> Result<&SandboxApi, ApiError> {
     app.service.sandbox_api()
 }
 
-async fn upload_context(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+pub(super) async fn upload_context(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
     let max = api(&app)?.environments.contexts.max_bytes();
     if body.len() as u64 > max {
         return Err(HttpError::from(ApiError::new(
@@ -92,7 +50,7 @@ async fn upload_context(State(app): State<App>, Extension(who): Extension<Who>, 
     made(StatusCode::CREATED, &uploaded.context.clone(), uploaded)
 }
 
-async fn create_environment(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+pub(super) async fn create_environment(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
     let request: EnvironmentRequest = parse(&body)?;
     let service = app.service.clone();
     let (view, accepted) = finish(async move { service.create_environment(&who, request) }).await?;
@@ -100,30 +58,38 @@ async fn create_environment(State(app): State<App>, Extension(who): Extension<Wh
     made(status, &view.id.clone(), view)
 }
 
-async fn list_environments(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
+pub(super) async fn list_environments(State(app): State<App>, Extension(who): Extension<Who>) -> Reply {
     ok(app.service.environments(&who)?)
 }
 
-async fn get_environment(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn get_environment(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+) -> Reply {
     let id = app.service.resolve_environment(&who, &id)?;
     ok(app.service.environment_view(&who, &id)?)
 }
 
-async fn delete_environment(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
+pub(super) async fn delete_environment(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Path(id): Path<String>,
+) -> Reply {
     let id = app.service.resolve_environment(&who, &id)?;
     ok(app.service.delete_environment(&who, &id)?)
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct LogsQuery {
+pub(super) struct LogsQuery {
     #[serde(default)]
     offset: usize,
     #[serde(default)]
     wait: f64,
 }
 
-async fn environment_logs(
+pub(super) async fn environment_logs(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Path(id): Path<String>,
@@ -144,7 +110,7 @@ async fn environment_logs(
         .await?)
 }
 
-async fn create_sandbox(
+pub(super) async fn create_sandbox(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     headers: HeaderMap,
@@ -160,7 +126,7 @@ async fn create_sandbox(
     }
 }
 
-async fn list_sandboxes(
+pub(super) async fn list_sandboxes(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     q: Result<Query<BTreeMap<String, String>>, axum::extract::rejection::QueryRejection>,
@@ -172,29 +138,34 @@ async fn list_sandboxes(
     })
 }
 
-async fn checkpoint(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+pub(super) async fn checkpoint(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
     ok(app.service.checkpoint_sandbox(&who, &id).await?)
 }
 
-async fn reset(State(app): State<App>, Mine(id): Mine) -> Reply {
+pub(super) async fn reset(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.reset(&id).await?)
 }
 
-async fn set_timeout(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
+pub(super) async fn set_timeout(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: TimeoutRequest = parse(&body)?;
     ok(api(&app)?.sandboxes.set_timeout(&id, request).await?)
 }
 
-async fn set_network(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine, body: Bytes) -> Reply {
+pub(super) async fn set_network(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+    body: Bytes,
+) -> Reply {
     let change: NetworkChange = parse(&body)?;
     ok(api(&app)?.sandboxes.set_network(&who, &id, change).await?)
 }
 
-async fn get_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {
+pub(super) async fn get_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.view(&id).await?)
 }
 
-async fn delete_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {
+pub(super) async fn delete_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {
     api(&app)?.sandboxes.delete(&id, "deleted").await?;
     ok(Deleted {
         id: id.to_string(),
@@ -202,13 +173,18 @@ async fn delete_sandbox(State(app): State<App>, Mine(id): Mine) -> Reply {
     })
 }
 
-async fn exec(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
+pub(super) async fn exec(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
     let request: ExecRequest = parse(&body)?;
     let out = api(&app)?.sandboxes.exec(&id, request).await?;
     Ok(axum::Json(out).into_response())
 }
 
-async fn exec_stream(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine, body: Bytes) -> Reply {
+pub(super) async fn exec_stream(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+    body: Bytes,
+) -> Reply {
     let request: ExecRequest = parse(&body)?;
     let held = app.service.tenancy.hold(&who)?;
     let rx = api(&app)?.sandboxes.exec_stream(&id, request).await?;
@@ -228,7 +204,7 @@ async fn exec_stream(State(app): State<App>, Extension(who): Extension<Who>, Min
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PathQuery {
+pub(super) struct PathQuery {
     path: String,
     /// Octal (`644`, `0644` or `0o644`).
     #[serde(default)]
@@ -260,7 +236,7 @@ fn mode_of(mode: Option<&str>) -> Result<u32, ApiError> {
     }
 }
 
-async fn write_file(
+pub(super) async fn write_file(
     State(app): State<App>,
     Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
@@ -280,7 +256,7 @@ async fn write_file(
         .await?)
 }
 
-async fn read_file(
+pub(super) async fn read_file(
     State(app): State<App>,
     Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
@@ -290,7 +266,7 @@ async fn read_file(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
-async fn write_folder(
+pub(super) async fn write_folder(
     State(app): State<App>,
     Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
@@ -313,7 +289,7 @@ async fn write_folder(
     ok(api(&app)?.sandboxes.write_folder(&id, &q.path, body.to_vec()).await?)
 }
 
-async fn read_folder(
+pub(super) async fn read_folder(
     State(app): State<App>,
     Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
@@ -326,13 +302,13 @@ async fn read_folder(
 /// `?path=&max=` of a listing.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
+pub(super) struct ListQuery {
     path: String,
     #[serde(default)]
     max: Option<u64>,
 }
 
-async fn stat(
+pub(super) async fn stat(
     State(app): State<App>,
     Mine(id): Mine,
     query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
@@ -341,7 +317,7 @@ async fn stat(
     ok(api(&app)?.sandboxes.stat(&id, &q.path).await?)
 }
 
-async fn entries(
+pub(super) async fn entries(
     State(app): State<App>,
     Mine(id): Mine,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
@@ -355,7 +331,7 @@ async fn entries(
     ok(api(&app)?.sandboxes.list_folder(&id, &q.path, q.max).await?)
 }
 
-async fn branch(
+pub(super) async fn branch(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Mine(id): Mine,
@@ -376,16 +352,16 @@ async fn branch(
     }
 }
 
-async fn pause(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+pub(super) async fn pause(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
     ok(app.service.pause_sandbox(&who, &id).await?)
 }
 
-async fn resume(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+pub(super) async fn resume(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
     let service = app.service.clone();
     ok(finish(async move { service.resume_sandbox(&who, &id).await }).await?)
 }
 
-async fn snapshot(
+pub(super) async fn snapshot(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Mine(id): Mine,

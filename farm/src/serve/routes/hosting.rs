@@ -3,35 +3,38 @@
 
 use utoipa::openapi::path::HttpMethod;
 
-use super::{Body, Doc};
+use super::{Body, Routes};
 use service::wire::*;
 
-pub(super) fn process_routes(doc: &mut Doc) {
+pub(super) fn process_routes(r: &mut Routes) {
     use service::sandbox::sandboxes::processes::ProcessStart;
     use HttpMethod::{Get, Post};
-    let (body, answer) = (doc.json::<ProcessStart>(), doc.json::<ProcessView>());
+    let (body, answer) = (r.json::<ProcessStart>(), r.json::<ProcessView>());
     let summary = "start a background process (it outlives the request, and dies with the sandbox)";
-    doc.route(
+    r.add(
         Post,
         "/v1/sandboxes/{id}/processes",
+        crate::serve::hosting_routes::start,
         summary,
         &[],
         Some(body),
         vec![("201", "its handle", answer)],
     );
-    let answer = doc.json::<ProcessList>();
-    doc.route(
+    let answer = r.json::<ProcessList>();
+    r.add(
         Get,
         "/v1/sandboxes/{id}/processes",
+        crate::serve::hosting_routes::list,
         "every background process",
         &[],
         None,
         vec![("200", "the processes", answer)],
     );
-    let answer = doc.json::<ProcessView>();
-    doc.route(
+    let answer = r.json::<ProcessView>();
+    r.add(
         Get,
         "/v1/sandboxes/{id}/processes/{pid}",
+        crate::serve::hosting_routes::one,
         "one process",
         &[],
         None,
@@ -39,7 +42,7 @@ pub(super) fn process_routes(doc: &mut Doc) {
     );
 }
 
-pub(super) fn process_output_routes(doc: &mut Doc) {
+pub(super) fn process_output_routes(r: &mut Routes) {
     use service::sandbox::sandboxes::processes::{SignalSend, StdinWrite};
     use HttpMethod::{Get, Post};
     let query = [
@@ -48,10 +51,11 @@ pub(super) fn process_output_routes(doc: &mut Doc) {
         ("max", "bytes at most (default 1 MiB, at most 4 MiB)"),
         ("wait", "seconds to wait for a byte past the offset (0-300)"),
     ];
-    let answer = doc.json::<OutputChunk>();
-    doc.route(
+    let answer = r.json::<OutputChunk>();
+    r.add(
         Get,
         "/v1/sandboxes/{id}/processes/{pid}/output",
+        crate::serve::hosting_routes::output,
         "its output from an offset",
         &query,
         None,
@@ -63,37 +67,41 @@ pub(super) fn process_output_routes(doc: &mut Doc) {
     ];
     let summary =
         "follow its output as server-sent events (stdout, stderr: OutputChunk; exit: ProcessView; error: StreamError)";
-    doc.route(
+    r.add(
         Get,
         "/v1/sandboxes/{id}/processes/{pid}/output/stream",
+        crate::serve::hosting_routes::follow,
         summary,
         &query,
         None,
         vec![("200", "events", Body::Raw("text/event-stream"))],
     );
-    let (body, answer) = (doc.json::<StdinWrite>(), doc.json::<ProcessView>());
-    doc.route(
+    let (body, answer) = (r.json::<StdinWrite>(), r.json::<ProcessView>());
+    r.add(
         Post,
         "/v1/sandboxes/{id}/processes/{pid}/stdin",
+        crate::serve::hosting_routes::stdin,
         "write to its standard input, and close it",
         &[],
         Some(body),
         vec![("200", "its handle", answer)],
     );
-    let (body, answer) = (doc.json::<SignalSend>(), doc.json::<ProcessView>());
-    doc.route(
+    let (body, answer) = (r.json::<SignalSend>(), r.json::<ProcessView>());
+    r.add(
         Post,
         "/v1/sandboxes/{id}/processes/{pid}/signal",
+        crate::serve::hosting_routes::signal,
         "send its process group a signal",
         &[],
         Some(body),
         vec![("200", "its handle", answer)],
     );
-    let answer = doc.json::<ProcessView>();
+    let answer = r.json::<ProcessView>();
     let query = [("timeout", "seconds to wait for its end (default 60, at most 300)")];
-    doc.route(
+    r.add(
         Post,
         "/v1/sandboxes/{id}/processes/{pid}/wait",
+        crate::serve::hosting_routes::wait,
         "wait for its end",
         &query,
         None,
@@ -102,14 +110,15 @@ pub(super) fn process_output_routes(doc: &mut Doc) {
 }
 
 /// A terminal: its size, and its WebSocket.
-pub(super) fn terminal_routes(doc: &mut Doc) {
+pub(super) fn terminal_routes(r: &mut Routes) {
     use crate::serve::pty::{PtyControl, PtyEvent};
     use service::sandbox::sandboxes::processes::PtySize;
     use HttpMethod::{Get, Post};
-    let (body, answer) = (doc.json::<PtySize>(), doc.json::<ProcessView>());
-    doc.route(
+    let (body, answer) = (r.json::<PtySize>(), r.json::<ProcessView>());
+    r.add(
         Post,
         "/v1/sandboxes/{id}/processes/{pid}/resize",
+        crate::serve::hosting_routes::resize,
         "resize its terminal",
         &[],
         Some(body),
@@ -131,12 +140,13 @@ pub(super) fn terminal_routes(doc: &mut Doc) {
             "keep the program running when the socket closes (default false: it is hung up on)",
         ),
     ];
-    let _ = doc.json::<PtyControl>();
+    let _ = r.json::<PtyControl>();
     let summary = "a terminal over a WebSocket: binary messages are its bytes both ways; text messages are the client's PtyControl and the service's PtyEvent";
-    let answer = doc.json::<PtyEvent>();
-    doc.route(
+    let answer = r.json::<PtyEvent>();
+    r.add(
         Get,
         "/v1/sandboxes/{id}/pty",
+        crate::serve::pty::open,
         summary,
         &query,
         None,
@@ -144,32 +154,35 @@ pub(super) fn terminal_routes(doc: &mut Doc) {
     );
 }
 
-pub(super) fn port_routes(doc: &mut Doc) {
+pub(super) fn port_routes(r: &mut Routes) {
     use crate::serve::hosting_routes::PortOpen;
     use HttpMethod::{Delete, Get, Post};
-    let (body, answer) = (doc.json::<PortOpen>(), doc.json::<PortView>());
+    let (body, answer) = (r.json::<PortOpen>(), r.json::<PortView>());
     let summary = "open a guest port to clients: its URL and token (the port listener proxies HTTP and WebSockets to the guest's 127.0.0.1:PORT)";
-    doc.route(
+    r.add(
         Post,
         "/v1/sandboxes/{id}/ports",
+        crate::serve::hosting_routes::open_port,
         summary,
         &[],
         Some(body),
         vec![("201", "the open port", answer)],
     );
-    let answer = doc.json::<PortList>();
-    doc.route(
+    let answer = r.json::<PortList>();
+    r.add(
         Get,
         "/v1/sandboxes/{id}/ports",
+        crate::serve::hosting_routes::ports,
         "its open ports",
         &[],
         None,
         vec![("200", "the ports", answer)],
     );
-    let answer = doc.json::<PortList>();
-    doc.route(
+    let answer = r.json::<PortList>();
+    r.add(
         Delete,
         "/v1/sandboxes/{id}/ports/{port}",
+        crate::serve::hosting_routes::close_port,
         "close a port (its token stops working)",
         &[],
         None,

@@ -1,8 +1,9 @@
-//! The OpenAPI 3.1 document of `farm serve`, generated from the wire types: each route says
-//! which request type it takes and which answer type it gives, and their schemas are the
-//! types' own (`utoipa::ToSchema`), so a field added to a type is in the document. A test
-//! checks every route the router serves is here; `docs/openapi.json` is this document as
-//! committed, and the SDK's models are checked against it.
+//! Every route of `farm serve`, declared once: its method, path and handler, which request type
+//! it takes and which answer type it gives ([`table`], [`hosting`]). The one declaration makes
+//! both the router and the OpenAPI 3.1 document, so no route is served undocumented or
+//! documented unserved. Schemas are the wire types' own (`utoipa::ToSchema`), so a field added
+//! to a type is in the document; `docs/openapi.json` is the document as committed, and the
+//! SDK's models are checked against it.
 
 use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathItem, PathsBuilder};
@@ -14,8 +15,14 @@ use utoipa::ToSchema;
 
 use service::wire::*;
 
-mod routes;
-mod routes_hosting;
+mod hosting;
+mod table;
+
+use axum::handler::Handler;
+use axum::routing::{on, MethodFilter};
+use axum::Router;
+
+use super::http::App;
 
 /// What a route takes or gives.
 pub(super) enum Body {
@@ -25,13 +32,70 @@ pub(super) enum Body {
     Raw(&'static str),
 }
 
-/// The document being made: its paths, and the schemas they refer to.
-pub(super) struct Doc {
+/// The routes being declared: the router they make, and the document's paths and the schemas
+/// they refer to.
+pub(super) struct Routes {
+    router: Router<App>,
     paths: PathsBuilder,
     schemas: Vec<(String, RefOr<Schema>)>,
 }
 
-impl Doc {
+impl Routes {
+    fn new() -> Routes {
+        Routes {
+            router: Router::new(),
+            paths: PathsBuilder::new(),
+            schemas: Vec::new(),
+        }
+    }
+
+    /// `method path` served by `handler`, documented by the rest (see [`Routes::doc`]).
+    #[allow(clippy::too_many_arguments)] // one route's whole declaration, read as one line
+    pub(super) fn add<H: Handler<T, App>, T: 'static>(
+        &mut self,
+        method: HttpMethod,
+        path: &str,
+        handler: H,
+        summary: &str,
+        query: &[(&str, &str)],
+        request: Option<Body>,
+        answers: Vec<(&str, &str, Body)>,
+    ) {
+        self.serve(method.clone(), path, handler);
+        self.doc(method, path, summary, query, request, answers);
+    }
+
+    /// `method path` served by `handler` and left out of the document (a refusal that says
+    /// where to go instead).
+    pub(super) fn undocumented<H: Handler<T, App>, T: 'static>(&mut self, method: HttpMethod, path: &str, handler: H) {
+        self.serve(method, path, handler);
+    }
+
+    fn serve<H: Handler<T, App>, T: 'static>(&mut self, method: HttpMethod, path: &str, handler: H) {
+        let filter = match method {
+            HttpMethod::Get => MethodFilter::GET,
+            HttpMethod::Post => MethodFilter::POST,
+            HttpMethod::Put => MethodFilter::PUT,
+            HttpMethod::Delete => MethodFilter::DELETE,
+            _ => unreachable!("farm serve declares GET, POST, PUT and DELETE only"),
+        };
+        let router = std::mem::take(&mut self.router);
+        self.router = router.route(path, on(filter, handler));
+    }
+
+    /// The routes `declare` adds, their request bodies at most `limit` bytes.
+    fn group(&mut self, limit: usize, declare: impl FnOnce(&mut Routes)) {
+        let mut group = Routes::new();
+        declare(&mut group);
+        let router = std::mem::take(&mut self.router);
+        let limited = group.router.layer(axum::extract::DefaultBodyLimit::max(limit));
+        self.router = router.merge(limited);
+        for (path, item) in group.paths.build().paths {
+            self.paths = std::mem::take(&mut self.paths).path(path, item);
+        }
+        self.schemas.extend(group.schemas);
+    }
+
     /// JSON of `T`, its schema (and the ones it refers to) added to the components.
     pub(super) fn json<T: ToSchema>(&mut self) -> Body {
         let (name, schema) = (T::name().into_owned(), T::schema());
@@ -53,7 +117,7 @@ impl Doc {
 
     // Long: one route's operation (parameters, body, answers and the errors every route
     // shares), built in one place so every route reads the same.
-    pub(super) fn route(
+    fn doc(
         &mut self,
         method: HttpMethod,
         path: &str,
@@ -136,28 +200,42 @@ fn content(body: Body) -> (&'static str, Content) {
     }
 }
 
+/// Every route, declared.
+fn declare() -> Routes {
+    use table::*;
+    let mut routes = Routes::new();
+    routes.json::<ErrorBody>();
+    routes.group(16 << 20, |r| {
+        rollout_routes(r);
+        session_routes(r);
+        session_state_routes(r);
+        environment_routes(r);
+        sandbox_routes(r);
+        sandbox_state_routes(r);
+        sandbox_lifetime_routes(r);
+        sandbox_network_routes(r);
+    });
+    routes.group(service::sandbox::MAX_CONTEXT_BYTES as usize, context_routes);
+    let file = super::sandbox_routes::MAX_FOLDER_UPLOAD.max(service::sandbox::sandboxes::MAX_FILE_BYTES as usize);
+    routes.group(file, file_routes);
+    routes.group(4 << 20, |r| {
+        hosting::process_routes(r);
+        hosting::process_output_routes(r);
+        hosting::terminal_routes(r);
+        hosting::port_routes(r);
+    });
+    protocol_routes(&mut routes);
+    routes
+}
+
+/// The router of every route (its state and layers are the caller's).
+pub(super) fn router() -> Router<App> {
+    declare().router
+}
+
 /// The document.
 pub fn document() -> utoipa::openapi::OpenApi {
-    let mut doc = Doc {
-        paths: PathsBuilder::new(),
-        schemas: Vec::new(),
-    };
-    doc.json::<ErrorBody>();
-    use routes::*;
-    use routes_hosting::*;
-    rollout_routes(&mut doc);
-    session_routes(&mut doc);
-    session_state_routes(&mut doc);
-    environment_routes(&mut doc);
-    sandbox_routes(&mut doc);
-    sandbox_state_routes(&mut doc);
-    sandbox_network_routes(&mut doc);
-    file_routes(&mut doc);
-    process_routes(&mut doc);
-    process_output_routes(&mut doc);
-    terminal_routes(&mut doc);
-    port_routes(&mut doc);
-    protocol_routes(&mut doc);
+    let routes = declare();
     let info = InfoBuilder::new()
         .title("farm serve")
         .version("1")
@@ -168,9 +246,14 @@ pub fn document() -> utoipa::openapi::OpenApi {
         .build();
     OpenApiBuilder::new()
         .info(info)
-        .paths(doc.paths.build())
-        .components(Some(ComponentsBuilder::new().schemas_from_iter(doc.schemas).build()))
+        .paths(routes.paths.build())
+        .components(Some(ComponentsBuilder::new().schemas_from_iter(routes.schemas).build()))
         .build()
+}
+
+/// `GET /v1/openapi.json`.
+pub(super) async fn document_route() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(document())
 }
 
 /// The document as pretty JSON text (what `farm openapi` prints, and `docs/openapi.json`).
@@ -182,55 +265,35 @@ pub fn json() -> String {
 mod tests {
     use super::*;
 
-    /// The routes a router file declares: (path, methods).
-    fn declared(source: &str) -> Vec<(String, Vec<&'static str>)> {
-        let mut out = Vec::new();
-        for part in source.split(".route(").skip(1) {
-            let Some(path) = part.split('"').nth(1) else { continue };
-            if !path.starts_with('/') {
-                continue;
-            }
-            // Up to the end of this route's handlers: the next `.route(`/`.layer(` or blank.
-            let call = part.split(".layer(").next().unwrap_or(part);
-            let methods = ["get(", "post(", "put(", "delete("]
-                .into_iter()
-                .filter(|m| call.contains(m))
-                .map(|m| m.trim_end_matches('('))
-                .collect();
-            out.push((path.to_string(), methods));
-        }
-        out
-    }
-
+    /// Routes are served only as declared: no transport file adds one of its own, and the
+    /// declaration makes a router (axum refuses a method declared twice on a path).
     #[test]
-    fn every_route_served_is_in_the_document_with_its_methods() {
-        let doc = serde_json::to_value(document()).unwrap();
+    fn every_route_is_served_from_its_declaration() {
         let sources = [
-            include_str!("../api.rs"),
-            include_str!("../sandbox_routes.rs"),
-            include_str!("../hosting_routes.rs"),
-            include_str!("../openenv.rs"),
-            include_str!("../mcp.rs"),
+            ("api.rs", include_str!("../api.rs")),
+            ("sandbox_routes.rs", include_str!("../sandbox_routes.rs")),
+            ("hosting_routes.rs", include_str!("../hosting_routes.rs")),
+            ("openenv.rs", include_str!("../openenv.rs")),
+            ("mcp.rs", include_str!("../mcp.rs")),
+            ("pty.rs", include_str!("../pty.rs")),
+            ("http.rs", include_str!("../http.rs")),
+            ("tenancy.rs", include_str!("../tenancy.rs")),
         ];
-        let mut seen = 0;
-        for source in sources {
-            for (path, methods) in declared(source) {
-                let item = &doc["paths"][&path];
-                assert!(item.is_object(), "{path} is served but not in the document");
-                for method in methods {
-                    // MCP answers GET and DELETE only to say it has no stream: not an operation.
-                    if path.ends_with("/mcp") && method != "post" {
-                        continue;
-                    }
-                    assert!(
-                        item[method].is_object(),
-                        "{method} {path} is served but not in the document"
-                    );
-                    seen += 1;
-                }
-            }
+        for (name, source) in sources {
+            assert!(!source.contains(".route("), "{name} serves a route outside routes/");
         }
-        assert!(seen > 40, "only {seen} operations were found in the routers");
+        let _ = router();
+        let doc = serde_json::to_value(document()).unwrap();
+        let operations: usize = doc["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|item| item.as_object().unwrap().len())
+            .sum();
+        assert!(operations > 50, "only {operations} operations are declared");
+        // MCP's GET and DELETE are served (to say there is no stream) and not operations.
+        let mcp = doc["paths"]["/v1/sessions/{id}/mcp"].as_object().unwrap();
+        assert_eq!(mcp.keys().collect::<Vec<_>>(), ["post"]);
     }
 
     #[test]
