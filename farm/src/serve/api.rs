@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::IntoResponse;
@@ -15,7 +15,7 @@ use axum::Router;
 use serde::Deserialize;
 
 use super::error::{ApiError, HttpError};
-use super::http::{body_digest, finish, idempotency_key, made, ok, parse, App, Reply};
+use super::http::{body_digest, finish, idempotency_key, made, ok, parse, App, MySession, QueryOf, Reply, Q};
 use super::tenancy::Who;
 use axum::Extension;
 use service::requests::{CancelBelow, ExecRequest, ItemRequest, SubmitRequest, SubmitSessionRequest, WriteFileRequest};
@@ -95,6 +95,8 @@ pub(super) struct ResultsQuery {
     wait: f64,
 }
 
+impl QueryOf for ResultsQuery {}
+
 fn default_max() -> usize {
     100
 }
@@ -103,9 +105,8 @@ pub(super) async fn results(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     headers: HeaderMap,
-    query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,
+    Q(q): Q<ResultsQuery>,
 ) -> Reply {
-    let Query(q) = query.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
     if q.max == 0 || q.max > 10_000 {
         return Err(HttpError::from(ApiError::field(
             ErrorKind::Invalid,
@@ -192,44 +193,25 @@ pub(super) async fn open_session(State(app): State<App>, Extension(who): Extensi
     made(StatusCode::CREATED, &id, opened)
 }
 
-pub(super) async fn exec(
-    State(app): State<App>,
-    Extension(who): Extension<Who>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
+pub(super) async fn exec(State(app): State<App>, MySession(id): MySession, body: Bytes) -> Reply {
     let (action, timeout) = parse::<ExecRequest>(&body)?.into_action();
     let service = app.service.clone();
     ok(finish(async move { service.act(&id, action, timeout).await }).await?)
 }
 
-pub(super) async fn write_file(
-    State(app): State<App>,
-    Extension(who): Extension<Who>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
+pub(super) async fn write_file(State(app): State<App>, MySession(id): MySession, body: Bytes) -> Reply {
     let action = parse::<WriteFileRequest>(&body)?.into_action();
     let service = app.service.clone();
     ok(finish(async move { service.act(&id, action, None).await }).await?)
 }
 
-pub(super) async fn branch(State(app): State<App>, Extension(who): Extension<Who>, Path(id): Path<String>) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
+pub(super) async fn branch(State(app): State<App>, Extension(who): Extension<Who>, MySession(id): MySession) -> Reply {
     let service = app.service.clone();
     let (child, branched) = finish(async move { service.branch(&who, &id).await }).await?;
     made(StatusCode::CREATED, &child, branched)
 }
 
-pub(super) async fn submit_session(
-    State(app): State<App>,
-    Extension(who): Extension<Who>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
+pub(super) async fn submit_session(State(app): State<App>, MySession(id): MySession, body: Bytes) -> Reply {
     let request: SubmitSessionRequest = parse(if body.is_empty() { b"{}" } else { &body })?;
     let service = app.service.clone();
     ok(finish(async move { service.submit_session(&id, request.answer).await }).await?)
@@ -238,9 +220,8 @@ pub(super) async fn submit_session(
 pub(super) async fn pause_session(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Path(id): Path<String>,
+    MySession(id): MySession,
 ) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
     ok(finish(async move { service.pause_session(&who, &id).await }).await?)
 }
@@ -248,9 +229,8 @@ pub(super) async fn pause_session(
 pub(super) async fn resume_session(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Path(id): Path<String>,
+    MySession(id): MySession,
 ) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
     let service = app.service.clone();
     ok(finish(async move { service.resume_session(&who, &id).await }).await?)
 }
@@ -258,9 +238,8 @@ pub(super) async fn resume_session(
 pub(super) async fn get_session(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Path(id): Path<String>,
+    MySession(id): MySession,
 ) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
     ok(app.service.get_session(&who, &id).await?)
 }
 
@@ -268,11 +247,6 @@ pub(super) async fn list_sessions(State(app): State<App>, Extension(who): Extens
     ok(app.service.list_sessions(&who).await?)
 }
 
-pub(super) async fn end_session(
-    State(app): State<App>,
-    Extension(who): Extension<Who>,
-    Path(id): Path<String>,
-) -> Reply {
-    let id = app.service.resolve_session(&who, &id)?;
+pub(super) async fn end_session(State(app): State<App>, MySession(id): MySession) -> Reply {
     ok(app.service.end_session(&id, "deleted").await?)
 }

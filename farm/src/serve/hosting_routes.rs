@@ -3,7 +3,7 @@
 //! reference is `docs/sandbox-api.md`.
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::IntoResponse;
@@ -11,7 +11,7 @@ use farm_protocol::process::Stream;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::http::{ok, parse, sse, App, Mine, Reply};
+use super::http::{ok, parse, sse, App, Mine, QueryOf, Reply, Q};
 use super::tenancy::Who;
 use axum::Extension;
 use service::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, SignalSend, StdinWrite};
@@ -23,11 +23,25 @@ fn api(app: &App) -> Result<&SandboxApi, ApiError> {
     app.service.sandbox_api()
 }
 
-/// A query, or a 400 saying what is wrong with it.
-fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -> Result<T, ApiError> {
-    query
-        .map(|Query(q)| q)
-        .map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))
+/// The path's sandbox, held to the caller, and its process (`{pid}`).
+pub(super) struct Process {
+    sandbox: service::sandbox::SandboxId,
+    pid: u32,
+}
+
+impl axum::extract::FromRequestParts<App> for Process {
+    type Rejection = super::error::HttpError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Process, Self::Rejection> {
+        let Mine(sandbox) = Mine::from_request_parts(parts, app).await?;
+        let Path((_, pid)) = Path::<(String, String)>::from_request_parts(parts, app)
+            .await
+            .map_err(|e| ApiError::new(ErrorKind::Invalid, e.body_text()))?;
+        Ok(Process {
+            sandbox,
+            pid: pid_of(&pid)?,
+        })
+    }
 }
 
 pub(super) async fn start(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
@@ -40,8 +54,7 @@ pub(super) async fn list(State(app): State<App>, Mine(id): Mine) -> Reply {
     ok(api(&app)?.sandboxes.processes(&id).await?)
 }
 
-pub(super) async fn one(State(app): State<App>, Mine(id): Mine, Path((_, pid)): Path<(String, String)>) -> Reply {
-    let pid = pid_of(&pid)?;
+pub(super) async fn one(State(app): State<App>, Process { sandbox: id, pid }: Process) -> Reply {
     ok(api(&app)?.sandboxes.process(&id, pid).await?)
 }
 
@@ -59,18 +72,17 @@ pub(super) struct OutputQuery {
     wait: f64,
 }
 
+impl QueryOf for OutputQuery {}
+
 fn stdout() -> Stream {
     Stream::Stdout
 }
 
 pub(super) async fn output(
     State(app): State<App>,
-    Mine(id): Mine,
-    Path((_, pid)): Path<(String, String)>,
-    q: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+    Process { sandbox: id, pid }: Process,
+    Q(q): Q<OutputQuery>,
 ) -> Reply {
-    let pid = pid_of(&pid)?;
-    let q = query(q)?;
     ok(api(&app)?
         .sandboxes
         .process_output(&id, pid, q.stream, q.offset, q.max, q.wait)
@@ -87,15 +99,14 @@ pub(super) struct FollowQuery {
     stderr: u64,
 }
 
+impl QueryOf for FollowQuery {}
+
 pub(super) async fn follow(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Mine(id): Mine,
-    Path((_, pid)): Path<(String, String)>,
-    q: Result<Query<FollowQuery>, axum::extract::rejection::QueryRejection>,
+    Process { sandbox: id, pid }: Process,
+    Q(q): Q<FollowQuery>,
 ) -> Reply {
-    let pid = pid_of(&pid)?;
-    let q = query(q)?;
     let held = app.service.tenancy.hold(&who)?;
     let sandboxes = api(&app)?.sandboxes.clone();
     let rx = sandboxes.follow_output(&id, pid, [q.stdout, q.stderr]).await?;
@@ -125,24 +136,12 @@ fn encode(value: &impl serde::Serialize) -> String {
     serde_json::to_string(value).expect("events serialize")
 }
 
-pub(super) async fn stdin(
-    State(app): State<App>,
-    Mine(id): Mine,
-    Path((_, pid)): Path<(String, String)>,
-    body: Bytes,
-) -> Reply {
-    let pid = pid_of(&pid)?;
+pub(super) async fn stdin(State(app): State<App>, Process { sandbox: id, pid }: Process, body: Bytes) -> Reply {
     let request: StdinWrite = parse(&body)?;
     ok(api(&app)?.sandboxes.write_stdin(&id, pid, request).await?)
 }
 
-pub(super) async fn signal(
-    State(app): State<App>,
-    Mine(id): Mine,
-    Path((_, pid)): Path<(String, String)>,
-    body: Bytes,
-) -> Reply {
-    let pid = pid_of(&pid)?;
+pub(super) async fn signal(State(app): State<App>, Process { sandbox: id, pid }: Process, body: Bytes) -> Reply {
     let request: SignalSend = parse(&body)?;
     ok(api(&app)?.sandboxes.signal_process(&id, pid, request).await?)
 }
@@ -155,28 +154,17 @@ pub(super) struct WaitQuery {
     timeout: f64,
 }
 
+impl QueryOf for WaitQuery {}
+
 fn sixty() -> f64 {
     60.0
 }
 
-pub(super) async fn wait(
-    State(app): State<App>,
-    Mine(id): Mine,
-    Path((_, pid)): Path<(String, String)>,
-    q: Result<Query<WaitQuery>, axum::extract::rejection::QueryRejection>,
-) -> Reply {
-    let pid = pid_of(&pid)?;
-    let q = query(q)?;
+pub(super) async fn wait(State(app): State<App>, Process { sandbox: id, pid }: Process, Q(q): Q<WaitQuery>) -> Reply {
     ok(api(&app)?.sandboxes.wait_process(&id, pid, q.timeout).await?)
 }
 
-pub(super) async fn resize(
-    State(app): State<App>,
-    Mine(id): Mine,
-    Path((_, pid)): Path<(String, String)>,
-    body: Bytes,
-) -> Reply {
-    let pid = pid_of(&pid)?;
+pub(super) async fn resize(State(app): State<App>, Process { sandbox: id, pid }: Process, body: Bytes) -> Reply {
     let size: PtySize = parse(&body)?;
     ok(api(&app)?.sandboxes.resize(&id, pid, size).await?)
 }

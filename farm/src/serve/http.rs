@@ -28,22 +28,91 @@ pub(super) fn ok(value: impl serde::Serialize) -> Reply {
 /// make one), so no route on a sandbox can skip its owner check.
 pub(super) struct Mine(pub service::sandbox::SandboxId);
 
+/// The path's session (`{id}`), held to the caller as [`Mine`] holds a sandbox.
+pub(super) struct MySession(pub service::sessions::SessionId);
+
+/// The path's environment (`{id}`), held to the caller as [`Mine`] holds a sandbox.
+pub(super) struct MyEnvironment(pub service::sandbox::EnvironmentId);
+
+/// The caller and the path's `{id}`.
+async fn caller_and_id(
+    parts: &mut axum::http::request::Parts,
+    app: &App,
+) -> Result<(super::tenancy::Who, String), ApiError> {
+    use axum::extract::{FromRequestParts, Path};
+    let Path(mut params) = Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, app)
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Invalid, e.body_text()))?;
+    let id = params
+        .remove("id")
+        .ok_or_else(|| ApiError::new(ErrorKind::Internal, "a route without {id}"))?;
+    let who = parts
+        .extensions
+        .get::<super::tenancy::Who>()
+        .ok_or_else(|| ApiError::new(ErrorKind::Internal, "a route outside the tenancy layer"))?;
+    Ok((who.clone(), id))
+}
+
 impl axum::extract::FromRequestParts<App> for Mine {
     type Rejection = super::error::HttpError;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Mine, Self::Rejection> {
-        use axum::extract::Path;
-        let Path(params) = Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, app)
-            .await
-            .map_err(|e| ApiError::new(ErrorKind::Invalid, e.body_text()))?;
-        let id = params
-            .get("id")
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "a sandbox route without {id}"))?;
-        let who = parts
-            .extensions
-            .get::<super::tenancy::Who>()
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "a route outside the tenancy layer"))?;
-        Ok(Mine(app.service.sandbox_api()?.sandboxes.resolve(who, id)?))
+        let (who, id) = caller_and_id(parts, app).await?;
+        Ok(Mine(app.service.sandbox_api()?.sandboxes.resolve(&who, &id)?))
+    }
+}
+
+impl axum::extract::FromRequestParts<App> for MySession {
+    type Rejection = super::error::HttpError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        app: &App,
+    ) -> Result<MySession, Self::Rejection> {
+        let (who, id) = caller_and_id(parts, app).await?;
+        Ok(MySession(app.service.resolve_session(&who, &id)?))
+    }
+}
+
+impl axum::extract::FromRequestParts<App> for MyEnvironment {
+    type Rejection = super::error::HttpError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        app: &App,
+    ) -> Result<MyEnvironment, Self::Rejection> {
+        let (who, id) = caller_and_id(parts, app).await?;
+        Ok(MyEnvironment(app.service.resolve_environment(&who, &id)?))
+    }
+}
+
+/// A query string of `T`, or a 400 saying what is wrong with it (and what `T` wants).
+pub(super) struct Q<T>(pub T);
+
+/// What a route's query string is: the field a refusal names, and a hint of the right form.
+pub(super) trait QueryOf: DeserializeOwned + Send {
+    const FIELD: Option<&'static str> = None;
+    const HINT: &'static str = "";
+}
+
+impl QueryOf for std::collections::BTreeMap<String, String> {}
+
+impl<T: QueryOf> axum::extract::FromRequestParts<App> for Q<T> {
+    type Rejection = super::error::HttpError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Q<T>, Self::Rejection> {
+        use axum::extract::Query;
+        match Query::<T>::from_request_parts(parts, app).await {
+            Ok(Query(q)) => Ok(Q(q)),
+            Err(e) => {
+                let why = format!("bad query: {}{}", e.body_text(), T::HINT);
+                Err(match T::FIELD {
+                    Some(field) => ApiError::field(ErrorKind::Invalid, field, why),
+                    None => ApiError::new(ErrorKind::Invalid, why),
+                }
+                .into())
+            }
+        }
     }
 }
 

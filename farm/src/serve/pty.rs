@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::Response;
 use farm_protocol::process::Stream;
 use futures::{SinkExt, StreamExt};
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
-use super::http::{App, Mine};
+use super::http::{App, Mine, QueryOf, Q};
 use super::tenancy::{Held, Who};
 use axum::Extension;
 use service::sandbox::sandboxes::processes::{ProcessStart, PtySize, Signal, SignalSend};
@@ -68,6 +68,8 @@ pub(super) struct PtyQuery {
     keep: bool,
 }
 
+impl QueryOf for PtyQuery {}
+
 /// What the service says on the socket, as text.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -103,7 +105,7 @@ pub(super) async fn open(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Mine(id): Mine,
-    q: Result<Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
+    Q(q): Q<PtyQuery>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     match start(app, who, id, q, ws).await {
@@ -116,10 +118,9 @@ async fn start(
     app: App,
     who: Who,
     id: SandboxId,
-    q: Result<Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
+    q: PtyQuery,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
     let ws = match ws {
         Ok(ws) => ws,
         Err(e) => {

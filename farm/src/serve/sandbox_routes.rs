@@ -5,14 +5,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 
 use super::error::{ApiError, HttpError};
-use super::http::{body_digest, finish, idempotency_key, made, ok, parse, sse, App, Mine, Reply};
+use super::http::{
+    body_digest, finish, idempotency_key, made, ok, parse, sse, App, Mine, MyEnvironment, QueryOf, Reply, Q,
+};
 use super::tenancy::Who;
 use axum::Extension;
 use service::sandbox::environments::EnvironmentRequest;
@@ -65,18 +67,16 @@ pub(super) async fn list_environments(State(app): State<App>, Extension(who): Ex
 pub(super) async fn get_environment(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Path(id): Path<String>,
+    MyEnvironment(id): MyEnvironment,
 ) -> Reply {
-    let id = app.service.resolve_environment(&who, &id)?;
     ok(app.service.environment_view(&who, &id)?)
 }
 
 pub(super) async fn delete_environment(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    Path(id): Path<String>,
+    MyEnvironment(id): MyEnvironment,
 ) -> Reply {
-    let id = app.service.resolve_environment(&who, &id)?;
     ok(app.service.delete_environment(&who, &id)?)
 }
 
@@ -89,14 +89,13 @@ pub(super) struct LogsQuery {
     wait: f64,
 }
 
+impl QueryOf for LogsQuery {}
+
 pub(super) async fn environment_logs(
     State(app): State<App>,
-    Extension(who): Extension<Who>,
-    Path(id): Path<String>,
-    query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+    MyEnvironment(id): MyEnvironment,
+    Q(q): Q<LogsQuery>,
 ) -> Reply {
-    let id = app.service.resolve_environment(&who, &id)?;
-    let Query(q) = query.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
     if !(0.0..=300.0).contains(&q.wait) {
         return Err(HttpError::from(ApiError::field(
             ErrorKind::Invalid,
@@ -129,9 +128,8 @@ pub(super) async fn create_sandbox(
 pub(super) async fn list_sandboxes(
     State(app): State<App>,
     Extension(who): Extension<Who>,
-    q: Result<Query<BTreeMap<String, String>>, axum::extract::rejection::QueryRejection>,
+    Q(q): Q<BTreeMap<String, String>>,
 ) -> Reply {
-    let Query(q) = q.map_err(|e| ApiError::new(ErrorKind::Invalid, format!("bad query: {}", e.body_text())))?;
     let filter = ListFilter::parse(q)?;
     ok(SandboxList {
         sandboxes: api(&app)?.sandboxes.list(&who, &filter).await,
@@ -211,16 +209,9 @@ pub(super) struct PathQuery {
     mode: Option<String>,
 }
 
-fn path_query(
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<PathQuery, ApiError> {
-    query.map(|Query(q)| q).map_err(|e| {
-        ApiError::field(
-            ErrorKind::Invalid,
-            "path",
-            format!("bad query: {} (give ?path=/absolute/guest/path)", e.body_text()),
-        )
-    })
+impl QueryOf for PathQuery {
+    const FIELD: Option<&'static str> = Some("path");
+    const HINT: &'static str = " (give ?path=/absolute/guest/path)";
 }
 
 fn mode_of(mode: Option<&str>) -> Result<u32, ApiError> {
@@ -236,13 +227,7 @@ fn mode_of(mode: Option<&str>) -> Result<u32, ApiError> {
     }
 }
 
-pub(super) async fn write_file(
-    State(app): State<App>,
-    Mine(id): Mine,
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
-    body: Bytes,
-) -> Reply {
-    let q = path_query(query)?;
+pub(super) async fn write_file(State(app): State<App>, Mine(id): Mine, Q(q): Q<PathQuery>, body: Bytes) -> Reply {
     let mode = mode_of(q.mode.as_deref())?;
     if body.len() as u64 > MAX_FILE_BYTES {
         return Err(HttpError::from(ApiError::new(
@@ -256,23 +241,12 @@ pub(super) async fn write_file(
         .await?)
 }
 
-pub(super) async fn read_file(
-    State(app): State<App>,
-    Mine(id): Mine,
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
-) -> Reply {
-    let q = path_query(query)?;
+pub(super) async fn read_file(State(app): State<App>, Mine(id): Mine, Q(q): Q<PathQuery>) -> Reply {
     let bytes = api(&app)?.sandboxes.read_file(&id, &q.path).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
-pub(super) async fn write_folder(
-    State(app): State<App>,
-    Mine(id): Mine,
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
-    body: Bytes,
-) -> Reply {
-    let q = path_query(query)?;
+pub(super) async fn write_folder(State(app): State<App>, Mine(id): Mine, Q(q): Q<PathQuery>, body: Bytes) -> Reply {
     if q.mode.is_some() {
         return Err(HttpError::from(ApiError::field(
             ErrorKind::Invalid,
@@ -289,12 +263,7 @@ pub(super) async fn write_folder(
     ok(api(&app)?.sandboxes.write_folder(&id, &q.path, body.to_vec()).await?)
 }
 
-pub(super) async fn read_folder(
-    State(app): State<App>,
-    Mine(id): Mine,
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
-) -> Reply {
-    let q = path_query(query)?;
+pub(super) async fn read_folder(State(app): State<App>, Mine(id): Mine, Q(q): Q<PathQuery>) -> Reply {
     let bytes = api(&app)?.sandboxes.read_folder(&id, &q.path).await?;
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], bytes).into_response())
 }
@@ -308,26 +277,15 @@ pub(super) struct ListQuery {
     max: Option<u64>,
 }
 
-pub(super) async fn stat(
-    State(app): State<App>,
-    Mine(id): Mine,
-    query: Result<Query<PathQuery>, axum::extract::rejection::QueryRejection>,
-) -> Reply {
-    let q = path_query(query)?;
+impl QueryOf for ListQuery {
+    const HINT: &'static str = " (path=/a/folder&max=N)";
+}
+
+pub(super) async fn stat(State(app): State<App>, Mine(id): Mine, Q(q): Q<PathQuery>) -> Reply {
     ok(api(&app)?.sandboxes.stat(&id, &q.path).await?)
 }
 
-pub(super) async fn entries(
-    State(app): State<App>,
-    Mine(id): Mine,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Reply {
-    let Query(q) = query.map_err(|e| {
-        ApiError::new(
-            ErrorKind::Invalid,
-            format!("bad query: {} (path=/a/folder&max=N)", e.body_text()),
-        )
-    })?;
+pub(super) async fn entries(State(app): State<App>, Mine(id): Mine, Q(q): Q<ListQuery>) -> Reply {
     ok(api(&app)?.sandboxes.list_folder(&id, &q.path, q.max).await?)
 }
 
