@@ -3,15 +3,12 @@
 //! Bodies are parsed strictly: unknown fields are refused, and a bad body gets a 400 whose
 //! JSON names the field (`{"error": ..., "field": "items[0].n"}`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::middleware;
 use axum::response::IntoResponse;
-use axum::Router;
 use serde::Deserialize;
 
 use super::error::{ApiError, HttpError};
@@ -23,23 +20,6 @@ use service::state::Service;
 use service::ErrorKind;
 
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
-
-/// Every route of `farm serve` (declared in `super::routes`), behind the tenancy layer.
-pub fn router(service: Arc<Service>) -> Router {
-    let app = App { service };
-    super::routes::router()
-        .fallback(|| async {
-            HttpError::from(ApiError::new(
-                ErrorKind::NotFound,
-                "no such endpoint (see docs/serve.md and docs/sandbox-api.md)",
-            ))
-        })
-        .layer(middleware::from_fn_with_state(
-            app.service.clone(),
-            super::tenancy::layer,
-        ))
-        .with_state(app)
-}
 
 /// The Prometheus text; a tenant other than `default` sees its own `farm_tenant_*` series
 /// only.

@@ -108,7 +108,7 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
         );
     }
     let background = service.clone().spawn_background();
-    let app = api::router(service.clone());
+    let app = routes::router(service.clone());
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = stop.clone();
     let server = tokio::spawn(async move {

@@ -228,9 +228,24 @@ fn declare() -> Routes {
     routes
 }
 
-/// The router of every route (its state and layers are the caller's).
-pub(super) fn router() -> Router<App> {
-    declare().router
+/// Every route of `farm serve`, behind the tenancy layer; anything else is a 404 that says
+/// where the routes are.
+pub(super) fn router(service: std::sync::Arc<service::state::Service>) -> Router {
+    use super::error::{ApiError, HttpError};
+    let app = App { service };
+    declare()
+        .router
+        .fallback(|| async {
+            HttpError::from(ApiError::new(
+                service::ErrorKind::NotFound,
+                "no such endpoint (see docs/serve.md and docs/sandbox-api.md)",
+            ))
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            app.service.clone(),
+            super::tenancy::layer,
+        ))
+        .with_state(app)
 }
 
 /// The document.
@@ -282,7 +297,7 @@ mod tests {
         for (name, source) in sources {
             assert!(!source.contains(".route("), "{name} serves a route outside routes/");
         }
-        let _ = router();
+        let _ = declare().router;
         let doc = serde_json::to_value(document()).unwrap();
         let operations: usize = doc["paths"]
             .as_object()
