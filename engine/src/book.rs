@@ -86,8 +86,10 @@ pub enum Ending {
 }
 
 /// One fork in the book.
-struct Held<S> {
+struct Held<S, C> {
     fork: Arc<tokio::sync::Mutex<S>>,
+    /// What its front-end keeps of it outside the fork's lock (its owner, its size).
+    card: C,
     kind: Kind,
     timers: Timers,
     opened: Instant,
@@ -97,10 +99,11 @@ struct Held<S> {
     busy: usize,
 }
 
-/// Open forks by id, the slots of forks still opening, who is being submitted, and why
-/// recent ones went.
-pub struct Book<S> {
-    open: HashMap<String, Held<S>>,
+/// Open forks by id, each with its card (`C`: what the front-end keeps of it that is read
+/// without waiting on the fork's lock), the slots of forks still opening, who is being
+/// submitted, and why recent ones went.
+pub struct Book<S, C = ()> {
+    open: HashMap<String, Held<S, C>>,
     submitting: HashSet<String>,
     /// Forks saved to disk, without a VM (they are in `open` too).
     paused: HashSet<String>,
@@ -111,7 +114,7 @@ pub struct Book<S> {
     ended_order: VecDeque<String>,
 }
 
-impl<S> Default for Book<S> {
+impl<S, C> Default for Book<S, C> {
     fn default() -> Self {
         Book {
             open: HashMap::new(),
@@ -124,7 +127,7 @@ impl<S> Default for Book<S> {
     }
 }
 
-impl<S> Book<S> {
+impl<S, C> Book<S, C> {
     /// Takes a slot for a fork about to open (or resume), or says how many are live or
     /// opening.
     pub fn reserve(&mut self, max: usize) -> Result<(), Refusal> {
@@ -142,20 +145,21 @@ impl<S> Book<S> {
     }
 
     /// A reserved slot becomes a live fork.
-    pub fn open(&mut self, id: &str, kind: Kind, fork: S, timers: Timers, now: Instant) {
+    pub fn open(&mut self, id: &str, kind: Kind, fork: S, card: C, timers: Timers, now: Instant) {
         self.release();
-        self.insert(id, kind, fork, timers, now);
+        self.insert(id, kind, fork, card, timers, now);
     }
 
     /// A paused fork of an earlier process, taken up at start (it holds no slot).
-    pub fn add_paused(&mut self, id: &str, kind: Kind, fork: S, timers: Timers, now: Instant) {
-        self.insert(id, kind, fork, timers, now);
+    pub fn add_paused(&mut self, id: &str, kind: Kind, fork: S, card: C, timers: Timers, now: Instant) {
+        self.insert(id, kind, fork, card, timers, now);
         self.paused.insert(id.to_string());
     }
 
-    fn insert(&mut self, id: &str, kind: Kind, fork: S, timers: Timers, now: Instant) {
+    fn insert(&mut self, id: &str, kind: Kind, fork: S, card: C, timers: Timers, now: Instant) {
         let held = Held {
             fork: Arc::new(tokio::sync::Mutex::new(fork)),
+            card,
             kind,
             timers,
             opened: now,
@@ -195,6 +199,18 @@ impl<S> Book<S> {
             return Err(Refusal::BeingScored(id.to_string()));
         }
         Ok(held.fork.clone())
+    }
+
+    /// A fork's card, live or paused (None: no fork of `kind` is in the book by that id).
+    pub fn card(&self, id: &str, kind: Kind) -> Option<&C> {
+        self.open.get(id).filter(|h| h.kind == kind).map(|h| &h.card)
+    }
+
+    /// Every fork's card: its id, kind, whether it is paused, and the card.
+    pub fn cards(&self) -> impl Iterator<Item = (&str, Kind, bool, &C)> {
+        self.open
+            .iter()
+            .map(|(id, h)| (id.as_str(), h.kind, self.paused.contains(id), &h.card))
     }
 
     /// When the fork opened (None: it is not in the book).
@@ -254,6 +270,15 @@ impl<S> Book<S> {
         self.open
             .iter()
             .filter(|(_, h)| h.kind == kind)
+            .map(|(id, h)| (id.clone(), h.fork.clone()))
+            .collect()
+    }
+
+    /// Every fork of `kind` whose card `keep` keeps (a tenant's own), live or paused.
+    pub fn all_with(&self, kind: Kind, keep: impl Fn(&C) -> bool) -> Vec<(String, Arc<tokio::sync::Mutex<S>>)> {
+        self.open
+            .iter()
+            .filter(|(_, h)| h.kind == kind && keep(&h.card))
             .map(|(id, h)| (id.clone(), h.fork.clone()))
             .collect()
     }

@@ -33,9 +33,14 @@ impl Service {
         };
         let (sessions, sandboxes) = match own {
             true => {
-                let live = self.live_forks(tenant);
-                let sessions = live.iter().filter(|(kind, _)| *kind == tenants::Kind::Session).count();
-                (sessions, live.len() - sessions)
+                let forks = self.forks();
+                let mine = |of: Kind| {
+                    forks
+                        .cards()
+                        .filter(|(_, kind, paused, card)| *kind == of && !paused && card.owner == tenant)
+                        .count()
+                };
+                (mine(Kind::Session), mine(Kind::Sandbox))
             }
             false => {
                 let forks = self.forks();

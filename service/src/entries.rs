@@ -60,6 +60,19 @@ impl Entry {
     }
 }
 
+/// What the service keeps of a fork beside it in the book, read without waiting on the
+/// fork's lock: whose it is and what it takes of that tenant's quotas. Set when the fork
+/// enters the book (made, branched or taken up after a restart), and gone with it; the
+/// tenants database keeps the owner for restarts and for forks that went.
+#[derive(Debug, Clone)]
+pub struct Card {
+    pub owner: tenants::TenantId,
+    /// Its guest memory as made, MiB.
+    pub memory_mib: u64,
+    /// A sandbox's environment.
+    pub environment: Option<String>,
+}
+
 /// A live fork as the service holds it in its one book (`Service::forks`): the engine's
 /// [`engine::session::Session`] and what only the service knows of it, by front-end.
 pub struct Open {

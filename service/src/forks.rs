@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use engine::book::Book;
 
-use super::entries::Open;
+use super::entries::{Card, Open};
 
 /// Every open fork of the service, sessions and sandboxes, in one book: slots of forks
 /// opening, who is being submitted (a process killed while a session is submitted reports it
 /// lost on restart, as no end was recorded), timers.
-pub type Forks = Arc<Mutex<Book<Open>>>;
+pub type Forks = Arc<Mutex<Book<Open, Card>>>;
 
 /// A VM slot taken by [`Service::vm_slot`]: given back when dropped, unless the fork it was
 /// for opened (or resumed) and took it ([`VmSlot::taken`]).

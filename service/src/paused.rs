@@ -164,10 +164,9 @@ impl Service {
 
     /// `GET /v1/sessions`: the caller's live and paused sessions.
     pub async fn list_sessions(&self, who: &Who) -> ApiResult<SessionList> {
-        let all = self.forks().all(Kind::Session);
+        let mine = self.forks().all_with(Kind::Session, |card| card.owner == who.tenant());
         let mut out = Vec::new();
-        let mine = |id: &str| self.tenancy.owns(who.tenant(), tenants::Kind::Session, id);
-        for (id, session) in all.into_iter().filter(|(id, _)| mine(id)) {
+        for (id, session) in mine {
             match session.try_lock() {
                 Ok(s) => out.push(self.describe(&id, &s)),
                 Err(_) => out.push(SessionView::bare(&id, "busy")),
@@ -243,7 +242,7 @@ impl Service {
     /// `POST /v1/sessions/{id}/resume`, its VM within the caller's quotas. Resuming a live
     /// session answers the same again.
     pub async fn resume_session(&self, who: &Who, id: &SessionId) -> ApiResult<SessionView> {
-        let mib = self.tenancy.memory.get(id).unwrap_or_else(|| self.session_mib());
+        let mib = self.session_card(id)?.memory_mib;
         let _held = self.admit_forks(who, 1, mib).await?;
         let handle = self.forks().any(id, Kind::Session)?;
         if !self.forks().is_paused(id) {

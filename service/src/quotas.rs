@@ -4,16 +4,12 @@
 
 use std::collections::HashMap;
 
-use engine::book::Kind as BookKind;
 use tenants::{Kind, Quota, TenantId};
 
 use crate::error::ApiError;
 use crate::state::Service;
 use crate::tenancy::usage::{today, BuildSlot, Pending};
 use crate::tenancy::{over_quota, Who};
-
-/// The fork book's kinds, each with the owner kind of its ids.
-const FORK_KINDS: [(BookKind, Kind); 2] = [(BookKind::Session, Kind::Session), (BookKind::Sandbox, Kind::Sandbox)];
 
 impl Service {
     /// The guest memory a session of the served suites takes (the largest template's).
@@ -25,57 +21,21 @@ impl Service {
             .unwrap_or(512)
     }
 
-    /// The tenant's live (not paused) sessions and sandboxes.
-    pub fn live_forks(&self, tenant: TenantId) -> Vec<(Kind, String)> {
+    /// The tenant's live forks (not paused) and their guest memory in MiB, from the book's
+    /// cards (no fork's lock is taken, so this never waits on a command).
+    pub fn live_usage(&self, tenant: TenantId) -> (u64, u64) {
         let book = self.forks();
-        let mut ids = Vec::new();
-        for (book_kind, kind) in FORK_KINDS {
-            for (id, _) in book.all(book_kind) {
-                if !book.is_paused(&id) && self.tenancy.owns(tenant, kind, &id) {
-                    ids.push((kind, id));
-                }
-            }
-        }
-        ids
-    }
-
-    /// The tenant's live forks (not paused) and their guest memory in MiB.
-    pub async fn live_usage(&self, tenant: TenantId) -> (u64, u64) {
-        let ids = self.live_forks(tenant);
-        let mut mib = 0;
-        for (kind, id) in &ids {
-            mib += match (self.tenancy.memory.get(id), kind, &self.sandbox) {
-                (Some(m), _, _) => m,
-                (None, Kind::Sandbox, Some(api)) => {
-                    match api.sandboxes.view(&crate::ids::SandboxId::trusted(id)).await {
-                        Ok(view) => {
-                            self.tenancy
-                                .memory
-                                .set(id, u64::from(view.memory_mib), Some(&view.environment));
-                            u64::from(view.memory_mib)
-                        }
-                        Err(_) => 0,
-                    }
-                }
-                _ => self.session_mib(),
-            };
-        }
-        (ids.len() as u64, mib)
+        book.cards()
+            .filter(|(_, _, paused, card)| !paused && card.owner == tenant)
+            .fold((0, 0), |(n, mib), (_, _, _, card)| (n + 1, mib + card.memory_mib))
     }
 
     /// Sets `farm_tenant_forks`: each tenant's live and paused sessions and sandboxes.
     pub fn count_tenant_forks(&self) {
         let mut counts: HashMap<(TenantId, &'static str), i64> = HashMap::new();
-        {
-            let book = self.forks();
-            for (book_kind, kind) in FORK_KINDS {
-                for (id, _) in book.all(book_kind) {
-                    let state = if book.is_paused(&id) { "paused" } else { "live" };
-                    for owner in self.tenancy.owners.of(kind, &id) {
-                        *counts.entry((owner.tenant, state)).or_default() += 1;
-                    }
-                }
-            }
+        for (_, _, paused, card) in self.forks().cards() {
+            let state = if paused { "paused" } else { "live" };
+            *counts.entry((card.owner, state)).or_default() += 1;
         }
         let gauge = &engine::metrics::get().tenant_forks;
         gauge.reset();
@@ -93,7 +53,7 @@ impl Service {
     pub async fn admit_forks(&self, who: &Who, count: u64, mib: u64) -> Result<Pending, ApiError> {
         let quotas = &who.profile.quotas;
         let (live, memory) = if quotas.get(Quota::Live).is_some() || quotas.get(Quota::MemoryMib).is_some() {
-            self.live_usage(who.tenant()).await
+            self.live_usage(who.tenant())
         } else {
             (0, 0)
         };

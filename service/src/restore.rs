@@ -109,8 +109,26 @@ impl Service {
             match self.take_up_paused(&self.paused_root().join(dir)).await {
                 Ok((id, s)) => {
                     let timers = self.session_timers();
-                    self.forks()
-                        .add_paused(&id, engine::book::Kind::Session, s, timers, std::time::Instant::now());
+                    // Its owner as the tenants database has it (one of before tenants is
+                    // adopted as the default tenant's).
+                    let card = crate::entries::Card {
+                        owner: self
+                            .tenancy
+                            .owners
+                            .of(tenants::Kind::Session, &id)
+                            .first()
+                            .map_or(tenants::DEFAULT, |o| o.tenant),
+                        memory_mib: self.session_mib(),
+                        environment: None,
+                    };
+                    self.forks().add_paused(
+                        &id,
+                        engine::book::Kind::Session,
+                        s,
+                        card,
+                        timers,
+                        std::time::Instant::now(),
+                    );
                     return Ok(TakenUp::Session);
                 }
                 Err(e) => reason = Some(engine::describe(&e)),

@@ -16,7 +16,7 @@ use engine::session::{Acted, SessionBranchError};
 use engine::{rollout_seed, Served};
 use serde_json::json;
 
-use super::entries::{Entry, Facts, Open, Phase};
+use super::entries::{Card, Entry, Facts, Open, Phase};
 use super::requests::metadata_text;
 use super::requests::{ItemRequest, Record};
 use super::wire::{Branched, McpAccess, SessionEnded, SessionOpened, SessionScored, Stepped};
@@ -51,7 +51,7 @@ impl Service {
     }
 
     /// Journals a session, then makes it live (or ends it, when a shutdown began meanwhile).
-    async fn add_session(&self, slot: VmSlot, session: Open) -> ApiResult<()> {
+    async fn add_session(&self, slot: VmSlot, session: Open, card: Card) -> ApiResult<()> {
         let admitted = session.admitted();
         let id = session.id.clone();
         self.recorder
@@ -70,7 +70,7 @@ impl Service {
             // The slot becomes the session's.
             slot.taken();
             let mut forks = self.forks();
-            forks.open(&id, Kind::Session, session, self.session_timers(), Instant::now());
+            forks.open(&id, Kind::Session, session, card, self.session_timers(), Instant::now());
             engine::metrics::get()
                 .sessions_live
                 .set(forks.count(Kind::Session).0 as i64);
@@ -86,7 +86,13 @@ impl Service {
 
     /// The caller's session `id`; another's, or one that never was, is the same 404.
     pub fn resolve_session(&self, who: &Who, id: &str) -> ApiResult<SessionId> {
-        match self.tenancy.owns(who.tenant(), tenants::Kind::Session, id) {
+        // A session in the book is its card's; one that went, the tenants database's.
+        let owner = self.forks().card(id, Kind::Session).map(|card| card.owner);
+        let mine = match owner {
+            Some(owner) => owner == who.tenant(),
+            None => self.tenancy.owns(who.tenant(), tenants::Kind::Session, id),
+        };
+        match mine {
             true => Ok(SessionId::trusted(id)),
             false => Err(crate::tenancy::not_found(tenants::Kind::Session, id)),
         }
@@ -100,10 +106,9 @@ impl Service {
         }
     }
 
-    /// Records a session just made (and its rollout) as the caller's, with its guest memory.
-    fn own_session(&self, who: &Who, session: &str, rollout: &str, mib: u64) -> ApiResult<SessionId> {
+    /// Records a session just made (and its rollout) as the caller's in the tenants database.
+    fn own_session(&self, who: &Who, session: &str, rollout: &str) -> ApiResult<SessionId> {
         let tenancy = &self.tenancy;
-        tenancy.memory.set(session, mib, None);
         tenancy.own(who.tenant(), tenants::Kind::Session, &[session.to_string()])?;
         tenancy.own(who.tenant(), tenants::Kind::Rollout, &[rollout.to_string()])?;
         Ok(SessionId::trusted(session))
@@ -114,13 +119,18 @@ impl Service {
     pub async fn open_session(&self, who: &Who, request: ItemRequest) -> ApiResult<(SessionId, SessionOpened)> {
         let mib = self.session_mib();
         let _held = self.admit_forks(who, 1, mib).await?;
-        let mut opened = self.open_session_as_asked(request).await?;
-        let id = self.own_session(who, &opened.session_id, &opened.rollout_id, mib)?;
+        let card = Card {
+            owner: who.tenant(),
+            memory_mib: mib,
+            environment: None,
+        };
+        let mut opened = self.open_session_as_asked(request, card).await?;
+        let id = self.own_session(who, &opened.session_id, &opened.rollout_id)?;
         opened.mcp = Some(self.mcp_access(who, &id));
         Ok((id, opened))
     }
 
-    async fn open_session_as_asked(&self, request: ItemRequest) -> ApiResult<SessionOpened> {
+    async fn open_session_as_asked(&self, request: ItemRequest, card: Card) -> ApiResult<SessionOpened> {
         request.check_session()?;
         request.check_bounds(&|f: &str| f.to_string())?;
         let slot = self.vm_slot()?;
@@ -161,7 +171,7 @@ impl Service {
                 task_row: request.task.clone(),
             },
         };
-        self.add_session(slot, session).await?;
+        self.add_session(slot, session, card).await?;
         Ok(SessionOpened {
             session_id,
             rollout_id,
@@ -251,15 +261,24 @@ impl Service {
     /// `POST /v1/sessions/{id}/branch` (and OpenEnv's `branch_of`): of a live session, or of
     /// a paused one (which stays paused); the caller's, within its quotas.
     pub async fn branch(&self, who: &Who, id: &SessionId) -> ApiResult<(SessionId, Branched)> {
-        let mib = self.tenancy.memory.get(id).unwrap_or_else(|| self.session_mib());
-        let _held = self.admit_forks(who, 1, mib).await?;
-        let mut branched = self.branch_as_asked(id).await?;
-        let child = self.own_session(who, &branched.session_id, &branched.rollout_id, mib)?;
+        let card = self.session_card(id)?;
+        let _held = self.admit_forks(who, 1, card.memory_mib).await?;
+        let mut branched = self.branch_as_asked(id, card).await?;
+        let child = self.own_session(who, &branched.session_id, &branched.rollout_id)?;
         branched.mcp = Some(self.mcp_access(who, &child));
         Ok((child, branched))
     }
 
-    async fn branch_as_asked(&self, id: &str) -> ApiResult<Branched> {
+    /// A session's card (a branch's is its parent's): 404 when it is not in the book.
+    pub fn session_card(&self, id: &SessionId) -> ApiResult<Card> {
+        let forks = self.forks();
+        let card = forks
+            .card(id, Kind::Session)
+            .ok_or_else(|| ApiError::from(engine::book::Refusal::NoneLiveOrPaused(id.to_string())))?;
+        Ok(card.clone())
+    }
+
+    async fn branch_as_asked(&self, id: &str, card: Card) -> ApiResult<Branched> {
         let slot = self.vm_slot()?;
         let session = self.forks().any(id, Kind::Session)?;
         let session = session.lock().await;
@@ -293,7 +312,7 @@ impl Service {
             },
         };
         drop(session);
-        self.add_session(slot, new).await?;
+        self.add_session(slot, new, card).await?;
         Ok(Branched {
             session_id,
             rollout_id,

@@ -353,7 +353,7 @@ impl Service {
     }
 
     /// The book of open forks.
-    pub fn forks(&self) -> std::sync::MutexGuard<'_, Book<Open>> {
+    pub fn forks(&self) -> std::sync::MutexGuard<'_, Book<Open, crate::entries::Card>> {
         self.forks.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -7,7 +7,7 @@ const LEASE: Timers = Timers {
 
 fn opened(book: &mut Book<()>, id: &str, timers: Timers, at: Instant) {
     book.reserve(100).unwrap();
-    book.open(id, Kind::Session, (), timers, at);
+    book.open(id, Kind::Session, (), (), timers, at);
 }
 
 #[test]
@@ -20,7 +20,7 @@ fn slots_are_counted_from_reservation_to_the_end() {
     assert!(full.retryable());
     // One never opens (its slot comes back), the other opens (its slot becomes it).
     book.release();
-    book.open("s-1", Kind::Session, (), LEASE, Instant::now());
+    book.open("s-1", Kind::Session, (), (), LEASE, Instant::now());
     assert_eq!(book.live_len(), 1);
     book.reserve(2).unwrap();
     assert!(book.reserve(2).is_err(), "one live and one opening");
@@ -127,7 +127,7 @@ fn a_paused_fork_frees_its_slot_never_idles_survives_shutdown_and_is_refused_mid
     let mut book: Book<()> = Book::default();
     let start = Instant::now();
     book.reserve(1).unwrap();
-    book.open("s-1", Kind::Session, (), LEASE, start);
+    book.open("s-1", Kind::Session, (), (), LEASE, start);
     assert!(book.reserve(1).is_err());
     book.pause("s-1");
     assert_eq!((book.live_len(), book.paused_len()), (0, 1));
@@ -144,7 +144,7 @@ fn a_paused_fork_frees_its_slot_never_idles_survives_shutdown_and_is_refused_mid
     assert!(book.endable_ids(Kind::Session).is_empty(), "a shutdown leaves it");
     // Its slot is free: another fork opens, and the resume must wait for a slot.
     book.reserve(1).unwrap();
-    book.open("s-2", Kind::Session, (), LEASE, start);
+    book.open("s-2", Kind::Session, (), (), LEASE, start);
     assert!(book.reserve(1).is_err(), "no slot to resume into");
     book.remove("s-2", Ending::Ended("deleted".into()));
     book.reserve(1).unwrap();
@@ -158,7 +158,7 @@ fn a_paused_fork_frees_its_slot_never_idles_survives_shutdown_and_is_refused_mid
         Refusal::BeingScored("s-1".into())
     );
     // Taken up after a restart: paused, no slot.
-    book.add_paused("s-9", Kind::Session, (), LEASE, start);
+    book.add_paused("s-9", Kind::Session, (), (), LEASE, start);
     assert!(book.is_paused("s-9"));
     assert_eq!(book.paused_ids(Kind::Session), ["s-9"]);
 }
@@ -168,9 +168,9 @@ fn each_front_end_sees_only_its_own_kind_while_slots_are_shared() {
     let mut book: Book<()> = Book::default();
     let start = Instant::now();
     book.reserve(2).unwrap();
-    book.open("s-1", Kind::Session, (), LEASE, start);
+    book.open("s-1", Kind::Session, (), (), LEASE, start);
     book.reserve(2).unwrap();
-    book.open("sb-1", Kind::Sandbox, (), LEASE, start);
+    book.open("sb-1", Kind::Sandbox, (), (), LEASE, start);
     assert!(book.reserve(2).is_err(), "a session and a sandbox take both slots");
     assert_eq!(
         book.usable("sb-1", Kind::Session, start).unwrap_err(),
@@ -216,4 +216,30 @@ fn new_timers_move_both_deadlines_and_the_lifetime_still_counts_from_the_opening
         [("sb-1".to_string(), Expiry::Lifetime)]
     );
     assert!(!book.set_timers("sb-2", longer), "not open");
+}
+
+#[test]
+fn a_card_is_read_without_the_fork_and_goes_with_it() {
+    let mut book: Book<(), &str> = Book::default();
+    let start = Instant::now();
+    book.reserve(4).unwrap();
+    book.open("s-1", Kind::Session, (), "tenant a", LEASE, start);
+    book.add_paused("sb-2", Kind::Sandbox, (), "tenant b", LEASE, start);
+    assert_eq!(book.card("s-1", Kind::Session), Some(&"tenant a"));
+    // Another kind's id has no card for this kind, as it has no fork.
+    assert_eq!(book.card("s-1", Kind::Sandbox), None);
+    let mut cards: Vec<_> = book
+        .cards()
+        .map(|(id, kind, paused, c)| (id.to_string(), kind, paused, *c))
+        .collect();
+    cards.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        cards,
+        [
+            ("s-1".to_string(), Kind::Session, false, "tenant a"),
+            ("sb-2".to_string(), Kind::Sandbox, true, "tenant b")
+        ]
+    );
+    book.remove("s-1", Ending::Ended("deleted".into()));
+    assert_eq!(book.card("s-1", Kind::Session), None);
 }

@@ -46,7 +46,7 @@ impl Service {
         let _held = self.admit_sandbox(who, &request).await?;
         let (view, made) = api
             .sandboxes
-            .create(&api.environments, request, key, || self.vm_slot())
+            .create(&api.environments, request, who.tenant(), key, || self.vm_slot())
             .await?;
         if made {
             self.own_sandboxes(who, std::slice::from_ref(&view))?;
@@ -181,27 +181,19 @@ impl Service {
         self.admit_forks(who, 1, mib.unwrap_or(512)).await
     }
 
-    /// Records sandboxes just made as the caller's, with their memory and environment.
+    /// Records sandboxes just made as the caller's in the tenants database (their cards
+    /// say so already).
     fn own_sandboxes(&self, who: &Who, views: &[SandboxView]) -> ApiResult<()> {
-        let tenancy = &self.tenancy;
-        for view in views {
-            tenancy
-                .memory
-                .set(&view.id, u64::from(view.memory_mib), Some(&view.environment));
-        }
         let ids: Vec<String> = views.iter().map(|v| v.id.clone()).collect();
-        tenancy.own(who.tenant(), Kind::Sandbox, &ids)
+        self.tenancy.own(who.tenant(), Kind::Sandbox, &ids)
     }
 
-    /// The guest memory of a sandbox, as made.
+    /// The guest memory of a sandbox, as made (0: it is not in the book).
     async fn sandbox_mib(&self, id: &SandboxId) -> u64 {
-        if let Some(mib) = self.tenancy.memory.get(id) {
-            return mib;
-        }
-        match self.sandbox_api() {
-            Ok(api) => api.sandboxes.view(id).await.map_or(0, |v| u64::from(v.memory_mib)),
-            Err(_) => 0,
-        }
+        let forks = self.forks();
+        forks
+            .card(id, engine::book::Kind::Sandbox)
+            .map_or(0, |card| card.memory_mib)
     }
 
     /// Whether `owner` may see environment `env` as what it is now ([`tenants::Owner::sees_built`]).

@@ -257,11 +257,11 @@ impl Service {
     /// The caller's live sandboxes made from an environment.
     fn own_live_sandboxes_of(&self, who: &Who, env: &str) -> usize {
         let book = self.forks();
-        book.all(engine::book::Kind::Sandbox)
-            .iter()
-            .filter(|(id, _)| {
-                self.tenancy.owns(who.tenant(), Kind::Sandbox, id)
-                    && self.tenancy.memory.env_of(id).as_deref() == Some(env)
+        book.cards()
+            .filter(|(_, kind, _, card)| {
+                *kind == engine::book::Kind::Sandbox
+                    && card.owner == who.tenant()
+                    && card.environment.as_deref() == Some(env)
             })
             .count()
     }

@@ -78,8 +78,6 @@ pub struct Tenancy {
     /// Forks being made right now, by tenant: (count, MiB), so that requests racing each other
     /// cannot pass a quota together.
     pending: Mutex<HashMap<TenantId, (u64, u64)>>,
-    /// Each fork's guest memory (and a sandbox's environment).
-    pub memory: usage::ForkMemory,
     /// Builds running, by tenant (see `Service::admit_build`).
     builds: Mutex<HashMap<TenantId, u64>>,
     /// Whether any tenant besides `default` exists, and when that was read.
@@ -103,7 +101,6 @@ impl Tenancy {
             service_token: service_token.map(|t| Sha256::digest(t.as_bytes()).into()),
             profiles: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
-            memory: Default::default(),
             builds: Mutex::new(HashMap::new()),
             others: Mutex::new(None),
             connections: Connections::new(connections),

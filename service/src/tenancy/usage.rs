@@ -1,8 +1,7 @@
 //! What a tenant uses now, against its quotas: live forks and their memory, disk of its
 //! environments and saved forks, build minutes today.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tenants::{Exceeded, Quota, TenantId};
 
@@ -39,30 +38,6 @@ impl Drop for BuildSlot {
         if let Some(n) = builds.get_mut(&self.tenant) {
             *n = n.saturating_sub(1);
         }
-    }
-}
-
-/// Guest memory of each fork, by id, as it was made (sandboxes say theirs; a session has its
-/// suite's), and a sandbox's environment.
-#[derive(Default)]
-pub struct ForkMemory(Mutex<HashMap<String, (u64, Option<String>)>>);
-
-impl ForkMemory {
-    pub fn set(&self, id: &str, mib: u64, env: Option<&str>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), (mib, env.map(str::to_string)));
-    }
-    pub fn get(&self, id: &str) -> Option<u64> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(id).map(|v| v.0)
-    }
-    pub fn env_of(&self, id: &str) -> Option<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .and_then(|v| v.1.clone())
     }
 }
 

@@ -117,11 +117,10 @@ impl Sandboxes {
 
     /// `GET /v1/sandboxes`: the caller's that the filter keeps, oldest first.
     pub async fn list(&self, who: &crate::tenancy::Who, filter: &ListFilter) -> Vec<SandboxView> {
-        let all = self.forks().all(Kind::Sandbox);
-        let mut views = Vec::new();
         // Others' sandboxes are not even locked: a list never waits on their commands.
-        let mine = |id: &str| self.tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id);
-        for (_, sandbox) in all.into_iter().filter(|(id, _)| mine(id)) {
+        let mine = self.forks().all_with(Kind::Sandbox, |card| card.owner == who.tenant());
+        let mut views = Vec::new();
+        for (_, sandbox) in mine {
             let sandbox = view(&*sandbox.lock().await);
             if filter.keeps(&sandbox) {
                 views.push(sandbox);

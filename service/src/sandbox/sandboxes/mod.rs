@@ -33,12 +33,22 @@ pub use exec::{ExecRequest, StreamEvent};
 pub use network::NetworkChange;
 
 use super::environments::Environments;
-use crate::entries::{Checkpoint, Facts, Open, SandboxFacts};
+use crate::entries::{Card, Checkpoint, Facts, Open, SandboxFacts};
 use crate::error::{ApiError, ApiResult};
 use crate::forks::{Forks, InUse, VmSlot};
 use crate::wire::{EnvironmentView, SandboxView};
 
 /// What `GET /v1/sandboxes/{id}` says of a sandbox.
+/// A sandbox's card: its owner, its environment and that environment's memory.
+fn card(owner: tenants::TenantId, facts: &SandboxFacts) -> Card {
+    let environment = &facts.settings.environment;
+    Card {
+        owner,
+        memory_mib: u64::from(environment.spec.memory_mib),
+        environment: Some(environment.id.clone()),
+    }
+}
+
 fn view(open: &Open) -> SandboxView {
     let facts = open.sandbox();
     let s = &facts.settings;
@@ -120,7 +130,13 @@ impl Sandboxes {
 
     /// The caller's sandbox `id`; another's, or one that never was, is the same 404.
     pub fn resolve(&self, who: &crate::tenancy::Who, id: &str) -> ApiResult<SandboxId> {
-        match self.tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id) {
+        // A sandbox in the book is its card's; one that went, the tenants database's.
+        let owner = self.forks().card(id, Kind::Sandbox).map(|card| card.owner);
+        let mine = match owner {
+            Some(owner) => owner == who.tenant(),
+            None => self.tenancy.owns(who.tenant(), tenants::Kind::Sandbox, id),
+        };
+        match mine {
             true => Ok(SandboxId::trusted(id)),
             false => Err(crate::tenancy::not_found(tenants::Kind::Sandbox, id)),
         }
@@ -134,7 +150,7 @@ impl Sandboxes {
         u64::from_le_bytes(crate::ids::random())
     }
 
-    fn forks(&self) -> std::sync::MutexGuard<'_, engine::book::Book<Open>> {
+    fn forks(&self) -> std::sync::MutexGuard<'_, engine::book::Book<Open, Card>> {
         self.forks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -147,9 +163,11 @@ impl Sandboxes {
         })
     }
 
-    fn add(&self, open: Open, slot: VmSlot) -> SandboxView {
+    /// A sandbox just made becomes `owner`'s live fork.
+    fn add(&self, open: Open, owner: tenants::TenantId, slot: VmSlot) -> SandboxView {
         let answer = view(&open);
         let facts = open.sandbox();
+        let card = card(owner, facts);
         let timers = Timers {
             idle: facts.settings.idle,
             lifetime: Some(facts.settings.lifetime),
@@ -158,7 +176,7 @@ impl Sandboxes {
         self.save_record(&open);
         slot.taken();
         let mut forks = self.forks();
-        forks.open(&id, Kind::Sandbox, open, timers, Instant::now());
+        forks.open(&id, Kind::Sandbox, open, card, timers, Instant::now());
         engine::metrics::get()
             .sandboxes
             .set(forks.all(Kind::Sandbox).len() as i64);
@@ -171,6 +189,7 @@ impl Sandboxes {
         &self,
         environments: &Environments,
         request: SandboxRequest,
+        owner: tenants::TenantId,
         key: Option<(String, String)>,
         slot: impl FnOnce() -> ApiResult<VmSlot>,
     ) -> ApiResult<(SandboxView, bool)> {
@@ -181,7 +200,7 @@ impl Sandboxes {
                 Claim::Claimed => {}
             }
         }
-        let made = self.make(environments, &request, slot).await;
+        let made = self.make(environments, &request, owner, slot).await;
         if let Some((key, digest)) = key {
             let id = made.as_ref().ok().map(|v| v.id.clone());
             self.keys
@@ -196,6 +215,7 @@ impl Sandboxes {
         &self,
         environments: &Environments,
         request: &SandboxRequest,
+        owner: tenants::TenantId,
         slot: impl FnOnce() -> ApiResult<VmSlot>,
     ) -> ApiResult<SandboxView> {
         let settings = self.settings_of(environments, request)?;
@@ -223,7 +243,7 @@ impl Sandboxes {
             run,
             facts: Facts::Sandbox(Box::new(facts)),
         };
-        Ok(self.add(open, slot))
+        Ok(self.add(open, owner, slot))
     }
 
     pub async fn view(&self, id: &SandboxId) -> ApiResult<SandboxView> {
@@ -369,6 +389,12 @@ impl Sandboxes {
             .live()
             .map_err(|_| ApiError::new(ErrorKind::Conflict, format!("sandbox {id} is paused: resume it first")))?;
         let slot = slot()?;
+        // A branch is its parent's owner's.
+        let owner = self
+            .forks()
+            .card(id, Kind::Sandbox)
+            .map(|card| card.owner)
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no sandbox {id:?} (it may have expired)")))?;
         let run = sandbox
             .run
             .branch(&self.host.store, self.seed(), None)
@@ -388,7 +414,7 @@ impl Sandboxes {
             run,
             facts: Facts::Sandbox(Box::new(facts)),
         };
-        Ok(self.add(open, slot))
+        Ok(self.add(open, owner, slot))
     }
 
     /// `POST /v1/sandboxes/{id}/pause`: saved to disk, its VM stopped, its slot given back.

@@ -286,7 +286,17 @@ impl Sandboxes {
         let lived = Duration::from_millis((engine::row::now_ms() as u64).saturating_sub(record.created_ms));
         let opened = Instant::now().checked_sub(lived).unwrap_or_else(Instant::now);
         self.save_record(&open);
-        self.forks().add_paused(&record.id, Kind::Sandbox, open, timers, opened);
+        // Its owner as the tenants database has it (an id of before tenants is adopted as
+        // the default tenant's).
+        let owner = self
+            .tenancy
+            .owners
+            .of(tenants::Kind::Sandbox, &record.id)
+            .first()
+            .map_or(tenants::DEFAULT, |o| o.tenant);
+        let card = super::card(owner, open.sandbox());
+        self.forks()
+            .add_paused(&record.id, Kind::Sandbox, open, card, timers, opened);
         Ok((record.id, checkpoint))
     }
 
