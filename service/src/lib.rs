@@ -23,6 +23,7 @@ pub mod forks;
 pub mod ids;
 pub mod paused;
 pub mod quotas;
+pub mod record;
 pub mod requests;
 pub mod restore;
 pub mod rollouts;

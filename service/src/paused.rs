@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! out/paused/<session id>.<ms>/
-//!   session.json   the session: suite, task, limits, steps so far, seed, ids
+//!   session.json   its restart record (crate::record): suite, task, limits, steps so far, seed, ids
 //!   fork.json      the fork (engine::pause): identity, workspace baseline, network
 //!   state/         its snapshot, stored against the task's (snapshotter::paused)
 //! ```
@@ -18,12 +18,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use engine::book::{Kind, Refusal};
-use engine::config::RolloutsSection;
 use engine::pause::PausedFork;
-use engine::row::Step;
 use engine::session::{SessionPauseError, SessionProgress, SessionState};
 use engine::Served;
-use serde::{Deserialize, Serialize};
 
 use super::entries::{Facts, Open};
 use super::requests::Record;
@@ -31,51 +28,30 @@ use super::wire::{PausedView, SessionList, SessionView};
 use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::ids::SessionId;
+use crate::record::{ForkRecord, Of, RecordError, SessionPart};
 use crate::state::Service;
 use crate::tenancy::Who;
 
-/// `session.json`.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionFile {
-    pub session_id: String,
-    pub suite: String,
-    pub task_id: String,
-    /// The inline task it was opened with, if any.
-    pub task_row: Option<serde_json::Value>,
-    pub seed: u64,
-    pub rollout_id: String,
-    pub group_id: String,
-    pub policy_version: Option<u64>,
-    pub metadata: Option<String>,
-    pub limits: RolloutsSection,
-    pub steps: Vec<Step>,
-    pub spent_ms: u64,
-}
-
-impl SessionFile {
-    /// The record of a session about to be paused.
-    fn of(session: &Open) -> SessionFile {
-        let run = session.task();
-        let served = run.served();
-        let progress = run.progress();
-        SessionFile {
-            session_id: session.id.clone(),
-            suite: session.suite().to_string(),
-            task_id: run.task().id.clone(),
-            task_row: match &session.facts {
-                Facts::Session { task_row, .. } => task_row.clone(),
-                Facts::Sandbox(_) => None,
-            },
-            seed: progress.seed,
-            rollout_id: served.rollout_id.clone(),
-            group_id: served.group_id.clone(),
-            policy_version: served.policy_version,
-            metadata: served.metadata.clone(),
-            limits: progress.limits,
-            steps: progress.steps,
-            spent_ms: progress.spent.as_millis() as u64,
-        }
+/// The part of a session's restart record ([`crate::record`]) only a session has.
+fn session_part(session: &Open) -> SessionPart {
+    let run = session.task();
+    let served = run.served();
+    let progress = run.progress();
+    SessionPart {
+        suite: session.suite().to_string(),
+        task_id: run.task().id.clone(),
+        task_row: match &session.facts {
+            Facts::Session { task_row, .. } => task_row.clone(),
+            Facts::Sandbox(_) => None,
+        },
+        seed: progress.seed,
+        rollout_id: served.rollout_id.clone(),
+        group_id: served.group_id.clone(),
+        policy_version: served.policy_version,
+        metadata: served.metadata.clone(),
+        limits: progress.limits,
+        steps: progress.steps,
+        spent_ms: progress.spent.as_millis() as u64,
     }
 }
 
@@ -192,14 +168,10 @@ impl Service {
             ));
         }
         let started = Instant::now();
-        let dir = self.paused_root().join(format!(
-            "{id}.{}",
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis())
-                .unwrap_or(0)
-        ));
-        let file = SessionFile::of(&session);
+        let at_ms = engine::row::now_ms() as u64;
+        let folder = format!("{id}.{at_ms}");
+        let dir = self.paused_root().join(&folder);
+        let record = ForkRecord::new(id, Some(folder), Some(at_ms), Of::Session(session_part(&session)));
         let pending = session.run.pause(&dir).await.map_err(|e| match e {
             SessionPauseError::Refused(e) => ApiError::session(id, e),
             e => ApiError::new(
@@ -209,7 +181,7 @@ impl Service {
         })?;
         // The folder is complete before the journal says so; the VM stops only after that.
         let path = dir.join("session.json");
-        let written = tokio::task::spawn_blocking(move || write_json(&path, &file))
+        let written = tokio::task::spawn_blocking(move || record.write(&path))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         let journaled = match written {
@@ -327,11 +299,7 @@ impl Service {
     /// A paused session of an earlier process, from its folder.
     pub async fn take_up_paused(&self, dir: &Path) -> Result<(String, Open), TakeUpError> {
         let path = dir.join("session.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| TakeUpError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let file: SessionFile = serde_json::from_str(&text).map_err(|source| TakeUpError::Record { path, source })?;
+        let (record, file) = ForkRecord::read(&path)?.into_session(&path)?;
         let (_, state) = self
             .suite(Some(&file.suite), "suite")
             .map_err(|e| TakeUpError::NotServed(e.message))?;
@@ -362,32 +330,22 @@ impl Service {
         };
         let run = state.engine.paused_session(task, snapshot, paused, progress, served);
         let session = Open {
-            id: file.session_id.clone(),
+            id: record.id.clone(),
             run,
             facts: Facts::Session {
                 suite: file.suite,
                 task_row: file.task_row,
             },
         };
-        Ok((file.session_id, session))
+        Ok((record.id, session))
     }
 }
 
 /// Why a paused session of an earlier process could not be taken up.
 #[derive(Debug, thiserror::Error)]
 pub enum TakeUpError {
-    #[error("reading {}", path.display())]
-    Read {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{} is not a paused session's record", path.display())]
-    Record {
-        path: std::path::PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    Record(#[from] RecordError),
     /// Its suite or task is not served any more (the service's own answer).
     #[error("{0}")]
     NotServed(String),
@@ -395,12 +353,4 @@ pub enum TakeUpError {
     Load(#[from] engine::pause::PauseError),
     #[error("it was paused from snapshot {paused} and its task now has {now}")]
     OtherSnapshot { paused: String, now: String },
-}
-
-/// Writes `value` as JSON to `path` atomically (a temporary file, synced, renamed).
-fn write_json(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(value).expect("serializes"))?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, path)
 }

@@ -2,7 +2,7 @@
 //! checkpoints, under `OUT/sandboxes/saved/`:
 //!
 //! ```text
-//! saved/<id>.json      what it was made with (its create request), its timers, metadata,
+//! saved/<id>.json      its restart record (crate::record): what it was made with (its create request), its timers, metadata,
 //!                      parent, open ports (and their tokens), and its last checkpoint
 //! saved/<id>.<ms>/     a checkpoint: the sandbox's memory, processes and disk at that
 //!                      moment (engine::pause's folder: fork.json, state/)
@@ -21,45 +21,15 @@ use std::time::{Duration, Instant};
 
 use engine::book::{Kind, Timers};
 use engine::pause::PausedFork;
-use serde::{Deserialize, Serialize};
 
-use super::{view, SandboxId, SandboxRequest, Sandboxes};
+use super::{view, SandboxId, Sandboxes};
 use crate::entries::{Checkpoint, SandboxFacts};
 use crate::entries::{Facts, Open};
 use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
+use crate::record::{ForkRecord, Of, SandboxPart, SavedPort};
 use crate::sandbox::environments::Environments;
 use crate::wire::SandboxView;
-
-/// Version of `<id>.json`.
-const RECORD_VERSION: u32 = 1;
-
-/// An open port as a record keeps it: a restart opens it again with the same token.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SavedPort {
-    pub port: u16,
-    pub token: String,
-}
-
-/// `saved/<id>.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SandboxRecord {
-    pub format_version: u32,
-    pub id: String,
-    /// The request it (or the sandbox it was branched from) was created with.
-    pub request: SandboxRequest,
-    pub idle_secs: u64,
-    pub lifetime_secs: u64,
-    pub created_ms: u64,
-    pub parent: Option<String>,
-    pub ports: Vec<SavedPort>,
-    /// The folder of its last checkpoint (in `saved/`), and when it was made; None: it has
-    /// none, and a restart forks its environment again.
-    pub checkpoint: Option<String>,
-    pub checkpoint_ms: Option<u64>,
-}
 
 impl Sandboxes {
     fn record_path(&self, id: &str) -> PathBuf {
@@ -76,8 +46,8 @@ impl Sandboxes {
         self.saved_dir.join(format!("{id}.{}", engine::row::now_ms() as u64))
     }
 
-    /// What the record of `open` says now.
-    fn record_of(&self, open: &Open) -> SandboxRecord {
+    /// What the restart record of `open` says now.
+    fn record_of(&self, open: &Open) -> ForkRecord {
         let facts = open.sandbox();
         let s = &facts.settings;
         let (checkpoint, checkpoint_ms) = match (open.run.paused(), &facts.checkpoint) {
@@ -85,9 +55,7 @@ impl Sandboxes {
             (None, Some(c)) => (Some(c.fork.dir.clone()), Some(c.at_ms)),
             (None, None) => (None, None),
         };
-        SandboxRecord {
-            format_version: RECORD_VERSION,
-            id: open.id.clone(),
+        let part = SandboxPart {
             request: s.request.clone(),
             idle_secs: s.idle.as_secs(),
             lifetime_secs: s.lifetime.as_secs(),
@@ -103,9 +71,9 @@ impl Sandboxes {
                     token: p.token,
                 })
                 .collect(),
-            checkpoint: checkpoint.and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())),
-            checkpoint_ms,
-        }
+        };
+        let checkpoint = checkpoint.and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+        ForkRecord::new(&open.id, checkpoint, checkpoint_ms, Of::Sandbox(part))
     }
 
     /// Writes `open`'s record (a failure is logged: the previous record stays in force).
@@ -115,12 +83,8 @@ impl Sandboxes {
         }
     }
 
-    fn write_record(&self, record: &SandboxRecord) -> anyhow::Result<()> {
-        let path = self.record_path(&record.id);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(record)?)?;
-        std::fs::rename(&tmp, &path)?;
-        Ok(())
+    fn write_record(&self, record: &ForkRecord) -> std::io::Result<()> {
+        record.write(&self.record_path(&record.id))
     }
 
     /// Forgets a sandbox that went (its checkpoints go with their last holder).
@@ -250,40 +214,35 @@ impl Sandboxes {
 
     /// One record, taken up: (its id, its checkpoint folder's name).
     async fn take_up(&self, environments: &Environments, path: &Path) -> anyhow::Result<(String, Option<String>)> {
-        let record: SandboxRecord = serde_json::from_slice(&std::fs::read(path)?)?;
-        anyhow::ensure!(
-            record.format_version == RECORD_VERSION,
-            "format version {} (this farm reads {RECORD_VERSION})",
-            record.format_version
-        );
+        let (record, part) = ForkRecord::read(path)?.into_sandbox(path)?;
         let mut settings = self
-            .settings_of(environments, &record.request)
+            .settings_of(environments, &part.request)
             .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-        settings.idle = Duration::from_secs(record.idle_secs);
-        settings.lifetime = Duration::from_secs(record.lifetime_secs);
+        settings.idle = Duration::from_secs(part.idle_secs);
+        settings.lifetime = Duration::from_secs(part.lifetime_secs);
         let paused = match &record.checkpoint {
             Some(name) => PausedFork::load(&self.saved_dir.join(name), &self.host.store)?,
-            None => self.fresh_checkpoint(&record, &settings).await?,
+            None => self.fresh_checkpoint(&record.id, &settings).await?,
         };
         let checkpoint = paused.dir.file_name().map(|n| n.to_string_lossy().into_owned());
         let run = self
             .host
             .paused_sandbox(&settings.ready.snapshot, &settings.spec, paused);
-        let mut facts = SandboxFacts::new(settings, record.parent.clone());
-        facts.created_ms = record.created_ms;
+        let mut facts = SandboxFacts::new(settings, part.parent.clone());
+        facts.created_ms = part.created_ms;
         let open = Open {
             id: record.id.clone(),
             run,
             facts: Facts::Sandbox(Box::new(facts)),
         };
-        for port in &record.ports {
+        for port in &part.ports {
             self.ports.reopen(&record.id, port.port, &port.token);
         }
         let timers = Timers {
-            idle: Duration::from_secs(record.idle_secs),
-            lifetime: Some(Duration::from_secs(record.lifetime_secs)),
+            idle: Duration::from_secs(part.idle_secs),
+            lifetime: Some(Duration::from_secs(part.lifetime_secs)),
         };
-        let lived = Duration::from_millis((engine::row::now_ms() as u64).saturating_sub(record.created_ms));
+        let lived = Duration::from_millis((engine::row::now_ms() as u64).saturating_sub(part.created_ms));
         let opened = Instant::now().checked_sub(lived).unwrap_or_else(Instant::now);
         self.save_record(&open);
         // Its owner as the tenants database has it (an id of before tenants is adopted as
@@ -304,7 +263,7 @@ impl Sandboxes {
     /// and paused at once.
     async fn fresh_checkpoint(
         &self,
-        record: &SandboxRecord,
+        id: &str,
         settings: &crate::entries::Settings,
     ) -> anyhow::Result<PausedFork> {
         let mut run = self
@@ -318,7 +277,7 @@ impl Sandboxes {
             )
             .await
             .map_err(|e| anyhow::anyhow!("forking its environment again: {}", e.describe()))?;
-        let dir = self.checkpoint_dir(&record.id);
+        let dir = self.checkpoint_dir(id);
         let pending = run
             .pause(&dir)
             .await
