@@ -164,15 +164,6 @@ pub(crate) fn place(harbor: &HarborTask, image: &ImageConfig) -> Place {
         .clone()
         .or_else(|| Some(image.user.clone()))
         .filter(|u| !u.is_empty() && u != "root" && u != "0");
-    let mut env: Vec<(String, String)> = image
-        .env
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    for (k, v) in &harbor.env {
-        env.retain(|(key, _)| key != k);
-        env.push((k.clone(), v.clone()));
-    }
+    let env = image.env_with(&harbor.env);
     Place { workdir, user, env }
 }

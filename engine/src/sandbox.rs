@@ -52,16 +52,7 @@ impl Host {
         seed: u64,
         pool: Option<&snapshotter::WarmPool>,
     ) -> Result<Session, SandboxError> {
-        let mut env: Vec<(String, String)> = image
-            .env
-            .iter()
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        for (k, v) in &spec.env {
-            env.retain(|(key, _)| key != k);
-            env.push((k.clone(), v.clone()));
-        }
+        let env = image.env_with(spec.env.iter().map(|(k, v)| (k, v)));
         let place = Place {
             workdir: spec
                 .workdir

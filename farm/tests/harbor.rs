@@ -11,27 +11,16 @@
 //! environment one of them builds, the others reuse.
 
 mod common;
+use common::{repo, text};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Each task's (status, reward, trust).
 type Outcomes = BTreeMap<String, (String, f64, String)>;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// The local services (scripts/harbor-services.sh), stopped by [`Services::stop`], and the registry
 /// settings that send `registry.farm.test` to their registry.

@@ -3,20 +3,11 @@
 //! makes; and hostile archives, crafted with Python's tarfile, that must be refused or kept
 //! inside the image.
 
+mod common;
+use common::{repo, text};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn sh(dir: &Path, script: &str) {
     let o = Command::new("sh")

@@ -5,16 +5,11 @@
 //! gets nothing. Nothing comes from outside the machine: the wheel is written here and pip
 //! is the host Python's own bundled wheel.
 
+mod common;
+use common::text;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 struct Server(Child);
 

@@ -3,28 +3,11 @@
 //! The leaderboard must say what summary.json says, the flipped tasks must be marked, and
 //! the hostile output must show as text. Screenshots go to `target/tmp/report-*.png`.
 
+mod common;
+use common::{farm, repo, text};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn farm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farm"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
+use std::process::{Command, Stdio};
 
 /// A suite over configs/data/serve-tasks with `policy` lines, writing to `out`.
 fn suite(dir: &Path, name: &str, policy: &str, out: &Path) -> PathBuf {

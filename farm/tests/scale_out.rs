@@ -3,6 +3,9 @@
 //! run locally). Every merge is compared with a single-process run of the same suite
 //! (configs/scale-out.toml: 9 tasks, 2 samples each, on the minimal image).
 
+mod common;
+use common::{farm, repo, text};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -11,28 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
 fn suite() -> PathBuf {
     repo().join("configs/scale-out.toml")
-}
-
-fn farm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farm"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn p(path: &Path) -> &str {

@@ -4,13 +4,10 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use std::path::{Path, PathBuf};
+use common::{repo, text};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
 
 fn farm_run(suite: &str, out: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_farm"))
@@ -26,14 +23,6 @@ fn farm_run(suite: &str, out: &Path, extra: &[&str]) -> Output {
 
 fn summary(out: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary.json")).unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Reads every Parquet part with pyarrow; returns (task_id, sample_index, status) rows and

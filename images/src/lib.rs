@@ -182,6 +182,24 @@ pub struct ImageConfig {
     pub user: String,
 }
 
+impl ImageConfig {
+    /// The variables a command gets: the image's `Env`, each set over by `overrides` (as
+    /// `docker run -e` does), the overrides last.
+    pub fn env_with<'a>(&self, overrides: impl IntoIterator<Item = (&'a String, &'a String)>) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for (k, v) in overrides {
+            env.retain(|(key, _)| key != k);
+            env.push((k.clone(), v.clone()));
+        }
+        env
+    }
+}
+
 /// What an image is made of: its layers (in order), its config and its content digest;
 /// for a pulled image, where it came from.
 struct ImageContents {

@@ -262,7 +262,13 @@ mod tests {
         assert_eq!(record.id, "sb-1");
         assert_eq!(record.checkpoint.as_deref(), Some("sb-1.7"));
         let (_, part) = record.into_sandbox(&path).unwrap();
-        assert_eq!(part.ports, vec![SavedPort { port: 3000, token: "abc".into() }]);
+        assert_eq!(
+            part.ports,
+            vec![SavedPort {
+                port: 3000,
+                token: "abc".into()
+            }]
+        );
         assert_eq!(part.lifetime_secs, 3600);
     }
 
@@ -289,7 +295,11 @@ mod tests {
     #[test]
     fn another_version_or_kind_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), "x.json", serde_json::json!({"format_version": 7, "id": "x"}));
+        let path = write(
+            dir.path(),
+            "x.json",
+            serde_json::json!({"format_version": 7, "id": "x"}),
+        );
         let e = ForkRecord::read(&path).unwrap_err().to_string();
         assert!(e.contains("x.json") && e.contains("format version 7"), "{e}");
         let path = write(dir.path(), "y.json", serde_json::json!({"id": "y"}));

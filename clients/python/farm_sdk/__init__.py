@@ -13,6 +13,8 @@ their own).
         assert result.ok and result.stdout == "42\\n"
 """
 
+from . import errors as _errors
+from . import models as _models
 from ._version import __version__
 from .aio import AsyncFarm, AsyncFiles, AsyncSandbox, SandboxCreation
 from .aio_hosting import AsyncPorts, AsyncProcess, AsyncProcesses
@@ -54,27 +56,10 @@ __all__ = [
     "AsyncPorts",
     "Terminal",
     "AsyncTerminal",
-    "Environment",
-    "AsyncEnvironment",
-    "SandboxInfo",
-    "ResetInfo",
-    "ExecResult",
-    "Context",
     "ProcessInfo",
     "OutputChunk",
     "Port",
-    "EntryInfo",
-    "FolderListing",
-    "FarmError",
-    "BadRequest",
-    "Unauthorized",
-    "NotFound",
-    "Conflict",
-    "PayloadTooLarge",
-    "Busy",
-    "ServerError",
-    "ConnectionFailed",
-    "BuildError",
-    "WaitTimeout",
-    "UnsafeArchive",
+    # What errors and models export (a page of build log is models' own).
+    *(name for name in _errors.__all__ if name != "error_from_answer"),
+    *(name for name in _models.__all__ if name != "LogPage"),
 ]

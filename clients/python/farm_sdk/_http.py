@@ -21,7 +21,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, Mapping, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, Mapping, Optional, TypeVar, Union
 
 import httpx
 
@@ -278,3 +278,81 @@ class AsyncHTTP(_Core):
                 error = self._answer_error(call, response)
             await self.sleep(self._delay(call, error, attempt, allowed))
             attempt += 1
+
+
+_Client = TypeVar("_Client", bound="SyncClient")
+_AsyncClient = TypeVar("_AsyncClient", bound="AsyncClient")
+
+
+class SyncClient:
+    """A client of one service: its URL, `close()` and `with`. `url` defaults to `$FARM_URL`,
+    else `http://127.0.0.1:8765`; `token` to `$FARM_SERVE_TOKEN`; `transport` replaces
+    httpx's. A subclass reaches the service in `_opened`."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 600.0,
+        retries: int = 3,
+        *,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        self._http = SyncHTTP(url, token, timeout, retries, transport)
+        self._opened()
+
+    def _opened(self) -> None:
+        """What a subclass makes of its connection (nothing here)."""
+
+    @property
+    def url(self) -> str:
+        return self._http.url
+
+    def close(self) -> None:
+        """Closes its connections."""
+        self._http.close()
+
+    def __enter__(self: _Client) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class AsyncClient:
+    """`SyncClient` for asyncio (`transport` is an `httpx.AsyncBaseTransport`)."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 600.0,
+        retries: int = 3,
+        *,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self._http = AsyncHTTP(url, token, timeout, retries, transport)
+        self._opened()
+
+    def _opened(self) -> None:
+        """What a subclass makes of its connection (nothing here)."""
+
+    @property
+    def url(self) -> str:
+        return self._http.url
+
+    async def close(self) -> None:
+        """Closes its connections."""
+        await self._http.close()
+
+    async def __aenter__(self: _AsyncClient) -> _AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -17,7 +17,6 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, AsyncIterator, Awaitable, Generator, List, Mapping, Optional, Sequence, Type, Union, overload
 
-import httpx
 
 from . import _calls as calls
 from . import _core as core
@@ -26,7 +25,7 @@ from ._calls import Command, EnvironmentRef
 from ._core import Callback, ExecItem
 from ._effects import aiterate as _iterate
 from ._effects import arun as _run
-from ._http import AsyncHTTP
+from ._http import AsyncClient, AsyncHTTP
 from .aio_hosting import AsyncPorts, AsyncProcesses
 from .aio_terminal import AsyncTerminal
 from .models import AsyncEnvironment, Context, EntryInfo, ExecResult, FolderListing, LogPage, ResetInfo, SandboxInfo
@@ -34,39 +33,16 @@ from .models import AsyncEnvironment, Context, EntryInfo, ExecResult, FolderList
 __all__ = ["AsyncFarm", "AsyncEnvironments", "AsyncSandboxes", "AsyncSandbox", "AsyncFiles"]
 
 
-class AsyncFarm:
+class AsyncFarm(AsyncClient):
     """One `farm serve` service, for asyncio (see `Farm` for the arguments; `transport` is
     an `httpx.AsyncBaseTransport`)."""
 
-    def __init__(
-        self,
-        url: Optional[str] = None,
-        token: Optional[str] = None,
-        timeout: float = 600.0,
-        retries: int = 3,
-        *,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
-    ) -> None:
-        self._http = AsyncHTTP(url, token, timeout, retries, transport)
+    environments: "AsyncEnvironments"
+    sandboxes: "AsyncSandboxes"
+
+    def _opened(self) -> None:
         self.environments = AsyncEnvironments(self._http)
         self.sandboxes = AsyncSandboxes(self)
-
-    @property
-    def url(self) -> str:
-        return self._http.url
-
-    async def close(self) -> None:
-        """Closes its connections."""
-        await self._http.close()
-
-    async def __aenter__(self) -> "AsyncFarm":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def __repr__(self) -> str:
-        return f"AsyncFarm({self.url!r})"
 
 
 class AsyncEnvironments:

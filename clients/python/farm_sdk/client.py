@@ -12,7 +12,6 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Type, Union, overload
 
-import httpx
 
 from . import _calls as calls
 from . import _core as core
@@ -21,7 +20,7 @@ from ._calls import Command, EnvironmentRef
 from ._core import ExecItem
 from ._effects import iterate as _iterate
 from ._effects import run as _run
-from ._http import SyncHTTP
+from ._http import SyncClient, SyncHTTP
 from .hosting import Ports, Processes
 from .models import Context, EntryInfo, Environment, ExecResult, FolderListing, LogPage, ResetInfo, SandboxInfo
 from .terminal import Terminal
@@ -29,7 +28,7 @@ from .terminal import Terminal
 __all__ = ["Farm", "Environments", "Sandboxes", "Sandbox", "Files"]
 
 
-class Farm:
+class Farm(SyncClient):
     """One `farm serve` service.
 
     `url` defaults to `$FARM_URL`, else `http://127.0.0.1:8765`; `token` to
@@ -39,35 +38,12 @@ class Farm:
     `transport` replaces httpx's (a proxy, a test's `httpx.MockTransport`).
     """
 
-    def __init__(
-        self,
-        url: Optional[str] = None,
-        token: Optional[str] = None,
-        timeout: float = 600.0,
-        retries: int = 3,
-        *,
-        transport: Optional[httpx.BaseTransport] = None,
-    ) -> None:
-        self._http = SyncHTTP(url, token, timeout, retries, transport)
+    environments: "Environments"
+    sandboxes: "Sandboxes"
+
+    def _opened(self) -> None:
         self.environments = Environments(self._http)
         self.sandboxes = Sandboxes(self)
-
-    @property
-    def url(self) -> str:
-        return self._http.url
-
-    def close(self) -> None:
-        """Closes its connections."""
-        self._http.close()
-
-    def __enter__(self) -> "Farm":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Farm({self.url!r})"
 
 
 class Environments:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 import httpx
 
-from ._http import Call, Params, SyncHTTP, new_key
+from ._http import Call, Params, SyncClient, new_key
 from .errors import Busy, ConnectionFailed, ServerError
 
 if TYPE_CHECKING:
@@ -49,39 +49,12 @@ def lost_in_restart(row: Mapping[str, Any]) -> bool:
     return row.get("status") == "env_error" and "lost in restart" in (row.get("error") or "")
 
 
-class Service:
+class Service(SyncClient):
     """One `farm serve` service's rollouts API (see docs/serve.md, API).
 
     `url` defaults to `$FARM_URL`, else `http://127.0.0.1:8765`; `token` to
     `$FARM_SERVE_TOKEN`. `timeout`, `retries` and `transport` are as `Farm`'s.
     """
-
-    def __init__(
-        self,
-        url: Optional[str] = None,
-        token: Optional[str] = None,
-        timeout: float = 600.0,
-        retries: int = 3,
-        *,
-        transport: Optional[httpx.BaseTransport] = None,
-    ) -> None:
-        self._http = SyncHTTP(url, token, timeout, retries, transport)
-
-    @property
-    def url(self) -> str:
-        return self._http.url
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> "Service":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Service({self.url!r})"
 
     def call(
         self,

@@ -160,14 +160,7 @@ fn read_stdin() -> Result<Vec<u8>> {
 /// run` would, with its config's Env (under --env), WorkingDir and User. Built-in images
 /// have no config.
 fn exec_options(args: &RunArgs, image: &images::ImageConfig, stdin: Vec<u8>, timeout: Option<Duration>) -> ExecOptions {
-    let mut env: Vec<(String, String)> = image
-        .env
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    env.retain(|(key, _)| !args.env.iter().any(|(k, _)| k == key));
-    env.extend(args.env.iter().cloned());
+    let env = image.env_with(args.env.iter().map(|(k, v)| (k, v)));
     let cwd = args
         .workdir
         .clone()

@@ -3,8 +3,31 @@
 
 pub mod serve;
 
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// What a command printed, standard output then standard error.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `farm ARGS` with no standard input, run to its end.
+pub fn farm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_farm"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
 
 /// `command`, started through util-linux's `setpriv --pdeathsig TERM`: the child gets SIGTERM
 /// when the thread that starts it ends, and so when the test binary is killed by a signal,

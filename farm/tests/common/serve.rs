@@ -1,16 +1,14 @@
 //! A `farm serve` process for the tests, and a client of its API.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+pub use super::repo;
 
 /// A child process killed when dropped, and what it printed on stderr.
 pub struct Proc {

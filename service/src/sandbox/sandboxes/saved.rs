@@ -261,11 +261,7 @@ impl Sandboxes {
 
     /// A sandbox that never had a checkpoint: its environment forked again with its settings,
     /// and paused at once.
-    async fn fresh_checkpoint(
-        &self,
-        id: &str,
-        settings: &crate::entries::Settings,
-    ) -> anyhow::Result<PausedFork> {
+    async fn fresh_checkpoint(&self, id: &str, settings: &crate::entries::Settings) -> anyhow::Result<PausedFork> {
         let mut run = self
             .host
             .open_sandbox(
