@@ -19,17 +19,4 @@ echo "farm's guests get $KHZ"
 BASE="console=ttyS0 reboot=t panic=-1 root=/dev/vda rw 8250.nr_uarts=1 tsc=reliable no_timer_check"
 source bench/diskless-boots.sh "$LOAD"
 
-boots() { # boots NAME ROUND CMDLINE -> prints "uncalibrated booted"
-  local dir="$work/$1.$2"
-  boot_at_once "$dir" "$GUESTS" "$3" >/dev/null
-  echo "$(grep -l 'Unable to calibrate' "$dir"/*.log | wc -l) $(grep -l 'VFS' "$dir"/*.log | wc -l)"
-}
-without_u=0 with_u=0 without_ok=0 with_ok=0
-for r in $(seq 1 "$ROUNDS"); do
-  read -r u ok < <(boots without "$r" "$BASE"); without_u=$((without_u + u)) without_ok=$((without_ok + ok))
-  echo "round $r without $KHZ: $u of $GUESTS uncalibrated, $ok booted"
-  read -r u ok < <(boots with "$r" "$BASE $KHZ"); with_u=$((with_u + u)) with_ok=$((with_ok + ok))
-  echo "round $r with it:    $u of $GUESTS uncalibrated, $ok booted"
-done
-total=$((ROUNDS * GUESTS))
-echo "beside $LOAD busy loops: without $KHZ $without_u of $total ran on jiffies ($without_ok booted); with it $with_u of $total ($with_ok booted)"
+compare_boots "$KHZ" 'Unable to calibrate' "ran on jiffies"

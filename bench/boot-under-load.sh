@@ -16,17 +16,4 @@ ROUNDS="${1:-3}" GUESTS="${2:-6}" LOAD="${3:-24}"
 BASE="console=ttyS0 reboot=t panic=-1 root=/dev/vda rw 8250.nr_uarts=1 tsc=reliable"
 source bench/diskless-boots.sh "$LOAD"
 
-boots() { # boots NAME ROUND CMDLINE -> prints "panicked booted"
-  local dir="$work/$1.$2"
-  boot_at_once "$dir" "$GUESTS" "$3" >/dev/null
-  echo "$(grep -l 'IO-APIC + timer' "$dir"/*.log | wc -l) $(grep -l 'VFS' "$dir"/*.log | wc -l)"
-}
-without_p=0 with_p=0 without_ok=0 with_ok=0
-for r in $(seq 1 "$ROUNDS"); do
-  read -r p ok < <(boots without "$r" "$BASE"); without_p=$((without_p + p)) without_ok=$((without_ok + ok))
-  echo "round $r without no_timer_check: $p of $GUESTS panicked, $ok booted"
-  read -r p ok < <(boots with "$r" "$BASE no_timer_check"); with_p=$((with_p + p)) with_ok=$((with_ok + ok))
-  echo "round $r with no_timer_check:    $p of $GUESTS panicked, $ok booted"
-done
-total=$((ROUNDS * GUESTS))
-echo "under $LOAD busy loops: without no_timer_check $without_p of $total panicked ($without_ok booted); with it $with_p of $total ($with_ok booted)"
+compare_boots no_timer_check 'IO-APIC + timer' "panicked"

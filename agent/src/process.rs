@@ -105,6 +105,23 @@ impl Process {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Its state, once `waiting` says no more or `deadline` passes, whichever comes first.
+    fn wait_while(&self, deadline: Instant, mut waiting: impl FnMut(&mut Live) -> bool) -> MutexGuard<'_, Live> {
+        let mut live = self.lock();
+        while waiting(&mut live) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            live = self
+                .changed
+                .wait_timeout(live, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        live
+    }
+
     fn info(&self) -> ProcessInfo {
         let live = self.lock();
         ProcessInfo {
@@ -192,19 +209,7 @@ impl Table {
             ProcessRequest::Wait { pid, timeout_ms } => {
                 let process = self.get(pid)?;
                 let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-                let mut live = process.lock();
-                while live.status == ProcessStatus::Running {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    live = process
-                        .changed
-                        .wait_timeout(live, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                }
-                drop(live);
+                drop(process.wait_while(deadline, |live| live.status == ProcessStatus::Running));
                 Ok((ProcessResponse::Info(process.info()), Vec::new()))
             }
             ProcessRequest::Resize { pid, size } => {
@@ -225,20 +230,10 @@ impl Table {
         let process = self.get(read.pid)?;
         let deadline = Instant::now() + Duration::from_millis(read.wait_ms);
         let max = read.max_bytes.clamp(1, MAX_READ_BYTES);
-        let mut live = process.lock();
-        loop {
-            let ring = Process::ring(&mut live, read.stream);
-            let waiting = read.offset >= ring.end && !ring.closed;
-            let left = deadline.saturating_duration_since(Instant::now());
-            if !waiting || left.is_zero() {
-                break;
-            }
-            live = process
-                .changed
-                .wait_timeout(live, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let mut live = process.wait_while(deadline, |live| {
+            let ring = Process::ring(live, read.stream);
+            read.offset >= ring.end && !ring.closed
+        });
         let status = live.status;
         let ring = Process::ring(&mut live, read.stream);
         let (offset, bytes) = ring.read(read.offset, max);

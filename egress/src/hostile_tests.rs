@@ -82,6 +82,28 @@ struct Connection {
     closed: bool,
 }
 
+/// The frames the host sends a test's guest, decoded, until the host closes its end.
+fn frames(mut from_host: impl AsyncRead + Unpin + Send + 'static) -> tokio::sync::mpsc::UnboundedReceiver<Frame> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let (mut pending, mut buf) = (Vec::new(), vec![0u8; 65536]);
+        loop {
+            let n = match from_host.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            while let Some((frame, used)) = Frame::decode(&pending).unwrap() {
+                pending.drain(..used);
+                if tx.send(frame).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
 impl Guest {
     fn start(policy: Policy) -> Guest {
         let shared: SharedPolicy = Arc::new(Mutex::new(policy));
@@ -92,25 +114,17 @@ impl Guest {
             tokio::sync::mpsc::channel(1).1,
             tokio::sync::watch::channel(0).1,
         ));
-        let (mut from_host, to_host) = guest.into_split();
+        let (from_host, to_host) = guest.into_split();
         let readers: Readers = Default::default();
         let routes = readers.clone();
+        let mut frames = frames(from_host);
         tokio::spawn(async move {
-            let (mut pending, mut buf) = (Vec::new(), vec![0u8; 65536]);
-            loop {
-                let n = match from_host.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                pending.extend_from_slice(&buf[..n]);
-                while let Some((frame, used)) = Frame::decode(&pending).unwrap() {
-                    pending.drain(..used);
-                    if let Some(reader) = routes.lock().unwrap().get(&frame.conn) {
-                        let _ = reader.send(match frame.kind {
-                            Kind::Data => Some(frame.payload),
-                            _ => None,
-                        });
-                    }
+            while let Some(frame) = frames.recv().await {
+                if let Some(reader) = routes.lock().unwrap().get(&frame.conn) {
+                    let _ = reader.send(match frame.kind {
+                        Kind::Data => Some(frame.payload),
+                        _ => None,
+                    });
                 }
             }
         });

@@ -506,12 +506,7 @@ pub fn decode_header<M: for<'de> Deserialize<'de>>(header: &[u8]) -> Result<Enve
 pub fn read_frame_blocking(reader: &mut impl Read, max_frame: u32) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
     let mut prefix = [0u8; PREFIX_BYTES];
     read_exact_or_closed(reader, &mut prefix, true)?;
-    let (header_len, body_len) = check_prefix(prefix, max_frame)?;
-    let mut header = vec![0u8; header_len];
-    read_exact_or_closed(reader, &mut header, false)?;
-    let mut body = vec![0u8; body_len];
-    read_exact_or_closed(reader, &mut body, false)?;
-    Ok((header, body))
+    read_after_prefix(reader, prefix, max_frame)
 }
 
 /// Reads one frame like [`read_frame_blocking`], but first skips bytes until the magic, so
@@ -524,6 +519,15 @@ pub fn read_frame_resync(reader: &mut impl Read, max_frame: u32) -> Result<(Vec<
         read_exact_or_closed(reader, &mut prefix[3..4], false)?;
     }
     read_exact_or_closed(reader, &mut prefix[4..], false)?;
+    read_after_prefix(reader, prefix, max_frame)
+}
+
+/// The header and body of a frame whose prefix was read.
+fn read_after_prefix(
+    reader: &mut impl Read,
+    prefix: [u8; PREFIX_BYTES],
+    max_frame: u32,
+) -> Result<(Vec<u8>, Vec<u8>), FrameError> {
     let (header_len, body_len) = check_prefix(prefix, max_frame)?;
     let mut header = vec![0u8; header_len];
     read_exact_or_closed(reader, &mut header, false)?;

@@ -23,29 +23,22 @@ pub struct SubmitRequest {
 #[serde(deny_unknown_fields)]
 pub struct ItemRequest {
     /// Which served suite (optional when one is served).
-    #[serde(default)]
     pub suite: Option<String>,
     /// A served task's id; or:
-    #[serde(default)]
     pub task_id: Option<String>,
     /// An inline task, as a row of a JSONL task table.
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub task: Option<serde_json::Value>,
     /// Samples: one group (rollouts only; default 1).
-    #[serde(default)]
     pub n: Option<u32>,
     #[serde(default)]
     pub seed: u64,
     /// Keys over the suite's `[policy]` (rollouts only).
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub policy: Option<PolicyConfig>,
-    #[serde(default)]
     pub policy_version: Option<u64>,
     #[serde(default)]
     pub limits: LimitsRequest,
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<serde_json::Value>,
 }
@@ -100,11 +93,8 @@ impl ItemRequest {
 #[derive(Debug, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
-    #[serde(default)]
     pub max_steps: Option<usize>,
-    #[serde(default)]
     pub timeout_secs: Option<u64>,
-    #[serde(default)]
     pub step_timeout_secs: Option<u64>,
 }
 
@@ -144,7 +134,6 @@ impl LimitsRequest {
 pub struct ExecRequest {
     pub command: String,
     /// At most the session's step timeout.
-    #[serde(default)]
     pub timeout_secs: Option<u64>,
 }
 
@@ -207,7 +196,6 @@ pub struct CancelBelow {
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitSessionRequest {
-    #[serde(default)]
     pub answer: Option<String>,
 }
 
@@ -243,11 +231,9 @@ pub struct Admitted {
     pub task_id: String,
     pub sample: u32,
     pub seed: u64,
-    #[serde(default)]
     pub policy_version: Option<u64>,
     #[serde(default)]
     pub policy_name: String,
-    #[serde(default)]
     pub metadata: Option<String>,
 }
 
@@ -283,21 +269,13 @@ pub struct SandboxRequest {
     pub environment: String,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    #[serde(default)]
     pub workdir: Option<String>,
-    #[serde(default)]
     pub user: Option<String>,
-    #[serde(default)]
     pub network: Option<String>,
-    #[serde(default)]
     pub disk_mib: Option<u64>,
-    #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
-    #[serde(default)]
     pub lifetime_secs: Option<u64>,
-    #[serde(default)]
     pub cpus: Option<u64>,
-    #[serde(default)]
     pub memory_mib: Option<u64>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,

@@ -93,31 +93,23 @@ impl BuildFork {
             Claim::Build(lock) => lock,
         };
         let staging = std::mem::take(&mut self.staging);
-        let result = self.save(&staging, store, forker, parent, label, id).await;
+        let machine = &mut self.fork.machine;
+        let result = async {
+            machine.agent().quiesce().await?;
+            // The fork's disk at this moment becomes the child's disk (its backing is the
+            // parent's).
+            crate::build::copy_off_runtime(&machine.spec().disk, &staging.join("disk.qcow2")).await?;
+            let raw = staging.join("state.raw");
+            machine.save_state(&raw).await?;
+            let _ = std::fs::copy(machine.run_dir().join("console.log"), staging.join("console.log"));
+            machine.kill();
+            finish_child(&staging, &raw, store, id, label, parent, forker).await
+        }
+        .await;
         if result.is_err() {
             let _ = remove_tree(&staging);
         }
         result
-    }
-
-    async fn save(
-        &mut self,
-        staging: &Path,
-        store: &SnapshotStore,
-        forker: &Forker,
-        parent: &Snapshot,
-        label: &str,
-        id: &str,
-    ) -> Result<Snapshot, BuildError> {
-        let machine = &mut self.fork.machine;
-        machine.agent().quiesce().await?;
-        // The fork's disk at this moment becomes the child's disk (its backing is the parent's).
-        crate::build::copy_off_runtime(&machine.spec().disk, &staging.join("disk.qcow2")).await?;
-        let raw = staging.join("state.raw");
-        machine.save_state(&raw).await?;
-        let _ = std::fs::copy(machine.run_dir().join("console.log"), staging.join("console.log"));
-        machine.kill();
-        finish_child(staging, &raw, store, id, label, parent, forker).await
     }
 }
 

@@ -152,6 +152,21 @@ mod tests {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// A qcow2 overlay at `path` over `backing` (as its header names it) of `format`.
+    fn overlay(path: &Path, backing: &str, format: &str) {
+        qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            format,
+            "-b",
+            backing,
+            path.to_str().unwrap(),
+        ]);
+    }
+
     #[test]
     fn chains_of_overlays_are_read_from_their_headers() {
         let dir = tempfile::tempdir().unwrap();
@@ -159,28 +174,8 @@ mod tests {
         std::fs::write(&raw, vec![0u8; 1 << 20]).unwrap();
         let mid = dir.path().join("mid.qcow2");
         let top = dir.path().join("top.qcow2");
-        qemu_img(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-F",
-            "raw",
-            "-b",
-            raw.to_str().unwrap(),
-            mid.to_str().unwrap(),
-        ]);
-        qemu_img(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-F",
-            "qcow2",
-            "-b",
-            "mid.qcow2",
-            top.to_str().unwrap(),
-        ]);
+        overlay(&mid, raw.to_str().unwrap(), "raw");
+        overlay(&top, "mid.qcow2", "qcow2");
         let chain = backing_chain(&top).unwrap();
         assert_eq!(
             chain,

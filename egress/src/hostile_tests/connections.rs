@@ -38,25 +38,17 @@ async fn connections_the_host_opens_into_the_guest_and_closes_are_forgotten() {
     let connector = crate::port::GuestConnector::from_sender(connects);
     // The guest: each connection the host opens is answered with a greeting, and nothing else
     // (no close: the host's side ends it).
-    let (mut from_host, mut to_host) = guest_end.into_split();
+    let (from_host, mut to_host) = guest_end.into_split();
+    let mut frames = super::frames(from_host);
     tokio::spawn(async move {
-        let (mut pending, mut buf) = (Vec::new(), vec![0u8; 65536]);
-        loop {
-            let n = match from_host.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            pending.extend_from_slice(&buf[..n]);
-            while let Some((frame, used)) = Frame::decode(&pending).unwrap() {
-                pending.drain(..used);
-                if frame.kind == Kind::Connect {
-                    let hello = Frame {
-                        conn: frame.conn,
-                        kind: Kind::Data,
-                        payload: b"hello".to_vec(),
-                    };
-                    to_host.write_all(&hello.encode()).await.unwrap();
-                }
+        while let Some(frame) = frames.recv().await {
+            if frame.kind == Kind::Connect {
+                let hello = Frame {
+                    conn: frame.conn,
+                    kind: Kind::Data,
+                    payload: b"hello".to_vec(),
+                };
+                to_host.write_all(&hello.encode()).await.unwrap();
             }
         }
     });

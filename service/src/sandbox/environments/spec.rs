@@ -15,15 +15,10 @@ use crate::error::{ApiError, ApiResult};
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvironmentRequest {
-    #[serde(default)]
     pub image: Option<String>,
-    #[serde(default)]
     pub dockerfile: Option<DockerfileRequest>,
-    #[serde(default)]
     pub cpus: Option<u64>,
-    #[serde(default)]
     pub memory_mib: Option<u64>,
-    #[serde(default)]
     pub disk_mib: Option<u64>,
     #[serde(default)]
     pub setup: Vec<String>,
@@ -40,7 +35,6 @@ pub struct DockerfileRequest {
     pub path: String,
     #[serde(default)]
     pub build_args: BTreeMap<String, String>,
-    #[serde(default)]
     pub target: Option<String>,
 }
 

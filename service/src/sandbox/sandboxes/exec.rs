@@ -31,21 +31,14 @@ const MAX_TIMEOUT_SECS: u64 = 86_400;
 #[serde(deny_unknown_fields)]
 #[schema(as = SandboxExecRequest)]
 pub struct ExecRequest {
-    #[serde(default)]
     pub command: Option<String>,
-    #[serde(default)]
     pub argv: Option<Vec<String>>,
-    #[serde(default)]
     pub cwd: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    #[serde(default)]
     pub user: Option<String>,
-    #[serde(default)]
     pub timeout_secs: Option<f64>,
-    #[serde(default)]
     pub stdin: Option<String>,
-    #[serde(default)]
     pub max_output_bytes: Option<u64>,
 }
 

@@ -24,14 +24,11 @@ pub const MAX_BRANCHES: u64 = 32;
 #[serde(deny_unknown_fields)]
 pub struct TimeoutRequest {
     /// Its idle timeout from now on (1 s to `serve.sandboxes.idle_timeout_secs`).
-    #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
     /// Its whole lifetime, counted from its creation (at most
     /// `serve.sandboxes.max_lifetime_secs`).
-    #[serde(default)]
     pub lifetime_secs: Option<u64>,
     /// Instead of `lifetime_secs`: end this many seconds from now (within the same cap).
-    #[serde(default)]
     pub expires_in_secs: Option<u64>,
 }
 
@@ -41,7 +38,6 @@ pub struct TimeoutRequest {
 #[serde(deny_unknown_fields)]
 pub struct BranchRequest {
     /// Branches to make, 1-32: all or none.
-    #[serde(default)]
     pub count: Option<u64>,
 }
 

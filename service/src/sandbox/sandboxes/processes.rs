@@ -34,23 +34,17 @@ pub const MAX_STDIN_BYTES: usize = 1 << 20;
 #[serde(deny_unknown_fields)]
 pub struct ProcessStart {
     /// A shell command line (`/bin/sh -c`), or:
-    #[serde(default)]
     pub command: Option<String>,
     /// A program and its arguments.
-    #[serde(default)]
     pub argv: Option<Vec<String>>,
-    #[serde(default)]
     pub cwd: Option<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    #[serde(default)]
     pub user: Option<String>,
     /// Bytes kept of each output stream (default 1 MiB, at most 16 MiB): older output is
     /// dropped, and a read says how much.
-    #[serde(default)]
     pub ring_bytes: Option<u64>,
     /// Run on a terminal of this size (one output stream, `stdout`).
-    #[serde(default)]
     pub pty: Option<PtySize>,
 }
 
