@@ -218,6 +218,16 @@ def program(command: Command) -> Dict[str, Any]:
     return {"argv": argv}
 
 
+def run_body(
+    command: Command, cwd: Optional[str], env: Optional[Mapping[str, str]], user: Optional[str], **more: Any
+) -> Dict[str, Any]:
+    """The body of a request that runs `command` (an exec, a background process): the
+    `program`, then `cwd`, `env`, `user` and the request's own fields `more`, those given."""
+    body = program(command)
+    body.update(_given(cwd=cwd, env=dict(env) if env is not None else None, user=user, **more))
+    return body
+
+
 def exec_call(
     sandbox_id: str,
     command: Command,
@@ -237,18 +247,8 @@ def exec_call(
             stdin = stdin.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError("stdin must be UTF-8 text: the exec API carries it as a JSON string") from e
-    body = program(command)
     timeout_secs = _secs(timeout)
-    body.update(
-        _given(
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            user=user,
-            timeout_secs=timeout_secs,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-        )
-    )
+    body = run_body(command, cwd, env, user, timeout_secs=timeout_secs, stdin=stdin, max_output_bytes=max_output_bytes)
     suffix = "/exec/stream" if stream else "/exec"
     return Call(
         "POST",

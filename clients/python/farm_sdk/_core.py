@@ -21,7 +21,7 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Generator, List, Mapping, Optional, Tuple, TypeVar, Union
+from typing import IO, Any, Callable, Generator, List, Mapping, Optional, Protocol, Tuple, TypeVar, Union
 
 from . import _calls as calls
 from ._calls import EnvironmentRef
@@ -35,6 +35,9 @@ log = logging.getLogger("farm_sdk")
 
 T = TypeVar("T")
 E = TypeVar("E", bound=Environment)
+#: What a stream of events gives as it goes, and at its end (see `EventReader`).
+C = TypeVar("C")
+R = TypeVar("R", covariant=True)
 #: An operation that ends with a `T`.
 Operation = Generator[Any, Any, T]
 #: Makes the face's kind of environment (an `Environment` or an `AsyncEnvironment`, bound
@@ -245,19 +248,38 @@ def exec_result(call: Call) -> Operation[ExecResult]:
     return ExecResult.from_json((yield from _json(call)))
 
 
-def exec_streamed(call: Call, deliver: Callable[[Tuple[str, str]], Any]) -> Operation[ExecResult]:
-    """Reads a streamed exec's events: each output chunk, `("stdout" | "stderr", text)`,
+class EventReader(Protocol[C, R]):
+    """What reads a stream of server-sent events (`_sse.ExecStream`, `_sse.OutputFollow`):
+    it is fed the text as it comes and gives the items it decoded, until it has `ended`;
+    `finish` gives how the stream ended."""
+
+    @property
+    def ended(self) -> bool: ...
+
+    def feed(self, text: str) -> List[C]: ...
+
+    def finish(self) -> R: ...
+
+
+def read_events(call: Call, events: EventReader[C, R], deliver: Callable[[C], Any]) -> Operation[R]:
+    """Opens `call`'s answer as a stream and feeds its text to `events`: each item decoded
     becomes the effect `deliver` makes of it (`Emit` to iterate, `Notify` for callbacks), up
-    to the event that ends the stream; the result."""
-    events = ExecStream(call.method, call.path)
+    to the event that ends the stream; then what `events.finish()` gives."""
     yield Open(call, text=True)
     while not events.ended:
         text = yield READ
         if text is None:
             break
-        for chunk in events.feed(text):
-            yield deliver(chunk)
+        for item in events.feed(text):
+            yield deliver(item)
     return events.finish()
+
+
+def exec_streamed(call: Call, deliver: Callable[[Tuple[str, str]], Any]) -> Operation[ExecResult]:
+    """Reads a streamed exec's events: each output chunk, `("stdout" | "stderr", text)`,
+    becomes the effect `deliver` makes of it (`Emit` to iterate, `Notify` for callbacks), up
+    to the event that ends the stream; the result."""
+    return (yield from read_events(call, ExecStream(call.method, call.path), deliver))
 
 
 def to_callbacks(

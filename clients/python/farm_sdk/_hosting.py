@@ -14,8 +14,8 @@ import signal as signals
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ._calls import Command, _given, _id, program
-from ._core import READ, Emit, Open, Operation, _json
+from ._calls import Command, _given, _id, listed, run_body
+from ._core import Emit, Operation, _json, read_events
 from ._http import Call, new_key
 from ._sse import OutputFollow
 from .errors import NotFound, WaitTimeout
@@ -76,16 +76,7 @@ def start_call(
 ) -> Call:
     """A start is never sent again once it may have reached the service (the process may be
     running); a 429 or 503 is retried."""
-    body = program(command)
-    body.update(
-        _given(
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            user=user,
-            ring_bytes=ring_bytes,
-            pty=_size(pty) if pty is not None else None,
-        )
-    )
+    body = run_body(command, cwd, env, user, ring_bytes=ring_bytes, pty=_size(pty) if pty is not None else None)
     return Call("POST", f"{_sandbox(sandbox_id)}/processes", json=body, resend=False)
 
 
@@ -143,23 +134,19 @@ def list_sandboxes_call(state: Optional[str], metadata: Optional[Mapping[str, st
 # Processes.
 
 
-def start_process(
-    sandbox_id: str,
-    command: Command,
-    cwd: Optional[str],
-    env: Optional[Mapping[str, str]],
-    user: Optional[str],
-    ring_bytes: Optional[int],
-    pty: Optional[Size],
-) -> Operation[ProcessInfo]:
-    call = start_call(sandbox_id, command, cwd, env, user, ring_bytes, pty)
+def _listed(call: Call, key: str) -> Operation[List[Any]]:
+    """The list under `key` in `call`'s answer (none when it is missing)."""
+    return listed((yield from _json(call)), key)
+
+
+def start_process(call: Call) -> Operation[ProcessInfo]:
+    """`call` is a start, `start_call`."""
     return ProcessInfo.from_json((yield from _json(call)))
 
 
 def list_processes(sandbox_id: str) -> Operation[List[ProcessInfo]]:
-    answer = yield from _json(Call("GET", f"{_sandbox(sandbox_id)}/processes"))
-    listed = answer.get("processes") if isinstance(answer, dict) else None
-    return [ProcessInfo.from_json(p) for p in listed or []]
+    listed = yield from _listed(Call("GET", f"{_sandbox(sandbox_id)}/processes"), "processes")
+    return [ProcessInfo.from_json(p) for p in listed]
 
 
 def get_process(sandbox_id: str, pid: int) -> Operation[ProcessInfo]:
@@ -177,15 +164,7 @@ def follow_output(sandbox_id: str, pid: int, stdout: int, stderr: int) -> Operat
     """Emits each `OutputChunk` of either stream as it comes, from the offsets given, up to
     the process's end; returns how it ended."""
     call = follow_call(sandbox_id, pid, stdout, stderr)
-    events = OutputFollow(call.method, call.path, stdout, stderr)
-    yield Open(call, text=True)
-    while not events.ended:
-        text = yield READ
-        if text is None:
-            break
-        for chunk in events.feed(text):
-            yield Emit(chunk)
-    return events.finish()
+    return (yield from read_events(call, OutputFollow(call.method, call.path, stdout, stderr), Emit))
 
 
 def send_stdin(sandbox_id: str, pid: int, data: Union[str, bytes], close: bool) -> Operation[ProcessInfo]:
@@ -224,9 +203,7 @@ def open_port(sandbox_id: str, port: int) -> Operation[Port]:
 
 
 def list_ports(sandbox_id: str) -> Operation[List[Port]]:
-    answer = yield from _json(Call("GET", f"{_sandbox(sandbox_id)}/ports"))
-    listed = answer.get("ports") if isinstance(answer, dict) else None
-    return [Port.from_json(p) for p in listed or []]
+    return [Port.from_json(p) for p in (yield from _listed(Call("GET", f"{_sandbox(sandbox_id)}/ports"), "ports"))]
 
 
 def close_port(sandbox_id: str, port: int) -> Operation[None]:
@@ -249,9 +226,7 @@ def set_network(sandbox_id: str, network: Optional[str]) -> Operation[SandboxInf
 
 
 def list_sandboxes(state: Optional[str], metadata: Optional[Mapping[str, str]]) -> Operation[List[SandboxInfo]]:
-    answer = yield from _json(list_sandboxes_call(state, metadata))
-    listed = answer.get("sandboxes") if isinstance(answer, dict) else None
-    return [SandboxInfo.from_json(s) for s in listed or []]
+    return [SandboxInfo.from_json(s) for s in (yield from _listed(list_sandboxes_call(state, metadata), "sandboxes"))]
 
 
 def stat(sandbox_id: str, path: str) -> Operation[EntryInfo]:
@@ -286,9 +261,7 @@ def branch_many(sandbox_id: str, count: int) -> Operation[List[str]]:
     call = Call(
         "POST", f"{_sandbox(sandbox_id)}/branch", json={"count": count}, idempotency_key=new_key()
     )
-    answer = yield from _json(call)
-    listed = answer.get("sandboxes") if isinstance(answer, dict) else None
-    return [SandboxInfo.from_json(s).id for s in listed or []]
+    return [SandboxInfo.from_json(s).id for s in (yield from _listed(call, "sandboxes"))]
 
 
 class ProcessHandle:

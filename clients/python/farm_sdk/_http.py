@@ -21,7 +21,9 @@ import time
 import uuid
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, Mapping, Optional, TypeVar, Union
+from typing import (
+    Any, AsyncIterator, Awaitable, Callable, Dict, Generic, Iterator, Mapping, Optional, Type, TypeVar, Union
+)
 
 import httpx
 
@@ -38,6 +40,10 @@ RETRY_AFTER_MAX = 60.0
 CONNECT_TIMEOUT = 30.0
 
 Params = Mapping[str, Union[str, int, float]]
+#: httpx's transport of a sender: `httpx.BaseTransport` (sync) or `httpx.AsyncBaseTransport`.
+_Transport = TypeVar("_Transport")
+#: The sender of a client: `SyncHTTP` or `AsyncHTTP`.
+_Sender = TypeVar("_Sender", bound="_Core[Any]")
 
 # Errors raised before any byte of the request could reach the service.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -86,15 +92,28 @@ def _headers(token: Optional[str]) -> Dict[str, str]:
     return headers
 
 
-class _Core:
-    """What the sync and async senders share: building requests and deciding on retries."""
+class _Core(Generic[_Transport]):
+    """What the sync and async senders share: the service's address, building requests and
+    deciding on retries. A subclass makes its httpx client in `_open`."""
 
-    def __init__(self, url: str, timeout: float, retries: int) -> None:
+    def __init__(
+        self,
+        url: Optional[str],
+        token: Optional[str],
+        timeout: float,
+        retries: int,
+        transport: Optional[_Transport] = None,
+    ) -> None:
         if retries < 0:
             raise ValueError("retries must be 0 or more")
-        self.url = url
+        self.url = resolve_url(url)
         self.timeout = timeout
         self.retries = retries
+        self._open(_headers(resolve_token(token)), transport)
+
+    def _open(self, headers: Dict[str, str], transport: Optional[_Transport]) -> None:
+        """Makes the httpx client that sends every request with `headers`."""
+        raise NotImplementedError
 
     def _timeout(self, call: Call, timeout: Optional[float]) -> httpx.Timeout:
         read = (self.timeout if timeout is None else timeout) + call.wait
@@ -150,20 +169,21 @@ class _Core:
             return min(error.retry_after, RETRY_AFTER_MAX)
         return min(BACKOFF_MAX, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
 
+    @contextmanager
+    def _reading(self, call: Call) -> Iterator[None]:
+        """While the caller reads an answer's body: a transport error becomes
+        `ConnectionFailed`, never retried (part of the body was used)."""
+        try:
+            yield
+        except httpx.TransportError as e:
+            raise self._transport_error(call, e) from e
 
-class SyncHTTP(_Core):
+
+class SyncHTTP(_Core[httpx.BaseTransport]):
     """Sends calls with an `httpx.Client`."""
 
-    def __init__(
-        self,
-        url: Optional[str],
-        token: Optional[str],
-        timeout: float,
-        retries: int,
-        transport: Optional[httpx.BaseTransport] = None,
-    ) -> None:
-        super().__init__(resolve_url(url), timeout, retries)
-        self.client = httpx.Client(base_url=self.url, headers=_headers(resolve_token(token)), transport=transport)
+    def _open(self, headers: Dict[str, str], transport: Optional[httpx.BaseTransport]) -> None:
+        self.client = httpx.Client(base_url=self.url, headers=headers, transport=transport)
         #: How the client waits between tries (a seam for tests).
         self.sleep: Callable[[float], None] = time.sleep
 
@@ -186,48 +206,47 @@ class SyncHTTP(_Core):
         """The answer to `call` (2xx), its body still to read unless `whole`. A transport error
         while the caller reads it becomes `ConnectionFailed`, never retried (part of it was
         used)."""
-        allowed = self.retries if retries is None else retries
+        response = self._answer(call, timeout, self.retries if retries is None else retries, whole)
+        try:
+            with self._reading(call):
+                yield response
+        finally:
+            response.close()
+
+    def _answer(self, call: Call, timeout: Optional[float], retries: int, whole: bool) -> httpx.Response:
+        """The answer to `call` (2xx) after at most `retries` more tries; else its `FarmError`."""
         attempt = 0
         while True:
-            try:
-                request = self.client.build_request(**self._request_args(call, timeout))
-                response = self.client.send(request, stream=True)
-                try:
-                    if whole or not response.is_success:
-                        response.read()
-                except BaseException:
-                    response.close()
-                    raise
-            except httpx.TransportError as e:
-                error = self._transport_error(call, e)
-            else:
-                if response.is_success:
-                    try:
-                        yield response
-                    except httpx.TransportError as e:
-                        raise self._transport_error(call, e) from e
-                    finally:
-                        response.close()
-                    return
-                response.close()
-                error = self._answer_error(call, response)
-            self.sleep(self._delay(call, error, attempt, allowed))
+            outcome = self._try(call, timeout, whole)
+            if isinstance(outcome, httpx.Response):
+                return outcome
+            self.sleep(self._delay(call, outcome, attempt, retries))
             attempt += 1
 
+    def _try(self, call: Call, timeout: Optional[float], whole: bool) -> Union[httpx.Response, FarmError]:
+        """One try: the answer (2xx), its body read when `whole`; else the error it ended in."""
+        try:
+            request = self.client.build_request(**self._request_args(call, timeout))
+            response = self.client.send(request, stream=True)
+            try:
+                if whole or not response.is_success:
+                    response.read()
+            except BaseException:
+                response.close()
+                raise
+        except httpx.TransportError as e:
+            return self._transport_error(call, e)
+        if response.is_success:
+            return response
+        response.close()
+        return self._answer_error(call, response)
 
-class AsyncHTTP(_Core):
+
+class AsyncHTTP(_Core[httpx.AsyncBaseTransport]):
     """Sends calls with an `httpx.AsyncClient`."""
 
-    def __init__(
-        self,
-        url: Optional[str],
-        token: Optional[str],
-        timeout: float,
-        retries: int,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
-    ) -> None:
-        super().__init__(resolve_url(url), timeout, retries)
-        self.client = httpx.AsyncClient(base_url=self.url, headers=_headers(resolve_token(token)), transport=transport)
+    def _open(self, headers: Dict[str, str], transport: Optional[httpx.AsyncBaseTransport]) -> None:
+        self.client = httpx.AsyncClient(base_url=self.url, headers=headers, transport=transport)
         #: How the client waits between tries (a seam for tests).
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
@@ -251,43 +270,52 @@ class AsyncHTTP(_Core):
     ) -> AsyncIterator[httpx.Response]:
         """The answer to `call` (2xx), its body still to read unless `whole` (see
         `SyncHTTP.stream`)."""
-        allowed = self.retries if retries is None else retries
+        response = await self._answer(call, timeout, self.retries if retries is None else retries, whole)
+        try:
+            with self._reading(call):
+                yield response
+        finally:
+            await response.aclose()
+
+    async def _answer(self, call: Call, timeout: Optional[float], retries: int, whole: bool) -> httpx.Response:
+        """See `SyncHTTP._answer`."""
         attempt = 0
         while True:
-            try:
-                request = self.client.build_request(**self._request_args(call, timeout))
-                response = await self.client.send(request, stream=True)
-                try:
-                    if whole or not response.is_success:
-                        await response.aread()
-                except BaseException:
-                    await response.aclose()
-                    raise
-            except httpx.TransportError as e:
-                error = self._transport_error(call, e)
-            else:
-                if response.is_success:
-                    try:
-                        yield response
-                    except httpx.TransportError as e:
-                        raise self._transport_error(call, e) from e
-                    finally:
-                        await response.aclose()
-                    return
-                await response.aclose()
-                error = self._answer_error(call, response)
-            await self.sleep(self._delay(call, error, attempt, allowed))
+            outcome = await self._try(call, timeout, whole)
+            if isinstance(outcome, httpx.Response):
+                return outcome
+            await self.sleep(self._delay(call, outcome, attempt, retries))
             attempt += 1
+
+    async def _try(self, call: Call, timeout: Optional[float], whole: bool) -> Union[httpx.Response, FarmError]:
+        """See `SyncHTTP._try`."""
+        try:
+            request = self.client.build_request(**self._request_args(call, timeout))
+            response = await self.client.send(request, stream=True)
+            try:
+                if whole or not response.is_success:
+                    await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        except httpx.TransportError as e:
+            return self._transport_error(call, e)
+        if response.is_success:
+            return response
+        await response.aclose()
+        return self._answer_error(call, response)
 
 
 _Client = TypeVar("_Client", bound="SyncClient")
 _AsyncClient = TypeVar("_AsyncClient", bound="AsyncClient")
 
 
-class SyncClient:
-    """A client of one service: its URL, `close()` and `with`. `url` defaults to `$FARM_URL`,
-    else `http://127.0.0.1:8765`; `token` to `$FARM_SERVE_TOKEN`; `transport` replaces
-    httpx's. A subclass reaches the service in `_opened`."""
+class _Service(Generic[_Sender, _Transport]):
+    """What `SyncClient` and `AsyncClient` share: the sender each makes (`_sender`, a
+    `SyncHTTP` or an `AsyncHTTP`) from the arguments, its URL, and `_opened`, where a subclass
+    reaches the service."""
+
+    _sender: Type[_Sender]
 
     def __init__(
         self,
@@ -296,9 +324,9 @@ class SyncClient:
         timeout: float = 600.0,
         retries: int = 3,
         *,
-        transport: Optional[httpx.BaseTransport] = None,
+        transport: Optional[_Transport] = None,
     ) -> None:
-        self._http = SyncHTTP(url, token, timeout, retries, transport)
+        self._http: _Sender = self._sender(url, token, timeout, retries, transport)
         self._opened()
 
     def _opened(self) -> None:
@@ -307,6 +335,17 @@ class SyncClient:
     @property
     def url(self) -> str:
         return self._http.url
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class SyncClient(_Service[SyncHTTP, httpx.BaseTransport]):
+    """A client of one service: its URL, `close()` and `with`. `url` defaults to `$FARM_URL`,
+    else `http://127.0.0.1:8765`; `token` to `$FARM_SERVE_TOKEN`; `transport` replaces
+    httpx's. A subclass reaches the service in `_opened`."""
+
+    _sender = SyncHTTP
 
     def close(self) -> None:
         """Closes its connections."""
@@ -318,31 +357,11 @@ class SyncClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"
 
-
-class AsyncClient:
+class AsyncClient(_Service[AsyncHTTP, httpx.AsyncBaseTransport]):
     """`SyncClient` for asyncio (`transport` is an `httpx.AsyncBaseTransport`)."""
 
-    def __init__(
-        self,
-        url: Optional[str] = None,
-        token: Optional[str] = None,
-        timeout: float = 600.0,
-        retries: int = 3,
-        *,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
-    ) -> None:
-        self._http = AsyncHTTP(url, token, timeout, retries, transport)
-        self._opened()
-
-    def _opened(self) -> None:
-        """What a subclass makes of its connection (nothing here)."""
-
-    @property
-    def url(self) -> str:
-        return self._http.url
+    _sender = AsyncHTTP
 
     async def close(self) -> None:
         """Closes its connections."""
@@ -353,6 +372,3 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r})"

@@ -1,6 +1,7 @@
 """A sandbox's terminal, `GET /v1/sandboxes/{id}/pty` (a WebSocket), without I/O: its
-address, the client's messages, and what the service's messages mean (`TerminalState`),
-for the sync `terminal.Terminal` and the async `aio_terminal.AsyncTerminal`.
+address, the client's messages, what the service's messages mean (`TerminalState`), and
+how `recv`, `expect` and `wait` read them (`receive`, `expect`, `wait`), for the sync
+`terminal.Terminal` and the async `aio_terminal.AsyncTerminal`.
 
 On the socket, binary messages are the terminal's bytes both ways. Text messages are JSON:
 the client's `{"type": "resize", "rows", "cols"}` and `{"type": "input", "data"}`; the
@@ -17,14 +18,17 @@ import codecs
 import json
 import re
 import time
-from typing import Any, Callable, Dict, List, Optional, Pattern, Tuple, Type, Union
+from typing import Any, Callable, Dict, Generator, List, Optional, Pattern, Tuple, Type, TypeVar, Union
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from ._calls import _id
-from .errors import ConnectionFailed, FarmError, error_from_answer
+from .errors import ConnectionFailed, FarmError, WaitTimeout, error_from_answer
 
+T = TypeVar("T")
 #: What `Terminal.expect` looks for: text, or a compiled regular expression.
 Expected = Union[str, Pattern[str]]
+#: A terminal's reading that ends with a `T` (see `receive`, `expect` and `wait`).
+Reading = Generator[Optional[float], None, T]
 #: The most characters of output an `expect` that failed shows.
 _SHOWN = 2000
 _MISSING = (
@@ -213,6 +217,50 @@ class Deadline:
 
     def left(self) -> Optional[float]:
         return None if self._end is None else max(0.0, self._end - time.monotonic())
+
+
+# What `recv`, `expect` and `wait` do, written once for both terminals: each is a generator
+# that yields the timeout of every message it needs read (the terminal's `_pull`, which may
+# throw `WaitTimeout` in at the `yield`) and returns the call's result.
+
+
+def receive(state: TerminalState, timeout: Optional[float]) -> Reading[bytes]:
+    """`recv`: the output not yet taken, as soon as there is some; b"" once the terminal
+    ended."""
+    deadline = Deadline(timeout)
+    while True:
+        text = state.take_all()
+        if text:
+            return text.encode("utf-8")
+        if state.ended:
+            return b""
+        yield deadline.left()
+
+
+def expect(state: TerminalState, expected: Expected, timeout: Optional[float]) -> Reading[str]:
+    """`expect`: the output up to and including `expected`, taken. `WaitTimeout` past
+    `timeout`, `EOFError` when the terminal ends first; both say what was seen."""
+    compile_expected(expected)
+    deadline = Deadline(timeout)
+    while True:
+        taken = state.take(expected)
+        if taken is not None:
+            return taken
+        if state.ended:
+            raise EOFError(unseen(state, expected, "the terminal ended before it showed"))
+        try:
+            yield deadline.left()
+        except WaitTimeout:
+            raise WaitTimeout(unseen(state, expected, f"after {timeout} s the terminal had not shown")) from None
+
+
+def wait(state: TerminalState, timeout: Optional[float]) -> Reading[Optional[int]]:
+    """`wait`: the output read (and dropped) until the program ends; its exit code."""
+    deadline = Deadline(timeout)
+    while not state.ended:
+        yield deadline.left()
+        state.take_all()
+    return state.exit_code
 
 
 def _event(message: Union[str, bytes]) -> Dict[str, Any]:

@@ -11,14 +11,17 @@ Needs the `websockets` package (`pip install 'farm-sdk[pty]'`).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Union
+from typing import Optional, TypeVar, Union, cast
 
 from . import _pty
+from ._core import Progress
 from ._http import AsyncHTTP
 from ._pty import Expected, TerminalState
 from .errors import WaitTimeout
 
 __all__ = ["AsyncTerminal"]
+
+T = TypeVar("T")
 
 #: Seconds to open the socket (the service starts the program first) and get its pid.
 OPEN_TIMEOUT = 120.0
@@ -76,38 +79,27 @@ class AsyncTerminal(_pty.TerminalHandle):
 
     async def recv(self, timeout: Optional[float] = None) -> bytes:
         """See `Terminal.recv`."""
-        deadline = _pty.Deadline(timeout)
-        while True:
-            text = self._state.take_all()
-            if text:
-                return text.encode("utf-8")
-            if self._state.ended:
-                return b""
-            await self._pull(deadline.left())
+        return await self._read(_pty.receive(self._state, timeout))
 
     async def expect(self, expected: Expected, timeout: Optional[float] = 60.0) -> str:
         """See `Terminal.expect`."""
-        _pty.compile_expected(expected)
-        deadline = _pty.Deadline(timeout)
-        while True:
-            taken = self._state.take(expected)
-            if taken is not None:
-                return taken
-            if self._state.ended:
-                raise EOFError(_pty.unseen(self._state, expected, "the terminal ended before it showed"))
-            try:
-                await self._pull(deadline.left())
-            except WaitTimeout:
-                shown = _pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")
-                raise WaitTimeout(shown) from None
+        return await self._read(_pty.expect(self._state, expected, timeout))
 
     async def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """See `Terminal.wait`."""
-        deadline = _pty.Deadline(timeout)
-        while not self._state.ended:
-            await self._pull(deadline.left())
-            self._state.take_all()
-        return self._state.exit_code
+        return await self._read(_pty.wait(self._state, timeout))
+
+    async def _read(self, reading: _pty.Reading[T]) -> T:
+        """See `Terminal._read`."""
+        with Progress(reading) as progress:
+            while not progress.done:
+                try:
+                    await self._pull(progress.effect)
+                except WaitTimeout as e:
+                    progress.fail(e)
+                else:
+                    progress.answer(None)
+        return cast(T, progress.value)
 
     async def close(self) -> None:
         await self._connection.close()

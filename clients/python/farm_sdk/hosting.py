@@ -44,8 +44,8 @@ class Processes:
         Each output stream keeps its last `ring_bytes` (default 1 MiB, at most 16 MiB).
         `pty=(rows, cols)` runs it on a terminal (one output stream, `stdout`; attach with
         `sb.pty(pid=...)`)."""
-        operation = hosting.start_process(self._sandbox_id, command, cwd, env, user, ring_bytes, pty)
-        return Process(self._http, self._sandbox_id, run(self._http, operation))
+        call = hosting.start_call(self._sandbox_id, command, cwd, env, user, ring_bytes, pty)
+        return Process(self._http, self._sandbox_id, run(self._http, hosting.start_process(call)))
 
     def list(self) -> List["Process"]:
         """The sandbox's processes, running and recently ended."""

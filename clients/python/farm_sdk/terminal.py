@@ -11,14 +11,17 @@ Needs the `websockets` package (`pip install 'farm-sdk[pty]'`).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Optional, TypeVar, Union, cast
 
 from . import _pty
+from ._core import Progress
 from ._http import SyncHTTP
 from ._pty import Expected, TerminalState
 from .errors import WaitTimeout
 
 __all__ = ["Terminal"]
+
+T = TypeVar("T")
 
 #: Seconds to open the socket (the service starts the program first) and get its pid.
 OPEN_TIMEOUT = 120.0
@@ -84,40 +87,29 @@ class Terminal(_pty.TerminalHandle):
         """The output not yet taken (by `recv` or `expect`), as soon as there is some; b""
         once the program ended or the socket closed (`exit_code` is then set). `WaitTimeout`
         when nothing came within `timeout` seconds."""
-        deadline = _pty.Deadline(timeout)
-        while True:
-            text = self._state.take_all()
-            if text:
-                return text.encode("utf-8")
-            if self._state.ended:
-                return b""
-            self._pull(deadline.left())
+        return self._read(_pty.receive(self._state, timeout))
 
     def expect(self, expected: Expected, timeout: Optional[float] = 60.0) -> str:
         """Reads until the output not yet taken shows `expected` (text, or a compiled regular
         expression): that output up to and including it, taken. `WaitTimeout` past `timeout`
         seconds, `EOFError` when the program ends first; both say what was seen."""
-        _pty.compile_expected(expected)
-        deadline = _pty.Deadline(timeout)
-        while True:
-            taken = self._state.take(expected)
-            if taken is not None:
-                return taken
-            if self._state.ended:
-                raise EOFError(_pty.unseen(self._state, expected, "the terminal ended before it showed"))
-            try:
-                self._pull(deadline.left())
-            except WaitTimeout:
-                shown = _pty.unseen(self._state, expected, f"after {timeout} s the terminal had not shown")
-                raise WaitTimeout(shown) from None
+        return self._read(_pty.expect(self._state, expected, timeout))
 
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """Reads the output (and drops it) until the program ends: its exit code."""
-        deadline = _pty.Deadline(timeout)
-        while not self._state.ended:
-            self._pull(deadline.left())
-            self._state.take_all()
-        return self._state.exit_code
+        return self._read(_pty.wait(self._state, timeout))
+
+    def _read(self, reading: _pty.Reading[T]) -> T:
+        """Runs `reading`, pulling each message it needs."""
+        with Progress(reading) as progress:
+            while not progress.done:
+                try:
+                    self._pull(progress.effect)
+                except WaitTimeout as e:
+                    progress.fail(e)
+                else:
+                    progress.answer(None)
+        return cast(T, progress.value)
 
     def close(self) -> None:
         """Closes the socket: the program is hung up on unless it was started with `keep`."""
