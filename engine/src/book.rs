@@ -206,6 +206,12 @@ impl<S, C> Book<S, C> {
         self.open.get(id).filter(|h| h.kind == kind).map(|h| &h.card)
     }
 
+    /// A fork's card to change, live or paused (None: no fork of `kind` is in the book by
+    /// that id).
+    pub fn card_mut(&mut self, id: &str, kind: Kind) -> Option<&mut C> {
+        self.open.get_mut(id).filter(|h| h.kind == kind).map(|h| &mut h.card)
+    }
+
     /// Every fork's card: its id, kind, whether it is paused, and the card.
     pub fn cards(&self) -> impl Iterator<Item = (&str, Kind, bool, &C)> {
         self.open

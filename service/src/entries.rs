@@ -71,6 +71,9 @@ pub struct Card {
     pub memory_mib: u64,
     /// A sandbox's environment.
     pub environment: Option<String>,
+    /// A sandbox's open ports, each with the token that opens it (the port listener finds
+    /// a token among the cards); they go with the entry.
+    pub ports: BTreeMap<u16, String>,
 }
 
 /// A live fork as the service holds it in its one book (`Service::forks`): the engine's

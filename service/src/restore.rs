@@ -120,6 +120,7 @@ impl Service {
                             .map_or(tenants::DEFAULT, |o| o.tenant),
                         memory_mib: self.session_mib(),
                         environment: None,
+                        ports: Default::default(),
                     };
                     self.forks().add_paused(
                         &id,

@@ -123,6 +123,7 @@ impl Service {
             owner: who.tenant(),
             memory_mib: mib,
             environment: None,
+            ports: Default::default(),
         };
         let mut opened = self.open_session_as_asked(request, card).await?;
         let id = self.own_session(who, &opened.session_id, &opened.rollout_id)?;

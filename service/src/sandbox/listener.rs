@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::ports::Ports;
 use super::sandboxes::Sandboxes;
 use crate::error::ApiResult;
 
@@ -76,15 +75,15 @@ async fn refuse(stream: &mut tokio::net::TcpStream, status: u16, reason: &str) {
 }
 
 /// Serves the port listener until the process ends: each connection in a task of its own.
-pub async fn serve(listener: tokio::net::TcpListener, ports: Arc<Ports>, sandboxes: Arc<Sandboxes>, hold: Hold) {
+pub async fn serve(listener: tokio::net::TcpListener, sandboxes: Arc<Sandboxes>, hold: Hold) {
     while let Ok((stream, _)) = listener.accept().await {
-        let (ports, sandboxes, hold) = (ports.clone(), sandboxes.clone(), hold.clone());
-        tokio::spawn(async move { connection(stream, &ports, &sandboxes, &hold).await });
+        let (sandboxes, hold) = (sandboxes.clone(), hold.clone());
+        tokio::spawn(async move { connection(stream, &sandboxes, &hold).await });
     }
 }
 
 /// One client connection: its first head is checked, then it is joined to the guest.
-async fn connection(mut stream: tokio::net::TcpStream, ports: &Ports, sandboxes: &Sandboxes, hold: &Hold) {
+async fn connection(mut stream: tokio::net::TcpStream, sandboxes: &Sandboxes, hold: &Hold) {
     let mut head = Vec::new();
     let read = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream, &mut head)).await;
     let Ok(Ok(())) = read else {
@@ -103,27 +102,27 @@ async fn connection(mut stream: tokio::net::TcpStream, ports: &Ports, sandboxes:
         )
         .await;
     };
-    let Some(opened) = ports.lookup(&token) else {
+    let Some((sandbox, port)) = sandboxes.port_of_token(&token) else {
         return refuse(&mut stream, 404, "no open port has that token").await;
     };
     // One of its owner's connections while it lasts.
-    let _held = match hold(&opened.sandbox) {
+    let _held = match hold(&sandbox) {
         Ok(held) => held,
         Err(e) => return refuse(&mut stream, e.kind.http_status(), &e.message).await,
     };
     // In use while the connection lasts: a page open in a browser keeps its sandbox.
-    let (guest, _in_use) = match sandboxes.port_guest(&opened.sandbox).await {
+    let (guest, _in_use) = match sandboxes.port_guest(&sandbox).await {
         Ok(found) => found,
         Err(e) => return refuse(&mut stream, e.kind.http_status(), &e.message).await,
     };
-    let upstream = match guest.connect(opened.port).await {
+    let upstream = match guest.connect(port).await {
         Ok(upstream) => upstream,
         Err(e) => {
-            tracing::warn!(sandbox = %opened.sandbox, port = opened.port, "a port connection failed: {e}");
+            tracing::warn!(sandbox = %sandbox, port = port, "a port connection failed: {e}");
             return refuse(&mut stream, 502, &format!("cannot reach the sandbox's port: {e}")).await;
         }
     };
-    join(stream, upstream, head, opened.port).await;
+    join(stream, upstream, head, port).await;
 }
 
 /// Joins the client to the guest's port, both ways, the head first. A guest port where

@@ -214,7 +214,6 @@ impl SandboxApi {
         )?);
         tokio::spawn(listener::serve(
             tokio::net::TcpListener::from_std(listener)?,
-            ports.clone(),
             sandboxes.clone(),
             hold,
         ));

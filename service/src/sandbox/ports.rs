@@ -3,10 +3,11 @@
 //! that sandbox and port alone; the port listener ([`super::listener`]) lets through only a
 //! connection that names one.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 
+use engine::book::Kind;
+
+use crate::entries::Card;
 use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::wire::{PortList, PortView};
@@ -14,16 +15,9 @@ use crate::wire::{PortList, PortView};
 /// Open ports per sandbox, at most.
 pub const MAX_PORTS: usize = 64;
 
-/// Where an open port leads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Opened {
-    pub(super) sandbox: String,
-    pub(super) port: u16,
-}
-
-/// The open ports of every sandbox, by token, and how their URLs are made.
+/// How open ports' URLs are made. The ports themselves, with their tokens, are on each
+/// sandbox's card in the book ([`Card::ports`]), and go with it.
 pub struct Ports {
-    by_token: Mutex<HashMap<String, Opened>>,
     /// Where the listener listens.
     pub address: SocketAddr,
     /// The domain token host names are under (`localhost`: browsers resolve
@@ -38,21 +32,13 @@ fn new_token() -> String {
 
 impl Ports {
     pub fn new(address: SocketAddr, domain: String) -> Ports {
-        Ports {
-            by_token: Mutex::new(HashMap::new()),
-            address,
-            domain,
-        }
+        Ports { address, domain }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Opened>> {
-        self.by_token.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn view(&self, token: &str, opened: &Opened) -> PortView {
+    fn view(&self, token: &str, port: u16) -> PortView {
         let listen = self.address.port();
         PortView {
-            port: opened.port,
+            port,
             url: format!("http://{token}.{}:{listen}/", self.domain),
             token: token.to_string(),
             address: self.address.to_string(),
@@ -60,18 +46,15 @@ impl Ports {
         }
     }
 
-    /// Opens `port` of `sandbox` (the same token again when it is open already).
-    pub fn open(&self, sandbox: &str, port: u64) -> ApiResult<PortView> {
+    /// Opens `port` of the sandbox `sandbox` whose card this is (the same token again when
+    /// it is open already).
+    pub fn open(&self, card: &mut Card, sandbox: &str, port: u64) -> ApiResult<PortView> {
         crate::bounds::range("port", port, (1, 65535), "(a TCP port)")?;
-        let opened = Opened {
-            sandbox: sandbox.to_string(),
-            port: port as u16,
-        };
-        let mut all = self.lock();
-        if let Some((token, _)) = all.iter().find(|(_, o)| **o == opened) {
-            return Ok(self.view(token, &opened));
+        let port = port as u16;
+        if let Some(token) = card.ports.get(&port) {
+            return Ok(self.view(token, port));
         }
-        if all.values().filter(|o| o.sandbox == sandbox).count() >= MAX_PORTS {
+        if card.ports.len() >= MAX_PORTS {
             return Err(ApiError::field(
                 ErrorKind::Invalid,
                 "port",
@@ -79,84 +62,84 @@ impl Ports {
             ));
         }
         let token = new_token();
-        let view = self.view(&token, &opened);
-        all.insert(token, opened);
+        let view = self.view(&token, port);
+        card.ports.insert(port, token);
         Ok(view)
     }
 
-    /// Opens `port` of `sandbox` again with the token it had (a restart taking it up).
-    pub fn reopen(&self, sandbox: &str, port: u16, token: &str) {
-        let opened = Opened {
-            sandbox: sandbox.to_string(),
-            port,
-        };
-        self.lock().insert(token.to_string(), opened);
+    /// The open ports on a sandbox's card, by port.
+    pub fn list(&self, card: &Card) -> PortList {
+        PortList {
+            ports: card.ports.iter().map(|(port, token)| self.view(token, *port)).collect(),
+        }
     }
+}
 
-    /// The open ports of `sandbox`.
-    pub fn list(&self, sandbox: &str) -> PortList {
-        let all = self.lock();
-        let mut ports: Vec<PortView> = all
-            .iter()
-            .filter(|(_, o)| o.sandbox == sandbox)
-            .map(|(token, o)| self.view(token, o))
-            .collect();
-        ports.sort_by_key(|p| p.port);
-        PortList { ports }
-    }
-
-    /// Closes `port` of `sandbox`; false when it was not open.
-    pub fn close(&self, sandbox: &str, port: u16) -> bool {
-        let mut all = self.lock();
-        let before = all.len();
-        all.retain(|_, o| !(o.sandbox == sandbox && o.port == port));
-        all.len() < before
-    }
-
-    /// Closes every port of a sandbox that went.
-    pub fn close_all(&self, sandbox: &str) {
-        self.lock().retain(|_, o| o.sandbox != sandbox);
-    }
-
-    pub(super) fn lookup(&self, token: &str) -> Option<Opened> {
-        self.lock().get(token).cloned()
-    }
+/// The sandbox and port `token` opens, among the book's cards.
+pub(super) fn lookup<'a>(
+    mut cards: impl Iterator<Item = (&'a str, Kind, bool, &'a Card)>,
+    token: &str,
+) -> Option<(String, u16)> {
+    cards.find_map(|(id, kind, _, card)| {
+        let port = card.ports.iter().find(|(_, t)| t.as_str() == token)?.0;
+        (kind == Kind::Sandbox).then(|| (id.to_string(), *port))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn card() -> Card {
+        Card {
+            owner: tenants::DEFAULT,
+            memory_mib: 512,
+            environment: None,
+            ports: Default::default(),
+        }
+    }
+
     #[test]
     fn a_token_opens_one_sandbox_and_port_and_closing_forgets_it() {
         let ports = Ports::new("127.0.0.1:8766".parse().unwrap(), "localhost".into());
-        let a = ports.open("sb-a", 8000).unwrap();
+        let (mut a_card, mut b_card) = (card(), card());
+        let a = ports.open(&mut a_card, "sb-a", 8000).unwrap();
         assert_eq!(
-            ports.open("sb-a", 8000).unwrap().token,
+            ports.open(&mut a_card, "sb-a", 8000).unwrap().token,
             a.token,
             "opened again: the same"
         );
-        let b = ports.open("sb-b", 8000).unwrap();
+        let b = ports.open(&mut b_card, "sb-b", 8000).unwrap();
         assert_ne!(a.token, b.token);
         assert_eq!(a.url, format!("http://{}.localhost:8766/", a.token));
-        assert_eq!(
-            ports.lookup(&a.token),
-            Some(Opened {
-                sandbox: "sb-a".into(),
-                port: 8000
-            })
-        );
+        let found = |a: &Card, b: &Card, token: &str| {
+            let cards = [("sb-a", Kind::Sandbox, false, a), ("sb-b", Kind::Sandbox, false, b)];
+            lookup(cards.into_iter(), token)
+        };
+        assert_eq!(found(&a_card, &b_card, &a.token), Some(("sb-a".into(), 8000)));
+        assert_eq!(found(&a_card, &b_card, &b.token), Some(("sb-b".into(), 8000)));
+        assert_eq!(found(&a_card, &b_card, "not-a-token"), None);
+        // A session's card never opens a port, whatever it holds.
+        let session = vec![("s-1", Kind::Session, false, &a_card)];
+        assert_eq!(lookup(session.into_iter(), &a.token), None);
         for bad in [0, 65536, 1 << 40] {
-            assert_eq!(ports.open("sb-a", bad).unwrap_err().field.as_deref(), Some("port"));
+            assert_eq!(
+                ports.open(&mut a_card, "sb-a", bad).unwrap_err().field.as_deref(),
+                Some("port")
+            );
         }
-        assert!(ports.close("sb-a", 8000));
-        assert!(!ports.close("sb-a", 8000));
-        assert_eq!(ports.lookup(&a.token), None);
-        ports.close_all("sb-b");
-        assert_eq!(ports.lookup(&b.token), None);
+        assert_eq!(ports.list(&a_card).ports.len(), 1);
+        assert!(a_card.ports.remove(&8000).is_some());
+        assert_eq!(found(&a_card, &b_card, &a.token), None);
+        let mut c_card = card();
         for port in 1..=MAX_PORTS as u64 {
-            ports.open("sb-c", port).unwrap();
+            ports.open(&mut c_card, "sb-c", port).unwrap();
         }
-        assert!(ports.open("sb-c", 9999).is_err(), "past the most a sandbox may open");
+        assert!(
+            ports.open(&mut c_card, "sb-c", 9999).is_err(),
+            "past the most a sandbox may open"
+        );
+        let listed: Vec<u16> = ports.list(&c_card).ports.iter().map(|p| p.port).collect();
+        assert_eq!(listed, (1..=MAX_PORTS as u16).collect::<Vec<_>>(), "listed by port");
     }
 }

@@ -46,6 +46,7 @@ fn card(owner: tenants::TenantId, facts: &SandboxFacts) -> Card {
         owner,
         memory_mib: u64::from(environment.spec.memory_mib),
         environment: Some(environment.id.clone()),
+        ports: Default::default(),
     }
 }
 
@@ -267,7 +268,6 @@ impl Sandboxes {
         };
         let removed = self.forks().remove(id, ending)?;
         self.forget_record(id);
-        self.ports.close_all(id);
         removed.lock().await.run.close();
         tracing::info!(sandbox = %id, "sandbox removed: {why}");
         engine::metrics::get()
@@ -279,20 +279,20 @@ impl Sandboxes {
     /// `POST /v1/sandboxes/{id}/ports`: opens a guest port to clients.
     pub async fn open_port(&self, id: &SandboxId, port: u64) -> ApiResult<crate::wire::PortView> {
         let sandbox = self.get(id)?;
-        let opened = self.ports.open(id, port)?;
+        let opened = self.with_card(id, |card| self.ports.open(card, id, port))?;
         self.save_record(&*sandbox.lock().await);
         Ok(opened)
     }
 
     pub async fn ports(&self, id: &SandboxId) -> ApiResult<crate::wire::PortList> {
         self.get(id)?;
-        Ok(self.ports.list(id))
+        self.with_card(id, |card| Ok(self.ports.list(card)))
     }
 
     /// `DELETE /v1/sandboxes/{id}/ports/{port}`.
     pub async fn close_port(&self, id: &SandboxId, port: u16) -> ApiResult<crate::wire::PortList> {
         let sandbox = self.get(id)?;
-        let closed = self.ports.close(id, port);
+        let closed = self.with_card(id, |card| Ok(card.ports.remove(&port).is_some()))?;
         self.save_record(&*sandbox.lock().await);
         if !closed {
             return Err(ApiError::field(
@@ -301,7 +301,22 @@ impl Sandboxes {
                 format!("port {port} of sandbox {id} is not open"),
             ));
         }
-        Ok(self.ports.list(id))
+        self.with_card(id, |card| Ok(self.ports.list(card)))
+    }
+
+    /// `change` on a sandbox's card in the book, under the book's lock (NotFound once the
+    /// sandbox went: nothing is left behind for a sandbox that ended meanwhile).
+    fn with_card<T>(&self, id: &str, change: impl FnOnce(&mut Card) -> ApiResult<T>) -> ApiResult<T> {
+        let mut forks = self.forks();
+        let card = forks
+            .card_mut(id, Kind::Sandbox)
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no sandbox {id:?}")))?;
+        change(card)
+    }
+
+    /// The sandbox and port a port token opens.
+    pub(crate) fn port_of_token(&self, token: &str) -> Option<(String, u16)> {
+        super::ports::lookup(self.forks().cards(), token)
     }
 
     /// The guest behind an open port (409 while its sandbox is paused), and a guard that

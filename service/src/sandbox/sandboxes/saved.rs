@@ -16,6 +16,7 @@
 //! then renamed) after the state it names is complete, so a crash at any point leaves the
 //! previous record and checkpoint in force. Folders no record names are removed at start.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -23,8 +24,8 @@ use engine::book::{Kind, Timers};
 use engine::pause::PausedFork;
 
 use super::{view, SandboxId, Sandboxes};
+use crate::entries::{Card, Facts, Open};
 use crate::entries::{Checkpoint, SandboxFacts};
-use crate::entries::{Facts, Open};
 use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
 use crate::record::{ForkRecord, Of, SandboxPart, SavedPort};
@@ -46,8 +47,8 @@ impl Sandboxes {
         self.saved_dir.join(format!("{id}.{}", engine::row::now_ms() as u64))
     }
 
-    /// What the restart record of `open` says now.
-    fn record_of(&self, open: &Open) -> ForkRecord {
+    /// What the restart record of `open`, with these open ports, says now.
+    fn record_of(&self, open: &Open, ports: &BTreeMap<u16, String>) -> ForkRecord {
         let facts = open.sandbox();
         let s = &facts.settings;
         let (checkpoint, checkpoint_ms) = match (open.run.paused(), &facts.checkpoint) {
@@ -61,14 +62,11 @@ impl Sandboxes {
             lifetime_secs: s.lifetime.as_secs(),
             created_ms: facts.created_ms,
             parent: facts.parent.clone(),
-            ports: self
-                .ports
-                .list(&open.id)
-                .ports
-                .into_iter()
-                .map(|p| SavedPort {
-                    port: p.port,
-                    token: p.token,
+            ports: ports
+                .iter()
+                .map(|(port, token)| SavedPort {
+                    port: *port,
+                    token: token.clone(),
                 })
                 .collect(),
         };
@@ -77,8 +75,18 @@ impl Sandboxes {
     }
 
     /// Writes `open`'s record (a failure is logged: the previous record stays in force).
+    /// (Its open ports are on its card: a sandbox not in the book has none.)
     pub(super) fn save_record(&self, open: &Open) {
-        if let Err(e) = self.write_record(&self.record_of(open)) {
+        let ports = self
+            .forks()
+            .card(&open.id, Kind::Sandbox)
+            .map(|card| card.ports.clone())
+            .unwrap_or_default();
+        self.save_record_with(open, &ports);
+    }
+
+    fn save_record_with(&self, open: &Open, ports: &BTreeMap<u16, String>) {
+        if let Err(e) = self.write_record(&self.record_of(open, ports)) {
             tracing::warn!(sandbox = %open.id, "cannot write its record: {e:#}");
         }
     }
@@ -235,16 +243,15 @@ impl Sandboxes {
             run,
             facts: Facts::Sandbox(Box::new(facts)),
         };
-        for port in &part.ports {
-            self.ports.reopen(&record.id, port.port, &port.token);
-        }
         let timers = Timers {
             idle: Duration::from_secs(part.idle_secs),
             lifetime: Some(Duration::from_secs(part.lifetime_secs)),
         };
         let lived = Duration::from_millis((engine::row::now_ms() as u64).saturating_sub(part.created_ms));
         let opened = Instant::now().checked_sub(lived).unwrap_or_else(Instant::now);
-        self.save_record(&open);
+        // Its open ports again, with their tokens.
+        let ports: BTreeMap<u16, String> = part.ports.iter().map(|p| (p.port, p.token.clone())).collect();
+        self.save_record_with(&open, &ports);
         // Its owner as the tenants database has it (an id of before tenants is adopted as
         // the default tenant's).
         let owner = self
@@ -253,7 +260,10 @@ impl Sandboxes {
             .of(tenants::Kind::Sandbox, &record.id)
             .first()
             .map_or(tenants::DEFAULT, |o| o.tenant);
-        let card = super::card(owner, open.sandbox());
+        let card = Card {
+            ports,
+            ..super::card(owner, open.sandbox())
+        };
         self.forks()
             .add_paused(&record.id, Kind::Sandbox, open, card, timers, opened);
         Ok((record.id, checkpoint))
