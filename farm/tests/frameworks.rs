@@ -10,7 +10,7 @@
 
 mod common;
 use common::serve::{farm_serve, repo, stop, Api};
-use common::{assert_no_qemu_of, dies_with_test};
+use common::{assert_no_qemu_of, dies_with_test, pytest_args};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -156,15 +156,7 @@ async fn agent_frameworks_run_in_sandboxes() {
     // The backends against the scripted service first, in the venv that has the frameworks:
     // none of these tests may be skipped here.
     let home = tempfile::tempdir().unwrap();
-    let args = [
-        "-m",
-        "pytest",
-        "-q",
-        "-rs",
-        "-p",
-        "no:cacheprovider",
-        "clients/python/tests/frameworks_scripted.py",
-    ];
+    let args = pytest_args(&["clients/python/tests/frameworks_scripted.py"]);
     let (ok, stdout, stderr) = venv_python(&python, &args, home.path()).await;
     assert!(
         ok && stdout.contains(" passed") && !stdout.contains("skipped"),

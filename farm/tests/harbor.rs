@@ -11,7 +11,7 @@
 //! environment one of them builds, the others reuse.
 
 mod common;
-use common::{repo, text};
+use common::{pytest_args, repo, text};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -696,15 +696,7 @@ fn backend_harbors_own_cli_on_farm_gives_the_verdicts_farm_gives() {
     let cli = HarborCli::start(dir.path(), &services, store.0);
     // The SDK's own tests on Harbor's Python too (the live ones run in tests/sandboxes.rs).
     let pytest = Command::new(cli.harbor.with_file_name("python"))
-        .args([
-            "-m",
-            "pytest",
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-            "clients/python/tests",
-        ])
+        .args(pytest_args(&["clients/python/tests"]))
         .current_dir(repo())
         .env_remove("FARM_TEST_URL")
         .output()

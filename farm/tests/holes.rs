@@ -11,7 +11,7 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, farm_tenant, repo, stop, Api};
+use common::serve::{farm_serve, farm_tenant, new_key, socket, sse_event, stop, suite_config, Api, Socket};
 use common::tar_of;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -20,30 +20,24 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
 /// Bytes a careless or hostile client puts after its JSON.
 const TAILS: &[&str] = &[" x", "\n{}", " 1", "{\"environment\":\"e\"}"];
 
 /// The service: A's `net-a`, B's `net-b`, and A's `open-a` (reaching the test's upstream on
 /// `upstream`) that a live sandbox may be tightened to `shut-a` (reaching nothing of it).
 fn service_file(dir: &Path, upstream: u16) -> std::path::PathBuf {
-    let config = dir.join("holes.toml");
-    let suite = repo().join("configs/serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[serve]\nsuites = [{:?}]\nconcurrency = 1\nmax_sessions = 8\n[serve.sandboxes]\n\
+    suite_config(
+        dir,
+        "holes.toml",
+        &format!(
+            "concurrency = 1\nmax_sessions = 8\n[serve.sandboxes]\n\
              [serve.sandboxes.networks.net-a]\nallow = [\"127.0.0.1:9\"]\n\
              [serve.sandboxes.networks.net-b]\nallow = [\"127.0.0.1:9\"]\n\
              [serve.sandboxes.networks.open-a]\nallow = [\"127.0.0.1:{upstream}\"]\n\
              [serve.sandboxes.networks.shut-a]\nallow = [\"127.0.0.1:9\"]\n\
-             [serve.sandboxes.tighten]\nopen-a = [\"shut-a\"]\n",
-            suite.display().to_string()
+             [serve.sandboxes.tighten]\nopen-a = [\"shut-a\"]\n"
         ),
     )
-    .unwrap();
-    config
 }
 
 /// A TCP server on the host's loopback that keeps every connection open until its client
@@ -74,15 +68,6 @@ fn heard(news: &std::sync::mpsc::Receiver<&'static str>, what: &str) {
         Ok(got) => assert_eq!(got, what),
         Err(e) => panic!("the upstream never said {what}: {e}"),
     }
-}
-
-/// A new key of `tenant`: (secret, key id).
-fn new_key(db: &Path, tenant: &str) -> (String, String) {
-    let key: Value = serde_json::from_str(&farm_tenant(db, &["--json", "key", "add", tenant])).unwrap();
-    (
-        key["secret"].as_str().unwrap().to_string(),
-        key["id"].as_str().unwrap().to_string(),
-    )
 }
 
 /// A request whose body is `text` as it is: (status, answer).
@@ -137,18 +122,9 @@ impl Events {
         loop {
             if let Some(end) = self.buffer.find("\n\n") {
                 let block: String = self.buffer.drain(..end + 2).collect();
-                let mut name = String::new();
-                let mut data = String::new();
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("event:") {
-                        name = v.trim().to_string();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.trim_start());
-                    }
-                }
-                if name.is_empty() {
+                let Some((name, data)) = sse_event(&block) else {
                     continue; // a keep-alive comment
-                }
+                };
                 return Some((name, serde_json::from_str(&data).unwrap_or(Value::String(data))));
             }
             let chunk = tokio::time::timeout(Duration::from_secs(120), self.response.chunk())
@@ -173,17 +149,6 @@ impl Events {
     }
 }
 
-async fn socket(url: &str, path: &str, key: &str) -> Socket {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut request = format!("{}{path}", url.replacen("http", "ws", 1))
-        .into_client_request()
-        .unwrap();
-    request
-        .headers_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    tokio_tungstenite::connect_async(request).await.unwrap().0
-}
-
 /// Text messages of a socket until one contains `text` (returned); fails if it closes first.
 async fn text_until(socket: &mut Socket, text: &str) -> String {
     loop {
@@ -198,6 +163,13 @@ async fn text_until(socket: &mut Socket, text: &str) -> String {
             }
         }
     }
+}
+
+/// A terminal of `sandbox` running `sleep 600` (which never reads its input), once started.
+async fn sleeping_terminal(url: &str, sandbox: &str, key: &str) -> Socket {
+    let mut terminal = socket(url, &format!("/v1/sandboxes/{sandbox}/pty?command=sleep%20600"), key).await;
+    text_until(&mut terminal, "started").await;
+    terminal
 }
 
 /// Whether a socket closes (or ends) within a minute.
@@ -228,19 +200,9 @@ async fn make_as_a(a: &Api, b: &Api) -> Owned {
         env,
         "content-addressed: B asked for it too"
     );
-    let sandbox = a
-        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert_eq!(
-        a.run_sh(&sandbox, "echo a-secret > /root/secret; echo ok")
-            .await
-            .1
-            .trim(),
-        "ok"
-    );
+    let sandbox = a.new_sandbox(json!({ "environment": env })).await;
+    a.sh_prints(&sandbox, "echo a-secret > /root/secret; echo ok", "ok")
+        .await;
     let private_env = a
         .ok("POST", &format!("/v1/sandboxes/{sandbox}/snapshot"), None, 201)
         .await["id"]
@@ -312,12 +274,7 @@ async fn bodies_are_read_once(db: &Path, a: &Api, b: &Api, owned: &Owned) {
     // Quotas: B's one live sandbox, then creates and branches past it.
     farm_tenant(db, &["quota", "set", "b", "live", "1"]);
     tokio::time::sleep(Duration::from_millis(1200)).await; // quotas are read every second
-    let mine = b
-        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": owned.env })), 201)
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let mine = b.new_sandbox(json!({ "environment": owned.env })).await;
     let body = json!({ "environment": owned.env });
     for tail in TAILS {
         let (status, answer) = raw(b, "POST", "/v1/sandboxes", &format!("{body}{tail}")).await;
@@ -417,12 +374,7 @@ async fn in_flight(api: &Api, sandbox: &str, command: &str) -> tokio::task::Join
 /// A's requests in flight while A's other client resets or pauses the sandbox: each ends
 /// with a 409 naming what cut it, and the sandbox lives, in its new state.
 async fn a_change_is_not_a_death(url: &str, a: &Api, a_key: &str, env: &str) {
-    let sandbox = a
-        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let sandbox = a.new_sandbox(json!({ "environment": env })).await;
     // An exec, cut by a reset.
     let exec = in_flight(a, &sandbox, "sleep 60").await;
     let reset = a.ok("POST", &format!("/v1/sandboxes/{sandbox}/reset"), None, 200).await;
@@ -431,15 +383,10 @@ async fn a_change_is_not_a_death(url: &str, a: &Api, a_key: &str, env: &str) {
     assert!(cut["error"].as_str().unwrap().contains("was reset"), "{cut}");
     let view = a.ok("GET", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
     assert_eq!(view["state"], "running", "reset answered {reset}, then {view}");
-    assert_eq!(a.run_sh(&sandbox, "echo alive").await.1.trim(), "alive");
+    a.sh_prints(&sandbox, "echo alive", "alive").await;
     // An output stream and a terminal, cut by a reset.
     let started = a
-        .ok(
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/processes"),
-            Some(json!({ "command": "while true; do echo tick; sleep 1; done" })),
-            201,
-        )
+        .start_process(&sandbox, "while true; do echo tick; sleep 1; done")
         .await;
     let pid = started["pid"].as_u64().unwrap();
     let mut stream = Events::open(
@@ -451,8 +398,7 @@ async fn a_change_is_not_a_death(url: &str, a: &Api, a_key: &str, env: &str) {
     .await
     .unwrap();
     stream.until("stdout").await;
-    let mut terminal = socket(url, &format!("/v1/sandboxes/{sandbox}/pty?command=sleep%20600"), a_key).await;
-    text_until(&mut terminal, "started").await;
+    let mut terminal = sleeping_terminal(url, &sandbox, a_key).await;
     a.ok("POST", &format!("/v1/sandboxes/{sandbox}/reset"), None, 200).await;
     let error = stream.until("error").await;
     assert!(error.to_string().contains("was reset"), "{error}");
@@ -471,7 +417,7 @@ async fn a_change_is_not_a_death(url: &str, a: &Api, a_key: &str, env: &str) {
     assert_eq!(view["state"], "paused", "{view}");
     a.ok("POST", &format!("/v1/sandboxes/{sandbox}/resume"), None, 200)
         .await;
-    assert_eq!(a.run_sh(&sandbox, "cat /root/state").await.1.trim(), "kept");
+    a.sh_prints(&sandbox, "cat /root/state", "kept").await;
     a.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
 }
 
@@ -479,20 +425,8 @@ async fn a_change_is_not_a_death(url: &str, a: &Api, a_key: &str, env: &str) {
 /// and a flood of keys to a terminal whose program never reads. Each writer is told what was
 /// not taken; the sandbox answers on.
 async fn unread_input_is_refused_not_fatal(url: &str, a: &Api, a_key: &str, env: &str) {
-    let sandbox = a
-        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let started = a
-        .ok(
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/processes"),
-            Some(json!({ "command": "sleep 600" })),
-            201,
-        )
-        .await;
+    let sandbox = a.new_sandbox(json!({ "environment": env })).await;
+    let started = a.start_process(&sandbox, "sleep 600").await;
     let pid = started["pid"].as_u64().unwrap();
     let mega = "x".repeat(1 << 20);
     let (status, refused) = a
@@ -504,7 +438,7 @@ async fn unread_input_is_refused_not_fatal(url: &str, a: &Api, a_key: &str, env:
         .await;
     assert_eq!((status, refused["field"].as_str()), (409, Some("data")), "{refused}");
     assert!(refused["error"].as_str().unwrap().contains("not reading"), "{refused}");
-    assert_eq!(a.run_sh(&sandbox, "echo alive").await.1.trim(), "alive");
+    a.sh_prints(&sandbox, "echo alive", "alive").await;
     let process = a
         .ok("GET", &format!("/v1/sandboxes/{sandbox}/processes/{pid}"), None, 200)
         .await;
@@ -512,8 +446,7 @@ async fn unread_input_is_refused_not_fatal(url: &str, a: &Api, a_key: &str, env:
     // A terminal: whole lines of keys past what its buffers hold (a line discipline drops
     // the rest of an unfinished line, but keeps whole ones for the reader), to a program that
     // never reads them.
-    let mut terminal = socket(url, &format!("/v1/sandboxes/{sandbox}/pty?command=sleep%20600"), a_key).await;
-    text_until(&mut terminal, "started").await;
+    let mut terminal = sleeping_terminal(url, &sandbox, a_key).await;
     let lines = format!("{}\n", "k".repeat(63)).repeat(1024);
     for _ in 0..4 {
         terminal
@@ -523,31 +456,21 @@ async fn unread_input_is_refused_not_fatal(url: &str, a: &Api, a_key: &str, env:
     }
     let said = text_until(&mut terminal, "not delivered").await;
     assert!(said.contains("\"error\""), "{said}");
-    assert_eq!(a.run_sh(&sandbox, "echo still").await.1.trim(), "still");
+    a.sh_prints(&sandbox, "echo still", "still").await;
     a.ok("GET", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
     a.ok("DELETE", &format!("/v1/sandboxes/{sandbox}"), None, 200).await;
 }
 
 /// A sandbox of B's with a chatty background process: (its id, the process's output stream).
 async fn chatty(b: &Api, env: &str) -> (String, String) {
-    let sandbox = b
-        .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let sandbox = b.new_sandbox(json!({ "environment": env })).await;
     let id = sandbox.strip_prefix("sb-").unwrap();
     assert!(
         id.len() == 32 && id.bytes().all(|c| c.is_ascii_hexdigit()),
         "128 random bits: {sandbox}"
     );
     let started = b
-        .ok(
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/processes"),
-            Some(json!({ "command": "while true; do echo tick; sleep 1; done" })),
-            201,
-        )
+        .start_process(&sandbox, "while true; do echo tick; sleep 1; done")
         .await;
     let follow = format!(
         "/v1/sandboxes/{sandbox}/processes/{}/output/stream",
@@ -612,7 +535,7 @@ async fn connections_are_bounded(db: &Path, b: &Api, env: &str) {
 /// socket are open: each ends, saying why.
 async fn connections_end_with_their_key(db: &Path, url: &str, b: &Api, env: &str) {
     let (sandbox, follow) = chatty(b, env).await;
-    let (key, key_id) = new_key(db, "b");
+    let (key, key_id) = new_key(db, "b", &[]);
     let spare = Api::new(url, Some(&key));
     let mut stream = Events::open(&spare, "GET", &follow, None).await.unwrap();
     stream.until("stdout").await;
@@ -625,8 +548,7 @@ async fn connections_end_with_their_key(db: &Path, url: &str, b: &Api, env: &str
     .await
     .unwrap();
     exec.until("stdout").await;
-    let mut terminal = socket(url, &format!("/v1/sandboxes/{sandbox}/pty?command=sleep%20600"), &key).await;
-    text_until(&mut terminal, "started").await;
+    let mut terminal = sleeping_terminal(url, &sandbox, &key).await;
     let mut openenv = socket(url, "/v1/openenv/ws", &key).await;
     farm_tenant(db, &["key", "revoke", &key_id]);
     for events in [&mut stream, &mut exec] {
@@ -656,25 +578,9 @@ async fn a_network_only_tightens(
     news: &std::sync::mpsc::Receiver<&'static str>,
     upstream: u16,
 ) {
-    let sandbox = a
-        .ok(
-            "POST",
-            "/v1/sandboxes",
-            Some(json!({ "environment": env, "network": "open-a" })),
-            201,
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let sandbox = a.new_sandbox(json!({ "environment": env, "network": "open-a" })).await;
     let tunnel = format!("(printf 'CONNECT 127.0.0.1:{upstream} HTTP/1.1\\r\\n\\r\\n'; sleep 600) | nc 127.0.0.1 3128");
-    a.ok(
-        "POST",
-        &format!("/v1/sandboxes/{sandbox}/processes"),
-        Some(json!({ "command": tunnel })),
-        201,
-    )
-    .await;
+    a.start_process(&sandbox, &tunnel).await;
     heard(news, "accepted");
     let network = format!("/v1/sandboxes/{sandbox}/network");
     // B: A's sandbox is one that never was; its own may not take A's policies.
@@ -691,17 +597,7 @@ async fn a_network_only_tightens(
         theirs.to_string().replace(&sandbox, "X"),
         never.to_string().replace("sb-never", "X")
     );
-    let own = b
-        .ok(
-            "POST",
-            "/v1/sandboxes",
-            Some(json!({ "environment": env, "network": "net-b" })),
-            201,
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let own = b.new_sandbox(json!({ "environment": env, "network": "net-b" })).await;
     let (status, refused) = b
         .call(
             "POST",
@@ -759,8 +655,8 @@ async fn round_five_holes_stay_shut() {
         }
         farm_tenant(&db, &["grant", tenant, network]);
     }
-    let (a_key, _) = new_key(&db, "a");
-    let (b_key, _) = new_key(&db, "b");
+    let (a_key, _) = new_key(&db, "a", &[]);
+    let (b_key, _) = new_key(&db, "b", &[]);
     let (upstream_port, news) = upstream();
     let (mut service, url) = farm_serve(
         &service_file(dir.path(), upstream_port),
@@ -779,7 +675,7 @@ async fn round_five_holes_stay_shut() {
     connections_end_with_their_key(&db, &url, &b, &owned.env).await;
     a_network_only_tightens(&db, &a, &b, &owned.env, &news, upstream_port).await;
     // B never reached A's secret, and A's sandbox is as A left it.
-    assert_eq!(a.run_sh(&owned.sandbox, "cat /root/secret").await.1.trim(), "a-secret");
+    a.sh_prints(&owned.sandbox, "cat /root/secret", "a-secret").await;
     stop(&mut service);
     assert_no_qemu_of(&run_dir);
 }

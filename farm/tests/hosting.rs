@@ -6,7 +6,7 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, stop, Api};
+use common::serve::{serve_sandboxes, stop, Api};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -24,20 +24,6 @@ impl Hosting {
             .ok("POST", "/v1/sandboxes", Some(json!({ "environment": self.env })), 201)
             .await;
         sb["id"].as_str().unwrap().to_string()
-    }
-
-    async fn sh(&self, sandbox: &str, command: &str) -> String {
-        let out = self
-            .api
-            .ok(
-                "POST",
-                &format!("/v1/sandboxes/{sandbox}/exec"),
-                Some(json!({ "command": command })),
-                200,
-            )
-            .await;
-        assert_eq!(out["exit_code"], 0, "{command}: {out}");
-        out["stdout"].as_str().unwrap().to_string()
     }
 
     async fn start(&self, sandbox: &str, body: Value) -> u64 {
@@ -88,19 +74,8 @@ async fn get(address: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_and_ports_of_running_sandboxes() {
     let dir = tempfile::tempdir().unwrap();
-    let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
-    let config = dir.path().join("hosting.toml");
-    std::fs::write(&config, "[serve]\nsuites = []\n[serve.sandboxes]\n").unwrap();
-    let (mut service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", None);
-    let api = Api::new(&url, None);
-    let env = api
-        .call("POST", "/v1/environments", Some(json!({ "image": "minimal" })))
-        .await
-        .1["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    api.wait_built(&env).await;
+    let (mut service, api) = serve_sandboxes(dir.path(), "");
+    let env = api.environment("minimal").await;
     let h = Hosting { api, env };
     background_processes(&h).await;
     processes_through_branch_pause_and_resume(&h).await;
@@ -108,7 +83,7 @@ async fn processes_and_ports_of_running_sandboxes() {
     open_ports(&h).await;
     hostile_ports(&h).await;
     stop(&mut service);
-    assert_no_qemu_of(&run_dir);
+    assert_no_qemu_of(&dir.path().join("run"));
 }
 
 /// A process outlives its request: its stdin, output (from an offset, waiting, followed),
@@ -317,7 +292,7 @@ async fn hostile_processes(h: &Hosting) {
             .contains("background processes are running"),
         "{v}"
     );
-    assert_eq!(h.sh(&sb, "echo still").await, "still\n");
+    assert_eq!(h.api.stdout(&sb, "echo still").await, "still\n");
     h.api.ok("DELETE", &format!("/v1/sandboxes/{sb}"), None, 200).await;
 }
 
@@ -325,11 +300,12 @@ async fn hostile_processes(h: &Hosting) {
 /// the query; in headless Chromium; refused without a token or after the port closes.
 async fn open_ports(h: &Hosting) {
     let sb = h.sandbox().await;
-    h.sh(
-        &sb,
-        "mkdir -p /www && echo '<html><body><h1>hello from the sandbox</h1></body></html>' > /www/index.html",
-    )
-    .await;
+    h.api
+        .stdout(
+            &sb,
+            "mkdir -p /www && echo '<html><body><h1>hello from the sandbox</h1></body></html>' > /www/index.html",
+        )
+        .await;
     h.start(
         &sb,
         json!({ "argv": ["httpd", "-f", "-v", "-p", "127.0.0.1:8000", "-h", "/www"] }),
@@ -413,7 +389,8 @@ async fn hostile_ports(h: &Hosting) {
     let (a, b) = (h.sandbox().await, h.sandbox().await);
     let mut servers = Vec::new();
     for (sb, text) in [(&a, "page of a"), (&b, "page of b")] {
-        h.sh(sb, &format!("mkdir -p /www && echo '{text}' > /www/index.html"))
+        h.api
+            .stdout(sb, &format!("mkdir -p /www && echo '{text}' > /www/index.html"))
             .await;
         let pid = h
             .start(
@@ -512,7 +489,7 @@ async fn hostile_ports(h: &Hosting) {
         (200, "page of b\n"),
         "other sandboxes' ports go on"
     );
-    assert_eq!(h.sh(&a, "echo alive").await, "alive\n");
+    assert_eq!(h.api.stdout(&a, "echo alive").await, "alive\n");
     // A deleted sandbox's tokens stop working.
     h.api.ok("DELETE", &format!("/v1/sandboxes/{b}"), None, 200).await;
     let (status, _) = get(&address, "/", &[("Farm-Port-Token", tb)]).await;

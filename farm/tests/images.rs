@@ -4,7 +4,7 @@
 //! inside the image.
 
 mod common;
-use common::{repo, text};
+use common::{farm_run, repo, text};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -198,14 +198,7 @@ fn oci_and_docker_archives_layouts_and_folders_become_images() {
         ),
     )
     .unwrap();
-    let o = cache
-        .farm()
-        .arg("run")
-        .arg(&suite)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
+    let o = farm_run(cache.farm(), &suite);
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["counts"]["passed"], 2, "{summary}\n{}", text(&o));

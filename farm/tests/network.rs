@@ -6,7 +6,7 @@
 //! is the host Python's own bundled wheel.
 
 mod common;
-use common::text;
+use common::{farm_run, journal_rows, text};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -176,15 +176,8 @@ fn rollouts_reach_their_allowlist_through_the_proxy_and_are_refused_elsewhere() 
         ),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .arg("run")
-        .arg(&suite)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let journal = std::fs::read_to_string(dir.path().join("out/journal.jsonl")).unwrap();
-    let rows: Vec<serde_json::Value> = journal.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    farm_run(Command::new(env!("CARGO_BIN_EXE_farm")), &suite);
+    let rows = journal_rows(&dir.path().join("out"));
     let row = |i: u64| rows.iter().find(|r| r["sample_index"] == i).unwrap();
     assert_eq!(
         row(0)["status"],

@@ -2,10 +2,12 @@
 //! calls drive the rollout, a 429 is retried, the API key comes from the environment, and
 //! messages, token usage and logprobs land in the trajectory.
 
+mod common;
+use common::{farm_run, journal_rows, text};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 /// (authorization header, request body) of each request the server received.
@@ -102,31 +104,14 @@ fn tool_calls_drive_a_rollout_to_a_pass_and_everything_is_recorded() {
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .arg("run")
-        .arg(&suite)
-        .env("FARM_TEST_KEY", "sekret")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
+    let mut farm = Command::new(env!("CARGO_BIN_EXE_farm"));
+    farm.env("FARM_TEST_KEY", "sekret");
+    let text = text(&farm_run(farm, &suite));
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["counts"]["passed"], 1, "{summary}\n{text}");
 
-    let row: serde_json::Value = serde_json::from_str(
-        std::fs::read_to_string(dir.path().join("out/journal.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    let row = &journal_rows(&dir.path().join("out"))[0];
     assert_eq!(row["policy_name"], "openai");
     assert_eq!(
         row["usage"]["total_tokens"], 330,
@@ -197,21 +182,8 @@ fn a_failing_endpoint_is_an_environment_error_not_a_model_failure() {
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_farm"))
-        .arg("run")
-        .arg(&suite)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let row: serde_json::Value = serde_json::from_str(
-        std::fs::read_to_string(dir.path().join("out/journal.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    farm_run(Command::new(env!("CARGO_BIN_EXE_farm")), &suite);
+    let row = &journal_rows(&dir.path().join("out"))[0];
     assert_eq!(row["status"], "env_error");
     assert!(row["reward"].is_null());
     assert!(row["error"].as_str().unwrap().contains("500"), "{row}");

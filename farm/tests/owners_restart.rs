@@ -5,16 +5,9 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, farm_tenant, stop, Api};
-use std::path::Path;
+use common::serve::{farm_serve, farm_tenant, new_key, stop, Api};
 
-use serde_json::{json, Value};
-
-/// A new key of `tenant` (its secret).
-fn new_key(db: &Path, tenant: &str) -> String {
-    let key: Value = serde_json::from_str(&farm_tenant(db, &["--json", "key", "add", tenant])).unwrap();
-    key["secret"].as_str().unwrap().to_string()
-}
+use serde_json::json;
 
 /// The ids of the caller's sandboxes.
 async fn listed(api: &Api) -> Vec<String> {
@@ -54,7 +47,7 @@ async fn a_fork_taken_up_after_a_restart_is_its_owners_alone() {
     farm_tenant(&db, &["add", "a"]);
     farm_tenant(&db, &["add", "b"]);
     farm_tenant(&db, &["quota", "set", "a", "live", "1"]);
-    let (a_key, b_key) = (new_key(&db, "a"), new_key(&db, "b"));
+    let ((a_key, _), (b_key, _)) = (new_key(&db, "a", &[]), new_key(&db, "b", &[]));
     let config = dir.path().join("owners.toml");
     std::fs::write(&config, "[serve]\nsuites = []\n[serve.sandboxes]\n").unwrap();
 
@@ -91,17 +84,9 @@ async fn a_fork_taken_up_after_a_restart_is_its_owners_alone() {
     assert_eq!(status, 404, "B's exec on A's sandbox: {answer}");
     // A's own, resumed, as A left it.
     a.ok("POST", &format!("/v1/sandboxes/{a_box}/resume"), None, 200).await;
-    assert_eq!(a.run_sh(&a_box, "cat /root/secret").await.1.trim(), "a-secret");
+    a.sh_prints(&a_box, "cat /root/secret", "a-secret").await;
     // Resumed, it is A's one live fork: a second is over A's quota, and B's is not A's.
-    let (status, over) = a
-        .call("POST", "/v1/sandboxes", Some(json!({ "environment": env })))
-        .await;
-    assert_eq!(status, 429, "{over}");
-    assert_eq!(
-        over["quota"],
-        json!({ "name": "live", "limit": 1, "used": 1 }),
-        "{over}"
-    );
+    a.over_live_quota(&env).await;
     b.ok("POST", &format!("/v1/sandboxes/{b_box}/resume"), None, 200).await;
     stop(&mut service);
     assert_no_qemu_of(&run_dir);

@@ -4,8 +4,8 @@
 //! `configs/serve.toml` (the minimal image) with a bearer token serves them all.
 
 mod common;
-use common::assert_no_qemu_of;
-use common::serve::{farm_serve, repo, stop, tenant_key, Api};
+use common::serve::{repo, serve_suite, stop, tenant_key, Api};
+use common::{assert_no_qemu_of, temp_dirs};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -56,14 +56,8 @@ async fn no_sessions_left(api: &Api, deadline: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openenv_and_mcp_clients_drive_sessions() {
-    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (mut serve, url) = farm_serve(
-        &repo().join("configs/serve.toml"),
-        out.path(),
-        run_dir.path(),
-        "127.0.0.1:0",
-        Some(TOKEN),
-    );
+    let [out, run_dir] = temp_dirs();
+    let (mut serve, url) = serve_suite(out.path(), run_dir.path(), Some(TOKEN));
     let api = Api::new(&url, Some(TOKEN));
     let db = out.path().join("tenants.db");
 
@@ -119,10 +113,7 @@ async fn openenv_and_mcp_clients_drive_sessions() {
 
     // A caller that hangs up under a call does not cancel it: the command still runs to its
     // end and is a recorded step (else the guest would go on running something unjournaled).
-    let opened = api
-        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
-        .await;
-    let hung = opened["session_id"].as_str().unwrap().to_string();
+    let hung = api.new_session(json!({ "task_id": "double" })).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
@@ -146,14 +137,7 @@ async fn openenv_and_mcp_clients_drive_sessions() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let out = api
-        .ok(
-            "POST",
-            &format!("/v1/sessions/{hung}/exec"),
-            Some(json!({ "command": "cat hung.txt" })),
-            200,
-        )
-        .await;
+    let out = api.session_exec(&hung, "cat hung.txt").await;
     assert_eq!(out["step"]["stdout"].as_str().unwrap().trim(), "done", "{out}");
     api.ok("DELETE", &format!("/v1/sessions/{hung}"), None, 200).await;
 

@@ -5,7 +5,7 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, stop, Api, Proc};
+use common::serve::{farm_serve, sandboxes_config, stop, Api, Proc};
 use std::path::Path;
 use std::time::Duration;
 
@@ -57,18 +57,9 @@ fn start(config: &Path, out: &Path, run_dir: &Path) -> Service {
 async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
-    let config = dir.path().join("restart.toml");
-    std::fs::write(&config, "[serve]\nsuites = []\n[serve.sandboxes]\n").unwrap();
+    let config = sandboxes_config(dir.path(), "restart.toml", "");
     let mut s = start(&config, &out, &run_dir);
-    let env = s
-        .api
-        .call("POST", "/v1/environments", Some(json!({ "image": "minimal" })))
-        .await
-        .1["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    s.api.wait_built(&env).await;
+    let env = s.api.environment("minimal").await;
     let make = |metadata: Value| json!({ "environment": env, "metadata": metadata, "idle_timeout_secs": 600 });
     let a = s
         .api

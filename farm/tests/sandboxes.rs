@@ -6,8 +6,8 @@
 //! and no QEMU left after the service stops.
 
 mod common;
-use common::serve::{farm_serve, stop, Api};
-use common::{assert_no_qemu_of, tar_of};
+use common::serve::{farm_serve, sse_event, stop, Api};
+use common::{assert_no_qemu_of, pytest_args, tar_of};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -48,38 +48,13 @@ impl Api {
             );
         }
     }
-
-    async fn sh(&self, sandbox: &str, command: &str) -> Value {
-        self.ok(
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/exec"),
-            Some(json!({ "command": command })),
-            200,
-        )
-        .await
-    }
-
-    async fn stdout(&self, sandbox: &str, command: &str) -> String {
-        let out = self.sh(sandbox, command).await;
-        assert_eq!(out["exit_code"], 0, "{command}: {out}");
-        out["stdout"].as_str().unwrap().to_string()
-    }
 }
 
 /// Server-sent events as (event, data) pairs.
 fn events(body: &str) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     for block in body.split("\n\n") {
-        let mut name = String::new();
-        let mut data = String::new();
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("event:") {
-                name = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push_str(v.trim_start());
-            }
-        }
-        if !name.is_empty() {
+        if let Some((name, data)) = sse_event(block) {
             out.push((name, serde_json::from_str(&data).unwrap()));
         }
     }
@@ -824,17 +799,11 @@ async fn environments_sandboxes_and_every_verb() {
         "{installed:?}"
     );
     let pytest = tokio::process::Command::new("python3")
-        .args([
-            "-m",
-            "pytest",
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
+        .args(pytest_args(&[
             "clients/python/tests",
             // Harbor's backend needs Harbor's Python: tests/harbor.rs runs it there.
             "--ignore=clients/python/tests/test_harbor.py",
-        ])
+        ]))
         .current_dir(common::serve::repo())
         .env("FARM_TEST_URL", &url)
         .env("FARM_TEST_ENV", &env_id)

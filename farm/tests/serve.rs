@@ -6,8 +6,8 @@
 //! snapshot.
 
 mod common;
-use common::assert_no_qemu_of;
-use common::serve::{fake_model, farm_serve, farm_serve_with, repo, start, stop, Api, Proc};
+use common::serve::{fake_model, farm_serve, farm_serve_with, repo, serve_suite, start, stop, suite_config, Api, Proc};
+use common::{assert_no_qemu_of, temp_dirs};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,14 +36,8 @@ fn sleeper(n: u32, version: u64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollouts_results_sessions_and_the_python_client() {
     let (_model, model_url) = fake_model();
-    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (mut serve, url) = farm_serve(
-        &repo().join("configs/serve.toml"),
-        out.path(),
-        run_dir.path(),
-        "127.0.0.1:0",
-        None,
-    );
+    let [out, run_dir] = temp_dirs();
+    let (mut serve, url) = serve_suite(out.path(), run_dir.path(), None);
     let api = Api::new(&url, None);
 
     let capacity = api.ok("GET", "/v1/capacity", None, 200).await;
@@ -58,36 +52,17 @@ async fn rollouts_results_sessions_and_the_python_client() {
           "policy": { "kind": "openai", "base_url": model_url, "model": "fake", "logprobs": true } },
         { "task_id": "answer", "policy": { "kind": "replay", "actions": [ { "kind": "submit", "answer": "41" } ] } },
     ] });
-    let (status, _, first) = api
-        .send(
-            "POST",
-            "/v1/rollouts",
-            Some(body.clone()),
-            &[("Idempotency-Key", "batch-1")],
-        )
-        .await;
+    let (status, first) = api.post_keyed("/v1/rollouts", body.clone(), "batch-1").await;
     assert_eq!(status, 202, "{}", String::from_utf8_lossy(&first));
     let submitted: Value = serde_json::from_slice(&first).unwrap();
-    let (status, _, again) = api
-        .send(
-            "POST",
-            "/v1/rollouts",
-            Some(body.clone()),
-            &[("Idempotency-Key", "batch-1")],
-        )
-        .await;
+    let (status, again) = api.post_keyed("/v1/rollouts", body.clone(), "batch-1").await;
     assert_eq!(
         (status, serde_json::from_slice::<Value>(&again).unwrap()),
         (202, submitted.clone()),
         "a retried submit is the same submission"
     );
-    let (status, _, other) = api
-        .send(
-            "POST",
-            "/v1/rollouts",
-            Some(json!({ "items": [ sleeper(1, 1) ] })),
-            &[("Idempotency-Key", "batch-1")],
-        )
+    let (status, other) = api
+        .post_keyed("/v1/rollouts", json!({ "items": [ sleeper(1, 1) ] }), "batch-1")
         .await;
     assert_eq!(
         status,
@@ -314,54 +289,23 @@ async fn rollouts_results_sessions_and_the_python_client() {
         )
         .await;
     let a = s["session_id"].as_str().unwrap().to_string();
-    let seen = api
-        .ok(
-            "POST",
-            &format!("/v1/sessions/{a}/exec"),
-            Some(json!({ "command": "echo base > state; cat n.txt" })),
-            200,
-        )
-        .await;
+    let seen = api.session_exec(&a, "echo base > state; cat n.txt").await;
     assert_eq!(seen["step"]["stdout"], "21\n");
     let b = api.ok("POST", &format!("/v1/sessions/{a}/branch"), None, 201).await["session_id"]
         .as_str()
         .unwrap()
         .to_string();
-    api.ok(
-        "POST",
-        &format!("/v1/sessions/{a}/exec"),
-        Some(json!({ "command": "echo A >> state" })),
-        200,
-    )
-    .await;
-    api.ok(
-        "POST",
-        &format!("/v1/sessions/{b}/exec"),
-        Some(json!({ "command": "echo B >> state" })),
-        200,
-    )
-    .await;
+    api.session_exec(&a, "echo A >> state").await;
+    api.session_exec(&b, "echo B >> state").await;
     let c = api.ok("POST", &format!("/v1/sessions/{b}/branch"), None, 201).await["session_id"]
         .as_str()
         .unwrap()
         .to_string();
-    api.ok(
-        "POST",
-        &format!("/v1/sessions/{c}/write_file"),
-        Some(json!({ "path": "state", "content": "C\n" })),
-        200,
-    )
-    .await;
+    api.session_write(&c, "state", "C\n").await;
     let state = |id: String| {
         let api = &api;
         async move {
-            api.ok(
-                "POST",
-                &format!("/v1/sessions/{id}/exec"),
-                Some(json!({ "command": "cat state" })),
-                200,
-            )
-            .await["step"]["stdout"]
+            api.session_exec(&id, "cat state").await["step"]["stdout"]
                 .as_str()
                 .unwrap()
                 .to_string()
@@ -382,13 +326,7 @@ async fn rollouts_results_sessions_and_the_python_client() {
         timed["step"]["stderr"].as_str().unwrap().contains("killed after"),
         "{timed}"
     );
-    api.ok(
-        "POST",
-        &format!("/v1/sessions/{b}/write_file"),
-        Some(json!({ "path": "out.txt", "content": "42\n" })),
-        200,
-    )
-    .await;
+    api.session_write(&b, "out.txt", "42\n").await;
     let verdict_b = api
         .ok("POST", &format!("/v1/sessions/{b}/submit"), Some(json!({})), 200)
         .await;
@@ -407,62 +345,27 @@ async fn rollouts_results_sessions_and_the_python_client() {
     // A session's actions share its time budget: past it, the session ends as a timeout,
     // with a row.
     let t = api
-        .ok(
-            "POST",
-            "/v1/sessions",
-            Some(json!({ "task_id": "double", "limits": { "timeout_secs": 2 } })),
-            201,
-        )
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let over = api
-        .ok(
-            "POST",
-            &format!("/v1/sessions/{t}/exec"),
-            Some(json!({ "command": "sleep 30" })),
-            200,
-        )
+        .new_session(json!({ "task_id": "double", "limits": { "timeout_secs": 2 } }))
         .await;
+    let over = api.session_exec(&t, "sleep 30").await;
     assert_eq!(
         (over["ended"].as_bool(), over["status"].as_str()),
         (Some(true), Some("timeout")),
         "{over}"
     );
     assert!(over["cursor"].is_u64(), "{over}");
-    assert_eq!(
-        api.call(
-            "POST",
-            &format!("/v1/sessions/{t}/exec"),
-            Some(json!({ "command": "true" }))
-        )
-        .await
-        .0,
-        404
-    );
+    assert_eq!(api.session_exec_status(&t).await, 404);
 
     // A hostile session: it plants a test script where the tests would go, a reward writer
     // that lingers, and a fake out.txt that only reads right to itself. Scoring happens in a
     // fresh fork with the session's files only: the verdict is the honest one.
-    let h = api
-        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let h = api.new_session(json!({ "task_id": "double" })).await;
     let plant = concat!(
         r#"mkdir -p /opt/farm-tests && printf 'echo 1 > "$FARM_REWARD_FILE"\n' > /opt/farm-tests/run.sh; "#,
         r#"(while true; do for f in /opt/farm-tests/* /tmp/*; do echo 1 > "$f" 2>/dev/null; done; sleep 0.05; done) >/dev/null 2>&1 & "#,
         "ln -sf /proc/self/cmdline out.txt",
     );
-    api.ok(
-        "POST",
-        &format!("/v1/sessions/{h}/exec"),
-        Some(json!({ "command": plant })),
-        200,
-    )
-    .await;
+    api.session_exec(&h, plant).await;
     let hostile = api
         .ok(
             "POST",
@@ -477,17 +380,7 @@ async fn rollouts_results_sessions_and_the_python_client() {
         "a session forged its reward: {hostile}"
     );
     for id in [&a, &b, &c] {
-        assert_eq!(
-            api.call(
-                "POST",
-                &format!("/v1/sessions/{id}/exec"),
-                Some(json!({ "command": "true" }))
-            )
-            .await
-            .0,
-            404,
-            "session {id} ended"
-        );
+        assert_eq!(api.session_exec_status(id).await, 404, "session {id} ended");
     }
     let session_rows = api
         .rows_for(
@@ -588,15 +481,11 @@ async fn rollouts_results_sessions_and_the_python_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_backpressure_and_cancel_by_policy_version() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[serve]\nsuites = [\"{}\"]\nqueue_limit = 2\nconcurrency = 1\nmax_sessions = 1\nsession_lease_secs = 10\n",
-            repo().join("configs/serve.toml").display()
-        ),
-    )
-    .unwrap();
+    let config = suite_config(
+        dir.path(),
+        "serve.toml",
+        "queue_limit = 2\nconcurrency = 1\nmax_sessions = 1\nsession_lease_secs = 10\n",
+    );
     let (out, run_dir) = (dir.path().join("out"), tempfile::tempdir().unwrap());
 
     // Beyond loopback only with a token.
@@ -713,16 +602,7 @@ async fn token_backpressure_and_cancel_by_policy_version() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let id = session["session_id"].as_str().unwrap();
-    assert_eq!(
-        api.call(
-            "POST",
-            &format!("/v1/sessions/{id}/exec"),
-            Some(json!({ "command": "true" }))
-        )
-        .await
-        .0,
-        404
-    );
+    assert_eq!(api.session_exec_status(id).await, 404);
 
     // SIGTERM with a session live: the service stops, and no QEMU outlives it.
     api.ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
@@ -733,7 +613,7 @@ async fn token_backpressure_and_cancel_by_policy_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_after_sigkill_loses_no_row_and_reports_lost_work() {
-    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let [out, run_dir] = temp_dirs();
     let config = repo().join("configs/serve.toml");
     let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
     let api = Api::new(&url, None);
@@ -754,14 +634,7 @@ async fn a_restart_after_sigkill_loses_no_row_and_reports_lost_work() {
     );
     let quick = json!({ "items": [ { "task_id": "double", "policy_version": 3, "policy": { "kind": "replay", "actions": [
         { "kind": "exec", "command": "echo 42 > out.txt" } ] } } ] });
-    let (status, _, body) = api
-        .send(
-            "POST",
-            "/v1/rollouts",
-            Some(quick.clone()),
-            &[("Idempotency-Key", "quick")],
-        )
-        .await;
+    let (status, body) = api.post_keyed("/v1/rollouts", quick.clone(), "quick").await;
     assert_eq!(status, 202);
     let quick_ids = ids_of(&serde_json::from_slice(&body).unwrap());
     let done = api.rows_for(&quick_ids, 0).await;
@@ -804,9 +677,7 @@ async fn a_restart_after_sigkill_loses_no_row_and_reports_lost_work() {
         assert!(row["reward"].is_null());
     }
     // The idempotency key survives the restart: no new rollout.
-    let (status, _, again) = api
-        .send("POST", "/v1/rollouts", Some(quick), &[("Idempotency-Key", "quick")])
-        .await;
+    let (status, again) = api.post_keyed("/v1/rollouts", quick, "quick").await;
     assert_eq!(status, 202);
     assert_eq!(ids_of(&serde_json::from_slice(&again).unwrap()), quick_ids);
     assert_eq!(api.ok("GET", "/v1/capacity", None, 200).await["queued"], 0);
@@ -841,14 +712,7 @@ fn a_fleet_of_two_services_spreads_work_and_survives_a_restart() {
 
 /// The stdout of one exec in a session.
 async fn run_in(api: &Api, session: &str, command: &str) -> String {
-    let answer = api
-        .ok(
-            "POST",
-            &format!("/v1/sessions/{session}/exec"),
-            Some(json!({ "command": command })),
-            200,
-        )
-        .await;
+    let answer = api.session_exec(session, command).await;
     assert_eq!(answer["step"]["exit_code"], 0, "{command}: {answer}");
     answer["step"]["stdout"].as_str().unwrap().to_string()
 }
@@ -858,16 +722,11 @@ async fn run_in(api: &Api, session: &str, command: &str) -> String {
 /// and deleted; and its task snapshot is pinned against `farm snapshot gc` while it lasts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_session_survives_a_kill_and_resumes_as_it_was() {
-    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let [out, run_dir] = temp_dirs();
     let config = repo().join("configs/serve.toml");
     let (mut serve, url) = farm_serve(&config, out.path(), run_dir.path(), "127.0.0.1:0", None);
     let api = Api::new(&url, None);
-    let s = api
-        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let s = api.new_session(json!({ "task_id": "double" })).await;
     // A file, and a process that holds a file open and writes to it.
     let before = run_in(&api, &s, "echo hello > a.txt; (exec 3>>/tmp/held; while sleep 0.2; do echo tick >&3; done) >/dev/null 2>&1 & echo $!; echo $FARM_FORK_ID").await;
     let (pid, fork_id) = before.trim().split_once('\n').unwrap();
@@ -980,24 +839,14 @@ async fn a_paused_session_survives_a_kill_and_resumes_as_it_was() {
     assert_eq!(verdict["status"], "passed", "{verdict}");
 
     // Paused, then deleted: its folder goes.
-    let d = api
-        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let d = api.new_session(json!({ "task_id": "double" })).await;
     api.ok("POST", &format!("/v1/sessions/{d}/pause"), None, 200).await;
     api.ok("DELETE", &format!("/v1/sessions/{d}"), None, 200).await;
     assert_eq!(api.call("GET", &format!("/v1/sessions/{d}"), None).await.0, 404);
     let left: Vec<_> = std::fs::read_dir(out.path().join("paused")).unwrap().collect();
     assert!(left.is_empty(), "paused folders left: {left:?}");
     // A paused session outlives an orderly stop (SIGTERM) too.
-    let k = api
-        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let k = api.new_session(json!({ "task_id": "double" })).await;
     api.ok("POST", &format!("/v1/sessions/{k}/pause"), None, 200).await;
     stop(&mut serve);
     assert_no_qemu_of(run_dir.path());
@@ -1094,9 +943,15 @@ fn git_server(root: &Path, token: &str) -> (Proc, u16) {
 }
 
 fn refs(root: &Path) -> String {
+    repo_git(root, &["for-each-ref", "--format=%(refname)"])
+}
+
+/// What `git -C repo.git ARGS` prints, run in `root`.
+fn repo_git(root: &Path, args: &[&str]) -> String {
     String::from_utf8(
         Command::new("git")
-            .args(["-C", "repo.git", "for-each-ref", "--format=%(refname)"])
+            .args(["-C", "repo.git"])
+            .args(args)
             .current_dir(root)
             .output()
             .unwrap()
@@ -1105,24 +960,26 @@ fn refs(root: &Path) -> String {
     .unwrap()
 }
 
+/// A secret of the test's own (`salt` tells two apart), for a credential rule to add.
+fn fresh_token(salt: u64) -> String {
+    format!(
+        "farmtok{:016x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            ^ salt
+    )
+}
+
 /// Request rules: a GET-only rule lets GETs through and nothing else; the proxy adds the
 /// credential the guest never holds; a push rule lets `git push` update only
 /// `refs/heads/agent/*` and refuses main, a tag and a deletion before the server sees them.
 /// The token is then searched for in the session's memory and disk (paused to its folder).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
-    let (out, run_dir, git) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let token = format!(
-        "farmtok{:016x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    );
+    let [out, run_dir, git] = temp_dirs();
+    let token = fresh_token(0);
     let (_git, port) = git_server(git.path(), &token);
     let tls_root = tempfile::tempdir().unwrap();
     let (_tls, tls_port) = https_server(tls_root.path(), &token);
@@ -1162,12 +1019,7 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
         ],
     );
     let api = Api::new(&url, None);
-    let s = api
-        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let s = api.new_session(json!({ "task_id": "double" })).await;
     let base = format!("http://host.farm.internal:{port}");
     let fetch = |method: &str, path: &str| {
         format!("python3 -c \"import urllib.request as u, urllib.error as e\ntry:\n  r = u.urlopen(u.Request('{base}{path}', data=b'x' if '{method}' == 'POST' else None, method='{method}')); print(r.status, r.read().decode().strip())\nexcept e.HTTPError as x:\n  print(x.code, x.read().decode().strip())\"")
@@ -1260,15 +1112,7 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
         ["refs/heads/agent/fix", "refs/heads/main"],
         "{before}"
     );
-    let main_before = String::from_utf8(
-        Command::new("git")
-            .args(["-C", "repo.git", "rev-parse", "main"])
-            .current_dir(git.path())
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let main_before = repo_git(git.path(), &["rev-parse", "main"]);
     for refspec in [
         "+HEAD:refs/heads/main",
         "HEAD:refs/tags/v1",
@@ -1282,15 +1126,7 @@ async fn request_rules_credentials_and_a_push_limited_to_a_branch_pattern() {
         );
         assert_eq!(refs(git.path()), before, "{refspec}: the server's refs changed");
     }
-    let main_after = String::from_utf8(
-        Command::new("git")
-            .args(["-C", "repo.git", "rev-parse", "main"])
-            .current_dir(git.path())
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let main_after = repo_git(git.path(), &["rev-parse", "main"]);
     assert_eq!(main_before, main_after);
     // Refused requests are logged with method, host and path.
     assert!(
@@ -1365,19 +1201,8 @@ fn package_index(root: &Path) {
 /// part of what is checked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_scored() {
-    let (out, run_dir, git) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let token = format!(
-        "farmtok{:016x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            ^ 0x5a5a
-    );
+    let [out, run_dir, git] = temp_dirs();
+    let token = fresh_token(0x5a5a);
     package_index(git.path());
     let (_git, port) = git_server(git.path(), &token);
     let suite = out.path().join("e2e.toml");
@@ -1405,19 +1230,20 @@ async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_
         "test_user": "root",
         "require_reward_file": false
     });
-    let (serve, url) = farm_serve_with(
-        &suite,
-        &out.path().join("serve"),
-        run_dir.path(),
-        "127.0.0.1:0",
-        None,
-        &e2e_vars,
-    );
+    // The service, started again after its kill with the same folders.
+    let start_service = || {
+        farm_serve_with(
+            &suite,
+            &out.path().join("serve"),
+            run_dir.path(),
+            "127.0.0.1:0",
+            None,
+            &e2e_vars,
+        )
+    };
+    let (serve, url) = start_service();
     let api = Api::new(&url, None);
-    let s = api.ok("POST", "/v1/sessions", Some(json!({ "task": task })), 201).await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let s = api.new_session(json!({ "task": task })).await;
     let index = format!("http://host.farm.internal:{port}");
     // 1. Dependencies, through the GET-only rule.
     let install = format!(
@@ -1436,14 +1262,7 @@ async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_
     let mut serve = serve;
     serve.child.kill().unwrap();
     serve.child.wait().unwrap();
-    let (mut serve, url) = farm_serve_with(
-        &suite,
-        &out.path().join("serve"),
-        run_dir.path(),
-        "127.0.0.1:0",
-        None,
-        &e2e_vars,
-    );
+    let (mut serve, url) = start_service();
     let api = Api::new(&url, None);
     // 5. The morning: resumed where it was; the tests pass; the branch is pushed.
     assert_eq!(
@@ -1476,24 +1295,11 @@ async fn an_agent_fixes_a_bug_pauses_overnight_resumes_pushes_its_branch_and_is_
 /// and the task snapshot's pin with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_session_is_removed_after_its_retention() {
-    let (out, run_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let service = out.path().join("service.toml");
-    std::fs::write(
-        &service,
-        format!(
-            "[serve]\nsuites = [\"{}\"]\npaused_retention_secs = 1\n",
-            repo().join("configs/serve.toml").display()
-        ),
-    )
-    .unwrap();
+    let [out, run_dir] = temp_dirs();
+    let service = suite_config(out.path(), "service.toml", "paused_retention_secs = 1\n");
     let (mut serve, url) = farm_serve(&service, &out.path().join("serve"), run_dir.path(), "127.0.0.1:0", None);
     let api = Api::new(&url, None);
-    let s = api
-        .ok("POST", "/v1/sessions", Some(json!({ "task_id": "double" })), 201)
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let s = api.new_session(json!({ "task_id": "double" })).await;
     api.ok("POST", &format!("/v1/sessions/{s}/pause"), None, 200).await;
     let started = Instant::now();
     while api.call("GET", &format!("/v1/sessions/{s}"), None).await.0 != 404 {
@@ -1528,14 +1334,12 @@ async fn a_paused_session_is_removed_after_its_retention() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_pressure_refuses_sessions_with_503_and_the_figures() {
     let dir = tempfile::tempdir().unwrap();
-    let suite = repo().join("configs/serve.toml");
     for (bad, named) in [
         ("memory_reserve_percent = 100", "serve.memory_reserve_percent"),
         ("max_sessions = 0", "serve.max_sessions"),
         ("ksm = \"maybe\"", "ksm"),
     ] {
-        let config = dir.path().join("bad.toml");
-        std::fs::write(&config, format!("[serve]\nsuites = [\"{}\"]\n{bad}\n", suite.display())).unwrap();
+        let config = suite_config(dir.path(), "bad.toml", &format!("{bad}\n"));
         let out = Command::new(env!("CARGO_BIN_EXE_farm"))
             .arg("serve")
             .arg(&config)
@@ -1546,15 +1350,11 @@ async fn memory_pressure_refuses_sessions_with_503_and_the_figures() {
         assert!(stderr.contains(named) && stderr.contains("bad.toml"), "{bad}: {stderr}");
     }
     // A reserve of 99 % of MemTotal: no host has that much available, so no VM is admitted.
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[serve]\nsuites = [\"{}\"]\nconcurrency = 1\nwarm_pool = 0\nmemory_reserve_percent = 99\n",
-            suite.display()
-        ),
-    )
-    .unwrap();
+    let config = suite_config(
+        dir.path(),
+        "serve.toml",
+        "concurrency = 1\nwarm_pool = 0\nmemory_reserve_percent = 99\n",
+    );
     let (out, run_dir) = (dir.path().join("out"), tempfile::tempdir().unwrap());
     let (mut serve, url) = farm_serve(&config, &out, run_dir.path(), "127.0.0.1:0", None);
     let api = Api::new(&url, None);

@@ -7,24 +7,13 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, farm_tenant, repo, stop, Api};
+use common::serve::{farm_serve, farm_tenant, new_key, socket, stop, suite_config, Api, Socket};
 use common::tar_of;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-
-/// A new key of `tenant`: (secret, key id).
-fn new_key(db: &Path, tenant: &str, extra: &[&str]) -> (String, String) {
-    let mut args = vec!["--json", "key", "add", tenant];
-    args.extend_from_slice(extra);
-    let key: Value = serde_json::from_str(&farm_tenant(db, &args)).unwrap();
-    (
-        key["secret"].as_str().unwrap().to_string(),
-        key["id"].as_str().unwrap().to_string(),
-    )
-}
 
 /// A's things, made as A.
 struct Owned {
@@ -52,13 +41,8 @@ async fn make_as_a(a: &Api) -> Owned {
         )
         .await;
     let sandbox = sandbox["id"].as_str().unwrap().to_string();
-    assert_eq!(
-        a.run_sh(&sandbox, "echo a-was-here > /tmp/mark; echo ok")
-            .await
-            .1
-            .trim(),
-        "ok"
-    );
+    a.sh_prints(&sandbox, "echo a-was-here > /tmp/mark; echo ok", "ok")
+        .await;
     let session = a
         .ok("POST", "/v1/sessions", Some(json!({ "task_id": "answer" })), 201)
         .await;
@@ -244,18 +228,9 @@ async fn b_names_a_ids_in_bodies(b: &Api, owned: &Owned) {
     );
 }
 
-type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
 /// OpenEnv's socket, opened with `key`.
 async fn openenv_socket(url: &str, key: &str) -> Socket {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut request = format!("{}/v1/openenv/ws", url.replace("http://", "ws://"))
-        .into_client_request()
-        .unwrap();
-    request
-        .headers_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    tokio_tungstenite::connect_async(request).await.unwrap().0
+    socket(url, "/v1/openenv/ws", key).await
 }
 
 /// One message on the socket, and its answer.
@@ -381,19 +356,13 @@ async fn same_content_looks_built_by_b(b: &Api, owned: &Owned) -> String {
 }
 
 fn service_file(dir: &Path) -> std::path::PathBuf {
-    let config = dir.join("tenants.toml");
-    let suite = repo().join("configs/serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[serve]\nsuites = [{:?}]\nconcurrency = 2\nmax_sessions = 6\n[serve.sandboxes]\n\
-             [serve.sandboxes.networks.net-a]\nallow = [\"127.0.0.1:9\"]\n\
-             [serve.sandboxes.networks.net-b]\nallow = [\"127.0.0.1:9\"]\n",
-            suite.display().to_string()
-        ),
+    suite_config(
+        dir,
+        "tenants.toml",
+        "concurrency = 2\nmax_sessions = 6\n[serve.sandboxes]\n\
+         [serve.sandboxes.networks.net-a]\nallow = [\"127.0.0.1:9\"]\n\
+         [serve.sandboxes.networks.net-b]\nallow = [\"127.0.0.1:9\"]\n",
     )
-    .unwrap();
-    config
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,7 +459,7 @@ async fn tenants_see_and_touch_only_their_own() {
         )
         .await;
     assert_eq!(forced["state"], "building", "{forced}");
-    assert_eq!(b.run_sh(&b_sandbox, "echo still").await.1.trim(), "still");
+    b.sh_prints(&b_sandbox, "echo still", "still").await;
     a.wait_built(&env).await;
     let after = a.ok("GET", &format!("/v1/environments/{env}"), None, 200).await;
     assert_eq!(after["snapshot"], snapshot, "not rebuilt: {after}");
@@ -551,15 +520,7 @@ async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) 
     let one = b
         .ok("POST", "/v1/sandboxes", Some(json!({ "environment": env })), 201)
         .await;
-    let (status, over) = b
-        .call("POST", "/v1/sandboxes", Some(json!({ "environment": env })))
-        .await;
-    assert_eq!(status, 429, "{over}");
-    assert_eq!(
-        over["quota"],
-        json!({ "name": "live", "limit": 1, "used": 1 }),
-        "{over}"
-    );
+    b.over_live_quota(env).await;
     b.ok(
         "DELETE",
         &format!("/v1/sandboxes/{}", one["id"].as_str().unwrap()),
@@ -668,7 +629,7 @@ async fn quotas_and_keys(db: &Path, url: &str, a: &Api, b: &Api, owned: &Owned) 
 
 /// A's sandbox, session and rows are as A left them.
 async fn a_is_unharmed(a: &Api, owned: &Owned) {
-    assert_eq!(a.run_sh(&owned.sandbox, "cat /tmp/mark").await.1.trim(), "a-was-here");
+    a.sh_prints(&owned.sandbox, "cat /tmp/mark", "a-was-here").await;
     let scored = a
         .ok(
             "POST",

@@ -6,7 +6,7 @@
 
 mod common;
 use common::assert_no_qemu_of;
-use common::serve::{farm_serve, stop, Api};
+use common::serve::{serve_sandboxes, stop, Api};
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
@@ -103,40 +103,19 @@ async fn sandbox(api: &Api, env: &str, metadata: Value) -> String {
     sb["id"].as_str().unwrap().to_string()
 }
 
-async fn sh(api: &Api, sandbox: &str, command: &str) -> String {
-    let (code, out) = api.run_sh(sandbox, command).await;
-    assert_eq!(code, 0, "{command}: {out}");
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminal_and_the_conveniences_beside_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
-    let config = dir.path().join("terminal.toml");
-    std::fs::write(
-        &config,
-        "[serve]\nsuites = []\n[serve.sandboxes]\nidle_timeout_secs = 600\nmax_lifetime_secs = 3600\n",
-    )
-    .unwrap();
-    let (mut service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", None);
-    let api = Api::new(&url, None);
-    let env = api
-        .call("POST", "/v1/environments", Some(json!({ "image": "python" })))
-        .await
-        .1["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    api.wait_built(&env).await;
+    let (mut service, api) = serve_sandboxes(dir.path(), "idle_timeout_secs = 600\nmax_lifetime_secs = 3600\n");
+    let env = api.environment("python").await;
     let sb = sandbox(&api, &env, json!({ "owner": "ann" })).await;
-    shell_python_tmux_and_vim(&url, &api, &sb).await;
-    a_client_that_never_reads(&url, &api, &sb).await;
+    shell_python_tmux_and_vim(&api.url, &api, &sb).await;
+    a_client_that_never_reads(&api.url, &api, &sb).await;
     a_websocket_through_a_port(&api, &sb).await;
     folders_without_exec(&api, &sb).await;
     timers_filters_and_branches(&api, &env, &sb).await;
     stop(&mut service);
-    assert_no_qemu_of(&run_dir);
+    assert_no_qemu_of(&dir.path().join("run"));
 }
 
 async fn shell_python_tmux_and_vim(url: &str, api: &Api, sb: &str) {
@@ -174,10 +153,10 @@ async fn shell_python_tmux_and_vim(url: &str, api: &Api, sb: &str) {
     t.run("vi -u NONE /tmp/note.txt; echo vi-$((1+1))-done", "[New").await;
     t.keys("ihello from vi\x1b:wq\r").await;
     t.until("vi-2-done").await;
-    assert_eq!(sh(api, sb, "cat /tmp/note.txt").await, "hello from vi\n");
+    assert_eq!(api.stdout(sb, "cat /tmp/note.txt").await, "hello from vi\n");
     let z = "for i in $(seq 1200); do test -s /tmp/z && break; sleep 0.1; done; cat /tmp/z";
     assert_eq!(
-        sh(api, sb, z).await,
+        api.stdout(sb, z).await,
         "tmux-kept\n",
         "the detached session ran the keys sent to it"
     );
@@ -258,7 +237,7 @@ async fn a_client_that_never_reads(url: &str, api: &Api, sb: &str) {
         assert!(started.elapsed() < Duration::from_secs(300), "{view}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert_eq!(sh(api, sb, "echo still-here").await, "still-here\n");
+    assert_eq!(api.stdout(sb, "echo still-here").await, "still-here\n");
     let chunk = api
         .ok("GET", &format!("{path}/output?offset=0&max=16"), None, 200)
         .await;
@@ -380,9 +359,7 @@ async fn a_websocket_through_a_port(api: &Api, sb: &str) {
 }
 
 async fn folders_without_exec(api: &Api, sb: &str) {
-    sh(
-        api,
-        sb,
+    api.stdout(sb,
         "mkdir -p /tmp/d/sub && printf hello > /tmp/d/b.txt && chmod 640 /tmp/d/b.txt && ln -s /etc/hostname /tmp/d/link",
     )
     .await;
@@ -487,7 +464,7 @@ async fn timers_filters_and_branches(api: &Api, env: &str, sb: &str) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // Three branches in one call, each with the parent's files.
-    sh(api, sb, "echo before-branch > /tmp/mark").await;
+    api.stdout(sb, "echo before-branch > /tmp/mark").await;
     let branched = api
         .ok(
             "POST",
@@ -502,7 +479,7 @@ async fn timers_filters_and_branches(api: &Api, env: &str, sb: &str) {
         assert_eq!(child["parent"], sb);
         assert_eq!(child["metadata"]["owner"], "ann", "metadata is inherited");
         let id = child["id"].as_str().unwrap();
-        assert_eq!(sh(api, id, "cat /tmp/mark").await, "before-branch\n");
+        assert_eq!(api.stdout(id, "cat /tmp/mark").await, "before-branch\n");
         api.ok("DELETE", &format!("/v1/sandboxes/{id}"), None, 200).await;
     }
     for count in [0, 33] {

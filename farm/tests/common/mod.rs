@@ -20,6 +20,23 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// `farm run SUITE` by `farm` (a command of the farm binary, with what it needs set) with no
+/// standard input, run to its end, which must be a success: what it printed.
+pub fn farm_run(mut farm: Command, suite: &Path) -> Output {
+    let o = farm.arg("run").arg(suite).stdin(Stdio::null()).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
+/// The rows of a run's journal, `out/journal.jsonl`.
+pub fn journal_rows(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("journal.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// `farm ARGS` with no standard input, run to its end.
 pub fn farm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_farm"))
@@ -90,6 +107,18 @@ fn qemu_of(run_dir: &Path) -> Option<String> {
         }
     }
     None
+}
+
+/// Arguments of `python -m pytest`, quiet, reporting skips, with no cache: then `args`.
+pub fn pytest_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"];
+    all.extend_from_slice(args);
+    all
+}
+
+/// `N` temporary folders, each removed when dropped.
+pub fn temp_dirs<const N: usize>() -> [tempfile::TempDir; N] {
+    std::array::from_fn(|_| tempfile::tempdir().unwrap())
 }
 
 /// A tar archive of `(path, contents)` files.
