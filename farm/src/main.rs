@@ -56,6 +56,9 @@ enum Command {
     Tenant(cmd::tenant::TenantArgs),
     /// Print the OpenAPI document of `farm serve`'s HTTP API (as `GET /v1/openapi.json`).
     Openapi,
+    /// E2B's SDK on farm: the settings that point it at a `farm serve` (docs/e2b.md).
+    #[command(subcommand)]
+    E2b(cmd::e2b::E2bCommand),
 }
 
 fn main() {
@@ -111,6 +114,7 @@ fn main() {
                 Command::Repair(args) => cmd::repair::run(args).await,
                 Command::Merge(args) => cmd::merge::run(args).await,
                 Command::Tenant(args) => cmd::tenant::run(args),
+                Command::E2b(command) => cmd::e2b::run(command),
                 Command::Openapi => {
                     crate::ui::outln!("{}", serve::routes::json());
                     Ok(0)

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod density;
+pub mod e2b;
 pub mod measure;
 pub mod merge;
 pub mod repair;

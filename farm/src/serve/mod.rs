@@ -17,6 +17,7 @@
 //! terminal's WebSocket, the tenancy middleware, the OpenAPI document.
 
 mod api;
+mod e2b;
 mod error;
 pub(crate) mod hosting_routes;
 mod http;

@@ -41,11 +41,21 @@ pub(in crate::serve) async fn layer(
     if let Some(bounds) = id_bounds(&path) {
         return bounds.into_response();
     }
-    let authorization = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let who = match tenancy.identify(bearer(authorization), &path) {
+    let identified = if super::e2b::Face::of(&path).in_sandbox() {
+        // E2B's envd routes: a sandbox's access token, for that sandbox alone.
+        let (sandbox, token) = super::e2b::sandbox_access(request.headers());
+        tenancy.identify_sandbox_access(sandbox, token)
+    } else {
+        let authorization = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match (bearer(authorization), super::e2b::api_key(request.headers())) {
+            ("", Some(key)) => tenancy.identify(&key, &path),
+            (given, _) => tenancy.identify(given, &path),
+        }
+    };
+    let who = match identified {
         Ok(who) => who,
         Err(e) => return e.into_response(),
     };
@@ -84,9 +94,14 @@ pub(in crate::serve) async fn layer(
     response
 }
 
-/// The path's id, for the audit: `/v1/{rollouts,sessions,sandboxes,environments}/{id}...`.
+/// The path's id, for the audit: `/v1/{rollouts,sessions,sandboxes,environments}/{id}...`
+/// (and E2B's `/sandboxes/{id}...`, `/v2/sandboxes/{id}...`).
 fn path_id(path: &str) -> Option<String> {
-    let mut parts = path.strip_prefix("/v1/")?.split('/');
+    let rest = path
+        .strip_prefix("/v1/")
+        .or_else(|| path.strip_prefix("/v2/"))
+        .or_else(|| path.strip_prefix('/').filter(|p| p.starts_with("sandboxes/")))?;
+    let mut parts = rest.split('/');
     parts
         .next()
         .filter(|kind| matches!(*kind, "rollouts" | "sessions" | "sandboxes" | "environments"))?;

@@ -58,9 +58,18 @@ pub struct Who {
     pub key_id: String,
 }
 
+/// The key id of a caller who holds one sandbox's access token, before the sandbox's id.
+const SANDBOX_ACCESS: &str = "sandbox:";
+
 impl Who {
     pub fn tenant(&self) -> TenantId {
         self.profile.id()
+    }
+
+    /// The sandbox whose access token the caller holds, when that is how it was identified
+    /// (a tenant's key or the service token: None).
+    pub fn sandbox_access(&self) -> Option<&str> {
+        self.key_id.strip_prefix(SANDBOX_ACCESS)
     }
 }
 
@@ -204,6 +213,37 @@ impl Tenancy {
         }
         // The database's secret: the service token's holder cannot make a tenant's tokens.
         mcp_hmac(Some(&self.secret), &format!("tenant {} session {session}", tenant.0))
+    }
+
+    /// The access token of sandbox `sandbox` of `tenant` that E2B's protocol hands its client
+    /// (`envdAccessToken`): HMAC-SHA256 under the database's secret of the tenant and the
+    /// sandbox. It opens that one sandbox's in-sandbox routes and nothing else; from it
+    /// neither the tenant's key nor another sandbox's token follows.
+    pub fn sandbox_access_token(&self, tenant: TenantId, sandbox: &str) -> String {
+        mcp_hmac(
+            Some(&self.secret),
+            &format!("e2b tenant {} sandbox {sandbox}", tenant.0),
+        )
+        .expect("a key is given")
+    }
+
+    /// Who holds `token` for sandbox `sandbox`: its owner, with the key id `sandbox:ID`
+    /// (which [`Who::sandbox_access`] reads), or a 401 that says nothing of the sandbox.
+    pub fn identify_sandbox_access(&self, sandbox: &str, token: &str) -> Result<Who, ApiError> {
+        if !sandbox.is_empty() && !token.is_empty() && sandbox.len() <= crate::bounds::ID_BYTES {
+            for owner in self.owners.of(Kind::Sandbox, sandbox) {
+                let expected = self.sandbox_access_token(owner.tenant, sandbox);
+                if bool::from(expected.as_bytes().ct_eq(token.as_bytes())) {
+                    return Ok(Who {
+                        profile: self.profile_of(owner.tenant)?,
+                        key_id: format!("{SANDBOX_ACCESS}{sandbox}"),
+                    });
+                }
+            }
+        }
+        Err(unauthorized(
+            "a sandbox's own routes need its access token (X-Access-Token) and its id (E2b-Sandbox-Id)",
+        ))
     }
 
     /// One more connection the caller holds open (a stream, a terminal, a socket), or a 429.

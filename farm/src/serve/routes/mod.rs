@@ -15,6 +15,7 @@ use utoipa::ToSchema;
 
 use service::wire::*;
 
+mod e2b;
 mod hosting;
 mod table;
 
@@ -225,6 +226,7 @@ fn declare() -> Routes {
         hosting::port_routes(r);
     });
     protocol_routes(&mut routes);
+    routes.group(file, e2b::e2b_routes);
     routes
 }
 
@@ -245,6 +247,7 @@ pub(super) fn router(service: std::sync::Arc<service::state::Service>) -> Router
             app.service.clone(),
             super::tenancy::layer,
         ))
+        .layer(axum::middleware::from_fn(super::e2b::errors))
         .with_state(app)
 }
 

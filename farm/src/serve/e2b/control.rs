@@ -1,0 +1,281 @@
+//! E2B's REST API: sandboxes made, listed, described, paused, connected to (which resumes a
+//! paused one), given a new timeout and killed, each a call of the service core on the
+//! caller's own sandboxes. A template is a farm environment's id.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Extension;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{no_content, refused, rfc3339, ENVD_VERSION};
+use crate::serve::http::{made, parse, App, Mine, Reply, Q};
+use crate::serve::tenancy::Who;
+use service::sandbox::sandboxes::lifetimes::{ListFilter, TimeoutRequest};
+use service::sandbox::sandboxes::SandboxRequest;
+use service::sandbox::SandboxId;
+use service::wire::SandboxView;
+use service::ErrorKind;
+
+/// E2B's default timeout of a new sandbox, seconds.
+const DEFAULT_TIMEOUT_SECS: u64 = 300;
+
+/// What E2B's SDK sends to make a sandbox (`POST /v2/sandboxes`, `POST /sandboxes`). Fields
+/// farm does not act on (`autoPause`, `autoResume`, `secure`, volumes) are taken and
+/// ignored, as a newer SDK may send more.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(in crate::serve) struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+}
+
+/// `{"timeout": SECONDS}` (a new timeout, or a connect's).
+#[derive(Debug, Default, Deserialize)]
+pub(in crate::serve) struct Timeout {
+    timeout: Option<u64>,
+}
+
+/// E2B's `Sandbox` (what create and connect answer).
+fn sandbox_json(app: &App, who: &Who, view: &SandboxView) -> Value {
+    json!({
+        "sandboxID": view.id,
+        "templateID": view.environment,
+        "clientID": "farm",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": app.service.tenancy.sandbox_access_token(who.tenant(), &view.id),
+        "domain": Value::Null,
+    })
+}
+
+/// E2B's `ListedSandbox` and `SandboxDetail` (the detail adds the access token).
+fn listed_json(view: &SandboxView) -> Value {
+    json!({
+        "sandboxID": view.id,
+        "templateID": view.environment,
+        "clientID": "farm",
+        "startedAt": rfc3339(view.created_at_ms),
+        "endAt": rfc3339(view.expires_at_ms),
+        "cpuCount": view.cpus,
+        "memoryMB": view.memory_mib,
+        "diskSizeMB": 0,
+        "state": view.state,
+        "envdVersion": ENVD_VERSION,
+        "metadata": view.metadata,
+    })
+}
+
+fn api(app: &App) -> Result<&service::sandbox::SandboxApi, service::ApiError> {
+    app.service.sandbox_api()
+}
+
+/// `POST /v2/sandboxes` (and 2.45's `POST /sandboxes`): 201 with the new sandbox.
+pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+    let new: NewSandbox = parse_e2b(&body)?;
+    if new.allow_internet_access == Some(true) {
+        return Err(refused(
+            ErrorKind::Invalid,
+            "allow_internet_access: a farm sandbox has no network unless its environment's request names one of the service's policies",
+        ));
+    }
+    let request = SandboxRequest {
+        environment: new.template_id,
+        env: new.env_vars.unwrap_or_default(),
+        workdir: None,
+        user: None,
+        network: None,
+        disk_mib: None,
+        idle_timeout_secs: None,
+        lifetime_secs: Some(new.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS)),
+        cpus: None,
+        memory_mib: None,
+        metadata: new.metadata.unwrap_or_default(),
+    };
+    let service = app.service.clone();
+    let caller = who.clone();
+    let (view, _) =
+        crate::serve::http::finish(async move { service.create_sandbox(&caller, request, None).await }).await?;
+    made(StatusCode::CREATED, &view.id.clone(), sandbox_json(&app, &who, &view))
+}
+
+/// `GET /v2/sandboxes` (and `GET /sandboxes`): the caller's sandboxes, filtered by E2B's
+/// `metadata` (`k=v&...`, each part percent-encoded) and `state` (`running,paused`). One
+/// page: no `x-next-token`.
+pub(in crate::serve) async fn list(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Q(q): Q<BTreeMap<String, String>>,
+) -> Reply {
+    let mut wanted_metadata = BTreeMap::new();
+    let mut states: BTreeSet<String> = BTreeSet::new();
+    for (key, value) in q {
+        match key.as_str() {
+            "metadata" => {
+                for (k, v) in url_pairs(&value) {
+                    wanted_metadata.insert(k, v);
+                }
+            }
+            "state" => states.extend(value.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
+            "limit" | "nextToken" | "order" | "template" | "startedAfter" => {}
+            other => {
+                return Err(refused(
+                    ErrorKind::Invalid,
+                    format!("{other:?} is not a query parameter of the list (metadata, state, limit, nextToken)"),
+                ))
+            }
+        }
+    }
+    if let Some(bad) = states.iter().find(|s| *s != "running" && *s != "paused") {
+        return Err(refused(ErrorKind::Invalid, format!("state {bad:?}: running or paused")));
+    }
+    let views = api(&app)?.sandboxes.list(&who, &ListFilter::default()).await;
+    let listed: Vec<Value> = views
+        .iter()
+        .filter(|v| states.is_empty() || states.contains(&v.state))
+        .filter(|v| wanted_metadata.iter().all(|(k, want)| v.metadata.get(k) == Some(want)))
+        .map(listed_json)
+        .collect();
+    Ok(axum::Json(listed).into_response())
+}
+
+/// `GET /sandboxes/{id}`.
+pub(in crate::serve) async fn info(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+    let view = api(&app)?.sandboxes.view(&id).await?;
+    let mut detail = listed_json(&view);
+    detail["envdAccessToken"] = json!(app.service.tenancy.sandbox_access_token(who.tenant(), &view.id));
+    Ok(axum::Json(detail).into_response())
+}
+
+/// `DELETE /sandboxes/{id}`: 204 (a 404 is the SDK's `False`).
+pub(in crate::serve) async fn kill(State(app): State<App>, Mine(id): Mine) -> Reply {
+    api(&app)?.sandboxes.delete(&id, "killed (E2B)").await?;
+    Ok(no_content())
+}
+
+/// `POST /sandboxes/{id}/timeout`: it ends `timeout` seconds from now.
+pub(in crate::serve) async fn set_timeout(State(app): State<App>, Mine(id): Mine, body: Bytes) -> Reply {
+    let timeout: Timeout = parse_e2b(&body)?;
+    let secs = timeout
+        .timeout
+        .ok_or_else(|| refused(ErrorKind::Invalid, "timeout: seconds from now are required"))?;
+    expire_in(&app, &id, secs).await?;
+    Ok(no_content())
+}
+
+async fn expire_in(app: &App, id: &SandboxId, secs: u64) -> Result<(), service::ApiError> {
+    let request = TimeoutRequest {
+        idle_timeout_secs: None,
+        lifetime_secs: None,
+        expires_in_secs: Some(secs),
+    };
+    api(app)?.sandboxes.set_timeout(id, request).await.map(|_| ())
+}
+
+/// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already (the SDK's `False`).
+pub(in crate::serve) async fn pause(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+    if api(&app)?.sandboxes.view(&id).await?.state == "paused" {
+        return Err(refused(ErrorKind::Conflict, format!("sandbox {id} is paused already")));
+    }
+    app.service.pause_sandbox(&who, &id).await?;
+    Ok(no_content())
+}
+
+/// `POST /v2/sandboxes/{id}/connect` (and `POST /sandboxes/{id}/connect`): resumes it when
+/// paused, sets its timeout when one is given, and answers as create does (200).
+pub(in crate::serve) async fn connect(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+    body: Bytes,
+) -> Reply {
+    let timeout: Timeout = if body.is_empty() {
+        Timeout::default()
+    } else {
+        parse_e2b(&body)?
+    };
+    let mut view = api(&app)?.sandboxes.view(&id).await?;
+    if view.state == "paused" {
+        view = app.service.resume_sandbox(&who, &id).await?;
+    }
+    if let Some(secs) = timeout.timeout {
+        expire_in(&app, &id, secs).await?;
+    }
+    Ok(axum::Json(sandbox_json(&app, &who, &view)).into_response())
+}
+
+/// A body of E2B's, which may carry fields farm ignores.
+fn parse_e2b<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, service::ApiError> {
+    if body.is_empty() {
+        return parse(b"{}");
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| service::ApiError::new(ErrorKind::Invalid, format!("the request's JSON: {e}")))
+}
+
+/// E2B's metadata filter once the query string is decoded: `k=v&k2=v2` as Python's
+/// `urlencode` wrote it of keys and values `quote`d before, so each is decoded twice.
+fn url_pairs(text: &str) -> Vec<(String, String)> {
+    let decode = |part: &str| percent_decode(&percent_decode(part));
+    text.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metadata_filter_is_decoded_once_more() {
+        // What the query string holds once axum decoded it: `urlencode` of `quote`d keys
+        // and values ({"k": "v w", "team": "a&b", "pct": "100%"}).
+        assert_eq!(
+            url_pairs("k=v%2520w&team=a%2526b&pct=100%2525"),
+            vec![
+                ("k".into(), "v w".into()),
+                ("team".into(), "a&b".into()),
+                ("pct".into(), "100%".into())
+            ]
+        );
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,212 @@
+//! E2B's protocol (`crate::serve::e2b`): its REST API and envd's routes in a sandbox.
+
+use utoipa::openapi::path::HttpMethod::{Delete, Get, Post};
+
+use super::{Body, Routes};
+use crate::serve::e2b::{control, envd};
+
+/// E2B's REST API and envd's routes, each body of E2B's shape.
+pub(super) fn e2b_routes(r: &mut Routes) {
+    control_routes(r);
+    envd_routes(r);
+    envd_rpc_routes(r);
+}
+
+/// E2B's REST API.
+fn control_routes(r: &mut Routes) {
+    let json = || Body::Raw("application/json");
+    let created = || vec![("201", "E2B's Sandbox", json())];
+    let sandbox = || vec![("200", "E2B's Sandbox", json())];
+    let none = || vec![("204", "done", Body::Raw("text/plain"))];
+    for path in ["/v2/sandboxes", "/sandboxes"] {
+        r.add(
+            Post,
+            path,
+            control::create,
+            "E2B: create a sandbox",
+            &[],
+            Some(json()),
+            created(),
+        );
+        r.add(
+            Get,
+            path,
+            control::list,
+            "E2B: list sandboxes",
+            &[("metadata", "k=v&..."), ("state", "running,paused")],
+            None,
+            vec![("200", "E2B's ListedSandbox list", json())],
+        );
+    }
+    for path in ["/v2/sandboxes/{id}/connect", "/sandboxes/{id}/connect"] {
+        r.add(
+            Post,
+            path,
+            control::connect,
+            "E2B: connect (resumes a paused sandbox)",
+            &[],
+            Some(json()),
+            sandbox(),
+        );
+    }
+    r.add(
+        Get,
+        "/sandboxes/{id}",
+        control::info,
+        "E2B: a sandbox's detail",
+        &[],
+        None,
+        sandbox(),
+    );
+    r.add(
+        Delete,
+        "/sandboxes/{id}",
+        control::kill,
+        "E2B: kill a sandbox",
+        &[],
+        None,
+        none(),
+    );
+    r.add(
+        Post,
+        "/sandboxes/{id}/timeout",
+        control::set_timeout,
+        "E2B: end it this many seconds from now",
+        &[],
+        Some(json()),
+        none(),
+    );
+    r.add(
+        Post,
+        "/sandboxes/{id}/pause",
+        control::pause,
+        "E2B: pause a sandbox",
+        &[],
+        Some(json()),
+        none(),
+    );
+}
+
+/// envd's plain HTTP routes and its process stream, in a sandbox.
+fn envd_routes(r: &mut Routes) {
+    let json = || Body::Raw("application/json");
+    let none = || vec![("204", "done", Body::Raw("text/plain"))];
+    r.add(
+        Get,
+        "/health",
+        envd::health,
+        "E2B envd (E2b-Sandbox-Id, X-Access-Token): health",
+        &[],
+        None,
+        none(),
+    );
+    r.add(
+        Get,
+        "/files",
+        envd::download,
+        "E2B envd: read a file",
+        &[("path", "the file")],
+        None,
+        vec![("200", "its bytes", Body::Raw("application/octet-stream"))],
+    );
+    r.add(
+        Post,
+        "/files",
+        envd::upload,
+        "E2B envd: write files (multipart, or one octet-stream)",
+        &[("path", "where")],
+        Some(Body::Raw("multipart/form-data")),
+        vec![("200", "what was written", json())],
+    );
+    r.add(
+        Post,
+        "/process.Process/Start",
+        envd::start,
+        "E2B envd, Connect RPC: start a process and stream its events",
+        &[],
+        Some(Body::Raw(crate::serve::e2b::connect::STREAM_TYPE)),
+        vec![(
+            "200",
+            "the process's events, enveloped",
+            Body::Raw(crate::serve::e2b::connect::STREAM_TYPE),
+        )],
+    );
+}
+
+/// envd's unary Connect RPCs, in a sandbox (JSON in, JSON out).
+fn envd_rpc_routes(r: &mut Routes) {
+    let json = || Body::Raw("application/json");
+    let answer = || vec![("200", "its JSON answer", Body::Raw("application/json"))];
+    r.add(
+        Post,
+        "/process.Process/List",
+        envd::list_processes,
+        "E2B envd, Connect RPC: running processes",
+        &[],
+        Some(json()),
+        answer(),
+    );
+    r.add(
+        Post,
+        "/process.Process/SendSignal",
+        envd::send_signal,
+        "E2B envd, Connect RPC: signal a process",
+        &[],
+        Some(json()),
+        answer(),
+    );
+    r.add(
+        Post,
+        "/process.Process/SendInput",
+        envd::send_input,
+        "E2B envd, Connect RPC: a process's standard input",
+        &[],
+        Some(json()),
+        answer(),
+    );
+    r.add(
+        Post,
+        "/filesystem.Filesystem/Stat",
+        envd::stat,
+        "E2B envd, Connect RPC: a path's entry",
+        &[],
+        Some(json()),
+        answer(),
+    );
+    r.add(
+        Post,
+        "/filesystem.Filesystem/ListDir",
+        envd::list_dir,
+        "E2B envd, Connect RPC: a folder's entries",
+        &[],
+        Some(json()),
+        answer(),
+    );
+    r.add(
+        Post,
+        "/filesystem.Filesystem/MakeDir",
+        envd::make_dir,
+        "E2B envd, Connect RPC: make a folder",
+        &[],
+        Some(json()),
+        answer(),
+    );
+    r.add(
+        Post,
+        "/filesystem.Filesystem/Remove",
+        envd::remove,
+        "E2B envd, Connect RPC: remove a path",
+        &[],
+        Some(json()),
+        answer(),
+    );
+    r.add(
+        Post,
+        "/filesystem.Filesystem/Move",
+        envd::rename,
+        "E2B envd, Connect RPC: move a path",
+        &[],
+        Some(json()),
+        answer(),
+    );
+}

@@ -1,0 +1,187 @@
+"""E2B's own SDK (`e2b` from PyPI, unmodified) against `farm serve`, set up only as E2B's
+documentation sets up a self-hosted server: E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL.
+
+    e2b_check.py URL A_KEY B_KEY TEMPLATE
+
+A_KEY and B_KEY are two tenants' farm keys (`farm_HEX`, given to the SDK as `e2b_HEX`);
+TEMPLATE is an environment both made. Prints one JSON line of what it saw; any failed check
+raises.
+"""
+
+import asyncio
+import json
+import os
+import sys
+
+import httpx
+
+URL, A_KEY, B_KEY, TEMPLATE = sys.argv[1:5]
+os.environ["E2B_API_URL"] = URL
+os.environ["E2B_SANDBOX_URL"] = URL
+
+
+def as_e2b(key):
+    assert key.startswith("farm_"), key
+    return "e2b_" + key[len("farm_"):]
+
+
+os.environ["E2B_API_KEY"] = as_e2b(A_KEY)
+
+from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState  # noqa: E402 (after the settings it reads)
+from e2b import CommandExitException, NotFoundException, TimeoutException  # noqa: E402
+
+seen = {}
+
+# --- A, the sync client: create, commands in the foreground and background, files, info,
+# list with a metadata and state filter, timeout, pause and resume through connect, kill.
+sbx = Sandbox.create(template=TEMPLATE, timeout=600, metadata={"team": "a b", "run": "1"}, envs={"GREETING": "hej"})
+run = sbx.commands.run('echo "$GREETING"; echo err >&2')
+assert (run.stdout, run.stderr, run.exit_code) == ("hej\n", "err\n", 0), run
+streamed = []
+run = sbx.commands.run("for i in 1 2 3; do echo line $i; sleep 0.1; done", on_stdout=streamed.append)
+assert "".join(streamed) == "line 1\nline 2\nline 3\n" and run.stdout == "".join(streamed), (streamed, run)
+try:
+    sbx.commands.run("echo partial; exit 3")
+    raise AssertionError("exit 3 did not raise")
+except CommandExitException as e:
+    assert e.exit_code == 3 and e.stdout == "partial\n", e
+handle = sbx.commands.run("sleep 0.2; echo later", background=True)
+assert handle.pid > 0
+waited = handle.wait()
+assert waited.stdout == "later\n" and waited.exit_code == 0, waited
+sbx.files.write("/tmp/a.txt", "one")
+assert sbx.files.read("/tmp/a.txt") == "one"
+sbx.files.write("/tmp/b.bin", b"\x00\x01two")
+assert bytes(sbx.files.read("/tmp/b.bin", format="bytes")) == b"\x00\x01two"
+# The filesystem calls (envd's Connect RPCs).
+assert sbx.files.exists("/tmp/a.txt") and not sbx.files.exists("/tmp/none")
+entry = sbx.files.get_info("/tmp/a.txt")
+assert (entry.name, entry.type.value, entry.size, entry.path) == ("a.txt", "file", 3, "/tmp/a.txt"), entry
+assert sbx.files.make_dir("/tmp/d/e") is True and sbx.files.make_dir("/tmp/d/e") is False
+sbx.files.write("/tmp/d/e/f.txt", "deep")
+names = sorted(e.path for e in sbx.files.list("/tmp/d", depth=2))
+assert names == ["/tmp/d/e", "/tmp/d/e/f.txt"], names
+moved = sbx.files.rename("/tmp/d/e/f.txt", "/tmp/d/g.txt")
+assert moved.path == "/tmp/d/g.txt" and sbx.files.read("/tmp/d/g.txt") == "deep", moved
+sbx.files.remove("/tmp/d")
+assert not sbx.files.exists("/tmp/d")
+# A background process: listed while it runs, fed its standard input, killed.
+cat = sbx.commands.run("cat", background=True, stdin=True)
+assert cat.pid in [p.pid for p in sbx.commands.list()], sbx.commands.list()
+line = sbx.commands.run("head -n 1", background=True, stdin=True)
+sbx.commands.send_stdin(line.pid, "fed\n")
+assert line.wait().stdout == "fed\n"
+assert sbx.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+try:
+    sbx.commands.run("sleep 30", timeout=2)
+    raise AssertionError("a command past its timeout did not raise")
+except TimeoutException:
+    pass
+sleeper = sbx.commands.run("sleep 600", background=True)
+assert sleeper.kill() is True
+assert sleeper.pid not in [p.pid for p in sbx.commands.list()]
+assert sbx.commands.kill(cat.pid) is True
+info = sbx.get_info()
+assert info.sandbox_id == sbx.sandbox_id and info.template_id == TEMPLATE and info.metadata["team"] == "a b", info
+assert info.state.value == "running", info
+listed = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"team": "a b"})).next_items()]
+assert listed == [sbx.sandbox_id], listed
+assert Sandbox.list(query=SandboxQuery(metadata={"team": "nobody"})).next_items() == []
+sbx.set_timeout(300)
+assert sbx.pause() is True
+assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+assert [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()] == [sbx.sandbox_id]
+resumed = Sandbox.connect(sbx.sandbox_id)
+assert resumed.files.read("/tmp/a.txt") == "one", "the resumed sandbox has its files"
+assert resumed.commands.run("echo back").stdout == "back\n"
+a_id = resumed.sandbox_id
+a_token = resumed._envd_access_token
+seen["sync"] = "ok"
+
+# --- B: A's sandbox is a sandbox that never was, whatever B calls.
+b_env = dict(api_key=as_e2b(B_KEY))
+for call in (lambda: Sandbox.connect(a_id, **b_env), lambda: Sandbox.get_info(a_id, **b_env)):
+    try:
+        call()
+        raise AssertionError("B reached A's sandbox")
+    except NotFoundException:
+        pass
+assert Sandbox.kill(a_id, **b_env) is False, "B killed A's sandbox"
+assert [s.sandbox_id for s in Sandbox.list(**b_env).next_items()] == []
+b_sbx = Sandbox.create(template=TEMPLATE, **b_env)
+seen["b"] = "ok"
+
+# --- By hand: a sandbox's access token opens its own in-sandbox routes and nothing else.
+http = httpx.Client(base_url=URL, timeout=60)
+
+
+def envd(sandbox, token, path="/files", **kw):
+    headers = {"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": "49983"}
+    if token is not None:
+        headers["X-Access-Token"] = token
+    headers.update(kw.pop("headers", {}))
+    return http.request(kw.pop("method", "GET"), path, headers=headers, **kw)
+
+
+def envelope(message):
+    body = json.dumps(message).encode()
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+assert envd(a_id, a_token, params={"path": "/tmp/a.txt"}).content == b"one"
+refusals = {
+    # A's token, B's sandbox (file read, and a process started in it).
+    "a_token_b_sandbox": envd(b_sbx.sandbox_id, a_token, params={"path": "/etc/hostname"}),
+    "a_token_b_start": envd(
+        b_sbx.sandbox_id,
+        a_token,
+        "/process.Process/Start",
+        method="POST",
+        content=envelope({"process": {"cmd": "/bin/true"}}),
+        headers={"Content-Type": "application/connect+json"},
+    ),
+    # No token, a forged one, a tenant's key in its place.
+    "no_token": envd(a_id, None, params={"path": "/tmp/a.txt"}),
+    "forged": envd(a_id, a_token[:-1] + ("0" if a_token[-1] != "0" else "1"), params={"path": "/tmp/a.txt"}),
+    "key_as_token": envd(a_id, A_KEY, params={"path": "/tmp/a.txt"}),
+    "api_key_header": envd(a_id, None, params={"path": "/tmp/a.txt"}, headers={"X-API-KEY": as_e2b(A_KEY)}),
+    # The token on farm's own API, and on E2B's REST API: it is no key.
+    "token_on_farm_api": http.post(
+        f"/v1/sandboxes/{a_id}/exec",
+        json={"command": "cat /tmp/a.txt"},
+        headers={"X-Access-Token": a_token, "E2b-Sandbox-Id": a_id},
+    ),
+    "token_on_rest_api": http.get(f"/sandboxes/{a_id}", headers={"X-Access-Token": a_token, "E2b-Sandbox-Id": a_id}),
+}
+statuses = {name: r.status_code for name, r in refusals.items()}
+assert all(code == 401 for code in statuses.values()), statuses
+for name, r in refusals.items():
+    body = r.json()
+    # E2B's routes answer in E2B's error shape (farm's own API in its own), naming no sandbox.
+    text = body["error"] if name == "token_on_farm_api" else body["message"]
+    assert name == "token_on_farm_api" or isinstance(body.get("code"), (int, str)), (name, body)
+    assert a_id not in text and b_sbx.sandbox_id not in text, (name, body)
+bad = envd(a_id, a_token, "/process.Process/Start", method="POST", content=b"\x00\x00\x00", headers={"Content-Type": "application/connect+json"})
+assert bad.status_code == 400 and bad.json()["code"] == "invalid_argument", (bad.status_code, bad.text)
+seen["refusals"] = statuses
+
+# --- The async client.
+
+
+async def main():
+    a = await AsyncSandbox.create(template=TEMPLATE)
+    out = await a.commands.run("echo async")
+    await a.files.write("/tmp/c", b"async bytes")
+    got = await a.files.read("/tmp/c", format="bytes")
+    assert out.stdout == "async\n" and bytes(got) == b"async bytes", (out, got)
+    assert (await a.get_info()).state.value == "running"
+    assert await a.kill() is True
+
+
+asyncio.run(main())
+seen["async"] = "ok"
+
+assert resumed.kill() is True
+assert Sandbox.kill(a_id) is False, "a killed sandbox is gone"
+assert b_sbx.kill() is True
+print(json.dumps(seen))
