@@ -9,7 +9,7 @@
 #   images/<name>-<key>.ext4     the root images `minimal` and `python`, agent included
 #   harbor-venv/                 a Python >= 3.12 venv with Harbor (PyPI), for its backend's tests
 #   openenv-venv/, mcp-venv/     the OpenEnv and MCP clients (PyPI), for the protocol tests
-#   e2b-venv/                    E2B's SDK (PyPI), for the E2B front door's tests
+#   e2b-venv/, e2b-245-venv/     E2B's SDK (PyPI, 2.63 and 2.45), for the E2B front door's tests
 #   agents-venv/, swerex-wheels/ SWE-ReX and mini-swe-agent (PyPI) for the SDK's backends' tests,
 #                                and SWE-ReX's wheels for the guest (installed there offline)
 # and finally `farm` in release mode (target/release/farm), unless `--no-release` (the test
@@ -431,8 +431,10 @@ protocol_venv() { # <dir> <pins> <import check>
 }
 protocol_venv "$CACHE/openenv-venv" "openenv==0.10.0" "from openenv.core import GenericEnvClient"
 protocol_venv "$CACHE/mcp-venv" "mcp==2.3.0" "from mcp.client.streamable_http import streamable_http_client; import httpx2"
-# E2B's SDK (farm's E2B front door, farm/tests/e2b.rs), unmodified from PyPI.
+# E2B's SDK (farm's E2B front door, farm/tests/e2b.rs), unmodified from PyPI: the newest
+# release tested, and 2.45 (which makes sandboxes at POST /sandboxes, not /v2/sandboxes).
 protocol_venv "$CACHE/e2b-venv" "e2b==2.63.0" "from e2b import Sandbox, AsyncSandbox"
+protocol_venv "$CACHE/e2b-245-venv" "e2b==2.45.1" "from e2b import Sandbox, AsyncSandbox"
 
 # ---------------------------------------------------------------------------------------------
 # 7c. The agent frameworks the SDK's backends are tested with (farm/tests/frameworks.rs),

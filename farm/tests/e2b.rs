@@ -1,8 +1,9 @@
-//! E2B's protocol as a front door, driven by E2B's own SDK (`e2b` from PyPI, unmodified, in
-//! `$FARM_CACHE_DIR/e2b-venv`): `e2b_check.py` makes, runs, reads, writes, lists, pauses,
-//! resumes and kills sandboxes through the sync and the async client as tenant A, and checks
-//! that tenant B reaches nothing of A's, and that a sandbox's access token opens its own
-//! in-sandbox routes and no other. Here: the audit names the E2B calls, and nothing is left.
+//! E2B's protocol as a front door, driven by E2B's own SDK (`e2b` from PyPI, unmodified: 2.63
+//! in `$FARM_CACHE_DIR/e2b-venv`, 2.45 in `e2b-245-venv`): `e2b_check.py` makes, runs, reads,
+//! writes, lists, pauses, resumes and kills sandboxes through the sync and the async client as
+//! tenant A, and checks that tenant B reaches nothing of A's, and that a sandbox's access token
+//! opens its own in-sandbox routes and no other. Here: the audit names the E2B calls, and
+//! nothing is left.
 
 mod common;
 use common::assert_no_qemu_of;
@@ -10,11 +11,12 @@ use common::serve::{farm_serve, farm_tenant, new_key, repo, stop, Api};
 use std::path::PathBuf;
 use std::process::Command;
 
-fn e2b_python() -> PathBuf {
+/// The Python of a venv of E2B's SDK that `scripts/setup.sh` made.
+fn e2b_python(venv: &str) -> PathBuf {
     let cache = std::env::var_os("FARM_CACHE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
-    let python = cache.join("e2b-venv/bin/python");
+    let python = cache.join(venv).join("bin/python");
     assert!(python.exists(), "no {}: run scripts/setup.sh", python.display());
     python
 }
@@ -37,26 +39,29 @@ async fn e2bs_sdk_drives_farm_sandboxes_and_reaches_nothing_of_another_tenant() 
     let template = a.environment("python").await;
     assert_eq!(b.environment("python").await, template);
 
-    let check = Command::new(e2b_python())
-        .args(["farm/tests/e2b_check.py", &url, &a_key, &b_key, &template])
-        .current_dir(repo())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env_remove("E2B_API_KEY")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .output()
-        .unwrap();
-    let said = format!(
-        "--- stdout ---\n{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    assert!(check.status.success(), "E2B's SDK against farm:\n{said}");
-    let seen: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&check.stdout).lines().last().unwrap_or("")).expect(&said);
-    assert_eq!(seen["sync"], "ok");
-    assert_eq!(seen["async"], "ok");
-    assert_eq!(seen["refusals"].as_object().unwrap().len(), 8, "{seen}");
+    // The newest SDK tested, and 2.45 (which makes sandboxes at `POST /sandboxes`).
+    for venv in ["e2b-venv", "e2b-245-venv"] {
+        let check = Command::new(e2b_python(venv))
+            .args(["farm/tests/e2b_check.py", &url, &a_key, &b_key, &template])
+            .current_dir(repo())
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("E2B_API_KEY")
+            .env_remove("E2B_DOMAIN")
+            .env_remove("E2B_DEBUG")
+            .output()
+            .unwrap();
+        let said = format!(
+            "--- stdout ---\n{}\n--- stderr ---\n{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        assert!(check.status.success(), "E2B's SDK ({venv}) against farm:\n{said}");
+        let seen: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&check.stdout).lines().last().unwrap_or("")).expect(&said);
+        assert_eq!(seen["sync"], "ok", "{venv}");
+        assert_eq!(seen["async"], "ok", "{venv}");
+        assert_eq!(seen["refusals"].as_object().unwrap().len(), 8, "{venv}: {seen}");
+    }
 
     // Nothing of either tenant is left, and the audit has A's E2B calls under A.
     for api in [&a, &b] {
@@ -68,6 +73,8 @@ async fn e2bs_sdk_drives_farm_sandboxes_and_reaches_nothing_of_another_tenant() 
         "POST /v2/sandboxes",
         "POST /sandboxes/{id}/pause",
         "POST /v2/sandboxes/{id}/connect",
+        // 2.45's connect.
+        "POST /sandboxes/{id}/connect",
         "DELETE /sandboxes/{id}",
     ] {
         assert!(audit.contains(route), "the audit has no {route}:\n{audit}");

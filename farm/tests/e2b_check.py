@@ -96,6 +96,25 @@ assert resumed.files.read("/tmp/a.txt") == "one", "the resumed sandbox has its f
 assert resumed.commands.run("echo back").stdout == "back\n"
 a_id = resumed.sandbox_id
 a_token = resumed._envd_access_token
+# E2B's fork (farm's branch: memory, processes and files as they are) and snapshot (a farm
+# environment, the template of later creates), where the SDK has them (2.63, not 2.45).
+if hasattr(resumed, "fork"):
+    origin = Sandbox.create(template=TEMPLATE)
+    origin.files.write("/tmp/state", "before")
+    forks = origin.fork(count=2)
+    assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
+    assert len({f.sandbox_id for f in forks} | {origin.sandbox_id}) == 3
+    assert [f.files.read("/tmp/state") for f in forks] == ["before", "before"]
+    forks[0].files.write("/tmp/state", "diverged")
+    assert forks[1].files.read("/tmp/state") == "before" and origin.files.read("/tmp/state") == "before"
+    for f in forks:
+        assert f.kill() is True
+    snap = origin.create_snapshot()
+    assert snap.snapshot_id, snap
+    from_snap = Sandbox.create(template=snap.snapshot_id)
+    assert from_snap.files.read("/tmp/state") == "before", "a create of the snapshot has its files"
+    assert from_snap.kill() is True and origin.kill() is True
+    seen["fork"] = "ok"
 seen["sync"] = "ok"
 
 # --- B: A's sandbox is a sandbox that never was, whatever B calls.
@@ -107,6 +126,12 @@ for call in (lambda: Sandbox.connect(a_id, **b_env), lambda: Sandbox.get_info(a_
     except NotFoundException:
         pass
 assert Sandbox.kill(a_id, **b_env) is False, "B killed A's sandbox"
+if hasattr(Sandbox, "fork"):
+    try:
+        Sandbox.fork(a_id, **b_env)
+        raise AssertionError("B forked A's sandbox")
+    except NotFoundException:
+        pass
 assert [s.sandbox_id for s in Sandbox.list(**b_env).next_items()] == []
 b_sbx = Sandbox.create(template=TEMPLATE, **b_env)
 seen["b"] = "ok"

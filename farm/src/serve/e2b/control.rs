@@ -15,10 +15,10 @@ use serde_json::{json, Value};
 use super::{no_content, refused, rfc3339, ENVD_VERSION};
 use crate::serve::http::{made, parse, App, Mine, Reply, Q};
 use crate::serve::tenancy::Who;
-use service::sandbox::sandboxes::lifetimes::{ListFilter, TimeoutRequest};
+use service::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use service::sandbox::sandboxes::SandboxRequest;
 use service::sandbox::SandboxId;
-use service::wire::SandboxView;
+use service::wire::{SandboxBranched, SandboxView};
 use service::ErrorKind;
 
 /// E2B's default timeout of a new sandbox, seconds.
@@ -38,6 +38,7 @@ pub(in crate::serve) struct NewSandbox {
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(rename = "allow_internet_access")]
+    #[allow(dead_code)] // see `create`
     allow_internet_access: Option<bool>,
 }
 
@@ -82,13 +83,9 @@ fn api(app: &App) -> Result<&service::sandbox::SandboxApi, service::ApiError> {
 
 /// `POST /v2/sandboxes` (and 2.45's `POST /sandboxes`): 201 with the new sandbox.
 pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Extension<Who>, body: Bytes) -> Reply {
+    // `allow_internet_access` (which E2B's SDKs send as true unless told otherwise) is taken
+    // and not acted on: a sandbox made here has no network, as farm's default is.
     let new: NewSandbox = parse_e2b(&body)?;
-    if new.allow_internet_access == Some(true) {
-        return Err(refused(
-            ErrorKind::Invalid,
-            "allow_internet_access: a farm sandbox has no network unless its environment's request names one of the service's policies",
-        ));
-    }
     let request = SandboxRequest {
         environment: new.template_id,
         env: new.env_vars.unwrap_or_default(),
@@ -212,6 +209,62 @@ pub(in crate::serve) async fn connect(
         expire_in(&app, &id, secs).await?;
     }
     Ok(axum::Json(sandbox_json(&app, &who, &view)).into_response())
+}
+
+/// `{"count", "timeout"}` of `POST /sandboxes/{id}/fork`.
+#[derive(Debug, Default, Deserialize)]
+pub(in crate::serve) struct Fork {
+    count: Option<u64>,
+    timeout: Option<u64>,
+}
+
+/// `POST /sandboxes/{id}/fork`: `count` branches of the live sandbox (farm's branch: memory,
+/// processes and files as they are now), all or none; 201 with E2B's fork results.
+pub(in crate::serve) async fn fork(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+    body: Bytes,
+) -> Reply {
+    let fork: Fork = parse_e2b(&body)?;
+    let request = BranchRequest {
+        count: Some(fork.count.unwrap_or(1)),
+    };
+    let (service, caller, parent) = (app.service.clone(), who.clone(), id.clone());
+    let (branched, _) =
+        crate::serve::http::finish(async move { service.branch_sandbox(&caller, &parent, request, None).await })
+            .await?;
+    let views = match branched {
+        SandboxBranched::One(view) => vec![*view],
+        SandboxBranched::Many(list) => list.sandboxes,
+    };
+    let mut results = Vec::new();
+    for view in &views {
+        if let Some(secs) = fork.timeout {
+            let child = api(&app)?.sandboxes.resolve(&who, &view.id)?;
+            expire_in(&app, &child, secs).await?;
+        }
+        results.push(json!({ "sandbox": sandbox_json(&app, &who, view) }));
+    }
+    let first = views.first().map(|v| v.id.clone()).unwrap_or_default();
+    made(StatusCode::CREATED, &first, results)
+}
+
+/// `POST /sandboxes/{id}/snapshots`: farm's snapshot of the sandbox, a new environment of the
+/// caller's, whose id is the template a later create names. A `name` is not kept.
+pub(in crate::serve) async fn snapshot(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+) -> Reply {
+    let (service, caller) = (app.service.clone(), who.clone());
+    let (environment, _) =
+        crate::serve::http::finish(async move { service.snapshot_sandbox(&caller, &id, None).await }).await?;
+    made(
+        StatusCode::CREATED,
+        &environment.id.clone(),
+        json!({ "snapshotID": environment.id, "names": [] }),
+    )
 }
 
 /// A body of E2B's, which may carry fields farm ignores.

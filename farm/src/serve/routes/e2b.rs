@@ -13,6 +13,7 @@ pub(super) fn e2b_routes(r: &mut Routes) {
 }
 
 /// E2B's REST API.
+// Long: one declaration per route of E2B's API, read as a table.
 fn control_routes(r: &mut Routes) {
     let json = || Body::Raw("application/json");
     let created = || vec![("201", "E2B's Sandbox", json())];
@@ -84,6 +85,24 @@ fn control_routes(r: &mut Routes) {
         &[],
         Some(json()),
         none(),
+    );
+    r.add(
+        Post,
+        "/sandboxes/{id}/fork",
+        control::fork,
+        "E2B: fork (farm's branch) a sandbox count times",
+        &[],
+        Some(json()),
+        vec![("201", "E2B's fork results", json())],
+    );
+    r.add(
+        Post,
+        "/sandboxes/{id}/snapshots",
+        control::snapshot,
+        "E2B: a snapshot (farm's), the template of later creates",
+        &[],
+        Some(json()),
+        vec![("201", "E2B's SnapshotInfo", json())],
     );
 }
 
