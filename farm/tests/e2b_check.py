@@ -27,7 +27,7 @@ def as_e2b(key):
 
 os.environ["E2B_API_KEY"] = as_e2b(A_KEY)
 
-from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState  # noqa: E402 (after the settings it reads)
+from e2b import AsyncSandbox, PtySize, Sandbox, SandboxQuery, SandboxState  # noqa: E402 (after the settings it reads)
 from e2b import CommandExitException, NotFoundException, TimeoutException  # noqa: E402
 
 seen = {}
@@ -94,6 +94,17 @@ assert [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(state=[SandboxStat
 resumed = Sandbox.connect(sbx.sandbox_id)
 assert resumed.files.read("/tmp/a.txt") == "one", "the resumed sandbox has its files"
 assert resumed.commands.run("echo back").stdout == "back\n"
+# A terminal: made, resized, typed into, its output as it comes; and a running command
+# joined by pid (its output from then on).
+term = resumed.pty.create(PtySize(rows=24, cols=80))
+resumed.pty.resize(term.pid, PtySize(rows=30, cols=100))
+resumed.pty.send_stdin(term.pid, b"stty size; echo pty-$((6*7)); exit\n")
+chunks = []
+term.wait(on_pty=lambda data: chunks.append(bytes(data)))
+shown = b"".join(chunks).decode(errors="replace")
+assert "pty-42" in shown and "30 100" in shown, shown
+later = resumed.commands.run("sleep 1; echo joined", background=True)
+assert resumed.commands.connect(later.pid).wait().stdout == "joined\n"
 a_id = resumed.sandbox_id
 a_token = resumed._envd_access_token
 # E2B's fork (farm's branch: memory, processes and files as they are) and snapshot (a farm

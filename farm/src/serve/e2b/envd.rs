@@ -1,5 +1,6 @@
 //! envd's routes, as E2B's SDK reaches them in a sandbox: processes over Connect RPC
-//! (`/process.Process/Start`), files over plain HTTP (`/files`) and `/health`. A request
+//! (`/process.Process/*`), files over plain HTTP (`/files`) and `/health`; the filesystem
+//! RPCs are in [`super::filesystem`]. A request
 //! names its sandbox in `E2b-Sandbox-Id` and carries that sandbox's access token; the token
 //! opens these routes of that one sandbox and no other route (see [`InSandbox`]).
 
@@ -21,7 +22,7 @@ use crate::serve::error::HttpError;
 use crate::serve::http::{App, QueryOf, Reply, Q};
 use crate::serve::tenancy::Who;
 use farm_protocol::process::Stream;
-use service::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, Signal, SignalSend};
+use service::sandbox::sandboxes::processes::{FollowEvent, ProcessStart, PtySize, Signal, SignalSend};
 use service::sandbox::SandboxId;
 use service::ErrorKind;
 
@@ -55,7 +56,7 @@ impl FromRequestParts<App> for InSandbox {
     }
 }
 
-fn sandboxes(app: &App) -> Result<&std::sync::Arc<service::sandbox::Sandboxes>, service::ApiError> {
+pub(super) fn sandboxes(app: &App) -> Result<&std::sync::Arc<service::sandbox::Sandboxes>, service::ApiError> {
     Ok(&app.service.sandbox_api()?.sandboxes)
 }
 
@@ -163,11 +164,36 @@ fn unsigned(q: &FileQuery) -> Result<(), HttpError> {
 #[serde(rename_all = "camelCase")]
 pub(in crate::serve) struct StartRequest {
     process: ProcessConfig,
-    pty: Option<Value>,
+    pty: Option<Pty>,
     #[allow(dead_code)] // a tag names a process for Connect and List, which come later
     tag: Option<String>,
     #[serde(default)]
     stdin: Option<bool>,
+}
+
+/// `process.PTY`: a terminal of this size.
+#[derive(Debug, Deserialize)]
+pub(in crate::serve) struct Pty {
+    size: Option<PtyCells>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PtyCells {
+    cols: u16,
+    rows: u16,
+}
+
+impl Pty {
+    fn size(&self) -> Result<PtySize, HttpError> {
+        let size = self
+            .size
+            .as_ref()
+            .ok_or_else(|| refused(ErrorKind::Invalid, "pty.size: the terminal's cols and rows"))?;
+        Ok(PtySize {
+            rows: size.rows,
+            cols: size.cols,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -194,18 +220,7 @@ pub(in crate::serve) async fn start(
     body: Bytes,
 ) -> Reply {
     let request: StartRequest = connect::request(&body)?;
-    if request.pty.is_some() {
-        return Err(refused(
-            ErrorKind::Invalid,
-            "a terminal (pty) is not served over E2B's protocol yet",
-        ));
-    }
-    let deadline = headers
-        .get("connect-timeout-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+    let pty = request.pty.as_ref().map(Pty::size).transpose()?;
     let held = app.service.tenancy.hold(&who)?;
     let sandboxes = sandboxes(&app)?.clone();
     let mut argv = vec![request.process.cmd];
@@ -217,36 +232,101 @@ pub(in crate::serve) async fn start(
         env: request.process.envs,
         user: None,
         ring_bytes: None,
-        pty: None,
+        pty,
     };
     let process = sandboxes.start_process(&id, start).await?;
     let pid = process.pid;
-    if request.stdin != Some(true) {
+    if pty.is_none() && request.stdin != Some(true) {
         // No input is coming: the process reads end-of-file, as envd gives it.
         let _ = sandboxes.write_raw(&id, pid, Vec::new(), true).await;
     }
-    let events = sandboxes.follow_output(&id, pid, [0, 0]).await?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
-    tokio::spawn(stream_events(sandboxes, id, pid, events, deadline, tx, held));
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        let chunk = rx.recv().await?;
-        Some((Ok::<_, std::convert::Infallible>(chunk), rx))
-    });
-    Ok(typed(StatusCode::OK, STREAM_TYPE, Body::from_stream(stream)))
+    let followed = Followed {
+        sandboxes,
+        id,
+        pid,
+        pty: pty.is_some(),
+    };
+    followed.answer([0, 0], deadline_of(&headers), held).await
+}
+
+/// `POST /process.Process/Connect`: the events of a running process from now on, as
+/// [`start`] streams them (its `start` event first).
+pub(in crate::serve) async fn connect_process(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    InSandbox(id): InSandbox,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
+    let request: Selected = connect::request(&body)?;
+    let pid = request.process.pid()?;
+    let held = app.service.tenancy.hold(&who)?;
+    let sandboxes = sandboxes(&app)?.clone();
+    let view = sandboxes.process(&id, pid).await?;
+    let followed = Followed {
+        sandboxes,
+        id,
+        pid,
+        pty: view.pty,
+    };
+    let from = [view.stdout_bytes, view.stderr_bytes];
+    followed.answer(from, deadline_of(&headers), held).await
+}
+
+/// When a call's `connect-timeout-ms` runs out.
+fn deadline_of(headers: &HeaderMap) -> Option<tokio::time::Instant> {
+    headers
+        .get("connect-timeout-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms))
+}
+
+/// A process whose events a stream follows.
+struct Followed {
+    sandboxes: std::sync::Arc<service::sandbox::Sandboxes>,
+    id: SandboxId,
+    pid: u32,
+    /// On a terminal: its output is `pty` data.
+    pty: bool,
+}
+
+impl Followed {
+    /// The answer of a process stream: its events from these offsets of its output.
+    async fn answer(
+        self,
+        from: [u64; 2],
+        deadline: Option<tokio::time::Instant>,
+        held: service::tenancy::Held,
+    ) -> Reply {
+        let events = self.sandboxes.follow_output(&self.id, self.pid, from).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+        tokio::spawn(stream_events(self, events, deadline, tx, held));
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            let chunk = rx.recv().await?;
+            Some((Ok::<_, std::convert::Infallible>(chunk), rx))
+        });
+        Ok(typed(StatusCode::OK, STREAM_TYPE, Body::from_stream(stream)))
+    }
 }
 
 /// The events of process `pid` as Connect envelopes into `tx`, as [`start`] says, while
 /// `held` (the caller's connection) lasts.
 async fn stream_events(
-    sandboxes: std::sync::Arc<service::sandbox::Sandboxes>,
-    id: SandboxId,
-    pid: u32,
+    followed: Followed,
     mut events: tokio::sync::mpsc::Receiver<FollowEvent>,
     deadline: Option<tokio::time::Instant>,
     tx: tokio::sync::mpsc::Sender<Bytes>,
     held: service::tenancy::Held,
 ) {
     let _held = held;
+    let Followed {
+        sandboxes,
+        id,
+        pid,
+        pty,
+    } = followed;
     let send = |message: Value| {
         let tx = tx.clone();
         async move { tx.send(Bytes::from(connect::frame(&message))).await.is_ok() }
@@ -283,7 +363,7 @@ async fn stream_events(
             }
             Ok(Ok(event)) => event,
         };
-        let (frames, last) = envelopes(event);
+        let (frames, last) = envelopes(event, pty);
         for frame in frames {
             if tx.send(Bytes::from(frame)).await.is_err() {
                 return;
@@ -295,8 +375,9 @@ async fn stream_events(
     }
 }
 
-/// The envelopes of one event of a followed process, and whether the stream ends with them.
-fn envelopes(event: Option<FollowEvent>) -> (Vec<Vec<u8>>, bool) {
+/// The envelopes of one event of a followed process (on a terminal: its output is `pty`
+/// data), and whether the stream ends with them.
+fn envelopes(event: Option<FollowEvent>, pty: bool) -> (Vec<Vec<u8>>, bool) {
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     match event {
         None => (
@@ -306,6 +387,7 @@ fn envelopes(event: Option<FollowEvent>) -> (Vec<Vec<u8>>, bool) {
         Some(FollowEvent::Output(_, chunk)) if chunk.data.is_empty() => (Vec::new(), false),
         Some(FollowEvent::Output(stream, chunk)) => {
             let key = match stream {
+                _ if pty => "pty",
                 Stream::Stdout => "stdout",
                 _ => "stderr",
             };
@@ -326,7 +408,7 @@ fn envelopes(event: Option<FollowEvent>) -> (Vec<Vec<u8>>, bool) {
 }
 
 /// A unary RPC's answer: its JSON message.
-fn message(value: Value) -> Reply {
+pub(super) fn message(value: Value) -> Reply {
     Ok(axum::Json(value).into_response())
 }
 
@@ -354,6 +436,20 @@ pub(in crate::serve) struct Selected {
     process: Selector,
     signal: Option<String>,
     input: Option<BTreeMap<String, String>>,
+    pty: Option<Pty>,
+}
+
+/// `POST /process.Process/Update`: a terminal's new size.
+pub(in crate::serve) async fn update(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
+    let request: Selected = connect::unary(&body)?;
+    let pid = request.process.pid()?;
+    let size = request
+        .pty
+        .as_ref()
+        .ok_or_else(|| refused(ErrorKind::Invalid, "pty: the terminal's new size"))?
+        .size()?;
+    sandboxes(&app)?.resize(&id, pid, size).await?;
+    message(json!({}))
 }
 
 /// `POST /process.Process/List`: the sandbox's processes that still run.
@@ -400,159 +496,16 @@ pub(in crate::serve) async fn send_input(State(app): State<App>, InSandbox(id): 
     let encoded = request
         .input
         .as_ref()
-        .and_then(|input| input.get("stdin"))
-        .ok_or_else(|| refused(ErrorKind::Invalid, "input.stdin: the bytes to write, base64"))?;
+        .and_then(|input| input.get("stdin").or_else(|| input.get("pty")))
+        .ok_or_else(|| {
+            refused(
+                ErrorKind::Invalid,
+                "input.stdin (or input.pty): the bytes to write, base64",
+            )
+        })?;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(encoded)
         .map_err(|e| refused(ErrorKind::Invalid, format!("input.stdin is not base64: {e}")))?;
     sandboxes(&app)?.write_raw(&id, pid, bytes, false).await?;
     message(json!({}))
-}
-
-/// A path of a filesystem RPC.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(in crate::serve) struct PathRequest {
-    path: Option<String>,
-    source: Option<String>,
-    destination: Option<String>,
-    depth: Option<u32>,
-}
-
-impl PathRequest {
-    fn field(value: &Option<String>, name: &str) -> Result<String, HttpError> {
-        value
-            .clone()
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| refused(ErrorKind::Invalid, format!("{name}: an absolute path is required")))
-    }
-}
-
-/// `filesystem.EntryInfo` of farm's entry at `path`.
-fn entry_info(path: &str, entry: &service::wire::EntryView) -> Value {
-    let kind = match entry.kind.as_str() {
-        "dir" => "FILE_TYPE_DIRECTORY",
-        "symlink" => "FILE_TYPE_SYMLINK",
-        _ => "FILE_TYPE_FILE",
-    };
-    let name = path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("/");
-    json!({
-        "name": name,
-        "type": kind,
-        "path": path,
-        "size": entry.size.to_string(),
-        "mode": entry.mode & 0o7777,
-        "permissions": permissions(entry),
-        "owner": entry.uid.to_string(),
-        "group": entry.gid.to_string(),
-        "modifiedTime": super::rfc3339(entry.modified_at_ms.max(0) as u64),
-        "symlinkTarget": entry.target,
-        "isSymlink": entry.kind == "symlink",
-    })
-}
-
-/// `drwxr-xr-x` of an entry.
-fn permissions(entry: &service::wire::EntryView) -> String {
-    let kind = match entry.kind.as_str() {
-        "dir" => 'd',
-        "symlink" => 'l',
-        _ => '-',
-    };
-    let mut text = String::from(kind);
-    for shift in [6, 3, 0] {
-        let bits = (entry.mode >> shift) & 7;
-        text.push(if bits & 4 != 0 { 'r' } else { '-' });
-        text.push(if bits & 2 != 0 { 'w' } else { '-' });
-        text.push(if bits & 1 != 0 { 'x' } else { '-' });
-    }
-    text
-}
-
-/// `POST /filesystem.Filesystem/Stat`.
-pub(in crate::serve) async fn stat(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
-    let request: PathRequest = connect::unary(&body)?;
-    let path = PathRequest::field(&request.path, "path")?;
-    let entry = sandboxes(&app)?.stat(&id, &path).await?;
-    message(json!({ "entry": entry_info(&path, &entry) }))
-}
-
-/// `POST /filesystem.Filesystem/ListDir`: a folder's entries (depth 1; a deeper listing
-/// walks the folders below, up to `depth`).
-pub(in crate::serve) async fn list_dir(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
-    let request: PathRequest = connect::unary(&body)?;
-    let root = PathRequest::field(&request.path, "path")?;
-    let depth = request.depth.unwrap_or(1).clamp(1, 16);
-    let sandboxes = sandboxes(&app)?;
-    let mut entries = Vec::new();
-    let mut folders = vec![(root.trim_end_matches('/').to_string(), 1)];
-    while let Some((folder, level)) = folders.pop() {
-        let listing = sandboxes
-            .list_folder(&id, if folder.is_empty() { "/" } else { &folder }, None)
-            .await?;
-        for entry in &listing.entries {
-            let path = format!("{folder}/{}", entry.name);
-            if entry.kind == "dir" && level < depth {
-                folders.push((path.clone(), level + 1));
-            }
-            entries.push(entry_info(&path, entry));
-        }
-    }
-    message(json!({ "entries": entries }))
-}
-
-/// A command of the filesystem RPCs that have no call of their own in the core (`mkdir`,
-/// `rm`, `mv`), run as argv (no shell): its exit code and stderr.
-async fn run_argv(app: &App, id: &SandboxId, argv: &[&str]) -> Result<(i32, String), HttpError> {
-    let request: service::sandbox::sandboxes::ExecRequest =
-        serde_json::from_value(json!({ "argv": argv })).map_err(|e| refused(ErrorKind::Internal, e.to_string()))?;
-    let out = sandboxes(app)?.exec(id, request).await?;
-    Ok((out.exit_code.unwrap_or(-1), out.stderr))
-}
-
-/// `POST /filesystem.Filesystem/MakeDir`: the folder and its parents; `already_exists` when
-/// it is there.
-pub(in crate::serve) async fn make_dir(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
-    let request: PathRequest = connect::unary(&body)?;
-    let path = PathRequest::field(&request.path, "path")?;
-    if sandboxes(&app)?.stat(&id, &path).await.is_ok() {
-        return Err(refused(ErrorKind::Conflict, format!("{path} exists")));
-    }
-    let (code, stderr) = run_argv(&app, &id, &["mkdir", "-p", "--", &path]).await?;
-    if code != 0 {
-        return Err(refused(ErrorKind::Invalid, format!("making {path}: {}", stderr.trim())));
-    }
-    let entry = sandboxes(&app)?.stat(&id, &path).await?;
-    message(json!({ "entry": entry_info(&path, &entry) }))
-}
-
-/// `POST /filesystem.Filesystem/Remove`: a file, or a folder and all in it.
-pub(in crate::serve) async fn remove(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
-    let request: PathRequest = connect::unary(&body)?;
-    let path = PathRequest::field(&request.path, "path")?;
-    sandboxes(&app)?.stat(&id, &path).await?;
-    let (code, stderr) = run_argv(&app, &id, &["rm", "-rf", "--", &path]).await?;
-    if code != 0 {
-        return Err(refused(
-            ErrorKind::Invalid,
-            format!("removing {path}: {}", stderr.trim()),
-        ));
-    }
-    message(json!({}))
-}
-
-/// `POST /filesystem.Filesystem/Move`.
-pub(in crate::serve) async fn rename(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
-    let request: PathRequest = connect::unary(&body)?;
-    let source = PathRequest::field(&request.source, "source")?;
-    let destination = PathRequest::field(&request.destination, "destination")?;
-    sandboxes(&app)?.stat(&id, &source).await?;
-    let (code, stderr) = run_argv(&app, &id, &["mv", "-T", "--", &source, &destination]).await?;
-    if code != 0 {
-        return Err(refused(
-            ErrorKind::Invalid,
-            format!("moving {source}: {}", stderr.trim()),
-        ));
-    }
-    let entry = sandboxes(&app)?.stat(&id, &destination).await?;
-    message(json!({ "entry": entry_info(&destination, &entry) }))
 }

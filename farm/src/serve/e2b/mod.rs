@@ -17,6 +17,7 @@
 pub(super) mod connect;
 pub(super) mod control;
 pub(super) mod envd;
+pub(super) mod filesystem;
 
 use axum::body::Body;
 use axum::extract::Request;

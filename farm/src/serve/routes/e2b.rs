@@ -3,13 +3,14 @@
 use utoipa::openapi::path::HttpMethod::{Delete, Get, Post};
 
 use super::{Body, Routes};
-use crate::serve::e2b::{control, envd};
+use crate::serve::e2b::{control, envd, filesystem};
 
 /// E2B's REST API and envd's routes, each body of E2B's shape.
 pub(super) fn e2b_routes(r: &mut Routes) {
     control_routes(r);
     envd_routes(r);
     envd_rpc_routes(r);
+    filesystem_rpc_routes(r);
 }
 
 /// E2B's REST API.
@@ -150,12 +151,34 @@ fn envd_routes(r: &mut Routes) {
             Body::Raw(crate::serve::e2b::connect::STREAM_TYPE),
         )],
     );
+    r.add(
+        Post,
+        "/process.Process/Connect",
+        envd::connect_process,
+        "E2B envd, Connect RPC: a running process's events from now on",
+        &[],
+        Some(Body::Raw(crate::serve::e2b::connect::STREAM_TYPE)),
+        vec![(
+            "200",
+            "the process's events, enveloped",
+            Body::Raw(crate::serve::e2b::connect::STREAM_TYPE),
+        )],
+    );
 }
 
 /// envd's unary Connect RPCs, in a sandbox (JSON in, JSON out).
 fn envd_rpc_routes(r: &mut Routes) {
     let json = || Body::Raw("application/json");
     let answer = || vec![("200", "its JSON answer", Body::Raw("application/json"))];
+    r.add(
+        Post,
+        "/process.Process/Update",
+        envd::update,
+        "E2B envd, Connect RPC: resize a terminal",
+        &[],
+        Some(json()),
+        answer(),
+    );
     r.add(
         Post,
         "/process.Process/List",
@@ -183,10 +206,16 @@ fn envd_rpc_routes(r: &mut Routes) {
         Some(json()),
         answer(),
     );
+}
+
+/// envd's filesystem RPCs, in a sandbox (JSON in, JSON out).
+fn filesystem_rpc_routes(r: &mut Routes) {
+    let json = || Body::Raw("application/json");
+    let answer = || vec![("200", "its JSON answer", Body::Raw("application/json"))];
     r.add(
         Post,
         "/filesystem.Filesystem/Stat",
-        envd::stat,
+        filesystem::stat,
         "E2B envd, Connect RPC: a path's entry",
         &[],
         Some(json()),
@@ -195,7 +224,7 @@ fn envd_rpc_routes(r: &mut Routes) {
     r.add(
         Post,
         "/filesystem.Filesystem/ListDir",
-        envd::list_dir,
+        filesystem::list_dir,
         "E2B envd, Connect RPC: a folder's entries",
         &[],
         Some(json()),
@@ -204,7 +233,7 @@ fn envd_rpc_routes(r: &mut Routes) {
     r.add(
         Post,
         "/filesystem.Filesystem/MakeDir",
-        envd::make_dir,
+        filesystem::make_dir,
         "E2B envd, Connect RPC: make a folder",
         &[],
         Some(json()),
@@ -213,7 +242,7 @@ fn envd_rpc_routes(r: &mut Routes) {
     r.add(
         Post,
         "/filesystem.Filesystem/Remove",
-        envd::remove,
+        filesystem::remove,
         "E2B envd, Connect RPC: remove a path",
         &[],
         Some(json()),
@@ -222,7 +251,7 @@ fn envd_rpc_routes(r: &mut Routes) {
     r.add(
         Post,
         "/filesystem.Filesystem/Move",
-        envd::rename,
+        filesystem::rename,
         "E2B envd, Connect RPC: move a path",
         &[],
         Some(json()),
