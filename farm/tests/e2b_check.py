@@ -28,7 +28,7 @@ def as_e2b(key):
 os.environ["E2B_API_KEY"] = as_e2b(A_KEY)
 
 from e2b import AsyncSandbox, PtySize, Sandbox, SandboxQuery, SandboxState  # noqa: E402 (after the settings it reads)
-from e2b import CommandExitException, NotFoundException, TimeoutException  # noqa: E402
+from e2b import CommandExitException, InvalidArgumentException, NotFoundException, TimeoutException  # noqa: E402
 
 seen = {}
 
@@ -65,6 +65,19 @@ moved = sbx.files.rename("/tmp/d/e/f.txt", "/tmp/d/g.txt")
 assert moved.path == "/tmp/d/g.txt" and sbx.files.read("/tmp/d/g.txt") == "deep", moved
 sbx.files.remove("/tmp/d")
 assert not sbx.files.exists("/tmp/d")
+# A listing past its bound is refused whole, not cut short.
+sbx.commands.run("mkdir /tmp/many && cd /tmp/many && seq 1 10001 | xargs touch")
+sbx.commands.run("rm /tmp/many/1")
+assert len(sbx.files.list("/tmp/many", depth=1)) == 10000, "ten thousand entries are listed"
+sbx.commands.run("touch /tmp/many/1")
+try:
+    sbx.files.list("/tmp/many", depth=1)
+    raise AssertionError("a listing of 10001 entries was answered")
+except InvalidArgumentException as e:
+    assert "entries below" in str(e), e
+# Commands as another guest user (E2B's `user=`).
+assert sbx.commands.run("id -un", user="nobody").stdout == "nobody\n"
+assert sbx.commands.run("id -un").stdout == "root\n"
 # A background process: listed while it runs, fed its standard input, killed.
 cat = sbx.commands.run("cat", background=True, stdin=True)
 assert cat.pid in [p.pid for p in sbx.commands.list()], sbx.commands.list()
@@ -79,6 +92,11 @@ except TimeoutException:
     pass
 sleeper = sbx.commands.run("sleep 600", background=True)
 assert sleeper.kill() is True
+try:
+    sleeper.wait()
+    raise AssertionError("a killed command ended well")
+except CommandExitException as e:
+    assert e.exit_code != 0, e
 assert sleeper.pid not in [p.pid for p in sbx.commands.list()]
 assert sbx.commands.kill(cat.pid) is True
 info = sbx.get_info()

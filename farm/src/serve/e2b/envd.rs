@@ -221,6 +221,7 @@ pub(in crate::serve) async fn start(
 ) -> Reply {
     let request: StartRequest = connect::request(&body)?;
     let pty = request.pty.as_ref().map(Pty::size).transpose()?;
+    let user = basic_user(&headers)?;
     let held = app.service.tenancy.hold(&who)?;
     let sandboxes = sandboxes(&app)?.clone();
     let mut argv = vec![request.process.cmd];
@@ -230,7 +231,7 @@ pub(in crate::serve) async fn start(
         argv: Some(argv),
         cwd: request.process.cwd,
         env: request.process.envs,
-        user: None,
+        user,
         ring_bytes: None,
         pty,
     };
@@ -271,6 +272,31 @@ pub(in crate::serve) async fn connect_process(
     };
     let from = [view.stdout_bytes, view.stderr_bytes];
     followed.answer(from, deadline_of(&headers), held).await
+}
+
+/// The guest user a call names (`Authorization: Basic base64("USER:")`, which E2B's SDK sends
+/// when its caller passes `user=`): None for the environment's own.
+fn basic_user(headers: &HeaderMap) -> Result<Option<String>, HttpError> {
+    let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let bad = || {
+        refused(
+            ErrorKind::Invalid,
+            "Authorization: Basic base64(\"USER:\") names a guest user",
+        )
+    };
+    let encoded = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Basic "))
+        .ok_or_else(bad)?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(decoded).map_err(|_| bad())?;
+    let user = text.split(':').next().unwrap_or("");
+    Ok((!user.is_empty()).then(|| user.to_string()))
 }
 
 /// When a call's `connect-timeout-ms` runs out.

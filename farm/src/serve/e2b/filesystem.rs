@@ -81,8 +81,12 @@ pub(in crate::serve) async fn stat(State(app): State<App>, InSandbox(id): InSand
     message(json!({ "entry": entry_info(&path, &entry) }))
 }
 
+/// Entries one listing answers, at most, whatever its depth (the agent's bound on one folder).
+const MAX_LISTED: usize = farm_protocol::folder::MAX_FOLDER_ENTRIES as usize;
+
 /// `POST /filesystem.Filesystem/ListDir`: a folder's entries (depth 1; a deeper listing
-/// walks the folders below, up to `depth`).
+/// walks the folders below, up to `depth`, at most 16). A folder truncated by the core's
+/// bound, or more than [`MAX_LISTED`] entries in all, is refused rather than half-answered.
 pub(in crate::serve) async fn list_dir(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
     let request: PathRequest = connect::unary(&body)?;
     let root = PathRequest::field(&request.path, "path")?;
@@ -92,8 +96,14 @@ pub(in crate::serve) async fn list_dir(State(app): State<App>, InSandbox(id): In
     let mut folders = vec![(root.trim_end_matches('/').to_string(), 1)];
     while let Some((folder, level)) = folders.pop() {
         let listing = sandboxes
-            .list_folder(&id, if folder.is_empty() { "/" } else { &folder }, None)
+            .list_folder(&id, if folder.is_empty() { "/" } else { &folder }, Some(MAX_LISTED as u64))
             .await?;
+        if listing.truncated || entries.len() + listing.entries.len() > MAX_LISTED {
+            return Err(refused(
+                ErrorKind::Invalid,
+                format!("more than {MAX_LISTED} entries below {root} (or one folder past the sandbox API's bound): list a smaller depth or a folder further down"),
+            ));
+        }
         for entry in &listing.entries {
             let path = format!("{folder}/{}", entry.name);
             if entry.kind == "dir" && level < depth {
