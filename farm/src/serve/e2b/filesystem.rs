@@ -96,7 +96,11 @@ pub(in crate::serve) async fn list_dir(State(app): State<App>, InSandbox(id): In
     let mut folders = vec![(root.trim_end_matches('/').to_string(), 1)];
     while let Some((folder, level)) = folders.pop() {
         let listing = sandboxes
-            .list_folder(&id, if folder.is_empty() { "/" } else { &folder }, Some(MAX_LISTED as u64))
+            .list_folder(
+                &id,
+                if folder.is_empty() { "/" } else { &folder },
+                Some(MAX_LISTED as u64),
+            )
             .await?;
         if listing.truncated || entries.len() + listing.entries.len() > MAX_LISTED {
             return Err(refused(
