@@ -219,6 +219,13 @@ bad = envd(a_id, a_token, "/process.Process/Start", method="POST", content=b"\x0
 assert bad.status_code == 400 and bad.json()["code"] == "invalid_argument", (bad.status_code, bad.text)
 seen["refusals"] = statuses
 
+# --- A create naming no template: E2B's `base`, an environment of `[serve.e2b] templates`
+# (the python image by default) made for the caller on first use.
+default = Sandbox.create()
+assert default.commands.run("python3 -c 'print(6 * 7)'").stdout == "42\n"
+assert default.kill() is True
+seen["base"] = "ok"
+
 # --- The async client.
 
 

@@ -65,6 +65,32 @@ pub struct ServeSection {
     /// connections, OpenEnv sockets) unless its `connections` quota says otherwise.
     #[serde(default = "max_connections_per_tenant")]
     pub max_connections_per_tenant: u64,
+    /// E2B's protocol (`docs/e2b.md`).
+    #[serde(default)]
+    pub e2b: E2bSection,
+}
+
+/// `[serve.e2b]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2bSection {
+    /// E2B template names a create may use besides an environment's id, each the image (a
+    /// built-in one or a registry reference) its environment is made of, on first use by
+    /// each tenant. Default: `base` is the `python` image.
+    #[serde(default = "e2b_templates")]
+    pub templates: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for E2bSection {
+    fn default() -> E2bSection {
+        E2bSection {
+            templates: e2b_templates(),
+        }
+    }
+}
+
+fn e2b_templates() -> std::collections::BTreeMap<String, String> {
+    [("base".to_string(), "python".to_string())].into()
 }
 
 fn max_connections_per_tenant() -> u64 {

@@ -3,6 +3,7 @@
 //! caller's own sandboxes. A template is a farm environment's id.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -13,8 +14,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{no_content, refused, rfc3339, ENVD_VERSION};
+use crate::serve::error::HttpError;
 use crate::serve::http::{made, parse, App, Mine, Reply, Q};
 use crate::serve::tenancy::Who;
+use service::sandbox::environments::EnvironmentRequest;
 use service::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use service::sandbox::sandboxes::SandboxRequest;
 use service::sandbox::SandboxId;
@@ -86,8 +89,9 @@ pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Ext
     // `allow_internet_access` (which E2B's SDKs send as true unless told otherwise) is taken
     // and not acted on: a sandbox made here has no network, as farm's default is.
     let new: NewSandbox = parse_e2b(&body)?;
+    let environment = template_environment(&app, &who, &new.template_id).await?;
     let request = SandboxRequest {
-        environment: new.template_id,
+        environment,
         env: new.env_vars.unwrap_or_default(),
         workdir: None,
         user: None,
@@ -104,6 +108,42 @@ pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Ext
     let (view, _) =
         crate::serve::http::finish(async move { service.create_sandbox(&caller, request, None).await }).await?;
     made(StatusCode::CREATED, &view.id.clone(), sandbox_json(&app, &who, &view))
+}
+
+/// E2B's template as a farm environment: the caller's environment of that id, or a name of
+/// `[serve.e2b] templates`, whose environment is made for the caller on first use (the create
+/// waits for its build). Anything else is left to the create, which names it not found.
+async fn template_environment(app: &App, who: &Who, template: &str) -> Result<String, HttpError> {
+    let service = &app.service;
+    let Some(image) = service.settings.e2b.templates.get(template) else {
+        return Ok(template.to_string());
+    };
+    let request: EnvironmentRequest = serde_json::from_value(json!({ "image": image }))
+        .map_err(|e| refused(ErrorKind::Internal, format!("serve.e2b.templates.{template}: {e}")))?;
+    let (view, _) = service.create_environment(who, request)?;
+    let id = service.resolve_environment(who, &view.id)?;
+    let mut offset = 0;
+    loop {
+        let view = service.environment_view(who, &id)?;
+        match view.state.as_str() {
+            "ready" => return Ok(view.id),
+            "building" => {
+                offset = service
+                    .environment_logs(&id, offset, Duration::from_secs(10))
+                    .await?
+                    .next
+            }
+            _ => {
+                return Err(refused(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "template {template:?} (image {image:?}): its environment failed to build: {}",
+                        view.error.map(|e| e.message).unwrap_or_default()
+                    ),
+                ))
+            }
+        }
+    }
 }
 
 /// `GET /v2/sandboxes` (and `GET /sandboxes`): the caller's sandboxes, filtered by E2B's
