@@ -207,23 +207,45 @@ struct ProcessConfig {
     cwd: Option<String>,
 }
 
-/// `POST /process.Process/Start`: the process starts in the background of the sandbox (so
-/// it has a pid, and its output and end are kept), and the answer streams its events:
-/// `start` with its pid, `data` as its output comes, `end` with its exit code; a keepalive
-/// on a quiet stream. Past the call's `connect-timeout-ms` the process is killed and the
-/// stream ends with `deadline_exceeded`.
-pub(in crate::serve) async fn start(
+/// `POST /process.Process/Start` and `/Connect`: a process's events as a stream. Start runs
+/// the process in the background of the sandbox (so it has a pid, and its output and end are
+/// kept) and streams from its first byte; Connect streams a running one's from now on. Each
+/// stream is `start` with the pid, `data` as output comes, `end` with the exit code, and a
+/// keepalive on a quiet stream. Past the call's `connect-timeout-ms` the process is killed
+/// and the stream ends with `deadline_exceeded`.
+pub(in crate::serve) async fn process_stream(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     InSandbox(id): InSandbox,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
-    let request: StartRequest = connect::request(&body)?;
-    let pty = request.pty.as_ref().map(Pty::size).transpose()?;
-    let user = basic_user(&headers)?;
     let held = app.service.tenancy.hold(&who)?;
     let sandboxes = sandboxes(&app)?.clone();
+    let (pid, pty, from) = match uri.path().ends_with("/Connect") {
+        true => joined(&sandboxes, &id, &body).await?,
+        false => started(&sandboxes, &id, &headers, &body).await?,
+    };
+    let followed = Followed {
+        sandboxes,
+        id,
+        pid,
+        pty,
+    };
+    followed.answer(from, deadline_of(&headers), held).await
+}
+
+/// The process a Start request makes: its pid, whether it is on a terminal, and where its
+/// output is to be read from (its start).
+async fn started(
+    sandboxes: &service::sandbox::Sandboxes,
+    id: &SandboxId,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(u32, bool, [u64; 2]), HttpError> {
+    let request: StartRequest = connect::request(body)?;
+    let pty = request.pty.as_ref().map(Pty::size).transpose()?;
     let mut argv = vec![request.process.cmd];
     argv.extend(request.process.args);
     let start = ProcessStart {
@@ -231,47 +253,27 @@ pub(in crate::serve) async fn start(
         argv: Some(argv),
         cwd: request.process.cwd,
         env: request.process.envs,
-        user,
+        user: basic_user(headers)?,
         ring_bytes: None,
         pty,
     };
-    let process = sandboxes.start_process(&id, start).await?;
-    let pid = process.pid;
+    let pid = sandboxes.start_process(id, start).await?.pid;
     if pty.is_none() && request.stdin != Some(true) {
         // No input is coming: the process reads end-of-file, as envd gives it.
-        let _ = sandboxes.write_raw(&id, pid, Vec::new(), true).await;
+        let _ = sandboxes.write_raw(id, pid, Vec::new(), true).await;
     }
-    let followed = Followed {
-        sandboxes,
-        id,
-        pid,
-        pty: pty.is_some(),
-    };
-    followed.answer([0, 0], deadline_of(&headers), held).await
+    Ok((pid, pty.is_some(), [0, 0]))
 }
 
-/// `POST /process.Process/Connect`: the events of a running process from now on, as
-/// [`start`] streams them (its `start` event first).
-pub(in crate::serve) async fn connect_process(
-    State(app): State<App>,
-    Extension(who): Extension<Who>,
-    InSandbox(id): InSandbox,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Reply {
-    let request: Selected = connect::request(&body)?;
-    let pid = request.process.pid()?;
-    let held = app.service.tenancy.hold(&who)?;
-    let sandboxes = sandboxes(&app)?.clone();
-    let view = sandboxes.process(&id, pid).await?;
-    let followed = Followed {
-        sandboxes,
-        id,
-        pid,
-        pty: view.pty,
-    };
-    let from = [view.stdout_bytes, view.stderr_bytes];
-    followed.answer(from, deadline_of(&headers), held).await
+/// The running process a Connect request names, and its output's offsets now.
+async fn joined(
+    sandboxes: &service::sandbox::Sandboxes,
+    id: &SandboxId,
+    body: &[u8],
+) -> Result<(u32, bool, [u64; 2]), HttpError> {
+    let request: Selected = connect::request(body)?;
+    let view = sandboxes.process(id, request.process.pid()?).await?;
+    Ok((view.pid, view.pty, [view.stdout_bytes, view.stderr_bytes]))
 }
 
 /// The guest user a call names (`Authorization: Basic base64("USER:")`, which E2B's SDK sends
@@ -337,7 +339,7 @@ impl Followed {
     }
 }
 
-/// The events of process `pid` as Connect envelopes into `tx`, as [`start`] says, while
+/// The events of process `pid` as Connect envelopes into `tx`, as [`process_stream`] says, while
 /// `held` (the caller's connection) lasts.
 async fn stream_events(
     followed: Followed,

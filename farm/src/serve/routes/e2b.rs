@@ -2,8 +2,12 @@
 
 use utoipa::openapi::path::HttpMethod::{Delete, Get, Post};
 
+use axum::handler::Handler;
+
 use super::{Body, Routes};
+use crate::serve::e2b::connect::STREAM_TYPE;
 use crate::serve::e2b::{control, envd, filesystem};
+use crate::serve::http::App;
 
 /// E2B's REST API and envd's routes, each body of E2B's shape.
 pub(super) fn e2b_routes(r: &mut Routes) {
@@ -138,123 +142,98 @@ fn envd_routes(r: &mut Routes) {
         Some(Body::Raw("multipart/form-data")),
         vec![("200", "what was written", json())],
     );
-    r.add(
-        Post,
+    stream(
+        r,
         "/process.Process/Start",
-        envd::start,
+        envd::process_stream,
         "E2B envd, Connect RPC: start a process and stream its events",
-        &[],
-        Some(Body::Raw(crate::serve::e2b::connect::STREAM_TYPE)),
-        vec![(
-            "200",
-            "the process's events, enveloped",
-            Body::Raw(crate::serve::e2b::connect::STREAM_TYPE),
-        )],
     );
-    r.add(
-        Post,
+    stream(
+        r,
         "/process.Process/Connect",
-        envd::connect_process,
+        envd::process_stream,
         "E2B envd, Connect RPC: a running process's events from now on",
-        &[],
-        Some(Body::Raw(crate::serve::e2b::connect::STREAM_TYPE)),
-        vec![(
-            "200",
-            "the process's events, enveloped",
-            Body::Raw(crate::serve::e2b::connect::STREAM_TYPE),
-        )],
     );
 }
 
 /// envd's unary Connect RPCs, in a sandbox (JSON in, JSON out).
 fn envd_rpc_routes(r: &mut Routes) {
-    let json = || Body::Raw("application/json");
-    let answer = || vec![("200", "its JSON answer", Body::Raw("application/json"))];
-    r.add(
-        Post,
+    rpc(
+        r,
         "/process.Process/Update",
         envd::update,
         "E2B envd, Connect RPC: resize a terminal",
-        &[],
-        Some(json()),
-        answer(),
     );
-    r.add(
-        Post,
+    rpc(
+        r,
         "/process.Process/List",
         envd::list_processes,
         "E2B envd, Connect RPC: running processes",
-        &[],
-        Some(json()),
-        answer(),
     );
-    r.add(
-        Post,
+    rpc(
+        r,
         "/process.Process/SendSignal",
         envd::send_signal,
         "E2B envd, Connect RPC: signal a process",
-        &[],
-        Some(json()),
-        answer(),
     );
-    r.add(
-        Post,
+    rpc(
+        r,
         "/process.Process/SendInput",
         envd::send_input,
         "E2B envd, Connect RPC: a process's standard input",
-        &[],
-        Some(json()),
-        answer(),
     );
 }
 
 /// envd's filesystem RPCs, in a sandbox (JSON in, JSON out).
 fn filesystem_rpc_routes(r: &mut Routes) {
-    let json = || Body::Raw("application/json");
-    let answer = || vec![("200", "its JSON answer", Body::Raw("application/json"))];
-    r.add(
-        Post,
+    rpc(
+        r,
         "/filesystem.Filesystem/Stat",
         filesystem::stat,
         "E2B envd, Connect RPC: a path's entry",
-        &[],
-        Some(json()),
-        answer(),
     );
-    r.add(
-        Post,
+    rpc(
+        r,
         "/filesystem.Filesystem/ListDir",
         filesystem::list_dir,
         "E2B envd, Connect RPC: a folder's entries",
-        &[],
-        Some(json()),
-        answer(),
     );
-    r.add(
-        Post,
+    rpc(
+        r,
         "/filesystem.Filesystem/MakeDir",
         filesystem::make_dir,
         "E2B envd, Connect RPC: make a folder",
-        &[],
-        Some(json()),
-        answer(),
     );
-    r.add(
-        Post,
+    rpc(
+        r,
         "/filesystem.Filesystem/Remove",
         filesystem::remove,
         "E2B envd, Connect RPC: remove a path",
-        &[],
-        Some(json()),
-        answer(),
     );
-    r.add(
-        Post,
+    rpc(
+        r,
         "/filesystem.Filesystem/Move",
         filesystem::rename,
         "E2B envd, Connect RPC: move a path",
+    );
+}
+
+/// A unary Connect RPC: JSON in, JSON out.
+fn rpc<H: Handler<T, App>, T: 'static>(r: &mut Routes, path: &str, handler: H, summary: &str) {
+    let json = || Body::Raw("application/json");
+    r.add(
+        Post,
+        path,
+        handler,
+        summary,
         &[],
         Some(json()),
-        answer(),
+        vec![("200", "its JSON answer", json())],
     );
+}
+
+/// A server-streaming Connect RPC: one enveloped request, the events enveloped.
+fn stream<H: Handler<T, App>, T: 'static>(r: &mut Routes, path: &str, handler: H, summary: &str) {
+    let events = vec![("200", "the events, enveloped", Body::Raw(STREAM_TYPE))];
+    r.add(Post, path, handler, summary, &[], Some(Body::Raw(STREAM_TYPE)), events);
 }
