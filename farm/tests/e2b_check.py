@@ -65,6 +65,17 @@ moved = sbx.files.rename("/tmp/d/e/f.txt", "/tmp/d/g.txt")
 assert moved.path == "/tmp/d/g.txt" and sbx.files.read("/tmp/d/g.txt") == "deep", moved
 sbx.files.remove("/tmp/d")
 assert not sbx.files.exists("/tmp/d")
+# A watched folder: what was created, written and removed since the last poll.
+sbx.files.make_dir("/tmp/w")
+watcher = sbx.files.watch_dir("/tmp/w")
+sbx.files.write("/tmp/w/new.txt", "1")
+assert {(e.name, e.type.value) for e in watcher.get_new_events()} == {("new.txt", "create")}
+sbx.files.write("/tmp/w/new.txt", "22")
+assert {(e.name, e.type.value) for e in watcher.get_new_events()} == {("new.txt", "write")}
+sbx.files.remove("/tmp/w/new.txt")
+assert {(e.name, e.type.value) for e in watcher.get_new_events()} == {("new.txt", "remove")}
+assert watcher.get_new_events() == []
+watcher.stop()
 # A listing past its bound is refused whole, not cut short.
 sbx.commands.run("mkdir /tmp/many && cd /tmp/many && seq 1 10001 | xargs touch")
 sbx.commands.run("rm /tmp/many/1")
@@ -215,6 +226,13 @@ for name, r in refusals.items():
     text = body["error"] if name == "token_on_farm_api" else body["message"]
     assert name == "token_on_farm_api" or isinstance(body.get("code"), (int, str)), (name, body)
     assert a_id not in text and b_sbx.sandbox_id not in text, (name, body)
+# A watcher is its sandbox's: B's sandbox, with B's own token, cannot poll or remove A's.
+a_watcher = resumed.files.watch_dir("/tmp")
+b_token = b_sbx._envd_access_token
+for rpc in ("GetWatcherEvents", "RemoveWatcher"):
+    r = envd(b_sbx.sandbox_id, b_token, f"/filesystem.Filesystem/{rpc}", method="POST", json={"watcherId": a_watcher._watcher_id})
+    assert r.status_code == 404 and r.json()["code"] == "not_found", (rpc, r.status_code, r.text)
+a_watcher.stop()
 bad = envd(a_id, a_token, "/process.Process/Start", method="POST", content=b"\x00\x00\x00", headers={"Content-Type": "application/connect+json"})
 assert bad.status_code == 400 and bad.json()["code"] == "invalid_argument", (bad.status_code, bad.text)
 seen["refusals"] = statuses

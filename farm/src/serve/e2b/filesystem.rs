@@ -12,6 +12,7 @@ use super::refused;
 use crate::serve::error::HttpError;
 use crate::serve::http::{App, Reply};
 use service::sandbox::SandboxId;
+use service::wire::EntryView;
 use service::ErrorKind;
 
 /// A path of a filesystem RPC.
@@ -34,7 +35,7 @@ impl PathRequest {
 }
 
 /// `filesystem.EntryInfo` of farm's entry at `path`.
-fn entry_info(path: &str, entry: &service::wire::EntryView) -> Value {
+fn entry_info(path: &str, entry: &EntryView) -> Value {
     let kind = match entry.kind.as_str() {
         "dir" => "FILE_TYPE_DIRECTORY",
         "symlink" => "FILE_TYPE_SYMLINK",
@@ -57,7 +58,7 @@ fn entry_info(path: &str, entry: &service::wire::EntryView) -> Value {
 }
 
 /// `drwxr-xr-x` of an entry.
-fn permissions(entry: &service::wire::EntryView) -> String {
+fn permissions(entry: &EntryView) -> String {
     let kind = match entry.kind.as_str() {
         "dir" => 'd',
         "symlink" => 'l',
@@ -91,32 +92,39 @@ pub(in crate::serve) async fn list_dir(State(app): State<App>, InSandbox(id): In
     let request: PathRequest = connect::unary(&body)?;
     let root = PathRequest::field(&request.path, "path")?;
     let depth = request.depth.unwrap_or(1).clamp(1, 16);
-    let sandboxes = sandboxes(&app)?;
+    let found = walk(sandboxes(&app)?, &id, &root, depth).await?;
+    let entries: Vec<Value> = found.iter().map(|(path, entry)| entry_info(path, entry)).collect();
+    message(json!({ "entries": entries }))
+}
+
+/// The entries below `root`, `depth` levels down, each with its path: at most
+/// [`MAX_LISTED`], else refused whole.
+pub(super) async fn walk(
+    sandboxes: &service::sandbox::Sandboxes,
+    id: &SandboxId,
+    root: &str,
+    depth: u32,
+) -> Result<Vec<(String, EntryView)>, HttpError> {
     let mut entries = Vec::new();
     let mut folders = vec![(root.trim_end_matches('/').to_string(), 1)];
     while let Some((folder, level)) = folders.pop() {
-        let listing = sandboxes
-            .list_folder(
-                &id,
-                if folder.is_empty() { "/" } else { &folder },
-                Some(MAX_LISTED as u64),
-            )
-            .await?;
+        let path = if folder.is_empty() { "/" } else { &folder };
+        let listing = sandboxes.list_folder(id, path, Some(MAX_LISTED as u64)).await?;
         if listing.truncated || entries.len() + listing.entries.len() > MAX_LISTED {
             return Err(refused(
                 ErrorKind::Invalid,
                 format!("more than {MAX_LISTED} entries below {root} (or one folder past the sandbox API's bound): list a smaller depth or a folder further down"),
             ));
         }
-        for entry in &listing.entries {
+        for entry in listing.entries {
             let path = format!("{folder}/{}", entry.name);
             if entry.kind == "dir" && level < depth {
                 folders.push((path.clone(), level + 1));
             }
-            entries.push(entry_info(&path, entry));
+            entries.push((path, entry));
         }
     }
-    message(json!({ "entries": entries }))
+    Ok(entries)
 }
 
 /// A command of the filesystem RPCs that have no call of their own in the core (`mkdir`,

@@ -18,6 +18,7 @@ pub(super) mod connect;
 pub(super) mod control;
 pub(super) mod envd;
 pub(super) mod filesystem;
+pub(super) mod watch;
 
 use axum::body::Body;
 use axum::extract::Request;

@@ -6,7 +6,7 @@ use axum::handler::Handler;
 
 use super::{Body, Routes};
 use crate::serve::e2b::connect::STREAM_TYPE;
-use crate::serve::e2b::{control, envd, filesystem};
+use crate::serve::e2b::{control, envd, filesystem, watch};
 use crate::serve::http::App;
 
 /// E2B's REST API and envd's routes, each body of E2B's shape.
@@ -215,6 +215,24 @@ fn filesystem_rpc_routes(r: &mut Routes) {
         "/filesystem.Filesystem/Move",
         filesystem::rename,
         "E2B envd, Connect RPC: move a path",
+    );
+    rpc(
+        r,
+        "/filesystem.Filesystem/CreateWatcher",
+        watch::create,
+        "E2B envd, Connect RPC: watch a folder",
+    );
+    rpc(
+        r,
+        "/filesystem.Filesystem/GetWatcherEvents",
+        watch::events,
+        "E2B envd, Connect RPC: a watcher's events since its last poll",
+    );
+    rpc(
+        r,
+        "/filesystem.Filesystem/RemoveWatcher",
+        watch::remove,
+        "E2B envd, Connect RPC: stop watching",
     );
 }
 

@@ -234,7 +234,10 @@ fn declare() -> Routes {
 /// where the routes are.
 pub(super) fn router(service: std::sync::Arc<service::state::Service>) -> Router {
     use super::error::{ApiError, HttpError};
-    let app = App { service };
+    let app = App {
+        service,
+        watchers: Default::default(),
+    };
     declare()
         .router
         .fallback(|| async {
