@@ -254,6 +254,17 @@ async def main():
     got = await a.files.read("/tmp/c", format="bytes")
     assert out.stdout == "async\n" and bytes(got) == b"async bytes", (out, got)
     assert (await a.get_info()).state.value == "running"
+    # The async client's watcher: a stream of the folder's changes.
+    await a.files.make_dir("/tmp/aw")
+    got = []
+    handle = await a.files.watch_dir("/tmp/aw", on_event=got.append)
+    await a.files.write("/tmp/aw/f", "x")
+    for _ in range(200):  # a wait for the event, not a claim on its speed
+        if ("f", "create") in {(e.name, e.type.value) for e in got}:
+            break
+        await asyncio.sleep(0.1)
+    assert ("f", "create") in {(e.name, e.type.value) for e in got}, got
+    await handle.stop()
     assert await a.kill() is True
 
 

@@ -302,7 +302,7 @@ fn basic_user(headers: &HeaderMap) -> Result<Option<String>, HttpError> {
 }
 
 /// When a call's `connect-timeout-ms` runs out.
-fn deadline_of(headers: &HeaderMap) -> Option<tokio::time::Instant> {
+pub(super) fn deadline_of(headers: &HeaderMap) -> Option<tokio::time::Instant> {
     headers
         .get("connect-timeout-ms")
         .and_then(|v| v.to_str().ok())
@@ -331,12 +331,18 @@ impl Followed {
         let events = self.sandboxes.follow_output(&self.id, self.pid, from).await?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
         tokio::spawn(stream_events(self, events, deadline, tx, held));
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            let chunk = rx.recv().await?;
-            Some((Ok::<_, std::convert::Infallible>(chunk), rx))
-        });
-        Ok(typed(StatusCode::OK, STREAM_TYPE, Body::from_stream(stream)))
+        Ok(event_stream(rx))
     }
+}
+
+/// A Connect stream's answer: the envelopes `rx` gives, each sent as it comes (one waits at
+/// most: nothing is made ahead of the client).
+pub(super) fn event_stream(rx: tokio::sync::mpsc::Receiver<Bytes>) -> axum::response::Response {
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        let chunk = rx.recv().await?;
+        Some((Ok::<_, std::convert::Infallible>(chunk), rx))
+    });
+    typed(StatusCode::OK, STREAM_TYPE, Body::from_stream(stream))
 }
 
 /// The events of process `pid` as Connect envelopes into `tx`, as [`process_stream`] says, while

@@ -1,5 +1,6 @@
-//! envd's folder watchers as E2B's sync SDK polls them (`files.watch_dir`):
-//! `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`. A watcher is a listing of the folder
+//! envd's folder watchers: as E2B's sync SDK polls them (`files.watch_dir`:
+//! `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`), and as its async SDK streams them
+//! (`WatchDir`). A watcher is a listing of the folder
 //! (recursive: 16 levels down) kept by the transport; each poll lists it again and answers
 //! what was created, written (size or time changed), had its mode changed, or was removed
 //! since. Events are of paths relative to the folder. Changes that undo themselves between
@@ -10,6 +11,8 @@ use std::sync::Mutex;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Extension;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -17,6 +20,7 @@ use super::envd::{message, sandboxes, InSandbox};
 use super::filesystem::walk;
 use super::{connect, refused};
 use crate::serve::http::{App, Reply};
+use crate::serve::tenancy::Who;
 use service::ErrorKind;
 
 /// Watchers a sandbox may hold at once.
@@ -126,9 +130,16 @@ pub(in crate::serve) async fn events(State(app): State<App>, InSandbox(id): InSa
     let now = listing(&app, &id, &root, depth).await?;
     let mut all = app.watchers.lock();
     let watcher = all.get_mut(&watcher_id).ok_or_else(not_found)?;
-    let mut events: Vec<Value> = Vec::new();
+    let events = changes(&watcher.seen, &now);
+    watcher.seen = now;
+    message(json!({ "events": events }))
+}
+
+/// The events between two listings of a folder: its `FilesystemEvent`s.
+fn changes(seen: &BTreeMap<String, Seen>, now: &BTreeMap<String, Seen>) -> Vec<Value> {
     let event = |name: &str, kind: &str| json!({ "name": name, "type": kind });
-    for (path, was) in &watcher.seen {
+    let mut events = Vec::new();
+    for (path, was) in seen {
         match now.get(path) {
             None => events.push(event(path, "EVENT_TYPE_REMOVE")),
             Some(is) if (is.1, is.2) != (was.1, was.2) => events.push(event(path, "EVENT_TYPE_WRITE")),
@@ -136,11 +147,84 @@ pub(in crate::serve) async fn events(State(app): State<App>, InSandbox(id): InSa
             Some(_) => {}
         }
     }
-    for path in now.keys().filter(|p| !watcher.seen.contains_key(*p)) {
+    for path in now.keys().filter(|p| !seen.contains_key(*p)) {
         events.push(event(path, "EVENT_TYPE_CREATE"));
     }
-    watcher.seen = now;
-    message(json!({ "events": events }))
+    events
+}
+
+/// How often a watch stream lists its folder again.
+const POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `POST /filesystem.Filesystem/WatchDir` (the async client's `watch_dir`): a stream, `start`
+/// first, then each change as the folder is listed again every quarter second, a keepalive
+/// every 30 s; it ends with the client, with the sandbox, or past `connect-timeout-ms`.
+pub(in crate::serve) async fn stream(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    InSandbox(id): InSandbox,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
+    let request: WatchRequest = connect::request(&body)?;
+    let root = request
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| refused(ErrorKind::Invalid, "path: the folder to watch"))?;
+    if sandboxes(&app)?.stat(&id, &root).await?.kind != "dir" {
+        return Err(refused(ErrorKind::Invalid, format!("{root} is not a folder")));
+    }
+    let depth = if request.recursive { 16 } else { 1 };
+    let mut seen = listing(&app, &id, &root, depth).await?;
+    let held = app.service.tenancy.hold(&who)?;
+    let deadline = super::envd::deadline_of(&headers);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+    tokio::spawn(async move {
+        let _held = held;
+        let send = |message: Value| {
+            let tx = tx.clone();
+            async move { tx.send(Bytes::from(connect::frame(&message))).await.is_ok() }
+        };
+        if !send(json!({ "start": {} })).await {
+            return;
+        }
+        let mut quiet = std::time::Duration::ZERO;
+        loop {
+            tokio::time::sleep(POLL).await;
+            if deadline.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                let _ = tx.send(Bytes::from(connect::end(None))).await;
+                return;
+            }
+            let now = match listing(&app, &id, &root, depth).await {
+                Ok(now) => now,
+                Err(e) => {
+                    let _ = tx
+                        .send(Bytes::from(connect::end(Some(("unavailable", &e.0.message)))))
+                        .await;
+                    return;
+                }
+            };
+            let events = changes(&seen, &now);
+            seen = now;
+            quiet = if events.is_empty() {
+                quiet + POLL
+            } else {
+                std::time::Duration::ZERO
+            };
+            for event in events {
+                if !send(json!({ "filesystem": event })).await {
+                    return;
+                }
+            }
+            if quiet >= std::time::Duration::from_secs(30) {
+                quiet = std::time::Duration::ZERO;
+                if !send(json!({ "keepalive": {} })).await {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(super::envd::event_stream(rx))
 }
 
 /// `POST /filesystem.Filesystem/RemoveWatcher`.

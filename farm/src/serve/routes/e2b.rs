@@ -234,6 +234,12 @@ fn filesystem_rpc_routes(r: &mut Routes) {
         watch::remove,
         "E2B envd, Connect RPC: stop watching",
     );
+    stream(
+        r,
+        "/filesystem.Filesystem/WatchDir",
+        watch::stream,
+        "E2B envd, Connect RPC: a folder's changes as a stream",
+    );
 }
 
 /// A unary Connect RPC: JSON in, JSON out.
