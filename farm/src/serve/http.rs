@@ -15,8 +15,6 @@ use service::ErrorKind;
 #[derive(Clone)]
 pub(super) struct App {
     pub service: Arc<Service>,
-    /// E2B's folder watchers (`e2b::watch`).
-    pub watchers: Arc<super::e2b::watch::Watchers>,
 }
 
 pub(super) type Reply = Result<Response, super::error::HttpError>;

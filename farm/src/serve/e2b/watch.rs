@@ -7,7 +7,7 @@
 //! two polls are not seen.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -77,7 +77,12 @@ async fn listing(
 }
 
 /// `POST /filesystem.Filesystem/CreateWatcher`: a watcher of a folder from now on.
-pub(in crate::serve) async fn create(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
+pub(in crate::serve) async fn create(
+    State(app): State<App>,
+    Extension(watchers): Extension<Arc<Watchers>>,
+    InSandbox(id): InSandbox,
+    body: Bytes,
+) -> Reply {
     let request: WatchRequest = connect::unary(&body)?;
     let root = request
         .path
@@ -89,7 +94,7 @@ pub(in crate::serve) async fn create(State(app): State<App>, InSandbox(id): InSa
     }
     let depth = if request.recursive { 16 } else { 1 };
     let seen = listing(&app, &id, &root, depth).await?;
-    let mut all = app.watchers.lock();
+    let mut all = watchers.lock();
     if all.len() >= IN_ALL || all.values().filter(|w| w.sandbox == *id).count() >= PER_SANDBOX {
         return Err(refused(
             ErrorKind::Busy,
@@ -119,16 +124,21 @@ fn named(request: &WatchRequest) -> Result<String, crate::serve::error::HttpErro
 }
 
 /// `POST /filesystem.Filesystem/GetWatcherEvents`: what changed since the last poll.
-pub(in crate::serve) async fn events(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
+pub(in crate::serve) async fn events(
+    State(app): State<App>,
+    Extension(watchers): Extension<Arc<Watchers>>,
+    InSandbox(id): InSandbox,
+    body: Bytes,
+) -> Reply {
     let request: WatchRequest = connect::unary(&body)?;
     let watcher_id = named(&request)?;
     let not_found = || refused(ErrorKind::NotFound, format!("no watcher {watcher_id:?}"));
-    let (root, depth) = match app.watchers.lock().get(&watcher_id) {
+    let (root, depth) = match watchers.lock().get(&watcher_id) {
         Some(w) if w.sandbox == *id => (w.root.clone(), w.depth),
         _ => return Err(not_found()),
     };
     let now = listing(&app, &id, &root, depth).await?;
-    let mut all = app.watchers.lock();
+    let mut all = watchers.lock();
     let watcher = all.get_mut(&watcher_id).ok_or_else(not_found)?;
     let events = changes(&watcher.seen, &now);
     watcher.seen = now;
@@ -228,10 +238,14 @@ pub(in crate::serve) async fn stream(
 }
 
 /// `POST /filesystem.Filesystem/RemoveWatcher`.
-pub(in crate::serve) async fn remove(State(app): State<App>, InSandbox(id): InSandbox, body: Bytes) -> Reply {
+pub(in crate::serve) async fn remove(
+    Extension(watchers): Extension<Arc<Watchers>>,
+    InSandbox(id): InSandbox,
+    body: Bytes,
+) -> Reply {
     let request: WatchRequest = connect::unary(&body)?;
     let watcher_id = named(&request)?;
-    let mut all = app.watchers.lock();
+    let mut all = watchers.lock();
     match all.get(&watcher_id) {
         Some(w) if w.sandbox == *id => {
             all.remove(&watcher_id);

@@ -234,10 +234,7 @@ fn declare() -> Routes {
 /// where the routes are.
 pub(super) fn router(service: std::sync::Arc<service::state::Service>) -> Router {
     use super::error::{ApiError, HttpError};
-    let app = App {
-        service,
-        watchers: Default::default(),
-    };
+    let app = App { service };
     declare()
         .router
         .fallback(|| async {
@@ -251,6 +248,9 @@ pub(super) fn router(service: std::sync::Arc<service::state::Service>) -> Router
             super::tenancy::layer,
         ))
         .layer(axum::middleware::from_fn(super::e2b::errors))
+        .layer(axum::Extension(std::sync::Arc::new(
+            super::e2b::watch::Watchers::default(),
+        )))
         .with_state(app)
 }
 
