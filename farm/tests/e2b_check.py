@@ -233,6 +233,32 @@ for rpc in ("GetWatcherEvents", "RemoveWatcher"):
     r = envd(b_sbx.sandbox_id, b_token, f"/filesystem.Filesystem/{rpc}", method="POST", json={"watcherId": a_watcher._watcher_id})
     assert r.status_code == 404 and r.json()["code"] == "not_found", (rpc, r.status_code, r.text)
 a_watcher.stop()
+# Every body is read strictly, once: a key twice, or bytes after the value, is refused (two
+# readers could take it differently).
+twice = http.post(
+    "/v2/sandboxes",
+    content=b'{"templateID": "%s", "templateID": "base"}' % TEMPLATE.encode(),
+    headers={"X-API-KEY": as_e2b(A_KEY), "Content-Type": "application/json"},
+)
+assert twice.status_code == 400 and twice.json()["code"] == 400, (twice.status_code, twice.text)
+trailing = envd(
+    a_id,
+    a_token,
+    "/filesystem.Filesystem/Stat",
+    method="POST",
+    content=b'{"path": "/tmp/a.txt"} {"path": "/etc/shadow"}',
+    headers={"Content-Type": "application/json"},
+)
+assert trailing.status_code == 400 and trailing.json()["code"] == "invalid_argument", (trailing.status_code, trailing.text)
+dup_rpc = envd(
+    a_id,
+    a_token,
+    "/filesystem.Filesystem/Stat",
+    method="POST",
+    content=b'{"path": "/tmp/a.txt", "path": "/etc/shadow"}',
+    headers={"Content-Type": "application/json"},
+)
+assert dup_rpc.status_code == 400, (dup_rpc.status_code, dup_rpc.text)
 bad = envd(a_id, a_token, "/process.Process/Start", method="POST", content=b"\x00\x00\x00", headers={"Content-Type": "application/connect+json"})
 assert bad.status_code == 400 and bad.json()["code"] == "invalid_argument", (bad.status_code, bad.text)
 seen["refusals"] = statuses

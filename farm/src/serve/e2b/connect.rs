@@ -36,7 +36,8 @@ fn envelope(flags: u8, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The one message of a stream's request: its envelope, whole, and nothing after it.
+/// The one message of a stream's request: its envelope, whole, and nothing after it; the
+/// message read strictly as every body is.
 pub(in crate::serve) fn request<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let invalid = |why: String| ApiError::new(ErrorKind::Invalid, why);
     let (head, rest) = body
@@ -55,12 +56,12 @@ pub(in crate::serve) fn request<T: DeserializeOwned>(body: &[u8]) -> Result<T, A
             rest.len()
         )));
     }
-    serde_json::from_slice(rest).map_err(|e| invalid(format!("the request's message: {e}")))
+    crate::serve::http::parse(rest)
 }
 
-/// A unary call's JSON request.
+/// A unary call's JSON request, read strictly as every body is (one value, no key twice).
 pub(in crate::serve) fn unary<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorKind::Invalid, format!("the request's message: {e}")))
+    crate::serve::http::parse(body)
 }
 
 /// Connect's name for a failure, from farm's kind where known, else from its status.
