@@ -76,6 +76,25 @@ async fn listing(
         .collect())
 }
 
+/// The folder a watch request names (it must be one), how deep it is watched, and its
+/// listing now.
+async fn watched(
+    app: &App,
+    id: &service::sandbox::SandboxId,
+    request: WatchRequest,
+) -> Result<(String, u32, BTreeMap<String, Seen>), crate::serve::error::HttpError> {
+    let root = request
+        .path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| refused(ErrorKind::Invalid, "path: the folder to watch"))?;
+    if sandboxes(app)?.stat(id, &root).await?.kind != "dir" {
+        return Err(refused(ErrorKind::Invalid, format!("{root} is not a folder")));
+    }
+    let depth = if request.recursive { 16 } else { 1 };
+    let seen = listing(app, id, &root, depth).await?;
+    Ok((root, depth, seen))
+}
+
 /// `POST /filesystem.Filesystem/CreateWatcher`: a watcher of a folder from now on.
 pub(in crate::serve) async fn create(
     State(app): State<App>,
@@ -83,17 +102,7 @@ pub(in crate::serve) async fn create(
     InSandbox(id): InSandbox,
     body: Bytes,
 ) -> Reply {
-    let request: WatchRequest = connect::unary(&body)?;
-    let root = request
-        .path
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| refused(ErrorKind::Invalid, "path: the folder to watch"))?;
-    let entry = sandboxes(&app)?.stat(&id, &root).await?;
-    if entry.kind != "dir" {
-        return Err(refused(ErrorKind::Invalid, format!("{root} is not a folder")));
-    }
-    let depth = if request.recursive { 16 } else { 1 };
-    let seen = listing(&app, &id, &root, depth).await?;
+    let (root, depth, seen) = watched(&app, &id, connect::unary(&body)?).await?;
     let mut all = watchers.lock();
     if all.len() >= IN_ALL || all.values().filter(|w| w.sandbox == *id).count() >= PER_SANDBOX {
         return Err(refused(
@@ -176,16 +185,7 @@ pub(in crate::serve) async fn stream(
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
-    let request: WatchRequest = connect::request(&body)?;
-    let root = request
-        .path
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| refused(ErrorKind::Invalid, "path: the folder to watch"))?;
-    if sandboxes(&app)?.stat(&id, &root).await?.kind != "dir" {
-        return Err(refused(ErrorKind::Invalid, format!("{root} is not a folder")));
-    }
-    let depth = if request.recursive { 16 } else { 1 };
-    let mut seen = listing(&app, &id, &root, depth).await?;
+    let (root, depth, mut seen) = watched(&app, &id, connect::request(&body)?).await?;
     let held = app.service.tenancy.hold(&who)?;
     let deadline = super::envd::deadline_of(&headers);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
