@@ -6,10 +6,13 @@
 #   kernel/<key>/vmlinux         guest kernel from Debian's linux-source-6.1 + scripts/kernel/farm-guest.config
 #   agent/<key>/farm-agent       the guest agent, statically linked
 #   rootfs/python-<key>/         Debian bookworm minbase + python3 + git + tmux + vim (debootstrap), no agent
-#   images/<name>-<key>.ext4     the root images `minimal` and `python`, agent included
+#   images/<name>-<key>.ext4     the root images `minimal`, `python` and `code-interpreter` (python
+#                                with Jupyter's kernel, numpy, pandas, matplotlib), agent included
+#   code-interpreter-wheels/     the code-interpreter image's wheels (PyPI)
 #   harbor-venv/                 a Python >= 3.12 venv with Harbor (PyPI), for its backend's tests
 #   openenv-venv/, mcp-venv/     the OpenEnv and MCP clients (PyPI), for the protocol tests
-#   e2b-venv/, e2b-245-venv/     E2B's SDK (PyPI, 2.63 and 2.45), for the E2B front door's tests
+#   e2b-venv/, e2b-245-venv/     E2B's SDK (PyPI, 2.63 with e2b-code-interpreter, and 2.45), for the
+#                                E2B front door's tests
 #   agents-venv/, swerex-wheels/ SWE-ReX and mini-swe-agent (PyPI) for the SDK's backends' tests,
 #                                and SWE-ReX's wheels for the guest (installed there offline)
 # and finally `farm` in release mode (target/release/farm), unless `--no-release` (the test
@@ -290,6 +293,46 @@ fi
 publish python "images/python-$PYTHON_KEY"
 log "image python ready"
 
+# code-interpreter: the python image with Jupyter's kernel (ipykernel), numpy, pandas and
+# matplotlib (wheels from PyPI for its CPython 3.11, in /usr/local: Debian's packages of them
+# pull in a compiler, scipy and sympy), E2B's user `user` (home /home/user), and farm's
+# interpreter server (images/code-interpreter/farm-interpreter), which an environment's setup
+# step starts so the kernel is warm in its snapshot (E2B's code-interpreter-v1, docs/e2b.md).
+CI_GUEST="ipykernel==6.29.5 jupyter_client==8.6.3 numpy==2.2.6 pandas==2.2.3 matplotlib==3.10.3"
+CI_WHEELS="$CACHE/code-interpreter-wheels"
+CI_WHEELS_KEY=$(printf '%s\n%s\n' "$CI_GUEST" "cp311 manylinux x86_64" | sha)
+if [ ! -f "$CI_WHEELS/$CI_WHEELS_KEY.done" ]; then
+  log "downloading the code interpreter's wheels ($CI_GUEST; CPython 3.11, x86_64) into $CI_WHEELS"
+  rm -rf "$CI_WHEELS" && mkdir -p "$CI_WHEELS"
+  # shellcheck disable=SC2086
+  python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --python-version 3.11 \
+    --implementation cp --abi cp311 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_28_x86_64 --dest "$CI_WHEELS" $CI_GUEST || die "pip download of $CI_GUEST failed"
+  touch "$CI_WHEELS/$CI_WHEELS_KEY.done"
+fi
+CI_KEY="$( { echo "$AGENT_KEY" "$ROOTFS_KEY" "$CI_WHEELS_KEY" code-interpreter-recipe-1; cat "$REPO/images/code-interpreter/farm-interpreter"; sed -n '/^common_root()/,/^}/p;/^make_image()/,/^}/p' "$0"; } | sha)"
+if [ ! -f "$CACHE/images/code-interpreter-$CI_KEY/manifest.json" ]; then
+  log "building image code-interpreter $CI_KEY"
+  root="$CACHE/tmp/code-interpreter-root"
+  rm -rf "$root"
+  cp -a "$ROOTFS_DIR" "$root"
+  # shellcheck disable=SC2086
+  python3 -m pip install --quiet --disable-pip-version-check --no-index --find-links "$CI_WHEELS" --no-compile \
+    --target "$root/usr/local/lib/python3.11/dist-packages" $CI_GUEST >"$CACHE/tmp/code-interpreter-pip.log" 2>&1 \
+    || { tail -20 "$CACHE/tmp/code-interpreter-pip.log" >&2; die "installing the code interpreter's wheels failed"; }
+  rm -rf "$root/usr/local/lib/python3.11/dist-packages/bin"
+  common_root "$root"
+  grep -q '^user:' "$root/etc/passwd" || echo 'user:x:1001:1001:user:/home/user:/bin/bash' >>"$root/etc/passwd"
+  grep -q '^user:' "$root/etc/group" || echo 'user:x:1001:' >>"$root/etc/group"
+  install -d -o 1001 -g 1001 "$root/home/user"
+  install -m 0755 "$REPO/images/code-interpreter/farm-interpreter" "$root/usr/local/bin/farm-interpreter"
+  ln -sfn /sbin/farm-agent "$root/sbin/init"
+  make_image code-interpreter "$CI_KEY" 2G "$root"
+  rm -rf "$root"
+fi
+publish code-interpreter "images/code-interpreter-$CI_KEY"
+log "image code-interpreter ready"
+
 # ---------------------------------------------------------------------------------------------
 # 5. Python packages the tests use on the host: pyarrow, to read farm's Parquet output as
 # users do; httpx, for the Python SDK (clients/python); requests, for the benchmarks'
@@ -432,8 +475,9 @@ protocol_venv() { # <dir> <pins> <import check>
 protocol_venv "$CACHE/openenv-venv" "openenv==0.10.0" "from openenv.core import GenericEnvClient"
 protocol_venv "$CACHE/mcp-venv" "mcp==2.3.0" "from mcp.client.streamable_http import streamable_http_client; import httpx2"
 # E2B's SDK (farm's E2B front door, farm/tests/e2b.rs), unmodified from PyPI: the newest
-# release tested, and 2.45 (which makes sandboxes at POST /sandboxes, not /v2/sandboxes).
-protocol_venv "$CACHE/e2b-venv" "e2b==2.63.0" "from e2b import Sandbox, AsyncSandbox"
+# release tested with its code interpreter's SDK, and 2.45 (which makes sandboxes at POST
+# /sandboxes, not /v2/sandboxes).
+protocol_venv "$CACHE/e2b-venv" "e2b==2.63.0 e2b-code-interpreter==2.11.5" "from e2b import Sandbox, AsyncSandbox; import e2b_code_interpreter"
 protocol_venv "$CACHE/e2b-245-venv" "e2b==2.45.1" "from e2b import Sandbox, AsyncSandbox"
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 /// The images the set-up script builds.
-pub const IMAGES: [&str; 2] = ["minimal", "python"];
+pub const IMAGES: [&str; 3] = ["minimal", "python", "code-interpreter"];
 
 /// The cache directory: `FARM_CACHE_DIR`, or `~/.cache/farm`.
 pub fn cache_dir() -> PathBuf {

@@ -75,10 +75,44 @@ pub struct ServeSection {
 #[serde(deny_unknown_fields)]
 pub struct E2bSection {
     /// E2B template names a create may use besides an environment's id, each the image (a
-    /// built-in one or a registry reference) its environment is made of, on first use by
-    /// each tenant. Default: `base` is the `python` image.
+    /// built-in one or a registry reference) its environment is made of, and its setup, on
+    /// first use by each tenant. Default: `base` is the `python` image, and
+    /// `code-interpreter-v1` (the template of E2B's code interpreter) the `code-interpreter`
+    /// image with its interpreter started in the snapshot.
     #[serde(default = "e2b_templates")]
-    pub templates: std::collections::BTreeMap<String, String>,
+    pub templates: std::collections::BTreeMap<String, E2bTemplate>,
+}
+
+/// A template of `[serve.e2b] templates`: an image's name, or `{ image, setup }`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "TemplateForm")]
+pub struct E2bTemplate {
+    pub image: String,
+    /// Commands run in the environment before its snapshot (an environment's `setup`).
+    pub setup: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "an image's name, or a table { image = \"...\", setup = [\"command\", ...] }"
+)]
+enum TemplateForm {
+    Image(String),
+    Recipe {
+        image: String,
+        #[serde(default)]
+        setup: Vec<String>,
+    },
+}
+
+impl From<TemplateForm> for E2bTemplate {
+    fn from(form: TemplateForm) -> E2bTemplate {
+        match form {
+            TemplateForm::Image(image) => E2bTemplate { image, setup: vec![] },
+            TemplateForm::Recipe { image, setup } => E2bTemplate { image, setup },
+        }
+    }
 }
 
 impl Default for E2bSection {
@@ -89,8 +123,19 @@ impl Default for E2bSection {
     }
 }
 
-fn e2b_templates() -> std::collections::BTreeMap<String, String> {
-    [("base".to_string(), "python".to_string())].into()
+fn e2b_templates() -> std::collections::BTreeMap<String, E2bTemplate> {
+    let template = |image: &str, setup: &[&str]| E2bTemplate {
+        image: image.into(),
+        setup: setup.iter().map(|s| s.to_string()).collect(),
+    };
+    [
+        ("base".to_string(), template("python", &[])),
+        (
+            "code-interpreter-v1".to_string(),
+            template("code-interpreter", &["farm-interpreter start"]),
+        ),
+    ]
+    .into()
 }
 
 fn max_connections_per_tenant() -> u64 {

@@ -51,14 +51,18 @@ pub(in crate::serve) struct Timeout {
     timeout: Option<u64>,
 }
 
-/// E2B's `Sandbox` (what create and connect answer).
+/// E2B's `Sandbox` (what create and connect answer). The one access token is both envd's
+/// and the code interpreter's (`trafficAccessToken`: its SDK sends no `X-Access-Token` on
+/// `/contexts`).
 fn sandbox_json(app: &App, who: &Who, view: &SandboxView) -> Value {
+    let token = app.service.tenancy.sandbox_access_token(who.tenant(), &view.id);
     json!({
         "sandboxID": view.id,
         "templateID": view.environment,
         "clientID": "farm",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": app.service.tenancy.sandbox_access_token(who.tenant(), &view.id),
+        "envdAccessToken": token,
+        "trafficAccessToken": token,
         "domain": Value::Null,
     })
 }
@@ -115,10 +119,11 @@ pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Ext
 /// waits for its build). Anything else is left to the create, which names it not found.
 async fn template_environment(app: &App, who: &Who, template: &str) -> Result<String, HttpError> {
     let service = &app.service;
-    let Some(image) = service.settings.e2b.templates.get(template) else {
+    let Some(recipe) = service.settings.e2b.templates.get(template) else {
         return Ok(template.to_string());
     };
-    let request: EnvironmentRequest = serde_json::from_value(json!({ "image": image }))
+    let image = &recipe.image;
+    let request: EnvironmentRequest = serde_json::from_value(json!({ "image": image, "setup": recipe.setup }))
         .map_err(|e| refused(ErrorKind::Internal, format!("serve.e2b.templates.{template}: {e}")))?;
     let (view, _) = service.create_environment(who, request)?;
     let id = service.resolve_environment(who, &view.id)?;

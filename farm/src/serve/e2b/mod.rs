@@ -7,6 +7,8 @@
 //! envd in a sandbox (E2b-Sandbox-Id, X-Access-Token)
 //!     Connect RPC, JSON            /process.Process/*                         -> envd
 //!     plain HTTP                   /files, /health                            -> envd
+//! the code interpreter in a sandbox (E2b-Sandbox-Id, an access token)
+//!     NDJSON and JSON              /execute, /contexts                        -> interpreter
 //! ```
 //!
 //! A transport like the others: every call lands on the service core's typed calls (the same
@@ -18,6 +20,7 @@ pub(super) mod connect;
 pub(super) mod control;
 pub(super) mod envd;
 pub(super) mod filesystem;
+pub(super) mod interpreter;
 pub(super) mod watch;
 
 use axum::body::Body;
@@ -39,6 +42,10 @@ pub(super) const SANDBOX_HEADER: &str = "e2b-sandbox-id";
 /// The header that carries a sandbox's access token.
 pub(super) const ACCESS_HEADER: &str = "x-access-token";
 
+/// The header the code interpreter's SDK carries a sandbox's token in on every call (it
+/// sends `X-Access-Token` on `/execute` alone): farm answers the same token for both.
+pub(super) const TRAFFIC_HEADER: &str = "e2b-traffic-access-token";
+
 /// What a request is, for E2B's protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Face {
@@ -50,12 +57,16 @@ pub(super) enum Face {
     EnvdHttp,
     /// envd's Connect RPCs, in a sandbox (errors Connect's).
     EnvdRpc,
+    /// The code interpreter, in a sandbox (errors as the REST API's).
+    Interpreter,
 }
 
 impl Face {
     pub(super) fn of(path: &str) -> Face {
         if path == "/files" || path == "/health" {
             Face::EnvdHttp
+        } else if path == "/execute" || path == "/contexts" || path.starts_with("/contexts/") {
+            Face::Interpreter
         } else if path.starts_with("/process.Process/") || path.starts_with("/filesystem.Filesystem/") {
             Face::EnvdRpc
         } else if path == "/sandboxes"
@@ -71,14 +82,19 @@ impl Face {
 
     /// Whether its requests are identified by a sandbox's access token, not a key.
     pub(super) fn in_sandbox(self) -> bool {
-        matches!(self, Face::EnvdHttp | Face::EnvdRpc)
+        matches!(self, Face::EnvdHttp | Face::EnvdRpc | Face::Interpreter)
     }
 }
 
-/// The sandbox an in-sandbox request names and the access token it carries (empty: none).
+/// The sandbox an in-sandbox request names and the access token it carries (empty: none):
+/// `X-Access-Token`, or else `E2B-Traffic-Access-Token`.
 pub(super) fn sandbox_access(headers: &HeaderMap) -> (&str, &str) {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
-    (get(SANDBOX_HEADER), get(ACCESS_HEADER))
+    let token = match get(ACCESS_HEADER) {
+        "" => get(TRAFFIC_HEADER),
+        token => token,
+    };
+    (get(SANDBOX_HEADER), token)
 }
 
 /// The key of an E2B client: `X-API-KEY`, where `e2b_HEX` is the tenant key `farm_HEX` (E2B's
@@ -97,7 +113,10 @@ pub(super) fn api_key(headers: &HeaderMap) -> Option<String> {
 pub(super) async fn errors(request: Request, next: Next) -> Response {
     let face = Face::of(request.uri().path());
     let response = next.run(request).await;
-    if face == Face::None || response.status().is_success() {
+    if face == Face::None
+        || response.status().is_success()
+        || response.extensions().get::<interpreter::Relayed>().is_some()
+    {
         return response;
     }
     let (parts, body) = response.into_parts();
@@ -155,10 +174,19 @@ mod tests {
         assert_eq!(Face::of("/sandboxes/abc/timeout"), Face::Rest);
         assert_eq!(Face::of("/files"), Face::EnvdHttp);
         assert_eq!(Face::of("/process.Process/Start"), Face::EnvdRpc);
-        for path in ["/v1/sandboxes", "/v1/sandboxes/x/files", "/sandboxesX", "/metrics"] {
+        assert_eq!(Face::of("/execute"), Face::Interpreter);
+        assert_eq!(Face::of("/contexts/abc/restart"), Face::Interpreter);
+        for path in [
+            "/v1/sandboxes",
+            "/v1/sandboxes/x/files",
+            "/sandboxesX",
+            "/metrics",
+            "/executeX",
+            "/contextsX",
+        ] {
             assert_eq!(Face::of(path), Face::None, "{path}");
         }
-        assert!(Face::EnvdRpc.in_sandbox() && !Face::Rest.in_sandbox());
+        assert!(Face::EnvdRpc.in_sandbox() && Face::Interpreter.in_sandbox() && !Face::Rest.in_sandbox());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use axum::handler::Handler;
 
 use super::{Body, Routes};
 use crate::serve::e2b::connect::STREAM_TYPE;
-use crate::serve::e2b::{control, envd, filesystem, watch};
+use crate::serve::e2b::{control, envd, filesystem, interpreter, watch};
 use crate::serve::http::App;
 
 /// E2B's REST API and envd's routes, each body of E2B's shape.
@@ -15,6 +15,7 @@ pub(super) fn e2b_routes(r: &mut Routes) {
     envd_routes(r);
     envd_rpc_routes(r);
     filesystem_rpc_routes(r);
+    interpreter_routes(r);
 }
 
 /// E2B's REST API.
@@ -239,6 +240,61 @@ fn filesystem_rpc_routes(r: &mut Routes) {
         "/filesystem.Filesystem/WatchDir",
         watch::stream,
         "E2B envd, Connect RPC: a folder's changes as a stream",
+    );
+}
+
+/// E2B's code interpreter in a sandbox (`E2b-Sandbox-Port: 49999`).
+fn interpreter_routes(r: &mut Routes) {
+    let json = || Body::Raw("application/json");
+    let context = || vec![("200", "{id, language, cwd}", json())];
+    r.add(
+        Post,
+        "/execute",
+        interpreter::execute,
+        "E2B code interpreter: run code in a context's kernel, its output as lines of JSON",
+        &[],
+        Some(json()),
+        vec![(
+            "200",
+            "the run's output, a JSON object a line",
+            Body::Raw("application/x-ndjson"),
+        )],
+    );
+    r.add(
+        Post,
+        "/contexts",
+        interpreter::create_context,
+        "E2B code interpreter: a new context (a kernel of its own)",
+        &[],
+        Some(json()),
+        context(),
+    );
+    r.add(
+        Get,
+        "/contexts",
+        interpreter::list_contexts,
+        "E2B code interpreter: the contexts",
+        &[],
+        None,
+        vec![("200", "[{id, language, cwd}]", json())],
+    );
+    r.add(
+        Delete,
+        "/contexts/{context}",
+        interpreter::remove_context,
+        "E2B code interpreter: remove a context",
+        &[],
+        None,
+        vec![("200", "removed", json())],
+    );
+    r.add(
+        Post,
+        "/contexts/{context}/restart",
+        interpreter::restart_context,
+        "E2B code interpreter: a context's kernel anew",
+        &[],
+        None,
+        vec![("200", "restarted", json())],
     );
 }
 

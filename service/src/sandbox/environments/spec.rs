@@ -177,7 +177,7 @@ impl EnvironmentRequest {
 fn image_reference(image: &str) -> ApiResult<String> {
     let bad = |why: &str| ApiError::field(ErrorKind::Invalid, "image", format!("{image:?}: {why}"));
     let image = image.trim();
-    if image == "minimal" || image == "python" {
+    if images::cache::IMAGES.contains(&image) {
         return Ok(image.to_string());
     }
     let reference = image.strip_prefix("registry:").unwrap_or(image);

@@ -326,6 +326,25 @@ impl Sandboxes {
         Ok((self.guest(id).await?, in_use))
     }
 
+    /// A connection to `port` on the guest's own loopback, for a front door that speaks to a
+    /// server in the sandbox (E2B's code interpreter), and a guard that keeps the sandbox
+    /// from idling while it lasts. A port where nothing listens gives a stream that ends at
+    /// once. 409 while the sandbox is paused.
+    pub async fn connect_port(
+        &self,
+        id: &SandboxId,
+        port: u16,
+    ) -> ApiResult<(tokio::io::DuplexStream, Box<dyn Send + 'static>)> {
+        let (guest, in_use) = self.port_guest(id).await?;
+        let stream = guest.connect(port).await.map_err(|e| {
+            ApiError::new(
+                ErrorKind::GuestFailed,
+                format!("cannot reach port {port} of sandbox {id}: {e}"),
+            )
+        })?;
+        Ok((stream, Box::new(in_use)))
+    }
+
     /// The guest of a running sandbox, used without holding its lock.
     async fn guest(&self, id: &str) -> ApiResult<Guest> {
         let sandbox = self.get(id)?;

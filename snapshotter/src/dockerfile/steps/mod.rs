@@ -382,7 +382,7 @@ fn image_spec(from: &str, dir: &std::path::Path, confined: bool) -> Result<Strin
         .any(|p| from.starts_with(p));
     if confined && farm_scheme && !from.starts_with("registry:") {
         return Err(StepError::Unsupported(format!(
-            "FROM {from}: this Dockerfile may name registry images and farm:minimal or farm:python only (no host paths)"
+            "FROM {from}: this Dockerfile may name registry images and farm:minimal, farm:python or farm:code-interpreter only (no host paths)"
         )));
     }
     let spec = if farm_scheme {
