@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# E2B's SDK (PyPI, unmodified) against farm's own SDK on one `farm serve`: create-to-first-
-# command, the two clients alternating in one run (bench/e2b_sdks.py). The cost of E2B's protocol
-# as a front door is the ratio.
+# E2B's SDKs (PyPI, unmodified) against farm's own SDK on one `farm serve`: create-to-first-
+# command, create-to-first-run_code and a run_code round trip, the clients alternating in one
+# run (bench/e2b_sdks.py). The cost of E2B's protocol as a front door is the ratio.
 #
 #   bench/e2b.sh [N]        (default 20 rounds; after scripts/setup.sh, which makes the venv)
 #
