@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 import httpx
 
@@ -136,6 +137,27 @@ later = resumed.commands.run("sleep 1; echo joined", background=True)
 assert resumed.commands.connect(later.pid).wait().stdout == "joined\n"
 a_id = resumed.sandbox_id
 a_token = resumed._envd_access_token
+# get_host(port): a server the sandbox started, reached at the host name the SDK makes (a
+# name of farm's port listener: `{port}-{id}.{key}.localhost:PORT`, which a browser resolves
+# to loopback; here the request goes to 127.0.0.1 with that name as its Host).
+resumed.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp", background=True)
+a_host = resumed.get_host(8000)
+assert a_host.startswith(f"8000-{a_id}."), a_host
+listener = a_host.rsplit(":", 1)[1]
+
+
+def through(host):
+    return httpx.get(f"http://127.0.0.1:{listener}/a.txt", headers={"Host": host}, timeout=30)
+
+
+for _ in range(300):  # a wait for the server to listen, not a claim on its speed
+    served = through(a_host)
+    if served.status_code == 200:
+        break
+    time.sleep(0.2)
+assert served.status_code == 200 and served.text == "one", (served.status_code, served.text)
+nothing = through(resumed.get_host(8001))
+assert nothing.status_code == 502, (nothing.status_code, nothing.text)
 # E2B's fork (farm's branch: memory, processes and files as they are) and snapshot (a farm
 # environment, the template of later creates), where the SDK has them (2.63, not 2.45).
 if hasattr(resumed, "fork"):
@@ -174,6 +196,18 @@ if hasattr(Sandbox, "fork"):
         pass
 assert [s.sandbox_id for s in Sandbox.list(**b_env).next_items()] == []
 b_sbx = Sandbox.create(template=TEMPLATE, **b_env)
+# Another sandbox's host key, a forged one, or A's key for B's sandbox opens no port.
+a_key_label = a_host.split(".")[1]
+b_key_label = b_sbx.get_host(8000).split(".")[1]
+assert a_key_label != b_key_label
+for host in (
+    a_host.replace(a_key_label, b_key_label),
+    a_host.replace(a_key_label, a_key_label[:-1] + ("0" if a_key_label[-1] != "0" else "1")),
+    a_host.replace(a_id, b_sbx.sandbox_id),
+    a_host.replace(a_key_label, a_token[:32]),
+):
+    refused = through(host)
+    assert refused.status_code == 404 and "one" not in refused.text, (host, refused.status_code, refused.text)
 seen["b"] = "ok"
 
 # --- By hand: a sandbox's access token opens its own in-sandbox routes and nothing else.

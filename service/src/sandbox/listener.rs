@@ -33,27 +33,49 @@ pub fn held_by_owner(tenancy: &Arc<crate::tenancy::Tenancy>) -> Hold {
     Arc::new(move |id: &str| owners.hold_for_sandbox(id).map(|held| Box::new(held) as Box<dyn Send>))
 }
 
-/// The token a request head names: the first label of its host, its `Farm-Port-Token`
-/// header, or its `farm_token` query parameter (the first one present).
-fn token_of(head: &httparse::Request<'_, '_>) -> Option<String> {
+/// What a request head names to open.
+#[derive(Debug, PartialEq)]
+enum Named {
+    /// A port's token: the first label of its host, its `Farm-Port-Token` header, or its
+    /// `farm_token` query parameter (the first one present).
+    Token(String),
+    /// E2B's host name of a sandbox's port, `{port}-{sandbox}.{key}.DOMAIN` (the SDK's
+    /// `get_host`): any port of that sandbox, with its host key.
+    E2bHost { port: u16, sandbox: String, key: String },
+}
+
+/// What the request head names, if anything.
+fn named(head: &httparse::Request<'_, '_>) -> Option<Named> {
     let header = |name: &str| {
         head.headers
             .iter()
             .find(|h| h.name.eq_ignore_ascii_case(name))
             .and_then(|h| std::str::from_utf8(h.value).ok())
     };
-    let from_host = header("host")
-        .and_then(|host| host.split_once('.').map(|(label, _)| label.to_ascii_lowercase()))
-        .filter(|label| label.len() == 32 && label.bytes().all(|b| b.is_ascii_hexdigit()));
+    let host = header("host").map(|h| h.to_ascii_lowercase());
+    let labels: Vec<&str> = host.as_deref().map(|h| h.split('.').collect()).unwrap_or_default();
+    let hex32 = |label: &str| label.len() == 32 && label.bytes().all(|b| b.is_ascii_hexdigit());
+    if let Some(first) = labels.first().filter(|l| hex32(l)) {
+        return Some(Named::Token(first.to_string()));
+    }
+    if let (Some(first), Some(key)) = (labels.first(), labels.get(1).filter(|l| hex32(l))) {
+        if let Some((port, sandbox)) = first.split_once('-') {
+            if let Ok(port @ 1..) = port.parse::<u16>() {
+                return Some(Named::E2bHost {
+                    port,
+                    sandbox: sandbox.to_string(),
+                    key: key.to_string(),
+                });
+            }
+        }
+    }
     let from_query = head.path.and_then(|path| {
         let query = path.split_once('?')?.1;
         query
             .split('&')
             .find_map(|pair| pair.strip_prefix("farm_token=").map(str::to_string))
     });
-    from_host
-        .or_else(|| header("farm-port-token").map(str::to_string))
-        .or(from_query)
+    header("farm-port-token").map(str::to_string).or(from_query).map(Named::Token)
 }
 
 /// What the listener tells a client it refuses, and then closes.
@@ -94,15 +116,19 @@ async fn connection(mut stream: tokio::net::TcpStream, sandboxes: &Sandboxes, ho
     if request.parse(&head).is_err() {
         return refuse(&mut stream, 400, "not an HTTP request").await;
     }
-    let Some(token) = token_of(&request) else {
-        return refuse(
-            &mut stream,
-            401,
-            "a port token is required (TOKEN.host, Farm-Port-Token, or ?farm_token=)",
-        )
-        .await;
+    let found = match named(&request) {
+        None => {
+            return refuse(
+                &mut stream,
+                401,
+                "a port token is required (TOKEN.host, Farm-Port-Token, or ?farm_token=)",
+            )
+            .await
+        }
+        Some(Named::Token(token)) => sandboxes.port_of_token(&token),
+        Some(Named::E2bHost { port, sandbox, key }) => sandboxes.is_host_key(&sandbox, &key).then_some((sandbox, port)),
     };
-    let Some((sandbox, port)) = sandboxes.port_of_token(&token) else {
+    let Some((sandbox, port)) = found else {
         return refuse(&mut stream, 404, "no open port has that token").await;
     };
     // One of its owner's connections while it lasts.
@@ -186,11 +212,18 @@ async fn read_head(stream: &mut tokio::net::TcpStream, head: &mut Vec<u8>) -> st
 mod tests {
     use super::*;
 
-    fn token(raw: &[u8]) -> Option<String> {
+    fn parse(raw: &[u8]) -> Option<Named> {
         let mut headers = [httparse::EMPTY_HEADER; 16];
         let mut request = httparse::Request::new(&mut headers);
         request.parse(raw).unwrap();
-        token_of(&request)
+        named(&request)
+    }
+
+    fn token(raw: &[u8]) -> Option<String> {
+        match parse(raw)? {
+            Named::Token(token) => Some(token),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -204,5 +237,29 @@ mod tests {
         assert_eq!(token(query.as_bytes()).as_deref(), Some(t));
         assert_eq!(token(b"GET / HTTP/1.1\r\nHost: www.example.org\r\n\r\n"), None);
         assert_eq!(token(b"GET / HTTP/1.1\r\n\r\n"), None);
+    }
+
+    #[test]
+    fn e2bs_host_names_a_port_a_sandbox_and_its_key() {
+        let key = "00112233445566778899aabbccddeeff";
+        let raw = format!("GET / HTTP/1.1\r\nHost: 8000-sb-ab12.{key}.localhost:8766\r\n\r\n");
+        assert_eq!(
+            parse(raw.as_bytes()),
+            Some(Named::E2bHost {
+                port: 8000,
+                sandbox: "sb-ab12".into(),
+                key: key.into()
+            })
+        );
+        // Not E2B's shape: port 0, past 65535, not a number, a key that is not 32 hex digits.
+        for host in [
+            format!("0-sb-ab12.{key}.localhost"),
+            format!("70000-sb-ab12.{key}.localhost"),
+            format!("x-sb-ab12.{key}.localhost"),
+            "8000-sb-ab12.0011.localhost".to_string(),
+        ] {
+            let raw = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
+            assert_eq!(parse(raw.as_bytes()), None, "{host}");
+        }
     }
 }

@@ -67,6 +67,12 @@ impl Ports {
         Ok(view)
     }
 
+    /// The domain under which E2B's host names of a sandbox's ports (`{port}-{id}.` it)
+    /// reach the listener: the sandbox's host key, the listener's domain and its port.
+    pub fn host_domain(&self, key: &str) -> String {
+        format!("{key}.{}:{}", self.domain, self.address.port())
+    }
+
     /// The open ports on a sandbox's card, by port.
     pub fn list(&self, card: &Card) -> PortList {
         PortList {

@@ -227,6 +227,28 @@ impl Tenancy {
         .expect("a key is given")
     }
 
+    /// The key in E2B's host names of sandbox `sandbox`'s ports
+    /// (`{port}-{sandbox}.{key}.DOMAIN`, what the SDK's `get_host` makes of a create's
+    /// `domain`): 128 bits of an HMAC of the tenant and the sandbox under the tenants
+    /// database's secret, apart from the access token (a URL shown to someone opens the
+    /// sandbox's ports, not its processes and files).
+    pub fn sandbox_host_key(&self, tenant: TenantId, sandbox: &str) -> String {
+        let mac = mcp_hmac(
+            Some(&self.secret),
+            &format!("e2b host tenant {} sandbox {sandbox}", tenant.0),
+        )
+        .expect("a key is given");
+        mac[..32].to_string()
+    }
+
+    /// Whether `key` is sandbox `sandbox`'s host key (compared in constant time).
+    pub fn is_sandbox_host_key(&self, sandbox: &str, key: &str) -> bool {
+        sandbox.len() <= crate::bounds::ID_BYTES
+            && self.owners.of(Kind::Sandbox, sandbox).iter().any(|owner| {
+                bool::from(self.sandbox_host_key(owner.tenant, sandbox).as_bytes().ct_eq(key.as_bytes()))
+            })
+    }
+
     /// Who holds `token` for sandbox `sandbox`: its owner, with the key id `sandbox:ID`
     /// (which [`Who::sandbox_access`] reads), or a 401 that says nothing of the sandbox.
     pub fn identify_sandbox_access(&self, sandbox: &str, token: &str) -> Result<Who, ApiError> {

@@ -63,8 +63,18 @@ fn sandbox_json(app: &App, who: &Who, view: &SandboxView) -> Value {
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
         "trafficAccessToken": token,
-        "domain": Value::Null,
+        "domain": domain(app, who, view),
     })
+}
+
+/// The `domain` of a sandbox: the SDK's `get_host(port)` is `{port}-{id}.{domain}`, a host
+/// name of farm's port listener that opens that port of this sandbox (its host key in it).
+fn domain(app: &App, who: &Who, view: &SandboxView) -> Value {
+    let Ok(api) = api(app) else { return Value::Null };
+    let Ok(id) = api.sandboxes.resolve(who, &view.id) else {
+        return Value::Null;
+    };
+    json!(api.sandboxes.e2b_domain(who.tenant(), &id))
 }
 
 /// E2B's `ListedSandbox` and `SandboxDetail` (the detail adds the access token).
@@ -196,6 +206,7 @@ pub(in crate::serve) async fn info(State(app): State<App>, Extension(who): Exten
     let view = api(&app)?.sandboxes.view(&id).await?;
     let mut detail = listed_json(&view);
     detail["envdAccessToken"] = json!(app.service.tenancy.sandbox_access_token(who.tenant(), &view.id));
+    detail["domain"] = domain(&app, &who, &view);
     Ok(axum::Json(detail).into_response())
 }
 

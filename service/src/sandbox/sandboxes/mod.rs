@@ -319,6 +319,18 @@ impl Sandboxes {
         super::ports::lookup(self.forks().cards(), token)
     }
 
+    /// Whether `key` opens the ports of sandbox `sandbox` by E2B's host names.
+    pub(crate) fn is_host_key(&self, sandbox: &str, key: &str) -> bool {
+        self.tenancy.is_sandbox_host_key(sandbox, key)
+    }
+
+    /// The `domain` E2B's SDK is given for sandbox `id` of `tenant`: its `get_host(port)`,
+    /// `{port}-{id}.{domain}`, is then a host name of the port listener that opens that
+    /// port (`KEY.DOMAIN:PORT`, the key [`crate::tenancy::Tenancy::sandbox_host_key`]).
+    pub fn e2b_domain(&self, tenant: tenants::TenantId, id: &SandboxId) -> String {
+        self.ports.host_domain(&self.tenancy.sandbox_host_key(tenant, id))
+    }
+
     /// The guest behind an open port (409 while its sandbox is paused), and a guard that
     /// keeps the sandbox from idling while the connection lasts.
     pub(crate) async fn port_guest(&self, id: &str) -> ApiResult<(Guest, impl Drop + Send + 'static)> {
