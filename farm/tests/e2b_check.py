@@ -9,10 +9,13 @@ raises.
 """
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import sys
 import time
+import urllib.parse
 
 import httpx
 
@@ -158,6 +161,48 @@ for _ in range(300):  # a wait for the server to listen, not a claim on its spee
 assert served.status_code == 200 and served.text == "one", (served.status_code, served.text)
 nothing = through(resumed.get_host(8001))
 assert nothing.status_code == 502, (nothing.status_code, nothing.text)
+# Signed file URLs (download_url, upload_url): a plain client with no header at all; the
+# signature (of the path, the operation, the user and the expiry, with the sandbox's token)
+# names the sandbox.
+plain = httpx.Client(timeout=60)
+assert plain.get(resumed.download_url("/tmp/a.txt")).content == b"one"
+uploaded = plain.post(resumed.upload_url("/tmp/up.txt"), files={"file": ("any-name.txt", b"uploaded")})
+assert uploaded.status_code == 200, (uploaded.status_code, uploaded.text)
+assert resumed.files.read("/tmp/up.txt") == "uploaded"
+assert plain.get(resumed.download_url("/tmp/a.txt", use_signature_expiration=600)).content == b"one"
+
+
+def signed(path, operation, expiration=None, token=a_token, **extra):
+    raw = f"{path}:{operation}::{token}" + (f":{expiration}" if expiration is not None else "")
+    signature = "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+    query = {"path": path, "signature": signature, **extra}
+    if expiration is not None:
+        query["signature_expiration"] = str(expiration)
+    return URL + "/files?" + urllib.parse.urlencode(query)
+
+
+assert plain.get(signed("/tmp/a.txt", "read")).content == b"one", "the test signs as the SDK does"
+read_url = signed("/tmp/a.txt", "read")
+signed_refusals = {
+    # Another path under the signature of /tmp/a.txt.
+    "other_path": plain.get(read_url.replace(urllib.parse.quote("/tmp/a.txt", safe=""), urllib.parse.quote("/etc/shadow", safe=""))),
+    # A second path after the signed one (the handler and the check read one value a key).
+    "two_paths": plain.get(read_url + "&path=%2Fetc%2Fshadow"),
+    # A read URL used to write.
+    "read_as_write": plain.post(read_url, files={"file": ("a.txt", b"overwritten")}),
+    # Expired.
+    "expired": plain.get(signed("/tmp/a.txt", "read", int(time.time()) - 5)),
+    # An upload with no path (its parts would name where to write).
+    "no_path": plain.post(signed("", "write"), files={"file": ("/tmp/a.txt", b"overwritten")}),
+    # A forged signature, and one made with a tenant's key.
+    "forged": plain.get(signed("/tmp/a.txt", "read", token=a_token[:-1] + ("0" if a_token[-1] != "0" else "1"))),
+    "key_signed": plain.get(signed("/tmp/a.txt", "read", token=A_KEY)),
+}
+statuses = {name: r.status_code for name, r in signed_refusals.items()}
+assert all(code in (400, 401) for code in statuses.values()), statuses
+assert all(r.content != b"one" and a_id not in r.text for r in signed_refusals.values()), statuses
+assert resumed.files.read("/tmp/a.txt") == "one", "no refused upload wrote"
+seen["signed"] = "ok"
 # E2B's fork (farm's branch: memory, processes and files as they are) and snapshot (a farm
 # environment, the template of later creates), where the SDK has them (2.63, not 2.45).
 if hasattr(resumed, "fork"):

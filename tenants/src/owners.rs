@@ -241,6 +241,17 @@ impl Owners {
         Ok(empty)
     }
 
+    /// Every id of a kind with each of its owners.
+    pub fn all(&self, kind: Kind) -> Vec<(String, TenantId)> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .flat_map(|((_, id), owners)| owners.iter().map(|o| (id.clone(), o.tenant)))
+            .collect()
+    }
+
     /// The ids of a kind a tenant owns.
     pub fn owned(&self, kind: Kind, tenant: TenantId) -> Vec<String> {
         self.map

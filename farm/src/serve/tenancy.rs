@@ -42,9 +42,15 @@ pub(in crate::serve) async fn layer(
         return bounds.into_response();
     }
     let identified = if super::e2b::Face::of(&path).in_sandbox() {
-        // E2B's envd routes: a sandbox's access token, for that sandbox alone.
-        let (sandbox, token) = super::e2b::sandbox_access(request.headers());
-        tenancy.identify_sandbox_access(sandbox, token)
+        // E2B's envd routes: a sandbox's access token, for that sandbox alone, or a signed
+        // file URL, for the one file operation it signs.
+        match super::e2b::envd::signed_claim(tenancy, &request) {
+            Some(signed) => signed,
+            None => {
+                let (sandbox, token) = super::e2b::sandbox_access(request.headers());
+                tenancy.identify_sandbox_access(sandbox, token)
+            }
+        }
     } else {
         let authorization = request
             .headers()

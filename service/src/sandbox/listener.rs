@@ -75,7 +75,10 @@ fn named(head: &httparse::Request<'_, '_>) -> Option<Named> {
             .split('&')
             .find_map(|pair| pair.strip_prefix("farm_token=").map(str::to_string))
     });
-    header("farm-port-token").map(str::to_string).or(from_query).map(Named::Token)
+    header("farm-port-token")
+        .map(str::to_string)
+        .or(from_query)
+        .map(Named::Token)
 }
 
 /// What the listener tells a client it refuses, and then closes.

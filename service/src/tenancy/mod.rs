@@ -61,6 +61,37 @@ pub struct Who {
 /// The key id of a caller who holds one sandbox's access token, before the sandbox's id.
 const SANDBOX_ACCESS: &str = "sandbox:";
 
+/// The key id of a caller who holds a signed file URL of one sandbox (E2B's `download_url`
+/// and `upload_url`), before the sandbox's id: it opens the one file operation signed.
+const SIGNED_FILE: &str = "signed-file:";
+
+/// What a signed file URL claims (E2B's v1 signature): the operation on one path as one
+/// user, until an expiry, signed with a sandbox's access token as
+/// `v1_` + base64(SHA-256(`path:operation:user:token[:expiration]`)), unpadded.
+pub struct SignedFile<'a> {
+    pub path: &'a str,
+    /// A write (an upload); otherwise a read.
+    pub write: bool,
+    pub user: &'a str,
+    /// Seconds since the epoch after which it is refused.
+    pub expiration: Option<u64>,
+    pub signature: &'a str,
+}
+
+impl SignedFile<'_> {
+    /// The signature `token` makes of this claim.
+    fn signed_with(&self, token: &str) -> String {
+        use base64::Engine;
+        let operation = if self.write { "write" } else { "read" };
+        let mut raw = format!("{}:{operation}:{}:{token}", self.path, self.user);
+        if let Some(expiration) = self.expiration {
+            raw.push_str(&format!(":{expiration}"));
+        }
+        let digest = Sha256::digest(raw.as_bytes());
+        format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest))
+    }
+}
+
 impl Who {
     pub fn tenant(&self) -> TenantId {
         self.profile.id()
@@ -70,6 +101,12 @@ impl Who {
     /// (a tenant's key or the service token: None).
     pub fn sandbox_access(&self) -> Option<&str> {
         self.key_id.strip_prefix(SANDBOX_ACCESS)
+    }
+
+    /// The sandbox whose signed file URL the caller holds, when that is how it was
+    /// identified.
+    pub fn signed_file(&self) -> Option<&str> {
+        self.key_id.strip_prefix(SIGNED_FILE)
     }
 }
 
@@ -245,7 +282,11 @@ impl Tenancy {
     pub fn is_sandbox_host_key(&self, sandbox: &str, key: &str) -> bool {
         sandbox.len() <= crate::bounds::ID_BYTES
             && self.owners.of(Kind::Sandbox, sandbox).iter().any(|owner| {
-                bool::from(self.sandbox_host_key(owner.tenant, sandbox).as_bytes().ct_eq(key.as_bytes()))
+                bool::from(
+                    self.sandbox_host_key(owner.tenant, sandbox)
+                        .as_bytes()
+                        .ct_eq(key.as_bytes()),
+                )
             })
     }
 
@@ -265,6 +306,36 @@ impl Tenancy {
         }
         Err(unauthorized(
             "a sandbox's own routes need its access token (X-Access-Token) and its id (E2b-Sandbox-Id)",
+        ))
+    }
+
+    /// Who holds a signed file URL (E2B's `download_url`, `upload_url`, which name no
+    /// sandbox): the owner of the one sandbox whose access token made its signature, found
+    /// among the node's sandboxes (compared in constant time), with the key id
+    /// `signed-file:ID` ([`Who::signed_file`]); or a 401 that says nothing of any sandbox. An
+    /// expired claim is refused before any is looked at.
+    pub fn identify_signed_file(&self, file: &SignedFile<'_>, now_s: u64) -> Result<Who, ApiError> {
+        if file.expiration.is_some_and(|at| at < now_s) {
+            return Err(unauthorized("the signed file URL has expired: sign a new one"));
+        }
+        if file.path.is_empty() {
+            // An upload with no path writes where its parts' names say: nothing signed.
+            return Err(unauthorized("a signed file URL names its file (path)"));
+        }
+        // `v1_` and 43 characters of base64: anything else matches no sandbox.
+        if file.signature.len() == 46 && file.signature.starts_with("v1_") {
+            for (sandbox, tenant) in self.owners.all(Kind::Sandbox) {
+                let expected = file.signed_with(&self.sandbox_access_token(tenant, &sandbox));
+                if bool::from(expected.as_bytes().ct_eq(file.signature.as_bytes())) {
+                    return Ok(Who {
+                        profile: self.profile_of(tenant)?,
+                        key_id: format!("{SIGNED_FILE}{sandbox}"),
+                    });
+                }
+            }
+        }
+        Err(unauthorized(
+            "the file URL's signature is not one of a sandbox's (its path, operation, user and expiry are signed)",
         ))
     }
 

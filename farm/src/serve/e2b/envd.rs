@@ -47,12 +47,18 @@ impl FromRequestParts<App> for InSandbox {
             .extensions
             .get::<Who>()
             .ok_or_else(|| refused(ErrorKind::Internal, "a route outside the tenancy layer"))?;
-        if named.is_empty() || who.sandbox_access() != Some(named) {
-            return Err(HttpError::from(service::tenancy::unauthorized(
-                "a sandbox's own routes need its access token (X-Access-Token) and its id (E2b-Sandbox-Id)",
-            )));
-        }
-        Ok(InSandbox(app.service.sandbox_api()?.sandboxes.resolve(who, named)?))
+        let sandbox = match (who.sandbox_access(), who.signed_file()) {
+            (Some(held), _) if !named.is_empty() && held == named => held,
+            // A signed file URL names its sandbox by its signature alone (and only `/files`
+            // is identified so: `signed_claim`).
+            (None, Some(signed)) if parts.uri.path() == "/files" && (named.is_empty() || named == signed) => signed,
+            _ => {
+                return Err(HttpError::from(service::tenancy::unauthorized(
+                    "a sandbox's own routes need its access token (X-Access-Token) and its id (E2b-Sandbox-Id)",
+                )))
+            }
+        };
+        Ok(InSandbox(app.service.sandbox_api()?.sandboxes.resolve(who, sandbox)?))
     }
 }
 
@@ -66,12 +72,12 @@ pub(in crate::serve) async fn health(State(app): State<App>, InSandbox(id): InSa
     Ok(no_content())
 }
 
-/// `?path=...&username=...` of `/files`.
+/// `?path=...&username=...` of `/files`, and a signed URL's `signature` and
+/// `signature_expiration`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(in crate::serve) struct FileQuery {
     path: Option<String>,
-    #[allow(dead_code)] // files are the sandbox user's: the one the environment runs as
     username: Option<String>,
     signature: Option<String>,
     signature_expiration: Option<u64>,
@@ -79,9 +85,33 @@ pub(in crate::serve) struct FileQuery {
 
 impl QueryOf for FileQuery {}
 
+/// Who a request to `/files` with a signature and no access token is, by its signed URL
+/// (E2B's `download_url`, `upload_url`): the query read as the handler reads it (one value a
+/// key, so both read the same path), the operation its method. `None`: not such a request.
+pub(in crate::serve) fn signed_claim(
+    tenancy: &service::tenancy::Tenancy,
+    request: &axum::extract::Request,
+) -> Option<Result<Who, service::ApiError>> {
+    if request.uri().path() != "/files" || !super::sandbox_access(request.headers()).1.is_empty() {
+        return None;
+    }
+    let q = axum::extract::Query::<FileQuery>::try_from_uri(request.uri()).ok()?.0;
+    let signature = q.signature.as_deref()?;
+    let claim = service::tenancy::SignedFile {
+        path: q.path.as_deref().unwrap_or(""),
+        write: request.method() == axum::http::Method::POST,
+        user: q.username.as_deref().unwrap_or(""),
+        expiration: q.signature_expiration,
+        signature,
+    };
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Some(tenancy.identify_signed_file(&claim, now_s))
+}
+
 /// `GET /files?path=`: the file's bytes (404 when there is none).
 pub(in crate::serve) async fn download(State(app): State<App>, InSandbox(id): InSandbox, Q(q): Q<FileQuery>) -> Reply {
-    unsigned(&q)?;
     let path = q
         .path
         .ok_or_else(|| refused(ErrorKind::Invalid, "path: the file to read"))?;
@@ -98,7 +128,6 @@ pub(in crate::serve) async fn upload(
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
-    unsigned(&q)?;
     let content_type = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -149,15 +178,6 @@ pub(in crate::serve) async fn upload(
 }
 
 /// Signed URLs (a file's URL without headers) are not served yet: refused by name.
-fn unsigned(q: &FileQuery) -> Result<(), HttpError> {
-    if q.signature.is_some() || q.signature_expiration.is_some() {
-        return Err(refused(
-            ErrorKind::Invalid,
-            "signed file URLs are not served by farm yet: read and write files through the SDK's files calls",
-        ));
-    }
-    Ok(())
-}
 
 /// `process.StartRequest` as JSON.
 #[derive(Debug, Deserialize)]
