@@ -177,8 +177,6 @@ pub(in crate::serve) async fn upload(
     Ok(axum::Json(written).into_response())
 }
 
-/// Signed URLs (a file's URL without headers) are not served yet: refused by name.
-
 /// `process.StartRequest` as JSON.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
