@@ -29,6 +29,7 @@ def as_e2b(key):
 os.environ["E2B_API_KEY"] = as_e2b(A_KEY)
 
 from e2b_code_interpreter import AsyncSandbox, Sandbox  # noqa: E402 (after the settings it reads)
+from e2b import TimeoutException  # noqa: E402
 
 seen = {}
 
@@ -72,6 +73,20 @@ assert ctx.id in {c.id for c in sbx.list_code_contexts()}
 sbx.run_code("y = 1", context=ctx)
 sbx.restart_code_context(ctx)
 assert sbx.run_code("y", context=ctx).error.name == "NameError"
+# A kernel that dies is started again, and the run says so.
+sbx.run_code("z = 1", context=ctx)
+died = sbx.run_code("import os\nos._exit(1)", context=ctx)
+assert died.error.name == "DeadKernelError", died
+assert sbx.run_code("z", context=ctx).error.name == "NameError"
+assert sbx.run_code("2 + 2", context=ctx).text == "4"
+# A client that gives up interrupts its run: the kernel is free for the next one at once (were
+# the ten minutes' sleep still running, the next run would time out behind it).
+try:
+    sbx.run_code("import time\ntime.sleep(600)", timeout=5)
+    raise AssertionError("a run past its timeout did not raise")
+except TimeoutException:
+    pass
+assert sbx.run_code("x", timeout=120).text == "41"
 sbx.remove_code_context(ctx)
 assert ctx.id not in {c.id for c in sbx.list_code_contexts()}
 seen["sync"] = "ok"
