@@ -124,12 +124,7 @@ pub(super) fn made(status: axum::http::StatusCode, id: &str, value: impl serde::
 }
 
 /// A JSON body, strictly ([`super::strict`]), or a 400 naming the field that is wrong.
-pub(super) fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    super::strict::parse(body).map_err(|e| ApiError {
-        field: e.path,
-        ..ApiError::new(ErrorKind::Invalid, format!("bad request body: {}", e.message))
-    })
-}
+pub(super) use super::strict::body as parse;
 
 /// The `Idempotency-Key` header, checked (None when absent).
 pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {

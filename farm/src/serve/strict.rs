@@ -28,6 +28,14 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BadJson> {
     read::<T>(bytes)
 }
 
+/// A request's JSON body, strictly, or a 400 naming the field that is wrong.
+pub fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, service::ApiError> {
+    parse(bytes).map_err(|e| service::ApiError {
+        field: e.path,
+        ..service::ApiError::new(service::ErrorKind::Invalid, format!("bad request body: {}", e.message))
+    })
+}
+
 fn read<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BadJson> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {

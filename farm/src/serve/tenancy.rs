@@ -44,7 +44,7 @@ pub(in crate::serve) async fn layer(
     let identified = if super::e2b::Face::of(&path).in_sandbox() {
         // E2B's envd routes: a sandbox's access token, for that sandbox alone, or a signed
         // file URL, for the one file operation it signs.
-        match super::e2b::envd::signed_claim(tenancy, &request) {
+        match super::e2b::signed_claim(tenancy, &request) {
             Some(signed) => signed,
             None => {
                 let (sandbox, token) = super::e2b::sandbox_access(request.headers());

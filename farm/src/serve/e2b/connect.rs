@@ -56,12 +56,12 @@ pub(in crate::serve) fn request<T: DeserializeOwned>(body: &[u8]) -> Result<T, A
             rest.len()
         )));
     }
-    crate::serve::http::parse(rest)
+    crate::serve::strict::body(rest)
 }
 
 /// A unary call's JSON request, read strictly as every body is (one value, no key twice).
 pub(in crate::serve) fn unary<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    crate::serve::http::parse(body)
+    crate::serve::strict::body(body)
 }
 
 /// Connect's name for a failure, from farm's kind where known, else from its status.

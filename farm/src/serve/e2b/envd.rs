@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::connect::{self, STREAM_TYPE};
-use super::{no_content, refused, typed, SANDBOX_HEADER};
+use super::{no_content, refused, typed, FileQuery, SANDBOX_HEADER};
 use crate::serve::error::HttpError;
 use crate::serve::http::{App, QueryOf, Reply, Q};
 use crate::serve::tenancy::Who;
@@ -72,43 +72,7 @@ pub(in crate::serve) async fn health(State(app): State<App>, InSandbox(id): InSa
     Ok(no_content())
 }
 
-/// `?path=...&username=...` of `/files`, and a signed URL's `signature` and
-/// `signature_expiration`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(in crate::serve) struct FileQuery {
-    path: Option<String>,
-    username: Option<String>,
-    signature: Option<String>,
-    signature_expiration: Option<u64>,
-}
-
 impl QueryOf for FileQuery {}
-
-/// Who a request to `/files` with a signature and no access token is, by its signed URL
-/// (E2B's `download_url`, `upload_url`): the query read as the handler reads it (one value a
-/// key, so both read the same path), the operation its method. `None`: not such a request.
-pub(in crate::serve) fn signed_claim(
-    tenancy: &service::tenancy::Tenancy,
-    request: &axum::extract::Request,
-) -> Option<Result<Who, service::ApiError>> {
-    if request.uri().path() != "/files" || !super::sandbox_access(request.headers()).1.is_empty() {
-        return None;
-    }
-    let q = axum::extract::Query::<FileQuery>::try_from_uri(request.uri()).ok()?.0;
-    let signature = q.signature.as_deref()?;
-    let claim = service::tenancy::SignedFile {
-        path: q.path.as_deref().unwrap_or(""),
-        write: request.method() == axum::http::Method::POST,
-        user: q.username.as_deref().unwrap_or(""),
-        expiration: q.signature_expiration,
-        signature,
-    };
-    let now_s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    Some(tenancy.identify_signed_file(&claim, now_s))
-}
 
 /// `GET /files?path=`: the file's bytes (404 when there is none).
 pub(in crate::serve) async fn download(State(app): State<App>, InSandbox(id): InSandbox, Q(q): Q<FileQuery>) -> Reply {

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::envd::{sandboxes, InSandbox};
-use super::refused;
+use super::{refused, Relayed};
 use crate::serve::http::{parse, App, Reply};
 use crate::serve::tenancy::Who;
 use service::{bounds, ErrorKind};
@@ -38,11 +38,6 @@ pub(in crate::serve) const MAX_ANSWER_BYTES: usize = 256 << 20;
 const MAX_HEAD: usize = 64 << 10;
 /// How long the guest has to begin an answer (making a context starts a kernel).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// Marks an answer relayed from the guest: its status and body are the interpreter's, not
-/// reshaped by [`super::errors`].
-#[derive(Clone, Copy)]
-pub(in crate::serve) struct Relayed;
 
 /// `POST /execute`'s body, as the SDK sends it (all four keys, `null` when unset).
 #[derive(Debug, Deserialize, Serialize)]

@@ -46,6 +46,11 @@ pub(super) const ACCESS_HEADER: &str = "x-access-token";
 /// sends `X-Access-Token` on `/execute` alone): farm answers the same token for both.
 pub(super) const TRAFFIC_HEADER: &str = "e2b-traffic-access-token";
 
+/// Marks an answer relayed from a sandbox's code interpreter: its status and body are the
+/// interpreter's, not reshaped by [`errors`].
+#[derive(Clone, Copy)]
+pub(super) struct Relayed;
+
 /// What a request is, for E2B's protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Face {
@@ -97,6 +102,42 @@ pub(super) fn sandbox_access(headers: &HeaderMap) -> (&str, &str) {
     (get(SANDBOX_HEADER), token)
 }
 
+/// `?path=...&username=...` of `/files`, and a signed URL's `signature` and
+/// `signature_expiration`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(in crate::serve) struct FileQuery {
+    pub(super) path: Option<String>,
+    username: Option<String>,
+    signature: Option<String>,
+    signature_expiration: Option<u64>,
+}
+
+/// Who a request to `/files` with a signature and no access token is, by its signed URL
+/// (E2B's `download_url`, `upload_url`): the query read as the handler reads it (one value a
+/// key, so both read the same path), the operation its method. `None`: not such a request.
+pub(in crate::serve) fn signed_claim(
+    tenancy: &service::tenancy::Tenancy,
+    request: &axum::extract::Request,
+) -> Option<Result<service::tenancy::Who, service::ApiError>> {
+    if request.uri().path() != "/files" || !sandbox_access(request.headers()).1.is_empty() {
+        return None;
+    }
+    let q = axum::extract::Query::<FileQuery>::try_from_uri(request.uri()).ok()?.0;
+    let signature = q.signature.as_deref()?;
+    let claim = service::tenancy::SignedFile {
+        path: q.path.as_deref().unwrap_or(""),
+        write: request.method() == axum::http::Method::POST,
+        user: q.username.as_deref().unwrap_or(""),
+        expiration: q.signature_expiration,
+        signature,
+    };
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Some(tenancy.identify_signed_file(&claim, now_s))
+}
+
 /// The key of an E2B client: `X-API-KEY`, where `e2b_HEX` is the tenant key `farm_HEX` (E2B's
 /// SDK of 2.45 refuses a key not shaped `e2b_<hex>`; `farm e2b env` gives it that shape).
 pub(super) fn api_key(headers: &HeaderMap) -> Option<String> {
@@ -113,10 +154,7 @@ pub(super) fn api_key(headers: &HeaderMap) -> Option<String> {
 pub(super) async fn errors(request: Request, next: Next) -> Response {
     let face = Face::of(request.uri().path());
     let response = next.run(request).await;
-    if face == Face::None
-        || response.status().is_success()
-        || response.extensions().get::<interpreter::Relayed>().is_some()
-    {
+    if face == Face::None || response.status().is_success() || response.extensions().get::<Relayed>().is_some() {
         return response;
     }
     let (parts, body) = response.into_parts();
