@@ -109,7 +109,8 @@ class _Core(Generic[_Transport]):
         self.url = resolve_url(url)
         self.timeout = timeout
         self.retries = retries
-        self._open(_headers(resolve_token(token)), transport)
+        self.token = resolve_token(token)
+        self._open(_headers(self.token), transport)
 
     def _open(self, headers: Dict[str, str], transport: Optional[_Transport]) -> None:
         """Makes the httpx client that sends every request with `headers`."""

@@ -29,6 +29,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ._beside import beside
+from ._release import release_with
 from .client import Farm, Sandbox
 from .errors import FarmError
 
@@ -78,8 +79,9 @@ class FarmEnvironmentConfig(BaseModel):
 
 class FarmEnvironment:
     """mini-swe-agent's environment in a farm sandbox (see the module's documentation). The
-    sandbox is made at once; `cleanup()` (also on leaving a `with` block) removes it. An
-    existing `sandbox` may be given instead (then `cleanup` leaves it alone)."""
+    sandbox is made at once; `cleanup()` (also on leaving a `with` block) removes it, and so
+    does the object's collection or the interpreter's exit when nobody called it. An
+    existing `sandbox` may be given instead (then it is left alone)."""
 
     def __init__(
         self,
@@ -93,6 +95,7 @@ class FarmEnvironment:
         self.config = config_class(**kwargs)
         self._uname: Optional[Dict[str, str]] = None
         self._owned = sandbox is None
+        self._release = None
         if sandbox is None:
             if not self.config.environment:
                 raise ValueError("FarmEnvironment needs environment= (a farm environment's id) or sandbox=")
@@ -104,6 +107,9 @@ class FarmEnvironment:
                 farm.close()
                 raise
             self.logger.info("made farm sandbox %s of %s", sandbox.id, self.config.environment)
+            # Removed when this object is collected or the interpreter exits, if cleanup()
+            # was not called: mini-swe-agent's runners never call it.
+            self._release = release_with(self, sandbox, close=True)
         self.sandbox: Optional[Sandbox] = sandbox
 
     def _live(self) -> Sandbox:
@@ -183,6 +189,8 @@ class FarmEnvironment:
     def cleanup(self) -> None:
         """Removes the sandbox this environment made (and closes its client)."""
         sandbox, self.sandbox = self.sandbox, None
+        if self._release is not None:
+            self._release.detach()
         if sandbox is None or not self._owned:
             return
         try:

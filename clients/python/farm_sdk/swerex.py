@@ -14,7 +14,8 @@ The environment's image must have SWE-ReX installed (`swerex-remote` on the PATH
 environment from a Dockerfile that pip-installs `swe-rex`). `start()` makes a sandbox of
 it, starts `swerex-remote --auth-token TOKEN --port PORT` there as a background process
 (the token is random, made per deployment), opens the port, and waits until the server
-answers. `stop()` closes the runtime and removes the sandbox.
+answers. `stop()` closes the runtime and removes the sandbox; so does the deployment's
+collection, or the interpreter's exit, when nobody awaited `stop()`.
 
 Why a subclass of `RemoteRuntime`: the runtime sends only its `X-API-Key` header and builds
 every URL as `{host}:{port}/{endpoint}` from its config, while farm's port listener needs the
@@ -34,6 +35,7 @@ import time
 from typing import Any, Dict, Mapping, Optional, Union
 
 from ._beside import beside
+from ._release import release_by_id
 from .aio import AsyncFarm, AsyncSandbox
 from .aio_hosting import AsyncProcess
 from .hosting_models import Port
@@ -110,6 +112,16 @@ class FarmDeployment(AbstractDeployment):
         self._sandbox: Optional[AsyncSandbox] = None
         self._server: Optional[AsyncProcess] = None
         self._runtime: Optional[FarmRemoteRuntime] = None
+        self._release = None
+
+    def __del__(self) -> None:
+        # SWE-ReX's own __del__ schedules stop() on the running loop, whose client may be
+        # closed by the time it runs, or cannot run it: the sandbox is removed here, at once,
+        # by id with a client of its own (and the finalizer is spent: it runs once).
+        release = getattr(self, "_release", None)  # a half-made object has none
+        if release is not None:
+            self._release, self._sandbox, self._server = None, None, None
+            release()
 
     def add_hook(self, hook: DeploymentHook) -> None:
         self._hooks.add_hook(hook)
@@ -149,6 +161,9 @@ class FarmDeployment(AbstractDeployment):
         self._hooks.on_custom_step("Starting farm sandbox")
         started = time.monotonic()
         self._sandbox = await self._farm.sandboxes.create(self._environment, **self._sandbox_options)
+        # Removed when this object is collected or the interpreter exits, if stop() was not
+        # awaited.
+        self._release = release_by_id(self, self._farm.url, self._farm._http.token, self._sandbox.id)
         self.logger.info("farm sandbox %s made in %.1f s", self._sandbox.id, time.monotonic() - started)
         try:
             await self._start_server()
@@ -211,5 +226,8 @@ class FarmDeployment(AbstractDeployment):
 
     async def _remove_sandbox(self) -> None:
         sandbox, self._sandbox, self._server = self._sandbox, None, None
+        if self._release is not None:
+            self._release.detach()
+            self._release = None
         if sandbox is not None:
             await sandbox.kill()

@@ -9,7 +9,9 @@ removes every sandbox it makes, and prints `PART: ok` last.
 """
 
 import asyncio
+import gc
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,10 +145,30 @@ def minisweagent(url, env):
     with Farm(url) as farm:
         try:
             farm.sandboxes.get(made)
+            raise AssertionError(f"sandbox {made} outlived cleanup()")
         except NotFound:
             print(f"mini-swe-agent submitted in sandbox {made}, removed at cleanup")
-            return
-    raise AssertionError(f"sandbox {made} outlived cleanup()")
+    # Whoever forgets cleanup(): a FarmEnvironment dropped, and a program that ends holding
+    # one (as `mini` does), leave no sandbox.
+    dropped = FarmEnvironment(environment=env, url=url, sandbox_options={"metadata": {"check": "dropped"}})
+    dropped_id = dropped.sandbox.id
+    del dropped
+    gc.collect()
+    program = (
+        "import sys; from farm_sdk.minisweagent import FarmEnvironment; "
+        "env = FarmEnvironment(environment=sys.argv[1], url=sys.argv[2]); print(env.sandbox.id)"
+    )
+    ended = subprocess.run([sys.executable, "-c", program, env, url], capture_output=True, text=True, timeout=PATIENCE)
+    assert ended.returncode == 0, ended.stderr
+    exited_id = ended.stdout.strip()
+    with Farm(url) as farm:
+        for forgotten in (dropped_id, exited_id):
+            try:
+                farm.sandboxes.get(forgotten)
+                raise AssertionError(f"sandbox {forgotten} outlived the FarmEnvironment that made it")
+            except NotFound:
+                pass
+    print("FarmEnvironments dropped or left at exit removed their sandboxes")
 
 
 def _until_served(port, deadline_secs=PATIENCE):

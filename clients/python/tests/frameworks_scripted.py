@@ -13,6 +13,7 @@ error, the sandbox removed), stop before start.
 """
 
 import asyncio
+import gc
 import os
 
 import httpx
@@ -112,6 +113,58 @@ def test_cleanup_removes_the_sandbox_it_made_and_leaves_a_given_one(monkeypatch)
     assert server.paths().count(f"DELETE {SB}") == 1
     with pytest.raises(ValueError, match="environment= .* or sandbox="):
         mini.FarmEnvironment()
+
+
+def test_a_dropped_environment_removes_its_sandbox_once_and_a_cleaned_one_not_again(monkeypatch):
+    server = (
+        MockFarm()
+        .on("POST", "/v1/sandboxes", httpx.Response(201, json=SANDBOX))
+        .on("DELETE", SB, httpx.Response(200, json={"id": "sb-1", "deleted": True}))
+    )
+    monkeypatch.setattr(mini, "Farm", lambda url, token: server.farm())
+    env = mini.FarmEnvironment(environment="env-1")
+    del env
+    gc.collect()
+    assert server.paths() == ["POST /v1/sandboxes", f"DELETE {SB}"]
+    env = mini.FarmEnvironment(environment="env-1")
+    env.cleanup()
+    del env
+    gc.collect()
+    assert server.paths().count(f"DELETE {SB}") == 2, server.paths()
+    # A half-made one (its create refused) holds nothing to remove.
+    refusing = MockFarm().on("POST", "/v1/sandboxes", error(429, "busy"))
+    monkeypatch.setattr(mini, "Farm", lambda url, token: refusing.farm(retries=0))
+    with pytest.raises(Exception):
+        mini.FarmEnvironment(environment="env-1")
+    gc.collect()
+    assert refusing.paths() == ["POST /v1/sandboxes"]
+
+
+def test_a_dropped_deployment_removes_its_sandbox(monkeypatch):
+    import farm_sdk._release as release
+
+    server = (
+        MockFarm()
+        .on("POST", "/v1/sandboxes", httpx.Response(201, json=SANDBOX))
+        .on("DELETE", SB, httpx.Response(200, json={"id": "sb-1", "deleted": True}))
+    )
+    monkeypatch.setattr(release, "Farm", lambda url, token, **kw: server.farm())
+
+    async def no_server(self):
+        return None
+
+    monkeypatch.setattr(rex.FarmDeployment, "_start_server", no_server)
+
+    async def main():
+        farm = server.async_farm()
+        deployment = rex.FarmDeployment(environment="env-1", farm=farm)
+        await deployment.start()
+        del deployment
+        gc.collect()
+        await farm.close()
+
+    asyncio.run(main())
+    assert server.paths() == ["POST /v1/sandboxes", f"DELETE {SB}"]
 
 
 def test_the_runtime_sends_the_api_key_and_the_ports_token():
