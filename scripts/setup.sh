@@ -11,7 +11,7 @@
 #   code-interpreter-wheels/     the code-interpreter image's wheels (PyPI)
 #   harbor-venv/                 a Python >= 3.12 venv with Harbor (PyPI), for its backend's tests
 #   openenv-venv/, mcp-venv/     the OpenEnv and MCP clients (PyPI), for the protocol tests
-#   nemogym-venv/                NeMo Gym (PyPI), for the SDK's NeMo Gym provider's test
+#   inspect-venv/, nemogym-venv/ inspect_ai and NeMo Gym (PyPI), for the SDK's providers' tests
 #   e2b-venv/, e2b-245-venv/     E2B's SDK (PyPI, 2.63 with e2b-code-interpreter, and 2.45), for the
 #                                E2B front door's tests
 #   agents-venv/, swerex-wheels/ SWE-ReX and mini-swe-agent (PyPI) for the SDK's backends' tests,
@@ -480,6 +480,9 @@ protocol_venv "$CACHE/mcp-venv" "mcp==2.3.0" "from mcp.client.streamable_http im
 # /sandboxes, not /v2/sandboxes).
 protocol_venv "$CACHE/e2b-venv" "e2b==2.63.0 e2b-code-interpreter==2.11.5" "from e2b import Sandbox, AsyncSandbox; import e2b_code_interpreter"
 protocol_venv "$CACHE/e2b-245-venv" "e2b==2.45.1" "from e2b import Sandbox, AsyncSandbox"
+# inspect_ai (farm's sandbox type, farm/tests/inspect.rs: its own self_check suite under pytest,
+# and an eval of a mock model), unmodified from PyPI.
+protocol_venv "$CACHE/inspect-venv" "inspect-ai==0.3.285 pytest==8.3.4" "from inspect_ai.util._sandbox import self_check; import pytest, anyio"
 # NeMo Gym (farm's sandbox provider, farm/tests/nemogym.rs), unmodified from PyPI.
 protocol_venv "$CACHE/nemogym-venv" "nemo-gym==0.4.0" "from nemo_gym.sandbox import create_provider, list_providers; import fastapi.testclient"
 

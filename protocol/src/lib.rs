@@ -48,8 +48,9 @@ pub const SANDBOX_PROGRAM: &str = "/usr/local/bin/farm-sandbox";
 /// Name of the virtio-serial port the agent listens on (`virtserialport,name=...`).
 pub const PORT_NAME: &str = "org.farm.agent.0";
 
-/// Largest header a reader accepts.
-pub const MAX_HEADER_BYTES: u32 = 1 << 20;
+/// Largest header a reader accepts: an exec's arguments (up to 2 MiB by the service's bounds,
+/// Linux's `ARG_MAX`) and environment, as JSON, whose escapes may make each byte six.
+pub const MAX_HEADER_BYTES: u32 = 16 << 20;
 
 /// Default largest frame a reader accepts (header + body).
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 96 << 20;

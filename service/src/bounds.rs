@@ -19,9 +19,10 @@ pub const PATH_BYTES: usize = 4095;
 /// A shell command (`command`, each `setup` step), as Linux's largest single argument
 /// (`MAX_ARG_STRLEN`) less its NUL: `sh -c` could not run a longer one.
 pub const COMMAND_BYTES: usize = 131_071;
-/// `argv`: items, and bytes in all.
+/// `argv`: items, and bytes in all (Linux's `ARG_MAX` with the default 8 MiB stack: what
+/// `execve` takes, arguments and environment together).
 pub const ARGV_ITEMS: usize = 4096;
-pub const ARGV_BYTES: usize = 131_072;
+pub const ARGV_BYTES: usize = 2 << 20;
 /// `env` (a sandbox's, an exec's) and a Dockerfile's `build_args`: variables, and bytes of
 /// names and values in all.
 pub const ENV_VARS: usize = 256;
@@ -333,13 +334,20 @@ mod tests {
     /// still fits that header: a request within the bounds always reaches the guest.
     #[test]
     fn a_command_within_the_bounds_fits_the_agent_header() {
-        let escaped = "\u{1}".repeat(COMMAND_BYTES);
+        let shell = farm_protocol::Program::Shell("\u{1}".repeat(COMMAND_BYTES));
+        let argv = farm_protocol::Program::Argv(vec!["\u{1}".repeat(ARGV_BYTES / 16); 16]);
+        for program in [shell, argv] {
+            fits_the_agent_header(program);
+        }
+    }
+
+    fn fits_the_agent_header(program: farm_protocol::Program) {
         // A sandbox's variables and the command's own, each at their bound.
         let env: BTreeMap<String, String> = (0..4)
             .map(|i| (format!("V{i}"), "\u{1}".repeat(ENV_BYTES / 2 - 2)))
             .collect();
         let request = farm_protocol::Request::Exec(farm_protocol::ExecRequest {
-            program: farm_protocol::Program::Shell(escaped),
+            program,
             cwd: Some("\u{1}".repeat(PATH_BYTES)),
             env,
             timeout_ms: Some(u64::MAX),

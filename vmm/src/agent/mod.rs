@@ -398,6 +398,20 @@ impl AgentClient {
             &body,
         );
         drop(body);
+        // A header past the agent's bound would be dropped by it as a bad frame, unanswered:
+        // refused here, at once, saying why.
+        let header_len = frame
+            .get(8..12)
+            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        if header_len > farm_protocol::MAX_HEADER_BYTES {
+            return Err(AgentError::InvalidRequest {
+                op,
+                detail: format!(
+                    "the request is {header_len} bytes of JSON, past the {} the guest agent reads (fewer or shorter arguments)",
+                    farm_protocol::MAX_HEADER_BYTES
+                ),
+            });
+        }
         let exchange = async {
             {
                 let mut writer = self.inner.writer.lock().await;
