@@ -8,18 +8,7 @@
 mod common;
 use common::assert_no_qemu_of;
 use common::serve::{farm_serve, farm_tenant, new_key, repo, stop, Api};
-use std::path::PathBuf;
 use std::process::Command;
-
-/// The Python of a venv of E2B's SDK that `scripts/setup.sh` made.
-fn e2b_python(venv: &str) -> PathBuf {
-    let cache = std::env::var_os("FARM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
-    let python = cache.join(venv).join("bin/python");
-    assert!(python.exists(), "no {}: run scripts/setup.sh", python.display());
-    python
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2bs_sdk_drives_farm_sandboxes_and_reaches_nothing_of_another_tenant() {
@@ -41,7 +30,7 @@ async fn e2bs_sdk_drives_farm_sandboxes_and_reaches_nothing_of_another_tenant() 
 
     // The newest SDK tested, and 2.45 (which makes sandboxes at `POST /sandboxes`).
     for venv in ["e2b-venv", "e2b-245-venv"] {
-        let check = Command::new(e2b_python(venv))
+        let check = Command::new(common::python::venv(venv))
             .args(["farm/tests/e2b_check.py", &url, &a_key, &b_key, &template])
             .current_dir(repo())
             .env("PYTHONDONTWRITEBYTECODE", "1")

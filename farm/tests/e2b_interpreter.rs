@@ -9,7 +9,6 @@
 mod common;
 use common::assert_no_qemu_of;
 use common::serve::{farm_serve, farm_tenant, new_key, repo, stop, Api};
-use std::path::PathBuf;
 use std::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,11 +25,7 @@ async fn e2bs_code_interpreter_keeps_state_branches_with_it_and_opens_to_its_san
     // A template with no interpreter, to be told so.
     let plain = Api::new(&url, Some(&a_key)).environment("python").await;
 
-    let cache = std::env::var_os("FARM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
-    let python = cache.join("e2b-venv/bin/python");
-    assert!(python.exists(), "no {}: run scripts/setup.sh", python.display());
+    let python = common::python::venv("e2b-venv");
     let check = Command::new(python)
         .args(["farm/tests/e2b_interpreter_check.py", &url, &a_key, &b_key, &plain])
         .current_dir(repo())

@@ -9,52 +9,15 @@
 mod common;
 use common::assert_no_qemu_of;
 use common::serve::{farm_serve, repo, stop, Api};
-use std::path::PathBuf;
 use std::process::Command;
 
 const TOKEN: &str = "nemogym-test-token";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nemo_gym_finds_farms_provider_and_runs_rollouts_in_its_sandboxes() {
-    let cache = std::env::var_os("FARM_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/farm"));
-    let python = cache.join("nemogym-venv/bin/python");
-    assert!(python.exists(), "no {}: run scripts/setup.sh", python.display());
+    let python = common::python::venv("nemogym-venv");
     let dir = tempfile::tempdir().unwrap();
-
-    // The SDK as pip installs it (its entry points in its dist-info), from a copy of it.
-    let copy = dir.path().join("sdk");
-    let site = dir.path().join("site");
-    let copied = Command::new("cp")
-        .args([
-            "-r",
-            &repo().join("clients/python").to_string_lossy(),
-            &copy.to_string_lossy(),
-        ])
-        .status()
-        .unwrap();
-    assert!(copied.success());
-    let installed = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-index",
-            "--no-build-isolation",
-            "--target",
-        ])
-        .arg(&site)
-        .arg(&copy)
-        .output()
-        .unwrap();
-    assert!(
-        installed.status.success(),
-        "pip install: {}",
-        String::from_utf8_lossy(&installed.stderr)
-    );
+    let site = common::python::installed_sdk(dir.path());
 
     let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
     let config = dir.path().join("nemogym.toml");

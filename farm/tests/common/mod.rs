@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests (each test crate uses some of them).
 #![allow(dead_code)]
 
+pub mod python;
 pub mod serve;
 
 use std::path::{Path, PathBuf};
