@@ -5,7 +5,8 @@
 //!   `clients/python/tests/inspect_selfcheck.py`) passes, every check;
 //! - a real eval of a task of our own (`clients/python/tests/inspect_eval_check.py`: a
 //!   Docker task's compose file and Dockerfile as they are, inspect's mock model and `bash`
-//!   tool, a scorer in the sandbox) scores as expected, its log shows farm, and
+//!   tool, a scorer in the sandbox) scores as expected, its log shows farm, inspect's
+//!   `exec_remote` (its tools binary through exec's stdin, its server left running) answers, and
 //!   `--no-sandbox-cleanup` then `inspect sandbox cleanup farm` leaves nothing.
 
 mod common;

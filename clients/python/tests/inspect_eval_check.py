@@ -18,7 +18,7 @@ from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
-from inspect_ai.solver import TaskState, generate, use_tools
+from inspect_ai.solver import Generate, TaskState, generate, solver, use_tools
 from inspect_ai.tool import bash
 from inspect_ai.util import sandbox
 
@@ -59,11 +59,24 @@ def model_turn(input, tools, tool_choice, config):
     return output
 
 
-def squares_task():
+@solver
+def remote_probe():
+    """inspect's `exec_remote` (its tools binary pushed through exec's stdin, its server left
+    running in the sandbox), its answer kept in the sample's store."""
+
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        result = await sandbox().exec_remote(["sh", "-c", "echo remote; echo err >&2; exit 3"], stream=False)
+        state.store.set("remote", [result.returncode, result.stdout, result.stderr])
+        return state
+
+    return solve
+
+
+def squares_task(remote=False):
     samples = [Sample(input=f"square {n}", target=str(n * n if n != 4 else 17), id=f"n{n}") for n in (2, 3, 4)]
     return Task(
-        dataset=samples,
-        solver=[use_tools(bash()), generate()],
+        dataset=samples[:1] if remote else samples,
+        solver=[*([remote_probe()] if remote else []), use_tools(bash()), generate()],
         scorer=answer_in_sandbox(),
         sandbox=("farm", str(FOLDER / "compose.yaml")),
         name="squares",
@@ -85,11 +98,12 @@ with Farm() as farm:
     left = farm.sandboxes.list(metadata={"inspect_ai": "1"})
 assert left == [], f"the eval left sandboxes: {left}"
 
-# --no-sandbox-cleanup: the sandbox stays, and `inspect sandbox cleanup farm` removes it.
-one = squares_task()
-one.dataset = one.dataset[:1]
-eval(one, model=get_model("mockllm/model", custom_outputs=model_turn), log_dir=str(FOLDER / "logs"),
-     display="none", sandbox_cleanup=False)
+# exec_remote, and --no-sandbox-cleanup: the sandbox stays, and `inspect sandbox cleanup farm`
+# removes it.
+(kept_log,) = eval(squares_task(remote=True), model=get_model("mockllm/model", custom_outputs=model_turn),
+                   log_dir=str(FOLDER / "logs"), display="none", sandbox_cleanup=False)
+assert kept_log.status == "success", kept_log.error
+assert kept_log.samples[0].store["remote"] == [3, "remote\n", "err\n"], kept_log.samples[0].store
 with Farm() as farm:
     kept = farm.sandboxes.list(metadata={"inspect_ai": "1"})
 assert len(kept) == 1, kept
