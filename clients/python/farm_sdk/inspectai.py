@@ -370,11 +370,14 @@ class FarmSandboxEnvironment(SandboxEnvironment):
         if entry is not None and entry.is_file and not entry.mode & 0o200:
             raise PermissionError(errno.EACCES, "Permission denied", file)
         data = contents.encode("utf-8") if isinstance(contents, str) else contents
-        parent = posixpath.dirname(path)
-        made = await self._call(self.sandbox.exec(["mkdir", "-p", "--", parent], cwd="/"))
-        if not made.ok:
-            raise PermissionError(errno.EACCES, f"cannot make {parent}: {made.stderr.strip()}", file)
-        await self._call(self.sandbox.files.write(path, data, entry.mode & 0o777 if entry is not None else 0o644))
+        try:  # farm's write makes the file's folders
+            await self._call(self.sandbox.files.write(path, data, entry.mode & 0o777 if entry is not None else 0o644))
+        except PermissionError as e:
+            raise PermissionError(errno.EACCES, "Permission denied", file) from e
+        except BadRequest as e:
+            if "directory" in str(e).lower():
+                raise IsADirectoryError(errno.EISDIR, "Is a directory", file) from e
+            raise
 
     async def read_file(self, file: str, text: bool = True) -> Union[str, bytes]:  # type: ignore[override]
         path = self._path(file)
