@@ -173,7 +173,7 @@ async fn agent_frameworks_run_in_sandboxes() {
     let (mut service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", Some(TOKEN));
     let api = Api::new(&url, Some(TOKEN));
     let env = environment(&api, &wheels).await;
-    for part in ["swerex", "minisweagent", "sdk"] {
+    for part in ["swerex", "minisweagent", "swebench", "sdk"] {
         check(&python, part, &url, &env, dir.path()).await;
     }
     // Every check removed what it made: no sandbox is left.

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional
 
 from ._beside import beside
 from ._release import release_with
+from .docker_cli import environment_of
 from .client import Farm, Sandbox
 from .errors import FarmError
 
@@ -54,7 +55,11 @@ class FarmEnvironmentConfig(BaseModel):
 
     environment: Optional[str] = None
     """The farm environment (its id) the sandbox is made from: a ready one (unless a
-    `sandbox` is given)."""
+    `sandbox` or an `image` is given)."""
+    image: Optional[str] = None
+    """An image instead (a built-in or registry image, `dockerfile:PATH`, or an environment's
+    id), as mini-swe-agent's Docker environment takes one: its environment is built on first
+    use and found by content after."""
     url: Optional[str] = None
     """farm serve's URL (default $FARM_URL, else http://127.0.0.1:8765)."""
     token: Optional[str] = Field(default=None, exclude=True)
@@ -97,16 +102,17 @@ class FarmEnvironment:
         self._owned = sandbox is None
         self._release = None
         if sandbox is None:
-            if not self.config.environment:
-                raise ValueError("FarmEnvironment needs environment= (a farm environment's id) or sandbox=")
+            if not self.config.environment and not self.config.image:
+                raise ValueError("FarmEnvironment needs environment= (a farm environment's id), image= or sandbox=")
             farm = Farm(url=self.config.url, token=self.config.token)
             try:
+                environment = self.config.environment or environment_of(farm, self.config.image or "")
                 options = dict(self.config.sandbox_options, network=self.config.network)
-                sandbox = farm.sandboxes.create(self.config.environment, **options)
+                sandbox = farm.sandboxes.create(environment, **options)
             except BaseException:
                 farm.close()
                 raise
-            self.logger.info("made farm sandbox %s of %s", sandbox.id, self.config.environment)
+            self.logger.info("made farm sandbox %s of %s", sandbox.id, environment)
             # Removed when this object is collected or the interpreter exits, if cleanup()
             # was not called: mini-swe-agent's runners never call it.
             self._release = release_with(self, sandbox, close=True)

@@ -160,7 +160,7 @@ def minisweagent(url, env):
     )
     ended = subprocess.run([sys.executable, "-c", program, env, url], capture_output=True, text=True, timeout=PATIENCE)
     assert ended.returncode == 0, ended.stderr
-    exited_id = ended.stdout.strip()
+    exited_id = ended.stdout.strip().splitlines()[-1].strip()  # after the logger's lines
     with Farm(url) as farm:
         for forgotten in (dropped_id, exited_id):
             try:
@@ -169,6 +169,75 @@ def minisweagent(url, env):
             except NotFound:
                 pass
     print("FarmEnvironments dropped or left at exit removed their sandboxes")
+
+
+def swebench(url, env):
+    """`mini-extra swebench` as it ships, each instance in a farm sandbox of its own image:
+    mini-swe-agent's Docker environment with `farm-docker` as its docker. Two images of our
+    own (Dockerfiles), three instances, two workers, a scripted model."""
+    import json
+    import os
+
+    work = Path(tempfile.mkdtemp(prefix="farm-swebench-"))
+    for name in ("a", "b"):
+        (work / name).mkdir()
+        (work / name / "Dockerfile").write_text(
+            "FROM farm:python\n"
+            "RUN mkdir -p /testbed && cd /testbed && git init -q && printf 'image-%s\\n' > f.txt \\\n"
+            " && git add f.txt && git -c user.email=t@farm -c user.name=t commit -qm init\n" % name
+        )
+    images = {"farm__tiny-1": "a", "farm__tiny-2": "b", "farm__tiny-3": "a"}
+    (work / "ds").mkdir()
+    with open(work / "ds" / "test.jsonl", "w") as f:
+        for iid, image in images.items():
+            row = {"instance_id": iid, "problem_statement": f"Append a line to f.txt ({iid}).",
+                   "image_name": f"dockerfile:{work / image}"}
+            f.write(json.dumps(row) + "\n")
+    docker = work / "farm-docker"
+    docker.write_text(f"#!/bin/sh\nexec {sys.executable} -m farm_sdk.docker_cli \"$@\"\n")
+    docker.chmod(0o755)
+
+    def step(command):
+        return {"role": "assistant", "content": f"THOUGHT: go\n\n```mswea_bash_command\n{command}\n```",
+                "extra": {"actions": [{"command": command}], "cost": 0.0}}
+
+    config = {
+        "agent": {"system_template": "You are a scripted agent.", "instance_template": "{{task}}",
+                  "step_limit": 5, "cost_limit": 0},
+        "environment": {"environment_class": "docker", "executable": str(docker), "cwd": "/testbed",
+                        "timeout": PATIENCE, "pull_timeout": 1800, "interpreter": ["bash", "-c"],
+                        "env": {"PAGER": "cat", "GIT_PAGER": "cat"}},
+        "model": {"model_class": "deterministic", "model_name": "deterministic",
+                  "outputs": [step("echo edited >> f.txt && cat f.txt"),
+                              step("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff")]},
+    }
+    (work / "config.yaml").write_text(json.dumps(config))
+    out = work / "out"
+    mini_extra = os.path.join(os.path.dirname(sys.executable), "mini-extra")
+    environ = dict(os.environ, FARM_URL=url, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(work / "hf"))
+    ran = subprocess.run(
+        [mini_extra, "swebench", "--subset", str(work / "ds"), "--split", "test", "-w", "2",
+         "-o", str(out), "-c", str(work / "config.yaml")],
+        capture_output=True, text=True, timeout=3 * PATIENCE, env=environ,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    preds = json.loads((out / "preds.json").read_text())
+    assert sorted(preds) == sorted(images), (preds, ran.stderr[-3000:])
+    for iid, image in images.items():
+        patch = preds[iid]["model_patch"]
+        # The patch's context line is the instance's own image's.
+        assert patch.startswith("diff --git a/f.txt b/f.txt") and f" image-{image}\n+edited\n" in patch, (iid, patch)
+    # Each instance's sandbox is removed when its environment is dropped (mini-swe-agent's
+    # Docker environment stops its container then, in the background).
+    with Farm(url) as farm:
+        deadline = time.time() + PATIENCE  # a deadline for the background stops, not a timing claim
+        while True:
+            left = [s for s in farm.sandboxes.list() if "farm-docker" in s.metadata]
+            if not left or time.time() > deadline:
+                break
+            time.sleep(1)
+    assert not left, f"instances' sandboxes left: {[s.id for s in left]}"
+    print("mini-extra swebench: 3 instances submitted, each in its own image, no sandbox left")
 
 
 def _until_served(port, deadline_secs=PATIENCE):
@@ -263,7 +332,7 @@ async def _sdk_async(url, env):
             raise AssertionError("an ended process is not waited for")
 
 
-PARTS = {"swerex": swerex, "minisweagent": minisweagent, "sdk": sdk}
+PARTS = {"swerex": swerex, "minisweagent": minisweagent, "swebench": swebench, "sdk": sdk}
 
 if __name__ == "__main__":
     part, url, env = sys.argv[1:4]
