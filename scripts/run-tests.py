@@ -6,11 +6,11 @@ the other, as cargo does).
     cargo test --workspace --no-run --message-format=json [CARGO ARGS] \
         | python3 scripts/run-tests.py [CARGO ARGS] [-- TEST ARGS...]
 
-Why two lanes: on a 2-core machine the three heaviest binaries (the Harbor tests, the suites,
-farm serve) keep both cores busy, while most of the others spend part of their time waiting
-on a guest's boot, a Slurm job or a lease. The Harbor tests start the first lane and the rest
-(then the doc tests) the second; the suites and farm serve go to whichever lane is free first,
-so neither lane idles while the other still has a heavy binary to run. Each binary runs as
+Why two lanes: on a 2-core machine the heaviest binaries (the Harbor tests, the suites, E2B's
+code interpreter, farm serve) keep both cores busy, while most of the others spend part of
+their time waiting on a guest's boot, a Slurm job or a lease. The Harbor tests start the first
+lane and the rest (then the doc tests) the second; the other heavy ones go to whichever lane
+is free first, so neither lane idles while the other still has a heavy binary to run. Each binary runs as
 cargo runs it (in its package's folder, TEST ARGS after it, e.g. a filter or `--nocapture`);
 its output is printed in one block when it ends, under cargo's `Running` line, then a
 `[run-tests]` line with its wall time and the CPU time it and its children (the guests'
@@ -31,7 +31,7 @@ import time
 
 # The heavy binaries (farm's integration tests, by file name): the first starts the first
 # lane; the others go, in this order, to whichever lane is free first.
-HEAVY = ["harbor", "suites", "serve"]
+HEAVY = ["harbor", "suites", "e2b_interpreter", "serve"]
 
 
 def binaries(lines):
