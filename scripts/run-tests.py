@@ -10,8 +10,9 @@ Why two lanes: on a 2-core machine the heaviest binaries (the Harbor tests, the 
 code interpreter, farm serve) keep both cores busy, while most of the others spend part of
 their time waiting on a guest's boot, a Slurm job or a lease. The Harbor tests start the first
 lane and the rest (then the doc tests) the second; the other heavy ones go to whichever lane
-is free first, so neither lane idles while the other still has a heavy binary to run. Each binary runs as
-cargo runs it (in its package's folder, TEST ARGS after it, e.g. a filter or `--nocapture`);
+is free first, so neither lane idles while the other still has a heavy binary to run. Each
+binary runs as cargo runs it (in its package's folder, TEST ARGS after it, e.g. a filter or
+`--nocapture`);
 its output is printed in one block when it ends, under cargo's `Running` line, then a
 `[run-tests]` line with its wall time and the CPU time it and its children (the guests'
 QEMU) used, so the heavy binaries can be told by what they cost. The doc tests
