@@ -37,9 +37,27 @@ pub struct NetPort {
     connects: mpsc::Sender<GuestConnect>,
     /// Told when the VM's policy changed: the guest's open connections are checked again.
     changed: tokio::sync::watch::Sender<u64>,
+    traffic: Arc<Traffic>,
+}
+
+/// Bytes through a VM's network port, each way (frames as sent: relayed connections, the
+/// host's connections to the guest's own services, and their framing).
+#[derive(Debug, Default)]
+pub struct Traffic {
+    from_guest: std::sync::atomic::AtomicU64,
+    to_guest: std::sync::atomic::AtomicU64,
 }
 
 impl NetPort {
+    /// Bytes the guest sent out and received through this port so far.
+    pub fn bytes(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.traffic.from_guest.load(Relaxed),
+            self.traffic.to_guest.load(Relaxed),
+        )
+    }
+
     /// What opens connections to the guest's own services, usable apart from this port.
     pub fn connector(&self) -> GuestConnector {
         GuestConnector(self.connects.clone())
@@ -86,10 +104,12 @@ pub fn spawn(stream: std::os::unix::net::UnixStream, policy: SharedPolicy) -> st
     let stream = tokio::net::UnixStream::from_std(stream)?;
     let (connects, requests) = mpsc::channel(16);
     let (changed, changes) = tokio::sync::watch::channel(0);
+    let traffic = Arc::new(Traffic::default());
     Ok(NetPort {
-        task: tokio::spawn(serve(stream, policy, requests, changes)),
+        task: tokio::spawn(serve_counting(stream, policy, requests, changes, traffic.clone())),
         connects,
         changed,
+        traffic,
     })
 }
 
@@ -124,15 +144,26 @@ impl Destination {
     }
 }
 
+#[cfg(test)]
 pub(crate) async fn serve(
+    stream: tokio::net::UnixStream,
+    policy: SharedPolicy,
+    connects: mpsc::Receiver<GuestConnect>,
+    changes: tokio::sync::watch::Receiver<u64>,
+) {
+    serve_counting(stream, policy, connects, changes, Arc::default()).await
+}
+
+async fn serve_counting(
     stream: tokio::net::UnixStream,
     policy: SharedPolicy,
     mut connects: mpsc::Receiver<GuestConnect>,
     mut changes: tokio::sync::watch::Receiver<u64>,
+    traffic: Arc<Traffic>,
 ) {
     let (mut read, write) = stream.into_split();
     let (closed_tx, mut closed) = mpsc::unbounded_channel();
-    let to_guest = spawn_writer(write, closed_tx);
+    let to_guest = spawn_writer(write, closed_tx, traffic.clone());
     let mut conns: HashMap<u32, Conn> = HashMap::new();
     let mut pending = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
@@ -142,7 +173,10 @@ pub(crate) async fn serve(
             n = read.read(&mut buf) => match n {
                 Ok(0) => return tracing::debug!("the guest's network port closed"),
                 Err(e) => return tracing::debug!("the guest's network port failed: {e}"),
-                Ok(n) => n,
+                Ok(n) => {
+                    traffic.from_guest.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    n
+                }
             },
             Some(conn) = closed.recv() => {
                 conns.remove(&conn);
@@ -290,13 +324,18 @@ async fn cut_what_is_no_longer_allowed(
 fn spawn_writer(
     mut write: tokio::net::unix::OwnedWriteHalf,
     closed: mpsc::UnboundedSender<u32>,
+    traffic: Arc<Traffic>,
 ) -> mpsc::Sender<Frame> {
     let (to_guest, mut outgoing) = mpsc::channel::<Frame>(256);
     tokio::spawn(async move {
         while let Some(frame) = outgoing.recv().await {
-            if write.write_all(&frame.encode()).await.is_err() {
+            let bytes = frame.encode();
+            if write.write_all(&bytes).await.is_err() {
                 return;
             }
+            traffic
+                .to_guest
+                .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
             if frame.kind == Kind::Close {
                 let _ = closed.send(frame.conn);
             }

@@ -377,6 +377,31 @@ impl<S, C> Book<S, C> {
         out
     }
 
+    /// When each live fork of `kind` would end if nothing changed: why, and how long from
+    /// `now` (a fork in use never idles; paused ones and those being submitted are left out).
+    pub fn ends(&self, kind: Kind, now: Instant) -> Vec<(String, Expiry, std::time::Duration)> {
+        let mut out = Vec::new();
+        for (id, held) in &self.open {
+            if held.kind != kind || self.submitting.contains(id) || self.paused.contains(id) {
+                continue;
+            }
+            let lifetime = held
+                .timers
+                .lifetime
+                .map(|l| (held.opened + l).saturating_duration_since(now));
+            let idle = (held.busy == 0).then(|| (held.touched + held.timers.idle).saturating_duration_since(now));
+            let end = match (idle, lifetime) {
+                (Some(i), Some(l)) if i < l => (Expiry::Idle, i),
+                (_, Some(l)) => (Expiry::Lifetime, l),
+                (Some(i), None) => (Expiry::Idle, i),
+                (None, None) => continue,
+            };
+            out.push((id.clone(), end.0, end.1));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// Live forks of `kind` that are not being submitted (what a shutdown ends; paused ones
     /// stay).
     pub fn endable_ids(&self, kind: Kind) -> Vec<String> {

@@ -7,7 +7,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 pub struct Metrics {
@@ -50,6 +51,9 @@ pub struct Metrics {
     pub tenant_admission_wait: HistogramVec,
     /// A tenant's sessions and sandboxes, by state (`live`, `paused`), as of the last scrape.
     pub tenant_forks: IntGaugeVec,
+    /// What a tenant's sandboxes use, by measure: `cpu_seconds`, `network_bytes_out` and
+    /// `network_bytes_in` over their lives; `memory_bytes` and `disk_bytes` now.
+    pub tenant_sandbox_usage: GaugeVec,
 }
 
 /// Every metric's name starts with `farm_`.
@@ -141,6 +145,10 @@ impl Metrics {
                 Opts::new("tenant_forks", "A tenant's sessions and sandboxes, by state."),
                 &["tenant", "state"],
             )?,
+            tenant_sandbox_usage: GaugeVec::new(
+                Opts::new("tenant_sandbox_usage", "What a tenant's sandboxes use, by measure."),
+                &["tenant", "measure"],
+            )?,
         };
         let registry = &m.registry;
         registry.register(Box::new(m.rollouts.clone()))?;
@@ -163,6 +171,7 @@ impl Metrics {
         }
         registry.register(Box::new(m.tenant_admission_wait.clone()))?;
         registry.register(Box::new(m.tenant_forks.clone()))?;
+        registry.register(Box::new(m.tenant_sandbox_usage.clone()))?;
         m.show_every_series();
         Ok(m)
     }

@@ -35,9 +35,11 @@ use crate::policy::Policy;
 use crate::row::{Row, Status, Step};
 
 mod changes;
+mod health;
 mod network;
 mod reset;
 pub use changes::{Change, Judged};
+pub use health::{host_oom_kills, VmGone, VmUsage};
 pub use reset::{ResetWay, SessionResetError};
 
 /// Where a session is in its life.

@@ -68,6 +68,9 @@ pub struct ServeSection {
     /// E2B's protocol (`docs/e2b.md`).
     #[serde(default)]
     pub e2b: E2bSection,
+    /// Lifecycle events and webhooks (`docs/serve.md`).
+    #[serde(default)]
+    pub events: crate::events::EventsSection,
 }
 
 /// `[serve.e2b]`.
@@ -202,6 +205,10 @@ pub fn load_config(path: &Path) -> Result<(ServeSection, Vec<Suite>, PathBuf)> {
     let section = file.serve;
     section
         .sandboxes
+        .check()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    section
+        .events
         .check()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if section.suites.is_empty() && !section.sandboxes.enabled {

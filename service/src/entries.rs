@@ -154,6 +154,8 @@ pub struct SandboxFacts {
     pub parent: Option<String>,
     /// Its last checkpoint (a pause is one), for a restart of the service.
     pub checkpoint: Option<Checkpoint>,
+    /// What its VMs have used so far.
+    pub spent: crate::sandbox::sandboxes::usage::Spent,
 }
 
 impl SandboxFacts {
@@ -167,6 +169,7 @@ impl SandboxFacts {
             created_ms: engine::row::now_ms() as u64,
             parent,
             checkpoint: None,
+            spent: Default::default(),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod capacity;
 pub mod config;
 pub mod entries;
 pub mod error;
+pub mod events;
 pub mod forks;
 pub mod ids;
 pub mod paused;

@@ -75,6 +75,9 @@ pub struct SandboxPart {
     pub created_ms: u64,
     pub parent: Option<String>,
     pub ports: Vec<SavedPort>,
+    /// Whether it was paused (its checkpoint is then all of it, exactly).
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// An open port as a record keeps it: a restart opens it again with the same token.

@@ -77,6 +77,8 @@ pub struct Service {
     pub sandbox: Option<super::sandbox::SandboxApi>,
     /// Tenants: keys, quotas, who owns which id, the audit.
     pub tenancy: Arc<super::tenancy::Tenancy>,
+    /// Lifecycle events of sandboxes and sessions, and tenants' webhooks.
+    pub events: Arc<super::events::Events>,
     /// Held while the service runs (see `start`).
     _lock: std::fs::File,
 }
@@ -101,6 +103,7 @@ impl Service {
         };
         let lock = lock_out_folder(out)?;
         let tenancy = super::tenancy::Tenancy::open_for(settings, out, token)?;
+        let events = Arc::new(super::events::Events::new(tenancy.clone(), &settings.events));
         let rows_per_part = suites.first().map(|s| s.config.output.rows_per_part).unwrap_or(256);
         let (recorder, opened, records) = open_recorder(out, rows_per_part).await?;
         let run_id = opened.run_id.clone();
@@ -120,7 +123,7 @@ impl Service {
                 &settings.sandboxes,
                 out,
                 host,
-                tenancy.clone(),
+                events.clone(),
                 forks.clone(),
                 settings.listen,
                 hold,
@@ -148,6 +151,7 @@ impl Service {
             vm_cost: super::admission::VmCost::new((u64::from(guest_mib) + engine::sizing::QEMU_OVERHEAD_MIB) << 20),
             sandbox,
             tenancy,
+            events,
             _lock: lock,
         };
         let done: HashMap<String, usize> = opened
@@ -173,6 +177,15 @@ impl Service {
             loop {
                 tick.tick().await;
                 tenancy.end_revoked().await;
+            }
+        });
+        tokio::spawn(super::events::webhooks::deliver_forever(self.events.clone()));
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(3600));
+            loop {
+                tick.tick().await;
+                events.prune();
             }
         });
         let every = self.settings.sandboxes.checkpoint_secs;
@@ -201,6 +214,7 @@ impl Service {
                             state.engine.prune_idle(Duration::from_secs(60));
                         }
                         if let Some(api) = &self.sandbox {
+                            api.sandboxes.watch().await;
                             api.sandboxes.expire().await;
                         }
                         if last_flush.elapsed() > Duration::from_secs(60) {

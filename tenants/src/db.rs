@@ -10,7 +10,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{check_name, now_ms, Quota, Quotas, Tenant, TenantId};
 
 /// The migrations, in order: migration `i` (from 0) brings `user_version` to `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_tenants.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_tenants.sql"),
+    include_str!("../migrations/0002_events.sql"),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -15,6 +15,7 @@ const _: Option<&str> = option_env!("FARM_CHECKOUT");
 
 mod audit;
 mod db;
+mod events;
 pub mod fair;
 mod keys;
 mod owners;
@@ -23,6 +24,7 @@ pub mod rate;
 
 pub use audit::{AuditFilter, AuditRecord};
 pub use db::{Db, Error, TenantSummary};
+pub use events::{EventFilter, StoredEvent, Webhook};
 pub use keys::{AuthError, KeyInfo, NewKey, KEY_PREFIX};
 pub use owners::{Kind, Owner, Owners, UNKNOWN_BUILD_MS};
 pub use quota::{Exceeded, Quota, Quotas};

@@ -265,6 +265,8 @@ pub struct QemuProcess {
     pid: u32,
     /// How it ended, once reaped by [`QemuProcess::try_exit_status`].
     exit_status: Option<String>,
+    /// The signal that ended it, if one did (once reaped).
+    exit_signal: Option<i32>,
 }
 
 impl QemuProcess {
@@ -295,6 +297,7 @@ impl QemuProcess {
             child: Some(child),
             pid,
             exit_status: None,
+            exit_signal: None,
         })
     }
 
@@ -317,10 +320,16 @@ impl QemuProcess {
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&self.pid);
                 self.exit_status = Some(status.to_string());
+                self.exit_signal = std::os::unix::process::ExitStatusExt::signal(&status);
                 self.exit_status.clone()
             }
             _ => None,
         }
+    }
+
+    /// The signal that ended it, once [`QemuProcess::try_exit_status`] reaped it.
+    pub fn exit_signal(&self) -> Option<i32> {
+        self.exit_signal
     }
 
     /// Kills the process and waits for it.

@@ -243,3 +243,35 @@ fn a_card_is_read_without_the_fork_and_goes_with_it() {
     book.remove("s-1", Ending::Ended("deleted".into()));
     assert_eq!(book.card("s-1", Kind::Session), None);
 }
+
+#[test]
+fn a_fork_ends_at_the_earlier_of_its_idle_end_and_its_lifetime_and_never_idles_in_use() {
+    let mut book: Book<()> = Book::default();
+    let start = Instant::now();
+    let timers = Timers {
+        idle: Duration::from_secs(30),
+        lifetime: Some(Duration::from_secs(100)),
+    };
+    book.reserve(4).unwrap();
+    book.open("sb-1", Kind::Sandbox, (), (), timers, start);
+    let at = |book: &Book<()>, s| book.ends(Kind::Sandbox, start + Duration::from_secs(s));
+    assert_eq!(
+        at(&book, 10),
+        [("sb-1".to_string(), Expiry::Idle, Duration::from_secs(20))]
+    );
+    assert_eq!(at(&book, 80), [("sb-1".to_string(), Expiry::Idle, Duration::ZERO)]);
+    book.begin("sb-1", start + Duration::from_secs(80));
+    assert_eq!(
+        at(&book, 90),
+        [("sb-1".to_string(), Expiry::Lifetime, Duration::from_secs(10))],
+        "in use: only its lifetime ends it"
+    );
+    book.finish("sb-1", start + Duration::from_secs(90));
+    assert_eq!(
+        at(&book, 91),
+        [("sb-1".to_string(), Expiry::Lifetime, Duration::from_secs(9))]
+    );
+    book.pause("sb-1");
+    assert!(at(&book, 91).is_empty(), "a paused fork has no timer to warn of");
+    assert!(book.ends(Kind::Session, start).is_empty());
+}

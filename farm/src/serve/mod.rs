@@ -19,6 +19,7 @@
 mod api;
 mod e2b;
 mod error;
+mod event_routes;
 pub(crate) mod hosting_routes;
 mod http;
 mod mcp;

@@ -178,7 +178,7 @@ impl SandboxApi {
         settings: &SandboxSection,
         out: &Path,
         host: Arc<engine::Host>,
-        tenancy: Arc<crate::tenancy::Tenancy>,
+        events: Arc<crate::events::Events>,
         forks: crate::forks::Forks,
         service_listen: std::net::SocketAddr,
         hold: listener::Hold,
@@ -205,7 +205,7 @@ impl SandboxApi {
         let environments = Arc::new(Environments::open(host.clone(), settings, &dir)?);
         let sandboxes = Arc::new(Sandboxes::new(
             host,
-            tenancy,
+            events,
             forks,
             ports.clone(),
             settings,

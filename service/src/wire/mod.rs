@@ -12,10 +12,12 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+pub mod events;
 mod rollouts;
 mod sandboxes;
 mod sessions;
 
+pub use events::{SandboxMetrics, UsageLife, UsageNow};
 pub use rollouts::{Cancelled, CancelledCount, Capacity, Group, MemoryCapacity, RolloutView, Submitted};
 pub use sandboxes::{
     Deleted, EntryView, EnvironmentList, EnvironmentView, FileWritten, FolderListing, LogPage, OutputChunk, PortList,

@@ -375,6 +375,11 @@ impl Machine {
         self.network.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Bytes the guest sent out and received through its network port so far.
+    pub fn network_bytes(&self) -> (u64, u64) {
+        self.net_port.bytes()
+    }
+
     /// What opens connections to services of the guest's own, on its `127.0.0.1:PORT`,
     /// carried over the network port (the guest has no network device).
     pub fn guest_connector(&self) -> egress::GuestConnector {
@@ -503,6 +508,11 @@ impl Machine {
     /// Whether QEMU has exited.
     pub fn exited(&mut self) -> Option<String> {
         self.process.try_exit_status()
+    }
+
+    /// The signal that ended QEMU, once [`Machine::exited`] saw it go.
+    pub fn exit_signal(&self) -> Option<i32> {
+        self.process.exit_signal()
     }
 }
 

@@ -170,6 +170,9 @@ impl Sandboxes {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         let _in_use = self.begin(id);
+        // Its VM's last reading (a reset by a fresh fork replaces the VM).
+        let reading = sandbox.run.usage();
+        sandbox.sandbox_mut().spent.observe(reading);
         let seed = self.seed();
         let way = sandbox.run.reset(seed).await.map_err(|e| match e {
             engine::session::SessionResetError::Call(engine::session::SessionCallError::Paused) => {
@@ -187,6 +190,13 @@ impl Sandboxes {
             engine::session::ResetWay::FreshFork { why, took } => (false, Some(why), took),
         };
         tracing::info!(sandbox = %id, in_place, took_ms = took.as_millis() as u64, "sandbox reset");
+        let mut told =
+            crate::events::Happened::sandbox(crate::events::EventType::Reset, crate::events::ForkState::Running)
+                .reason(if in_place { "in place" } else { "by a fresh fork" });
+        if let Some(why) = &why {
+            told = told.reason(format!("by a fresh fork: {why}"));
+        }
+        self.tell(id, told);
         Ok(SandboxReset {
             sandbox: view(&sandbox),
             in_place,

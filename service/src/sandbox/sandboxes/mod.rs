@@ -26,6 +26,8 @@ mod network;
 pub mod processes;
 pub mod saved;
 mod settings;
+mod told;
+pub mod usage;
 
 pub use crate::requests::SandboxRequest;
 pub use engine::guest::MAX_FILE_BYTES;
@@ -35,6 +37,7 @@ pub use network::NetworkChange;
 use super::environments::Environments;
 use crate::entries::{Card, Checkpoint, Facts, Open, SandboxFacts};
 use crate::error::{ApiError, ApiResult};
+use crate::events::{Cause, EventType, ForkState, Happened};
 use crate::forks::{Forks, InUse, VmSlot};
 use crate::wire::{EnvironmentView, SandboxView};
 
@@ -82,6 +85,8 @@ pub struct Sandboxes {
     host: Arc<engine::Host>,
     /// Who owns each sandbox.
     tenancy: Arc<crate::tenancy::Tenancy>,
+    /// Where every change of a sandbox's state is told.
+    events: Arc<crate::events::Events>,
     forks: Forks,
     /// Their open ports, closed when they go.
     ports: Arc<super::ports::Ports>,
@@ -97,12 +102,14 @@ pub struct Sandboxes {
     keys: Mutex<Keys<String>>,
     /// Idempotency keys of branches and snapshots, and the ids each made.
     made_keys: Mutex<Keys<Vec<String>>>,
+    /// What the watch of deaths and timers remembers ([`told`]).
+    watch: Mutex<told::Watch>,
 }
 
 impl Sandboxes {
     pub fn new(
         host: Arc<engine::Host>,
-        tenancy: Arc<crate::tenancy::Tenancy>,
+        events: Arc<crate::events::Events>,
         forks: Forks,
         ports: Arc<super::ports::Ports>,
         settings: &super::SandboxSection,
@@ -115,7 +122,8 @@ impl Sandboxes {
         let _ = std::fs::remove_dir_all(root.join("paused"));
         Ok(Sandboxes {
             host,
-            tenancy,
+            tenancy: events.tenancy().clone(),
+            events,
             forks,
             ports,
             networks,
@@ -126,6 +134,7 @@ impl Sandboxes {
             saved_dir,
             keys: Mutex::new(Keys::default()),
             made_keys: Mutex::new(Keys::default()),
+            watch: Mutex::new(told::Watch::default()),
         })
     }
 
@@ -174,6 +183,7 @@ impl Sandboxes {
             lifetime: Some(facts.settings.lifetime),
         };
         let id = open.id.clone();
+        let parent = facts.parent.clone();
         self.save_record(&open);
         slot.taken();
         let mut forks = self.forks();
@@ -181,6 +191,12 @@ impl Sandboxes {
         engine::metrics::get()
             .sandboxes
             .set(forks.all(Kind::Sandbox).len() as i64);
+        drop(forks);
+        let mut created = Happened::sandbox(EventType::Created, ForkState::Running);
+        if let Some(parent) = parent {
+            created = created.related(parent);
+        }
+        self.events.emit(owner, &id, created);
         answer
     }
 
@@ -254,19 +270,23 @@ impl Sandboxes {
     /// `DELETE /v1/sandboxes/{id}`: its VM stops now (a command running in it ends with an
     /// error).
     pub async fn delete(&self, id: &SandboxId, why: &str) -> ApiResult<()> {
-        self.end(id, Ending::Ended(why.to_string()))
+        self.end(id, Ending::Ended(why.to_string()), Cause::Deleted)
             .await
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no sandbox {id:?}")))
     }
 
-    /// Takes a sandbox out of the book, as `ending` says, and stops its VM; None when it was
-    /// not there.
-    async fn end(&self, id: &str, ending: Ending) -> Option<()> {
+    /// Takes a sandbox out of the book, as `ending` says (`cause`: why, as its owner is told),
+    /// and stops its VM; None when it was not there.
+    async fn end(&self, id: &str, ending: Ending, cause: Cause) -> Option<()> {
         self.forks().endable(id, Kind::Sandbox).ok()?;
-        let why = match &ending {
-            Ending::Ended(why) | Ending::Died(why) => why.clone(),
+        let owner = self.owner_of(id);
+        let (why, event) = match &ending {
+            Ending::Ended(why) => (why.clone(), EventType::Ended),
+            Ending::Died(why) => (why.clone(), EventType::Died),
         };
         let removed = self.forks().remove(id, ending)?;
+        let ended = Happened::sandbox(event, ForkState::Ended).cause(cause).reason(&why);
+        self.events.emit(owner, id, ended);
         self.forget_record(id);
         removed.lock().await.run.close();
         tracing::info!(sandbox = %id, "sandbox removed: {why}");
@@ -399,8 +419,16 @@ impl Sandboxes {
                 );
             }
             Judged::Died(why) => {
-                let why = format!("its VM died: {why}");
-                return match self.end(id, Ending::Died(why.clone())).await {
+                // Its QEMU's own end says more than the channel that closed with it.
+                let gone = match self.get(id) {
+                    Ok(sandbox) => sandbox.lock().await.run.vm_gone(),
+                    Err(_) => None,
+                };
+                let (cause, why) = match gone {
+                    Some(gone) => told::death(&gone, false),
+                    None => (Cause::AgentLost, format!("its VM died: {why}")),
+                };
+                return match self.end(id, Ending::Died(why.clone()), cause).await {
                     Some(()) => ApiError::new(ErrorKind::GuestFailed, format!("sandbox {id} {why}; it is removed")),
                     None => removed(),
                 };
@@ -456,17 +484,23 @@ impl Sandboxes {
         let facts = SandboxFacts::new(sandbox.sandbox().settings.clone(), Some(id.to_string()));
         drop(sandbox);
         let open = Open {
-            id: child_id,
+            id: child_id.clone(),
             run,
             facts: Facts::Sandbox(Box::new(facts)),
         };
-        Ok(self.add(open, owner, slot))
+        let child = self.add(open, owner, slot);
+        let branched = Happened::sandbox(EventType::Branched, ForkState::Running).related(child_id);
+        self.events.emit(owner, id, branched);
+        Ok(child)
     }
 
     /// `POST /v1/sandboxes/{id}/pause`: saved to disk, its VM stopped, its slot given back.
     pub(crate) async fn pause(&self, id: &str) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
+        // Its VM's last reading, before the VM goes.
+        let reading = sandbox.run.usage();
+        sandbox.sandbox_mut().spent.observe(reading);
         let dir = self.checkpoint_dir(&sandbox.id);
         let pending = sandbox.run.pause(&dir).await.map_err(|e| match e {
             engine::session::SessionPauseError::Refused(_) => {
@@ -485,6 +519,7 @@ impl Sandboxes {
             at_ms: engine::row::now_ms() as u64,
         });
         self.save_record(&sandbox);
+        self.tell(id, Happened::sandbox(EventType::Paused, ForkState::Paused));
         Ok(view(&sandbox))
     }
 
@@ -509,6 +544,7 @@ impl Sandboxes {
             pending.commit();
             slot.taken();
             self.forks().resume(id, Instant::now());
+            self.tell(id, Happened::sandbox(EventType::Resumed, ForkState::Running));
         }
         Ok(view(&sandbox))
     }
@@ -547,7 +583,11 @@ impl Sandboxes {
                 Expiry::Idle => "idle past its timeout",
                 Expiry::Lifetime => "past its lifetime",
             };
-            self.end(&id, Ending::Ended(why.into())).await;
+            let cause = match expiry {
+                Expiry::Idle => Cause::IdleTimeout,
+                Expiry::Lifetime => Cause::Lifetime,
+            };
+            self.end(&id, Ending::Ended(why.into()), cause).await;
         }
     }
 

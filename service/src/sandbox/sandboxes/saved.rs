@@ -28,9 +28,33 @@ use crate::entries::{Card, Facts, Open};
 use crate::entries::{Checkpoint, SandboxFacts};
 use crate::error::ErrorKind;
 use crate::error::{ApiError, ApiResult};
+use crate::events::{Cause, EventType, ForkState, Happened};
 use crate::record::{ForkRecord, Of, SandboxPart, SavedPort};
 use crate::sandbox::environments::Environments;
 use crate::wire::SandboxView;
+
+/// The mark a graceful stop leaves beside the records (removed by the next start).
+const STOPPED: &str = ".stopped";
+
+/// What a sandbox's owner is told when a new process takes it up: exactly as it was when it
+/// was paused (by its owner, or by a graceful stop), or what was lost.
+fn restored_event(graceful: bool, was_paused: bool, checkpoint: bool) -> Happened {
+    let cause = if graceful {
+        Cause::ServiceStop
+    } else {
+        Cause::ServiceRestart
+    };
+    let restored = Happened::sandbox(EventType::Restored, ForkState::Paused).cause(cause);
+    match (was_paused, checkpoint) {
+        (true, _) => restored.reason("the service restarted: taken up exactly as it was paused"),
+        (false, true) => restored.reason(
+            "the service restarted without pausing it: taken up from its last checkpoint, and what it did after that is lost",
+        ),
+        (false, false) => restored.reason(
+            "the service restarted before its first checkpoint: taken up as a fresh fork of its environment, and what it did is lost",
+        ),
+    }
+}
 
 impl Sandboxes {
     fn record_path(&self, id: &str) -> PathBuf {
@@ -62,6 +86,7 @@ impl Sandboxes {
             lifetime_secs: s.lifetime.as_secs(),
             created_ms: facts.created_ms,
             parent: facts.parent.clone(),
+            paused: open.run.paused().is_some(),
             ports: ports
                 .iter()
                 .map(|(port, token)| SavedPort {
@@ -163,6 +188,10 @@ impl Sandboxes {
                             let fork = open.run.paused().expect("just paused").clone();
                             let at_ms = engine::row::now_ms() as u64;
                             open.sandbox_mut().checkpoint = Some(Checkpoint { fork, at_ms });
+                            let paused = Happened::sandbox(EventType::Paused, ForkState::Paused)
+                                .cause(Cause::ServiceStop)
+                                .reason("the service stopped: paused, to be taken up at its next start");
+                            self.tell(&id, paused);
                         }
                         Err(e) => tracing::warn!(sandbox = %id, "not paused at the stop: {}", engine::describe(&e)),
                     }
@@ -177,6 +206,7 @@ impl Sandboxes {
                 // Its VM (if the pause failed) stops with the process.
             })
             .await;
+        let _ = std::fs::write(self.saved_dir.join(STOPPED), b"");
     }
 
     /// Takes up the sandboxes an earlier process left (each paused), and removes folders no
@@ -193,8 +223,10 @@ impl Sandboxes {
             .filter(|p| p.extension().is_some_and(|e| e == "json"))
             .collect();
         records.sort();
+        // Left by a graceful stop: every sandbox was paused as it was then.
+        let graceful = std::fs::remove_file(self.saved_dir.join(STOPPED)).is_ok();
         for path in records {
-            match self.take_up(environments, &path).await {
+            match self.take_up(environments, &path, graceful).await {
                 Ok((id, checkpoint)) => {
                     named.extend(checkpoint);
                     tracing::info!(sandbox = %id, "sandbox taken up, paused");
@@ -204,6 +236,12 @@ impl Sandboxes {
                         "{}: cannot take this sandbox up: {e:#}; set aside as .bad",
                         path.display()
                     );
+                    if let Some(id) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) {
+                        let died = Happened::sandbox(EventType::Died, ForkState::Ended)
+                            .cause(Cause::ServiceRestart)
+                            .reason(format!("the service restarted and could not take it up: {e:#}"));
+                        self.tell(&id, died);
+                    }
                     let _ = std::fs::rename(&path, path.with_extension("json.bad"));
                     if let Some(stem) = path.file_stem() {
                         named.insert(stem.to_string_lossy().into_owned());
@@ -221,7 +259,12 @@ impl Sandboxes {
     }
 
     /// One record, taken up: (its id, its checkpoint folder's name).
-    async fn take_up(&self, environments: &Environments, path: &Path) -> anyhow::Result<(String, Option<String>)> {
+    async fn take_up(
+        &self,
+        environments: &Environments,
+        path: &Path,
+        graceful: bool,
+    ) -> anyhow::Result<(String, Option<String>)> {
         let (record, part) = ForkRecord::read(path)?.into_sandbox(path)?;
         let mut settings = self
             .settings_of(environments, &part.request)
@@ -232,6 +275,7 @@ impl Sandboxes {
             Some(name) => PausedFork::load(&self.saved_dir.join(name), &self.host.store)?,
             None => self.fresh_checkpoint(&record.id, &settings).await?,
         };
+        let restored = restored_event(graceful, part.paused, record.checkpoint.is_some());
         let checkpoint = paused.dir.file_name().map(|n| n.to_string_lossy().into_owned());
         let run = self
             .host
@@ -266,6 +310,7 @@ impl Sandboxes {
         };
         self.forks()
             .add_paused(&record.id, Kind::Sandbox, open, card, timers, opened);
+        self.tell(&record.id, restored);
         Ok((record.id, checkpoint))
     }
 
@@ -293,5 +338,23 @@ impl Sandboxes {
         drop(run);
         paused.keep_on_disk();
         Ok(PausedFork::load(&dir, &self.host.store)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_taken_up_says_what_it_lost() {
+        let told = |graceful, paused, checkpoint| restored_event(graceful, paused, checkpoint);
+        assert_eq!(told(true, true, true).cause, Some(Cause::ServiceStop));
+        assert!(told(false, true, true).reason.unwrap().contains("exactly"));
+        assert!(told(false, false, true).reason.unwrap().contains("is lost"));
+        assert!(
+            told(true, false, true).reason.unwrap().contains("is lost"),
+            "a pause that failed at the stop"
+        );
+        assert!(told(false, false, false).reason.unwrap().contains("fresh fork"));
     }
 }
