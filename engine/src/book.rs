@@ -377,6 +377,20 @@ impl<S, C> Book<S, C> {
         out
     }
 
+    /// A new life for a fork: its lifetime counts from `now`, under `timers`; false when it
+    /// is not open.
+    pub fn renew(&mut self, id: &str, now: Instant, timers: Timers) -> bool {
+        match self.open.get_mut(id) {
+            Some(held) => {
+                held.opened = now;
+                held.touched = now;
+                held.timers = timers;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// When each live fork of `kind` would end if nothing changed: why, and how long from
     /// `now` (a fork in use never idles; paused ones and those being submitted are left out).
     pub fn ends(&self, kind: Kind, now: Instant) -> Vec<(String, Expiry, std::time::Duration)> {

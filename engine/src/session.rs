@@ -574,6 +574,12 @@ pub struct PendingResume<'a> {
 }
 
 impl PendingResume<'_> {
+    /// The new VM's guest, to look at before the resume is committed (a resume that checks
+    /// what was to be kept).
+    pub fn guest(&self) -> crate::guest::Guest {
+        self.live.guest()
+    }
+
     /// The resume is recorded: the session is live (its paused state goes once no branch
     /// needs it).
     pub fn commit(self) {

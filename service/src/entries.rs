@@ -156,6 +156,14 @@ pub struct SandboxFacts {
     pub checkpoint: Option<Checkpoint>,
     /// What its VMs have used so far.
     pub spent: crate::sandbox::sandboxes::usage::Spent,
+    /// Why its last resume's checks failed (it is paused, in `resume_failed`, until a resume
+    /// passes them).
+    pub resume_failed: Option<String>,
+    /// Paused by its timeout (`on_timeout = "pause"`), at this time (Unix ms).
+    pub auto_paused_ms: Option<u64>,
+    /// When its current lifetime began (its creation, or its last resume from a timeout's
+    /// pause), Unix ms.
+    pub life_from_ms: u64,
 }
 
 impl SandboxFacts {
@@ -170,6 +178,9 @@ impl SandboxFacts {
             parent,
             checkpoint: None,
             spent: Default::default(),
+            resume_failed: None,
+            auto_paused_ms: None,
+            life_from_ms: engine::row::now_ms() as u64,
         }
     }
 }

@@ -204,6 +204,7 @@ impl Service {
         }
         pending.commit();
         self.forks().pause(id);
+        self.tell_session(id, crate::events::EventType::Paused, crate::events::ForkState::Paused);
         tracing::info!(session_id = %id, "session paused in {:.1} s", started.elapsed().as_secs_f64());
         let answer = self.describe(id, &session);
         drop(session);
@@ -246,10 +247,19 @@ impl Service {
         pending.commit();
         slot.taken(); // the session's now (`resume` takes the reservation)
         self.forks().resume(id, Instant::now());
+        self.tell_session(id, crate::events::EventType::Resumed, crate::events::ForkState::Running);
         let answer = self.describe(id, &session);
         drop(session);
         self.update_session_gauges();
         Ok(answer)
+    }
+
+    /// Tells a session's owner of a change of its state.
+    fn tell_session(&self, id: &str, event: crate::events::EventType, state: crate::events::ForkState) {
+        if let Some(owner) = self.forks().card(id, Kind::Session).map(|c| c.owner) {
+            self.events
+                .emit(owner, id, crate::events::Happened::session(event, state));
+        }
     }
 
     pub fn update_session_gauges(&self) {
@@ -290,6 +300,7 @@ impl Service {
                     .end_session(
                         &super::ids::SessionId::trusted(&id),
                         "paused past serve.paused_retention_secs",
+                        crate::events::Cause::Lifetime,
                     )
                     .await;
             }

@@ -78,6 +78,15 @@ pub struct SandboxPart {
     /// Whether it was paused (its checkpoint is then all of it, exactly).
     #[serde(default)]
     pub paused: bool,
+    /// When its timeout paused it (`on_timeout = "pause"`), Unix ms.
+    #[serde(default)]
+    pub auto_paused_ms: Option<u64>,
+    /// When its current lifetime began (None: at its creation).
+    #[serde(default)]
+    pub life_from_ms: Option<u64>,
+    /// Why its last resume's checks failed.
+    #[serde(default)]
+    pub resume_failed: Option<String>,
 }
 
 /// An open port as a record keeps it: a restart opens it again with the same token.

@@ -279,9 +279,30 @@ pub struct SandboxRequest {
     pub memory_mib: Option<u64>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// What a resume must find before it hands the sandbox back (else it stays paused, in
+    /// `resume_failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<crate::sandbox::sandboxes::kept::Keep>,
+    /// At its idle timeout or lifetime: `end` (the default) or `pause` (kept paused for
+    /// `serve.paused_retention_secs`; any call on it resumes it, with a new lifetime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+}
+
+/// What a sandbox's timeout does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    End,
+    Pause,
 }
 
 impl SandboxRequest {
+    /// Whether its timeout pauses it.
+    pub fn pauses_on_timeout(&self) -> bool {
+        self.on_timeout == Some(OnTimeout::Pause)
+    }
+
     /// The fields that need nothing of the service: their bounds, variable names, paths,
     /// the user, sizes.
     pub fn check(&self) -> ApiResult<()> {
@@ -319,6 +340,9 @@ impl SandboxRequest {
         }
         if let Some(network) = &request.network {
             bounds::text("network", network, bounds::ID_BYTES)?;
+        }
+        if let Some(keep) = &request.keep {
+            keep.check("keep")?;
         }
         if let Some(disk) = request.disk_mib {
             bounds::range("disk_mib", disk, bounds::SANDBOX_DISK_MIB, "MiB")?;

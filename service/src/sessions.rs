@@ -5,6 +5,7 @@
 //! A session's life: opening (a slot reserved) → live → (submitting) → ended. While it is
 //! submitted, nothing else may touch it (409), and expiry and shutdown leave it to finish.
 
+use crate::events::{Cause, EventType, ForkState, Happened};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,14 +71,19 @@ impl Service {
             // The slot becomes the session's.
             slot.taken();
             let mut forks = self.forks();
+            let owner = card.owner;
             forks.open(&id, Kind::Session, session, card, self.session_timers(), Instant::now());
             engine::metrics::get()
                 .sessions_live
                 .set(forks.count(Kind::Session).0 as i64);
+            drop(forks);
+            drop(inner);
+            let created = Happened::session(EventType::Created, ForkState::Running);
+            self.events.emit(owner, &id, created);
         }
         if self.stopping.load(Ordering::SeqCst) {
             let _ = self
-                .end_session(&SessionId::trusted(&id), "the service shut down")
+                .end_session(&SessionId::trusted(&id), "the service shut down", Cause::ServiceStop)
                 .await;
             return Err(ApiError::new(ErrorKind::Unavailable, "the service is shutting down"));
         }
@@ -253,7 +259,7 @@ impl Service {
             Acted::Ended { step, row } => {
                 let out = self.ended_row(*row, step, observation).await;
                 drop(session);
-                self.drop_session(id, Phase::Done);
+                self.drop_session(id, Phase::Done, (Cause::Deleted, "its task ended it"));
                 Ok(out)
             }
         }
@@ -349,7 +355,7 @@ impl Service {
         };
         let cursor = self.emit(row.clone()).await;
         drop(session);
-        self.drop_session(id, Phase::Done);
+        self.drop_session(id, Phase::Done, (Cause::Deleted, "submitted"));
         let details = serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default();
         Ok(SessionScored {
             rollout_id: row.rollout_id,
@@ -364,7 +370,7 @@ impl Service {
     }
 
     /// `DELETE /v1/sessions/{id}`: ends it without a row.
-    pub async fn end_session(&self, id: &SessionId, reason: &str) -> ApiResult<SessionEnded> {
+    pub async fn end_session(&self, id: &SessionId, reason: &str, cause: Cause) -> ApiResult<SessionEnded> {
         self.forks().endable(id, Kind::Session)?;
         self.recorder
             .journal_request(&Record::SessionEnd {
@@ -373,14 +379,22 @@ impl Service {
             })
             .await
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("journaling the session's end: {e}")))?;
-        self.drop_session(id, Phase::Done);
+        self.drop_session(id, Phase::Done, (cause, reason));
         Ok(SessionEnded {
             session_id: id.to_string(),
             ended: true,
         })
     }
 
-    fn drop_session(&self, id: &str, phase: Phase) {
+    /// Takes an ended session out of the book (`why`: as its owner is told).
+    fn drop_session(&self, id: &str, phase: Phase, why: (Cause, &str)) {
+        let owner = self.forks().card(id, Kind::Session).map(|c| c.owner);
+        if let Some(owner) = owner {
+            let ended = Happened::session(EventType::Ended, ForkState::Ended)
+                .cause(why.0)
+                .reason(why.1);
+            self.events.emit(owner, id, ended);
+        }
         let mut inner = self.lock();
         let rollout = inner
             .rollouts
@@ -415,7 +429,9 @@ impl Service {
         let expired = self.forks().expired(Kind::Session, Instant::now());
         for (id, _) in expired {
             tracing::info!(session_id = %id, "session expired");
-            let _ = self.end_session(&SessionId::trusted(&id), "expired").await;
+            let _ = self
+                .end_session(&SessionId::trusted(&id), "unused past its lease", Cause::IdleTimeout)
+                .await;
         }
     }
 }

@@ -476,7 +476,11 @@ impl Service {
         let sessions = self.forks().endable_ids(Kind::Session);
         for id in sessions {
             let _ = self
-                .end_session(&super::ids::SessionId::trusted(&id), "the service shut down")
+                .end_session(
+                    &super::ids::SessionId::trusted(&id),
+                    "the service shut down",
+                    super::events::Cause::ServiceStop,
+                )
                 .await;
         }
         if let Some(api) = &self.sandbox {

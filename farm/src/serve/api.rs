@@ -228,5 +228,8 @@ pub(super) async fn list_sessions(State(app): State<App>, Extension(who): Extens
 }
 
 pub(super) async fn end_session(State(app): State<App>, MySession(id): MySession) -> Reply {
-    ok(app.service.end_session(&id, "deleted").await?)
+    ok(app
+        .service
+        .end_session(&id, "deleted", service::events::Cause::Deleted)
+        .await?)
 }

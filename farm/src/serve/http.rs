@@ -58,8 +58,24 @@ impl axum::extract::FromRequestParts<App> for Mine {
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Mine, Self::Rejection> {
         let (who, id) = caller_and_id(parts, app).await?;
-        Ok(Mine(app.service.sandbox_api()?.sandboxes.resolve(&who, &id)?))
+        let id = app.service.sandbox_api()?.sandboxes.resolve(&who, &id)?;
+        let route = parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|m| m.as_str().to_string());
+        if route.as_deref().is_some_and(uses_the_guest) {
+            app.service.wake_sandbox(&who, &id).await?;
+        }
+        Ok(Mine(id))
     }
+}
+
+/// Whether a sandbox route uses its guest, so that a call on a sandbox its timeout paused
+/// resumes it first (reading it, deleting it, and its pause, resume, timers and metrics do
+/// not).
+fn uses_the_guest(route: &str) -> bool {
+    const CONTROL: [&str; 6] = ["/{id}", "/pause", "/resume", "/timeout", "/metrics", "/checkpoint"];
+    !CONTROL.iter().any(|end| route.ends_with(end))
 }
 
 impl axum::extract::FromRequestParts<App> for MySession {

@@ -17,6 +17,7 @@
 //! upgrade.
 
 use crate::serve::error::Respond;
+use service::events::Cause;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
@@ -243,7 +244,10 @@ async fn connection(
     }
     let held = holding.lock().unwrap().take();
     if let Some(id) = held {
-        let _ = app.service.end_session(&id, "the OpenEnv client disconnected").await;
+        let _ = app
+            .service
+            .end_session(&id, "the OpenEnv client disconnected", Cause::Deleted)
+            .await;
     }
     let _ = sender.close().await;
 }
@@ -418,7 +422,9 @@ async fn reset(
             let request = session_request(app, next_task, reset)?;
             let old = holding.lock().unwrap().take();
             if let Some(old) = old.filter(|_| !conn.done) {
-                let _ = service.end_session(&old, "reset by the OpenEnv client").await;
+                let _ = service
+                    .end_session(&old, "reset by the OpenEnv client", Cause::Deleted)
+                    .await;
             }
             *conn = Conn::default();
             open_session(app, who, request).await?
@@ -427,7 +433,9 @@ async fn reset(
     let (id, opened) = opened;
     let old = holding.lock().unwrap().replace(id.clone());
     if let Some(old) = old.filter(|_| !conn.done) {
-        let _ = service.end_session(&old, "reset by the OpenEnv client").await;
+        let _ = service
+            .end_session(&old, "reset by the OpenEnv client", Cause::Deleted)
+            .await;
     }
     *conn = Conn {
         session: Some(id.clone()),

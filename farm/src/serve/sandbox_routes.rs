@@ -18,6 +18,7 @@ use super::http::{
 use super::tenancy::Who;
 use axum::Extension;
 use service::sandbox::environments::EnvironmentRequest;
+use service::sandbox::sandboxes::kept::ResumeRequest;
 use service::sandbox::sandboxes::lifetimes::{BranchRequest, ListFilter, TimeoutRequest};
 use service::sandbox::sandboxes::{ExecRequest, NetworkChange, SandboxRequest, StreamEvent, MAX_FILE_BYTES};
 use service::sandbox::SandboxApi;
@@ -314,9 +315,19 @@ pub(super) async fn pause(State(app): State<App>, Extension(who): Extension<Who>
     ok(app.service.pause_sandbox(&who, &id).await?)
 }
 
-pub(super) async fn resume(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+pub(super) async fn resume(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+    body: Bytes,
+) -> Reply {
+    let request: ResumeRequest = if body.is_empty() {
+        ResumeRequest::default()
+    } else {
+        parse(&body)?
+    };
     let service = app.service.clone();
-    ok(finish(async move { service.resume_sandbox(&who, &id).await }).await?)
+    ok(finish(async move { service.resume_sandbox(&who, &id, request.keep).await }).await?)
 }
 
 pub(super) async fn snapshot(

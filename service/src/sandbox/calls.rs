@@ -7,6 +7,7 @@
 
 use tenants::Kind;
 
+use super::sandboxes::kept::Keep;
 use super::sandboxes::lifetimes::BranchRequest;
 use super::sandboxes::{SandboxId, SandboxRequest};
 use super::SandboxApi;
@@ -110,11 +111,26 @@ impl Service {
         api.sandboxes.checkpoint(id).await
     }
 
-    /// `POST /v1/sandboxes/{id}/resume`: its VM within the caller's quotas.
-    pub async fn resume_sandbox(&self, who: &Who, id: &SandboxId) -> ApiResult<SandboxView> {
+    /// `POST /v1/sandboxes/{id}/resume`: its VM within the caller's quotas, handed back once
+    /// it has what `keep` names (else what its create request's `keep` does).
+    pub async fn resume_sandbox(&self, who: &Who, id: &SandboxId, keep: Option<Keep>) -> ApiResult<SandboxView> {
         let api = self.sandbox_api()?;
+        if let Some(keep) = &keep {
+            keep.check("keep")?;
+        }
         let _held = self.admit_forks(who, 1, self.sandbox_mib(id).await).await?;
-        api.sandboxes.resume(id, || self.vm_slot()).await
+        api.sandboxes.resume(id, keep, || self.vm_slot()).await
+    }
+
+    /// Resumes a sandbox its timeout paused (`on_timeout = "pause"`) for a call that uses
+    /// it, within the caller's quotas; nothing for any other sandbox.
+    pub async fn wake_sandbox(&self, who: &Who, id: &SandboxId) -> ApiResult<()> {
+        let api = self.sandbox_api()?;
+        if api.sandboxes.auto_paused(id).await {
+            tracing::info!(sandbox = %id, "a call on it resumes it (its timeout paused it)");
+            self.resume_sandbox(who, id, None).await?;
+        }
+        Ok(())
     }
 
     /// `POST /v1/sandboxes/{id}/snapshot`: a new environment, the caller's, within its disk.

@@ -78,6 +78,14 @@ pub struct SandboxSection {
     /// pause, `POST .../checkpoint` and a graceful stop still do).
     #[serde(default)]
     pub checkpoint_secs: u64,
+    /// How long a sandbox its timeout paused (`"on_timeout": "pause"`) is kept paused before
+    /// it ends.
+    #[serde(default = "paused_retention")]
+    pub paused_retention_secs: u64,
+}
+
+fn paused_retention() -> u64 {
+    7 * 24 * 3600
 }
 
 fn localhost() -> String {

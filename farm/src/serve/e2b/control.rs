@@ -27,9 +27,10 @@ use service::ErrorKind;
 /// E2B's default timeout of a new sandbox, seconds.
 const DEFAULT_TIMEOUT_SECS: u64 = 300;
 
-/// What E2B's SDK sends to make a sandbox (`POST /v2/sandboxes`, `POST /sandboxes`). Fields
-/// farm does not act on (`autoPause`, `autoResume`, `secure`, volumes) are taken and
-/// ignored, as a newer SDK may send more.
+/// What E2B's SDK sends to make a sandbox (`POST /v2/sandboxes`, `POST /sandboxes`).
+/// `autoPause` is farm's `"on_timeout": "pause"` (its connect resumes it). Fields farm does
+/// not act on (`autoResume`, `secure`, volumes) are taken and ignored, as a newer SDK may
+/// send more.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(in crate::serve) struct NewSandbox {
@@ -40,6 +41,7 @@ pub(in crate::serve) struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
+    auto_pause: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     #[allow(dead_code)] // see `create`
     allow_internet_access: Option<bool>,
@@ -116,6 +118,8 @@ pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Ext
         cpus: None,
         memory_mib: None,
         metadata: new.metadata.unwrap_or_default(),
+        keep: None,
+        on_timeout: (new.auto_pause == Some(true)).then_some(service::requests::OnTimeout::Pause),
     };
     let service = app.service.clone();
     let caller = who.clone();
@@ -237,7 +241,7 @@ async fn expire_in(app: &App, id: &SandboxId, secs: u64) -> Result<(), service::
 
 /// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already (the SDK's `False`).
 pub(in crate::serve) async fn pause(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
-    if api(&app)?.sandboxes.view(&id).await?.state == "paused" {
+    if api(&app)?.sandboxes.view(&id).await?.state != "running" {
         return Err(refused(ErrorKind::Conflict, format!("sandbox {id} is paused already")));
     }
     app.service.pause_sandbox(&who, &id).await?;
@@ -258,8 +262,8 @@ pub(in crate::serve) async fn connect(
         parse_e2b(&body)?
     };
     let mut view = api(&app)?.sandboxes.view(&id).await?;
-    if view.state == "paused" {
-        view = app.service.resume_sandbox(&who, &id).await?;
+    if view.state != "running" {
+        view = app.service.resume_sandbox(&who, &id, None).await?;
     }
     if let Some(secs) = timeout.timeout {
         expire_in(&app, &id, secs).await?;

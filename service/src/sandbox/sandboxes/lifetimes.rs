@@ -55,11 +55,11 @@ impl ListFilter {
         let mut filter = ListFilter::default();
         for (key, value) in query {
             if key == "state" {
-                if value != "running" && value != "paused" {
+                if !["running", "paused", "resume_failed"].contains(&value.as_str()) {
                     return Err(ApiError::field(
                         ErrorKind::Invalid,
                         "state",
-                        format!("{value:?} is not a state: running or paused"),
+                        format!("{value:?} is not a state: running, paused or resume_failed"),
                     ));
                 }
                 filter.state = Some(value);

@@ -21,6 +21,7 @@ use engine::session::Judged;
 
 mod exec;
 mod files;
+pub mod kept;
 pub mod lifetimes;
 mod network;
 pub mod processes;
@@ -60,7 +61,12 @@ fn view(open: &Open) -> SandboxView {
     SandboxView {
         id: open.id.clone(),
         environment: s.environment.id.clone(),
-        state: if live.is_some() { "running" } else { "paused" }.into(),
+        state: match (live.is_some(), &facts.resume_failed) {
+            (true, _) => "running",
+            (false, None) => "paused",
+            (false, Some(_)) => "resume_failed",
+        }
+        .into(),
         cpus: s.environment.spec.cpus,
         memory_mib: s.environment.spec.memory_mib,
         network: s.network_name.clone(),
@@ -69,7 +75,7 @@ fn view(open: &Open) -> SandboxView {
             .map(|l| l.place.user.clone())
             .unwrap_or_else(|| s.spec.user.clone()),
         created_at_ms: facts.created_ms,
-        expires_at_ms: facts.created_ms + s.lifetime.as_millis() as u64,
+        expires_at_ms: facts.life_from_ms + s.lifetime.as_millis() as u64,
         idle_timeout_secs: s.idle.as_secs(),
         parent: facts.parent.clone(),
         metadata: s.metadata.clone(),
@@ -95,6 +101,8 @@ pub struct Sandboxes {
     tighten: BTreeMap<String, Vec<String>>,
     idle: Duration,
     lifetime: Duration,
+    /// How long a sandbox its timeout paused stays paused.
+    paused_retention: Duration,
     warm_pool: usize,
     /// `OUT/sandboxes/saved`: records and checkpoints ([`saved`]).
     saved_dir: PathBuf,
@@ -130,6 +138,7 @@ impl Sandboxes {
             tighten: settings.tighten.clone(),
             idle: Duration::from_secs(settings.idle_timeout_secs),
             lifetime: Duration::from_secs(settings.max_lifetime_secs),
+            paused_retention: Duration::from_secs(settings.paused_retention_secs),
             warm_pool: settings.warm_pool,
             saved_dir,
             keys: Mutex::new(Keys::default()),
@@ -523,8 +532,16 @@ impl Sandboxes {
         Ok(view(&sandbox))
     }
 
-    /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state.
-    pub(crate) async fn resume(&self, id: &str, slot: impl FnOnce() -> ApiResult<VmSlot>) -> ApiResult<SandboxView> {
+    /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state, and handed back
+    /// once the new VM has what `keep` (else its create request's) names; otherwise the new VM
+    /// goes and the sandbox stays paused, in `resume_failed`, with why. A sandbox its timeout
+    /// paused starts a new lifetime.
+    pub(crate) async fn resume(
+        &self,
+        id: &str,
+        keep: Option<kept::Keep>,
+        slot: impl FnOnce() -> ApiResult<VmSlot>,
+    ) -> ApiResult<SandboxView> {
         let sandbox = self.get(id)?;
         let mut sandbox = sandbox.lock().await;
         if sandbox.run.paused().is_none() {
@@ -533,6 +550,9 @@ impl Sandboxes {
                 format!("sandbox {id} is not paused"),
             ));
         }
+        let keep = keep
+            .or_else(|| sandbox.sandbox().settings.request.keep.clone())
+            .unwrap_or_default();
         let slot = slot()?;
         let pending = sandbox.run.resume().await.map_err(|e| {
             ApiError::new(
@@ -540,13 +560,52 @@ impl Sandboxes {
                 format!("resuming sandbox {id}: {}", engine::describe(&e)),
             )
         })?;
-        if let Some(pending) = pending {
-            pending.commit();
-            slot.taken();
-            self.forks().resume(id, Instant::now());
-            self.tell(id, Happened::sandbox(EventType::Resumed, ForkState::Running));
+        let Some(pending) = pending else {
+            return Ok(view(&sandbox));
+        };
+        let missing = match keep.is_empty() {
+            true => Vec::new(),
+            false => kept::missing(&pending.guest(), &keep).await,
+        };
+        if !missing.is_empty() {
+            // Uncommitted, the new VM goes: the sandbox stays as it was saved.
+            drop(pending);
+            let why = missing.join("; ");
+            sandbox.sandbox_mut().resume_failed = Some(why.clone());
+            let failed = Happened::sandbox(EventType::ResumeFailed, ForkState::ResumeFailed).reason(&why);
+            self.tell(id, failed);
+            tracing::warn!(sandbox = %id, "its resume's checks failed: {why}");
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "sandbox {id} failed its resume checks: {why}; it stays paused (resume_failed): resume it again, with other checks, or delete it"
+                ),
+            ));
         }
+        pending.commit();
+        slot.taken();
+        let now = Instant::now();
+        let facts = sandbox.sandbox_mut();
+        facts.resume_failed = None;
+        if facts.auto_paused_ms.take().is_some() {
+            facts.life_from_ms = engine::row::now_ms() as u64;
+            let timers = Timers {
+                idle: facts.settings.idle,
+                lifetime: Some(facts.settings.lifetime),
+            };
+            self.forks().renew(id, now, timers);
+        }
+        self.forks().resume(id, now);
+        self.save_record(&sandbox);
+        self.tell(id, Happened::sandbox(EventType::Resumed, ForkState::Running));
         Ok(view(&sandbox))
+    }
+
+    /// Whether its timeout paused it and it waits for a call to resume it.
+    pub async fn auto_paused(&self, id: &SandboxId) -> bool {
+        let Ok(sandbox) = self.get(id) else { return false };
+        let open = sandbox.lock().await;
+        open.run.paused().is_some() && open.sandbox().auto_paused_ms.is_some() && open.sandbox().resume_failed.is_none()
     }
 
     /// `POST /v1/sandboxes/{id}/snapshot`: a new environment of this sandbox's state.
@@ -575,20 +634,66 @@ impl Sandboxes {
         Ok(env.view())
     }
 
-    /// Removes sandboxes idle past their timeout or past their lifetime.
+    /// Ends sandboxes idle past their timeout or past their lifetime; one that asked
+    /// (`on_timeout = "pause"`) is paused instead, and kept paused for
+    /// `serve.sandboxes.paused_retention_secs`.
     pub(crate) async fn expire(&self) {
         let expired = self.forks().expired(Kind::Sandbox, Instant::now());
         for (id, expiry) in expired {
-            let why = match expiry {
-                Expiry::Idle => "idle past its timeout",
-                Expiry::Lifetime => "past its lifetime",
+            let (why, cause) = match expiry {
+                Expiry::Idle => ("idle past its timeout", Cause::IdleTimeout),
+                Expiry::Lifetime => ("past its lifetime", Cause::Lifetime),
             };
-            let cause = match expiry {
-                Expiry::Idle => Cause::IdleTimeout,
-                Expiry::Lifetime => Cause::Lifetime,
-            };
+            match self.pause_for_timeout(&id, cause).await {
+                Some(Ok(())) => continue,
+                Some(Err(e)) => {
+                    tracing::warn!(sandbox = %id, "its timeout could not pause it, so it ends: {}", e.message)
+                }
+                None => {}
+            }
             self.end(&id, Ending::Ended(why.into()), cause).await;
         }
+    }
+
+    /// Pauses a sandbox whose timeout came, if it asked for that (None: it did not, or it was
+    /// paused already, and it ends).
+    async fn pause_for_timeout(&self, id: &str, cause: Cause) -> Option<ApiResult<()>> {
+        let sandbox = self.get(id).ok()?;
+        let mut sandbox = sandbox.lock().await;
+        if !sandbox.sandbox().settings.request.pauses_on_timeout() || sandbox.run.paused().is_some() {
+            return None;
+        }
+        let reading = sandbox.run.usage();
+        sandbox.sandbox_mut().spent.observe(reading);
+        let dir = self.checkpoint_dir(id);
+        let pending = match sandbox.run.pause(&dir).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                let e = ApiError::new(ErrorKind::Internal, format!("pausing: {}", engine::describe(&e)));
+                return Some(Err(e));
+            }
+        };
+        pending.commit();
+        self.forks().pause(id);
+        let now_ms = engine::row::now_ms() as u64;
+        let fork = sandbox.run.paused().expect("just paused").clone();
+        let facts = sandbox.sandbox_mut();
+        facts.checkpoint = Some(Checkpoint { fork, at_ms: now_ms });
+        facts.auto_paused_ms = Some(now_ms);
+        // Kept paused for the retention from now: its lifetime in the book, counted from its
+        // current life's start, ends then.
+        let lived = Duration::from_millis(now_ms.saturating_sub(facts.life_from_ms));
+        let timers = Timers {
+            idle: facts.settings.idle,
+            lifetime: Some(lived + self.paused_retention),
+        };
+        self.forks().set_timers(id, timers);
+        self.save_record(&sandbox);
+        let paused = Happened::sandbox(EventType::Paused, ForkState::Paused)
+            .cause(cause)
+            .reason("its timeout paused it (on_timeout = pause): any call on it resumes it");
+        self.tell(id, paused);
+        Some(Ok(()))
     }
 
     /// Marks a sandbox in use until the guard drops (then used last at that moment).

@@ -87,6 +87,9 @@ impl Sandboxes {
             created_ms: facts.created_ms,
             parent: facts.parent.clone(),
             paused: open.run.paused().is_some(),
+            auto_paused_ms: facts.auto_paused_ms,
+            life_from_ms: Some(facts.life_from_ms),
+            resume_failed: facts.resume_failed.clone(),
             ports: ports
                 .iter()
                 .map(|(port, token)| SavedPort {
@@ -282,16 +285,25 @@ impl Sandboxes {
             .paused_sandbox(&settings.ready.snapshot, &settings.spec, paused);
         let mut facts = SandboxFacts::new(settings, part.parent.clone());
         facts.created_ms = part.created_ms;
+        facts.life_from_ms = part.life_from_ms.unwrap_or(part.created_ms);
+        facts.auto_paused_ms = part.auto_paused_ms;
+        facts.resume_failed = part.resume_failed.clone();
+        let life_from = facts.life_from_ms;
         let open = Open {
             id: record.id.clone(),
             run,
             facts: Facts::Sandbox(Box::new(facts)),
         };
+        // One its timeout paused is kept for the retention from its pause.
+        let lifetime = match part.auto_paused_ms {
+            Some(at) => Duration::from_millis(at.saturating_sub(life_from)) + self.paused_retention,
+            None => Duration::from_secs(part.lifetime_secs),
+        };
         let timers = Timers {
             idle: Duration::from_secs(part.idle_secs),
-            lifetime: Some(Duration::from_secs(part.lifetime_secs)),
+            lifetime: Some(lifetime),
         };
-        let lived = Duration::from_millis((engine::row::now_ms() as u64).saturating_sub(part.created_ms));
+        let lived = Duration::from_millis((engine::row::now_ms() as u64).saturating_sub(life_from));
         let opened = Instant::now().checked_sub(lived).unwrap_or_else(Instant::now);
         // Its open ports again, with their tokens.
         let ports: BTreeMap<u16, String> = part.ports.iter().map(|p| (p.port, p.token.clone())).collect();

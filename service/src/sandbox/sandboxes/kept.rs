@@ -1,0 +1,163 @@
+//! A resume that checks: before a resumed sandbox is handed back, farm looks in its new VM
+//! for what its owner asked to be kept (files with their sizes, processes running, ports
+//! listening). What is missing keeps it paused, in `resume_failed` with the reason, rather
+//! than running with less than was there. The checks read the guest through farm's agent
+//! (a file's facts, a process's state, the kernel's table of listening sockets); they are
+//! the owner's safeguard against a lost state, not a security boundary.
+
+use engine::guest::Guest;
+use farm_protocol::process::ProcessStatus;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::bounds;
+use crate::error::ApiResult;
+
+/// The most entries of each list in a [`Keep`].
+pub const MAX_KEPT: usize = 64;
+
+/// What a resume must find before it hands a sandbox back.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Keep {
+    /// Files that must be there (a regular file), with this size when one is given.
+    #[serde(default)]
+    pub files: Vec<KeptFile>,
+    /// Processes (farm's pids) that must be running.
+    #[serde(default)]
+    pub processes: Vec<u32>,
+    /// Guest TCP ports something must be listening on.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+}
+
+/// `POST /v1/sandboxes/{id}/resume` (an empty body: the checks its create request named).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeRequest {
+    /// What this resume must find, instead of what the sandbox was created with.
+    pub keep: Option<Keep>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeptFile {
+    pub path: String,
+    pub size: Option<u64>,
+}
+
+impl Keep {
+    pub fn check(&self, field: &str) -> ApiResult<()> {
+        let lists = [
+            ("files", self.files.len()),
+            ("processes", self.processes.len()),
+            ("ports", self.ports.len()),
+        ];
+        for (name, len) in lists {
+            bounds::range(format!("{field}.{name}"), len as u64, (0, MAX_KEPT as u64), "entries")?;
+        }
+        for (i, file) in self.files.iter().enumerate() {
+            let name = format!("{field}.files[{i}].path");
+            bounds::text(&name, &file.path, bounds::PATH_BYTES)?;
+            if !file.path.starts_with('/') {
+                return Err(crate::error::ApiError::field(
+                    crate::error::ErrorKind::Invalid,
+                    name,
+                    "must be an absolute guest path",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.processes.is_empty() && self.ports.is_empty()
+    }
+}
+
+/// What of `keep` the guest lacks, one sentence each (empty: all there).
+pub async fn missing(guest: &Guest, keep: &Keep) -> Vec<String> {
+    let mut missing = Vec::new();
+    for file in &keep.files {
+        match guest.stat(&file.path).await {
+            Ok(entry) if entry.kind != farm_protocol::folder::EntryKind::File => {
+                missing.push(format!("{} is not a regular file", file.path));
+            }
+            Ok(entry) => {
+                if let Some(size) = file.size.filter(|s| *s != entry.size) {
+                    missing.push(format!("{} has {} bytes, not {size}", file.path, entry.size));
+                }
+            }
+            Err(e) => missing.push(format!("{}: {e}", file.path)),
+        }
+    }
+    for pid in &keep.processes {
+        match guest.process(*pid).await {
+            Ok(info) if matches!(info.status, ProcessStatus::Running) => {}
+            Ok(_) => missing.push(format!("process {pid} has exited")),
+            Err(e) => missing.push(format!("process {pid}: {e}")),
+        }
+    }
+    if !keep.ports.is_empty() {
+        let mut table = String::new();
+        for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            if let Ok(bytes) = guest.read_file(file).await {
+                table.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+        let listening = listening_ports(&table);
+        for port in &keep.ports {
+            if !listening.contains(port) {
+                missing.push(format!("nothing listens on port {port}"));
+            }
+        }
+    }
+    missing
+}
+
+/// The local ports of sockets in state LISTEN (`0A`) in `/proc/net/tcp` text.
+fn listening_ports(table: &str) -> std::collections::BTreeSet<u16> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, state) = (fields.get(1)?, fields.get(3)?);
+            let port = local.rsplit_once(':')?.1;
+            (*state == "0A").then(|| u16::from_str_radix(port, 16).ok()).flatten()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_listening_sockets_count() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 0100007F:D431 0100007F:1F40 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 20 4 30 10 -1
+   0: 00000000000000000000000000000000:0050 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 3 1 0 100 0 0 10 0";
+        assert_eq!(listening_ports(table).into_iter().collect::<Vec<_>>(), [80, 8000]);
+    }
+
+    #[test]
+    fn a_keep_is_bounded_and_names_its_field() {
+        let keep = Keep {
+            files: vec![KeptFile {
+                path: "relative".into(),
+                size: None,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            keep.check("keep").unwrap_err().field.as_deref(),
+            Some("keep.files[0].path")
+        );
+        let keep = Keep {
+            ports: vec![1; MAX_KEPT + 1],
+            ..Default::default()
+        };
+        assert_eq!(keep.check("keep").unwrap_err().field.as_deref(), Some("keep.ports"));
+    }
+}
