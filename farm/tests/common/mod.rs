@@ -88,7 +88,17 @@ pub fn assert_no_qemu_of(run_dir: &Path) {
 
 /// The command line of a live (not zombie) QEMU holding a file under `run_dir`, if any.
 fn qemu_of(run_dir: &Path) -> Option<String> {
+    qemus_of(run_dir).into_iter().next().map(|(_, cmdline)| cmdline)
+}
+
+/// Every live (not zombie) QEMU holding a file under `run_dir`: its pid and command line.
+#[allow(dead_code)] // not every test binary looks for its VMs' processes
+pub fn qemus_of(run_dir: &Path) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
         let zombie = state
@@ -103,11 +113,11 @@ fn qemu_of(run_dir: &Path) -> Option<String> {
                 })
                 .unwrap_or_default();
             if fds.iter().any(|f| f.starts_with(run_dir)) {
-                return Some(String::from_utf8_lossy(&cmdline).into_owned());
+                found.push((pid, String::from_utf8_lossy(&cmdline).into_owned()));
             }
         }
     }
-    None
+    found
 }
 
 /// Arguments of `python -m pytest`, quiet, reporting skips, with no cache: then `args`.

@@ -17,8 +17,8 @@ use crate::events::{Cause, EventType, ForkState, Happened};
 pub(super) struct Watch {
     /// The host's out-of-memory kills at the last round.
     oom_kills: Option<u64>,
-    /// The end each sandbox was last warned of (why, and when, in whole seconds).
-    warned: HashMap<String, (Expiry, u64)>,
+    /// Sandboxes inside the warning's window now, warned of (and why).
+    warned: HashMap<String, Expiry>,
 }
 
 /// Why a VM that went did, as its owner is told: the cause and a sentence. A QEMU killed by
@@ -88,6 +88,9 @@ impl Sandboxes {
         self.observe_all();
     }
 
+    /// Warns of each sandbox whose timer ends it (or pauses it) within the warning's
+    /// window, once as it enters the window: a use that moves its idle end back out of the
+    /// window arms the warning again, one that leaves it inside does not.
     fn warn_of_ends(&self) {
         let before = self.events.settings.warn_before_secs;
         if before == 0 {
@@ -98,28 +101,28 @@ impl Sandboxes {
         let mut due = Vec::new();
         {
             let mut watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
-            let live: std::collections::HashSet<&String> = ends.iter().map(|(id, ..)| id).collect();
-            watch.warned.retain(|id, _| live.contains(id));
-            for (id, why, left) in &ends {
+            let mut warned = HashMap::new();
+            for (id, why, left) in ends {
                 if left.as_secs() > before {
                     continue;
                 }
-                let at_ms = now_ms + left.as_millis() as u64;
-                let key = (*why, at_ms / 1000);
-                if watch.warned.get(id) != Some(&key) {
-                    watch.warned.insert(id.clone(), key);
-                    due.push((id.clone(), *why, at_ms));
+                if watch.warned.get(&id) != Some(&why) {
+                    due.push((id.clone(), why, now_ms + left.as_millis() as u64));
                 }
+                warned.insert(id, why);
             }
+            watch.warned = warned;
         }
         for (id, why, at_ms) in due {
-            let cause = match why {
-                Expiry::Idle => Cause::IdleTimeout,
-                Expiry::Lifetime => Cause::Lifetime,
-            };
-            let what = match why {
-                Expiry::Idle => "unless it is used, it ends at its idle timeout",
-                Expiry::Lifetime => "it ends at its lifetime unless its timers move",
+            let pauses = self.get(&id).ok().and_then(|sandbox| {
+                let open = sandbox.try_lock().ok()?;
+                Some(open.sandbox().settings.request.pauses_on_timeout())
+            });
+            let (cause, what) = match (why, pauses == Some(true)) {
+                (Expiry::Idle, false) => (Cause::IdleTimeout, "unless it is used, its idle timeout ends it"),
+                (Expiry::Idle, true) => (Cause::IdleTimeout, "unless it is used, its idle timeout pauses it"),
+                (Expiry::Lifetime, false) => (Cause::Lifetime, "its lifetime ends it unless its timers move"),
+                (Expiry::Lifetime, true) => (Cause::Lifetime, "its lifetime pauses it unless its timers move"),
             };
             let warning = Happened::sandbox(EventType::TimeoutWarning, ForkState::Running)
                 .cause(cause)
