@@ -35,6 +35,14 @@ async fn through_port(port: &Value, token: &str) -> (u16, String) {
     panic!("the server behind the port never answered");
 }
 
+/// The newest lifecycle event of a sandbox.
+async fn last_event(api: &Api, id: &str) -> Value {
+    let list = api
+        .ok("GET", &format!("/v1/events?sandbox={id}&limit=1000"), None, 200)
+        .await;
+    list["events"].as_array().unwrap().last().cloned().unwrap()
+}
+
 fn kill_9(service: &mut Proc) {
     service.child.kill().unwrap();
     service.child.wait().unwrap();
@@ -118,6 +126,20 @@ async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
     kill_9(&mut s.proc);
     assert_no_qemu_of(&run_dir);
     let mut s = start(&config, &out, &run_dir);
+    // Each says what the restart cost it.
+    let (a_told, b_told) = (last_event(&s.api, &a).await, last_event(&s.api, &b).await);
+    for (told, lost) in [
+        (&a_told, "from its last checkpoint"),
+        (&b_told, "fresh fork of its environment"),
+    ] {
+        assert_eq!(
+            (told["type"].as_str(), told["cause"].as_str()),
+            (Some("restored"), Some("service_restart")),
+            "{told}"
+        );
+        let reason = told["reason"].as_str().unwrap();
+        assert!(reason.contains(lost) && reason.contains("is lost"), "{reason}");
+    }
     let list = s.api.ok("GET", "/v1/sandboxes", None, 200).await;
     let states: Vec<(&str, &str)> = list["sandboxes"]
         .as_array()
@@ -160,6 +182,13 @@ async fn sandboxes_come_back_paused_after_kill_9_and_sigterm() {
     stop(&mut s.proc);
     assert_no_qemu_of(&run_dir);
     let mut s = start(&config, &out, &run_dir);
+    let told = last_event(&s.api, &a).await;
+    assert_eq!(
+        (told["type"].as_str(), told["cause"].as_str()),
+        (Some("restored"), Some("service_stop")),
+        "{told}"
+    );
+    assert!(told["reason"].as_str().unwrap().contains("exactly"), "{told}");
     s.api.ok("POST", &format!("/v1/sandboxes/{a}/resume"), None, 200).await;
     assert_eq!(s.api.run_sh(&a, "cat /tmp/f3").await.1, "three\n");
     let process = s

@@ -85,6 +85,7 @@ async fn make_as_a(a: &Api) -> Owned {
 /// Every route that takes an id, with `ID` for it.
 const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/ID"),
+    ("GET", "/v1/sandboxes/ID/metrics"),
     ("DELETE", "/v1/sandboxes/ID"),
     ("POST", "/v1/sandboxes/ID/exec"),
     ("POST", "/v1/sandboxes/ID/exec/stream"),
@@ -167,6 +168,7 @@ async fn b_sees_none_of_a(b: &Api, owned: &Owned) {
         ("/v1/sandboxes", "sandboxes"),
         ("/v1/sessions", "sessions"),
         ("/v1/environments", "environments"),
+        ("/v1/events?limit=1000", "events"),
     ] {
         let list = b.ok("GET", path, None, 200).await;
         let text = list.to_string();

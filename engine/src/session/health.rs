@@ -36,13 +36,14 @@ impl Session {
     pub fn vm_gone(&mut self) -> Option<VmGone> {
         let Vm::Live(live) = &mut self.vm else { return None };
         let machine = &mut live.fork.machine;
+        // A watchdog says why before it kills: its QEMU may not be reaped yet.
+        if let Some(why) = machine.limit_violation() {
+            return Some(VmGone::Limit(why));
+        }
         let status = machine.exited()?;
-        Some(match machine.limit_violation() {
-            Some(why) => VmGone::Limit(why),
-            None => VmGone::Exited {
-                status,
-                signal: machine.exit_signal(),
-            },
+        Some(VmGone::Exited {
+            status,
+            signal: machine.exit_signal(),
         })
     }
 

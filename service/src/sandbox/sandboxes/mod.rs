@@ -428,11 +428,19 @@ impl Sandboxes {
                 );
             }
             Judged::Died(why) => {
-                // Its QEMU's own end says more than the channel that closed with it.
-                let gone = match self.get(id) {
-                    Ok(sandbox) => sandbox.lock().await.run.vm_gone(),
-                    Err(_) => None,
-                };
+                // Its QEMU's own end says more than the channel that closed with it (given a
+                // moment to be reaped).
+                let mut gone = None;
+                for _ in 0..20 {
+                    gone = match self.get(id) {
+                        Ok(sandbox) => sandbox.lock().await.run.vm_gone(),
+                        Err(_) => None,
+                    };
+                    if gone.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 let (cause, why) = match gone {
                     Some(gone) => told::death(&gone, false),
                     None => (Cause::AgentLost, format!("its VM died: {why}")),
