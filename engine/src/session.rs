@@ -37,9 +37,11 @@ use crate::row::{Row, Status, Step};
 mod changes;
 mod health;
 mod network;
+mod pending;
 mod reset;
 pub use changes::{Change, Judged};
 pub use health::{host_oom_kills, VmGone, VmUsage};
+pub use pending::{PendingPause, PendingResume};
 pub use reset::{ResetWay, SessionResetError};
 
 /// Where a session is in its life.
@@ -169,33 +171,6 @@ pub enum SessionBranchError {
     Live(#[from] BranchError),
     #[error("forking the paused state")]
     Paused(#[source] PauseError),
-}
-
-/// A session saved to disk whose VM is stopped but not yet gone: the front-end records the
-/// pause, then must [`PendingPause::commit`] it (the VM goes) or [`PendingPause::cancel`] it
-/// (the VM runs on, the folder goes).
-pub struct PendingPause<'a> {
-    session: &'a mut Session,
-    paused: Arc<PausedFork>,
-}
-
-impl PendingPause<'_> {
-    /// The saved state.
-    pub fn paused(&self) -> &PausedFork {
-        &self.paused
-    }
-
-    /// The pause is recorded: the VM stops and its memory is freed.
-    pub fn commit(self) {
-        self.session.vm = Vm::Paused(self.paused);
-    }
-
-    /// The pause could not be recorded: the session goes on as it was.
-    pub async fn cancel(self) {
-        if let Vm::Live(live) = &self.session.vm {
-            let _ = live.fork.machine.resume().await;
-        }
-    }
 }
 
 impl Engine {
@@ -564,27 +539,6 @@ impl Session {
         };
         let live = self.unpause(paused, None).await?;
         Ok(Some(PendingResume { session: self, live }))
-    }
-}
-
-/// A paused session forked again, not yet recorded as resumed.
-pub struct PendingResume<'a> {
-    session: &'a mut Session,
-    live: LiveFork,
-}
-
-impl PendingResume<'_> {
-    /// The new VM's guest, to look at before the resume is committed (a resume that checks
-    /// what was to be kept).
-    pub fn guest(&self) -> crate::guest::Guest {
-        self.live.guest()
-    }
-
-    /// The resume is recorded: the session is live (its paused state goes once no branch
-    /// needs it).
-    pub fn commit(self) {
-        self.session.changes.note(Change::Resume);
-        self.session.vm = Vm::Live(Box::new(self.live));
     }
 }
 

@@ -10,8 +10,16 @@ use farm_protocol::process::ProcessStatus;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use std::time::Instant;
+
+use engine::book::Timers;
+
+use super::{view, Sandboxes};
 use crate::bounds;
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult, ErrorKind};
+use crate::events::{EventType, ForkState, Happened};
+use crate::forks::VmSlot;
+use crate::wire::SandboxView;
 
 /// The most entries of each list in a [`Keep`].
 pub const MAX_KEPT: usize = 64;
@@ -60,8 +68,8 @@ impl Keep {
             let name = format!("{field}.files[{i}].path");
             bounds::text(&name, &file.path, bounds::PATH_BYTES)?;
             if !file.path.starts_with('/') {
-                return Err(crate::error::ApiError::field(
-                    crate::error::ErrorKind::Invalid,
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
                     name,
                     "must be an absolute guest path",
                 ));
@@ -72,6 +80,77 @@ impl Keep {
 
     pub fn is_empty(&self) -> bool {
         self.files.is_empty() && self.processes.is_empty() && self.ports.is_empty()
+    }
+}
+
+impl Sandboxes {
+    /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state, and handed back
+    /// once the new VM has what `keep` (else its create request's) names; otherwise the new VM
+    /// goes and the sandbox stays paused, in `resume_failed`, with why. A sandbox its timeout
+    /// paused starts a new lifetime.
+    pub(crate) async fn resume(
+        &self,
+        id: &str,
+        keep: Option<Keep>,
+        slot: impl FnOnce() -> ApiResult<VmSlot>,
+    ) -> ApiResult<SandboxView> {
+        let sandbox = self.get(id)?;
+        let mut sandbox = sandbox.lock().await;
+        if sandbox.run.paused().is_none() {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("sandbox {id} is not paused"),
+            ));
+        }
+        let keep = keep
+            .or_else(|| sandbox.sandbox().settings.request.keep.clone())
+            .unwrap_or_default();
+        let slot = slot()?;
+        let pending = sandbox.run.resume().await.map_err(|e| {
+            ApiError::new(
+                ErrorKind::Internal,
+                format!("resuming sandbox {id}: {}", engine::describe(&e)),
+            )
+        })?;
+        let Some(pending) = pending else {
+            return Ok(view(&sandbox));
+        };
+        let missing = match keep.is_empty() {
+            true => Vec::new(),
+            false => missing(&pending.guest(), &keep).await,
+        };
+        if !missing.is_empty() {
+            // Uncommitted, the new VM goes: the sandbox stays as it was saved.
+            drop(pending);
+            let why = missing.join("; ");
+            sandbox.sandbox_mut().resume_failed = Some(why.clone());
+            let failed = Happened::sandbox(EventType::ResumeFailed, ForkState::ResumeFailed).reason(&why);
+            self.tell(id, failed);
+            tracing::warn!(sandbox = %id, "its resume's checks failed: {why}");
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "sandbox {id} failed its resume checks: {why}; it stays paused (resume_failed): resume it again, with other checks, or delete it"
+                ),
+            ));
+        }
+        pending.commit();
+        slot.taken();
+        let now = Instant::now();
+        let facts = sandbox.sandbox_mut();
+        facts.resume_failed = None;
+        if facts.auto_paused_ms.take().is_some() {
+            facts.life_from_ms = engine::row::now_ms() as u64;
+            let timers = Timers {
+                idle: facts.settings.idle,
+                lifetime: Some(facts.settings.lifetime),
+            };
+            self.forks().renew(id, now, timers);
+        }
+        self.forks().resume(id, now);
+        self.save_record(&sandbox);
+        self.tell(id, Happened::sandbox(EventType::Resumed, ForkState::Running));
+        Ok(view(&sandbox))
     }
 }
 

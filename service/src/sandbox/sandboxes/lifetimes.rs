@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use engine::book::{Kind, Timers};
+use engine::book::{Ending, Expiry, Kind, Timers};
+
+use crate::entries::Checkpoint;
+use crate::events::{Cause, EventType, ForkState, Happened};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
@@ -203,6 +206,68 @@ impl Sandboxes {
             why,
             took_ms: took.as_millis() as u64,
         })
+    }
+
+    /// Ends sandboxes idle past their timeout or past their lifetime; one that asked
+    /// (`on_timeout = "pause"`) is paused instead, and kept paused for
+    /// `serve.sandboxes.paused_retention_secs`.
+    pub(crate) async fn expire(&self) {
+        let expired = self.forks().expired(Kind::Sandbox, Instant::now());
+        for (id, expiry) in expired {
+            let (why, cause) = match expiry {
+                Expiry::Idle => ("idle past its timeout", Cause::IdleTimeout),
+                Expiry::Lifetime => ("past its lifetime", Cause::Lifetime),
+            };
+            match self.pause_for_timeout(&id, cause).await {
+                Some(Ok(())) => continue,
+                Some(Err(e)) => {
+                    tracing::warn!(sandbox = %id, "its timeout could not pause it, so it ends: {}", e.message)
+                }
+                None => {}
+            }
+            self.end(&id, Ending::Ended(why.into()), cause).await;
+        }
+    }
+
+    /// Pauses a sandbox whose timeout came, if it asked for that (None: it did not, or it was
+    /// paused already, and it ends).
+    async fn pause_for_timeout(&self, id: &str, cause: Cause) -> Option<ApiResult<()>> {
+        let sandbox = self.get(id).ok()?;
+        let mut sandbox = sandbox.lock().await;
+        if !sandbox.sandbox().settings.request.pauses_on_timeout() || sandbox.run.paused().is_some() {
+            return None;
+        }
+        let reading = sandbox.run.usage();
+        sandbox.sandbox_mut().spent.observe(reading);
+        let dir = self.checkpoint_dir(id);
+        let pending = match sandbox.run.pause(&dir).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                let e = ApiError::new(ErrorKind::Internal, format!("pausing: {}", engine::describe(&e)));
+                return Some(Err(e));
+            }
+        };
+        pending.commit();
+        self.forks().pause(id);
+        let now_ms = engine::row::now_ms() as u64;
+        let fork = sandbox.run.paused().expect("just paused").clone();
+        let facts = sandbox.sandbox_mut();
+        facts.checkpoint = Some(Checkpoint { fork, at_ms: now_ms });
+        facts.auto_paused_ms = Some(now_ms);
+        // Kept paused for the retention from now: its lifetime in the book, counted from its
+        // current life's start, ends then.
+        let lived = Duration::from_millis(now_ms.saturating_sub(facts.life_from_ms));
+        let timers = Timers {
+            idle: facts.settings.idle,
+            lifetime: Some(lived + self.paused_retention),
+        };
+        self.forks().set_timers(id, timers);
+        self.save_record(&sandbox);
+        let paused = Happened::sandbox(EventType::Paused, ForkState::Paused)
+            .cause(cause)
+            .reason("its timeout paused it (on_timeout = pause): any call on it resumes it");
+        self.tell(id, paused);
+        Some(Ok(()))
     }
 
     /// `POST /v1/sandboxes/{id}/branch` with a count: all of them, or none (those made are

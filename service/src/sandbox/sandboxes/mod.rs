@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engine::book::{Ending, Expiry, Kind, Timers};
+use engine::book::{Ending, Kind, Timers};
 use engine::guest::{Guest, GuestError};
 use engine::idempotency::{Claim, Keys};
 use engine::session::Judged;
@@ -540,75 +540,6 @@ impl Sandboxes {
         Ok(view(&sandbox))
     }
 
-    /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state, and handed back
-    /// once the new VM has what `keep` (else its create request's) names; otherwise the new VM
-    /// goes and the sandbox stays paused, in `resume_failed`, with why. A sandbox its timeout
-    /// paused starts a new lifetime.
-    pub(crate) async fn resume(
-        &self,
-        id: &str,
-        keep: Option<kept::Keep>,
-        slot: impl FnOnce() -> ApiResult<VmSlot>,
-    ) -> ApiResult<SandboxView> {
-        let sandbox = self.get(id)?;
-        let mut sandbox = sandbox.lock().await;
-        if sandbox.run.paused().is_none() {
-            return Err(ApiError::new(
-                ErrorKind::Conflict,
-                format!("sandbox {id} is not paused"),
-            ));
-        }
-        let keep = keep
-            .or_else(|| sandbox.sandbox().settings.request.keep.clone())
-            .unwrap_or_default();
-        let slot = slot()?;
-        let pending = sandbox.run.resume().await.map_err(|e| {
-            ApiError::new(
-                ErrorKind::Internal,
-                format!("resuming sandbox {id}: {}", engine::describe(&e)),
-            )
-        })?;
-        let Some(pending) = pending else {
-            return Ok(view(&sandbox));
-        };
-        let missing = match keep.is_empty() {
-            true => Vec::new(),
-            false => kept::missing(&pending.guest(), &keep).await,
-        };
-        if !missing.is_empty() {
-            // Uncommitted, the new VM goes: the sandbox stays as it was saved.
-            drop(pending);
-            let why = missing.join("; ");
-            sandbox.sandbox_mut().resume_failed = Some(why.clone());
-            let failed = Happened::sandbox(EventType::ResumeFailed, ForkState::ResumeFailed).reason(&why);
-            self.tell(id, failed);
-            tracing::warn!(sandbox = %id, "its resume's checks failed: {why}");
-            return Err(ApiError::new(
-                ErrorKind::Conflict,
-                format!(
-                    "sandbox {id} failed its resume checks: {why}; it stays paused (resume_failed): resume it again, with other checks, or delete it"
-                ),
-            ));
-        }
-        pending.commit();
-        slot.taken();
-        let now = Instant::now();
-        let facts = sandbox.sandbox_mut();
-        facts.resume_failed = None;
-        if facts.auto_paused_ms.take().is_some() {
-            facts.life_from_ms = engine::row::now_ms() as u64;
-            let timers = Timers {
-                idle: facts.settings.idle,
-                lifetime: Some(facts.settings.lifetime),
-            };
-            self.forks().renew(id, now, timers);
-        }
-        self.forks().resume(id, now);
-        self.save_record(&sandbox);
-        self.tell(id, Happened::sandbox(EventType::Resumed, ForkState::Running));
-        Ok(view(&sandbox))
-    }
-
     /// Whether its timeout paused it and it waits for a call to resume it.
     pub async fn auto_paused(&self, id: &SandboxId) -> bool {
         let Ok(sandbox) = self.get(id) else { return false };
@@ -640,68 +571,6 @@ impl Sandboxes {
             settings.ready.image.clone(),
         )?;
         Ok(env.view())
-    }
-
-    /// Ends sandboxes idle past their timeout or past their lifetime; one that asked
-    /// (`on_timeout = "pause"`) is paused instead, and kept paused for
-    /// `serve.sandboxes.paused_retention_secs`.
-    pub(crate) async fn expire(&self) {
-        let expired = self.forks().expired(Kind::Sandbox, Instant::now());
-        for (id, expiry) in expired {
-            let (why, cause) = match expiry {
-                Expiry::Idle => ("idle past its timeout", Cause::IdleTimeout),
-                Expiry::Lifetime => ("past its lifetime", Cause::Lifetime),
-            };
-            match self.pause_for_timeout(&id, cause).await {
-                Some(Ok(())) => continue,
-                Some(Err(e)) => {
-                    tracing::warn!(sandbox = %id, "its timeout could not pause it, so it ends: {}", e.message)
-                }
-                None => {}
-            }
-            self.end(&id, Ending::Ended(why.into()), cause).await;
-        }
-    }
-
-    /// Pauses a sandbox whose timeout came, if it asked for that (None: it did not, or it was
-    /// paused already, and it ends).
-    async fn pause_for_timeout(&self, id: &str, cause: Cause) -> Option<ApiResult<()>> {
-        let sandbox = self.get(id).ok()?;
-        let mut sandbox = sandbox.lock().await;
-        if !sandbox.sandbox().settings.request.pauses_on_timeout() || sandbox.run.paused().is_some() {
-            return None;
-        }
-        let reading = sandbox.run.usage();
-        sandbox.sandbox_mut().spent.observe(reading);
-        let dir = self.checkpoint_dir(id);
-        let pending = match sandbox.run.pause(&dir).await {
-            Ok(pending) => pending,
-            Err(e) => {
-                let e = ApiError::new(ErrorKind::Internal, format!("pausing: {}", engine::describe(&e)));
-                return Some(Err(e));
-            }
-        };
-        pending.commit();
-        self.forks().pause(id);
-        let now_ms = engine::row::now_ms() as u64;
-        let fork = sandbox.run.paused().expect("just paused").clone();
-        let facts = sandbox.sandbox_mut();
-        facts.checkpoint = Some(Checkpoint { fork, at_ms: now_ms });
-        facts.auto_paused_ms = Some(now_ms);
-        // Kept paused for the retention from now: its lifetime in the book, counted from its
-        // current life's start, ends then.
-        let lived = Duration::from_millis(now_ms.saturating_sub(facts.life_from_ms));
-        let timers = Timers {
-            idle: facts.settings.idle,
-            lifetime: Some(lived + self.paused_retention),
-        };
-        self.forks().set_timers(id, timers);
-        self.save_record(&sandbox);
-        let paused = Happened::sandbox(EventType::Paused, ForkState::Paused)
-            .cause(cause)
-            .reason("its timeout paused it (on_timeout = pause): any call on it resumes it");
-        self.tell(id, paused);
-        Some(Ok(()))
     }
 
     /// Marks a sandbox in use until the guard drops (then used last at that moment).
