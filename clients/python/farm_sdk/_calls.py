@@ -177,6 +177,8 @@ def sandbox_options(
     cpus: Optional[int],
     memory_mib: Optional[int],
     metadata: Optional[Mapping[str, str]],
+    keep: Optional[Mapping[str, Any]] = None,
+    on_timeout: Optional[str] = None,
 ) -> Dict[str, Any]:
     return _given(
         env=dict(env) if env is not None else None,
@@ -189,6 +191,8 @@ def sandbox_options(
         cpus=cpus,
         memory_mib=memory_mib,
         metadata=dict(metadata) if metadata is not None else None,
+        keep=dict(keep) if keep is not None else None,
+        on_timeout=on_timeout,
     )
 
 

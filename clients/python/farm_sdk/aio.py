@@ -15,11 +15,12 @@ plain functions or coroutine functions.
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, AsyncIterator, Awaitable, Generator, List, Mapping, Optional, Sequence, Type, Union, overload
+from typing import Any, AsyncIterator, Awaitable, Dict, Generator, List, Mapping, Optional, Sequence, Type, Union, overload
 
 
 from . import _calls as calls
 from . import _core as core
+from . import _events as events
 from . import _hosting as hosting
 from ._calls import Command, EnvironmentRef
 from ._core import Callback, ExecItem
@@ -43,6 +44,27 @@ class AsyncFarm(AsyncClient):
     def _opened(self) -> None:
         self.environments = AsyncEnvironments(self._http)
         self.sandboxes = AsyncSandboxes(self)
+
+    async def events(self, after: int = 0, sandbox: Optional[str] = None, limit: int = 100) -> Dict[str, Any]:
+        """See `Farm.events`."""
+        return await _run(self._http, events.list_events(after, sandbox, limit))
+
+    async def follow_events(
+        self, after: Optional[int] = None, sandbox: Optional[str] = None
+    ) -> AsyncIterator[Dict[str, Any]]:
+        """See `Farm.follow_events`."""
+        async for item in _iterate(self._http, events.follow_events(after, sandbox)):
+            if isinstance(item, dict):
+                yield item
+
+    async def add_webhook(self, url: str) -> Dict[str, Any]:
+        return await _run(self._http, events.add_webhook(url))
+
+    async def webhooks(self) -> List[Dict[str, Any]]:
+        return await _run(self._http, events.webhooks())
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        await _run(self._http, events.delete_webhook(webhook_id))
 
 
 class AsyncEnvironments:
@@ -133,11 +155,14 @@ class AsyncSandboxes:
         cpus: Optional[int] = None,
         memory_mib: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        keep: Optional[Mapping[str, Any]] = None,
+        on_timeout: Optional[str] = None,
     ) -> "SandboxCreation":
         """A new sandbox: `sb = await farm.sandboxes.create(...)`, or
         `async with farm.sandboxes.create(...) as sb` to kill it on leaving."""
         options = calls.sandbox_options(
-            env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata
+            env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata,
+            keep, on_timeout,
         )
         return SandboxCreation(self._sandbox(core.create_sandbox(environment, options)))
 
@@ -202,13 +227,15 @@ class AsyncSandbox:
         cpus: Optional[int] = None,
         memory_mib: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        keep: Optional[Mapping[str, Any]] = None,
+        on_timeout: Optional[str] = None,
     ) -> "AsyncSandbox":
         """`await farm.sandboxes.create(...)`, with `farm` defaulting to `AsyncFarm()`."""
         owner = farm or AsyncFarm()
         try:
             return await owner.sandboxes.create(
                 environment, env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus,
-                memory_mib, metadata,
+                memory_mib, metadata, keep, on_timeout,
             )
         except BaseException:
             if farm is None:
@@ -306,8 +333,15 @@ class AsyncSandbox:
     async def pause(self) -> SandboxInfo:
         return await _run(self._http, core.sandbox_action(self.id, "pause"))
 
-    async def resume(self) -> SandboxInfo:
-        return await _run(self._http, core.sandbox_action(self.id, "resume"))
+    async def resume(self, keep: Optional[Mapping[str, Any]] = None) -> SandboxInfo:
+        """See `Sandbox.resume`."""
+        return SandboxInfo.from_json(await _run(self._http, events.resume(self.id, keep)))
+
+    async def metrics(self) -> Dict[str, Any]:
+        return await _run(self._http, events.metrics(self.id))
+
+    async def events(self, after: int = 0, limit: int = 100) -> List[Dict[str, Any]]:
+        return (await _run(self._http, events.list_events(after, self.id, limit)))["events"]
 
     async def checkpoint(self) -> SandboxInfo:
         """See `Sandbox.checkpoint`."""

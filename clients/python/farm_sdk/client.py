@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Type, Union, overload
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Type, Union, overload
 
 
 from . import _calls as calls
 from . import _core as core
+from . import _events as events
 from . import _hosting as hosting
 from ._calls import Command, EnvironmentRef
 from ._core import ExecItem
@@ -44,6 +45,29 @@ class Farm(SyncClient):
     def _opened(self) -> None:
         self.environments = Environments(self._http)
         self.sandboxes = Sandboxes(self)
+
+    def events(self, after: int = 0, sandbox: Optional[str] = None, limit: int = 100) -> Dict[str, Any]:
+        """The caller's lifecycle events after the id `after`, oldest first (of one sandbox
+        or session when `sandbox` is given): `{"events": [...], "next_after": id}`."""
+        return _run(self._http, events.list_events(after, sandbox, limit))
+
+    def follow_events(self, after: Optional[int] = None, sandbox: Optional[str] = None) -> Iterator[Dict[str, Any]]:
+        """The caller's events as they happen (after the id `after`; from now on without
+        it), for as long as the loop goes on. Pass the last `id` seen to go on after a break."""
+        for item in _iterate(self._http, events.follow_events(after, sandbox)):
+            if isinstance(item, dict):
+                yield item
+
+    def add_webhook(self, url: str) -> Dict[str, Any]:
+        """A webhook sent every later event of the caller's, signed; the answer's `secret`
+        is shown this once."""
+        return _run(self._http, events.add_webhook(url))
+
+    def webhooks(self) -> List[Dict[str, Any]]:
+        return _run(self._http, events.webhooks())
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        _run(self._http, events.delete_webhook(webhook_id))
 
 
 class Environments:
@@ -141,11 +165,14 @@ class Sandboxes:
         cpus: Optional[int] = None,
         memory_mib: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        keep: Optional[Mapping[str, Any]] = None,
+        on_timeout: Optional[str] = None,
     ) -> "Sandbox":
         """A new sandbox of a ready environment (an `Environment` or its id). Use it as a
         context manager to kill it on leaving, whatever happens."""
         options = calls.sandbox_options(
-            env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata
+            env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata,
+            keep, on_timeout,
         )
         return Sandbox(self._farm, _run(self._farm._http, core.create_sandbox(environment, options)))
 
@@ -184,6 +211,8 @@ class Sandbox:
         cpus: Optional[int] = None,
         memory_mib: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        keep: Optional[Mapping[str, Any]] = None,
+        on_timeout: Optional[str] = None,
     ) -> "Sandbox":
         """`farm.sandboxes.create(...)`, with `farm` defaulting to `Farm()` (from
         `$FARM_URL` and `$FARM_SERVE_TOKEN`)."""
@@ -191,7 +220,7 @@ class Sandbox:
         try:
             return owner.sandboxes.create(
                 environment, env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus,
-                memory_mib, metadata,
+                memory_mib, metadata, keep, on_timeout,
             )
         except BaseException:
             if farm is None:
@@ -300,9 +329,21 @@ class Sandbox:
         """Saves it to disk and stops its VM (no slot, no idle timer)."""
         return _run(self._http, core.sandbox_action(self.id, "pause"))
 
-    def resume(self) -> SandboxInfo:
-        """Runs a paused sandbox again from its saved state, processes and all."""
-        return _run(self._http, core.sandbox_action(self.id, "resume"))
+    def resume(self, keep: Optional[Mapping[str, Any]] = None) -> SandboxInfo:
+        """Runs a paused sandbox again from its saved state, processes and all, once the new
+        VM has what `keep` names (`{"files": [{"path", "size"}], "processes": [pid], "ports":
+        [port]}`; else what it was created with): otherwise a `Conflict` naming what is
+        missing, and it stays paused (`resume_failed`)."""
+        return SandboxInfo.from_json(_run(self._http, events.resume(self.id, keep)))
+
+    def metrics(self) -> Dict[str, Any]:
+        """What it uses now (`now`: CPU seconds, memory, disk and network bytes) and over its
+        life (`life`), as the host measures its VMs."""
+        return _run(self._http, events.metrics(self.id))
+
+    def events(self, after: int = 0, limit: int = 100) -> List[Dict[str, Any]]:
+        """Its lifecycle events after the id `after`, oldest first."""
+        return _run(self._http, events.list_events(after, self.id, limit))["events"]
 
     def checkpoint(self) -> SandboxInfo:
         """Saves its state (memory, processes, disk) for a restart of the service to bring
