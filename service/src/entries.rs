@@ -161,6 +161,8 @@ pub struct SandboxFacts {
     pub resume_failed: Option<String>,
     /// Paused by its timeout (`on_timeout = "pause"`), at this time (Unix ms).
     pub auto_paused_ms: Option<u64>,
+    /// The workspaces mounted in it.
+    pub mounts: Vec<crate::workspaces::Mounted>,
     /// When its current lifetime began (its creation, or its last resume from a timeout's
     /// pause), Unix ms.
     pub life_from_ms: u64,
@@ -180,6 +182,7 @@ impl SandboxFacts {
             spent: Default::default(),
             resume_failed: None,
             auto_paused_ms: None,
+            mounts: Vec::new(),
             life_from_ms: engine::row::now_ms() as u64,
         }
     }

@@ -33,6 +33,7 @@ pub mod sessions;
 pub mod state;
 pub mod tenancy;
 pub mod wire;
+pub mod workspaces;
 
 pub use config::{load_config, resolve_counts, ServeSection};
 pub use error::{ApiError, ApiResult, ErrorKind};

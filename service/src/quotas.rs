@@ -79,6 +79,9 @@ impl Service {
                 }
             }
         }
+        if let Some(api) = &self.sandbox {
+            total += api.workspaces.disk_usage(tenant);
+        }
         let mut roots = vec![self.paused_root()];
         if let Some(api) = &self.sandbox {
             roots.push(api.sandboxes.saved_dir().to_path_buf());

@@ -87,6 +87,9 @@ pub struct SandboxPart {
     /// Why its last resume's checks failed.
     #[serde(default)]
     pub resume_failed: Option<String>,
+    /// The workspaces mounted in it (its writable holds stay its own across a restart).
+    #[serde(default)]
+    pub mounts: Vec<crate::workspaces::Mounted>,
 }
 
 /// An open port as a record keeps it: a restart opens it again with the same token.

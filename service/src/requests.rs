@@ -287,6 +287,9 @@ pub struct SandboxRequest {
     /// `serve.paused_retention_secs`; any call on it resumes it, with a new lifetime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<OnTimeout>,
+    /// Workspaces to mount (at most 8): writable (one holder at a time) or `read_only`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<crate::workspaces::MountRequest>,
 }
 
 /// What a sandbox's timeout does.
@@ -344,6 +347,7 @@ impl SandboxRequest {
         if let Some(keep) = &request.keep {
             keep.check("keep")?;
         }
+        crate::workspaces::check_mounts(&request.workspaces)?;
         if let Some(disk) = request.disk_mib {
             bounds::range("disk_mib", disk, bounds::SANDBOX_DISK_MIB, "MiB")?;
         }

@@ -174,12 +174,15 @@ impl Service {
             }
         });
         tokio::spawn(super::events::webhooks::deliver_forever(self.events.clone()));
-        let events = self.events.clone();
+        let (events, service) = (self.events.clone(), self.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(3600));
             loop {
                 tick.tick().await;
                 events.prune();
+                if let Some(api) = &service.sandbox {
+                    api.workspaces.expire();
+                }
             }
         });
         let every = self.settings.sandboxes.checkpoint_secs;

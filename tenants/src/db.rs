@@ -13,6 +13,7 @@ use crate::{check_name, now_ms, Quota, Quotas, Tenant, TenantId};
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_tenants.sql"),
     include_str!("../migrations/0002_events.sql"),
+    include_str!("../migrations/0003_workspaces.sql"),
 ];
 
 #[derive(Debug, thiserror::Error)]

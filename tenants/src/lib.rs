@@ -21,6 +21,7 @@ mod keys;
 mod owners;
 mod quota;
 pub mod rate;
+mod workspaces;
 
 pub use audit::{AuditFilter, AuditRecord};
 pub use db::{Db, Error, TenantSummary};
@@ -28,6 +29,7 @@ pub use events::{EventFilter, StoredEvent, Webhook};
 pub use keys::{AuthError, KeyInfo, NewKey, KEY_PREFIX};
 pub use owners::{Kind, Owner, Owners, UNKNOWN_BUILD_MS};
 pub use quota::{Exceeded, Quota, Quotas};
+pub use workspaces::{Claim, WorkspaceRow};
 
 /// A tenant's id in the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

@@ -191,6 +191,9 @@ class SandboxInfo:
     parent: Optional[str] = None
     #: When its last checkpoint was made (what a restart after a crash brings back).
     checkpoint_at_ms: Optional[int] = None
+    #: The workspaces it mounted: `{"name", "path", "mode", "generation"}` each (`mode`:
+    #: `writable`, `read_only`, or a branch's `copy`).
+    workspaces: List[Dict[str, Any]] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -212,6 +215,7 @@ class SandboxInfo:
             metadata=_strings(d.get("metadata")),
             parent=_str(d.get("parent")),
             checkpoint_at_ms=_int(d.get("checkpoint_at_ms")),
+            workspaces=[dict(w) for w in d.get("workspaces") or [] if isinstance(w, dict)],
             raw=dict(d),
         )
 

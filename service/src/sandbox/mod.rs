@@ -175,6 +175,8 @@ impl SandboxSection {
 pub struct SandboxApi {
     pub environments: Arc<Environments>,
     pub sandboxes: Arc<Sandboxes>,
+    /// Tenants' workspaces, which sandboxes mount.
+    pub workspaces: Arc<crate::workspaces::Workspaces>,
 }
 
 impl SandboxApi {
@@ -193,13 +195,6 @@ impl SandboxApi {
     ) -> Result<SandboxApi> {
         let dir: PathBuf = out.join("sandboxes");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut networks = BTreeMap::new();
-        for (name, network) in &settings.networks {
-            let policy = network
-                .policy(&format!("serve.sandboxes.networks.{name}"))
-                .with_context(|| format!("serve.sandboxes.networks.{name}"))?;
-            networks.insert(name.clone(), policy);
-        }
         let listen = settings
             .ports_listen
             .unwrap_or_else(|| std::net::SocketAddr::new(service_listen.ip(), 0));
@@ -211,13 +206,17 @@ impl SandboxApi {
         egress::protect(address);
         let ports = Arc::new(ports::Ports::new(address, settings.ports_domain.clone()));
         let environments = Arc::new(Environments::open(host.clone(), settings, &dir)?);
+        let workspaces = Arc::new(crate::workspaces::Workspaces::open(
+            events.tenancy().clone(),
+            &out.join("workspaces"),
+        )?);
         let sandboxes = Arc::new(Sandboxes::new(
             host,
             events,
+            workspaces.clone(),
             forks,
             ports.clone(),
             settings,
-            networks,
             &dir,
         )?);
         tokio::spawn(listener::serve(
@@ -233,6 +232,7 @@ impl SandboxApi {
         Ok(SandboxApi {
             environments,
             sandboxes,
+            workspaces,
         })
     }
 

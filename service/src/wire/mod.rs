@@ -16,6 +16,7 @@ pub mod events;
 mod rollouts;
 mod sandboxes;
 mod sessions;
+pub mod workspaces;
 
 pub use events::{SandboxMetrics, UsageLife, UsageNow};
 pub use rollouts::{Cancelled, CancelledCount, Capacity, Group, MemoryCapacity, RolloutView, Submitted};

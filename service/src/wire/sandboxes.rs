@@ -74,6 +74,8 @@ pub struct SandboxView {
     /// restart of the service after a crash brings back. None: a restart forks its
     /// environment again.
     pub checkpoint_at_ms: Option<u64>,
+    /// The workspaces it has mounted, and how.
+    pub workspaces: Vec<super::workspaces::MountView>,
 }
 
 /// `GET /v1/sandboxes`.

@@ -119,6 +119,7 @@ pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Ext
         memory_mib: None,
         metadata: new.metadata.unwrap_or_default(),
         keep: None,
+        workspaces: Vec::new(),
         on_timeout: (new.auto_pause == Some(true)).then_some(service::requests::OnTimeout::Pause),
     };
     let service = app.service.clone();

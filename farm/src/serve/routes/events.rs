@@ -8,6 +8,75 @@ use service::events::webhooks::WebhookRequest;
 use service::wire::events::{EventList, SandboxMetrics, WebhookList, WebhookView};
 use service::wire::Deleted;
 
+pub(super) fn workspace_routes(r: &mut Routes) {
+    use crate::serve::workspace_routes as w;
+    use service::wire::workspaces::{WorkspaceList, WorkspaceView, WorkspacesSynced};
+    use HttpMethod::{Delete, Get, Post};
+    let (body, answer) = (
+        r.json::<service::workspaces::WorkspaceRequest>(),
+        r.json::<WorkspaceView>(),
+    );
+    r.add(
+        Post,
+        "/v1/workspaces",
+        w::create,
+        "a workspace: a named volume of the caller's that outlives every sandbox",
+        &[],
+        Some(body),
+        vec![("201", "made", answer)],
+    );
+    let answer = r.json::<WorkspaceList>();
+    r.add(
+        Get,
+        "/v1/workspaces",
+        w::list,
+        "the caller's workspaces",
+        &[],
+        None,
+        vec![("200", "workspaces", answer)],
+    );
+    let answer = r.json::<WorkspaceView>();
+    r.add(
+        Get,
+        "/v1/workspaces/{name}",
+        w::get,
+        "one workspace: its size, generation and holder",
+        &[],
+        None,
+        vec![("200", "the workspace", answer)],
+    );
+    let deleted = r.json::<Deleted>();
+    r.add(
+        Delete,
+        "/v1/workspaces/{name}",
+        w::delete,
+        "remove a workspace no sandbox holds writable",
+        &[],
+        None,
+        vec![("200", "removed", deleted)],
+    );
+    let answer = r.json::<WorkspaceView>();
+    r.add(
+        Post,
+        "/v1/workspaces/{name}/fence",
+        w::fence,
+        "take a workspace from its writable holder: that holder's later syncs are refused",
+        &[],
+        None,
+        vec![("200", "the workspace", answer)],
+    );
+    let answer = r.json::<WorkspacesSynced>();
+    r.add(
+        Post,
+        "/v1/sandboxes/{id}/workspaces/sync",
+        w::sync,
+        "keep what the sandbox wrote to the workspaces it holds writable (409 once fenced)",
+        &[],
+        None,
+        vec![("200", "the workspaces as synced", answer)],
+    );
+}
+
 pub(super) fn event_routes(r: &mut Routes) {
     use HttpMethod::{Delete, Get, Post};
     let answer = r.json::<EventList>();

@@ -217,6 +217,7 @@ fn declare() -> Routes {
         sandbox_lifetime_routes(r);
         sandbox_network_routes(r);
         events::event_routes(r);
+        events::workspace_routes(r);
     });
     routes.group(service::sandbox::MAX_CONTEXT_BYTES as usize, context_routes);
     let file = super::sandbox_routes::MAX_FOLDER_UPLOAD.max(service::sandbox::sandboxes::MAX_FILE_BYTES as usize);

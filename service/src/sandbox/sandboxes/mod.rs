@@ -23,6 +23,7 @@ mod exec;
 mod files;
 pub mod kept;
 pub mod lifetimes;
+mod mounts;
 mod network;
 pub mod processes;
 pub mod saved;
@@ -80,6 +81,7 @@ fn view(open: &Open) -> SandboxView {
         parent: facts.parent.clone(),
         metadata: s.metadata.clone(),
         checkpoint_at_ms: facts.checkpoint.as_ref().map(|c| c.at_ms),
+        workspaces: facts.mounts.iter().map(|m| m.view()).collect(),
     }
 }
 
@@ -93,6 +95,8 @@ pub struct Sandboxes {
     tenancy: Arc<crate::tenancy::Tenancy>,
     /// Where every change of a sandbox's state is told.
     events: Arc<crate::events::Events>,
+    /// The workspaces sandboxes mount.
+    workspaces: Arc<crate::workspaces::Workspaces>,
     forks: Forks,
     /// Their open ports, closed when they go.
     ports: Arc<super::ports::Ports>,
@@ -118,12 +122,19 @@ impl Sandboxes {
     pub fn new(
         host: Arc<engine::Host>,
         events: Arc<crate::events::Events>,
+        workspaces: Arc<crate::workspaces::Workspaces>,
         forks: Forks,
         ports: Arc<super::ports::Ports>,
         settings: &super::SandboxSection,
-        networks: BTreeMap<String, egress::Policy>,
         root: &std::path::Path,
     ) -> anyhow::Result<Sandboxes> {
+        let mut networks = BTreeMap::new();
+        for (name, network) in &settings.networks {
+            let policy = network
+                .policy(&format!("serve.sandboxes.networks.{name}"))
+                .map_err(|e| anyhow::anyhow!("serve.sandboxes.networks.{name}: {e:#}"))?;
+            networks.insert(name.clone(), policy);
+        }
         let saved_dir = root.join("saved");
         std::fs::create_dir_all(&saved_dir)?;
         // Paused sandboxes of a farm before records (they did not outlive their process).
@@ -132,6 +143,7 @@ impl Sandboxes {
             host,
             tenancy: events.tenancy().clone(),
             events,
+            workspaces,
             forks,
             ports,
             networks,
@@ -245,6 +257,9 @@ impl Sandboxes {
         slot: impl FnOnce() -> ApiResult<VmSlot>,
     ) -> ApiResult<SandboxView> {
         let settings = self.settings_of(environments, request)?;
+        let id = self.new_id();
+        // The workspaces' holds before anything forks: a conflict takes no slot and no VM.
+        let claimed = self.claim_workspaces(owner, &id, &request.workspaces)?;
         let slot = slot()?;
         let pool = settings
             .environment
@@ -261,9 +276,14 @@ impl Sandboxes {
             )
             .await
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("starting the sandbox: {}", e.describe())))?;
-        let id = self.new_id();
+        let mut run = run;
+        if let Err(e) = self.mount(&run, &claimed).await {
+            run.close();
+            return Err(e);
+        }
         tracing::info!(sandbox = %id, environment = %settings.environment.id, "sandbox created");
-        let facts = SandboxFacts::new(settings, None);
+        let mut facts = SandboxFacts::new(settings, None);
+        facts.mounts = claimed.keep();
         let open = Open {
             id,
             run,
@@ -279,7 +299,15 @@ impl Sandboxes {
     /// `DELETE /v1/sandboxes/{id}`: its VM stops now (a command running in it ends with an
     /// error).
     pub async fn delete(&self, id: &SandboxId, why: &str) -> ApiResult<()> {
-        self.end(id, Ending::Ended(why.to_string()), Cause::Deleted)
+        // What it wrote to the workspaces it holds is kept first, if it can be.
+        let mut why = why.to_string();
+        if self.holds_workspaces(id).await {
+            if let Err(e) = self.sync_workspaces(id).await {
+                tracing::warn!(sandbox = %id, "its workspaces were not synced at its delete: {}", e.message);
+                why = format!("{why}; its workspaces were not synced: {}", e.message);
+            }
+        }
+        self.end(id, Ending::Ended(why), Cause::Deleted)
             .await
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("no sandbox {id:?}")))
     }
@@ -297,7 +325,9 @@ impl Sandboxes {
         let ended = Happened::sandbox(event, ForkState::Ended).cause(cause).reason(&why);
         self.events.emit(owner, id, ended);
         self.forget_record(id);
-        removed.lock().await.run.close();
+        let mut removed = removed.lock().await;
+        removed.run.close();
+        self.release_workspaces(id, &removed.sandbox().mounts);
         tracing::info!(sandbox = %id, "sandbox removed: {why}");
         engine::metrics::get()
             .sandboxes
@@ -498,7 +528,8 @@ impl Sandboxes {
             })?;
         let child_id = self.new_id();
         tracing::info!(sandbox = %child_id, parent = %id, "sandbox branched");
-        let facts = SandboxFacts::new(sandbox.sandbox().settings.clone(), Some(id.to_string()));
+        let mut facts = SandboxFacts::new(sandbox.sandbox().settings.clone(), Some(id.to_string()));
+        facts.mounts = sandbox.sandbox().mounts.iter().map(|m| m.for_branch()).collect();
         drop(sandbox);
         let open = Open {
             id: child_id.clone(),

@@ -90,6 +90,7 @@ impl Sandboxes {
             auto_paused_ms: facts.auto_paused_ms,
             life_from_ms: Some(facts.life_from_ms),
             resume_failed: facts.resume_failed.clone(),
+            mounts: facts.mounts.clone(),
             ports: ports
                 .iter()
                 .map(|(port, token)| SavedPort {
@@ -239,6 +240,10 @@ impl Sandboxes {
                         "{}: cannot take this sandbox up: {e:#}; set aside as .bad",
                         path.display()
                     );
+                    // Its writable holds go with it.
+                    if let Ok((record, part)) = ForkRecord::read(&path).and_then(|r| r.into_sandbox(&path)) {
+                        self.release_workspaces(&record.id, &part.mounts);
+                    }
                     if let Some(id) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) {
                         let died = Happened::sandbox(EventType::Died, ForkState::Ended)
                             .cause(Cause::ServiceRestart)
@@ -288,6 +293,7 @@ impl Sandboxes {
         facts.life_from_ms = part.life_from_ms.unwrap_or(part.created_ms);
         facts.auto_paused_ms = part.auto_paused_ms;
         facts.resume_failed = part.resume_failed.clone();
+        facts.mounts = part.mounts.clone();
         let life_from = facts.life_from_ms;
         let open = Open {
             id: record.id.clone(),

@@ -1,0 +1,118 @@
+//! A sandbox's workspaces ([`crate::workspaces`]): mounted when it is made (the holds taken
+//! before its VM is, and given back if it never comes to be), synced on request and before
+//! a delete, and let go when it ends, however it ends.
+
+use super::{SandboxId, Sandboxes};
+use crate::error::{ApiError, ApiResult, ErrorKind};
+use crate::wire::workspaces::WorkspacesSynced;
+use crate::workspaces::{Mode, MountRequest, Mounted, Workspaces};
+
+/// Holds a new sandbox took on its workspaces: given back when dropped unless kept.
+pub(super) struct Claimed<'a> {
+    workspaces: &'a Workspaces,
+    fork: String,
+    pub mounts: Vec<(Mounted, Vec<u8>)>,
+    kept: bool,
+}
+
+impl Claimed<'_> {
+    /// The sandbox came to be: its holds are its own now.
+    pub fn keep(mut self) -> Vec<Mounted> {
+        self.kept = true;
+        std::mem::take(&mut self.mounts).into_iter().map(|(m, _)| m).collect()
+    }
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.workspaces.release(&self.fork, self.mounts.iter().map(|(m, _)| m));
+        }
+    }
+}
+
+/// An archive of nothing (what a workspace never synced holds).
+fn empty_archive() -> Vec<u8> {
+    tar::Builder::new(Vec::new()).into_inner().expect("an empty archive")
+}
+
+impl Sandboxes {
+    /// Takes the holds `mounts` ask for, for the sandbox `fork` of `owner`.
+    pub(super) fn claim_workspaces(
+        &self,
+        owner: tenants::TenantId,
+        fork: &str,
+        mounts: &[MountRequest],
+    ) -> ApiResult<Claimed<'_>> {
+        Ok(Claimed {
+            workspaces: &self.workspaces,
+            fork: fork.to_string(),
+            mounts: self.workspaces.claim(owner, fork, mounts)?,
+            kept: false,
+        })
+    }
+
+    /// Writes each claimed workspace into the new VM at its path.
+    pub(super) async fn mount(&self, run: &engine::session::Session, claimed: &Claimed<'_>) -> ApiResult<()> {
+        if claimed.mounts.is_empty() {
+            return Ok(());
+        }
+        let guest = run
+            .guest()
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("mounting workspaces: {e}")))?;
+        for (mount, bytes) in &claimed.mounts {
+            let archive = if bytes.is_empty() {
+                empty_archive()
+            } else {
+                bytes.clone()
+            };
+            guest.write_folder(&mount.path, archive).await.map_err(|e| {
+                ApiError::new(
+                    ErrorKind::GuestFailed,
+                    format!("mounting workspace {:?} at {}: {e}", mount.name, mount.path),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `POST /v1/sandboxes/{id}/workspaces/sync`: each workspace it holds writable, read from
+    /// its guest and installed, unless it was fenced (409: its writes are refused).
+    pub async fn sync_workspaces(&self, id: &SandboxId) -> ApiResult<WorkspacesSynced> {
+        let mounts: Vec<Mounted> = {
+            let sandbox = self.get(id)?;
+            let open = sandbox.lock().await;
+            open.sandbox().mounts.clone()
+        };
+        let writable: Vec<&Mounted> = mounts.iter().filter(|m| m.mode == Mode::Writable).collect();
+        if writable.is_empty() {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("sandbox {id} holds no workspace writable"),
+            ));
+        }
+        let _in_use = self.begin(id);
+        let guest = self.guest(id).await?;
+        let mut synced = Vec::new();
+        for mount in writable {
+            let archive = match guest.read_folder(&mount.path).await {
+                Ok(archive) => archive,
+                Err(e) => return Err(self.guest_error(id, &guest, e, Some(&mount.path)).await),
+            };
+            synced.push(self.workspaces.commit(id, mount, archive)?);
+        }
+        Ok(WorkspacesSynced { workspaces: synced })
+    }
+
+    /// Whether a live sandbox holds a workspace writable.
+    pub(super) async fn holds_workspaces(&self, id: &str) -> bool {
+        let Ok(sandbox) = self.get(id) else { return false };
+        let open = sandbox.lock().await;
+        open.run.live().is_ok() && open.sandbox().mounts.iter().any(|m| m.mode == Mode::Writable)
+    }
+
+    /// Lets go of the writable holds of a sandbox that ended.
+    pub(super) fn release_workspaces(&self, id: &str, mounts: &[Mounted]) {
+        self.workspaces.release(id, mounts);
+    }
+}
