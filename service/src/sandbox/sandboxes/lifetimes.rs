@@ -430,6 +430,7 @@ mod tests {
             parent: None,
             metadata: [("owner".to_string(), "ann".to_string())].into(),
             checkpoint_at_ms: None,
+            workspaces: Vec::new(),
         };
         assert!(filter.keeps(&sandbox));
         sandbox.metadata.insert("owner".into(), "bob".into());
