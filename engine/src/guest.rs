@@ -294,10 +294,24 @@ impl Guest {
 
     /// Unpacks a tar archive under `path` (made if missing), with the guest's own `tar`.
     pub async fn write_folder(&self, path: &str, archive: Vec<u8>) -> Result<(), GuestError> {
+        self.unpack(path, archive, false).await
+    }
+
+    /// Makes `path` hold exactly what a tar archive holds: what was there goes first.
+    pub async fn replace_folder(&self, path: &str, archive: Vec<u8>) -> Result<(), GuestError> {
+        self.unpack(path, archive, true).await
+    }
+
+    async fn unpack(&self, path: &str, archive: Vec<u8>, replace: bool) -> Result<(), GuestError> {
         let tmp = format!("{}.tar", temporary("upload"));
         self.watched(self.agent.write_file(&tmp, archive, 0o600)).await?;
+        let clear = if replace {
+            format!("rm -rf -- {dir} && ", dir = shell_quote(path))
+        } else {
+            String::new()
+        };
         let script = format!(
-            "mkdir -p -- {dir} && tar -x -o -f {tmp} -C {dir}; rc=$?; rm -f {tmp}; exit $rc",
+            "{clear}mkdir -p -- {dir} && tar -x -o -f {tmp} -C {dir}; rc=$?; rm -f {tmp}; exit $rc",
             dir = shell_quote(path)
         );
         let out = self.sh(&script).await?;

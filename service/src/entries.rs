@@ -163,6 +163,9 @@ pub struct SandboxFacts {
     pub auto_paused_ms: Option<u64>,
     /// The workspaces mounted in it.
     pub mounts: Vec<crate::workspaces::Mounted>,
+    /// Taken up by a restart from a state older than a workspace's last sync (or from its
+    /// environment again): its next resume writes these again as last synced.
+    pub remount: Vec<crate::workspaces::Mounted>,
     /// When its current lifetime began (its creation, or its last resume from a timeout's
     /// pause), Unix ms.
     pub life_from_ms: u64,
@@ -183,6 +186,7 @@ impl SandboxFacts {
             resume_failed: None,
             auto_paused_ms: None,
             mounts: Vec::new(),
+            remount: Vec::new(),
             life_from_ms: engine::row::now_ms() as u64,
         }
     }

@@ -415,6 +415,23 @@ impl Workspaces {
         ))
     }
 
+    /// When workspace `id` last took a sync.
+    pub fn synced_ms(&self, id: &str) -> Option<u64> {
+        self.tenancy.db.workspace_by_id(id).ok().flatten()?.synced_ms
+    }
+
+    /// A mount's workspace as last synced (empty: never synced).
+    pub fn archive(&self, mount: &Mounted) -> ApiResult<Vec<u8>> {
+        match std::fs::read(self.data(&mount.id)) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(ApiError::new(
+                ErrorKind::Internal,
+                format!("reading workspace {}: {e}", mount.name),
+            )),
+        }
+    }
+
     /// Bytes of `tenant`'s workspaces, for its disk quota.
     pub fn disk_usage(&self, tenant: TenantId) -> u64 {
         let rows = self.tenancy.db.workspaces(Some(tenant)).unwrap_or_default();

@@ -105,6 +105,7 @@ impl Sandboxes {
         let keep = keep
             .or_else(|| sandbox.sandbox().settings.request.keep.clone())
             .unwrap_or_default();
+        let remount = sandbox.sandbox().remount.clone();
         let slot = slot()?;
         let pending = sandbox.run.resume().await.map_err(|e| {
             ApiError::new(
@@ -134,11 +135,16 @@ impl Sandboxes {
                 ),
             ));
         }
+        if let Err(e) = self.remount(id, &pending.guest(), &remount).await {
+            drop(pending);
+            return Err(e);
+        }
         pending.commit();
         slot.taken();
         let now = Instant::now();
         let facts = sandbox.sandbox_mut();
         facts.resume_failed = None;
+        facts.remount.clear();
         if facts.auto_paused_ms.take().is_some() {
             facts.life_from_ms = engine::row::now_ms() as u64;
             let timers = Timers {

@@ -104,6 +104,48 @@ impl Sandboxes {
         Ok(WorkspacesSynced { workspaces: synced })
     }
 
+    /// After a restart took it up, its first resume writes each of its workspaces into the
+    /// guest as last synced, replacing the guest's copy (as of its checkpoint, or gone): what
+    /// a sync acknowledged is what it finds.
+    pub(super) async fn remount(&self, id: &str, guest: &engine::guest::Guest, mounts: &[Mounted]) -> ApiResult<()> {
+        for mount in mounts {
+            let archive = match self.workspaces.archive(mount)? {
+                bytes if bytes.is_empty() => empty_archive(),
+                bytes => bytes,
+            };
+            guest.replace_folder(&mount.path, archive).await.map_err(|e| {
+                ApiError::new(
+                    ErrorKind::GuestFailed,
+                    format!(
+                        "sandbox {id}: writing workspace {:?} again at {}: {e}",
+                        mount.name, mount.path
+                    ),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// What a sandbox taken up by a restart must have written again at its next resume: none
+    /// when it was paused (its guest's copies are exactly as it left them, and as a holder
+    /// nothing synced since); every mount when it has no checkpoint (its guest is its
+    /// environment again); else each writable mount synced after its checkpoint (the guest's
+    /// copy is older than what was acknowledged; one not synced since holds more than the
+    /// last sync, and stays).
+    pub(super) fn stale_mounts(&self, part: &crate::record::SandboxPart, checkpoint_ms: Option<u64>) -> Vec<Mounted> {
+        if part.paused {
+            return Vec::new();
+        }
+        let Some(at) = checkpoint_ms else {
+            return part.mounts.clone();
+        };
+        part.mounts
+            .iter()
+            .filter(|m| m.mode == Mode::Writable && self.workspaces.synced_ms(&m.id).is_some_and(|s| s > at))
+            .cloned()
+            .collect()
+    }
+
     /// Whether a live sandbox holds a workspace writable.
     pub(super) async fn holds_workspaces(&self, id: &str) -> bool {
         let Ok(sandbox) = self.get(id) else { return false };

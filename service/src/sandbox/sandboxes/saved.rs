@@ -294,6 +294,7 @@ impl Sandboxes {
         facts.auto_paused_ms = part.auto_paused_ms;
         facts.resume_failed = part.resume_failed.clone();
         facts.mounts = part.mounts.clone();
+        facts.remount = self.stale_mounts(&part, record.checkpoint.as_ref().and(record.checkpoint_ms));
         let life_from = facts.life_from_ms;
         let open = Open {
             id: record.id.clone(),
