@@ -170,6 +170,17 @@ pub fn log_capacity(
     }
 }
 
+/// `serve.max_sessions`, resolved (`auto`: what the host's memory holds past the reserve).
+pub fn resolve_max_sessions(settings: &crate::ServeSection) -> usize {
+    match settings.max_sessions {
+        engine::config::Count::Fixed(n) => n,
+        engine::config::Count::Auto => {
+            let host_memory = engine::sizing::HostMemory::probe().unwrap_or_default();
+            auto_max_sessions(&host_memory, settings.memory_reserve_percent)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,7 +94,7 @@ impl Service {
         token: Option<&str>,
     ) -> Result<Service> {
         warn_of_ksm(settings)?;
-        let max_sessions = resolve_max_sessions(settings);
+        let max_sessions = super::admission::resolve_max_sessions(settings);
         let lock = lock_out_folder(out)?;
         let tenancy = super::tenancy::Tenancy::open_for(settings, out, token)?;
         let events = Arc::new(super::events::Events::new(tenancy.clone(), &settings.events));
@@ -499,17 +499,6 @@ impl Service {
 }
 
 /// Says what `serve.ksm` cannot do on this host (an error when it cannot be had at all).
-/// `serve.max_sessions`, resolved (`auto`: what the host's memory holds past the reserve).
-fn resolve_max_sessions(settings: &ServeSection) -> usize {
-    match settings.max_sessions {
-        engine::config::Count::Fixed(n) => n,
-        engine::config::Count::Auto => {
-            let host_memory = sizing::HostMemory::probe().unwrap_or_default();
-            super::admission::auto_max_sessions(&host_memory, settings.memory_reserve_percent)
-        }
-    }
-}
-
 fn warn_of_ksm(settings: &ServeSection) -> Result<()> {
     if let Some(note) = sizing::KsmHost::probe()
         .check(settings.ksm)
