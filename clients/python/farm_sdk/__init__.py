@@ -38,11 +38,14 @@ from .hosting import Ports, Process, Processes
 from .hosting_models import OutputChunk, Port, ProcessInfo
 from .models import AsyncEnvironment, Context, EntryInfo, Environment, ExecResult, FolderListing, ResetInfo, SandboxInfo
 from .terminal import Terminal
+from .workspaces import AsyncWorkspaces, Workspaces
 
 __all__ = [
     "__version__",
     "Farm",
     "AsyncFarm",
+    "Workspaces",
+    "AsyncWorkspaces",
     "Sandbox",
     "AsyncSandbox",
     "SandboxCreation",

@@ -179,6 +179,7 @@ def sandbox_options(
     metadata: Optional[Mapping[str, str]],
     keep: Optional[Mapping[str, Any]] = None,
     on_timeout: Optional[str] = None,
+    workspaces: Optional[Sequence[Mapping[str, Any]]] = None,
 ) -> Dict[str, Any]:
     return _given(
         env=dict(env) if env is not None else None,
@@ -193,6 +194,7 @@ def sandbox_options(
         metadata=dict(metadata) if metadata is not None else None,
         keep=dict(keep) if keep is not None else None,
         on_timeout=on_timeout,
+        workspaces=[dict(w) for w in workspaces] if workspaces is not None else None,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Dict, Generator, List, Mapping
 from . import _calls as calls
 from . import _core as core
 from . import _events as events
+from . import _workspaces as workspaces_ops
 from . import _hosting as hosting
 from ._calls import Command, EnvironmentRef
 from ._core import Callback, ExecItem
@@ -29,9 +30,10 @@ from ._effects import arun as _run
 from ._http import AsyncClient, AsyncHTTP
 from .aio_hosting import AsyncPorts, AsyncProcesses
 from .aio_terminal import AsyncTerminal
+from .workspaces import AsyncWorkspaces
 from .models import AsyncEnvironment, Context, EntryInfo, ExecResult, FolderListing, LogPage, ResetInfo, SandboxInfo
 
-__all__ = ["AsyncFarm", "AsyncEnvironments", "AsyncSandboxes", "AsyncSandbox", "AsyncFiles"]
+__all__ = ["AsyncFarm", "AsyncEnvironments", "AsyncSandboxes", "AsyncSandbox", "AsyncFiles", "AsyncWorkspaces"]
 
 
 class AsyncFarm(AsyncClient):
@@ -40,10 +42,12 @@ class AsyncFarm(AsyncClient):
 
     environments: "AsyncEnvironments"
     sandboxes: "AsyncSandboxes"
+    workspaces: "AsyncWorkspaces"
 
     def _opened(self) -> None:
         self.environments = AsyncEnvironments(self._http)
         self.sandboxes = AsyncSandboxes(self)
+        self.workspaces = AsyncWorkspaces(self._http)
 
     async def events(self, after: int = 0, sandbox: Optional[str] = None, limit: int = 100) -> Dict[str, Any]:
         """See `Farm.events`."""
@@ -157,12 +161,13 @@ class AsyncSandboxes:
         metadata: Optional[Mapping[str, str]] = None,
         keep: Optional[Mapping[str, Any]] = None,
         on_timeout: Optional[str] = None,
+        workspaces: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "SandboxCreation":
         """A new sandbox: `sb = await farm.sandboxes.create(...)`, or
         `async with farm.sandboxes.create(...) as sb` to kill it on leaving."""
         options = calls.sandbox_options(
             env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata,
-            keep, on_timeout,
+            keep, on_timeout, workspaces,
         )
         return SandboxCreation(self._sandbox(core.create_sandbox(environment, options)))
 
@@ -229,13 +234,14 @@ class AsyncSandbox:
         metadata: Optional[Mapping[str, str]] = None,
         keep: Optional[Mapping[str, Any]] = None,
         on_timeout: Optional[str] = None,
+        workspaces: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "AsyncSandbox":
         """`await farm.sandboxes.create(...)`, with `farm` defaulting to `AsyncFarm()`."""
         owner = farm or AsyncFarm()
         try:
             return await owner.sandboxes.create(
                 environment, env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus,
-                memory_mib, metadata, keep, on_timeout,
+                memory_mib, metadata, keep, on_timeout, workspaces,
             )
         except BaseException:
             if farm is None:
@@ -336,6 +342,11 @@ class AsyncSandbox:
     async def resume(self, keep: Optional[Mapping[str, Any]] = None) -> SandboxInfo:
         """See `Sandbox.resume`."""
         return SandboxInfo.from_json(await _run(self._http, events.resume(self.id, keep)))
+
+    async def sync_workspaces(self) -> List[Dict[str, Any]]:
+        """Keeps what it wrote to the workspaces it holds writable (a `Conflict` once it was
+        fenced); each workspace as now kept."""
+        return await _run(self._http, workspaces_ops.sync(self.id))
 
     async def metrics(self) -> Dict[str, Any]:
         return await _run(self._http, events.metrics(self.id))

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from . import _calls as calls
 from . import _core as core
 from . import _events as events
+from . import _workspaces as workspaces_ops
 from . import _hosting as hosting
 from ._calls import Command, EnvironmentRef
 from ._core import ExecItem
@@ -25,8 +26,9 @@ from ._http import SyncClient, SyncHTTP
 from .hosting import Ports, Processes
 from .models import Context, EntryInfo, Environment, ExecResult, FolderListing, LogPage, ResetInfo, SandboxInfo
 from .terminal import Terminal
+from .workspaces import Workspaces
 
-__all__ = ["Farm", "Environments", "Sandboxes", "Sandbox", "Files"]
+__all__ = ["Farm", "Environments", "Sandboxes", "Sandbox", "Files", "Workspaces"]
 
 
 class Farm(SyncClient):
@@ -41,10 +43,12 @@ class Farm(SyncClient):
 
     environments: "Environments"
     sandboxes: "Sandboxes"
+    workspaces: "Workspaces"
 
     def _opened(self) -> None:
         self.environments = Environments(self._http)
         self.sandboxes = Sandboxes(self)
+        self.workspaces = Workspaces(self._http)
 
     def events(self, after: int = 0, sandbox: Optional[str] = None, limit: int = 100) -> Dict[str, Any]:
         """The caller's lifecycle events after the id `after`, oldest first (of one sandbox
@@ -167,12 +171,13 @@ class Sandboxes:
         metadata: Optional[Mapping[str, str]] = None,
         keep: Optional[Mapping[str, Any]] = None,
         on_timeout: Optional[str] = None,
+        workspaces: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "Sandbox":
         """A new sandbox of a ready environment (an `Environment` or its id). Use it as a
         context manager to kill it on leaving, whatever happens."""
         options = calls.sandbox_options(
             env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus, memory_mib, metadata,
-            keep, on_timeout,
+            keep, on_timeout, workspaces,
         )
         return Sandbox(self._farm, _run(self._farm._http, core.create_sandbox(environment, options)))
 
@@ -213,6 +218,7 @@ class Sandbox:
         metadata: Optional[Mapping[str, str]] = None,
         keep: Optional[Mapping[str, Any]] = None,
         on_timeout: Optional[str] = None,
+        workspaces: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "Sandbox":
         """`farm.sandboxes.create(...)`, with `farm` defaulting to `Farm()` (from
         `$FARM_URL` and `$FARM_SERVE_TOKEN`)."""
@@ -220,7 +226,7 @@ class Sandbox:
         try:
             return owner.sandboxes.create(
                 environment, env, workdir, user, network, disk_mib, idle_timeout_secs, lifetime_secs, cpus,
-                memory_mib, metadata, keep, on_timeout,
+                memory_mib, metadata, keep, on_timeout, workspaces,
             )
         except BaseException:
             if farm is None:
@@ -335,6 +341,11 @@ class Sandbox:
         [port]}`; else what it was created with): otherwise a `Conflict` naming what is
         missing, and it stays paused (`resume_failed`)."""
         return SandboxInfo.from_json(_run(self._http, events.resume(self.id, keep)))
+
+    def sync_workspaces(self) -> List[Dict[str, Any]]:
+        """Keeps what it wrote to the workspaces it holds writable (a `Conflict` once it was
+        fenced); each workspace as now kept."""
+        return _run(self._http, workspaces_ops.sync(self.id))
 
     def metrics(self) -> Dict[str, Any]:
         """What it uses now (`now`: CPU seconds, memory, disk and network bytes) and over its

@@ -97,3 +97,25 @@ def test_metrics_and_webhooks():
     assert [h["id"] for h in farm.webhooks()] == ["wh-1"]
     farm.delete_webhook("wh-1")
     assert server.requests[-1].method == "DELETE"
+
+
+def test_workspaces_are_made_mounted_synced_and_fenced():
+    ws = {"name": "data", "id": "ws-1", "size_mib": 8, "bytes": 0, "generation": 0, "holder": None,
+          "created_at_ms": 1, "synced_at_ms": None, "keep_days": None}
+    server = (
+        MockFarm()
+        .on("POST", "/v1/workspaces", httpx.Response(201, json=ws))
+        .on("POST", "/v1/sandboxes", httpx.Response(201, json=SANDBOX))
+        .on("POST", "/v1/sandboxes/sb-1/workspaces/sync", httpx.Response(200, json={"workspaces": [dict(ws, generation=1)]}),
+            error(409, "workspace \"data\" was taken from this sandbox (generation 1 is fenced)"))
+        .on("POST", "/v1/workspaces/data/fence", httpx.Response(200, json=ws))
+    )
+    farm = Farm(transport=server.transport())
+    assert farm.workspaces.create("data", 8)["id"] == "ws-1"
+    assert body(server.requests[0]) == {"name": "data", "size_mib": 8}
+    sandbox = farm.sandboxes.create("env-1", workspaces=[{"name": "data", "path": "/w"}])
+    assert body(server.requests[1])["workspaces"] == [{"name": "data", "path": "/w"}]
+    assert sandbox.sync_workspaces()[0]["generation"] == 1
+    farm.workspaces.fence("data")
+    with pytest.raises(Conflict, match="fenced"):
+        sandbox.sync_workspaces()

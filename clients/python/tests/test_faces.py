@@ -27,8 +27,8 @@ from farm_sdk import (
     Sandbox,
     Terminal,
 )
-from farm_sdk.aio import AsyncEnvironments, AsyncSandboxes
-from farm_sdk.client import Environments, Sandboxes
+from farm_sdk.aio import AsyncEnvironments, AsyncSandboxes, AsyncWorkspaces
+from farm_sdk.client import Environments, Sandboxes, Workspaces
 from mock_farm import MockFarm, events
 
 FACES = [
@@ -42,6 +42,7 @@ FACES = [
     (Process, AsyncProcess),
     (Ports, AsyncPorts),
     (Terminal, AsyncTerminal),
+    (Workspaces, AsyncWorkspaces),
 ]
 # The one async call that is not a coroutine function: it returns a `SandboxCreation`, to
 # await or to use with `async with`.
