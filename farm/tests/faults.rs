@@ -162,6 +162,25 @@ async fn faults_leave_every_sandbox_in_a_defined_state_with_a_reason() {
         ),
     }
 
+    // A workspace's holder acknowledged a write (a sync), then wrote more it never synced.
+    api.ok(
+        "POST",
+        "/v1/workspaces",
+        Some(json!({ "name": "ws", "size_mib": 8 })),
+        201,
+    )
+    .await;
+    let holder = new_sandbox(&api, &env, json!({ "workspaces": [{ "name": "ws", "path": "/w" }] })).await;
+    api.run_sh(
+        &holder,
+        "head -c 100000 /dev/urandom > /w/acked; sha256sum /w/acked > /w/sum",
+    )
+    .await;
+    let acked = api.run_sh(&holder, "cat /w/sum").await.1;
+    api.ok("POST", &format!("/v1/sandboxes/{holder}/workspaces/sync"), None, 200)
+        .await;
+    api.run_sh(&holder, "echo never-synced > /w/later").await;
+
     // The service killed with kill -9, and started again.
     service.child.kill().unwrap();
     service.child.wait().unwrap();
@@ -177,7 +196,10 @@ async fn faults_leave_every_sandbox_in_a_defined_state_with_a_reason() {
         .map(|s| (s["id"].as_str().unwrap().into(), s["state"].as_str().unwrap().into()))
         .collect();
     let (mut silent, mut stuck) = (0, 0);
-    for id in working.iter().chain([&paused, &killed, &full, &hungry, &frozen]) {
+    for id in working
+        .iter()
+        .chain([&paused, &killed, &full, &hungry, &frozen, &holder])
+    {
         let last = events_of(&api, id).await.pop().unwrap();
         let kind = last["type"].as_str().unwrap();
         match states.get(id.as_str()).map(String::as_str) {
@@ -195,6 +217,30 @@ async fn faults_leave_every_sandbox_in_a_defined_state_with_a_reason() {
             }
         }
     }
+    // No acknowledged workspace byte is lost: a reader finds them, and so does the holder.
+    let reader = new_sandbox(
+        &api,
+        &env,
+        json!({ "workspaces": [{ "name": "ws", "path": "/w", "read_only": true }] }),
+    )
+    .await;
+    let mut bytes_lost = 0;
+    if api.run_sh(&reader, "sha256sum /w/acked").await.1 != acked {
+        bytes_lost += 100_000;
+    }
+    api.ok("POST", &format!("/v1/sandboxes/{holder}/resume"), None, 200)
+        .await;
+    assert_eq!(
+        api.run_sh(&holder, "sha256sum /w/acked").await.1,
+        acked,
+        "the holder finds what it acknowledged"
+    );
+    api.ok("POST", &format!("/v1/sandboxes/{holder}/workspaces/sync"), None, 200)
+        .await;
+    for id in [&reader, &holder] {
+        api.ok("DELETE", &format!("/v1/sandboxes/{id}"), None, 200).await;
+    }
+
     // The paused one is exactly as it was; the working ones run again.
     api.ok("POST", &format!("/v1/sandboxes/{paused}/resume"), None, 200)
         .await;
@@ -208,7 +254,7 @@ async fn faults_leave_every_sandbox_in_a_defined_state_with_a_reason() {
     // Fails unless every QEMU is gone within a minute of its service.
     assert_no_qemu_of(&run_dir);
     eprintln!(
-        "fault suite: {faults} faults injected; {silent} silent losses, {stuck} stuck states, 0 orphaned QEMUs, {paused_lost} paused sandboxes lost"
+        "fault suite: {faults} faults injected; {silent} silent losses, {stuck} stuck states, 0 orphaned QEMUs, {paused_lost} paused sandboxes lost, {bytes_lost} acknowledged workspace bytes lost"
     );
-    assert_eq!((silent, stuck, paused_lost), (0, 0, 0));
+    assert_eq!((silent, stuck, paused_lost, bytes_lost), (0, 0, 0, 0));
 }
