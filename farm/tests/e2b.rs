@@ -49,6 +49,7 @@ async fn e2bs_sdk_drives_farm_sandboxes_and_reaches_nothing_of_another_tenant() 
             serde_json::from_str(String::from_utf8_lossy(&check.stdout).lines().last().unwrap_or("")).expect(&said);
         assert_eq!(seen["sync"], "ok", "{venv}");
         assert_eq!(seen["async"], "ok", "{venv}");
+        assert_eq!(seen["volumes"], "ok", "{venv}");
         assert_eq!(seen["refusals"].as_object().unwrap().len(), 8, "{venv}: {seen}");
     }
 

@@ -376,6 +376,27 @@ async def main():
 asyncio.run(main())
 seen["async"] = "ok"
 
+# --- Volumes (farm's workspaces): what a sandbox wrote there is kept when it is killed, and
+# the next sandbox mounting it finds it; one writer at a time.
+from e2b import Volume  # noqa: E402
+
+vol = Volume.create("e2b-data")
+assert "e2b-data" in [v.name for v in Volume.list()]
+writer = Sandbox.create(template=TEMPLATE, volume_mounts={"/data": vol})
+writer.files.write("/data/kept.txt", "kept")
+try:
+    Sandbox.create(template=TEMPLATE, volume_mounts={"/data": vol})
+    raise AssertionError("a second writer was let in")
+except Exception as e:  # the SDK's exception for a 409
+    assert "held writable" in str(e), e
+assert writer.kill() is True
+reader = Sandbox.create(template=TEMPLATE, volume_mounts={"/data": "e2b-data"})
+assert reader.files.read("/data/kept.txt") == "kept"
+assert reader.kill() is True
+assert Volume.destroy(vol.volume_id) is True
+assert Volume.destroy(vol.volume_id) is False, "a destroyed volume is gone"
+seen["volumes"] = "ok"
+
 assert resumed.kill() is True
 assert Sandbox.kill(a_id) is False, "a killed sandbox is gone"
 assert b_sbx.kill() is True

@@ -86,6 +86,7 @@ async fn make_as_a(a: &Api) -> Owned {
 const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/ID"),
     ("GET", "/v1/sandboxes/ID/metrics"),
+    ("POST", "/v1/sandboxes/ID/workspaces/sync"),
     ("DELETE", "/v1/sandboxes/ID"),
     ("POST", "/v1/sandboxes/ID/exec"),
     ("POST", "/v1/sandboxes/ID/exec/stream"),

@@ -42,9 +42,19 @@ pub(in crate::serve) struct NewSandbox {
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
     auto_pause: Option<bool>,
+    /// E2B's volumes (farm's workspaces), each mounted writable at its path.
+    #[serde(default)]
+    volume_mounts: Option<Vec<VolumeMount>>,
     #[serde(rename = "allow_internet_access")]
     #[allow(dead_code)] // see `create`
     allow_internet_access: Option<bool>,
+}
+
+/// One of `volumeMounts`.
+#[derive(Debug, Deserialize)]
+pub(in crate::serve) struct VolumeMount {
+    name: String,
+    path: String,
 }
 
 /// `{"timeout": SECONDS}` (a new timeout, or a connect's).
@@ -119,7 +129,16 @@ pub(in crate::serve) async fn create(State(app): State<App>, Extension(who): Ext
         memory_mib: None,
         metadata: new.metadata.unwrap_or_default(),
         keep: None,
-        workspaces: Vec::new(),
+        workspaces: new
+            .volume_mounts
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| service::workspaces::MountRequest {
+                name: m.name,
+                path: m.path,
+                read_only: false,
+            })
+            .collect(),
         on_timeout: (new.auto_pause == Some(true)).then_some(service::requests::OnTimeout::Pause),
     };
     let service = app.service.clone();

@@ -21,6 +21,7 @@ pub(super) mod control;
 pub(super) mod envd;
 pub(super) mod filesystem;
 pub(super) mod interpreter;
+pub(super) mod volumes;
 pub(super) mod watch;
 
 use axum::body::Body;
@@ -78,6 +79,8 @@ impl Face {
             || path.starts_with("/sandboxes/")
             || path == "/v2/sandboxes"
             || path.starts_with("/v2/sandboxes/")
+            || path == "/volumes"
+            || path.starts_with("/volumes/")
         {
             Face::Rest
         } else {

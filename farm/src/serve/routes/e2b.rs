@@ -6,7 +6,7 @@ use axum::handler::Handler;
 
 use super::{Body, Routes};
 use crate::serve::e2b::connect::STREAM_TYPE;
-use crate::serve::e2b::{control, envd, filesystem, interpreter, watch};
+use crate::serve::e2b::{control, envd, filesystem, interpreter, volumes, watch};
 use crate::serve::http::App;
 
 /// E2B's REST API and envd's routes, each body of E2B's shape.
@@ -100,6 +100,42 @@ fn control_routes(r: &mut Routes) {
         &[],
         Some(json()),
         vec![("201", "E2B's fork results", json())],
+    );
+    r.add(
+        Post,
+        "/volumes",
+        volumes::create,
+        "E2B: create a volume (farm's workspace)",
+        &[],
+        Some(json()),
+        created(),
+    );
+    r.add(
+        Get,
+        "/volumes",
+        volumes::list,
+        "E2B: list volumes",
+        &[],
+        None,
+        vec![("200", "E2B's volumes", json())],
+    );
+    r.add(
+        Get,
+        "/volumes/{id}",
+        volumes::get,
+        "E2B: a volume",
+        &[],
+        None,
+        vec![("200", "E2B's volume", json())],
+    );
+    r.add(
+        Delete,
+        "/volumes/{id}",
+        volumes::destroy,
+        "E2B: destroy a volume no sandbox holds",
+        &[],
+        None,
+        none(),
     );
     r.add(
         Post,
