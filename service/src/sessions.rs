@@ -259,7 +259,7 @@ impl Service {
             Acted::Ended { step, row } => {
                 let out = self.ended_row(*row, step, observation).await;
                 drop(session);
-                self.drop_session(id, Phase::Done, (Cause::Deleted, "its task ended it"));
+                self.drop_session(id, Phase::Done, (Cause::Submitted, "its task ended it"));
                 Ok(out)
             }
         }
@@ -355,7 +355,7 @@ impl Service {
         };
         let cursor = self.emit(row.clone()).await;
         drop(session);
-        self.drop_session(id, Phase::Done, (Cause::Deleted, "submitted"));
+        self.drop_session(id, Phase::Done, (Cause::Submitted, "submitted"));
         let details = serde_json::from_str::<serde_json::Value>(&row.score_details).unwrap_or_default();
         Ok(SessionScored {
             rollout_id: row.rollout_id,

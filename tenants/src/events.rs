@@ -105,21 +105,26 @@ impl Db {
             .map_err(|e| self.err(e))
     }
 
-    pub fn webhook_add(&self, hook: &Webhook) -> Result<(), Error> {
-        self.conn()
+    /// Adds a webhook unless its tenant has `max` already (one statement: concurrent adds
+    /// cannot pass the cap); whether it did.
+    pub fn webhook_add(&self, hook: &Webhook, max: usize) -> Result<bool, Error> {
+        let n = self
+            .conn()
             .execute(
-                "INSERT INTO webhooks (id, tenant, url, secret, created_ms, delivered) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO webhooks (id, tenant, url, secret, created_ms, delivered)
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE (SELECT COUNT(*) FROM webhooks WHERE tenant = ?2) < ?7",
                 params![
                     hook.id,
                     hook.tenant.0,
                     hook.url,
                     hook.secret,
                     hook.created_ms as i64,
-                    hook.delivered as i64
+                    hook.delivered as i64,
+                    max as i64
                 ],
             )
             .map_err(|e| self.err(e))?;
-        Ok(())
+        Ok(n == 1)
     }
 
     /// Webhooks of `tenant`, or of every tenant.
@@ -250,7 +255,12 @@ mod tests {
             failures: 0,
             last_error: None,
         };
-        db.webhook_add(&hook).unwrap();
+        assert!(db.webhook_add(&hook, 1).unwrap());
+        let second = Webhook {
+            id: "wh-2".into(),
+            ..hook.clone()
+        };
+        assert!(!db.webhook_add(&second, 1).unwrap(), "past the cap");
         db.webhook_progress("wh-1", 9, Some("connection refused")).unwrap();
         let got = db.webhook("wh-1").unwrap().unwrap();
         assert_eq!((got.delivered, got.failures), (3, 1));

@@ -74,7 +74,17 @@ impl axum::extract::FromRequestParts<App> for Mine {
 /// resumes it first (reading it, deleting it, and its pause, resume, timers and metrics do
 /// not).
 fn uses_the_guest(route: &str) -> bool {
-    const CONTROL: [&str; 6] = ["/{id}", "/pause", "/resume", "/timeout", "/metrics", "/checkpoint"];
+    const CONTROL: [&str; 9] = [
+        "/{id}",
+        "/pause",
+        "/resume",
+        "/timeout",
+        "/metrics",
+        "/checkpoint",
+        "/ports",
+        "/{port}",
+        "/network",
+    ];
     !CONTROL.iter().any(|end| route.ends_with(end))
 }
 

@@ -24,6 +24,8 @@ pub use crate::wire::events::{Cause, EventList, EventType, EventView, ForkKind, 
 
 /// The most events one list answers with.
 pub const MAX_LIST: usize = 1000;
+/// The longest reason an event keeps, in bytes.
+pub const MAX_REASON: usize = 1024;
 
 /// `[serve.events]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -113,8 +115,18 @@ impl Happened {
         self
     }
 
+    /// Why (cut at [`MAX_REASON`] bytes: a guest's words can be in it).
     pub fn reason(mut self, reason: impl Into<String>) -> Happened {
-        self.reason = Some(reason.into());
+        let mut reason: String = reason.into();
+        if reason.len() > MAX_REASON {
+            let mut end = MAX_REASON;
+            while !reason.is_char_boundary(end) {
+                end -= 1;
+            }
+            reason.truncate(end);
+            reason.push('…');
+        }
+        self.reason = Some(reason);
         self
     }
 
@@ -227,11 +239,7 @@ impl Events {
                 let body: Body = serde_json::from_str(&s.body).map_err(|e| {
                     ApiError::new(
                         ErrorKind::Internal,
-                        format!(
-                            "event {} in {} is not readable: {e}",
-                            s.seq,
-                            self.db.db.path().display()
-                        ),
+                        format!("event {} of the tenants database is not readable: {e}", s.seq),
                     )
                 })?;
                 Ok(view(s.seq, s.at_ms, &s.fork, body))

@@ -94,13 +94,6 @@ impl Events {
     pub fn add_webhook(&self, tenant: TenantId, request: WebhookRequest) -> ApiResult<WebhookView> {
         let url = check_url(&request.url, &self.settings.webhook_hosts)?;
         let db = &self.tenancy().db;
-        if db.webhooks(Some(tenant)).map_err(db_error)?.len() >= MAX_PER_TENANT {
-            return Err(ApiError::field(
-                ErrorKind::Invalid,
-                "url",
-                format!("a tenant has at most {MAX_PER_TENANT} webhooks: delete one first"),
-            ));
-        }
         let hook = Webhook {
             id: crate::ids::new_id("wh"),
             tenant,
@@ -111,7 +104,13 @@ impl Events {
             failures: 0,
             last_error: None,
         };
-        db.webhook_add(&hook).map_err(db_error)?;
+        if !db.webhook_add(&hook, MAX_PER_TENANT).map_err(db_error)? {
+            return Err(ApiError::field(
+                ErrorKind::Invalid,
+                "url",
+                format!("a tenant has at most {MAX_PER_TENANT} webhooks: delete one first"),
+            ));
+        }
         tracing::info!(webhook = %hook.id, url = %hook.url, "webhook added");
         Ok(view(&hook, true))
     }

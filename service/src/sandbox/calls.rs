@@ -128,7 +128,13 @@ impl Service {
         let api = self.sandbox_api()?;
         if api.sandboxes.auto_paused(id).await {
             tracing::info!(sandbox = %id, "a call on it resumes it (its timeout paused it)");
-            self.resume_sandbox(who, id, None).await?;
+            if let Err(e) = self.resume_sandbox(who, id, None).await {
+                // Another call woke it first: it runs, as this call wants.
+                let running = api.sandboxes.view(id).await.is_ok_and(|v| v.state == "running");
+                if !(e.kind == ErrorKind::Conflict && running) {
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }

@@ -239,5 +239,6 @@ impl SandboxApi {
     /// Takes up the sandboxes an earlier process left, each paused.
     pub async fn restore(&self) {
         self.sandboxes.restore(&self.environments).await;
+        self.workspaces.release_orphans(&self.sandboxes.ids());
     }
 }

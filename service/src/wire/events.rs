@@ -43,8 +43,10 @@ pub enum ForkState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
-    /// Its owner asked (DELETE, a session's end or submit).
+    /// Its owner asked (DELETE, a session's end).
     Deleted,
+    /// A session was submitted (scored), or its task ended it.
+    Submitted,
     /// Unused past its idle timeout.
     IdleTimeout,
     /// Past its lifetime.

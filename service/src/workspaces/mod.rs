@@ -33,6 +33,10 @@ use crate::wire::workspaces::{MountView, WorkspaceList, WorkspaceView};
 pub const MAX_SIZE_MIB: u64 = engine::guest::MAX_FOLDER_BYTES >> 20;
 /// The most workspaces one sandbox mounts.
 pub const MAX_MOUNTS: usize = 8;
+/// The most one sandbox's mounts may hold together, MiB (what a create reads to write them).
+pub const MAX_MOUNTED_MIB: u64 = 512;
+/// The most workspaces a tenant has.
+pub const MAX_PER_TENANT: usize = 64;
 
 /// `POST /v1/workspaces`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
@@ -169,6 +173,11 @@ fn view(row: &WorkspaceRow) -> WorkspaceView {
 pub struct Workspaces {
     tenancy: Arc<crate::tenancy::Tenancy>,
     root: PathBuf,
+    /// Held across a sync's staging and install: one at a time, so two syncs of a workspace
+    /// (an explicit one and a delete's) never interleave.
+    installing: std::sync::Mutex<()>,
+    /// Syncs reading a guest's folder at once (each up to 256 MiB in memory).
+    pub syncs: tokio::sync::Semaphore,
 }
 
 impl Workspaces {
@@ -177,6 +186,8 @@ impl Workspaces {
         Ok(Workspaces {
             tenancy,
             root: root.to_path_buf(),
+            installing: std::sync::Mutex::new(()),
+            syncs: tokio::sync::Semaphore::new(2),
         })
     }
 
@@ -200,6 +211,13 @@ impl Workspaces {
         bounds::range("size_mib", request.size_mib, (1, MAX_SIZE_MIB), "MiB")?;
         if let Some(days) = request.keep_days {
             bounds::range("keep_days", days, (1, 3650), "days")?;
+        }
+        if self.tenancy.db.workspaces(Some(tenant)).map_err(db_error)?.len() >= MAX_PER_TENANT {
+            return Err(ApiError::field(
+                ErrorKind::Invalid,
+                "name",
+                format!("a tenant has at most {MAX_PER_TENANT} workspaces: delete one first"),
+            ));
         }
         let now = tenants::now_ms();
         let row = WorkspaceRow {
@@ -270,6 +288,7 @@ impl Workspaces {
     /// generation), all or none; with the bytes to write into its guest.
     pub fn claim(&self, tenant: TenantId, fork: &str, mounts: &[MountRequest]) -> ApiResult<Vec<(Mounted, Vec<u8>)>> {
         let mut taken: Vec<(Mounted, Vec<u8>)> = Vec::new();
+        let mut mounted_mib = 0;
         let fail = |taken: &[(Mounted, Vec<u8>)], e: ApiError| {
             self.release(fork, taken.iter().map(|(m, _)| m));
             Err(e)
@@ -279,6 +298,15 @@ impl Workspaces {
                 Ok(row) => row,
                 Err(e) => return fail(&taken, e),
             };
+            mounted_mib += row.size_mib;
+            if mounted_mib > MAX_MOUNTED_MIB {
+                let e = ApiError::field(
+                    ErrorKind::Invalid,
+                    "workspaces",
+                    format!("a sandbox mounts workspaces of at most {MAX_MOUNTED_MIB} MiB together"),
+                );
+                return fail(&taken, e);
+            }
             let (mode, generation) = match mount.read_only {
                 true => (Mode::ReadOnly, row.generation),
                 false => match self.tenancy.db.workspace_claim(&row.id, fork, tenants::now_ms()) {
@@ -371,7 +399,7 @@ impl Workspaces {
             .workspace_by_id(&mount.id)
             .map_err(db_error)?
             .ok_or_else(|| refused(format!("workspace {:?} was deleted", mount.name)))?;
-        archive::check(&archive, row.size_mib << 20).map_err(|why| {
+        let archive = archive::clean(&archive, row.size_mib << 20).map_err(|why| {
             ApiError::field(
                 ErrorKind::Invalid,
                 "workspace",
@@ -379,7 +407,8 @@ impl Workspaces {
             )
         })?;
         let data = self.data(&mount.id);
-        let staged = data.with_extension(format!("{fork}.{}.tmp", mount.generation));
+        let staged = data.with_extension(format!("{}.tmp", crate::ids::random_hex()));
+        let _installing = self.installing.lock().unwrap_or_else(|p| p.into_inner());
         write_synced(&staged, &archive)
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("writing workspace {:?}: {e}", mount.name)))?;
         let installed = self.tenancy.db.workspace_commit(
@@ -432,10 +461,24 @@ impl Workspaces {
         }
     }
 
-    /// Bytes of `tenant`'s workspaces, for its disk quota.
+    /// What `tenant`'s workspaces take of its disk: each its whole size, reserved when made.
     pub fn disk_usage(&self, tenant: TenantId) -> u64 {
         let rows = self.tenancy.db.workspaces(Some(tenant)).unwrap_or_default();
-        rows.iter().map(|r| r.bytes).sum()
+        rows.iter().map(|r| (r.size_mib << 20).max(r.bytes)).sum()
+    }
+
+    /// Lets go of writable holds whose sandbox is not among `live` (a crash between a hold and
+    /// its sandbox's first record): after a restart took up every sandbox it could.
+    pub fn release_orphans(&self, live: &std::collections::HashSet<String>) {
+        for row in self.tenancy.db.workspaces(None).unwrap_or_default() {
+            if let Some(holder) = row.holder.filter(|h| !live.contains(h)) {
+                let _ = self
+                    .tenancy
+                    .db
+                    .workspace_release(&row.id, &holder, row.generation, tenants::now_ms());
+                tracing::warn!(workspace = %row.id, holder = %holder, "a hold of a sandbox that is gone, let go");
+            }
+        }
     }
 
     /// Removes workspaces past their retention that no one holds.
@@ -466,9 +509,15 @@ impl crate::state::Service {
         Ok(&self.sandbox_api()?.workspaces)
     }
 
-    /// `POST /v1/workspaces`: within the caller's disk (its workspaces count, as synced).
+    /// `POST /v1/workspaces`: its whole size within the caller's disk quota.
     pub fn create_workspace(&self, who: &crate::tenancy::Who, request: WorkspaceRequest) -> ApiResult<WorkspaceView> {
-        self.check_disk(who)?;
+        let quotas = &who.profile.quotas;
+        if quotas.get(tenants::Quota::DiskMib).is_some() {
+            let used = self.disk_usage(who.tenant()) >> 20;
+            quotas
+                .check(tenants::Quota::DiskMib, used, request.size_mib.max(1))
+                .map_err(|e| crate::tenancy::over_quota(who, e))?;
+        }
         self.workspaces()?.create(who.tenant(), request)
     }
 

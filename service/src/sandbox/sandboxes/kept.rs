@@ -125,6 +125,7 @@ impl Sandboxes {
             drop(pending);
             let why = missing.join("; ");
             sandbox.sandbox_mut().resume_failed = Some(why.clone());
+            self.save_record(&sandbox);
             let failed = Happened::sandbox(EventType::ResumeFailed, ForkState::ResumeFailed).reason(&why);
             self.tell(id, failed);
             tracing::warn!(sandbox = %id, "its resume's checks failed: {why}");

@@ -188,6 +188,23 @@ impl Sandboxes {
         })?;
         sandbox.sandbox_mut().checkpoint = None;
         self.save_record(&sandbox);
+        // Its guest is its environment's again: its workspaces are written again as last
+        // synced, or a later sync would keep the environment's folder in their place.
+        let mounts = sandbox.sandbox().mounts.clone();
+        if !mounts.is_empty() {
+            let guest = sandbox
+                .run
+                .guest()
+                .map_err(|e| ApiError::new(ErrorKind::Internal, format!("sandbox {id} after its reset: {e}")))?;
+            if let Err(e) = self.remount(id, &guest, &mounts).await {
+                // Nothing it syncs from now on may stand for the workspaces it lost.
+                self.release_workspaces(id, &mounts);
+                let copies: Vec<_> = mounts.iter().map(|m| m.for_branch()).collect();
+                sandbox.sandbox_mut().mounts = copies;
+                self.save_record(&sandbox);
+                return Err(e);
+            }
+        }
         let (in_place, why, took) = match way {
             engine::session::ResetWay::InPlace { took } => (true, None, took),
             engine::session::ResetWay::FreshFork { why, took } => (false, Some(why), took),

@@ -206,7 +206,8 @@ impl Sandboxes {
         };
         let id = open.id.clone();
         let parent = facts.parent.clone();
-        self.save_record(&open);
+        // Its first record, before it enters the book (no port is open yet).
+        self.save_record_with(&open, &Default::default());
         slot.taken();
         let mut forks = self.forks();
         forks.open(&id, Kind::Sandbox, open, card, timers, Instant::now());
@@ -324,9 +325,13 @@ impl Sandboxes {
         };
         let removed = self.forks().remove(id, ending)?;
         let ended = Happened::sandbox(event, ForkState::Ended).cause(cause).reason(&why);
-        self.events.emit(owner, id, ended);
-        self.forget_record(id);
+        if let Some(owner) = owner {
+            self.events.emit(owner, id, ended);
+        }
+        // Its record goes once no change holds its lock (none writes it again: it left the
+        // book).
         let mut removed = removed.lock().await;
+        self.forget_record(id);
         removed.run.close();
         self.release_workspaces(id, &removed.sandbox().mounts);
         tracing::info!(sandbox = %id, "sandbox removed: {why}");
@@ -522,6 +527,11 @@ impl Sandboxes {
             settings.ready.image.clone(),
         )?;
         Ok(env.view())
+    }
+
+    /// The ids of the sandboxes in the book.
+    pub fn ids(&self) -> std::collections::HashSet<String> {
+        self.forks().all(Kind::Sandbox).into_iter().map(|(id, _)| id).collect()
     }
 
     /// Marks a sandbox in use until the guard drops (then used last at that moment).

@@ -93,13 +93,17 @@ impl Sandboxes {
         }
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
+        let _turn = self.workspaces.syncs.acquire().await.expect("the semaphore stays open");
         let mut synced = Vec::new();
         for mount in writable {
             let archive = match guest.read_folder(&mount.path).await {
                 Ok(archive) => archive,
                 Err(e) => return Err(self.guest_error(id, &guest, e, Some(&mount.path)).await),
             };
-            synced.push(self.workspaces.commit(id, mount, archive)?);
+            // Checked, written and fsynced off the runtime's workers.
+            let (workspaces, fork, mount) = (self.workspaces.clone(), id.to_string(), mount.clone());
+            let committed = tokio::task::spawn_blocking(move || workspaces.commit(&fork, &mount, archive)).await;
+            synced.push(committed.map_err(|e| ApiError::new(ErrorKind::Internal, format!("syncing: {e}")))??);
         }
         Ok(WorkspacesSynced { workspaces: synced })
     }

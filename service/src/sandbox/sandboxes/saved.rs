@@ -105,16 +105,20 @@ impl Sandboxes {
 
     /// Writes `open`'s record (a failure is logged: the previous record stays in force).
     /// (Its open ports are on its card: a sandbox not in the book has none.)
+    /// (Nothing for a sandbox no longer in the book: one that ended stays ended, whatever a
+    /// change that held its lock meanwhile would write.)
     pub(super) fn save_record(&self, open: &Open) {
         let ports = self
             .forks()
             .card(&open.id, Kind::Sandbox)
-            .map(|card| card.ports.clone())
-            .unwrap_or_default();
-        self.save_record_with(open, &ports);
+            .map(|card| card.ports.clone());
+        match ports {
+            Some(ports) => self.save_record_with(open, &ports),
+            None => tracing::debug!(sandbox = %open.id, "no record for a sandbox that went"),
+        }
     }
 
-    fn save_record_with(&self, open: &Open, ports: &BTreeMap<u16, String>) {
+    pub(super) fn save_record_with(&self, open: &Open, ports: &BTreeMap<u16, String>) {
         if let Err(e) = self.write_record(&self.record_of(open, ports)) {
             tracing::warn!(sandbox = %open.id, "cannot write its record: {e:#}");
         }

@@ -43,8 +43,8 @@ pub(super) fn death(gone: &VmGone, oom_rose: bool) -> (Cause, String) {
 
 impl Sandboxes {
     /// Who owns sandbox `id`: its card's owner, or the tenants database's once it left the
-    /// book.
-    pub(super) fn owner_of(&self, id: &str) -> tenants::TenantId {
+    /// book (None: no one it is known to).
+    pub(super) fn owner_of(&self, id: &str) -> Option<tenants::TenantId> {
         let card = self.forks().card(id, Kind::Sandbox).map(|c| c.owner);
         card.or_else(|| {
             self.tenancy
@@ -53,12 +53,16 @@ impl Sandboxes {
                 .first()
                 .map(|o| o.tenant)
         })
-        .unwrap_or(tenants::DEFAULT)
     }
 
-    /// Tells sandbox `id`'s owner what happened to it.
+    /// Tells sandbox `id`'s owner what happened to it (no one, when it has no owner).
     pub(super) fn tell(&self, id: &str, happened: Happened) {
-        self.events.emit(self.owner_of(id), id, happened);
+        match self.owner_of(id) {
+            Some(owner) => {
+                self.events.emit(owner, id, happened);
+            }
+            None => tracing::warn!(sandbox = %id, "an event of a sandbox with no owner: {:?}", happened.event),
+        }
     }
 
     /// One round of the watch: sandboxes whose VM went on their own are ended as died, with

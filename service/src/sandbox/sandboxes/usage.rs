@@ -73,11 +73,12 @@ impl Sandboxes {
         let sandbox = self.get(id)?;
         let mut open = sandbox.lock().await;
         let reading = open.run.usage();
+        let state = super::view(&open).state;
         let facts = open.sandbox_mut();
         facts.spent.observe(reading);
         Ok(SandboxMetrics {
             sandbox: id.to_string(),
-            state: if reading.is_some() { "running" } else { "paused" }.into(),
+            state,
             now: facts.spent.now(),
             life: facts.spent.life(),
         })
@@ -94,7 +95,7 @@ impl Sandboxes {
             let reading = open.run.usage();
             let facts = open.sandbox_mut();
             facts.spent.observe(reading);
-            let owner = self.owner_of(&id);
+            let Some(owner) = self.owner_of(&id) else { continue };
             let life = facts.spent.life();
             let sum = sums.entry(owner).or_default();
             sum.cpu_seconds += life.cpu_seconds;
