@@ -203,3 +203,96 @@ async fn a_workspace_outlives_its_holders_and_a_fenced_holder_writes_nothing() {
     drop(service);
     assert_no_qemu_of(&run_dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_starts_from_a_workspace_and_a_rollout_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
+    let config = common::serve::suite_config(dir.path(), "sessions.toml", "");
+    let (service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", None);
+    let api = Api::new(&url, None);
+    let env = api.environment("minimal").await;
+    api.ok(
+        "POST",
+        "/v1/workspaces",
+        Some(json!({ "name": "repo", "size_mib": 4 })),
+        201,
+    )
+    .await;
+    let (holder, _) = mounted(&api, &env, &run_dir, json!([{ "name": "repo", "path": "/w" }])).await;
+    api.run_sh(&holder, "echo 'def f(): return 1' > /w/lib.py").await;
+    assert_eq!(sync(&api, &holder).await.0, 200);
+    // A session of the suite's task starts with the workspace's files; its writes stay its own.
+    let task = json!({ "task_id": "answer" });
+    let with = |mounts: Value| {
+        let mut body = task.clone();
+        body["workspaces"] = mounts;
+        body
+    };
+    let session = api
+        .new_session(with(json!([{ "name": "repo", "path": "/src", "read_only": true }])))
+        .await;
+    let seen = api
+        .session_exec(&session, "cat /src/lib.py; echo more > /src/lib.py")
+        .await;
+    assert_eq!(seen["step"]["stdout"], "def f(): return 1\n", "{seen}");
+    let (status, refused) = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(with(json!([{ "name": "repo", "path": "/src" }]))),
+        )
+        .await;
+    assert_eq!(
+        (status, refused["field"].as_str()),
+        (400, Some("workspaces[0].read_only")),
+        "{refused}"
+    );
+    let (status, refused) = api
+        .call(
+            "POST",
+            "/v1/rollouts",
+            Some(json!({ "items": [with(json!([{ "name": "repo", "path": "/src", "read_only": true }]))] })),
+        )
+        .await;
+    assert_eq!(
+        (status, refused["field"].as_str()),
+        (400, Some("items[0].workspaces")),
+        "{refused}"
+    );
+    // A session's resume checks what it was to keep, as a sandbox's does.
+    api.ok("POST", &format!("/v1/sessions/{session}/pause"), None, 200)
+        .await;
+    let keep = json!({ "keep": { "files": [{ "path": "/src/lib.py" }, { "path": "/src/gone" }] } });
+    let (status, refused) = api
+        .call("POST", &format!("/v1/sessions/{session}/resume"), Some(keep))
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("/src/gone"), "{refused}");
+    let keep = json!({ "keep": { "files": [{ "path": "/src/lib.py", "size": 5 }] } });
+    api.ok("POST", &format!("/v1/sessions/{session}/resume"), Some(keep), 200)
+        .await;
+    let kinds: Vec<String> = api.ok("GET", &format!("/v1/events?sandbox={session}"), None, 200).await["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, ["created", "paused", "resume_failed", "resumed"]);
+    api.ok("DELETE", &format!("/v1/sessions/{session}"), None, 200).await;
+    api.ok("DELETE", &format!("/v1/sandboxes/{holder}"), None, 200).await;
+    let (check, _) = mounted(
+        &api,
+        &env,
+        &run_dir,
+        json!([{ "name": "repo", "path": "/w", "read_only": true }]),
+    )
+    .await;
+    assert_eq!(
+        api.run_sh(&check, "cat /w/lib.py").await.1,
+        "def f(): return 1\n",
+        "the session wrote nothing to it"
+    );
+    drop(service);
+    assert_no_qemu_of(&run_dir);
+}

@@ -212,9 +212,18 @@ impl Service {
         Ok(answer)
     }
 
-    /// `POST /v1/sessions/{id}/resume`, its VM within the caller's quotas. Resuming a live
-    /// session answers the same again.
-    pub async fn resume_session(&self, who: &Who, id: &SessionId) -> ApiResult<SessionView> {
+    /// `POST /v1/sessions/{id}/resume`, its VM within the caller's quotas, handed back once it
+    /// has what `keep` names (else the new VM goes, it stays paused, and the answer is a 409
+    /// naming what is missing). Resuming a live session answers the same again.
+    pub async fn resume_session(
+        &self,
+        who: &Who,
+        id: &SessionId,
+        keep: Option<crate::sandbox::sandboxes::kept::Keep>,
+    ) -> ApiResult<SessionView> {
+        if let Some(keep) = &keep {
+            keep.check("keep")?;
+        }
         let mib = self.session_card(id)?.memory_mib;
         let _held = self.admit_forks(who, 1, mib).await?;
         let handle = self.forks().any(id, Kind::Session)?;
@@ -233,6 +242,25 @@ impl Service {
         let Some(pending) = pending else {
             return Ok(self.describe(id, &session));
         };
+        if let Some(keep) = keep.filter(|k| !k.is_empty()) {
+            let missing = crate::sandbox::sandboxes::kept::missing(&pending.guest(), &keep).await;
+            if !missing.is_empty() {
+                drop(pending);
+                let why = missing.join("; ");
+                if let Some(owner) = self.forks().card(id, Kind::Session).map(|c| c.owner) {
+                    let failed = crate::events::Happened::session(
+                        crate::events::EventType::ResumeFailed,
+                        crate::events::ForkState::Paused,
+                    )
+                    .reason(&why);
+                    self.events.emit(owner, id, failed);
+                }
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("session {id} failed its resume checks: {why}; it stays paused"),
+                ));
+            }
+        }
         self.recorder
             .journal_request(&Record::SessionResumed {
                 session_id: id.to_string(),

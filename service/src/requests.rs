@@ -41,6 +41,10 @@ pub struct ItemRequest {
     pub limits: LimitsRequest,
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<serde_json::Value>,
+    /// Workspaces a session starts from (sessions only, each `read_only`: a copy of its last
+    /// sync, written into the session's guest at its path before it answers).
+    #[serde(default)]
+    pub workspaces: Vec<crate::workspaces::MountRequest>,
 }
 
 impl ItemRequest {
@@ -71,6 +75,14 @@ impl ItemRequest {
 
     /// A session's request: it takes no policy and no `n`.
     pub fn check_session(&self) -> Result<(), ApiError> {
+        crate::workspaces::check_mounts(&self.workspaces)?;
+        if let Some(i) = self.workspaces.iter().position(|m| !m.read_only) {
+            return Err(ApiError::field(
+                ErrorKind::Invalid,
+                format!("workspaces[{i}].read_only"),
+                "a session mounts workspaces read_only: a scored rollout writes no state that outlives it",
+            ));
+        }
         if self.policy.is_some() {
             return Err(ApiError::field(
                 ErrorKind::Invalid,

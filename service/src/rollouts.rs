@@ -199,6 +199,13 @@ impl Service {
         for (i, item) in request.items.iter().enumerate() {
             let at = |f: &str| format!("items[{i}].{f}");
             item.check_bounds(&at)?;
+            if !item.workspaces.is_empty() {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    at("workspaces"),
+                    "rollouts start from their task alone: open a session to start from a workspace",
+                ));
+            }
             let (suite_name, state) = self.suite(item.suite.as_deref(), &at("suite"))?;
             let n = item.n.unwrap_or(1);
             if n == 0 || n > self.settings.max_samples_per_item {

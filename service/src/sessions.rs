@@ -131,13 +131,39 @@ impl Service {
             environment: None,
             ports: Default::default(),
         };
-        let mut opened = self.open_session_as_asked(request, card).await?;
+        // The workspaces it starts from, read now (a copy each: no hold is taken).
+        request.check_session()?;
+        let read_only: Vec<_> = request
+            .workspaces
+            .iter()
+            .map(|m| crate::workspaces::MountRequest {
+                read_only: true,
+                ..m.clone()
+            })
+            .collect();
+        let copies = match &self.sandbox {
+            Some(api) if !read_only.is_empty() => api.workspaces.claim(who.tenant(), "", &read_only)?,
+            None if !request.workspaces.is_empty() => {
+                return Err(ApiError::field(
+                    ErrorKind::Invalid,
+                    "workspaces",
+                    "workspaces need the sandbox API (serve.sandboxes.enabled)",
+                ))
+            }
+            _ => Vec::new(),
+        };
+        let mut opened = self.open_session_as_asked(request, card, copies).await?;
         let id = self.own_session(who, &opened.session_id, &opened.rollout_id)?;
         opened.mcp = Some(self.mcp_access(who, &id));
         Ok((id, opened))
     }
 
-    async fn open_session_as_asked(&self, request: ItemRequest, card: Card) -> ApiResult<SessionOpened> {
+    async fn open_session_as_asked(
+        &self,
+        request: ItemRequest,
+        card: Card,
+        workspaces: Vec<(crate::workspaces::Mounted, Vec<u8>)>,
+    ) -> ApiResult<SessionOpened> {
         request.check_session()?;
         request.check_bounds(&|f: &str| f.to_string())?;
         let slot = self.vm_slot()?;
@@ -170,6 +196,11 @@ impl Service {
                     format!("opening the session failed: {}", end.error().unwrap_or_default()),
                 )
             })?;
+        let mut run = run;
+        if let Err(e) = start_from_workspaces(&run, &workspaces).await {
+            run.close();
+            return Err(e);
+        }
         let session = Open {
             id: session_id.clone(),
             run,
@@ -434,4 +465,30 @@ impl Service {
                 .await;
         }
     }
+}
+
+/// Writes each workspace a session starts from into its guest at its path.
+async fn start_from_workspaces(
+    run: &engine::session::Session,
+    workspaces: &[(crate::workspaces::Mounted, Vec<u8>)],
+) -> ApiResult<()> {
+    if workspaces.is_empty() {
+        return Ok(());
+    }
+    let guest = run
+        .guest()
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("starting from workspaces: {e}")))?;
+    for (mount, bytes) in workspaces {
+        let archive = match bytes.is_empty() {
+            true => crate::workspaces::empty_archive(),
+            false => bytes.clone(),
+        };
+        guest.write_folder(&mount.path, archive).await.map_err(|e| {
+            ApiError::new(
+                ErrorKind::GuestFailed,
+                format!("writing workspace {:?} at {}: {e}", mount.name, mount.path),
+            )
+        })?;
+    }
+    Ok(())
 }

@@ -210,9 +210,14 @@ pub(super) async fn resume_session(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     MySession(id): MySession,
+    body: axum::body::Bytes,
 ) -> Reply {
+    let request: service::sandbox::sandboxes::kept::ResumeRequest = match body.is_empty() {
+        true => Default::default(),
+        false => parse(&body)?,
+    };
     let service = app.service.clone();
-    ok(finish(async move { service.resume_session(&who, &id).await }).await?)
+    ok(finish(async move { service.resume_session(&who, &id, request.keep).await }).await?)
 }
 
 pub(super) async fn get_session(

@@ -496,6 +496,11 @@ impl Workspaces {
     }
 }
 
+/// An archive of nothing (what a workspace never synced holds).
+pub fn empty_archive() -> Vec<u8> {
+    tar::Builder::new(Vec::new()).into_inner().expect("an empty archive")
+}
+
 /// `bytes` at `path`, flushed to disk before it is renamed into place.
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;

@@ -84,6 +84,7 @@ pub(super) fn session_request(app: &App, next_task: &AtomicUsize, reset: Reset) 
         policy_version: reset.policy_version,
         limits: reset.limits,
         metadata,
+        workspaces: Vec::new(),
     };
     request.check_session()?;
     request.check_bounds(&|f: &str| f.to_string())?;

@@ -159,13 +159,14 @@ pub(super) fn session_state_routes(r: &mut Routes) {
         vec![("200", "the session", answer)],
     );
     let answer = r.json::<SessionView>();
+    let resume = r.json::<service::sandbox::sandboxes::kept::ResumeRequest>();
     r.add(
         Post,
         "/v1/sessions/{id}/resume",
         crate::serve::api::resume_session,
-        "fork a paused session again",
+        "fork a paused session again, handed back once it has what `keep` names",
         &[],
-        None,
+        Some(resume),
         vec![("200", "the session", answer)],
     );
     let answer = r.json::<SessionView>();
@@ -397,13 +398,14 @@ pub(super) fn sandbox_lifetime_routes(r: &mut Routes) {
         vec![("200", "the sandbox", answer)],
     );
     let answer = r.json::<SandboxView>();
+    let resume = r.json::<service::sandbox::sandboxes::kept::ResumeRequest>();
     r.add(
         Post,
         "/v1/sandboxes/{id}/resume",
         crate::serve::sandbox_routes::resume,
-        "fork it again from its saved state",
+        "fork it again from its saved state, handed back once it has what `keep` (or its create's) names",
         &[],
-        None,
+        Some(resume),
         vec![("200", "the sandbox", answer)],
     );
     let answer = r.json::<service::wire::SandboxReset>();

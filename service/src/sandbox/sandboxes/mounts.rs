@@ -31,11 +31,6 @@ impl Drop for Claimed<'_> {
     }
 }
 
-/// An archive of nothing (what a workspace never synced holds).
-fn empty_archive() -> Vec<u8> {
-    tar::Builder::new(Vec::new()).into_inner().expect("an empty archive")
-}
-
 impl Sandboxes {
     /// Takes the holds `mounts` ask for, for the sandbox `fork` of `owner`.
     pub(super) fn claim_workspaces(
@@ -62,7 +57,7 @@ impl Sandboxes {
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("mounting workspaces: {e}")))?;
         for (mount, bytes) in &claimed.mounts {
             let archive = if bytes.is_empty() {
-                empty_archive()
+                crate::workspaces::empty_archive()
             } else {
                 bytes.clone()
             };
@@ -114,7 +109,7 @@ impl Sandboxes {
     pub(super) async fn remount(&self, id: &str, guest: &engine::guest::Guest, mounts: &[Mounted]) -> ApiResult<()> {
         for mount in mounts {
             let archive = match self.workspaces.archive(mount)? {
-                bytes if bytes.is_empty() => empty_archive(),
+                bytes if bytes.is_empty() => crate::workspaces::empty_archive(),
                 bytes => bytes,
             };
             guest.replace_folder(&mount.path, archive).await.map_err(|e| {
