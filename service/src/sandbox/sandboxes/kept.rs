@@ -7,81 +7,17 @@
 
 use engine::guest::Guest;
 use farm_protocol::process::ProcessStatus;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-
 use std::time::Instant;
 
 use engine::book::Timers;
 
 use super::{view, Sandboxes};
-use crate::bounds;
 use crate::error::{ApiError, ApiResult, ErrorKind};
 use crate::events::{EventType, ForkState, Happened};
 use crate::forks::VmSlot;
 use crate::wire::SandboxView;
 
-/// The most entries of each list in a [`Keep`].
-pub const MAX_KEPT: usize = 64;
-
-/// What a resume must find before it hands a sandbox back.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Keep {
-    /// Files that must be there (a regular file), with this size when one is given.
-    #[serde(default)]
-    pub files: Vec<KeptFile>,
-    /// Processes (farm's pids) that must be running.
-    #[serde(default)]
-    pub processes: Vec<u32>,
-    /// Guest TCP ports something must be listening on.
-    #[serde(default)]
-    pub ports: Vec<u16>,
-}
-
-/// `POST /v1/sandboxes/{id}/resume` (an empty body: the checks its create request named).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ResumeRequest {
-    /// What this resume must find, instead of what the sandbox was created with.
-    pub keep: Option<Keep>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct KeptFile {
-    pub path: String,
-    pub size: Option<u64>,
-}
-
-impl Keep {
-    pub fn check(&self, field: &str) -> ApiResult<()> {
-        let lists = [
-            ("files", self.files.len()),
-            ("processes", self.processes.len()),
-            ("ports", self.ports.len()),
-        ];
-        for (name, len) in lists {
-            bounds::range(format!("{field}.{name}"), len as u64, (0, MAX_KEPT as u64), "entries")?;
-        }
-        for (i, file) in self.files.iter().enumerate() {
-            let name = format!("{field}.files[{i}].path");
-            bounds::text(&name, &file.path, bounds::PATH_BYTES)?;
-            if !file.path.starts_with('/') {
-                return Err(ApiError::field(
-                    ErrorKind::Invalid,
-                    name,
-                    "must be an absolute guest path",
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.files.is_empty() && self.processes.is_empty() && self.ports.is_empty()
-    }
-}
+pub use crate::requests::{Keep, KeptFile, ResumeRequest, MAX_KEPT};
 
 impl Sandboxes {
     /// `POST /v1/sandboxes/{id}/resume`: forked again from its saved state, and handed back
