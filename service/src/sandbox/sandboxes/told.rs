@@ -25,20 +25,21 @@ pub(super) struct Watch {
 /// SIGKILL while the host's out-of-memory kills rose is put down to memory.
 pub(super) fn death(gone: &VmGone, oom_rose: bool) -> (Cause, String) {
     const SIGKILL: i32 = 9;
-    match gone {
-        VmGone::Limit(why) => (Cause::DiskLimit, format!("its VM was stopped: {why}")),
+    let (cause, how) = match gone {
+        VmGone::Limit(why) => (Cause::DiskLimit, format!("a limit stopped it: {why}")),
         VmGone::Exited {
             signal: Some(SIGKILL), ..
         } if oom_rose => (
             Cause::OutOfMemory,
-            "the host's out-of-memory killer took its VM's QEMU".into(),
+            "the host's out-of-memory killer took its QEMU".to_string(),
         ),
         VmGone::Exited {
             status,
             signal: Some(_),
-        } => (Cause::QemuKilled, format!("its VM's QEMU was killed ({status})")),
-        VmGone::Exited { status, signal: None } => (Cause::QemuExited, format!("its VM's QEMU exited ({status})")),
-    }
+        } => (Cause::QemuKilled, format!("its QEMU was killed ({status})")),
+        VmGone::Exited { status, signal: None } => (Cause::QemuExited, format!("its QEMU exited ({status})")),
+    };
+    (cause, format!("its VM died: {how}"))
 }
 
 impl Sandboxes {
