@@ -7,7 +7,7 @@
 
 mod common;
 use common::serve::{farm_serve, farm_tenant, sandboxes_config, sse_event, Api};
-use common::{assert_no_qemu_of, qemus_of};
+use common::{assert_no_qemu_of, new_qemu, qemu_pids, signal};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -240,16 +240,12 @@ async fn every_change_of_a_sandbox_is_told_and_no_sandbox_goes_silently() {
     assert_eq!(metrics["state"], "running", "{metrics}");
     assert!(metrics["now"]["cpu_seconds"].as_f64().unwrap() > 0.0, "{metrics}");
     assert!(metrics["now"]["memory_bytes"].as_u64().unwrap() > 1 << 20, "{metrics}");
-    let before_branch: Vec<u32> = qemus_of(&run_dir).iter().map(|(pid, _)| *pid).collect();
+    let before_branch = qemu_pids(&run_dir);
     let c = a.ok("POST", &format!("/v1/sandboxes/{s}/branch"), None, 201).await["id"]
         .as_str()
         .unwrap()
         .to_string();
-    let c_qemu: Vec<u32> = qemus_of(&run_dir)
-        .iter()
-        .map(|(pid, _)| *pid)
-        .filter(|p| !before_branch.contains(p))
-        .collect();
+    let c_qemu = new_qemu(&run_dir, &before_branch);
     a.ok("POST", &format!("/v1/sandboxes/{s}/pause"), None, 200).await;
     let keep = json!({ "keep": { "files": [{ "path": "/tmp/keep", "size": 5 }], "processes": [pid] } });
     let resumed = a
@@ -332,11 +328,7 @@ async fn every_change_of_a_sandbox_is_told_and_no_sandbox_goes_silently() {
     assert_eq!(warning["reason"], "unless it is used, its idle timeout pauses it");
 
     // A VM killed from outside: its sandbox died, and says how.
-    assert_eq!(c_qemu.len(), 1, "the branch's QEMU: {c_qemu:?}");
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &c_qemu[0].to_string()])
-        .status();
-    assert!(killed.unwrap().success());
+    signal(c_qemu, "-KILL");
     let died = wait_for(&a, &c, "died", 0).await;
     assert_eq!(
         (died["cause"].as_str(), died["state"].as_str()),

@@ -9,7 +9,7 @@
 
 mod common;
 use common::serve::{farm_serve, sandboxes_config, Api, Proc};
-use common::{assert_no_qemu_of, qemus_of};
+use common::{assert_no_qemu_of, new_qemu, qemu_pids, signal};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -52,29 +52,6 @@ async fn wait_for_last(api: &Api, id: &str, kind: &str) -> Value {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// The QEMU a call made: the one of `run_dir` that was not there before.
-fn new_qemu(run_dir: &Path, before: &[u32]) -> u32 {
-    let new: Vec<u32> = qemus_of(run_dir)
-        .into_iter()
-        .map(|(pid, _)| pid)
-        .filter(|p| !before.contains(p))
-        .collect();
-    assert_eq!(new.len(), 1, "one new QEMU: {new:?}");
-    new[0]
-}
-
-fn qemu_pids(run_dir: &Path) -> Vec<u32> {
-    qemus_of(run_dir).into_iter().map(|(pid, _)| pid).collect()
-}
-
-fn signal(pid: u32, signal: &str) {
-    let sent = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@
 
 mod common;
 use common::serve::{farm_serve, farm_tenant, sandboxes_config, Api, Proc};
-use common::{assert_no_qemu_of, qemus_of};
+use common::{assert_no_qemu_of, new_qemus, qemu_pids, signal};
 use std::path::Path;
 
 use serde_json::{json, Value};
@@ -18,7 +18,7 @@ fn start(config: &Path, out: &Path, run_dir: &Path, keys: (&str, &str)) -> (Proc
 
 /// A sandbox of `env` with these mounts: its id and its QEMU's pid.
 async fn mounted(api: &Api, env: &str, run_dir: &Path, mounts: Value) -> (String, u32) {
-    let before: Vec<u32> = qemus_of(run_dir).iter().map(|(pid, _)| *pid).collect();
+    let before = qemu_pids(run_dir);
     let made = api
         .ok(
             "POST",
@@ -27,25 +27,15 @@ async fn mounted(api: &Api, env: &str, run_dir: &Path, mounts: Value) -> (String
             201,
         )
         .await;
-    let qemu = qemus_of(run_dir)
-        .iter()
-        .map(|(pid, _)| *pid)
-        .find(|p| !before.contains(p))
-        .unwrap();
+    // (A served suite may start VMs of its own meanwhile: the first new one is the sandbox's
+    // where none other starts, as in the test that signals it.)
+    let qemu = new_qemus(run_dir, &before)[0];
     (made["id"].as_str().unwrap().to_string(), qemu)
 }
 
 async fn sync(api: &Api, id: &str) -> (u16, Value) {
     api.call("POST", &format!("/v1/sandboxes/{id}/workspaces/sync"), None)
         .await
-}
-
-fn signal(pid: u32, signal: &str) {
-    let sent = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

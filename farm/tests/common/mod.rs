@@ -120,6 +120,36 @@ pub fn qemus_of(run_dir: &Path) -> Vec<(u32, String)> {
     found
 }
 
+/// The pids of the live QEMUs of `run_dir`.
+#[allow(dead_code)] // not every test binary looks for its VMs' processes
+pub fn qemu_pids(run_dir: &Path) -> Vec<u32> {
+    qemus_of(run_dir).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// The live QEMUs of `run_dir` that were not among `before`.
+#[allow(dead_code)]
+pub fn new_qemus(run_dir: &Path, before: &[u32]) -> Vec<u32> {
+    qemu_pids(run_dir).into_iter().filter(|p| !before.contains(p)).collect()
+}
+
+/// The QEMU a call made: the one live QEMU of `run_dir` that was not among `before`.
+#[allow(dead_code)]
+pub fn new_qemu(run_dir: &Path, before: &[u32]) -> u32 {
+    let new = new_qemus(run_dir, before);
+    assert_eq!(new.len(), 1, "one new QEMU: {new:?}");
+    new[0]
+}
+
+/// Sends `signal` (`-KILL`, `-STOP`, `-CONT`) to process `pid`.
+#[allow(dead_code)]
+pub fn signal(pid: u32, signal: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
 /// Arguments of `python -m pytest`, quiet, reporting skips, with no cache: then `args`.
 pub fn pytest_args<'a>(args: &[&'a str]) -> Vec<&'a str> {
     let mut all = vec!["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"];
