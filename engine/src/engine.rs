@@ -195,7 +195,12 @@ impl Engine {
         }
         let pool = self
             .host
-            .start_pool(self.forker.clone(), &self.template, size, &self.config.rollouts.warm_up)
+            .start_pool(
+                self.forker.clone(),
+                &self.template,
+                snapshotter::PoolSize::fixed(size),
+                &self.config.rollouts.warm_up,
+            )
             .map_err(EngineError::Pool)?;
         self.pool = Some((self.template.id().to_string(), pool));
         Ok(())

@@ -90,15 +90,15 @@ impl Host {
         snapshotter::build_template_with(&self.store, &self.forker, template, base_dir, label, extras, progress).await
     }
 
-    /// `size` forks of `snapshot` kept resumed and warm (made by `forker`), each having run
-    /// the shell command `warm_up` once.
+    /// Forks of `snapshot` kept resumed and warm (made by `forker`, as many as `size` says),
+    /// each having run the shell command `warm_up` once.
     pub fn start_pool(
         &self,
         forker: Forker,
         snapshot: &Snapshot,
-        size: usize,
+        size: snapshotter::PoolSize,
         warm_up: &str,
     ) -> Result<WarmPool, snapshotter::ForkError> {
-        WarmPool::start_with_warm_up(forker, snapshot.clone(), size, snapshotter::PoolMode::Resumed, warm_up)
+        WarmPool::start_sized(forker, snapshot.clone(), size, snapshotter::PoolMode::Resumed, warm_up)
     }
 }

@@ -74,7 +74,7 @@ pub use policy::Policy;
 /// or snapshot layers themselves.
 pub mod snapshots {
     pub use snapshotter::template::{hex, BadAllowEntry};
-    pub use snapshotter::{Network, Snapshot, SnapshotStore, WarmPool};
+    pub use snapshotter::{Fork, Network, PoolCounts, PoolSize, Snapshot, SnapshotStore, WarmPool};
 }
 /// What a suite's harness zygote imports before the template's snapshot ([`Engine::start`]).
 pub use scorers::zygote::Preload;

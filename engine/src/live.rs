@@ -239,13 +239,13 @@ pub(crate) async fn branch(
         .map_err(BranchError::Fork)?;
     fork.machine.set_network(live.fork.machine.network());
     Ok((
-        LiveFork {
+        LiveFork::from_parts(
             fork,
-            baseline: live.baseline.clone(),
-            origin: Some(branch.clone()),
-            place: live.place.clone(),
-            _gauge: VmGauge::new(role),
-        },
+            live.baseline.clone(),
+            Some(branch.clone()),
+            live.place.clone(),
+            VmGauge::new(role),
+        ),
         branch,
     ))
 }
@@ -259,19 +259,16 @@ pub struct LiveFork {
     origin: Option<Arc<Branch>>,
     /// Where and as whom its actions run.
     pub place: Place,
+    /// Its QEMU's CPU time when it was opened, in clock ticks: a VM reset from an earlier
+    /// user's (a pool's) counts only what this user ran.
+    pub(crate) cpu_base_ticks: u64,
     _gauge: VmGauge,
 }
 
 impl LiveFork {
     /// A fork opened on a task's pristine state.
     pub(crate) fn new(fork: Fork, baseline: Arc<Vec<FileEntry>>, place: Place, gauge: VmGauge) -> LiveFork {
-        LiveFork {
-            fork,
-            baseline,
-            origin: None,
-            place,
-            _gauge: gauge,
-        }
+        LiveFork::from_parts(fork, baseline, None, place, gauge)
     }
 
     /// The fork and its gauge, for a scoring that takes the VM.
@@ -342,11 +339,13 @@ impl LiveFork {
         place: Place,
         gauge: VmGauge,
     ) -> LiveFork {
+        let cpu_base_ticks = vmm::memory::cpu_ticks(fork.machine.pid()).unwrap_or(0);
         LiveFork {
             fork,
             baseline,
             origin,
             place,
+            cpu_base_ticks,
             _gauge: gauge,
         }
     }

@@ -285,9 +285,14 @@ impl Host {
         })
     }
 
-    /// `size` warm forks of a ready environment (None when the pool could not start: said
-    /// in the log, and sandboxes fork without it).
-    pub fn environment_pool(&self, id: &str, ready: &Ready, size: usize) -> Option<snapshotter::WarmPool> {
+    /// Warm forks of a ready environment, as many as `size` says (None when the pool could
+    /// not start: said in the log, and sandboxes fork without it).
+    pub fn environment_pool(
+        &self,
+        id: &str,
+        ready: &Ready,
+        size: snapshotter::PoolSize,
+    ) -> Option<snapshotter::WarmPool> {
         match self.start_pool(self.sandbox_forker(None), &ready.snapshot, size, "true") {
             Ok(pool) => Some(pool),
             Err(e) => {

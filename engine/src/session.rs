@@ -410,6 +410,17 @@ impl Session {
         self.vm = Vm::Ended;
     }
 
+    /// Ends a sandbox like [`Session::close`], but gives back its VM when it is a live fork
+    /// of the environment's snapshot (not of a branch or a pause), for a pool to reset in
+    /// place for a later sandbox ([`snapshotter::WarmPool::give_back`]).
+    pub fn close_reusing(&mut self) -> Option<snapshotter::Fork> {
+        let vm = std::mem::replace(&mut self.vm, Vm::Ended);
+        let Vm::Live(live) = vm else { return None };
+        let of_its_snapshot = live.origin().is_none() && self._branch.is_none() && self.task.is_none();
+        let (fork, _gauge) = live.into_parts();
+        (of_its_snapshot && fork.snapshot_id == self.snapshot.id()).then_some(fork)
+    }
+
     /// Ends the session and scores it like any rollout (with the suite's scoring mode: by
     /// default in a fresh fork, where the session cannot reach): the row.
     pub async fn submit(&mut self, engine: &Engine, answer: Option<String>) -> Result<Row, SessionCallError> {

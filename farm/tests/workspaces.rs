@@ -47,7 +47,9 @@ async fn a_workspace_outlives_its_holders_and_a_fenced_holder_writes_nothing() {
     farm_tenant(&db, &["add", "b"]);
     let a_key = farm_tenant(&db, &["key", "add", "a"]).trim().to_string();
     let b_key = farm_tenant(&db, &["key", "add", "b"]).trim().to_string();
-    let config = sandboxes_config(dir.path(), "workspaces.toml", "");
+    // No pools: every sandbox is a new QEMU process, the one the test finds and signals (a
+    // VM reset for a later sandbox is pools.rs's).
+    let config = sandboxes_config(dir.path(), "workspaces.toml", "warm_pool_max = 0\n");
     let (service, a, b) = start(&config, &out, &run_dir, (&a_key, &b_key));
     let env = a.environment("minimal").await;
     let made = a

@@ -114,12 +114,11 @@ impl Service {
         let sandbox = if settings.sandboxes.enabled {
             let hold = super::sandbox::held_by_owner(&tenancy);
             Some(super::sandbox::SandboxApi::start(
-                &settings.sandboxes,
+                settings,
                 out,
                 host,
                 events.clone(),
                 forks.clone(),
-                settings.listen,
                 hold,
             )?)
         } else {

@@ -3,14 +3,12 @@
 //! A fork maps the snapshot's RAM file `share=off` (MAP_PRIVATE, so its writes are private
 //! copies), gets a fresh copy-on-write overlay on the snapshot's disk, loads the state file
 //! with `-incoming`, resumes, and then takes a fresh identity (entropy, clock, hostname, seed)
-//! before anything else runs. A [`WarmPool`] keeps QEMU processes started and waiting for
-//! state, so a fork does not pay process start-up.
+//! before anything else runs. A [`crate::pool::WarmPool`] keeps VMs ready, so a fork does not pay
+//! process start-up.
 
 pub use crate::start::Start;
-use std::collections::VecDeque;
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use farm_protocol::IdentityRequest;
@@ -174,7 +172,7 @@ impl Forker {
 
 /// Loads the snapshot's state and resumes (a resettable machine takes its reset point in
 /// between).
-async fn load_and_resume(machine: &Machine, snapshot: &Snapshot) -> Result<(), ForkError> {
+pub(crate) async fn load_and_resume(machine: &Machine, snapshot: &Snapshot) -> Result<(), ForkError> {
     machine
         .load_state(&snapshot.state_path(), statefile::HEADER_BYTES)
         .await
@@ -195,7 +193,11 @@ fn host_time_ns() -> u64 {
 }
 
 /// Gives a resumed machine its own entropy, clock, hostname and seed.
-async fn apply_identity(machine: Machine, snapshot: &Snapshot, identity: ForkIdentity) -> Result<Fork, ForkError> {
+pub(crate) async fn apply_identity(
+    machine: Machine,
+    snapshot: &Snapshot,
+    identity: ForkIdentity,
+) -> Result<Fork, ForkError> {
     identify(&machine, snapshot.id(), &identity).await?;
     Ok(Fork {
         machine,
@@ -312,175 +314,6 @@ impl Fork {
             Some(reason) => format!("fork killed: {reason}"),
             None => error.to_string(),
         }
-    }
-}
-
-/// What a warm pool keeps ready.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PoolMode {
-    /// QEMU processes started and waiting for incoming state: a fork still loads the
-    /// state, resumes, and pays the first-run cost of a fresh process (under TCG, code is
-    /// translated again in every process).
-    #[default]
-    Incoming,
-    /// Forks already resumed and warmed by one trivial command, waiting only for their
-    /// identity (entropy, clock, hostname, seed), which is applied when they are taken,
-    /// before any user command. Fastest; the guest has run a little before being taken.
-    Resumed,
-}
-
-/// QEMU processes started ahead of time for one snapshot, refilled in the background.
-pub struct WarmPool {
-    inner: Arc<PoolInner>,
-    refill: tokio::task::JoinHandle<()>,
-}
-
-struct PoolInner {
-    forker: Forker,
-    snapshot: Snapshot,
-    size: usize,
-    mode: PoolMode,
-    /// Shell command a resumed machine runs before it waits (warms code paths the forks
-    /// will use, e.g. `python3 -c pass`).
-    warm_up: String,
-    ready: Mutex<VecDeque<Machine>>,
-    /// Woken when a machine is taken (notify_one keeps a permit if nobody waits yet).
-    wanted: Arc<tokio::sync::Notify>,
-    /// The last error the refill task met (it retries after a pause).
-    last_error: Mutex<Option<String>>,
-}
-
-impl PoolInner {
-    async fn make_ready(&self) -> Result<Machine, ForkError> {
-        let machine = self.forker.prepare(&self.snapshot).await?;
-        if self.mode == PoolMode::Resumed {
-            load_and_resume(&machine, &self.snapshot).await?;
-            let warm = vmm::ExecOptions {
-                timeout: Some(Duration::from_secs(120)),
-                ..vmm::ExecOptions::shell(self.warm_up.clone())
-            };
-            machine.agent().exec(warm).await.map_err(|source| ForkError::Identity {
-                snapshot: self.snapshot.id().to_string(),
-                source,
-            })?;
-        }
-        Ok(machine)
-    }
-}
-
-impl WarmPool {
-    /// Starts a pool keeping `size` machines ready for `snapshot`.
-    pub fn start(forker: Forker, snapshot: Snapshot, size: usize) -> Result<WarmPool, ForkError> {
-        WarmPool::start_with_mode(forker, snapshot, size, PoolMode::Incoming)
-    }
-
-    pub fn start_with_mode(
-        forker: Forker,
-        snapshot: Snapshot,
-        size: usize,
-        mode: PoolMode,
-    ) -> Result<WarmPool, ForkError> {
-        WarmPool::start_with_warm_up(forker, snapshot, size, mode, "true")
-    }
-
-    /// A pool whose resumed machines run `warm_up` (a shell command) before they wait.
-    pub fn start_with_warm_up(
-        forker: Forker,
-        snapshot: Snapshot,
-        size: usize,
-        mode: PoolMode,
-        warm_up: &str,
-    ) -> Result<WarmPool, ForkError> {
-        snapshot.check_host(&forker.host)?;
-        snapshot.check_files()?;
-        let inner = Arc::new(PoolInner {
-            forker,
-            snapshot,
-            size,
-            mode,
-            warm_up: warm_up.to_string(),
-            ready: Mutex::new(VecDeque::new()),
-            wanted: Arc::new(tokio::sync::Notify::new()),
-            last_error: Mutex::new(None),
-        });
-        let weak = Arc::downgrade(&inner);
-        let refill = tokio::spawn(async move {
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let have = inner.ready.lock().unwrap_or_else(|p| p.into_inner()).len();
-                if have >= inner.size {
-                    let wanted = inner.wanted.clone();
-                    drop(inner);
-                    wanted.notified().await;
-                    continue;
-                }
-                match inner.make_ready().await {
-                    Ok(machine) => inner.ready.lock().unwrap_or_else(|p| p.into_inner()).push_back(machine),
-                    Err(e) => {
-                        *inner.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                        drop(inner);
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-        });
-        Ok(WarmPool { inner, refill })
-    }
-
-    /// Machines ready right now.
-    pub fn ready(&self) -> usize {
-        self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// Waits until the pool is full (for benchmarks and tests), or `timeout` passes.
-    pub async fn wait_full(&self, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while self.ready() < self.inner.size {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        true
-    }
-
-    /// Process ids of the machines waiting in the pool.
-    pub fn ready_pids(&self) -> Vec<u32> {
-        self.inner
-            .ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(Machine::pid)
-            .collect()
-    }
-
-    pub fn last_error(&self) -> Option<String> {
-        self.inner.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Forks from a ready machine, or prepares one now if the pool is empty.
-    pub async fn fork(&self, identity: ForkIdentity) -> Result<Fork, ForkError> {
-        let ready = self.inner.ready.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
-        self.inner.wanted.notify_one();
-        match (ready, self.inner.mode) {
-            (Some(machine), PoolMode::Resumed) => apply_identity(machine, &self.inner.snapshot, identity).await,
-            (Some(machine), PoolMode::Incoming) => {
-                self.inner.forker.resume(machine, &self.inner.snapshot, identity).await
-            }
-            (None, _) => {
-                let machine = self.inner.forker.prepare(&self.inner.snapshot).await?;
-                self.inner.forker.resume(machine, &self.inner.snapshot, identity).await
-            }
-        }
-    }
-}
-
-impl Drop for WarmPool {
-    fn drop(&mut self) {
-        // Stop refilling; the ready machines are killed as the pool's state drops.
-        self.refill.abort();
     }
 }
 

@@ -3,7 +3,7 @@
 //! Data flows: a [`template::TemplateConfig`] is built by [`build::build_template`] into a
 //! snapshot directory in the [`store::SnapshotStore`] (content-addressed: the same inputs
 //! reuse the same snapshot). [`fork::Forker`] starts forks of a snapshot (copy-on-write RAM
-//! and disk, fresh identity); [`fork::WarmPool`] keeps QEMUs waiting so forks skip process
+//! and disk, fresh identity); [`pool::WarmPool`] keeps QEMUs waiting so forks skip process
 //! start. [`build::snapshot_fork`] turns a running fork into a child snapshot (per-task
 //! snapshots, mid-trajectory branches); [`child::child_snapshot`] makes content-addressed
 //! children of a template with files and setup (per-task snapshots). The state file format
@@ -19,6 +19,7 @@ pub mod child;
 pub mod dockerfile;
 pub mod fork;
 pub mod paused;
+pub mod pool;
 pub mod start;
 pub mod statefile;
 pub mod store;
@@ -28,7 +29,8 @@ pub mod templates;
 pub use build::{snapshot_fork, BuildError, Built, TemplateExtras};
 pub use build_fork::BuildFork;
 pub use child::{child_snapshot, ChildError, ChildSpec};
-pub use fork::{boot_from_disk, BootFromDiskError, Fork, ForkError, ForkIdentity, Forker, PoolMode, Start, WarmPool};
+pub use fork::{boot_from_disk, BootFromDiskError, Fork, ForkError, ForkIdentity, Forker, Start};
+pub use pool::{PoolCounts, PoolMode, PoolSize, WarmPool};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
 pub use template::{Network, TemplateConfig};
 pub use templates::{build_template, build_template_with, TemplateError};

@@ -52,7 +52,7 @@ impl Session {
         let Vm::Live(live) = &self.vm else { return None };
         let machine = &live.fork.machine;
         let pid = machine.pid();
-        let ticks = vmm::memory::cpu_ticks(pid)?;
+        let ticks = vmm::memory::cpu_ticks(pid)?.saturating_sub(live.cpu_base_ticks);
         let memory = vmm::memory::ProcessMemory::of(pid).unwrap_or_default();
         let disk_bytes = std::fs::metadata(&machine.spec().disk)
             .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)

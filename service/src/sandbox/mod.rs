@@ -48,9 +48,14 @@ pub struct SandboxSection {
     /// No sandbox lives longer than this (its own `lifetime_secs` may be shorter).
     #[serde(default = "lifetime")]
     pub max_lifetime_secs: u64,
-    /// Warm forks kept of each environment a sandbox was made from (0: none).
+    /// Warm forks kept ready of each environment (0: none), from when it is ready.
     #[serde(default)]
     pub warm_pool: usize,
+    /// The most an environment's pool grows to when bursts find it short, and the most VMs
+    /// of ended sandboxes it keeps for a reset (0: no pools at all, every sandbox a new
+    /// QEMU process).
+    #[serde(default = "warm_pool_max")]
+    pub warm_pool_max: usize,
     /// Largest uploaded build context, in MiB (at most 1024).
     #[serde(default = "context_mib")]
     pub max_context_mib: u64,
@@ -87,6 +92,13 @@ pub struct SandboxSection {
 fn paused_retention() -> u64 {
     7 * 24 * 3600
 }
+
+fn warm_pool_max() -> usize {
+    64
+}
+
+/// The most `warm_pool` and `warm_pool_max` may be.
+pub const MAX_WARM_POOL: usize = 1024;
 
 fn localhost() -> String {
     "localhost".into()
@@ -130,8 +142,8 @@ pub enum SandboxConfigError {
     Name(String),
     #[error("serve.sandboxes.max_context_mib must be 1 to 1024")]
     ContextSize,
-    #[error("serve.sandboxes.warm_pool must be at most 64")]
-    WarmPool,
+    #[error("serve.sandboxes.{key} is {value}: it must be at most {MAX_WARM_POOL}")]
+    WarmPool { key: &'static str, value: usize },
     #[error("serve.sandboxes.tighten.{from}: {to:?} is not a policy of serve.sandboxes.networks")]
     Tighten { from: String, to: String },
 }
@@ -144,8 +156,10 @@ impl SandboxSection {
         if self.max_context_mib == 0 || self.max_context_mib << 20 > MAX_CONTEXT_BYTES {
             return Err(SandboxConfigError::ContextSize);
         }
-        if self.warm_pool > 64 {
-            return Err(SandboxConfigError::WarmPool);
+        for (key, value) in [("warm_pool", self.warm_pool), ("warm_pool_max", self.warm_pool_max)] {
+            if value > MAX_WARM_POOL {
+                return Err(SandboxConfigError::WarmPool { key, value });
+            }
         }
         self.build_network.check().map_err(SandboxConfigError::BuildNetwork)?;
         for (name, network) in &self.networks {
@@ -185,14 +199,15 @@ impl SandboxApi {
     /// contexts; `saved/`: every sandbox's record and checkpoints, taken up again by
     /// [`SandboxApi::restore`]).
     pub fn start(
-        settings: &SandboxSection,
+        serve: &crate::ServeSection,
         out: &Path,
         host: Arc<engine::Host>,
         events: Arc<crate::events::Events>,
         forks: crate::forks::Forks,
-        service_listen: std::net::SocketAddr,
         hold: listener::Hold,
     ) -> Result<SandboxApi> {
+        let settings = &serve.sandboxes;
+        let service_listen = serve.listen;
         let dir: PathBuf = out.join("sandboxes");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let listen = settings
@@ -205,7 +220,12 @@ impl SandboxApi {
         // No guest's egress reaches the port listener either.
         egress::protect(address);
         let ports = Arc::new(ports::Ports::new(address, settings.ports_domain.clone()));
-        let environments = Arc::new(Environments::open(host.clone(), settings, &dir)?);
+        let environments = Arc::new(Environments::open(
+            host.clone(),
+            settings,
+            &dir,
+            serve.memory_reserve_percent,
+        )?);
         let workspaces = Arc::new(crate::workspaces::Workspaces::open(
             events.tenancy().clone(),
             &out.join("workspaces"),

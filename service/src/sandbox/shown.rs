@@ -245,8 +245,15 @@ impl Service {
         let own_sandboxes = self.own_live_sandboxes_of(who, &view.id);
         view.created_at_ms = owner.since_ms;
         view.sandboxes = own_sandboxes;
-        if own_sandboxes == 0 {
+        // The pool is shared by every tenant of the same content: how warm it is, and what
+        // it did, tell of the others' sandboxes, so only the operator (the default tenant)
+        // sees them, and a tenant its warm count once it has sandboxes there itself.
+        let operator = who.profile.is_default();
+        if own_sandboxes == 0 && !operator {
             view.warm = 0;
+        }
+        if !operator {
+            view.pool = None;
         }
         if !self.looks_built(&view.id, owner) {
             hide_build(view);

@@ -21,8 +21,8 @@ pub mod workspaces;
 pub use events::{SandboxMetrics, UsageLife, UsageNow};
 pub use rollouts::{Cancelled, CancelledCount, Capacity, Group, MemoryCapacity, RolloutView, Submitted};
 pub use sandboxes::{
-    Deleted, EntryView, EnvironmentList, EnvironmentView, FileWritten, FolderListing, LogPage, OutputChunk, PortList,
-    PortView, ProcessList, ProcessView, SandboxBranched, SandboxList, SandboxReset, SandboxView,
+    Deleted, EntryView, EnvironmentList, EnvironmentView, FileWritten, FolderListing, LogPage, OutputChunk, PoolView,
+    PortList, PortView, ProcessList, ProcessView, SandboxBranched, SandboxList, SandboxReset, SandboxView,
 };
 pub use sessions::{
     Branched, McpAccess, PausedView, SessionEnded, SessionList, SessionOpened, SessionScored, SessionView, Stepped,

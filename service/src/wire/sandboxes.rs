@@ -26,6 +26,27 @@ pub struct EnvironmentView {
     pub sandboxes: usize,
     /// Warm forks of it ready.
     pub warm: usize,
+    /// Its pool of warm forks and of its sandboxes' VMs kept for a reset, once started.
+    pub pool: Option<PoolView>,
+}
+
+/// An environment's pool: what it holds and what it did since it started.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct PoolView {
+    /// Forks ready now.
+    pub ready: usize,
+    /// VMs of ended sandboxes kept, reset and paused, for later sandboxes.
+    pub spares: usize,
+    /// How many it aims to keep ready now (`warm_pool`, grown by recent bursts).
+    pub target: usize,
+    /// Forks made ready by a new QEMU process.
+    pub started: u64,
+    /// Forks made ready by a reset of an ended sandbox's VM.
+    pub reset: u64,
+    /// Resets that failed (a new process took the VM's place).
+    pub reset_failed: u64,
+    /// Sandboxes that found nothing ready.
+    pub missed: u64,
 }
 
 /// `GET /v1/environments`.

@@ -500,6 +500,14 @@ impl Machine {
         }));
     }
 
+    /// Stops watching the disk's growth ([`Machine::limit_disk_growth`]): the VM is going
+    /// back to a pool, whose next user sets its own limit.
+    pub fn lift_disk_limit(&mut self) {
+        if let Some(old) = self.watchdog.take() {
+            old.abort();
+        }
+    }
+
     /// Why a resource watchdog killed this machine, if it did.
     pub fn limit_violation(&self) -> Option<String> {
         self.limit_violation.lock().unwrap_or_else(|p| p.into_inner()).clone()

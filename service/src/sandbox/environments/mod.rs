@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 mod owned;
+mod pools;
 mod spec;
 
 pub use spec::{EnvironmentRequest, Source, Spec};
@@ -64,7 +65,8 @@ pub struct Environment {
     log: Mutex<Vec<String>>,
     /// Bumped on every log line and state change (readers wait on it).
     changed: watch::Sender<u64>,
-    /// Warm forks of its snapshot (made when the first sandbox is).
+    /// Warm forks of its snapshot, and its sandboxes' VMs given back for a reset (made when
+    /// it becomes ready in this process, or when its first sandbox is: [`pools`]).
     pool: tokio::sync::OnceCell<Option<engine::snapshots::WarmPool>>,
     /// Live sandboxes made from it.
     pub(crate) sandboxes: std::sync::atomic::AtomicUsize,
@@ -155,18 +157,6 @@ impl Environment {
         }
     }
 
-    /// Its warm pool, started on first use when `size` > 0.
-    pub async fn pool(&self, host: &engine::Host, ready: &Ready, size: usize) -> Option<&engine::snapshots::WarmPool> {
-        self.pool
-            .get_or_init(|| async {
-                (size > 0)
-                    .then(|| host.environment_pool(&self.id, ready, size))
-                    .flatten()
-            })
-            .await
-            .as_ref()
-    }
-
     /// What a client sees.
     pub fn view(&self) -> EnvironmentView {
         let (state, snapshot, error) = match self.state() {
@@ -186,6 +176,11 @@ impl Environment {
             error,
             sandboxes: self.sandboxes.load(std::sync::atomic::Ordering::SeqCst),
             warm: self.pool.get().and_then(Option::as_ref).map(|p| p.ready()).unwrap_or(0),
+            pool: self
+                .pool
+                .get()
+                .and_then(Option::as_ref)
+                .map(|p| pools::view(p.counts())),
         }
     }
 }
@@ -200,6 +195,8 @@ pub struct Environments {
     pub contexts: Contexts,
     build_network: Network,
     all: Mutex<HashMap<String, Arc<Environment>>>,
+    /// How many warm forks each environment's pool keeps ([`pools`]).
+    pool_size: engine::snapshots::PoolSize,
 }
 
 impl Environments {
@@ -209,6 +206,7 @@ impl Environments {
         host: Arc<engine::Host>,
         settings: &super::SandboxSection,
         root: &Path,
+        memory_reserve_percent: u64,
     ) -> anyhow::Result<Environments> {
         use anyhow::Context as _;
         let dir = root.join("environments");
@@ -279,6 +277,7 @@ impl Environments {
             dir,
             build_network: settings.build_network.clone(),
             all: Mutex::new(all),
+            pool_size: pools::size(settings, memory_reserve_percent),
         })
     }
 
@@ -327,6 +326,7 @@ impl Environments {
                     State::Ready(_) => request.force,
                 };
                 if !rebuild {
+                    self.warm(existing);
                     return Ok((existing.clone(), false));
                 }
                 if existing.sandboxes.load(std::sync::atomic::Ordering::SeqCst) > 0 {
@@ -353,7 +353,7 @@ impl Environments {
     }
 
     /// Builds `env` and records the outcome.
-    async fn build(&self, env: Arc<Environment>) {
+    async fn build(self: &Arc<Self>, env: Arc<Environment>) {
         let started = std::time::Instant::now();
         let progress = |line: &str| env.push_log(line);
         let outcome = self.build_snapshot(&env, &progress).await;
@@ -368,6 +368,7 @@ impl Environments {
                 ));
                 tracing::info!("sandboxes: environment {} ready", env.id);
                 env.set_state(State::Ready(ready));
+                self.warm(&env);
             }
             Err(failure) => {
                 progress(&format!("failed: {}", failure.message));

@@ -108,7 +108,6 @@ pub struct Sandboxes {
     lifetime: Duration,
     /// How long a sandbox its timeout paused stays paused.
     paused_retention: Duration,
-    warm_pool: usize,
     /// `OUT/sandboxes/saved`: records and checkpoints ([`saved`]).
     saved_dir: PathBuf,
     /// Idempotency keys of creates, and the sandbox each made.
@@ -152,7 +151,6 @@ impl Sandboxes {
             idle: Duration::from_secs(settings.idle_timeout_secs),
             lifetime: Duration::from_secs(settings.max_lifetime_secs),
             paused_retention: Duration::from_secs(settings.paused_retention_secs),
-            warm_pool: settings.warm_pool,
             saved_dir,
             keys: Mutex::new(Keys::default()),
             made_keys: Mutex::new(Keys::default()),
@@ -263,10 +261,7 @@ impl Sandboxes {
         // The workspaces' holds before anything forks: a conflict takes no slot and no VM.
         let claimed = self.claim_workspaces(owner, &id, &request.workspaces)?;
         let slot = slot()?;
-        let pool = settings
-            .environment
-            .pool(&self.host, &settings.ready, self.warm_pool)
-            .await;
+        let pool = environments.pool(&settings.environment, &settings.ready).await;
         let run = self
             .host
             .open_sandbox(
@@ -323,6 +318,7 @@ impl Sandboxes {
             Ending::Ended(why) => (why.clone(), EventType::Ended),
             Ending::Died(why) => (why.clone(), EventType::Died),
         };
+        let reusable = matches!(ending, Ending::Ended(_));
         let removed = self.forks().remove(id, ending)?;
         let ended = Happened::sandbox(event, ForkState::Ended).cause(cause).reason(&why);
         if let Some(owner) = owner {
@@ -332,7 +328,12 @@ impl Sandboxes {
         // book).
         let mut removed = removed.lock().await;
         self.forget_record(id);
-        removed.run.close();
+        // A VM that did not die goes back to its environment's pool, to be reset for the
+        // next sandbox (a paused or branched one's VM is not the environment's: it goes).
+        match removed.run.close_reusing() {
+            Some(fork) if reusable => removed.sandbox().settings.environment.give_back(fork),
+            _ => {}
+        }
         self.release_workspaces(id, &removed.sandbox().mounts);
         tracing::info!(sandbox = %id, "sandbox removed: {why}");
         engine::metrics::get()

@@ -1,0 +1,517 @@
+//! Warm pools: VMs of one snapshot kept ready, so that a fork skips the dearest part of a
+//! start, and VMs given back when their user is done, so that the next start is a reset.
+//!
+//! A pool keeps its **target** of machines ready (resumed, warmed, waiting only for an
+//! identity), refilled in the background, and **spares**: VMs given back
+//! ([`WarmPool::give_back`]) when their user is done. A spare goes back stopped (its QEMU
+//! process `SIGSTOP`ped, its network closed); the refill resets it exactly to the snapshot in
+//! the same process ([`vmm::Machine::reset_paused`]: memory, devices, disk and the host's
+//! channels) and keeps it paused, using no CPU and only the memory of a process. Under TCG the
+//! process keeps the code it translated, so a spare resumed is several times cheaper than a
+//! new process. The refill makes ready machines from spares first, then from new processes;
+//! a take that finds nothing ready resumes a spare, and only then starts a new process.
+//!
+//! The target is `base` (the configured `warm_pool`) plus the takes that found nothing ready
+//! in the last [`DEMAND_WINDOW`], at most `max`: a burst makes the pool grow for the next one,
+//! and a pool that has not run short for a window shrinks back to `base` (the machines past
+//! it are stopped). Past `base` it grows by new processes only when `base` is not 0 and
+//! `room` says the host has memory for one more. Spares are kept while the ready ones and the
+//! spares are at most the target, plus one; a spare unused for a window is stopped.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vmm::Machine;
+
+use crate::fork::{apply_identity, load_and_resume, Fork, ForkError, ForkIdentity, Forker, Start};
+use crate::store::Snapshot;
+
+/// How long a take that found the pool empty keeps the pool grown by one.
+pub const DEMAND_WINDOW: Duration = Duration::from_secs(120);
+
+/// How often the refill looks at its target when nothing else wakes it.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+
+/// How long a pool that yields to takes ([`PoolSize::yield_to_takes`]) starts no new process
+/// after a take.
+const QUIET_AFTER_TAKE: Duration = Duration::from_millis(250);
+
+/// What a warm pool keeps ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolMode {
+    /// QEMU processes started and waiting for incoming state: a fork still loads the
+    /// state, resumes, and pays the first-run cost of a fresh process (under TCG, code is
+    /// translated again in every process). VMs given back are not kept.
+    #[default]
+    Incoming,
+    /// Forks already resumed and warmed by one trivial command, waiting only for their
+    /// identity (entropy, clock, hostname, seed), which is applied when they are taken,
+    /// before any user command. Fastest; the guest has run a little before being taken.
+    Resumed,
+}
+
+/// How many machines a pool keeps.
+#[derive(Clone)]
+pub struct PoolSize {
+    /// Kept ready whatever the demand.
+    pub base: usize,
+    /// The most it grows to with demand (never below `base`).
+    pub max: usize,
+    /// Whether the host has room for one more VM past `base` (memory admission); None:
+    /// always.
+    pub room: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Start no new process within [`QUIET_AFTER_TAKE`] of a take: a burst's forks have the
+    /// host's cores first (a new process under TCG costs a core for most of a second). Off
+    /// for a pool whose takes never stop for long (a suite's rollouts).
+    pub yield_to_takes: bool,
+}
+
+impl PoolSize {
+    /// Exactly `n`, not growing.
+    pub fn fixed(n: usize) -> PoolSize {
+        PoolSize {
+            base: n,
+            max: n,
+            room: None,
+            yield_to_takes: false,
+        }
+    }
+}
+
+/// What a pool did, for metrics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolCounts {
+    /// Machines ready now.
+    pub ready: usize,
+    /// VMs given back, kept (reset, paused) for a later start.
+    pub spares: usize,
+    /// What the pool aims to keep ready now.
+    pub target: usize,
+    /// Machines made ready by a new QEMU process, since the pool started.
+    pub started: u64,
+    /// Machines made ready by a reset of a VM given back.
+    pub reset: u64,
+    /// Resets that failed (the VM was stopped; a new process took its place).
+    pub reset_failed: u64,
+    /// Takes that found nothing ready.
+    pub missed: u64,
+}
+
+/// A machine ready to be taken, and how it came to be in the snapshot's state.
+struct ReadyVm {
+    machine: Machine,
+    start: Start,
+}
+
+/// A VM given back.
+struct Spare {
+    machine: Machine,
+    /// Reset to the snapshot and paused (else stopped as its user left it).
+    clean: bool,
+    since: Instant,
+}
+
+/// VMs of one snapshot, kept ready and refilled in the background.
+pub struct WarmPool {
+    inner: Arc<PoolInner>,
+    refill: tokio::task::JoinHandle<()>,
+}
+
+struct PoolInner {
+    forker: Forker,
+    snapshot: Snapshot,
+    size: PoolSize,
+    mode: PoolMode,
+    /// Shell command a resumed machine runs before it waits (warms code paths the forks
+    /// will use, e.g. `python3 -c pass`).
+    warm_up: String,
+    ready: Mutex<VecDeque<ReadyVm>>,
+    /// Given back: stopped as their users left them, or reset and paused.
+    spares: Mutex<Vec<Spare>>,
+    /// When takes found nothing ready, within the last [`DEMAND_WINDOW`].
+    misses: Mutex<VecDeque<Instant>>,
+    /// When the last fork was taken.
+    last_take: Mutex<Option<Instant>>,
+    /// Woken when a machine is taken or given back (notify_one keeps a permit if nobody
+    /// waits yet).
+    wanted: Arc<tokio::sync::Notify>,
+    /// The last error the refill task met (it retries after a pause).
+    last_error: Mutex<Option<String>>,
+    started: AtomicU64,
+    reset: AtomicU64,
+    reset_failed: AtomicU64,
+    missed: AtomicU64,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl PoolInner {
+    /// A new QEMU process in the snapshot's state, resumed and warmed in `Resumed` mode.
+    async fn make_ready(&self) -> Result<Machine, ForkError> {
+        let machine = self.forker.prepare(&self.snapshot).await?;
+        if self.mode == PoolMode::Resumed {
+            load_and_resume(&machine, &self.snapshot).await?;
+            self.warm(&machine).await?;
+        }
+        Ok(machine)
+    }
+
+    async fn warm(&self, machine: &Machine) -> Result<(), ForkError> {
+        let warm = vmm::ExecOptions {
+            timeout: Some(Duration::from_secs(120)),
+            ..vmm::ExecOptions::shell(self.warm_up.clone())
+        };
+        machine.agent().exec(warm).await.map_err(|source| ForkError::Identity {
+            snapshot: self.snapshot.id().to_string(),
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// A VM given back, put back exactly to the snapshot in its own process, left paused.
+    async fn clean(&self, machine: &mut Machine) -> Result<(), ForkError> {
+        machine.thaw();
+        machine.reset_paused().await.map_err(|source| ForkError::Machine {
+            snapshot: self.snapshot.id().to_string(),
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// A spare, reset when it was not yet, resumed (and warmed, to be kept ready).
+    async fn resume_spare(&self, mut spare: Spare, warm: bool) -> Result<Machine, ForkError> {
+        let outcome = async {
+            if !spare.clean {
+                self.clean(&mut spare.machine).await?;
+            }
+            spare.machine.resume().await.map_err(|source| ForkError::Machine {
+                snapshot: self.snapshot.id().to_string(),
+                source,
+            })?;
+            if warm {
+                self.warm(&spare.machine).await?;
+            }
+            Ok(())
+        }
+        .await;
+        match outcome {
+            Ok(()) => {
+                self.reset.fetch_add(1, Ordering::Relaxed);
+                Ok(spare.machine)
+            }
+            Err(e) => {
+                self.reset_failed.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// The first spare not yet reset, reset now (false when there was none).
+    async fn clean_one(&self) -> bool {
+        let dirty = {
+            let mut spares = locked(&self.spares);
+            let at = spares.iter().position(|s| !s.clean);
+            at.map(|i| spares.swap_remove(i))
+        };
+        let Some(mut spare) = dirty else { return false };
+        match self.clean(&mut spare.machine).await {
+            Ok(()) => {
+                spare.clean = true;
+                locked(&self.spares).push(spare);
+            }
+            Err(e) => {
+                self.reset_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    snapshot = self.snapshot.id(),
+                    "warm pool: a VM given back did not reset: {e}"
+                );
+                *locked(&self.last_error) = Some(e.to_string());
+            }
+        }
+        true
+    }
+
+    /// A spare to resume: a clean one first.
+    fn take_spare(&self) -> Option<Spare> {
+        let mut spares = locked(&self.spares);
+        let at = spares
+            .iter()
+            .position(|s| s.clean)
+            .or((!spares.is_empty()).then_some(0))?;
+        Some(spares.swap_remove(at))
+    }
+
+    fn target(&self) -> usize {
+        let mut misses = locked(&self.misses);
+        while misses.front().is_some_and(|t| t.elapsed() > DEMAND_WINDOW) {
+            misses.pop_front();
+        }
+        (self.size.base + misses.len()).min(self.size.max.max(self.size.base))
+    }
+
+    fn has_room(&self) -> bool {
+        self.size.room.as_ref().is_none_or(|room| room())
+    }
+
+    /// Stops the ready machines past the target (the last made first), and the spares past
+    /// the target (plus one) or unused for a window.
+    fn trim(&self, target: usize) {
+        let mut gone = Vec::new();
+        {
+            let mut ready = locked(&self.ready);
+            while ready.len() > target {
+                gone.extend(ready.pop_back().map(|r| r.machine));
+            }
+            let ready = ready.len();
+            let mut spares = locked(&self.spares);
+            spares.sort_by_key(|s| std::cmp::Reverse(s.since));
+            while spares.last().is_some_and(|s| s.since.elapsed() > DEMAND_WINDOW) || ready + spares.len() > target + 1
+            {
+                gone.extend(spares.pop().map(|s| s.machine));
+            }
+        }
+        for mut machine in gone {
+            machine.kill();
+        }
+    }
+
+    /// One step of the refill: false when there was nothing to do.
+    async fn refill_one(&self) -> bool {
+        let target = self.target();
+        self.trim(target);
+        if self.clean_one().await {
+            return true;
+        }
+        let have = locked(&self.ready).len();
+        if have >= target {
+            return false;
+        }
+        let made = match self.take_spare() {
+            Some(spare) => self.resume_spare(spare, true).await.map(|machine| ReadyVm {
+                machine,
+                start: Start::Reset,
+            }),
+            // Past `base`, a new process only for a pool that keeps warm forks at all (a
+            // pool of none keeps VMs given back, nothing more), and with room for it.
+            None if have >= self.size.base && (self.size.base == 0 || !self.has_room()) => return false,
+            None if self.size.yield_to_takes
+                && locked(&self.last_take).is_some_and(|t| t.elapsed() < QUIET_AFTER_TAKE) =>
+            {
+                return false
+            }
+            None => self.make_ready().await.map(|machine| {
+                self.started.fetch_add(1, Ordering::Relaxed);
+                ReadyVm {
+                    machine,
+                    start: Start::Fork,
+                }
+            }),
+        };
+        match made {
+            Ok(vm) => locked(&self.ready).push_back(vm),
+            Err(e) => {
+                tracing::warn!(snapshot = self.snapshot.id(), "warm pool: {e}");
+                *locked(&self.last_error) = Some(e.to_string());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        true
+    }
+}
+
+impl WarmPool {
+    /// Starts a pool keeping `size` machines ready for `snapshot`.
+    pub fn start(forker: Forker, snapshot: Snapshot, size: usize) -> Result<WarmPool, ForkError> {
+        WarmPool::start_with_mode(forker, snapshot, size, PoolMode::Incoming)
+    }
+
+    pub fn start_with_mode(
+        forker: Forker,
+        snapshot: Snapshot,
+        size: usize,
+        mode: PoolMode,
+    ) -> Result<WarmPool, ForkError> {
+        WarmPool::start_sized(forker, snapshot, PoolSize::fixed(size), mode, "true")
+    }
+
+    /// A pool of `size` whose resumed machines run `warm_up` (a shell command) before they
+    /// wait.
+    pub fn start_sized(
+        forker: Forker,
+        snapshot: Snapshot,
+        size: PoolSize,
+        mode: PoolMode,
+        warm_up: &str,
+    ) -> Result<WarmPool, ForkError> {
+        snapshot.check_host(&forker.host)?;
+        snapshot.check_files()?;
+        let inner = Arc::new(PoolInner {
+            forker,
+            snapshot,
+            size,
+            mode,
+            warm_up: warm_up.to_string(),
+            ready: Mutex::default(),
+            spares: Mutex::default(),
+            misses: Mutex::default(),
+            last_take: Mutex::default(),
+            wanted: Arc::new(tokio::sync::Notify::new()),
+            last_error: Mutex::new(None),
+            started: AtomicU64::new(0),
+            reset: AtomicU64::new(0),
+            reset_failed: AtomicU64::new(0),
+            missed: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&inner);
+        let refill = tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.refill_one().await {
+                    continue;
+                }
+                let wanted = inner.wanted.clone();
+                drop(inner);
+                let _ = tokio::time::timeout(LOOK_AGAIN, wanted.notified()).await;
+            }
+        });
+        Ok(WarmPool { inner, refill })
+    }
+
+    /// Machines ready right now.
+    pub fn ready(&self) -> usize {
+        locked(&self.inner.ready).len()
+    }
+
+    /// What the pool holds and did.
+    pub fn counts(&self) -> PoolCounts {
+        PoolCounts {
+            ready: self.ready(),
+            spares: locked(&self.inner.spares).len(),
+            target: self.inner.target(),
+            started: self.inner.started.load(Ordering::Relaxed),
+            reset: self.inner.reset.load(Ordering::Relaxed),
+            reset_failed: self.inner.reset_failed.load(Ordering::Relaxed),
+            missed: self.inner.missed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until the pool holds its target (for benchmarks and tests), or `timeout` passes.
+    pub async fn wait_full(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.ready() < self.inner.target() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Process ids of the machines waiting in the pool.
+    pub fn ready_pids(&self) -> Vec<u32> {
+        locked(&self.inner.ready).iter().map(|r| r.machine.pid()).collect()
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        locked(&self.inner.last_error).clone()
+    }
+
+    /// A fork with `identity`: a ready machine, else a VM given back reset now, else a new
+    /// process. A reset that fails is said in the fork ([`Start::ResetFailed`]).
+    pub async fn fork(&self, identity: ForkIdentity) -> Result<Fork, ForkError> {
+        let ready = locked(&self.inner.ready).pop_front();
+        *locked(&self.inner.last_take) = Some(Instant::now());
+        if ready.is_none() {
+            self.inner.missed.fetch_add(1, Ordering::Relaxed);
+            locked(&self.inner.misses).push_back(Instant::now());
+        }
+        self.inner.wanted.notify_one();
+        let inner = &self.inner;
+        match (ready, inner.mode) {
+            (Some(vm), PoolMode::Resumed) => {
+                let mut fork = apply_identity(vm.machine, &inner.snapshot, identity).await?;
+                fork.start = vm.start;
+                Ok(fork)
+            }
+            (Some(vm), PoolMode::Incoming) => inner.forker.resume(vm.machine, &inner.snapshot, identity).await,
+            (None, _) => {
+                let mut reset_error = None;
+                if let Some(spare) = inner.take_spare() {
+                    match inner.resume_spare(spare, false).await {
+                        Ok(machine) => {
+                            let mut fork = apply_identity(machine, &inner.snapshot, identity).await?;
+                            fork.start = Start::Reset;
+                            return Ok(fork);
+                        }
+                        Err(e) => reset_error = Some(describe(&e)),
+                    }
+                }
+                let machine = inner.forker.prepare(&inner.snapshot).await?;
+                let mut fork = inner.forker.resume(machine, &inner.snapshot, identity).await?;
+                if reset_error.is_some() {
+                    fork.start = Start::ResetFailed;
+                    fork.reset_error = reset_error;
+                }
+                Ok(fork)
+            }
+        }
+    }
+
+    /// Takes back a fork whose user is done, to be reset to the snapshot for a later one.
+    /// Only a live fork of this snapshot that can be reset in place is kept, and only while
+    /// the pool needs it (else its QEMU is killed now). It runs nothing and reaches nothing
+    /// until its reset: its process is stopped and its network closed.
+    pub fn give_back(&self, mut fork: Fork) {
+        let inner = &self.inner;
+        let alive = fork.machine.limit_violation().is_none() && fork.machine.exited().is_none();
+        let keep = inner.mode == PoolMode::Resumed
+            && alive
+            && fork.machine.resettable()
+            && fork.snapshot_id == inner.snapshot.id();
+        if !keep {
+            return;
+        }
+        fork.machine.set_network(egress::Policy::default());
+        fork.machine.lift_disk_limit();
+        fork.machine.freeze();
+        let room = {
+            let held = locked(&inner.ready).len() + locked(&inner.spares).len();
+            held <= inner.target()
+        };
+        if room {
+            locked(&inner.spares).push(Spare {
+                machine: fork.machine,
+                clean: false,
+                since: Instant::now(),
+            });
+            inner.wanted.notify_one();
+        } else {
+            fork.machine.kill();
+        }
+    }
+}
+
+/// An error and its causes, on one line.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+impl Drop for WarmPool {
+    fn drop(&mut self) {
+        // Stop refilling; the machines are killed as the pool's state drops (SIGKILL ends
+        // a stopped process too).
+        self.refill.abort();
+    }
+}
