@@ -4,7 +4,8 @@ bench/creates.sh): create to first command (`exec("true")`), then the sandbox is
 
     creates.py URL sequential N LABEL
     creates.py URL rate PER_SEC SECONDS LABEL
-    creates.py URL burst N LABEL [WAIT_READY]   WAIT_READY: ready forks to wait for first
+    creates.py URL burst N LABEL [WAIT_READY [ROUNDS]]   WAIT_READY: ready forks to wait for
+                                                         before each round (default 0, 1 round)
     creates.py - report RESULTS.jsonl
 
 Each mode prints one JSON line: p50/p95/p99 of create-to-first-exec (ms), the creates that
@@ -96,25 +97,27 @@ async def rate(url, env_id, per_sec, seconds, label):
     line(label, f"rate {per_sec}/s", latencies, failures, time.monotonic() - started, {"asked_per_s": per_sec})
 
 
-async def burst(url, env_id, n, label, wait):
-    latencies, failures = [], []
+async def burst(url, env_id, n, label, wait, rounds):
     async with AsyncFarm(url=url) as farm:
-        # A sandbox of the caller's own while the pool fills: it starts a pool made on first
-        # use, and a caller sees an environment's warm forks once it has a sandbox there.
-        holder = await farm.sandboxes.create(env_id)
-        filled = wait_ready(url, env_id, wait) if wait else 0
-        await holder.kill()
-        started = time.monotonic()
-        await asyncio.gather(*(one(farm, env_id, latencies, failures) for _ in range(n)))
-    line(label, f"burst {n}", latencies, failures, time.monotonic() - started,
-         {"pool_ready_before": wait, "pool_filled_s": round(filled, 1)})
+        for round_ in range(1, rounds + 1):
+            latencies, failures = [], []
+            # A sandbox of the caller's own while the pool fills: it starts a pool made on
+            # first use, and a caller sees an environment's warm forks once it has a sandbox
+            # there.
+            holder = await farm.sandboxes.create(env_id)
+            filled = wait_ready(url, env_id, wait) if wait else 0
+            await holder.kill()
+            started = time.monotonic()
+            await asyncio.gather(*(one(farm, env_id, latencies, failures) for _ in range(n)))
+            line(label, f"burst {n} #{round_}", latencies, failures, time.monotonic() - started,
+                 {"pool_ready_before": wait, "pool_filled_s": round(filled, 1)})
 
 
 def report(path):
     rows = [json.loads(x) for x in open(path) if x.strip()]
-    print(f"{'label':24} {'mode':14} {'n':>4} {'failed':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'wall s':>7} {'creates/s':>9}")
+    print(f"{'label':24} {'mode':16} {'n':>4} {'failed':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'wall s':>7} {'creates/s':>9}")
     for r in rows:
-        print(f"{r['label']:24} {r['mode']:14} {r['n']:>4} {r['failed']:>6} {r['p50_ms']!s:>8} {r['p95_ms']!s:>8} "
+        print(f"{r['label']:24} {r['mode']:16} {r['n']:>4} {r['failed']:>6} {r['p50_ms']!s:>8} {r['p95_ms']!s:>8} "
               f"{r['p99_ms']!s:>8} {r['wall_s']:>7} {r['creates_per_s']!s:>9}")
         for f in r["failures"]:
             print(f"    failure: {f}")
@@ -131,7 +134,8 @@ def main():
         asyncio.run(rate(url, env_id, float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]))
     elif mode == "burst":
         wait = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-        asyncio.run(burst(url, env_id, int(sys.argv[3]), sys.argv[4], wait))
+        rounds = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+        asyncio.run(burst(url, env_id, int(sys.argv[3]), sys.argv[4], wait, rounds))
     else:
         raise SystemExit(__doc__)
 

@@ -4,8 +4,8 @@
 # back) in the same run, on the minimal image:
 #   - sequential: 50 creates one after another (create, exec `true`, kill), warm_pool = 2;
 #   - a fixed rate: 10 creates a second for 20 s, warm_pool = 2;
-#   - a burst of 100 at once from a pool filled first (warm_pool = 100 here; the earlier
-#     revision takes at most 64);
+#   - a burst of 100 at once from a pool filled first, three times (an RL loop's steps:
+#     warm_pool = 100 here; the earlier revision takes at most 64);
 #   - a burst of 20 from a cold pool (warm_pool = 0; here with warm_pool_max = 0 too, so
 #     that every create is a new QEMU process): creates/s per core.
 #
@@ -35,10 +35,10 @@ run_build() { # run_build NAME TREE CACHE NEW(0|1)
   stop_serve
   if [ "$new" = 1 ]; then
     serve_with pool100 "warm_pool = 100"
-    python3 bench/creates.py "$url" burst 100 "$name warm_pool=100" 100 >>"$results"
+    python3 bench/creates.py "$url" burst 100 "$name warm_pool=100" 100 3 >>"$results"
   else
     serve_with pool64 "warm_pool = 64"
-    python3 bench/creates.py "$url" burst 100 "$name warm_pool=64" 63 >>"$results"
+    python3 bench/creates.py "$url" burst 100 "$name warm_pool=64" 63 3 >>"$results"
   fi
   stop_serve
   if [ "$new" = 1 ]; then serve_with cold "warm_pool = 0

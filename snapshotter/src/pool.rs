@@ -34,10 +34,6 @@ pub const DEMAND_WINDOW: Duration = Duration::from_secs(120);
 /// How often the refill looks at its target when nothing else wakes it.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
-/// How long a pool that yields to takes ([`PoolSize::yield_to_takes`]) starts no new process
-/// after a take.
-const QUIET_AFTER_TAKE: Duration = Duration::from_millis(250);
-
 /// What a warm pool keeps ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -63,9 +59,9 @@ pub struct PoolSize {
     /// Whether the host has room for one more VM past `base` (memory admission); None:
     /// always.
     pub room: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
-    /// Start no new process within [`QUIET_AFTER_TAKE`] of a take: a burst's forks have the
-    /// host's cores first (a new process under TCG costs a core for most of a second). Off
-    /// for a pool whose takes never stop for long (a suite's rollouts).
+    /// Refill nothing (no reset, no new process) while forks are being taken: a burst's
+    /// forks have the host's cores first (a new process under TCG costs a core for most of a
+    /// second). Off for a pool whose takes never stop for long (a suite's rollouts).
     pub yield_to_takes: bool,
 }
 
@@ -133,8 +129,8 @@ struct PoolInner {
     spares: Mutex<Vec<Spare>>,
     /// When takes found nothing ready, within the last [`DEMAND_WINDOW`].
     misses: Mutex<VecDeque<Instant>>,
-    /// When the last fork was taken.
-    last_take: Mutex<Option<Instant>>,
+    /// Forks being taken now.
+    taking: std::sync::atomic::AtomicUsize,
     /// Woken when a machine is taken or given back (notify_one keeps a permit if nobody
     /// waits yet).
     wanted: Arc<tokio::sync::Notify>,
@@ -183,7 +179,9 @@ impl PoolInner {
         Ok(())
     }
 
-    /// A spare, reset when it was not yet, resumed (and warmed, to be kept ready).
+    /// A spare, reset when it was not yet, and resumed; `warm`: and warmed (to be kept ready:
+    /// the warm-up's first command after the reset takes the cost of the pages it touches,
+    /// which the first user's command would otherwise pay).
     async fn resume_spare(&self, mut spare: Spare, warm: bool) -> Result<Machine, ForkError> {
         let outcome = async {
             if !spare.clean {
@@ -284,6 +282,9 @@ impl PoolInner {
     async fn refill_one(&self) -> bool {
         let target = self.target();
         self.trim(target);
+        if self.size.yield_to_takes && self.taking.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
         if self.clean_one().await {
             return true;
         }
@@ -299,11 +300,6 @@ impl PoolInner {
             // Past `base`, a new process only for a pool that keeps warm forks at all (a
             // pool of none keeps VMs given back, nothing more), and with room for it.
             None if have >= self.size.base && (self.size.base == 0 || !self.has_room()) => return false,
-            None if self.size.yield_to_takes
-                && locked(&self.last_take).is_some_and(|t| t.elapsed() < QUIET_AFTER_TAKE) =>
-            {
-                return false
-            }
             None => self.make_ready().await.map(|machine| {
                 self.started.fetch_add(1, Ordering::Relaxed);
                 ReadyVm {
@@ -359,7 +355,7 @@ impl WarmPool {
             ready: Mutex::default(),
             spares: Mutex::default(),
             misses: Mutex::default(),
-            last_take: Mutex::default(),
+            taking: Default::default(),
             wanted: Arc::new(tokio::sync::Notify::new()),
             last_error: Mutex::new(None),
             started: AtomicU64::new(0),
@@ -425,7 +421,7 @@ impl WarmPool {
     /// process. A reset that fails is said in the fork ([`Start::ResetFailed`]).
     pub async fn fork(&self, identity: ForkIdentity) -> Result<Fork, ForkError> {
         let ready = locked(&self.inner.ready).pop_front();
-        *locked(&self.inner.last_take) = Some(Instant::now());
+        let _taking = Taking::new(&self.inner);
         if ready.is_none() {
             self.inner.missed.fetch_add(1, Ordering::Relaxed);
             locked(&self.inner.misses).push_back(Instant::now());
@@ -493,6 +489,24 @@ impl WarmPool {
         } else {
             fork.machine.kill();
         }
+    }
+}
+
+/// Counts a fork being taken while it lives (the refill yields to it).
+struct Taking<'a>(&'a PoolInner);
+
+impl<'a> Taking<'a> {
+    fn new(inner: &'a PoolInner) -> Taking<'a> {
+        inner.taking.fetch_add(1, Ordering::SeqCst);
+        Taking(inner)
+    }
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        self.0.taking.fetch_sub(1, Ordering::SeqCst);
+        // The refill may have yielded: it looks again now.
+        self.0.wanted.notify_one();
     }
 }
 
