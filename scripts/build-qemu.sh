@@ -35,10 +35,12 @@ if [ -x "$OUT/bin/qemu-system-x86_64" ]; then
   exit 0
 fi
 
-log "installing QEMU's build dependencies"
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-  meson ninja-build pkg-config libglib2.0-dev libpixman-1-dev libseccomp-dev libfdt-dev \
-  bzip2 xz-utils curl patch >/dev/null
+# (scripts/setup.sh installs them before it starts this beside other work: no apt here then.)
+DEPS=(meson ninja-build pkg-config libglib2.0-dev libpixman-1-dev libseccomp-dev libfdt-dev bzip2 xz-utils curl patch)
+if ! dpkg-query -W -f='${Status}\n' "${DEPS[@]}" 2>/dev/null | grep -c "install ok installed" | grep -qx "${#DEPS[@]}"; then
+  log "installing QEMU's build dependencies"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${DEPS[@]}" >/dev/null
+fi
 
 WORK="$CACHE/tmp/qemu-$KEY.build"
 rm -rf "$WORK"

@@ -19,6 +19,15 @@
 # and finally `farm` in release mode (target/release/farm), unless `--no-release` (the test
 # tier's set-up: the tests run the dev-profile binary cargo builds for them).
 #
+# `--quickstart` sets up only what the quickstart needs (scripts/quickstart.sh): the Debian
+# packages of the core, the kernel, the agent, the images `minimal` and `python`, and farm in
+# release mode; what only the tests need (their packages, venvs, wheels and images, and the
+# QEMU with the reset patch, which only makes resets faster) comes with the full set-up.
+#
+# Independent builds run side by side: the guest kernel, farm's release build and the patched
+# QEMU in the background (logs in $CACHE/tmp/*.log) while the agent, the images and the test
+# packages are made; the script waits for them at the end, and fails naming the one that failed.
+#
 # `current/` holds symlinks to the artifacts of the last successful run; farm reads them.
 # Every artifact directory has a manifest.json with its input hashes, sizes and versions.
 # A second run with nothing changed only checks hashes and finishes in seconds.
@@ -26,10 +35,12 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RELEASE=1
+QUICKSTART=
 case "${1:-}" in
   "") ;;
   --no-release) RELEASE= ;;
-  *) printf 'usage: scripts/setup.sh [--no-release]\n' >&2; exit 2 ;;
+  --quickstart) QUICKSTART=1 ;;
+  *) printf 'usage: scripts/setup.sh [--no-release | --quickstart]\n' >&2; exit 2 ;;
 esac
 CACHE="${FARM_CACHE_DIR:-$HOME/.cache/farm}"
 JOBS="$(nproc)"
@@ -45,11 +56,14 @@ pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
 
 # ---------------------------------------------------------------------------------------------
 # 1. Debian packages.
-PACKAGES=(
+PACKAGES=(   # what the quickstart needs
   qemu-system-x86 qemu-utils
   linux-source-6.1 bc flex bison libelf-dev libssl-dev build-essential cpio xz-utils
   busybox-static debootstrap e2fsprogs
   ca-certificates python3 python3-pip
+  lld   # farm's own builds link with it (.cargo/config.toml): the test build links ~30 binaries
+)
+[ -n "$QUICKSTART" ] || PACKAGES+=(   # what the tests need besides
   python3-pytest   # the guest image's pytest on the host's /usr/bin/python3: the harness's own self-test
   chromium   # headless, for the test that renders `farm report` as a person sees it
   skopeo umoci   # the image tests build OCI and Docker archives with them
@@ -58,7 +72,8 @@ PACKAGES=(
   slurm-wlm munge   # the scale-out test starts a single-node Slurm (scripts/slurm/local-cluster.sh)
   python3-yaml   # the scale-out test reads the Kubernetes manifests (deploy/k8s)
   git openssl   # the egress tests run git http-backend and make a private CA for an HTTPS server
-  lld   # farm's own builds link with it (.cargo/config.toml): the test build links ~30 binaries
+  # QEMU's build dependencies (scripts/build-qemu.sh), installed here, before the builds start
+  meson ninja-build pkg-config libglib2.0-dev libpixman-1-dev libseccomp-dev libfdt-dev bzip2 curl patch
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -98,55 +113,101 @@ publish() {
   mv -Tf "$CACHE/current/.$1.tmp" "$CACHE/current/$1"
 }
 
+# Builds that run side by side with the rest: each a job of its own process group (set -m),
+# killed with everything it started if the set-up stops early.
+set -m
+BG_PIDS=(); BG_NAMES=(); BG_LOGS=()
+in_background() { # in_background NAME LOG COMMAND...
+  local name="$1" logf="$2"; shift 2
+  log "$name: in the background (log: $logf)"
+  ( "$@" ) >"$logf" 2>&1 &
+  BG_PIDS+=("$!"); BG_NAMES+=("$name"); BG_LOGS+=("$logf")
+}
+stop_background() {
+  local pid
+  for pid in "${BG_PIDS[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+}
+trap stop_background EXIT
+wait_background() { # waits for every build in the background; fails naming the first that failed
+  local i status=0
+  for i in "${!BG_PIDS[@]}"; do
+    if wait "${BG_PIDS[$i]}"; then
+      log "${BG_NAMES[$i]}: done"
+    else
+      printf '[setup] error: %s failed (log: %s); its last lines:\n' "${BG_NAMES[$i]}" "${BG_LOGS[$i]}" >&2
+      tail -25 "${BG_LOGS[$i]}" >&2
+      status=1
+    fi
+  done
+  BG_PIDS=()
+  [ "$status" = 0 ] || exit 1
+}
+
+# farm in release mode starts first, the longest build (its intermediate files in the
+# machine's shared build folder, .cargo/config.toml); the agent below builds in a folder of its
+# own, so neither waits for the other's lock.
+if [ -n "$RELEASE" ]; then
+  in_background "farm (release)" "$CACHE/tmp/farm-release.log" \
+    bash -c 'cd "$1" && cargo build --release --locked -p farm' _ "$REPO"
+fi
+
 # ---------------------------------------------------------------------------------------------
 # 2. Guest kernel.
 KERNEL_SRC_VERSION="$(pkg_version linux-source-6.1)"
 KERNEL_KEY="$( { cat "$REPO/scripts/kernel/farm-guest.config"; echo "$KERNEL_SRC_VERSION"; echo kernel-recipe-1; } | sha)"
 KERNEL_DIR="$CACHE/kernel/$KERNEL_KEY"
-if [ ! -f "$KERNEL_DIR/manifest.json" ]; then
-  log "building guest kernel $KERNEL_KEY from linux-source $KERNEL_SRC_VERSION (about 5 minutes on 2 cores)"
-  build="$CACHE/tmp/kernel-build"
-  rm -rf "$build"; mkdir -p "$build"
-  tar -C "$build" -xf /usr/src/linux-source-6.1.tar.xz
-  src="$(echo "$build"/linux-source-6.1)"
-  (
-    cd "$src"
-    make -s tinyconfig >/dev/null
-    args=()
-    while IFS= read -r line; do
-      line="${line%%#*}"; line="${line//[[:space:]]/}"
-      [ -n "$line" ] || continue
-      sym="${line%%=*}"; val="${line#*=}"
-      case "$val" in
-        y) args+=(--enable "$sym") ;;
-        n) args+=(--disable "$sym") ;;
-        *) echo "bad line in farm-guest.config: $line (expected SYMBOL=y or SYMBOL=n)" >&2; exit 1 ;;
-      esac
-    done <"$REPO/scripts/kernel/farm-guest.config"
-    ./scripts/config "${args[@]}"
-    make -s olddefconfig >/dev/null
-    # Every symbol asked for must have survived olddefconfig (a typo or unmet dependency
-    # would otherwise silently produce a kernel that cannot boot the images).
-    while IFS= read -r line; do
-      line="${line%%#*}"; line="${line//[[:space:]]/}"
-      [ -n "$line" ] || continue
-      sym="${line%%=*}"; val="${line#*=}"
-      if [ "$val" = y ] && ! grep -q "^CONFIG_$sym=y" .config; then
-        echo "kernel config: CONFIG_$sym=y did not survive olddefconfig" >&2; exit 1
-      fi
-    done <"$REPO/scripts/kernel/farm-guest.config"
-    make -s -j"$JOBS" vmlinux >/dev/null
-  )
-  tmpdir="$CACHE/kernel/.$KERNEL_KEY.tmp"
-  rm -rf "$tmpdir"; mkdir -p "$tmpdir"
-  cp "$src/vmlinux" "$tmpdir/vmlinux"
-  cp "$src/.config" "$tmpdir/config"
-  manifest "$tmpdir" "$KERNEL_KEY" kernel "\"linux_source\":\"$KERNEL_SRC_VERSION\""
-  rm -rf "$KERNEL_DIR"; mv "$tmpdir" "$KERNEL_DIR"
-  rm -rf "$build"
+build_kernel() {
+  local build src tmpdir
+  if [ ! -f "$KERNEL_DIR/manifest.json" ]; then
+    log "building guest kernel $KERNEL_KEY from linux-source $KERNEL_SRC_VERSION (about 5 minutes on 2 cores)"
+    build="$CACHE/tmp/kernel-build"
+    rm -rf "$build"; mkdir -p "$build"
+    tar -C "$build" -xf /usr/src/linux-source-6.1.tar.xz
+    src="$(echo "$build"/linux-source-6.1)"
+    (
+      cd "$src"
+      make -s tinyconfig >/dev/null
+      args=()
+      while IFS= read -r line; do
+        line="${line%%#*}"; line="${line//[[:space:]]/}"
+        [ -n "$line" ] || continue
+        sym="${line%%=*}"; val="${line#*=}"
+        case "$val" in
+          y) args+=(--enable "$sym") ;;
+          n) args+=(--disable "$sym") ;;
+          *) echo "bad line in farm-guest.config: $line (expected SYMBOL=y or SYMBOL=n)" >&2; exit 1 ;;
+        esac
+      done <"$REPO/scripts/kernel/farm-guest.config"
+      ./scripts/config "${args[@]}"
+      make -s olddefconfig >/dev/null
+      # Every symbol asked for must have survived olddefconfig (a typo or unmet dependency
+      # would otherwise silently produce a kernel that cannot boot the images).
+      while IFS= read -r line; do
+        line="${line%%#*}"; line="${line//[[:space:]]/}"
+        [ -n "$line" ] || continue
+        sym="${line%%=*}"; val="${line#*=}"
+        if [ "$val" = y ] && ! grep -q "^CONFIG_$sym=y" .config; then
+          echo "kernel config: CONFIG_$sym=y did not survive olddefconfig" >&2; exit 1
+        fi
+      done <"$REPO/scripts/kernel/farm-guest.config"
+      make -s -j"$JOBS" vmlinux >/dev/null
+    )
+    tmpdir="$CACHE/kernel/.$KERNEL_KEY.tmp"
+    rm -rf "$tmpdir"; mkdir -p "$tmpdir"
+    cp "$src/vmlinux" "$tmpdir/vmlinux"
+    cp "$src/.config" "$tmpdir/config"
+    manifest "$tmpdir" "$KERNEL_KEY" kernel "\"linux_source\":\"$KERNEL_SRC_VERSION\""
+    rm -rf "$KERNEL_DIR"; mv "$tmpdir" "$KERNEL_DIR"
+    rm -rf "$build"
+  fi
+  publish kernel "kernel/$KERNEL_KEY"
+}
+if [ -f "$KERNEL_DIR/manifest.json" ]; then
+  build_kernel
+  log "kernel ready: $KERNEL_DIR/vmlinux"
+else
+  in_background "guest kernel (about 5 minutes on 2 cores)" "$CACHE/tmp/kernel.log" build_kernel
 fi
-publish kernel "kernel/$KERNEL_KEY"
-log "kernel ready: $KERNEL_DIR/vmlinux"
 
 # ---------------------------------------------------------------------------------------------
 # 3. Guest agent, statically linked. Its key covers the sources of the agent and protocol
@@ -158,7 +219,10 @@ if [ ! -f "$AGENT_DIR/manifest.json" ]; then
   log "building guest agent $AGENT_KEY (static)"
   (
     cd "$REPO"
+    # A build folder of its own (shared by the machine's clones): farm's release build, in the
+    # background, holds the lock of the other.
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static" \
+      CARGO_BUILD_BUILD_DIR="${CARGO_HOME:-$HOME/.cargo}/build/farm-guest" \
       cargo build -q --release --locked -p farm-agent --target x86_64-unknown-linux-gnu \
       --target-dir "$REPO/target/guest"
   )
@@ -199,10 +263,18 @@ log "QEMU RAM shim ready: $SHIM_DIR/libfarm-ramshim.so"
 # the pages it did not change. farm runs it by default (FARM_QEMU=qemu-system-x86_64 picks
 # Debian's, which the reset tests also run). About 3-5 minutes the first time, then found in
 # place.
-QEMU_RESET_BIN="$(bash "$REPO/scripts/build-qemu.sh")"
-ln -sfn "$(dirname "$(dirname "$QEMU_RESET_BIN")")" "$CACHE/current/.qemu-farm-reset.tmp"
-mv -Tf "$CACHE/current/.qemu-farm-reset.tmp" "$CACHE/current/qemu-farm-reset"
-log "QEMU with the reset patch ready: $QEMU_RESET_BIN"
+publish_qemu() {
+  local bin
+  bin="$(bash "$REPO/scripts/build-qemu.sh")"
+  ln -sfn "$(dirname "$(dirname "$bin")")" "$CACHE/current/.qemu-farm-reset.tmp"
+  mv -Tf "$CACHE/current/.qemu-farm-reset.tmp" "$CACHE/current/qemu-farm-reset"
+  log "QEMU with the reset patch ready: $bin"
+}
+if [ -n "$QUICKSTART" ]; then
+  log "QEMU with the reset patch: left for the full set-up (farm runs Debian's until then)"
+else
+  in_background "QEMU with the reset patch (about 4 minutes on 2 cores)" "$CACHE/tmp/qemu.log" publish_qemu
+fi
 
 # ---------------------------------------------------------------------------------------------
 # 4. Root images. Both use the agent as /sbin/init (it mounts the pseudo file systems, reaps
@@ -293,6 +365,18 @@ if [ ! -f "$CACHE/images/python-$PYTHON_KEY/manifest.json" ]; then
 fi
 publish python "images/python-$PYTHON_KEY"
 log "image python ready"
+
+# The quickstart needs nothing more than farm itself, in the background since the start.
+finish() {
+  wait_background
+  if [ -n "$RELEASE" ]; then
+    log "done: $REPO/target/release/farm (artifacts in $CACHE)"
+  else
+    log "done (farm itself not built: --no-release; artifacts in $CACHE)"
+  fi
+  exit 0
+}
+[ -z "$QUICKSTART" ] || finish
 
 # code-interpreter: the python image with Jupyter's kernel (ipykernel), numpy, pandas and
 # matplotlib (wheels from PyPI for its CPython 3.11, in /usr/local: Debian's packages of them
@@ -513,11 +597,5 @@ if [ ! -f "$SWEREX_WHEELS/$wheels_key.done" ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# 8. farm itself.
-if [ -z "$RELEASE" ]; then
-  log "done (farm itself not built: --no-release; artifacts in $CACHE)"
-  exit 0
-fi
-log "building farm (release)"
-(cd "$REPO" && cargo build -q --release --locked -p farm)
-log "done: $REPO/target/release/farm (artifacts in $CACHE)"
+# 8. farm itself, and whatever else builds in the background.
+finish
