@@ -43,14 +43,14 @@ pub enum SandboxError {
 impl Host {
     /// A sandbox: a live fork of `snapshot` (an environment) as `spec` says, with `image`'s
     /// config under it. `pool`: a warm pool of that snapshot to take the fork from, when
-    /// there is one.
+    /// there is one, and the sandbox's owner (it takes only its own VMs given back).
     pub async fn open_sandbox(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         image: &images::ImageConfig,
         spec: &SandboxSpec,
         seed: u64,
-        pool: Option<&snapshotter::WarmPool>,
+        pool: Option<(&snapshotter::WarmPool, u64)>,
     ) -> Result<Session, SandboxError> {
         let env = image.env_with(spec.env.iter().map(|(k, v)| (k, v)));
         let place = Place {
@@ -77,7 +77,7 @@ impl Host {
         };
         let forker = self.sandbox_forker(spec.max_disk_bytes);
         let mut fork = match pool {
-            Some(pool) => pool.fork(identity).await?,
+            Some((pool, owner)) => pool.fork_for(identity, owner).await?,
             None => forker.fork(snapshot, identity).await?,
         };
         if let Some(limit) = spec.max_disk_bytes {

@@ -1,8 +1,9 @@
 //! Environments' pools against real guests (the minimal image): a sandbox's VM, given back
-//! when it is deleted, is reset in place for the next sandbox, even another tenant's. The
-//! next user gets the environment's snapshot exactly: nothing the first one planted on disk,
-//! in memory or in a process survives, its disk and CPU figures are its own, and a request
-//! of the first user's that was still running never sees the second one's guest.
+//! when it is deleted, is reset in place for its tenant's next sandbox, never another
+//! tenant's (a QEMU process a guest might have subverted serves no one else). The next
+//! sandbox gets the environment's snapshot exactly: nothing the last one planted on disk, in
+//! memory or in a process survives, its disk and CPU figures are its own, and a request of the
+//! last sandbox's that was still running never sees the next one's guest.
 
 mod common;
 use common::serve::{farm_serve, farm_tenant, new_key, sandboxes_config, stop, Api};
@@ -11,9 +12,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-/// The same QEMU process, reset: what A left is gone for B.
+/// A's QEMU process, reset, serves A's next sandbox with nothing of the last; B gets its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_vm_reset_for_another_tenant_keeps_nothing_of_the_first() {
+async fn a_vm_is_reset_for_its_tenant_alone_and_keeps_nothing_of_the_last_sandbox() {
     let dir = tempfile::tempdir().unwrap();
     let (out, run_dir) = (dir.path().join("out"), dir.path().join("run"));
     let db = out.join("tenants.db");
@@ -21,7 +22,7 @@ async fn a_vm_reset_for_another_tenant_keeps_nothing_of_the_first() {
     farm_tenant(&db, &["add", "b"]);
     let (a_key, _) = new_key(&db, "a", &[]);
     let (b_key, _) = new_key(&db, "b", &[]);
-    // No warm forks: the pool keeps only VMs given back, so B's sandbox is A's VM.
+    // No warm forks: the pool keeps only VMs given back, and starts no process of its own.
     let config = sandboxes_config(dir.path(), "pools.toml", "warm_pool = 0\n");
     let (mut service, url) = farm_serve(&config, &out, &run_dir, "127.0.0.1:0", Some("operator"));
     let (a, b) = (Api::new(&url, Some(&a_key)), Api::new(&url, Some(&b_key)));
@@ -45,7 +46,8 @@ async fn a_vm_reset_for_another_tenant_keeps_nothing_of_the_first() {
         "{a_metrics}"
     );
 
-    // A request of A's still runs when A deletes its sandbox; it asks for what B writes.
+    // A request of the sandbox still runs when A deletes it; it asks for what A's next
+    // sandbox writes.
     let in_flight = {
         let a = Api::new(&url, Some(&a_key));
         let sa = sa.clone();
@@ -53,7 +55,7 @@ async fn a_vm_reset_for_another_tenant_keeps_nothing_of_the_first() {
             a.call(
                 "POST",
                 &format!("/v1/sandboxes/{sa}/exec"),
-                Some(json!({ "command": "sleep 4; cat /tmp/b-secret" })),
+                Some(json!({ "command": "sleep 4; cat /tmp/next-secret" })),
             )
             .await
         })
@@ -61,61 +63,75 @@ async fn a_vm_reset_for_another_tenant_keeps_nothing_of_the_first() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     a.ok("DELETE", &format!("/v1/sandboxes/{sa}"), None, 200).await;
 
-    // B asks for the same content: the same environment, and A's VM, reset.
-    let env_b = b.environment("minimal").await;
-    assert_eq!(env_b, env);
+    // B asks for the same content: the same environment, but a QEMU process of its own (A's
+    // is kept, reset, for A).
+    assert_eq!(b.environment("minimal").await, env);
     let sb = b.new_sandbox(json!({ "environment": env })).await;
+    let after_b = qemu_pids(&run_dir);
+    assert_eq!(after_b.len(), 2, "B's sandbox and A's kept VM: {after_b:?}");
+    assert!(after_b.contains(&a_qemu[0]), "A's VM is kept, and not B's: {after_b:?}");
+    // A's next sandbox is A's VM, reset.
+    let sa2 = a.new_sandbox(json!({ "environment": env })).await;
     assert_eq!(
         qemu_pids(&run_dir),
-        a_qemu,
-        "B's sandbox runs in A's QEMU process, reset"
+        after_b,
+        "A's next sandbox runs in A's QEMU process"
     );
-    b.stdout(&sb, "echo b-secret > /tmp/b-secret").await;
+    a.stdout(&sa2, "echo next-secret > /tmp/next-secret").await;
     let (status, answer) = in_flight.await.unwrap();
     assert!(
-        !answer.to_string().contains("b-secret"),
-        "A's request saw B's guest: {status} {answer}"
+        !answer.to_string().contains("next-secret"),
+        "a request of the deleted sandbox saw the next one's guest: {status} {answer}"
     );
     assert!(status == 404 || status == 409 || status == 410, "{status} {answer}");
 
-    let seen = b
+    let seen = a
         .stdout(
-            &sb,
+            &sa2,
             "cat /root/planted /dev/shm/in-memory /tmp/still-running 2>&1; \
              sleep 2; ls /tmp; ps -o args | grep -c 'a[-]loop'; true",
         )
         .await;
-    assert!(!seen.contains("a-secret"), "A's state reached B: {seen}");
-    assert_eq!(b.stdout(&sb, "ls -A /root").await.trim(), "", "A's files in /root");
-    assert_eq!(b.stdout(&sb, "ls -A /tmp").await.trim(), "b-secret");
+    assert!(
+        !seen.contains("a-secret"),
+        "the last sandbox's state reached the next: {seen}"
+    );
     assert_eq!(
         seen.lines().last(),
         Some("0"),
-        "A's process runs in B's sandbox: {seen}"
+        "the last sandbox's process runs on: {seen}"
     );
-    assert_ne!(b.stdout(&sb, "hostname").await, a_host);
-    // B's disk and CPU are B's: A's 40 MiB went back to the host with the reset.
-    let b_metrics = b.ok("GET", &format!("/v1/sandboxes/{sb}/metrics"), None, 200).await;
+    assert_eq!(
+        a.stdout(&sa2, "ls -A /root").await.trim(),
+        "",
+        "the last sandbox's files"
+    );
+    assert_eq!(a.stdout(&sa2, "ls -A /tmp").await.trim(), "next-secret");
+    assert_ne!(a.stdout(&sa2, "hostname").await, a_host);
+    // Its disk and CPU figures are its own: the last one's 40 MiB went back with the reset.
+    let next = a.ok("GET", &format!("/v1/sandboxes/{sa2}/metrics"), None, 200).await;
+    assert!(next["now"]["disk_bytes"].as_u64().unwrap() < 16 << 20, "{next}");
     assert!(
-        b_metrics["now"]["disk_bytes"].as_u64().unwrap() < 16 << 20,
-        "{b_metrics}"
+        next["now"]["cpu_seconds"].as_f64().unwrap() < a_metrics["now"]["cpu_seconds"].as_f64().unwrap(),
+        "the next sandbox is charged the last one's CPU: {next} vs {a_metrics}"
     );
-    assert!(
-        b_metrics["now"]["cpu_seconds"].as_f64().unwrap() < a_metrics["now"]["cpu_seconds"].as_f64().unwrap(),
-        "B is charged A's CPU: {b_metrics} vs {a_metrics}"
-    );
+    let b_sees = b
+        .stdout(&sb, "cat /tmp/next-secret /root/planted 2>/dev/null | wc -c")
+        .await;
+    assert_eq!(b_sees.trim(), "0", "B's sandbox holds A's files");
 
-    // A's old id reaches nothing, for A or for B; the pool's figures are the operator's.
+    // The deleted sandbox's id reaches nothing, for A or for B; the pool's figures are the
+    // operator's.
     for who in [&a, &b] {
         let (status, v) = who
             .call(
                 "POST",
                 &format!("/v1/sandboxes/{sa}/exec"),
-                Some(json!({ "command": "cat /tmp/b-secret" })),
+                Some(json!({ "command": "cat /tmp/next-secret" })),
             )
             .await;
         assert!(status == 404 || status == 410, "{status} {v}");
-        assert!(!v.to_string().contains("b-secret"), "{v}");
+        assert!(!v.to_string().contains("next-secret"), "{v}");
     }
     let seen_by_b = b.ok("GET", &format!("/v1/environments/{env}"), None, 200).await;
     assert!(
@@ -129,7 +145,7 @@ async fn a_vm_reset_for_another_tenant_keeps_nothing_of_the_first() {
         (Some(1), Some(0)),
         "{pool}"
     );
-    println!("A's VM reset for B: {pool}");
+    println!("A's VM reset for A's next sandbox: {pool}");
 
     stop(&mut service);
     assert_no_qemu_of(&run_dir);

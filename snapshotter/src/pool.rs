@@ -31,6 +31,9 @@ use crate::store::Snapshot;
 /// How long a take that found the pool empty keeps the pool grown by one.
 pub const DEMAND_WINDOW: Duration = Duration::from_secs(120);
 
+/// The longest a reset of a VM given back may take before the VM is stopped instead.
+const RESET_LIMIT: Duration = Duration::from_secs(30);
+
 /// How often the refill looks at its target when nothing else wakes it.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
@@ -100,6 +103,9 @@ pub struct PoolCounts {
 struct ReadyVm {
     machine: Machine,
     start: Start,
+    /// The owner of the VM given back it was made from: only that owner takes it (None: a
+    /// new process, anyone's).
+    owner: Option<u64>,
 }
 
 /// A VM given back.
@@ -108,6 +114,9 @@ struct Spare {
     /// Reset to the snapshot and paused (else stopped as its user left it).
     clean: bool,
     since: Instant,
+    /// Who gave it back: a VM is only ever reused by its owner (a tenant), so that a QEMU
+    /// process one owner's guest could have subverted never serves another's.
+    owner: u64,
 }
 
 /// VMs of one snapshot, kept ready and refilled in the background.
@@ -171,12 +180,19 @@ impl PoolInner {
 
     /// A VM given back, put back exactly to the snapshot in its own process, left paused.
     async fn clean(&self, machine: &mut Machine) -> Result<(), ForkError> {
-        machine.thaw();
-        machine.reset_paused().await.map_err(|source| ForkError::Machine {
+        let machine_err = |source| ForkError::Machine {
             snapshot: self.snapshot.id().to_string(),
             source,
-        })?;
-        Ok(())
+        };
+        machine.thaw();
+        // A QEMU that does not answer its monitor must not hold the pool's refill.
+        match tokio::time::timeout(RESET_LIMIT, machine.reset_paused()).await {
+            Ok(reset) => reset.map(|_| ()).map_err(machine_err),
+            Err(_) => Err(machine_err(vmm::MachineError::Io {
+                what: format!("resetting a VM given back (no answer in {} s)", RESET_LIMIT.as_secs()),
+                source: std::io::ErrorKind::TimedOut.into(),
+            })),
+        }
     }
 
     /// A spare, reset when it was not yet, and resumed; `warm`: and warmed (to be kept ready:
@@ -229,19 +245,28 @@ impl PoolInner {
                     "warm pool: a VM given back did not reset: {e}"
                 );
                 *locked(&self.last_error) = Some(e.to_string());
+                kill_later(spare.machine);
             }
         }
         true
     }
 
-    /// A spare to resume: a clean one first.
-    fn take_spare(&self) -> Option<Spare> {
+    /// A spare of `owner` to resume (any owner's when None: the refill's): a clean one first.
+    fn take_spare(&self, owner: Option<u64>) -> Option<Spare> {
         let mut spares = locked(&self.spares);
+        let mine = |s: &Spare| owner.is_none_or(|o| s.owner == o);
         let at = spares
             .iter()
-            .position(|s| s.clean)
-            .or((!spares.is_empty()).then_some(0))?;
+            .position(|s| s.clean && mine(s))
+            .or_else(|| spares.iter().position(mine))?;
         Some(spares.swap_remove(at))
+    }
+
+    /// A ready machine `owner` may take: a new process's, or one made from its own VM.
+    fn take_ready(&self, owner: Option<u64>) -> Option<ReadyVm> {
+        let mut ready = locked(&self.ready);
+        let at = ready.iter().position(|r| r.owner.is_none() || r.owner == owner)?;
+        ready.remove(at)
     }
 
     fn target(&self) -> usize {
@@ -273,8 +298,8 @@ impl PoolInner {
                 gone.extend(spares.pop().map(|s| s.machine));
             }
         }
-        for mut machine in gone {
-            machine.kill();
+        for machine in gone {
+            kill_later(machine);
         }
     }
 
@@ -282,21 +307,27 @@ impl PoolInner {
     async fn refill_one(&self) -> bool {
         let target = self.target();
         self.trim(target);
-        if self.size.yield_to_takes && self.taking.load(Ordering::SeqCst) > 0 {
-            return false;
-        }
+        // A VM given back is reset first, even during a burst: until then it holds the
+        // memory its last user dirtied.
         if self.clean_one().await {
             return true;
+        }
+        if self.size.yield_to_takes && self.taking.load(Ordering::SeqCst) > 0 {
+            return false;
         }
         let have = locked(&self.ready).len();
         if have >= target {
             return false;
         }
-        let made = match self.take_spare() {
-            Some(spare) => self.resume_spare(spare, true).await.map(|machine| ReadyVm {
-                machine,
-                start: Start::Reset,
-            }),
+        let made = match self.take_spare(None) {
+            Some(spare) => {
+                let owner = Some(spare.owner);
+                self.resume_spare(spare, true).await.map(|machine| ReadyVm {
+                    machine,
+                    start: Start::Reset,
+                    owner,
+                })
+            }
             // Past `base`, a new process only for a pool that keeps warm forks at all (a
             // pool of none keeps VMs given back, nothing more), and with room for it.
             None if have >= self.size.base && (self.size.base == 0 || !self.has_room()) => return false,
@@ -305,6 +336,7 @@ impl PoolInner {
                 ReadyVm {
                     machine,
                     start: Start::Fork,
+                    owner: None,
                 }
             }),
         };
@@ -417,17 +449,28 @@ impl WarmPool {
         locked(&self.inner.last_error).clone()
     }
 
-    /// A fork with `identity`: a ready machine, else a VM given back reset now, else a new
-    /// process. A reset that fails is said in the fork ([`Start::ResetFailed`]).
+    /// A fork with `identity` for anyone: a ready machine made by a new process, else a new
+    /// process (a suite's pool, whose VMs nobody gives back).
     pub async fn fork(&self, identity: ForkIdentity) -> Result<Fork, ForkError> {
-        let ready = locked(&self.inner.ready).pop_front();
-        let _taking = Taking::new(&self.inner);
-        if ready.is_none() {
-            self.inner.missed.fetch_add(1, Ordering::Relaxed);
-            locked(&self.inner.misses).push_back(Instant::now());
-        }
-        self.inner.wanted.notify_one();
+        self.take(identity, None).await
+    }
+
+    /// A fork with `identity` for `owner`: a ready machine (a new process's, or one of the
+    /// owner's own VMs reset), else a spare of the owner's resumed now, else a new process. A
+    /// reset that fails is said in the fork ([`Start::ResetFailed`]).
+    pub async fn fork_for(&self, identity: ForkIdentity, owner: u64) -> Result<Fork, ForkError> {
+        self.take(identity, Some(owner)).await
+    }
+
+    async fn take(&self, identity: ForkIdentity, owner: Option<u64>) -> Result<Fork, ForkError> {
         let inner = &self.inner;
+        let _taking = Taking::new(inner);
+        let ready = inner.take_ready(owner);
+        if ready.is_none() {
+            inner.missed.fetch_add(1, Ordering::Relaxed);
+            locked(&inner.misses).push_back(Instant::now());
+        }
+        inner.wanted.notify_one();
         match (ready, inner.mode) {
             (Some(vm), PoolMode::Resumed) => {
                 let mut fork = apply_identity(vm.machine, &inner.snapshot, identity).await?;
@@ -437,7 +480,7 @@ impl WarmPool {
             (Some(vm), PoolMode::Incoming) => inner.forker.resume(vm.machine, &inner.snapshot, identity).await,
             (None, _) => {
                 let mut reset_error = None;
-                if let Some(spare) = inner.take_spare() {
+                if let Some(spare) = owner.and_then(|o| inner.take_spare(Some(o))) {
                     match inner.resume_spare(spare, false).await {
                         Ok(machine) => {
                             let mut fork = apply_identity(machine, &inner.snapshot, identity).await?;
@@ -458,38 +501,53 @@ impl WarmPool {
         }
     }
 
-    /// Takes back a fork whose user is done, to be reset to the snapshot for a later one.
-    /// Only a live fork of this snapshot that can be reset in place is kept, and only while
-    /// the pool needs it (else its QEMU is killed now). It runs nothing and reaches nothing
-    /// until its reset: its process is stopped and its network closed.
-    pub fn give_back(&self, mut fork: Fork) {
+    /// Takes back a fork `owner` is done with, to be reset to the snapshot for a later fork
+    /// of the same owner's ([`WarmPool::fork_for`]). Only a live fork of this snapshot that
+    /// can be reset in place, started with the pool's own disk limit, is kept, and only while
+    /// the pool needs it and the host has room (else its QEMU is killed now). It runs nothing
+    /// and reaches nothing until its reset: its process is stopped and its network closed.
+    pub fn give_back(&self, mut fork: Fork, owner: u64) {
         let inner = &self.inner;
         let alive = fork.machine.limit_violation().is_none() && fork.machine.exited().is_none();
         let keep = inner.mode == PoolMode::Resumed
             && alive
             && fork.machine.resettable()
-            && fork.snapshot_id == inner.snapshot.id();
+            && fork.snapshot_id == inner.snapshot.id()
+            && fork.machine.launch_disk_limit() == inner.forker.max_disk_bytes
+            && inner.has_room();
         if !keep {
+            kill_later(fork.machine);
             return;
         }
         fork.machine.set_network(egress::Policy::default());
         fork.machine.lift_disk_limit();
         fork.machine.freeze();
-        let room = {
-            let held = locked(&inner.ready).len() + locked(&inner.spares).len();
-            held <= inner.target()
+        let target = inner.target();
+        let refused = {
+            let ready = locked(&inner.ready);
+            let mut spares = locked(&inner.spares);
+            if ready.len() + spares.len() <= target {
+                spares.push(Spare {
+                    machine: fork.machine,
+                    clean: false,
+                    since: Instant::now(),
+                    owner,
+                });
+                None
+            } else {
+                Some(fork.machine)
+            }
         };
-        if room {
-            locked(&inner.spares).push(Spare {
-                machine: fork.machine,
-                clean: false,
-                since: Instant::now(),
-            });
-            inner.wanted.notify_one();
-        } else {
-            fork.machine.kill();
+        match refused {
+            None => inner.wanted.notify_one(),
+            Some(machine) => kill_later(machine),
         }
     }
+}
+
+/// Stops a machine off the async runtime (killing a QEMU waits for it to exit).
+fn kill_later(machine: Machine) {
+    tokio::task::spawn_blocking(move || drop(machine));
 }
 
 /// Counts a fork being taken while it lives (the refill yields to it).

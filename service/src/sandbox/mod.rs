@@ -53,7 +53,7 @@ pub struct SandboxSection {
     pub warm_pool: usize,
     /// The most an environment's pool grows to when bursts find it short, and the most VMs
     /// of ended sandboxes it keeps for a reset (0: no pools at all, every sandbox a new
-    /// QEMU process).
+    /// QEMU process; never below `warm_pool` otherwise).
     #[serde(default = "warm_pool_max")]
     pub warm_pool_max: usize,
     /// Largest uploaded build context, in MiB (at most 1024).
@@ -144,6 +144,10 @@ pub enum SandboxConfigError {
     ContextSize,
     #[error("serve.sandboxes.{key} is {value}: it must be at most {MAX_WARM_POOL}")]
     WarmPool { key: &'static str, value: usize },
+    #[error(
+        "serve.sandboxes.warm_pool is {0} but warm_pool_max is 0, which turns pools off: set warm_pool = 0, or warm_pool_max to at least {0}"
+    )]
+    PoolsOff(usize),
     #[error("serve.sandboxes.tighten.{from}: {to:?} is not a policy of serve.sandboxes.networks")]
     Tighten { from: String, to: String },
 }
@@ -160,6 +164,9 @@ impl SandboxSection {
             if value > MAX_WARM_POOL {
                 return Err(SandboxConfigError::WarmPool { key, value });
             }
+        }
+        if self.warm_pool_max == 0 && self.warm_pool > 0 {
+            return Err(SandboxConfigError::PoolsOff(self.warm_pool));
         }
         self.build_network.check().map_err(SandboxConfigError::BuildNetwork)?;
         for (name, network) in &self.networks {
@@ -260,5 +267,35 @@ impl SandboxApi {
     pub async fn restore(&self) {
         self.sandboxes.restore(&self.environments).await;
         self.workspaces.release_orphans(&self.sandboxes.ids());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked(toml_text: &str) -> Result<(), String> {
+        let section: SandboxSection = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        section.check().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn pools_are_bounded_and_cannot_be_both_on_and_off() {
+        assert_eq!(checked(""), Ok(()));
+        assert_eq!(
+            checked("warm_pool = 100"),
+            Ok(()),
+            "warm_pool_max is raised to warm_pool"
+        );
+        assert_eq!(checked("warm_pool_max = 0"), Ok(()));
+        let over = checked("warm_pool = 1025").unwrap_err();
+        assert!(
+            over.contains("serve.sandboxes.warm_pool is 1025") && over.contains("at most 1024"),
+            "{over}"
+        );
+        let over = checked("warm_pool_max = 5000").unwrap_err();
+        assert!(over.contains("warm_pool_max is 5000"), "{over}");
+        let off = checked("warm_pool = 2\nwarm_pool_max = 0").unwrap_err();
+        assert!(off.contains("warm_pool is 2 but warm_pool_max is 0"), "{off}");
     }
 }

@@ -91,6 +91,9 @@ pub struct Machine {
     reset: Option<reset::ResetChannel>,
     /// Numbers QMP jobs.
     next_job: AtomicU64,
+    /// The disk limit its process was started with (`RLIMIT_FSIZE` is fixed for a process's
+    /// life): a pool gives a VM to a later user only when that user's limit is the same.
+    launch_disk_limit: Option<u64>,
     spec: MachineSpec,
     run_dir: RunDir,
 }
@@ -367,6 +370,7 @@ impl Machine {
             next_job: AtomicU64::new(0),
             spec,
             run_dir,
+            launch_disk_limit: plan.max_disk_bytes,
         })
     }
 
@@ -498,6 +502,11 @@ impl Machine {
                 }
             }
         }));
+    }
+
+    /// The disk limit its process was started with ([`LaunchPlan::max_disk_bytes`]).
+    pub fn launch_disk_limit(&self) -> Option<u64> {
+        self.launch_disk_limit
     }
 
     /// Stops watching the disk's growth ([`Machine::limit_disk_growth`]): the VM is going

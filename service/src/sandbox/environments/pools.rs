@@ -64,11 +64,12 @@ impl Environments {
 }
 
 impl Environment {
-    /// Gives back the VM of one of its sandboxes that ended, for a later sandbox's reset
-    /// (dropped, its QEMU killed, when it has no pool or the pool does not need it).
-    pub fn give_back(&self, fork: Fork) {
+    /// Gives back the VM of one of `owner`'s sandboxes that ended, for a later sandbox of
+    /// the same owner's (dropped, its QEMU killed, when it has no pool or the pool does not
+    /// need it).
+    pub fn give_back(&self, fork: Fork, owner: u64) {
         match self.pool.get().and_then(Option::as_ref) {
-            Some(pool) => pool.give_back(fork),
+            Some(pool) => pool.give_back(fork, owner),
             None => drop(fork),
         }
     }

@@ -269,7 +269,7 @@ impl Sandboxes {
                 &settings.ready.image,
                 &settings.spec,
                 self.seed(),
-                pool,
+                pool.map(|p| (p, pools_owner(owner))),
             )
             .await
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("starting the sandbox: {}", e.describe())))?;
@@ -331,7 +331,14 @@ impl Sandboxes {
         // A VM that did not die goes back to its environment's pool, to be reset for the
         // next sandbox (a paused or branched one's VM is not the environment's: it goes).
         match removed.run.close_reusing() {
-            Some(fork) if reusable => removed.sandbox().settings.environment.give_back(fork),
+            Some(fork) if reusable => match owner {
+                Some(owner) => removed
+                    .sandbox()
+                    .settings
+                    .environment
+                    .give_back(fork, pools_owner(owner)),
+                None => drop(fork),
+            },
             _ => {}
         }
         self.release_workspaces(id, &removed.sandbox().mounts);
@@ -539,4 +546,9 @@ impl Sandboxes {
     fn begin(&self, id: &str) -> InUse {
         InUse::begin(&self.forks, id)
     }
+}
+
+/// A tenant as an environment pool's owner of the VMs it gives back.
+fn pools_owner(tenant: tenants::TenantId) -> u64 {
+    tenant.0 as u64
 }
