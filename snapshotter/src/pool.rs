@@ -62,10 +62,6 @@ pub struct PoolSize {
     /// Whether the host has room for one more VM past `base` (memory admission); None:
     /// always.
     pub room: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
-    /// Refill nothing (no reset, no new process) while forks are being taken: a burst's
-    /// forks have the host's cores first (a new process under TCG costs a core for most of a
-    /// second). Off for a pool whose takes never stop for long (a suite's rollouts).
-    pub yield_to_takes: bool,
 }
 
 impl PoolSize {
@@ -75,7 +71,6 @@ impl PoolSize {
             base: n,
             max: n,
             room: None,
-            yield_to_takes: false,
         }
     }
 }
@@ -138,8 +133,6 @@ struct PoolInner {
     spares: Mutex<Vec<Spare>>,
     /// When takes found nothing ready, within the last [`DEMAND_WINDOW`].
     misses: Mutex<VecDeque<Instant>>,
-    /// Forks being taken now.
-    taking: std::sync::atomic::AtomicUsize,
     /// Woken when a machine is taken or given back (notify_one keeps a permit if nobody
     /// waits yet).
     wanted: Arc<tokio::sync::Notify>,
@@ -307,13 +300,10 @@ impl PoolInner {
     async fn refill_one(&self) -> bool {
         let target = self.target();
         self.trim(target);
-        // A VM given back is reset first, even during a burst: until then it holds the
-        // memory its last user dirtied.
+        // A VM given back is reset first: until then it holds the memory its last user
+        // dirtied.
         if self.clean_one().await {
             return true;
-        }
-        if self.size.yield_to_takes && self.taking.load(Ordering::SeqCst) > 0 {
-            return false;
         }
         let have = locked(&self.ready).len();
         if have >= target {
@@ -387,7 +377,6 @@ impl WarmPool {
             ready: Mutex::default(),
             spares: Mutex::default(),
             misses: Mutex::default(),
-            taking: Default::default(),
             wanted: Arc::new(tokio::sync::Notify::new()),
             last_error: Mutex::new(None),
             started: AtomicU64::new(0),
@@ -464,7 +453,6 @@ impl WarmPool {
 
     async fn take(&self, identity: ForkIdentity, owner: Option<u64>) -> Result<Fork, ForkError> {
         let inner = &self.inner;
-        let _taking = Taking::new(inner);
         let ready = inner.take_ready(owner);
         if ready.is_none() {
             inner.missed.fetch_add(1, Ordering::Relaxed);
@@ -481,7 +469,7 @@ impl WarmPool {
             (None, _) => {
                 let mut reset_error = None;
                 if let Some(spare) = owner.and_then(|o| inner.take_spare(Some(o))) {
-                    match inner.resume_spare(spare, false).await {
+                    match inner.resume_spare(spare, true).await {
                         Ok(machine) => {
                             let mut fork = apply_identity(machine, &inner.snapshot, identity).await?;
                             fork.start = Start::Reset;
@@ -548,24 +536,6 @@ impl WarmPool {
 /// Stops a machine off the async runtime (killing a QEMU waits for it to exit).
 fn kill_later(machine: Machine) {
     tokio::task::spawn_blocking(move || drop(machine));
-}
-
-/// Counts a fork being taken while it lives (the refill yields to it).
-struct Taking<'a>(&'a PoolInner);
-
-impl<'a> Taking<'a> {
-    fn new(inner: &'a PoolInner) -> Taking<'a> {
-        inner.taking.fetch_add(1, Ordering::SeqCst);
-        Taking(inner)
-    }
-}
-
-impl Drop for Taking<'_> {
-    fn drop(&mut self) {
-        self.0.taking.fetch_sub(1, Ordering::SeqCst);
-        // The refill may have yielded: it looks again now.
-        self.0.wanted.notify_one();
-    }
 }
 
 /// An error and its causes, on one line.

@@ -29,7 +29,6 @@ pub(super) fn size(settings: &crate::sandbox::SandboxSection, reserve_percent: u
         base: settings.warm_pool,
         max: settings.warm_pool_max.max(settings.warm_pool),
         room: Some(Arc::new(room)),
-        yield_to_takes: true,
     }
 }
 
