@@ -74,7 +74,10 @@ class Environment:
     """A template snapshot sandboxes are forked from, made from an image or a Dockerfile.
 
     `state` is `building`, `ready` or `failed`; a failed one's `error` is the server's object
-    (`message`, and for a Dockerfile `dockerfile_line`, `instruction`, `output_tail`).
+    (`message`, and for a Dockerfile `dockerfile_line`, `instruction`, `output_tail`). `warm`
+    counts the forks its pool holds ready; `pool` (the operator's alone, else None) is what
+    the pool holds and did: `ready`, `spares`, `target`, `started`, `reset`, `reset_failed`,
+    `missed`.
     """
 
     id: str
@@ -88,6 +91,7 @@ class Environment:
     cpus: Optional[int] = None
     memory_mib: Optional[int] = None
     warm: int = 0
+    pool: Optional[Dict[str, int]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
     _api: Optional[_Environments] = field(default=None, repr=False, compare=False)
 
@@ -108,6 +112,7 @@ class Environment:
             cpus=_int(d.get("cpus")),
             memory_mib=_int(d.get("memory_mib")),
             warm=_int(d.get("warm")) or 0,
+            pool=dict(d["pool"]) if isinstance(d.get("pool"), dict) else None,
             raw=dict(d),
             _api=api,
         )
