@@ -395,11 +395,8 @@ impl Session {
     /// or rollout of the same snapshot (`[rollouts] reuse`) when it is a live fork of the
     /// task's snapshot (not of a branch or a pause); otherwise the VM goes.
     pub fn end_reusing(mut self, engine: &Engine) {
-        let vm = std::mem::replace(&mut self.vm, Vm::Ended);
-        if let Vm::Live(live) = vm {
-            let of_its_snapshot = live.origin().is_none() && self._branch.is_none();
-            let (fork, _gauge) = live.into_parts();
-            if self.task.is_some() && of_its_snapshot {
+        if self.task.is_some() {
+            if let Some(fork) = self.take_own_fork() {
                 engine.recycle(fork, &self.snapshot);
             }
         }
@@ -414,9 +411,20 @@ impl Session {
     /// of the environment's snapshot (not of a branch or a pause), for a pool to reset in
     /// place for a later sandbox ([`snapshotter::WarmPool::give_back`]).
     pub fn close_reusing(&mut self) -> Option<snapshotter::Fork> {
-        let vm = std::mem::replace(&mut self.vm, Vm::Ended);
-        let Vm::Live(live) = vm else { return None };
-        let of_its_snapshot = live.origin().is_none() && self._branch.is_none() && self.task.is_none();
+        if self.task.is_some() {
+            self.close();
+            return None;
+        }
+        self.take_own_fork()
+    }
+
+    /// Ends the session and takes its VM when it is a live fork of the session's own
+    /// snapshot (not of a branch or a pause); otherwise the VM goes.
+    fn take_own_fork(&mut self) -> Option<snapshotter::Fork> {
+        let Vm::Live(live) = std::mem::replace(&mut self.vm, Vm::Ended) else {
+            return None;
+        };
+        let of_its_snapshot = live.origin().is_none() && self._branch.is_none();
         let (fork, _gauge) = live.into_parts();
         (of_its_snapshot && fork.snapshot_id == self.snapshot.id()).then_some(fork)
     }

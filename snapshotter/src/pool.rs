@@ -475,7 +475,7 @@ impl WarmPool {
                             fork.start = Start::Reset;
                             return Ok(fork);
                         }
-                        Err(e) => reset_error = Some(describe(&e)),
+                        Err(e) => reset_error = Some(vmm::describe(&e)),
                     }
                 }
                 let machine = inner.forker.prepare(&inner.snapshot).await?;
@@ -536,18 +536,6 @@ impl WarmPool {
 /// Stops a machine off the async runtime (killing a QEMU waits for it to exit).
 fn kill_later(machine: Machine) {
     tokio::task::spawn_blocking(move || drop(machine));
-}
-
-/// An error and its causes, on one line.
-fn describe(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 impl Drop for WarmPool {

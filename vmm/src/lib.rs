@@ -34,6 +34,17 @@ pub mod qmp;
 pub mod tsc;
 
 pub use accel::{Accel, AccelSetting};
+
+/// An error and its causes on one line (`what failed: why: why`).
+pub fn describe(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
 pub use agent::{AgentClient, AgentError, ExecOptions, ExecOutput, FilePlacement, TestsOutput};
 pub use artifacts::GuestArtifacts;
 pub use ksm::Ksm;
