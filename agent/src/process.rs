@@ -256,21 +256,6 @@ impl Table {
             None => User::ROOT,
             Some(spec) => users::resolve(spec).map_err(|e| refused(crate::describe(&e)))?,
         };
-        let mut command = match &spawn.program {
-            Program::Argv(argv) => {
-                let Some((program, args)) = argv.split_first() else {
-                    return Err(refused("argv is empty".into()));
-                };
-                let mut c = Command::new(program);
-                c.args(args);
-                c
-            }
-            Program::Shell(script) => {
-                let mut c = Command::new("/bin/sh");
-                c.arg("-c").arg(script);
-                c
-            }
-        };
         let mut env: Vec<(String, String)> = base_env.to_vec();
         if let Some(home) = user.home.as_ref().filter(|_| !user.is_root()) {
             env.retain(|(k, _)| k != "HOME");
@@ -283,6 +268,7 @@ impl Table {
         env.retain(|(k, _)| !spawn.env.contains_key(k));
         env.extend(spawn.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let cwd = spawn.cwd.clone().unwrap_or_else(|| "/".into());
+        let mut command = crate::exec::command_for(&spawn.program, &env, user.is_root()).map_err(refused)?;
         command.env_clear().envs(env).current_dir(&cwd);
         if !user.is_root() {
             command.uid(user.uid).gid(user.gid);

@@ -209,7 +209,7 @@ pub(crate) async fn apply_identity(
 }
 
 /// [`apply_identity`] on a machine that stays where it is.
-async fn identify(machine: &Machine, snapshot_id: &str, identity: &ForkIdentity) -> Result<(), ForkError> {
+pub(crate) async fn identify(machine: &Machine, snapshot_id: &str, identity: &ForkIdentity) -> Result<(), ForkError> {
     let machine_err = |source| ForkError::Machine {
         snapshot: snapshot_id.to_string(),
         source,

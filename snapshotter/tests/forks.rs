@@ -358,6 +358,38 @@ fn warm_pool_forks_refill_and_leave_no_processes() {
     });
 }
 
+/// A resumed pool warms each VM with an identity of its own before any take (so that the
+/// take's runs on translated code): none of it may be left once a take's identity is applied.
+#[test]
+fn a_resumed_pool_fork_has_the_takes_identity_and_nothing_of_the_warm_up() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let pool = WarmPool::start_with_mode(forker(), snapshot.clone(), 2, snapshotter::PoolMode::Resumed).unwrap();
+        assert!(pool.wait_full(Duration::from_secs(300)).await, "{:?}", pool.last_error());
+        let mut urandom = BTreeSet::new();
+        for seed in [11u64, 12] {
+            let identity = ForkIdentity::new(seed);
+            let fork_id = identity.fork_id.clone();
+            let fork = pool.fork(identity).await.unwrap();
+            let seen = run(&fork, "hostname; echo $FARM_FORK_ID $FARM_SEED; env | grep -c warm || true").await;
+            assert_eq!(seen, format!("fork-{fork_id}\n{fork_id} {seed}\n0\n"));
+            // The argv path too (the warm-up ran one): the take's variables, not the warm-up's.
+            let out = fork
+                .agent()
+                .exec(ExecOptions::argv(&["sh", "-c", "echo $FARM_FORK_ID"]))
+                .await
+                .unwrap();
+            assert_eq!(out.stdout_text(), format!("{fork_id}\n"));
+            urandom.insert(run(&fork, "head -c 16 /dev/urandom | od -An -tx1").await);
+            let host_now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+            let before = host_now();
+            let guest: f64 = run(&fork, "date +%s").await.trim().parse().unwrap();
+            assert!(guest > before - 2.0 && guest < host_now() + 2.0, "guest clock {guest} vs host {before}");
+        }
+        assert_eq!(urandom.len(), 2, "two forks of one pool read the same /dev/urandom bytes");
+    });
+}
+
 #[test]
 fn a_forks_qemu_holds_the_snapshot_ram_read_only_and_cannot_open_it_for_writing() {
     runtime().block_on(async {

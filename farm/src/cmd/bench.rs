@@ -239,6 +239,8 @@ async fn fork(args: ForkArgs) -> Result<i32> {
         "fork_to_first_exec_no_pool_ms": percentiles(&no_pool),
         "fork_to_first_exec_warm_pool_ms": warm_p,
         "fork_to_first_exec_resumed_pool_ms": percentiles(&resumed.first_exec),
+        "fork_taken_resumed_pool_ms": percentiles(&resumed.taken),
+        "resumed_pool_second_exec_ms": percentiles(&resumed.second_exec),
         "ratio_cold_boot_over_resumed_pool_fork_p50": round(p50(&cold_p) / p50(&percentiles(&resumed.first_exec))),
         "second_exec_same_fork_ms": percentiles(&second_exec),
         "ratio_cold_boot_over_warm_fork_p50": round(p50(&cold_p) / p50(&warm_p)),
@@ -403,6 +405,8 @@ async fn hold_forks_alive(
 
 struct PoolSamples {
     first_exec: Vec<f64>,
+    /// Of `first_exec`: until the fork was taken (with its identity applied).
+    taken: Vec<f64>,
     second_exec: Vec<f64>,
     private_dirty_mib: Vec<f64>,
 }
@@ -420,6 +424,7 @@ async fn measure_pool(
     let pool = WarmPool::start_with_mode(forker.clone(), snapshot.clone(), size, mode)?;
     let mut samples = PoolSamples {
         first_exec: Vec::new(),
+        taken: Vec::new(),
         second_exec: Vec::new(),
         private_dirty_mib: Vec::new(),
     };
@@ -432,13 +437,15 @@ async fn measure_pool(
             async move {
                 let t = Instant::now();
                 let fork = pool.fork(ForkIdentity::new(i as u64)).await?;
+                let taken = ms(t.elapsed());
                 exec_true(fork.agent()).await?;
-                anyhow::Ok((ms(t.elapsed()), fork))
+                anyhow::Ok((ms(t.elapsed()), taken, fork))
             }
         }))
         .await?;
-        for (latency, fork) in forks {
+        for (latency, taken, fork) in forks {
             samples.first_exec.push(latency);
+            samples.taken.push(taken);
             let t = Instant::now();
             exec_true(fork.agent()).await?;
             samples.second_exec.push(ms(t.elapsed()));
