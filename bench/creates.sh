@@ -49,6 +49,9 @@ warm_pool_max = 0"; else serve_with cold "warm_pool = 0"; fi
   python3 bench/creates.py - report "$results"
 }
 
-run_build old "$OLD_TREE" "$OLD_CACHE" 0
+# An earlier revision that has environments' pools (warm_pool_max) runs the same settings.
+old_has_pools=0
+if grep -q warm_pool_max "$OLD_TREE/service/src/sandbox/mod.rs" 2>/dev/null; then old_has_pools=1; fi
+run_build old "$OLD_TREE" "$OLD_CACHE" "$old_has_pools"
 run_build new "$PWD" "${FARM_CACHE_DIR:-$HOME/.cache/farm}" 1
 echo "cores: $(nproc); creates/s per core = creates/s / $(nproc)"

@@ -101,11 +101,12 @@ pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Re
 /// Runs a command to its end (or its deadline); returns its output and its process id,
 /// which is also the id of its process group (and, for another user, of its session).
 pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentError> {
-    let mut command =
-        command_for(launch.program, &launch.env, launch.user.is_root()).map_err(|message| AgentError {
-            kind: ErrorKind::BadRequest,
-            message,
-        })?;
+    // A checker's command is looked up in its own view of the files (its hook runs first).
+    let look_up = launch.user.is_root() && !launch.checker_view;
+    let mut command = command_for(launch.program, &launch.env, look_up).map_err(|message| AgentError {
+        kind: ErrorKind::BadRequest,
+        message,
+    })?;
     let cwd = &launch.cwd;
     command
         .env_clear()
@@ -157,18 +158,19 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
 }
 
 /// The command that runs `program` (a shell script through `/bin/sh -c`). `env` is the
-/// command's whole environment; for a command run as root (`as_root`) a bare program name is
+/// command's whole environment; with `look_up` (a command run as root, in the agent's view of
+/// the files) a bare program name is
 /// looked up on its `PATH` here, as `execvp` would, so that std can start it with
 /// `posix_spawn` (vfork semantics): std falls back to a full `fork` of the agent for a name
 /// it must look up on a `PATH` of the command's own, which costs a new guest process about
 /// 10 ms more under TCG the first time. `argv[0]` stays the name given.
-pub fn command_for(program: &Program, env: &[(String, String)], as_root: bool) -> Result<Command, String> {
+pub fn command_for(program: &Program, env: &[(String, String)], look_up: bool) -> Result<Command, String> {
     match program {
         Program::Argv(argv) => {
             let Some((program, args)) = argv.split_first() else {
                 return Err("argv is empty".into());
             };
-            let found = as_root.then(|| on_path(program, env)).flatten();
+            let found = look_up.then(|| on_path(program, env)).flatten();
             let mut c = match found {
                 Some(path) => {
                     let mut c = Command::new(path);

@@ -77,6 +77,12 @@ async fn a_vm_is_reset_for_its_tenant_alone_and_keeps_nothing_of_the_last_sandbo
         after_b,
         "A's next sandbox runs in A's QEMU process"
     );
+    // Each says how its VM came to be: A's next a reset, B's a new process.
+    let start = |v: serde_json::Value| v["start"].as_str().map(str::to_string);
+    let a_view = a.ok("GET", &format!("/v1/sandboxes/{sa2}"), None, 200).await;
+    assert_eq!(start(a_view.clone()).as_deref(), Some("reset"), "{a_view}");
+    let b_view = b.ok("GET", &format!("/v1/sandboxes/{sb}"), None, 200).await;
+    assert_eq!(start(b_view.clone()).as_deref(), Some("fork"), "{b_view}");
     a.stdout(&sa2, "echo next-secret > /tmp/next-secret").await;
     let (status, answer) = in_flight.await.unwrap();
     assert!(

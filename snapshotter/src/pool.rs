@@ -12,7 +12,7 @@
 //! a take that finds nothing ready resumes a spare, and only then starts a new process.
 //!
 //! The target is `base` (the configured `warm_pool`) plus the takes that found nothing ready
-//! in the last [`DEMAND_WINDOW`], at most `max`: a burst makes the pool grow for the next one,
+//! in the last `window` ([`DEMAND_WINDOW`] unless set), at most `max`: a burst makes the pool grow for the next one,
 //! and a pool that has not run short for a window shrinks back to `base` (the machines past
 //! it are stopped). Past `base` it grows by new processes only when `base` is not 0 and
 //! `room` says the host has memory for one more. Spares are kept while the ready ones and the
@@ -28,7 +28,7 @@ use vmm::Machine;
 use crate::fork::{apply_identity, load_and_resume, Fork, ForkError, ForkIdentity, Forker, Start};
 use crate::store::Snapshot;
 
-/// How long a take that found the pool empty keeps the pool grown by one.
+/// How long a take that found the pool empty keeps the pool grown by one, by default.
 pub const DEMAND_WINDOW: Duration = Duration::from_secs(120);
 
 /// The longest a reset of a VM given back may take before the VM is stopped instead.
@@ -62,6 +62,9 @@ pub struct PoolSize {
     /// Whether the host has room for one more VM past `base` (memory admission); None:
     /// always.
     pub room: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// How long a take that found nothing ready keeps the pool grown by one, and how long
+    /// a spare is kept unused.
+    pub window: Duration,
 }
 
 impl PoolSize {
@@ -71,22 +74,25 @@ impl PoolSize {
             base: n,
             max: n,
             room: None,
+            window: DEMAND_WINDOW,
         }
     }
 }
 
-/// What a pool did, for metrics and benchmarks.
+/// What a pool holds and did since it started (the sandbox API shows it as an environment's
+/// `pool`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = PoolView))]
 pub struct PoolCounts {
-    /// Machines ready now.
+    /// Forks ready now.
     pub ready: usize,
-    /// VMs given back, kept (reset, paused) for a later start.
+    /// VMs given back (of ended sandboxes), kept reset and paused for later starts.
     pub spares: usize,
-    /// What the pool aims to keep ready now.
+    /// How many it aims to keep ready now (its base, grown by recent takes that found none).
     pub target: usize,
-    /// Machines made ready by a new QEMU process, since the pool started.
+    /// Forks made ready by a new QEMU process.
     pub started: u64,
-    /// Machines made ready by a reset of a VM given back.
+    /// Forks made ready by a reset of a VM given back.
     pub reset: u64,
     /// Resets that failed (the VM was stopped; a new process took its place).
     pub reset_failed: u64,
@@ -131,7 +137,7 @@ struct PoolInner {
     ready: Mutex<VecDeque<ReadyVm>>,
     /// Given back: stopped as their users left them, or reset and paused.
     spares: Mutex<Vec<Spare>>,
-    /// When takes found nothing ready, within the last [`DEMAND_WINDOW`].
+    /// When takes found nothing ready, within the last window.
     misses: Mutex<VecDeque<Instant>>,
     /// Woken when a machine is taken or given back (notify_one keeps a permit if nobody
     /// waits yet).
@@ -285,7 +291,7 @@ impl PoolInner {
 
     fn target(&self) -> usize {
         let mut misses = locked(&self.misses);
-        while misses.front().is_some_and(|t| t.elapsed() > DEMAND_WINDOW) {
+        while misses.front().is_some_and(|t| t.elapsed() > self.size.window) {
             misses.pop_front();
         }
         (self.size.base + misses.len()).min(self.size.max.max(self.size.base))
@@ -307,7 +313,8 @@ impl PoolInner {
             let ready = ready.len();
             let mut spares = locked(&self.spares);
             spares.sort_by_key(|s| std::cmp::Reverse(s.since));
-            while spares.last().is_some_and(|s| s.since.elapsed() > DEMAND_WINDOW) || ready + spares.len() > target + 1
+            while spares.last().is_some_and(|s| s.since.elapsed() > self.size.window)
+                || ready + spares.len() > target + 1
             {
                 gone.extend(spares.pop().map(|s| s.machine));
             }

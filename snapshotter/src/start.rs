@@ -2,6 +2,7 @@
 
 /// How a running fork came to be in its snapshot's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = VmStart))]
 #[serde(rename_all = "snake_case")]
 pub enum Start {
     /// A new QEMU process loaded the snapshot (from a warm pool or not).

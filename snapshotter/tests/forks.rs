@@ -358,6 +358,69 @@ fn warm_pool_forks_refill_and_leave_no_processes() {
     });
 }
 
+/// A pool grows by the takes that found nothing ready, up to its max, and shrinks back to its
+/// base once a window passes without such takes: the machines past the base are stopped.
+#[test]
+fn a_pool_grows_with_demand_and_shrinks_back_when_it_stops() {
+    runtime().block_on(async {
+        let snapshot = shared_template("minimal").await;
+        let size = snapshotter::PoolSize {
+            base: 1,
+            max: 3,
+            room: None,
+            window: Duration::from_secs(4),
+        };
+        let pool =
+            WarmPool::start_sized(forker(), snapshot.clone(), size, snapshotter::PoolMode::Resumed, "true").unwrap();
+        assert!(
+            pool.wait_full(Duration::from_secs(300)).await,
+            "{:?}",
+            pool.last_error()
+        );
+        assert_eq!(pool.counts().target, 1);
+        // A burst of six at once: most find nothing ready (the refill makes one at a time).
+        let id = ForkIdentity::new;
+        let (a, b, c, d, e, f) = tokio::join!(
+            pool.fork(id(0)),
+            pool.fork(id(1)),
+            pool.fork(id(2)),
+            pool.fork(id(3)),
+            pool.fork(id(4)),
+            pool.fork(id(5))
+        );
+        let burst = [a, b, c, d, e, f].map(Result::unwrap);
+        let counts = pool.counts();
+        assert!(counts.missed >= 2, "{counts:?}");
+        assert_eq!(counts.target, 3, "grown to max, not past it: {counts:?}");
+        assert!(
+            pool.wait_full(Duration::from_secs(300)).await,
+            "{:?}",
+            pool.last_error()
+        );
+        let grown = pool.ready_pids();
+        assert_eq!(grown.len(), 3);
+        drop(burst);
+        // No more takes: past the window the target is the base again and two are stopped.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while pool.ready() > 1 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(pool.counts().target, 1);
+        assert_eq!(pool.ready(), 1, "the pool did not shrink back to its base");
+        let kept = pool.ready_pids();
+        for pid in grown.iter().filter(|p| !kept.contains(p)) {
+            let gone = || !std::path::Path::new(&format!("/proc/{pid}")).exists();
+            for _ in 0..600 {
+                if gone() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(gone(), "QEMU {pid}, past the base, outlived the shrink");
+        }
+    });
+}
+
 /// A resumed pool warms each VM with an identity of its own before any take (so that the
 /// take's runs on translated code): none of it may be left once a take's identity is applied.
 #[test]
@@ -365,13 +428,21 @@ fn a_resumed_pool_fork_has_the_takes_identity_and_nothing_of_the_warm_up() {
     runtime().block_on(async {
         let snapshot = shared_template("minimal").await;
         let pool = WarmPool::start_with_mode(forker(), snapshot.clone(), 2, snapshotter::PoolMode::Resumed).unwrap();
-        assert!(pool.wait_full(Duration::from_secs(300)).await, "{:?}", pool.last_error());
+        assert!(
+            pool.wait_full(Duration::from_secs(300)).await,
+            "{:?}",
+            pool.last_error()
+        );
         let mut urandom = BTreeSet::new();
         for seed in [11u64, 12] {
             let identity = ForkIdentity::new(seed);
             let fork_id = identity.fork_id.clone();
             let fork = pool.fork(identity).await.unwrap();
-            let seen = run(&fork, "hostname; echo $FARM_FORK_ID $FARM_SEED; env | grep -c warm || true").await;
+            let seen = run(
+                &fork,
+                "hostname; echo $FARM_FORK_ID $FARM_SEED; env | grep -c warm || true",
+            )
+            .await;
             assert_eq!(seen, format!("fork-{fork_id}\n{fork_id} {seed}\n0\n"));
             // The argv path too (the warm-up ran one): the take's variables, not the warm-up's.
             let out = fork
@@ -381,12 +452,24 @@ fn a_resumed_pool_fork_has_the_takes_identity_and_nothing_of_the_warm_up() {
                 .unwrap();
             assert_eq!(out.stdout_text(), format!("{fork_id}\n"));
             urandom.insert(run(&fork, "head -c 16 /dev/urandom | od -An -tx1").await);
-            let host_now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+            let host_now = || {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs_f64()
+            };
             let before = host_now();
             let guest: f64 = run(&fork, "date +%s").await.trim().parse().unwrap();
-            assert!(guest > before - 2.0 && guest < host_now() + 2.0, "guest clock {guest} vs host {before}");
+            assert!(
+                guest > before - 2.0 && guest < host_now() + 2.0,
+                "guest clock {guest} vs host {before}"
+            );
         }
-        assert_eq!(urandom.len(), 2, "two forks of one pool read the same /dev/urandom bytes");
+        assert_eq!(
+            urandom.len(),
+            2,
+            "two forks of one pool read the same /dev/urandom bytes"
+        );
     });
 }
 

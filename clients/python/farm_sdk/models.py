@@ -199,6 +199,10 @@ class SandboxInfo:
     #: The workspaces it mounted: `{"name", "path", "mode", "generation"}` each (`mode`:
     #: `writable`, `read_only`, or a branch's `copy`).
     workspaces: List[Dict[str, Any]] = field(default_factory=list)
+    #: How its running VM came to be in its environment's snapshot: `fork` (a new QEMU
+    #: process), `reset` (a VM its tenant was done with, reset in place) or `reset_failed`
+    #: (such a reset failed; a new process instead). None while paused.
+    start: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -221,6 +225,7 @@ class SandboxInfo:
             parent=_str(d.get("parent")),
             checkpoint_at_ms=_int(d.get("checkpoint_at_ms")),
             workspaces=[dict(w) for w in d.get("workspaces") or [] if isinstance(w, dict)],
+            start=_str(d.get("start")),
             raw=dict(d),
         )
 

@@ -52,14 +52,16 @@ def schemas():
     return json.loads(DOCUMENT.read_text())["components"]["schemas"]
 
 
-def schema_types(prop):
-    """The JSON types a property may hold (`null` for an optional one)."""
+def schema_types(prop, schemas=None):
+    """The JSON types a property may hold (`null` for an optional one); a reference to another
+    schema holds what that one does (an object, or e.g. an enum's string)."""
     if "$ref" in prop:
-        return {"object"}
+        named = (schemas or {}).get(prop["$ref"].rsplit("/", 1)[-1])
+        return schema_types(named, schemas) if named is not None else {"object"}
     kinds = prop.get("type", [])
     kinds = set([kinds] if isinstance(kinds, str) else kinds)
     for alternative in prop.get("oneOf", []) + prop.get("anyOf", []):
-        kinds |= schema_types(alternative)
+        kinds |= schema_types(alternative, schemas)
     return kinds or {"object", "string", "integer", "number", "boolean", "array", "null"}
 
 
@@ -89,7 +91,7 @@ def test_a_model_reads_what_its_answer_holds(model, schemas):
         prop = renamed.get(f.name, f.name)
         assert prop in props, f"{model.__name__}.{f.name} reads {prop!r}, which {name} does not have"
         allowed = python_types(hints[f.name])
-        served = schema_types(props[prop]) - {"null"}
+        served = schema_types(props[prop], schemas) - {"null"}
         assert served & allowed, f"{model.__name__}.{f.name} reads {prop!r} as {allowed}; the service sends {served}"
         read.add(prop)
     unaccounted = set(props) - read - left_in_raw

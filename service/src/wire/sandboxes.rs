@@ -31,23 +31,11 @@ pub struct EnvironmentView {
 }
 
 /// An environment's pool: what it holds and what it did since it started.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct PoolView {
-    /// Forks ready now.
-    pub ready: usize,
-    /// VMs of ended sandboxes kept, reset and paused, for later sandboxes.
-    pub spares: usize,
-    /// How many it aims to keep ready now (`warm_pool`, grown by recent bursts).
-    pub target: usize,
-    /// Forks made ready by a new QEMU process.
-    pub started: u64,
-    /// Forks made ready by a reset of an ended sandbox's VM.
-    pub reset: u64,
-    /// Resets that failed (a new process took the VM's place).
-    pub reset_failed: u64,
-    /// Sandboxes that found nothing ready.
-    pub missed: u64,
-}
+pub use snapshotter::PoolCounts as PoolView;
+/// How a sandbox's VM came to be in its environment's snapshot: `fork` (a new QEMU process),
+/// `reset` (a VM its tenant was done with, reset in place), `reset_failed` (such a reset
+/// failed; a new process took its place).
+pub use snapshotter::Start as VmStart;
 
 /// `GET /v1/environments`.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -97,6 +85,8 @@ pub struct SandboxView {
     pub checkpoint_at_ms: Option<u64>,
     /// The workspaces it has mounted, and how.
     pub workspaces: Vec<super::workspaces::MountView>,
+    /// How its running VM came to be in its environment's snapshot (None while paused).
+    pub start: Option<VmStart>,
 }
 
 /// `GET /v1/sandboxes`.

@@ -176,11 +176,7 @@ impl Environment {
             error,
             sandboxes: self.sandboxes.load(std::sync::atomic::Ordering::SeqCst),
             warm: self.pool.get().and_then(Option::as_ref).map(|p| p.ready()).unwrap_or(0),
-            pool: self
-                .pool
-                .get()
-                .and_then(Option::as_ref)
-                .map(|p| pools::view(p.counts())),
+            pool: self.pool.get().and_then(Option::as_ref).map(|p| p.counts()),
         }
     }
 }

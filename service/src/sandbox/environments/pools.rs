@@ -29,6 +29,7 @@ pub(super) fn size(settings: &crate::sandbox::SandboxSection, reserve_percent: u
         base: settings.warm_pool,
         max: settings.warm_pool_max.max(settings.warm_pool),
         room: Some(Arc::new(room)),
+        window: snapshotter::DEMAND_WINDOW,
     }
 }
 
@@ -71,18 +72,5 @@ impl Environment {
             Some(pool) => pool.give_back(fork, owner),
             None => drop(fork),
         }
-    }
-}
-
-/// What a client sees of a pool.
-pub(super) fn view(c: engine::snapshots::PoolCounts) -> crate::wire::PoolView {
-    crate::wire::PoolView {
-        ready: c.ready,
-        spares: c.spares,
-        target: c.target,
-        started: c.started,
-        reset: c.reset,
-        reset_failed: c.reset_failed,
-        missed: c.missed,
     }
 }

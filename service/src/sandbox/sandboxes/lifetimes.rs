@@ -448,6 +448,7 @@ mod tests {
             metadata: [("owner".to_string(), "ann".to_string())].into(),
             checkpoint_at_ms: None,
             workspaces: Vec::new(),
+            start: None,
         };
         assert!(filter.keeps(&sandbox));
         sandbox.metadata.insert("owner".into(), "bob".into());

@@ -83,6 +83,7 @@ fn view(open: &Open) -> SandboxView {
         metadata: s.metadata.clone(),
         checkpoint_at_ms: facts.checkpoint.as_ref().map(|c| c.at_ms),
         workspaces: facts.mounts.iter().map(|m| m.view()).collect(),
+        start: live.map(|l| l.fork.start),
     }
 }
 
