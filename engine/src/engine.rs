@@ -199,7 +199,9 @@ impl Engine {
                 self.forker.clone(),
                 &self.template,
                 snapshotter::PoolSize::fixed(size),
-                &self.config.rollouts.warm_up,
+                // A suite's commands are shell commands (the policy's) and `/bin/sh -c`
+                // (checks): no argv path to warm.
+                snapshotter::WarmUp::shell(&self.config.rollouts.warm_up),
             )
             .map_err(EngineError::Pool)?;
         self.pool = Some((self.template.id().to_string(), pool));

@@ -91,13 +91,13 @@ impl Host {
     }
 
     /// Forks of `snapshot` kept resumed and warm (made by `forker`, as many as `size` says),
-    /// each having run the shell command `warm_up` once.
+    /// each having run `warm_up` once.
     pub fn start_pool(
         &self,
         forker: Forker,
         snapshot: &Snapshot,
         size: snapshotter::PoolSize,
-        warm_up: &str,
+        warm_up: snapshotter::WarmUp,
     ) -> Result<WarmPool, snapshotter::ForkError> {
         WarmPool::start_sized(forker, snapshot.clone(), size, snapshotter::PoolMode::Resumed, warm_up)
     }

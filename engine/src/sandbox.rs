@@ -293,7 +293,12 @@ impl Host {
         ready: &Ready,
         size: snapshotter::PoolSize,
     ) -> Option<snapshotter::WarmPool> {
-        match self.start_pool(self.sandbox_forker(None), &ready.snapshot, size, "true") {
+        // Sandboxes' clients send shell commands and argv ones.
+        let warm_up = snapshotter::WarmUp {
+            argv: true,
+            ..snapshotter::WarmUp::shell("true")
+        };
+        match self.start_pool(self.sandbox_forker(None), &ready.snapshot, size, warm_up) {
             Ok(pool) => Some(pool),
             Err(e) => {
                 tracing::warn!("environment {id}: no warm pool: {e}");

@@ -30,7 +30,7 @@ pub use build::{snapshot_fork, BuildError, Built, TemplateExtras};
 pub use build_fork::BuildFork;
 pub use child::{child_snapshot, ChildError, ChildSpec};
 pub use fork::{boot_from_disk, BootFromDiskError, Fork, ForkError, ForkIdentity, Forker, Start};
-pub use pool::{PoolCounts, PoolMode, PoolSize, WarmPool, DEMAND_WINDOW};
+pub use pool::{PoolCounts, PoolMode, PoolSize, WarmPool, WarmUp, DEMAND_WINDOW};
 pub use store::{HostProfile, Snapshot, SnapshotError, SnapshotStore};
 pub use template::{Network, TemplateConfig};
 pub use templates::{build_template, build_template_with, TemplateError};

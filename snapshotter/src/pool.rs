@@ -52,6 +52,28 @@ pub enum PoolMode {
     Resumed,
 }
 
+/// What a pool's resumed machine runs once before it waits, so that a take and its first
+/// command find the guest code they run already translated (under TCG a new QEMU process
+/// translates each code path the first time it runs it): `shell`, a shell command; `true`
+/// given as argv when `argv` (for clients that send argv commands, as the sandbox API's do;
+/// the agent's path for those differs from the shell's); then always an identity of its own,
+/// which the take's replaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmUp {
+    pub shell: String,
+    pub argv: bool,
+}
+
+impl WarmUp {
+    /// A shell command alone (and the identity).
+    pub fn shell(command: &str) -> WarmUp {
+        WarmUp {
+            shell: command.to_string(),
+            argv: false,
+        }
+    }
+}
+
 /// How many machines a pool keeps.
 #[derive(Clone)]
 pub struct PoolSize {
@@ -131,9 +153,8 @@ struct PoolInner {
     snapshot: Snapshot,
     size: PoolSize,
     mode: PoolMode,
-    /// Shell command a resumed machine runs before it waits (warms code paths the forks
-    /// will use, e.g. `python3 -c pass`).
-    warm_up: String,
+    /// What a resumed machine runs before it waits.
+    warm_up: WarmUp,
     ready: Mutex<VecDeque<ReadyVm>>,
     /// Given back: stopped as their users left them, or reset and paused.
     spares: Mutex<Vec<Spare>>,
@@ -165,20 +186,15 @@ impl PoolInner {
         Ok(machine)
     }
 
-    /// Runs, once, what a fork's start and first command run in the guest: the pool's
-    /// warm-up (a shell command), a command given as argv, and an identity. Under TCG a new
-    /// QEMU process translates each guest code path the first time it runs it; what the
-    /// warm-up covers, a take no longer pays (measured in bench/RESULTS.md).
+    /// Runs the pool's [`WarmUp`] once (what the take and a first command will run; measured
+    /// in bench/RESULTS.md).
     async fn warm(&self, machine: &Machine) -> Result<(), ForkError> {
-        let warm = vmm::ExecOptions {
-            timeout: Some(Duration::from_secs(120)),
-            ..vmm::ExecOptions::shell(self.warm_up.clone())
-        };
-        let argv = vmm::ExecOptions {
-            timeout: Some(Duration::from_secs(120)),
-            ..vmm::ExecOptions::argv(&["true"])
-        };
-        for options in [warm, argv] {
+        let mut runs = vec![vmm::ExecOptions::shell(self.warm_up.shell.clone())];
+        if self.warm_up.argv {
+            runs.push(vmm::ExecOptions::argv(&["true"]));
+        }
+        for mut options in runs {
+            options.timeout = Some(Duration::from_secs(120));
             machine
                 .agent()
                 .exec(options)
@@ -382,17 +398,20 @@ impl WarmPool {
         size: usize,
         mode: PoolMode,
     ) -> Result<WarmPool, ForkError> {
-        WarmPool::start_sized(forker, snapshot, PoolSize::fixed(size), mode, "true")
+        let warm_up = WarmUp {
+            argv: true,
+            ..WarmUp::shell("true")
+        };
+        WarmPool::start_sized(forker, snapshot, PoolSize::fixed(size), mode, warm_up)
     }
 
-    /// A pool of `size` whose resumed machines run `warm_up` (a shell command) before they
-    /// wait.
+    /// A pool of `size` whose resumed machines run `warm_up` before they wait.
     pub fn start_sized(
         forker: Forker,
         snapshot: Snapshot,
         size: PoolSize,
         mode: PoolMode,
-        warm_up: &str,
+        warm_up: WarmUp,
     ) -> Result<WarmPool, ForkError> {
         snapshot.check_host(&forker.host)?;
         snapshot.check_files()?;
@@ -401,7 +420,7 @@ impl WarmPool {
             snapshot,
             size,
             mode,
-            warm_up: warm_up.to_string(),
+            warm_up,
             ready: Mutex::default(),
             spares: Mutex::default(),
             misses: Mutex::default(),

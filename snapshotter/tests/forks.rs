@@ -370,8 +370,14 @@ fn a_pool_grows_with_demand_and_shrinks_back_when_it_stops() {
             room: None,
             window: Duration::from_secs(4),
         };
-        let pool =
-            WarmPool::start_sized(forker(), snapshot.clone(), size, snapshotter::PoolMode::Resumed, "true").unwrap();
+        let pool = WarmPool::start_sized(
+            forker(),
+            snapshot.clone(),
+            size,
+            snapshotter::PoolMode::Resumed,
+            snapshotter::WarmUp::shell("true"),
+        )
+        .unwrap();
         assert!(
             pool.wait_full(Duration::from_secs(300)).await,
             "{:?}",
