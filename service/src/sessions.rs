@@ -253,12 +253,7 @@ impl Service {
     /// session's actions share its `timeout_secs` budget, as a rollout's do; past it the
     /// session ends as a `timeout`.
     pub async fn act(&self, id: &SessionId, action: Action, timeout_secs: Option<u64>) -> ApiResult<Stepped> {
-        if let Some(host) = engine::sizing::HostMemory::probe() {
-            super::admission::check_step(&host, self.settings.memory_reserve_percent).map_err(|why| ApiError {
-                retry_after: Some(5),
-                ..ApiError::new(ErrorKind::Unavailable, why.to_string())
-            })?;
-        }
+        super::admission::step_room(self.settings.memory_reserve_percent)?;
         super::requests::check_action(&action)?;
         if timeout_secs == Some(0) {
             return Err(ApiError::field(

@@ -244,6 +244,7 @@ impl SandboxApi {
             forks,
             ports.clone(),
             settings,
+            serve.memory_reserve_percent,
             &dir,
         )?);
         tokio::spawn(listener::serve(

@@ -154,6 +154,7 @@ impl Sandboxes {
     /// `POST /v1/sandboxes/{id}/exec`.
     pub async fn exec(&self, id: &SandboxId, request: ExecRequest) -> ApiResult<CommandOutput> {
         let (program, command) = Self::command_of(request, false)?;
+        self.room_to_run()?;
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
         match guest.exec(program, command).await {
@@ -170,6 +171,7 @@ impl Sandboxes {
         request: ExecRequest,
     ) -> ApiResult<tokio::sync::mpsc::Receiver<StreamEvent>> {
         let (program, command) = Self::command_of(request, true)?;
+        self.room_to_run()?;
         let in_use = self.begin(id);
         let guest = self.guest(id).await?;
         // One event waits at most in each queue: nothing is read from the guest ahead of the

@@ -117,6 +117,8 @@ pub struct Sandboxes {
     made_keys: Mutex<Keys<Vec<String>>>,
     /// What the watch of deaths and timers remembers ([`told`]).
     watch: Mutex<told::Watch>,
+    /// `serve.memory_reserve_percent`: commands wait under half of it ([`Sandboxes::room_to_run`]).
+    memory_reserve_percent: u64,
 }
 
 impl Sandboxes {
@@ -127,6 +129,7 @@ impl Sandboxes {
         forks: Forks,
         ports: Arc<super::ports::Ports>,
         settings: &super::SandboxSection,
+        memory_reserve_percent: u64,
         root: &std::path::Path,
     ) -> anyhow::Result<Sandboxes> {
         let mut networks = BTreeMap::new();
@@ -156,7 +159,15 @@ impl Sandboxes {
             keys: Mutex::new(Keys::default()),
             made_keys: Mutex::new(Keys::default()),
             watch: Mutex::new(told::Watch::default()),
+            memory_reserve_percent,
         })
+    }
+
+    /// Ok unless the host is under half the memory reserve: a command or a process started
+    /// may grow its VM, and VMs admitted at the reserve must not grow into the OOM killer
+    /// (503 with `Retry-After` until memory comes back).
+    pub fn room_to_run(&self) -> ApiResult<()> {
+        crate::admission::step_room(self.memory_reserve_percent)
     }
 
     /// The caller's sandbox `id`; another's, or one that never was, is the same 404.

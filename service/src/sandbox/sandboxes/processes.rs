@@ -224,6 +224,7 @@ impl Sandboxes {
             ring_bytes,
             pty,
         };
+        self.room_to_run()?;
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
         match guest.spawn(program, background).await {

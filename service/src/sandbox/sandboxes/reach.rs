@@ -64,9 +64,11 @@ impl Sandboxes {
         self.ports.host_domain(&self.tenancy.sandbox_host_key(tenant, id))
     }
 
-    /// The guest behind an open port (409 while its sandbox is paused), and a guard that
-    /// keeps the sandbox from idling while the connection lasts.
+    /// The guest behind an open port (409 while its sandbox is paused; 503 under half the
+    /// memory reserve, as a command), and a guard that keeps the sandbox from idling while
+    /// the connection lasts.
     pub(crate) async fn port_guest(&self, id: &str) -> ApiResult<(Guest, impl Drop + Send + 'static)> {
+        self.room_to_run()?;
         let in_use = self.begin(id);
         Ok((self.guest(id).await?, in_use))
     }
