@@ -243,8 +243,7 @@ impl SandboxApi {
             workspaces.clone(),
             forks,
             ports.clone(),
-            settings,
-            serve.memory_reserve_percent,
+            serve,
             &dir,
         )?);
         tokio::spawn(listener::serve(

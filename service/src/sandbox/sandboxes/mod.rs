@@ -128,10 +128,10 @@ impl Sandboxes {
         workspaces: Arc<crate::workspaces::Workspaces>,
         forks: Forks,
         ports: Arc<super::ports::Ports>,
-        settings: &super::SandboxSection,
-        memory_reserve_percent: u64,
+        serve: &crate::ServeSection,
         root: &std::path::Path,
     ) -> anyhow::Result<Sandboxes> {
+        let settings = &serve.sandboxes;
         let mut networks = BTreeMap::new();
         for (name, network) in &settings.networks {
             let policy = network
@@ -159,7 +159,7 @@ impl Sandboxes {
             keys: Mutex::new(Keys::default()),
             made_keys: Mutex::new(Keys::default()),
             watch: Mutex::new(told::Watch::default()),
-            memory_reserve_percent,
+            memory_reserve_percent: serve.memory_reserve_percent,
         })
     }
 
