@@ -98,20 +98,16 @@ pub fn run(req: &ExecRequest, base_env: &[(String, String)], stdin: &[u8]) -> Re
     run_launch(&launch, stdin).map(|(output, _)| output)
 }
 
-/// Runs a command to its end (or its deadline); returns its output and its process id,
-/// which is also the id of its process group (and, for another user, of its session).
-pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentError> {
-    // A checker's command is looked up in its own view of the files (its hook runs first).
-    let look_up = launch.user.is_root() && !launch.checker_view;
+/// The command `launch` starts, ready to spawn (`look_up`: see [`command_for`]).
+fn build(launch: &Launch, look_up: bool) -> Result<Command, AgentError> {
     let mut command = command_for(launch.program, &launch.env, look_up).map_err(|message| AgentError {
         kind: ErrorKind::BadRequest,
         message,
     })?;
-    let cwd = &launch.cwd;
     command
         .env_clear()
         .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(cwd);
+        .current_dir(&launch.cwd);
     command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -133,9 +129,23 @@ pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentE
         command.uid(launch.user.uid).gid(launch.user.gid);
         sys::new_session_on_exec(&mut command);
     }
+    Ok(command)
+}
 
+/// Runs a command to its end (or its deadline); returns its output and its process id,
+/// which is also the id of its process group (and, for another user, of its session).
+pub fn run_launch(launch: &Launch, stdin: &[u8]) -> Result<(Output, u32), AgentError> {
+    // A checker's command is looked up in its own view of the files (its hook runs first).
+    let look_up = launch.user.is_root() && !launch.checker_view;
+    let cwd = &launch.cwd;
     let started = Instant::now();
-    let mut child = command.spawn().map_err(|e| {
+    // What the agent found on the PATH failed to start (a missing `#!` interpreter, a noexec
+    // mount, another architecture): std's own lookup then goes on as execvp would.
+    let mut child = match build(launch, look_up)?.spawn() {
+        Err(_) if look_up && matches!(launch.program, Program::Argv(_)) => build(launch, false)?.spawn(),
+        spawned => spawned,
+    }
+    .map_err(|e| {
         let what = match launch.program {
             Program::Argv(argv) => format!("{:?}", argv[0]),
             Program::Shell(_) => "/bin/sh".to_string(),
@@ -193,27 +203,35 @@ pub fn command_for(program: &Program, env: &[(String, String)], look_up: bool) -
 /// Where `execvp` finds the bare name `program` on `env`'s `PATH`: the first regular file
 /// with an execute bit that starts as a binary or a script does (one without `#!`, which
 /// `execvp` would hand to `/bin/sh`, is left to it, as is a `PATH` with an empty or relative
-/// entry, which depends on the command's folder). None: std looks it up as before.
+/// entry, which depends on the command's folder, or one under `/proc`, which depends on the
+/// process that looks). None: std looks it up. The file is opened without blocking and
+/// checked as opened (a FIFO swapped in holds nothing up). Should the path found fail to
+/// start, the caller falls back to std's lookup, which goes on along the `PATH` as `execvp`.
 fn on_path(program: &str, env: &[(String, String)]) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if program.is_empty() || program.contains('/') {
         return None;
     }
     let path = env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v)?;
     for dir in path.split(':') {
-        if !dir.starts_with('/') {
+        if !dir.starts_with('/') || dir == "/proc" || dir.starts_with("/proc/") {
             return None;
         }
         let candidate = std::path::Path::new(dir).join(program);
-        let Ok(meta) = std::fs::metadata(&candidate) else {
+        let Ok(mut file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits() | nix::fcntl::OFlag::O_NOCTTY.bits())
+            .open(&candidate)
+        else {
             continue;
         };
+        let Ok(meta) = file.metadata() else { continue };
         if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
             continue;
         }
         let mut head = [0u8; 4];
-        let starts_known = std::fs::File::open(&candidate)
-            .and_then(|mut f| f.read_exact(&mut head))
+        let starts_known = file
+            .read_exact(&mut head)
             .is_ok_and(|()| head == *b"\x7fELF" || head.starts_with(b"#!"));
         return starts_known.then_some(candidate);
     }
@@ -538,5 +556,40 @@ mod tests {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "bare\n");
         assert!(command_for(&Program::Argv(Vec::new()), &env, true).is_err());
+        let proc_path = vec![("PATH".to_string(), format!("/proc/self/cwd:{path}"))];
+        assert_eq!(on_path("tool", &proc_path), None, "/proc depends on who looks");
+    }
+
+    /// What the agent finds first may not start (its `#!` interpreter is missing): the
+    /// command then runs what execvp would, further along the PATH.
+    #[test]
+    fn a_found_program_that_cannot_start_falls_back_to_the_next_on_the_path() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::Uid::effective().is_root() {
+            return; // the agent's lookup is for root's commands
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (first, second) = (dir.path().join("a"), dir.path().join("b"));
+        for (d, body) in [
+            (&first, "#!/no/such/interpreter\n"),
+            (&second, "#!/bin/sh\necho second\n"),
+        ] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("tool"), body).unwrap();
+            std::fs::set_permissions(d.join("tool"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let program = Program::Argv(vec!["tool".into()]);
+        let launch = Launch {
+            program: &program,
+            cwd: "/".into(),
+            env: vec![("PATH".into(), format!("{}:{}", first.display(), second.display()))],
+            user: User::ROOT,
+            timeout_ms: Some(30_000),
+            stdout_cap: 1024,
+            stderr_cap: 1024,
+            checker_view: false,
+        };
+        let (out, _) = run_launch(&launch, b"").unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "second\n");
     }
 }

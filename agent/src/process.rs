@@ -268,7 +268,9 @@ impl Table {
         env.retain(|(k, _)| !spawn.env.contains_key(k));
         env.extend(spawn.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let cwd = spawn.cwd.clone().unwrap_or_else(|| "/".into());
-        let mut command = crate::exec::command_for(&spawn.program, &env, user.is_root()).map_err(refused)?;
+        // std's own lookup (a fork of the agent): a background process is not started often enough
+        // for the agent's lookup to pay for its fallback.
+        let mut command = crate::exec::command_for(&spawn.program, &env, false).map_err(refused)?;
         command.env_clear().envs(env).current_dir(&cwd);
         if !user.is_root() {
             command.uid(user.uid).gid(user.gid);

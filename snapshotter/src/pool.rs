@@ -181,14 +181,15 @@ impl PoolInner {
         let machine = self.forker.prepare(&self.snapshot).await?;
         if self.mode == PoolMode::Resumed {
             load_and_resume(&machine, &self.snapshot).await?;
-            self.warm(&machine).await?;
+            self.warm(&machine, true).await?;
         }
         Ok(machine)
     }
 
     /// Runs the pool's [`WarmUp`] once (what the take and a first command will run; measured
-    /// in bench/RESULTS.md).
-    async fn warm(&self, machine: &Machine) -> Result<(), ForkError> {
+    /// in bench/RESULTS.md). `identity`: its identity too (not for a machine whose take's
+    /// identity follows at once).
+    async fn warm(&self, machine: &Machine, identity: bool) -> Result<(), ForkError> {
         let mut runs = vec![vmm::ExecOptions::shell(self.warm_up.shell.clone())];
         if self.warm_up.argv {
             runs.push(vmm::ExecOptions::argv(&["true"]));
@@ -203,6 +204,9 @@ impl PoolInner {
                     snapshot: self.snapshot.id().to_string(),
                     source,
                 })?;
+        }
+        if !identity {
+            return Ok(());
         }
         // The take's identity replaces every part of this one (the same variables, the
         // hostname, the clock) and adds its own entropy, reseeding the guest's RNG.
@@ -231,10 +235,10 @@ impl PoolInner {
         }
     }
 
-    /// A spare, reset when it was not yet, and resumed; `warm`: and warmed (to be kept ready:
-    /// the warm-up's first command after the reset takes the cost of the pages it touches,
-    /// which the first user's command would otherwise pay).
-    async fn resume_spare(&self, mut spare: Spare, warm: bool) -> Result<Machine, ForkError> {
+    /// A spare, reset when it was not yet, resumed and warmed (the warm-up's first command
+    /// after the reset takes the cost of the pages it touches, which the first user's command
+    /// would otherwise pay); `kept`: to be kept ready, so its warm-up includes an identity.
+    async fn resume_spare(&self, mut spare: Spare, kept: bool) -> Result<Machine, ForkError> {
         let outcome = async {
             if !spare.clean {
                 self.clean(&mut spare.machine).await?;
@@ -243,10 +247,7 @@ impl PoolInner {
                 snapshot: self.snapshot.id().to_string(),
                 source,
             })?;
-            if warm {
-                self.warm(&spare.machine).await?;
-            }
-            Ok(())
+            self.warm(&spare.machine, kept).await
         }
         .await;
         match outcome {
@@ -516,7 +517,7 @@ impl WarmPool {
             (None, _) => {
                 let mut reset_error = None;
                 if let Some(spare) = owner.and_then(|o| inner.take_spare(Some(o))) {
-                    match inner.resume_spare(spare, true).await {
+                    match inner.resume_spare(spare, false).await {
                         Ok(machine) => {
                             let mut fork = apply_identity(machine, &inner.snapshot, identity).await?;
                             fork.start = Start::Reset;

@@ -88,11 +88,13 @@ async fn refuse(stream: &mut tokio::net::TcpStream, status: u16, reason: &str) {
         401 => "Unauthorized",
         409 => "Conflict",
         502 => "Bad Gateway",
+        503 => "Service Unavailable",
         _ => "Not Found",
     };
+    let retry = if status == 503 { "Retry-After: 5\r\n" } else { "" };
     let body = format!("farm: {reason}\n");
     let answer = format!(
-        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\n{retry}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = stream.write_all(answer.as_bytes()).await;
@@ -142,6 +144,11 @@ async fn connection(mut stream: tokio::net::TcpStream, sandboxes: &Sandboxes, ho
     // In use while the connection lasts: a page open in a browser keeps its sandbox.
     let (guest, _in_use) = match sandboxes.port_guest(&sandbox).await {
         Ok(found) => found,
+        // The host's memory figures are not for whoever holds a port's link.
+        Err(e) if e.kind == crate::error::ErrorKind::Unavailable => {
+            let why = "the host is short of memory; new connections wait until it comes back";
+            return refuse(&mut stream, 503, why).await;
+        }
         Err(e) => return refuse(&mut stream, e.kind.http_status(), &e.message).await,
     };
     let upstream = match guest.connect(port).await {

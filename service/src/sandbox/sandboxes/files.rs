@@ -48,6 +48,7 @@ impl Sandboxes {
     /// `PUT /v1/sandboxes/{id}/files`.
     pub async fn write_file(&self, id: &SandboxId, path: &str, mode: u32, bytes: Vec<u8>) -> ApiResult<FileWritten> {
         check_path(path)?;
+        self.room_to_run()?;
         let _in_use = self.begin(id);
         let len = bytes.len();
         let guest = self.guest(id).await?;
@@ -104,6 +105,7 @@ impl Sandboxes {
     /// `PUT /v1/sandboxes/{id}/folders`: a tar archive unpacked in the guest under `path`.
     pub async fn write_folder(&self, id: &SandboxId, path: &str, archive: Vec<u8>) -> ApiResult<FileWritten> {
         check_path(path)?;
+        self.room_to_run()?;
         let _in_use = self.begin(id);
         let len = archive.len();
         let guest = self.guest(id).await?;

@@ -305,6 +305,10 @@ impl Sandboxes {
     /// took. A process that does not read takes what its pipe holds and no more, and the
     /// rest is not written (the caller is told, and may write it again).
     pub async fn write_raw(&self, id: &SandboxId, pid: u32, bytes: Vec<u8>, close: bool) -> ApiResult<u64> {
+        // Keys typed into a shell are commands too (a close is not).
+        if !bytes.is_empty() {
+            self.room_to_run()?;
+        }
         let _in_use = self.begin(id);
         let guest = self.guest(id).await?;
         match guest.write_stdin(pid, bytes, close).await {
