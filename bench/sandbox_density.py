@@ -11,24 +11,10 @@ import time
 
 import requests
 
+from sandboxes import qemu_pids
 from serve_density import meminfo, stats, tree_ticks
 
 PORT = 8000
-
-
-def qemu_pids(run_dir):
-    """Live QEMU processes with a file under run_dir open."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if b"qemu-system" not in open(f"/proc/{pid}/cmdline", "rb").read():
-                continue
-            fds = os.listdir(f"/proc/{pid}/fd")
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(run_dir) for fd in fds):
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def pss_mib(pid):

@@ -79,19 +79,24 @@ def latency(url, n, label):
     }))
 
 
-def qemu_of(run_dir):
+def qemu_pids(run_dir):
     """Live QEMU processes with a file under run_dir open."""
-    found = 0
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if b"qemu-system" not in open(f"/proc/{pid}/cmdline", "rb").read():
                 continue
             fds = os.listdir(f"/proc/{pid}/fd")
             if any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(run_dir) for fd in fds):
-                found += 1
+                found.append(int(pid))
         except OSError:
             continue
     return found
+
+
+def qemu_of(run_dir):
+    """How many live QEMU processes have a file under run_dir open."""
+    return len(qemu_pids(run_dir))
 
 
 def mem_available_mib():

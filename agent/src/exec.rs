@@ -528,33 +528,28 @@ mod tests {
         );
         assert_eq!(on_path("tool", &[]), None, "no PATH: std's lookup");
 
-        let argv = Program::Argv(vec!["tool".into(), "x".into()]);
-        let out = command_for(&argv, &env, true)
-            .unwrap()
-            .env_clear()
-            .env("PATH", &path)
-            .output()
-            .unwrap();
+        let run = |argv: &[&str]| {
+            let argv = Program::Argv(argv.iter().map(|a| a.to_string()).collect());
+            command_for(&argv, &env, true)
+                .unwrap()
+                .env_clear()
+                .env("PATH", &path)
+                .output()
+                .unwrap()
+        };
         // A script's $0 is the path it was found at, as with execvp.
         let found = format!("{} second\n", second.join("tool").display());
-        assert_eq!(String::from_utf8_lossy(&out.stdout), found);
+        assert_eq!(String::from_utf8_lossy(&run(&["tool", "x"]).stdout), found);
         // A binary's argv[0] stays the name given (ls names itself by it in its errors).
         std::os::unix::fs::symlink("/bin/ls", second.join("myls")).unwrap();
-        let argv = Program::Argv(vec!["myls".into(), "--no-such-flag".into()]);
-        let out = command_for(&argv, &env, true)
-            .unwrap()
-            .env_clear()
-            .env("PATH", &path)
-            .output()
-            .unwrap();
+        let out = run(&["myls", "--no-such-flag"]);
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("myls:"), "{out:?}");
-        let out = command_for(&Program::Argv(vec!["bare".into()]), &env, true)
-            .unwrap()
-            .env_clear()
-            .env("PATH", &path)
-            .output()
-            .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "bare\n");
+        assert_eq!(String::from_utf8_lossy(&run(&["bare"]).stdout), "bare\n");
+        // A FIFO named as the program, first on the PATH (an open for reading would wait for
+        // a writer): passed over at once.
+        nix::unistd::mkfifo(&first.join("piped"), nix::sys::stat::Mode::from_bits_truncate(0o755)).unwrap();
+        put(second.join("piped"), b"#!/bin/sh\necho piped\n", 0o755);
+        assert_eq!(on_path("piped", &env), Some(second.join("piped")));
         assert!(command_for(&Program::Argv(Vec::new()), &env, true).is_err());
         let proc_path = vec![("PATH".to_string(), format!("/proc/self/cwd:{path}"))];
         assert_eq!(on_path("tool", &proc_path), None, "/proc depends on who looks");
