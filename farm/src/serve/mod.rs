@@ -29,6 +29,7 @@ pub mod routes;
 mod sandbox_routes;
 mod strict;
 mod tenancy;
+mod unread;
 mod workspace_routes;
 
 use std::net::SocketAddr;

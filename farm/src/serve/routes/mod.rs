@@ -254,6 +254,7 @@ pub(super) fn router(service: std::sync::Arc<service::state::Service>) -> Router
         .layer(axum::Extension(std::sync::Arc::new(
             super::e2b::watch::Watchers::default(),
         )))
+        .layer(axum::middleware::from_fn(super::unread::close_unread))
         .with_state(app)
 }
 
