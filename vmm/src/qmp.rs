@@ -1,5 +1,5 @@
-//! A small asynchronous QMP client: greeting, capabilities negotiation, one command at a
-//! time, events skipped.
+//! A small asynchronous QMP client: greeting, capabilities negotiation, a command or a few
+//! sent together, and events kept for whoever waits for one.
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -85,6 +85,58 @@ impl Qmp {
         self.answer(command).await
     }
 
+    /// Runs commands sent together: one round trip for all of them (QEMU answers a monitor's
+    /// commands in the order they came). Every answer is read, even after a refusal, so the
+    /// connection stays in step; the first refusal is the error. Nothing that carries a
+    /// descriptor goes in a batch ([`Qmp::pass_fd`] waits for its answer alone).
+    pub async fn execute_all(&mut self, commands: &[(&str, Option<Value>)]) -> Result<Vec<Value>, QmpError> {
+        let mut bytes = Vec::new();
+        for (command, arguments) in commands {
+            bytes.extend(request_bytes(command, arguments.clone()));
+        }
+        self.writer.write_all(&bytes).await?;
+        let mut answers = Vec::with_capacity(commands.len());
+        let mut refused = None;
+        for (command, _) in commands {
+            match self.answer(command).await {
+                Ok(answer) => answers.push(answer),
+                Err(e @ QmpError::Command { .. }) => {
+                    refused.get_or_insert(e);
+                    answers.push(Value::Null);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        refused.map_or(Ok(answers), Err)
+    }
+
+    /// Waits for the first event that `matches`, and takes it from [`Qmp::events`] (one that
+    /// came while an answer was awaited counts). No command may be in flight.
+    pub async fn wait_event(&mut self, matches: impl Fn(&Value) -> bool) -> Result<Value, QmpError> {
+        if let Some(at) = self.events.iter().position(&matches) {
+            return Ok(self.events.remove(at));
+        }
+        loop {
+            let message = self.read_message().await?;
+            if message.get("event").is_none() {
+                return Err(QmpError::BadJson(format!(
+                    "an answer while no command was in flight: {message}"
+                )));
+            }
+            if matches(&message) {
+                return Ok(message);
+            }
+            self.keep(message);
+        }
+    }
+
+    fn keep(&mut self, event: Value) {
+        if self.events.len() >= 64 {
+            self.events.remove(0);
+        }
+        self.events.push(event);
+    }
+
     /// Hands QEMU a descriptor under `name` (`getfd`): the descriptor travels as
     /// SCM_RIGHTS with the command's first byte.
     pub async fn pass_fd(&mut self, name: &str, fd: std::os::fd::OwnedFd) -> Result<(), QmpError> {
@@ -115,10 +167,7 @@ impl Qmp {
         loop {
             let message = self.read_message().await?;
             if message.get("event").is_some() {
-                if self.events.len() >= 64 {
-                    self.events.remove(0);
-                }
-                self.events.push(message);
+                self.keep(message);
                 continue;
             }
             if let Some(ret) = message.get("return") {
@@ -133,5 +182,88 @@ impl Qmp {
             }
             return Err(QmpError::BadJson(format!("unexpected QMP message {message}")));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncBufReadExt;
+
+    /// A QMP peer that answers each command line with the next scripted lines.
+    async fn peer(stream: UnixStream, script: Vec<Vec<&'static str>>) -> Vec<String> {
+        let (read, mut write) = stream.into_split();
+        write.write_all(b"{\"QMP\": {}}\n").await.unwrap();
+        let mut lines = BufReader::new(read).lines();
+        let mut seen = Vec::new();
+        // The capabilities' answer, then the script.
+        for answers in std::iter::once(vec!["{\"return\": {}}"]).chain(script) {
+            let Some(line) = lines.next_line().await.unwrap() else {
+                break;
+            };
+            seen.push(line);
+            for answer in answers {
+                write.write_all(format!("{answer}\n").as_bytes()).await.unwrap();
+            }
+        }
+        seen
+    }
+
+    #[tokio::test]
+    async fn a_batch_reads_every_answer_after_a_refusal_and_an_awaited_event_may_come_first() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let script = vec![
+            vec![
+                r#"{"event": "JOB_STATUS_CHANGE", "data": {"id": "j", "status": "running"}}"#,
+                r#"{"return": 1}"#,
+            ],
+            vec![r#"{"error": {"class": "GenericError", "desc": "no"}}"#],
+            vec![
+                r#"{"event": "JOB_STATUS_CHANGE", "data": {"id": "j", "status": "concluded"}}"#,
+                r#"{"return": 3}"#,
+            ],
+            vec![r#"{"return": 4}"#],
+        ];
+        let peer = tokio::spawn(peer(theirs, script));
+        let mut qmp = Qmp::handshake(ours).await.unwrap();
+        let refused = qmp
+            .execute_all(&[("one", None), ("two", Some(json!({"x": 1}))), ("three", None)])
+            .await;
+        assert!(
+            matches!(&refused, Err(QmpError::Command { command, desc, .. }) if command == "two" && desc == "no"),
+            "{refused:?}"
+        );
+        // The connection is in step: the next answer is the fourth command's.
+        assert_eq!(qmp.execute("four", None).await.unwrap(), json!(4));
+        // The event came while answers were read; it is found, and taken.
+        let concluded = |e: &Value| e.pointer("/data/status").and_then(Value::as_str) == Some("concluded");
+        let event = qmp.wait_event(concluded).await.unwrap();
+        assert_eq!(event["data"]["id"], "j");
+        assert_eq!(qmp.events.len(), 1, "the other event stays: {:?}", qmp.events);
+        drop(qmp);
+        let seen = peer.await.unwrap();
+        assert_eq!(seen.len(), 5, "{seen:?}");
+        assert!(seen[2].contains("\"two\"") && seen[2].contains("\"x\":1"), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn waiting_for_an_event_reads_until_it_comes_and_keeps_the_others() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let script = vec![vec![
+            r#"{"return": {}}"#,
+            r#"{"event": "STOP"}"#,
+            r#"{"event": "JOB_STATUS_CHANGE", "data": {"id": "k", "status": "concluded"}}"#,
+        ]];
+        let peer = tokio::spawn(peer(theirs, script));
+        let mut qmp = Qmp::handshake(ours).await.unwrap();
+        qmp.execute("go", None).await.unwrap();
+        let event = qmp
+            .wait_event(|e| e.pointer("/data/id").and_then(Value::as_str) == Some("k"))
+            .await
+            .unwrap();
+        assert_eq!(event["data"]["status"], "concluded");
+        assert_eq!(qmp.events, vec![json!({"event": "STOP"})]);
+        drop(qmp);
+        peer.await.unwrap();
     }
 }

@@ -126,11 +126,13 @@ impl Machine {
     }
 
     pub(super) async fn set_ignore_shared(&self, on: bool) -> Result<(), MachineError> {
-        self.qmp(
-            "migrate-set-capabilities",
-            Some(json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": on } ] })),
-        )
-        .await
-        .map(|_| ())
+        self.qmp(IGNORE_SHARED, Some(ignore_shared(on))).await.map(|_| ())
     }
+}
+
+/// The QMP command that sets `x-ignore-shared`, and its arguments.
+pub(super) const IGNORE_SHARED: &str = "migrate-set-capabilities";
+
+pub(super) fn ignore_shared(on: bool) -> serde_json::Value {
+    json!({ "capabilities": [ { "capability": "x-ignore-shared", "state": on } ] })
 }

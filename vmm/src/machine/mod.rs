@@ -457,6 +457,18 @@ impl Machine {
             })
     }
 
+    /// Runs QMP commands sent together, one round trip for all ([`crate::qmp::Qmp::execute_all`]).
+    pub async fn qmp_all(
+        &self,
+        commands: &[(&str, Option<serde_json::Value>)],
+    ) -> Result<Vec<serde_json::Value>, MachineError> {
+        let mut qmp = self.qmp.lock().await;
+        qmp.execute_all(commands).await.map_err(|source| MachineError::Qmp {
+            what: commands.iter().map(|(c, _)| *c).collect::<Vec<_>>().join(", "),
+            source,
+        })
+    }
+
     /// Asks QEMU to quit and waits for it; kills it if it does not go within a second.
     pub async fn shutdown(mut self) {
         let quit = tokio::time::timeout(Duration::from_secs(1), self.qmp("quit", None)).await;

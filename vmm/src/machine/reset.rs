@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::migration::{ignore_shared, IGNORE_SHARED};
 use super::{io_err, to_tokio, Machine, MachineError};
 use crate::agent::{AgentClient, DEFAULT_MAX_RESPONSE_BYTES};
 use crate::qemu::DISK_NODE;
@@ -105,10 +106,16 @@ impl Machine {
         let (net_host, net_child) = UnixStream::pair().map_err(io_err("creating the network socket pair"))?;
         // The console too: its log is the next user's, not a record of the last one's.
         let (console_host, console_child) = UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
-        self.change_chardev("agent", agent_child).await?;
-        self.change_chardev("net", net_child).await?;
-        self.change_chardev("console", console_child).await?;
-        self.qmp("stop", None).await?;
+        // Each descriptor goes alone (it travels with its command's bytes); the swaps and the
+        // stop then go together.
+        let mut commands = Vec::new();
+        for (id, socket) in [("agent", agent_child), ("net", net_child), ("console", console_child)] {
+            let name = format!("farm-{id}");
+            self.pass_fd(&name, socket.into()).await?;
+            commands.push(("chardev-change", Some(chardev_socket(id, &name))));
+        }
+        commands.push(("stop", None));
+        self.qmp_all(&commands).await?;
         let stop_and_channels = started.elapsed();
         let ram_started = Instant::now();
         if !self.spec.selective_reset {
@@ -145,25 +152,10 @@ impl Machine {
         })
     }
 
-    async fn change_chardev(&self, id: &str, socket: UnixStream) -> Result<(), MachineError> {
-        let name = format!("farm-{id}");
-        self.pass_fd(&name, socket.into()).await?;
-        self.qmp(
-            "chardev-change",
-            Some(json!({
-                "id": id,
-                "backend": { "type": "socket", "data": {
-                    "addr": { "type": "fd", "data": { "str": name } },
-                    "server": false,
-                } },
-            })),
-        )
-        .await
-        .map(|_| ())
-    }
-
-    /// Runs `snapshot-save` or `snapshot-load` of the reset point as a QMP job and waits for
-    /// it, then dismisses it.
+    /// Runs `snapshot-save`, `snapshot-load` or `snapshot-delete` of the reset point as a QMP
+    /// job, waits for QEMU's event that it concluded, then reads its outcome and dismisses it:
+    /// three round trips (the state capability and the command go together, the outcome and
+    /// the dismissal too).
     async fn run_snapshot_job(&self, command: &str) -> Result<(), MachineError> {
         let job = format!(
             "{command}-{}",
@@ -180,37 +172,64 @@ impl Machine {
         // The state leaves the RAM out (QEMU takes it for shared), on the way in as on the way
         // out: a branch's migration turns the capability off in between, and a load without
         // it refuses the stream.
-        self.set_ignore_shared(true).await?;
-        self.qmp(command, Some(arguments)).await?;
-        let started = Instant::now();
-        let outcome = loop {
-            let jobs = self.qmp("query-jobs", None).await?;
-            let ours = jobs
-                .as_array()
-                .and_then(|all| {
-                    all.iter()
-                        .find(|j| j.get("id").and_then(|v| v.as_str()) == Some(job.as_str()))
-                })
-                .cloned();
-            let Some(ours) = ours else {
-                break Err(format!("QEMU has no job {job}"));
-            };
-            if ours.get("status").and_then(|s| s.as_str()) == Some("concluded") {
-                break match ours.get("error").and_then(|e| e.as_str()) {
-                    Some(error) => Err(error.to_string()),
-                    None => Ok(()),
-                };
-            }
-            if started.elapsed() > Duration::from_secs(120) {
-                break Err("did not finish within 120 s".into());
-            }
-            tokio::time::sleep(Duration::from_micros(500)).await;
+        self.qmp_all(&[(IGNORE_SHARED, Some(ignore_shared(true))), (command, Some(arguments))])
+            .await?;
+        let concluded = |event: &serde_json::Value| {
+            event.get("event").and_then(|e| e.as_str()) == Some("JOB_STATUS_CHANGE")
+                && event.pointer("/data/id").and_then(|i| i.as_str()) == Some(job.as_str())
+                && event.pointer("/data/status").and_then(|s| s.as_str()) == Some("concluded")
         };
-        let _ = self.qmp("job-dismiss", Some(json!({ "id": job }))).await;
+        let waited = {
+            let mut qmp = self.qmp.lock().await;
+            // A job that never concludes leaves this machine unusable: its caller drops it
+            // (a reset that fails forks instead), so a wait cut off mid-message does no harm.
+            tokio::time::timeout(Duration::from_secs(120), qmp.wait_event(concluded)).await
+        };
+        let outcome = match waited {
+            Err(_) => Err("did not finish within 120 s".to_string()),
+            Ok(Err(source)) => {
+                return Err(MachineError::Qmp {
+                    what: format!("{command} (waiting for it to conclude)"),
+                    source,
+                })
+            }
+            Ok(Ok(_)) => {
+                let answers = self
+                    .qmp_all(&[("query-jobs", None), ("job-dismiss", Some(json!({ "id": job })))])
+                    .await?;
+                job_outcome(&answers[0], &job)
+            }
+        };
         outcome.map_err(|detail| MachineError::Migration {
             what: command.to_string(),
             detail,
         })
+    }
+}
+
+/// QMP `chardev-change`'s arguments: the chardev `id` becomes a client socket on the
+/// descriptor passed as `name`.
+fn chardev_socket(id: &str, name: &str) -> serde_json::Value {
+    json!({
+        "id": id,
+        "backend": { "type": "socket", "data": {
+            "addr": { "type": "fd", "data": { "str": name } },
+            "server": false,
+        } },
+    })
+}
+
+/// A concluded job's outcome in `query-jobs`' answer: its error, if it has one.
+fn job_outcome(jobs: &serde_json::Value, job: &str) -> Result<(), String> {
+    let ours = jobs
+        .as_array()
+        .and_then(|all| all.iter().find(|j| j.get("id").and_then(|v| v.as_str()) == Some(job)));
+    match ours {
+        None => Err(format!("QEMU has no job {job}")),
+        Some(ours) => match ours.get("error").and_then(|e| e.as_str()) {
+            Some(error) => Err(error.to_string()),
+            None => Ok(()),
+        },
     }
 }
 
