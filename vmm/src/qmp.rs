@@ -17,6 +17,10 @@ pub enum QmpError {
     Io(#[from] std::io::Error),
     #[error("QMP sent something that is not JSON: {0}")]
     BadJson(String),
+    #[error("an earlier QMP exchange was cut off midway: the connection is out of step")]
+    OutOfStep,
+    #[error("{0} QMP commands sent together: at most {MAX_BATCH} (QEMU queues no more)")]
+    Batch(usize),
     #[error("QMP command {command} failed: {class}: {desc}")]
     Command {
         command: String,
@@ -35,11 +39,18 @@ fn request_bytes(command: &str, arguments: Option<Value>) -> Vec<u8> {
     bytes
 }
 
+/// Most commands [`Qmp::execute_all`] sends together: QEMU's monitor queues 8.
+pub const MAX_BATCH: usize = 8;
+
 pub struct Qmp {
     reader: BufReader<OwnedReadHalf>,
     writer: OwnedWriteHalf,
     /// Events received while waiting for command answers, newest last (bounded).
     pub events: Vec<Value>,
+    /// An exchange began and has not ended: if its caller dropped it midway (a timeout), a
+    /// line may be half read or a command half sent, and every later exchange fails
+    /// ([`QmpError::OutOfStep`]) instead of taking another's answer.
+    busy: bool,
 }
 
 impl Qmp {
@@ -50,6 +61,7 @@ impl Qmp {
             reader: BufReader::new(read),
             writer: write,
             events: Vec::new(),
+            busy: false,
         };
         let greeting = qmp.read_message().await?;
         if greeting.get("QMP").is_none() {
@@ -78,36 +90,69 @@ impl Qmp {
         }
     }
 
+    fn begin(&mut self) -> Result<(), QmpError> {
+        if self.busy {
+            return Err(QmpError::OutOfStep);
+        }
+        self.busy = true;
+        Ok(())
+    }
+
+    /// Ends an exchange that ran to its end (answered, or refused: still in step).
+    fn end<T>(&mut self, result: Result<T, QmpError>) -> Result<T, QmpError> {
+        if matches!(result, Ok(_) | Err(QmpError::Command { .. })) {
+            self.busy = false;
+        }
+        result
+    }
+
     /// Runs one command and returns its `return` value.
     pub async fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
+        self.begin()?;
         let bytes = request_bytes(command, arguments);
-        self.writer.write_all(&bytes).await?;
-        self.answer(command).await
+        let result = match self.writer.write_all(&bytes).await {
+            Ok(()) => self.answer(command).await,
+            Err(e) => Err(e.into()),
+        };
+        self.end(result)
     }
 
     /// Runs commands sent together: one round trip for all of them (QEMU answers a monitor's
-    /// commands in the order they came). Every answer is read, even after a refusal, so the
-    /// connection stays in step; the first refusal is the error. Nothing that carries a
+    /// commands in the order they came), at most [`MAX_BATCH`]. Each command's answer or
+    /// refusal comes back in its place; every answer is read, so the connection stays in
+    /// step. QEMU runs every command of a batch whatever became of the ones before it: only
+    /// commands that do not depend on each other go together. Nothing that carries a
     /// descriptor goes in a batch ([`Qmp::pass_fd`] waits for its answer alone).
-    pub async fn execute_all(&mut self, commands: &[(&str, Option<Value>)]) -> Result<Vec<Value>, QmpError> {
+    pub async fn execute_all(
+        &mut self,
+        commands: &[(&str, Option<Value>)],
+    ) -> Result<Vec<Result<Value, QmpError>>, QmpError> {
+        if commands.len() > MAX_BATCH {
+            return Err(QmpError::Batch(commands.len()));
+        }
+        self.begin()?;
+        let result = self.send_all(commands).await;
+        let in_step = result.is_ok();
+        if in_step {
+            self.busy = false;
+        }
+        result
+    }
+
+    async fn send_all(&mut self, commands: &[(&str, Option<Value>)]) -> Result<Vec<Result<Value, QmpError>>, QmpError> {
         let mut bytes = Vec::new();
         for (command, arguments) in commands {
             bytes.extend(request_bytes(command, arguments.clone()));
         }
         self.writer.write_all(&bytes).await?;
         let mut answers = Vec::with_capacity(commands.len());
-        let mut refused = None;
         for (command, _) in commands {
             match self.answer(command).await {
-                Ok(answer) => answers.push(answer),
-                Err(e @ QmpError::Command { .. }) => {
-                    refused.get_or_insert(e);
-                    answers.push(Value::Null);
-                }
-                Err(e) => return Err(e),
+                Err(e) if !matches!(e, QmpError::Command { .. }) => return Err(e),
+                answer => answers.push(answer),
             }
         }
-        refused.map_or(Ok(answers), Err)
+        Ok(answers)
     }
 
     /// Waits for the first event that `matches`, and takes it from [`Qmp::events`] (one that
@@ -116,18 +161,26 @@ impl Qmp {
         if let Some(at) = self.events.iter().position(&matches) {
             return Ok(self.events.remove(at));
         }
-        loop {
-            let message = self.read_message().await?;
+        self.begin()?;
+        let result = loop {
+            let message = match self.read_message().await {
+                Ok(message) => message,
+                Err(e) => break Err(e),
+            };
             if message.get("event").is_none() {
-                return Err(QmpError::BadJson(format!(
+                break Err(QmpError::BadJson(format!(
                     "an answer while no command was in flight: {message}"
                 )));
             }
             if matches(&message) {
-                return Ok(message);
+                break Ok(message);
             }
             self.keep(message);
+        };
+        if result.is_ok() {
+            self.busy = false;
         }
+        result
     }
 
     fn keep(&mut self, event: Value) {
@@ -140,6 +193,12 @@ impl Qmp {
     /// Hands QEMU a descriptor under `name` (`getfd`): the descriptor travels as
     /// SCM_RIGHTS with the command's first byte.
     pub async fn pass_fd(&mut self, name: &str, fd: std::os::fd::OwnedFd) -> Result<(), QmpError> {
+        self.begin()?;
+        let result = self.send_fd(name, fd).await;
+        self.end(result)
+    }
+
+    async fn send_fd(&mut self, name: &str, fd: std::os::fd::OwnedFd) -> Result<(), QmpError> {
         use std::os::fd::AsRawFd;
         let bytes = request_bytes("getfd", Some(json!({ "fdname": name })));
         let socket = self.writer.as_ref();
@@ -226,13 +285,16 @@ mod tests {
         ];
         let peer = tokio::spawn(peer(theirs, script));
         let mut qmp = Qmp::handshake(ours).await.unwrap();
-        let refused = qmp
+        let answers = qmp
             .execute_all(&[("one", None), ("two", Some(json!({"x": 1}))), ("three", None)])
-            .await;
+            .await
+            .unwrap();
+        assert_eq!(answers[0].as_ref().unwrap(), &json!(1));
         assert!(
-            matches!(&refused, Err(QmpError::Command { command, desc, .. }) if command == "two" && desc == "no"),
-            "{refused:?}"
+            matches!(&answers[1], Err(QmpError::Command { command, desc, .. }) if command == "two" && desc == "no"),
+            "{answers:?}"
         );
+        assert_eq!(answers[2].as_ref().unwrap(), &json!(3));
         // The connection is in step: the next answer is the fourth command's.
         assert_eq!(qmp.execute("four", None).await.unwrap(), json!(4));
         // The event came while answers were read; it is found, and taken.
@@ -264,6 +326,36 @@ mod tests {
         assert_eq!(event["data"]["status"], "concluded");
         assert_eq!(qmp.events, vec![json!({"event": "STOP"})]);
         drop(qmp);
+        peer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_exchange_cut_off_midway_fails_every_later_one_instead_of_taking_its_answer() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        // The peer answers the capabilities, then takes the next command and answers late.
+        let peer = tokio::spawn(async move {
+            let (read, mut write) = theirs.into_split();
+            write.write_all(b"{\"QMP\": {}}\n").await.unwrap();
+            let mut lines = BufReader::new(read).lines();
+            lines.next_line().await.unwrap();
+            write.write_all(b"{\"return\": {}}\n").await.unwrap();
+            lines.next_line().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let _ = write.write_all(b"{\"return\": \"late\"}\n").await;
+        });
+        let mut qmp = Qmp::handshake(ours).await.unwrap();
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(50), qmp.execute("slow", None)).await;
+        assert!(cut.is_err(), "the slow command answered in time: {cut:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        // Its late answer must not become the next command's.
+        assert!(matches!(qmp.execute("next", None).await, Err(QmpError::OutOfStep)));
+        assert!(matches!(
+            qmp.execute_all(&[("a", None)]).await,
+            Err(QmpError::OutOfStep)
+        ));
+        assert!(matches!(qmp.wait_event(|_| true).await, Err(QmpError::OutOfStep)));
+        let too_many: Vec<(&str, Option<Value>)> = (0..=MAX_BATCH).map(|_| ("x", None)).collect();
+        assert!(matches!(qmp.execute_all(&too_many).await, Err(QmpError::Batch(9))));
         peer.await.unwrap();
     }
 }

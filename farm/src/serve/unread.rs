@@ -31,7 +31,11 @@ pub(super) async fn close_unread(request: Request, next: Next) -> Response {
     let flag = read.clone();
     let request = request.map(move |inner| Body::new(Tracked { inner, read: flag }));
     let mut response = next.run(request).await;
-    if !read.load(Ordering::Acquire) {
+    // A switch of protocols (101) and an answer that already says what becomes of the
+    // connection are left as they are.
+    let decided = response.status() == axum::http::StatusCode::SWITCHING_PROTOCOLS
+        || response.headers().contains_key(header::CONNECTION);
+    if !decided && !read.load(Ordering::Acquire) {
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -109,6 +113,10 @@ mod tests {
                 "/read",
                 post(|body: Bytes| async move { format!("{} bytes", body.len()) }),
             )
+            .route(
+                "/decided",
+                post(|| async { ([(header::CONNECTION, "keep-alive")], "decided") }),
+            )
             .layer(axum::middleware::from_fn(close_unread));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -135,6 +143,14 @@ mod tests {
             assert!(read.starts_with("HTTP/1.1 200") && read.ends_with("3 bytes"), "{read}");
             assert!(!read.to_ascii_lowercase().contains("connection: close"), "{read}");
         }
+        // A chunked body read to its end: keep-alive too.
+        stream
+            .write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n")
+            .await
+            .unwrap();
+        let chunked = answer(&mut stream).await;
+        assert!(chunked.ends_with("2 bytes"), "{chunked}");
+        assert!(!chunked.to_ascii_lowercase().contains("connection: close"), "{chunked}");
         // No body at all: nothing to close for.
         stream
             .write_all(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
@@ -142,5 +158,17 @@ mod tests {
             .unwrap();
         let empty = answer(&mut stream).await;
         assert!(!empty.to_ascii_lowercase().contains("connection: close"), "{empty}");
+
+        // An answer that decides the connection itself keeps its own word.
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"POST /decided HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n")
+            .await
+            .unwrap();
+        let own = answer(&mut stream).await.to_ascii_lowercase();
+        assert!(
+            own.contains("connection: keep-alive") && !own.contains("connection: close"),
+            "{own}"
+        );
     }
 }

@@ -457,16 +457,29 @@ impl Machine {
             })
     }
 
-    /// Runs QMP commands sent together, one round trip for all ([`crate::qmp::Qmp::execute_all`]).
+    /// Runs QMP commands sent together, one round trip for all
+    /// ([`crate::qmp::Qmp::execute_all`]): each command's answer in its place, or the first
+    /// refusal as the error (QEMU ran the others all the same).
     pub async fn qmp_all(
         &self,
         commands: &[(&str, Option<serde_json::Value>)],
     ) -> Result<Vec<serde_json::Value>, MachineError> {
-        let mut qmp = self.qmp.lock().await;
-        qmp.execute_all(commands).await.map_err(|source| MachineError::Qmp {
-            what: commands.iter().map(|(c, _)| *c).collect::<Vec<_>>().join(", "),
-            source,
-        })
+        let answers = {
+            let mut qmp = self.qmp.lock().await;
+            qmp.execute_all(commands).await
+        };
+        let what = || commands.iter().map(|(c, _)| *c).collect::<Vec<_>>().join(", ");
+        let answers = answers.map_err(|source| MachineError::Qmp { what: what(), source })?;
+        answers
+            .into_iter()
+            .zip(commands)
+            .map(|(answer, (command, _))| {
+                answer.map_err(|source| MachineError::Qmp {
+                    what: command.to_string(),
+                    source,
+                })
+            })
+            .collect()
     }
 
     /// Asks QEMU to quit and waits for it; kills it if it does not go within a second.

@@ -37,7 +37,7 @@ const RESET_TAG: &str = "farm-reset";
 /// Where the time of one reset went.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ResetTimings {
-    /// QMP `stop` and the two new channels.
+    /// QMP `stop` and the three new channels.
     pub stop_and_channels: Duration,
     /// Dropping the private RAM pages (in the RAM shim).
     pub ram: Duration,
@@ -107,7 +107,8 @@ impl Machine {
         // The console too: its log is the next user's, not a record of the last one's.
         let (console_host, console_child) = UnixStream::pair().map_err(io_err("creating the console socket pair"))?;
         // Each descriptor goes alone (it travels with its command's bytes); the swaps and the
-        // stop then go together.
+        // stop then go together (a refused swap fails the reset, with the VM stopped all the
+        // same).
         let mut commands = Vec::new();
         for (id, socket) in [("agent", agent_child), ("net", net_child), ("console", console_child)] {
             let name = format!("farm-{id}");
@@ -153,9 +154,9 @@ impl Machine {
     }
 
     /// Runs `snapshot-save`, `snapshot-load` or `snapshot-delete` of the reset point as a QMP
-    /// job, waits for QEMU's event that it concluded, then reads its outcome and dismisses it:
-    /// three round trips (the state capability and the command go together, the outcome and
-    /// the dismissal too).
+    /// job, waits for QEMU's event that it concluded, then reads its outcome and dismisses it
+    /// (those two together: the outcome is read first, and a refused dismissal does not hide
+    /// it).
     async fn run_snapshot_job(&self, command: &str) -> Result<(), MachineError> {
         let job = format!(
             "{command}-{}",
@@ -172,8 +173,9 @@ impl Machine {
         // The state leaves the RAM out (QEMU takes it for shared), on the way in as on the way
         // out: a branch's migration turns the capability off in between, and a load without
         // it refuses the stream.
-        self.qmp_all(&[(IGNORE_SHARED, Some(ignore_shared(true))), (command, Some(arguments))])
-            .await?;
+        // Not sent together: a refused capability must stop the job (a state with the RAM).
+        self.qmp(IGNORE_SHARED, Some(ignore_shared(true))).await?;
+        self.qmp(command, Some(arguments)).await?;
         let concluded = |event: &serde_json::Value| {
             event.get("event").and_then(|e| e.as_str()) == Some("JOB_STATUS_CHANGE")
                 && event.pointer("/data/id").and_then(|i| i.as_str()) == Some(job.as_str())
@@ -181,9 +183,13 @@ impl Machine {
         };
         let waited = {
             let mut qmp = self.qmp.lock().await;
-            // A job that never concludes leaves this machine unusable: its caller drops it
-            // (a reset that fails forks instead), so a wait cut off mid-message does no harm.
-            tokio::time::timeout(Duration::from_secs(120), qmp.wait_event(concluded)).await
+            // A wait cut off midway (here, or by a caller's own timeout) leaves the QMP
+            // connection out of step, and every later command on it fails at once.
+            let waited = tokio::time::timeout(Duration::from_secs(120), qmp.wait_event(concluded)).await;
+            // The job's earlier events (created, running, ...) are of no more use.
+            let ours = |e: &serde_json::Value| e.pointer("/data/id").and_then(|i| i.as_str()) == Some(job.as_str());
+            qmp.events.retain(|e| !ours(e));
+            waited
         };
         let outcome = match waited {
             Err(_) => Err("did not finish within 120 s".to_string()),
@@ -194,10 +200,24 @@ impl Machine {
                 })
             }
             Ok(Ok(_)) => {
-                let answers = self
-                    .qmp_all(&[("query-jobs", None), ("job-dismiss", Some(json!({ "id": job })))])
-                    .await?;
-                job_outcome(&answers[0], &job)
+                let mut answers = {
+                    let mut qmp = self.qmp.lock().await;
+                    qmp.execute_all(&[("query-jobs", None), ("job-dismiss", Some(json!({ "id": job })))])
+                        .await
+                        .map_err(|source| MachineError::Qmp {
+                            what: "query-jobs, job-dismiss".into(),
+                            source,
+                        })?
+                };
+                match answers.swap_remove(0) {
+                    Ok(jobs) => job_outcome(&jobs, &job),
+                    Err(source) => {
+                        return Err(MachineError::Qmp {
+                            what: "query-jobs".into(),
+                            source,
+                        })
+                    }
+                }
             }
         };
         outcome.map_err(|detail| MachineError::Migration {

@@ -260,7 +260,14 @@ async fn expire_in(app: &App, id: &SandboxId, secs: u64) -> Result<(), service::
 }
 
 /// `POST /sandboxes/{id}/pause`: 204, or 409 when it is paused already (the SDK's `False`).
-pub(in crate::serve) async fn pause(State(app): State<App>, Extension(who): Extension<Who>, Mine(id): Mine) -> Reply {
+/// Its body, which says nothing farm uses, is read (and dropped) so that the connection
+/// stays open for the client's next request (`serve::unread`).
+pub(in crate::serve) async fn pause(
+    State(app): State<App>,
+    Extension(who): Extension<Who>,
+    Mine(id): Mine,
+    _body: axum::body::Bytes,
+) -> Reply {
     if api(&app)?.sandboxes.view(&id).await?.state != "running" {
         return Err(refused(ErrorKind::Conflict, format!("sandbox {id} is paused already")));
     }
@@ -336,6 +343,7 @@ pub(in crate::serve) async fn snapshot(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     Mine(id): Mine,
+    _body: axum::body::Bytes,
 ) -> Reply {
     let (service, caller) = (app.service.clone(), who.clone());
     let (environment, _) =

@@ -118,12 +118,14 @@ pub(in crate::serve) async fn remove_context(
     relay::<()>(&app, &who, &id, "DELETE", &path, None, "application/json").await
 }
 
-/// `POST /contexts/{context}/restart`: its kernel anew (its state gone).
+/// `POST /contexts/{context}/restart`: its kernel anew (its state gone). Its body says nothing
+/// and is read (and dropped), so the connection stays open (`serve::unread`).
 pub(in crate::serve) async fn restart_context(
     State(app): State<App>,
     Extension(who): Extension<Who>,
     InSandbox(id): InSandbox,
     Path(context): Path<String>,
+    _body: axum::body::Bytes,
 ) -> Reply {
     context_id(&context)?;
     let path = format!("/contexts/{context}/restart");
