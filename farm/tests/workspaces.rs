@@ -16,8 +16,9 @@ fn start(config: &Path, out: &Path, run_dir: &Path, keys: (&str, &str)) -> (Proc
     (proc, Api::new(&url, Some(keys.0)), Api::new(&url, Some(keys.1)))
 }
 
-/// A sandbox of `env` with these mounts: its id and its QEMU's pid.
-async fn mounted(api: &Api, env: &str, run_dir: &Path, mounts: Value) -> (String, u32) {
+/// A sandbox of `env` with these mounts: its id and its QEMU's pid, where it has a QEMU of
+/// its own (not where a pool's spare, reset, became it).
+async fn mounted(api: &Api, env: &str, run_dir: &Path, mounts: Value) -> (String, Option<u32>) {
     let before = qemu_pids(run_dir);
     let made = api
         .ok(
@@ -29,7 +30,7 @@ async fn mounted(api: &Api, env: &str, run_dir: &Path, mounts: Value) -> (String
         .await;
     // (A served suite may start VMs of its own meanwhile: the first new one is the sandbox's
     // where none other starts, as in the test that signals it.)
-    let qemu = new_qemus(run_dir, &before)[0];
+    let qemu = new_qemus(run_dir, &before).first().copied();
     (made["id"].as_str().unwrap().to_string(), qemu)
 }
 
@@ -104,6 +105,7 @@ async fn a_workspace_outlives_its_holders_and_a_fenced_holder_writes_nothing() {
 
     // The next holder starts from it; then it is lost (its VM frozen) and fenced.
     let (s2, s2_qemu) = mounted(&a, &env, &run_dir, rw.clone()).await;
+    let s2_qemu = s2_qemu.expect("with no pools, every sandbox is a QEMU of its own");
     assert_eq!(a.run_sh(&s2, "cat /w/f /w/g").await.1, "one\ntwo\n");
     signal(s2_qemu, "-STOP");
     let fenced = a.ok("POST", "/v1/workspaces/data/fence", None, 200).await;
