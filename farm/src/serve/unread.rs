@@ -77,8 +77,10 @@ mod tests {
     use axum::Router;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// One answer's head and body (`Content-Length` bodies only), as raw text.
-    async fn answer(stream: &mut tokio::net::TcpStream) -> String {
+    /// Sends `request` on `stream` and reads its answer's head and body (`Content-Length`
+    /// bodies only), as raw text.
+    async fn ask(stream: &mut tokio::net::TcpStream, request: &[u8]) -> String {
+        stream.write_all(request).await.unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 1024];
         loop {
@@ -100,6 +102,10 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn closes(answer: &str) -> bool {
+        answer.to_ascii_lowercase().contains("connection: close")
     }
 
     #[tokio::test]
@@ -124,48 +130,49 @@ mod tests {
 
         // A refusal answered while the body has not been sent yet: the answer says close.
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream
-            .write_all(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
-            .await
-            .unwrap();
-        let refused = answer(&mut stream).await;
+        let refused = ask(
+            &mut stream,
+            b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n",
+        )
+        .await;
         assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
-        assert!(refused.to_ascii_lowercase().contains("connection: close"), "{refused}");
+        assert!(closes(&refused), "{refused}");
 
         // A body read to its end: keep-alive, and the next request on the connection answers.
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         for _ in 0..2 {
-            stream
-                .write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
-                .await
-                .unwrap();
-            let read = answer(&mut stream).await;
+            let read = ask(
+                &mut stream,
+                b"POST /read HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+            )
+            .await;
             assert!(read.starts_with("HTTP/1.1 200") && read.ends_with("3 bytes"), "{read}");
-            assert!(!read.to_ascii_lowercase().contains("connection: close"), "{read}");
+            assert!(!closes(&read), "{read}");
         }
         // A chunked body read to its end: keep-alive too.
-        stream
-            .write_all(b"POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n")
-            .await
-            .unwrap();
-        let chunked = answer(&mut stream).await;
+        let chunked = ask(
+            &mut stream,
+            b"POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+        )
+        .await;
         assert!(chunked.ends_with("2 bytes"), "{chunked}");
-        assert!(!chunked.to_ascii_lowercase().contains("connection: close"), "{chunked}");
+        assert!(!closes(&chunked), "{chunked}");
         // No body at all: nothing to close for.
-        stream
-            .write_all(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-            .await
-            .unwrap();
-        let empty = answer(&mut stream).await;
-        assert!(!empty.to_ascii_lowercase().contains("connection: close"), "{empty}");
+        let empty = ask(
+            &mut stream,
+            b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await;
+        assert!(!closes(&empty), "{empty}");
 
         // An answer that decides the connection itself keeps its own word.
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream
-            .write_all(b"POST /decided HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n")
-            .await
-            .unwrap();
-        let own = answer(&mut stream).await.to_ascii_lowercase();
+        let own = ask(
+            &mut stream,
+            b"POST /decided HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n",
+        )
+        .await
+        .to_ascii_lowercase();
         assert!(
             own.contains("connection: keep-alive") && !own.contains("connection: close"),
             "{own}"

@@ -458,28 +458,31 @@ impl Machine {
     }
 
     /// Runs QMP commands sent together, one round trip for all
-    /// ([`crate::qmp::Qmp::execute_all`]): each command's answer in its place, or the first
-    /// refusal as the error (QEMU ran the others all the same).
-    pub async fn qmp_all(
+    /// ([`crate::qmp::Qmp::execute_all`]): each command's answer or refusal in its place.
+    pub async fn qmp_each(
         &self,
         commands: &[(&str, Option<serde_json::Value>)],
-    ) -> Result<Vec<serde_json::Value>, MachineError> {
+    ) -> Result<Vec<Result<serde_json::Value, MachineError>>, MachineError> {
         let answers = {
             let mut qmp = self.qmp.lock().await;
             qmp.execute_all(commands).await
         };
-        let what = || commands.iter().map(|(c, _)| *c).collect::<Vec<_>>().join(", ");
-        let answers = answers.map_err(|source| MachineError::Qmp { what: what(), source })?;
-        answers
+        let qmp_error = |what: String| move |source| MachineError::Qmp { what, source };
+        let names = commands.iter().map(|(c, _)| *c).collect::<Vec<_>>();
+        let answers = answers.map_err(qmp_error(names.join(", ")))?;
+        Ok(answers
             .into_iter()
-            .zip(commands)
-            .map(|(answer, (command, _))| {
-                answer.map_err(|source| MachineError::Qmp {
-                    what: command.to_string(),
-                    source,
-                })
-            })
-            .collect()
+            .zip(names)
+            .map(|(answer, command)| answer.map_err(qmp_error(command.to_string())))
+            .collect())
+    }
+
+    /// [`Machine::qmp_each`], the first refusal as the error (QEMU ran the others all the same).
+    pub async fn qmp_all(
+        &self,
+        commands: &[(&str, Option<serde_json::Value>)],
+    ) -> Result<Vec<serde_json::Value>, MachineError> {
+        self.qmp_each(commands).await?.into_iter().collect()
     }
 
     /// Asks QEMU to quit and waits for it; kills it if it does not go within a second.

@@ -176,10 +176,12 @@ impl Machine {
         // Not sent together: a refused capability must stop the job (a state with the RAM).
         self.qmp(IGNORE_SHARED, Some(ignore_shared(true))).await?;
         self.qmp(command, Some(arguments)).await?;
-        let concluded = |event: &serde_json::Value| {
+        let ours = |event: &serde_json::Value| {
             event.get("event").and_then(|e| e.as_str()) == Some("JOB_STATUS_CHANGE")
                 && event.pointer("/data/id").and_then(|i| i.as_str()) == Some(job.as_str())
-                && event.pointer("/data/status").and_then(|s| s.as_str()) == Some("concluded")
+        };
+        let concluded = |event: &serde_json::Value| {
+            ours(event) && event.pointer("/data/status").and_then(|s| s.as_str()) == Some("concluded")
         };
         let waited = {
             let mut qmp = self.qmp.lock().await;
@@ -187,7 +189,6 @@ impl Machine {
             // connection out of step, and every later command on it fails at once.
             let waited = tokio::time::timeout(Duration::from_secs(120), qmp.wait_event(concluded)).await;
             // The job's earlier events (created, running, ...) are of no more use.
-            let ours = |e: &serde_json::Value| e.pointer("/data/id").and_then(|i| i.as_str()) == Some(job.as_str());
             qmp.events.retain(|e| !ours(e));
             waited
         };
@@ -200,24 +201,11 @@ impl Machine {
                 })
             }
             Ok(Ok(_)) => {
-                let mut answers = {
-                    let mut qmp = self.qmp.lock().await;
-                    qmp.execute_all(&[("query-jobs", None), ("job-dismiss", Some(json!({ "id": job })))])
-                        .await
-                        .map_err(|source| MachineError::Qmp {
-                            what: "query-jobs, job-dismiss".into(),
-                            source,
-                        })?
-                };
-                match answers.swap_remove(0) {
-                    Ok(jobs) => job_outcome(&jobs, &job),
-                    Err(source) => {
-                        return Err(MachineError::Qmp {
-                            what: "query-jobs".into(),
-                            source,
-                        })
-                    }
-                }
+                // The outcome is read before the dismissal, which cannot hide it.
+                let mut answers = self
+                    .qmp_each(&[("query-jobs", None), ("job-dismiss", Some(json!({ "id": job })))])
+                    .await?;
+                job_outcome(&answers.swap_remove(0)?, &job)
             }
         };
         outcome.map_err(|detail| MachineError::Migration {
